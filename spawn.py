@@ -1,0 +1,1892 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# requires-python = ">=3.11"
+# dependencies = [
+#     "claude-agent-sdk>=0.2.180,<0.3",
+#     "jsonschema>=4.23,<5",
+#     "psutil>=6,<8",
+# ]
+#
+# [tool.uv]
+# exclude-newer = "2026-11-20T00:00:00Z"
+# ///
+"""spawn.py: run Claude agents that can start their own children, to any depth.
+
+One self-contained script. Copy it next to your project and run::
+
+    uv run spawn.py --task "Research auth patterns" --tools Read,Grep,Bash \\
+        --model medium-tier --max-depth 3 --schema findings --output result.json
+
+The agent runs through the claude-agent-sdk package. It sees only the tools it
+was given, and its answer is validated against a JSON Schema. From its own Bash
+tool it can run the same command to start children, which can start theirs.
+
+Every agent lives in a directory on disk (the session protocol, documented in
+sessions/README.md): who it is (meta.json), what happened (outcome.json), the
+transcript, the CLI's stderr, and exactly one marker, ``.done`` or ``.fail``.
+
+Verbs: ``wait``, ``status``, ``kill`` and ``reap`` read and act on that
+protocol; ``spawn.py VERB --help`` describes each.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import datetime as dt
+import enum
+import json
+import os
+import re
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:  # heavy imports stay out of start-up; see _load_sdk()
+    import psutil
+
+
+# ---------------------------------------------------------------- constants --
+
+SCRIPT_PATH = Path(__file__).resolve()
+SCRIPT_DIR = SCRIPT_PATH.parent
+SCHEMA_DIR = SCRIPT_DIR / "schemas"
+DEFAULT_SESSION_ROOT = SCRIPT_DIR / "sessions"
+
+# Version of the on-disk records; bump when a field changes meaning.
+PROTOCOL_VERSION = 1
+
+# Environment variables: the only channel from a parent agent to the children
+# its Bash starts. Documented in README.md ("Environment variables").
+ENV_SESSION_ROOT = "SPAWN_SESSION_ROOT"  # where root invocations create sessions
+ENV_SESSION = "SPAWN_SESSION"  # the session directory a tree shares
+ENV_AGENT_ID = "SPAWN_AGENT_ID"  # id of the agent whose Bash runs this command
+ENV_DEPTH = "SPAWN_DEPTH"  # depth of that agent (root = 0)
+ENV_MAX_DEPTH = "SPAWN_MAX_DEPTH"  # deepest depth the tree may reach
+ENV_DEADLINE = "SPAWN_DEADLINE"  # absolute deadline, Unix seconds
+ENV_BUDGET = "SPAWN_MAX_BUDGET_USD"  # that agent's budget, children get no more
+ENV_TOOLS = "SPAWN_TOOLS"  # that agent's tools, children get a subset
+ENV_TRACEPARENT = "SPAWN_TRACEPARENT"  # W3C traceparent of that agent
+ENV_MODEL_TIERS = "SPAWN_MODEL_TIERS"  # "high-tier=ID,medium-tier=ID,..."
+ENV_CLI = "SPAWN_CLI"  # path to a claude CLI instead of the bundled one
+ENV_PYTHON = "SPAWN_PYTHON"  # interpreter children should use (set for the CLI)
+ENV_SCRIPT = "SPAWN_PY"  # path of this script (set for the CLI)
+
+# Tiers are aliases the CLI itself resolves to the current model of each
+# family, so the table does not go stale when models are released.
+DEFAULT_MODEL_TIERS: dict[str, str] = {
+    "high-tier": "opus",
+    "medium-tier": "sonnet",
+    "low-tier": "haiku",
+}
+DEFAULT_MODEL = "medium-tier"
+
+# Three levels below the root covers the deep workflows we know of; deeper
+# trees must ask for it explicitly.
+DEFAULT_MAX_DEPTH = 3
+
+# Read-only by default: Bash (and so nesting) must be asked for.
+DEFAULT_TOOLS = ("Read", "Grep", "Glob")
+
+# Built-in tool names of Claude Code; MCP tools are accepted as mcp__server__tool.
+KNOWN_TOOLS = frozenset(
+    {
+        "Agent", "AskUserQuestion", "Bash", "BashOutput", "Edit", "ExitPlanMode",
+        "Glob", "Grep", "KillShell", "LS", "ListMcpResourcesTool", "MultiEdit",
+        "NotebookEdit", "NotebookRead", "Read", "ReadMcpResourceTool", "Skill",
+        "SlashCommand", "Task", "TaskOutput", "TaskStop", "TodoWrite", "WebFetch",
+        "WebSearch", "Write",
+    }
+)  # fmt: skip
+
+# A parent reads a child's stdout into its context window: keep it bounded.
+# 16 KiB is about 4k tokens, enough for a structured result, small enough to
+# read a dozen children. The full output is always in outcome.json.
+STDOUT_OUTPUT_LIMIT = 16 * 1024
+
+# A parent needs time after its child's deadline to read the result and answer.
+PARENT_GRACE_S = 5.0
+
+# Between SIGTERM and SIGKILL: long enough for spawn.py to commit an outcome
+# and end its own subtree (which itself waits this long), short enough that a
+# kill feels immediate.
+KILL_GRACE_S = 3.0
+
+# How often `wait` looks for markers (latency target is 100 ms median) and how
+# often it checks that the processes it waits for still exist (2 s target).
+WAIT_POLL_S = 0.02
+LIVENESS_POLL_S = 0.5
+
+# Heartbeat refresh period; `status` calls an agent stale after 6 missed beats.
+HEARTBEAT_S = 5.0
+HEARTBEAT_STALE_S = 6 * HEARTBEAT_S
+
+# The Bash tool's default 2-minute command timeout would kill nested spawns
+# that take longer; spawn.py enforces its own deadlines instead.
+BASH_TIMEOUT_MS = "3600000"
+
+# A background runner waits this long for its launcher to register it.
+REGISTER_WAIT_S = 10.0
+
+DEFAULT_SYSTEM_PROMPT = """\
+You are an agent started by spawn.py to do one task. Work with the tools you \
+have, do not ask questions (nobody is watching), and keep the final answer \
+short and factual. When an output schema is set, give your final answer by \
+calling the StructuredOutput tool exactly once."""
+
+# Environment variable names whose values are secrets. Values of these (and of
+# any variable whose name looks secret) are scrubbed from every record.
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECASE)
+SECRET_PATTERN = re.compile(r"sk-ant-[A-Za-z0-9_\-]{8,}")
+SECRET_MIN_LEN = 8  # shorter values are too likely to match ordinary text
+REDACTED = "[REDACTED]"
+
+
+# --------------------------------------------------------------- exit codes --
+
+
+@enum.unique
+class ExitCode(enum.IntEnum):
+    """Exit status of every spawn.py command; the table in README.md."""
+
+    OK = 0  # the agent (or every waited agent) finished with status done
+    AGENT_FAILED = 1  # an agent failed, including schema-invalid output
+    USAGE = 2  # bad flags or input; nothing was started or written
+    STATE = 3  # session or state error: unwritable root, corrupt record
+    REFUSED = 4  # refused by a limit (depth, deadline, tools); recorded
+    TIMEOUT = 124  # deadline reached; the agent's subtree was ended
+    INTERRUPTED = 130  # SIGINT (Ctrl-C); the subtree was ended
+    KILLED = 143  # SIGTERM/SIGHUP or `spawn.py kill`; the subtree was ended
+
+
+# ------------------------------------------------------------------- errors --
+
+
+class SpawnError(Exception):
+    """Base error: carries a one-line message and the exit code it maps to."""
+
+    exit_code: ExitCode = ExitCode.AGENT_FAILED
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UsageError(SpawnError, ValueError):
+    """Bad flags or input (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class StateError(SpawnError, OSError):
+    """The session directory can't be used (exit 3)."""
+
+    exit_code = ExitCode.STATE
+
+
+class RefusedError(SpawnError):
+    """A limit forbids this spawn (exit 4)."""
+
+    exit_code = ExitCode.REFUSED
+
+
+class UnknownToolError(UsageError):
+    def __init__(self, names: Sequence[str]) -> None:
+        super().__init__(
+            f"unknown tool {', '.join(names)}; use names like "
+            f"{','.join(sorted(KNOWN_TOOLS)[:6])},... or mcp__SERVER__TOOL"
+        )
+
+
+class UnknownAgentError(UsageError):
+    def __init__(self, agent_id: str, where: Path) -> None:
+        super().__init__(
+            f"no agent {agent_id!r} under {where}; "
+            f"run 'spawn.py status' to list agents, or pass --session DIR"
+        )
+
+
+class CorruptRecordError(StateError):
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"corrupt record {path}: {why}; inspect or remove it")
+
+
+# ------------------------------------------------------------------ records --
+
+
+class Status(enum.StrEnum):
+    """Lifecycle of an agent. Only RUNNING and STALE are not final."""
+
+    RUNNING = "running"
+    STALE = "stale"  # no outcome, process alive, heartbeat old
+    DONE = "done"
+    FAILED = "failed"
+    REFUSED = "refused"
+    TIMEOUT = "timeout"
+    KILLED = "killed"
+    INTERRUPTED = "interrupted"
+
+
+EXIT_FOR_STATUS: dict[Status, ExitCode] = {
+    Status.DONE: ExitCode.OK,
+    Status.FAILED: ExitCode.AGENT_FAILED,
+    Status.REFUSED: ExitCode.REFUSED,
+    Status.TIMEOUT: ExitCode.TIMEOUT,
+    Status.KILLED: ExitCode.KILLED,
+    Status.INTERRUPTED: ExitCode.INTERRUPTED,
+}
+
+
+@dataclass(frozen=True)
+class Trace:
+    """W3C trace context: one trace id per tree, one span id per agent."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: str | None = None
+
+    @property
+    def traceparent(self) -> str:
+        return f"00-{self.trace_id}-{self.span_id}-01"
+
+
+@dataclass
+class AgentMeta:
+    """Who an agent is and what it was asked: meta.json (schemas/meta.json).
+
+    Written once, before the model is called, and never changed.
+    """
+
+    id: str
+    """Agent id, unique within its session."""
+    parent_id: str | None
+    """Id of the agent whose Bash started this one; None for the root."""
+    depth: int
+    """0 for the root, parent's depth + 1 below."""
+    max_depth: int
+    """Deepest depth this agent's subtree may reach."""
+    pid: int
+    """Process running this agent (spawn.py itself)."""
+    create_time: float
+    """That process's start time; with pid it identifies the process."""
+    pgid: int
+    """Process group of that process."""
+    trace_id: str
+    span_id: str
+    traceparent: str
+    task: str
+    tools: list[str]
+    disallowed_tools: list[str]
+    model: str
+    """Resolved model id or CLI alias."""
+    cwd: str
+    started_at: str
+    """ISO 8601 UTC."""
+    session: str
+    """Session directory."""
+    system_prompt: str
+    preset: str | None = None
+    schema: dict[str, Any] | None = None
+    schema_source: str | None = None
+    deadline: float | None = None
+    """Absolute deadline, Unix seconds."""
+    max_turns: int | None = None
+    max_budget_usd: float | None = None
+    topic: str | None = None
+    output_file: str | None = None
+    background: bool = False
+    parent_span_id: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    spawn_version: str = __version__
+    protocol: int = PROTOCOL_VERSION
+
+
+@dataclass
+class Outcome:
+    """What happened: outcome.json (schemas/outcome.json). Written once."""
+
+    id: str
+    status: str
+    reason: str
+    exit_code: int
+    ended_at: str
+    duration_s: float
+    output: Any = None
+    """Validated structured output, or the final text when no schema."""
+    text: str | None = None
+    """The agent's last assistant text (kept even when it failed)."""
+    validation_errors: list[str] = field(default_factory=list)
+    cost_usd: float | None = None
+    """Absent, not 0, when unknown."""
+    usage: dict[str, Any] | None = None
+    turns: int | None = None
+    sdk_session_id: str | None = None
+    api_error_status: int | None = None
+    warnings: list[str] = field(default_factory=list)
+    committed_by: str = "self"
+    """self, or the verb that committed it on the agent's behalf (wait, reap, kill)."""
+    protocol: int = PROTOCOL_VERSION
+
+
+@dataclass
+class Heartbeat:
+    """heartbeat.json: the live CLI process, rewritten while it runs."""
+
+    cli_pid: int
+    cli_create_time: float
+    cli_pgid: int
+    updated_at: float
+
+
+@dataclass
+class SessionInfo:
+    """session.json: written by the root agent when it creates the session."""
+
+    id: str
+    created_at: str
+    topic: str
+    root_agent: str
+    protocol: int = PROTOCOL_VERSION
+
+
+R = TypeVar("R")
+
+
+def record_to_json(record: Any) -> dict[str, Any]:
+    """A record as JSON, leaving out unknown (None) values."""
+    return {k: v for k, v in dataclasses.asdict(record).items() if v is not None}
+
+
+def record_from_json(cls: type[R], data: Mapping[str, Any]) -> R:
+    """The inverse of record_to_json: absent values are None, unknown keys ignored."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    values = {f.name: data.get(f.name) for f in fields if f.name in data or f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    return cls(**values)
+
+
+# ---------------------------------------------------------------- pure core --
+
+
+def utc_now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def slugify(text: str, max_len: int = 40) -> str:
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    slug = ""
+    for word in words:
+        candidate = f"{slug}-{word}" if slug else word
+        if len(candidate) > max_len:
+            break
+        slug = candidate
+    return slug or "agent"
+
+
+def new_agent_id(depth: int) -> str:
+    # Depth in the id makes `status` and logs readable at a glance.
+    return f"a{depth}-{secrets.token_hex(3)}"
+
+
+def parse_traceparent(value: str) -> tuple[str, str] | None:
+    """(trace_id, parent span id) from a W3C traceparent, or None if malformed."""
+    m = re.fullmatch(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}", value.strip())
+    if not m or set(m.group(1)) == {"0"} or set(m.group(2)) == {"0"}:
+        return None
+    return m.group(1), m.group(2)
+
+
+def new_trace(parent: str | None) -> Trace:
+    span = secrets.token_hex(8)
+    if parent:
+        parsed = parse_traceparent(parent)
+        if parsed:
+            return Trace(parsed[0], span, parsed[1])
+    return Trace(secrets.token_hex(16), span)
+
+
+def parse_tools(value: str) -> list[str]:
+    tools = [t.strip() for t in value.split(",") if t.strip()]
+    unknown = [t for t in tools if t not in KNOWN_TOOLS and not t.startswith("mcp__")]
+    if unknown:
+        raise UnknownToolError(unknown)
+    return list(dict.fromkeys(tools))
+
+
+def parse_model_tiers(value: str | None) -> dict[str, str]:
+    tiers = dict(DEFAULT_MODEL_TIERS)
+    if not value:
+        return tiers
+    for item in value.split(","):
+        name, sep, model = item.partition("=")
+        if not sep or not name.strip() or not model.strip():
+            raise UsageError(
+                f"{ENV_MODEL_TIERS}={value!r} is malformed; "
+                f"use 'high-tier=MODEL,medium-tier=MODEL,low-tier=MODEL'"
+            )
+        tiers[name.strip()] = model.strip()
+    return tiers
+
+
+def resolve_model(name: str, tiers: Mapping[str, str]) -> str:
+    if not name.strip():
+        raise UsageError("--model is empty; use high-tier, medium-tier, low-tier or a model id")
+    return tiers.get(name, name)
+
+
+def narrow_tools(requested: Sequence[str], allowed: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """(tools kept, tools dropped): a child never gets a tool its parent lacks."""
+    if allowed is None:
+        return list(requested), []
+    allowed_set = set(allowed)
+    kept = [t for t in requested if t in allowed_set]
+    return kept, [t for t in requested if t not in allowed_set]
+
+
+def child_deadline(own_timeout: float | None, parent_deadline: float | None, now: float) -> float | None:
+    """A child's deadline: its own, capped by the parent's minus a grace."""
+    candidates = []
+    if own_timeout is not None:
+        candidates.append(now + own_timeout)
+    if parent_deadline is not None:
+        candidates.append(parent_deadline - PARENT_GRACE_S)
+    return min(candidates) if candidates else None
+
+
+def truncate_for_stdout(output: Any, full_path: Path) -> tuple[Any, bool]:
+    """Output bounded for a parent's context; the full text stays on disk."""
+    text = output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+    if len(text.encode()) <= STDOUT_OUTPUT_LIMIT:
+        return output, False
+    cut = text.encode()[:STDOUT_OUTPUT_LIMIT].decode(errors="ignore")
+    return f"{cut}\n...[truncated: {len(text.encode())} bytes in all; full output in {full_path}]", True
+
+
+def validate_output(schema: Mapping[str, Any], output: Any) -> list[str]:
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(output), key=lambda e: list(e.absolute_path))
+    return [f"{'/'.join(map(str, e.absolute_path)) or '(root)'}: {e.message}" for e in errors]
+
+
+def check_schema(schema: Any, source: str) -> dict[str, Any]:
+    import jsonschema
+
+    if not isinstance(schema, dict):
+        raise UsageError(f"schema {source} is not a JSON object; give a JSON Schema object")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise UsageError(f"schema {source} is not a valid JSON Schema: {exc.message}") from None
+    return schema
+
+
+def secret_values(environ: Mapping[str, str]) -> list[str]:
+    values = {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= SECRET_MIN_LEN}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact(text: str, secrets_: Sequence[str]) -> str:
+    for value in secrets_:
+        text = text.replace(value, REDACTED)
+    return SECRET_PATTERN.sub(REDACTED, text)
+
+
+def briefing(meta: AgentMeta, spawn_cmd: str) -> str:
+    """What every agent is told at start, whatever its system prompt."""
+    remaining = meta.max_depth - meta.depth
+    lines = [
+        f"## spawn.py briefing",
+        f"You are agent {meta.id} at depth {meta.depth} (max depth {meta.max_depth}).",
+        f"Your tools: {', '.join(meta.tools) or 'none'}.",
+    ]
+    if meta.deadline is not None:
+        left = max(0, int(meta.deadline - time.time()))
+        deadline_iso = dt.datetime.fromtimestamp(meta.deadline, dt.UTC).isoformat(timespec="seconds")
+        lines.append(f"Deadline: {deadline_iso} ({left} s from now); finish before it.")
+    if meta.max_budget_usd is not None:
+        lines.append(f"Budget: ${meta.max_budget_usd:.4f} for you and any children.")
+    if remaining <= 0:
+        lines.append("You cannot start child agents: the depth limit is reached.")
+    elif "Bash" not in meta.tools:
+        lines.append("You cannot start child agents: you have no Bash tool.")
+    else:
+        lines += [
+            f"You may start child agents {remaining} level(s) deep. From Bash, run:",
+            f"  {spawn_cmd} --task 'SUBTASK' --tools Read,Grep [--schema NAME] [--timeout S]",
+            "It prints one JSON object: id, status, output, cost. Children get at most your tools.",
+            "For parallel work add --background (prints the id at once), then wait for all:",
+            f"  {spawn_cmd} wait ID1 ID2 --all",
+        ]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------- on-disk protocol --
+
+META = "meta.json"
+OUTCOME = "outcome.json"
+TRANSCRIPT = "transcript.jsonl"
+STDERR_LOG = "stderr.log"
+HEARTBEAT = "heartbeat.json"
+RUNNER_LOG = "runner.log"
+SESSION_INFO = "session.json"
+AGENTS_DIR = "agents"
+DONE_MARKER = ".done"
+FAIL_MARKER = ".fail"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_new_file(path: Path, data: bytes) -> None:
+    """Create path with data, durably; fails if it exists (O_EXCL, no check-then-act)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    """Replace path with data; readers see the old or the new file, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    write_new_file(tmp, json.dumps(data, indent=2, ensure_ascii=False).encode())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CorruptRecordError(path, str(exc)) from None
+    if not isinstance(data, dict):
+        raise CorruptRecordError(path, "not a JSON object")
+    return data
+
+
+def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
+    # O_APPEND keeps concurrent writers' lines whole; no lock needed.
+    line = redact(json.dumps(record, ensure_ascii=False, default=str), secrets_) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def marker_for(status: str) -> str:
+    return DONE_MARKER if status == Status.DONE else FAIL_MARKER
+
+
+def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> bool:
+    """The one commit point of an agent. Returns False if another writer won.
+
+    The outcome is written to a private temp file, fsynced, then hard-linked to
+    outcome.json: link() fails if the name exists, so of the agent itself, its
+    deadline, a parent's `wait` and `reap`, exactly one wins. The marker
+    follows from the committed outcome, so .done and .fail can't both exist.
+    """
+    data = redact(json.dumps(record_to_json(outcome), indent=2, ensure_ascii=False, default=str), secrets_)
+    tmp = agent_dir / f".outcome.{os.getpid()}.{secrets.token_hex(3)}.tmp"
+    write_new_file(tmp, data.encode())
+    try:
+        os.link(tmp, agent_dir / OUTCOME)
+        won = True
+    except FileExistsError:
+        won = False
+    finally:
+        os.unlink(tmp)
+    if won:
+        fsync_dir(agent_dir)
+    ensure_marker(agent_dir)
+    return won
+
+
+def ensure_marker(agent_dir: Path) -> Path | None:
+    """Write the marker for a committed outcome if a crash left it missing."""
+    for name in (DONE_MARKER, FAIL_MARKER):
+        if (agent_dir / name).exists():
+            return agent_dir / name
+    try:
+        status = read_json(agent_dir / OUTCOME).get("status", "")
+    except FileNotFoundError:
+        return None
+    marker = agent_dir / marker_for(str(status))
+    with contextlib.suppress(FileExistsError):
+        write_new_file(marker, f"{status}\n".encode())
+        fsync_dir(agent_dir)
+    return marker
+
+
+def read_outcome(agent_dir: Path) -> dict[str, Any] | None:
+    if ensure_marker(agent_dir) is None:
+        return None
+    return read_json(agent_dir / OUTCOME)
+
+
+def resolve_session_root(flag: str | None, environ: Mapping[str, str]) -> Path:
+    """Flag, then environment variable, then sessions/ beside spawn.py."""
+    if flag:
+        return Path(flag).expanduser().resolve()
+    if environ.get(ENV_SESSION_ROOT):
+        return Path(environ[ENV_SESSION_ROOT]).expanduser().resolve()
+    return DEFAULT_SESSION_ROOT
+
+
+def ensure_writable_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StateError(f"can't create session root {path}: {exc.strerror}; pass --session DIR or set {ENV_SESSION_ROOT}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StateError(f"session root {path} is not writable; pass --session DIR or set {ENV_SESSION_ROOT}")
+
+
+def create_session_dir(root: Path, topic: str, now: dt.datetime) -> Path:
+    ensure_writable_dir(root)
+    base = f"{now:%Y%m%d-%H%M}-{slugify(topic, 32)}"
+    for n in range(1, 1000):
+        path = root / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise StateError(f"can't create session {path}: {exc.strerror}") from None
+        (path / AGENTS_DIR).mkdir()
+        return path
+    raise StateError(f"too many sessions named {base} in {root}; remove old ones")
+
+
+def create_agent_dir(session: Path, depth: int) -> tuple[str, Path]:
+    agents = session / AGENTS_DIR
+    try:
+        agents.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StateError(f"can't write session {session}: {exc.strerror}; pass --session DIR") from None
+    while True:
+        agent_id = new_agent_id(depth)
+        try:
+            (agents / agent_id).mkdir()
+            return agent_id, agents / agent_id
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise StateError(f"can't write session {session}: {exc.strerror}; pass --session DIR") from None
+
+
+def iter_agent_dirs(session: Path) -> Iterator[Path]:
+    agents = session / AGENTS_DIR
+    if agents.is_dir():
+        yield from sorted(p for p in agents.iterdir() if p.is_dir())
+
+
+def latest_session(root: Path) -> Path | None:
+    if not root.is_dir():
+        return None
+    sessions = [p for p in root.iterdir() if (p / AGENTS_DIR).is_dir()]
+    return max(sessions, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def find_agent_dir(agent_id: str, session: Path | None, root: Path) -> Path:
+    """An agent's directory from its id (or a path to it)."""
+    as_path = Path(agent_id)
+    if (as_path / META).exists() or (as_path.is_dir() and as_path.parent.name == AGENTS_DIR):
+        return as_path.resolve()
+    if session is not None:
+        candidate = session / AGENTS_DIR / agent_id
+        if candidate.is_dir():
+            return candidate
+    if root.is_dir():
+        hits = sorted(root.glob(f"*/{AGENTS_DIR}/{agent_id}"), key=lambda p: p.stat().st_mtime)
+        if hits:
+            return hits[-1]
+    raise UnknownAgentError(agent_id, session or root)
+
+
+def load_meta(agent_dir: Path) -> AgentMeta:
+    try:
+        return record_from_json(AgentMeta, read_json(agent_dir / META))
+    except TypeError as exc:
+        raise CorruptRecordError(agent_dir / META, str(exc)) from None
+
+
+# ---------------------------------------------------------------- processes --
+
+
+def _psutil() -> Any:
+    import psutil
+
+    return psutil
+
+
+def process_matches(pid: int, create_time: float) -> bool:
+    """True if pid is still the process that started at create_time.
+
+    A bare pid may have been reused by an unrelated process; never trust it.
+    """
+    psutil = _psutil()
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - create_time) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def own_identity() -> tuple[int, float, int]:
+    psutil = _psutil()
+    pid = os.getpid()
+    return pid, psutil.Process(pid).create_time(), os.getpgid(0)
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to us instead of init (Linux only).
+
+    A double-forked grandchild then stays in our subtree, where we can find
+    and end it. Elsewhere this degrades to ending only what psutil still sees
+    below us.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    PR_SET_CHILD_SUBREAPER = 36
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def end_processes(procs: Iterable[Any], groups: Iterable[int], grace: float) -> None:
+    """SIGTERM processes and groups, wait up to grace, then SIGKILL survivors."""
+    psutil = _psutil()
+    procs = [p for p in procs if p.pid != os.getpid()]
+    groups = [g for g in set(groups) if g > 1 and g != os.getpgid(0)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                proc.send_signal(sig)
+        if sig == signal.SIGTERM:
+            _, procs = psutil.wait_procs(procs, timeout=grace)
+            if not procs and not any(group_alive(g) for g in groups):
+                return
+    psutil.wait_procs(procs, timeout=1.0)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def end_own_subtree(extra_groups: Iterable[int] = (), grace: float = KILL_GRACE_S) -> None:
+    """End every process below this one, deepest first, then extra groups."""
+    psutil = _psutil()
+    try:
+        below = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        below = []
+    end_processes(reversed(below), extra_groups, grace)
+
+
+def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = None) -> dict[str, Any]:
+    """Depth limits as the process ancestry tells them, whatever our own env says.
+
+    An agent controls its own Bash, so it can unset or rewrite SPAWN_* in the
+    environment this process got. It can't rewrite the environment its CLI
+    was started with by spawn.py (/proc/PID/environ is fixed at exec), so
+    every ancestor is read: the deepest depth and the smallest max depth win.
+    """
+    psutil = _psutil()
+    found: dict[str, Any] = {}
+    try:
+        proc = psutil.Process().parent()
+    except psutil.Error:
+        return found
+    while proc is not None and proc.pid > 1:
+        try:
+            env = environ_of(proc) if environ_of else proc.environ()
+        except psutil.Error:
+            env = {}
+        depth = _int_or_none(env.get(ENV_DEPTH))
+        if depth is not None and depth >= found.get("depth", -1):
+            if depth > found.get("depth", -1):
+                found["parent_id"] = env.get(ENV_AGENT_ID)
+                found["session"] = env.get(ENV_SESSION)
+            found["depth"] = depth
+        max_depth = _int_or_none(env.get(ENV_MAX_DEPTH))
+        if max_depth is not None:
+            found["max_depth"] = min(max_depth, found.get("max_depth", max_depth))
+        if env.get(ENV_TOOLS) is not None:
+            tools = set(env[ENV_TOOLS].split(",")) - {""}
+            found["tools"] = tools & found.get("tools", tools)
+        deadline = _float_or_none(env.get(ENV_DEADLINE))
+        if deadline is not None:
+            found["deadline"] = min(deadline, found.get("deadline", deadline))
+        try:
+            proc = proc.parent()
+        except psutil.Error:
+            break
+    return found
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def _float_or_none(value: str | None) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------- resolving --
+
+
+@dataclass
+class Inherited:
+    """What the parent agent passes down: through env, checked against ancestry."""
+
+    parent_id: str | None = None
+    session: Path | None = None
+    depth: int = -1  # the parent's depth; -1 when this is a root
+    max_depth: int | None = None
+    deadline: float | None = None
+    budget: float | None = None
+    tools: list[str] | None = None
+    traceparent: str | None = None
+
+
+def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
+    inh = Inherited()
+    env_depth = _int_or_none(environ.get(ENV_DEPTH))
+    anc_depth = ancestry.get("depth")
+    if env_depth is not None and (anc_depth is None or env_depth >= anc_depth):
+        inh.depth = env_depth
+        inh.parent_id = environ.get(ENV_AGENT_ID)
+        inh.session = Path(environ[ENV_SESSION]) if environ.get(ENV_SESSION) else None
+    elif anc_depth is not None:
+        inh.depth = anc_depth
+        inh.parent_id = ancestry.get("parent_id")
+        inh.session = Path(ancestry["session"]) if ancestry.get("session") else None
+    max_depths = [d for d in (_int_or_none(environ.get(ENV_MAX_DEPTH)), ancestry.get("max_depth")) if d is not None]
+    inh.max_depth = min(max_depths) if max_depths else None
+    deadlines = [d for d in (_float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline")) if d is not None]
+    inh.deadline = min(deadlines) if deadlines else None
+    inh.budget = _float_or_none(environ.get(ENV_BUDGET))
+    tool_sets: list[set[str]] = []
+    if environ.get(ENV_TOOLS) is not None:
+        tool_sets.append(set(environ[ENV_TOOLS].split(",")) - {""})
+    if ancestry.get("tools") is not None:
+        tool_sets.append(set(ancestry["tools"]))
+    if tool_sets:
+        inh.tools = sorted(set.intersection(*tool_sets))
+    inh.traceparent = environ.get(ENV_TRACEPARENT) or environ.get("TRACEPARENT")
+    return inh
+
+
+def read_task(args: argparse.Namespace) -> str:
+    if args.task is not None and args.task_file is not None:
+        raise UsageError("give --task or --task-file, not both")
+    if args.task_file is not None:
+        if args.task_file == "-":
+            task = sys.stdin.read()
+        else:
+            try:
+                task = Path(args.task_file).read_text()
+            except OSError as exc:
+                raise UsageError(f"can't read --task-file {args.task_file}: {exc.strerror}; check the path") from None
+            except UnicodeDecodeError:
+                raise UsageError(f"--task-file {args.task_file} is not UTF-8 text") from None
+    else:
+        task = args.task or ""
+    if not task.strip():
+        raise UsageError("the task is empty; pass --task TEXT or --task-file PATH ('-' for stdin)")
+    return task
+
+
+def load_schema(value: str) -> tuple[dict[str, Any], str]:
+    """A schema from NAME (schemas/NAME.json), a path, or inline JSON."""
+    text: str
+    source: str
+    stripped = value.strip()
+    if stripped.startswith("{"):
+        text, source = stripped, "inline"
+    elif re.fullmatch(r"[A-Za-z0-9_.\-]+", stripped) and not stripped.endswith(".json"):
+        path = SCHEMA_DIR / f"{stripped}.json"
+        if not path.is_file():
+            names = sorted(p.stem for p in SCHEMA_DIR.glob("*.json")) if SCHEMA_DIR.is_dir() else []
+            raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(names) or '(none)'}, a path, or inline JSON")
+        text, source = path.read_text(), str(path)
+    else:
+        path = Path(stripped).expanduser()
+        try:
+            text, source = path.read_text(), str(path.resolve())
+        except OSError as exc:
+            raise UsageError(f"can't read schema {stripped}: {exc.strerror}; give a NAME, a path or inline JSON") from None
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"schema {source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    return check_schema(schema, source), source
+
+
+def find_cli(environ: Mapping[str, str]) -> Path:
+    """The claude CLI: $SPAWN_CLI, else the one bundled in the SDK wheel.
+
+    Found without importing the SDK (importing it costs about a second).
+    """
+    if environ.get(ENV_CLI):
+        path = Path(environ[ENV_CLI])
+    else:
+        import importlib.util
+
+        spec = importlib.util.find_spec("claude_agent_sdk")
+        if spec is None or spec.origin is None:
+            raise UsageError("claude-agent-sdk is not installed; run with 'uv run spawn.py' or pip install claude-agent-sdk")
+        path = Path(spec.origin).parent / "_bundled" / ("claude.exe" if os.name == "nt" else "claude")
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UsageError(f"claude CLI not found at {path}; reinstall claude-agent-sdk or set {ENV_CLI}")
+    return path
+
+
+def check_credentials(environ: Mapping[str, str]) -> None:
+    names = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_BASE_URL",
+             "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")  # fmt: skip
+    if any(environ.get(n) for n in names):
+        return
+    config = Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
+    if (config / ".credentials.json").is_file() or sys.platform == "darwin":  # macOS keeps them in the keychain
+        return
+    raise UsageError(
+        "no credentials for the model; set ANTHROPIC_API_KEY, run 'claude login', "
+        "or set ANTHROPIC_BASE_URL (e.g. to tools/mock_model.py for offline runs)"
+    )
+
+
+@dataclass
+class Plan:
+    """Everything a run needs, resolved before anything is written."""
+
+    meta: AgentMeta
+    inherited: Inherited
+    refusal: str | None
+    session_root: Path
+    new_session: bool
+    cli: Path
+    secrets: list[str]
+
+
+def positive(name: str, value: float | None, integer: bool = False) -> None:
+    if value is not None and (value <= 0 if not integer else value < 0):
+        raise UsageError(f"{name} must be {'>= 0' if integer else '> 0'}, got {value}")
+
+
+def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Plan:
+    task = read_task(args)
+    requested_tools = parse_tools(args.tools) if args.tools is not None else None
+    disallowed = parse_tools(args.disallowed_tools) if args.disallowed_tools else []
+    model = resolve_model(args.model, parse_model_tiers(environ.get(ENV_MODEL_TIERS)))
+    schema, schema_source = load_schema(args.schema) if args.schema else (None, None)
+    positive("--timeout", args.timeout)
+    positive("--max-budget-usd", args.max_budget_usd)
+    positive("--max-turns", args.max_turns)
+    positive("--max-depth", args.max_depth, integer=True)
+    if args.system_prompt is not None and args.system_prompt_file is not None:
+        raise UsageError("give --system-prompt or --system-prompt-file, not both")
+    system_prompt = args.system_prompt
+    if args.system_prompt_file is not None:
+        try:
+            system_prompt = Path(args.system_prompt_file).read_text()
+        except OSError as exc:
+            raise UsageError(f"can't read --system-prompt-file {args.system_prompt_file}: {exc.strerror}") from None
+    cwd = Path(args.cwd).expanduser().resolve() if args.cwd else Path.cwd()
+    if not cwd.is_dir():
+        raise UsageError(f"--cwd {args.cwd} is not a directory")
+    cli = find_cli(environ)
+    if not args.dry_run:
+        check_credentials(environ)
+
+    inh = inherited_context(environ, ancestry)
+    warnings: list[str] = []
+    depth = inh.depth + 1
+    max_depth = DEFAULT_MAX_DEPTH if args.max_depth is None else args.max_depth
+    if inh.max_depth is not None:
+        if args.max_depth is not None and args.max_depth > inh.max_depth:
+            warnings.append(f"--max-depth {args.max_depth} lowered to the tree's {inh.max_depth}")
+        max_depth = min(max_depth, inh.max_depth) if args.max_depth is not None else inh.max_depth
+    tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
+    tools, dropped = narrow_tools(tools, inh.tools)
+    if dropped:
+        warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
+    budget = args.max_budget_usd
+    if inh.budget is not None:
+        if budget is not None and budget > inh.budget:
+            warnings.append(f"--max-budget-usd {budget} lowered to the parent's {inh.budget}")
+        budget = inh.budget if budget is None else min(budget, inh.budget)
+    now = time.time()
+    deadline = child_deadline(args.timeout, inh.deadline, now)
+
+    refusal = None
+    if depth > max_depth:
+        refusal = f"depth limit: this agent would be at depth {depth}, the tree's max depth is {max_depth}"
+    elif deadline is not None and deadline <= now:
+        refusal = "deadline: the parent has no time left for a child"
+    elif requested_tools and not tools:
+        refusal = f"tools: none of {','.join(requested_tools)} is held by the parent"
+
+    session_root = resolve_session_root(args.session, environ)
+    session = None if args.session else inh.session
+    trace = new_trace(args.parent_trace or inh.traceparent)
+    topic = args.topic or task
+    meta = AgentMeta(
+        id="(assigned at registration)",
+        parent_id=inh.parent_id,
+        depth=depth,
+        max_depth=max_depth,
+        pid=0,
+        create_time=0.0,
+        pgid=0,
+        trace_id=trace.trace_id,
+        span_id=trace.span_id,
+        parent_span_id=trace.parent_span_id,
+        traceparent=trace.traceparent,
+        task=task,
+        tools=tools,
+        disallowed_tools=disallowed,
+        model=model,
+        cwd=str(cwd),
+        started_at=utc_now_iso(),
+        session=str(session) if session else "(created at registration)",
+        system_prompt=system_prompt if system_prompt is not None else ("" if args.preset else DEFAULT_SYSTEM_PROMPT),
+        preset=args.preset,
+        schema=schema,
+        schema_source=schema_source,
+        deadline=deadline,
+        max_turns=args.max_turns,
+        max_budget_usd=budget,
+        topic=slugify(topic, 32),
+        output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
+        background=args.background,
+        warnings=warnings,
+    )
+    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ))
+
+
+def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
+    """Create the session (for a root) and the agent's directory and meta.json."""
+    meta = plan.meta
+    if plan.new_session:
+        session = create_session_dir(plan.session_root, meta.topic or "agent", dt.datetime.now())
+    else:
+        session = Path(meta.session)
+    meta.session = str(session)
+    meta.id, agent_dir = create_agent_dir(session, meta.depth)
+    if pid_info is not None:
+        meta.pid, meta.create_time, meta.pgid = pid_info
+    if plan.new_session:
+        info = SessionInfo(id=session.name, created_at=meta.started_at, topic=meta.topic or "", root_agent=meta.id)
+        write_json_atomic(session / SESSION_INFO, record_to_json(info))
+    if pid_info is not None:
+        write_meta(agent_dir, meta, plan.secrets)
+    return agent_dir
+
+
+def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
+    data = redact(json.dumps(record_to_json(meta), indent=2, ensure_ascii=False), secrets_)
+    write_new_file(agent_dir / META, data.encode())
+    fsync_dir(agent_dir)
+
+
+# ------------------------------------------------------------------ running --
+
+
+def spawn_command() -> str:
+    """How an agent's Bash should call spawn.py: the interpreter already resolved.
+
+    Skipping `uv run` below the root saves its resolution step at every level.
+    """
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(SCRIPT_PATH))}"
+
+
+def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
+    env = {
+        ENV_SESSION: meta.session,
+        ENV_AGENT_ID: meta.id,
+        ENV_DEPTH: str(meta.depth),
+        ENV_MAX_DEPTH: str(meta.max_depth),
+        ENV_TOOLS: ",".join(meta.tools),
+        ENV_TRACEPARENT: meta.traceparent,
+        "TRACEPARENT": meta.traceparent,
+        ENV_PYTHON: sys.executable,
+        ENV_SCRIPT: str(SCRIPT_PATH),
+        "BASH_DEFAULT_TIMEOUT_MS": os.environ.get("BASH_DEFAULT_TIMEOUT_MS", BASH_TIMEOUT_MS),
+        "BASH_MAX_TIMEOUT_MS": os.environ.get("BASH_MAX_TIMEOUT_MS", BASH_TIMEOUT_MS),
+    }
+    if meta.deadline is not None:
+        env[ENV_DEADLINE] = f"{meta.deadline:.3f}"
+    if meta.max_budget_usd is not None:
+        env[ENV_BUDGET] = str(meta.max_budget_usd)
+    return env
+
+
+class RunState:
+    """What a running agent has seen so far; survives cancellation."""
+
+    def __init__(self) -> None:
+        self.last_text: str | None = None
+        self.last_structured_attempt: Any = None
+        self.result: Any = None  # the SDK's ResultMessage
+        self.cli_pid: int | None = None
+        self.cli_pgid: int | None = None
+        self.stop_reason: Status | None = None
+        self.stop_detail: str = ""
+
+
+def message_record(message: Any) -> dict[str, Any]:
+    data = dataclasses.asdict(message) if dataclasses.is_dataclass(message) and not isinstance(message, type) else {"repr": repr(message)}
+    return {"time": utc_now_iso(), "type": type(message).__name__, "message": data}
+
+
+def _patch_cli_process_group(state: RunState) -> None:
+    """Start the CLI in its own session and process group, and note its pid.
+
+    The SDK starts the CLI with anyio.open_process and has no option for a
+    process group. Ending an agent must reach everything its CLI started
+    (Bash commands, their children) without signalling spawn.py itself, so
+    this one call is wrapped; a test asserts the CLI gets its own group.
+    """
+    import anyio
+
+    original = anyio.open_process
+    if getattr(original, "_spawn_wrapped", False):
+        return
+
+    async def open_process(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("start_new_session", True)
+        process = await original(*args, **kwargs)
+        state.cli_pid = process.pid
+        with contextlib.suppress(OSError):
+            state.cli_pgid = os.getpgid(process.pid)
+        return process
+
+    open_process._spawn_wrapped = True  # type: ignore[attr-defined]
+    anyio.open_process = open_process  # type: ignore[assignment]
+
+
+async def heartbeat_loop(agent_dir: Path, state: RunState) -> None:
+    psutil = _psutil()
+    while True:
+        if state.cli_pid is not None:
+            with contextlib.suppress(psutil.Error, OSError):
+                beat = Heartbeat(
+                    cli_pid=state.cli_pid,
+                    cli_create_time=psutil.Process(state.cli_pid).create_time(),
+                    cli_pgid=state.cli_pgid or state.cli_pid,
+                    updated_at=time.time(),
+                )
+                write_json_atomic(agent_dir / HEARTBEAT, record_to_json(beat))
+            await asyncio.sleep(HEARTBEAT_S)
+        else:
+            await asyncio.sleep(0.05)
+
+
+async def run_sdk(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
+    from claude_agent_sdk import (
+        AssistantMessage,
+        ClaudeAgentOptions,
+        ResultMessage,
+        TextBlock,
+        ToolUseBlock,
+        query,
+    )
+
+    _patch_cli_process_group(state)
+    system_prompt: Any
+    brief = briefing(meta, spawn_command())
+    if meta.preset == "claude_code":
+        system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
+    else:
+        system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
+    stderr_path = agent_dir / STDERR_LOG
+
+    def on_stderr(line: str) -> None:
+        with open(stderr_path, "a") as fh:
+            fh.write(redact(line, secrets_) + "\n")
+
+    options = ClaudeAgentOptions(
+        tools=list(meta.tools),
+        allowed_tools=list(meta.tools),
+        disallowed_tools=list(meta.disallowed_tools),
+        system_prompt=system_prompt,
+        model=meta.model,
+        max_turns=meta.max_turns,
+        max_budget_usd=meta.max_budget_usd,
+        cwd=meta.cwd,
+        cli_path=str(cli),
+        env=child_environment(meta, agent_dir),
+        stderr=on_stderr,
+        # Nobody answers permission prompts in a nested agent: deny what the
+        # tool list doesn't pre-approve instead of waiting forever.
+        permission_mode="dontAsk",
+        # Without the preset, skip settings files: they add prompt bytes and
+        # project hooks at every depth. The preset keeps Claude Code's defaults.
+        setting_sources=None if meta.preset == "claude_code" else [],
+        output_format={"type": "json_schema", "schema": meta.schema} if meta.schema else None,
+    )
+    transcript = agent_dir / TRANSCRIPT
+    async for message in query(prompt=meta.task, options=options):
+        append_jsonl(transcript, message_record(message), secrets_)
+        if isinstance(message, AssistantMessage):
+            texts = [b.text for b in message.content if isinstance(b, TextBlock) and b.text.strip()]
+            if texts:
+                state.last_text = "\n".join(texts)
+            for block in message.content:
+                if isinstance(block, ToolUseBlock) and block.name == "StructuredOutput":
+                    state.last_structured_attempt = block.input
+        elif isinstance(message, ResultMessage):
+            state.result = message
+
+
+def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
+    """Turn what the run saw into the outcome record (pure)."""
+    result = state.result
+    duration = round(time.time() - started, 3)
+    base: dict[str, Any] = {"id": meta.id, "ended_at": utc_now_iso(), "duration_s": duration, "text": state.last_text}
+    if result is not None:
+        base.update(
+            cost_usd=result.total_cost_usd,
+            usage=result.usage,
+            turns=result.num_turns,
+            sdk_session_id=result.session_id,
+            api_error_status=getattr(result, "api_error_status", None),
+        )
+        if result.result and not state.last_text:
+            base["text"] = result.result
+    if state.stop_reason is not None:
+        status = state.stop_reason
+        return Outcome(status=status, reason=state.stop_detail, exit_code=EXIT_FOR_STATUS[status], **base)
+    if error is not None:
+        return Outcome(status=Status.FAILED, reason=error, exit_code=ExitCode.AGENT_FAILED, **base)
+    if result is None:
+        return Outcome(status=Status.FAILED, reason="the CLI ended without a result", exit_code=ExitCode.AGENT_FAILED, **base)
+    if result.is_error:
+        detail = "; ".join(getattr(result, "errors", None) or []) or (result.result or "")
+        api = getattr(result, "api_error_status", None)
+        reason = f"agent failed ({result.subtype})" + (f", API status {api}" if api else "") + (f": {detail}" if detail else "")
+        return Outcome(status=Status.FAILED, reason=reason[:2000], exit_code=ExitCode.AGENT_FAILED, **base)
+    if meta.schema is not None:
+        output = result.structured_output
+        if output is None:
+            output = state.last_structured_attempt
+        if output is None:
+            return Outcome(
+                status=Status.FAILED,
+                reason="no structured output: the agent never called StructuredOutput",
+                exit_code=ExitCode.AGENT_FAILED,
+                validation_errors=["(root): no structured output was produced"],
+                **base,
+            )
+        errors = validate_output(meta.schema, output)
+        if errors:
+            return Outcome(
+                status=Status.FAILED,
+                reason=f"structured output does not match the schema ({len(errors)} error(s))",
+                exit_code=ExitCode.AGENT_FAILED,
+                output=output,
+                validation_errors=errors,
+                **base,
+            )
+        return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=output, **base)
+    return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=result.result or state.last_text or "", **base)
+
+
+def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str]) -> Outcome:
+    """Run a registered agent to its one committed outcome."""
+    meta = load_meta(agent_dir)
+    state = RunState()
+    started = time.time()
+    become_subreaper()
+    error: str | None = None
+
+    async def main_task() -> None:
+        nonlocal error
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def stop(status: Status, detail: str) -> None:
+            if state.stop_reason is None:
+                state.stop_reason, state.stop_detail = status, detail
+                task.cancel()
+
+        for signum, status in ((signal.SIGTERM, Status.KILLED), (signal.SIGHUP, Status.KILLED), (signal.SIGINT, Status.INTERRUPTED)):
+            loop.add_signal_handler(signum, stop, status, f"received {signal.Signals(signum).name}")
+        if meta.deadline is not None:
+            loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
+        beat = asyncio.create_task(heartbeat_loop(agent_dir, state))
+        try:
+            await run_sdk(meta, agent_dir, cli, state, secrets_)
+        except asyncio.CancelledError:
+            if state.stop_reason is None:
+                raise
+        except Exception as exc:  # the SDK's errors become a failed outcome
+            error = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        finally:
+            beat.cancel()
+
+    with contextlib.suppress(asyncio.CancelledError):
+        asyncio.run(main_task())
+    # Whatever happened, nothing the agent started may outlive it.
+    groups = [g for g in (state.cli_pgid,) if g]
+    end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else 1.0)
+    outcome = outcome_from_run(meta, state, started, error)
+    if not commit_outcome(agent_dir, outcome, secrets_):
+        committed = read_outcome(agent_dir) or {}
+        outcome = record_from_json(Outcome, committed)
+    if meta.output_file and outcome.status == Status.DONE:
+        write_output_file(Path(meta.output_file), outcome.output)
+    return outcome
+
+
+def write_output_file(path: Path, output: Any) -> None:
+    text = output if isinstance(output, str) else json.dumps(output, indent=2, ensure_ascii=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text + ("" if text.endswith("\n") else "\n"))
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise StateError(f"can't write --output {path}: {exc.strerror}; the result is in outcome.json") from None
+
+
+def summary(agent_dir: Path, outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """The one bounded JSON object a parent reads from stdout."""
+    out, truncated = truncate_for_stdout(outcome.get("output"), agent_dir / OUTCOME)
+    data: dict[str, Any] = {
+        "id": outcome.get("id") or agent_dir.name,
+        "status": outcome.get("status"),
+        "exit_code": outcome.get("exit_code"),
+        "reason": outcome.get("reason"),
+        "output": out,
+    }
+    if truncated:
+        data["output_truncated"] = True
+    if outcome.get("validation_errors"):
+        data["validation_errors"] = outcome["validation_errors"][:20]
+    if "cost_usd" in outcome:
+        data["cost_usd"] = outcome["cost_usd"]
+    data["duration_s"] = outcome.get("duration_s")
+    data["agent_dir"] = str(agent_dir)
+    data["outcome"] = str(agent_dir / OUTCOME)
+    data["transcript"] = str(agent_dir / TRANSCRIPT)
+    return data
+
+
+def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
+    """Start the runner detached; it is registered under its own pid."""
+    log = open(agent_dir / RUNNER_LOG, "ab")
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT_PATH), "_run", str(agent_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            cwd=plan.meta.cwd,
+        )
+    finally:
+        log.close()
+    psutil = _psutil()
+    try:
+        create_time = psutil.Process(proc.pid).create_time()
+    except psutil.Error:
+        create_time = time.time()
+    plan.meta.pid, plan.meta.create_time, plan.meta.pgid = proc.pid, create_time, proc.pid
+    write_meta(agent_dir, plan.meta, plan.secrets)
+    return {
+        "id": plan.meta.id,
+        "status": Status.RUNNING.value,
+        "pid": proc.pid,
+        "agent_dir": str(agent_dir),
+        "outcome": str(agent_dir / OUTCOME),
+        "done_marker": str(agent_dir / DONE_MARKER),
+        "fail_marker": str(agent_dir / FAIL_MARKER),
+        "wait": f"{spawn_command()} wait {plan.meta.id}",
+    }
+
+
+def record_refusal(plan: Plan) -> tuple[Path, Outcome]:
+    agent_dir = register(plan, own_identity())
+    outcome = Outcome(
+        id=plan.meta.id,
+        status=Status.REFUSED,
+        reason=plan.refusal or "refused",
+        exit_code=ExitCode.REFUSED,
+        ended_at=utc_now_iso(),
+        duration_s=0.0,
+        warnings=plan.meta.warnings,
+    )
+    commit_outcome(agent_dir, outcome, plan.secrets)
+    return agent_dir, outcome
+
+
+# -------------------------------------------------------------------- verbs --
+
+
+def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
+    """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
+    if process_matches(meta.pid, meta.create_time):
+        beat = agent_dir / HEARTBEAT
+        if beat.exists() and time.time() - beat.stat().st_mtime > HEARTBEAT_STALE_S:
+            return Status.STALE
+        return Status.RUNNING
+    return Status.FAILED
+
+
+def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
+    """Commit a failed outcome for an agent whose process is gone; end its leftovers."""
+    meta = load_meta(agent_dir)
+    if read_outcome(agent_dir) is not None or process_matches(meta.pid, meta.create_time):
+        return False
+    with contextlib.suppress(FileNotFoundError, SpawnError):
+        beat = read_json(agent_dir / HEARTBEAT)
+        if process_matches(int(beat["cli_pid"]), float(beat["cli_create_time"])):
+            end_processes([_psutil().Process(int(beat["cli_pid"]))], [int(beat["cli_pgid"])], KILL_GRACE_S)
+    started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
+    outcome = Outcome(
+        id=meta.id,
+        status=Status.FAILED,
+        reason=f"process {meta.pid} died without writing an outcome (found by {by})",
+        exit_code=ExitCode.AGENT_FAILED,
+        ended_at=utc_now_iso(),
+        duration_s=round(time.time() - started, 3),
+        committed_by=by,
+    )
+    return commit_outcome(agent_dir, outcome, secrets_)
+
+
+def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> tuple[dict[Path, dict[str, Any]], bool]:
+    """Block until outcomes exist (all, or any); reap agents that died."""
+    pending = list(agent_dirs)
+    done: dict[Path, dict[str, Any]] = {}
+    metas = {d: load_meta(d) for d in pending}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    next_liveness = 0.0
+    while pending:
+        for d in list(pending):
+            outcome = read_outcome(d)
+            if outcome is not None:
+                done[d] = outcome
+                pending.remove(d)
+        if not pending or (mode == "any" and done):
+            break
+        now = time.monotonic()
+        if now >= next_liveness:
+            next_liveness = now + LIVENESS_POLL_S
+            for d in pending:
+                if not process_matches(metas[d].pid, metas[d].create_time):
+                    reap_agent(d, "wait", secrets_)
+            continue
+        if deadline is not None and now >= deadline:
+            return done, False
+        time.sleep(WAIT_POLL_S)
+    return done, True
+
+
+def tree_rows(session: Path) -> list[dict[str, Any]]:
+    """The agents of a session with state and cost, parents before children."""
+    rows: dict[str, dict[str, Any]] = {}
+    for d in iter_agent_dirs(session):
+        try:
+            meta = load_meta(d)
+        except FileNotFoundError:
+            continue  # a background launch between mkdir and meta.json
+        outcome = read_outcome(d)
+        state = outcome["status"] if outcome else liveness(d, meta).value
+        if outcome is None and state == Status.FAILED:
+            state = "lost"  # dead without outcome; `reap` or `wait` records it
+        started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
+        rows[meta.id] = {
+            "id": meta.id,
+            "parent_id": meta.parent_id,
+            "depth": meta.depth,
+            "state": state,
+            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
+            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
+            "cost_usd": outcome.get("cost_usd") if outcome else None,
+            "cost_known": bool(outcome and "cost_usd" in outcome),
+            "pid": meta.pid,
+            "agent_dir": str(d),
+        }
+    children: dict[str | None, list[str]] = {}
+    for row in rows.values():
+        parent = row["parent_id"] if row["parent_id"] in rows else None
+        children.setdefault(parent, []).append(row["id"])
+
+    def subtree(agent_id: str) -> tuple[float, bool]:
+        row = rows[agent_id]
+        total, known = (row["cost_usd"] or 0.0), row["cost_known"] or row["state"] == Status.REFUSED
+        for child in children.get(agent_id, []):
+            c_total, c_known = subtree(child)
+            total, known = total + c_total, known and c_known
+        row["subtree_cost_usd"], row["subtree_cost_known"] = round(total, 6), known
+        return total, known
+
+    ordered: list[dict[str, Any]] = []
+
+    def walk(agent_id: str, level: int) -> None:
+        rows[agent_id]["level"] = level
+        ordered.append(rows[agent_id])
+        for child in sorted(children.get(agent_id, []), key=lambda i: rows[i]["agent_dir"]):
+            walk(child, level + 1)
+
+    for root in sorted(children.get(None, []), key=lambda i: rows[i]["agent_dir"]):
+        subtree(root)
+        walk(root, 0)
+    return ordered
+
+
+def format_cost(value: float | None, known: bool) -> str:
+    if value is None and not known:
+        return "?"
+    text = f"${value or 0:.4f}"
+    return text if known else f">={text}"
+
+
+def format_tree(session: Path, rows: Sequence[Mapping[str, Any]]) -> str:
+    lines = [f"session {session}"]
+    for row in rows:
+        own = format_cost(row["cost_usd"], row["cost_known"] or row["state"] == Status.REFUSED)
+        sub = format_cost(row["subtree_cost_usd"], row["subtree_cost_known"])
+        lines.append(
+            f"{'  ' * row['level']}{row['id']}  d{row['depth']}  {row['state']:<11} "
+            f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}"
+        )
+    return "\n".join(lines)
+
+
+def descendants_of(session: Path, agent_id: str) -> list[Path]:
+    """Agent directories below agent_id, deepest first."""
+    parents: dict[str, tuple[str | None, int, Path]] = {}
+    for d in iter_agent_dirs(session):
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            meta = load_meta(d)
+            parents[meta.id] = (meta.parent_id, meta.depth, d)
+    found = []
+    for aid, (_, depth, d) in parents.items():
+        cursor: str | None = aid
+        while cursor is not None and cursor in parents:
+            cursor = parents[cursor][0]
+            if cursor == agent_id:
+                found.append((depth, d))
+                break
+    return [d for _, d in sorted(found, key=lambda x: -x[0])]
+
+
+def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
+    """End an agent and its descendants, deepest first; record `killed`."""
+    meta = load_meta(agent_dir)
+    session = Path(meta.session)
+    targets = [*descendants_of(session, meta.id), agent_dir]
+    killed: list[str] = []
+    psutil = _psutil()
+    for d in targets:
+        m = load_meta(d)
+        if read_outcome(d) is not None:
+            continue
+        if process_matches(m.pid, m.create_time):
+            # Ask spawn.py first: it ends its own subtree and commits `killed`.
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(m.pid)
+                proc.terminate()
+                proc.wait(timeout=KILL_GRACE_S * 2)
+        groups: list[int] = []
+        procs = []
+        if process_matches(m.pid, m.create_time):
+            with contextlib.suppress(psutil.Error):
+                procs.append(psutil.Process(m.pid))
+        with contextlib.suppress(FileNotFoundError, SpawnError, KeyError, ValueError):
+            beat = read_json(d / HEARTBEAT)
+            if process_matches(int(beat["cli_pid"]), float(beat["cli_create_time"])):
+                groups.append(int(beat["cli_pgid"]))
+        if procs or groups:
+            end_processes(procs, groups, 0.5)
+        started = dt.datetime.fromisoformat(m.started_at.replace("Z", "+00:00")).timestamp()
+        commit_outcome(
+            d,
+            Outcome(
+                id=m.id,
+                status=Status.KILLED,
+                reason="ended by spawn.py kill",
+                exit_code=ExitCode.KILLED,
+                ended_at=utc_now_iso(),
+                duration_s=round(time.time() - started, 3),
+                committed_by="kill",
+            ),
+            secrets_,
+        )
+        killed.append(m.id)
+    return killed
+
+
+# ---------------------------------------------------------------------- CLI --
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with spawn's error format and exit code."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}; see '{self.prog} --help'")
+
+
+EXIT_TABLE = """\
+exit codes:
+  0    success (every agent waited for is done)
+  1    an agent failed (including schema-invalid output)
+  2    bad usage or input; nothing was written
+  3    session/state error (unwritable root, corrupt record)
+  4    refused by a limit (depth, deadline, tools); recorded in the session
+  124  timeout; the agent's subtree was ended
+  130  interrupted (SIGINT); the subtree was ended
+  143  killed (SIGTERM/SIGHUP or 'spawn.py kill'); the subtree was ended"""
+
+
+def build_run_parser() -> Parser:
+    p = Parser(
+        prog="spawn.py",
+        description="Run a Claude agent that can spawn child agents to any depth. "
+        "Verbs: wait, status, kill, reap (spawn.py VERB --help).",
+        epilog=EXIT_TABLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"spawn.py {__version__}")
+    task = p.add_argument_group("task")
+    task.add_argument("--task", metavar="TEXT", help="the prompt")
+    task.add_argument("--task-file", metavar="PATH", help="read the prompt from PATH ('-' for stdin)")
+    task.add_argument("--topic", metavar="WORDS", help="names the session directory (default: the task's first words)")
+    agent = p.add_argument_group("agent")
+    agent.add_argument("--tools", metavar="A,B", help=f"tools the agent sees, auto-approved (default {','.join(DEFAULT_TOOLS)}; a child: its parent's)")
+    agent.add_argument("--disallowed-tools", metavar="A,B", help="tools removed from the agent, as in Claude Code")
+    agent.add_argument("--model", default=DEFAULT_MODEL, metavar="TIER|ID", help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})")
+    agent.add_argument("--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json, a file, or inline JSON")
+    agent.add_argument("--output", metavar="FILE", help="also write the validated output (or final text) to FILE")
+    agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
+    agent.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from PATH")
+    agent.add_argument("--preset", choices=["claude_code"], help="use Claude Code's full system prompt and settings (costly at depth)")
+    agent.add_argument("--cwd", metavar="DIR", help="working directory of the agent")
+    limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
+    limits.add_argument("--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})")
+    limits.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for this agent and its subtree")
+    limits.add_argument("--max-turns", type=int, metavar="N", help="maximum agent turns")
+    limits.add_argument("--max-budget-usd", type=float, metavar="X", help="spending limit in USD")
+    where = p.add_argument_group("session")
+    where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
+    where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
+    mode = p.add_argument_group("mode")
+    mode.add_argument("--background", action="store_true", help="register, start detached, print the id and outcome paths, exit 0")
+    mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
+    mode.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def build_verb_parser(verb: str) -> Parser:
+    p = Parser(prog=f"spawn.py {verb}", epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--session", metavar="DIR", help="session directory (default $SPAWN_SESSION, else the latest under the session root)")
+    p.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+    if verb == "wait":
+        p.description = "Block until the agents have outcomes. Exit 0 if all are done, 1 if one failed, 124 on --timeout."
+        p.add_argument("ids", nargs="+", metavar="ID")
+        how = p.add_mutually_exclusive_group()
+        how.add_argument("--all", dest="mode", action="store_const", const="all", default="all", help="wait for every agent (default)")
+        how.add_argument("--any", dest="mode", action="store_const", const="any", help="return when one agent has an outcome")
+        p.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds (exit 124)")
+    elif verb == "status":
+        p.description = "Show the agent tree: depth, state, duration, own cost and subtree cost."
+        p.add_argument("target", nargs="?", metavar="SESSION|ID")
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+    elif verb == "kill":
+        p.description = "End an agent and all its descendants (deepest first); record `killed`."
+        p.add_argument("ids", nargs="+", metavar="ID")
+    elif verb == "reap":
+        p.description = "Record a failed outcome for every agent whose process died without one, and end its leftovers."
+        p.add_argument("target", nargs="?", metavar="SESSION")
+    elif verb == "_run":
+        p.add_argument("agent_dir")
+    return p
+
+
+VERBS = ("wait", "status", "kill", "reap", "_run")
+
+
+def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
+    if getattr(args, "session", None):
+        return Path(args.session).expanduser().resolve()
+    if environ.get(ENV_SESSION):
+        return Path(environ[ENV_SESSION])
+    return latest_session(resolve_session_root(None, environ))
+
+
+def emit(data: Mapping[str, Any]) -> None:
+    sys.stdout.write(json.dumps(data, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def note(message: str) -> None:
+    print(f"spawn: {message}", file=sys.stderr, flush=True)
+
+
+def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    args = build_run_parser().parse_args(argv)
+    plan = plan_run(args, environ, ancestry_context())
+    if args.dry_run:
+        resolved = record_to_json(plan.meta)
+        resolved.update(refusal=plan.refusal, cli=str(plan.cli), session_root=str(plan.session_root))
+        resolved["briefing"] = briefing(plan.meta, spawn_command())
+        emit(resolved)
+        return ExitCode.OK
+    for warning in plan.meta.warnings:
+        note(f"warning: {warning}")
+    if plan.refusal is not None:
+        agent_dir, outcome = record_refusal(plan)
+        emit(summary(agent_dir, record_to_json(outcome)))
+        raise RefusedError(f"refused: {plan.refusal}; recorded in {agent_dir}")
+    if args.background:
+        agent_dir = register(plan, None)
+        emit(launch_background(agent_dir, plan))
+        return ExitCode.OK
+    agent_dir = register(plan, own_identity())
+    note(f"agent {plan.meta.id} started in {agent_dir}")
+    outcome = run_agent(agent_dir, plan.cli, plan.secrets)
+    note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
+    emit(summary(agent_dir, record_to_json(outcome)))
+    return outcome.exit_code
+
+
+def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    agent_dir = Path(args.agent_dir)
+    limit = time.monotonic() + REGISTER_WAIT_S
+    while not (agent_dir / META).exists():  # the launcher writes it right after starting us
+        if time.monotonic() > limit:
+            raise StateError(f"{agent_dir} was never registered; nothing to run")
+        time.sleep(0.01)
+    outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ))
+    emit(summary(agent_dir, record_to_json(outcome)))
+    return outcome.exit_code
+
+
+def cmd_wait(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    session = default_session(args, environ)
+    root = resolve_session_root(None, environ)
+    dirs = [find_agent_dir(i, session, root) for i in args.ids]
+    done, finished = wait_for_outcomes(dirs, args.mode, args.timeout, secret_values(environ))
+    agents = [summary(d, done[d]) for d in dirs if d in done]
+    pending = [d.name for d in dirs if d not in done]
+    failed = [a["id"] for a in agents if a["status"] != Status.DONE]
+    status = "timeout" if not finished else ("failed" if failed else "done")
+    emit({"status": status, "agents": agents, "pending": pending})
+    if not finished:
+        note(f"wait timed out; still running: {', '.join(pending)}")
+        return ExitCode.TIMEOUT
+    return ExitCode.AGENT_FAILED if failed else ExitCode.OK
+
+
+def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    root = resolve_session_root(None, environ)
+    session: Path | None
+    if args.target and (Path(args.target) / AGENTS_DIR).is_dir():
+        session = Path(args.target).resolve()
+    elif args.target:
+        session = Path(load_meta(find_agent_dir(args.target, default_session(args, environ), root)).session)
+    else:
+        session = default_session(args, environ)
+    if session is None or not (session / AGENTS_DIR).is_dir():
+        raise UsageError(f"no session found under {root}; pass a session directory or --session DIR")
+    rows = tree_rows(session)
+    if args.json:
+        emit({"session": str(session), "agents": rows})
+    else:
+        print(format_tree(session, rows))
+    return ExitCode.OK
+
+
+def cmd_kill(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    session = default_session(args, environ)
+    root = resolve_session_root(None, environ)
+    dirs = [find_agent_dir(i, session, root) for i in args.ids]
+    killed = [k for d in dirs for k in kill_agent(d, secret_values(environ))]
+    emit({"killed": killed})
+    return ExitCode.OK
+
+
+def cmd_reap(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    session = Path(args.target).resolve() if args.target else default_session(args, environ)
+    if session is None or not (session / AGENTS_DIR).is_dir():
+        raise UsageError("no session to reap; pass a session directory")
+    reaped = []
+    for d in iter_agent_dirs(session):
+        with contextlib.suppress(FileNotFoundError):
+            if reap_agent(d, "reap", secret_values(environ)):
+                reaped.append(d.name)
+    emit({"session": str(session), "reaped": reaped})
+    return ExitCode.OK
+
+
+# --------------------------------------------------------------------- main --
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The one place where exceptions become exit codes."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    environ = dict(os.environ)
+    traceback = "--traceback" in argv
+    try:
+        if argv and argv[0] in VERBS:
+            verb = argv[0]
+            args = build_verb_parser(verb).parse_args(argv[1:])
+            handler = {"wait": cmd_wait, "status": cmd_status, "kill": cmd_kill, "reap": cmd_reap, "_run": cmd_background_runner}[verb]
+            return handler(args, environ)
+        return cmd_run(argv, environ)
+    except SpawnError as exc:
+        if traceback:
+            raise
+        print(f"spawn: error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("spawn: error: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED
+    except OSError as exc:
+        if traceback:
+            raise
+        print(f"spawn: error: {exc}; check the session directory and permissions", file=sys.stderr)
+        return ExitCode.STATE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
