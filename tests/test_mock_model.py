@@ -1,0 +1,522 @@
+"""Tests for tools/mock_model.py: pure parts, the HTTP server, and the real CLI.
+
+The end-to-end tests drive the ``claude`` CLI bundled in the claude-agent-sdk
+wheel against the mock server; they are skipped when the SDK is not importable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+# ---------------------------------------------------------------- helpers
+
+MOCK_PATH = Path(__file__).resolve().parent.parent / "tools" / "mock_model.py"
+
+
+def _load_mock() -> ModuleType:
+    # tools/ is not a package, so load the script by path.
+    spec = importlib.util.spec_from_file_location("mock_model", MOCK_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mock_model"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+mm = _load_mock()
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+def _find_cli() -> Path:
+    try:
+        import claude_agent_sdk
+    except ImportError:
+        pytest.skip(
+            "claude_agent_sdk is not importable; run with /tmp/sdkvenv/bin/python"
+        )
+    cli = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    if not cli.exists():
+        pytest.skip(f"bundled claude CLI not found at {cli}")
+    return cli
+
+
+def _read_log(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+class Server:
+    def __init__(self, tmp: Path, scenario: dict[str, Any] | None = None) -> None:
+        self.log = tmp / "requests.jsonl"
+        args = [
+            sys.executable,
+            str(MOCK_PATH),
+            "--port",
+            "0",
+            "--log",
+            str(self.log),
+            "--port-file",
+            str(tmp / "port"),
+        ]
+        if scenario is not None:
+            path = tmp / "scenario.json"
+            path.write_text(json.dumps(scenario))
+            args += ["--scenario", str(path)]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        prefix = "mock_model listening on http://127.0.0.1:"
+        assert line.startswith(prefix), line
+        self.port = int(line[len(prefix) :])
+        assert int((tmp / "port").read_text()) == self.port
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def post(self, path: str, payload: dict[str, Any]) -> tuple[int, bytes]:
+        req = urllib.request.Request(
+            self.url + path,
+            data=json.dumps(payload).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    srv = Server(tmp_path)
+    yield srv
+    if srv.proc.poll() is None:
+        srv.stop()
+
+
+# ---------------------------------------------------------------- pure core
+
+
+def test_task_text_string_and_blocks() -> None:
+    assert mm.task_text([{"role": "user", "content": "hello"}]) == "hello"
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "<system-reminder>x</system-reminder>"},
+                {"type": "image", "source": {}},
+                {"type": "text", "text": "task"},
+            ],
+        },
+        {"role": "assistant", "content": "a"},
+        _user("later"),
+    ]
+    assert mm.task_text(messages) == "<system-reminder>x</system-reminder>\ntask"
+    assert mm.task_text([]) == ""
+
+
+def test_inline_script_with_nested_escaped_json() -> None:
+    inner = json.dumps([{"text": "inner ]MOCK"}])
+    steps = [{"bash": "echo '{\"a\": [1]}'"}, {"text": f"child MOCK[{inner[1:]}"}]
+    text = (
+        "prefix MOCK" + json.dumps(steps) + 'MOCK suffix MOCK[{"text": "second"}]MOCK'
+    )
+    assert mm.extract_inline_script(text) == steps
+    assert mm.extract_inline_script("no marker here") is None
+    with pytest.raises(mm.ScriptError):
+        mm.extract_inline_script("MOCK[{broken]MOCK")
+    with pytest.raises(mm.ScriptError):
+        mm.extract_inline_script("MOCK[1, 2]MOCK")
+
+
+def test_rule_matching_and_default() -> None:
+    scenario = mm.parse_scenario(
+        {
+            "rules": [
+                {"match": r"alpha\d", "steps": [{"text": "A"}]},
+                {"match": "alpha", "steps": [{"text": "B"}]},
+            ],
+            "default": [{"text": "D"}],
+        }
+    )
+    assert mm.select_script("x alpha1 y", scenario) == [{"text": "A"}]
+    assert mm.select_script("alpha", scenario) == [{"text": "B"}]
+    assert mm.select_script("gamma", scenario) == [{"text": "D"}]
+    assert mm.select_script('alpha1 MOCK[{"text": "I"}]MOCK', scenario) == [
+        {"text": "I"}
+    ]
+    assert mm.select_script("gamma", mm.Scenario()) == [{"text": "ok"}]
+    with pytest.raises(mm.ScriptError):
+        mm.parse_scenario({"rules": [{"match": "(", "steps": []}]})
+
+
+def test_step_index_and_main_discriminator() -> None:
+    messages = [
+        _user("t"),
+        {"role": "assistant", "content": "a"},
+        _user("r"),
+        {"role": "system", "content": "s"},
+        {"role": "assistant", "content": "b"},
+    ]
+    assert mm.step_index(messages) == 2
+    # Shapes observed from CLI 2.1.330: main loop, main loop under --tools "",
+    # and the SDK's concurrent session-title query.
+    assert mm.is_main_request({"tools": [{"name": "Bash"}], "messages": []})
+    assert mm.is_main_request({"tools": [], "context_management": {}, "thinking": {}})
+    title = {
+        "tools": [],
+        "output_config": {
+            "effort": "medium",
+            "format": {
+                "type": "json_schema",
+                "schema": {
+                    "type": "object",
+                    "properties": {"title": {"type": "string"}},
+                    "required": ["title"],
+                },
+            },
+        },
+    }
+    assert not mm.is_main_request(title)
+    assert json.loads(mm.side_text(title)) == {"title": "mock"}
+    assert not mm.is_main_request({"messages": []})
+    assert mm.side_text({"messages": []}) == "ok"
+
+
+def test_normalise_step_shorthands() -> None:
+    bash = mm.normalise_step({"bash": "ls", "timeout": 5000, "sleep": 0.5})
+    assert bash.tool == "Bash"
+    assert bash.tool_input == {
+        "command": "ls",
+        "description": "scripted",
+        "timeout": 5000,
+    }
+    assert bash.sleep == 0.5
+    structured = mm.normalise_step({"structured": {"answer": 42}})
+    assert (structured.tool, structured.tool_input) == (
+        "StructuredOutput",
+        {"answer": 42},
+    )
+    err = mm.normalise_step({"error": 529, "times": 2, "text": "recovered"})
+    assert (err.error, err.times, err.text) == (529, 2, "recovered")
+    with pytest.raises(mm.ScriptError):
+        mm.normalise_step({"txet": "typo"})
+    with pytest.raises(mm.ScriptError):
+        mm.normalise_step({"bash": "ls", "tool": "Read"})
+
+
+def test_error_body_shape() -> None:
+    assert mm.error_body(529, "m") == {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": "m"},
+    }
+    assert mm.error_body(429, "m")["error"]["type"] == "rate_limit_error"
+    assert mm.error_body(500, "m")["error"]["type"] == "api_error"
+    assert mm.error_body(400, "m")["error"]["type"] == "invalid_request_error"
+
+
+def _parse_sse(body: bytes) -> list[tuple[str, dict[str, Any]]]:
+    frames = body.decode().split("\n\n")
+    assert frames[-1] == ""
+    events = []
+    for frame in frames[:-1]:
+        event_line, data_line = frame.split("\n")
+        assert event_line.startswith("event: ") and data_line.startswith("data: ")
+        data = json.loads(data_line[len("data: ") :])
+        assert data["type"] == event_line[len("event: ") :]
+        events.append((data["type"], data))
+    return events
+
+
+def test_sse_framing_text_and_tool() -> None:
+    long_cmd = "echo " + "x" * 200
+    step = mm.normalise_step(
+        {
+            "text": "thinking aloud",
+            "bash": long_cmd,
+            "usage": {"input_tokens": 7, "output_tokens": 9},
+        }
+    )
+    message = mm.build_message(step, "m-1", "msg_1", "toolu_1", 400)
+    assert message["stop_reason"] == "tool_use"
+    assert message["usage"]["input_tokens"] == 7
+    events = _parse_sse(mm.sse_body(message))
+    kinds = [k for k, _ in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == [
+        "message_delta",
+        "message_stop",
+    ]
+    assert events[0][1]["message"]["model"] == "m-1"
+    assert "usage" in events[0][1]["message"]
+    tool_deltas = [
+        d["delta"]["partial_json"]
+        for k, d in events
+        if k == "content_block_delta" and d["index"] == 1
+    ]
+    assert len(tool_deltas) > 1
+    assert json.loads("".join(tool_deltas))["command"] == long_cmd
+    text_deltas = [
+        d["delta"]["text"]
+        for k, d in events
+        if k == "content_block_delta" and d["index"] == 0
+    ]
+    assert "".join(text_deltas) == "thinking aloud"
+    assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 2
+    assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
+    assert events[-2][1]["usage"]["output_tokens"] == 9
+
+    plain = mm.build_message(mm.Step(), "m", "msg_2", "toolu_2", 4)
+    assert plain["content"] == [{"type": "text", "text": "done"}]
+    assert plain["stop_reason"] == "end_turn"
+    assert plain["usage"]["output_tokens"] >= 1
+
+
+# ---------------------------------------------------------------- server
+
+
+def test_import_has_no_side_effects() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", f"import runpy; runpy.run_path({str(MOCK_PATH)!r})"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0 and result.stdout == "" and result.stderr == ""
+
+
+def test_server_protocol(server: Server, tmp_path: Path) -> None:
+    script = 'MOCK[{"text": "one"}, {"error": 529, "times": 1, "text": "two"}]MOCK'
+    base = {"model": "m-x", "max_tokens": 10, "tools": [{"name": "Bash"}]}
+    status, body = server.post(
+        "/v1/messages?beta=true", {**base, "messages": [_user(script)]}
+    )
+    assert status == 200
+    reply = json.loads(body)
+    assert reply["model"] == "m-x" and reply["content"][0]["text"] == "one"
+    later = [_user(script), {"role": "assistant", "content": "one"}, _user("go")]
+    status, body = server.post("/v1/messages", {**base, "messages": later})
+    assert status == 529 and json.loads(body)["error"]["type"] == "overloaded_error"
+    status, body = server.post(
+        "/v1/messages", {**base, "messages": later, "stream": True}
+    )
+    assert status == 200
+    assert [k for k, _ in _parse_sse(body)][-1] == "message_stop"
+    # Side requests (no tools key) never consume the script.
+    status, body = server.post(
+        "/v1/messages", {"model": "m", "messages": [_user(script)]}
+    )
+    assert status == 200 and json.loads(body)["content"][0]["text"] == "ok"
+    status, body = server.post(
+        "/v1/messages/count_tokens", {"messages": [_user("abcd" * 10)]}
+    )
+    assert status == 200 and json.loads(body)["input_tokens"] >= 10
+    status, _ = server.post("/nope", {})
+    assert status == 404
+    assert server.stop() == 0
+    log = _read_log(server.log)
+    assert [(r["kind"], r["step_index"], r["status"], r["first"]) for r in log[:4]] == [
+        ("main", 0, 200, True),
+        ("main", 1, 529, False),
+        ("main", 1, 200, False),
+        ("side", None, 200, False),
+    ]
+    assert (
+        log[0]["tools"] == ["Bash"] and log[0]["task_digest"] == log[1]["task_digest"]
+    )
+
+
+def test_sleep_does_not_block_other_requests(server: Server) -> None:
+    import threading
+
+    results: dict[str, float] = {}
+    main = {"tools": [{"name": "Bash"}]}
+
+    def slow() -> None:
+        t0 = time.monotonic()
+        server.post(
+            "/v1/messages", {**main, "messages": [_user('MOCK[{"sleep": 1.5}]MOCK')]}
+        )
+        results["slow"] = time.monotonic() - t0
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    status, _ = server.post("/v1/messages", {**main, "messages": [_user("fast")]})
+    assert status == 200 and time.monotonic() - t0 < 1.0
+    thread.join()
+    assert results["slow"] >= 1.4
+
+
+def test_sleep_stops_when_client_disconnects(server: Server) -> None:
+    import socket
+
+    body = json.dumps(
+        {"tools": [{"name": "Bash"}], "messages": [_user('MOCK[{"sleep": 30}]MOCK')]}
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        time.sleep(0.3)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if any(r["reply"] == "client_gone" for r in _read_log(server.log)):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("server kept sleeping after the client disconnected")
+
+
+def test_bad_scenario_reports_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    result = subprocess.run(
+        [sys.executable, str(MOCK_PATH), "--scenario", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert result.stderr.startswith("mock_model: error:")
+
+
+# ---------------------------------------------------------------- real CLI
+
+
+def _run_cli(server: Server, tmp: Path, prompt: str, *extra: str) -> dict[str, Any]:
+    cli = _find_cli()
+    home = tmp / "home"
+    home.mkdir(exist_ok=True)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+        "ANTHROPIC_BASE_URL": server.url,
+        "ANTHROPIC_API_KEY": "sk-mock",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    result = subprocess.run(
+        [str(cli), "-p", prompt, "--output-format", "json", *extra],
+        env=env,
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr + result.stdout
+    parsed: dict[str, Any] = json.loads(result.stdout)
+    return parsed
+
+
+def test_cli_runs_bash_then_text(server: Server, tmp_path: Path) -> None:
+    _find_cli()
+    marker = tmp_path / "bash-ran.txt"
+    steps = [{"bash": f"echo hello-from-bash > {marker}"}, {"text": "finished"}]
+    out = _run_cli(
+        server,
+        tmp_path,
+        f"do it MOCK{json.dumps(steps)}MOCK",
+        "--tools",
+        "Bash",
+        "--allowedTools",
+        "Bash",
+    )
+    assert out["result"] == "finished" and not out["is_error"]
+    assert marker.read_text().strip() == "hello-from-bash"
+    main = [r for r in _read_log(server.log) if r["kind"] == "main"]
+    assert [(r["step_index"], r["reply"]) for r in main] == [
+        (0, "tool:Bash"),
+        (1, "text"),
+    ]
+    assert main[0]["first"] and "Bash" in main[0]["tools"]
+
+
+def test_cli_structured_output(server: Server, tmp_path: Path) -> None:
+    _find_cli()
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+    }
+    out = _run_cli(
+        server,
+        tmp_path,
+        'answer MOCK[{"structured": {"answer": 42}}]MOCK',
+        "--json-schema",
+        json.dumps(schema),
+    )
+    assert out["structured_output"] == {"answer": 42}
+    assert not out["is_error"]
+
+
+def test_cli_retries_after_529(server: Server, tmp_path: Path) -> None:
+    _find_cli()
+    out = _run_cli(
+        server, tmp_path, 'x MOCK[{"error": 529, "times": 1, "text": "recovered"}]MOCK'
+    )
+    assert out["result"] == "recovered" and not out["is_error"]
+    main = [r for r in _read_log(server.log) if r["kind"] == "main"]
+    assert [r["status"] for r in main] == [529, 200]
+
+
+def test_sdk_query_ignores_title_side_request(server: Server, tmp_path: Path) -> None:
+    cli = _find_cli()
+    import anyio
+    from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, query
+
+    home = tmp_path / "home"
+    home.mkdir()
+    options = ClaudeAgentOptions(
+        cli_path=str(cli),
+        cwd=str(tmp_path),
+        allowed_tools=["Bash"],
+        env={
+            "HOME": str(home),
+            "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+            "ANTHROPIC_BASE_URL": server.url,
+            "ANTHROPIC_API_KEY": "sk-mock",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        },
+    )
+    prompt = 'sdk MOCK[{"text": "looking", "bash": "echo sdk"}, {"text": "sdk-finished"}]MOCK'
+    results: list[str] = []
+
+    async def run() -> None:
+        async for message in query(prompt=prompt, options=options):
+            if isinstance(message, ResultMessage):
+                results.append(str(message.result))
+
+    anyio.run(run)
+    assert results == ["sdk-finished"]
+    log = _read_log(server.log)
+    main = [r for r in log if r["kind"] == "main"]
+    assert [(r["step_index"], r["reply"]) for r in main] == [
+        (0, "tool:Bash"),
+        (1, "text"),
+    ]
+    assert sum(r["first"] for r in log) == 1

@@ -1,0 +1,865 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# requires-python = ">=3.11"
+# dependencies = []
+#
+# [tool.uv]
+# exclude-newer = "2026-11-01T00:00:00Z"
+# ///
+"""Scripted stand-in for the Anthropic Messages API.
+
+Point the real ``claude`` CLI at this server (``ANTHROPIC_BASE_URL``) and it
+runs complete agent loops offline, deterministically and for free: every model
+response comes from a script of *steps* instead of a model.
+
+Choosing the script (from the task text = all text of the first user message):
+
+1. Inline: the ``[`` of the first ``MOCK[`` in the task text opens a JSON
+   array of steps, conventionally closed by ``]MOCK``, e.g.
+   ``MOCK[{"bash": "echo hi"}, {"text": "finished"}]MOCK``.
+2. Otherwise a scenario file (``--scenario FILE``)::
+
+       {"rules": [{"match": "<python regex>", "steps": [...]}, ...],
+        "default": [...]}
+
+   The first rule whose regex ``re.search``-es the task text wins, then
+   ``default``, then the single step ``{"text": "ok"}``.
+
+The step answered is the number of assistant messages already in the request,
+so the server keeps no conversation state. Past the last step it answers
+``"done"``. Step kinds (one model response each):
+
+- ``{"text": "..."}``: a text reply, stop_reason ``end_turn``.
+- ``{"tool": "Name", "input": {...}}``: one tool_use (optionally preceded by a
+  ``"text"`` block), stop_reason ``tool_use``.
+- ``{"bash": "cmd"}``: shorthand for the ``Bash`` tool (optional ``"timeout"``
+  in ms).
+- ``{"structured": {...}}``: shorthand for the ``StructuredOutput`` tool that
+  the CLI offers under ``--json-schema``.
+- ``{"error": 529}``: an HTTP error with the API's error body; with
+  ``"times": N`` only the first N attempts fail and later ones fall through
+  to the rest of the step. ``"retry_after": S`` adds a ``retry-after`` header.
+- Modifiers on any step: ``"sleep": SECONDS`` (delay before answering; alone
+  it answers ``"slept"``) and ``"usage": {"input_tokens": N,
+  "output_tokens": M}``.
+
+Observed CLI 2.1.330 behaviour worth knowing when writing scripts:
+a StructuredOutput tool_use ends the run at once (no follow-up request);
+errors are retried with backoff of about 0.5s, 1s, 2s, 4s... (count set by
+``CLAUDE_CODE_MAX_RETRIES``, default 10) but a 529 gives up after 3 attempts
+in all; ``retry-after`` is honoured only in whole seconds; and an HTTP 400
+makes the CLI retry with features stripped, so a malformed script shows up as
+several 400s in the log. Subagents (the Agent tool) run as separate main loops
+whose task text is the Agent prompt, and are started in the background.
+
+Run::
+
+    python3 tools/mock_model.py --port 0 --port-file port.txt \\
+        --scenario scenario.json --log requests.jsonl
+
+It prints ``mock_model listening on http://127.0.0.1:PORT`` once listening and
+exits 0 on SIGTERM/SIGINT. With ``--log`` every request appends one JSON line
+(see ``log_record``) for tests and benchmarks to inspect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import re
+import select
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+from typing import Any, cast
+
+# ---------------------------------------------------------------- constants
+
+MARKER = "MOCK["
+DEFAULT_STEPS: list[dict[str, Any]] = [{"text": "ok"}]
+PAST_END_TEXT = "done"
+SLEPT_TEXT = "slept"
+SIDE_TEXT = "ok"
+STRUCTURED_TOOL = "StructuredOutput"
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+STEP_KEYS = frozenset(
+    {
+        "text",
+        "tool",
+        "input",
+        "bash",
+        "timeout",
+        "structured",
+        "sleep",
+        "error",
+        "times",
+        "usage",
+        "retry_after",
+    }
+)
+# Small enough that multi-chunk tool input is exercised on ordinary commands,
+# which is how the real API streams input_json_delta.
+JSON_CHUNK = 40
+SLEEP_POLL = 0.1
+MAX_BODY = 64 * 1024 * 1024
+
+
+# ---------------------------------------------------------------- records
+
+
+class ScriptError(ValueError):
+    """A script, step or scenario is malformed (reported as HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One normalised scripted model response."""
+
+    text: str | None = None
+    tool: str | None = None
+    tool_input: dict[str, Any] = field(default_factory=dict)
+    sleep: float = 0.0
+    error: int | None = None
+    times: int | None = None
+    retry_after: float | None = None
+    usage: dict[str, int] | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    pattern: re.Pattern[str]
+    steps: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    rules: tuple[Rule, ...] = ()
+    default: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the server decided to send for one /v1/messages request."""
+
+    status: int
+    body: dict[str, Any]
+    summary: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+# ---------------------------------------------------------------- pure core
+
+
+def task_text(messages: Sequence[Any]) -> str:
+    """All text of the first user message; the CLI's system-reminder blocks
+    ride along, which is harmless because scripts are found by marker/regex."""
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        parts: list[str] = []
+        if isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") == "text":
+                    parts.append(str(block.get("text", "")))
+        return "\n".join(parts)
+    return ""
+
+
+def task_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def extract_inline_script(text: str) -> list[dict[str, Any]] | None:
+    """Steps from the first ``MOCK[`` marker, or None when there is none.
+
+    raw_decode stops at the end of the array, so quoted JSON (and even a
+    literal ``]MOCK``) inside step strings cannot end the script early.
+    """
+    start = text.find(MARKER)
+    if start < 0:
+        return None
+    array_at = start + len(MARKER) - 1
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text, array_at)
+    except json.JSONDecodeError as exc:
+        raise ScriptError(f"inline MOCK script is not valid JSON: {exc}") from exc
+    return _check_steps(value, "inline MOCK script")
+
+
+def _check_steps(value: object, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(s, dict) for s in value):
+        raise ScriptError(f"{where} must be a JSON array of objects")
+    return cast(list[dict[str, Any]], value)
+
+
+def parse_scenario(data: object) -> Scenario:
+    if not isinstance(data, dict):
+        raise ScriptError("scenario must be a JSON object")
+    unknown = set(data) - {"rules", "default"}
+    if unknown:
+        raise ScriptError(f"scenario has unknown keys: {sorted(unknown)}")
+    raw_rules = data.get("rules", [])
+    if not isinstance(raw_rules, list):
+        raise ScriptError("scenario 'rules' must be a list")
+    rules: list[Rule] = []
+    for i, raw in enumerate(raw_rules):
+        if not isinstance(raw, dict) or not isinstance(raw.get("match"), str):
+            raise ScriptError(f"rule {i} needs a string 'match'")
+        try:
+            pattern = re.compile(raw["match"])
+        except re.error as exc:
+            raise ScriptError(f"rule {i} has a bad regex: {exc}") from exc
+        rules.append(Rule(pattern, _check_steps(raw.get("steps"), f"rule {i} steps")))
+    default = data.get("default")
+    if default is not None:
+        default = _check_steps(default, "scenario default")
+    return Scenario(tuple(rules), default)
+
+
+def select_script(text: str, scenario: Scenario) -> list[dict[str, Any]]:
+    inline = extract_inline_script(text)
+    if inline is not None:
+        return inline
+    for rule in scenario.rules:
+        if rule.pattern.search(text):
+            return rule.steps
+    return scenario.default if scenario.default is not None else DEFAULT_STEPS
+
+
+def step_index(messages: Sequence[Any]) -> int:
+    return sum(
+        1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant"
+    )
+
+
+def is_main_request(request: dict[str, Any]) -> bool:
+    """Whether a /v1/messages request is the agent's own loop.
+
+    Observed with CLI 2.1.330: main-loop requests (top level and subagents,
+    with or without tools, thinking on or off) always carry
+    ``context_management`` and usually a non-empty ``tools``. The helper
+    queries (e.g. the session-title request the SDK's streaming mode makes
+    concurrently with the first turn) send ``tools: []``, no
+    ``context_management`` and ask for JSON via ``output_config.format``,
+    which the main loop never uses (``--json-schema`` goes through the
+    StructuredOutput tool instead).
+    """
+    if response_schema(request) is not None:
+        return False
+    return bool(request.get("tools")) or "context_management" in request
+
+
+def response_schema(request: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema a request demands via ``output_config.format``."""
+    config = request.get("output_config")
+    fmt = config.get("format") if isinstance(config, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        schema = fmt.get("schema")
+        return schema if isinstance(schema, dict) else {}
+    return None
+
+
+def schema_example(schema: object) -> object:
+    """A minimal value satisfying simple schemas, so side queries that parse
+    their JSON reply (the session title) get something well-formed."""
+    if not isinstance(schema, dict):
+        return None
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = kind[0] if kind else None
+    if kind == "object" or "properties" in schema:
+        props = schema.get("properties")
+        props = props if isinstance(props, dict) else {}
+        required = schema.get("required")
+        names = required if isinstance(required, list) else list(props)
+        return {str(n): schema_example(props.get(n, {"type": "string"})) for n in names}
+    examples: dict[str, object] = {
+        "string": "mock",
+        "integer": 0,
+        "number": 0,
+        "boolean": False,
+        "array": [],
+    }
+    return examples.get(str(kind))
+
+
+def side_text(request: dict[str, Any]) -> str:
+    schema = response_schema(request)
+    return SIDE_TEXT if schema is None else json.dumps(schema_example(schema))
+
+
+def _number(raw: dict[str, Any], key: str) -> float | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ScriptError(f"step key {key!r} must be a non-negative number")
+    return float(value)
+
+
+def normalise_step(raw: dict[str, Any]) -> Step:
+    unknown = set(raw) - STEP_KEYS
+    if unknown:
+        raise ScriptError(f"step has unknown keys {sorted(unknown)}: {raw}")
+    text = raw.get("text")
+    if text is not None and not isinstance(text, str):
+        raise ScriptError("step 'text' must be a string")
+    tool: str | None = None
+    tool_input: dict[str, Any] = {}
+    kinds = [k for k in ("tool", "bash", "structured") if k in raw]
+    if len(kinds) > 1:
+        raise ScriptError(f"step mixes {kinds}; use one tool per step")
+    if "tool" in raw:
+        tool = raw["tool"]
+        tool_input = raw.get("input", {})
+        if not isinstance(tool, str) or not isinstance(tool_input, dict):
+            raise ScriptError("'tool' must be a string and 'input' an object")
+    elif "bash" in raw:
+        if not isinstance(raw["bash"], str):
+            raise ScriptError("'bash' must be a command string")
+        tool = "Bash"
+        tool_input = {"command": raw["bash"], "description": "scripted"}
+        timeout = _number(raw, "timeout")
+        if timeout is not None:
+            tool_input["timeout"] = int(timeout)
+    elif "structured" in raw:
+        if not isinstance(raw["structured"], dict):
+            raise ScriptError("'structured' must be an object")
+        tool = STRUCTURED_TOOL
+        tool_input = raw["structured"]
+    error = raw.get("error")
+    if error is not None and (isinstance(error, bool) or not isinstance(error, int)):
+        raise ScriptError("'error' must be an HTTP status code")
+    times = _number(raw, "times")
+    usage = raw.get("usage")
+    if usage is not None and not (
+        isinstance(usage, dict)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in usage.values())
+    ):
+        raise ScriptError("'usage' must map names to integers")
+    return Step(
+        text=text,
+        tool=tool,
+        tool_input=tool_input,
+        sleep=_number(raw, "sleep") or 0.0,
+        error=error,
+        times=None if times is None else int(times),
+        retry_after=_number(raw, "retry_after"),
+        usage=cast("dict[str, int] | None", usage),
+    )
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(
+        status, "api_error" if status >= 500 else "invalid_request_error"
+    )
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def estimate_tokens(size: int) -> int:
+    return max(1, size // 4)
+
+
+def build_message(
+    step: Step, model: str, message_id: str, tool_id: str, request_bytes: int
+) -> dict[str, Any]:
+    """The non-streaming Messages API response for a (non-error) step."""
+    content: list[dict[str, Any]] = []
+    text = step.text
+    if text is None and step.tool is None:
+        text = SLEPT_TEXT if step.sleep else PAST_END_TEXT
+    if text is not None:
+        content.append({"type": "text", "text": text})
+    if step.tool is not None:
+        content.append(
+            {
+                "type": "tool_use",
+                "id": tool_id,
+                "name": step.tool,
+                "input": step.tool_input,
+            }
+        )
+    output_chars = len(text or "") + (
+        len(json.dumps(step.tool_input)) if step.tool is not None else 0
+    )
+    usage: dict[str, int] = {
+        "input_tokens": estimate_tokens(request_bytes),
+        "output_tokens": estimate_tokens(output_chars),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+    usage.update(step.usage or {})
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": "tool_use" if step.tool is not None else "end_turn",
+        "stop_sequence": None,
+        "usage": usage,
+    }
+
+
+def sse_frame(event: str, data: dict[str, Any]) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The event sequence the real API streams for ``message``."""
+    usage = message["usage"]
+    start = dict(message, content=[], stop_reason=None, stop_sequence=None)
+    start["usage"] = dict(usage, output_tokens=1)
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start})
+    ]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            opening: dict[str, Any] = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": block["text"]}]
+        else:
+            opening = dict(block, input={})
+            raw = json.dumps(block["input"])
+            deltas = [
+                {"type": "input_json_delta", "partial_json": raw[i : i + JSON_CHUNK]}
+                for i in range(0, len(raw), JSON_CHUNK)
+            ]
+        events.append(
+            (
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": index,
+                    "content_block": opening,
+                },
+            )
+        )
+        events.extend(
+            (
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
+            )
+            for delta in deltas
+        )
+        events.append(
+            ("content_block_stop", {"type": "content_block_stop", "index": index})
+        )
+    events.append(
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": usage["output_tokens"]},
+            },
+        )
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+def sse_body(message: dict[str, Any]) -> bytes:
+    return b"".join(sse_frame(event, data) for event, data in sse_events(message))
+
+
+def log_record(
+    *,
+    path: str,
+    method: str,
+    body_bytes: int,
+    request: dict[str, Any],
+    kind: str,
+    digest: str | None,
+    index: int | None,
+    status: int,
+    reply: str,
+) -> dict[str, Any]:
+    tools = request.get("tools")
+    system = request.get("system")
+    messages = request.get("messages")
+    return {
+        "time": round(time.time(), 6),
+        "path": path,
+        "method": method,
+        "bytes": body_bytes,
+        "model": request.get("model"),
+        "stream": bool(request.get("stream")),
+        "tools": [t.get("name") for t in tools if isinstance(t, dict)]
+        if isinstance(tools, list)
+        else [],
+        "system_bytes": len(json.dumps(system).encode()) if system is not None else 0,
+        "n_messages": len(messages) if isinstance(messages, list) else 0,
+        "kind": kind,
+        "task_digest": digest,
+        "step_index": index,
+        "status": status,
+        "first": kind == "main" and index == 0,
+        "reply": reply,
+    }
+
+
+# ---------------------------------------------------------------- server
+
+
+class MockState:
+    """Everything the handlers share; counters are per server process."""
+
+    def __init__(self, scenario: Scenario, log_path: Path | None) -> None:
+        self.scenario = scenario
+        self.lock = threading.Lock()
+        self.attempts: dict[tuple[str, int], int] = {}
+        self.ids = itertools.count(1)
+        self.stopping = threading.Event()
+        self.log_fd: int | None = None
+        if log_path is not None:
+            # O_APPEND makes each single write() land whole even when several
+            # servers or threads share one log file.
+            self.log_fd = os.open(
+                log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
+            )
+
+    def next_id(self) -> int:
+        with self.lock:
+            return next(self.ids)
+
+    def attempt(self, key: tuple[str, int]) -> int:
+        """1-based attempt number for this (task, step)."""
+        with self.lock:
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            return self.attempts[key]
+
+    def log(self, record: dict[str, Any]) -> None:
+        if self.log_fd is not None:
+            os.write(self.log_fd, (json.dumps(record) + "\n").encode())
+
+    def close(self) -> None:
+        if self.log_fd is not None:
+            os.close(self.log_fd)
+            self.log_fd = None
+
+    def decide(
+        self, request: dict[str, Any], body_bytes: int
+    ) -> tuple[Reply, str, str, int | None, float]:
+        """(reply, kind, digest, step index, sleep seconds) for /v1/messages."""
+        messages = request.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        text = task_text(messages)
+        digest = task_digest(text)
+        model = str(request.get("model", "mock-model"))
+        n = self.next_id()
+        message_id, tool_id = f"msg_mock{n:08d}", f"toolu_mock{n:08d}"
+        if not is_main_request(request):
+            step = Step(text=side_text(request))
+            message = build_message(step, model, message_id, tool_id, body_bytes)
+            return Reply(200, message, "side"), "side", digest, None, 0.0
+        index = step_index(messages)
+        try:
+            steps = select_script(text, self.scenario)
+            if index >= len(steps):
+                step, summary = Step(text=PAST_END_TEXT), "done"
+            else:
+                step = normalise_step(steps[index])
+                summary = ""
+        except ScriptError as exc:
+            return (
+                Reply(400, error_body(400, f"mock_model: {exc}"), "script_error"),
+                "main",
+                digest,
+                index,
+                0.0,
+            )
+        if step.error is not None:
+            attempt = self.attempt((digest, index))
+            if step.times is None or attempt <= step.times:
+                headers: tuple[tuple[str, str], ...] = ()
+                if step.retry_after is not None:
+                    headers = (("retry-after", f"{step.retry_after:g}"),)
+                body = error_body(step.error, f"mock_model scripted error {step.error}")
+                return (
+                    Reply(step.error, body, f"error:{step.error}", headers),
+                    "main",
+                    digest,
+                    index,
+                    step.sleep,
+                )
+        message = build_message(step, model, message_id, tool_id, body_bytes)
+        if not summary:
+            summary = f"tool:{step.tool}" if step.tool is not None else "text"
+        return Reply(200, message, summary), "main", digest, index, step.sleep
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "mock_model/1"
+    state: MockState  # set on the subclass built by make_server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # The JSON log replaces stderr chatter, which would interleave with
+        # the single "listening" line callers parse.
+        return
+
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        content_type: str,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("request-id", f"req_mock{self.state.next_id():08d}")
+        for name, value in headers:
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_json(
+        self,
+        status: int,
+        payload: dict[str, Any],
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json", headers)
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(min(length, MAX_BODY)) if length > 0 else b""
+
+    def _client_gone(self) -> bool:
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            peeked: bytes = self.connection.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
+        return peeked == b""
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep without holding other requests; False if the client left."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self.state.stopping.is_set() or self._client_gone():
+                return False
+            time.sleep(min(SLEEP_POLL, left))
+        return True
+
+    def _other(self, body_bytes: int) -> None:
+        status = 404
+        self._send_json(status, error_body(status, f"mock_model: no route {self.path}"))
+        self.state.log(
+            log_record(
+                path=self.path,
+                method=self.command,
+                body_bytes=body_bytes,
+                request={},
+                kind="side",
+                digest=None,
+                index=None,
+                status=status,
+                reply="not_found",
+            )
+        )
+
+    def do_GET(self) -> None:
+        self._other(0)
+
+    def do_POST(self) -> None:
+        raw = self._read_body()
+        route = self.path.split("?", 1)[0].rstrip("/")
+        if route not in ("/v1/messages", "/v1/messages/count_tokens"):
+            self._other(len(raw))
+            return
+        try:
+            parsed = json.loads(raw or b"{}")
+        except json.JSONDecodeError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            self._send_json(
+                400, error_body(400, "mock_model: body is not a JSON object")
+            )
+            return
+        request = cast(dict[str, Any], parsed)
+        if route.endswith("count_tokens"):
+            self._send_json(200, {"input_tokens": estimate_tokens(len(raw))})
+            self.state.log(
+                log_record(
+                    path=self.path,
+                    method="POST",
+                    body_bytes=len(raw),
+                    request=request,
+                    kind="side",
+                    digest=None,
+                    index=None,
+                    status=200,
+                    reply="count_tokens",
+                )
+            )
+            return
+        reply, kind, digest, index, sleep = self.state.decide(request, len(raw))
+        if sleep and not self._sleep(sleep):
+            self.close_connection = True
+            self.state.log(
+                log_record(
+                    path=self.path,
+                    method="POST",
+                    body_bytes=len(raw),
+                    request=request,
+                    kind=kind,
+                    digest=digest,
+                    index=index,
+                    status=499,
+                    reply="client_gone",
+                )
+            )
+            return
+        if reply.status == 200 and request.get("stream"):
+            self._send(200, sse_body(reply.body), "text/event-stream", reply.headers)
+        else:
+            self._send_json(reply.status, reply.body, reply.headers)
+        self.state.log(
+            log_record(
+                path=self.path,
+                method="POST",
+                body_bytes=len(raw),
+                request=request,
+                kind=kind,
+                digest=digest,
+                index=index,
+                status=reply.status,
+                reply=reply.summary,
+            )
+        )
+
+    def do_HEAD(self) -> None:
+        # A HEAD answer must carry no body, or the next response on this
+        # keep-alive connection would be corrupted (the CLI HEADs /api/hello).
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        self.state.log(
+            log_record(
+                path=self.path,
+                method="HEAD",
+                body_bytes=0,
+                request={},
+                kind="side",
+                digest=None,
+                index=None,
+                status=404,
+                reply="not_found",
+            )
+        )
+
+    do_PUT = do_POST
+    do_DELETE = do_GET
+
+
+def make_server(host: str, port: int, state: MockState) -> ThreadingHTTPServer:
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server
+
+
+# ---------------------------------------------------------------- CLI / main
+
+
+def write_port_file(path: Path, port: int) -> None:
+    # Write-then-rename so a poller never reads a half-written port.
+    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"{port}\n")
+    os.replace(tmp, path)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="mock_model", description="Scripted Anthropic Messages API server."
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--port-file", type=Path, help="write the bound port here")
+    parser.add_argument("--scenario", type=Path, help="JSON scenario file")
+    parser.add_argument("--log", type=Path, help="append one JSON line per request")
+    return parser.parse_args(argv)
+
+
+def fail(message: str) -> int:
+    print(f"mock_model: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        return fail(f"refusing to bind non-loopback host {args.host!r}")
+    scenario = Scenario()
+    if args.scenario is not None:
+        try:
+            scenario = parse_scenario(json.loads(args.scenario.read_text()))
+        except (OSError, ValueError) as exc:
+            return fail(f"cannot load scenario {args.scenario}: {exc}")
+    try:
+        state = MockState(scenario, args.log)
+        server = make_server(args.host, args.port, state)
+    except OSError as exc:
+        return fail(str(exc))
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    port = int(server.server_address[1])
+    # serve_forever runs in a thread because shutdown() deadlocks when called
+    # from the serving thread (where a signal handler would run).
+    thread = threading.Thread(
+        target=server.serve_forever, args=(0.1,), name="mock_model", daemon=True
+    )
+    thread.start()
+    try:
+        if args.port_file is not None:
+            write_port_file(args.port_file, port)
+        print(f"mock_model listening on http://{args.host}:{port}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    except OSError as exc:
+        return fail(str(exc))
+    finally:
+        state.stopping.set()
+        server.shutdown()
+        server.server_close()
+        state.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
