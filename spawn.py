@@ -493,6 +493,15 @@ def check_schema(schema: Any, source: str) -> dict[str, Any]:
     return schema
 
 
+def schema_for_cli(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The schema as the CLI accepts it.
+
+    The CLI's validator rejects a draft 2020-12 "$schema" URI it has no copy
+    of; spawn.py validates the output itself with the full schema afterwards.
+    """
+    return {k: v for k, v in schema.items() if k not in ("$schema", "$id")}
+
+
 def secret_values(environ: Mapping[str, str]) -> list[str]:
     values = {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= SECRET_MIN_LEN}
     return sorted(values, key=len, reverse=True)
@@ -1258,7 +1267,7 @@ async def run_sdk(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, 
         # Without the preset, skip settings files: they add prompt bytes and
         # project hooks at every depth. The preset keeps Claude Code's defaults.
         setting_sources=None if meta.preset == "claude_code" else [],
-        output_format={"type": "json_schema", "schema": meta.schema} if meta.schema else None,
+        output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
     )
     transcript = agent_dir / TRANSCRIPT
     async for message in query(prompt=meta.task, options=options):
@@ -1272,6 +1281,19 @@ async def run_sdk(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, 
                     state.last_structured_attempt = block.input
         elif isinstance(message, ResultMessage):
             state.result = message
+
+
+def describe_sdk_error(exc: Exception, stderr_log: Path) -> str:
+    """One readable reason: the SDK's message plus what the CLI said on stderr."""
+    message = str(exc).split("\n")[0].strip()
+    try:
+        tail = [line.strip() for line in stderr_log.read_text().splitlines() if line.strip()][-3:]
+    except OSError:
+        tail = []
+    reason = f"{type(exc).__name__}: {message}"
+    if tail:
+        reason += "; CLI stderr: " + " | ".join(tail)
+    return reason[:2000]
 
 
 def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
@@ -1357,7 +1379,7 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str]) -> Outcome:
             if state.stop_reason is None:
                 raise
         except Exception as exc:  # the SDK's errors become a failed outcome
-            error = f"{type(exc).__name__}: {exc}".strip()[:2000]
+            error = describe_sdk_error(exc, agent_dir / STDERR_LOG)
         finally:
             beat.cancel()
 

@@ -1,0 +1,184 @@
+"""Shared fixtures: a private HOME and session root per test, the scripted model.
+
+End-to-end tests run the real `claude` CLI bundled with claude-agent-sdk,
+through spawn.py, against tools/mock_model.py. Nothing is stubbed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPAWN = ROOT / "spawn.py"
+MOCK = ROOT / "tools" / "mock_model.py"
+SCHEMAS = ROOT / "schemas"
+
+# Fake but secret-looking: tests assert it never lands in a record.
+FAKE_API_KEY = "sk-ant-test-DO-NOT-LEAK-0123456789"
+
+
+def mock_task(text: str, steps: Sequence[Mapping[str, Any]]) -> str:
+    """A task whose inline script tells the scripted model what to answer."""
+    return f"{text} MOCK{json.dumps(list(steps))}MOCK"
+
+
+def spawn_in_bash(*args: str) -> str:
+    """The command an agent's Bash runs to start a child (as the briefing says)."""
+    return '"$SPAWN_PYTHON" "$SPAWN_PY" ' + " ".join(shlex.quote(a) for a in args)
+
+
+@dataclass
+class MockModel:
+    url: str
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def requests(self) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture
+def mock_model(tmp_path: Path) -> Iterator[MockModel]:
+    port_file = tmp_path / "mock.port"
+    log = tmp_path / "mock-requests.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, str(MOCK), "--port", "0", "--port-file", str(port_file), "--log", str(log)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    limit = time.monotonic() + 15
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > limit:
+            raise RuntimeError(f"mock_model did not start: {proc.stderr.read() if proc.stderr else ''!r}")
+        time.sleep(0.02)
+    try:
+        yield MockModel(f"http://127.0.0.1:{port_file.read_text().strip()}", log, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def session_root(tmp_path: Path) -> Path:
+    return tmp_path / "sessions"
+
+
+@pytest.fixture
+def base_env(tmp_path: Path, session_root: Path) -> dict[str, str]:
+    """The environment of a user's shell: own HOME, own session root, no SPAWN_* leak."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPAWN_", "ANTHROPIC_", "CLAUDE")) and k != "TRACEPARENT"}
+    env.update(
+        HOME=str(home),
+        CLAUDE_CONFIG_DIR=str(home / ".claude"),
+        SPAWN_SESSION_ROOT=str(session_root),
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture
+def env(base_env: dict[str, str], mock_model: MockModel) -> dict[str, str]:
+    """base_env pointed at the scripted model."""
+    return {**base_env, "ANTHROPIC_BASE_URL": mock_model.url, "ANTHROPIC_API_KEY": FAKE_API_KEY}
+
+
+def run_spawn(args: Sequence[str], env: Mapping[str, str], timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SPAWN), *args],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+    )
+
+
+def start_spawn(args: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(SPAWN), *args],
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stdout_json(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert len(lines) == 1, f"stdout must be one JSON object, got {proc.stdout!r}; stderr: {proc.stderr}"
+    data = json.loads(lines[0])
+    assert isinstance(data, dict)
+    return data
+
+
+def agent_dirs(session_root: Path) -> list[Path]:
+    return sorted(session_root.glob("*/agents/*"))
+
+
+def load(path: Path) -> dict[str, Any]:
+    data = json.loads(path.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def metas(session_root: Path) -> dict[str, dict[str, Any]]:
+    return {d.name: load(d / "meta.json") for d in agent_dirs(session_root) if (d / "meta.json").exists()}
+
+
+def wait_for_path(path: Path, timeout: float = 30) -> None:
+    limit = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < limit, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def validate_records(session_root: Path) -> int:
+    """Validate every record under session_root against schemas/; return the count."""
+    checker = jsonschema.FormatChecker()
+
+    def check(instance: Any, schema_name: str) -> None:
+        schema = json.loads((SCHEMAS / f"{schema_name}.json").read_text())
+        jsonschema.Draft202012Validator(schema, format_checker=checker).validate(instance)
+
+    count = 0
+    for session in session_root.iterdir():
+        if (session / "session.json").exists():
+            check(load(session / "session.json"), "session")
+            count += 1
+    for d in agent_dirs(session_root):
+        for name, schema in (("meta.json", "meta"), ("outcome.json", "outcome"), ("heartbeat.json", "heartbeat")):
+            if (d / name).exists():
+                check(load(d / name), schema)
+                count += 1
+        if (d / "transcript.jsonl").exists():
+            for line in (d / "transcript.jsonl").read_text().splitlines():
+                check(json.loads(line), "transcript-line")
+                count += 1
+        markers = [m for m in (".done", ".fail") if (d / m).exists()]
+        if (d / "outcome.json").exists():
+            assert len(markers) == 1, f"{d}: exactly one marker expected, found {markers}"
+            status = load(d / "outcome.json")["status"]
+            assert markers == [".done" if status == "done" else ".fail"]
+    return count

@@ -1,0 +1,288 @@
+"""End to end: the real bundled claude CLI, through spawn.py, against tools/mock_model.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import (
+    FAKE_API_KEY,
+    MockModel,
+    agent_dirs,
+    load,
+    metas,
+    mock_task,
+    run_spawn,
+    spawn_in_bash,
+    start_spawn,
+    stdout_json,
+    validate_records,
+    wait_for_path,
+)
+
+
+def test_single_agent_runs_bash_and_answers(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "ran.txt"
+    task = mock_task("write a file", [{"bash": f"echo from-agent > {marker}"}, {"text": "wrote it"}])
+    proc = run_spawn(["--task", task, "--tools", "Bash"], env)
+    assert proc.returncode == 0, proc.stderr
+    result = stdout_json(proc)
+    assert result["status"] == "done"
+    assert result["output"] == "wrote it"
+    assert marker.read_text() == "from-agent\n"
+    (agent_dir,) = agent_dirs(session_root)
+    assert (agent_dir / ".done").exists() and not (agent_dir / ".fail").exists()
+    outcome = load(agent_dir / "outcome.json")
+    assert outcome["turns"] >= 2 and outcome["sdk_session_id"]
+    assert isinstance(outcome["cost_usd"], float)
+    assert validate_records(session_root) > 3
+
+
+def test_depth3_chain_each_level_spawns_through_bash(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
+    leaf = mock_task("leaf level", [{"text": "leaf-result"}])
+    middle = mock_task("middle level", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Read")}, {"text": "middle-result"}])
+    root = mock_task("root level", [{"bash": spawn_in_bash("--task", middle, "--tools", "Bash,Read")}, {"text": "root-result"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "3"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert stdout_json(proc)["output"] == "root-result"
+
+    by_depth = {m["depth"]: m for m in metas(session_root).values()}
+    assert sorted(by_depth) == [0, 1, 2]
+    assert "parent_id" not in by_depth[0]
+    assert by_depth[1]["parent_id"] == by_depth[0]["id"]
+    assert by_depth[2]["parent_id"] == by_depth[1]["id"]
+    assert len({m["trace_id"] for m in by_depth.values()}) == 1
+    assert by_depth[2]["parent_span_id"] == by_depth[1]["span_id"]
+    assert by_depth[2]["tools"] == ["Read"]
+    for d in agent_dirs(session_root):
+        assert load(d / "outcome.json")["status"] == "done"
+    # The middle agent's Bash saw the leaf's one-line JSON result.
+    middle_dir = session_root.glob(f"*/agents/{by_depth[1]['id']}").__next__()
+    assert '\\"output\\": \\"leaf-result\\"' in (middle_dir / "transcript.jsonl").read_text()
+    assert len({r["task_digest"] for r in mock_model.requests() if r["kind"] == "main"}) == 3
+    validate_records(session_root)
+
+
+def test_refusal_at_max_depth_is_recorded_and_calls_no_model(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
+    too_deep = mock_task("too deep", [{"text": "must never run"}])
+    child = mock_task("child", [{"bash": spawn_in_bash("--task", too_deep, "--tools", "Read")}, {"text": "child-saw-refusal"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash,Read")}, {"text": "root-done"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "1"], env)
+    assert proc.returncode == 0, proc.stderr
+    by_depth = {m["depth"]: m for m in metas(session_root).values()}
+    assert sorted(by_depth) == [0, 1, 2]
+    refused_dir = next(session_root.glob(f"*/agents/{by_depth[2]['id']}"))
+    outcome = load(refused_dir / "outcome.json")
+    assert outcome["status"] == "refused" and outcome["exit_code"] == 4
+    assert "depth" in outcome["reason"]
+    assert (refused_dir / ".fail").exists()
+    # No model request ever carried the refused agent's task.
+    assert not any("too deep" in json.dumps(r) for r in mock_model.requests())
+    assert all(r.get("step_index", 0) < 5 for r in mock_model.requests())
+    child_transcript = next(session_root.glob(f"*/agents/{by_depth[1]['id']}")).joinpath("transcript.jsonl").read_text()
+    assert "spawn: error: refused: depth limit" in child_transcript
+    validate_records(session_root)
+
+
+def test_refusal_from_the_command_line_exits_4(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
+    proc = run_spawn(["--task", "anything"], {**env, "SPAWN_DEPTH": "2", "SPAWN_MAX_DEPTH": "2"})
+    assert proc.returncode == 4
+    assert proc.stderr.strip().splitlines()[-1].startswith("spawn: error: refused: depth limit")
+    assert stdout_json(proc)["status"] == "refused"
+    assert mock_model.requests() == []
+    validate_records(session_root)
+
+
+def test_background_children_and_wait_all(env: dict[str, str], session_root: Path) -> None:
+    ids = []
+    for name in ("first", "second"):
+        proc = run_spawn(["--background", "--task", mock_task(name, [{"sleep": 1, "text": f"{name}-out"}])], env)
+        assert proc.returncode == 0, proc.stderr
+        launched = stdout_json(proc)
+        assert launched["status"] == "running"
+        assert Path(launched["agent_dir"], "meta.json").exists()
+        ids.append(launched["id"])
+    proc = run_spawn(["wait", *ids, "--all"], env)
+    assert proc.returncode == 0, proc.stderr
+    waited = stdout_json(proc)
+    assert waited["status"] == "done"
+    assert sorted(a["output"] for a in waited["agents"]) == ["first-out", "second-out"]
+    validate_records(session_root)
+
+
+def test_agent_fans_out_in_background_and_waits(env: dict[str, str], session_root: Path) -> None:
+    kids = [mock_task(f"kid {i}", [{"text": f"kid-{i}-out"}]) for i in (1, 2)]
+    launch = " ; ".join(
+        f'ids="$ids $({spawn_in_bash("--background", "--task", k)} | "$SPAWN_PYTHON" -c "import json,sys; print(json.load(sys.stdin)[\'id\'])")"'
+        for k in kids
+    )
+    script = f'ids=""; {launch}; "$SPAWN_PYTHON" "$SPAWN_PY" wait $ids --all'
+    root = mock_task("fan out", [{"bash": script}, {"text": "fanned"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash"], env)
+    assert proc.returncode == 0, proc.stderr
+    by_id = metas(session_root)
+    root_id = stdout_json(proc)["id"]
+    children = [m for m in by_id.values() if m.get("parent_id") == root_id]
+    assert len(children) == 2 and all(m["background"] for m in children)
+    transcript = next(session_root.glob(f"*/agents/{root_id}/transcript.jsonl")).read_text()
+    assert "kid-1-out" in transcript and "kid-2-out" in transcript
+    validate_records(session_root)
+
+
+def test_wait_reports_a_sigkilled_child_within_2s(env: dict[str, str], session_root: Path) -> None:
+    proc = run_spawn(["--background", "--task", mock_task("slow", [{"sleep": 60, "text": "never"}])], env)
+    launched = stdout_json(proc)
+    agent_dir = Path(launched["agent_dir"])
+    wait_for_path(agent_dir / "heartbeat.json")
+    cli_pid = load(agent_dir / "heartbeat.json")["cli_pid"]
+    waiter = start_spawn(["wait", launched["id"]], env)
+    time.sleep(0.5)
+    os.kill(launched["pid"], signal.SIGKILL)
+    killed_at = time.monotonic()
+    out, err = waiter.communicate(timeout=30)
+    elapsed = time.monotonic() - killed_at
+    assert waiter.returncode == 1, err
+    assert elapsed < 2.0 + 0.5, f"wait took {elapsed:.2f}s to notice"
+    result = json.loads(out)
+    assert result["agents"][0]["status"] == "failed"
+    assert "died without writing an outcome" in result["agents"][0]["reason"]
+    # The orphaned CLI was ended too.
+    assert not psutil.pid_exists(cli_pid) or psutil.Process(cli_pid).status() == psutil.STATUS_ZOMBIE
+    validate_records(session_root)
+
+
+def test_schema_invalid_output_fails_with_validation_errors(env: dict[str, str], session_root: Path) -> None:
+    task = mock_task("answer", [{"structured": {"wrong": 1}}])
+    proc = run_spawn(["--task", task, "--schema", "summary", "--tools", ""], env)
+    assert proc.returncode == 1
+    result = stdout_json(proc)
+    assert result["status"] == "failed"
+    assert any("'summary' is a required property" in e for e in result["validation_errors"])
+    (agent_dir,) = agent_dirs(session_root)
+    assert load(agent_dir / "outcome.json")["validation_errors"] == result["validation_errors"]
+    assert (agent_dir / ".fail").exists()
+    validate_records(session_root)
+
+
+def test_schema_valid_output_goes_to_output_file(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    out_file = tmp_path / "out" / "result.json"
+    task = mock_task("answer", [{"structured": {"summary": "forty-two"}}])
+    proc = run_spawn(["--task", task, "--schema", "summary", "--output", str(out_file)], env)
+    assert proc.returncode == 0, proc.stderr
+    assert stdout_json(proc)["output"] == {"summary": "forty-two"}
+    assert json.loads(out_file.read_text()) == {"summary": "forty-two"}
+    validate_records(session_root)
+
+
+def test_timeout_exits_124_and_ends_the_cli(env: dict[str, str], session_root: Path) -> None:
+    task = mock_task("stall", [{"sleep": 60, "text": "too late"}])
+    started = time.monotonic()
+    proc = run_spawn(["--task", task, "--timeout", "4"], env)
+    assert proc.returncode == 124, proc.stderr
+    assert time.monotonic() - started < 30
+    (agent_dir,) = agent_dirs(session_root)
+    assert load(agent_dir / "outcome.json")["status"] == "timeout"
+    beat = load(agent_dir / "heartbeat.json")
+    assert not psutil.pid_exists(beat["cli_pid"]) or psutil.Process(beat["cli_pid"]).create_time() != beat["cli_create_time"]
+    validate_records(session_root)
+
+
+def test_cli_runs_in_its_own_process_group(env: dict[str, str], session_root: Path) -> None:
+    proc = start_spawn(["--task", mock_task("group", [{"sleep": 3, "text": "ok"}])], env)
+    wait_for_path(session_root)
+    beat_path = None
+    limit = time.monotonic() + 30
+    while beat_path is None:
+        found = list(session_root.glob("*/agents/*/heartbeat.json"))
+        beat_path = found[0] if found else None
+        assert time.monotonic() < limit
+        time.sleep(0.05)
+    beat = load(beat_path)
+    meta = load(beat_path.parent / "meta.json")
+    assert beat["cli_pgid"] == beat["cli_pid"] != meta["pgid"]
+    assert os.getpgid(beat["cli_pid"]) == beat["cli_pgid"]
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+
+
+def test_kill_cascades_to_descendants(env: dict[str, str], session_root: Path) -> None:
+    grandchild = mock_task("grandchild", [{"sleep": 60, "text": "never"}])
+    child = mock_task("child", [{"bash": spawn_in_bash("--task", grandchild)}, {"text": "never"}])
+    launched = stdout_json(run_spawn(["--background", "--tools", "Bash", "--task", mock_task("root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}])], env))
+    limit = time.monotonic() + 60
+    while len([m for m in metas(session_root).values() if m["depth"] == 2]) < 1:
+        assert time.monotonic() < limit, "grandchild never started"
+        time.sleep(0.1)
+    gc_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 2)
+    wait_for_path(gc_dir / "heartbeat.json")
+    pids = [m["pid"] for m in metas(session_root).values()] + [load(gc_dir / "heartbeat.json")["cli_pid"]]
+    proc = run_spawn(["kill", launched["id"]], env)
+    assert proc.returncode == 0, proc.stderr
+    statuses = {d.name: load(d / "outcome.json")["status"] for d in agent_dirs(session_root)}
+    assert set(statuses.values()) == {"killed"}, statuses
+    time.sleep(0.5)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+    validate_records(session_root)
+
+
+def test_status_shows_the_tree(env: dict[str, str], session_root: Path) -> None:
+    child = mock_task("child", [{"text": "c"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", child)}, {"text": "r"}])
+    assert run_spawn(["--task", root, "--tools", "Bash"], env).returncode == 0
+    proc = run_spawn(["status", "--json"], env)
+    assert proc.returncode == 0, proc.stderr
+    rows = stdout_json(proc)["agents"]
+    assert [r["depth"] for r in rows] == [0, 1]
+    assert all(r["state"] == "done" for r in rows)
+    assert rows[0]["subtree_cost_usd"] >= rows[0]["cost_usd"] + rows[1]["cost_usd"] - 1e-9
+    text = run_spawn(["status"], env).stdout
+    assert "a0-" in text and "  a1-" in text
+
+
+def test_no_secret_is_written_to_any_record(env: dict[str, str], session_root: Path) -> None:
+    task = mock_task("leak", [{"bash": "echo key=$ANTHROPIC_API_KEY; env"}, {"text": f"my key is {FAKE_API_KEY}"}])
+    proc = run_spawn(["--task", task, "--tools", "Bash"], env)
+    assert proc.returncode == 0, proc.stderr
+    files = [p for p in session_root.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        assert FAKE_API_KEY not in path.read_text(errors="replace"), path
+    assert FAKE_API_KEY not in proc.stdout
+
+
+def test_large_output_is_truncated_on_stdout_but_whole_on_disk(env: dict[str, str], session_root: Path) -> None:
+    big = "x" * 40_000
+    proc = run_spawn(["--task", mock_task("big", [{"text": big}])], env)
+    assert proc.returncode == 0, proc.stderr
+    result = stdout_json(proc)
+    assert result["output_truncated"] is True
+    assert len(proc.stdout) < 20_000
+    assert "full output in" in result["output"]
+    assert load(Path(result["outcome"]))["output"] == big
+
+
+@pytest.mark.parametrize("tamper", ["unset", "zero", "fresh-root"])
+def test_depth_cannot_be_reset_from_bash(env: dict[str, str], session_root: Path, tmp_path: Path, mock_model: MockModel, tamper: str) -> None:
+    prefix = {
+        "unset": "unset SPAWN_DEPTH SPAWN_MAX_DEPTH SPAWN_SESSION SPAWN_AGENT_ID; ",
+        "zero": "export SPAWN_DEPTH=0 SPAWN_MAX_DEPTH=9; ",
+        "fresh-root": f"unset SPAWN_SESSION SPAWN_DEPTH; export SPAWN_SESSION_ROOT={tmp_path / 'elsewhere'}; ",
+    }[tamper]
+    too_deep = mock_task("sneaky", [{"text": "must never run"}])
+    child = mock_task("child", [{"bash": prefix + spawn_in_bash("--task", too_deep, "--max-depth", "9")}, {"text": "child-done"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "root-done"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-depth", "1"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert not any("sneaky" in json.dumps(r) for r in mock_model.requests())
+    refused = [
+        load(p) for p in [*session_root.glob("*/agents/*/outcome.json"), *(tmp_path / "elsewhere").glob("*/agents/*/outcome.json")]
+        if load(p)["status"] == "refused"
+    ]
+    assert len(refused) == 1
