@@ -52,11 +52,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-if TYPE_CHECKING:  # heavy imports stay out of start-up; see _load_sdk()
-    import psutil
-
+import psutil  # cheap to import; jsonschema and the SDK are imported lazily
 
 # ---------------------------------------------------------------- constants --
 
@@ -204,18 +202,12 @@ class RefusedError(SpawnError):
 
 class UnknownToolError(UsageError):
     def __init__(self, names: Sequence[str]) -> None:
-        super().__init__(
-            f"unknown tool {', '.join(names)}; use names like "
-            f"{','.join(sorted(KNOWN_TOOLS)[:6])},... or mcp__SERVER__TOOL"
-        )
+        super().__init__(f"unknown tool {', '.join(names)}; use names like {','.join(sorted(KNOWN_TOOLS)[:6])},... or mcp__SERVER__TOOL")
 
 
 class UnknownAgentError(UsageError):
     def __init__(self, agent_id: str, where: Path) -> None:
-        super().__init__(
-            f"no agent {agent_id!r} under {where}; "
-            f"run 'spawn.py status' to list agents, or pass --session DIR"
-        )
+        super().__init__(f"no agent {agent_id!r} under {where}; run 'spawn.py status' to list agents, or pass --session DIR")
 
 
 class CorruptRecordError(StateError):
@@ -372,7 +364,11 @@ def record_to_json(record: Any) -> dict[str, Any]:
 def record_from_json(cls: type[R], data: Mapping[str, Any]) -> R:
     """The inverse of record_to_json: absent values are None, unknown keys ignored."""
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    values = {f.name: data.get(f.name) for f in fields if f.name in data or f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    values = {
+        f.name: data.get(f.name)
+        for f in fields
+        if f.name in data or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+    }
     return cls(**values)
 
 
@@ -431,10 +427,7 @@ def parse_model_tiers(value: str | None) -> dict[str, str]:
     for item in value.split(","):
         name, sep, model = item.partition("=")
         if not sep or not name.strip() or not model.strip():
-            raise UsageError(
-                f"{ENV_MODEL_TIERS}={value!r} is malformed; "
-                f"use 'high-tier=MODEL,medium-tier=MODEL,low-tier=MODEL'"
-            )
+            raise UsageError(f"{ENV_MODEL_TIERS}={value!r} is malformed; use 'high-tier=MODEL,medium-tier=MODEL,low-tier=MODEL'")
         tiers[name.strip()] = model.strip()
     return tiers
 
@@ -517,7 +510,7 @@ def briefing(meta: AgentMeta, spawn_cmd: str) -> str:
     """What every agent is told at start, whatever its system prompt."""
     remaining = meta.max_depth - meta.depth
     lines = [
-        f"## spawn.py briefing",
+        "## spawn.py briefing",
         f"You are agent {meta.id} at depth {meta.depth} (max depth {meta.max_depth}).",
         f"Your tools: {', '.join(meta.tools) or 'none'}.",
     ]
@@ -741,27 +734,19 @@ def load_meta(agent_dir: Path) -> AgentMeta:
 # ---------------------------------------------------------------- processes --
 
 
-def _psutil() -> Any:
-    import psutil
-
-    return psutil
-
-
 def process_matches(pid: int, create_time: float) -> bool:
     """True if pid is still the process that started at create_time.
 
     A bare pid may have been reused by an unrelated process; never trust it.
     """
-    psutil = _psutil()
     try:
         proc = psutil.Process(pid)
-        return abs(proc.create_time() - create_time) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
+        return abs(proc.create_time() - create_time) < 0.05 and bool(proc.status() != psutil.STATUS_ZOMBIE)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
 
 def own_identity() -> tuple[int, float, int]:
-    psutil = _psutil()
     pid = os.getpid()
     return pid, psutil.Process(pid).create_time(), os.getpgid(0)
 
@@ -785,7 +770,6 @@ def become_subreaper() -> bool:
 
 def end_processes(procs: Iterable[Any], groups: Iterable[int], grace: float) -> None:
     """SIGTERM processes and groups, wait up to grace, then SIGKILL survivors."""
-    psutil = _psutil()
     procs = [p for p in procs if p.pid != os.getpid()]
     groups = [g for g in set(groups) if g > 1 and g != os.getpgid(0)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -812,7 +796,6 @@ def group_alive(pgid: int) -> bool:
 
 def end_own_subtree(extra_groups: Iterable[int] = (), grace: float = KILL_GRACE_S) -> None:
     """End every process below this one, deepest first, then extra groups."""
-    psutil = _psutil()
     try:
         below = psutil.Process().children(recursive=True)
     except psutil.Error:
@@ -828,7 +811,6 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
     was started with by spawn.py (/proc/PID/environ is fixed at exec), so
     every ancestor is read: the deepest depth and the smallest max depth win.
     """
-    psutil = _psutil()
     found: dict[str, Any] = {}
     try:
         proc = psutil.Process().parent()
@@ -1111,10 +1093,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
 def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
     """Create the session (for a root) and the agent's directory and meta.json."""
     meta = plan.meta
-    if plan.new_session:
-        session = create_session_dir(plan.session_root, meta.topic or "agent", dt.datetime.now())
-    else:
-        session = Path(meta.session)
+    session = create_session_dir(plan.session_root, meta.topic or "agent", dt.datetime.now()) if plan.new_session else Path(meta.session)
     meta.session = str(session)
     meta.id, agent_dir = create_agent_dir(session, meta.depth)
     if pid_info is not None:
@@ -1206,11 +1185,10 @@ def _patch_cli_process_group(state: RunState) -> None:
         return process
 
     open_process._spawn_wrapped = True  # type: ignore[attr-defined]
-    anyio.open_process = open_process  # type: ignore[assignment]
+    anyio.open_process = open_process
 
 
 async def heartbeat_loop(agent_dir: Path, state: RunState) -> None:
-    psutil = _psutil()
     while True:
         if state.cli_pid is not None:
             with contextlib.suppress(psutil.Error, OSError):
@@ -1433,8 +1411,9 @@ def summary(agent_dir: Path, outcome: Mapping[str, Any]) -> dict[str, Any]:
 
 def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     """Start the runner detached; it is registered under its own pid."""
-    log = open(agent_dir / RUNNER_LOG, "ab")
-    try:
+    # A session of its own: the launcher's caller (a Bash tool call, a CI
+    # step) may end its process group as soon as the launcher returns.
+    with open(agent_dir / RUNNER_LOG, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, str(SCRIPT_PATH), "_run", str(agent_dir)],
             stdin=subprocess.DEVNULL,
@@ -1443,9 +1422,6 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
             start_new_session=True,
             cwd=plan.meta.cwd,
         )
-    finally:
-        log.close()
-    psutil = _psutil()
     try:
         create_time = psutil.Process(proc.pid).create_time()
     except psutil.Error:
@@ -1500,7 +1476,7 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
     with contextlib.suppress(FileNotFoundError, SpawnError):
         beat = read_json(agent_dir / HEARTBEAT)
         if process_matches(int(beat["cli_pid"]), float(beat["cli_create_time"])):
-            end_processes([_psutil().Process(int(beat["cli_pid"]))], [int(beat["cli_pgid"])], KILL_GRACE_S)
+            end_processes([psutil.Process(int(beat["cli_pid"]))], [int(beat["cli_pgid"])], KILL_GRACE_S)
     started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
     outcome = Outcome(
         id=meta.id,
@@ -1514,7 +1490,9 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
     return commit_outcome(agent_dir, outcome, secrets_)
 
 
-def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> tuple[dict[Path, dict[str, Any]], bool]:
+def wait_for_outcomes(
+    agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]
+) -> tuple[dict[Path, dict[str, Any]], bool]:
     """Block until outcomes exist (all, or any); reap agents that died."""
     pending = list(agent_dirs)
     done: dict[Path, dict[str, Any]] = {}
@@ -1638,7 +1616,6 @@ def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
     session = Path(meta.session)
     targets = [*descendants_of(session, meta.id), agent_dir]
     killed: list[str] = []
-    psutil = _psutil()
     for d in targets:
         m = load_meta(d)
         if read_outcome(d) is not None:
@@ -1703,8 +1680,7 @@ exit codes:
 def build_run_parser() -> Parser:
     p = Parser(
         prog="spawn.py",
-        description="Run a Claude agent that can spawn child agents to any depth. "
-        "Verbs: wait, status, kill, reap (spawn.py VERB --help).",
+        description="Run a Claude agent that can spawn child agents to any depth. Verbs: wait, status, kill, reap (spawn.py VERB --help).",
         epilog=EXIT_TABLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -1714,9 +1690,16 @@ def build_run_parser() -> Parser:
     task.add_argument("--task-file", metavar="PATH", help="read the prompt from PATH ('-' for stdin)")
     task.add_argument("--topic", metavar="WORDS", help="names the session directory (default: the task's first words)")
     agent = p.add_argument_group("agent")
-    agent.add_argument("--tools", metavar="A,B", help=f"tools the agent sees, auto-approved (default {','.join(DEFAULT_TOOLS)}; a child: its parent's)")
+    agent.add_argument(
+        "--tools", metavar="A,B", help=f"tools the agent sees, auto-approved (default {','.join(DEFAULT_TOOLS)}; a child: its parent's)"
+    )
     agent.add_argument("--disallowed-tools", metavar="A,B", help="tools removed from the agent, as in Claude Code")
-    agent.add_argument("--model", default=DEFAULT_MODEL, metavar="TIER|ID", help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})")
+    agent.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        metavar="TIER|ID",
+        help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})",
+    )
     agent.add_argument("--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json, a file, or inline JSON")
     agent.add_argument("--output", metavar="FILE", help="also write the validated output (or final text) to FILE")
     agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
@@ -1724,7 +1707,9 @@ def build_run_parser() -> Parser:
     agent.add_argument("--preset", choices=["claude_code"], help="use Claude Code's full system prompt and settings (costly at depth)")
     agent.add_argument("--cwd", metavar="DIR", help="working directory of the agent")
     limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
-    limits.add_argument("--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})")
+    limits.add_argument(
+        "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"
+    )
     limits.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for this agent and its subtree")
     limits.add_argument("--max-turns", type=int, metavar="N", help="maximum agent turns")
     limits.add_argument("--max-budget-usd", type=float, metavar="X", help="spending limit in USD")

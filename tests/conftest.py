@@ -104,7 +104,9 @@ def env(base_env: dict[str, str], mock_model: MockModel) -> dict[str, str]:
     return {**base_env, "ANTHROPIC_BASE_URL": mock_model.url, "ANTHROPIC_API_KEY": FAKE_API_KEY}
 
 
-def run_spawn(args: Sequence[str], env: Mapping[str, str], timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_spawn(
+    args: Sequence[str], env: Mapping[str, str], timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(SPAWN), *args],
         env=dict(env),
@@ -112,6 +114,7 @@ def run_spawn(args: Sequence[str], env: Mapping[str, str], timeout: float = 120,
         text=True,
         timeout=timeout,
         cwd=cwd,
+        check=False,
     )
 
 

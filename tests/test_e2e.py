@@ -10,7 +10,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import (
     FAKE_API_KEY,
     MockModel,
@@ -118,10 +117,8 @@ def test_background_children_and_wait_all(env: dict[str, str], session_root: Pat
 
 def test_agent_fans_out_in_background_and_waits(env: dict[str, str], session_root: Path) -> None:
     kids = [mock_task(f"kid {i}", [{"text": f"kid-{i}-out"}]) for i in (1, 2)]
-    launch = " ; ".join(
-        f'ids="$ids $({spawn_in_bash("--background", "--task", k)} | "$SPAWN_PYTHON" -c "import json,sys; print(json.load(sys.stdin)[\'id\'])")"'
-        for k in kids
-    )
+    read_id = '"$SPAWN_PYTHON" -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"'
+    launch = " ; ".join(f'ids="$ids $({spawn_in_bash("--background", "--task", k)} | {read_id})"' for k in kids)
     script = f'ids=""; {launch}; "$SPAWN_PYTHON" "$SPAWN_PY" wait $ids --all'
     root = mock_task("fan out", [{"bash": script}, {"text": "fanned"}])
     proc = run_spawn(["--task", root, "--tools", "Bash"], env)
@@ -214,7 +211,12 @@ def test_cli_runs_in_its_own_process_group(env: dict[str, str], session_root: Pa
 def test_kill_cascades_to_descendants(env: dict[str, str], session_root: Path) -> None:
     grandchild = mock_task("grandchild", [{"sleep": 60, "text": "never"}])
     child = mock_task("child", [{"bash": spawn_in_bash("--task", grandchild)}, {"text": "never"}])
-    launched = stdout_json(run_spawn(["--background", "--tools", "Bash", "--task", mock_task("root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}])], env))
+    launched = stdout_json(
+        run_spawn(
+            ["--background", "--tools", "Bash", "--task", mock_task("root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}])],
+            env,
+        )
+    )
     limit = time.monotonic() + 60
     while len([m for m in metas(session_root).values() if m["depth"] == 2]) < 1:
         assert time.monotonic() < limit, "grandchild never started"
@@ -269,7 +271,9 @@ def test_large_output_is_truncated_on_stdout_but_whole_on_disk(env: dict[str, st
 
 
 @pytest.mark.parametrize("tamper", ["unset", "zero", "fresh-root"])
-def test_depth_cannot_be_reset_from_bash(env: dict[str, str], session_root: Path, tmp_path: Path, mock_model: MockModel, tamper: str) -> None:
+def test_depth_cannot_be_reset_from_bash(
+    env: dict[str, str], session_root: Path, tmp_path: Path, mock_model: MockModel, tamper: str
+) -> None:
     prefix = {
         "unset": "unset SPAWN_DEPTH SPAWN_MAX_DEPTH SPAWN_SESSION SPAWN_AGENT_ID; ",
         "zero": "export SPAWN_DEPTH=0 SPAWN_MAX_DEPTH=9; ",
@@ -282,7 +286,8 @@ def test_depth_cannot_be_reset_from_bash(env: dict[str, str], session_root: Path
     assert proc.returncode == 0, proc.stderr
     assert not any("sneaky" in json.dumps(r) for r in mock_model.requests())
     refused = [
-        load(p) for p in [*session_root.glob("*/agents/*/outcome.json"), *(tmp_path / "elsewhere").glob("*/agents/*/outcome.json")]
+        load(p)
+        for p in [*session_root.glob("*/agents/*/outcome.json"), *(tmp_path / "elsewhere").glob("*/agents/*/outcome.json")]
         if load(p)["status"] == "refused"
     ]
     assert len(refused) == 1

@@ -47,9 +47,7 @@ def _find_cli() -> Path:
     try:
         import claude_agent_sdk
     except ImportError:
-        pytest.skip(
-            "claude_agent_sdk is not importable; run with /tmp/sdkvenv/bin/python"
-        )
+        pytest.skip("claude_agent_sdk is not importable; run with /tmp/sdkvenv/bin/python")
     cli = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
     if not cli.exists():
         pytest.skip(f"bundled claude CLI not found at {cli}")
@@ -138,9 +136,7 @@ def test_task_text_string_and_blocks() -> None:
 def test_inline_script_with_nested_escaped_json() -> None:
     inner = json.dumps([{"text": "inner ]MOCK"}])
     steps = [{"bash": "echo '{\"a\": [1]}'"}, {"text": f"child MOCK[{inner[1:]}"}]
-    text = (
-        "prefix MOCK" + json.dumps(steps) + 'MOCK suffix MOCK[{"text": "second"}]MOCK'
-    )
+    text = "prefix MOCK" + json.dumps(steps) + 'MOCK suffix MOCK[{"text": "second"}]MOCK'
     assert mm.extract_inline_script(text) == steps
     assert mm.extract_inline_script("no marker here") is None
     with pytest.raises(mm.ScriptError):
@@ -162,9 +158,7 @@ def test_rule_matching_and_default() -> None:
     assert mm.select_script("x alpha1 y", scenario) == [{"text": "A"}]
     assert mm.select_script("alpha", scenario) == [{"text": "B"}]
     assert mm.select_script("gamma", scenario) == [{"text": "D"}]
-    assert mm.select_script('alpha1 MOCK[{"text": "I"}]MOCK', scenario) == [
-        {"text": "I"}
-    ]
+    assert mm.select_script('alpha1 MOCK[{"text": "I"}]MOCK', scenario) == [{"text": "I"}]
     assert mm.select_script("gamma", mm.Scenario()) == [{"text": "ok"}]
     with pytest.raises(mm.ScriptError):
         mm.parse_scenario({"rules": [{"match": "(", "steps": []}]})
@@ -268,18 +262,10 @@ def test_sse_framing_text_and_tool() -> None:
     ]
     assert events[0][1]["message"]["model"] == "m-1"
     assert "usage" in events[0][1]["message"]
-    tool_deltas = [
-        d["delta"]["partial_json"]
-        for k, d in events
-        if k == "content_block_delta" and d["index"] == 1
-    ]
+    tool_deltas = [d["delta"]["partial_json"] for k, d in events if k == "content_block_delta" and d["index"] == 1]
     assert len(tool_deltas) > 1
     assert json.loads("".join(tool_deltas))["command"] == long_cmd
-    text_deltas = [
-        d["delta"]["text"]
-        for k, d in events
-        if k == "content_block_delta" and d["index"] == 0
-    ]
+    text_deltas = [d["delta"]["text"] for k, d in events if k == "content_block_delta" and d["index"] == 0]
     assert "".join(text_deltas) == "thinking aloud"
     assert kinds.count("content_block_start") == kinds.count("content_block_stop") == 2
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
@@ -308,28 +294,20 @@ def test_import_has_no_side_effects() -> None:
 def test_server_protocol(server: Server, tmp_path: Path) -> None:
     script = 'MOCK[{"text": "one"}, {"error": 529, "times": 1, "text": "two"}]MOCK'
     base = {"model": "m-x", "max_tokens": 10, "tools": [{"name": "Bash"}]}
-    status, body = server.post(
-        "/v1/messages?beta=true", {**base, "messages": [_user(script)]}
-    )
+    status, body = server.post("/v1/messages?beta=true", {**base, "messages": [_user(script)]})
     assert status == 200
     reply = json.loads(body)
     assert reply["model"] == "m-x" and reply["content"][0]["text"] == "one"
     later = [_user(script), {"role": "assistant", "content": "one"}, _user("go")]
     status, body = server.post("/v1/messages", {**base, "messages": later})
     assert status == 529 and json.loads(body)["error"]["type"] == "overloaded_error"
-    status, body = server.post(
-        "/v1/messages", {**base, "messages": later, "stream": True}
-    )
+    status, body = server.post("/v1/messages", {**base, "messages": later, "stream": True})
     assert status == 200
     assert [k for k, _ in _parse_sse(body)][-1] == "message_stop"
     # Side requests (no tools key) never consume the script.
-    status, body = server.post(
-        "/v1/messages", {"model": "m", "messages": [_user(script)]}
-    )
+    status, body = server.post("/v1/messages", {"model": "m", "messages": [_user(script)]})
     assert status == 200 and json.loads(body)["content"][0]["text"] == "ok"
-    status, body = server.post(
-        "/v1/messages/count_tokens", {"messages": [_user("abcd" * 10)]}
-    )
+    status, body = server.post("/v1/messages/count_tokens", {"messages": [_user("abcd" * 10)]})
     assert status == 200 and json.loads(body)["input_tokens"] >= 10
     status, _ = server.post("/nope", {})
     assert status == 404
@@ -341,9 +319,7 @@ def test_server_protocol(server: Server, tmp_path: Path) -> None:
         ("main", 1, 200, False),
         ("side", None, 200, False),
     ]
-    assert (
-        log[0]["tools"] == ["Bash"] and log[0]["task_digest"] == log[1]["task_digest"]
-    )
+    assert log[0]["tools"] == ["Bash"] and log[0]["task_digest"] == log[1]["task_digest"]
 
 
 def test_sleep_does_not_block_other_requests(server: Server) -> None:
@@ -354,9 +330,7 @@ def test_sleep_does_not_block_other_requests(server: Server) -> None:
 
     def slow() -> None:
         t0 = time.monotonic()
-        server.post(
-            "/v1/messages", {**main, "messages": [_user('MOCK[{"sleep": 1.5}]MOCK')]}
-        )
+        server.post("/v1/messages", {**main, "messages": [_user('MOCK[{"sleep": 1.5}]MOCK')]})
         results["slow"] = time.monotonic() - t0
 
     thread = threading.Thread(target=slow)
@@ -372,9 +346,7 @@ def test_sleep_does_not_block_other_requests(server: Server) -> None:
 def test_sleep_stops_when_client_disconnects(server: Server) -> None:
     import socket
 
-    body = json.dumps(
-        {"tools": [{"name": "Bash"}], "messages": [_user('MOCK[{"sleep": 30}]MOCK')]}
-    ).encode()
+    body = json.dumps({"tools": [{"name": "Bash"}], "messages": [_user('MOCK[{"sleep": 30}]MOCK')]}).encode()
     with socket.create_connection(("127.0.0.1", server.port)) as sock:
         sock.sendall(
             b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
@@ -476,9 +448,7 @@ def test_cli_structured_output(server: Server, tmp_path: Path) -> None:
 
 def test_cli_retries_after_529(server: Server, tmp_path: Path) -> None:
     _find_cli()
-    out = _run_cli(
-        server, tmp_path, 'x MOCK[{"error": 529, "times": 1, "text": "recovered"}]MOCK'
-    )
+    out = _run_cli(server, tmp_path, 'x MOCK[{"error": 529, "times": 1, "text": "recovered"}]MOCK')
     assert out["result"] == "recovered" and not out["is_error"]
     main = [r for r in _read_log(server.log) if r["kind"] == "main"]
     assert [r["status"] for r in main] == [529, 200]

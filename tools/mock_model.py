@@ -250,9 +250,7 @@ def select_script(text: str, scenario: Scenario) -> list[dict[str, Any]]:
 
 
 def step_index(messages: Sequence[Any]) -> int:
-    return sum(
-        1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant"
-    )
+    return sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
 
 
 def is_main_request(request: dict[str, Any]) -> bool:
@@ -357,10 +355,7 @@ def normalise_step(raw: dict[str, Any]) -> Step:
         raise ScriptError("'error' must be an HTTP status code")
     times = _number(raw, "times")
     usage = raw.get("usage")
-    if usage is not None and not (
-        isinstance(usage, dict)
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in usage.values())
-    ):
+    if usage is not None and not (isinstance(usage, dict) and all(isinstance(v, int) and not isinstance(v, bool) for v in usage.values())):
         raise ScriptError("'usage' must map names to integers")
     return Step(
         text=text,
@@ -375,9 +370,7 @@ def normalise_step(raw: dict[str, Any]) -> Step:
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
-    kind = ERROR_TYPES.get(
-        status, "api_error" if status >= 500 else "invalid_request_error"
-    )
+    kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
@@ -385,9 +378,7 @@ def estimate_tokens(size: int) -> int:
     return max(1, size // 4)
 
 
-def build_message(
-    step: Step, model: str, message_id: str, tool_id: str, request_bytes: int
-) -> dict[str, Any]:
+def build_message(step: Step, model: str, message_id: str, tool_id: str, request_bytes: int) -> dict[str, Any]:
     """The non-streaming Messages API response for a (non-error) step."""
     content: list[dict[str, Any]] = []
     text = step.text
@@ -404,9 +395,7 @@ def build_message(
                 "input": step.tool_input,
             }
         )
-    output_chars = len(text or "") + (
-        len(json.dumps(step.tool_input)) if step.tool is not None else 0
-    )
+    output_chars = len(text or "") + (len(json.dumps(step.tool_input)) if step.tool is not None else 0)
     usage: dict[str, int] = {
         "input_tokens": estimate_tokens(request_bytes),
         "output_tokens": estimate_tokens(output_chars),
@@ -435,9 +424,7 @@ def sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     usage = message["usage"]
     start = dict(message, content=[], stop_reason=None, stop_sequence=None)
     start["usage"] = dict(usage, output_tokens=1)
-    events: list[tuple[str, dict[str, Any]]] = [
-        ("message_start", {"type": "message_start", "message": start})
-    ]
+    events: list[tuple[str, dict[str, Any]]] = [("message_start", {"type": "message_start", "message": start})]
     for index, block in enumerate(message["content"]):
         if block["type"] == "text":
             opening: dict[str, Any] = {"type": "text", "text": ""}
@@ -445,10 +432,7 @@ def sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         else:
             opening = dict(block, input={})
             raw = json.dumps(block["input"])
-            deltas = [
-                {"type": "input_json_delta", "partial_json": raw[i : i + JSON_CHUNK]}
-                for i in range(0, len(raw), JSON_CHUNK)
-            ]
+            deltas = [{"type": "input_json_delta", "partial_json": raw[i : i + JSON_CHUNK]} for i in range(0, len(raw), JSON_CHUNK)]
         events.append(
             (
                 "content_block_start",
@@ -466,9 +450,7 @@ def sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             )
             for delta in deltas
         )
-        events.append(
-            ("content_block_stop", {"type": "content_block_stop", "index": index})
-        )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
     events.append(
         (
             "message_delta",
@@ -509,9 +491,7 @@ def log_record(
         "bytes": body_bytes,
         "model": request.get("model"),
         "stream": bool(request.get("stream")),
-        "tools": [t.get("name") for t in tools if isinstance(t, dict)]
-        if isinstance(tools, list)
-        else [],
+        "tools": [t.get("name") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else [],
         "system_bytes": len(json.dumps(system).encode()) if system is not None else 0,
         "n_messages": len(messages) if isinstance(messages, list) else 0,
         "kind": kind,
@@ -539,9 +519,7 @@ class MockState:
         if log_path is not None:
             # O_APPEND makes each single write() land whole even when several
             # servers or threads share one log file.
-            self.log_fd = os.open(
-                log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644
-            )
+            self.log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def next_id(self) -> int:
         with self.lock:
@@ -562,9 +540,7 @@ class MockState:
             os.close(self.log_fd)
             self.log_fd = None
 
-    def decide(
-        self, request: dict[str, Any], body_bytes: int
-    ) -> tuple[Reply, str, str, int | None, float]:
+    def decide(self, request: dict[str, Any], body_bytes: int) -> tuple[Reply, str, str, int | None, float]:
         """(reply, kind, digest, step index, sleep seconds) for /v1/messages."""
         messages = request.get("messages")
         messages = messages if isinstance(messages, list) else []
@@ -701,9 +677,7 @@ class Handler(BaseHTTPRequestHandler):
         except json.JSONDecodeError:
             parsed = None
         if not isinstance(parsed, dict):
-            self._send_json(
-                400, error_body(400, "mock_model: body is not a JSON object")
-            )
+            self._send_json(400, error_body(400, "mock_model: body is not a JSON object"))
             return
         request = cast(dict[str, Any], parsed)
         if route.endswith("count_tokens"):
@@ -800,9 +774,7 @@ def write_port_file(path: Path, port: int) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="mock_model", description="Scripted Anthropic Messages API server."
-    )
+    parser = argparse.ArgumentParser(prog="mock_model", description="Scripted Anthropic Messages API server.")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to bind")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", type=Path, help="write the bound port here")
@@ -841,9 +813,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     port = int(server.server_address[1])
     # serve_forever runs in a thread because shutdown() deadlocks when called
     # from the serving thread (where a signal handler would run).
-    thread = threading.Thread(
-        target=server.serve_forever, args=(0.1,), name="mock_model", daemon=True
-    )
+    thread = threading.Thread(target=server.serve_forever, args=(0.1,), name="mock_model", daemon=True)
     thread.start()
     try:
         if args.port_file is not None:

@@ -1,0 +1,75 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["nox>=2025.2.9"]
+#
+# [tool.uv]
+# exclude-newer = "2026-11-20T00:00:00Z"
+# ///
+"""Project tasks: `uvx nox` runs lint, typecheck and tests; `uvx nox -s bench` the benchmark.
+
+spawn.py's dependencies are read from its own PEP 723 block and pinned by
+spawn.py.lock, so they are listed once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_venv = "yes"
+
+ROOT = Path(__file__).parent
+SCRIPTS = ["spawn.py", "noxfile.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tools").glob("*.py"))]
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3"]
+# Pinned so a new release can't turn a green main red overnight.
+RUFF = "ruff==0.17.5"
+MYPY = "mypy==2.4.1"
+
+
+def install_spawn_deps(session: nox.Session) -> None:
+    """spawn.py's dependencies at the versions spawn.py.lock pins."""
+    requirements = Path(session.create_tmp()) / "spawn-requirements.txt"
+    session.run_install(
+        "uv", "export", "--script", "spawn.py", "--frozen", "--no-hashes", "--quiet", "-o", str(requirements),
+        external=True,
+    )  # fmt: skip
+    session.install("-r", str(requirements))
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit and end-to-end tests (the real bundled claude CLI against tools/mock_model.py)."""
+    install_spawn_deps(session)
+    session.install(*TEST_DEPS)
+    session.run("pytest", *(session.posargs or ["-q", "tests"]))
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install(RUFF)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on every script."""
+    install_spawn_deps(session)
+    session.install(MYPY, "types-psutil", "types-jsonschema", *TEST_DEPS, "nox")
+    session.run("mypy", "--strict", *SCRIPTS)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Side-by-side figures against the scripted model (tools/bench.py)."""
+    install_spawn_deps(session)
+    session.run("python", "tools/bench.py", *session.posargs)
+
+
+if __name__ == "__main__":
+    nox.main()
