@@ -927,7 +927,7 @@ def load_schema(value: str) -> tuple[dict[str, Any], str]:
     text: str
     source: str
     stripped = value.strip()
-    if stripped.startswith("{"):
+    if stripped.startswith(("{", "[")):
         text, source = stripped, "inline"
     elif re.fullmatch(r"[A-Za-z0-9_.\-]+", stripped) and not stripped.endswith(".json"):
         path = SCHEMA_DIR / f"{stripped}.json"

@@ -22,6 +22,7 @@ import jsonschema
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests import spawn.py as a module
 SPAWN = ROOT / "spawn.py"
 MOCK = ROOT / "tools" / "mock_model.py"
 SCHEMAS = ROOT / "schemas"

@@ -1,0 +1,197 @@
+"""Unit tests of spawn.py's pure core and on-disk helpers (no CLI, no model)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+import spawn
+
+
+def test_slugify_keeps_whole_words_within_the_limit() -> None:
+    assert spawn.slugify("Research AUTH patterns, now!") == "research-auth-patterns-now"
+    assert spawn.slugify("a" * 50) == "agent"
+    assert spawn.slugify("one two three", max_len=7) == "one-two"
+    assert spawn.slugify("!!!") == "agent"
+
+
+def test_traceparent_round_trip_and_rejects_malformed() -> None:
+    trace = spawn.new_trace(None)
+    assert spawn.parse_traceparent(trace.traceparent) == (trace.trace_id, trace.span_id)
+    child = spawn.new_trace(trace.traceparent)
+    assert child.trace_id == trace.trace_id
+    assert child.parent_span_id == trace.span_id
+    assert child.span_id != trace.span_id
+    assert spawn.parse_traceparent("00-" + "0" * 32 + "-" + "1" * 16 + "-01") is None
+    assert spawn.parse_traceparent("garbage") is None
+    assert spawn.new_trace("garbage").parent_span_id is None
+
+
+def test_parse_tools_dedupes_and_accepts_mcp_tools() -> None:
+    assert spawn.parse_tools("Read, Grep,Read,,mcp__docs__search") == ["Read", "Grep", "mcp__docs__search"]
+    assert spawn.parse_tools("") == []
+    with pytest.raises(spawn.UnknownToolError, match="Bsh"):
+        spawn.parse_tools("Bsh")
+
+
+def test_model_tiers_default_and_override() -> None:
+    tiers = spawn.parse_model_tiers(None)
+    assert spawn.resolve_model("high-tier", tiers) == "opus"
+    assert spawn.resolve_model("claude-custom-1", tiers) == "claude-custom-1"
+    tiers = spawn.parse_model_tiers("medium-tier=claude-x, low-tier=claude-y")
+    assert (tiers["medium-tier"], tiers["low-tier"], tiers["high-tier"]) == ("claude-x", "claude-y", "opus")
+    with pytest.raises(spawn.UsageError):
+        spawn.parse_model_tiers("medium-tier")
+
+
+def test_narrow_tools_keeps_only_what_the_parent_holds() -> None:
+    assert spawn.narrow_tools(["Read", "Bash", "Write"], ["Read", "Bash"]) == (["Read", "Bash"], ["Write"])
+    assert spawn.narrow_tools(["Write"], None) == (["Write"], [])
+
+
+def test_child_deadline_is_capped_by_the_parent_minus_grace() -> None:
+    assert spawn.child_deadline(None, None, 100.0) is None
+    assert spawn.child_deadline(10, None, 100.0) == 110.0
+    assert spawn.child_deadline(None, 200.0, 100.0) == 200.0 - spawn.PARENT_GRACE_S
+    assert spawn.child_deadline(1000, 200.0, 100.0) == 200.0 - spawn.PARENT_GRACE_S
+    assert spawn.child_deadline(10, 200.0, 100.0) == 110.0
+
+
+def test_truncate_for_stdout_marks_and_points_to_the_full_output(tmp_path: Path) -> None:
+    small = {"a": 1}
+    assert spawn.truncate_for_stdout(small, tmp_path) == (small, False)
+    big = "é" * spawn.STDOUT_OUTPUT_LIMIT
+    out, truncated = spawn.truncate_for_stdout(big, tmp_path / "outcome.json")
+    assert truncated
+    assert len(out.encode()) < spawn.STDOUT_OUTPUT_LIMIT + 200
+    assert str(tmp_path / "outcome.json") in out
+
+
+def test_validate_output_reports_paths() -> None:
+    schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+    assert spawn.validate_output(schema, {"n": 1}) == []
+    assert spawn.validate_output(schema, {"n": "x"}) == ["n: 'x' is not of type 'integer'"]
+    assert spawn.validate_output(schema, {}) == ["(root): 'n' is a required property"]
+
+
+def test_schema_for_cli_drops_only_the_dialect_keys() -> None:
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "x", "type": "object"}
+    assert spawn.schema_for_cli(schema) == {"type": "object"}
+
+
+def test_every_shipped_schema_is_valid_and_loads_by_name() -> None:
+    names = sorted(p.stem for p in spawn.SCHEMA_DIR.glob("*.json"))
+    assert {"meta", "outcome", "findings", "summary"} <= set(names)
+    for name in names:
+        schema, source = spawn.load_schema(name)
+        assert source.endswith(f"{name}.json")
+        assert schema["$schema"].startswith("https://json-schema.org/draft/2020-12")
+
+
+def test_redact_removes_secret_values_and_key_patterns() -> None:
+    secrets = spawn.secret_values(
+        {"ANTHROPIC_API_KEY": "abcdefgh12345", "MY_TOKEN": "tok-zzzzzzzz", "SHORT_KEY": "abc", "PATH": "/usr/bin"}
+    )
+    assert secrets == ["abcdefgh12345", "tok-zzzzzzzz"]
+    text = "key abcdefgh12345 and tok-zzzzzzzz and sk-ant-api03-XYZXYZXYZXYZ and /usr/bin"
+    assert spawn.redact(text, secrets) == "key [REDACTED] and [REDACTED] and [REDACTED] and /usr/bin"
+
+
+def test_inherited_context_takes_the_deeper_of_env_and_ancestry() -> None:
+    env = {"SPAWN_DEPTH": "0", "SPAWN_MAX_DEPTH": "9", "SPAWN_AGENT_ID": "a0-fake"}
+    ancestry = {"depth": 2, "max_depth": 3, "parent_id": "a2-real", "session": "/s", "tools": {"Read", "Bash"}}
+    inh = spawn.inherited_context(env, ancestry)
+    assert (inh.depth, inh.max_depth, inh.parent_id, inh.session) == (2, 3, "a2-real", Path("/s"))
+    assert inh.tools == ["Bash", "Read"]
+    root = spawn.inherited_context({}, {})
+    assert (root.depth, root.max_depth, root.parent_id, root.tools) == (-1, None, None, None)
+    env_only = spawn.inherited_context({"SPAWN_DEPTH": "1", "SPAWN_TOOLS": "Read", "SPAWN_DEADLINE": "123.5"}, {"deadline": 100.0})
+    assert (env_only.depth, env_only.tools, env_only.deadline) == (1, ["Read"], 100.0)
+
+
+def _outcome(agent_id: str, status: str) -> spawn.Outcome:
+    return spawn.Outcome(id=agent_id, status=status, reason="r", exit_code=0, ended_at=spawn.utc_now_iso(), duration_s=0.0)
+
+
+def test_commit_outcome_first_writer_wins_and_marker_matches(tmp_path: Path) -> None:
+    assert spawn.commit_outcome(tmp_path, _outcome("a0-1", "failed"), [])
+    assert not spawn.commit_outcome(tmp_path, _outcome("a0-1", "done"), [])
+    assert json.loads((tmp_path / "outcome.json").read_text())["status"] == "failed"
+    assert (tmp_path / ".fail").exists()
+    assert not (tmp_path / ".done").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_commit_outcome_under_contention_has_exactly_one_winner(tmp_path: Path) -> None:
+    wins: list[bool] = []
+    barrier = threading.Barrier(8)
+
+    def writer(i: int) -> None:
+        barrier.wait()
+        wins.append(spawn.commit_outcome(tmp_path, _outcome("a0-1", "done" if i % 2 else "killed"), []))
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wins.count(True) == 1
+    markers = [m for m in (".done", ".fail") if (tmp_path / m).exists()]
+    assert len(markers) == 1
+
+
+def test_a_crash_between_outcome_and_marker_is_repaired_by_readers(tmp_path: Path) -> None:
+    (tmp_path / "outcome.json").write_text(json.dumps({"status": "done"}))
+    assert spawn.read_outcome(tmp_path) == {"status": "done"}
+    assert (tmp_path / ".done").exists()
+
+
+def test_record_round_trip_drops_unknowns(tmp_path: Path) -> None:
+    outcome = _outcome("a0-1", "done")
+    data = spawn.record_to_json(outcome)
+    assert "cost_usd" not in data  # unknown cost is absent, never 0
+    assert spawn.record_from_json(spawn.Outcome, {**data, "future_field": 1}) == outcome
+
+
+def test_session_root_resolution_order(tmp_path: Path) -> None:
+    assert spawn.resolve_session_root(str(tmp_path / "flag"), {"SPAWN_SESSION_ROOT": "/env"}) == tmp_path / "flag"
+    assert spawn.resolve_session_root(None, {"SPAWN_SESSION_ROOT": str(tmp_path)}) == tmp_path
+    assert spawn.resolve_session_root(None, {}) == spawn.DEFAULT_SESSION_ROOT
+
+
+def test_session_dirs_never_collide(tmp_path: Path) -> None:
+    import datetime as dt
+
+    now = dt.datetime(2026, 1, 2, 3, 4)
+    first = spawn.create_session_dir(tmp_path, "Same topic", now)
+    second = spawn.create_session_dir(tmp_path, "Same topic", now)
+    assert first.name == "20260102-0304-same-topic"
+    assert second.name == "20260102-0304-same-topic-2"
+
+
+def test_briefing_tells_the_spawn_command_and_limits() -> None:
+    meta = spawn.AgentMeta(
+        id="a1-abc", parent_id="a0-x", depth=1, max_depth=3, pid=1, create_time=0, pgid=1, trace_id="0" * 32,
+        span_id="1" * 16, traceparent="", task="t", tools=["Bash", "Read"], disallowed_tools=[], model="m",
+        cwd="/", started_at="", session="/s", system_prompt="", deadline=None, max_budget_usd=0.5,
+    )  # fmt: skip
+    text = spawn.briefing(meta, "python spawn.py")
+    assert "agent a1-abc at depth 1 (max depth 3)" in text
+    assert "python spawn.py --task" in text
+    assert "wait ID1 ID2 --all" in text
+    assert "$0.5000" in text
+    meta.depth = 3
+    assert "cannot start child agents" in spawn.briefing(meta, "x")
+
+
+def test_process_matches_needs_pid_and_create_time() -> None:
+    import psutil
+
+    me = psutil.Process()
+    assert spawn.process_matches(os.getpid(), me.create_time())
+    assert not spawn.process_matches(os.getpid(), me.create_time() - 10)
+    assert not spawn.process_matches(2**22 + 12345, 0.0)
