@@ -567,6 +567,25 @@ def write_new_file(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
+def publish_once(path: Path, data: bytes) -> bool:
+    """Create path whole, or not at all; False if it already exists.
+
+    The data goes to a private temp file, is fsynced, then hard-linked to its
+    name: link() fails if the name exists, so of several writers exactly one
+    wins, and readers never see a partial file. The directory is fsynced after.
+    """
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    write_new_file(tmp, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+    fsync_dir(path.parent)
+    return True
+
+
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Replace path with data; readers see the old or the new file, never half."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
@@ -601,23 +620,12 @@ def marker_for(status: str) -> str:
 def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> bool:
     """The one commit point of an agent. Returns False if another writer won.
 
-    The outcome is written to a private temp file, fsynced, then hard-linked to
-    outcome.json: link() fails if the name exists, so of the agent itself, its
-    deadline, a parent's `wait` and `reap`, exactly one wins. The marker
-    follows from the committed outcome, so .done and .fail can't both exist.
+    Of the agent itself, its deadline, a parent's `wait`, `reap` or `kill`,
+    exactly one publishes outcome.json. The marker follows from the committed
+    outcome, so .done and .fail can't both exist.
     """
     data = redact(json.dumps(record_to_json(outcome), indent=2, ensure_ascii=False, default=str), secrets_)
-    tmp = agent_dir / f".outcome.{os.getpid()}.{secrets.token_hex(3)}.tmp"
-    write_new_file(tmp, data.encode())
-    try:
-        os.link(tmp, agent_dir / OUTCOME)
-        won = True
-    except FileExistsError:
-        won = False
-    finally:
-        os.unlink(tmp)
-    if won:
-        fsync_dir(agent_dir)
+    won = publish_once(agent_dir / OUTCOME, data.encode())
     ensure_marker(agent_dir)
     return won
 
@@ -1108,8 +1116,8 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
 
 def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
     data = redact(json.dumps(record_to_json(meta), indent=2, ensure_ascii=False), secrets_)
-    write_new_file(agent_dir / META, data.encode())
-    fsync_dir(agent_dir)
+    if not publish_once(agent_dir / META, data.encode()):
+        raise StateError(f"{agent_dir / META} already exists; agent ids must be unique")
 
 
 # ------------------------------------------------------------------ running --
