@@ -81,6 +81,7 @@ ENV_MODEL_TIERS = "SPAWN_MODEL_TIERS"  # "high-tier=ID,medium-tier=ID,..."
 ENV_CLI = "SPAWN_CLI"  # path to a claude CLI instead of the bundled one
 ENV_PYTHON = "SPAWN_PYTHON"  # interpreter children should use (set for the CLI)
 ENV_SCRIPT = "SPAWN_PY"  # path of this script (set for the CLI)
+ENV_HEARTBEAT = "SPAWN_HEARTBEAT_S"  # heartbeat period in seconds
 
 # Tiers are aliases the CLI itself resolves to the current model of each
 # family, so the table does not go stale when models are released.
@@ -127,9 +128,11 @@ KILL_GRACE_S = 3.0
 WAIT_POLL_S = 0.02
 LIVENESS_POLL_S = 0.5
 
-# Heartbeat refresh period; `status` calls an agent stale after 6 missed beats.
+# Heartbeat refresh period (SPAWN_HEARTBEAT_S overrides it, e.g. in tests);
+# an agent is stale after 6 missed beats: long enough to ride out a busy
+# machine, short enough that `wait` doesn't sit on a wedged agent for long.
 HEARTBEAT_S = 5.0
-HEARTBEAT_STALE_S = 6 * HEARTBEAT_S
+HEARTBEAT_STALE_BEATS = 6
 
 # The Bash tool's default 2-minute command timeout would kill nested spawns
 # that take longer; spawn.py enforces its own deadlines instead.
@@ -326,9 +329,11 @@ class Outcome:
     turns: int | None = None
     sdk_session_id: str | None = None
     api_error_status: int | None = None
+    transcript: str | None = None
+    """Path of transcript.jsonl: what the agent did, kept whatever the status."""
     warnings: list[str] = field(default_factory=list)
     committed_by: str = "self"
-    """self, or the verb that committed it on the agent's behalf (wait, reap, kill)."""
+    """self, or who committed it on the agent's behalf: guard, wait, reap, kill, spawn."""
     protocol: int = PROTOCOL_VERSION
 
 
@@ -340,6 +345,8 @@ class Heartbeat:
     cli_create_time: float
     cli_pgid: int
     updated_at: float
+    interval_s: float
+    """Readers call the agent stale after HEARTBEAT_STALE_BEATS missed beats."""
 
 
 @dataclass
@@ -802,13 +809,36 @@ def group_alive(pgid: int) -> bool:
         return False
 
 
-def end_own_subtree(extra_groups: Iterable[int] = (), grace: float = KILL_GRACE_S) -> None:
+def end_own_subtree(extra_groups: Iterable[int] = (), grace: float = KILL_GRACE_S, spare: Iterable[int] = ()) -> None:
     """End every process below this one, deepest first, then extra groups."""
     try:
         below = psutil.Process().children(recursive=True)
     except psutil.Error:
         below = []
-    end_processes(reversed(below), extra_groups, grace)
+    keep = set(spare)
+    end_processes([p for p in reversed(below) if p.pid not in keep], extra_groups, grace)
+
+
+def start_guard(agent_dir: Path) -> tuple[int, int]:
+    """Start the agent's guard: (its pid, the pipe end that keeps it waiting).
+
+    If this spawn.py is SIGKILLed nothing in it runs, so a small process in a
+    session of its own waits on a pipe whose only writer is us. The kernel
+    closes the pipe however we exit; the guard wakes, and if no outcome was
+    committed it ends what is left of the agent's subtree and commits one.
+    """
+    read_end, write_end = os.pipe()  # not inheritable: the CLI never holds it
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, str(SCRIPT_PATH), "_guard", str(agent_dir)],
+            stdin=read_end,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    finally:
+        os.close(read_end)
+    return proc.pid, write_end
 
 
 def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = None) -> dict[str, Any]:
@@ -1196,20 +1226,25 @@ def _patch_cli_process_group(state: RunState) -> None:
     anyio.open_process = open_process
 
 
-async def heartbeat_loop(agent_dir: Path, state: RunState) -> None:
-    while True:
-        if state.cli_pid is not None:
-            with contextlib.suppress(psutil.Error, OSError):
-                beat = Heartbeat(
-                    cli_pid=state.cli_pid,
-                    cli_create_time=psutil.Process(state.cli_pid).create_time(),
-                    cli_pgid=state.cli_pgid or state.cli_pid,
-                    updated_at=time.time(),
-                )
-                write_json_atomic(agent_dir / HEARTBEAT, record_to_json(beat))
-            await asyncio.sleep(HEARTBEAT_S)
-        else:
-            await asyncio.sleep(0.05)
+def heartbeat_interval(environ: Mapping[str, str]) -> float:
+    value = _float_or_none(environ.get(ENV_HEARTBEAT))
+    return value if value is not None and value > 0 else HEARTBEAT_S
+
+
+async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float) -> None:
+    """Refresh heartbeat.json while the CLI is alive; a wedged agent stops beating."""
+    while state.cli_pid is None:
+        await asyncio.sleep(0.05)
+    try:
+        cli = psutil.Process(state.cli_pid)
+        create_time = cli.create_time()
+    except psutil.Error:
+        return
+    while cli.is_running() and cli.status() != psutil.STATUS_ZOMBIE:
+        beat = Heartbeat(state.cli_pid, create_time, state.cli_pgid or state.cli_pid, time.time(), interval)
+        with contextlib.suppress(OSError):
+            write_json_atomic(agent_dir / HEARTBEAT, record_to_json(beat))
+        await asyncio.sleep(interval)
 
 
 async def run_sdk(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
@@ -1286,7 +1321,13 @@ def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: st
     """Turn what the run saw into the outcome record (pure)."""
     result = state.result
     duration = round(time.time() - started, 3)
-    base: dict[str, Any] = {"id": meta.id, "ended_at": utc_now_iso(), "duration_s": duration, "text": state.last_text}
+    base: dict[str, Any] = {
+        "id": meta.id,
+        "ended_at": utc_now_iso(),
+        "duration_s": duration,
+        "text": state.last_text,
+        "transcript": str(Path(meta.session) / AGENTS_DIR / meta.id / TRANSCRIPT),
+    }
     if result is not None:
         base.update(
             cost_usd=result.total_cost_usd,
@@ -1341,6 +1382,7 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str]) -> Outcome:
     state = RunState()
     started = time.time()
     become_subreaper()
+    guard_pid, guard_pipe = start_guard(agent_dir)
     error: str | None = None
 
     async def main_task() -> None:
@@ -1358,7 +1400,7 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str]) -> Outcome:
             loop.add_signal_handler(signum, stop, status, f"received {signal.Signals(signum).name}")
         if meta.deadline is not None:
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
-        beat = asyncio.create_task(heartbeat_loop(agent_dir, state))
+        beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ)))
         try:
             await run_sdk(meta, agent_dir, cli, state, secrets_)
         except asyncio.CancelledError:
@@ -1373,11 +1415,12 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str]) -> Outcome:
         asyncio.run(main_task())
     # Whatever happened, nothing the agent started may outlive it.
     groups = [g for g in (state.cli_pgid,) if g]
-    end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else 1.0)
+    end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else 1.0, spare=[guard_pid])
     outcome = outcome_from_run(meta, state, started, error)
     if not commit_outcome(agent_dir, outcome, secrets_):
         committed = read_outcome(agent_dir) or {}
         outcome = record_from_json(Outcome, committed)
+    os.close(guard_pipe)  # the guard wakes, finds the outcome, and exits
     if meta.output_file and outcome.status == Status.DONE:
         write_output_file(Path(meta.output_file), outcome.output)
     return outcome
@@ -1466,44 +1509,146 @@ def record_refusal(plan: Plan) -> tuple[Path, Outcome]:
 # -------------------------------------------------------------------- verbs --
 
 
+def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
+    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
+    try:
+        beat = read_json(agent_dir / HEARTBEAT)
+        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
+    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+
+
 def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
     """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
+    if not process_matches(meta.pid, meta.create_time):
+        return Status.FAILED
+    age = heartbeat_age(agent_dir)
+    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+        return Status.STALE
+    return Status.RUNNING
+
+
+def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Process], list[int]]:
+    """What is left of an agent: its spawn.py, its CLI, the CLI's descendants and group."""
+    procs: list[psutil.Process] = []
+    groups: list[int] = []
     if process_matches(meta.pid, meta.create_time):
-        beat = agent_dir / HEARTBEAT
-        if beat.exists() and time.time() - beat.stat().st_mtime > HEARTBEAT_STALE_S:
-            return Status.STALE
-        return Status.RUNNING
-    return Status.FAILED
-
-
-def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
-    """Commit a failed outcome for an agent whose process is gone; end its leftovers."""
-    meta = load_meta(agent_dir)
-    if read_outcome(agent_dir) is not None or process_matches(meta.pid, meta.create_time):
-        return False
-    with contextlib.suppress(FileNotFoundError, SpawnError):
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(meta.pid))
+    with contextlib.suppress(FileNotFoundError, SpawnError, KeyError, TypeError, ValueError, psutil.Error):
         beat = read_json(agent_dir / HEARTBEAT)
         if process_matches(int(beat["cli_pid"]), float(beat["cli_create_time"])):
-            end_processes([psutil.Process(int(beat["cli_pid"]))], [int(beat["cli_pgid"])], KILL_GRACE_S)
+            cli = psutil.Process(int(beat["cli_pid"]))
+            procs += [*reversed(cli.children(recursive=True)), cli]
+            groups.append(int(beat["cli_pgid"]))
+    return procs, groups
+
+
+def last_text_in_transcript(agent_dir: Path) -> str | None:
+    """The agent's last assistant text, so an outcome committed for it keeps it."""
+    try:
+        lines = (agent_dir / TRANSCRIPT).read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError, AttributeError):
+            record = json.loads(line)
+            if record.get("type") == "AssistantMessage":
+                texts = [b["text"] for b in record["message"].get("content", []) if isinstance(b, dict) and b.get("text")]
+                if texts:
+                    return "\n".join(texts)
+    return None
+
+
+def settle_agent(agent_dir: Path, status: Status, reason: str, by: str, secrets_: Sequence[str]) -> bool:
+    """End what is left of an agent and commit an outcome for it if it has none.
+
+    A live spawn.py is asked first (SIGTERM): it ends its own subtree and
+    commits its own outcome, keeping everything it knows. Returns True if the
+    agent had no outcome when called.
+    """
+    if read_outcome(agent_dir) is not None:
+        return False
+    meta = load_meta(agent_dir)
+    if process_matches(meta.pid, meta.create_time):
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(meta.pid)
+            proc.terminate()
+            proc.wait(timeout=KILL_GRACE_S * 2)
+    procs, groups = agent_leftovers(agent_dir, meta)
+    if procs or groups:
+        end_processes(procs, groups, grace=1.0)
     started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
     outcome = Outcome(
         id=meta.id,
-        status=Status.FAILED,
-        reason=f"process {meta.pid} died without writing an outcome (found by {by})",
-        exit_code=ExitCode.AGENT_FAILED,
+        status=status,
+        reason=reason,
+        exit_code=EXIT_FOR_STATUS[status],
         ended_at=utc_now_iso(),
-        duration_s=round(time.time() - started, 3),
+        duration_s=round(max(0.0, time.time() - started), 3),
+        text=last_text_in_transcript(agent_dir),
+        transcript=str(agent_dir / TRANSCRIPT),
         committed_by=by,
     )
-    return commit_outcome(agent_dir, outcome, secrets_)
+    commit_outcome(agent_dir, outcome, secrets_)
+    return True
 
 
-def wait_for_outcomes(
-    agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]
-) -> tuple[dict[Path, dict[str, Any]], bool]:
-    """Block until outcomes exist (all, or any); reap agents that died."""
+def parent_gone(session: Path, meta: AgentMeta) -> bool:
+    """True if a live agent's parent agent has ended or died: it escaped its tree."""
+    if meta.parent_id is None:
+        return False
+    parent_dir = session / AGENTS_DIR / meta.parent_id
+    try:
+        parent = load_meta(parent_dir)
+    except (FileNotFoundError, SpawnError):
+        return False
+    return read_outcome(parent_dir) is not None or not process_matches(parent.pid, parent.create_time)
+
+
+def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
+    """Settle an agent whose process died, or whose parent is gone, with its subtree."""
+    if read_outcome(agent_dir) is not None:
+        return False
+    meta = load_meta(agent_dir)
+    session = Path(meta.session)
+    if process_matches(meta.pid, meta.create_time):
+        if not parent_gone(session, meta):
+            return False
+        status, reason = Status.KILLED, f"its parent agent {meta.parent_id} is gone (found by {by})"
+    else:
+        status, reason = Status.FAILED, f"process {meta.pid} died without writing an outcome (found by {by})"
+    for child in descendants_of(session, meta.id):
+        settle_agent(child, Status.KILLED, f"ancestor {meta.id} ended without it (found by {by})", by, secrets_)
+    return settle_agent(agent_dir, status, reason, by, secrets_)
+
+
+def reap_session(session: Path, by: str, secrets_: Sequence[str]) -> list[str]:
+    reaped = []
+    for d in iter_agent_dirs(session):
+        with contextlib.suppress(FileNotFoundError):
+            if not (d / DONE_MARKER).exists() and not (d / FAIL_MARKER).exists() and reap_agent(d, by, secrets_):
+                reaped.append(d.name)
+    return reaped
+
+
+@dataclass
+class WaitResult:
+    outcomes: dict[Path, dict[str, Any]]
+    stale: list[Path]
+    finished: bool
+    """False when wait's own --timeout ran out first."""
+
+
+def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> WaitResult:
+    """Block until outcomes exist (all, or any).
+
+    Never hangs on a dead agent: its process is checked every LIVENESS_POLL_S
+    and a dead one is reaped (failed outcome). A stuck one (stale heartbeat)
+    is reported rather than waited for.
+    """
     pending = list(agent_dirs)
-    done: dict[Path, dict[str, Any]] = {}
+    result = WaitResult({}, [], True)
     metas = {d: load_meta(d) for d in pending}
     deadline = None if timeout is None else time.monotonic() + timeout
     next_liveness = 0.0
@@ -1511,21 +1656,26 @@ def wait_for_outcomes(
         for d in list(pending):
             outcome = read_outcome(d)
             if outcome is not None:
-                done[d] = outcome
+                result.outcomes[d] = outcome
                 pending.remove(d)
-        if not pending or (mode == "any" and done):
+        if not pending or (mode == "any" and result.outcomes):
             break
         now = time.monotonic()
         if now >= next_liveness:
             next_liveness = now + LIVENESS_POLL_S
-            for d in pending:
-                if not process_matches(metas[d].pid, metas[d].create_time):
+            for d in list(pending):
+                state = liveness(d, metas[d])
+                if state == Status.FAILED:
                     reap_agent(d, "wait", secrets_)
+                elif state == Status.STALE:
+                    result.stale.append(d)
+                    pending.remove(d)
             continue
         if deadline is not None and now >= deadline:
-            return done, False
+            result.finished = False
+            break
         time.sleep(WAIT_POLL_S)
-    return done, True
+    return result
 
 
 def tree_rows(session: Path) -> list[dict[str, Any]]:
@@ -1621,46 +1771,8 @@ def descendants_of(session: Path, agent_id: str) -> list[Path]:
 def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
     """End an agent and its descendants, deepest first; record `killed`."""
     meta = load_meta(agent_dir)
-    session = Path(meta.session)
-    targets = [*descendants_of(session, meta.id), agent_dir]
-    killed: list[str] = []
-    for d in targets:
-        m = load_meta(d)
-        if read_outcome(d) is not None:
-            continue
-        if process_matches(m.pid, m.create_time):
-            # Ask spawn.py first: it ends its own subtree and commits `killed`.
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(m.pid)
-                proc.terminate()
-                proc.wait(timeout=KILL_GRACE_S * 2)
-        groups: list[int] = []
-        procs = []
-        if process_matches(m.pid, m.create_time):
-            with contextlib.suppress(psutil.Error):
-                procs.append(psutil.Process(m.pid))
-        with contextlib.suppress(FileNotFoundError, SpawnError, KeyError, ValueError):
-            beat = read_json(d / HEARTBEAT)
-            if process_matches(int(beat["cli_pid"]), float(beat["cli_create_time"])):
-                groups.append(int(beat["cli_pgid"]))
-        if procs or groups:
-            end_processes(procs, groups, 0.5)
-        started = dt.datetime.fromisoformat(m.started_at.replace("Z", "+00:00")).timestamp()
-        commit_outcome(
-            d,
-            Outcome(
-                id=m.id,
-                status=Status.KILLED,
-                reason="ended by spawn.py kill",
-                exit_code=ExitCode.KILLED,
-                ended_at=utc_now_iso(),
-                duration_s=round(time.time() - started, 3),
-                committed_by="kill",
-            ),
-            secrets_,
-        )
-        killed.append(m.id)
-    return killed
+    targets = [*descendants_of(Path(meta.session), meta.id), agent_dir]
+    return [d.name for d in targets if settle_agent(d, Status.KILLED, "ended by spawn.py kill", "kill", secrets_)]
 
 
 # ---------------------------------------------------------------------- CLI --
@@ -1752,12 +1864,12 @@ def build_verb_parser(verb: str) -> Parser:
     elif verb == "reap":
         p.description = "Record a failed outcome for every agent whose process died without one, and end its leftovers."
         p.add_argument("target", nargs="?", metavar="SESSION")
-    elif verb == "_run":
+    elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
     return p
 
 
-VERBS = ("wait", "status", "kill", "reap", "_run")
+VERBS = ("wait", "status", "kill", "reap", "_run", "_guard")
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -1798,6 +1910,9 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return ExitCode.OK
     agent_dir = register(plan, own_identity())
     note(f"agent {plan.meta.id} started in {agent_dir}")
+    if not plan.new_session:
+        # Agents that died unseen are settled by the next spawn in their session.
+        reap_session(Path(plan.meta.session), "spawn", plan.secrets)
     outcome = run_agent(agent_dir, plan.cli, plan.secrets)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
     emit(summary(agent_dir, record_to_json(outcome)))
@@ -1816,20 +1931,36 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
     return outcome.exit_code
 
 
+def cmd_guard(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """Wait for the agent's spawn.py to exit; settle the agent if it left no outcome."""
+    agent_dir = Path(args.agent_dir)
+    with contextlib.suppress(OSError):
+        sys.stdin.buffer.read()  # EOF: the spawn.py holding the pipe has exited
+    meta = load_meta(agent_dir)
+    limit = time.monotonic() + KILL_GRACE_S
+    while process_matches(meta.pid, meta.create_time) and time.monotonic() < limit:
+        time.sleep(0.01)  # the pipe closes a moment before the process is gone
+    reap_agent(agent_dir, "guard", secret_values(environ))
+    return ExitCode.OK
+
+
 def cmd_wait(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     session = default_session(args, environ)
     root = resolve_session_root(None, environ)
     dirs = [find_agent_dir(i, session, root) for i in args.ids]
-    done, finished = wait_for_outcomes(dirs, args.mode, args.timeout, secret_values(environ))
-    agents = [summary(d, done[d]) for d in dirs if d in done]
-    pending = [d.name for d in dirs if d not in done]
+    waited = wait_for_outcomes(dirs, args.mode, args.timeout, secret_values(environ))
+    agents = [summary(d, waited.outcomes[d]) for d in dirs if d in waited.outcomes]
+    stale = [d.name for d in waited.stale]
+    pending = [d.name for d in dirs if d not in waited.outcomes and d not in waited.stale]
     failed = [a["id"] for a in agents if a["status"] != Status.DONE]
-    status = "timeout" if not finished else ("failed" if failed else "done")
-    emit({"status": status, "agents": agents, "pending": pending})
-    if not finished:
+    status = "timeout" if not waited.finished else ("failed" if failed or stale else "done")
+    emit({"status": status, "agents": agents, "stale": stale, "pending": pending})
+    if stale:
+        note(f"stale (alive, heartbeat stopped): {', '.join(stale)}; end them with 'spawn.py kill ID'")
+    if not waited.finished:
         note(f"wait timed out; still running: {', '.join(pending)}")
         return ExitCode.TIMEOUT
-    return ExitCode.AGENT_FAILED if failed else ExitCode.OK
+    return ExitCode.AGENT_FAILED if failed or stale else ExitCode.OK
 
 
 def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -1864,11 +1995,7 @@ def cmd_reap(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     session = Path(args.target).resolve() if args.target else default_session(args, environ)
     if session is None or not (session / AGENTS_DIR).is_dir():
         raise UsageError("no session to reap; pass a session directory")
-    reaped = []
-    for d in iter_agent_dirs(session):
-        with contextlib.suppress(FileNotFoundError):
-            if reap_agent(d, "reap", secret_values(environ)):
-                reaped.append(d.name)
+    reaped = reap_session(session, "reap", secret_values(environ))
     emit({"session": str(session), "reaped": reaped})
     return ExitCode.OK
 
@@ -1885,7 +2012,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv and argv[0] in VERBS:
             verb = argv[0]
             args = build_verb_parser(verb).parse_args(argv[1:])
-            handler = {"wait": cmd_wait, "status": cmd_status, "kill": cmd_kill, "reap": cmd_reap, "_run": cmd_background_runner}[verb]
+            handler = {
+                "wait": cmd_wait,
+                "status": cmd_status,
+                "kill": cmd_kill,
+                "reap": cmd_reap,
+                "_run": cmd_background_runner,
+                "_guard": cmd_guard,
+            }[verb]
             return handler(args, environ)
         return cmd_run(argv, environ)
     except SpawnError as exc:
