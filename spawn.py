@@ -9,6 +9,8 @@
 #
 # [tool.uv]
 # exclude-newer = "2026-11-20T00:00:00Z"
+# # Every nested level imports the SDK again; compiled bytecode halves that.
+# compile-bytecode = true
 # ///
 """spawn.py: run Claude agents that can start their own children, to any depth.
 
@@ -40,6 +42,8 @@ import ctypes
 import dataclasses
 import datetime as dt
 import enum
+import importlib.abc
+import importlib.machinery
 import json
 import os
 import re
@@ -49,6 +53,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +87,7 @@ ENV_CLI = "SPAWN_CLI"  # path to a claude CLI instead of the bundled one
 ENV_PYTHON = "SPAWN_PYTHON"  # interpreter children should use (set for the CLI)
 ENV_SCRIPT = "SPAWN_PY"  # path of this script (set for the CLI)
 ENV_HEARTBEAT = "SPAWN_HEARTBEAT_S"  # heartbeat period in seconds
+ENV_FULL_SDK_IMPORT = "SPAWN_FULL_SDK_IMPORT"  # 1: import the SDK with its mcp package
 
 # Tiers are aliases the CLI itself resolves to the current model of each
 # family, so the table does not go stale when models are released.
@@ -333,7 +339,7 @@ class Outcome:
     """Path of transcript.jsonl: what the agent did, kept whatever the status."""
     warnings: list[str] = field(default_factory=list)
     committed_by: str = "self"
-    """self, or who committed it on the agent's behalf: guard, wait, reap, kill, spawn."""
+    """self, or who committed it on the agent's behalf: guard, parent, wait, reap, kill, spawn."""
     protocol: int = PROTOCOL_VERSION
 
 
@@ -816,7 +822,17 @@ def end_own_subtree(extra_groups: Iterable[int] = (), grace: float = KILL_GRACE_
     except psutil.Error:
         below = []
     keep = set(spare)
-    end_processes([p for p in reversed(below) if p.pid not in keep], extra_groups, grace)
+    end_processes([p for p in reversed(below) if p.pid not in keep and not is_guard(p)], extra_groups, grace)
+
+
+def is_guard(proc: psutil.Process) -> bool:
+    """Guards are spared: each exits by itself once its agent's spawn.py is gone,
+    and a guard killed early could no longer settle an agent that died."""
+    try:
+        cmdline = proc.cmdline()
+    except psutil.Error:
+        return False
+    return "_guard" in cmdline and str(SCRIPT_PATH) in cmdline
 
 
 def start_guard(agent_dir: Path) -> tuple[int, int]:
@@ -1200,6 +1216,68 @@ def message_record(message: Any) -> dict[str, Any]:
     return {"time": utc_now_iso(), "type": type(message).__name__, "message": data}
 
 
+class _AbsentModule(types.ModuleType):
+    """Stands in for a module of the mcp package: every name is an inert class."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        stand_in = type(name, (), {"__init__": _ignore, "__init_subclass__": classmethod(_ignore), "__class_getitem__": classmethod(_same)})
+        setattr(self, name, stand_in)
+        return stand_in
+
+
+def _ignore(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def _same(cls: Any, _item: Any) -> Any:
+    return cls
+
+
+class _AbsentMcpFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves _AbsentModule for mcp and mcp_types, which the SDK imports eagerly."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.partition(".")[0] in ("mcp", "mcp_types"):
+            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _AbsentModule(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__path__ = []
+
+
+def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
+    """Import claude_agent_sdk, skipping the mcp package it loads at import time.
+
+    The SDK imports mcp (with pydantic models and an HTTP server stack) only
+    to host in-process MCP servers, which spawn.py never creates; external
+    MCP servers are plain config for the CLI. That import is about 80% of a
+    nested level's start-up, paid again at every depth, so stand-ins serve
+    the mcp modules instead. If the SDK can't be imported that way, or
+    SPAWN_FULL_SDK_IMPORT=1, it is imported normally.
+    """
+    if "claude_agent_sdk" in sys.modules:
+        return sys.modules["claude_agent_sdk"]
+    if environ.get(ENV_FULL_SDK_IMPORT) != "1" and not any(name.partition(".")[0] == "mcp" for name in sys.modules):
+        finder = _AbsentMcpFinder()
+        sys.meta_path.insert(0, finder)
+        try:
+            import claude_agent_sdk
+
+            return claude_agent_sdk
+        except Exception:
+            sys.meta_path.remove(finder)
+            for name in [n for n in sys.modules if n.partition(".")[0] in ("mcp", "mcp_types", "claude_agent_sdk")]:
+                del sys.modules[name]
+    import claude_agent_sdk
+
+    return claude_agent_sdk
+
+
 def _patch_cli_process_group(state: RunState) -> None:
     """Start the CLI in its own session and process group, and note its pid.
 
@@ -1248,14 +1326,8 @@ async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float) -> N
 
 
 async def run_sdk(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
-    from claude_agent_sdk import (
-        AssistantMessage,
-        ClaudeAgentOptions,
-        ResultMessage,
-        TextBlock,
-        ToolUseBlock,
-        query,
-    )
+    sdk = import_sdk(os.environ)
+    AssistantMessage, ResultMessage, TextBlock, ToolUseBlock = sdk.AssistantMessage, sdk.ResultMessage, sdk.TextBlock, sdk.ToolUseBlock
 
     _patch_cli_process_group(state)
     system_prompt: Any
@@ -1270,7 +1342,7 @@ async def run_sdk(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, 
         with open(stderr_path, "a") as fh:
             fh.write(redact(line, secrets_) + "\n")
 
-    options = ClaudeAgentOptions(
+    options = sdk.ClaudeAgentOptions(
         tools=list(meta.tools),
         allowed_tools=list(meta.tools),
         disallowed_tools=list(meta.disallowed_tools),
@@ -1291,7 +1363,7 @@ async def run_sdk(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, 
         output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
     )
     transcript = agent_dir / TRANSCRIPT
-    async for message in query(prompt=meta.task, options=options):
+    async for message in sdk.query(prompt=meta.task, options=options):
         append_jsonl(transcript, message_record(message), secrets_)
         if isinstance(message, AssistantMessage):
             texts = [b.text for b in message.content if isinstance(b, TextBlock) and b.text.strip()]
@@ -1341,15 +1413,17 @@ def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: st
     if state.stop_reason is not None:
         status = state.stop_reason
         return Outcome(status=status, reason=state.stop_detail, exit_code=EXIT_FOR_STATUS[status], **base)
-    if error is not None:
-        return Outcome(status=Status.FAILED, reason=error, exit_code=ExitCode.AGENT_FAILED, **base)
-    if result is None:
-        return Outcome(status=Status.FAILED, reason="the CLI ended without a result", exit_code=ExitCode.AGENT_FAILED, **base)
-    if result.is_error:
+    if result is not None and result.is_error:
+        # The CLI's own account (subtype, API status, errors) beats the SDK's
+        # exception, which only says that the CLI exited non-zero.
         detail = "; ".join(getattr(result, "errors", None) or []) or (result.result or "")
         api = getattr(result, "api_error_status", None)
         reason = f"agent failed ({result.subtype})" + (f", API status {api}" if api else "") + (f": {detail}" if detail else "")
         return Outcome(status=Status.FAILED, reason=reason[:2000], exit_code=ExitCode.AGENT_FAILED, **base)
+    if error is not None:
+        return Outcome(status=Status.FAILED, reason=error, exit_code=ExitCode.AGENT_FAILED, **base)
+    if result is None:
+        return Outcome(status=Status.FAILED, reason="the CLI ended without a result", exit_code=ExitCode.AGENT_FAILED, **base)
     if meta.schema is not None:
         output = result.structured_output
         if output is None:
@@ -1416,6 +1490,7 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str]) -> Outcome:
     # Whatever happened, nothing the agent started may outlive it.
     groups = [g for g in (state.cli_pgid,) if g]
     end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else 1.0, spare=[guard_pid])
+    settle_descendants(meta, secrets_)
     outcome = outcome_from_run(meta, state, started, error)
     if not commit_outcome(agent_dir, outcome, secrets_):
         committed = read_outcome(agent_dir) or {}
@@ -1604,6 +1679,24 @@ def parent_gone(session: Path, meta: AgentMeta) -> bool:
     except (FileNotFoundError, SpawnError):
         return False
     return read_outcome(parent_dir) is not None or not process_matches(parent.pid, parent.create_time)
+
+
+def settle_descendants(meta: AgentMeta, secrets_: Sequence[str]) -> None:
+    """Before an agent commits, every agent below it has an outcome too.
+
+    Its subtree has been ended; what has no outcome yet either died unseen
+    or escaped the process tree. So a parent's marker means its whole
+    subtree is settled, and no child's result is left hanging.
+    """
+    for d in descendants_of(Path(meta.session), meta.id):
+        with contextlib.suppress(FileNotFoundError):
+            child = load_meta(d)
+            if process_matches(child.pid, child.create_time):
+                settle_agent(d, Status.KILLED, f"ended with its ancestor {meta.id}", "parent", secrets_)
+            else:
+                settle_agent(
+                    d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})", "parent", secrets_
+                )
 
 
 def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
