@@ -37,7 +37,9 @@ def install_spawn_deps(session: nox.Session) -> None:
         "uv", "export", "--script", "spawn.py", "--frozen", "--no-hashes", "--quiet", "-o", str(requirements),
         external=True,
     )  # fmt: skip
-    session.install("-r", str(requirements))
+    # Bytecode up front: PYTHONDONTWRITEBYTECODE may be set, and every nested
+    # agent imports the SDK again.
+    session.install("-r", str(requirements), env={"UV_COMPILE_BYTECODE": "1"})
 
 
 @nox.session
