@@ -1,0 +1,252 @@
+"""Reliability, end to end: SIGKILLs, orphans, deadlines, stuck agents, model faults.
+
+Every test runs the real bundled claude CLI through spawn.py against the
+scripted model, then checks what a user would: exit codes, outcomes on disk,
+and which processes are still alive (psutil).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import (
+    agent_dirs,
+    load,
+    metas,
+    mock_task,
+    run_spawn,
+    spawn_in_bash,
+    start_spawn,
+    stdout_json,
+    validate_records,
+    wait_for_path,
+)
+
+GRACE_S = 3.0  # spawn.py's KILL_GRACE_S
+# Claude Code refuses a bare `sleep N` in Bash; this is a long command it runs.
+LONG_COMMAND = "python3 -c 'import time; time.sleep(60)'"
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_until_gone(pids: Iterable[int], timeout: float) -> list[int]:
+    limit = time.monotonic() + timeout
+    left = alive(pids)
+    while left and time.monotonic() < limit:
+        time.sleep(0.1)
+        left = alive(left)
+    return left
+
+
+def tree_pids(session_root: Path) -> set[int]:
+    """Every spawn.py, guard and CLI process of every agent, and all their descendants."""
+    pids: set[int] = set()
+    for d in agent_dirs(session_root):
+        roots = []
+        if (d / "meta.json").exists():
+            roots.append(load(d / "meta.json")["pid"])
+        if (d / "heartbeat.json").exists():
+            roots.append(load(d / "heartbeat.json")["cli_pid"])
+        for pid in roots:
+            pids.add(pid)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                pids.update(p.pid for p in psutil.Process(pid).children(recursive=True))
+    return pids
+
+
+def wait_for_depth(session_root: Path, depth: int, timeout: float = 60) -> Path:
+    limit = time.monotonic() + timeout
+    while True:
+        for d in agent_dirs(session_root):
+            if (d / "meta.json").exists() and load(d / "meta.json")["depth"] == depth and (d / "heartbeat.json").exists():
+                return d
+        assert time.monotonic() < limit, f"no running agent at depth {depth}"
+        time.sleep(0.05)
+
+
+def wait_for_text(path: Path, text: str, timeout: float = 30) -> None:
+    limit = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text()):
+        assert time.monotonic() < limit, f"{text!r} never appeared in {path}"
+        time.sleep(0.05)
+
+
+def guard_of(pid: int) -> psutil.Process:
+    (guard,) = [p for p in psutil.Process(pid).children() if "_guard" in p.cmdline()]
+    return guard
+
+
+def test_sigkilled_root_is_settled_by_its_guard(env: dict[str, str], session_root: Path) -> None:
+    proc = start_spawn(
+        ["--tools", "Bash", "--task", mock_task("stall", [{"text": "thinking out loud", "bash": LONG_COMMAND}, {"text": "never"}])], env
+    )
+    agent_dir = wait_for_depth(session_root, 0)
+    wait_for_text(agent_dir / "transcript.jsonl", "time.sleep")
+    pids = tree_pids(session_root)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert wait_until_gone(pids, GRACE_S + 5) == []
+    wait_for_path(agent_dir / ".fail", timeout=10)
+    outcome = load(agent_dir / "outcome.json")
+    assert outcome["status"] == "failed"
+    assert outcome["committed_by"] == "guard"
+    assert "died without writing an outcome" in outcome["reason"]
+    assert outcome["transcript"].endswith("transcript.jsonl")
+    assert outcome["text"] == "thinking out loud"
+    validate_records(session_root)
+
+
+def test_sigkilled_middle_of_depth3_tree_leaves_nothing_running(env: dict[str, str], session_root: Path) -> None:
+    leaf = mock_task("leaf", [{"sleep": 60, "text": "never"}])
+    middle = mock_task("middle", [{"bash": spawn_in_bash("--task", leaf)}, {"text": "never"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", middle, "--tools", "Bash")}, {"text": "root saw the failure"}])
+    proc = start_spawn(["--task", root, "--tools", "Bash"], env)
+    wait_for_depth(session_root, 2)
+    middle_dir = wait_for_depth(session_root, 1)
+    pids = tree_pids(session_root)
+    os.kill(load(middle_dir / "meta.json")["pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["output"] == "root saw the failure"
+    assert wait_until_gone(pids, GRACE_S + 5) == []
+    statuses = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
+    assert statuses[0]["status"] == "done"
+    assert statuses[1]["status"] == "failed"
+    assert statuses[2]["status"] == "killed"
+    validate_records(session_root)
+
+
+def test_reap_settles_an_agent_whose_guard_died_too(env: dict[str, str], session_root: Path) -> None:
+    launched = stdout_json(run_spawn(["--background", "--task", mock_task("stall", [{"sleep": 60, "text": "never"}])], env))
+    agent_dir = Path(launched["agent_dir"])
+    wait_for_path(agent_dir / "heartbeat.json")
+    cli_pid = load(agent_dir / "heartbeat.json")["cli_pid"]
+    guard_of(launched["pid"]).kill()
+    os.kill(launched["pid"], signal.SIGKILL)
+    time.sleep(0.3)
+    assert alive([cli_pid]) == [cli_pid]  # nobody has cleaned up yet
+    listed = run_spawn(["status", "--json"], env)
+    assert stdout_json(listed)["agents"][0]["state"] == "lost"
+    proc = run_spawn(["reap", str(agent_dir.parent.parent)], env)
+    assert proc.returncode == 0, proc.stderr
+    assert stdout_json(proc)["reaped"] == [agent_dir.name]
+    assert load(agent_dir / "outcome.json")["committed_by"] == "reap"
+    assert wait_until_gone([cli_pid], 2) == []
+    validate_records(session_root)
+
+
+def test_next_spawn_in_the_session_settles_dead_agents(env: dict[str, str], session_root: Path) -> None:
+    launched = stdout_json(run_spawn(["--background", "--task", mock_task("stall", [{"sleep": 60, "text": "never"}])], env))
+    agent_dir = Path(launched["agent_dir"])
+    wait_for_path(agent_dir / "heartbeat.json")
+    guard_of(launched["pid"]).kill()
+    os.kill(launched["pid"], signal.SIGKILL)
+    session = agent_dir.parent.parent
+    proc = run_spawn(["--task", mock_task("next", [{"text": "hi"}])], {**env, "SPAWN_SESSION": str(session), "SPAWN_DEPTH": "0"})
+    assert proc.returncode == 0, proc.stderr
+    outcome = load(agent_dir / "outcome.json")
+    assert (outcome["status"], outcome["committed_by"]) == ("failed", "spawn")
+    validate_records(session_root)
+
+
+def test_sigterm_ends_the_subtree_and_records_killed(env: dict[str, str], session_root: Path) -> None:
+    child = mock_task("child", [{"sleep": 60, "text": "never"}])
+    proc = start_spawn(
+        ["--tools", "Bash", "--task", mock_task("root", [{"text": "partial progress", "bash": spawn_in_bash("--task", child)}])], env
+    )
+    wait_for_depth(session_root, 1)
+    pids = tree_pids(session_root)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 143
+    assert stdout_json_text(out)["status"] == "killed"
+    assert wait_until_gone(pids, GRACE_S + 5) == []
+    by_depth = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
+    assert by_depth[0]["status"] == "killed"
+    assert by_depth[0]["text"] == "partial progress"
+    assert by_depth[1]["status"] == "killed"
+    validate_records(session_root)
+
+
+def stdout_json_text(out: str) -> dict[str, object]:
+    data = json.loads(out)
+    assert isinstance(data, dict)
+    return data
+
+
+def test_deadlines_flow_down_and_end_the_tree(env: dict[str, str], session_root: Path) -> None:
+    child = mock_task("child", [{"sleep": 60, "text": "never"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", child, "--timeout", "600")}, {"sleep": 60, "text": "never"}])
+    started = time.monotonic()
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--timeout", "12"], env)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 124, proc.stderr
+    assert elapsed < 12 + 15
+    by_depth = {m["depth"]: m for m in metas(session_root).values()}
+    assert by_depth[1]["deadline"] <= by_depth[0]["deadline"] - 5 + 0.01
+    outcomes = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
+    assert outcomes[1]["status"] == "timeout"  # its own, earlier deadline
+    assert outcomes[0]["status"] == "timeout"
+    assert wait_until_gone(tree_pids(session_root), GRACE_S + 5) == []
+    validate_records(session_root)
+
+
+def test_child_past_the_parent_deadline_is_refused(env: dict[str, str], session_root: Path, mock_model: object) -> None:
+    proc = run_spawn(["--task", "late"], {**env, "SPAWN_DEPTH": "0", "SPAWN_DEADLINE": str(time.time() + 2)})
+    assert proc.returncode == 4
+    assert "deadline" in proc.stderr
+
+
+def test_wait_reports_a_stuck_agent_instead_of_hanging(env: dict[str, str], session_root: Path) -> None:
+    fast = {**env, "SPAWN_HEARTBEAT_S": "0.2"}
+    launched = stdout_json(run_spawn(["--background", "--task", mock_task("stall", [{"sleep": 60, "text": "never"}])], fast))
+    wait_for_path(Path(launched["agent_dir"]) / "heartbeat.json")
+    os.kill(launched["pid"], signal.SIGSTOP)
+    try:
+        proc = run_spawn(["wait", launched["id"]], fast, timeout=30)
+        assert proc.returncode == 1
+        assert stdout_json(proc)["stale"] == [launched["id"]]
+        assert "stale" in proc.stderr
+    finally:
+        os.kill(launched["pid"], signal.SIGCONT)
+    run_spawn(["kill", launched["id"]], fast)
+    assert load(Path(launched["agent_dir"]) / "outcome.json")["status"] == "killed"
+
+
+@pytest.mark.parametrize(
+    ("step", "expect_status", "expect_in_reason"),
+    [
+        ({"error": 529}, "failed", "API status 529"),
+        ({"error": 500, "times": 1, "text": "recovered"}, "done", None),
+        ({"error": 429, "times": 1, "text": "recovered"}, "done", None),
+    ],
+)
+def test_model_faults_end_cleanly(
+    env: dict[str, str], session_root: Path, step: dict[str, object], expect_status: str, expect_in_reason: str | None
+) -> None:
+    proc = run_spawn(["--task", mock_task("fault", [step]), "--timeout", "60"], {**env, "CLAUDE_CODE_MAX_RETRIES": "2"})
+    result = stdout_json(proc)
+    assert result["status"] == expect_status, result
+    if expect_in_reason:
+        assert expect_in_reason in result["reason"]
+        assert proc.returncode == 1
+    else:
+        assert result["output"] == "recovered"
+    validate_records(session_root)
