@@ -1,0 +1,681 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# requires-python = ">=3.11"
+# dependencies = [
+#     "claude-agent-sdk>=0.2.180,<0.3",
+#     "jsonschema>=4.23,<5",
+#     "psutil>=6,<8",
+# ]
+#
+# [tool.uv]
+# exclude-newer = "2026-11-20T00:00:00Z"
+# ///
+"""Side-by-side figures for spawn.py against the scripted model, in one run.
+
+What it measures (every model reply comes from tools/mock_model.py, which this
+script starts on 127.0.0.1, so runs are offline, free and deterministic):
+
+1. Depth-3 chain wall time: ``spawn.py`` root -> child -> grandchild, each
+   level's Bash running the command the briefing gives agents
+   (``"$SPAWN_PYTHON" "$SPAWN_PY" --task ... --tools ...``), versus the same
+   chain of bare ``claude -p`` processes with the same scripts, levels and
+   model turns. Target: spawn/bare <= 1.5x.
+   A start-up profile says where spawn.py's time goes: Python start-up,
+   ``import claude_agent_sdk``, ``spawn.py --dry-run`` (start-up without the
+   SDK), ``claude --version`` (CLI start), and one single-agent spawn.py run
+   against one bare ``claude -p`` run, split into launch -> first model
+   request and last model request -> exit.
+2. Bytes of a leaf agent's first model request (mock log, ``kind == "main"``
+   and ``first``): spawn.py leaf with ``--tools Read`` versus a default
+   ``claude -p`` (CLI default tools and system prompt), same task.
+   Target: spawn/bare <= 0.25x.
+3. ``spawn.py wait`` latency: a background agent whose model answers after a
+   scripted 2 s sleep, ``wait ID`` started right after the launch (so its own
+   Python start-up is over before the outcome exists), timed from the
+   ``.done`` marker's mtime to the moment the wait process has exited.
+   Target: median <= 100 ms.
+
+Measurements 1 and 2 run interleaved, ``--repeat`` rounds (each round reverses
+the order of the previous one so drift hits both sides alike); medians are
+reported. Nothing fails by default: each target is printed with whether it
+was met; ``--check`` makes a missed target exit 1.
+
+Run (the interpreter must have spawn.py's dependencies, as nox's bench has)::
+
+    uv run tools/bench.py [--repeat 3] [--wait-samples 10] [--json out.json]
+    uvx nox -s bench -- --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import math
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SPAWN = ROOT / "spawn.py"
+MOCK = ROOT / "tools" / "mock_model.py"
+
+# Targets from the project's goals; (name, unit, target, compare "<=").
+TARGET_CHAIN_RATIO = 1.5
+TARGET_BYTES_RATIO = 0.25
+TARGET_WAIT_MS = 100.0
+
+# Seconds the scripted model sleeps before the background agent's answer: far
+# longer than `spawn.py wait`'s own start-up (~0.2 s), so wait is polling
+# before the outcome is written and its start-up is not what gets measured.
+WAIT_AGENT_SLEEP_S = 2.0
+# A wait sample only counts if the marker appeared at least this long after
+# the wait process was started (proof that wait was already polling).
+WAIT_MIN_HEAD_START_S = 1.0
+
+# A dummy key: the mock accepts anything, and it must not look like a real one.
+FAKE_API_KEY = "bench-not-a-real-key"
+
+LEAF_TEXT = "leaf-result"
+# Model turns of the depth-3 chain: root and middle 2 each (Bash, then answer), leaf 1.
+CHAIN_TURNS = 5
+LEAF_STEPS: list[dict[str, Any]] = [{"text": LEAF_TEXT}]
+
+
+class BenchError(RuntimeError):
+    """A run did not do what the benchmark needs (the figures would be meaningless)."""
+
+
+# ------------------------------------------------------------------ helpers --
+
+
+def mock_task(text: str, steps: Sequence[Mapping[str, Any]]) -> str:
+    """A task whose inline script tells the scripted model what to answer."""
+    return f"{text} MOCK{json.dumps(list(steps))}MOCK"
+
+
+def find_cli() -> Path:
+    """The claude CLI bundled with claude-agent-sdk, the one spawn.py uses.
+
+    find_spec locates the package without importing it (importing costs
+    seconds, and its cost is one of the things measured here).
+    """
+    spec = importlib.util.find_spec("claude_agent_sdk")
+    if spec is None or spec.origin is None:
+        raise BenchError("claude-agent-sdk is not installed for this interpreter; run with 'uv run tools/bench.py'")
+    cli = Path(spec.origin).parent / "_bundled" / ("claude.exe" if os.name == "nt" else "claude")
+    if not cli.is_file():
+        raise BenchError(f"bundled claude CLI not found at {cli}")
+    return cli
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+@dataclass
+class Proc:
+    """One finished process and when it ran (wall clock, for matching the mock log)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    started: float  # time.time() just before the exec
+    ended: float  # time.time() just after the process was reaped
+    elapsed: float  # perf_counter difference: the figure reported
+
+
+def run_process(argv: Sequence[str], env: Mapping[str, str], timeout: float, cwd: Path) -> Proc:
+    """Run argv to completion in its own process group; kill the group on timeout.
+
+    subprocess.run(timeout=...) polls with sleeps of up to 50 ms, which would
+    add noise to the figures; here the reap is a blocking waitpid and a timer
+    thread enforces the timeout instead.
+    """
+    started = time.time()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        list(argv),
+        env=dict(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # one group to end if it hangs, never ours
+    )
+    timed_out = threading.Event()
+
+    def on_timeout() -> None:
+        timed_out.set()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(timeout, on_timeout)
+    timer.start()
+    try:
+        out, err = proc.communicate()
+    finally:
+        timer.cancel()
+    elapsed = time.perf_counter() - t0
+    ended = time.time()
+    if timed_out.is_set():
+        raise BenchError(f"{shlex.join(argv)[:200]} timed out after {timeout:g} s; stderr: {err[-800:]}")
+    return Proc(proc.returncode, out, err, started, ended, elapsed)
+
+
+def last_json_line(text: str) -> dict[str, Any]:
+    for raw in reversed(text.splitlines()):
+        line = raw.strip()
+        if line.startswith("{"):
+            data = json.loads(line)
+            if isinstance(data, dict):
+                return data
+    raise BenchError(f"no JSON object in output: {text[-500:]!r}")
+
+
+# ------------------------------------------------------------- environment --
+
+
+@dataclass
+class MockServer:
+    url: str
+    log: Path
+    process: subprocess.Popen[bytes]
+    offset: int = 0
+
+    def new_records(self) -> list[dict[str, Any]]:
+        """Log records appended since the last call (runs are serial, so: this run's)."""
+        if not self.log.exists():
+            return []
+        with self.log.open("rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        # Only whole lines: the mock may be mid-write of a record.
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return [json.loads(line) for line in data[:end].decode().splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def mock_server(workdir: Path) -> Iterator[MockServer]:
+    port_file = workdir / "mock.port"
+    log = workdir / "mock-requests.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, str(MOCK), "--port", "0", "--port-file", str(port_file), "--log", str(log)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        limit = time.monotonic() + 15
+        while not port_file.exists() or not port_file.read_text().strip():
+            if proc.poll() is not None or time.monotonic() > limit:
+                raise BenchError("mock_model did not start")
+            time.sleep(0.02)
+        yield MockServer(f"http://127.0.0.1:{port_file.read_text().strip()}", log, proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def bench_environment(base: Mapping[str, str], workdir: Path, url: str, pycache: str) -> dict[str, str]:
+    """A user's shell pointed at the mock: private HOME and session root, nothing inherited that steers spawn.py or the CLI."""
+    env = {k: v for k, v in base.items() if not k.startswith(("SPAWN_", "ANTHROPIC_", "CLAUDE")) and k != "TRACEPARENT"}
+    home = workdir / "home"
+    home.mkdir(exist_ok=True)
+    env.update(
+        HOME=str(home),
+        CLAUDE_CONFIG_DIR=str(home / ".claude"),
+        SPAWN_SESSION_ROOT=str(workdir / "sessions"),
+        ANTHROPIC_BASE_URL=url,
+        ANTHROPIC_API_KEY=FAKE_API_KEY,
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
+        PYTHONUNBUFFERED="1",
+    )
+    if pycache == "private":
+        env.update(private_pycache(workdir))
+    return env
+
+
+def private_pycache(workdir: Path) -> dict[str, str]:
+    """Bytecode cached in the temp dir: what a normal install sees after its first run.
+
+    Without a cache (e.g. PYTHONDONTWRITEBYTECODE=1 inherited) every Python
+    start compiles the SDK and its dependencies from source again. The prefix
+    keeps the benchmark from writing into the caller's site-packages.
+    """
+    return {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(workdir / "pycache")}
+
+
+# ----------------------------------------------------------------- commands --
+
+
+def spawn_in_bash(*args: str) -> str:
+    """The command an agent's Bash runs to start a child, as the briefing says."""
+    return '"$SPAWN_PYTHON" "$SPAWN_PY" ' + " ".join(shlex.quote(a) for a in args)
+
+
+def bare_argv(cli: Path, task: str, tools: str | None) -> list[str]:
+    argv = [str(cli), "-p", task, "--output-format", "json"]
+    if tools is not None:
+        argv += ["--tools", tools, "--allowedTools", tools]
+    return argv
+
+
+@dataclass(frozen=True)
+class Commands:
+    """Every measured command line; built once so each round runs the same ones."""
+
+    spawn_chain: list[str]
+    bare_chain: list[str]
+    spawn_leaf: list[str]
+    bare_leaf: list[str]
+    python_start: list[str]
+    import_sdk: list[str]
+    spawn_dry_run: list[str]
+    cli_version: list[str]
+
+    @classmethod
+    def build(cls, cli: Path) -> Commands:
+        py, spawn = sys.executable, str(SPAWN)
+        # Same scripts on both sides: root and middle run one Bash command and
+        # then answer, the leaf answers at once; 5 model turns in all. Root and
+        # middle hold Read too: spawn.py refuses a child tools its parent lacks.
+        s_leaf = mock_task("bench chain leaf", LEAF_STEPS)
+        s_mid = mock_task("bench chain middle", [{"bash": spawn_in_bash("--task", s_leaf, "--tools", "Read")}, {"text": "middle-result"}])
+        s_root = mock_task("bench chain root", [{"bash": spawn_in_bash("--task", s_mid, "--tools", "Bash,Read")}, {"text": "root-result"}])
+        b_leaf = mock_task("bench chain leaf", LEAF_STEPS)
+        b_mid = mock_task("bench chain middle", [{"bash": shlex.join(bare_argv(cli, b_leaf, "Read"))}, {"text": "middle-result"}])
+        b_root = mock_task("bench chain root", [{"bash": shlex.join(bare_argv(cli, b_mid, "Bash,Read"))}, {"text": "root-result"}])
+        # One task text for both single-agent runs, so request bytes compare like for like.
+        leaf = mock_task("bench single leaf: answer briefly", LEAF_STEPS)
+        return cls(
+            spawn_chain=[py, spawn, "--task", s_root, "--tools", "Bash,Read", "--max-depth", "3"],
+            bare_chain=bare_argv(cli, b_root, "Bash,Read"),
+            spawn_leaf=[py, spawn, "--task", leaf, "--tools", "Read"],
+            bare_leaf=bare_argv(cli, leaf, None),  # the CLI's default tools and system prompt
+            python_start=[py, "-c", "pass"],
+            import_sdk=[py, "-c", "import claude_agent_sdk"],
+            spawn_dry_run=[py, spawn, "--dry-run", "--task", leaf, "--tools", "Read"],
+            cli_version=[str(cli), "--version"],
+        )
+
+
+# ------------------------------------------------------------- measurements --
+
+
+@dataclass
+class Sample:
+    seconds: float
+    main_requests: int = 0
+    first_request_bytes: int | None = None
+    to_first_request_s: float | None = None  # launch -> first model request logged
+    after_last_request_s: float | None = None  # last model request logged -> exit
+
+
+@dataclass
+class Series:
+    label: str
+    samples: list[Sample] = field(default_factory=list)
+
+    def values(self, get: Callable[[Sample], float | int | None]) -> list[float]:
+        return [float(v) for v in (get(s) for s in self.samples) if v is not None]
+
+
+def sample_from(proc: Proc, records: Sequence[Mapping[str, Any]]) -> Sample:
+    main = [r for r in records if r.get("kind") == "main"]
+    firsts = [r for r in main if r.get("first")]
+    sample = Sample(seconds=proc.elapsed, main_requests=len(main))
+    if main:
+        times = [float(r["time"]) for r in main]
+        sample.to_first_request_s = min(times) - proc.started
+        sample.after_last_request_s = proc.ended - max(times)
+    if firsts:
+        # The outermost agent's first request comes first.
+        sample.first_request_bytes = int(min(firsts, key=lambda r: float(r["time"]))["bytes"])
+    return sample
+
+
+def check_agent_result(name: str, proc: Proc, expected: str) -> None:
+    """Figures from a run that failed would be meaningless: stop with the reason."""
+    if proc.returncode != 0:
+        raise BenchError(f"{name} exited {proc.returncode}; stderr: {proc.stderr[-800:]}")
+    data = last_json_line(proc.stdout)
+    got = data.get("output", data.get("result"))
+    if got != expected:
+        raise BenchError(f"{name} answered {got!r}, expected {expected!r}; stdout: {proc.stdout[-500:]}")
+
+
+@dataclass
+class Bench:
+    cli: Path
+    env: dict[str, str]
+    warm_env: dict[str, str]
+    workdir: Path
+    mock: MockServer
+    timeout: float
+    cmds: Commands
+    series: dict[str, Series] = field(default_factory=dict)
+
+    def run(
+        self,
+        key: str,
+        label: str,
+        argv: Sequence[str],
+        *,
+        expected: str | None = None,
+        env: Mapping[str, str] | None = None,
+        turns: int | None = None,
+    ) -> None:
+        self.mock.new_records()  # drop anything logged before this run
+        proc = run_process(argv, env or self.env, self.timeout, self.workdir)
+        # The mock logs a request after answering it; a moment lets the last line land.
+        time.sleep(0.05)
+        records = self.mock.new_records()
+        if expected is not None:
+            check_agent_result(label, proc, expected)
+        elif proc.returncode != 0:
+            raise BenchError(f"{label} exited {proc.returncode}; stderr: {proc.stderr[-800:]}")
+        sample = sample_from(proc, records)
+        # A level that was refused or failed answers quickly and would flatter
+        # the figures: insist on every scripted model turn having happened.
+        if turns is not None and sample.main_requests != turns:
+            raise BenchError(f"{label}: {sample.main_requests} model turns, expected {turns}; stdout: {proc.stdout[-500:]}")
+        self.series.setdefault(key, Series(label)).samples.append(sample)
+
+    def round(self, index: int) -> None:
+        c = self.cmds
+        steps: list[Callable[[], None]] = [
+            lambda: self.run("spawn_chain", "spawn.py depth-3 chain", c.spawn_chain, expected="root-result", turns=CHAIN_TURNS),
+            lambda: self.run("bare_chain", "claude -p depth-3 chain", c.bare_chain, expected="root-result", turns=CHAIN_TURNS),
+            lambda: self.run("spawn_leaf", "spawn.py single agent (--tools Read)", c.spawn_leaf, expected=LEAF_TEXT, turns=1),
+            lambda: self.run("bare_leaf", "claude -p single agent (defaults)", c.bare_leaf, expected=LEAF_TEXT, turns=1),
+            lambda: self.run("python_start", "python -c pass", c.python_start),
+            lambda: self.run("import_sdk", "python -c 'import claude_agent_sdk'", c.import_sdk),
+            lambda: self.run("import_sdk_warm", "  same, warm private bytecode cache", c.import_sdk, env=self.warm_env),
+            lambda: self.run("spawn_dry_run", "spawn.py --dry-run (no SDK)", c.spawn_dry_run),
+            lambda: self.run("cli_version", "claude --version", c.cli_version),
+        ]
+        for step in steps if index % 2 == 0 else reversed(steps):
+            step()
+
+    def warm_up(self) -> None:
+        """First runs pay one-time costs (CLI config, page cache, bytecode): not measured."""
+        c = self.cmds
+        run_process(c.import_sdk, self.warm_env, self.timeout, self.workdir)
+        for argv in (c.bare_leaf, c.spawn_leaf):
+            proc = run_process(argv, self.env, self.timeout, self.workdir)
+            check_agent_result("warm-up", proc, LEAF_TEXT)
+        self.mock.new_records()
+
+    def wait_sample(self, index: int) -> dict[str, float]:
+        """One `spawn.py wait` latency: .done marker mtime -> wait process reaped."""
+        task = mock_task(f"bench wait sample {index}", [{"text": "waited", "sleep": WAIT_AGENT_SLEEP_S}])
+        launch = run_process([sys.executable, str(SPAWN), "--task", task, "--tools", "Read", "--background"], self.env, 60, self.workdir)
+        if launch.returncode != 0:
+            raise BenchError(f"background launch exited {launch.returncode}: {launch.stderr[-800:]}")
+        info = last_json_line(launch.stdout)
+        agent_dir = Path(info["agent_dir"])
+        session = agent_dir.parent.parent
+        wait_started = time.time_ns()
+        proc = subprocess.Popen(
+            [sys.executable, str(SPAWN), "wait", str(info["id"]), "--session", str(session), "--timeout", str(self.timeout)],
+            env=self.env,
+            cwd=self.workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        # communicate() with no timeout ends in a blocking waitpid: the exit is
+        # seen at once, unlike Popen.wait(timeout=...)'s sleep loop. wait has
+        # its own --timeout, so this can't hang forever.
+        out, err = proc.communicate()
+        exited = time.time_ns()
+        if proc.returncode != 0:
+            raise BenchError(f"spawn.py wait exited {proc.returncode}: {err[-800:]}")
+        marker = Path(info["done_marker"])
+        marker_ns = marker.stat().st_mtime_ns
+        outcome_ns = (agent_dir / "outcome.json").stat().st_mtime_ns
+        self.wait_for_runner_exit(agent_dir)
+        return {
+            "latency_ms": (exited - marker_ns) / 1e6,
+            "from_outcome_ms": (exited - outcome_ns) / 1e6,
+            "head_start_s": (marker_ns - wait_started) / 1e9,
+            "wait_status_ok": float(last_json_line(out).get("status") == "done"),
+        }
+
+    def wait_for_runner_exit(self, agent_dir: Path) -> None:
+        """Let the background runner finish before the next sample, so it doesn't compete for the CPU."""
+        try:
+            pid = int(json.loads((agent_dir / "meta.json").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return
+        limit = time.monotonic() + 10
+        while time.monotonic() < limit:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return  # gone (or not Linux: a short pause is all we lose)
+            if state == "Z":
+                return
+            time.sleep(0.02)
+
+
+# ----------------------------------------------------------------- reporting --
+
+
+@dataclass
+class Target:
+    name: str
+    value: float
+    limit: float
+    unit: str
+
+    @property
+    def met(self) -> bool:
+        return self.value <= self.limit
+
+
+def fmt(value: float, unit: str) -> str:
+    if math.isnan(value):  # nothing measured
+        return "-"
+    if unit == "s":
+        return f"{value:.3f} s"
+    if unit == "ms":
+        return f"{value:.1f} ms"
+    if unit == "B":
+        return f"{value:,.0f} B"
+    return f"{value:.2f}x"
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join((c.ljust(w) if i == 0 else c.rjust(w)) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
+    return "\n".join(lines)
+
+
+def report(bench: Bench, waits: Sequence[Mapping[str, float]], args: argparse.Namespace, total_s: float) -> dict[str, Any]:
+    s = bench.series
+
+    def med(key: str, get: Callable[[Sample], float | int | None] = lambda x: x.seconds) -> float:
+        return median(s[key].values(get)) if key in s else float("nan")
+
+    rows: list[list[str]] = []
+    for series in s.values():
+        secs = series.values(lambda x: x.seconds)
+        first = series.values(lambda x: x.to_first_request_s)
+        tail = series.values(lambda x: x.after_last_request_s)
+        turns = series.values(lambda x: x.main_requests)
+        rows.append(
+            [
+                series.label,
+                str(len(secs)),
+                fmt(median(secs), "s"),
+                fmt(min(secs), "s"),
+                fmt(max(secs), "s"),
+                fmt(median(first), "s") if first else "",
+                fmt(median(tail), "s") if tail else "",
+                f"{median(turns):g}" if any(turns) else "",
+            ]
+        )
+    print()
+    print("Wall time (median of rounds; 'to 1st req' = launch -> first model request, 'after last' = last request -> exit)")
+    print(table(rows, ["run", "n", "median", "min", "max", "to 1st req", "after last", "turns"]))
+
+    spawn_bytes = med("spawn_leaf", lambda x: x.first_request_bytes)
+    bare_bytes = med("bare_leaf", lambda x: x.first_request_bytes)
+    print()
+    print("First model request of a leaf agent (mock log: kind=main, first=true)")
+    print(
+        table(
+            [["spawn.py --tools Read", fmt(spawn_bytes, "B")], ["claude -p (default tools and prompt)", fmt(bare_bytes, "B")]],
+            ["agent", "bytes"],
+        )
+    )
+
+    lat = [w["latency_ms"] for w in waits]
+    from_outcome = [w["from_outcome_ms"] for w in waits]
+    head = [w["head_start_s"] for w in waits]
+    print()
+    print(f"spawn.py wait: .done marker mtime -> wait process exited ({len(lat)} samples)")
+    if lat:
+        wait_rows = [
+            ["from .done marker", fmt(median(lat), "ms"), fmt(min(lat), "ms"), fmt(max(lat), "ms")],
+            ["from outcome.json (commit)", fmt(median(from_outcome), "ms"), fmt(min(from_outcome), "ms"), fmt(max(from_outcome), "ms")],
+        ]
+        print(table(wait_rows, ["latency", "median", "min", "max"]))
+        print(f"(wait was already running {min(head):.1f} s or more before each marker appeared)")
+
+    chain_ratio = med("spawn_chain") / med("bare_chain")
+    leaf_ratio = med("spawn_leaf") / med("bare_leaf")
+    bytes_ratio = spawn_bytes / bare_bytes
+    targets = [
+        Target("depth-3 chain wall time, spawn.py / claude -p", chain_ratio, TARGET_CHAIN_RATIO, "x"),
+        Target("leaf first-request bytes, spawn.py / claude -p", bytes_ratio, TARGET_BYTES_RATIO, "x"),
+        Target("spawn.py wait latency, median", median(lat), TARGET_WAIT_MS, "ms"),
+    ]
+    print()
+    print("Ratios")
+    print(f"  depth-3 chain    spawn.py / claude -p: {fmt(chain_ratio, 'x')}  (+{med('spawn_chain') - med('bare_chain'):.3f} s)")
+    print(f"  single agent     spawn.py / claude -p: {fmt(leaf_ratio, 'x')}  (+{med('spawn_leaf') - med('bare_leaf'):.3f} s per level)")
+    print(f"  first request    spawn.py / claude -p: {fmt(bytes_ratio, 'x')}")
+    print()
+    print("Where a spawn.py level's extra time goes (medians)")
+    extra = med("spawn_leaf") - med("bare_leaf")
+    startup = med("spawn_leaf", lambda x: x.to_first_request_s) - med("bare_leaf", lambda x: x.to_first_request_s)
+    teardown = med("spawn_leaf", lambda x: x.after_last_request_s) - med("bare_leaf", lambda x: x.after_last_request_s)
+    print(f"  extra wall time per level                 {extra:+.3f} s")
+    print(f"    before the first model request          {startup:+.3f} s")
+    print(f"    after the last model request            {teardown:+.3f} s")
+    print(f"  python start-up                           {med('python_start'):.3f} s")
+    print(f"  spawn.py start-up without the SDK         {med('spawn_dry_run'):.3f} s  (--dry-run)")
+    print(f"  import claude_agent_sdk                   {med('import_sdk'):.3f} s  ({med('import_sdk_warm'):.3f} s with warm bytecode)")
+    print(f"  claude CLI start                          {med('cli_version'):.3f} s  (--version)")
+    if bench.env.get("PYTHONDONTWRITEBYTECODE") and args.pycache == "inherit":
+        print("  note: PYTHONDONTWRITEBYTECODE is set: every Python start compiles the SDK from source (--pycache private: warm cache)")
+    print()
+    print("Targets")
+    for t in targets:
+        verdict = "met" if t.met else "NOT met"
+        print(f"  {t.name:<50} {fmt(t.value, t.unit):>10}  target <= {fmt(t.limit, t.unit):<9} {verdict}")
+    print(f"\n(total bench time {total_s:.0f} s, {args.repeat} rounds, {len(lat)} wait samples, pycache={args.pycache})")
+
+    return {
+        "repeat": args.repeat,
+        "pycache": args.pycache,
+        "python": sys.executable,
+        "cli": str(bench.cli),
+        "series": {
+            k: {"label": v.label, "median_s": median(v.values(lambda x: x.seconds)), "samples": [vars(x) for x in v.samples]}
+            for k, v in s.items()
+        },
+        "first_request_bytes": {"spawn": spawn_bytes, "bare": bare_bytes},
+        "wait": {"median_ms": median(lat), "samples": list(waits)},
+        "ratios": {"chain": chain_ratio, "single": leaf_ratio, "first_request_bytes": bytes_ratio},
+        "targets": [{**vars(t), "met": t.met} for t in targets],
+        "total_s": total_s,
+    }
+
+
+# --------------------------------------------------------------------- main --
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--repeat", type=int, default=3, metavar="N", help="interleaved rounds of the timed runs (default 3)")
+    p.add_argument("--wait-samples", type=int, default=10, metavar="N", help="spawn.py wait latency samples (default 10)")
+    p.add_argument("--json", metavar="FILE", help="also write a JSON summary to FILE")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="limit for any one run (default 120)")
+    p.add_argument(
+        "--pycache",
+        choices=["inherit", "private"],
+        default="inherit",
+        help="'inherit' the caller's bytecode settings, or use a warm 'private' cache in the temp dir (as after a normal install)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (sessions, mock log) and print its path")
+    p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    args = p.parse_args(argv)
+    if args.repeat < 1 or args.wait_samples < 0:
+        p.error("--repeat must be >= 1 and --wait-samples >= 0")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    cli = find_cli()
+    workdir = Path(tempfile.mkdtemp(prefix="spawn-bench-"))
+    started = time.monotonic()
+    try:
+        with mock_server(workdir) as mock:
+            env = bench_environment(os.environ, workdir, mock.url, args.pycache)
+            warm_env = {**env, **private_pycache(workdir)}
+            bench = Bench(cli, env, warm_env, workdir, mock, args.timeout, Commands.build(cli))
+            print(f"spawn.py bench: {sys.executable}, CLI {cli}, mock {mock.url}", flush=True)
+            bench.warm_up()
+            for i in range(args.repeat):
+                print(f"round {i + 1}/{args.repeat} ...", flush=True)
+                bench.round(i)
+            print(f"wait latency: {args.wait_samples} samples ...", flush=True)
+            samples = [bench.wait_sample(i) for i in range(args.wait_samples)]
+            # A sample where wait started too late would time its start-up, not its latency.
+            waits = [w for w in samples if w["head_start_s"] >= WAIT_MIN_HEAD_START_S and w["wait_status_ok"]]
+            if len(waits) < len(samples):
+                print(f"dropped {len(samples) - len(waits)} wait sample(s): wait not polling early enough, or agent not done")
+            summary = report(bench, waits, args, time.monotonic() - started)
+    except BenchError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if args.keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    if args.check and not all(t["met"] for t in summary["targets"]):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
