@@ -36,13 +36,10 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 import argparse
-import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import datetime as dt
 import enum
-import importlib.abc
 import importlib.machinery
 import json
 import os
@@ -52,14 +49,18 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import psutil  # cheap to import; jsonschema and the SDK are imported lazily
+
+if TYPE_CHECKING:
+    import importlib.abc
 
 # ---------------------------------------------------------------- constants --
 
@@ -783,6 +784,8 @@ def become_subreaper() -> bool:
         return False
     PR_SET_CHILD_SUBREAPER = 36
     try:
+        import ctypes
+
         libc = ctypes.CDLL(None, use_errno=True)
         return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
@@ -835,6 +838,11 @@ def is_guard(proc: psutil.Process) -> bool:
     return "_guard" in cmdline and str(SCRIPT_PATH) in cmdline
 
 
+# The guard idles as a bare interpreter (a few MB, no imports) until the pipe
+# closes, and only then becomes `spawn.py _guard DIR` to do the work.
+GUARD_BOOTSTRAP = "import os, sys; sys.stdin.buffer.read(); os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+
+
 def start_guard(agent_dir: Path) -> tuple[int, int]:
     """Start the agent's guard: (its pid, the pipe end that keeps it waiting).
 
@@ -846,7 +854,7 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
     read_end, write_end = os.pipe()  # not inheritable: the CLI never holds it
     try:
         proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT_PATH), "_guard", str(agent_dir)],
+            [sys.executable, "-c", GUARD_BOOTSTRAP, str(SCRIPT_PATH), "_guard", str(agent_dir)],
             stdin=read_end,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -1235,12 +1243,15 @@ def _same(cls: Any, _item: Any) -> Any:
     return cls
 
 
-class _AbsentMcpFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves _AbsentModule for mcp and mcp_types, which the SDK imports eagerly."""
+class _AbsentMcpFinder:
+    """Serves _AbsentModule for mcp and mcp_types, which the SDK imports eagerly.
+
+    A meta path finder and loader by protocol; importlib.abc costs start-up.
+    """
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
         if fullname.partition(".")[0] in ("mcp", "mcp_types"):
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+            return importlib.machinery.ModuleSpec(fullname, cast("importlib.abc.Loader", self), is_package=True)
         return None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
@@ -1278,6 +1289,33 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     return claude_agent_sdk
 
 
+class SdkLoader:
+    """Imports the SDK on a thread while the agent is registered.
+
+    Registration mostly waits on fsync, which releases the GIL, so the
+    import costs little wall time when started early.
+    """
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._module: types.ModuleType | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._load, args=(dict(environ),), name="sdk-import", daemon=True)
+        self._thread.start()
+
+    def _load(self, environ: Mapping[str, str]) -> None:
+        try:
+            self._module = import_sdk(environ)
+        except BaseException as exc:  # re-raised in the caller's thread by result()
+            self._error = exc
+
+    def result(self) -> types.ModuleType:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._module is not None
+        return self._module
+
+
 def _patch_cli_process_group(state: RunState) -> None:
     """Start the CLI in its own session and process group, and note its pid.
 
@@ -1311,6 +1349,8 @@ def heartbeat_interval(environ: Mapping[str, str]) -> float:
 
 async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float) -> None:
     """Refresh heartbeat.json while the CLI is alive; a wedged agent stops beating."""
+    import asyncio
+
     while state.cli_pid is None:
         await asyncio.sleep(0.05)
     try:
@@ -1325,8 +1365,10 @@ async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float) -> N
         await asyncio.sleep(interval)
 
 
-async def run_sdk(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
-    sdk = import_sdk(os.environ)
+async def run_sdk(
+    meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
+) -> None:
+    sdk = sdk_loader.result() if sdk_loader is not None else import_sdk(os.environ)
     AssistantMessage, ResultMessage, TextBlock, ToolUseBlock = sdk.AssistantMessage, sdk.ResultMessage, sdk.TextBlock, sdk.ToolUseBlock
 
     _patch_cli_process_group(state)
@@ -1450,8 +1492,10 @@ def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: st
     return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=result.result or state.last_text or "", **base)
 
 
-def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str]) -> Outcome:
+def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: SdkLoader | None = None) -> Outcome:
     """Run a registered agent to its one committed outcome."""
+    import asyncio  # here, not at the top: the verbs and --dry-run don't need it
+
     meta = load_meta(agent_dir)
     state = RunState()
     started = time.time()
@@ -1476,7 +1520,7 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str]) -> Outcome:
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
         beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ)))
         try:
-            await run_sdk(meta, agent_dir, cli, state, secrets_)
+            await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader)
         except asyncio.CancelledError:
             if state.stop_reason is None:
                 raise
@@ -1983,6 +2027,8 @@ def note(message: str) -> None:
 
 
 def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    # Start importing the SDK at once: it overlaps flag checks and registration.
+    sdk_loader = SdkLoader(environ) if "--dry-run" not in argv else None
     args = build_run_parser().parse_args(argv)
     plan = plan_run(args, environ, ancestry_context())
     if args.dry_run:
@@ -2006,7 +2052,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if not plan.new_session:
         # Agents that died unseen are settled by the next spawn in their session.
         reap_session(Path(plan.meta.session), "spawn", plan.secrets)
-    outcome = run_agent(agent_dir, plan.cli, plan.secrets)
+    outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
     emit(summary(agent_dir, record_to_json(outcome)))
     return outcome.exit_code
@@ -2014,12 +2060,13 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
 def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     agent_dir = Path(args.agent_dir)
+    sdk_loader = SdkLoader(environ)
     limit = time.monotonic() + REGISTER_WAIT_S
     while not (agent_dir / META).exists():  # the launcher writes it right after starting us
         if time.monotonic() > limit:
             raise StateError(f"{agent_dir} was never registered; nothing to run")
         time.sleep(0.01)
-    outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ))
+    outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader)
     emit(summary(agent_dir, record_to_json(outcome)))
     return outcome.exit_code
 
@@ -2028,7 +2075,7 @@ def cmd_guard(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """Wait for the agent's spawn.py to exit; settle the agent if it left no outcome."""
     agent_dir = Path(args.agent_dir)
     with contextlib.suppress(OSError):
-        sys.stdin.buffer.read()  # EOF: the spawn.py holding the pipe has exited
+        sys.stdin.buffer.read()  # at EOF already when started by GUARD_BOOTSTRAP
     meta = load_meta(agent_dir)
     limit = time.monotonic() + KILL_GRACE_S
     while process_matches(meta.pid, meta.create_time) and time.monotonic() < limit:
@@ -2131,4 +2178,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown (tens of ms with the SDK loaded): every record
+    # is already durable and every file closed, and a parent waits on us.
+    os._exit(code)
