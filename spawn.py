@@ -145,6 +145,11 @@ HEARTBEAT_STALE_BEATS = 6
 # that take longer; spawn.py enforces its own deadlines instead.
 BASH_TIMEOUT_MS = "3600000"
 
+# Without a deadline, a spawn waits at most this long for a --max-concurrent
+# slot; then it ends with status timeout rather than waiting forever.
+SLOT_WAIT_S = 600.0
+SLOT_POLL_S = 0.2
+
 # A background runner waits this long for its launcher to register it.
 REGISTER_WAIT_S = 10.0
 
@@ -357,6 +362,30 @@ class Heartbeat:
 
 
 @dataclass
+class Limits:
+    """limits.json: caps for the whole tree, set by the root, read by every spawn."""
+
+    max_budget_usd: float | None = None
+    """One budget shared by every agent of the session."""
+    max_agents: int | None = None
+    """Agents the session may register (refusals don't count)."""
+    max_concurrent: int | None = None
+    """Agents that may run at once; a spawn over it waits for a slot."""
+    protocol: int = PROTOCOL_VERSION
+
+
+@dataclass
+class LedgerEntry:
+    """One line of ledger.jsonl: what a finished agent spent."""
+
+    id: str
+    status: str
+    time: str
+    cost_usd: float | None = None
+    """Absent when unknown: the tree's spend is then a lower bound."""
+
+
+@dataclass
 class SessionInfo:
     """session.json: written by the root agent when it creates the session."""
 
@@ -558,6 +587,10 @@ STDERR_LOG = "stderr.log"
 HEARTBEAT = "heartbeat.json"
 RUNNER_LOG = "runner.log"
 SESSION_INFO = "session.json"
+LIMITS = "limits.json"
+LEDGER = "ledger.jsonl"
+SESSION_LOCK = ".lock"
+SLOT_MARKER = ".slot"
 AGENTS_DIR = "agents"
 DONE_MARKER = ".done"
 FAIL_MARKER = ".fail"
@@ -640,8 +673,99 @@ def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -
     """
     data = redact(json.dumps(record_to_json(outcome), indent=2, ensure_ascii=False, default=str), secrets_)
     won = publish_once(agent_dir / OUTCOME, data.encode())
+    if won and outcome.status != Status.REFUSED:
+        entry = LedgerEntry(id=outcome.id, status=outcome.status, time=outcome.ended_at, cost_usd=outcome.cost_usd)
+        with session_lock(agent_dir.parent.parent):
+            append_jsonl(agent_dir.parent.parent / LEDGER, record_to_json(entry), secrets_)
     ensure_marker(agent_dir)
     return won
+
+
+@contextlib.contextmanager
+def session_lock(session: Path) -> Iterator[None]:
+    """The session's lock: flock, so a crashed holder never leaves it stale."""
+    import fcntl
+
+    fd = os.open(session / SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def read_limits(session: Path) -> Limits:
+    try:
+        return record_from_json(Limits, read_json(session / LIMITS))
+    except FileNotFoundError:
+        return Limits()
+
+
+def tree_spend(session: Path) -> tuple[float, int]:
+    """(USD spent by finished agents, how many of them have an unknown cost)."""
+    spent, unknown = 0.0, 0
+    try:
+        lines = (session / LEDGER).read_text().splitlines()
+    except FileNotFoundError:
+        return 0.0, 0
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            cost = json.loads(line).get("cost_usd")
+            if isinstance(cost, int | float):
+                spent += float(cost)
+            else:
+                unknown += 1
+    return spent, unknown
+
+
+def counted_agents(session: Path) -> int:
+    """Registered agents that were not refused."""
+    count = 0
+    for d in iter_agent_dirs(session):
+        if (d / FAIL_MARKER).exists():
+            with contextlib.suppress(FileNotFoundError, SpawnError):
+                if read_json(d / OUTCOME).get("status") == Status.REFUSED:
+                    continue
+        count += 1
+    return count
+
+
+def admit(meta: AgentMeta, session: Path) -> str | None:
+    """Check the tree-wide caps (under the session lock); None admits the spawn.
+
+    An admitted agent's budget is lowered to what the tree has left.
+    """
+    limits = read_limits(session)
+    if limits.max_budget_usd is not None:
+        spent, _ = tree_spend(session)
+        left = limits.max_budget_usd - spent
+        if left <= 0:
+            return f"budget: the tree has spent ${spent:.4f} of its ${limits.max_budget_usd:.4f}"
+        meta.max_budget_usd = left if meta.max_budget_usd is None else min(meta.max_budget_usd, left)
+    if limits.max_agents is not None and counted_agents(session) >= limits.max_agents:
+        return f"agents: the session already has {limits.max_agents} agents (--max-agents {limits.max_agents})"
+    return None
+
+
+def holds_slot(agent_dir: Path) -> bool:
+    if not (agent_dir / SLOT_MARKER).exists() or (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists():
+        return False
+    try:
+        meta = load_meta(agent_dir)
+    except (FileNotFoundError, SpawnError):
+        return False
+    return process_matches(meta.pid, meta.create_time)
+
+
+def try_take_slot(agent_dir: Path, max_concurrent: int) -> bool:
+    """Take one of the session's --max-concurrent slots if one is free."""
+    session = agent_dir.parent.parent
+    with session_lock(session):
+        if sum(holds_slot(d) for d in iter_agent_dirs(session)) >= max_concurrent:
+            return False
+        with contextlib.suppress(FileExistsError):
+            write_new_file(agent_dir / SLOT_MARKER, b"")
+        return True
 
 
 def ensure_marker(agent_dir: Path) -> Path | None:
@@ -1054,6 +1178,8 @@ class Plan:
     new_session: bool
     cli: Path
     secrets: list[str]
+    limits: Limits = field(default_factory=Limits)
+    """Tree-wide caps; written to limits.json when this spawn creates the session."""
 
 
 def positive(name: str, value: float | None, integer: bool = False) -> None:
@@ -1071,6 +1197,8 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     positive("--max-budget-usd", args.max_budget_usd)
     positive("--max-turns", args.max_turns)
     positive("--max-depth", args.max_depth, integer=True)
+    positive("--max-agents", args.max_agents)
+    positive("--max-concurrent", args.max_concurrent)
     if args.system_prompt is not None and args.system_prompt_file is not None:
         raise UsageError("give --system-prompt or --system-prompt-file, not both")
     system_prompt = args.system_prompt
@@ -1149,15 +1277,34 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         background=args.background,
         warnings=warnings,
     )
-    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ))
+    limits = Limits(args.max_budget_usd, args.max_agents, args.max_concurrent)
+    if session is not None and (args.max_agents is not None or args.max_concurrent is not None):
+        warnings.append("--max-agents and --max-concurrent apply to a whole tree and are set by its root; ignored here")
+    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits)
 
 
 def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
-    """Create the session (for a root) and the agent's directory and meta.json."""
+    """Create the session (for a root), admit the agent and write its meta.json.
+
+    Admission and the new directory happen under the session lock, so two
+    spawns racing for the last agent or the last dollar can't both get it.
+    A spawn refused here gets plan.refusal set and its meta written at once.
+    """
     meta = plan.meta
-    session = create_session_dir(plan.session_root, meta.topic or "agent", dt.datetime.now()) if plan.new_session else Path(meta.session)
+    if plan.new_session:
+        session = create_session_dir(plan.session_root, meta.topic or "agent", dt.datetime.now())
+        write_json_atomic(session / LIMITS, record_to_json(plan.limits))
+    else:
+        session = Path(meta.session)
+        if not (session / AGENTS_DIR).is_dir():
+            raise StateError(f"session {session} does not exist; unset {ENV_SESSION} or pass --session DIR")
     meta.session = str(session)
-    meta.id, agent_dir = create_agent_dir(session, meta.depth)
+    with session_lock(session):
+        if plan.refusal is None:
+            plan.refusal = admit(meta, session)
+        meta.id, agent_dir = create_agent_dir(session, meta.depth)
+    if plan.refusal is not None and pid_info is None:
+        pid_info = own_identity()
     if pid_info is not None:
         meta.pid, meta.create_time, meta.pgid = pid_info
     if plan.new_session:
@@ -1520,6 +1667,15 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: S
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
         beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ)))
         try:
+            max_concurrent = read_limits(Path(meta.session)).max_concurrent
+            if max_concurrent is not None:
+                # Waits with the deadline and signal handlers armed, so a queued
+                # agent can still be killed or time out with an outcome.
+                limit = time.monotonic() + SLOT_WAIT_S
+                while not try_take_slot(agent_dir, max_concurrent):
+                    if meta.deadline is None and time.monotonic() > limit:
+                        stop(Status.TIMEOUT, f"no --max-concurrent slot within {SLOT_WAIT_S:.0f} s")
+                    await asyncio.sleep(SLOT_POLL_S)
             await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader)
         except asyncio.CancelledError:
             if state.stop_reason is None:
@@ -1610,8 +1766,7 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     }
 
 
-def record_refusal(plan: Plan) -> tuple[Path, Outcome]:
-    agent_dir = register(plan, own_identity())
+def record_refusal(agent_dir: Path, plan: Plan) -> Outcome:
     outcome = Outcome(
         id=plan.meta.id,
         status=Status.REFUSED,
@@ -1622,7 +1777,7 @@ def record_refusal(plan: Plan) -> tuple[Path, Outcome]:
         warnings=plan.meta.warnings,
     )
     commit_outcome(agent_dir, outcome, plan.secrets)
-    return agent_dir, outcome
+    return outcome
 
 
 # -------------------------------------------------------------------- verbs --
@@ -1818,6 +1973,7 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
 def tree_rows(session: Path) -> list[dict[str, Any]]:
     """The agents of a session with state and cost, parents before children."""
     rows: dict[str, dict[str, Any]] = {}
+    queueing = read_limits(session).max_concurrent is not None
     for d in iter_agent_dirs(session):
         try:
             meta = load_meta(d)
@@ -1827,6 +1983,8 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
         state = outcome["status"] if outcome else liveness(d, meta).value
         if outcome is None and state == Status.FAILED:
             state = "lost"  # dead without outcome; `reap` or `wait` records it
+        elif outcome is None and state == Status.RUNNING and queueing and not (d / SLOT_MARKER).exists():
+            state = "queued"  # waiting for a --max-concurrent slot
         started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
         rows[meta.id] = {
             "id": meta.id,
@@ -1875,8 +2033,21 @@ def format_cost(value: float | None, known: bool) -> str:
     return text if known else f">={text}"
 
 
-def format_tree(session: Path, rows: Sequence[Mapping[str, Any]]) -> str:
-    lines = [f"session {session}"]
+def session_summary(session: Path) -> dict[str, Any]:
+    limits = read_limits(session)
+    spent, unknown = tree_spend(session)
+    data: dict[str, Any] = {"spent_usd": round(spent, 6), "agents_with_unknown_cost": unknown}
+    data.update({k: v for k, v in record_to_json(limits).items() if k != "protocol"})
+    return data
+
+
+def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mapping[str, Any]) -> str:
+    spent = f"${totals['spent_usd']:.4f}" + (
+        f" + {totals['agents_with_unknown_cost']} unknown" if totals["agents_with_unknown_cost"] else ""
+    )
+    caps = [f"budget ${totals['max_budget_usd']:.4f}"] if "max_budget_usd" in totals else []
+    caps += [f"{k.removeprefix('max_').replace('_', ' ')} <= {totals[k]}" for k in ("max_agents", "max_concurrent") if k in totals]
+    lines = [f"session {session}", f"spent {spent}" + (f" ({', '.join(caps)})" if caps else "")]
     for row in rows:
         own = format_cost(row["cost_usd"], row["cost_known"] or row["state"] == Status.REFUSED)
         sub = format_cost(row["subtree_cost_usd"], row["subtree_cost_known"])
@@ -1969,7 +2140,11 @@ def build_run_parser() -> Parser:
     )
     limits.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for this agent and its subtree")
     limits.add_argument("--max-turns", type=int, metavar="N", help="maximum agent turns")
-    limits.add_argument("--max-budget-usd", type=float, metavar="X", help="spending limit in USD")
+    limits.add_argument(
+        "--max-budget-usd", type=float, metavar="X", help="spending limit in USD; at the root, one budget for the whole tree"
+    )
+    limits.add_argument("--max-agents", type=int, metavar="N", help="root only: agents the whole session may register")
+    limits.add_argument("--max-concurrent", type=int, metavar="N", help="root only: agents running at once; more wait for a slot")
     where = p.add_argument_group("session")
     where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
     where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
@@ -2039,15 +2214,14 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return ExitCode.OK
     for warning in plan.meta.warnings:
         note(f"warning: {warning}")
+    agent_dir = register(plan, None if args.background else own_identity())
     if plan.refusal is not None:
-        agent_dir, outcome = record_refusal(plan)
+        outcome = record_refusal(agent_dir, plan)
         emit(summary(agent_dir, record_to_json(outcome)))
         raise RefusedError(f"refused: {plan.refusal}; recorded in {agent_dir}")
     if args.background:
-        agent_dir = register(plan, None)
         emit(launch_background(agent_dir, plan))
         return ExitCode.OK
-    agent_dir = register(plan, own_identity())
     note(f"agent {plan.meta.id} started in {agent_dir}")
     if not plan.new_session:
         # Agents that died unseen are settled by the next spawn in their session.
@@ -2116,9 +2290,9 @@ def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         raise UsageError(f"no session found under {root}; pass a session directory or --session DIR")
     rows = tree_rows(session)
     if args.json:
-        emit({"session": str(session), "agents": rows})
+        emit({"session": str(session), **session_summary(session), "agents": rows})
     else:
-        print(format_tree(session, rows))
+        print(format_tree(session, rows, session_summary(session)))
     return ExitCode.OK
 
 

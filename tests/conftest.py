@@ -171,6 +171,13 @@ def validate_records(session_root: Path) -> int:
         if (session / "session.json").exists():
             check(load(session / "session.json"), "session")
             count += 1
+        if (session / "limits.json").exists():
+            check(load(session / "limits.json"), "limits")
+            count += 1
+        if (session / "ledger.jsonl").exists():
+            for line in (session / "ledger.jsonl").read_text().splitlines():
+                check(json.loads(line), "ledger-line")
+                count += 1
     for d in agent_dirs(session_root):
         for name, schema in (("meta.json", "meta"), ("outcome.json", "outcome"), ("heartbeat.json", "heartbeat")):
             if (d / name).exists():
