@@ -73,5 +73,12 @@ def bench(session: nox.Session) -> None:
     session.run("python", "tools/bench.py", *session.posargs)
 
 
+@nox.session
+def soak(session: nox.Session) -> None:
+    """Kill trials (tools/soak.py): `uvx nox -s soak -- --trials 1000`."""
+    install_spawn_deps(session)
+    session.run("python", "tools/soak.py", *(session.posargs or ["--trials", "200", "--jobs", "2"]))
+
+
 if __name__ == "__main__":
     nox.main()

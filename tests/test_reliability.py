@@ -11,6 +11,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import (
+    ROOT,
     agent_dirs,
     load,
     metas,
@@ -250,3 +253,24 @@ def test_model_faults_end_cleanly(
     else:
         assert result["output"] == "recovered"
     validate_records(session_root)
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13])
+def test_random_sigkills_leave_no_survivor_and_exactly_one_outcome(seed: int, tmp_path: Path) -> None:
+    """Fault injection: tools/soak.py's kill trials, a few per seed (`nox -s soak` runs hundreds)."""
+    report = tmp_path / "soak.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "soak.py"), "--trials", "3", "--seed", str(seed), "--jobs", "1", "--json", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    totals = json.loads(report.read_text())["totals"]
+    assert totals["trials_run"] == 3
+    assert totals["survivors_found"] == 0, proc.stderr
+    assert totals["agents_without_outcome"] == 0, proc.stderr
+    assert totals["agents_with_two_outcomes"] == 0, proc.stderr
+    assert totals["invalid_records"] == 0, proc.stderr
+    assert totals["trial_errors"] == 0, proc.stderr
+    assert proc.returncode == 0
