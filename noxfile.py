@@ -62,7 +62,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on every script."""
     install_spawn_deps(session)
-    session.install(MYPY, "types-psutil", "types-jsonschema", *TEST_DEPS, "nox")
+    session.install(MYPY, "types-psutil", "types-jsonschema", "types-PyYAML", *TEST_DEPS, "nox")
     session.run("mypy", "--strict", *SCRIPTS)
 
 

@@ -5,6 +5,7 @@
 #     "claude-agent-sdk>=0.2.180,<0.3",
 #     "jsonschema>=4.23,<5",
 #     "psutil>=6,<8",
+#     "pyyaml>=6,<7",
 # ]
 #
 # [tool.uv]
@@ -88,6 +89,11 @@ ENV_CLI = "SPAWN_CLI"  # path to a claude CLI instead of the bundled one
 ENV_PYTHON = "SPAWN_PYTHON"  # interpreter children should use (set for the CLI)
 ENV_SCRIPT = "SPAWN_PY"  # path of this script (set for the CLI)
 ENV_HEARTBEAT = "SPAWN_HEARTBEAT_S"  # heartbeat period in seconds
+ENV_DENY = "SPAWN_DENY"  # JSON list: deny rules every descendant inherits
+ENV_ASK = "SPAWN_ASK"  # JSON list: ask rules every descendant inherits
+ENV_PERMISSION_MODE = "SPAWN_PERMISSION_MODE"  # the agent's mode; children get no more
+ENV_MODEL = "SPAWN_MODEL"  # the agent's model, for `model: inherit`
+ENV_ASK_TIMEOUT = "SPAWN_ASK_TIMEOUT_S"  # seconds before an unanswered ask is denied
 ENV_FULL_SDK_IMPORT = "SPAWN_FULL_SDK_IMPORT"  # 1: import the SDK with its mcp package
 
 # Tiers are aliases the CLI itself resolves to the current model of each
@@ -116,6 +122,38 @@ KNOWN_TOOLS = frozenset(
         "WebSearch", "Write",
     }
 )  # fmt: skip
+
+# Claude Code's agent frontmatter, and what spawn.py adds to it (README.md).
+CLAUDE_AGENT_FIELDS = frozenset(
+    {"name", "description", "tools", "disallowedTools", "model", "permissionMode", "skills", "mcpServers", "color", "hooks", "memory"}
+)
+SPAWN_AGENT_FIELDS = frozenset({"schema", "max_depth", "timeout", "max_budget_usd", "permissions"})
+PERMISSION_KINDS = ("allow", "deny", "ask")
+
+# From most to least restrictive; a child's mode is never further down than
+# its parent's. "auto" lets a classifier approve calls, so it ranks with
+# acceptEdits; bypassPermissions only where the root had it.
+PERMISSION_MODES = ("plan", "dontAsk", "default", "acceptEdits", "auto", "bypassPermissions")
+PERMISSION_RANK = {"plan": 0, "dontAsk": 1, "default": 2, "acceptEdits": 3, "auto": 3, "bypassPermissions": 4}
+# Nobody answers a prompt in a nested agent: what isn't granted is denied.
+DEFAULT_PERMISSION_MODE = "dontAsk"
+
+# Tools a file rule of Claude Code's covers: Read rules cover the tools that
+# read files, Edit rules the ones that change them.
+READ_TOOLS = frozenset({"Read", "Grep", "Glob", "LS", "NotebookRead"})
+EDIT_TOOLS = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
+
+# An `ask` nobody answers is denied after this long (or at the deadline).
+ASK_TIMEOUT_S = 300.0
+ASK_POLL_S = 0.1
+
+# Routing: below this score the task goes to the general agent (no definition).
+ROUTE_THRESHOLD = 0.25
+ROUTE_STOPWORDS = frozenset(
+    "a an and are as at be by can code do does for from how i in into is it its me my of on or our please that the "
+    "their them then there these this to use used uses using what when where which who why will with you your".split()
+)
+
 
 # A parent reads a child's stdout into its context window: keep it bounded.
 # 16 KiB is about 4k tokens, enough for a structured result, small enough to
@@ -315,6 +353,18 @@ class AgentMeta:
     output_file: str | None = None
     background: bool = False
     parent_span_id: str | None = None
+    agent: str | None = None
+    """Name of the agent definition used, if any."""
+    agent_source: str | None = None
+    """Path of that definition file."""
+    routing: dict[str, Any] | None = None
+    """With --agent auto: the choice, the candidates and their scores."""
+    permissions: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in PERMISSION_KINDS})
+    """Effective rules (allow, deny, ask) in Claude Code's syntax."""
+    permission_mode: str = DEFAULT_PERMISSION_MODE
+    mcp_servers: list[str] = field(default_factory=list)
+    """Names of the definition's MCP servers (their config stays in the definition file)."""
+    skills: list[str] | None = None
     warnings: list[str] = field(default_factory=list)
     spawn_version: str = __version__
     protocol: int = PROTOCOL_VERSION
@@ -383,6 +433,35 @@ class LedgerEntry:
     time: str
     cost_usd: float | None = None
     """Absent when unknown: the tree's spend is then a lower bound."""
+
+
+@dataclass
+class AskRecord:
+    """asks/ID.json: a tool call waiting for a person's or an ancestor's answer."""
+
+    id: str
+    agent_id: str
+    tool: str
+    input: str
+    """A summary of the call's input (a command, a path)."""
+    rule: str
+    created_at: str
+    expires_at: float
+    """Unix seconds; unanswered by then, the call is denied."""
+    protocol: int = PROTOCOL_VERSION
+
+
+@dataclass
+class AskAnswer:
+    """asks/ID.answer.json: the first answer wins."""
+
+    id: str
+    verdict: str
+    """approve or deny"""
+    by: str
+    """approve, deny (the verbs), timeout, or terminal"""
+    at: str
+    protocol: int = PROTOCOL_VERSION
 
 
 @dataclass
@@ -549,7 +628,7 @@ def redact(text: str, secrets_: Sequence[str]) -> str:
     return SECRET_PATTERN.sub(REDACTED, text)
 
 
-def briefing(meta: AgentMeta, spawn_cmd: str) -> str:
+def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str]] = ()) -> str:
     """What every agent is told at start, whatever its system prompt."""
     remaining = meta.max_depth - meta.depth
     lines = [
@@ -575,6 +654,12 @@ def briefing(meta: AgentMeta, spawn_cmd: str) -> str:
             "For parallel work add --background (prints the id at once), then wait for all:",
             f"  {spawn_cmd} wait ID1 ID2 --all",
         ]
+        if delegates:
+            lines.append("Agents you may delegate to (add --agent NAME, or --agent auto to pick by task):")
+            lines += [f"  {name}: {description}" for name, description in delegates]
+    rules = [f"{kind} {', '.join(texts)}" for kind, texts in meta.permissions.items() if texts]
+    lines.append(f"Your rights: permission mode {meta.permission_mode}" + (f"; rules: {'; '.join(rules)}" if rules else "") + ".")
+    lines.append("A denied tool call is final: do not retry it another way.")
     return "\n".join(lines)
 
 
@@ -679,6 +764,39 @@ def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -
             append_jsonl(agent_dir.parent.parent / LEDGER, record_to_json(entry), secrets_)
     ensure_marker(agent_dir)
     return won
+
+
+def asks_dir(session: Path) -> Path:
+    return session / "asks"
+
+
+def post_ask(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, *, timeout: float, secrets_: Sequence[str]) -> str:
+    """Publish an ask for the tree to answer; returns its id."""
+    folder = asks_dir(Path(meta.session))
+    folder.mkdir(exist_ok=True)
+    ask_id = f"q-{secrets.token_hex(3)}"
+    record = AskRecord(ask_id, meta.id, tool, summarize_input(tool_input), rule, utc_now_iso(), time.time() + timeout)
+    publish_once(folder / f"{ask_id}.json", redact(json.dumps(record_to_json(record), indent=2), secrets_).encode())
+    return ask_id
+
+
+def answer_ask(session: Path, ask_id: str, verdict: str, by: str) -> bool:
+    """Answer an ask; False if it was already answered (the first answer wins)."""
+    answer = AskAnswer(ask_id, verdict, by, utc_now_iso())
+    return publish_once(asks_dir(session) / f"{ask_id}.answer.json", json.dumps(record_to_json(answer), indent=2).encode())
+
+
+def pending_asks(session: Path) -> list[dict[str, Any]]:
+    folder = asks_dir(session)
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in sorted(folder.glob("q-*.json")):
+        if path.name.endswith(".answer.json") or (folder / f"{path.stem}.answer.json").exists():
+            continue
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            found.append(read_json(path))
+    return found
 
 
 @contextlib.contextmanager
@@ -1022,11 +1140,24 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
         deadline = _float_or_none(env.get(ENV_DEADLINE))
         if deadline is not None:
             found["deadline"] = min(deadline, found.get("deadline", deadline))
+        for name, key in ((ENV_DENY, "deny"), (ENV_ASK, "ask")):
+            found[key] = sorted(set(found.get(key, [])) | set(_json_list(env.get(name))))
+        mode = env.get(ENV_PERMISSION_MODE)
+        if mode in PERMISSION_RANK and (found.get("mode") is None or PERMISSION_RANK[mode] < PERMISSION_RANK[found["mode"]]):
+            found["mode"] = mode
         try:
             proc = proc.parent()
         except psutil.Error:
             break
     return found
+
+
+def _json_list(value: str | None) -> list[str]:
+    try:
+        data = json.loads(value) if value else []
+    except ValueError:
+        return []
+    return [str(v) for v in data] if isinstance(data, list) else []
 
 
 def _int_or_none(value: str | None) -> int | None:
@@ -1041,6 +1172,438 @@ def _float_or_none(value: str | None) -> float | None:
         return float(value) if value not in (None, "") else None
     except ValueError:
         return None
+
+
+# ------------------------------------------------- agents and permissions --
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A permission rule in Claude Code's syntax: Tool or Tool(specifier)."""
+
+    tool: str
+    spec: str | None
+    text: str
+
+
+@dataclass
+class RuleSet:
+    allow: list[Rule] = field(default_factory=list)
+    deny: list[Rule] = field(default_factory=list)
+    ask: list[Rule] = field(default_factory=list)
+
+    def texts(self) -> dict[str, list[str]]:
+        return {kind: [r.text for r in getattr(self, kind)] for kind in PERMISSION_KINDS}
+
+
+@dataclass
+class AgentDefinition:
+    """A .claude/agents/NAME.md file: frontmatter settings, body as system prompt."""
+
+    name: str
+    path: str
+    source: str
+    """project or user"""
+    description: str = ""
+    prompt: str = ""
+    tools: list[str] | None = None
+    disallowed_tools: list[str] = field(default_factory=list)
+    model: str | None = None
+    permission_mode: str | None = None
+    skills: list[str] | None = None
+    mcp_servers: dict[str, Any] = field(default_factory=dict)
+    schema: str | None = None
+    max_depth: int | None = None
+    timeout: float | None = None
+    max_budget_usd: float | None = None
+    permissions: RuleSet = field(default_factory=RuleSet)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A lint finding: file, line, message."""
+
+    path: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}: {self.message}"
+
+
+class RuleSyntaxError(UsageError):
+    def __init__(self, text: str) -> None:
+        super().__init__(f"bad permission rule {text!r}; use Tool or Tool(specifier), e.g. 'Bash(git diff:*)' or 'Read(./src/**)'")
+
+
+class UnknownAgentDefinitionError(UsageError):
+    def __init__(self, name: str, searched: Sequence[Path]) -> None:
+        where = ", ".join(str(p) for p in searched) or "(no .claude/agents directory found)"
+        super().__init__(f"no agent definition {name!r} in {where}; run 'spawn.py agents list' or 'spawn.py agents new {name}'")
+
+
+def parse_rule(text: str) -> Rule:
+    m = re.fullmatch(r"\s*([A-Za-z][A-Za-z0-9_\-]*)(?:\((.*)\))?\s*", text)
+    if not m:
+        raise RuleSyntaxError(text)
+    tool, spec = m.group(1), m.group(2)
+    if tool not in KNOWN_TOOLS and not tool.startswith("mcp__"):
+        raise RuleSyntaxError(text)
+    return Rule(tool, None if spec in (None, "", "*") else spec, text.strip())
+
+
+def rule_covers_tool(rule: Rule, tool: str) -> bool:
+    if rule.tool == tool:
+        return True
+    if rule.tool == "Read" and tool in READ_TOOLS:
+        return True
+    if rule.tool == "Edit" and tool in EDIT_TOOLS:
+        return True
+    return rule.tool.startswith("mcp__") and rule.tool.count("__") == 1 and tool.startswith(rule.tool + "__")
+
+
+def split_shell_command(command: str) -> list[str]:
+    """The simple commands of a compound one: a rule must hold for each part."""
+    parts = re.split(r"\|\||&&|[;|&\n]", command)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def glob_to_regex(pattern: str) -> str:
+    """A gitignore-style glob (**, *, ?) as a regex over a whole path."""
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return out
+
+
+def path_rule_matches(spec: str, path: str, cwd: str, home: str) -> bool:
+    """Claude Code's path specifiers: //abs, ~/home, /project-root, ./rel, or a bare glob."""
+    if spec.startswith("//"):
+        anchored = spec[1:]
+    elif spec.startswith("~/"):
+        anchored = home.rstrip("/") + spec[1:]
+    elif spec.startswith("/"):
+        anchored = cwd.rstrip("/") + spec
+    elif spec.startswith("./"):
+        anchored = cwd.rstrip("/") + spec[1:]
+    elif "/" not in spec.rstrip("/") or spec.startswith("**"):
+        anchored = "**/" + spec if not spec.startswith("**") else spec  # matches at any depth, as in gitignore
+        return re.fullmatch(glob_to_regex(anchored), path.lstrip("/")) is not None
+    else:
+        anchored = cwd.rstrip("/") + "/" + spec
+    regex = glob_to_regex(anchored)
+    # A directory (Grep's or Glob's path) matches when its contents do.
+    return any(re.fullmatch(regex, candidate) for candidate in (path, path + "/")) or re.fullmatch(regex + "/.*", path) is not None
+
+
+def tool_paths(tool: str, tool_input: Mapping[str, Any], cwd: str) -> list[str]:
+    keys = ("file_path", "notebook_path", "path")
+    found = [str(tool_input[k]) for k in keys if isinstance(tool_input.get(k), str)]
+    if not found and tool in READ_TOOLS:
+        found = [cwd]  # Grep and Glob search the working directory by default
+    return [os.path.normpath(p if os.path.isabs(p) else os.path.join(cwd, p)) for p in found]
+
+
+def rule_matches(rule: Rule, tool: str, tool_input: Mapping[str, Any], cwd: str, home: str, *, all_parts: bool) -> bool:
+    """Does rule cover this call? For Bash, all_parts: every simple command must match
+    (allow rules); otherwise any part matching is enough (deny and ask rules)."""
+    if not rule_covers_tool(rule, tool):
+        return False
+    if rule.spec is None:
+        return True
+    if tool == "Bash":
+        parts = split_shell_command(str(tool_input.get("command", ""))) or [""]
+        spec = rule.spec
+        if spec.endswith(":*"):
+            prefix = spec[:-2]
+
+            def one(cmd: str) -> bool:
+                return cmd == prefix or cmd.startswith(prefix + " ")
+        else:
+
+            def one(cmd: str) -> bool:
+                return re.fullmatch(glob_to_regex(spec).replace("[^/]*", ".*"), cmd) is not None
+
+        return all(map(one, parts)) if all_parts else any(map(one, parts))
+    if tool in READ_TOOLS | EDIT_TOOLS:
+        paths = tool_paths(tool, tool_input, cwd)
+        return bool(paths) and all(path_rule_matches(rule.spec, p, cwd, home) for p in paths)
+    if tool == "WebFetch" and rule.spec.startswith("domain:"):
+        host = re.sub(r"^[a-z]+://", "", str(tool_input.get("url", ""))).split("/")[0].split(":")[0]
+        domain = rule.spec.removeprefix("domain:")
+        return host == domain or host.endswith("." + domain)
+    return re.fullmatch(glob_to_regex(rule.spec), json.dumps(tool_input, sort_keys=True)) is not None
+
+
+def decide(
+    tool: str, tool_input: Mapping[str, Any], rules: RuleSet, granted: Sequence[str], *, cwd: str, home: str
+) -> tuple[str, str | None]:
+    """(allow|deny|ask, the rule or reason): deny wins, then ask, then allow.
+
+    A granted tool with no allow rule of its own is allowed whole. Once a tool
+    has specific allow rules, only calls matching one are allowed, as in
+    Claude Code's dontAsk mode.
+    """
+    if tool == "StructuredOutput":
+        return "allow", "the answer tool"
+    for rule in rules.deny:
+        if rule_matches(rule, tool, tool_input, cwd, home, all_parts=False):
+            return "deny", rule.text
+    for rule in rules.ask:
+        if rule_matches(rule, tool, tool_input, cwd, home, all_parts=False):
+            return "ask", rule.text
+    own = [r for r in rules.allow if rule_covers_tool(r, tool)]
+    for rule in own:
+        if rule_matches(rule, tool, tool_input, cwd, home, all_parts=True):
+            return "allow", rule.text
+    if any(r.spec is not None for r in own):
+        return "deny", f"no allow rule of {tool} matches"
+    if tool in granted or any(tool.startswith(g + "__") for g in granted if g.startswith("mcp__")):
+        return "allow", f"{tool} is granted"
+    return "deny", f"{tool} is not granted"
+
+
+def summarize_input(tool_input: Mapping[str, Any], limit: int = 300) -> str:
+    text = tool_input.get("command") or tool_input.get("file_path") or tool_input.get("path") or json.dumps(tool_input)
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def narrow_mode(requested: str | None, parent: str | None, is_root: bool) -> tuple[str, str | None]:
+    """(mode, warning): a child's permission mode is never more permissive."""
+    mode = requested or (parent if parent is not None else DEFAULT_PERMISSION_MODE)
+    if parent is not None and PERMISSION_RANK[mode] > PERMISSION_RANK[parent]:
+        return parent, f"permission mode {mode} lowered to the parent's {parent}"
+    if mode == "bypassPermissions" and not is_root and parent != "bypassPermissions":
+        return DEFAULT_PERMISSION_MODE, "bypassPermissions only where the root had it"
+    return mode, None
+
+
+def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, Any]:
+    """Pick the definition whose description best matches the task.
+
+    Score: the task's distinct words found in the agent's name and
+    description, divided by the square root of the description's length so
+    that long descriptions don't win by size. Deterministic; the matched
+    words are recorded so the choice can be explained.
+    """
+
+    def words(text: str) -> set[str]:
+        out = set()
+        for word in re.findall(r"[a-z][a-z0-9\-]+", text.lower()):
+            if word in ROUTE_STOPWORDS or len(word) < 3:
+                continue
+            stem = word
+            for suffix in ("ing", "ed", "es", "s"):
+                if word.endswith(suffix) and len(word) - len(suffix) >= 4:
+                    stem = word[: -len(suffix)]
+                    break
+            out.add(stem)
+        return out
+
+    task_words = words(task.split(" MOCK[", maxsplit=1)[0])
+    scored: list[tuple[float, str, list[str]]] = []
+    for name, d in sorted(definitions.items()):
+        desc = words(f"{name.replace('-', ' ')} {d.description}")
+        matched = sorted(task_words & desc)
+        scored.append((round(len(matched) / (len(desc) ** 0.5), 3) if desc else 0.0, name, matched))
+    scored.sort(key=lambda c: (-c[0], c[1]))
+    chosen = scored[0][1] if scored and scored[0][0] >= ROUTE_THRESHOLD else None
+    candidates = [{"name": name, "score": score, "matched": matched} for score, name, matched in scored[:5]]
+    return {"chosen": chosen, "threshold": ROUTE_THRESHOLD, "candidates": candidates}
+
+
+def _line_of(key: str, frontmatter: str) -> int:
+    for n, line in enumerate(frontmatter.splitlines(), start=2):  # line 1 is the opening ---
+        if re.match(rf"\s*{re.escape(key)}\s*:", line):
+            return n
+    return 1
+
+
+def _as_list(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [v.strip() for v in value]
+    raise TypeError("must be a comma-separated string or a list of strings")
+
+
+def parse_definition(text: str, path: str, source: str) -> tuple[AgentDefinition | None, list[Problem]]:
+    """An agent file's definition and what is wrong with it (pure)."""
+    import yaml
+
+    stem = Path(path).stem
+    problems: list[Problem] = []
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None, [Problem(path, 1, "no YAML frontmatter: the file must start with a line '---'")]
+    try:
+        end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
+    except StopIteration:
+        return None, [Problem(path, 1, "the frontmatter is not closed by a line '---'")]
+    frontmatter = "\n".join(lines[1:end])
+    try:
+        data = yaml.safe_load(frontmatter) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 2 if mark is not None else 1
+        return None, [Problem(path, line, f"bad YAML: {getattr(exc, 'problem', None) or exc}")]
+    if not isinstance(data, dict):
+        return None, [Problem(path, 2, "the frontmatter must be a mapping of fields")]
+    d = AgentDefinition(name=str(data.get("name") or stem), path=path, source=source, prompt="\n".join(lines[end + 1 :]).strip())
+
+    def problem(key: str, message: str) -> None:
+        problems.append(Problem(path, _line_of(key, frontmatter), message))
+
+    for key in data:
+        if key not in CLAUDE_AGENT_FIELDS | SPAWN_AGENT_FIELDS:
+            problem(str(key), f"unknown field {key!r}")
+    if d.name != stem:
+        problem("name", f"name {d.name!r} differs from the file name {stem!r}")
+    if not isinstance(data.get("description", ""), str) or not data.get("description"):
+        problem("description", "description is missing: routing and 'agents list' need it")
+    d.description = str(data.get("description") or "")
+    for key, attr in (("tools", "tools"), ("disallowedTools", "disallowed_tools"), ("skills", "skills")):
+        try:
+            value = _as_list(data.get(key))
+        except TypeError as exc:
+            problem(key, f"{key} {exc}")
+            continue
+        if value is not None and key != "skills":
+            unknown = [t for t in value if t not in KNOWN_TOOLS and not t.startswith("mcp__")]
+            if unknown:
+                problem(key, f"unknown tool {', '.join(unknown)}")
+                value = [t for t in value if t not in unknown]
+        if value is not None:
+            setattr(d, attr, value)
+    model = data.get("model")
+    if model is not None:
+        d.model = str(model)
+    mode = data.get("permissionMode")
+    if mode is not None:
+        if mode not in PERMISSION_RANK:
+            problem("permissionMode", f"unknown permissionMode {mode!r}; use one of {', '.join(PERMISSION_MODES)}")
+        else:
+            d.permission_mode = str(mode)
+    servers = data.get("mcpServers")
+    if servers is not None:
+        if isinstance(servers, dict) and all(isinstance(v, dict) for v in servers.values()):
+            d.mcp_servers = {str(k): v for k, v in servers.items()}
+        else:
+            problem("mcpServers", "mcpServers must map server names to {command, args, env} or {type, url} objects")
+    schema = data.get("schema")
+    if schema is not None:
+        if not isinstance(schema, str):
+            problem("schema", "schema must be a schema NAME from schemas/ or a path")
+        else:
+            d.schema = schema
+            if re.fullmatch(r"[A-Za-z0-9_.\-]+", schema) and not (SCHEMA_DIR / f"{schema}.json").is_file():
+                problem("schema", f"schema {schema!r} is not in {SCHEMA_DIR}")
+    for key, number in (("max_depth", int), ("timeout", float), ("max_budget_usd", float)):
+        value = data.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or (number is int and not isinstance(value, int)) or value < 0:
+            problem(key, f"{key} must be a non-negative {'integer' if number is int else 'number'}")
+        else:
+            setattr(d, key, number(value))
+    perms = data.get("permissions")
+    if perms is not None:
+        if not isinstance(perms, dict):
+            problem("permissions", "permissions must be a mapping with allow, deny and ask lists")
+        else:
+            for kind in perms:
+                if kind not in PERMISSION_KINDS:
+                    problem(str(kind), f"unknown permissions list {kind!r}; use allow, deny or ask")
+            for kind in PERMISSION_KINDS:
+                for rule_text in _as_list(perms.get(kind)) or []:
+                    try:
+                        getattr(d.permissions, kind).append(parse_rule(rule_text))
+                    except RuleSyntaxError as exc:
+                        problem(kind, exc.message)
+    return d, problems
+
+
+def agent_dirs_for(cwd: Path, environ: Mapping[str, str]) -> list[tuple[Path, str]]:
+    """Where definitions live: the project's .claude/agents (nearest upwards), then the user's."""
+    found: list[tuple[Path, str]] = []
+    for folder in (cwd, *cwd.parents):
+        candidate = folder / ".claude" / "agents"
+        if candidate.is_dir():
+            found.append((candidate, "project"))
+            break
+    home = Path(environ.get("HOME") or Path.home()).expanduser()
+    user = home / ".claude" / "agents"
+    if user.is_dir() and all(user.resolve() != p.resolve() for p, _ in found):
+        found.append((user, "user"))
+    return found
+
+
+def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, AgentDefinition], list[Problem]]:
+    """Every definition by name (the project's win over the user's), and the problems found."""
+    definitions: dict[str, AgentDefinition] = {}
+    problems: list[Problem] = []
+    for folder, source in agent_dirs_for(cwd, environ):
+        seen_here: dict[str, str] = {}
+        for path in sorted(folder.glob("*.md")):
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                problems.append(Problem(str(path), 1, f"unreadable: {exc}"))
+                continue
+            d, found = parse_definition(text, str(path), source)
+            problems += found
+            if d is None:
+                continue
+            if d.name in seen_here:
+                problems.append(Problem(str(path), 1, f"duplicate agent name {d.name!r} (also {seen_here[d.name]})"))
+                continue
+            seen_here[d.name] = str(path)
+            definitions.setdefault(d.name, d)
+    return definitions, problems
+
+
+AGENT_TEMPLATE = """\
+---
+# Claude Code's fields (this file works in Claude Code too).
+name: {name}
+# One sentence on WHEN to use this agent: `--agent auto` routes tasks by it.
+description: Use for ... (distinctive words that match the tasks it should get)
+# Tools it sees, comma-separated; a spawn can narrow them, never widen.
+tools: Read, Grep, Glob
+# high-tier, medium-tier, low-tier, a model id, or inherit (the parent's).
+model: medium-tier
+# plan, dontAsk (spawn.py's default), default, acceptEdits, bypassPermissions.
+# permissionMode: dontAsk
+# mcpServers:
+#   docs:
+#     command: python
+#     args: [docs_server.py]
+
+# spawn.py's additions.
+# schema: findings          # schemas/NAME.json, or a path
+# max_depth: 1              # deepest depth below the root its subtree may reach
+# timeout: 600              # seconds
+# max_budget_usd: 0.50
+# permissions:              # Claude Code's rule syntax: deny, then ask, then allow
+#   allow: ["Bash(git diff:*)"]
+#   deny: ["Read(**/.env*)"]
+#   ask: ["Bash(git push:*)"]
+---
+You are the {name} agent. Describe its job, its method, and what a good answer
+contains. When an output schema is set, answer with the StructuredOutput tool.
+"""
 
 
 # ---------------------------------------------------------------- resolving --
@@ -1058,6 +1621,10 @@ class Inherited:
     budget: float | None = None
     tools: list[str] | None = None
     traceparent: str | None = None
+    deny: list[str] = field(default_factory=list)
+    ask: list[str] = field(default_factory=list)
+    permission_mode: str | None = None
+    model: str | None = None
 
 
 def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
@@ -1085,6 +1652,12 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
     if tool_sets:
         inh.tools = sorted(set.intersection(*tool_sets))
     inh.traceparent = environ.get(ENV_TRACEPARENT) or environ.get("TRACEPARENT")
+    # Rules only accumulate: an agent can drop them from its own env, not from its ancestors'.
+    inh.deny = sorted(set(_json_list(environ.get(ENV_DENY))) | set(ancestry.get("deny", [])))
+    inh.ask = sorted(set(_json_list(environ.get(ENV_ASK))) | set(ancestry.get("ask", [])))
+    modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode")) if m in PERMISSION_RANK]
+    inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
+    inh.model = environ.get(ENV_MODEL)
     return inh
 
 
@@ -1191,8 +1764,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     task = read_task(args)
     requested_tools = parse_tools(args.tools) if args.tools is not None else None
     disallowed = parse_tools(args.disallowed_tools) if args.disallowed_tools else []
-    model = resolve_model(args.model, parse_model_tiers(environ.get(ENV_MODEL_TIERS)))
-    schema, schema_source = load_schema(args.schema) if args.schema else (None, None)
+    flag_rules = RuleSet(*([parse_rule(r) for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
     positive("--timeout", args.timeout)
     positive("--max-budget-usd", args.max_budget_usd)
     positive("--max-turns", args.max_turns)
@@ -1217,12 +1789,49 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     inh = inherited_context(environ, ancestry)
     warnings: list[str] = []
     depth = inh.depth + 1
+    definition, routing = choose_definition(args.agent, task, cwd, environ)
+    if definition is not None:
+        # A definition's settings are defaults the flags override, but the
+        # flags can't widen what it allows: tools, depth, time, budget, rules.
+        system_prompt = system_prompt if system_prompt is not None else definition.prompt
+        if definition.tools is not None:
+            if requested_tools is not None:
+                dropped = [t for t in requested_tools if t not in definition.tools]
+                if dropped:
+                    warnings.append(f"tools not in the {definition.name} definition were dropped: {','.join(dropped)}")
+                requested_tools = [t for t in requested_tools if t in definition.tools]
+            else:
+                requested_tools = list(definition.tools)
+        disallowed = list(dict.fromkeys([*definition.disallowed_tools, *disallowed]))
+        args.max_depth = min_known(args.max_depth, definition.max_depth)
+        args.timeout = min_known(args.timeout, definition.timeout)
+        args.max_budget_usd = min_known(args.max_budget_usd, definition.max_budget_usd)
+        if flag_rules.allow and definition.permissions.allow:
+            warnings.append(f"--allow can't widen the {definition.name} definition's allow rules; ignored")
+            flag_rules.allow = []
+    model_name = args.model if args.model is not None else (definition.model if definition and definition.model else DEFAULT_MODEL)
+    if model_name == "inherit":
+        model_name = inh.model or DEFAULT_MODEL
+    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)))
+    schema_arg = args.schema or (definition.schema if definition else None)
+    schema, schema_source = load_schema(schema_arg) if schema_arg else (None, None)
+    rules = RuleSet(
+        allow=[*(definition.permissions.allow if definition else []), *flag_rules.allow],
+        deny=unique_rules([*(definition.permissions.deny if definition else []), *flag_rules.deny, *map(parse_rule, inh.deny)]),
+        ask=unique_rules([*(definition.permissions.ask if definition else []), *flag_rules.ask, *map(parse_rule, inh.ask)]),
+    )
+    mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
+    if mode_warning:
+        warnings.append(mode_warning)
     max_depth = DEFAULT_MAX_DEPTH if args.max_depth is None else args.max_depth
     if inh.max_depth is not None:
         if args.max_depth is not None and args.max_depth > inh.max_depth:
             warnings.append(f"--max-depth {args.max_depth} lowered to the tree's {inh.max_depth}")
         max_depth = min(max_depth, inh.max_depth) if args.max_depth is not None else inh.max_depth
     tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
+    if definition is not None:
+        # A definition's MCP servers are granted whole unless it names their tools.
+        tools += [f"mcp__{s}" for s in definition.mcp_servers if not any(t.startswith(f"mcp__{s}") for t in tools)]
     tools, dropped = narrow_tools(tools, inh.tools)
     if dropped:
         warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
@@ -1275,12 +1884,43 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         topic=slugify(topic, 32),
         output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
         background=args.background,
+        agent=definition.name if definition else None,
+        agent_source=definition.path if definition else None,
+        routing=routing,
+        permissions=rules.texts(),
+        permission_mode=mode,
+        mcp_servers=sorted(definition.mcp_servers) if definition else [],
+        skills=definition.skills if definition else None,
         warnings=warnings,
     )
     limits = Limits(args.max_budget_usd, args.max_agents, args.max_concurrent)
     if session is not None and (args.max_agents is not None or args.max_concurrent is not None):
         warnings.append("--max-agents and --max-concurrent apply to a whole tree and are set by its root; ignored here")
     return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits)
+
+
+def min_known(*values: Any) -> Any:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def unique_rules(rules: Iterable[Rule]) -> list[Rule]:
+    return list({r.text: r for r in rules}.values())
+
+
+def choose_definition(
+    name: str | None, task: str, cwd: Path, environ: Mapping[str, str]
+) -> tuple[AgentDefinition | None, dict[str, Any] | None]:
+    """The definition --agent names, or the one routing picks for --agent auto."""
+    if not name:
+        return None, None
+    definitions, _ = load_definitions(cwd, environ)
+    if name == "auto":
+        routing = route(task, definitions)
+        return (definitions[routing["chosen"]] if routing["chosen"] else None), routing
+    if name not in definitions:
+        raise UnknownAgentDefinitionError(name, [p for p, _ in agent_dirs_for(cwd, environ)])
+    return definitions[name], None
 
 
 def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
@@ -1346,6 +1986,10 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         "BASH_DEFAULT_TIMEOUT_MS": os.environ.get("BASH_DEFAULT_TIMEOUT_MS", BASH_TIMEOUT_MS),
         "BASH_MAX_TIMEOUT_MS": os.environ.get("BASH_MAX_TIMEOUT_MS", BASH_TIMEOUT_MS),
     }
+    env[ENV_DENY] = json.dumps(meta.permissions.get("deny", []))
+    env[ENV_ASK] = json.dumps(meta.permissions.get("ask", []))
+    env[ENV_PERMISSION_MODE] = meta.permission_mode
+    env[ENV_MODEL] = meta.model
     if meta.deadline is not None:
         env[ENV_DEADLINE] = f"{meta.deadline:.3f}"
     if meta.max_budget_usd is not None:
@@ -1512,6 +2156,88 @@ async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float) -> N
         await asyncio.sleep(interval)
 
 
+def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The definitions an agent that may spawn can delegate to: (name, description)."""
+    if meta.depth >= meta.max_depth or "Bash" not in meta.tools:
+        return []
+    definitions, _ = load_definitions(Path(meta.cwd), environ)
+    return [(d.name, d.description) for d in definitions.values()]
+
+
+def ask_timeout(environ: Mapping[str, str]) -> float:
+    value = _float_or_none(environ.get(ENV_ASK_TIMEOUT))
+    return value if value is not None and value > 0 else ASK_TIMEOUT_S
+
+
+class PermissionGate:
+    """spawn.py's own enforcement of permission rules, and their audit trail.
+
+    A PreToolUse hook sees every tool call, including those the CLI would
+    approve by itself. Deny and ask rules are decided here; allowed calls are
+    left to the CLI (so its permission mode still applies). Every decision is
+    appended to the transcript.
+    """
+
+    def __init__(self, meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str]) -> None:
+        self.meta = meta
+        self.agent_dir = agent_dir
+        self.secrets = secrets_
+        self.rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in PERMISSION_KINDS))
+        self.home = os.environ.get("HOME") or str(Path.home())
+
+    async def pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
+        tool = str(hook_input.get("tool_name", ""))
+        tool_input = hook_input.get("tool_input") or {}
+        verdict, rule = decide(tool, tool_input, self.rules, self.meta.tools, cwd=self.meta.cwd, home=self.home)
+        decided_by = "rules"
+        if verdict == "ask":
+            verdict, decided_by = await self.escalate(tool, tool_input, rule or "")
+        record = {
+            "tool": tool,
+            "input": summarize_input(tool_input),
+            "rule": rule,
+            "verdict": verdict,
+            "by": decided_by,
+            "tool_use_id": tool_use_id,
+        }
+        append_jsonl(self.agent_dir / TRANSCRIPT, {"time": utc_now_iso(), "type": "PermissionDecision", "message": record}, self.secrets)
+        if verdict == "allow":
+            return {}
+        reason = f"denied by spawn.py ({decided_by}): {rule}"
+        return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny", "permissionDecisionReason": reason}}
+
+    async def escalate(self, tool: str, tool_input: Mapping[str, Any], rule: str) -> tuple[str, str]:
+        """(allow|deny, who decided) for a call an ask rule matched."""
+        import asyncio
+
+        timeout = ask_timeout(os.environ)
+        if self.meta.deadline is not None:
+            timeout = min(timeout, max(0.0, self.meta.deadline - time.time()))
+        if self.meta.depth == 0 and sys.stdin is not None and sys.stdin.isatty():
+            return await asyncio.to_thread(prompt_person, self.meta, tool, tool_input, rule, timeout)
+        ask = post_ask(self.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
+        what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
+        note(f"agent {self.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
+        limit = time.monotonic() + timeout
+        answer_path = asks_dir(Path(self.meta.session)) / f"{ask}.answer.json"
+        while not answer_path.exists() and time.monotonic() < limit:
+            await asyncio.sleep(ASK_POLL_S)
+        answer_ask(Path(self.meta.session), ask, "deny", "timeout")  # no-op if answered in time
+        answer = read_json(answer_path)
+        return ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
+
+
+def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, timeout: float) -> tuple[str, str]:
+    """Ask the person at the root's terminal; no answer before timeout is a no."""
+    import select
+
+    sys.stderr.write(f"spawn: agent {meta.id} wants to use {tool}: {summarize_input(tool_input, 200)}\n  (rule {rule}) allow? [y/N] ")
+    sys.stderr.flush()
+    ready, _, _ = select.select([sys.stdin], [], [], timeout)
+    answer = sys.stdin.readline().strip().lower() if ready else ""
+    return ("allow" if answer in ("y", "yes") else "deny"), "terminal"
+
+
 async def run_sdk(
     meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
 ) -> None:
@@ -1520,7 +2246,7 @@ async def run_sdk(
 
     _patch_cli_process_group(state)
     system_prompt: Any
-    brief = briefing(meta, spawn_command())
+    brief = briefing(meta, spawn_command(), delegates_for(meta, os.environ))
     if meta.preset == "claude_code":
         system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
     else:
@@ -1531,9 +2257,20 @@ async def run_sdk(
         with open(stderr_path, "a") as fh:
             fh.write(redact(line, secrets_) + "\n")
 
+    builtin = [t for t in meta.tools if not t.startswith("mcp__")]
+    mcp_servers: dict[str, Any] = {}
+    if meta.agent_source and meta.mcp_servers:
+        # The servers' config (which may hold tokens) is read from the definition, never copied into meta.json.
+        definition, _ = parse_definition(Path(meta.agent_source).read_text(), meta.agent_source, "project")
+        mcp_servers = definition.mcp_servers if definition else {}
+    gate = PermissionGate(meta, agent_dir, secrets_)
     options = sdk.ClaudeAgentOptions(
-        tools=list(meta.tools),
+        tools=builtin,
         allowed_tools=list(meta.tools),
+        mcp_servers=mcp_servers,
+        strict_mcp_config=True,
+        skills=meta.skills,
+        hooks={"PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)]},
         disallowed_tools=list(meta.disallowed_tools),
         system_prompt=system_prompt,
         model=meta.model,
@@ -1543,9 +2280,9 @@ async def run_sdk(
         cli_path=str(cli),
         env=child_environment(meta, agent_dir),
         stderr=on_stderr,
-        # Nobody answers permission prompts in a nested agent: deny what the
-        # tool list doesn't pre-approve instead of waiting forever.
-        permission_mode="dontAsk",
+        # dontAsk by default: nobody answers the CLI's prompts in a nested
+        # agent, so what the tool list doesn't grant is denied, not awaited.
+        permission_mode=meta.permission_mode,
         # Without the preset, skip settings files: they add prompt bytes and
         # project hooks at every depth. The preset keeps Claude Code's defaults.
         setting_sources=None if meta.preset == "claude_code" else [],
@@ -2122,12 +2859,18 @@ def build_run_parser() -> Parser:
         "--tools", metavar="A,B", help=f"tools the agent sees, auto-approved (default {','.join(DEFAULT_TOOLS)}; a child: its parent's)"
     )
     agent.add_argument("--disallowed-tools", metavar="A,B", help="tools removed from the agent, as in Claude Code")
+    for kind, what in (
+        ("allow", "allow calls matching RULE"),
+        ("deny", "deny calls matching RULE"),
+        ("ask", "ask before calls matching RULE"),
+    ):
+        agent.add_argument(f"--{kind}", action="append", metavar="RULE", help=f"{what}, e.g. 'Bash(git diff:*)' (repeatable)")
     agent.add_argument(
         "--model",
-        default=DEFAULT_MODEL,
         metavar="TIER|ID",
         help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})",
     )
+    agent.add_argument("--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user); auto routes by description")
     agent.add_argument("--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json, a file, or inline JSON")
     agent.add_argument("--output", metavar="FILE", help="also write the validated output (or final text) to FILE")
     agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
@@ -2176,12 +2919,24 @@ def build_verb_parser(verb: str) -> Parser:
     elif verb == "reap":
         p.description = "Record a failed outcome for every agent whose process died without one, and end its leftovers."
         p.add_argument("target", nargs="?", metavar="SESSION")
+    elif verb in ("approve", "deny"):
+        p.description = f"{verb.capitalize()} a tool call an agent asked about (see 'spawn.py status' for pending asks)."
+        p.add_argument("ask_id", metavar="ASK_ID")
+    elif verb == "agents":
+        p.description = "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory) and ~/.claude/agents."
+        sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
+        listing = sub.add_parser("list", help="name, source, tools and description of every definition")
+        listing.add_argument("--json", action="store_true")
+        lint = sub.add_parser("lint", help="check definitions: fields, tools, schemas, duplicates, YAML (exit 2 on errors)")
+        lint.add_argument("paths", nargs="*", metavar="PATH")
+        new = sub.add_parser("new", help="write a commented template to .claude/agents/NAME.md")
+        new.add_argument("name", metavar="NAME")
     elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
     return p
 
 
-VERBS = ("wait", "status", "kill", "reap", "_run", "_guard")
+VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "_run", "_guard")
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -2209,7 +2964,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if args.dry_run:
         resolved = record_to_json(plan.meta)
         resolved.update(refusal=plan.refusal, cli=str(plan.cli), session_root=str(plan.session_root))
-        resolved["briefing"] = briefing(plan.meta, spawn_command())
+        resolved["briefing"] = briefing(plan.meta, spawn_command(), delegates_for(plan.meta, environ))
         emit(resolved)
         return ExitCode.OK
     for warning in plan.meta.warnings:
@@ -2289,10 +3044,82 @@ def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if session is None or not (session / AGENTS_DIR).is_dir():
         raise UsageError(f"no session found under {root}; pass a session directory or --session DIR")
     rows = tree_rows(session)
+    asks = pending_asks(session)
     if args.json:
-        emit({"session": str(session), **session_summary(session), "agents": rows})
+        emit({"session": str(session), **session_summary(session), "agents": rows, "pending_asks": asks})
     else:
         print(format_tree(session, rows, session_summary(session)))
+        for ask in asks:
+            what = f"{ask['tool']}: {ask['input']} (rule {ask['rule']})"
+            print(f"ask {ask['id']}: agent {ask['agent_id']} wants {what}; spawn.py approve|deny {ask['id']}")
+    return ExitCode.OK
+
+
+def cmd_answer(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """approve / deny ASK_ID: the first answer wins."""
+    root = resolve_session_root(None, environ)
+    session = default_session(args, environ)
+    candidates = [session] if session is not None and (asks_dir(session) / f"{args.ask_id}.json").exists() else []
+    if not candidates and root.is_dir():
+        candidates = [p.parent.parent for p in root.glob(f"*/asks/{args.ask_id}.json")]
+    if not candidates:
+        raise UsageError(f"no pending ask {args.ask_id!r}; run 'spawn.py status' to list asks, or pass --session DIR")
+    verdict = "approve" if args.verb == "approve" else "deny"
+    if not answer_ask(candidates[0], args.ask_id, verdict, args.verb):
+        earlier = read_json(asks_dir(candidates[0]) / f"{args.ask_id}.answer.json")
+        raise UsageError(f"ask {args.ask_id} was already answered: {earlier.get('verdict')} (by {earlier.get('by')})")
+    emit({"ask": args.ask_id, "verdict": verdict})
+    return ExitCode.OK
+
+
+def cmd_agents(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    cwd = Path.cwd()
+    if args.action == "new":
+        if not re.fullmatch(r"[a-z0-9][a-z0-9\-]*", args.name):
+            raise UsageError(f"agent name {args.name!r} must be lowercase letters, digits and dashes")
+        folder = next((p for p, source in agent_dirs_for(cwd, environ) if source == "project"), cwd / ".claude" / "agents")
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{args.name}.md"
+        try:
+            write_new_file(path, AGENT_TEMPLATE.format(name=args.name).encode())
+        except FileExistsError:
+            raise UsageError(f"{path} already exists; edit it or choose another name") from None
+        emit({"created": str(path)})
+        return ExitCode.OK
+    if args.action == "lint":
+        problems: list[Problem] = []
+        if args.paths:
+            seen: dict[str, str] = {}
+            for name in args.paths:
+                path = Path(name)
+                try:
+                    d, found = parse_definition(path.read_text(), str(path), "project")
+                except (OSError, UnicodeDecodeError) as exc:
+                    raise UsageError(f"can't read {path}: {exc}") from None
+                problems += found
+                if d is not None and d.name in seen:
+                    problems.append(Problem(str(path), 1, f"duplicate agent name {d.name!r} (also {seen[d.name]})"))
+                elif d is not None:
+                    seen[d.name] = str(path)
+        else:
+            _, problems = load_definitions(cwd, environ)
+        for problem in problems:
+            print(problem)
+        if problems:
+            raise UsageError(f"{len(problems)} problem(s) in agent definitions")
+        print("spawn: agent definitions are valid", file=sys.stderr)
+        return ExitCode.OK
+    definitions, _ = load_definitions(cwd, environ)
+    rows = [
+        {"name": d.name, "source": d.source, "path": d.path, "tools": d.tools, "description": d.description}
+        for d in sorted(definitions.values(), key=lambda d: d.name)
+    ]
+    if args.json:
+        emit({"agents": rows})
+    else:
+        for row in rows:
+            tools = ",".join(row["tools"]) if row["tools"] is not None else "(inherits)"
+            print(f"{row['name']:<22} {row['source']:<8} {tools:<40} {row['description']}")
     return ExitCode.OK
 
 
@@ -2326,11 +3153,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv and argv[0] in VERBS:
             verb = argv[0]
             args = build_verb_parser(verb).parse_args(argv[1:])
+            args.verb = verb
             handler = {
                 "wait": cmd_wait,
                 "status": cmd_status,
                 "kill": cmd_kill,
                 "reap": cmd_reap,
+                "approve": cmd_answer,
+                "deny": cmd_answer,
+                "agents": cmd_agents,
                 "_run": cmd_background_runner,
                 "_guard": cmd_guard,
             }[verb]

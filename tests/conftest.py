@@ -174,6 +174,9 @@ def validate_records(session_root: Path) -> int:
         if (session / "limits.json").exists():
             check(load(session / "limits.json"), "limits")
             count += 1
+        for ask in sorted((session / "asks").glob("q-*.json")):
+            check(load(ask), "ask-answer" if ask.name.endswith(".answer.json") else "ask")
+            count += 1
         if (session / "ledger.jsonl").exists():
             for line in (session / "ledger.jsonl").read_text().splitlines():
                 check(json.loads(line), "ledger-line")

@@ -1,0 +1,366 @@
+"""Agent definitions, routing and permission rules.
+
+The end-to-end tests run the real bundled claude CLI through spawn.py against
+the scripted model; the others test the pure parsing, matching and routing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import (
+    ROOT,
+    agent_dirs,
+    load,
+    mock_task,
+    run_spawn,
+    spawn_in_bash,
+    start_spawn,
+    stdout_json,
+    validate_records,
+)
+
+import spawn
+
+ECHO_SERVER = ROOT / "tests" / "fixtures" / "echo_mcp_server.py"
+
+
+def write_agent(project: Path, name: str, frontmatter: str, body: str = "You are a test agent.") -> Path:
+    folder = project / ".claude" / "agents"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.md"
+    path.write_text(f"---\nname: {name}\n{frontmatter.strip()}\n---\n{body}\n")
+    return path
+
+
+def decisions(agent_dir: Path) -> list[dict[str, object]]:
+    lines = [json.loads(line) for line in (agent_dir / "transcript.jsonl").read_text().splitlines()]
+    return [line["message"] for line in lines if line["type"] == "PermissionDecision"]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    (path / "src").mkdir(parents=True)
+    return path
+
+
+# ----------------------------------------------------------------- end to end --
+
+
+def test_definition_tools_prompt_and_schema_take_effect(env: dict[str, str], session_root: Path, project: Path) -> None:
+    write_agent(project, "scout", "description: Scout things.\ntools: Read\nschema: summary\nmax_depth: 1", body="You are SCOUT-PROMPT.")
+    task = mock_task("look", [{"bash": "echo should-not-run"}, {"structured": {"summary": "scouted"}}])
+    proc = run_spawn(["--agent", "scout", "--task", task, "--tools", "Read,Bash", "--cwd", str(project)], env)
+    assert proc.returncode == 0, proc.stderr
+    assert stdout_json(proc)["output"] == {"summary": "scouted"}
+    (agent_dir,) = agent_dirs(session_root)
+    meta = load(agent_dir / "meta.json")
+    assert meta["agent"] == "scout"
+    assert meta["tools"] == ["Read"]  # --tools can't widen the definition
+    assert meta["max_depth"] == 1
+    assert meta["schema"]["title"] == "A short answer"
+    assert meta["system_prompt"] == "You are SCOUT-PROMPT."
+    assert any("dropped: Bash" in w for w in meta["warnings"])
+    assert "No such tool available: Bash" in (agent_dir / "transcript.jsonl").read_text()
+    validate_records(session_root)
+
+
+def test_denied_bash_command_is_refused_and_audited(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    task = mock_task("clean up", [{"bash": f"echo tidy && rm -f {victim}"}, {"bash": "echo allowed-run"}, {"text": "done"}])
+    proc = run_spawn(["--task", task, "--tools", "Bash", "--deny", "Bash(rm:*)"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert victim.read_text() == "keep me"
+    (agent_dir,) = agent_dirs(session_root)
+    audit = decisions(agent_dir)
+    assert audit[0]["verdict"] == "deny"
+    assert audit[0]["rule"] == "Bash(rm:*)"
+    assert audit[1]["verdict"] == "allow"
+    assert "denied by spawn.py" in (agent_dir / "transcript.jsonl").read_text()
+    validate_records(session_root)
+
+
+def wait_for_ask(session_root: Path, timeout: float = 60) -> dict[str, object]:
+    limit = time.monotonic() + timeout
+    while True:
+        asks = [p for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]
+        if asks:
+            return load(asks[0])
+        assert time.monotonic() < limit, "the agent never asked"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(("answer", "created"), [("approve", True), ("deny", False)])
+def test_ask_goes_up_the_tree_and_is_answered(env: dict[str, str], session_root: Path, tmp_path: Path, answer: str, created: bool) -> None:
+    target = tmp_path / "made-by-agent"
+    task = mock_task("make a file", [{"bash": f"touch {target}"}, {"text": "finished"}])
+    proc = start_spawn(["--task", task, "--tools", "Bash", "--ask", "Bash(touch:*)"], env)
+    ask = wait_for_ask(session_root)
+    assert ask["tool"] == "Bash"
+    assert ask["rule"] == "Bash(touch:*)"
+    listed = stdout_json(run_spawn(["status", "--json"], env))
+    assert [a["id"] for a in listed["pending_asks"]] == [ask["id"]]
+    answered = run_spawn([answer, str(ask["id"])], env)
+    assert answered.returncode == 0, answered.stderr
+    again = run_spawn([answer, str(ask["id"])], env)
+    assert again.returncode == 2
+    assert "already answered" in again.stderr
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert target.exists() is created
+    (agent_dir,) = agent_dirs(session_root)
+    (decision,) = decisions(agent_dir)
+    assert decision["verdict"] == ("allow" if created else "deny")
+    assert decision["by"] == answer
+    validate_records(session_root)
+
+
+def test_unanswered_ask_is_denied_after_the_timeout(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    target = tmp_path / "never"
+    task = mock_task("make a file", [{"bash": f"touch {target}"}, {"text": "finished"}])
+    proc = run_spawn(["--task", task, "--tools", "Bash", "--ask", "Bash(touch:*)"], {**env, "SPAWN_ASK_TIMEOUT_S": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert not target.exists()
+    (agent_dir,) = agent_dirs(session_root)
+    assert decisions(agent_dir)[0]["by"] == "timeout"
+
+
+def test_child_keeps_parent_deny_rules_even_with_its_env_cleared(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    child = mock_task("child", [{"bash": f"rm -f {victim}"}, {"text": "child done"}])
+    tamper = "unset SPAWN_DENY SPAWN_ASK SPAWN_PERMISSION_MODE; "
+    root = mock_task("root", [{"bash": tamper + spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "root done"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--deny", "Bash(rm:*)"], env)
+    assert proc.returncode == 0, proc.stderr
+    assert victim.read_text() == "keep me"
+    child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
+    assert "Bash(rm:*)" in load(child_dir / "meta.json")["permissions"]["deny"]
+    assert decisions(child_dir)[0]["verdict"] == "deny"
+    validate_records(session_root)
+
+
+def test_definition_with_mcp_servers_makes_their_tools_available(env: dict[str, str], session_root: Path, project: Path) -> None:
+    servers = f"mcpServers:\n  echo:\n    command: {json.dumps(sys.executable)}\n    args: [{json.dumps(str(ECHO_SERVER))}]"
+    write_agent(project, "echoer", f"description: Echo through MCP.\ntools: Read\n{servers}")
+    task = mock_task("echo it", [{"tool": "mcp__echo__echo", "input": {"text": "hello"}}, {"text": "echoed"}])
+    proc = run_spawn(["--agent", "echoer", "--task", task, "--cwd", str(project)], env, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    (agent_dir,) = agent_dirs(session_root)
+    assert load(agent_dir / "meta.json")["mcp_servers"] == ["echo"]
+    transcript = (agent_dir / "transcript.jsonl").read_text()
+    assert "echo-server says: hello" in transcript
+    assert '"status": "connected"' in transcript
+    validate_records(session_root)
+
+
+# ------------------------------------------------------ widening, via dry run --
+
+
+def dry_run(env: dict[str, str], args: list[str], cwd: Path | None = None) -> dict[str, object]:
+    proc = run_spawn(["--dry-run", "--task", "t", *args], env, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert isinstance(data, dict)
+    return data
+
+
+def test_widening_attempts_are_narrowed(base_env: dict[str, str], project: Path) -> None:
+    child_env = {
+        **base_env,
+        "SPAWN_DEPTH": "0",
+        "SPAWN_MAX_DEPTH": "2",
+        "SPAWN_TOOLS": "Read,Bash",
+        "SPAWN_DENY": json.dumps(["Read(**/.env*)"]),
+        "SPAWN_PERMISSION_MODE": "dontAsk",
+        "SPAWN_DEADLINE": str(time.time() + 100),
+        "SPAWN_MAX_BUDGET_USD": "0.5",
+    }
+    write_agent(project, "wild", "description: Wants everything.\ntools: Read, Bash, Write\npermissionMode: bypassPermissions")
+    got = dry_run(child_env, ["--agent", "wild", "--max-depth", "9", "--timeout", "1000", "--max-budget-usd", "9"], cwd=project)
+    assert got["tools"] == ["Read", "Bash"]
+    assert got["permission_mode"] == "dontAsk"
+    assert got["max_depth"] == 2
+    assert got["max_budget_usd"] == 0.5
+    assert got["deadline"] <= time.time() + 100 - spawn.PARENT_GRACE_S  # type: ignore[operator]
+    assert got["permissions"]["deny"] == ["Read(**/.env*)"]  # type: ignore[index]
+    warnings = " ".join(got["warnings"])  # type: ignore[arg-type]
+    for fragment in ("dropped: Write", "lowered to the parent's dontAsk", "--max-depth 9 lowered", "--max-budget-usd 9"):
+        assert fragment in warnings
+
+
+def test_allow_flag_cannot_widen_a_definition(base_env: dict[str, str], project: Path) -> None:
+    write_agent(project, "narrow", "description: Narrow.\ntools: Bash\npermissions:\n  allow: ['Bash(git diff:*)']")
+    got = dry_run(base_env, ["--agent", "narrow", "--allow", "Bash(rm:*)", "--deny", "Bash(git push:*)"], cwd=project)
+    assert got["permissions"] == {"allow": ["Bash(git diff:*)"], "deny": ["Bash(git push:*)"], "ask": []}
+    assert any("--allow can't widen" in w for w in got["warnings"])  # type: ignore[union-attr]
+
+
+def test_request_with_no_tools_left_is_refused(env: dict[str, str], session_root: Path) -> None:
+    proc = run_spawn(["--task", "t", "--tools", "Write"], {**env, "SPAWN_DEPTH": "0", "SPAWN_TOOLS": "Read"})
+    assert proc.returncode == 4
+    assert "tools: none of Write" in proc.stderr
+
+
+def test_briefing_lists_delegates_and_rights(base_env: dict[str, str]) -> None:
+    got = dry_run(base_env, ["--tools", "Bash,Read", "--deny", "Bash(rm:*)"], cwd=ROOT)
+    briefing = str(got["briefing"])
+    assert "explore: Read-only exploration" in briefing
+    assert "deny Bash(rm:*)" in briefing
+    assert "permission mode dontAsk" in briefing
+
+
+def test_auto_routing_is_recorded_and_explained(base_env: dict[str, str]) -> None:
+    proc = run_spawn(
+        ["--dry-run", "--agent", "auto", "--task", "Find where the session directory is created and explain it"], base_env, cwd=ROOT
+    )
+    got = json.loads(proc.stdout)
+    assert got["agent"] == "explore"
+    assert got["routing"]["chosen"] == "explore"
+    assert got["routing"]["candidates"][0]["matched"]
+
+
+# ------------------------------------------------------------ agents verbs --
+
+
+def test_agents_list_new_and_lint(base_env: dict[str, str], project: Path) -> None:
+    created = run_spawn(["agents", "new", "helper"], base_env, cwd=project)
+    assert created.returncode == 0, created.stderr
+    path = project / ".claude" / "agents" / "helper.md"
+    assert path.exists()
+    assert run_spawn(["agents", "new", "helper"], base_env, cwd=project).returncode == 2
+    assert run_spawn(["agents", "lint"], base_env, cwd=project).returncode == 0
+    listed = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project))
+    assert [a["name"] for a in listed["agents"]] == ["helper"]
+    write_agent(project, "broken", "description: x\ntools: Read, Teleport\nschema: nope\ncolour: red")
+    (project / ".claude" / "agents" / "badyaml.md").write_text("---\nname: badyaml\ndescription: [unclosed\n---\nbody\n")
+    lint = run_spawn(["agents", "lint"], base_env, cwd=project)
+    assert lint.returncode == 2
+    assert "broken.md:4: unknown tool Teleport" in lint.stdout
+    assert "broken.md:5: schema 'nope'" in lint.stdout
+    assert "broken.md:6: unknown field 'colour'" in lint.stdout
+    assert "badyaml.md:3: bad YAML" in lint.stdout
+    assert lint.stderr.startswith("spawn: error: ")
+
+
+def test_shipped_agents_lint_clean(base_env: dict[str, str]) -> None:
+    proc = run_spawn(["agents", "lint"], base_env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout
+    names = [a["name"] for a in stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=ROOT))["agents"]]
+    expected = ["architect", "build", "code-reviewer", "debugger", "documentation-writer", "explore", "plan", "test-engineer"]
+    assert names == expected
+
+
+def test_project_definition_wins_over_user(base_env: dict[str, str], project: Path) -> None:
+    home = Path(base_env["HOME"])
+    write_agent(home, "twin", "description: from the user")
+    write_agent(project, "twin", "description: from the project")
+    rows = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project / "src"))["agents"]
+    assert [(r["name"], r["source"], r["description"]) for r in rows] == [("twin", "project", "from the project")]
+
+
+# ---------------------------------------------------------------- pure core --
+
+
+@pytest.mark.parametrize(
+    ("rule", "tool", "tool_input", "expected"),
+    [
+        ("Bash(git diff:*)", "Bash", {"command": "git diff HEAD"}, True),
+        ("Bash(git diff:*)", "Bash", {"command": "git diff"}, True),
+        ("Bash(git diff:*)", "Bash", {"command": "git diffx"}, False),
+        ("Bash(git diff:*)", "Bash", {"command": "git diff && rm -rf /"}, False),
+        ("Bash(npm run test)", "Bash", {"command": "npm run test"}, True),
+        ("Bash", "Bash", {"command": "anything"}, True),
+        ("Read(./src/**)", "Read", {"file_path": "/p/src/a/b.py"}, True),
+        ("Read(./src/**)", "Read", {"file_path": "/p/docs/a.md"}, False),
+        ("Read(./src/**)", "Grep", {"pattern": "x", "path": "/p/src"}, True),
+        ("Read(**/.env*)", "Read", {"file_path": "/p/deep/.env.local"}, True),
+        ("Read(**/.env*)", "Read", {"file_path": "/p/environment.py"}, False),
+        ("Edit(**/*.test.*)", "Write", {"file_path": "/p/src/x.test.ts"}, True),
+        ("Edit(**/*.test.*)", "Edit", {"file_path": "/p/src/x.ts"}, False),
+        ("Read(//etc/**)", "Read", {"file_path": "/etc/passwd"}, True),
+        ("Read(~/secrets/**)", "Read", {"file_path": "/home/u/secrets/k"}, True),
+        ("WebFetch(domain:example.com)", "WebFetch", {"url": "https://docs.example.com/x"}, True),
+        ("WebFetch(domain:example.com)", "WebFetch", {"url": "https://example.org/x"}, False),
+        ("mcp__docs", "mcp__docs__search", {}, True),
+        ("mcp__docs", "mcp__other__search", {}, False),
+    ],
+)
+def test_rule_matching(rule: str, tool: str, tool_input: dict[str, object], expected: bool) -> None:
+    parsed = spawn.parse_rule(rule)
+    assert spawn.rule_matches(parsed, tool, tool_input, "/p", "/home/u", all_parts=True) is expected
+
+
+def test_decide_precedence_deny_then_ask_then_allow() -> None:
+    rules = spawn.RuleSet(
+        allow=[spawn.parse_rule("Bash(git:*)")],
+        deny=[spawn.parse_rule("Bash(git push:*)")],
+        ask=[spawn.parse_rule("Bash(git commit:*)")],
+    )
+
+    def verdict(command: str) -> str:
+        return spawn.decide("Bash", {"command": command}, rules, ["Bash", "Read"], cwd="/p", home="/h")[0]
+
+    assert verdict("git push origin") == "deny"
+    assert verdict("git commit -m x") == "ask"
+    assert verdict("git status") == "allow"
+    assert verdict("ls") == "deny"  # Bash has allow rules: only matching calls pass
+    assert spawn.decide("Read", {"file_path": "/p/a"}, rules, ["Bash", "Read"], cwd="/p", home="/h")[0] == "allow"
+    assert spawn.decide("Write", {"file_path": "/p/a"}, rules, ["Bash", "Read"], cwd="/p", home="/h")[0] == "deny"
+    assert spawn.decide("StructuredOutput", {}, rules, [], cwd="/p", home="/h")[0] == "allow"
+
+
+@pytest.mark.parametrize("bad", ["", "Bash(", "Teleport(x)", "not a rule"])
+def test_bad_rules_are_usage_errors(bad: str) -> None:
+    with pytest.raises(spawn.UsageError):
+        spawn.parse_rule(bad)
+
+
+def test_narrow_mode() -> None:
+    assert spawn.narrow_mode(None, None, is_root=True) == ("dontAsk", None)
+    assert spawn.narrow_mode("bypassPermissions", None, is_root=True) == ("bypassPermissions", None)
+    assert spawn.narrow_mode("acceptEdits", "dontAsk", is_root=False)[0] == "dontAsk"
+    assert spawn.narrow_mode("plan", "default", is_root=False) == ("plan", None)
+    assert spawn.narrow_mode(None, "plan", is_root=False) == ("plan", None)
+
+
+def test_frontmatter_parsing_reports_problems_with_lines() -> None:
+    text = (
+        "---\nname: a\ndescription: d\ntools: Read, Nope\nmodel: inherit\nmax_depth: two\n"
+        "permissions:\n  deny: ['Bash(rm:*)', 'Bad(']\n---\nbody\n"
+    )
+    d, problems = spawn.parse_definition(text, "a.md", "project")
+    assert d is not None
+    assert d.tools == ["Read"]
+    assert d.model == "inherit"
+    assert d.prompt == "body"
+    assert [r.text for r in d.permissions.deny] == ["Bash(rm:*)"]
+    assert [(p.line, p.message.split(" ")[0]) for p in problems] == [(4, "unknown"), (6, "max_depth"), (8, "bad")]
+    assert spawn.parse_definition("no frontmatter", "b.md", "user")[1][0].line == 1
+
+
+ROUTING_TABLE = [
+    ("Find where the retry logic lives and explain how it works", "explore"),
+    ("Review this pull request diff for security problems", "code-reviewer"),
+    ("Diagnose the crash: stack trace shows a KeyError in the parser", "debugger"),
+    ("Write unit tests for the tokenizer and run the test suite", "test-engineer"),
+    ("Implement a --verbose flag and refactor the option parsing", "build"),
+    ("Design the module boundaries and interfaces for a plugin system", "architect"),
+    ("Update the README and the usage examples for the new flag", "documentation-writer"),
+    ("Draft a step-by-step plan to migrate the database, with risks", "plan"),
+    ("What is the weather like today", None),
+]
+
+
+@pytest.mark.parametrize(("task", "expected"), ROUTING_TABLE)
+def test_routing_table(task: str, expected: str | None) -> None:
+    definitions, problems = spawn.load_definitions(ROOT, {"HOME": "/nonexistent"})
+    assert problems == []
+    decision = spawn.route(task, definitions)
+    assert decision["chosen"] == expected, decision["candidates"]
