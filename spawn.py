@@ -1422,6 +1422,12 @@ def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, An
     return {"chosen": chosen, "threshold": ROUTE_THRESHOLD, "candidates": candidates}
 
 
+def describe_routing(routing: Mapping[str, Any]) -> str:
+    scores = ", ".join(f"{c['name']} {c['score']} ({' '.join(c['matched']) or '-'})" for c in routing["candidates"][:3])
+    chosen = routing["chosen"] or f"the general agent (no score reached {routing['threshold']})"
+    return f"routed to {chosen}; top candidates: {scores}"
+
+
 def _line_of(key: str, frontmatter: str) -> int:
     for n, line in enumerate(frontmatter.splitlines(), start=2):  # line 1 is the opening ---
         if re.match(rf"\s*{re.escape(key)}\s*:", line):
@@ -2961,6 +2967,8 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     sdk_loader = SdkLoader(environ) if "--dry-run" not in argv else None
     args = build_run_parser().parse_args(argv)
     plan = plan_run(args, environ, ancestry_context())
+    if plan.meta.routing is not None:
+        note(describe_routing(plan.meta.routing))
     if args.dry_run:
         resolved = record_to_json(plan.meta)
         resolved.update(refusal=plan.refusal, cli=str(plan.cli), session_root=str(plan.session_root))
@@ -2969,6 +2977,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         return ExitCode.OK
     for warning in plan.meta.warnings:
         note(f"warning: {warning}")
+
     agent_dir = register(plan, None if args.background else own_identity())
     if plan.refusal is not None:
         outcome = record_refusal(agent_dir, plan)

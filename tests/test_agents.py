@@ -224,6 +224,7 @@ def test_auto_routing_is_recorded_and_explained(base_env: dict[str, str]) -> Non
     assert got["agent"] == "explore"
     assert got["routing"]["chosen"] == "explore"
     assert got["routing"]["candidates"][0]["matched"]
+    assert "routed to explore" in proc.stderr
 
 
 # ------------------------------------------------------------ agents verbs --
