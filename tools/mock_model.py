@@ -697,39 +697,23 @@ class Handler(BaseHTTPRequestHandler):
             )
             return
         reply, kind, digest, index, sleep = self.state.decide(request, len(raw))
+
+        def log(status: int, summary: str) -> None:
+            record = log_record(
+                path=self.path, method="POST", body_bytes=len(raw), request=request,
+                kind=kind, digest=digest, index=index, status=status, reply=summary,
+            )  # fmt: skip
+            self.state.log(record)
+
         if sleep and not self._sleep(sleep):
             self.close_connection = True
-            self.state.log(
-                log_record(
-                    path=self.path,
-                    method="POST",
-                    body_bytes=len(raw),
-                    request=request,
-                    kind=kind,
-                    digest=digest,
-                    index=index,
-                    status=499,
-                    reply="client_gone",
-                )
-            )
+            log(499, "client_gone")
             return
         if reply.status == 200 and request.get("stream"):
             self._send(200, sse_body(reply.body), "text/event-stream", reply.headers)
         else:
             self._send_json(reply.status, reply.body, reply.headers)
-        self.state.log(
-            log_record(
-                path=self.path,
-                method="POST",
-                body_bytes=len(raw),
-                request=request,
-                kind=kind,
-                digest=digest,
-                index=index,
-                status=reply.status,
-                reply=reply.summary,
-            )
-        )
+        log(reply.status, reply.summary)
 
     def do_HEAD(self) -> None:
         # A HEAD answer must carry no body, or the next response on this
