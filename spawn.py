@@ -28,8 +28,10 @@ Every agent lives in a directory on disk (the session protocol, documented in
 sessions/README.md): who it is (meta.json), what happened (outcome.json), the
 transcript, the CLI's stderr, and exactly one marker, ``.done`` or ``.fail``.
 
-Verbs: ``wait``, ``status``, ``kill`` and ``reap`` read and act on that
-protocol; ``spawn.py VERB --help`` describes each.
+Verbs: ``wait``, ``status``, ``kill``, ``reap``, ``approve``, ``deny`` and
+``agents`` read and act on that protocol; ``spawn.py VERB --help`` describes
+each. ``--agent NAME`` runs a Claude Code agent definition from
+.claude/agents; ``--allow/--deny/--ask`` take Claude Code's permission rules.
 """
 
 from __future__ import annotations
