@@ -2966,7 +2966,8 @@ def note(message: str) -> None:
 
 def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     # Start importing the SDK at once: it overlaps flag checks and registration.
-    sdk_loader = SdkLoader(environ) if "--dry-run" not in argv else None
+    # (A background launch and a dry run never need it.)
+    sdk_loader = SdkLoader(environ) if not {"--dry-run", "--background"} & set(argv) else None
     args = build_run_parser().parse_args(argv)
     plan = plan_run(args, environ, ancestry_context())
     if plan.meta.routing is not None:
