@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import psutil
 import pytest
 from conftest import (
     FAKE_API_KEY,
+    ROOT,
     MockModel,
     agent_dirs,
     load,
@@ -291,3 +294,54 @@ def test_depth_cannot_be_reset_from_bash(
         if load(p)["status"] == "refused"
     ]
     assert len(refused) == 1
+
+
+def test_task_from_stdin(env: dict[str, str], session_root: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "spawn.py"), "--task-file", "-"],
+        input=mock_task("from stdin", [{"text": "read it"}]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert stdout_json(proc)["output"] == "read it"
+    assert load(agent_dirs(session_root)[0] / "meta.json")["task"].startswith("from stdin")
+
+
+def test_wait_any_returns_with_the_first_outcome(env: dict[str, str], session_root: Path) -> None:
+    fast = stdout_json(run_spawn(["--background", "--task", mock_task("fast", [{"text": "quick"}])], env))
+    slow = stdout_json(run_spawn(["--background", "--task", mock_task("slow", [{"sleep": 60, "text": "never"}])], env))
+    proc = run_spawn(["wait", fast["id"], slow["id"], "--any", "--timeout", "60"], env)
+    assert proc.returncode == 0, proc.stderr
+    waited = stdout_json(proc)
+    assert [a["id"] for a in waited["agents"]] == [fast["id"]]
+    assert waited["pending"] == [slow["id"]]
+    assert run_spawn(["kill", slow["id"]], env).returncode == 0
+    timed_out = run_spawn(["wait", slow["id"], "--timeout", "0.5"], env)
+    assert timed_out.returncode == 1  # its outcome exists, and it is not done
+    assert stdout_json(timed_out)["agents"][0]["status"] == "killed"
+
+
+def test_sigint_interrupts_and_records_it(env: dict[str, str], session_root: Path) -> None:
+    proc = start_spawn(["--task", mock_task("long", [{"sleep": 60, "text": "never"}])], env)
+    wait_for_path(session_root)
+    limit = time.monotonic() + 30
+    while not list(session_root.glob("*/agents/*/heartbeat.json")):
+        assert time.monotonic() < limit
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert json.loads(out)["status"] == "interrupted"
+    validate_records(session_root)
+
+
+def test_wait_timeout_exits_124(env: dict[str, str], session_root: Path) -> None:
+    slow = stdout_json(run_spawn(["--background", "--task", mock_task("slow", [{"sleep": 60, "text": "never"}])], env))
+    proc = run_spawn(["wait", slow["id"], "--timeout", "1"], env)
+    assert proc.returncode == 124
+    assert stdout_json(proc)["pending"] == [slow["id"]]
+    run_spawn(["kill", slow["id"]], env)
