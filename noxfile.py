@@ -47,7 +47,8 @@ def tests(session: nox.Session) -> None:
     """Unit and end-to-end tests (the real bundled claude CLI against tools/mock_model.py)."""
     install_spawn_deps(session)
     session.install(*TEST_DEPS)
-    session.run("pytest", *(session.posargs or ["-q", "tests"]))
+    # A hung test fails after 5 minutes instead of eating the CI budget.
+    session.run("pytest", *(session.posargs or ["-q", "--timeout=300", "tests"]))
 
 
 @nox.session
