@@ -274,3 +274,14 @@ def test_random_sigkills_leave_no_survivor_and_exactly_one_outcome(seed: int, tm
     assert totals["invalid_records"] == 0, proc.stderr
     assert totals["trial_errors"] == 0, proc.stderr
     assert proc.returncode == 0
+
+
+def test_finishing_agent_ends_unwaited_background_children(env: dict[str, str], session_root: Path) -> None:
+    child = mock_task("forgotten", [{"sleep": 60, "text": "never"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--background", "--task", child)}, {"text": "root done early"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash"], env)
+    assert proc.returncode == 0, proc.stderr
+    child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
+    assert load(child_dir / "outcome.json")["status"] == "killed"
+    assert wait_until_gone(tree_pids(session_root), GRACE_S + 5) == []
+    validate_records(session_root)
