@@ -2434,8 +2434,9 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: S
         asyncio.run(main_task())
     # Whatever happened, nothing the agent started may outlive it.
     groups = [g for g in (state.cli_pgid,) if g]
+    running_below = live_descendants(meta)
     end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else 1.0, spare=[guard_pid])
-    settle_descendants(meta, secrets_)
+    settle_descendants(meta, secrets_, running_below)
     outcome = outcome_from_run(meta, state, started, error)
     if not commit_outcome(agent_dir, outcome, secrets_):
         committed = read_outcome(agent_dir) or {}
@@ -2625,17 +2626,29 @@ def parent_gone(session: Path, meta: AgentMeta) -> bool:
     return read_outcome(parent_dir) is not None or not process_matches(parent.pid, parent.create_time)
 
 
-def settle_descendants(meta: AgentMeta, secrets_: Sequence[str]) -> None:
+def live_descendants(meta: AgentMeta) -> set[str]:
+    """Ids of the agents below meta whose process is running and have no outcome."""
+    live = set()
+    for d in descendants_of(Path(meta.session), meta.id):
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            child = load_meta(d)
+            if read_outcome(d) is None and process_matches(child.pid, child.create_time):
+                live.add(child.id)
+    return live
+
+
+def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]) -> None:
     """Before an agent commits, every agent below it has an outcome too.
 
-    Its subtree has been ended; what has no outcome yet either died unseen
-    or escaped the process tree. So a parent's marker means its whole
-    subtree is settled, and no child's result is left hanging.
+    Its subtree has been ended; what has no outcome yet was ended by it
+    before recording one (those in `ended`, alive when it began), died
+    unseen, or escaped the process tree. So a parent's marker means its
+    whole subtree is settled, and no child's result is left hanging.
     """
     for d in descendants_of(Path(meta.session), meta.id):
         with contextlib.suppress(FileNotFoundError):
             child = load_meta(d)
-            if process_matches(child.pid, child.create_time):
+            if process_matches(child.pid, child.create_time) or child.id in ended:
                 settle_agent(d, Status.KILLED, f"ended with its ancestor {meta.id}", "parent", secrets_)
             else:
                 settle_agent(
