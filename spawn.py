@@ -2580,38 +2580,51 @@ def last_text_in_transcript(agent_dir: Path) -> str | None:
     return None
 
 
-def settle_agent(agent_dir: Path, status: Status, reason: str, by: str, secrets_: Sequence[str]) -> bool:
-    """End what is left of an agent and commit an outcome for it if it has none.
+def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets_: Sequence[str]) -> list[str]:
+    """End what is left of several agents at once, and commit an outcome for each without one.
 
-    A live spawn.py is asked first (SIGTERM): it ends its own subtree and
-    commits its own outcome, keeping everything it knows. Returns True if the
-    agent had no outcome when called.
+    Live spawn.py processes are asked first (SIGTERM), all together: each ends
+    its own subtree and commits its own outcome, keeping everything it knows.
+    After the grace, the outcome given here (agent dir, status, reason) is
+    committed for agents that still have none, and what remains of them is
+    killed. Returns the ids that had no outcome when called.
     """
-    if read_outcome(agent_dir) is not None:
-        return False
-    meta = load_meta(agent_dir)
-    if process_matches(meta.pid, meta.create_time):
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(meta.pid)
-            proc.terminate()
-            proc.wait(timeout=KILL_GRACE_S * 2)
-    procs, groups = agent_leftovers(agent_dir, meta)
+    pending = [(d, load_meta(d), status, reason) for d, status, reason in verdicts if read_outcome(d) is None]
+    asked = []
+    for _, meta, _, _ in pending:
+        if process_matches(meta.pid, meta.create_time):
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(meta.pid)
+                proc.terminate()
+                asked.append(proc)
+    # spawn.py answers SIGTERM by ending its own subtree (up to KILL_GRACE_S)
+    # and settling it; give it that twice over before taking its place.
+    psutil.wait_procs(asked, timeout=KILL_GRACE_S * 2)
+    for d, meta, status, reason in pending:
+        # Committed before the SIGKILLs below, so the agents' guards find it
+        # rather than recording a death they would misread as a crash.
+        started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
+        outcome = Outcome(
+            id=meta.id,
+            status=status,
+            reason=reason,
+            exit_code=EXIT_FOR_STATUS[status],
+            ended_at=utc_now_iso(),
+            duration_s=round(max(0.0, time.time() - started), 3),
+            text=last_text_in_transcript(d),
+            transcript=str(d / TRANSCRIPT),
+            committed_by=by,
+        )
+        commit_outcome(d, outcome, secrets_)
+    procs: list[psutil.Process] = []
+    groups: list[int] = []
+    for d, meta, _, _ in pending:
+        more_procs, more_groups = agent_leftovers(d, meta)
+        procs += more_procs
+        groups += more_groups
     if procs or groups:
         end_processes(procs, groups, grace=1.0)
-    started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
-    outcome = Outcome(
-        id=meta.id,
-        status=status,
-        reason=reason,
-        exit_code=EXIT_FOR_STATUS[status],
-        ended_at=utc_now_iso(),
-        duration_s=round(max(0.0, time.time() - started), 3),
-        text=last_text_in_transcript(agent_dir),
-        transcript=str(agent_dir / TRANSCRIPT),
-        committed_by=by,
-    )
-    commit_outcome(agent_dir, outcome, secrets_)
-    return True
+    return [meta.id for _, meta, _, _ in pending]
 
 
 def parent_gone(session: Path, meta: AgentMeta) -> bool:
@@ -2645,15 +2658,15 @@ def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]
     unseen, or escaped the process tree. So a parent's marker means its
     whole subtree is settled, and no child's result is left hanging.
     """
+    verdicts = []
     for d in descendants_of(Path(meta.session), meta.id):
         with contextlib.suppress(FileNotFoundError):
             child = load_meta(d)
             if process_matches(child.pid, child.create_time) or child.id in ended:
-                settle_agent(d, Status.KILLED, f"ended with its ancestor {meta.id}", "parent", secrets_)
+                verdicts.append((d, Status.KILLED, f"ended with its ancestor {meta.id}"))
             else:
-                settle_agent(
-                    d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})", "parent", secrets_
-                )
+                verdicts.append((d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})"))
+    settle_agents(verdicts, "parent", secrets_)
 
 
 def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
@@ -2668,9 +2681,8 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
         status, reason = Status.KILLED, f"its parent agent {meta.parent_id} is gone (found by {by})"
     else:
         status, reason = Status.FAILED, f"process {meta.pid} died without writing an outcome (found by {by})"
-    for child in descendants_of(session, meta.id):
-        settle_agent(child, Status.KILLED, f"ancestor {meta.id} ended without it (found by {by})", by, secrets_)
-    return settle_agent(agent_dir, status, reason, by, secrets_)
+    below = [(child, Status.KILLED, f"ancestor {meta.id} ended without it (found by {by})") for child in descendants_of(session, meta.id)]
+    return meta.id in settle_agents([*below, (agent_dir, status, reason)], by, secrets_)
 
 
 def reap_session(session: Path, by: str, secrets_: Sequence[str]) -> list[str]:
@@ -2838,7 +2850,7 @@ def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
     """End an agent and its descendants, deepest first; record `killed`."""
     meta = load_meta(agent_dir)
     targets = [*descendants_of(Path(meta.session), meta.id), agent_dir]
-    return [d.name for d in targets if settle_agent(d, Status.KILLED, "ended by spawn.py kill", "kill", secrets_)]
+    return settle_agents([(d, Status.KILLED, "ended by spawn.py kill") for d in targets], "kill", secrets_)
 
 
 # ---------------------------------------------------------------------- CLI --
