@@ -2585,9 +2585,9 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
 
     Live spawn.py processes are asked first (SIGTERM), all together: each ends
     its own subtree and commits its own outcome, keeping everything it knows.
-    After the grace, the outcome given here (agent dir, status, reason) is
-    committed for agents that still have none, and what remains of them is
-    killed. Returns the ids that had no outcome when called.
+    After the grace, what remains of them is killed and the outcome given
+    here (agent dir, status, reason) is committed for agents that still have
+    none. Returns the ids that had no outcome when called.
     """
     pending = [(d, load_meta(d), status, reason) for d, status, reason in verdicts if read_outcome(d) is None]
     asked = []
@@ -2600,22 +2600,31 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
     # spawn.py answers SIGTERM by ending its own subtree (up to KILL_GRACE_S)
     # and settling it; give it that twice over before taking its place.
     psutil.wait_procs(asked, timeout=KILL_GRACE_S * 2)
-    for d, meta, status, reason in pending:
-        # Committed before the SIGKILLs below, so the agents' guards find it
-        # rather than recording a death they would misread as a crash.
-        started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
-        outcome = Outcome(
-            id=meta.id,
-            status=status,
-            reason=reason,
-            exit_code=EXIT_FOR_STATUS[status],
-            ended_at=utc_now_iso(),
-            duration_s=round(max(0.0, time.time() - started), 3),
-            text=last_text_in_transcript(d),
-            transcript=str(d / TRANSCRIPT),
-            committed_by=by,
-        )
-        commit_outcome(d, outcome, secrets_)
+    still_running = {meta.id for _, meta, _, _ in pending if process_matches(meta.pid, meta.create_time)}
+
+    def commit(which: Callable[[AgentMeta], bool]) -> None:
+        for d, meta, status, reason in pending:
+            if not which(meta):
+                continue
+            started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
+            outcome = Outcome(
+                id=meta.id,
+                status=status,
+                reason=reason,
+                exit_code=EXIT_FOR_STATUS[status],
+                ended_at=utc_now_iso(),
+                duration_s=round(max(0.0, time.time() - started), 3),
+                text=last_text_in_transcript(d),
+                transcript=str(d / TRANSCRIPT),
+                committed_by=by,
+            )
+            commit_outcome(d, outcome, secrets_)
+
+    # A spawn.py about to be SIGKILLed gets its outcome first, so its guard
+    # finds it rather than recording the kill as a crash. The others are
+    # committed after their leftovers are gone, so an outcome is never seen
+    # while what the agent left still runs.
+    commit(lambda meta: meta.id in still_running)
     procs: list[psutil.Process] = []
     groups: list[int] = []
     for d, meta, _, _ in pending:
@@ -2624,6 +2633,7 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
         groups += more_groups
     if procs or groups:
         end_processes(procs, groups, grace=1.0)
+    commit(lambda meta: meta.id not in still_running)
     return [meta.id for _, meta, _, _ in pending]
 
 

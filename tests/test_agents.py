@@ -231,6 +231,9 @@ def test_auto_routing_is_recorded_and_explained(base_env: dict[str, str]) -> Non
 
 
 def test_agents_list_new_and_lint(base_env: dict[str, str], project: Path) -> None:
+    # The nearest .claude/agents upwards is the project's: without this one, a
+    # tmp_path inside a checkout (nox puts TMPDIR there) would find the repo's.
+    (project / ".claude" / "agents").mkdir(parents=True)
     created = run_spawn(["agents", "new", "helper"], base_env, cwd=project)
     assert created.returncode == 0, created.stderr
     path = project / ".claude" / "agents" / "helper.md"
