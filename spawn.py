@@ -648,6 +648,8 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
         lines.append("You cannot start child agents: the depth limit is reached.")
     elif "Bash" not in meta.tools:
         lines.append("You cannot start child agents: you have no Bash tool.")
+    elif any(rule.startswith("Bash(") for rule in meta.permissions.get("allow", [])):
+        lines.append("You cannot start child agents: your Bash is limited by allow rules that don't include spawn.py.")
     else:
         lines += [
             f"You may start child agents {remaining} level(s) deep. From Bash, run:",
@@ -2166,7 +2168,7 @@ async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float) -> N
 
 def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """The definitions an agent that may spawn can delegate to: (name, description)."""
-    if meta.depth >= meta.max_depth or "Bash" not in meta.tools:
+    if meta.depth >= meta.max_depth or "Bash" not in meta.tools or any(r.startswith("Bash(") for r in meta.permissions.get("allow", [])):
         return []
     definitions, _ = load_definitions(Path(meta.cwd), environ)
     return [(d.name, d.description) for d in definitions.values()]
