@@ -2563,7 +2563,29 @@ def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Proce
             cli = psutil.Process(int(beat["cli_pid"]))
             procs += [*reversed(cli.children(recursive=True)), cli]
             groups.append(int(beat["cli_pgid"]))
+    seen = {p.pid for p in procs}
+    procs += [p for p in processes_started_for(meta) if p.pid not in seen]
     return procs, groups
+
+
+def processes_started_for(meta: AgentMeta) -> list[psutil.Process]:
+    """Processes carrying the environment spawn.py gave this agent's CLI.
+
+    Finds the CLI and what it started even when no heartbeat names it yet
+    (spawn.py killed just as the CLI started) or their parent links are
+    gone. Guards are left alone: each settles its own agent.
+    """
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if env.get(ENV_AGENT_ID) == meta.id and env.get(ENV_SESSION) == meta.session and not is_guard(proc):
+            found.append(proc)
+    return found
 
 
 def last_text_in_transcript(agent_dir: Path) -> str | None:
