@@ -2018,6 +2018,10 @@ class RunState:
         self.cli_pgid: int | None = None
         self.stop_reason: Status | None = None
         self.stop_detail: str = ""
+        self.running_below: set[str] = set()
+        """Descendant agents running when the agent was stopped: it ended them."""
+        self.cli_killed = False
+        """The CLI was ended by a signal from outside: the agent was killed, it didn't fail."""
 
 
 def message_record(message: Any) -> dict[str, Any]:
@@ -2356,6 +2360,8 @@ def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: st
         api = getattr(result, "api_error_status", None)
         reason = f"agent failed ({result.subtype})" + (f", API status {api}" if api else "") + (f": {detail}" if detail else "")
         return Outcome(status=Status.FAILED, reason=reason[:2000], exit_code=ExitCode.AGENT_FAILED, **base)
+    if error is not None and state.cli_killed:
+        return Outcome(status=Status.KILLED, reason=f"the claude CLI was ended by a signal: {error}", exit_code=ExitCode.KILLED, **base)
     if error is not None:
         return Outcome(status=Status.FAILED, reason=error, exit_code=ExitCode.AGENT_FAILED, **base)
     if result is None:
@@ -2406,7 +2412,35 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: S
         def stop(status: Status, detail: str) -> None:
             if state.stop_reason is None:
                 state.stop_reason, state.stop_detail = status, detail
+                state.running_below = live_descendants(meta)
+                stopping.append(asyncio.ensure_future(shut_down()))
+
+        async def shut_down() -> None:
+            """Child agents first, so they can record their own outcome; then our CLI.
+
+            The CLI kills its Bash commands hard when it is ended, and a child
+            agent's spawn.py runs inside one. Cancelled without this, the SDK
+            would also give the CLI 5 s to exit on its own, and a stopped agent
+            must be gone well within its parent's grace.
+            """
+            try:
+                children = []
+                for d in descendants_of(Path(meta.session), meta.id):
+                    with contextlib.suppress(FileNotFoundError, SpawnError, psutil.Error):
+                        child = load_meta(d)
+                        if child.id in state.running_below:
+                            psutil.Process(child.pid).terminate()
+                            children.append(child)
+                limit = loop.time() + KILL_GRACE_S
+                while loop.time() < limit and any(process_matches(c.pid, c.create_time) for c in children):
+                    await asyncio.sleep(0.05)
+                if state.cli_pgid:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(state.cli_pgid, signal.SIGTERM)
+            finally:
                 task.cancel()
+
+        stopping: list[asyncio.Future[None]] = []
 
         for signum, status in ((signal.SIGTERM, Status.KILLED), (signal.SIGHUP, Status.KILLED), (signal.SIGINT, Status.INTERRUPTED)):
             loop.add_signal_handler(signum, stop, status, f"received {signal.Signals(signum).name}")
@@ -2429,6 +2463,8 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: S
                 raise
         except Exception as exc:  # the SDK's errors become a failed outcome
             error = describe_sdk_error(exc, agent_dir / STDERR_LOG)
+            # -N: killed by signal N; 128+N: a shell's way of saying the same.
+            state.cli_killed = getattr(exc, "exit_code", None) in (-signal.SIGTERM, -signal.SIGKILL, 143, 137)
         finally:
             beat.cancel()
 
@@ -2436,7 +2472,7 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: S
         asyncio.run(main_task())
     # Whatever happened, nothing the agent started may outlive it.
     groups = [g for g in (state.cli_pgid,) if g]
-    running_below = live_descendants(meta)
+    running_below = state.running_below if state.stop_reason else live_descendants(meta)
     end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else 1.0, spare=[guard_pid])
     settle_descendants(meta, secrets_, running_below)
     outcome = outcome_from_run(meta, state, started, error)
