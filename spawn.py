@@ -1763,6 +1763,8 @@ class Plan:
     secrets: list[str]
     limits: Limits = field(default_factory=Limits)
     """Tree-wide caps; written to limits.json when this spawn creates the session."""
+    guard: tuple[int, int] | None = None
+    """(pid, pipe) of the guard started for an agent this process runs."""
 
 
 def positive(name: str, value: float | None, integer: bool = False) -> None:
@@ -1961,6 +1963,10 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         info = SessionInfo(id=session.name, created_at=meta.started_at, topic=meta.topic or "", root_agent=meta.id)
         write_json_atomic(session / SESSION_INFO, record_to_json(info))
     if pid_info is not None:
+        if plan.refusal is None:
+            # The guard exists before the agent does: a SIGKILL right after
+            # meta.json is published still leaves someone to settle it.
+            plan.guard = start_guard(agent_dir)
         write_meta(agent_dir, meta, plan.secrets)
     return agent_dir
 
@@ -2392,7 +2398,9 @@ def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: st
     return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=result.result or state.last_text or "", **base)
 
 
-def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: SdkLoader | None = None) -> Outcome:
+def run_agent(
+    agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: SdkLoader | None = None, guard: tuple[int, int] | None = None
+) -> Outcome:
     """Run a registered agent to its one committed outcome."""
     import asyncio  # here, not at the top: the verbs and --dry-run don't need it
 
@@ -2400,7 +2408,7 @@ def run_agent(agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: S
     state = RunState()
     started = time.time()
     become_subreaper()
-    guard_pid, guard_pipe = start_guard(agent_dir)
+    guard_pid, guard_pipe = guard or start_guard(agent_dir)
     error: str | None = None
 
     async def main_task() -> None:
@@ -2749,6 +2757,9 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
         if not parent_gone(session, meta):
             return False
         status, reason = Status.KILLED, f"its parent agent {meta.parent_id} is gone (found by {by})"
+    elif parent_gone(session, meta):
+        # Its parent's end took it down (a CLI kills its Bash commands hard).
+        status, reason = Status.KILLED, f"process {meta.pid} ended with its parent agent {meta.parent_id} (found by {by})"
     else:
         status, reason = Status.FAILED, f"process {meta.pid} died without writing an outcome (found by {by})"
     below = [(child, Status.KILLED, f"ancestor {meta.id} ended without it (found by {by})") for child in descendants_of(session, meta.id)]
@@ -3088,7 +3099,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if not plan.new_session:
         # Agents that died unseen are settled by the next spawn in their session.
         reap_session(Path(plan.meta.session), "spawn", plan.secrets)
-    outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader)
+    outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
     emit(summary(agent_dir, record_to_json(outcome)))
     return outcome.exit_code
@@ -3096,13 +3107,14 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
 def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     agent_dir = Path(args.agent_dir)
+    guard = start_guard(agent_dir)  # first: a runner killed while starting is still settled
     sdk_loader = SdkLoader(environ)
     limit = time.monotonic() + REGISTER_WAIT_S
     while not (agent_dir / META).exists():  # the launcher writes it right after starting us
         if time.monotonic() > limit:
             raise StateError(f"{agent_dir} was never registered; nothing to run")
         time.sleep(0.01)
-    outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader)
+    outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard)
     emit(summary(agent_dir, record_to_json(outcome)))
     return outcome.exit_code
 
@@ -3112,6 +3124,11 @@ def cmd_guard(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     agent_dir = Path(args.agent_dir)
     with contextlib.suppress(OSError):
         sys.stdin.buffer.read()  # at EOF already when started by GUARD_BOOTSTRAP
+    limit = time.monotonic() + 2.0
+    while not (agent_dir / META).exists():  # a background launcher may still be writing it
+        if time.monotonic() > limit:
+            return ExitCode.OK  # never registered: not an agent, nothing to settle
+        time.sleep(0.02)
     meta = load_meta(agent_dir)
     limit = time.monotonic() + KILL_GRACE_S
     while process_matches(meta.pid, meta.create_time) and time.monotonic() < limit:
