@@ -2426,12 +2426,19 @@ def run_agent(
         async def shut_down() -> None:
             """Child agents first, so they can record their own outcome; then our CLI.
 
+            The CLI is frozen meanwhile, so the agent takes no further turn.
+
             The CLI kills its Bash commands hard when it is ended, and a child
             agent's spawn.py runs inside one. Cancelled without this, the SDK
             would also give the CLI 5 s to exit on its own, and a stopped agent
             must be gone well within its parent's grace.
             """
             try:
+                # Freeze the CLI (not its group, where child agents run): it
+                # must not start another model turn while the children end.
+                if state.cli_pid:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(state.cli_pid, signal.SIGSTOP)
                 children = []
                 for d in descendants_of(Path(meta.session), meta.id):
                     with contextlib.suppress(FileNotFoundError, SpawnError, psutil.Error):
@@ -2446,6 +2453,9 @@ def run_agent(
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(state.cli_pgid, signal.SIGTERM)
             finally:
+                if state.cli_pid:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
                 task.cancel()
 
         stopping: list[asyncio.Future[None]] = []
