@@ -503,6 +503,11 @@ def utc_now_iso() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def started_timestamp(meta: AgentMeta) -> float:
+    """meta.started_at (ISO 8601 UTC) as Unix seconds."""
+    return dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
+
+
 def slugify(text: str, max_len: int = 40) -> str:
     words = re.findall(r"[a-z0-9]+", text.lower())
     slug = ""
@@ -2684,7 +2689,7 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
         for d, meta, status, reason in pending:
             if not which(meta):
                 continue
-            started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
+            started = started_timestamp(meta)
             outcome = Outcome(
                 id=meta.id,
                 status=status,
@@ -2846,7 +2851,7 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
             state = "lost"  # dead without outcome; `reap` or `wait` records it
         elif outcome is None and state == Status.RUNNING and queueing and not (d / SLOT_MARKER).exists():
             state = "queued"  # waiting for a --max-concurrent slot
-        started = dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
+        started = started_timestamp(meta)
         rows[meta.id] = {
             "id": meta.id,
             "parent_id": meta.parent_id,
