@@ -2170,11 +2170,12 @@ async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float) -> N
     while state.cli_pid is None:
         await asyncio.sleep(0.05)
     try:
-        cli = psutil.Process(state.cli_pid)
-        create_time = cli.create_time()
+        create_time = psutil.Process(state.cli_pid).create_time()
     except psutil.Error:
         return
-    while cli.is_running() and cli.status() != psutil.STATUS_ZOMBIE:
+    # process_matches, not is_running() then status(): the CLI can exit
+    # between the two, and the status call would raise out of this task.
+    while process_matches(state.cli_pid, create_time):
         beat = Heartbeat(state.cli_pid, create_time, state.cli_pgid or state.cli_pid, time.time(), interval)
         with contextlib.suppress(OSError):
             write_json_atomic(agent_dir / HEARTBEAT, record_to_json(beat))
