@@ -179,19 +179,13 @@ def test_sigterm_ends_the_subtree_and_records_killed(env: dict[str, str], sessio
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 143
-    assert stdout_json_text(out)["status"] == "killed"
+    assert json.loads(out)["status"] == "killed"
     assert wait_until_gone(pids, GRACE_S + 5) == []
     by_depth = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
     assert by_depth[0]["status"] == "killed"
     assert by_depth[0]["text"] == "partial progress"
     assert by_depth[1]["status"] == "killed"
     validate_records(session_root)
-
-
-def stdout_json_text(out: str) -> dict[str, object]:
-    data = json.loads(out)
-    assert isinstance(data, dict)
-    return data
 
 
 def test_deadlines_flow_down_and_end_the_tree(env: dict[str, str], session_root: Path) -> None:
