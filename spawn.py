@@ -125,6 +125,11 @@ KNOWN_TOOLS = frozenset(
     }
 )  # fmt: skip
 
+# Legacy tool names Claude Code still accepts, and the name it uses now. A
+# name is canonicalised wherever it is read (tools, disallowed tools, rules),
+# so `--deny 'Task(*)'` also stops `Agent`.
+TOOL_ALIASES: dict[str, str] = {"Task": "Agent", "KillShell": "TaskStop"}
+
 # Claude Code's agent frontmatter, and what spawn.py adds to it (README.md).
 CLAUDE_AGENT_FIELDS = frozenset(
     {"name", "description", "tools", "disallowedTools", "model", "permissionMode", "skills", "mcpServers", "color", "hooks", "memory"}
@@ -541,8 +546,13 @@ def new_trace(parent: str | None) -> Trace:
     return Trace(secrets.token_hex(16), span)
 
 
+def canonical_tool(name: str) -> str:
+    """A tool's current name: legacy aliases (Task, KillShell) map to today's."""
+    return TOOL_ALIASES.get(name, name)
+
+
 def parse_tools(value: str) -> list[str]:
-    tools = [t.strip() for t in value.split(",") if t.strip()]
+    tools = [canonical_tool(t.strip()) for t in value.split(",") if t.strip()]
     unknown = [t for t in tools if t not in KNOWN_TOOLS and not t.startswith("mcp__")]
     if unknown:
         raise UnknownToolError(unknown)
