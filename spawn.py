@@ -115,26 +115,38 @@ DEFAULT_MAX_DEPTH = 3
 DEFAULT_TOOLS = ("Read", "Grep", "Glob")
 
 # Built-in tool names of Claude Code; MCP tools are accepted as mcp__server__tool.
+# A seed only: the tools the CLI reports in its init message are cached per CLI
+# version (cli_tool_cache) and added to these, so new tools aren't unknown.
 KNOWN_TOOLS = frozenset(
     {
-        "Agent", "AskUserQuestion", "Bash", "BashOutput", "Edit", "ExitPlanMode",
-        "Glob", "Grep", "KillShell", "LS", "ListMcpResourcesTool", "MultiEdit",
-        "NotebookEdit", "NotebookRead", "Read", "ReadMcpResourceTool", "Skill",
-        "SlashCommand", "Task", "TaskOutput", "TaskStop", "TodoWrite", "WebFetch",
-        "WebSearch", "Write",
+        "Agent", "AskUserQuestion", "Bash", "BashOutput", "CronCreate", "CronDelete", "CronList",
+        "Edit", "EnterPlanMode", "EnterWorktree", "ExitPlanMode", "ExitWorktree", "Glob", "Grep",
+        "KillShell", "LS", "ListAgents", "ListMcpResourcesTool", "LSP", "Monitor", "MultiEdit",
+        "NotebookEdit", "NotebookRead", "Read", "ReadMcpResourceTool", "ScheduleWakeup",
+        "SendMessage", "Skill", "SlashCommand", "Task", "TaskCreate", "TaskGet", "TaskList",
+        "TaskOutput", "TaskStop", "TaskUpdate", "TodoWrite", "ToolSearch", "WebFetch",
+        "WebSearch", "Workflow", "Write",
     }
 )  # fmt: skip
+ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # per-user cache (CLI tool lists); default $XDG_CACHE_HOME/spawn
 
 # Legacy tool names Claude Code still accepts, and the name it uses now. A
 # name is canonicalised wherever it is read (tools, disallowed tools, rules),
 # so `--deny 'Task(*)'` also stops `Agent`.
 TOOL_ALIASES: dict[str, str] = {"Task": "Agent", "KillShell": "TaskStop"}
 
-# Claude Code's agent frontmatter, and what spawn.py adds to it (README.md).
+# Claude Code's agent frontmatter (CLI 2.1.x), and what spawn.py adds to it
+# (README.md, "Agent definitions", has one row per field).
 CLAUDE_AGENT_FIELDS = frozenset(
-    {"name", "description", "tools", "disallowedTools", "model", "permissionMode", "skills", "mcpServers", "color", "hooks", "memory"}
-)
+    {
+        "name", "description", "tools", "disallowedTools", "model", "permissionMode", "mcpServers",
+        "hooks", "maxTurns", "skills", "memory", "background", "effort", "isolation", "color",
+        "initialPrompt", "omitClaudeMd", "autoCompactWindow",
+    }
+)  # fmt: skip
 SPAWN_AGENT_FIELDS = frozenset({"schema", "max_depth", "timeout", "max_budget_usd", "permissions"})
+EFFORT_LEVELS = ("low", "medium", "high", "xhigh", "max")
+MEMORY_SCOPES = ("user", "project", "local")
 PERMISSION_KINDS = ("allow", "deny", "ask")
 
 # From most to least restrictive; a child's mode is never further down than
@@ -154,11 +166,20 @@ EDIT_TOOLS = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
 ASK_TIMEOUT_S = 300.0
 ASK_POLL_S = 0.1
 
-# Routing: below this score the task goes to the general agent (no definition).
-ROUTE_THRESHOLD = 0.25
+# Routing: below this BM25 score (about one distinctive word matched) the task
+# goes to the default agent. K1 and B are BM25's usual term-frequency
+# saturation and length normalisation.
+ROUTE_THRESHOLD = 1.5
+ROUTE_K1 = 1.2
+ROUTE_B = 0.75
+# Words that say nothing about which agent fits, including the boilerplate of
+# public collections' <example> blocks (user:, assistant:, commentary:).
 ROUTE_STOPWORDS = frozenset(
-    "a an and are as at be by can code do does for from how i in into is it its me my of on or our please that the "
-    "their them then there these this to use used uses using what when where which who why will with you your".split()
+    "a about after all also an and any are as ask asks assistant at be been before but by can code commentary context "
+    "could do does done each example examples for from get has have help here how i if in into is it its just launch "
+    "let like ll make me more my need needs new now of on one or our out please proactively should so some such "
+    "sure task tasks than that the their them then there these they this to tool use used user uses using via want "
+    "wants we what when where which while who why will with work would you your agent agents".split()
 )
 
 
@@ -1236,18 +1257,32 @@ class AgentDefinition:
     timeout: float | None = None
     max_budget_usd: float | None = None
     permissions: RuleSet = field(default_factory=RuleSet)
+    max_turns: int | None = None
+    effort: str | int | None = None
+    initial_prompt: str | None = None
+    background: bool = False
+    isolation: str | None = None
+    """worktree: run in a fresh git worktree of the project."""
+    memory: str | None = None
+    """user, project or local: the agent's persistent memory directory."""
+    hooks: dict[str, Any] | None = None
+    """Claude Code's hooks setting (event -> matchers), passed to the CLI as settings."""
+    color: str | None = None
+    omit_claude_md: bool = False
+    auto_compact_window: int | None = None
 
 
 @dataclass(frozen=True)
 class Problem:
-    """A lint finding: file, line, message."""
+    """A lint finding: file, line, message; errors fail lint, warnings don't."""
 
     path: str
     line: int
     message: str
+    severity: str = "error"
 
     def __str__(self) -> str:
-        return f"{self.path}:{self.line}: {self.message}"
+        return f"{self.path}:{self.line}: {self.severity}: {self.message}"
 
 
 class RuleSyntaxError(UsageError):
@@ -1407,37 +1442,62 @@ def narrow_mode(requested: str | None, parent: str | None, is_root: bool) -> tup
     return mode, None
 
 
+ROUTE_SUFFIXES = (
+    "ations", "ation", "ments", "ment", "ities", "ity", "ings", "ing", "ers", "er", "ance", "ence",
+    "ies", "ate", "ize", "ise", "ed", "es", "ly", "s", "e",
+)  # fmt: skip
+
+
+def route_stem(word: str) -> str:
+    """A small suffix stripper: debug, debugging and debugger share `debug`,
+    optimize and optimization share `optimiz`. Crude, but the same on both sides."""
+    for suffix in ROUTE_SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not (suffix == "s" and word.endswith("ss")):
+            word = word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+            break
+    if len(word) > 4 and word[-1] == word[-2] and word[-1] not in "lsz":
+        word = word[:-1]  # debugg(ing) -> debug
+    return word
+
+
+def route_terms(text: str) -> list[str]:
+    """Stems of the words of text; hyphens and underscores split, stopwords go."""
+    words = re.findall(r"[a-z][a-z0-9]*", text.lower().replace("'", ""))
+    return [route_stem(w) for w in words if len(w) >= 2 and w not in ROUTE_STOPWORDS]
+
+
 def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, Any]:
-    """Pick the definition whose description best matches the task.
+    """Pick the definition that best matches the task (pure, deterministic).
 
-    Score: the task's distinct words found in the agent's name and
-    description, divided by the square root of the description's length so
-    that long descriptions don't win by size. Deterministic; the matched
-    words are recorded so the choice can be explained.
+    Each definition is a document: its name (split at hyphens, counted three
+    times: a name is the most deliberate summary), its description and its
+    body's first paragraph. Documents are ranked by BM25 over stems, so a word
+    that every agent mentions counts little and long descriptions full of
+    <example> blocks don't win by size. Below ROUTE_THRESHOLD the task goes to
+    the default agent.
     """
-
-    def words(text: str) -> set[str]:
-        out = set()
-        for word in re.findall(r"[a-z][a-z0-9\-]+", text.lower()):
-            if word in ROUTE_STOPWORDS or len(word) < 3:
-                continue
-            stem = word
-            for suffix in ("ing", "ed", "es", "s"):
-                if word.endswith(suffix) and len(word) - len(suffix) >= 4:
-                    stem = word[: -len(suffix)]
-                    break
-            out.add(stem)
-        return out
-
-    task_words = words(task.split(" MOCK[", maxsplit=1)[0])
-    scored: list[tuple[float, str, list[str]]] = []
+    import math
+    task_terms = set(route_terms(task.split(" MOCK[", maxsplit=1)[0]))
+    docs: dict[str, list[str]] = {}
     for name, d in sorted(definitions.items()):
-        desc = words(f"{name.replace('-', ' ')} {d.description}")
-        matched = sorted(task_words & desc)
-        scored.append((round(len(matched) / (len(desc) ** 0.5), 3) if desc else 0.0, name, matched))
+        docs[name] = route_terms(name) * 3 + route_terms(d.description) + route_terms(first_paragraph(d.prompt))
+    n = len(docs)
+    avg_len = sum(map(len, docs.values())) / n if n else 1.0
+    holders = {t: sum(1 for doc in docs.values() if t in doc) for t in task_terms}
+    scored: list[tuple[float, str, list[str]]] = []
+    for name, doc in docs.items():
+        score, matched = 0.0, []
+        for term in sorted(task_terms):
+            tf = doc.count(term)
+            if not tf:
+                continue
+            idf = math.log(1 + (n + 1) / (holders[term] + 0.5))
+            score += idf * tf * (ROUTE_K1 + 1) / (tf + ROUTE_K1 * (1 - ROUTE_B + ROUTE_B * len(doc) / (avg_len or 1.0)))
+            matched.append(term)
+        scored.append((round(score, 3), name, matched))
     scored.sort(key=lambda c: (-c[0], c[1]))
     chosen = scored[0][1] if scored and scored[0][0] >= ROUTE_THRESHOLD else None
-    candidates = [{"name": name, "score": score, "matched": matched} for score, name, matched in scored[:5]]
+    candidates = [{"name": name, "score": score, "matched": matched} for score, name, matched in scored[:3]]
     return {"chosen": chosen, "threshold": ROUTE_THRESHOLD, "candidates": candidates}
 
 
@@ -1454,23 +1514,96 @@ def _line_of(key: str, frontmatter: str) -> int:
     return 1
 
 
+def split_tool_entries(value: str) -> list[str]:
+    """Claude Code's tools grammar: commas separate entries, except inside
+    parentheses, so `Agent(explore, plan)` is one entry."""
+    entries, depth, current = [], 0, ""
+    for char in value:
+        if char == "," and depth == 0:
+            entries.append(current)
+            current = ""
+            continue
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        current += char
+    entries.append(current)
+    return [e.strip() for e in entries if e.strip()]
+
+
 def _as_list(value: Any) -> list[str] | None:
     if value is None:
         return None
     if isinstance(value, str):
-        return [v.strip() for v in value.split(",") if v.strip()]
+        return split_tool_entries(value)
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return [v.strip() for v in value]
+        return [e for v in value for e in split_tool_entries(v)]
     raise TypeError("must be a comma-separated string or a list of strings")
 
 
-def parse_definition(text: str, path: str, source: str) -> tuple[AgentDefinition | None, list[Problem]]:
-    """An agent file's definition and what is wrong with it (pure)."""
+def _fallback_scalar(value: str) -> Any:
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+        return value[1:-1]
+    if value in ("true", "false"):
+        return value == "true"
+    if re.fullmatch(r"-?\d+", value):
+        return int(value)
+    if value.startswith("[") and value.endswith("]"):
+        return [v.strip().strip("'\"") for v in value[1:-1].split(",") if v.strip()]
+    return value
+
+
+def fallback_frontmatter(frontmatter: str) -> dict[str, Any]:
+    """Claude Code's reading of frontmatter that isn't YAML: `key: value` lines,
+    the value being everything after the first `: ` (so `description: Use when:
+    the build breaks` works), `- item` lines as a list, indented lines continuing
+    the value above."""
+    data: dict[str, Any] = {}
+    key: str | None = None
+    for line in frontmatter.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        m = re.fullmatch(r"([A-Za-z_][\w\-]*):(?: (.*))?\s*", line)
+        if m and not line[0].isspace():
+            key, value = m.group(1), (m.group(2) or "").strip()
+            data[key] = _fallback_scalar(value) if value else None
+        elif key is not None and stripped.startswith("- "):
+            items = data[key] if isinstance(data[key], list) else []
+            data[key] = [*items, str(_fallback_scalar(stripped[2:].strip()))]
+        elif key is not None and isinstance(data[key], str | None):
+            data[key] = f"{data[key] or ''} {stripped}".strip()
+    return data
+
+
+def first_paragraph(text: str) -> str:
+    """The body's first paragraph that isn't a heading: what routing reads of the prompt."""
+    for block in re.split(r"\n\s*\n", text.strip()):
+        lines = [line for line in block.splitlines() if not line.lstrip().startswith("#")]
+        if " ".join(lines).strip():
+            return " ".join(line.strip() for line in lines)
+    return ""
+
+
+def tool_entry(entry: str) -> tuple[str, str | None]:
+    """(canonical tool, specifier) of one tools entry such as Agent(explore, plan)."""
+    m = re.fullmatch(r"([A-Za-z][A-Za-z0-9_\-]*)(?:\((.*)\))?", entry.strip(), flags=re.DOTALL)
+    if m is None:
+        return entry.strip(), None
+    return canonical_tool(m.group(1)), (m.group(2).strip() if m.group(2) is not None else None)
+
+
+def parse_definition(
+    text: str, path: str, source: str, known_tools: frozenset[str] = KNOWN_TOOLS
+) -> tuple[AgentDefinition | None, list[Problem]]:
+    """An agent file's definition and what is wrong with it (pure).
+
+    Read as Claude Code reads it: YAML frontmatter, or when that fails the
+    `key: value` fallback; fields spawn.py doesn't know are warnings.
+    """
     import yaml
 
     stem = Path(path).stem
     problems: list[Problem] = []
-    lines = text.splitlines()
+    lines = text.lstrip("\ufeff").splitlines()
     if not lines or lines[0].strip() != "---":
         return None, [Problem(path, 1, "no YAML frontmatter: the file must start with a line '---'")]
     try:
@@ -1478,24 +1611,29 @@ def parse_definition(text: str, path: str, source: str) -> tuple[AgentDefinition
     except StopIteration:
         return None, [Problem(path, 1, "the frontmatter is not closed by a line '---'")]
     frontmatter = "\n".join(lines[1:end])
+
+    def problem(key: str, message: str, severity: str = "error") -> None:
+        problems.append(Problem(path, _line_of(key, frontmatter), message, severity))
+
     try:
         data = yaml.safe_load(frontmatter) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 2 if mark is not None else 1
-        return None, [Problem(path, line, f"bad YAML: {getattr(exc, 'problem', None) or exc}")]
+        data = fallback_frontmatter(frontmatter)
+        reason = getattr(exc, "problem", None) or exc
+        if not data:
+            return None, [Problem(path, line, f"bad YAML: {reason}")]
+        problems.append(Problem(path, line, f"bad YAML ({reason}); read with Claude Code's 'key: value' fallback", "warning"))
     if not isinstance(data, dict):
         return None, [Problem(path, 2, "the frontmatter must be a mapping of fields")]
     d = AgentDefinition(name=str(data.get("name") or stem), path=path, source=source, prompt="\n".join(lines[end + 1 :]).strip())
 
-    def problem(key: str, message: str) -> None:
-        problems.append(Problem(path, _line_of(key, frontmatter), message))
-
     for key in data:
         if key not in CLAUDE_AGENT_FIELDS | SPAWN_AGENT_FIELDS:
-            problem(str(key), f"unknown field {key!r}")
+            problem(str(key), f"unknown field {key!r} (ignored)", "warning")
     if d.name != stem:
-        problem("name", f"name {d.name!r} differs from the file name {stem!r}")
+        problem("name", f"name {d.name!r} differs from the file name {stem!r}; Claude Code and spawn.py use the name", "warning")
     if not isinstance(data.get("description", ""), str) or not data.get("description"):
         problem("description", "description is missing: routing and 'agents list' need it")
     d.description = str(data.get("description") or "")
@@ -1506,10 +1644,17 @@ def parse_definition(text: str, path: str, source: str) -> tuple[AgentDefinition
             problem(key, f"{key} {exc}")
             continue
         if value is not None and key != "skills":
-            unknown = [t for t in value if t not in KNOWN_TOOLS and not t.startswith("mcp__")]
-            if unknown:
-                problem(key, f"unknown tool {', '.join(unknown)}")
-                value = [t for t in value if t not in unknown]
+            names: list[str] = []
+            for entry in value:
+                tool, spec = tool_entry(entry)
+                if tool not in known_tools and not tool.startswith("mcp__"):
+                    problem(key, f"unknown tool {tool} (kept: the CLI may know it)", "warning")
+                names.append(tool)
+                if spec is not None and key == "tools":
+                    # Agent(explore, plan): the tool, narrowed to those specifiers.
+                    for one in (split_tool_entries(spec) if tool == "Agent" else [spec]):
+                        d.permissions.allow.append(Rule(tool, one, f"{tool}({one})"))
+            value = list(dict.fromkeys(names))
         if value is not None:
             setattr(d, attr, value)
     model = data.get("model")
@@ -1523,6 +1668,11 @@ def parse_definition(text: str, path: str, source: str) -> tuple[AgentDefinition
             d.permission_mode = str(mode)
     servers = data.get("mcpServers")
     if servers is not None:
+        if isinstance(servers, list):
+            # Claude Code's list form: names of configured servers, or {name: config} items.
+            servers = {k: v for item in servers if isinstance(item, dict) for k, v in item.items()} | {
+                str(item): {} for item in servers if isinstance(item, str)
+            }
         if isinstance(servers, dict) and all(isinstance(v, dict) for v in servers.values()):
             d.mcp_servers = {str(k): v for k, v in servers.items()}
         else:
@@ -1533,8 +1683,11 @@ def parse_definition(text: str, path: str, source: str) -> tuple[AgentDefinition
             problem("schema", "schema must be a schema NAME from schemas/ or a path")
         else:
             d.schema = schema
-            if re.fullmatch(r"[A-Za-z0-9_.\-]+", schema) and not (SCHEMA_DIR / f"{schema}.json").is_file():
-                problem("schema", f"schema {schema!r} is not in {SCHEMA_DIR}")
+            if re.fullmatch(r"[A-Za-z0-9_.\-]+", schema) and not schema.endswith(".json"):
+                if not (SCHEMA_DIR / f"{schema}.json").is_file():
+                    problem("schema", f"schema {schema!r} is not in {SCHEMA_DIR}")
+            elif not schema.lstrip().startswith(("{", "[")) and not Path(schema).expanduser().is_file():
+                problem("schema", f"schema file {schema} does not exist")
     for key, number in (("max_depth", int), ("timeout", float), ("max_budget_usd", float)):
         value = data.get(key)
         if value is None:
@@ -1543,6 +1696,7 @@ def parse_definition(text: str, path: str, source: str) -> tuple[AgentDefinition
             problem(key, f"{key} must be a non-negative {'integer' if number is int else 'number'}")
         else:
             setattr(d, key, number(value))
+    _parse_claude_fields(data, d, problem)
     perms = data.get("permissions")
     if perms is not None:
         if not isinstance(perms, dict):
@@ -1558,6 +1712,90 @@ def parse_definition(text: str, path: str, source: str) -> tuple[AgentDefinition
                     except RuleSyntaxError as exc:
                         problem(kind, exc.message)
     return d, problems
+
+
+def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """The fields Claude Code added for subagents; a bad value is ignored with a
+    warning, as Claude Code ignores it, so the file still loads."""
+    turns = data.get("maxTurns")
+    if turns is not None:
+        if isinstance(turns, int) and not isinstance(turns, bool) and turns > 0:
+            d.max_turns = turns
+        else:
+            problem("maxTurns", f"maxTurns must be a positive integer, got {turns!r}; ignored", "warning")
+    effort = data.get("effort")
+    if effort is not None:
+        if effort in EFFORT_LEVELS or (isinstance(effort, int) and not isinstance(effort, bool)):
+            d.effort = effort
+        else:
+            problem("effort", f"effort must be one of {', '.join(EFFORT_LEVELS)}, got {effort!r}; ignored", "warning")
+    for key, attr, choices in (("isolation", "isolation", ("worktree",)), ("memory", "memory", MEMORY_SCOPES)):
+        value = data.get(key)
+        if value is None:
+            continue
+        if value in choices:
+            setattr(d, attr, value)
+        else:
+            problem(key, f"{key} must be {' or '.join(choices)}, got {value!r}; ignored", "warning")
+    for key, attr in (("background", "background"), ("omitClaudeMd", "omit_claude_md")):
+        value = data.get(key)
+        if value is not None:
+            if isinstance(value, bool):
+                setattr(d, attr, value)
+            else:
+                problem(key, f"{key} must be true or false, got {value!r}; ignored", "warning")
+    for key, attr in (("initialPrompt", "initial_prompt"), ("color", "color")):
+        value = data.get(key)
+        if value is not None:
+            setattr(d, attr, str(value))
+    window = data.get("autoCompactWindow")
+    if window is not None:
+        if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+            d.auto_compact_window = window
+        else:
+            problem("autoCompactWindow", f"autoCompactWindow must be a positive integer, got {window!r}; ignored", "warning")
+    hooks = data.get("hooks")
+    if hooks is not None:
+        if isinstance(hooks, dict) and all(isinstance(v, list) for v in hooks.values()):
+            d.hooks = {str(k): v for k, v in hooks.items()}
+        else:
+            problem("hooks", "hooks must map events (PreToolUse, ...) to lists of matchers, as in settings.json; ignored", "warning")
+
+
+def cache_dir(environ: Mapping[str, str]) -> Path:
+    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
+    if environ.get(ENV_CACHE_DIR):
+        return Path(environ[ENV_CACHE_DIR]).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
+    return Path(base).expanduser() / "spawn"
+
+
+def remember_cli_tools(init: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """Cache the tool names a CLI's init message lists, one file per CLI version,
+    so that lint knows that CLI's tools offline. Best effort: a cache that can't
+    be written only costs warnings later."""
+    version, tools = init.get("claude_code_version"), init.get("tools")
+    if not isinstance(version, str) or not isinstance(tools, list) or not re.fullmatch(r"[\w.\-]+", version):
+        return
+    names = sorted({canonical_tool(t) for t in tools if isinstance(t, str) and not t.startswith("mcp__")})
+    path = cache_dir(environ) / f"cli-tools-{version}.json"
+    with contextlib.suppress(OSError):
+        if path.is_file() and json.loads(path.read_text()).get("tools") == names:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"claude_code_version": version, "tools": names}) + "\n")
+        os.replace(tmp, path)  # readers see the old list or the new one, never half
+
+
+def known_tools(environ: Mapping[str, str]) -> frozenset[str]:
+    """The seed list plus every tool a CLI on this machine has reported."""
+    names = set(KNOWN_TOOLS)
+    with contextlib.suppress(OSError):
+        for path in sorted(cache_dir(environ).glob("cli-tools-*.json")):
+            with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+                names |= {t for t in json.loads(path.read_text()).get("tools", []) if isinstance(t, str)}
+    return frozenset(names)
 
 
 def agent_dirs_for(cwd: Path, environ: Mapping[str, str]) -> list[tuple[Path, str]]:
@@ -1579,6 +1817,7 @@ def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, A
     """Every definition by name (the project's win over the user's), and the problems found."""
     definitions: dict[str, AgentDefinition] = {}
     problems: list[Problem] = []
+    tools = known_tools(environ)
     for folder, source in agent_dirs_for(cwd, environ):
         seen_here: dict[str, str] = {}
         for path in sorted(folder.glob("*.md")):
@@ -1587,7 +1826,7 @@ def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, A
             except (OSError, UnicodeDecodeError) as exc:
                 problems.append(Problem(str(path), 1, f"unreadable: {exc}"))
                 continue
-            d, found = parse_definition(text, str(path), source)
+            d, found = parse_definition(text, str(path), source, tools)
             problems += found
             if d is None:
                 continue
@@ -3243,7 +3482,7 @@ def cmd_agents(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             for name in args.paths:
                 path = Path(name)
                 try:
-                    d, found = parse_definition(path.read_text(), str(path), "project")
+                    d, found = parse_definition(path.read_text(), str(path), "project", known_tools(environ))
                 except (OSError, UnicodeDecodeError) as exc:
                     raise UsageError(f"can't read {path}: {exc}") from None
                 problems += found
@@ -3255,8 +3494,9 @@ def cmd_agents(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             _, problems = load_definitions(cwd, environ)
         for problem in problems:
             print(problem)
-        if problems:
-            raise UsageError(f"{len(problems)} problem(s) in agent definitions")
+        errors = [p for p in problems if p.severity == "error"]
+        if errors:
+            raise UsageError(f"{len(errors)} error(s) in agent definitions; fix them (warnings don't stop a run)")
         print("spawn: agent definitions are valid", file=sys.stderr)
         return ExitCode.OK
     definitions, _ = load_definitions(cwd, environ)
