@@ -166,16 +166,20 @@ EDIT_TOOLS = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
 ASK_TIMEOUT_S = 300.0
 ASK_POLL_S = 0.1
 
+# Claude Code shows an agent the first 200 lines of its MEMORY.md.
+MEMORY_HEAD_LINES = 200
+
 # Routing: below this BM25 score (about one distinctive word matched) the task
 # goes to the default agent. K1 and B are BM25's usual term-frequency
 # saturation and length normalisation.
 ROUTE_THRESHOLD = 1.5
 ROUTE_K1 = 1.2
 ROUTE_B = 0.75
+ROUTE_NAME_WEIGHT = 1.5  # a word of the agent's name counts this much more
 # Words that say nothing about which agent fits, including the boilerplate of
 # public collections' <example> blocks (user:, assistant:, commentary:).
 ROUTE_STOPWORDS = frozenset(
-    "a about after all also an and any are as ask asks assistant at be been before but by can code commentary context "
+    "a about after all also an and any are as ask asks assistant at be been before but by can commentary context "
     "could do does done each example examples for from get has have help here how i if in into is it its just launch "
     "let like ll make me more my need needs new now of on one or our out please proactively should so some such "
     "sure task tasks than that the their them then there these they this to tool use used user uses using via want "
@@ -393,6 +397,16 @@ class AgentMeta:
     mcp_servers: list[str] = field(default_factory=list)
     """Names of the definition's MCP servers (their config stays in the definition file)."""
     skills: list[str] | None = None
+    effort: str | int | None = None
+    """The definition's effort (low ... max), passed to the CLI."""
+    initial_prompt: str | None = None
+    """The definition's initialPrompt, sent before the task."""
+    isolation: str | None = None
+    """worktree: the agent runs in a fresh git worktree of cwd."""
+    memory: str | None = None
+    """The definition's memory scope (user, project, local)."""
+    hooks: list[str] = field(default_factory=list)
+    """Events of the definition's hooks (their commands stay in the definition file)."""
     warnings: list[str] = field(default_factory=list)
     spawn_version: str = __version__
     protocol: int = PROTOCOL_VERSION
@@ -424,6 +438,8 @@ class Outcome:
     warnings: list[str] = field(default_factory=list)
     committed_by: str = "self"
     """self, or who committed it on the agent's behalf: guard, parent, wait, reap, kill, spawn."""
+    worktree: str | None = None
+    """With `isolation: worktree`: the worktree the agent changed, kept (branch spawn/ID)."""
     protocol: int = PROTOCOL_VERSION
 
 
@@ -1444,17 +1460,20 @@ def narrow_mode(requested: str | None, parent: str | None, is_root: bool) -> tup
 
 ROUTE_SUFFIXES = (
     "ations", "ation", "ments", "ment", "ities", "ity", "ings", "ing", "ers", "er", "ance", "ence",
-    "ies", "ate", "ize", "ise", "ed", "es", "ly", "s", "e",
+    "ures", "ure", "ies", "ate", "ize", "ise", "ed", "es", "ly", "s", "e",
 )  # fmt: skip
 
 
 def route_stem(word: str) -> str:
     """A small suffix stripper: debug, debugging and debugger share `debug`,
     optimize and optimization share `optimiz`. Crude, but the same on both sides."""
-    for suffix in ROUTE_SUFFIXES:
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not (suffix == "s" and word.endswith("ss")):
-            word = word[: -len(suffix)] + ("y" if suffix == "ies" else "")
-            break
+    for _ in range(2):  # twice: documentation -> document -> docu, as documents
+        for suffix in ROUTE_SUFFIXES:
+            if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not (suffix == "s" and word.endswith("ss")):
+                word = word[: -len(suffix)] + ("y" if suffix == "ies" else "")
+                break
+    if len(word) > 5 and word.endswith(("iz", "is")):
+        word = word[:-2]  # optimiz(ation) -> optim, as optimize
     if len(word) > 4 and word[-1] == word[-2] and word[-1] not in "lsz":
         word = word[:-1]  # debugg(ing) -> debug
     return word
@@ -1469,9 +1488,9 @@ def route_terms(text: str) -> list[str]:
 def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, Any]:
     """Pick the definition that best matches the task (pure, deterministic).
 
-    Each definition is a document: its name (split at hyphens, counted three
-    times: a name is the most deliberate summary), its description and its
-    body's first paragraph. Documents are ranked by BM25 over stems, so a word
+    Each definition is a document: its name (split at hyphens), its
+    description and its body's first paragraph; a word of the name also earns
+    a bonus, since a name is the most deliberate summary. Documents are ranked by BM25 over stems, so a word
     that every agent mentions counts little and long descriptions full of
     <example> blocks don't win by size. Below ROUTE_THRESHOLD the task goes to
     the default agent.
@@ -1479,8 +1498,10 @@ def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, An
     import math
     task_terms = set(route_terms(task.split(" MOCK[", maxsplit=1)[0]))
     docs: dict[str, list[str]] = {}
+    names: dict[str, set[str]] = {}
     for name, d in sorted(definitions.items()):
-        docs[name] = route_terms(name) * 3 + route_terms(d.description) + route_terms(first_paragraph(d.prompt))
+        names[name] = set(route_terms(name))
+        docs[name] = route_terms(name) + route_terms(d.description) + route_terms(first_paragraph(d.prompt))
     n = len(docs)
     avg_len = sum(map(len, docs.values())) / n if n else 1.0
     holders = {t: sum(1 for doc in docs.values() if t in doc) for t in task_terms}
@@ -1493,6 +1514,8 @@ def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, An
                 continue
             idf = math.log(1 + (n + 1) / (holders[term] + 0.5))
             score += idf * tf * (ROUTE_K1 + 1) / (tf + ROUTE_K1 * (1 - ROUTE_B + ROUTE_B * len(doc) / (avg_len or 1.0)))
+            if term in names[name]:
+                score += idf * ROUTE_NAME_WEIGHT  # outside BM25's saturation: a name is a deliberate summary
             matched.append(term)
         scored.append((round(score, 3), name, matched))
     scored.sort(key=lambda c: (-c[0], c[1]))
@@ -1503,7 +1526,7 @@ def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, An
 
 def describe_routing(routing: Mapping[str, Any]) -> str:
     scores = ", ".join(f"{c['name']} {c['score']} ({' '.join(c['matched']) or '-'})" for c in routing["candidates"][:3])
-    chosen = routing["chosen"] or f"the general agent (no score reached {routing['threshold']})"
+    chosen = routing["chosen"] or f"the default agent: no candidate reached the confidence threshold {routing['threshold']}"
     return f"routed to {chosen}; top candidates: {scores}"
 
 
@@ -1669,10 +1692,12 @@ def parse_definition(
     servers = data.get("mcpServers")
     if servers is not None:
         if isinstance(servers, list):
-            # Claude Code's list form: names of configured servers, or {name: config} items.
-            servers = {k: v for item in servers if isinstance(item, dict) for k, v in item.items()} | {
-                str(item): {} for item in servers if isinstance(item, str)
-            }
+            # Claude Code's list form: names of servers configured elsewhere, or {name: config} items.
+            named = [str(item) for item in servers if not isinstance(item, dict)]
+            if named:
+                problem("mcpServers", f"mcpServers {', '.join(named)} refer to servers configured elsewhere; "
+                        "spawn.py starts only servers configured inline ({name: {command: ...}})", "warning")  # fmt: skip
+            servers = {k: v for item in servers if isinstance(item, dict) for k, v in item.items()}
         if isinstance(servers, dict) and all(isinstance(v, dict) for v in servers.values()):
             d.mcp_servers = {str(k): v for k, v in servers.items()}
         else:
@@ -2072,6 +2097,11 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         args.max_depth = min_known(args.max_depth, definition.max_depth)
         args.timeout = min_known(args.timeout, definition.timeout)
         args.max_budget_usd = min_known(args.max_budget_usd, definition.max_budget_usd)
+        args.max_turns = min_known(args.max_turns, definition.max_turns)
+        if args.background is None:
+            args.background = definition.background
+        if isinstance(definition.effort, int):
+            warnings.append(f"numeric effort {definition.effort} is not passed: the SDK takes low, medium, high, xhigh or max")
         if flag_rules.allow and definition.permissions.allow:
             warnings.append(f"--allow can't widen the {definition.name} definition's allow rules; ignored")
             flag_rules.allow = []
@@ -2149,7 +2179,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         max_budget_usd=budget,
         topic=slugify(topic, 32),
         output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
-        background=args.background,
+        background=bool(args.background),
         agent=definition.name if definition else None,
         agent_source=definition.path if definition else None,
         routing=routing,
@@ -2157,6 +2187,11 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         permission_mode=mode,
         mcp_servers=sorted(definition.mcp_servers) if definition else [],
         skills=definition.skills if definition else None,
+        effort=definition.effort if definition else None,
+        initial_prompt=definition.initial_prompt if definition else None,
+        isolation=definition.isolation if definition else None,
+        memory=definition.memory if definition else None,
+        hooks=sorted(definition.hooks or {}) if definition else [],
         warnings=warnings,
     )
     limits = Limits(args.max_budget_usd, args.max_agents, args.max_concurrent)
@@ -2513,6 +2548,62 @@ def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rul
     return ("allow" if answer in ("y", "yes") else "deny"), "terminal"
 
 
+def memory_dir(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> Path:
+    """Claude Code's agent memory directories: user, project, or local (not committed)."""
+    name = meta.agent or definition_path.stem
+    if meta.memory == "user":
+        return Path(environ.get("HOME") or Path.home()).expanduser() / ".claude" / "agent-memory" / name
+    project = definition_path.resolve().parent.parent.parent  # PROJECT/.claude/agents/NAME.md
+    return project / ".claude" / ("agent-memory-local" if meta.memory == "local" else "agent-memory") / name
+
+
+def memory_section(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> str:
+    """What Claude Code tells an agent with `memory:`: where its memory lives and
+    the head of its MEMORY.md, so what it learnt last time is in front of it."""
+    folder = memory_dir(meta, definition_path, environ)
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+    try:
+        head = "\n".join((folder / "MEMORY.md").read_text().splitlines()[:MEMORY_HEAD_LINES])
+    except (OSError, UnicodeDecodeError):
+        head = "(empty)"
+    return (
+        f"# Agent memory\nYour persistent memory directory is {folder}. Keep notes worth keeping across runs "
+        f"in {folder / 'MEMORY.md'} (only its first {MEMORY_HEAD_LINES} lines are shown here).\n"
+        f"MEMORY.md now:\n{head}"
+    )
+
+
+def create_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> Path:
+    """A fresh git worktree of cwd's repository on branch spawn/ID, for `isolation: worktree`."""
+    path = agent_dir / "worktree"
+    proc = subprocess.run(
+        ["git", "-C", str(cwd), "worktree", "add", "-q", "-b", f"spawn/{agent_id}", str(path), "HEAD"],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise StateError(f"isolation: worktree needs a git repository with a commit at {cwd}: {proc.stderr.strip()}")
+    # Keep the worktree's place below cwd, so relative paths in the task still mean the same.
+    top = subprocess.run(["git", "-C", str(cwd), "rev-parse", "--show-toplevel"], capture_output=True, text=True).stdout.strip()
+    return path / cwd.resolve().relative_to(Path(top).resolve()) if top else path
+
+
+def settle_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> str | None:
+    """Remove an unchanged worktree and its branch; keep a changed one. Returns the kept path."""
+    path = agent_dir / "worktree"
+    if not path.is_dir():
+        return None
+    status = subprocess.run(["git", "-C", str(path), "status", "--porcelain"], capture_output=True, text=True)
+    base = subprocess.run(["git", "-C", str(cwd), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if status.returncode != 0 or status.stdout.strip() or head != base:
+        return str(path)
+    subprocess.run(["git", "-C", str(cwd), "worktree", "remove", "--force", str(path)], capture_output=True)
+    subprocess.run(["git", "-C", str(cwd), "branch", "-D", f"spawn/{agent_id}"], capture_output=True)
+    return None
+
+
 async def run_sdk(
     meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
 ) -> None:
@@ -2534,10 +2625,21 @@ async def run_sdk(
 
     builtin = [t for t in meta.tools if not t.startswith("mcp__")]
     mcp_servers: dict[str, Any] = {}
-    if meta.agent_source and meta.mcp_servers:
-        # The servers' config (which may hold tokens) is read from the definition, never copied into meta.json.
+    settings: str | None = None
+    if meta.agent_source and (meta.mcp_servers or meta.hooks or meta.memory):
+        # The servers' config (which may hold tokens) and the hooks' commands
+        # are read from the definition, never copied into meta.json.
         definition, _ = parse_definition(Path(meta.agent_source).read_text(), meta.agent_source, "project")
-        mcp_servers = definition.mcp_servers if definition else {}
+        mcp_servers = definition.mcp_servers if definition and meta.mcp_servers else {}
+        if definition and definition.hooks and meta.hooks:
+            # Claude Code's hooks format is a settings key: the CLI runs them.
+            settings = json.dumps({"hooks": definition.hooks})
+        if meta.memory:
+            system_prompt_memory = memory_section(meta, Path(meta.agent_source), os.environ)
+            if isinstance(system_prompt, dict):
+                system_prompt["append"] += "\n\n" + system_prompt_memory
+            else:
+                system_prompt += "\n\n" + system_prompt_memory
     gate = PermissionGate(meta, agent_dir, secrets_)
     options = sdk.ClaudeAgentOptions(
         tools=builtin,
@@ -2551,6 +2653,8 @@ async def run_sdk(
         model=meta.model,
         max_turns=meta.max_turns,
         max_budget_usd=meta.max_budget_usd,
+        effort=meta.effort if isinstance(meta.effort, str) else None,
+        settings=settings,
         cwd=meta.cwd,
         cli_path=str(cli),
         env=child_environment(meta, agent_dir),
@@ -2564,8 +2668,13 @@ async def run_sdk(
         output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
     )
     transcript = agent_dir / TRANSCRIPT
-    async for message in sdk.query(prompt=meta.task, options=options):
+    # initialPrompt comes first, in the same user turn, so the task's own text
+    # (and any scripted MOCK[...]) stays part of the first message.
+    prompt = f"{meta.initial_prompt}\n\n{meta.task}" if meta.initial_prompt else meta.task
+    async for message in sdk.query(prompt=prompt, options=options):
         append_jsonl(transcript, message_record(message), secrets_)
+        if isinstance(message, sdk.SystemMessage) and message.subtype == "init":
+            remember_cli_tools(message.data, os.environ)
         if isinstance(message, AssistantMessage):
             texts = [b.text for b in message.content if isinstance(b, TextBlock) and b.text.strip()]
             if texts:
@@ -2665,6 +2774,12 @@ def run_agent(
     become_subreaper()
     guard_pid, guard_pipe = guard or start_guard(agent_dir)
     error: str | None = None
+    home_cwd = Path(meta.cwd)
+    if meta.isolation == "worktree":
+        try:
+            meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
+        except StateError as exc:
+            error = exc.message
 
     async def main_task() -> None:
         nonlocal error
@@ -2730,7 +2845,8 @@ def run_agent(
                     if meta.deadline is None and time.monotonic() > limit:
                         stop(Status.TIMEOUT, f"no --max-concurrent slot within {SLOT_WAIT_S:.0f} s")
                     await asyncio.sleep(SLOT_POLL_S)
-            await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader)
+            if error is None:
+                await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader)
         except asyncio.CancelledError:
             if state.stop_reason is None:
                 raise
@@ -2749,6 +2865,8 @@ def run_agent(
     end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else 1.0, spare=[guard_pid])
     settle_descendants(meta, secrets_, running_below)
     outcome = outcome_from_run(meta, state, started, error)
+    if meta.isolation == "worktree":
+        outcome.worktree = settle_worktree(home_cwd, agent_dir, meta.id)
     if not commit_outcome(agent_dir, outcome, secrets_):
         committed = read_outcome(agent_dir) or {}
         outcome = record_from_json(Outcome, committed)
@@ -2785,6 +2903,8 @@ def summary(agent_dir: Path, outcome: Mapping[str, Any]) -> dict[str, Any]:
         data["validation_errors"] = outcome["validation_errors"][:20]
     if "cost_usd" in outcome:
         data["cost_usd"] = outcome["cost_usd"]
+    if outcome.get("worktree"):
+        data["worktree"] = outcome["worktree"]  # the changes to review and merge
     data["duration_s"] = outcome.get("duration_s")
     data["agent_dir"] = str(agent_dir)
     data["outcome"] = str(agent_dir / OUTCOME)
@@ -3271,7 +3391,11 @@ def build_run_parser() -> Parser:
     where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
     where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
     mode = p.add_argument_group("mode")
-    mode.add_argument("--background", action="store_true", help="register, start detached, print the id and outcome paths, exit 0")
+    mode.add_argument(
+        "--background",
+        action=argparse.BooleanOptionalAction,
+        help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
+    )
     mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
     mode.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -3310,6 +3434,9 @@ def build_verb_parser(verb: str) -> Parser:
         lint.add_argument("paths", nargs="*", metavar="PATH")
         new = sub.add_parser("new", help="write a commented template to .claude/agents/NAME.md")
         new.add_argument("name", metavar="NAME")
+        routing = sub.add_parser("route", help="which definition --agent auto would pick for TASK, and why; runs nothing")
+        routing.add_argument("task", metavar="TASK")
+        routing.add_argument("--json", action="store_true", help="the decision as JSON on stdout")
     elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
     return p
@@ -3474,6 +3601,15 @@ def cmd_agents(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         except FileExistsError:
             raise UsageError(f"{path} already exists; edit it or choose another name") from None
         emit({"created": str(path)})
+        return ExitCode.OK
+    if args.action == "route":
+        definitions, _ = load_definitions(cwd, environ)
+        decision = route(args.task, definitions)
+        if args.json:
+            emit(decision)
+        else:
+            print(decision["chosen"] or "(default agent)")
+            note(describe_routing(decision))
         return ExitCode.OK
     if args.action == "lint":
         problems: list[Problem] = []
