@@ -1797,19 +1797,23 @@ def cache_dir(environ: Mapping[str, str]) -> Path:
 
 def remember_cli_tools(init: Mapping[str, Any], environ: Mapping[str, str]) -> None:
     """Cache the tool names a CLI's init message lists, one file per CLI version,
-    so that lint knows that CLI's tools offline. Best effort: a cache that can't
-    be written only costs warnings later."""
+    so that lint knows that CLI's tools offline. An init message lists only the
+    tools that run enabled, so the file keeps the union of every run's. Best
+    effort: a cache that can't be written only costs warnings later."""
     version, tools = init.get("claude_code_version"), init.get("tools")
     if not isinstance(version, str) or not isinstance(tools, list) or not re.fullmatch(r"[\w.\-]+", version):
         return
-    names = sorted({canonical_tool(t) for t in tools if isinstance(t, str) and not t.startswith("mcp__")})
+    names = {canonical_tool(t) for t in tools if isinstance(t, str) and not t.startswith("mcp__")}
     path = cache_dir(environ) / f"cli-tools-{version}.json"
+    old: set[str] = set()
+    with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):  # absent or unreadable: start afresh
+        old = {t for t in json.loads(path.read_text()).get("tools", []) if isinstance(t, str)}
+    if names <= old:
+        return
     with contextlib.suppress(OSError):
-        if path.is_file() and json.loads(path.read_text()).get("tools") == names:
-            return
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"claude_code_version": version, "tools": names}) + "\n")
+        tmp.write_text(json.dumps({"claude_code_version": version, "tools": sorted(names | old)}) + "\n")
         os.replace(tmp, path)  # readers see the old list or the new one, never half
 
 

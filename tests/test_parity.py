@@ -1,0 +1,295 @@
+"""Claude Code parity: agent files load as Claude Code loads them, their fields
+take effect, and Claude Code itself finds spawn.py's skill and command.
+
+End-to-end tests run the real bundled claude CLI against tools/mock_model.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SPAWN, agent_dirs, load, mock_task, run_spawn, stdout_json, validate_records
+
+import spawn
+
+FIXTURES = ROOT / "tests" / "fixtures"
+FIXTURE_PROJECTS = sorted(FIXTURES.glob("agents-*"))
+FIXTURE_FILES = sorted(FIXTURES.glob("agents-*/.claude/agents/*.md"))
+
+
+def write_agent(project: Path, name: str, frontmatter: str, body: str = "You are a test agent.") -> Path:
+    folder = project / ".claude" / "agents"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.md"
+    path.write_text(f"---\n{frontmatter.strip()}\n---\n{body}\n")
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    path = tmp_path / "project"
+    (path / ".claude" / "agents").mkdir(parents=True)
+    return path
+
+
+# ------------------------------------------------------------ reading files --
+
+
+def test_fallback_reads_key_value_lines_when_yaml_fails() -> None:
+    text = "---\nname: fix\ndescription: Use when: the build breaks\ntools: Read, Bash\nmaxTurns: 4\n---\nBody.\n"
+    d, problems = spawn.parse_definition(text, "fix.md", "project")
+    assert d is not None
+    assert d.description == "Use when: the build breaks"
+    assert d.tools == ["Read", "Bash"]
+    assert d.max_turns == 4
+    assert [(p.line, p.severity) for p in problems] == [(3, "warning")]
+    assert "fallback" in problems[0].message
+
+
+def test_frontmatter_ends_at_the_first_dashes_line() -> None:
+    text = "---\nname: a\ndescription: d\n---\nBody\n---\nname: not-frontmatter\n"
+    d, problems = spawn.parse_definition(text, "a.md", "project")
+    assert d is not None and d.name == "a" and problems == []
+    assert "not-frontmatter" in d.prompt
+
+
+def test_tools_grammar_keeps_parentheses_whole_and_canonicalises_aliases() -> None:
+    assert spawn.split_tool_entries("Read, Agent(explore, plan), mcp__docs") == ["Read", "Agent(explore, plan)", "mcp__docs"]
+    text = (
+        "---\nname: t\ndescription: d\n"
+        "tools: Read, Agent(explore, plan), Task(worker), mcp__docs, mcp__tracker__search, TaskCreate, Workflow\n"
+        "disallowedTools: KillShell\n---\n"
+    )
+    d, problems = spawn.parse_definition(text, "t.md", "project")
+    assert d is not None
+    assert problems == []
+    assert d.tools == ["Read", "Agent", "mcp__docs", "mcp__tracker__search", "TaskCreate", "Workflow"]
+    assert d.disallowed_tools == ["TaskStop"]
+    assert [r.text for r in d.permissions.allow] == ["Agent(explore)", "Agent(plan)", "Agent(worker)"]
+
+
+def test_every_claude_code_field_is_read() -> None:
+    path = FIXTURES / "agents-docs" / ".claude" / "agents" / "all-fields.md"
+    d, problems = spawn.parse_definition(path.read_text(), str(path), "project")
+    assert d is not None and problems == []
+    assert (d.model, d.permission_mode, d.max_turns, d.effort) == ("sonnet", "plan", 12, "high")
+    assert (d.memory, d.background, d.isolation, d.color) == ("project", True, "worktree", "purple")
+    assert (d.initial_prompt, d.omit_claude_md, d.auto_compact_window) == ("Read CHANGELOG.md first.", True, 120000)
+    assert d.skills == ["changelog", "release-notes"]
+    assert sorted(d.mcp_servers) == ["docs", "tracker"]
+    assert d.hooks is not None and sorted(d.hooks) == ["PreToolUse", "Stop"]
+
+
+def test_lint_severities_unknown_field_and_tool_warn_description_errors(base_env: dict[str, str], project: Path) -> None:
+    write_agent(project, "odd", "name: odd\ndescription: fine\ntools: Read, Teleport\nflavour: mint")
+    write_agent(project, "renamed", "name: other-name\ndescription: fine")
+    lint = run_spawn(["agents", "lint"], base_env, cwd=project)
+    assert lint.returncode == spawn.ExitCode.OK, lint.stdout + lint.stderr
+    assert "odd.md:4: warning: unknown tool Teleport" in lint.stdout
+    assert "odd.md:5: warning: unknown field 'flavour'" in lint.stdout
+    assert "renamed.md:2: warning: name 'other-name' differs from the file name 'renamed'" in lint.stdout
+    write_agent(project, "nodesc", "name: nodesc\ntools: Read")
+    lint = run_spawn(["agents", "lint"], base_env, cwd=project)
+    assert lint.returncode == spawn.ExitCode.USAGE
+    assert "nodesc.md:1: error: description is missing" in lint.stdout
+
+
+def test_unknown_field_never_stops_a_run(base_env: dict[str, str], project: Path) -> None:
+    write_agent(project, "odd", "name: odd\ndescription: Use when: anything\nflavour: mint\ntools: Read")
+    proc = run_spawn(["--dry-run", "--agent", "odd", "--task", "hi"], base_env, cwd=project)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert json.loads(proc.stdout)["agent"] == "odd"
+    listed = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project))
+    assert [a["name"] for a in listed["agents"]] == ["odd"]
+
+
+@pytest.mark.parametrize("project_dir", FIXTURE_PROJECTS, ids=lambda p: p.name)
+def test_every_fixture_agent_loads_lints_clean_and_dry_runs(base_env: dict[str, str], project_dir: Path) -> None:
+    files = sorted((project_dir / ".claude" / "agents").glob("*.md"))
+    lint = run_spawn(["agents", "lint"], base_env, cwd=project_dir)
+    assert lint.returncode == spawn.ExitCode.OK, lint.stdout
+    assert ": error:" not in lint.stdout
+    listed = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project_dir))
+    assert sorted(a["name"] for a in listed["agents"]) == sorted(f.stem for f in files)
+    for path in files:
+        proc = run_spawn(["--dry-run", "--agent", path.stem, "--task", "check it"], base_env, cwd=project_dir)
+        assert proc.returncode == spawn.ExitCode.OK, (path.name, proc.stderr)
+        resolved = json.loads(proc.stdout)
+        assert resolved["agent"] == path.stem
+        assert resolved["refusal"] is None, (path.name, resolved["refusal"])
+
+
+def test_fixture_set_covers_the_public_styles() -> None:
+    public = list((FIXTURES / "agents-public" / ".claude" / "agents").glob("*.md"))
+    assert len(public) >= 10
+    texts = [p.read_text() for p in public]
+    assert any("<example>" in t for t in texts)
+    assert any("tools: Read, Grep, Glob, Bash\n" in t for t in texts)
+    assert {m for t in texts for m in ("model: sonnet", "model: opus", "model: inherit", "color:") if m in t} == {
+        "model: sonnet",
+        "model: opus",
+        "model: inherit",
+        "color:",
+    }
+
+
+def test_definition_fields_reach_the_plan(base_env: dict[str, str]) -> None:
+    proc = run_spawn(["--dry-run", "--agent", "all-fields", "--task", "go"], base_env, cwd=FIXTURES / "agents-docs")
+    got = json.loads(proc.stdout)
+    assert (got["max_turns"], got["effort"], got["background"], got["isolation"]) == (12, "high", True, "worktree")
+    assert (got["initial_prompt"], got["memory"], got["hooks"]) == ("Read CHANGELOG.md first.", "project", ["PreToolUse", "Stop"])
+    assert got["disallowed_tools"] == ["Write", "Edit", "TaskStop"]
+    assert got["permissions"]["allow"] == ["Agent(explore)", "Agent(plan)"]
+    flags = run_spawn(["--dry-run", "--agent", "all-fields", "--task", "go", "--no-background", "--max-turns", "3"], base_env, cwd=FIXTURES / "agents-docs")
+    got = json.loads(flags.stdout)
+    assert (got["background"], got["max_turns"]) == (False, 3)
+
+
+def test_file_without_tools_inherits_the_parent_tools(base_env: dict[str, str], project: Path) -> None:
+    write_agent(project, "heir", "name: heir\ndescription: inherits")
+    root = json.loads(run_spawn(["--dry-run", "--agent", "heir", "--task", "x"], base_env, cwd=project).stdout)
+    assert root["tools"] == list(spawn.DEFAULT_TOOLS)
+    child_env = {**base_env, "SPAWN_TOOLS": "Read,Bash", "SPAWN_DEPTH": "0"}
+    child = json.loads(run_spawn(["--dry-run", "--agent", "heir", "--task", "x"], child_env, cwd=project).stdout)
+    assert child["tools"] == ["Bash", "Read"]
+
+
+# ----------------------------------------------------------- tool catalogue --
+
+
+def test_lint_uses_the_cached_cli_tool_list(base_env: dict[str, str], project: Path, tmp_path: Path) -> None:
+    write_agent(project, "newer", "name: newer\ndescription: uses a tool of a newer CLI\ntools: Read, FutureTool")
+    env = {**base_env, "SPAWN_CACHE_DIR": str(tmp_path / "cache")}
+    assert "unknown tool FutureTool" in run_spawn(["agents", "lint"], env, cwd=project).stdout
+    spawn.remember_cli_tools({"claude_code_version": "9.9.9", "tools": ["Read", "FutureTool", "Task"]}, env)
+    assert json.loads((tmp_path / "cache" / "cli-tools-9.9.9.json").read_text())["tools"] == ["Agent", "FutureTool", "Read"]
+    assert "unknown tool" not in run_spawn(["agents", "lint"], env, cwd=project).stdout
+
+
+# ---------------------------------------------------------------- end to end --
+
+
+def test_run_caches_the_cli_tools_and_honours_turns_initial_prompt_hooks_memory(
+    env: dict[str, str], session_root: Path, project: Path, tmp_path: Path
+) -> None:
+    marker = tmp_path / "stop-hook-ran"
+    initial = mock_task("Start by reading the notes.", [{"text": "from-the-initial-prompt"}])
+    write_agent(
+        project,
+        "noter",
+        f"""
+name: noter
+description: Keeps notes
+tools: Read, Bash
+maxTurns: 2
+effort: low
+memory: project
+initialPrompt: '{initial}'
+hooks:
+  Stop:
+    - hooks:
+        - type: command
+          command: touch {marker}
+""",
+    )
+    cache = tmp_path / "cache"
+    proc = run_spawn(["--agent", "noter", "--task", "the task", "--cwd", str(project)], {**env, "SPAWN_CACHE_DIR": str(cache)}, cwd=project)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert stdout_json(proc)["output"] == "from-the-initial-prompt"  # the initial prompt came first
+    assert marker.exists()  # the definition's hook ran in the CLI
+    assert (project / ".claude" / "agent-memory" / "noter").is_dir()
+    (cached,) = cache.glob("cli-tools-*.json")
+    assert {"Bash", "Read"} <= set(json.loads(cached.read_text())["tools"])  # what this run's CLI reported
+    (agent_dir,) = agent_dirs(session_root)
+    assert load(agent_dir / "meta.json")["max_turns"] == 2
+    validate_records(session_root)
+
+
+def test_max_turns_from_the_definition_stops_the_agent(env: dict[str, str], project: Path) -> None:
+    write_agent(project, "brief", "name: brief\ndescription: short\ntools: Bash\nmaxTurns: 1")
+    task = mock_task("loop", [{"bash": "echo one"}, {"bash": "echo two"}, {"text": "finished"}])
+    proc = run_spawn(["--agent", "brief", "--task", task], env, cwd=project)
+    assert proc.returncode == spawn.ExitCode.AGENT_FAILED
+    assert "max_turns" in stdout_json(proc)["reason"]
+
+
+def test_background_definition_runs_in_the_background(env: dict[str, str], project: Path) -> None:
+    write_agent(project, "bg", "name: bg\ndescription: background\ntools: Read\nbackground: true")
+    proc = run_spawn(["--agent", "bg", "--task", mock_task("x", [{"text": "bg-done"}])], env, cwd=project)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    launched = stdout_json(proc)
+    assert "status" not in launched or launched["status"] != "done"
+    waited = run_spawn(["wait", launched["id"], "--timeout", "120"], env, cwd=project)
+    assert waited.returncode == spawn.ExitCode.OK, waited.stdout + waited.stderr
+    assert "bg-done" in waited.stdout
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture
+def repo(project: Path) -> Path:
+    git(project, "init", "-q")
+    (project / "README").write_text("hi\n")
+    git(project, "add", "-A")
+    git(project, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    return project
+
+
+def test_isolation_worktree_kept_when_changed_removed_when_not(env: dict[str, str], repo: Path) -> None:
+    write_agent(repo, "iso", "name: iso\ndescription: isolated\ntools: Bash\nisolation: worktree")
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "agent")
+    changed = run_spawn(["--agent", "iso", "--task", mock_task("w", [{"bash": "echo new > made.txt"}, {"text": "ok"}])], env, cwd=repo)
+    assert changed.returncode == spawn.ExitCode.OK, changed.stderr
+    kept = Path(stdout_json(changed)["worktree"])
+    assert (kept / "made.txt").read_text() == "new\n"
+    assert not (repo / "made.txt").exists()
+    assert load(Path(stdout_json(changed)["outcome"]))["worktree"] == str(kept)
+    clean = run_spawn(["--agent", "iso", "--task", mock_task("r", [{"bash": "cat README"}, {"text": "ok"}])], env, cwd=repo)
+    assert clean.returncode == spawn.ExitCode.OK, clean.stderr
+    summary = stdout_json(clean)
+    assert "worktree" not in summary
+    assert not (Path(summary["agent_dir"]) / "worktree").exists()
+    assert git(repo, "branch", "--list", f"spawn/{summary['id']}") == ""
+
+
+# --------------------------------------------------- Claude Code calls spawn --
+
+
+def test_claude_code_finds_the_skill_and_command_and_starts_a_child(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    user_project = tmp_path / "user-project"
+    for rel in (".claude/skills/spawn/SKILL.md", ".claude/commands/spawn.md"):
+        (user_project / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, user_project / rel)
+    skill = (user_project / ".claude/skills/spawn/SKILL.md").read_text()
+    command_line = next(line for line in skill.splitlines() if line.startswith("${SPAWN_PYTHON"))
+    child_task = mock_task("child work", [{"text": "child-answer"}])
+    # The scripted turn runs the skill's command with the task filled in.
+    bash = command_line.replace('"TASK"', json.dumps(child_task).replace("$", "\\$"))
+    cli = spawn.find_cli(env)
+    cli_env = {**env, "SPAWN_PYTHON": sys.executable, "SPAWN_PY": str(SPAWN)}
+    proc = subprocess.run(
+        [str(cli), "-p", mock_task("use the spawn skill", [{"bash": bash}, {"text": "parent-done"}]),
+         "--output-format", "stream-json", "--verbose", "--setting-sources", "project",
+         "--allowedTools", "Bash", "--permission-mode", "dontAsk"],  # fmt: skip
+        cwd=user_project,
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    messages = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    init = next(m for m in messages if m.get("type") == "system" and m.get("subtype") == "init")
+    assert "spawn" in init["skills"]
+    assert "spawn" in init["slash_commands"]
+    (child,) = agent_dirs(session_root)
+    assert load(child / "outcome.json")["output"] == "child-answer"
+    assert load(child / "meta.json")["depth"] == 0
