@@ -1467,11 +1467,20 @@ ROUTE_SUFFIXES = (
 def route_stem(word: str) -> str:
     """A small suffix stripper: debug, debugging and debugger share `debug`,
     optimize and optimization share `optimiz`. Crude, but the same on both sides."""
-    for _ in range(2):  # twice: documentation -> document -> docu, as documents
-        for suffix in ROUTE_SUFFIXES:
-            if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not (suffix == "s" and word.endswith("ss")):
-                word = word[: -len(suffix)] + ("y" if suffix == "ies" else "")
-                break
+    for _ in range(2):  # again after a derivation: documentation -> document -> docu, as documents
+        stripped = next(
+            (
+                x
+                for x in ROUTE_SUFFIXES
+                if word.endswith(x) and len(word) - len(x) >= (4 if x.startswith("ur") else 3) and not (x == "s" and word.endswith("ss"))
+            ),
+            None,
+        )  # (failure -> fail, but secure -> secur, as security)
+        if stripped is None:
+            break
+        word = word[: -len(stripped)] + ("y" if stripped == "ies" else "")
+        if stripped not in ("ations", "ation", "ities", "ity", "ance", "ence"):
+            break
     if len(word) > 5 and word.endswith(("iz", "is")):
         word = word[:-2]  # optimiz(ation) -> optim, as optimize
     if len(word) > 4 and word[-1] == word[-2] and word[-1] not in "lsz":
@@ -1496,6 +1505,7 @@ def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, An
     the default agent.
     """
     import math
+
     task_terms = set(route_terms(task.split(" MOCK[", maxsplit=1)[0]))
     docs: dict[str, list[str]] = {}
     names: dict[str, set[str]] = {}
@@ -1675,7 +1685,7 @@ def parse_definition(
                 names.append(tool)
                 if spec is not None and key == "tools":
                     # Agent(explore, plan): the tool, narrowed to those specifiers.
-                    for one in (split_tool_entries(spec) if tool == "Agent" else [spec]):
+                    for one in split_tool_entries(spec) if tool == "Agent" else [spec]:
                         d.permissions.allow.append(Rule(tool, one, f"{tool}({one})"))
             value = list(dict.fromkeys(names))
         if value is not None:
@@ -2578,18 +2588,18 @@ def memory_section(meta: AgentMeta, definition_path: Path, environ: Mapping[str,
     )
 
 
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
+
+
 def create_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> Path:
     """A fresh git worktree of cwd's repository on branch spawn/ID, for `isolation: worktree`."""
     path = agent_dir / "worktree"
-    proc = subprocess.run(
-        ["git", "-C", str(cwd), "worktree", "add", "-q", "-b", f"spawn/{agent_id}", str(path), "HEAD"],
-        capture_output=True,
-        text=True,
-    )
+    proc = _git(cwd, "worktree", "add", "-q", "-b", f"spawn/{agent_id}", str(path), "HEAD")
     if proc.returncode != 0:
         raise StateError(f"isolation: worktree needs a git repository with a commit at {cwd}: {proc.stderr.strip()}")
-    # Keep the worktree's place below cwd, so relative paths in the task still mean the same.
-    top = subprocess.run(["git", "-C", str(cwd), "rev-parse", "--show-toplevel"], capture_output=True, text=True).stdout.strip()
+    # Keep the agent's place below the top, so relative paths in the task still mean the same.
+    top = _git(cwd, "rev-parse", "--show-toplevel").stdout.strip()
     return path / cwd.resolve().relative_to(Path(top).resolve()) if top else path
 
 
@@ -2598,13 +2608,11 @@ def settle_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> str | None:
     path = agent_dir / "worktree"
     if not path.is_dir():
         return None
-    status = subprocess.run(["git", "-C", str(path), "status", "--porcelain"], capture_output=True, text=True)
-    base = subprocess.run(["git", "-C", str(cwd), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    head = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    if status.returncode != 0 or status.stdout.strip() or head != base:
+    status = _git(path, "status", "--porcelain")
+    if status.returncode != 0 or status.stdout.strip() or _git(path, "rev-parse", "HEAD").stdout != _git(cwd, "rev-parse", "HEAD").stdout:
         return str(path)
-    subprocess.run(["git", "-C", str(cwd), "worktree", "remove", "--force", str(path)], capture_output=True)
-    subprocess.run(["git", "-C", str(cwd), "branch", "-D", f"spawn/{agent_id}"], capture_output=True)
+    _git(cwd, "worktree", "remove", "--force", str(path))
+    _git(cwd, "branch", "-D", f"spawn/{agent_id}")
     return None
 
 
