@@ -588,9 +588,9 @@ def canonical_tool(name: str) -> str:
     return TOOL_ALIASES.get(name, name)
 
 
-def parse_tools(value: str) -> list[str]:
+def parse_tools(value: str, known: frozenset[str] = KNOWN_TOOLS) -> list[str]:
     tools = [canonical_tool(t.strip()) for t in value.split(",") if t.strip()]
-    unknown = [t for t in tools if t not in KNOWN_TOOLS and not t.startswith("mcp__")]
+    unknown = [t for t in tools if t not in known and not t.startswith("mcp__")]
     if unknown:
         raise UnknownToolError(unknown)
     return list(dict.fromkeys(tools))
@@ -1638,7 +1638,8 @@ def parse_definition(
     problems: list[Problem] = []
     lines = text.lstrip("\ufeff").splitlines()
     if not lines or lines[0].strip() != "---":
-        return None, [Problem(path, 1, "no YAML frontmatter: the file must start with a line '---'")]
+        # Claude Code skips such files (a collection's README.md, say): a warning, not an error.
+        return None, [Problem(path, 1, "no frontmatter (the file must start with a line '---'): not an agent, skipped", "warning")]
     try:
         end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
     except StopIteration:
@@ -1859,7 +1860,7 @@ def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, A
     tools = known_tools(environ)
     for folder, source in agent_dirs_for(cwd, environ):
         seen_here: dict[str, str] = {}
-        for path in sorted(folder.glob("*.md")):
+        for path in sorted(folder.rglob("*.md")):  # subfolders too, as Claude Code finds them
             try:
                 text = path.read_text()
             except (OSError, UnicodeDecodeError) as exc:
@@ -1889,6 +1890,11 @@ tools: Read, Grep, Glob
 model: medium-tier
 # plan, dontAsk (spawn.py's default), default, acceptEdits, bypassPermissions.
 # permissionMode: dontAsk
+# maxTurns: 20              # its turn limit
+# effort: medium            # low, medium, high, xhigh, max
+# background: true          # start in the background unless --no-background
+# isolation: worktree       # work in a fresh git worktree, kept only if changed
+# memory: project           # user, project or local: notes kept across runs
 # mcpServers:
 #   docs:
 #     command: python
@@ -2067,8 +2073,9 @@ def positive(name: str, value: float | None, integer: bool = False) -> None:
 
 def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Plan:
     task = read_task(args)
-    requested_tools = parse_tools(args.tools) if args.tools is not None else None
-    disallowed = parse_tools(args.disallowed_tools) if args.disallowed_tools else []
+    catalogue = known_tools(environ) if args.tools or args.disallowed_tools else KNOWN_TOOLS  # with what the CLI reported
+    requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
+    disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
     flag_rules = RuleSet(*([parse_rule(r) for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
     positive("--timeout", args.timeout)
     positive("--max-budget-usd", args.max_budget_usd)

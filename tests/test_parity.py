@@ -93,6 +93,22 @@ def test_lint_severities_unknown_field_and_tool_warn_description_errors(base_env
     assert "nodesc.md:1: error: description is missing" in lint.stdout
 
 
+def test_agents_in_subfolders_are_found_and_readmes_skipped(base_env: dict[str, str], project: Path) -> None:
+    folder = project / ".claude" / "agents" / "review"
+    folder.mkdir()
+    (folder / "style-checker.md").write_text("---\nname: style-checker\ndescription: Checks style\n---\nBody\n")
+    (project / ".claude" / "agents" / "README.md").write_text("# My agents\n")
+    listed = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project))
+    assert [a["name"] for a in listed["agents"]] == ["style-checker"]
+    lint = run_spawn(["agents", "lint"], base_env, cwd=project)
+    assert lint.returncode == spawn.ExitCode.OK, lint.stdout
+    assert "README.md:1: warning: no frontmatter" in lint.stdout
+    assert (
+        json.loads(run_spawn(["--dry-run", "--agent", "style-checker", "--task", "x"], base_env, cwd=project).stdout)["agent"]
+        == "style-checker"
+    )
+
+
 def test_unknown_field_never_stops_a_run(base_env: dict[str, str], project: Path) -> None:
     write_agent(project, "odd", "name: odd\ndescription: Use when: anything\nflavour: mint\ntools: Read")
     proc = run_spawn(["--dry-run", "--agent", "odd", "--task", "hi"], base_env, cwd=project)
@@ -151,6 +167,8 @@ def test_lint_uses_the_cached_cli_tool_list(base_env: dict[str, str], project: P
     spawn.remember_cli_tools({"claude_code_version": "9.9.9", "tools": ["Read", "FutureTool", "Task"]}, env)
     assert json.loads((tmp_path / "cache" / "cli-tools-9.9.9.json").read_text())["tools"] == ["Agent", "FutureTool", "Read"]
     assert "unknown tool" not in run_spawn(["agents", "lint"], env, cwd=project).stdout
+    flag = run_spawn(["--dry-run", "--tools", "Read,FutureTool", "--task", "x"], env, cwd=project)
+    assert json.loads(flag.stdout)["tools"] == ["Read", "FutureTool"]
 
 
 # ---------------------------------------------------------------- end to end --
@@ -180,10 +198,18 @@ hooks:
 """,
     )
     cache = tmp_path / "cache"
-    proc = run_spawn(["--agent", "noter", "--task", "the task", "--cwd", str(project)], {**env, "SPAWN_CACHE_DIR": str(cache)}, cwd=project)
+    argv_log = tmp_path / "cli-argv"
+    recorder = tmp_path / "claude"  # the real CLI, with its command line written down first
+    recorder.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {argv_log}\nexec {spawn.find_cli(env)} "$@"\n')
+    recorder.chmod(0o755)
+    run_env = {**env, "SPAWN_CACHE_DIR": str(cache), "SPAWN_CLI": str(recorder)}
+    proc = run_spawn(["--agent", "noter", "--task", "the task", "--cwd", str(project)], run_env, cwd=project)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["output"] == "from-the-initial-prompt"  # the initial prompt came first
     assert marker.exists()  # the definition's hook ran in the CLI
+    argv = argv_log.read_text().splitlines()
+    assert argv[argv.index("--effort") + 1] == "low"
+    assert argv[argv.index("--max-turns") + 1] == "2"
     assert (project / ".claude" / "agent-memory" / "noter").is_dir()
     (cached,) = cache.glob("cli-tools-*.json")
     assert {"Bash", "Read"} <= set(json.loads(cached.read_text())["tools"])  # what this run's CLI reported
