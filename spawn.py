@@ -1268,6 +1268,8 @@ class AgentDefinition:
     permission_mode: str | None = None
     skills: list[str] | None = None
     mcp_servers: dict[str, Any] = field(default_factory=dict)
+    mcp_server_refs: list[str] = field(default_factory=list)
+    """Servers named but configured elsewhere (.mcp.json); resolve_mcp_refs fills them in."""
     schema: str | None = None
     max_depth: int | None = None
     timeout: float | None = None
@@ -1704,10 +1706,7 @@ def parse_definition(
     if servers is not None:
         if isinstance(servers, list):
             # Claude Code's list form: names of servers configured elsewhere, or {name: config} items.
-            named = [str(item) for item in servers if not isinstance(item, dict)]
-            if named:
-                problem("mcpServers", f"mcpServers {', '.join(named)} refer to servers configured elsewhere; "
-                        "spawn.py starts only servers configured inline ({name: {command: ...}})", "warning")  # fmt: skip
+            d.mcp_server_refs = [str(item) for item in servers if not isinstance(item, dict)]
             servers = {k: v for item in servers if isinstance(item, dict) for k, v in item.items()}
         if isinstance(servers, dict) and all(isinstance(v, dict) for v in servers.values()):
             d.mcp_servers = {str(k): v for k, v in servers.items()}
@@ -1853,6 +1852,27 @@ def agent_dirs_for(cwd: Path, environ: Mapping[str, str]) -> list[tuple[Path, st
     return found
 
 
+def resolve_mcp_refs(d: AgentDefinition, environ: Mapping[str, str]) -> list[str]:
+    """Fill in the servers a definition names but doesn't configure, from where
+    Claude Code configures them: the project's .mcp.json, then ~/.claude.json.
+    Returns the names found nowhere (their tools are then unavailable)."""
+    project = Path(d.path).resolve().parent
+    while project.name != ".claude" and project != project.parent:
+        project = project.parent
+    home = Path(environ.get("HOME") or Path.home()).expanduser()
+    missing = []
+    for name in d.mcp_server_refs:
+        for config_file in (project.parent / ".mcp.json", home / ".claude.json"):
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                config = json.loads(config_file.read_text()).get("mcpServers", {}).get(name)
+                if isinstance(config, dict):
+                    d.mcp_servers.setdefault(name, config)
+                    break
+        else:
+            missing.append(name)
+    return missing
+
+
 def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, AgentDefinition], list[Problem]]:
     """Every definition by name (the project's win over the user's), and the problems found."""
     definitions: dict[str, AgentDefinition] = {}
@@ -1870,6 +1890,8 @@ def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, A
             problems += found
             if d is None:
                 continue
+            for name in resolve_mcp_refs(d, environ):
+                problems.append(Problem(str(path), 1, f"MCP server {name!r} is in neither .mcp.json nor ~/.claude.json", "warning"))
             if d.name in seen_here:
                 problems.append(Problem(str(path), 1, f"duplicate agent name {d.name!r} (also {seen_here[d.name]})"))
                 continue
@@ -2649,6 +2671,8 @@ async def run_sdk(
         # The servers' config (which may hold tokens) and the hooks' commands
         # are read from the definition, never copied into meta.json.
         definition, _ = parse_definition(Path(meta.agent_source).read_text(), meta.agent_source, "project")
+        if definition is not None:
+            resolve_mcp_refs(definition, os.environ)
         mcp_servers = definition.mcp_servers if definition and meta.mcp_servers else {}
         if definition and definition.hooks and meta.hooks:
             # Claude Code's hooks format is a settings key: the CLI runs them.

@@ -237,6 +237,21 @@ def test_background_definition_runs_in_the_background(env: dict[str, str], proje
     assert "bg-done" in waited.stdout
 
 
+def test_mcp_servers_named_in_the_list_form_come_from_mcp_json(env: dict[str, str], session_root: Path, project: Path) -> None:
+    echo = {"command": sys.executable, "args": [str(ROOT / "tests" / "fixtures" / "echo_mcp_server.py")]}
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"echo": echo}}))
+    write_agent(project, "echoer", "name: echoer\ndescription: Echo through MCP\ntools: Read\nmcpServers:\n  - echo\n  - nowhere")
+    lint = run_spawn(["agents", "lint"], env, cwd=project)
+    assert lint.returncode == spawn.ExitCode.OK
+    assert "warning: MCP server 'nowhere' is in neither .mcp.json nor ~/.claude.json" in lint.stdout
+    task = mock_task("echo it", [{"tool": "mcp__echo__echo", "input": {"text": "hello"}}, {"text": "echoed"}])
+    proc = run_spawn(["--agent", "echoer", "--task", task], env, cwd=project, timeout=180)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    (agent_dir,) = agent_dirs(session_root)
+    assert load(agent_dir / "meta.json")["mcp_servers"] == ["echo"]
+    assert "echo-server says: hello" in (agent_dir / "transcript.jsonl").read_text()
+
+
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True).stdout
 
