@@ -1852,17 +1852,31 @@ def agent_dirs_for(cwd: Path, environ: Mapping[str, str]) -> list[tuple[Path, st
     return found
 
 
+def skill_file(name: str, project: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """Where Claude Code finds skill NAME: the project's .claude/skills, then the user's."""
+    home = Path(environ.get("HOME") or Path.home()).expanduser()
+    for root in (project, home):
+        if root is not None and (root / ".claude" / "skills" / name / "SKILL.md").is_file():
+            return root / ".claude" / "skills" / name / "SKILL.md"
+    return None
+
+
+def project_of(definition_path: str) -> Path:
+    """The project a definition file belongs to: the folder holding its .claude."""
+    folder = Path(definition_path).resolve().parent
+    while folder.name != ".claude" and folder != folder.parent:
+        folder = folder.parent
+    return folder.parent
+
+
 def resolve_mcp_refs(d: AgentDefinition, environ: Mapping[str, str]) -> list[str]:
     """Fill in the servers a definition names but doesn't configure, from where
     Claude Code configures them: the project's .mcp.json, then ~/.claude.json.
     Returns the names found nowhere (their tools are then unavailable)."""
-    project = Path(d.path).resolve().parent
-    while project.name != ".claude" and project != project.parent:
-        project = project.parent
     home = Path(environ.get("HOME") or Path.home()).expanduser()
     missing = []
     for name in d.mcp_server_refs:
-        for config_file in (project.parent / ".mcp.json", home / ".claude.json"):
+        for config_file in (project_of(d.path) / ".mcp.json", home / ".claude.json"):
             with contextlib.suppress(OSError, ValueError, AttributeError):
                 config = json.loads(config_file.read_text()).get("mcpServers", {}).get(name)
                 if isinstance(config, dict):
@@ -1892,6 +1906,9 @@ def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, A
                 continue
             for name in resolve_mcp_refs(d, environ):
                 problems.append(Problem(str(path), 1, f"MCP server {name!r} is in neither .mcp.json nor ~/.claude.json", "warning"))
+            for name in d.skills or []:
+                if skill_file(name, project_of(d.path), environ) is None:
+                    problems.append(Problem(str(path), 1, f"skill {name!r} is in no .claude/skills/{name}/SKILL.md", "warning"))
             if d.name in seen_here:
                 problems.append(Problem(str(path), 1, f"duplicate agent name {d.name!r} (also {seen_here[d.name]})"))
                 continue
@@ -2596,8 +2613,7 @@ def memory_dir(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str
     name = meta.agent or definition_path.stem
     if meta.memory == "user":
         return Path(environ.get("HOME") or Path.home()).expanduser() / ".claude" / "agent-memory" / name
-    project = definition_path.resolve().parent.parent.parent  # PROJECT/.claude/agents/NAME.md
-    return project / ".claude" / ("agent-memory-local" if meta.memory == "local" else "agent-memory") / name
+    return project_of(str(definition_path)) / ".claude" / ("agent-memory-local" if meta.memory == "local" else "agent-memory") / name
 
 
 def memory_section(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> str:
@@ -2619,6 +2635,19 @@ def memory_section(meta: AgentMeta, definition_path: Path, environ: Mapping[str,
 
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
+
+
+def skill_sections(meta: AgentMeta, environ: Mapping[str, str]) -> list[str]:
+    """A definition's skills, preloaded whole into the system prompt, as Claude
+    Code does for a subagent's `skills:` (no settings files need loading)."""
+    project = project_of(meta.agent_source) if meta.agent_source else Path(meta.cwd)
+    sections = []
+    for name in meta.skills or []:
+        path = skill_file(name, project, environ)
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if path is not None:
+                sections.append(f"# Skill: {name}\n{path.read_text().strip()}")
+    return sections
 
 
 def create_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> Path:
@@ -2667,7 +2696,7 @@ async def run_sdk(
     builtin = [t for t in meta.tools if not t.startswith("mcp__")]
     mcp_servers: dict[str, Any] = {}
     settings: str | None = None
-    if meta.agent_source and (meta.mcp_servers or meta.hooks or meta.memory):
+    if meta.agent_source and (meta.mcp_servers or meta.hooks):
         # The servers' config (which may hold tokens) and the hooks' commands
         # are read from the definition, never copied into meta.json.
         definition, _ = parse_definition(Path(meta.agent_source).read_text(), meta.agent_source, "project")
@@ -2677,12 +2706,13 @@ async def run_sdk(
         if definition and definition.hooks and meta.hooks:
             # Claude Code's hooks format is a settings key: the CLI runs them.
             settings = json.dumps({"hooks": definition.hooks})
-        if meta.memory:
-            system_prompt_memory = memory_section(meta, Path(meta.agent_source), os.environ)
-            if isinstance(system_prompt, dict):
-                system_prompt["append"] += "\n\n" + system_prompt_memory
-            else:
-                system_prompt += "\n\n" + system_prompt_memory
+    sections = [memory_section(meta, Path(meta.agent_source), os.environ)] if meta.agent_source and meta.memory else []
+    sections += skill_sections(meta, os.environ)
+    if sections:
+        if isinstance(system_prompt, dict):
+            system_prompt["append"] += "\n\n" + "\n\n".join(sections)
+        else:
+            system_prompt += "\n\n" + "\n\n".join(sections)
     gate = PermissionGate(meta, agent_dir, secrets_)
     options = sdk.ClaudeAgentOptions(
         tools=builtin,

@@ -188,6 +188,7 @@ description: Keeps notes
 tools: Read, Bash
 maxTurns: 2
 effort: low
+skills: [house-style]
 memory: project
 initialPrompt: '{initial}'
 hooks:
@@ -197,6 +198,9 @@ hooks:
           command: touch {marker}
 """,
     )
+    skill = project / ".claude" / "skills" / "house-style" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text("---\nname: house-style\ndescription: d\n---\nWrite HOUSE-STYLE-MARKER prose.\n")
     cache = tmp_path / "cache"
     argv_log = tmp_path / "cli-argv"
     recorder = tmp_path / "claude"  # the real CLI, with its command line written down first
@@ -210,6 +214,9 @@ hooks:
     argv = argv_log.read_text().splitlines()
     assert argv[argv.index("--effort") + 1] == "low"
     assert argv[argv.index("--max-turns") + 1] == "2"
+    system_prompt = argv[argv.index("--system-prompt") + 1 :]  # multi-line: the rest of the log from there
+    assert "# Skill: house-style" in "\n".join(system_prompt) and "HOUSE-STYLE-MARKER" in "\n".join(system_prompt)
+    assert "# Agent memory" in "\n".join(system_prompt)
     assert (project / ".claude" / "agent-memory" / "noter").is_dir()
     (cached,) = cache.glob("cli-tools-*.json")
     assert {"Bash", "Read"} <= set(json.loads(cached.read_text())["tools"])  # what this run's CLI reported
