@@ -1691,6 +1691,12 @@ def parse_definition(
                     for one in split_tool_entries(spec) if tool == "Agent" else [spec]:
                         d.permissions.allow.append(Rule(tool, one, f"{tool}({one})"))
             value = list(dict.fromkeys(names))
+        if value is not None and key == "skills":
+            bad = [v for v in value if not re.fullmatch(r"[A-Za-z0-9][\w.:\-]*", v)]
+            if bad:
+                # The SDK refuses such names outright; drop them rather than fail the run.
+                problem(key, f"skill names {', '.join(map(repr, bad))} are not skill directory names; ignored", "warning")
+                value = [v for v in value if v not in bad]
         if value is not None:
             setattr(d, attr, value)
     model = data.get("model")
