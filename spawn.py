@@ -1679,6 +1679,8 @@ def parse_definition(
         except TypeError as exc:
             problem(key, f"{key} {exc}")
             continue
+        if value == ["*"] and key == "tools":
+            value = None  # Claude Code's "all tools": here, as without the field, it inherits
         if value is not None and key != "skills":
             names: list[str] = []
             for entry in value:

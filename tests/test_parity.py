@@ -67,10 +67,12 @@ def test_tools_grammar_keeps_parentheses_whole_and_canonicalises_aliases() -> No
     assert [r.text for r in d.permissions.allow] == ["Agent(explore)", "Agent(plan)", "Agent(worker)"]
 
 
-def test_skill_names_the_sdk_would_refuse_are_dropped_with_a_warning() -> None:
+def test_odd_skill_names_are_dropped_and_star_tools_inherit() -> None:
     d, problems = spawn.parse_definition("---\nname: s\ndescription: d\nskills: [pdf, /review, '*']\n---\n", "s.md", "project")
     assert d is not None and d.skills == ["pdf"]
     assert [p.severity for p in problems] == ["warning"]
+    star, problems = spawn.parse_definition("---\nname: s\ndescription: d\ntools: '*'\n---\n", "s.md", "project")
+    assert star is not None and star.tools is None and problems == []  # all tools: inherits
 
 
 def test_every_claude_code_field_is_read() -> None:
