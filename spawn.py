@@ -97,6 +97,7 @@ ENV_PERMISSION_MODE = "SPAWN_PERMISSION_MODE"  # the agent's mode; children get 
 ENV_MODEL = "SPAWN_MODEL"  # the agent's model, for `model: inherit`
 ENV_ASK_TIMEOUT = "SPAWN_ASK_TIMEOUT_S"  # seconds before an unanswered ask is denied
 ENV_FULL_SDK_IMPORT = "SPAWN_FULL_SDK_IMPORT"  # 1: import the SDK with its mcp package
+ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # per-user cache (CLI tool lists); default $XDG_CACHE_HOME/spawn
 
 # Tiers are aliases the CLI itself resolves to the current model of each
 # family, so the table does not go stale when models are released.
@@ -116,7 +117,7 @@ DEFAULT_TOOLS = ("Read", "Grep", "Glob")
 
 # Built-in tool names of Claude Code; MCP tools are accepted as mcp__server__tool.
 # A seed only: the tools the CLI reports in its init message are cached per CLI
-# version (cli_tool_cache) and added to these, so new tools aren't unknown.
+# version (remember_cli_tools) and added to these, so new tools aren't unknown.
 KNOWN_TOOLS = frozenset(
     {
         "Agent", "AskUserQuestion", "Bash", "BashOutput", "CronCreate", "CronDelete", "CronList",
@@ -128,7 +129,6 @@ KNOWN_TOOLS = frozenset(
         "WebSearch", "Workflow", "Write",
     }
 )  # fmt: skip
-ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # per-user cache (CLI tool lists); default $XDG_CACHE_HOME/spawn
 
 # Legacy tool names Claude Code still accepts, and the name it uses now. A
 # name is canonicalised wherever it is read (tools, disallowed tools, rules),
