@@ -120,10 +120,10 @@ DEFAULT_TOOLS = ("Read", "Grep", "Glob")
 # version (remember_cli_tools) and added to these, so new tools aren't unknown.
 KNOWN_TOOLS = frozenset(
     {
-        "Agent", "AskUserQuestion", "Bash", "BashOutput", "CronCreate", "CronDelete", "CronList",
+        "Agent", "AskUserQuestion", "Bash", "BashOutput", "CronCreate", "CronDelete", "CronList", "DesignSync",
         "Edit", "EnterPlanMode", "EnterWorktree", "ExitPlanMode", "ExitWorktree", "Glob", "Grep",
         "KillShell", "LS", "ListAgents", "ListMcpResourcesTool", "LSP", "Monitor", "MultiEdit",
-        "NotebookEdit", "NotebookRead", "Read", "ReadMcpResourceTool", "ScheduleWakeup",
+        "NotebookEdit", "NotebookRead", "Read", "ReadMcpResourceTool", "ReportFindings", "ScheduleWakeup",
         "SendMessage", "Skill", "SlashCommand", "Task", "TaskCreate", "TaskGet", "TaskList",
         "TaskOutput", "TaskStop", "TaskUpdate", "TodoWrite", "ToolSearch", "WebFetch",
         "WebSearch", "Workflow", "Write",
