@@ -503,8 +503,29 @@ class AskAnswer:
     verdict: str
     """approve or deny"""
     by: str
-    """approve, deny (the verbs), timeout, or terminal"""
+    """Who answered: approve or deny (the verbs, unnamed), the NAME of `--as NAME`
+    (a root process, an MCP client), timeout, or terminal (the person at the root)."""
     at: str
+    protocol: int = PROTOCOL_VERSION
+
+
+@dataclass
+class AskAttempt:
+    """One line of asks/ID.attempts.jsonl: an answer that was refused.
+
+    An agent, or a process it started, tried to answer an ask of its own tree.
+    """
+
+    ask: str
+    verdict: str
+    """approve or deny: what the attempt asked for."""
+    by: str
+    """The name it gave (approve, deny, or --as NAME)."""
+    at: str
+    pid: int
+    """The process that tried."""
+    refused: str
+    """Why it was refused."""
     protocol: int = PROTOCOL_VERSION
 
 
@@ -680,6 +701,24 @@ def redact(text: str, secrets_: Sequence[str]) -> str:
     for value in secrets_:
         text = text.replace(value, REDACTED)
     return SECRET_PATTERN.sub(REDACTED, text)
+
+
+def self_answer_refusal(ask_agent: str, session: Path, callers: Iterable[tuple[str, str, int]]) -> str | None:
+    """Why an answer must be refused, given the agents the answering process runs under.
+
+    callers are (session, agent id, depth) of those agents. An agent can't
+    answer its own ask, and no agent of the tree below the root answers any:
+    they run code a model wrote. The person, the root's own process and
+    clients outside the tree can.
+    """
+    for caller_session, agent_id, depth in callers:
+        if Path(caller_session).resolve() != session.resolve():
+            continue
+        if agent_id == ask_agent:
+            return f"agent {agent_id} can't answer its own ask"
+        if depth > 0:
+            return f"agent {agent_id} (depth {depth}) of the same tree can't answer asks; the person or the root does"
+    return None
 
 
 def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str]] = ()) -> str:
@@ -1163,6 +1202,165 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
     return proc.pid, write_end
 
 
+# Where the runner index lives. Not taken from the environment: an agent
+# controls its own (XDG_RUNTIME_DIR, TMPDIR), and an index it can move is one
+# its children can escape. The user's runtime dir if the system made one, else
+# a private directory of ours in /tmp.
+RUNNERS_DIR = "runners"
+
+
+def runner_index_dir() -> Path:
+    """The per-user index of live agent runners, created private (0700) if absent.
+
+    Refuses (StateError) a directory we don't own or others can write: another
+    user could otherwise plant or hide runners.
+    """
+    uid = os.getuid()
+    run_user = Path(f"/run/user/{uid}")
+    base = run_user / "spawn" if _private_dir_of(run_user, uid, strict=False) else Path(f"/tmp/spawn-{uid}")
+    index = base / RUNNERS_DIR
+    for folder in (base, index):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+        if not _private_dir_of(folder, uid, strict=True):
+            raise StateError(f"runner index {folder} is not a private directory of yours; remove it and retry")
+    return index
+
+
+def _private_dir_of(path: Path, uid: int, *, strict: bool) -> bool:
+    """A real directory owned by uid; with strict, also closed to group and others."""
+    import stat
+
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and (not strict or st.st_mode & 0o077 == 0)
+
+
+def _runner_entry(index: Path, pid: int, create_time: float) -> Path:
+    return index / f"{pid}-{create_time:.3f}.json"
+
+
+def register_runner(pid: int, create_time: float, agent_dir: Path) -> None:
+    """Record that the process (pid, create_time) runs the agent in agent_dir.
+
+    The seam of process-identity ancestry: any spawn whose ancestor chain
+    (reparenting included) meets this process is that agent's child, with
+    its limits, whatever its environment says. spawn.py registers the
+    process that runs the agent (foreground spawn or background `_run`);
+    a supervisor that becomes the subreaper above it (the guard) may
+    register itself under the same agent_dir, so that orphans reparented to
+    it stay in the tree. Call unregister_runner when the process ends; an
+    entry left by a crash is ignored, because readers check the identity.
+    """
+    index = runner_index_dir()
+    data = {"pid": pid, "create_time": create_time, "agent_dir": str(agent_dir)}
+    write_json_atomic(_runner_entry(index, pid, create_time), data)
+    for stale in index.glob("*.json"):  # crashed runners' entries: keep the index small
+        entry = _read_runner_entry(stale)
+        if entry is not None and not process_matches(entry[0], entry[1]):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+
+
+def unregister_runner(pid: int, create_time: float) -> None:
+    """Remove the entry register_runner wrote for (pid, create_time), if any."""
+    with contextlib.suppress(FileNotFoundError, SpawnError):
+        _runner_entry(runner_index_dir(), pid, create_time).unlink()
+
+
+def _read_runner_entry(path: Path) -> tuple[int, float, Path] | None:
+    try:
+        data = json.loads(path.read_text())
+        return int(data["pid"]), float(data["create_time"]), Path(str(data["agent_dir"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def ancestor_agents() -> list[Path]:
+    """Agent directories of the registered runners among our ancestors, nearest first.
+
+    The chain is psutil's parents, as the kernel has them now: a double-forked
+    orphan has been reparented to its nearest subreaper (the agent's runner),
+    so it still finds that agent.
+    """
+    try:
+        index = runner_index_dir()
+        chain = psutil.Process().parents()
+    except (psutil.Error, OSError):
+        return []
+    entries: dict[int, list[tuple[float, Path]]] = {}
+    for path in index.glob("*.json"):
+        entry = _read_runner_entry(path)
+        if entry is not None:
+            entries.setdefault(entry[0], []).append((entry[1], entry[2]))
+    found = []
+    for proc in chain:
+        for create_time, agent_dir in entries.get(proc.pid, []):
+            if process_matches(proc.pid, create_time) and agent_dir not in found:
+                found.append(agent_dir)
+    return found
+
+
+def nearest_ancestor_agent() -> Path | None:
+    """The directory of the nearest agent whose runner is among our ancestors."""
+    found = ancestor_agents()
+    return found[0] if found else None
+
+
+def ancestor_agent_context() -> dict[str, Any] | None:
+    """The nearest ancestor agent's limits, from its meta.json: the authority.
+
+    None when no registered runner is among our ancestors (a root). An
+    ancestor whose meta.json can't be read is refused, not ignored: ignoring
+    it would let an agent shed its limits by damaging its own record.
+    """
+    agent_dir = nearest_ancestor_agent()
+    if agent_dir is None:
+        return None
+    try:
+        meta = load_meta(agent_dir)
+    except (OSError, SpawnError) as exc:
+        raise RefusedError(f"the agent running this spawn ({agent_dir}) has no readable meta.json ({exc}); refusing") from None
+    return {
+        "agent_dir": str(agent_dir),
+        "parent_id": meta.id,
+        "session": meta.session,
+        "depth": meta.depth,
+        "max_depth": meta.max_depth,
+        "deadline": meta.deadline,
+        "budget": meta.max_budget_usd,
+        "tools": list(meta.tools),
+        "deny": list(meta.permissions.get("deny", [])),
+        "ask": list(meta.permissions.get("ask", [])),
+        "mode": meta.permission_mode,
+        "model": meta.model,
+        "traceparent": meta.traceparent,
+    }
+
+
+def calling_agents() -> list[tuple[str, str, int]]:
+    """(session, agent id, depth) of every agent this process runs under.
+
+    By process identity (the runner index) first, then by the environment
+    each ancestor was started with, which its agent can't rewrite.
+    """
+    found: list[tuple[str, str, int]] = []
+    for agent_dir in ancestor_agents():
+        with contextlib.suppress(OSError, SpawnError):
+            meta = load_meta(agent_dir)
+            found.append((meta.session, meta.id, meta.depth))
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process().parents():
+            with contextlib.suppress(psutil.Error):
+                env = proc.environ()
+                depth = _int_or_none(env.get(ENV_DEPTH))
+                if env.get(ENV_SESSION) and env.get(ENV_AGENT_ID) and depth is not None:
+                    found.append((env[ENV_SESSION], env[ENV_AGENT_ID], depth))
+    return found
+
+
 def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = None) -> dict[str, Any]:
     """Depth limits as the process ancestry tells them, whatever our own env says.
 
@@ -1170,8 +1368,15 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
     environment this process got. It can't rewrite the environment its CLI
     was started with by spawn.py (/proc/PID/environ is fixed at exec), so
     every ancestor is read: the deepest depth and the smallest max depth win.
+
+    An agent can also leave the tree by double-fork and `env -i`, so the
+    nearest agent among our ancestors by process identity (the runner index)
+    is looked up too, under "runner" (see ancestor_agent_context).
     """
     found: dict[str, Any] = {}
+    runner = ancestor_agent_context()
+    if runner is not None:
+        found["runner"] = runner
     try:
         proc = psutil.Process().parent()
     except psutil.Error:
@@ -1196,6 +1401,9 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
         deadline = _float_or_none(env.get(ENV_DEADLINE))
         if deadline is not None:
             found["deadline"] = min(deadline, found.get("deadline", deadline))
+        budget = _float_or_none(env.get(ENV_BUDGET))
+        if budget is not None:
+            found["budget"] = min(budget, found.get("budget", budget))
         for name, key in ((ENV_DENY, "deny"), (ENV_ASK, "ask")):
             found[key] = sorted(set(found.get(key, [])) | set(_json_list(env.get(name))))
         mode = env.get(ENV_PERMISSION_MODE)
@@ -1984,7 +2192,15 @@ class Inherited:
 
 
 def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
+    """What this spawn inherits: the narrowest of its env, its ancestors' envs, and its runner.
+
+    The nearest ancestor agent found by process identity (ancestry["runner"],
+    from its meta.json) is the parent whenever there is one: its id and its
+    session, whatever the environment claims. Every limit is the smallest
+    any source gives, and the tools are those every source allows.
+    """
     inh = Inherited()
+    runner: Mapping[str, Any] = ancestry.get("runner") or {}
     env_depth = _int_or_none(environ.get(ENV_DEPTH))
     anc_depth = ancestry.get("depth")
     if env_depth is not None and (anc_depth is None or env_depth >= anc_depth):
@@ -1995,25 +2211,29 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
         inh.depth = anc_depth
         inh.parent_id = ancestry.get("parent_id")
         inh.session = Path(ancestry["session"]) if ancestry.get("session") else None
-    max_depths = [d for d in (_int_or_none(environ.get(ENV_MAX_DEPTH)), ancestry.get("max_depth")) if d is not None]
-    inh.max_depth = min(max_depths) if max_depths else None
-    deadlines = [d for d in (_float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline")) if d is not None]
-    inh.deadline = min(deadlines) if deadlines else None
-    inh.budget = _float_or_none(environ.get(ENV_BUDGET))
+    if runner:
+        inh.parent_id = runner["parent_id"]
+        inh.session = Path(runner["session"])
+        inh.depth = max(inh.depth, int(runner["depth"]))
+    inh.max_depth = min_known(_int_or_none(environ.get(ENV_MAX_DEPTH)), ancestry.get("max_depth"), runner.get("max_depth"))
+    inh.deadline = min_known(_float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline"), runner.get("deadline"))
+    inh.budget = min_known(_float_or_none(environ.get(ENV_BUDGET)), ancestry.get("budget"), runner.get("budget"))
     tool_sets: list[set[str]] = []
     if environ.get(ENV_TOOLS) is not None:
         tool_sets.append(set(environ[ENV_TOOLS].split(",")) - {""})
-    if ancestry.get("tools") is not None:
-        tool_sets.append(set(ancestry["tools"]))
+    for source in (ancestry, runner):
+        if source.get("tools") is not None:
+            tool_sets.append(set(source["tools"]))
     if tool_sets:
         inh.tools = sorted(set.intersection(*tool_sets))
-    inh.traceparent = environ.get(ENV_TRACEPARENT) or environ.get("TRACEPARENT")
+    inh.traceparent = environ.get(ENV_TRACEPARENT) or environ.get("TRACEPARENT") or runner.get("traceparent")
     # Rules only accumulate: an agent can drop them from its own env, not from its ancestors'.
-    inh.deny = sorted(set(_json_list(environ.get(ENV_DENY))) | set(ancestry.get("deny", [])))
-    inh.ask = sorted(set(_json_list(environ.get(ENV_ASK))) | set(ancestry.get("ask", [])))
-    modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode")) if m in PERMISSION_RANK]
+    for kind, name in (("deny", ENV_DENY), ("ask", ENV_ASK)):
+        rules = set(_json_list(environ.get(name))) | set(ancestry.get(kind, [])) | set(runner.get(kind, []))
+        setattr(inh, kind, sorted(rules))
+    modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
     inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
-    inh.model = environ.get(ENV_MODEL)
+    inh.model = environ.get(ENV_MODEL) or runner.get("model")
     return inh
 
 
@@ -2148,6 +2368,12 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     inh = inherited_context(environ, ancestry)
     warnings: list[str] = []
     depth = inh.depth + 1
+    # The flags' limits, narrowed by a definition below; args stays as parsed.
+    max_depth_arg: int | None = args.max_depth
+    timeout: float | None = args.timeout
+    budget_arg: float | None = args.max_budget_usd
+    max_turns: int | None = args.max_turns
+    background: bool | None = args.background
     definition, routing = choose_definition(args.agent, task, cwd, environ)
     if definition is not None:
         # A definition's settings are defaults the flags override, but the
@@ -2162,12 +2388,12 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
             else:
                 requested_tools = list(definition.tools)
         disallowed = list(dict.fromkeys([*definition.disallowed_tools, *disallowed]))
-        args.max_depth = min_known(args.max_depth, definition.max_depth)
-        args.timeout = min_known(args.timeout, definition.timeout)
-        args.max_budget_usd = min_known(args.max_budget_usd, definition.max_budget_usd)
-        args.max_turns = min_known(args.max_turns, definition.max_turns)
-        if args.background is None:
-            args.background = definition.background
+        max_depth_arg = min_known(max_depth_arg, definition.max_depth)
+        timeout = min_known(timeout, definition.timeout)
+        budget_arg = min_known(budget_arg, definition.max_budget_usd)
+        max_turns = min_known(max_turns, definition.max_turns)
+        if background is None:
+            background = definition.background
         if isinstance(definition.effort, int):
             warnings.append(f"numeric effort {definition.effort} is not passed: the SDK takes low, medium, high, xhigh or max")
         if flag_rules.allow and definition.permissions.allow:
@@ -2187,11 +2413,11 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
     if mode_warning:
         warnings.append(mode_warning)
-    max_depth = DEFAULT_MAX_DEPTH if args.max_depth is None else args.max_depth
+    max_depth = DEFAULT_MAX_DEPTH if max_depth_arg is None else max_depth_arg
     if inh.max_depth is not None:
-        if args.max_depth is not None and args.max_depth > inh.max_depth:
-            warnings.append(f"--max-depth {args.max_depth} lowered to the tree's {inh.max_depth}")
-        max_depth = min(max_depth, inh.max_depth) if args.max_depth is not None else inh.max_depth
+        if max_depth_arg is not None and max_depth_arg > inh.max_depth:
+            warnings.append(f"--max-depth {max_depth_arg} lowered to the tree's {inh.max_depth}")
+        max_depth = min(max_depth, inh.max_depth) if max_depth_arg is not None else inh.max_depth
     tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
     if definition is not None:
         # A definition's MCP servers are granted whole unless it names their tools.
@@ -2199,13 +2425,13 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     tools, dropped = narrow_tools(tools, inh.tools)
     if dropped:
         warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
-    budget = args.max_budget_usd
+    budget = budget_arg
     if inh.budget is not None:
         if budget is not None and budget > inh.budget:
             warnings.append(f"--max-budget-usd {budget} lowered to the parent's {inh.budget}")
         budget = inh.budget if budget is None else min(budget, inh.budget)
     now = time.time()
-    deadline = child_deadline(args.timeout, inh.deadline, now)
+    deadline = child_deadline(timeout, inh.deadline, now)
 
     refusal = None
     if depth > max_depth:
@@ -2216,7 +2442,11 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         refusal = f"tools: none of {','.join(requested_tools)} is held by the parent"
 
     session_root = resolve_session_root(args.session, environ)
-    session = None if args.session else inh.session
+    # A child stays in its tree's session, whatever --session says: there it
+    # shares the tree's limits file and ledger, and `kill` finds it.
+    session = inh.session
+    if session is not None and args.session:
+        warnings.append(f"--session {args.session} ignored: this agent is registered in its tree's session {session}")
     trace = new_trace(args.parent_trace or inh.traceparent)
     topic = args.topic or task
     meta = AgentMeta(
@@ -2243,11 +2473,11 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         schema=schema,
         schema_source=schema_source,
         deadline=deadline,
-        max_turns=args.max_turns,
+        max_turns=max_turns,
         max_budget_usd=budget,
         topic=slugify(topic, 32),
         output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
-        background=bool(args.background),
+        background=bool(background),
         agent=definition.name if definition else None,
         agent_source=definition.path if definition else None,
         routing=routing,
@@ -2262,7 +2492,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         hooks=sorted(definition.hooks or {}) if definition else [],
         warnings=warnings,
     )
-    limits = Limits(args.max_budget_usd, args.max_agents, args.max_concurrent)
+    limits = Limits(budget_arg, args.max_agents, args.max_concurrent)
     if session is not None and (args.max_agents is not None or args.max_concurrent is not None):
         warnings.append("--max-agents and --max-concurrent apply to a whole tree and are set by its root; ignored here")
     return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits)
@@ -2324,6 +2554,8 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
             # The guard exists before the agent does: a SIGKILL right after
             # meta.json is published still leaves someone to settle it.
             plan.guard = start_guard(agent_dir)
+            # Before meta.json: nothing this agent starts can predate its entry.
+            register_runner(meta.pid, meta.create_time, agent_dir)
         write_meta(agent_dir, meta, plan.secrets)
     return agent_dir
 
@@ -3011,6 +3243,8 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     except psutil.Error:
         create_time = time.time()
     plan.meta.pid, plan.meta.create_time, plan.meta.pgid = proc.pid, create_time, proc.pid
+    # Before meta.json, which the runner waits for before it starts the agent.
+    register_runner(proc.pid, create_time, agent_dir)
     write_meta(agent_dir, plan.meta, plan.secrets)
     return {
         "id": plan.meta.id,
@@ -3506,6 +3740,9 @@ def build_verb_parser(verb: str) -> Parser:
     elif verb in ("approve", "deny"):
         p.description = f"{verb.capitalize()} a tool call an agent asked about (see 'spawn.py status' for pending asks)."
         p.add_argument("ask_id", metavar="ASK_ID")
+        p.add_argument(
+            "--as", dest="as_name", metavar="NAME", help=f"who answers, recorded as the answer's 'by' (default {verb}), e.g. ci or mcp:CLIENT"
+        )
     elif verb == "agents":
         p.description = "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory) and ~/.claude/agents."
         sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
@@ -3560,19 +3797,22 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     for warning in plan.meta.warnings:
         note(f"warning: {warning}")
 
-    agent_dir = register(plan, None if args.background else own_identity())
+    agent_dir = register(plan, None if plan.meta.background else own_identity())
     if plan.refusal is not None:
         outcome = record_refusal(agent_dir, plan)
         emit(summary(agent_dir, record_to_json(outcome)))
         raise RefusedError(f"refused: {plan.refusal}; recorded in {agent_dir}")
-    if args.background:
+    if plan.meta.background:
         emit(launch_background(agent_dir, plan))
         return ExitCode.OK
     note(f"agent {plan.meta.id} started in {agent_dir}")
     if not plan.new_session:
         # Agents that died unseen are settled by the next spawn in their session.
         reap_session(Path(plan.meta.session), "spawn", plan.secrets)
-    outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard)
+    try:
+        outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard)
+    finally:
+        unregister_runner(plan.meta.pid, plan.meta.create_time)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
     emit(summary(agent_dir, record_to_json(outcome)))
     return outcome.exit_code
@@ -3587,7 +3827,11 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
         if time.monotonic() > limit:
             raise StateError(f"{agent_dir} was never registered; nothing to run")
         time.sleep(0.01)
-    outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard)
+    pid, create_time, _ = own_identity()
+    try:
+        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard)
+    finally:
+        unregister_runner(pid, create_time)
     emit(summary(agent_dir, record_to_json(outcome)))
     return outcome.exit_code
 
@@ -3652,6 +3896,15 @@ def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return ExitCode.OK
 
 
+def answerer_name(as_name: str | None, verb: str) -> str:
+    """The answer's `by`: --as NAME, else the verb; names spawn.py uses itself are reserved."""
+    if as_name is None:
+        return verb
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:@\-]{0,63}", as_name) or as_name in ("timeout", "terminal", "rules"):
+        raise UsageError(f"--as {as_name!r} is not a usable name; use letters, digits and _.:@- (not timeout, terminal or rules)")
+    return as_name
+
+
 def cmd_answer(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """approve / deny ASK_ID: the first answer wins."""
     root = resolve_session_root(None, environ)
@@ -3661,9 +3914,18 @@ def cmd_answer(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         candidates = [p.parent.parent for p in root.glob(f"*/asks/{args.ask_id}.json")]
     if not candidates:
         raise UsageError(f"no pending ask {args.ask_id!r}; run 'spawn.py status' to list asks, or pass --session DIR")
+    session = candidates[0]
     verdict = "approve" if args.verb == "approve" else "deny"
-    if not answer_ask(candidates[0], args.ask_id, verdict, args.verb):
-        earlier = read_json(asks_dir(candidates[0]) / f"{args.ask_id}.answer.json")
+    by = answerer_name(args.as_name, args.verb)
+    ask = read_json(asks_dir(session) / f"{args.ask_id}.json")
+    refusal = self_answer_refusal(str(ask.get("agent_id", "")), session, calling_agents())
+    if refusal is not None:
+        attempt = AskAttempt(args.ask_id, verdict, by, utc_now_iso(), os.getpid(), refusal)
+        attempts = asks_dir(session) / f"{args.ask_id}.attempts.jsonl"
+        append_jsonl(attempts, record_to_json(attempt), secret_values(environ))
+        raise RefusedError(f"refused: {refusal}; the attempt is recorded in {attempts}")
+    if not answer_ask(session, args.ask_id, verdict, by):
+        earlier = read_json(asks_dir(session) / f"{args.ask_id}.answer.json")
         raise UsageError(f"ask {args.ask_id} was already answered: {earlier.get('verdict')} (by {earlier.get('by')})")
     emit({"ask": args.ask_id, "verdict": verdict})
     return ExitCode.OK

@@ -177,6 +177,10 @@ def validate_records(session_root: Path) -> int:
         for ask in sorted((session / "asks").glob("q-*.json")):
             check(load(ask), "ask-answer" if ask.name.endswith(".answer.json") else "ask")
             count += 1
+        for attempts in sorted((session / "asks").glob("q-*.attempts.jsonl")):
+            for line in attempts.read_text().splitlines():
+                check(json.loads(line), "ask-attempt")
+                count += 1
         if (session / "ledger.jsonl").exists():
             for line in (session / "ledger.jsonl").read_text().splitlines():
                 check(json.loads(line), "ledger-line")
