@@ -3741,7 +3741,10 @@ def build_verb_parser(verb: str) -> Parser:
         p.description = f"{verb.capitalize()} a tool call an agent asked about (see 'spawn.py status' for pending asks)."
         p.add_argument("ask_id", metavar="ASK_ID")
         p.add_argument(
-            "--as", dest="as_name", metavar="NAME", help=f"who answers, recorded as the answer's 'by' (default {verb}), e.g. ci or mcp:CLIENT"
+            "--as",
+            dest="as_name",
+            metavar="NAME",
+            help=f"who answers, recorded as the answer's 'by' (default {verb}), e.g. ci or mcp:CLIENT",
         )
     elif verb == "agents":
         p.description = "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory) and ~/.claude/agents."
