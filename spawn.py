@@ -2530,6 +2530,8 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
     A spawn refused here gets plan.refusal set and its meta written at once.
     """
     meta = plan.meta
+    if plan.refusal is None:
+        runner_index_dir()  # a broken runner index fails the spawn before anything is written
     if plan.new_session:
         session = create_session_dir(plan.session_root, meta.topic or "agent", dt.datetime.now())
         write_json_atomic(session / LIMITS, record_to_json(plan.limits))
