@@ -2413,11 +2413,8 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
     if mode_warning:
         warnings.append(mode_warning)
-    max_depth = DEFAULT_MAX_DEPTH if max_depth_arg is None else max_depth_arg
-    if inh.max_depth is not None:
-        if max_depth_arg is not None and max_depth_arg > inh.max_depth:
-            warnings.append(f"--max-depth {max_depth_arg} lowered to the tree's {inh.max_depth}")
-        max_depth = min(max_depth, inh.max_depth) if max_depth_arg is not None else inh.max_depth
+    max_depth = narrow_to_inherited("--max-depth", max_depth_arg, inh.max_depth, "the tree's", warnings)
+    max_depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
     tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
     if definition is not None:
         # A definition's MCP servers are granted whole unless it names their tools.
@@ -2425,21 +2422,11 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     tools, dropped = narrow_tools(tools, inh.tools)
     if dropped:
         warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
-    budget = budget_arg
-    if inh.budget is not None:
-        if budget is not None and budget > inh.budget:
-            warnings.append(f"--max-budget-usd {budget} lowered to the parent's {inh.budget}")
-        budget = inh.budget if budget is None else min(budget, inh.budget)
+    budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
     now = time.time()
     deadline = child_deadline(timeout, inh.deadline, now)
 
-    refusal = None
-    if depth > max_depth:
-        refusal = f"depth limit: this agent would be at depth {depth}, the tree's max depth is {max_depth}"
-    elif deadline is not None and deadline <= now:
-        refusal = "deadline: the parent has no time left for a child"
-    elif requested_tools and not tools:
-        refusal = f"tools: none of {','.join(requested_tools)} is held by the parent"
+    refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
 
     session_root = resolve_session_root(args.session, environ)
     # A child stays in its tree's session, whatever --session says: there it
@@ -2496,6 +2483,28 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     if session is not None and (args.max_agents is not None or args.max_concurrent is not None):
         warnings.append("--max-agents and --max-concurrent apply to a whole tree and are set by its root; ignored here")
     return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits)
+
+
+def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, warnings: list[str]) -> Any:
+    """A limit: the inherited one when none was asked for, else the smaller, with a warning if lowered."""
+    if inherited is None:
+        return requested
+    if requested is not None and requested > inherited:
+        warnings.append(f"{flag} {requested} lowered to {whose} {inherited}")
+    return inherited if requested is None else min(requested, inherited)
+
+
+def refusal_for(
+    depth: int, max_depth: int, deadline: float | None, now: float, *, requested_tools: Sequence[str] | None, tools: Sequence[str]
+) -> str | None:
+    """Why a resolved spawn may not run, or None."""
+    if depth > max_depth:
+        return f"depth limit: this agent would be at depth {depth}, the tree's max depth is {max_depth}"
+    if deadline is not None and deadline <= now:
+        return "deadline: the parent has no time left for a child"
+    if requested_tools and not tools:
+        return f"tools: none of {','.join(requested_tools)} is held by the parent"
+    return None
 
 
 def min_known(*values: Any) -> Any:
