@@ -3645,6 +3645,410 @@ def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
     return settle_agents([(d, Status.KILLED, "ended by spawn.py kill") for d in targets], "kill", secrets_)
 
 
+# ------------------------------------------------ task graphs and workflows --
+# `dag run FILE` registers itself as an agent node ("dag") and starts every
+# task as a background child of that node, through spawn.py's own CLI, so
+# limits, asks, status, kill and the timeline apply to tasks as to any agent.
+# The pure part (parse, check, levels, templating) is testable without processes.
+
+DAG_TASK_KEYS = frozenset({"id", "task", "blockedBy"})
+DAG_FLAG_OPTIONS = frozenset({"task", "task_file", "background", "dry_run", "session", "output", "help", "version", "traceback"})
+DAG_VAR = re.compile(r"\{\{\s*var\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+DAGS_DIR = "dags"  # journals: SESSION/dags/<runner id>.jsonl
+DAG_POLL_S = 0.05  # how often the runner looks for new outcomes
+
+
+@dataclass
+class DagTask:
+    """One resolved task of a graph: its prompt, its blockers and its spawn options."""
+
+    id: str
+    task: str
+    blocked_by: list[str]
+    options: dict[str, Any]
+
+
+def spawn_option_names() -> set[str]:
+    """Option names a DAG may set: every run flag's dest except the ones the runner owns."""
+    return {a.dest for a in build_run_parser()._actions} - DAG_FLAG_OPTIONS
+
+
+def fill_vars(value: Any, variables: Mapping[str, str], where: str) -> Any:
+    """{{var.x}} replaced in every string of value; an undefined var is a UsageError."""
+    if isinstance(value, str):
+
+        def sub(m: re.Match[str]) -> str:
+            if m.group(1) not in variables:
+                raise UsageError(f"{where}: undefined variable {{{{var.{m.group(1)}}}}}; define it under 'vars:' or pass --var {m.group(1)}=VALUE")
+            return variables[m.group(1)]
+
+        return DAG_VAR.sub(sub, value)
+    if isinstance(value, list):
+        return [fill_vars(v, variables, where) for v in value]
+    if isinstance(value, dict):
+        return {k: fill_vars(v, variables, where) for k, v in value.items()}
+    return value
+
+
+def find_cycle(edges: Mapping[str, Sequence[str]]) -> list[str] | None:
+    """A cycle of the blockedBy graph as [a, b, ..., a], or None."""
+    color: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        color[node] = 1
+        stack.append(node)
+        for nxt in edges.get(node, ()):
+            if color.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in color and (found := visit(nxt)):
+                return found
+        stack.pop()
+        color[node] = 2
+        return None
+
+    for node in edges:
+        if node not in color and (found := visit(node)):
+            return found
+    return None
+
+
+def dag_levels(tasks: Sequence[DagTask]) -> list[list[str]]:
+    """Tasks grouped by level: a task's level is one more than its deepest blocker's."""
+    level: dict[str, int] = {}
+    by_id = {t.id: t for t in tasks}
+
+    def depth(tid: str) -> int:
+        if tid not in level:
+            level[tid] = 1 + max((depth(b) for b in by_id[tid].blocked_by), default=-1)
+        return level[tid]
+
+    out: list[list[str]] = [[] for _ in range(1 + max((depth(t.id) for t in tasks), default=-1))]
+    for t in tasks:
+        out[level[t.id]].append(t.id)
+    return out
+
+
+def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str) -> list[DagTask]:
+    """Check a DAG document and resolve its tasks; every problem is a UsageError naming the task."""
+    if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
+        raise UsageError(f"{source}: expected a mapping with a non-empty 'tasks:' list")
+    unknown_top = set(data) - {"tasks", "defaults", "vars"}
+    if unknown_top:
+        raise UsageError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown_top))}; use tasks, defaults, vars")
+    variables = {str(k): str(v) for k, v in (data.get("vars") or {}).items()}
+    variables.update(cli_vars)
+    allowed = spawn_option_names()
+
+    def options_of(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+        opts = {str(k).replace("-", "_"): v for k, v in raw.items() if k not in DAG_TASK_KEYS}
+        bad = sorted(set(opts) - allowed)
+        if bad:
+            raise UsageError(f"{where}: unknown option(s) {', '.join(bad)}; use spawn.py's flag names (spawn.py --help)")
+        return cast(dict[str, Any], fill_vars(opts, variables, where))
+
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise UsageError(f"{source}: 'defaults:' must be a mapping")
+    base = options_of(defaults, f"{source}: defaults")
+    tasks: list[DagTask] = []
+    for n, raw in enumerate(data["tasks"]):
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not raw["id"]:
+            raise UsageError(f"{source}: task #{n + 1} needs an 'id:' string")
+        where = f"{source}: task {raw['id']!r}"
+        if any(t.id == raw["id"] for t in tasks):
+            raise UsageError(f"{where}: duplicate id")
+        if not isinstance(raw.get("task"), str) or not raw["task"].strip():
+            raise UsageError(f"{where}: needs a 'task:' prompt")
+        blocked = raw.get("blockedBy") or []
+        if isinstance(blocked, str):
+            blocked = [blocked]
+        if not isinstance(blocked, list) or not all(isinstance(b, str) for b in blocked):
+            raise UsageError(f"{where}: 'blockedBy:' must be a list of task ids")
+        tasks.append(DagTask(raw["id"], fill_vars(raw["task"], variables, where), list(blocked), {**base, **options_of(raw, where)}))
+    ids = {t.id for t in tasks}
+    for t in tasks:
+        missing = [b for b in t.blocked_by if b not in ids]
+        if missing:
+            raise UsageError(f"{source}: task {t.id!r}: unknown id(s) in blockedBy: {', '.join(missing)}")
+    cycle = find_cycle({t.id: t.blocked_by for t in tasks})
+    if cycle:
+        raise UsageError(f"{source}: cycle in blockedBy: {' -> '.join(cycle)}")
+    return tasks
+
+
+def dag_argv(t: DagTask, prompt: str) -> list[str]:
+    """The spawn.py flags that start task t with the given prompt."""
+    argv = ["--task", prompt, "--topic", t.id]
+    for key, value in t.options.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        elif key in PERMISSION_KINDS:
+            argv += [x for rule in ([value] if isinstance(value, str) else value) for x in (flag, str(rule))]
+        elif isinstance(value, list):
+            argv += [flag, ",".join(map(str, value))]
+        else:
+            argv += [flag, value if isinstance(value, str) else json.dumps(value)]
+    return argv
+
+
+def dag_prompt(t: DagTask, results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The task's prompt with its blockers' outputs appended, each under its id."""
+    if not t.blocked_by:
+        return t.task
+    parts = [t.task, "", "Outputs of the tasks this one was blocked by:"]
+    for b in t.blocked_by:
+        out = results[b].get("output")
+        parts += ["", f"## {b}", out if isinstance(out, str) else json.dumps(out, ensure_ascii=False)]
+    return "\n".join(parts)
+
+
+def load_dag_file(path: str, cli_vars: Sequence[str]) -> list[DagTask]:
+    import yaml  # lazily: only DAG verbs need it
+
+    variables = {}
+    for item in cli_vars:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--var {item!r}: expected KEY=VALUE")
+        variables[key] = value
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"can't read DAG file {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise UsageError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: {str(exc).splitlines()[0]}") from None
+    return parse_dag(data, variables, path)
+
+
+def journal_path(session: Path, runner_id: str) -> Path:
+    return session / DAGS_DIR / f"{runner_id}.jsonl"
+
+
+def read_journal(path: Path) -> list[dict[str, Any]]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise StateError(f"can't read DAG journal {path}: {exc.strerror}") from None
+    records = []
+    for line in lines:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a runner SIGKILLed mid-append leaves at most one torn last line
+    return records
+
+
+def journal_state(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The last record of each task in a journal: its state ("started", "done", "failed", "skipped")."""
+    state: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r.get("event") == "task":
+            state[r["task"]] = dict(r)
+    return state
+
+
+class DagStopped(Exception):
+    """SIGTERM/SIGHUP reached the runner: end every running task."""
+
+
+def start_dag_task(t: DagTask, prompt: str, runner: AgentMeta, runner_dir: Path, environ: Mapping[str, str]) -> dict[str, Any]:
+    """Launch one task as a background child of the runner's node; its launcher's JSON, or an error."""
+    env = {**environ, **child_environment(runner, runner_dir)}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT_PATH), *dag_argv(t, prompt), "--background"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=runner.cwd,
+    )
+    try:
+        data = cast(dict[str, Any], json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
+        data = {}
+    if proc.returncode != ExitCode.OK or "agent_dir" not in data:
+        reason = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"launcher exited {proc.returncode}"
+        return {"status": data.get("status") or Status.FAILED.value, "reason": reason, "agent_id": data.get("id")}
+    return data
+
+
+def run_dag(
+    tasks: Sequence[DagTask],
+    runner_dir: Path,
+    journal: Path,
+    done_before: Mapping[str, Mapping[str, Any]],
+    max_concurrent: int | None,
+    fail_fast: bool,
+    environ: Mapping[str, str],
+) -> dict[str, dict[str, Any]]:
+    """Schedule tasks as their blockers finish; journal every state change. Results by task id."""
+    runner = load_meta(runner_dir)
+    secrets_ = secret_values(environ)
+    results: dict[str, dict[str, Any]] = {k: dict(v) for k, v in done_before.items()}
+    running: dict[str, Path] = {}
+
+    def record(tid: str, **fields: Any) -> None:
+        entry = {"event": "task", "task": tid, "time": utc_now_iso(), **fields}
+        append_jsonl(journal, entry, secrets_)
+        if fields["status"] != "started":
+            results[tid] = {k: v for k, v in fields.items() if k != "agent_dir"}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        raise DagStopped(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while len(results) < len(tasks):
+            stop = fail_fast and any(r["status"] != Status.DONE for r in results.values())
+            for t in tasks:
+                if t.id in results or t.id in running:
+                    continue
+                bad = [b for b in t.blocked_by if b in results and results[b]["status"] != Status.DONE]
+                if bad or stop:
+                    why = f"blocked by {bad[0]}, which {results[bad[0]]['status']}" if bad else "--fail-fast: another task failed"
+                    record(t.id, status="skipped", reason=why)
+                elif all(results.get(b, {}).get("status") == Status.DONE for b in t.blocked_by) and (
+                    max_concurrent is None or len(running) < max_concurrent
+                ):
+                    launched = start_dag_task(t, dag_prompt(t, results), runner, runner_dir, environ)
+                    if "agent_dir" in launched:
+                        running[t.id] = Path(launched["agent_dir"])
+                        record(t.id, status="started", agent_id=launched["id"], agent_dir=launched["agent_dir"])
+                    else:
+                        record(t.id, status=launched["status"], agent_id=launched.get("agent_id"), reason=launched["reason"])
+            if not running:
+                continue
+            waited = wait_for_outcomes(list(running.values()), "any", None, secrets_)
+            for tid, d in list(running.items()):
+                outcome = waited.outcomes.get(d) if d in waited.outcomes else None
+                if outcome is None and d in waited.stale:
+                    kill_agent(d, secrets_)
+                    outcome = read_outcome(d)
+                if outcome is None:
+                    continue
+                del running[tid]
+                if outcome.get("status") == Status.DONE:
+                    out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
+                    record(tid, status="done", agent_id=d.name, output=out, outcome=str(d / OUTCOME))
+                else:
+                    record(tid, status=outcome.get("status") or "failed", agent_id=d.name, reason=outcome.get("reason") or "")
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for tid, d in running.items():
+            kill_agent(d, secrets_)  # a stopped runner leaves no task behind
+            outcome = read_outcome(d) or {}
+            record(tid, status=outcome.get("status") or "killed", agent_id=d.name, reason="the DAG runner was stopped")
+    return results
+
+
+def register_runner(what: str, topic: str, args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, Plan]:
+    """Register the runner as an agent node: tasks are its children, so kill, status and limits reach them."""
+    argv = ["--task", what, "--topic", topic, "--tools", ",".join(sorted(KNOWN_TOOLS))]
+    for flag, value in (("--timeout", args.timeout), ("--max-budget-usd", args.max_budget_usd), ("--session", args.session)):
+        argv += [flag, str(value)] if value is not None else []
+    plan = plan_run(build_run_parser().parse_args(argv), environ, ancestry_context())
+    plan.meta.agent = "dag"
+    runner_dir = register(plan, own_identity())
+    if plan.refusal is not None:
+        record_refusal(runner_dir, plan)
+        raise RefusedError(f"refused: {plan.refusal}; recorded in {runner_dir}")
+    return runner_dir, plan
+
+
+def finish_runner(runner_dir: Path, plan: Plan, results: Mapping[str, Mapping[str, Any]], started: float, journal: Path) -> int:
+    """Commit the runner's outcome, print the one JSON object, return the exit code."""
+    statuses = {r["status"] for r in results.values()}
+    status = Status.DONE if statuses <= {"done"} else Status.KILLED if "killed" in statuses else Status.FAILED
+    report = {"status": status.value, "tasks": {k: dict(v) for k, v in results.items()}}
+    failed = sorted(k for k, r in results.items() if r["status"] != "done")
+    reason = "every task done" if not failed else f"not done: {', '.join(failed)}"
+    outcome = Outcome(
+        id=plan.meta.id,
+        status=status,
+        reason=reason,
+        exit_code=EXIT_FOR_STATUS[status],
+        ended_at=utc_now_iso(),
+        duration_s=round(time.time() - started, 3),
+        output=report,
+    )
+    commit_outcome(runner_dir, outcome, plan.secrets)
+    emit({**report, "runner_id": plan.meta.id, "session": plan.meta.session, "journal": str(journal)})
+    return EXIT_FOR_STATUS[status]
+
+
+def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    if args.action == "resume":
+        return resume_dag(args, environ)
+    tasks = load_dag_file(args.file, args.var or [])
+    levels = dag_levels(tasks)
+    if args.action == "validate":
+        emit({"valid": True, "file": args.file, "tasks": len(tasks), "levels": len(levels)})
+        return ExitCode.OK
+    if args.action == "show" or args.dry_run:
+        resolved = [{"id": t.id, "blockedBy": t.blocked_by, "task": t.task, "argv": dag_argv(t, t.task)} for t in tasks]
+        emit({"levels": levels, **({"tasks": resolved} if args.dry_run else {})})
+        return ExitCode.OK
+    positive("--max-concurrent", args.max_concurrent, integer=True)
+    started = time.time()
+    runner_dir, plan = register_runner(f"dag run {args.file}", f"dag {Path(args.file).stem}", args, environ)
+    for t in tasks:
+        if "tools" not in t.options and "agent" not in t.options:
+            # A task with no tools gets what a plain spawn here would, not the runner's wide set.
+            t.options["tools"] = list(plan.inherited.tools or DEFAULT_TOOLS)
+    journal = journal_path(Path(plan.meta.session), plan.meta.id)
+    journal.parent.mkdir(exist_ok=True)
+    graph = {"event": "graph", "time": utc_now_iso(), "runner_id": plan.meta.id, "file": str(Path(args.file).resolve())}
+    graph.update(max_concurrent=args.max_concurrent, fail_fast=args.fail_fast, tasks=[record_to_json(t) for t in tasks])
+    append_jsonl(journal, graph, plan.secrets)
+    note(f"dag {plan.meta.id}: {len(tasks)} tasks in {len(levels)} levels; journal {journal}")
+    results = run_dag(tasks, runner_dir, journal, {}, args.max_concurrent, args.fail_fast, environ)
+    return finish_runner(runner_dir, plan, results, started, journal)
+
+
+def resume_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """Run again what has no .done in a session's latest DAG journal; keep what is done."""
+    session = Path(args.file).expanduser().resolve()
+    journals = sorted((session / DAGS_DIR).glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+    if not journals:
+        raise UsageError(f"no DAG journal in {session / DAGS_DIR}; pass the session directory of a 'dag run'")
+    records = read_journal(journals[-1])
+    graph = next((r for r in records if r.get("event") == "graph"), None)
+    if graph is None:
+        raise StateError(f"{journals[-1]} has no graph record; it can't be resumed")
+    tasks = [DagTask(t["id"], t["task"], t["blocked_by"], t["options"]) for t in graph["tasks"]]
+    secrets_ = secret_values(environ)
+    done: dict[str, dict[str, Any]] = {}
+    for tid, last in journal_state(records).items():
+        d = Path(last["agent_dir"]) if last.get("agent_dir") else None
+        if last["status"] == "done":
+            done[tid] = {k: v for k, v in last.items() if k in ("status", "agent_id", "output", "outcome")}
+        elif last["status"] == "started" and d is not None:
+            outcome = read_outcome(d)
+            if outcome is None:
+                kill_agent(d, secrets_)  # still running, orphaned: end it before starting it again
+            elif outcome.get("status") == Status.DONE:
+                out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
+                done[tid] = {"status": "done", "agent_id": d.name, "output": out, "outcome": str(d / OUTCOME)}
+    env = {**environ, ENV_SESSION: str(session), ENV_DEPTH: environ.get(ENV_DEPTH, "-1")}
+    if Path(environ.get(ENV_SESSION, "")) != session:
+        env[ENV_DEPTH] = "-1"
+        env.pop(ENV_AGENT_ID, None)
+    args.session = None
+    started = time.time()
+    runner_dir, plan = register_runner(f"dag resume {graph['file']}", "dag-resume", args, env)
+    append_jsonl(journals[-1], {"event": "resume", "time": utc_now_iso(), "runner_id": plan.meta.id}, plan.secrets)
+    for tid, r in done.items():
+        append_jsonl(journals[-1], {"event": "task", "task": tid, "time": utc_now_iso(), **r}, plan.secrets)
+    note(f"dag resume {plan.meta.id}: {len(done)} of {len(tasks)} tasks already done")
+    results = run_dag(tasks, runner_dir, journals[-1], done, graph.get("max_concurrent"), bool(graph.get("fail_fast")), environ)
+    return finish_runner(runner_dir, plan, results, started, journals[-1])
+
+
 # ---------------------------------------------------------------------- CLI --
 
 
@@ -3769,12 +4173,31 @@ def build_verb_parser(verb: str) -> Parser:
         routing = sub.add_parser("route", help="which definition --agent auto would pick for TASK, and why; runs nothing")
         routing.add_argument("task", metavar="TASK")
         routing.add_argument("--json", action="store_true", help="the decision as JSON on stdout")
+    elif verb == "dag":
+        p.description = "Run a task graph (YAML or JSON): each task starts when its blockedBy are done, as a child of the runner."
+        sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
+        for action, what in (
+            ("run", "run the graph; stdout is one JSON object with every task's status and output"),
+            ("validate", "check the file (cycles, unknown ids and options, undefined vars) without running"),
+            ("show", "print the graph's levels"),
+            ("resume", "run again what has no .done in a session's DAG journal (FILE is the session directory)"),
+        ):
+            a = sub.add_parser(action, help=what, description=what, epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+            a.add_argument("file", metavar="SESSION" if action == "resume" else "FILE")
+            a.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
+            a.add_argument("--session", metavar="DIR", help="session root for the runner")
+            a.add_argument("--max-concurrent", type=int, metavar="N", help="tasks running at once (default: no limit)")
+            a.add_argument("--timeout", type=float, metavar="S", help="deadline for the whole graph")
+            a.add_argument("--max-budget-usd", type=float, metavar="X", help="budget for the whole graph")
+            a.add_argument("--fail-fast", action="store_true", help="stop everything at the first failure")
+            a.add_argument("--dry-run", action="store_true", help="print the resolved tasks; start nothing")
+            a.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
     elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
     return p
 
 
-VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "_run", "_guard")
+VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "_run", "_guard")
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -4045,6 +4468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "approve": cmd_answer,
                 "deny": cmd_answer,
                 "agents": cmd_agents,
+                "dag": cmd_dag,
                 "_run": cmd_background_runner,
                 "_guard": cmd_guard,
             }[verb]
