@@ -4049,6 +4049,219 @@ def resume_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return finish_runner(runner_dir, plan, results, started, journals[-1])
 
 
+# Plan, build and explore: phases of one workflow DAG, sharing a state file.
+WORKFLOWS_DIR = SCRIPT_DIR / "workflows"
+DEFAULT_STATE_FILE = ".spawn-state.json"
+DEFAULT_ROTATE_MB = 10.0  # a state file past this is rotated to .1, .2, ...
+PHASES = ("plan", "build", "explore")
+WORKFLOW_FOR = {"plan": "plan-build", "build": "plan-build", "explore": "plan-build-explore"}
+WORKFLOW_FOR.update({"run-plan-build": "plan-build", "run-all": "plan-build-explore"})
+
+
+class DeclinedError(SpawnError):
+    """A person (or the ask timeout) declined an action build asked about (exit 4)."""
+
+    exit_code = ExitCode.REFUSED
+
+
+@contextlib.contextmanager
+def state_lock(path: Path) -> Iterator[None]:
+    """Exclusive lock for a read-modify-write of the state file.
+
+    The lock lives on a sidecar that is never renamed: the state file itself
+    is replaced on every write, so a lock on it would guard a dead inode.
+    """
+    import fcntl
+
+    with open(path.with_name(path.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """The state file's content; {} when absent. Corrupt is a StateError, and the file is left as it is."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise StateError(f"state file {path} is corrupt ({exc}); it was not changed: fix it, or move it away") from None
+    if not isinstance(data, dict):
+        raise StateError(f"state file {path} is corrupt (not a JSON object); it was not changed: fix it, or move it away")
+    return data
+
+
+def rotate_state(path: Path) -> None:
+    """path -> path.1, path.1 -> path.2, ...: nothing is lost."""
+    n = 1
+    while path.with_name(f"{path.name}.{n}").exists():
+        n += 1
+    for i in range(n, 1, -1):
+        os.replace(path.with_name(f"{path.name}.{i - 1}"), path.with_name(f"{path.name}.{i}"))
+    os.replace(path, path.with_name(f"{path.name}.1"))
+
+
+def update_state(path: Path, change: Callable[[dict[str, Any]], None], rotate_mb: float = DEFAULT_ROTATE_MB) -> dict[str, Any]:
+    """Read, change and write the state file under its lock: temp file, fsync, rename."""
+    with state_lock(path):
+        data = read_state(path)
+        change(data)
+        if path.exists() and path.stat().st_size > rotate_mb * 1024 * 1024:
+            rotate_state(path)
+            data["history"] = data.get("history", [])[-1:]  # the rest is in .1
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    return data
+
+
+def plan_markdown(output: Any) -> str:
+    """A plan output (schemas/plan.json, or text) as markdown."""
+    if not isinstance(output, dict):
+        return str(output or "")
+    lines = [f"# {output.get('goal', 'Plan')}", ""]
+    for n, step in enumerate(output.get("steps") or [], 1):
+        step = step if isinstance(step, dict) else {"title": str(step)}
+        files = f" ({', '.join(step['files'])})" if step.get("files") else ""
+        lines.append(f"{n}. {step.get('title', '')}{files}")
+        if step.get("detail"):
+            lines.append(f"   {step['detail']}")
+    lines += [f"- risk: {r}" for r in output.get("risks") or []]
+    return "\n".join(lines)
+
+
+def written_files(transcript: Path) -> set[str]:
+    """Paths the agent gave to Write (which creates files), as given and as base names."""
+    found: set[str] = set()
+    with contextlib.suppress(OSError):
+        for m in re.finditer(r'"name": ?"Write", ?"input": ?\{"file_path": ?"([^"]+)"', transcript.read_text()):
+            found |= {m.group(1), os.path.basename(m.group(1))}
+    return found
+
+
+def phase_results(phase: str, output: Any, written: set[str] = frozenset()) -> Any:  # type: ignore[assignment]
+    """What a phase's output adds to the state file's results; written: the paths build created."""
+    if phase == "plan":
+        return plan_markdown(output)
+    data = output if isinstance(output, dict) else {"summary": output}
+    if phase == "build":
+        changed = [str(c) for c in data.get("files_changed") or []]
+        created = [c for c in changed if c in written]
+        return {"filesCreated": created, "filesModified": [c for c in changed if c not in written]}
+    return {"findings": data.get("findings") or [], "recommendations": data.get("open_questions") or data.get("recommendations") or []}
+
+
+def workflow_tasks(verb: str, args: argparse.Namespace, state: Mapping[str, Any]) -> list[DagTask]:
+    """The shipped workflow's tasks for a verb: one phase alone, or the whole chain."""
+    path = WORKFLOWS_DIR / f"{WORKFLOW_FOR[verb]}.yaml"
+    tasks = load_dag_file(str(path), [f"task={args.task or state.get('taskDescription', '')}"])
+    if verb in PHASES:
+        (t,) = [t for t in tasks if t.id == verb]
+        t.blocked_by = []
+        results = state.get("results") or {}
+        if verb == "build":
+            if not results.get("plan"):
+                raise UsageError(f"no plan in {args.state_file}; run 'spawn.py plan TASK' first")
+            t.task += f"\n\n## plan\n{results['plan']}"
+        if verb == "explore":
+            t.task += f"\n\n{args.task}" if args.task else ""
+            t.task += "\nDepth: " + ("list files and structure only." if args.depth == "shallow" else "full analysis: dependencies, patterns, metrics.")
+        if verb == "plan" and args.prd:
+            t.task += "\nAlso write a short PRD (problem, users, requirements, success criteria) as the plan's first step."
+        tasks = [t]
+    return tasks
+
+
+def declined_asks(session: Path, agent_ids: Iterable[str]) -> list[dict[str, Any]]:
+    """Asks of these agents that were answered no (by a person, `deny`, or the timeout)."""
+    ids, found = set(agent_ids), []
+    for answer in sorted(asks_dir(session).glob("q-*.answer.json")):
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            ask = read_json(answer.with_name(answer.name.replace(".answer", "")))
+            if ask.get("agent_id") in ids and read_json(answer).get("verdict") == "deny":
+                found.append(ask)
+    return found
+
+
+def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """plan, build, explore, run-plan-build, run-all: run the phases, record them in the state file."""
+    state_path = Path(args.state_file).expanduser().resolve()
+    verb = args.verb
+    state = read_state(state_path)  # a corrupt file stops us before anything starts
+    if verb == "build" and args.dry_run:
+        plan = (state.get("results") or {}).get("plan")
+        if not plan:
+            raise UsageError(f"no plan in {state_path}; run 'spawn.py plan TASK' first")
+        steps = [line for line in plan.splitlines() if re.match(r"\d+\. ", line)]
+        emit({"dry_run": True, "steps": steps, "files": sorted(set(re.findall(r"\(([^)]*)\)$", "\n".join(steps), re.M)))})
+        return ExitCode.OK
+    tasks = workflow_tasks(verb, args, state)
+    now = utc_now_iso()
+    params = {k: v for k, v in vars(args).items() if k not in ("traceback", "verb") and v is not None}
+
+    def begin(data: dict[str, Any]) -> None:
+        data["metadata"] = {"agentName": verb, "spawnVersion": __version__, "invocationTimestamp": now, "parameters": params}
+        data.update(phase=tasks[0].id, status="running")
+        data["taskDescription"] = args.task or data.get("taskDescription") or ""
+        data.setdefault("results", {})
+        data.setdefault("errors", [])
+        data.setdefault("artifacts", {})
+        data.setdefault("history", [])
+
+    update_state(state_path, begin, args.rotate_mb)
+    args.session = args.timeout = args.max_budget_usd = None
+    started = time.time()
+    runner_dir, plan = register_runner(f"{verb} {args.task or ''}".strip(), verb, args, environ)
+    session = Path(plan.meta.session)
+    journal = journal_path(session, plan.meta.id)
+    journal.parent.mkdir(exist_ok=True)
+    graph = {"event": "graph", "time": utc_now_iso(), "runner_id": plan.meta.id, "file": str(WORKFLOWS_DIR / f"{WORKFLOW_FOR[verb]}.yaml")}
+    append_jsonl(journal, {**graph, "max_concurrent": 1, "fail_fast": True, "tasks": [record_to_json(t) for t in tasks]}, plan.secrets)
+    if args.verbose:
+        note(f"{verb}: phases {' -> '.join(t.id for t in tasks)}; session {session}")
+    results = run_dag(tasks, runner_dir, journal, {}, 1, True, environ)
+    declined = declined_asks(session, [r["agent_id"] for r in results.values() if r.get("agent_id")])
+
+    def finish(data: dict[str, Any]) -> None:
+        for tid, r in results.items():
+            data["artifacts"][tid] = {"session": str(session), "agent_id": r.get("agent_id"), "journal": str(journal)}
+            if r["status"] == "done":
+                key = "exploration" if tid == "explore" else tid
+                written = written_files(Path(r["outcome"]).with_name(TRANSCRIPT))
+                data["results"][key] = phase_results(tid, read_json(Path(r["outcome"])).get("output"), written)
+                data["phase"] = tid
+            elif r["status"] != "skipped":
+                data["errors"].append({"phase": tid, "time": utc_now_iso(), "message": r.get("reason", "")})
+                data["phase"] = tid
+            data["history"].append({"phase": tid, "status": r["status"], "time": utc_now_iso()})
+        ok = all(r["status"] == "done" for r in results.values())
+        data["status"] = "declined" if declined else "success" if ok else "error"
+
+    saved = update_state(state_path, finish, args.rotate_mb)
+    code = finish_runner(runner_dir, plan, results, started, journal)
+    if args.verbose:
+        note(f"{verb}: {saved['status']}; state in {state_path}")
+    if declined:
+        raise DeclinedError(f"declined: {declined[0]['tool']} {declined[0]['input']}; the state is saved in {state_path}")
+    return code
+
+
+def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    path = Path(args.state_file).expanduser().resolve()
+    if args.action == "show":
+        emit(read_state(path))
+        return ExitCode.OK
+    with state_lock(path):
+        existed = path.exists()
+        path.unlink(missing_ok=True)
+    emit({"cleared": str(path), "existed": existed})
+    return ExitCode.OK
+
+
 # ---------------------------------------------------------------------- CLI --
 
 
@@ -4192,12 +4405,35 @@ def build_verb_parser(verb: str) -> Parser:
             a.add_argument("--fail-fast", action="store_true", help="stop everything at the first failure")
             a.add_argument("--dry-run", action="store_true", help="print the resolved tasks; start nothing")
             a.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+    elif verb in WORKFLOW_VERBS:
+        p.description = {
+            "plan": "Plan a change with the plan agent; the plan goes to the state file.",
+            "build": "Carry out the state file's plan with the build agent; it asks before creating/deleting files or changing manifests.",
+            "explore": "Explore the codebase with the read-only explore agent; findings go to the state file.",
+            "run-plan-build": "plan, then build (workflows/plan-build.yaml); build does not start when plan failed.",
+            "run-all": "plan, build, explore (workflows/plan-build-explore.yaml); stops at the first failure.",
+            "state": "Show or clear the state file.",
+        }[verb]
+        if verb == "state":
+            p.add_argument("action", choices=["show", "clear"])
+        else:
+            p.add_argument("task", nargs="?" if verb in ("explore", "build") else None, metavar="TASK")
+        p.add_argument("--state-file", default=DEFAULT_STATE_FILE, metavar="PATH", help=f"shared state (default {DEFAULT_STATE_FILE})")
+        p.add_argument("--rotate-mb", type=float, default=DEFAULT_ROTATE_MB, metavar="MB", help="rotate the state file to .1, .2... past MB")
+        p.add_argument("--verbose", action="store_true", help="report phase transitions on stderr")
+        if verb == "plan":
+            p.add_argument("--prd", action="store_true", help="also write a short PRD")
+        if verb == "build":
+            p.add_argument("--dry-run", action="store_true", help="preview the plan's steps and files; write nothing")
+        if verb == "explore":
+            p.add_argument("--depth", choices=["shallow", "deep"], default="deep")
     elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
     return p
 
 
-VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "_run", "_guard")
+WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
+VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", *WORKFLOW_VERBS, "_run", "_guard")
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -4469,6 +4705,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "deny": cmd_answer,
                 "agents": cmd_agents,
                 "dag": cmd_dag,
+                **{v: cmd_workflow for v in WORKFLOW_VERBS},
+                "state": cmd_state,
                 "_run": cmd_background_runner,
                 "_guard": cmd_guard,
             }[verb]
