@@ -56,6 +56,7 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
@@ -3679,7 +3680,9 @@ def fill_vars(value: Any, variables: Mapping[str, str], where: str) -> Any:
 
         def sub(m: re.Match[str]) -> str:
             if m.group(1) not in variables:
-                raise UsageError(f"{where}: undefined variable {{{{var.{m.group(1)}}}}}; define it under 'vars:' or pass --var {m.group(1)}=VALUE")
+                raise UsageError(
+                    f"{where}: undefined variable {{{{var.{m.group(1)}}}}}; define it under 'vars:' or pass --var {m.group(1)}=VALUE"
+                )
             return variables[m.group(1)]
 
         return DAG_VAR.sub(sub, value)
@@ -3880,6 +3883,7 @@ def run_dag(
     tasks: Sequence[DagTask],
     runner_dir: Path,
     journal: Path,
+    *,
     done_before: Mapping[str, Mapping[str, Any]],
     max_concurrent: int | None,
     fail_fast: bool,
@@ -4002,11 +4006,13 @@ def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             t.options["tools"] = list(plan.inherited.tools or DEFAULT_TOOLS)
     journal = journal_path(Path(plan.meta.session), plan.meta.id)
     journal.parent.mkdir(exist_ok=True)
-    graph = {"event": "graph", "time": utc_now_iso(), "runner_id": plan.meta.id, "file": str(Path(args.file).resolve())}
+    graph: dict[str, Any] = {"event": "graph", "time": utc_now_iso(), "runner_id": plan.meta.id, "file": str(Path(args.file).resolve())}
     graph.update(max_concurrent=args.max_concurrent, fail_fast=args.fail_fast, tasks=[record_to_json(t) for t in tasks])
     append_jsonl(journal, graph, plan.secrets)
     note(f"dag {plan.meta.id}: {len(tasks)} tasks in {len(levels)} levels; journal {journal}")
-    results = run_dag(tasks, runner_dir, journal, {}, args.max_concurrent, args.fail_fast, environ)
+    results = run_dag(
+        tasks, runner_dir, journal, done_before={}, max_concurrent=args.max_concurrent, fail_fast=args.fail_fast, environ=environ
+    )
     return finish_runner(runner_dir, plan, results, started, journal)
 
 
@@ -4045,7 +4051,15 @@ def resume_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     for tid, r in done.items():
         append_jsonl(journals[-1], {"event": "task", "task": tid, "time": utc_now_iso(), **r}, plan.secrets)
     note(f"dag resume {plan.meta.id}: {len(done)} of {len(tasks)} tasks already done")
-    results = run_dag(tasks, runner_dir, journals[-1], done, graph.get("max_concurrent"), bool(graph.get("fail_fast")), environ)
+    results = run_dag(
+        tasks,
+        runner_dir,
+        journals[-1],
+        done_before=done,
+        max_concurrent=graph.get("max_concurrent"),
+        fail_fast=bool(graph.get("fail_fast")),
+        environ=environ,
+    )
     return finish_runner(runner_dir, plan, results, started, journals[-1])
 
 
@@ -4124,8 +4138,8 @@ def plan_markdown(output: Any) -> str:
     if not isinstance(output, dict):
         return str(output or "")
     lines = [f"# {output.get('goal', 'Plan')}", ""]
-    for n, step in enumerate(output.get("steps") or [], 1):
-        step = step if isinstance(step, dict) else {"title": str(step)}
+    for n, raw in enumerate(output.get("steps") or [], 1):
+        step = raw if isinstance(raw, dict) else {"title": str(raw)}
         files = f" ({', '.join(step['files'])})" if step.get("files") else ""
         lines.append(f"{n}. {step.get('title', '')}{files}")
         if step.get("detail"):
@@ -4143,7 +4157,7 @@ def written_files(transcript: Path) -> set[str]:
     return found
 
 
-def phase_results(phase: str, output: Any, written: set[str] = frozenset()) -> Any:  # type: ignore[assignment]
+def phase_results(phase: str, output: Any, written: AbstractSet[str] = frozenset()) -> Any:
     """What a phase's output adds to the state file's results; written: the paths build created."""
     if phase == "plan":
         return plan_markdown(output)
@@ -4169,7 +4183,9 @@ def workflow_tasks(verb: str, args: argparse.Namespace, state: Mapping[str, Any]
             t.task += f"\n\n## plan\n{results['plan']}"
         if verb == "explore":
             t.task += f"\n\n{args.task}" if args.task else ""
-            t.task += "\nDepth: " + ("list files and structure only." if args.depth == "shallow" else "full analysis: dependencies, patterns, metrics.")
+            t.task += "\nDepth: " + (
+                "list files and structure only." if args.depth == "shallow" else "full analysis: dependencies, patterns, metrics."
+            )
         if verb == "plan" and args.prd:
             t.task += "\nAlso write a short PRD (problem, users, requirements, success criteria) as the plan's first step."
         tasks = [t]
@@ -4223,7 +4239,7 @@ def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     append_jsonl(journal, {**graph, "max_concurrent": 1, "fail_fast": True, "tasks": [record_to_json(t) for t in tasks]}, plan.secrets)
     if args.verbose:
         note(f"{verb}: phases {' -> '.join(t.id for t in tasks)}; session {session}")
-    results = run_dag(tasks, runner_dir, journal, {}, 1, True, environ)
+    results = run_dag(tasks, runner_dir, journal, done_before={}, max_concurrent=1, fail_fast=True, environ=environ)
     declined = declined_asks(session, [r["agent_id"] for r in results.values() if r.get("agent_id")])
 
     def finish(data: dict[str, Any]) -> None:
@@ -4419,7 +4435,9 @@ def build_verb_parser(verb: str) -> Parser:
         else:
             p.add_argument("task", nargs="?" if verb in ("explore", "build") else None, metavar="TASK")
         p.add_argument("--state-file", default=DEFAULT_STATE_FILE, metavar="PATH", help=f"shared state (default {DEFAULT_STATE_FILE})")
-        p.add_argument("--rotate-mb", type=float, default=DEFAULT_ROTATE_MB, metavar="MB", help="rotate the state file to .1, .2... past MB")
+        p.add_argument(
+            "--rotate-mb", type=float, default=DEFAULT_ROTATE_MB, metavar="MB", help="rotate the state file to .1, .2... past MB"
+        )
         p.add_argument("--verbose", action="store_true", help="report phase transitions on stderr")
         if verb == "plan":
             p.add_argument("--prd", action="store_true", help="also write a short PRD")

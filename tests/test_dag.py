@@ -48,13 +48,31 @@ def test_levels_and_var_templating() -> None:
     tasks = spawn.parse_dag(doc, {"who": "ops"}, "f.yaml")
     assert spawn.dag_levels(tasks) == [["survey"], ["tokens", "sessions"], ["report"]]
     assert tasks[0].task == "Survey auth" and tasks[3].task == "Report on auth for ops"
-    assert spawn.dag_argv(tasks[1], "P") == ["--task", "P", "--topic", "tokens", "--model", "low-tier", "--max-turns", "3", "--tools", "Read"]
+    assert spawn.dag_argv(tasks[1], "P") == [
+        "--task",
+        "P",
+        "--topic",
+        "tokens",
+        "--model",
+        "low-tier",
+        "--max-turns",
+        "3",
+        "--tools",
+        "Read",
+    ]
 
 
 @pytest.mark.parametrize(
     ("tasks", "message"),
     [
-        ([{"id": "a", "task": "x", "blockedBy": ["c"]}, {"id": "b", "task": "y", "blockedBy": ["a"]}, {"id": "c", "task": "z", "blockedBy": ["b"]}], "cycle in blockedBy: a -> c -> b -> a"),
+        (
+            [
+                {"id": "a", "task": "x", "blockedBy": ["c"]},
+                {"id": "b", "task": "y", "blockedBy": ["a"]},
+                {"id": "c", "task": "z", "blockedBy": ["b"]},
+            ],
+            "cycle in blockedBy: a -> c -> b -> a",
+        ),
         ([{"id": "a", "task": "x", "blockedBy": ["nope"]}], "task 'a': unknown id(s) in blockedBy: nope"),
         ([{"id": "a", "task": "x"}, {"id": "a", "task": "y"}], "task 'a': duplicate id"),
         ([{"id": "a", "task": "x", "colour": "red"}], "task 'a': unknown option(s) colour"),
@@ -242,7 +260,10 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True, check=False).stdout.strip()[:1] not in ("Z", "")
+    return subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True, check=False).stdout.strip()[:1] not in (
+        "Z",
+        "",
+    )
 
 
 def _wait(cond: Any, timeout: float = 30) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from conftest import FAKE_API_KEY, MOCK, ROOT, load, run_spawn, start_spawn, stdout_json, validate_records
+from conftest import FAKE_API_KEY, MOCK, ROOT, load, run_spawn, stdout_json, validate_records
 
 import spawn
 
@@ -89,9 +89,7 @@ def check_state(path: Path) -> dict[str, Any]:
     return data
 
 
-def test_run_all_accumulates_every_phase_and_build_asks_before_creating(
-    wf_env: dict[str, str], project: Path, session_root: Path
-) -> None:
+def test_run_all_accumulates_every_phase_and_build_asks_before_creating(wf_env: dict[str, str], project: Path, session_root: Path) -> None:
     state = project / ".spawn-state.json"
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "spawn.py"), "run-all", "Add x", "--verbose"],
@@ -166,7 +164,8 @@ def test_corrupt_state_file_is_exit_3_and_left_alone(base_env: dict[str, str], t
 
 def _writer(path: str, n: int, who: int) -> None:
     for i in range(n):
-        spawn.update_state(Path(path), lambda d: d.setdefault("history", []).append({"phase": f"w{who}", "status": str(i), "time": "t"}))
+        entry = {"phase": f"w{who}", "status": str(i), "time": "t"}
+        spawn.update_state(Path(path), lambda d, entry=entry: d.setdefault("history", []).append(entry))
 
 
 def test_concurrent_writers_lose_no_update(tmp_path: Path) -> None:
