@@ -35,6 +35,11 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    ``.done`` marker's mtime to the moment the wait process has exited.
    Target: median <= 100 ms.
 
+4. ``spawn.py dag run`` overhead: a 3-level, 8-task graph of trivial agents
+   (one text reply each) against the same eight ``spawn.py`` agents started
+   by hand in the ideal order (each level all at once, the next when it has
+   ended). Reported, no target; ``--dag-rounds 0`` skips it.
+
 Measurements 1 and 2 run interleaved, ``--repeat`` rounds (each round reverses
 the order of the previous one so drift hits both sides alike); medians are
 reported. Nothing fails by default: each target is printed with whether it
@@ -617,6 +622,55 @@ def report(bench: Bench, waits: Sequence[Mapping[str, float]], args: argparse.Na
     }
 
 
+# ------------------------------------------------------------ dag overhead --
+
+# 3 levels, 8 tasks: the level each task is on, and what blocks it.
+DAG_LEVELS: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...] = (
+    (("a1", ()), ("a2", ())),
+    (("b1", ("a1",)), ("b2", ("a1", "a2")), ("b3", ("a2",))),
+    (("c1", ("b1", "b2")), ("c2", ("b2",)), ("c3", ("b3",))),
+)
+
+
+def dag_overhead(env: Mapping[str, str], workdir: Path, timeout: float, rounds: int) -> dict[str, Any]:
+    """Wall time of `spawn.py dag run` for DAG_LEVELS against the same agents started by hand, level by level."""
+    tasks = [
+        {"id": tid, "task": mock_task(f"dag {tid}", [{"text": tid}]), "tools": [], "blockedBy": list(blockers)}
+        for level in DAG_LEVELS
+        for tid, blockers in level
+    ]
+    graph = workdir / "bench-dag.json"
+    graph.write_text(json.dumps({"tasks": tasks}))
+    dag_s: list[float] = []
+    hand_s: list[float] = []
+    for _ in range(rounds):
+        proc = run_process([sys.executable, str(SPAWN), "dag", "run", str(graph)], env, timeout, workdir)
+        if proc.returncode != 0:
+            raise BenchError(f"dag run exited {proc.returncode}: {proc.stderr[-800:]}")
+        dag_s.append(proc.elapsed)
+        t0 = time.perf_counter()
+        for level in DAG_LEVELS:
+            running = [
+                subprocess.Popen(
+                    [sys.executable, str(SPAWN), "--task", mock_task(f"hand {tid}", [{"text": tid}]), "--tools", ""],
+                    env=dict(env),
+                    cwd=workdir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for tid, _ in level
+            ]
+            if any(p.wait(timeout) != 0 for p in running):
+                raise BenchError("an agent started by hand failed")
+        hand_s.append(time.perf_counter() - t0)
+    dag, hand = median(dag_s), median(hand_s)
+    print(f"\ndag runner overhead (3 levels, 8 trivial agents, {rounds} round(s), medians):")
+    print(f"  spawn.py dag run {fmt(dag, 's'):>10}   by hand in the ideal order {fmt(hand, 's'):>10}")
+    print(f"  overhead {fmt(dag - hand, 's')} ({dag / hand:.2f}x)")
+    return {"dag_s": dag_s, "by_hand_s": hand_s, "overhead_s": dag - hand, "ratio": dag / hand}
+
+
 # --------------------------------------------------------------------- main --
 
 
@@ -632,6 +686,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="inherit",
         help="'inherit' the caller's bytecode settings, or use a warm 'private' cache in the temp dir (as after a normal install)",
     )
+    p.add_argument("--dag-rounds", type=int, default=1, metavar="N", help="rounds of the dag runner overhead figure (default 1; 0 skips)")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (sessions, mock log) and print its path")
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     args = p.parse_args(argv)
@@ -662,6 +717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if len(waits) < len(samples):
                 print(f"dropped {len(samples) - len(waits)} wait sample(s): wait not polling early enough, or agent not done")
             summary = report(bench, waits, args, time.monotonic() - started)
+            if args.dag_rounds > 0:
+                summary["dag"] = dag_overhead(warm_env, workdir, args.timeout, args.dag_rounds)
     except BenchError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
