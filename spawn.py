@@ -3940,13 +3940,20 @@ def run_dag(
                     record(tid, status="done", agent_id=d.name, output=out, outcome=str(d / OUTCOME))
                 else:
                     record(tid, status=outcome.get("status") or "failed", agent_id=d.name, reason=outcome.get("reason") or "")
+    except DagStopped as stopped:
+        note(f"dag: {stopped}: ending {len(running)} running task(s)")
     finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
+        for s in old:
+            signal.signal(s, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
         for tid, d in running.items():
             kill_agent(d, secrets_)  # a stopped runner leaves no task behind
             outcome = read_outcome(d) or {}
             record(tid, status=outcome.get("status") or "killed", agent_id=d.name, reason="the DAG runner was stopped")
+        for t in tasks:
+            if t.id not in results:
+                record(t.id, status="skipped", reason="the DAG runner was stopped")
+        for s, handler in old.items():
+            signal.signal(s, handler)
     return results
 
 

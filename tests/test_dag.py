@@ -242,13 +242,17 @@ def test_kill_of_the_runner_ends_every_running_task(env: dict[str, str], session
             _wait(lambda t=t: journal_has(journal, t, "started"))
         killed = run_spawn(["kill", journal.stem, "--session", str(session)], env)
         assert killed.returncode == spawn.ExitCode.OK, killed.stderr
-        runner.wait(timeout=60)
+        out, _ = runner.communicate(timeout=60)
     finally:
         if runner.poll() is None:
             runner.kill()
             runner.wait()
     statuses = {load(d / "meta.json")["topic"]: load(d / "outcome.json")["status"] for d in agent_dirs(session_root)}
-    assert statuses["t1"] == statuses["t2"] == "killed"
+    # killed, or failed when SIGTERM reached a task's spawn.py before its handler was installed
+    assert {statuses["t1"], statuses["t2"]} <= {"killed", "failed"}
+    assert runner.returncode in (spawn.ExitCode.KILLED, -signal.SIGTERM)
+    if runner.returncode == spawn.ExitCode.KILLED:  # the runner reported before it was ended
+        assert {k: v["status"] for k, v in json.loads(out)["tasks"].items()} == {"t1": statuses["t1"], "t2": statuses["t2"]}
     for d in agent_dirs(session_root):
         pid = load(d / "meta.json")["pid"]
         assert not _alive(pid)
