@@ -3957,7 +3957,7 @@ def run_dag(
     return results
 
 
-def register_runner(what: str, topic: str, args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, Plan]:
+def register_dag_runner(what: str, topic: str, args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, Plan]:
     """Register the runner as an agent node: tasks are its children, so kill, status and limits reach them."""
     argv = ["--task", what, "--topic", topic, "--tools", ",".join(sorted(KNOWN_TOOLS))]
     for flag, value in (("--timeout", args.timeout), ("--max-budget-usd", args.max_budget_usd), ("--session", args.session)):
@@ -3988,6 +3988,7 @@ def finish_runner(runner_dir: Path, plan: Plan, results: Mapping[str, Mapping[st
         output=report,
     )
     commit_outcome(runner_dir, outcome, plan.secrets)
+    unregister_runner(plan.meta.pid, plan.meta.create_time)
     emit({**report, "runner_id": plan.meta.id, "session": plan.meta.session, "journal": str(journal)})
     return EXIT_FOR_STATUS[status]
 
@@ -4006,7 +4007,7 @@ def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return ExitCode.OK
     positive("--max-concurrent", args.max_concurrent, integer=True)
     started = time.time()
-    runner_dir, plan = register_runner(f"dag run {args.file}", f"dag {Path(args.file).stem}", args, environ)
+    runner_dir, plan = register_dag_runner(f"dag run {args.file}", f"dag {Path(args.file).stem}", args, environ)
     for t in tasks:
         if "tools" not in t.options and "agent" not in t.options:
             # A task with no tools gets what a plain spawn here would, not the runner's wide set.
@@ -4053,7 +4054,7 @@ def resume_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         env.pop(ENV_AGENT_ID, None)
     args.session = None
     started = time.time()
-    runner_dir, plan = register_runner(f"dag resume {graph['file']}", "dag-resume", args, env)
+    runner_dir, plan = register_dag_runner(f"dag resume {graph['file']}", "dag-resume", args, env)
     append_jsonl(journals[-1], {"event": "resume", "time": utc_now_iso(), "runner_id": plan.meta.id}, plan.secrets)
     for tid, r in done.items():
         append_jsonl(journals[-1], {"event": "task", "task": tid, "time": utc_now_iso(), **r}, plan.secrets)
@@ -4238,7 +4239,7 @@ def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     update_state(state_path, begin, args.rotate_mb)
     args.session = args.timeout = args.max_budget_usd = None
     started = time.time()
-    runner_dir, plan = register_runner(f"{verb} {args.task or ''}".strip(), verb, args, environ)
+    runner_dir, plan = register_dag_runner(f"{verb} {args.task or ''}".strip(), verb, args, environ)
     session = Path(plan.meta.session)
     journal = journal_path(session, plan.meta.id)
     journal.parent.mkdir(exist_ok=True)
