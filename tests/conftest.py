@@ -181,6 +181,10 @@ def validate_records(session_root: Path) -> int:
             for line in attempts.read_text().splitlines():
                 check(json.loads(line), "ask-attempt")
                 count += 1
+        for journal in sorted((session / "dags").glob("*.jsonl")):  # spawn.py dag journals
+            for line in journal.read_text().splitlines():
+                check(json.loads(line), "dag-journal-line")
+                count += 1
         if (session / "ledger.jsonl").exists():
             for line in (session / "ledger.jsonl").read_text().splitlines():
                 check(json.loads(line), "ledger-line")
