@@ -3888,6 +3888,7 @@ def run_dag(
     max_concurrent: int | None,
     fail_fast: bool,
     environ: Mapping[str, str],
+    on_idle: Callable[[], None] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Schedule tasks as their blockers finish; journal every state change. Results by task id."""
     runner = load_meta(runner_dir)
@@ -3926,7 +3927,9 @@ def run_dag(
                         record(t.id, status=launched["status"], agent_id=launched.get("agent_id"), reason=launched["reason"])
             if not running:
                 continue
-            waited = wait_for_outcomes(list(running.values()), "any", None, secrets_)
+            waited = wait_for_outcomes(list(running.values()), "any", None if on_idle is None else ASK_POLL_S * 5, secrets_)
+            if on_idle is not None:
+                on_idle()
             for tid, d in list(running.items()):
                 outcome = waited.outcomes.get(d) if d in waited.outcomes else None
                 if outcome is None and d in waited.stale:
@@ -4211,6 +4214,25 @@ def declined_asks(session: Path, agent_ids: Iterable[str]) -> list[dict[str, Any
     return found
 
 
+def ask_question(tool: str, what: str, cwd: str) -> str:
+    """The question a person at the terminal sees for one of build's asks; paths relative to cwd."""
+    what = what[len(cwd) + 1 :] if what.startswith(cwd.rstrip("/") + "/") else what
+    if tool == "Write":
+        return f"? Create file {what}? (Y/n) "
+    if tool == "Bash":
+        return f"? Run '{what}' (deletes or moves files)? (Y/n) "
+    return f"? Change {what} (a dependency manifest)? (Y/n) " if tool in EDIT_TOOLS else f"? Allow {tool} {what}? (Y/n) "
+
+
+def answer_at_terminal(session: Path) -> None:
+    """Put each pending ask of the session to the person at the terminal; the first answer wins."""
+    for ask in pending_asks(session):
+        # The question goes to stderr: stdout carries only the one JSON result.
+        print(ask_question(str(ask.get("tool")), str(ask.get("input")), os.getcwd()), end="", file=sys.stderr, flush=True)
+        reply = sys.stdin.readline().strip().lower() or ("y" if not sys.stdin.closed else "n")
+        answer_ask(session, str(ask["id"]), "approve" if reply in ("", "y", "yes") else "deny", "terminal")
+
+
 def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """plan, build, explore, run-plan-build, run-all: run the phases, record them in the state file."""
     state_path = Path(args.state_file).expanduser().resolve()
@@ -4247,7 +4269,11 @@ def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     append_jsonl(journal, {**graph, "max_concurrent": 1, "fail_fast": True, "tasks": [record_to_json(t) for t in tasks]}, plan.secrets)
     if args.verbose:
         note(f"{verb}: phases {' -> '.join(t.id for t in tasks)}; session {session}")
-    results = run_dag(tasks, runner_dir, journal, done_before={}, max_concurrent=1, fail_fast=True, environ=environ)
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    results = run_dag(
+        tasks, runner_dir, journal, done_before={}, max_concurrent=1, fail_fast=True, environ=environ,
+        on_idle=(lambda: answer_at_terminal(session)) if interactive else None,
+    )  # fmt: skip
     declined = declined_asks(session, [r["agent_id"] for r in results.values() if r.get("agent_id")])
 
     def finish(data: dict[str, Any]) -> None:

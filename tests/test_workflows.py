@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import shutil
 import signal
 import subprocess
@@ -191,3 +192,34 @@ def test_rotation_keeps_every_old_file(tmp_path: Path) -> None:
     kept = [load(p)["history"][-1]["n"] for p in sorted(tmp_path.glob("state.json.[0-9]*"), reverse=True)]
     assert kept == sorted(kept) and load(path)["history"][-1]["n"] == 3
     assert not list(tmp_path.glob(".state.json.*.tmp"))
+
+
+def test_build_asks_at_the_terminal_and_no_is_exit_4(wf_env: dict[str, str], project: Path, session_root: Path) -> None:
+    import pty
+
+    state = project / ".spawn-state.json"
+    spawn.update_state(state, lambda d: d.update(taskDescription="Add x", results={"plan": spawn.plan_markdown(PLAN)}))
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "spawn.py"), "build"],
+        env=wf_env, cwd=project, stdin=secondary, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    os.close(secondary)
+    try:
+        assert proc.stderr is not None
+        seen = ""
+        while "(Y/n)" not in seen:
+            char = proc.stderr.read(1)
+            assert char, f"no question before exit: {seen}"
+            seen += char
+        assert seen.splitlines()[-1] == "? Create file src/x.py? (Y/n)"
+        os.write(primary, b"n\n")
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        os.close(primary)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == spawn.ExitCode.REFUSED
+    assert json.loads(out)["tasks"]["build"]["status"] == "done"  # the agent went on without the file
+    assert load(state)["status"] == "declined" and not (project / "src" / "x.py").exists()
