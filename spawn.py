@@ -32,6 +32,9 @@ Verbs: ``wait``, ``status``, ``kill``, ``reap``, ``approve``, ``deny`` and
 ``agents`` read and act on that protocol; ``spawn.py VERB --help`` describes
 each. ``--agent NAME`` runs a Claude Code agent definition from
 .claude/agents; ``--allow/--deny/--ask`` take Claude Code's permission rules.
+``dag run FILE`` runs a task graph (blockedBy) as children of one runner agent;
+``plan``, ``build``, ``explore``, ``run-plan-build`` and ``run-all`` run the
+shipped workflows over a shared state file.
 """
 
 from __future__ import annotations
@@ -4337,7 +4340,7 @@ exit codes:
 def build_run_parser() -> Parser:
     p = Parser(
         prog="spawn.py",
-        description="Run a Claude agent that can spawn child agents to any depth. Verbs: wait, status, kill, reap (spawn.py VERB --help).",
+        description="Run a Claude agent that can spawn child agents to any depth. Verbs: wait, status, kill, reap; dag (task graphs); plan, build, explore, run-plan-build, run-all, state (spawn.py VERB --help).",
         epilog=EXIT_TABLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
