@@ -4340,7 +4340,10 @@ exit codes:
 def build_run_parser() -> Parser:
     p = Parser(
         prog="spawn.py",
-        description="Run a Claude agent that can spawn child agents to any depth. Verbs: wait, status, kill, reap; dag (task graphs); plan, build, explore, run-plan-build, run-all, state (spawn.py VERB --help).",
+        description=(
+            "Run a Claude agent that can spawn child agents to any depth. Verbs: wait, status, kill, reap;"
+            " dag (task graphs); plan, build, explore, run-plan-build, run-all, state (spawn.py VERB --help)."
+        ),
         epilog=EXIT_TABLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -157,7 +157,6 @@ def test_diamond_runs_in_order_in_parallel_and_passes_outputs(
     validate_records(session_root)  # the journal too
 
 
-
 def test_failure_skips_dependents_and_the_independent_branch_goes_on(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     path = write_dag(
         tmp_path / "g.json",
