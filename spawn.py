@@ -102,6 +102,7 @@ ENV_MODEL = "SPAWN_MODEL"  # the agent's model, for `model: inherit`
 ENV_ASK_TIMEOUT = "SPAWN_ASK_TIMEOUT_S"  # seconds before an unanswered ask is denied
 ENV_FULL_SDK_IMPORT = "SPAWN_FULL_SDK_IMPORT"  # 1: import the SDK with its mcp package
 ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # per-user cache (CLI tool lists); default $XDG_CACHE_HOME/spawn
+ENV_NO_CGROUP = "SPAWN_NO_CGROUP"  # 1: don't put trees in cgroups; fall back to the subreaper
 
 # Tiers are aliases the CLI itself resolves to the current model of each
 # family, so the table does not go stale when models are released.
@@ -203,6 +204,13 @@ PARENT_GRACE_S = 5.0
 # and end its own subtree (which itself waits this long), short enough that a
 # kill feels immediate.
 KILL_GRACE_S = 3.0
+
+# A tree's cgroup is named spawn-SESSION-AGENT, so trees of different
+# sessions (and users of one machine) never share one, and the name says who
+# made it. After cgroup.kill the kernel empties it within milliseconds; the
+# limit only bounds a guard facing a process stuck in the kernel (D state).
+CGROUP_PREFIX = "spawn-"
+CGROUP_EMPTY_WAIT_S = 5.0
 
 # How often `wait` looks for markers (latency target is 100 ms median) and how
 # often it checks that the processes it waits for still exist (2 s target).
@@ -412,6 +420,9 @@ class AgentMeta:
     hooks: list[str] = field(default_factory=list)
     """Events of the definition's hooks (their commands stay in the definition file)."""
     warnings: list[str] = field(default_factory=list)
+    containment: str | None = None
+    """What keeps the tree's processes from outliving it: "cgroup PATH" (a root
+    creates PATH, children run inside it), "subreaper", or "none"."""
     spawn_version: str = __version__
     protocol: int = PROTOCOL_VERSION
 
@@ -1130,6 +1141,123 @@ def become_subreaper() -> bool:
         libc = ctypes.CDLL(None, use_errno=True)
         return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
+        return False
+
+
+# Containment. A double fork, setsid and `env -i` leave the process tree,
+# the process group and the environment, but not the cgroup: where cgroup v2
+# is writable, a root agent's spawn.py makes a cgroup for its tree, moves
+# itself in (so everything it starts is born inside), and its guard, which
+# stays outside, ends the tree with cgroup.kill, as systemd ends a unit.
+# Elsewhere spawn.py is the subreaper of what it starts.
+
+
+def cgroup_v2_mount(mountinfo: str) -> Path | None:
+    """Where the unified (v2) hierarchy is mounted, from /proc/self/mountinfo text."""
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        if right.split()[:1] == ["cgroup2"] and len(fields) > 4:
+            return Path(fields[4])
+    return None
+
+
+def own_cgroup() -> Path | None:
+    """This process's cgroup v2 directory, if the unified hierarchy is mounted."""
+    try:
+        mount = cgroup_v2_mount(Path("/proc/self/mountinfo").read_text())
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    rel = next((line[3:] for line in lines if line.startswith("0::")), None)
+    if mount is None or rel is None or rel.endswith(" (deleted)"):
+        return None
+    return mount / rel.lstrip("/")
+
+
+def tree_cgroup_name(session: str, agent_id: str) -> str:
+    return f"{CGROUP_PREFIX}{Path(session).name}-{agent_id}"
+
+
+def choose_containment(is_root: bool, session: str, agent_id: str, environ: Mapping[str, str]) -> str:
+    """The containment an agent will run under, as meta.json records it.
+
+    A root makes a cgroup below its own (a root started inside another tree
+    nests in that tree's cgroup, so the outer cgroup.kill still reaches it).
+    A child is already inside its tree's cgroup by inheritance. A new cgroup
+    below ours never breaks the "no internal processes" rule: ours holds
+    processes (us), so it has no domain controllers enabled for children.
+    """
+    here = None if environ.get(ENV_NO_CGROUP, "") not in ("", "0") else own_cgroup()
+    if here is not None and not is_root and here.name.startswith(CGROUP_PREFIX):
+        return f"cgroup {here}"
+    # Moving a process needs write access to cgroup.procs of the common
+    # ancestor of both cgroups, which is ours (delegation rules).
+    if here is not None and is_root and os.access(here, os.W_OK) and os.access(here / "cgroup.procs", os.W_OK):
+        return f"cgroup {here / tree_cgroup_name(session, agent_id)}"
+    return "subreaper" if sys.platform.startswith("linux") else "none"
+
+
+def owned_cgroup(meta: AgentMeta) -> Path | None:
+    """The cgroup this agent made for its tree, if it is a tree's root with one."""
+    if not (meta.containment or "").startswith("cgroup "):
+        return None
+    path = Path((meta.containment or "").removeprefix("cgroup "))
+    return path if path.name == tree_cgroup_name(meta.session, meta.id) else None
+
+
+def enter_tree_cgroup(meta: AgentMeta) -> None:
+    """Make the tree's cgroup and move this process into it (the guard stays out).
+
+    If that fails (cgroups remounted, a race with a cleaner), the agent still
+    runs under the subreaper and its guard's search for leftovers.
+    """
+    path = owned_cgroup(meta)
+    if path is None:
+        return
+    try:
+        path.mkdir(exist_ok=True)
+        (path / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    except OSError as exc:
+        note(f"warning: can't enter cgroup {path}: {exc.strerror}; falling back to the subreaper")
+
+
+def end_tree_cgroup(meta: AgentMeta) -> None:
+    """End every process left in the agent's tree cgroup, nested ones too, and remove it."""
+    path = owned_cgroup(meta)
+    if path is None or not path.is_dir():
+        return
+    try:
+        (path / "cgroup.kill").write_text("1\n")
+    except OSError:  # kernels before 5.14: no cgroup.kill; signal what is listed
+        for procs in sorted(path.rglob("cgroup.procs"), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError, ValueError):
+                for pid in procs.read_text().split():
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(int(pid), signal.SIGKILL)
+    limit = time.monotonic() + CGROUP_EMPTY_WAIT_S
+    while cgroup_populated(path) and time.monotonic() < limit:
+        time.sleep(0.01)
+    # rmdir only takes empty leaves, so nested trees' cgroups go first.
+    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            sub.rmdir()
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
+def leave_tree_cgroup(meta: AgentMeta) -> None:
+    """Move this process back to the cgroup it came from, once its tree is settled."""
+    path = owned_cgroup(meta)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            (path.parent / "cgroup.procs").write_text(f"{os.getpid()}\n")
+
+
+def cgroup_populated(path: Path) -> bool:
+    try:
+        return "populated 1" in (path / "cgroup.events").read_text()
+    except OSError:
         return False
 
 
@@ -2557,6 +2685,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         if plan.refusal is None:
             plan.refusal = admit(meta, session)
         meta.id, agent_dir = create_agent_dir(session, meta.depth)
+    meta.containment = choose_containment(meta.parent_id is None, meta.session, meta.id, os.environ)
     if plan.refusal is not None and pid_info is None:
         pid_info = own_identity()
     if pid_info is not None:
@@ -3101,6 +3230,7 @@ def run_agent(
     started = time.time()
     become_subreaper()
     guard_pid, guard_pipe = guard or start_guard(agent_dir)
+    enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
     error: str | None = None
     home_cwd = Path(meta.cwd)
     if meta.isolation == "worktree":
@@ -3198,7 +3328,8 @@ def run_agent(
     if not commit_outcome(agent_dir, outcome, secrets_):
         committed = read_outcome(agent_dir) or {}
         outcome = record_from_json(Outcome, committed)
-    os.close(guard_pipe)  # the guard wakes, finds the outcome, and exits
+    leave_tree_cgroup(meta)  # the guard's cgroup.kill must not cut our summary short
+    os.close(guard_pipe)  # the guard wakes, finds the outcome, ends the tree's cgroup, and exits
     if meta.output_file and outcome.status == Status.DONE:
         write_output_file(Path(meta.output_file), outcome.output)
     return outcome
@@ -3563,6 +3694,7 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
             "cost_known": bool(outcome and "cost_usd" in outcome),
             "pid": meta.pid,
             "agent_dir": str(d),
+            "containment": meta.containment,
         }
     children: dict[str | None, list[str]] = {}
     for row in rows.values():
@@ -3621,6 +3753,8 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
             f"{'  ' * row['level']}{row['id']}  d{row['depth']}  {row['state']:<11} "
             f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}"
         )
+        if row["level"] == 0 and row.get("containment"):  # a tree's root says what holds the tree
+            lines.append(f"{'  ' * (row['level'] + 1)}containment {row['containment']}")
     return "\n".join(lines)
 
 
@@ -4520,6 +4654,8 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if plan.meta.routing is not None:
         note(describe_routing(plan.meta.routing))
     if args.dry_run:
+        # The session and id are not known before registration.
+        plan.meta.containment = choose_containment(plan.meta.parent_id is None, "SESSION", "ID", environ)
         resolved = record_to_json(plan.meta)
         resolved.update(refusal=plan.refusal, cli=str(plan.cli), session_root=str(plan.session_root))
         resolved["briefing"] = briefing(plan.meta, spawn_command(), delegates_for(plan.meta, environ))
@@ -4581,7 +4717,10 @@ def cmd_guard(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     limit = time.monotonic() + KILL_GRACE_S
     while process_matches(meta.pid, meta.create_time) and time.monotonic() < limit:
         time.sleep(0.01)  # the pipe closes a moment before the process is gone
-    reap_agent(agent_dir, "guard", secret_values(environ))
+    try:
+        reap_agent(agent_dir, "guard", secret_values(environ))
+    finally:
+        end_tree_cgroup(meta)  # what escaped the process tree, the group and the environment
     return ExitCode.OK
 
 

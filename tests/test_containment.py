@@ -1,0 +1,141 @@
+"""Nothing a tree started outlives it, even a double fork out of its session
+and environment after a SIGKILL of the root (issue 15 §3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import FAKE_API_KEY, SPAWN, load, metas, mock_task, run_spawn, start_spawn, stdout_json, validate_records
+
+import spawn
+
+MARK = "SPAWN_TEST_CONTAINMENT_MARK"
+
+
+def marked(mark: str) -> list[psutil.Process]:
+    """Processes of this test: they carry its unique marker in their environment."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(MARK) == mark and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_until(condition: object, timeout: float) -> bool:
+    limit = time.monotonic() + timeout
+    while time.monotonic() < limit:
+        if callable(condition) and condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def escape_script(env: dict[str, str], mark: str, tmp_path: Path) -> str:
+    """A Bash command that leaves the tree every way a process can but the cgroup."""
+    child_task = mock_task("runaway child", [{"sleep": 300, "text": "never"}])
+    keep = {k: env[k] for k in ("HOME", "CLAUDE_CONFIG_DIR", "ANTHROPIC_BASE_URL", "SPAWN_SESSION_ROOT")}
+    keep.update(ANTHROPIC_API_KEY=FAKE_API_KEY, CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", **{MARK: mark})
+    assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in keep.items())
+    child = f'"$SPAWN_PYTHON" {shlex.quote(str(SPAWN))} --task {shlex.quote(child_task)} --tools ""'
+    log = shlex.quote(str(tmp_path / "escaped.log"))
+    return (
+        f"setsid -f env -i PATH=$PATH {MARK}={mark} sleep 1004 >/dev/null 2>&1 </dev/null; "
+        f"setsid -f env -i PATH=$PATH {assigns} {child} >{log} 2>&1 </dev/null; echo escaped"
+    )
+
+
+def kill_root_and_count_survivors(env: dict[str, str], session_root: Path, tmp_path: Path) -> tuple[dict[str, object], int]:
+    mark = uuid.uuid4().hex
+    root = mock_task("escape", [{"bash": escape_script(env, mark, tmp_path)}, {"sleep": 300, "text": "never"}])
+    proc = start_spawn(["--task", root, "--tools", "Bash"], env)
+    try:
+        # sleep, the escaped spawn.py and its CLI all run before the kill.
+        assert wait_until(lambda: len(marked(mark)) >= 3, 90), (tmp_path / "escaped.log").read_text()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        wait_until(lambda: not marked(mark), 10)
+        survivors = marked(mark)
+    finally:
+        for leftover in marked(mark):  # only this test's own processes, by pid
+            leftover.kill()
+        if proc.poll() is None:
+            proc.kill()
+    (root_meta,) = [m for m in metas(session_root).values() if "escape" in m["task"] and m.get("parent_id") is None]
+    return root_meta, len(survivors)
+
+
+@pytest.mark.skipif(not spawn.sys.platform.startswith("linux"), reason="setsid and cgroups are Linux")
+def test_sigkilled_root_leaves_no_escaped_process(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    if not str(spawn.choose_containment(True, "s", "a", {})).startswith("cgroup "):
+        pytest.skip("cgroup v2 is not writable here; the subreaper fallback is tested below")
+    root_meta, survivors = kill_root_and_count_survivors(env, session_root, tmp_path)
+    assert survivors == 0
+    assert str(root_meta["containment"]).startswith("cgroup ")
+    cgroup = Path(str(root_meta["containment"]).removeprefix("cgroup "))
+    assert cgroup.name == spawn.tree_cgroup_name(str(root_meta["session"]), str(root_meta["id"]))
+    assert wait_until(lambda: not cgroup.exists(), 10), f"{cgroup} was not removed"
+    agent_dir = Path(str(root_meta["session"])) / "agents" / str(root_meta["id"])
+    assert load(agent_dir / "outcome.json")["status"] == "failed"
+    validate_records(session_root)
+
+
+def test_containment_is_recorded_and_shown(env: dict[str, str], session_root: Path) -> None:
+    expected = spawn.choose_containment(True, "s", "a", {})
+    dry = stdout_json(run_spawn(["--dry-run", "--task", "hi"], env))
+    assert dry["containment"].split(" ")[0] == expected.split(" ")[0]
+    proc = run_spawn(["--task", mock_task("hi", [{"text": "done"}]), "--tools", ""], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    result = stdout_json(proc)
+    (meta,) = metas(session_root).values()
+    assert meta["containment"].split(" ")[0] == expected.split(" ")[0]
+    if expected.startswith("cgroup "):
+        assert Path(meta["containment"].removeprefix("cgroup ")).name == f"spawn-{Path(meta['session']).name}-{meta['id']}"
+        cgroup = Path(meta["containment"].removeprefix("cgroup "))
+        assert wait_until(lambda: not cgroup.exists(), 10), f"the guard left {cgroup}"
+    status = run_spawn(["status", "--json", str(Path(result["agent_dir"]).parent.parent)], env)
+    assert stdout_json(status)["agents"][0]["containment"] == meta["containment"]
+    text = run_spawn(["status", str(Path(result["agent_dir"]).parent.parent)], env).stdout
+    assert f"containment {meta['containment']}" in text
+    validate_records(session_root)
+
+
+def test_no_cgroup_env_falls_back_to_the_subreaper(env: dict[str, str], session_root: Path) -> None:
+    dry = stdout_json(run_spawn(["--dry-run", "--task", "hi"], {**env, "SPAWN_NO_CGROUP": "1"}))
+    assert dry["containment"] == "subreaper"
+    proc = run_spawn(["--task", mock_task("hi", [{"text": "done"}]), "--tools", ""], {**env, "SPAWN_NO_CGROUP": "1"})
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    (meta,) = metas(session_root).values()
+    assert meta["containment"] == "subreaper"
+    validate_records(session_root)
+
+
+def test_cgroup_v2_mount_is_read_from_mountinfo() -> None:
+    hybrid = (
+        "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n"
+        "31 25 0:27 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw\n"
+    )
+    assert spawn.cgroup_v2_mount(hybrid) == Path("/sys/fs/cgroup/unified")
+    assert spawn.cgroup_v2_mount("30 25 0:26 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n") is None
+
+
+def test_children_join_their_tree_and_never_own_it() -> None:
+    meta = spawn.AgentMeta.__new__(spawn.AgentMeta)
+    meta.session, meta.id = "/s/20260101-x", "a1"
+    meta.containment = "cgroup /sys/fs/cgroup/spawn-20260101-x-a1"
+    assert spawn.owned_cgroup(meta) == Path("/sys/fs/cgroup/spawn-20260101-x-a1")
+    meta.id = "b2"  # a child agent records its tree's cgroup but must not kill it
+    assert spawn.owned_cgroup(meta) is None
+    meta.containment = "subreaper"
+    assert spawn.owned_cgroup(meta) is None
+    assert json.dumps(spawn.choose_containment(True, "s", "a", {"SPAWN_NO_CGROUP": "1"})) in ('"subreaper"', '"none"')
