@@ -205,6 +205,11 @@ PARENT_GRACE_S = 5.0
 # kill feels immediate.
 KILL_GRACE_S = 3.0
 
+# Between SIGTERM and SIGKILL for what is not a live agent's spawn.py (a CLI
+# whose spawn.py is gone, its tools, leftovers after a normal end): nothing
+# there commits an outcome, so it only gets a moment to flush and exit.
+LEFTOVER_GRACE_S = 1.0
+
 # A tree's cgroup is named spawn-SESSION-AGENT, so trees of different
 # sessions (and users of one machine) never share one, and the name says who
 # made it. After cgroup.kill the kernel empties it within milliseconds; the
@@ -982,7 +987,7 @@ def holds_slot(agent_dir: Path) -> bool:
         meta = load_meta(agent_dir)
     except (FileNotFoundError, SpawnError):
         return False
-    return process_matches(meta.pid, meta.create_time)
+    return Supervised.of(meta).alive()
 
 
 def try_take_slot(agent_dir: Path, max_concurrent: int) -> bool:
@@ -1108,16 +1113,76 @@ def load_meta(agent_dir: Path) -> AgentMeta:
 # ---------------------------------------------------------------- processes --
 
 
-def process_matches(pid: int, create_time: float) -> bool:
-    """True if pid is still the process that started at create_time.
+@dataclass(frozen=True)
+class Supervised:
+    """A process spawn.py watches or stops, known by its pid AND its start time.
 
-    A bare pid may have been reused by an unrelated process; never trust it.
+    The one home of supervision: identity, liveness and the stop path. A bare
+    pid may have been reused by an unrelated process, so nothing here trusts
+    one. Whatever runs a node (today a local spawn.py; later an A2A or command
+    executor, or a fork server) records one of these in meta.json, and the
+    rest of spawn.py watches and stops it only through here.
     """
-    try:
-        proc = psutil.Process(pid)
-        return abs(proc.create_time() - create_time) < 0.05 and bool(proc.status() != psutil.STATUS_ZOMBIE)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return False
+
+    pid: int
+    create_time: float
+    """Unix seconds, as psutil reports it: (pid, create_time) is unique for the boot."""
+
+    @classmethod
+    def of(cls, meta: AgentMeta) -> Supervised:
+        """An agent's spawn.py."""
+        return cls(meta.pid, meta.create_time)
+
+    def process(self) -> psutil.Process | None:
+        """The running process, or None: it ended (a zombie has), or the pid is someone else's."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE:
+                return proc
+        except psutil.Error:
+            pass
+        return None
+
+    def alive(self) -> bool:
+        return self.process() is not None
+
+    def signal(self, sig: int) -> psutil.Process | None:
+        """Send sig if it is still the same process; that process (to wait on), or None.
+
+        psutil.Process re-checks the identity itself before each signal, so a
+        pid reused between the check and the kill is never hit.
+        """
+        proc = self.process()
+        if proc is None:
+            return None
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            return None
+        return proc
+
+    @staticmethod
+    def stop(procs: Iterable[psutil.Process], groups: Iterable[int], grace: float) -> None:
+        """The one stop path: SIGTERM, up to grace to exit, then SIGKILL what is left.
+
+        Callers list processes deepest first, so a parent never outlives the
+        signal to its children by much; process groups are signalled whole.
+        spawn.py itself and its own group are never targets.
+        """
+        procs = [p for p in procs if p.pid != os.getpid()]
+        groups = [g for g in set(groups) if g > 1 and g != os.getpgid(0)]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pgid in groups:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, sig)
+            for proc in procs:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    proc.send_signal(sig)
+            if sig == signal.SIGTERM:
+                _, procs = psutil.wait_procs(procs, timeout=grace)
+                if not procs and not any(group_alive(g) for g in groups):
+                    return
+        psutil.wait_procs(procs, timeout=1.0)
 
 
 def own_identity() -> tuple[int, float, int]:
@@ -1261,24 +1326,6 @@ def cgroup_populated(path: Path) -> bool:
         return False
 
 
-def end_processes(procs: Iterable[Any], groups: Iterable[int], grace: float) -> None:
-    """SIGTERM processes and groups, wait up to grace, then SIGKILL survivors."""
-    procs = [p for p in procs if p.pid != os.getpid()]
-    groups = [g for g in set(groups) if g > 1 and g != os.getpgid(0)]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pgid in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
-        for proc in procs:
-            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                proc.send_signal(sig)
-        if sig == signal.SIGTERM:
-            _, procs = psutil.wait_procs(procs, timeout=grace)
-            if not procs and not any(group_alive(g) for g in groups):
-                return
-    psutil.wait_procs(procs, timeout=1.0)
-
-
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -1294,7 +1341,7 @@ def end_own_subtree(extra_groups: Iterable[int] = (), grace: float = KILL_GRACE_
     except psutil.Error:
         below = []
     keep = set(spare)
-    end_processes([p for p in reversed(below) if p.pid not in keep and not is_guard(p)], extra_groups, grace)
+    Supervised.stop([p for p in reversed(below) if p.pid not in keep and not is_guard(p)], extra_groups, grace)
 
 
 def is_guard(proc: psutil.Process) -> bool:
@@ -2901,9 +2948,9 @@ async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float) -> N
         create_time = psutil.Process(state.cli_pid).create_time()
     except psutil.Error:
         return
-    # process_matches, not is_running() then status(): the CLI can exit
+    # Supervised.alive, not is_running() then status(): the CLI can exit
     # between the two, and the status call would raise out of this task.
-    while process_matches(state.cli_pid, create_time):
+    while Supervised(state.cli_pid, create_time).alive():
         beat = Heartbeat(state.cli_pid, create_time, state.cli_pgid or state.cli_pid, time.time(), interval)
         with contextlib.suppress(OSError):
             write_json_atomic(agent_dir / HEARTBEAT, record_to_json(beat))
@@ -3269,13 +3316,15 @@ def run_agent(
                         os.kill(state.cli_pid, signal.SIGSTOP)
                 children = []
                 for d in descendants_of(Path(meta.session), meta.id):
-                    with contextlib.suppress(FileNotFoundError, SpawnError, psutil.Error):
-                        child = load_meta(d)
-                        if child.id in state.running_below:
-                            psutil.Process(child.pid).terminate()
+                    with contextlib.suppress(FileNotFoundError, SpawnError):
+                        child_meta = load_meta(d)
+                        child = Supervised.of(child_meta)
+                        if child_meta.id in state.running_below and child.signal(signal.SIGTERM):
                             children.append(child)
+                # The SIGKILL half of the stop path comes after the CLI's end,
+                # in end_own_subtree; until then the loop keeps serving signals.
                 limit = loop.time() + KILL_GRACE_S
-                while loop.time() < limit and any(process_matches(c.pid, c.create_time) for c in children):
+                while loop.time() < limit and any(c.alive() for c in children):
                     await asyncio.sleep(0.05)
                 if state.cli_pgid:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -3320,7 +3369,7 @@ def run_agent(
     # Whatever happened, nothing the agent started may outlive it.
     groups = [g for g in (state.cli_pgid,) if g]
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
-    end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else 1.0, spare=[guard_pid])
+    end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else LEFTOVER_GRACE_S, spare=[guard_pid])
     settle_descendants(meta, secrets_, running_below)
     outcome = outcome_from_run(meta, state, started, error)
     if meta.isolation == "worktree":
@@ -3432,7 +3481,7 @@ def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
 
 def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
     """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
-    if not process_matches(meta.pid, meta.create_time):
+    if not Supervised.of(meta).alive():
         return Status.FAILED
     age = heartbeat_age(agent_dir)
     if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
@@ -3444,13 +3493,12 @@ def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Proce
     """What is left of an agent: its spawn.py, its CLI, the CLI's descendants and group."""
     procs: list[psutil.Process] = []
     groups: list[int] = []
-    if process_matches(meta.pid, meta.create_time):
-        with contextlib.suppress(psutil.Error):
-            procs.append(psutil.Process(meta.pid))
+    if spawn_py := Supervised.of(meta).process():
+        procs.append(spawn_py)
     with contextlib.suppress(FileNotFoundError, SpawnError, KeyError, TypeError, ValueError, psutil.Error):
         beat = read_json(agent_dir / HEARTBEAT)
-        if process_matches(int(beat["cli_pid"]), float(beat["cli_create_time"])):
-            cli = psutil.Process(int(beat["cli_pid"]))
+        cli = Supervised(int(beat["cli_pid"]), float(beat["cli_create_time"])).process()
+        if cli is not None:
             procs += [*reversed(cli.children(recursive=True)), cli]
             groups.append(int(beat["cli_pgid"]))
     seen = {p.pid for p in procs}
@@ -3506,15 +3554,12 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
     pending = [(d, load_meta(d), status, reason) for d, status, reason in verdicts if read_outcome(d) is None]
     asked = []
     for _, meta, _, _ in pending:
-        if process_matches(meta.pid, meta.create_time):
-            with contextlib.suppress(psutil.Error):
-                proc = psutil.Process(meta.pid)
-                proc.terminate()
-                asked.append(proc)
+        if proc := Supervised.of(meta).signal(signal.SIGTERM):
+            asked.append(proc)
     # spawn.py answers SIGTERM by ending its own subtree (up to KILL_GRACE_S)
     # and settling it; give it that twice over before taking its place.
     psutil.wait_procs(asked, timeout=KILL_GRACE_S * 2)
-    still_running = {meta.id for _, meta, _, _ in pending if process_matches(meta.pid, meta.create_time)}
+    still_running = {meta.id for _, meta, _, _ in pending if Supervised.of(meta).alive()}
 
     def commit(which: Callable[[AgentMeta], bool]) -> None:
         for d, meta, status, reason in pending:
@@ -3546,7 +3591,7 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
         procs += more_procs
         groups += more_groups
     if procs or groups:
-        end_processes(procs, groups, grace=1.0)
+        Supervised.stop(procs, groups, grace=LEFTOVER_GRACE_S)
     commit(lambda meta: meta.id not in still_running)
     return [meta.id for _, meta, _, _ in pending]
 
@@ -3560,7 +3605,7 @@ def parent_gone(session: Path, meta: AgentMeta) -> bool:
         parent = load_meta(parent_dir)
     except (FileNotFoundError, SpawnError):
         return False
-    return read_outcome(parent_dir) is not None or not process_matches(parent.pid, parent.create_time)
+    return read_outcome(parent_dir) is not None or not Supervised.of(parent).alive()
 
 
 def live_descendants(meta: AgentMeta) -> set[str]:
@@ -3569,7 +3614,7 @@ def live_descendants(meta: AgentMeta) -> set[str]:
     for d in descendants_of(Path(meta.session), meta.id):
         with contextlib.suppress(FileNotFoundError, SpawnError):
             child = load_meta(d)
-            if read_outcome(d) is None and process_matches(child.pid, child.create_time):
+            if read_outcome(d) is None and Supervised.of(child).alive():
                 live.add(child.id)
     return live
 
@@ -3586,7 +3631,7 @@ def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]
     for d in descendants_of(Path(meta.session), meta.id):
         with contextlib.suppress(FileNotFoundError):
             child = load_meta(d)
-            if process_matches(child.pid, child.create_time) or child.id in ended:
+            if Supervised.of(child).alive() or child.id in ended:
                 verdicts.append((d, Status.KILLED, f"ended with its ancestor {meta.id}"))
             else:
                 verdicts.append((d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})"))
@@ -3599,7 +3644,7 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
         return False
     meta = load_meta(agent_dir)
     session = Path(meta.session)
-    if process_matches(meta.pid, meta.create_time):
+    if Supervised.of(meta).alive():
         if not parent_gone(session, meta):
             return False
         status, reason = Status.KILLED, f"its parent agent {meta.parent_id} is gone (found by {by})"
@@ -4715,7 +4760,7 @@ def cmd_guard(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         time.sleep(0.02)
     meta = load_meta(agent_dir)
     limit = time.monotonic() + KILL_GRACE_S
-    while process_matches(meta.pid, meta.create_time) and time.monotonic() < limit:
+    while Supervised.of(meta).alive() and time.monotonic() < limit:
         time.sleep(0.01)  # the pipe closes a moment before the process is gone
     try:
         reap_agent(agent_dir, "guard", secret_values(environ))

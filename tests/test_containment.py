@@ -139,3 +139,23 @@ def test_children_join_their_tree_and_never_own_it() -> None:
     meta.containment = "subreaper"
     assert spawn.owned_cgroup(meta) is None
     assert json.dumps(spawn.choose_containment(True, "s", "a", {"SPAWN_NO_CGROUP": "1"})) in ('"subreaper"', '"none"')
+
+
+def test_supervised_never_signals_a_reused_pid(tmp_path: Path) -> None:
+    """The one stop path checks identity: a pid whose start time differs is someone else."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        real = psutil.Process(proc.pid).create_time()
+        assert spawn.Supervised(proc.pid, real - 10).signal(signal.SIGTERM) is None
+        assert proc.poll() is None  # the "other" process was left alone
+        stopped = spawn.Supervised(proc.pid, real).signal(signal.SIGTERM)
+        assert stopped is not None
+        proc.wait(timeout=30)
+        assert not spawn.Supervised(proc.pid, real).alive()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -188,10 +188,10 @@ def test_briefing_tells_the_spawn_command_and_limits() -> None:
     assert "cannot start child agents" in spawn.briefing(meta, "x")
 
 
-def test_process_matches_needs_pid_and_create_time() -> None:
+def test_supervised_needs_pid_and_create_time() -> None:
     import psutil
 
     me = psutil.Process()
-    assert spawn.process_matches(os.getpid(), me.create_time())
-    assert not spawn.process_matches(os.getpid(), me.create_time() - 10)
-    assert not spawn.process_matches(2**22 + 12345, 0.0)
+    assert spawn.Supervised(os.getpid(), me.create_time()).alive()
+    assert not spawn.Supervised(os.getpid(), me.create_time() - 10).alive()
+    assert not spawn.Supervised(2**22 + 12345, 0.0).alive()
