@@ -3654,7 +3654,10 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
     else:
         status, reason = Status.FAILED, f"process {meta.pid} died without writing an outcome (found by {by})"
     below = [(child, Status.KILLED, f"ancestor {meta.id} ended without it (found by {by})") for child in descendants_of(session, meta.id)]
-    return meta.id in settle_agents([*below, (agent_dir, status, reason)], by, secrets_)
+    settled = meta.id in settle_agents([*below, (agent_dir, status, reason)], by, secrets_)
+    # Its spawn.py is gone now; if its guard died too, the tree's cgroup is ours to end.
+    end_tree_cgroup(meta)
+    return settled
 
 
 def reap_session(session: Path, by: str, secrets_: Sequence[str]) -> list[str]:

@@ -7,13 +7,15 @@ import json
 import os
 import shlex
 import signal
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import FAKE_API_KEY, SPAWN, load, metas, mock_task, run_spawn, start_spawn, stdout_json, validate_records
+from conftest import FAKE_API_KEY, SPAWN, load, metas, mock_task, run_spawn, start_spawn, stdout_json, validate_records, wait_for_path
 
 import spawn
 
@@ -32,10 +34,10 @@ def marked(mark: str) -> list[psutil.Process]:
     return found
 
 
-def wait_until(condition: object, timeout: float) -> bool:
+def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
     limit = time.monotonic() + timeout
     while time.monotonic() < limit:
-        if callable(condition) and condition():
+        if condition():
             return True
         time.sleep(0.1)
     return False
@@ -55,14 +57,16 @@ def escape_script(env: dict[str, str], mark: str, tmp_path: Path) -> str:
     )
 
 
-def kill_root_and_count_survivors(env: dict[str, str], session_root: Path, tmp_path: Path) -> tuple[dict[str, object], int]:
+def kill_root_and_count_survivors(
+    env: dict[str, str], session_root: Path, tmp_path: Path, sig: int = signal.SIGKILL
+) -> tuple[dict[str, object], int]:
     mark = uuid.uuid4().hex
     root = mock_task("escape", [{"bash": escape_script(env, mark, tmp_path)}, {"sleep": 300, "text": "never"}])
     proc = start_spawn(["--task", root, "--tools", "Bash"], env)
     try:
         # sleep, the escaped spawn.py and its CLI all run before the kill.
         assert wait_until(lambda: len(marked(mark)) >= 3, 90), (tmp_path / "escaped.log").read_text()
-        os.kill(proc.pid, signal.SIGKILL)
+        os.kill(proc.pid, sig)
         proc.communicate(timeout=30)
         wait_until(lambda: not marked(mark), 10)
         survivors = marked(mark)
@@ -75,7 +79,7 @@ def kill_root_and_count_survivors(env: dict[str, str], session_root: Path, tmp_p
     return root_meta, len(survivors)
 
 
-@pytest.mark.skipif(not spawn.sys.platform.startswith("linux"), reason="setsid and cgroups are Linux")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="setsid and cgroups are Linux")
 def test_sigkilled_root_leaves_no_escaped_process(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     if not str(spawn.choose_containment(True, "s", "a", {})).startswith("cgroup "):
         pytest.skip("cgroup v2 is not writable here; the subreaper fallback is tested below")
@@ -120,6 +124,19 @@ def test_no_cgroup_env_falls_back_to_the_subreaper(env: dict[str, str], session_
     validate_records(session_root)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="setsid and subreapers are Linux")
+def test_subreaper_fallback_ends_escaped_processes_on_sigterm(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """Without a cgroup, spawn.py is the subreaper of what escapes it and ends it on its way out.
+
+    (A SIGKILL of spawn.py is what only the cgroup survives; see sessions/README.md.)
+    """
+    root_meta, survivors = kill_root_and_count_survivors({**env, "SPAWN_NO_CGROUP": "1"}, session_root, tmp_path, signal.SIGTERM)
+    assert root_meta["containment"] == "subreaper"
+    assert survivors == 0
+    agent_dir = Path(str(root_meta["session"])) / "agents" / str(root_meta["id"])
+    assert load(agent_dir / "outcome.json")["status"] == "killed"
+
+
 def test_cgroup_v2_mount_is_read_from_mountinfo() -> None:
     hybrid = (
         "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory\n"
@@ -144,7 +161,6 @@ def test_children_join_their_tree_and_never_own_it() -> None:
 def test_supervised_never_signals_a_reused_pid(tmp_path: Path) -> None:
     """The one stop path checks identity: a pid whose start time differs is someone else."""
     import subprocess
-    import sys
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -159,3 +175,22 @@ def test_supervised_never_signals_a_reused_pid(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cgroups are Linux")
+def test_reap_ends_the_cgroup_of_a_root_whose_guard_died_too(env: dict[str, str], session_root: Path) -> None:
+    if not str(spawn.choose_containment(True, "s", "a", {})).startswith("cgroup "):
+        pytest.skip("cgroup v2 is not writable here")
+    launched = stdout_json(run_spawn(["--background", "--task", mock_task("stall", [{"sleep": 300, "text": "never"}])], env))
+    agent_dir = Path(launched["agent_dir"])
+    meta = load(agent_dir / "meta.json")
+    cgroup = Path(meta["containment"].removeprefix("cgroup "))
+    wait_for_path(agent_dir / "heartbeat.json")
+    (guard,) = [p for p in psutil.Process(launched["pid"]).children() if "_guard" in p.cmdline()]
+    inside = (cgroup / "cgroup.procs").read_text().split()
+    assert str(launched["pid"]) in inside and str(guard.pid) not in inside
+    guard.kill()
+    os.kill(launched["pid"], signal.SIGKILL)
+    proc = run_spawn(["reap", str(agent_dir.parent.parent)], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert not cgroup.exists()
