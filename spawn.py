@@ -1438,7 +1438,7 @@ def register_runner(pid: int, create_time: float, agent_dir: Path) -> None:
     write_json_atomic(_runner_entry(index, pid, create_time), data)
     for stale in index.glob("*.json"):  # crashed runners' entries: keep the index small
         entry = _read_runner_entry(stale)
-        if entry is not None and not process_matches(entry[0], entry[1]):
+        if entry is not None and not Supervised(entry[0], entry[1]).alive():
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
 
@@ -1477,7 +1477,7 @@ def ancestor_agents() -> list[Path]:
     found = []
     for proc in chain:
         for create_time, agent_dir in entries.get(proc.pid, []):
-            if process_matches(proc.pid, create_time) and agent_dir not in found:
+            if Supervised(proc.pid, create_time).alive() and agent_dir not in found:
                 found.append(agent_dir)
     return found
 
