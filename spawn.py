@@ -1627,6 +1627,8 @@ class Rule:
     tool: str
     spec: str | None
     text: str
+    source: str = field(default="", compare=False)
+    """where the rule came from: a flag, a definition or a settings file"""
 
 
 @dataclass
@@ -1691,8 +1693,9 @@ class Problem:
 
 
 class RuleSyntaxError(UsageError):
-    def __init__(self, text: str) -> None:
-        super().__init__(f"bad permission rule {text!r}; use Tool or Tool(specifier), e.g. 'Bash(git diff:*)' or 'Read(./src/**)'")
+    def __init__(self, text: str, why: str = "") -> None:
+        why = f" ({why})" if why else ""
+        super().__init__(f"bad permission rule {text!r}{why}; use Tool or Tool(specifier), e.g. 'Bash(git diff:*)' or 'Read(./src/**)'")
 
 
 class UnknownAgentDefinitionError(UsageError):
@@ -1701,30 +1704,220 @@ class UnknownAgentDefinitionError(UsageError):
         super().__init__(f"no agent definition {name!r} in {where}; run 'spawn.py agents list' or 'spawn.py agents new {name}'")
 
 
-def parse_rule(text: str) -> Rule:
-    m = re.fullmatch(r"\s*([A-Za-z][A-Za-z0-9_\-]*)(?:\((.*)\))?\s*", text)
+def parse_rule(text: str, source: str = "") -> Rule:
+    """A rule in Claude Code's syntax, checked as Claude Code checks it.
+
+    Rules may span lines (settings files hold long Bash commands); legacy tool
+    names are canonicalised so `Task(*)` also covers `Agent`.
+    """
+    m = re.fullmatch(r"\s*([A-Za-z][A-Za-z0-9_\-]*)(?:\((.*)\))?\s*", text, re.DOTALL)
     if not m:
         raise RuleSyntaxError(text)
-    tool, spec = m.group(1), m.group(2)
+    tool, spec = canonical_tool(m.group(1)), m.group(2)
     if tool not in KNOWN_TOOLS and not tool.startswith("mcp__"):
-        raise RuleSyntaxError(text)
-    return Rule(tool, None if spec in (None, "", "*") else spec, text.strip())
+        raise RuleSyntaxError(text, f"unknown tool {tool!r}")
+    if tool.startswith("mcp__") and spec is not None:
+        raise RuleSyntaxError(text, "MCP rules take no parentheses; use mcp__server, mcp__server__* or mcp__server__tool")
+    if spec is not None and spec.strip() == "" and "(" in text:
+        raise RuleSyntaxError(text, "empty parentheses; write the tool name alone to cover all of it")
+    if tool == "WebFetch" and spec not in (None, "*") and not spec.startswith("domain:"):
+        raise RuleSyntaxError(text, "WebFetch rules take 'domain:HOST'")
+    if tool == "Bash" and spec is not None and ":*" in spec and not spec.endswith(":*"):
+        raise RuleSyntaxError(text, "':*' is only allowed at the end of a Bash rule")
+    return Rule(tool, None if spec in (None, "", "*") else spec, text.strip(), source)
+
+
+def cli_rule(rule: Rule) -> str:
+    """The rule as the CLI reads it: canonical tool name, same specifier."""
+    return rule.tool if rule.spec is None else f"{rule.tool}({rule.spec})"
 
 
 def rule_covers_tool(rule: Rule, tool: str) -> bool:
+    tool = canonical_tool(tool)
     if rule.tool == tool:
         return True
     if rule.tool == "Read" and tool in READ_TOOLS:
         return True
     if rule.tool == "Edit" and tool in EDIT_TOOLS:
         return True
+    if rule.tool.startswith("mcp__") and rule.tool.endswith("__*"):
+        return tool.startswith(rule.tool[:-1])
     return rule.tool.startswith("mcp__") and rule.tool.count("__") == 1 and tool.startswith(rule.tool + "__")
 
 
-def split_shell_command(command: str) -> list[str]:
-    """The simple commands of a compound one: a rule must hold for each part."""
-    parts = re.split(r"\|\||&&|[;|&\n]", command)
-    return [p.strip() for p in parts if p.strip()]
+# A shell command, cut into the parts a rule must hold for. Every command a
+# line can run counts: each simple command, the ones inside $(...), `...`,
+# <(...) and >(...), the strings given to sh -c and eval, and each redirection
+# into a file. A command whose name is only known at run time ($x, rm${IFS})
+# becomes DYNAMIC_COMMAND: it matches every deny rule and no allow rule.
+DYNAMIC_COMMAND = "\0dynamic"
+SUBSTITUTED = "\0subst"
+SHELL_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "|&", ";;", "(", ")", "{", "}", "\n"})
+SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "time", "case", "esac"})
+# Commands that run their arguments as a command: their options are skipped.
+COMMAND_WRAPPERS = frozenset(
+    {"command", "builtin", "exec", "env", "nohup", "nice", "time", "timeout", "xargs", "sudo", "doas", "setsid", "stdbuf", "ionice", "chrt", "taskset", "unbuffer"}
+)  # fmt: skip
+SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "fish"})
+OUTPUT_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>"})
+SAFE_REDIRECT_TARGETS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
+
+
+def _closing(command: str, start: int, opener: str, closer: str) -> int:
+    """Index of the closer matching an opener just before start (quotes respected)."""
+    depth, i, quote = 1, start, ""
+    while i < len(command):
+        c = command[i]
+        if quote:
+            if c == "\\" and quote == '"':
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c == "\\":
+            i += 1
+        elif c in "'\"":
+            quote = c
+        elif c == opener:
+            depth += 1
+        elif c == closer:
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return len(command)
+
+
+def _lift_substitutions(command: str) -> tuple[str, list[str]]:
+    """command with each substitution replaced by a placeholder word, and their bodies."""
+    out, inner, i, quote = [], [], 0, ""
+    while i < len(command):
+        c = command[i]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+            out.append(c)
+        elif c == "\\" and i + 1 < len(command):
+            out.append(command[i : i + 2])
+            i += 2
+            continue
+        elif command.startswith("$((", i):
+            end = _closing(command, i + 3, "(", ")")
+            out.append(SUBSTITUTED)  # arithmetic: no command, but not a literal either
+            i = end + 2
+            continue
+        elif command.startswith(("$(", "<(", ">("), i):
+            end = _closing(command, i + 2, "(", ")")
+            inner.append(command[i + 2 : end])
+            out.append(SUBSTITUTED)
+            i = end + 1
+            continue
+        elif c == "`":
+            end = command.find("`", i + 1)
+            end = len(command) if end < 0 else end
+            inner.append(command[i + 1 : end])
+            out.append(SUBSTITUTED)
+            i = end + 1
+            continue
+        elif c == "'" and quote != '"':
+            quote = "'"
+            out.append(c)
+        elif c == '"':
+            quote = "" if quote == '"' else '"'
+            out.append(c)
+        elif c == "\n" and not quote:
+            out.append(" ; ")
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out), inner
+
+
+def _shell_words(command: str) -> list[str] | None:
+    import shlex
+
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|()<>")
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError:  # unbalanced quotes: the shell would refuse too, but don't guess
+        return None
+
+
+def _expand_name(name: str, environ: Mapping[str, str] | None, assigned: set[str]) -> str | None:
+    """A command name built from variables the agent's shell inherits ("$SPAWN_PYTHON"),
+    or None when the line itself could have set them (x=rm; $x) or they are unknown."""
+    if environ is None:
+        return None
+    refs = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", name)
+    if not re.fullmatch(r"(?:[^$`\\]|\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\})*", name):
+        return None
+    if any(r in assigned or r not in environ for r in refs):
+        return None
+    return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?", lambda m: environ[m.group(1)], name)
+
+
+def _simple_command(words: list[str], depth: int, environ: Mapping[str, str] | None = None, assigned: set[str] | None = None) -> list[str]:
+    """The parts of one simple command, after wrappers and assignments."""
+    while words and (re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\+?=.*", words[0], re.DOTALL) or words[0] in SHELL_KEYWORDS):
+        words = words[1:]
+    while words and os.path.basename(words[0]) in COMMAND_WRAPPERS:
+        words = words[1:]
+        while words and (words[0].startswith("-") or re.fullmatch(r"[0-9.]+[smhd]?|[A-Za-z_][A-Za-z0-9_]*=.*", words[0], re.DOTALL)):
+            words = words[1:]
+    if not words:
+        return []
+    name = words[0]
+    if "$" in name and SUBSTITUTED not in name:
+        name = _expand_name(name, environ, assigned or set()) or name
+    if "$" in name or SUBSTITUTED in name or any(ch in name for ch in "*?["):
+        return [DYNAMIC_COMMAND]
+    name = os.path.basename(name) if "/" in name else name
+    args = words[1:]
+    if name == "eval":
+        return shell_command_parts(" ".join(args), depth + 1, environ)
+    if name in SHELLS:
+        for n, arg in enumerate(args):
+            if arg.startswith("-") and not arg.startswith("--") and "c" in arg and n + 1 < len(args):
+                return shell_command_parts(args[n + 1], depth + 1, environ)
+    return [" ".join([name, *args])]
+
+
+def shell_command_parts(command: str, depth: int = 0, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Every command a shell line runs, normalised ('/bin/rm' -> 'rm', quotes removed).
+
+    environ is the agent's shell environment: a command name made of its
+    variables is read through it, unless the line could assign them itself.
+    """
+    assigned = set(re.findall(r"(?:^|[\s;&|(`])([A-Za-z_][A-Za-z0-9_]*)\+?=", command))
+    assigned |= set(re.findall(r"\b(?:read|for|export|declare|local|typeset|readonly|let|unset|printf\s+-v)\s+(?:-\S+\s+)*([A-Za-z_][A-Za-z0-9_]*)", command))
+    if depth > 8:
+        return [DYNAMIC_COMMAND]  # deeper nesting than any honest command
+    flat, inner = _lift_substitutions(command)
+    words = _shell_words(flat)
+    if words is None:
+        return [DYNAMIC_COMMAND]
+    parts: list[str] = []
+    current: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in SHELL_SEPARATORS or (set(word) <= set(";&|()") and word not in OUTPUT_REDIRECTS):
+            parts += _simple_command(current, depth, environ, assigned)
+            current = []
+        elif word in OUTPUT_REDIRECTS or word in ("<", "<<", "<<<", ">&", "<&"):
+            target = words[i + 1] if i + 1 < len(words) else ""
+            if current and current[-1].isdigit() and word in (">", ">>", ">&", "<&"):
+                current.pop()  # 2>file: the 2 is the redirection's, not an argument
+            if word in OUTPUT_REDIRECTS and target not in SAFE_REDIRECT_TARGETS and not target.isdigit():
+                parts.append(f"> {target}")
+            i += 2
+            continue
+        else:
+            current.append(word)
+        i += 1
+    parts += _simple_command(current, depth, environ, assigned)
+    for body in inner:
+        parts += shell_command_parts(body, depth + 1, environ)
+    return parts or [""]
 
 
 def glob_to_regex(pattern: str) -> str:
@@ -1746,89 +1939,175 @@ def glob_to_regex(pattern: str) -> str:
 
 def path_rule_matches(spec: str, path: str, cwd: str, home: str) -> bool:
     """Claude Code's path specifiers: //abs, ~/home, /project-root, ./rel, or a bare glob."""
-    if spec.startswith("//"):
-        anchored = spec[1:]
-    elif spec.startswith("~/"):
-        anchored = home.rstrip("/") + spec[1:]
-    elif spec.startswith("/"):
-        anchored = cwd.rstrip("/") + spec
-    elif spec.startswith("./"):
-        anchored = cwd.rstrip("/") + spec[1:]
-    elif "/" not in spec.rstrip("/") or spec.startswith("**"):
-        anchored = "**/" + spec if not spec.startswith("**") else spec  # matches at any depth, as in gitignore
-        return re.fullmatch(glob_to_regex(anchored), path.lstrip("/")) is not None
-    else:
-        anchored = cwd.rstrip("/") + "/" + spec
+    anchored = anchored_pattern(spec, cwd, home)
+    if anchored is None:
+        bare = "**/" + spec if not spec.startswith("**") else spec  # matches at any depth, as in gitignore
+        return re.fullmatch(glob_to_regex(bare), path.lstrip("/")) is not None
     regex = glob_to_regex(anchored)
     # A directory (Grep's or Glob's path) matches when its contents do.
     return any(re.fullmatch(regex, candidate) for candidate in (path, path + "/")) or re.fullmatch(regex + "/.*", path) is not None
 
 
-def tool_paths(tool: str, tool_input: Mapping[str, Any], cwd: str) -> list[str]:
-    keys = ("file_path", "notebook_path", "path")
-    found = [str(tool_input[k]) for k in keys if isinstance(tool_input.get(k), str)]
-    if not found and tool in READ_TOOLS:
-        found = [cwd]  # Grep and Glob search the working directory by default
-    return [os.path.normpath(p if os.path.isabs(p) else os.path.join(cwd, p)) for p in found]
+def bash_spec_matches(spec: str, command: str) -> bool:
+    """One normalised command against a Bash specifier: `x:*` and `x *` are prefixes."""
+    for suffix in (":*", " *"):
+        if spec.endswith(suffix):
+            prefix = spec[: -len(suffix)]
+            return command == prefix or command.startswith(prefix + " ")
+    return re.fullmatch(glob_to_regex(spec).replace("[^/]*", ".*").replace("[^/]", "."), command, re.DOTALL) is not None
 
 
-def rule_matches(rule: Rule, tool: str, tool_input: Mapping[str, Any], cwd: str, home: str, *, all_parts: bool) -> bool:
-    """Does rule cover this call? For Bash, all_parts: every simple command must match
-    (allow rules); otherwise any part matching is enough (deny and ask rules)."""
+def rule_matches(
+    rule: Rule, tool: str, tool_input: Mapping[str, Any], cwd: str, home: str, *, all_parts: bool, environ: Mapping[str, str] | None = None
+) -> bool:
+    """Does rule cover this call? all_parts for allow rules: every part of a
+    Bash command, and every spelling of a path, must match; for deny and ask
+    rules one is enough."""
+    tool = canonical_tool(tool)
     if not rule_covers_tool(rule, tool):
         return False
     if rule.spec is None:
         return True
     if tool == "Bash":
-        parts = split_shell_command(str(tool_input.get("command", ""))) or [""]
-        spec = rule.spec
-        if spec.endswith(":*"):
-            prefix = spec[:-2]
-
-            def one(cmd: str) -> bool:
-                return cmd == prefix or cmd.startswith(prefix + " ")
-        else:
-
-            def one(cmd: str) -> bool:
-                return re.fullmatch(glob_to_regex(spec).replace("[^/]*", ".*"), cmd) is not None
-
-        return all(map(one, parts)) if all_parts else any(map(one, parts))
+        parts = shell_command_parts(str(tool_input.get("command", "")), 0, environ)
+        if all_parts:
+            return all(p != DYNAMIC_COMMAND and bash_spec_matches(rule.spec, p) for p in parts)
+        return any(p == DYNAMIC_COMMAND or bash_spec_matches(rule.spec, p) for p in parts)
     if tool in READ_TOOLS | EDIT_TOOLS:
         paths = tool_paths(tool, tool_input, cwd)
-        return bool(paths) and all(path_rule_matches(rule.spec, p, cwd, home) for p in paths)
+        if all_parts:
+            return bool(paths) and all(path_rule_matches(rule.spec, p, cwd, home) for p in paths)
+        return any(path_rule_matches(rule.spec, p, cwd, home) for p in paths) or search_reaches(rule, tool, tool_input, cwd, home)
     if tool == "WebFetch" and rule.spec.startswith("domain:"):
         host = re.sub(r"^[a-z]+://", "", str(tool_input.get("url", ""))).split("/")[0].split(":")[0]
         domain = rule.spec.removeprefix("domain:")
         return host == domain or host.endswith("." + domain)
+    if tool == "Agent":
+        return fnmatch_name(rule.spec, str(tool_input.get("subagent_type", "")))
     return re.fullmatch(glob_to_regex(rule.spec), json.dumps(tool_input, sort_keys=True)) is not None
 
 
+def fnmatch_name(spec: str, name: str) -> bool:
+    """Agent(a, b): any listed name (globs allowed) is the subagent's."""
+    return any(re.fullmatch(glob_to_regex(s.strip()), name) for s in spec.split(",") if s.strip())
+
+
+def tool_paths(tool: str, tool_input: Mapping[str, Any], cwd: str) -> list[str]:
+    """The paths a call touches, each as written (normalised) and as resolved.
+
+    Resolving follows symlinks, so `link/a.txt` with link -> secret is checked
+    as secret/a.txt too: a rule must hold for both spellings of a target.
+    """
+    keys = ("file_path", "notebook_path", "path")
+    found = [str(tool_input[k]) for k in keys if isinstance(tool_input.get(k), str)]
+    if not found and tool in READ_TOOLS:
+        found = [cwd]  # Grep and Glob search the working directory by default
+    paths: list[str] = []
+    for p in found:
+        written = os.path.normpath(p if os.path.isabs(p) else os.path.join(cwd, p))
+        paths += dict.fromkeys([written, os.path.realpath(written)])
+    return paths
+
+
+def anchored_pattern(spec: str, cwd: str, home: str) -> str | None:
+    """A path rule as an absolute glob, or None for a bare glob that matches at any depth."""
+    if spec.startswith("//"):
+        return spec[1:]
+    if spec.startswith("~/"):
+        return home.rstrip("/") + spec[1:]
+    if spec.startswith("/"):
+        return cwd.rstrip("/") + spec
+    if spec.startswith("./"):
+        return cwd.rstrip("/") + spec[1:]
+    if "/" not in spec.rstrip("/") or spec.startswith("**"):
+        return None
+    return cwd.rstrip("/") + "/" + spec
+
+
+def search_reaches(rule: Rule, tool: str, tool_input: Mapping[str, Any], cwd: str, home: str) -> bool:
+    """Could a Grep or Glob call read what a deny rule protects?
+
+    A search whose root holds the rule's directory can list or read the
+    files under it (with no path, or a glob such as secret/**), whatever the
+    rule matches on the root itself. spawn.py doesn't trust the search to
+    filter, so such a call is denied as a whole: narrow the path instead.
+    Bare globs (`**/.env*`) have no directory to compare, so are left to the
+    CLI's own filtering of results (it has the rule too).
+    """
+    if tool not in ("Grep", "Glob", "LS") or rule.spec is None:
+        return False
+    pattern = anchored_pattern(rule.spec, cwd, home)
+    if pattern is None:
+        return False
+    fixed = re.split(r"[*?\[]", pattern)[0]
+    if fixed == pattern or fixed.endswith("/"):
+        protected = os.path.realpath(fixed.rstrip("/") or "/")
+    else:  # secret* : whatever sits next to it
+        protected = os.path.realpath(os.path.dirname(fixed) or "/")
+    for root in tool_paths(tool, tool_input, cwd):
+        if protected == root or protected.startswith(root.rstrip("/") + "/"):
+            return True
+    return False
+
+
+def most_specific_first(rules: Iterable[Rule]) -> list[Rule]:
+    """Within one kind, the rule reported is the most specific that matches."""
+    return sorted(rules, key=lambda r: (r.spec is None, -len(r.spec or "")))
+
+
 def decide(
-    tool: str, tool_input: Mapping[str, Any], rules: RuleSet, granted: Sequence[str], *, cwd: str, home: str
+    tool: str,
+    tool_input: Mapping[str, Any],
+    rules: RuleSet,
+    granted: Sequence[str],
+    *,
+    cwd: str,
+    home: str,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[str, str | None]:
     """(allow|deny|ask, the rule or reason): deny wins, then ask, then allow.
 
     A granted tool with no allow rule of its own is allowed whole. Once a tool
     has specific allow rules, only calls matching one are allowed, as in
-    Claude Code's dontAsk mode.
+    Claude Code's dontAsk mode. environ is the agent's shell environment
+    (see shell_command_parts).
     """
+    tool = canonical_tool(tool)
     if tool == "StructuredOutput":
         return "allow", "the answer tool"
-    for rule in rules.deny:
-        if rule_matches(rule, tool, tool_input, cwd, home, all_parts=False):
+    for rule in most_specific_first(rules.deny):
+        if rule_matches(rule, tool, tool_input, cwd, home, all_parts=False, environ=environ):
             return "deny", rule.text
-    for rule in rules.ask:
-        if rule_matches(rule, tool, tool_input, cwd, home, all_parts=False):
+    for rule in most_specific_first(rules.ask):
+        if rule_matches(rule, tool, tool_input, cwd, home, all_parts=False, environ=environ):
             return "ask", rule.text
-    own = [r for r in rules.allow if rule_covers_tool(r, tool)]
+    own = most_specific_first(r for r in rules.allow if rule_covers_tool(r, tool))
     for rule in own:
-        if rule_matches(rule, tool, tool_input, cwd, home, all_parts=True):
+        if rule_matches(rule, tool, tool_input, cwd, home, all_parts=True, environ=environ):
             return "allow", rule.text
     if any(r.spec is not None for r in own):
         return "deny", f"no allow rule of {tool} matches"
     if tool in granted or any(tool.startswith(g + "__") for g in granted if g.startswith("mcp__")):
         return "allow", f"{tool} is granted"
     return "deny", f"{tool} is not granted"
+
+
+def cli_permissions(tools: Sequence[str], disallowed: Sequence[str], rules: RuleSet) -> tuple[list[str], list[str]]:
+    """(allowed_tools, disallowed_tools) that give the CLI the allow and deny rules in its own form.
+
+    The CLI then runs its own command and path checks too, and the stricter of
+    the two layers wins: a call is made only if spawn.py's hook and the CLI
+    both let it through. A granted tool with allow rules of its own is granted
+    only through them, as in decide(). Ask rules stay with the hook alone: the
+    CLI honours its own ask rule over a hook's answer, and in dontAsk mode
+    that is a refusal, so an approved ask could never run.
+    """
+    allowed: list[str] = []
+    for tool in tools:
+        own = [cli_rule(r) for r in rules.allow if r.tool == tool and r.spec is not None]
+        allowed += own or [tool]
+    denied = [*disallowed, *(cli_rule(r) for r in rules.deny)]
+    return list(dict.fromkeys(allowed)), list(dict.fromkeys(denied))
 
 
 def summarize_input(tool_input: Mapping[str, Any], limit: int = 300) -> str:
@@ -2985,11 +3264,13 @@ class PermissionGate:
         self.secrets = secrets_
         self.rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in PERMISSION_KINDS))
         self.home = os.environ.get("HOME") or str(Path.home())
+        # What the agent's Bash inherits: the CLI gets os.environ plus this.
+        self.shell_env = {**os.environ, **child_environment(meta, agent_dir)}
 
     async def pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
         tool = str(hook_input.get("tool_name", ""))
         tool_input = hook_input.get("tool_input") or {}
-        verdict, rule = decide(tool, tool_input, self.rules, self.meta.tools, cwd=self.meta.cwd, home=self.home)
+        verdict, rule = decide(tool, tool_input, self.rules, self.meta.tools, cwd=self.meta.cwd, home=self.home, environ=self.shell_env)
         decided_by = "rules"
         if verdict == "ask":
             verdict, decided_by = await self.escalate(tool, tool_input, rule or "")
@@ -3145,14 +3426,15 @@ async def run_sdk(
         else:
             system_prompt += "\n\n" + "\n\n".join(sections)
     gate = PermissionGate(meta, agent_dir, secrets_)
+    allowed, disallowed = cli_permissions(meta.tools, meta.disallowed_tools, gate.rules)
     options = sdk.ClaudeAgentOptions(
         tools=builtin,
-        allowed_tools=list(meta.tools),
+        allowed_tools=allowed,
         mcp_servers=mcp_servers,
         strict_mcp_config=True,
         skills=meta.skills,
         hooks={"PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)]},
-        disallowed_tools=list(meta.disallowed_tools),
+        disallowed_tools=disallowed,
         system_prompt=system_prompt,
         model=meta.model,
         max_turns=meta.max_turns,
