@@ -741,6 +741,27 @@ def self_answer_refusal(ask_agent: str, session: Path, callers: Iterable[tuple[s
     return None
 
 
+def redact_values(value: Any, secrets_: Sequence[str]) -> Any:
+    """value with every string in it redacted, before it is serialised.
+
+    Redacting JSON text instead would miss a secret holding `"` or `\\`,
+    which the encoder escapes into a different string.
+    """
+    if isinstance(value, str):
+        return redact(value, secrets_)
+    if isinstance(value, Mapping):
+        return {redact_values(k, secrets_) if isinstance(k, str) else k: redact_values(v, secrets_) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_values(v, secrets_) for v in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return redact(str(value), secrets_)  # what json.dumps(default=str) would write
+
+
+def redacted_json(value: Any, secrets_: Sequence[str], **dumps: Any) -> str:
+    return json.dumps(redact_values(value, secrets_), ensure_ascii=False, **dumps)
+
+
 def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str]] = ()) -> str:
     """What every agent is told at start, whatever its system prompt."""
     remaining = meta.max_depth - meta.depth
@@ -852,7 +873,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
     # O_APPEND keeps concurrent writers' lines whole; no lock needed.
-    line = redact(json.dumps(record, ensure_ascii=False, default=str), secrets_) + "\n"
+    line = redacted_json(record, secrets_) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line.encode())
@@ -871,7 +892,7 @@ def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -
     exactly one publishes outcome.json. The marker follows from the committed
     outcome, so .done and .fail can't both exist.
     """
-    data = redact(json.dumps(record_to_json(outcome), indent=2, ensure_ascii=False, default=str), secrets_)
+    data = redacted_json(record_to_json(outcome), secrets_, indent=2)
     won = publish_once(agent_dir / OUTCOME, data.encode())
     if won and outcome.status != Status.REFUSED:
         entry = LedgerEntry(id=outcome.id, status=outcome.status, time=outcome.ended_at, cost_usd=outcome.cost_usd)
@@ -891,7 +912,7 @@ def post_ask(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: st
     folder.mkdir(exist_ok=True)
     ask_id = f"q-{secrets.token_hex(3)}"
     record = AskRecord(ask_id, meta.id, tool, summarize_input(tool_input), rule, utc_now_iso(), time.time() + timeout)
-    publish_once(folder / f"{ask_id}.json", redact(json.dumps(record_to_json(record), indent=2), secrets_).encode())
+    publish_once(folder / f"{ask_id}.json", redacted_json(record_to_json(record), secrets_, indent=2).encode())
     return ask_id
 
 
@@ -1710,13 +1731,15 @@ def parse_rule(text: str, source: str = "") -> Rule:
     Rules may span lines (settings files hold long Bash commands); legacy tool
     names are canonicalised so `Task(*)` also covers `Agent`.
     """
-    m = re.fullmatch(r"\s*([A-Za-z][A-Za-z0-9_\-]*)(?:\((.*)\))?\s*", text, re.DOTALL)
+    m = re.fullmatch(r"\s*([A-Za-z][A-Za-z0-9_\-]*(?:__\*)?)(?:\((.*)\))?\s*", text, re.DOTALL)
     if not m:
         raise RuleSyntaxError(text)
     tool, spec = canonical_tool(m.group(1)), m.group(2)
+    if tool.endswith("__*") and (not tool.startswith("mcp__") or tool.count("__") != 2):
+        raise RuleSyntaxError(text, "a wildcard is only allowed as mcp__server__*")
     if tool not in KNOWN_TOOLS and not tool.startswith("mcp__"):
         raise RuleSyntaxError(text, f"unknown tool {tool!r}")
-    if tool.startswith("mcp__") and spec is not None:
+    if tool.startswith("mcp__") and spec not in (None, "*"):
         raise RuleSyntaxError(text, "MCP rules take no parentheses; use mcp__server, mcp__server__* or mcp__server__tool")
     if spec is not None and spec.strip() == "" and "(" in text:
         raise RuleSyntaxError(text, "empty parentheses; write the tool name alone to cover all of it")
@@ -1756,7 +1779,8 @@ SHELL_SEPARATORS = frozenset({";", "&&", "||", "|", "&", "|&", ";;", "(", ")", "
 SHELL_KEYWORDS = frozenset({"if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "time", "case", "esac"})
 # Commands that run their arguments as a command: their options are skipped.
 COMMAND_WRAPPERS = frozenset(
-    {"command", "builtin", "exec", "env", "nohup", "nice", "time", "timeout", "xargs", "sudo", "doas", "setsid", "stdbuf", "ionice", "chrt", "taskset", "unbuffer"}
+    {"command", "builtin", "exec", "env", "nohup", "nice", "time", "timeout", "xargs", "sudo", "doas", "setsid",
+     "stdbuf", "ionice", "chrt", "taskset", "unbuffer"}
 )  # fmt: skip
 SHELLS = frozenset({"sh", "bash", "zsh", "dash", "ksh", "fish"})
 OUTPUT_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>", "<>"})
@@ -1832,8 +1856,6 @@ def _lift_substitutions(command: str) -> tuple[str, list[str]]:
 
 
 def _shell_words(command: str) -> list[str] | None:
-    import shlex
-
     lexer = shlex.shlex(command, posix=True, punctuation_chars=";&|()<>")
     lexer.whitespace_split = True
     try:
@@ -1888,7 +1910,8 @@ def shell_command_parts(command: str, depth: int = 0, environ: Mapping[str, str]
     variables is read through it, unless the line could assign them itself.
     """
     assigned = set(re.findall(r"(?:^|[\s;&|(`])([A-Za-z_][A-Za-z0-9_]*)\+?=", command))
-    assigned |= set(re.findall(r"\b(?:read|for|export|declare|local|typeset|readonly|let|unset|printf\s+-v)\s+(?:-\S+\s+)*([A-Za-z_][A-Za-z0-9_]*)", command))
+    setters = r"\b(?:read|for|export|declare|local|typeset|readonly|let|unset|printf\s+-v)\s+(?:-\S+\s+)*([A-Za-z_][A-Za-z0-9_]*)"
+    assigned |= set(re.findall(setters, command))
     if depth > 8:
         return [DYNAMIC_COMMAND]  # deeper nesting than any honest command
     flat, inner = _lift_substitutions(command)
@@ -2044,10 +2067,42 @@ def search_reaches(rule: Rule, tool: str, tool_input: Mapping[str, Any], cwd: st
         protected = os.path.realpath(fixed.rstrip("/") or "/")
     else:  # secret* : whatever sits next to it
         protected = os.path.realpath(os.path.dirname(fixed) or "/")
-    for root in tool_paths(tool, tool_input, cwd):
-        if protected == root or protected.startswith(root.rstrip("/") + "/"):
-            return True
-    return False
+    return any(protected == root or protected.startswith(root.rstrip("/") + "/") for root in tool_paths(tool, tool_input, cwd))
+
+
+def settings_files(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
+    """Claude Code's settings files that hold a user's permission rules, lowest precedence first."""
+    config = Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
+    return [config / "settings.json", cwd / ".claude" / "settings.json", cwd / ".claude" / "settings.local.json"]
+
+
+def load_settings_rules(cwd: Path, environ: Mapping[str, str]) -> RuleSet:
+    """The allow, deny and ask rules of a user's settings files, each tagged with its file.
+
+    Precedence between files doesn't matter for rules: deny beats ask beats
+    allow whatever file each comes from, as in Claude Code.
+    """
+    found = RuleSet()
+    for path in settings_files(cwd, environ):
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"can't read settings file {path}: {exc}; fix it or pass --no-settings") from None
+        permissions = data.get("permissions") if isinstance(data, dict) else None
+        if not isinstance(permissions, dict):
+            continue
+        for kind in PERMISSION_KINDS:
+            texts = permissions.get(kind) or []
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise UsageError(f"{path}: permissions.{kind} must be a list of rule strings; fix it or pass --no-settings")
+            for text in texts:
+                try:
+                    getattr(found, kind).append(parse_rule(text, str(path)))
+                except RuleSyntaxError as exc:
+                    raise UsageError(f"{path}: {exc}; fix it or pass --no-settings") from None
+    return found
 
 
 def most_specific_first(rules: Iterable[Rule]) -> list[Rule]:
@@ -2108,6 +2163,30 @@ def cli_permissions(tools: Sequence[str], disallowed: Sequence[str], rules: Rule
         allowed += own or [tool]
     denied = [*disallowed, *(cli_rule(r) for r in rules.deny)]
     return list(dict.fromkeys(allowed)), list(dict.fromkeys(denied))
+
+
+def bash_bypassable(rule: Rule) -> bool:
+    """Can a Bash rule be got round by a command it doesn't name? Every deny or
+    ask rule on Bash can: find -delete, an interpreter one-liner, a script."""
+    return rule.tool == "Bash" and rule.spec is not None
+
+
+def describe_rules(rules: RuleSet, tools: Sequence[str], disallowed: Sequence[str]) -> list[dict[str, Any]]:
+    """Each effective rule, where it came from, and what reaches the CLI (for --dry-run)."""
+    allowed_cli, denied_cli = cli_permissions(tools, disallowed, rules)
+    rows: list[dict[str, Any]] = []
+    for kind in PERMISSION_KINDS:
+        for rule in most_specific_first(getattr(rules, kind)):
+            cli = cli_rule(rule)
+            row: dict[str, Any] = {"kind": kind, "rule": rule.text, "source": rule.source or "?"}
+            row["cli"] = cli if cli in (allowed_cli if kind == "allow" else denied_cli) else None
+            if kind != "allow" and bash_bypassable(rule):
+                row["warning"] = (
+                    "a Bash rule stops the commands it names, however spelled, but not another program doing the same "
+                    "(find -delete, python -c, a script); only the sandbox is a boundary"
+                )
+            rows.append(row)
+    return rows
 
 
 def summarize_input(tool_input: Mapping[str, Any], limit: int = 300) -> str:
@@ -2789,6 +2868,8 @@ class Plan:
     """Tree-wide caps; written to limits.json when this spawn creates the session."""
     guard: tuple[int, int] | None = None
     """(pid, pipe) of the guard started for an agent this process runs."""
+    rules: RuleSet = field(default_factory=RuleSet)
+    """The effective rules, each with where it came from (for --dry-run)."""
 
 
 def positive(name: str, value: float | None, integer: bool = False) -> None:
@@ -2801,7 +2882,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     catalogue = known_tools(environ) if args.tools or args.disallowed_tools else KNOWN_TOOLS  # with what the CLI reported
     requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
     disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
-    flag_rules = RuleSet(*([parse_rule(r) for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
+    flag_rules = RuleSet(*([parse_rule(r, f"--{kind}") for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
     positive("--timeout", args.timeout)
     positive("--max-budget-usd", args.max_budget_usd)
     positive("--max-turns", args.max_turns)
@@ -2863,10 +2944,19 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)))
     schema_arg = args.schema or (definition.schema if definition else None)
     schema, schema_source = load_schema(schema_arg) if schema_arg else (None, None)
+    own = definition.permissions if definition else RuleSet()
+    if definition is not None:
+        own = RuleSet(*([dataclasses.replace(r, source=definition.path) for r in getattr(own, k)] for k in PERMISSION_KINDS))
+    # A user's settings files bind the whole tree: the root reads them, and
+    # their deny and ask rules reach every child as inherited rules.
+    user = load_settings_rules(cwd, environ) if inh.depth < 0 and not args.no_settings else RuleSet()
+    if args.no_settings and inh.depth >= 0:
+        warnings.append("--no-settings applies at the root only; the tree's rules still hold")
+    inherited = [[parse_rule(t, "inherited from the parent") for t in texts] for texts in (inh.deny, inh.ask)]
     rules = RuleSet(
-        allow=[*(definition.permissions.allow if definition else []), *flag_rules.allow],
-        deny=unique_rules([*(definition.permissions.deny if definition else []), *flag_rules.deny, *map(parse_rule, inh.deny)]),
-        ask=unique_rules([*(definition.permissions.ask if definition else []), *flag_rules.ask, *map(parse_rule, inh.ask)]),
+        allow=[*own.allow, *flag_rules.allow, *user.allow],
+        deny=unique_rules([*own.deny, *flag_rules.deny, *user.deny, *inherited[0]]),
+        ask=unique_rules([*own.ask, *flag_rules.ask, *user.ask, *inherited[1]]),
     )
     mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
     if mode_warning:
@@ -2920,7 +3010,8 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         deadline=deadline,
         max_turns=max_turns,
         max_budget_usd=budget,
-        topic=slugify(topic, 32),
+        # Redacted before slugify lowercases it out of the secret's shape.
+        topic=slugify(redact(topic, secret_values(environ)), 32),
         output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
         background=bool(background),
         agent=definition.name if definition else None,
@@ -2940,7 +3031,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     limits = Limits(budget_arg, args.max_agents, args.max_concurrent)
     if session is not None and (args.max_agents is not None or args.max_concurrent is not None):
         warnings.append("--max-agents and --max-concurrent apply to a whole tree and are set by its root; ignored here")
-    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits)
+    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules)
 
 
 def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, warnings: list[str]) -> Any:
@@ -3018,7 +3109,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         meta.pid, meta.create_time, meta.pgid = pid_info
     if plan.new_session:
         info = SessionInfo(id=session.name, created_at=meta.started_at, topic=meta.topic or "", root_agent=meta.id)
-        write_json_atomic(session / SESSION_INFO, record_to_json(info))
+        write_json_atomic(session / SESSION_INFO, redact_values(record_to_json(info), plan.secrets))
     if pid_info is not None:
         if plan.refusal is None:
             # The guard exists before the agent does: a SIGKILL right after
@@ -3031,7 +3122,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
 
 
 def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
-    data = redact(json.dumps(record_to_json(meta), indent=2, ensure_ascii=False), secrets_)
+    data = redacted_json(record_to_json(meta), secrets_, indent=2)
     if not publish_once(agent_dir / META, data.encode()):
         raise StateError(f"{agent_dir / META} already exists; agent ids must be unique")
 
@@ -4859,6 +4950,7 @@ def build_run_parser() -> Parser:
         action=argparse.BooleanOptionalAction,
         help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
     )
+    mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
     mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
     mode.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
     return p
@@ -4988,6 +5080,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         plan.meta.containment = choose_containment(plan.meta.parent_id is None, "SESSION", "ID", environ)
         resolved = record_to_json(plan.meta)
         resolved.update(refusal=plan.refusal, cli=str(plan.cli), session_root=str(plan.session_root))
+        resolved["rules"] = describe_rules(plan.rules, plan.meta.tools, plan.meta.disallowed_tools)
         resolved["briefing"] = briefing(plan.meta, spawn_command(), delegates_for(plan.meta, environ))
         emit(resolved)
         return ExitCode.OK
