@@ -334,3 +334,39 @@ def test_settings_deny_binds_children_whatever_they_ask_for(env: dict[str, str],
     assert "Bash(rm:*)" in load(child_dir / "meta.json")["permissions"]["deny"]
     assert decisions(child_dir)[0]["verdict"] == "deny"
     validate_records(session_root)
+
+
+def test_shipped_code_reviewer_cannot_smuggle_through_git_diff() -> None:
+    root = Path(__file__).resolve().parent.parent
+    definitions, _ = spawn.load_definitions(root, {"HOME": "/nonexistent"})
+    rules = definitions["code-reviewer"].permissions
+    granted = definitions["code-reviewer"].tools or []
+
+    def verdict(command: str) -> str:
+        return spawn.decide("Bash", {"command": command}, rules, granted, cwd="/p", home="/h")[0]
+
+    assert verdict("git diff HEAD~1") == "allow"
+    assert verdict("git diff $(touch x)") == "deny"
+    assert verdict("git diff `touch x`") == "deny"
+    assert verdict("git diff > notes.txt") == "deny"
+
+
+def test_path_rules_follow_symlinks_for_every_file_tool(tmp_path: Path) -> None:
+    work = tmp_path / "p"
+    (work / "secret").mkdir(parents=True)
+    (work / "secret" / "a.txt").write_text("x")
+    (work / ".env").write_text("K=v")
+    (work / "src").mkdir()
+    (work / "src" / "envlink").symlink_to(work / ".env")
+    (work / "link").symlink_to(work / "secret")
+    rules = spawn.RuleSet(deny=[spawn.parse_rule("Edit(./secret/**)"), spawn.parse_rule("Read(**/.env*)")])
+    tools = ["Read", "Edit", "Write", "Grep"]
+
+    def verdict(tool: str, **tool_input: str) -> str:
+        return spawn.decide(tool, tool_input, rules, tools, cwd=str(work), home="/h")[0]
+
+    assert verdict("Write", file_path=str(work / "link" / "new.txt"), content="x") == "deny"
+    assert verdict("Edit", file_path="link/a.txt", old_string="x", new_string="y") == "deny"
+    assert verdict("Read", file_path=str(work / "src" / "envlink")) == "deny"
+    assert verdict("Grep", pattern="K", path="src/envlink") == "deny"
+    assert verdict("Read", file_path=str(work / "src" / "other.py")) == "allow"
