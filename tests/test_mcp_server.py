@@ -1,0 +1,295 @@
+"""tools/mcp_server.py end to end: the mcp package's own client, the server, spawn.py, the real CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, load, metas, mock_task, spawn_in_bash, stdout_json, validate_records, wait_for_path
+
+mcp = pytest.importorskip("mcp")
+from mcp import Client  # noqa: E402
+from mcp.client.stdio import StdioServerParameters  # noqa: E402
+from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent  # noqa: E402
+
+SERVER = ROOT / "tools" / "mcp_server.py"
+TOOLS = {"spawn_agent", "agent_wait", "agent_status", "agent_cancel", "agent_answer", "list_agents"}
+
+
+def server_params(env: dict[str, str], cwd: Path, *extra: str) -> StdioServerParameters:
+    # The test interpreter has both mcp and spawn.py's dependencies.
+    return StdioServerParameters(
+        command=sys.executable, args=[str(SERVER), "--python", sys.executable, *extra], env=env, cwd=str(cwd)
+    )
+
+
+def run(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro())
+
+
+def text(result: CallToolResult) -> str:
+    return " ".join(c.text for c in result.content if isinstance(c, TextContent))
+
+
+def structured(result: CallToolResult) -> dict[str, Any]:
+    assert not result.is_error, text(result)
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+def project_with_asking_agent(tmp_path: Path) -> Path:
+    project = tmp_path / "project"
+    (project / ".claude" / "agents").mkdir(parents=True)
+    (project / ".claude" / "agents" / "toucher.md").write_text(
+        "---\nname: toucher\ndescription: Makes files\ntools: Bash\npermissions:\n  ask: [\"Bash(touch:*)\"]\n---\nYou make files.\n"
+    )
+    return project
+
+
+def test_each_tool_over_stdio(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    project = project_with_asking_agent(tmp_path)
+    progress: list[tuple[float, float | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total))
+
+    async def body() -> None:
+        async with Client(server_params(env, project)) as client:
+            listed = await client.list_tools()
+            assert {t.name for t in listed.tools} == TOOLS
+            assert all(t.output_schema for t in listed.tools)
+
+            agents = structured(await client.call_tool("list_agents", {}))
+            assert [a["name"] for a in agents["agents"]] == ["toucher"]
+
+            task = mock_task("say hi", [{"text": "hi from the child"}])
+            started = structured(await client.call_tool("spawn_agent", {"task": task, "tools": ["Read"]}))
+            assert started["status"] == "running"
+            assert Path(started["agent_dir"]).name == started["agent_id"]
+
+            # No ids: every agent this connection started.
+            waited = await client.call_tool("agent_wait", {"timeout_s": 50}, progress_callback=on_progress)
+            data = structured(waited)
+            assert data["status"] == "done", data
+            assert [a["id"] for a in data["agents"]] == [started["agent_id"]]
+            assert data["agents"][0]["output"] == "hi from the child"
+            assert data["pending"] == []
+            assert "done" in text(waited)
+
+            status = structured(await client.call_tool("agent_status", {"agent_id": started["agent_id"]}))
+            assert [a["id"] for a in status["agents"]] == [started["agent_id"]]
+
+    run(body)
+    assert progress and progress[-1] == (1, 1)
+    assert load(next(session_root.glob("*/agents/*/outcome.json")))["status"] == "done"
+    validate_records(session_root)
+
+
+def test_bad_argument_is_a_tool_error_with_spawns_line(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Client(server_params(env, tmp_path)) as client:
+            bad = await client.call_tool("spawn_agent", {"task": "x", "cwd": str(tmp_path / "nowhere")})
+            assert bad.is_error
+            assert text(bad).startswith("spawn: error: --cwd")
+            unknown = await client.call_tool("agent_wait", {"agent_ids": ["a0-nosuch"], "timeout_s": 1})
+            assert unknown.is_error and "a0-nosuch" in text(unknown)
+            # The server is still up.
+            assert structured(await client.call_tool("list_agents", {}))["agents"] == []
+
+    run(body)
+    assert not session_root.exists() or not list(session_root.glob("*/agents/*"))
+
+
+def test_cancel_ends_the_agent(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Client(server_params(env, tmp_path)) as client:
+            task = mock_task("sleep", [{"bash": "sleep 60"}, {"text": "never"}])
+            started = structured(await client.call_tool("spawn_agent", {"task": task, "tools": ["Bash"]}))
+            agent_dir = Path(started["agent_dir"])
+            wait_for_path(agent_dir / "heartbeat.json")
+            killed = structured(await client.call_tool("agent_cancel", {"agent_id": started["agent_id"]}))
+            assert killed["killed"] == [started["agent_id"]]
+            waited = structured(await client.call_tool("agent_wait", {"agent_ids": [started["agent_id"]], "timeout_s": 10}))
+            assert waited["status"] == "failed"
+            assert waited["agents"][0]["status"] == "killed"
+
+    run(body)
+    validate_records(session_root)
+
+
+def wait_for_ask_on_disk(session_root: Path) -> dict[str, Any]:
+    limit = time.monotonic() + 60
+    while True:
+        asks = [p for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]
+        if asks:
+            return load(asks[0])
+        assert time.monotonic() < limit, "the agent never asked"
+        time.sleep(0.05)
+
+
+def test_ask_answered_with_agent_answer(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    project = project_with_asking_agent(tmp_path)
+    target = tmp_path / "made-by-agent"
+    task = mock_task("make a file", [{"bash": f"touch {target}"}, {"text": "finished"}])
+
+    async def body() -> None:
+        # This client declares no elicitation: asks show as pending.
+        async with Client(server_params(env, project)) as client:
+            await client.call_tool("spawn_agent", {"task": task, "agent": "toucher", "cwd": str(project)})
+            ask = await asyncio.to_thread(wait_for_ask_on_disk, session_root)
+            waited = structured(await client.call_tool("agent_wait", {"timeout_s": 1}))
+            assert waited["status"] == "timeout"
+            assert [a["id"] for a in waited["pending_asks"]] == [ask["id"]]
+            answered = structured(await client.call_tool("agent_answer", {"ask_id": ask["id"], "decision": "allow"}))
+            assert answered["verdict"] == "approve"
+            done = structured(await client.call_tool("agent_wait", {"timeout_s": 50}))
+            assert done["status"] == "done", done
+
+    run(body)
+    assert target.exists()
+    validate_records(session_root)
+
+
+def test_ask_answered_by_elicitation(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    project = project_with_asking_agent(tmp_path)
+    target = tmp_path / "never-made"
+    task = mock_task("make a file", [{"bash": f"touch {target}"}, {"text": "finished"}])
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(params.message)
+        return ElicitResult(action="accept", content={"approve": False})
+
+    async def body() -> None:
+        async with Client(server_params(env, project), elicitation_callback=elicit) as client:
+            await client.call_tool("spawn_agent", {"task": task, "agent": "toucher", "cwd": str(project)})
+            done = structured(await client.call_tool("agent_wait", {"timeout_s": 50}))
+            assert done["status"] == "done", done
+
+    run(body)
+    assert len(asked) == 1 and "touch" in asked[0]
+    assert not target.exists()
+    answer = load(next(session_root.glob("*/asks/q-*.answer.json")))
+    assert answer["verdict"] == "deny"
+    validate_records(session_root)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_http_refuses_a_public_address_without_a_token(base_env: dict[str, str]) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SERVER), "--http", f"0.0.0.0:{free_port()}"],
+        env=base_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "--token-file" in proc.stderr
+
+
+def test_http_without_the_token_is_401(base_env: dict[str, str], tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token-value\n")
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(SERVER), "--http", str(port), "--token-file", str(token_file)],
+        env=base_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"}).encode()
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+    def post(extra: dict[str, str]) -> int:
+        request = urllib.request.Request(url, data=body, headers={**headers, **extra}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    try:
+        limit = time.monotonic() + 30
+        while True:
+            try:
+                code = post({})
+                break
+            except urllib.error.URLError:
+                assert server.poll() is None and time.monotonic() < limit, "the server did not start"
+                time.sleep(0.1)
+        assert code == 401
+        assert post({"Authorization": "Bearer wrong"}) == 401
+        assert post({"Authorization": "Bearer s3cret-token-value"}) != 401
+
+        async def body_() -> None:
+            async with Client(url) as client:
+                await client.list_tools()
+
+        with pytest.raises(BaseException):  # noqa: B017,PT011 - the SDK's error type for 401 varies
+            run(body_)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_claude_code_delegates_through_mcp(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """A spawn.py root agent whose MCP config starts the server: its spawns are its children at depth 1."""
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps({"mcpServers": {"spawn": {"command": sys.executable, "args": [str(SERVER), "--python", sys.executable]}}})
+    )
+    project = tmp_path / "project"
+    (project / ".claude" / "agents").mkdir(parents=True)
+    (project / ".claude" / "agents" / "delegator.md").write_text(
+        "---\nname: delegator\ndescription: Delegates\ntools: mcp__spawn__spawn_agent, mcp__spawn__agent_wait\n"
+        f"mcpServers:\n  spawn:\n    command: {sys.executable}\n    args: [{json.dumps(str(SERVER))}, --python, {json.dumps(sys.executable)}]\n"
+        "---\nYou delegate.\n"
+    )
+    child_task = mock_task("child work", [{"text": "child says hi"}])
+    steps = [
+        {"tool": "mcp__spawn__spawn_agent", "input": {"task": child_task}},
+        {"tool": "mcp__spawn__agent_wait", "input": {"timeout_s": 50}},
+        {"text": "delegated"},
+    ]
+    _ = config
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "spawn.py"), "--agent", "delegator", "--cwd", str(project), "--task", mock_task("delegate", steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=project,
+        check=False,
+    )
+    out = stdout_json(proc)
+    assert out["status"] == "done", proc.stderr
+    tree = metas(session_root)
+    root = next(m for m in tree.values() if m["depth"] == 0)
+    child = next(m for m in tree.values() if m["depth"] == 1)
+    assert child["parent_id"] == root["id"]
+    assert child["session"] == root["session"]
+    assert load(Path(child["session"]) / "agents" / child["id"] / "outcome.json")["output"] == "child says hi"
+    transcript = (Path(root["session"]) / "agents" / root["id"] / "transcript.jsonl").read_text()
+    assert "child says hi" in transcript  # agent_wait's result reached the root's model
+    validate_records(session_root)
+
+
+_ = spawn_in_bash

@@ -1,0 +1,707 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["mcp>=2.3,<3"]
+#
+# [tool.uv]
+# exclude-newer = "2026-11-20T00:00:00Z"
+# ///
+"""spawn.py as an MCP server: any MCP client can start and steer a depth-N agent tree.
+
+Run::
+
+    uv run tools/mcp_server.py                         # stdio (what Claude Code / Desktop start)
+    uv run tools/mcp_server.py --http 8765             # streamable HTTP on 127.0.0.1:8765/mcp
+    uv run tools/mcp_server.py --http 0.0.0.0:8765 --token-file token.txt
+
+It drives spawn.py only through its command line and the session directory
+(never by import), so it works with any copy of spawn.py (``--spawn PATH``) and
+any session root. Tools: spawn_agent, agent_wait, agent_status, agent_cancel,
+agent_answer, list_agents. The server's --max-depth, --max-budget-usd,
+--max-agents and --max-concurrent bound everything started through it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import ipaddress
+import json
+import os
+import shlex
+import sys
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import CallToolResult, TextContent
+from pydantic import BaseModel, ConfigDict, Field
+
+__version__ = "0.1.0"
+
+# ---------------------------------------------------------------- constants --
+
+DEFAULT_SPAWN = Path(__file__).resolve().parent.parent / "spawn.py"
+# Below the 60 s request timeout most MCP clients use, so no client gives up on a wait first.
+WAIT_CAP_S = 50.0
+# How often a wait re-checks what inotify can't tell it: asks, dead agents, progress.
+WAIT_TICK_S = 0.25
+MARKERS = (".done", ".fail")
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+# inotify(7) flags: a marker is created with O_CREAT|O_EXCL (IN_CREATE); answers and
+# outcomes are link()ed or renamed into place (IN_CREATE / IN_MOVED_TO).
+IN_CREATE = 0x100
+IN_MOVED_TO = 0x80
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+
+
+# ------------------------------------------------------------------ records --
+
+
+class Result(BaseModel):
+    """Base of every structured result: unknown fields from spawn.py pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class SpawnResult(Result):
+    agent_id: str = Field(description="the new agent's id")
+    status: str = Field(description="running, or refused when a limit refused it (recorded in the session)")
+    agent_dir: str = Field(description="the agent's directory in the session")
+    resumed_from: str | None = None
+
+
+class WaitResult(Result):
+    status: Literal["done", "failed", "timeout"] = Field(description="done: all waited agents done; failed: one failed")
+    agents: list[dict[str, Any]] = Field(description="one summary per finished agent, as spawn.py prints it")
+    pending: list[str] = Field(description="ids still without an outcome")
+    pending_asks: list[dict[str, Any]] = Field(description="tool calls waiting for agent_answer")
+
+
+class StatusResult(Result):
+    session: str
+    agents: list[dict[str, Any]]
+    pending_asks: list[dict[str, Any]] = []
+
+
+class CancelResult(Result):
+    killed: list[str] = Field(description="ids of the agents ended (the agent and its descendants)")
+
+
+class AnswerResult(Result):
+    ask: str
+    verdict: Literal["approve", "deny"]
+
+
+class AgentsResult(Result):
+    agents: list[dict[str, Any]] = Field(description="name, source, path, tools, description of each definition")
+
+
+class AskDecision(BaseModel):
+    """What the client's user is asked when an agent wants a tool call approved."""
+
+    approve: bool = Field(description="allow this tool call")
+
+
+# ---------------------------------------------------------------- pure core --
+
+
+def parse_http_address(value: str) -> tuple[str, int]:
+    """'[HOST:]PORT' -> (host, port); loopback unless a host is given."""
+    host, sep, port = value.rpartition(":")
+    if not sep:
+        host = "127.0.0.1"
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--http {value!r}: expected [HOST:]PORT")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def error_line(stderr: str, code: int) -> str:
+    """spawn.py's one-line error, or the last line it printed."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("spawn: error:"):
+            return line
+    return lines[-1] if lines else f"spawn.py exited {code}"
+
+
+def min_known(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def wait_summary(finished: Mapping[str, Mapping[str, Any]], ids: Sequence[str], mode: str, timed_out: bool) -> str:
+    pending = [i for i in ids if i not in finished]
+    failed = [i for i, o in finished.items() if o.get("status") != "done"]
+    head = "timeout" if timed_out else ("failed" if failed else "done")
+    parts = [f"{i} {o.get('status')}" for i, o in finished.items()]
+    text = f"{head}: " + (", ".join(parts) if parts else "no agent finished")
+    return text + (f"; still running: {', '.join(pending)}" if pending else "")
+
+
+# ------------------------------------------------------- on-disk protocol --
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def has_marker(agent_dir: Path) -> bool:
+    return any((agent_dir / m).exists() for m in MARKERS)
+
+
+def outcome_summary(agent_dir: Path) -> dict[str, Any] | None:
+    """What spawn.py's stdout would say about a finished agent (bounded: no transcript)."""
+    outcome = read_json(agent_dir / "outcome.json")
+    if outcome is None or not has_marker(agent_dir):
+        return None
+    keys = ("status", "exit_code", "reason", "output", "validation_errors", "cost_usd", "duration_s", "sdk_session_id")
+    data = {"id": outcome.get("id") or agent_dir.name, **{k: outcome[k] for k in keys if k in outcome}}
+    data["agent_dir"] = str(agent_dir)
+    return data
+
+
+def pending_asks(session: Path, agent_ids: set[str] | None) -> list[dict[str, Any]]:
+    asks_dir = session / "asks"
+    found = []
+    for path in sorted(asks_dir.glob("q-*.json")) if asks_dir.is_dir() else []:
+        if path.name.endswith(".answer.json") or (asks_dir / f"{path.stem}.answer.json").exists():
+            continue
+        ask = read_json(path)
+        if ask is not None and (agent_ids is None or ask.get("agent_id") in agent_ids):
+            found.append(ask)
+    return found
+
+
+def subtree_ids(session: Path, roots: set[str]) -> set[str]:
+    """The agents in `roots` and all their descendants, from meta.json parent_id."""
+    parents: dict[str, str | None] = {}
+    for meta_path in (session / "agents").glob("*/meta.json"):
+        meta = read_json(meta_path) or {}
+        parents[meta_path.parent.name] = meta.get("parent_id")
+    found = set(roots)
+    changed = True
+    while changed:
+        changed = False
+        for agent, parent in parents.items():
+            if agent not in found and parent in found:
+                found.add(agent)
+                changed = True
+    return found & (set(parents) | roots)
+
+
+class Inotify:
+    """Wakes an asyncio.Event when a file appears in a watched directory (Linux); else a no-op."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.fd = -1
+        self.watched: set[str] = set()
+        name = ctypes.util.find_library("c")
+        if sys.platform != "linux" or name is None:
+            return
+        self.libc = ctypes.CDLL(name, use_errno=True)
+        self.fd = self.libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if self.fd >= 0:
+            asyncio.get_running_loop().add_reader(self.fd, self._readable)
+
+    def watch(self, directory: Path) -> None:
+        if self.fd < 0 or str(directory) in self.watched:
+            return
+        if self.libc.inotify_add_watch(self.fd, os.fsencode(directory), IN_CREATE | IN_MOVED_TO) >= 0:
+            self.watched.add(str(directory))
+
+    def _readable(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            while os.read(self.fd, 65536):
+                pass
+        self.event.set()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            asyncio.get_running_loop().remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+
+# ---------------------------------------------------------------- processes --
+
+
+@dataclass
+class Config:
+    spawn: list[str]
+    """The command that runs spawn.py, e.g. [python, /path/spawn.py]."""
+    session_root: str | None
+    max_depth: int | None
+    max_budget_usd: float | None
+    max_agents: int | None
+    max_concurrent: int | None
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+@dataclass
+class Started:
+    agent_id: str
+    agent_dir: Path
+    connection: str
+
+
+class Spawner:
+    """Everything the tools do, through spawn.py's command line and the session files."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.started: dict[str, Started] = {}
+        self.elicited: set[str] = set()
+        self._answer_as: bool | None = None
+
+    async def run(self, *args: str, cwd: str | None = None) -> tuple[int, str, str]:
+        env = dict(self.config.environ)
+        if self.config.session_root is not None:
+            env["SPAWN_SESSION_ROOT"] = self.config.session_root
+        proc = await asyncio.create_subprocess_exec(
+            *self.config.spawn,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+        )
+        out, err = await proc.communicate()
+        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+    async def run_json(self, *args: str, ok: Sequence[int] = (0,), cwd: str | None = None) -> dict[str, Any]:
+        code, out, err = await self.run(*args, cwd=cwd)
+        if code not in ok:
+            raise ToolError(error_line(err, code))
+        try:
+            data = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise ToolError(f"spawn.py printed no JSON (exit {code}): {error_line(err, code)}") from None
+        if not isinstance(data, dict):
+            raise ToolError(f"spawn.py printed {type(data).__name__}, expected an object")
+        return data
+
+    # Limits: the server's caps bound everything started through it, whatever the tool arguments say.
+
+    def spent_and_count(self) -> tuple[float, int, int]:
+        """(known spend, agents registered, agents running) over every subtree this server started."""
+        by_session: dict[Path, set[str]] = {}
+        for s in self.started.values():
+            by_session.setdefault(s.agent_dir.parent.parent, set()).add(s.agent_id)
+        spent, count, running = 0.0, 0, 0
+        for session, roots in by_session.items():
+            for agent in subtree_ids(session, roots):
+                outcome = read_json(session / "agents" / agent / "outcome.json")
+                if outcome is not None and outcome.get("status") == "refused":
+                    continue
+                count += 1
+                if outcome is None:
+                    running += agent in roots
+                elif isinstance(outcome.get("cost_usd"), int | float):
+                    spent += float(outcome["cost_usd"])
+        return spent, count, running
+
+    async def spawn_agent(self, args: Mapping[str, Any], connection: str) -> dict[str, Any]:
+        c = self.config
+        spent, count, running = self.spent_and_count()
+        if c.max_agents is not None and count >= c.max_agents:
+            raise ToolError(f"spawn: error: refused: this server's --max-agents {c.max_agents} is used up")
+        if c.max_concurrent is not None and running >= c.max_concurrent:
+            raise ToolError(
+                f"spawn: error: refused: {running} agents are running, this server's --max-concurrent is "
+                f"{c.max_concurrent}; agent_wait for one first"
+            )
+        left = None if c.max_budget_usd is None else c.max_budget_usd - spent
+        if left is not None and left <= 0:
+            raise ToolError(f"spawn: error: refused: this server's --max-budget-usd {c.max_budget_usd} is spent")
+        argv = ["--background"]
+        if args.get("resume"):
+            argv += ["--resume", str(args["resume"])]
+        if args.get("task") is not None:
+            argv += ["--task", str(args["task"])]
+        for key, flag in (("agent", "--agent"), ("model", "--model"), ("cwd", "--cwd"), ("timeout_s", "--timeout")):
+            if args.get(key) is not None:
+                argv += [flag, str(args[key])]
+        if args.get("tools") is not None:
+            argv += ["--tools", ",".join(args["tools"])]
+        if args.get("schema") is not None:
+            schema = args["schema"]
+            argv += ["--schema", schema if isinstance(schema, str) else json.dumps(schema)]
+        budget = min_known(args.get("max_budget_usd"), left)
+        if budget is not None:
+            argv += ["--max-budget-usd", repr(float(budget))]
+        if c.max_depth is not None:
+            argv += ["--max-depth", str(c.max_depth)]
+        if "SPAWN_SESSION" not in c.environ:
+            # A root tree per spawn: its caps are what this server has left.
+            if c.max_agents is not None:
+                argv += ["--max-agents", str(c.max_agents - count)]
+            if c.max_concurrent is not None:
+                argv += ["--max-concurrent", str(c.max_concurrent)]
+        data = await self.run_json(*argv, ok=(0, 4))
+        agent_id = str(data["id"])
+        agent_dir = Path(str(data["agent_dir"]))
+        self.started[agent_id] = Started(agent_id, agent_dir, connection)
+        result = {"agent_id": agent_id, "status": data.get("status", "running"), "agent_dir": str(agent_dir)}
+        if data.get("status") == "refused":
+            result["reason"] = data.get("reason")
+        if args.get("resume"):
+            result["resumed_from"] = str(args["resume"])
+        return result
+
+    def find_dir(self, agent_id: str) -> Path:
+        if agent_id in self.started:
+            return self.started[agent_id].agent_dir
+        root = Path(self.config.session_root or self.config.environ.get("SPAWN_SESSION_ROOT") or DEFAULT_SPAWN.parent / "sessions")
+        sessions = [Path(self.config.environ["SPAWN_SESSION"])] if self.config.environ.get("SPAWN_SESSION") else []
+        for session in [*sessions, *sorted(root.glob("*"), reverse=True)]:
+            if (session / "agents" / agent_id / "meta.json").exists():
+                return session / "agents" / agent_id
+        raise ToolError(f"spawn: error: no agent {agent_id!r} under {root}; use an id that spawn_agent returned")
+
+    async def answer(self, ask_id: str, decision: str, client: str) -> dict[str, Any]:
+        if self._answer_as is None:
+            _, out, _ = await self.run("approve", "--help")
+            self._answer_as = "--as" in out
+        argv = ["approve" if decision == "allow" else "deny", ask_id]
+        if self._answer_as:
+            argv += ["--as", f"mcp:{client}"]
+        return await self.run_json(*argv)
+
+
+# ---------------------------------------------------------------------- MCP --
+
+
+def connection_of(ctx: Context) -> str:
+    """Agents 'started through this connection': per MCP session over HTTP, the process over stdio."""
+    with contextlib.suppress(Exception):
+        headers = ctx.headers or {}
+        if headers.get("mcp-session-id"):
+            return str(headers["mcp-session-id"])
+    return "stdio"
+
+
+def client_name(ctx: Context) -> str:
+    with contextlib.suppress(Exception):
+        info = ctx.session.client_params.client_info
+        return str(info.name)
+    return "client"
+
+
+def can_elicit(ctx: Context) -> bool:
+    with contextlib.suppress(Exception):
+        caps = ctx.client_capabilities
+        return caps is not None and caps.elicitation is not None
+    return False
+
+
+def tool_result(text: str, data: Mapping[str, Any]) -> CallToolResult:
+    return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=dict(data))
+
+
+def spawn_errors_as_results(fn: Callable[..., Awaitable[CallToolResult]]) -> Callable[..., Awaitable[CallToolResult]]:
+    """A refused or bad call is a tool error whose text is spawn.py's own line, never a crash."""
+
+    @functools.wraps(fn)
+    async def tool(*args: Any, **kwargs: Any) -> CallToolResult:
+        try:
+            return await fn(*args, **kwargs)
+        except ToolError as exc:
+            return CallToolResult(content=[TextContent(type="text", text=str(exc))], is_error=True)
+
+    return tool
+
+
+def build_server(spawner: Spawner) -> MCPServer:
+    server: MCPServer = MCPServer(
+        "spawn",
+        instructions="Start Claude agents that can start their own children to any depth, wait for them, answer their asks.",
+    )
+
+    @server.tool()
+    @spawn_errors_as_results
+    async def spawn_agent(
+        task: str | None = None,
+        agent: str | None = None,
+        tools: list[str] | None = None,
+        model: str | None = None,
+        schema: str | dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        max_budget_usd: float | None = None,
+        cwd: str | None = None,
+        resume: str | None = None,
+        ctx: Context | None = None,
+    ) -> Annotated[CallToolResult, SpawnResult]:
+        """Start an agent in the background and return at once with its id; then agent_wait for it.
+
+        task: the prompt. agent: a .claude/agents definition name, or "auto". tools: the tools it may use
+        (default Read,Grep,Glob; add Bash so it can start children). model: high-tier, medium-tier,
+        low-tier or a model id. schema: a JSON Schema (object, or a schemas/ name) its output must match.
+        resume: the id of a finished agent whose conversation to continue with this task.
+        """
+        args = {k: v for k, v in locals().items() if k not in ("ctx", "server", "spawner")}
+        if task is None and resume is None:
+            raise ToolError("spawn: error: give task (the prompt)")
+        data = await spawner.spawn_agent(args, connection_of(ctx) if ctx else "stdio")
+        return tool_result(f"agent {data['agent_id']} {data['status']} in {data['agent_dir']}", data)
+
+    @server.tool()
+    @spawn_errors_as_results
+    async def agent_wait(
+        agent_ids: list[str] | None = None,
+        mode: Literal["all", "any"] = "all",
+        timeout_s: float = 30,
+        ctx: Context | None = None,
+    ) -> Annotated[CallToolResult, WaitResult]:
+        """Block until the agents have outcomes (mode all) or one has (mode any), for at most timeout_s (capped at 50).
+
+        Without agent_ids, waits for every agent started through this connection. Call again while
+        'pending' is not empty. Pending permission asks are listed; answer them with agent_answer.
+        """
+        connection = connection_of(ctx) if ctx else "stdio"
+        ids = list(agent_ids) if agent_ids else [s.agent_id for s in spawner.started.values() if s.connection == connection]
+        dirs = {i: spawner.find_dir(i) for i in ids}
+        limit = time.monotonic() + max(0.0, min(float(timeout_s), WAIT_CAP_S))
+        notify = Inotify()
+        finished: dict[str, dict[str, Any]] = {}
+        asks: list[dict[str, Any]] = []
+        try:
+            for d in dirs.values():
+                notify.watch(d)
+                if (d.parent.parent / "asks").is_dir():
+                    notify.watch(d.parent.parent / "asks")
+            reported = -1
+            while True:
+                notify.event.clear()
+                for agent_id, d in dirs.items():
+                    if agent_id not in finished and (s := outcome_summary(d)) is not None:
+                        finished[agent_id] = s
+                done = len(finished) == len(ids) or (mode == "any" and finished)
+                sessions = {d.parent.parent for d in dirs.values()}
+                asks = [a for s in sessions for a in pending_asks(s, subtree_ids(s, set(ids)))]
+                if ctx is not None and asks and not done:
+                    asks = await elicit_asks(spawner, ctx, asks)
+                if ctx is not None and len(finished) != reported:
+                    reported = len(finished)
+                    with contextlib.suppress(Exception):
+                        await ctx.report_progress(len(finished), len(ids), f"{len(finished)}/{len(ids)} agents done")
+                left = limit - time.monotonic()
+                if done or left <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(notify.event.wait(), min(left, WAIT_TICK_S))
+                for d in dirs.values():  # an asks/ directory may appear while we wait
+                    if (d.parent.parent / "asks").is_dir():
+                        notify.watch(d.parent.parent / "asks")
+        finally:
+            notify.close()
+        timed_out = len(finished) < (1 if mode == "any" and ids else len(ids))
+        failed = any(o.get("status") != "done" for o in finished.values())
+        data = {
+            "status": "timeout" if timed_out else ("failed" if failed else "done"),
+            "agents": list(finished.values()),
+            "pending": [i for i in ids if i not in finished],
+            "pending_asks": asks,
+        }
+        text = wait_summary(finished, ids, mode, timed_out)
+        if asks:
+            text += "; asks pending: " + ", ".join(f"{a['id']} ({a['agent_id']} wants {a['tool']})" for a in asks)
+        return tool_result(text, data)
+
+    @server.tool()
+    @spawn_errors_as_results
+    async def agent_status(agent_id: str | None = None, session: str | None = None) -> Annotated[CallToolResult, StatusResult]:
+        """The agent tree (depth, state, duration, own and subtree cost) and pending asks, as `spawn.py status --json`."""
+        if agent_id is not None:
+            argv = ["status", agent_id, "--json", "--session", str(spawner.find_dir(agent_id).parent.parent)]
+        elif session is not None:
+            argv = ["status", session, "--json"]
+        elif spawner.started:
+            argv = ["status", str(list(spawner.started.values())[-1].agent_dir.parent.parent), "--json"]
+        else:
+            argv = ["status", "--json"]
+        data = await spawner.run_json(*argv)
+        rows = data.get("agents", [])
+        text = f"session {data.get('session')}: " + ", ".join(f"{r.get('id')} {r.get('state', r.get('status'))}" for r in rows)
+        if data.get("pending_asks"):
+            text += "; asks pending: " + ", ".join(a["id"] for a in data["pending_asks"])
+        return tool_result(text, data)
+
+    @server.tool()
+    @spawn_errors_as_results
+    async def agent_cancel(agent_id: str) -> Annotated[CallToolResult, CancelResult]:
+        """End an agent and all its descendants (deepest first); they are recorded as killed."""
+        session = spawner.find_dir(agent_id).parent.parent
+        data = await spawner.run_json("kill", agent_id, "--session", str(session))
+        return tool_result(f"killed: {', '.join(data.get('killed', [])) or 'nothing (already finished)'}", data)
+
+    @server.tool()
+    @spawn_errors_as_results
+    async def agent_answer(
+        ask_id: str, decision: Literal["allow", "deny"] = "allow", ctx: Context | None = None
+    ) -> Annotated[CallToolResult, AnswerResult]:
+        """Answer a permission ask that agent_wait or agent_status listed: allow or deny the tool call."""
+        data = await spawner.answer(ask_id, decision, client_name(ctx) if ctx else "client")
+        return tool_result(f"ask {ask_id}: {data.get('verdict')}", data)
+
+    @server.tool()
+    @spawn_errors_as_results
+    async def list_agents() -> Annotated[CallToolResult, AgentsResult]:
+        """The agent definitions (.claude/agents/*.md) spawn_agent's `agent` can name: name, description, tools."""
+        data = await spawner.run_json("agents", "list", "--json")
+        names = ", ".join(a.get("name", "?") for a in data.get("agents", []))
+        return tool_result(f"{len(data.get('agents', []))} agent definitions: {names or 'none'}", data)
+
+    return server
+
+
+async def elicit_asks(spawner: Spawner, ctx: Context, asks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ask the client's user about each new ask; return those still pending."""
+    if not can_elicit(ctx):
+        return asks
+    still = []
+    for ask in asks:
+        if ask["id"] in spawner.elicited:
+            still.append(ask)
+            continue
+        spawner.elicited.add(ask["id"])  # once: a declined form is not asked again
+        message = f"Agent {ask.get('agent_id')} wants to run {ask.get('tool')}: {ask.get('input')} (rule {ask.get('rule')}). Allow it?"
+        try:
+            reply = await ctx.elicit(message, AskDecision)
+        except Exception:  # noqa: BLE001 - a client that can't elicit leaves the ask to agent_answer
+            still.append(ask)
+            continue
+        if reply.action == "cancel":
+            still.append(ask)
+            continue
+        decision = "allow" if reply.action == "accept" and reply.data.approve else "deny"
+        try:
+            await spawner.answer(ask["id"], decision, client_name(ctx))
+        except ToolError:
+            pass  # someone else answered first: the first answer wins
+    return still
+
+
+# -------------------------------------------------------------------- HTTP --
+
+
+def run_http(server: MCPServer, host: str, port: int, token: str | None) -> None:
+    import hmac
+
+    import uvicorn
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    inner: ASGIApp = server.streamable_http_app(host=host)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and token is not None:
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"").decode(errors="replace")
+            if not hmac.compare_digest(given, f"Bearer {token}"):
+                await send({"type": "http.response.start", "status": 401, "headers": [(b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": b"missing or wrong bearer token\n"})
+                return
+        await inner(scope, receive, send)
+
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+# ---------------------------------------------------------------------- CLI --
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mcp_server.py", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--spawn", metavar="PATH", default=str(DEFAULT_SPAWN), help="spawn.py to run (default: beside tools/)")
+    p.add_argument(
+        "--python",
+        metavar="CMD",
+        help="how to run spawn.py (default $SPAWN_PYTHON, else 'uv run --script'); e.g. a venv's python with the SDK",
+    )
+    p.add_argument("--session", metavar="DIR", help="session root (default $SPAWN_SESSION_ROOT, as spawn.py)")
+    p.add_argument("--http", metavar="[HOST:]PORT", help="serve streamable HTTP at /mcp instead of stdio (loopback by default)")
+    p.add_argument("--token-file", metavar="PATH", help="bearer token HTTP clients must send; required off loopback")
+    p.add_argument("--max-depth", type=int, metavar="N", help="deepest depth anything started here may reach")
+    p.add_argument("--max-budget-usd", type=float, metavar="X", help="USD for everything started here, together")
+    p.add_argument("--max-agents", type=int, metavar="N", help="agents everything started here may register, together")
+    p.add_argument("--max-concurrent", type=int, metavar="N", help="agents started here that may run at once")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    environ = dict(os.environ)
+    if args.python:
+        runner = shlex.split(args.python)
+    elif environ.get("SPAWN_PYTHON"):
+        runner = [environ["SPAWN_PYTHON"]]
+    else:
+        runner = ["uv", "run", "--quiet", "--script"]
+    if not Path(args.spawn).is_file():
+        print(f"mcp_server: error: --spawn {args.spawn} is not a file; point it at spawn.py", file=sys.stderr)
+        return 2
+    config = Config(
+        spawn=[*runner, str(Path(args.spawn).resolve())],
+        session_root=str(Path(args.session).expanduser().resolve()) if args.session else None,
+        max_depth=args.max_depth,
+        max_budget_usd=args.max_budget_usd,
+        max_agents=args.max_agents,
+        max_concurrent=args.max_concurrent,
+        environ=environ,
+    )
+    server = build_server(Spawner(config))
+    if args.http is None:
+        server.run()
+        return 0
+    try:
+        host, port = parse_http_address(args.http)
+    except ValueError as exc:
+        print(f"mcp_server: error: {exc}", file=sys.stderr)
+        return 2
+    token = None
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            print(f"mcp_server: error: can't read --token-file {args.token_file}: {exc.strerror}", file=sys.stderr)
+            return 2
+        if not token:
+            print(f"mcp_server: error: --token-file {args.token_file} is empty", file=sys.stderr)
+            return 2
+    if not is_loopback(host) and token is None:
+        print(
+            f"mcp_server: error: refusing to serve {host} without a bearer token; pass --token-file PATH or bind 127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"mcp_server: serving http://{host}:{port}/mcp", file=sys.stderr, flush=True)
+    run_http(server, host, port, token)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
