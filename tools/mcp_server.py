@@ -42,7 +42,9 @@ from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import CallToolResult, TextContent
+from mcp.server.elicitation import render_elicitation_schema
+from mcp.shared.exceptions import NoBackChannelError
+from mcp.types import CallToolResult, ElicitRequest, ElicitRequestFormParams, InputRequiredResult, TextContent
 from pydantic import BaseModel, ConfigDict, Field
 
 __version__ = "0.1.0"
@@ -424,11 +426,11 @@ def tool_result(text: str, data: Mapping[str, Any]) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=dict(data))
 
 
-def spawn_errors_as_results(fn: Callable[..., Awaitable[CallToolResult]]) -> Callable[..., Awaitable[CallToolResult]]:
+def spawn_errors_as_results(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     """A refused or bad call is a tool error whose text is spawn.py's own line, never a crash."""
 
     @functools.wraps(fn)
-    async def tool(*args: Any, **kwargs: Any) -> CallToolResult:
+    async def tool(*args: Any, **kwargs: Any) -> Any:
         try:
             return await fn(*args, **kwargs)
         except ToolError as exc:
@@ -477,7 +479,7 @@ def build_server(spawner: Spawner) -> MCPServer:
         mode: Literal["all", "any"] = "all",
         timeout_s: float = 30,
         ctx: Context | None = None,
-    ) -> Annotated[CallToolResult, WaitResult]:
+    ) -> Annotated[CallToolResult, WaitResult] | InputRequiredResult:
         """Block until the agents have outcomes (mode all) or one has (mode any), for at most timeout_s (capped at 50).
 
         Without agent_ids, waits for every agent started through this connection. Call again while
@@ -490,6 +492,8 @@ def build_server(spawner: Spawner) -> MCPServer:
         notify = Inotify()
         finished: dict[str, dict[str, Any]] = {}
         asks: list[dict[str, Any]] = []
+        for ask_id, reply in (ctx.input_responses or {}).items() if ctx is not None else ():
+            await settle(spawner, ask_id, decision_of(reply), client_name(ctx) if ctx else "client")
         try:
             for d in dirs.values():
                 notify.watch(d)
@@ -505,7 +509,10 @@ def build_server(spawner: Spawner) -> MCPServer:
                 sessions = {d.parent.parent for d in dirs.values()}
                 asks = [a for s in sessions for a in pending_asks(s, subtree_ids(s, set(ids)))]
                 if ctx is not None and asks and not done:
-                    asks = await elicit_asks(spawner, ctx, asks)
+                    try:
+                        asks = await elicit_asks(spawner, ctx, asks)
+                    except NeedsInput as needs:
+                        return needs.result
                 if ctx is not None and len(finished) != reported:
                     reported = len(finished)
                     with contextlib.suppress(Exception):
@@ -580,30 +587,63 @@ def build_server(spawner: Spawner) -> MCPServer:
     return server
 
 
+class NeedsInput(Exception):
+    """The connection has no back-channel: ask the client through an InputRequiredResult round instead."""
+
+    def __init__(self, result: InputRequiredResult) -> None:
+        super().__init__("input required")
+        self.result = result
+
+
+def ask_message(ask: Mapping[str, Any]) -> str:
+    return f"Agent {ask.get('agent_id')} wants to run {ask.get('tool')}: {ask.get('input')} (rule {ask.get('rule')}). Allow it?"
+
+
+def decision_of(reply: Any) -> str | None:
+    """allow / deny from an elicitation reply; None when the user dismissed it (the ask stays pending)."""
+    action = getattr(reply, "action", None)
+    if action == "cancel" or action is None:
+        return None
+    content = getattr(reply, "content", None)
+    data = getattr(reply, "data", None)
+    approve = data.approve if isinstance(data, AskDecision) else bool((content or {}).get("approve"))
+    return "allow" if action == "accept" and approve else "deny"
+
+
+async def settle(spawner: Spawner, ask_id: str, decision: str | None, client: str) -> None:
+    if decision is None:
+        return
+    with contextlib.suppress(ToolError):  # someone else answered first: the first answer wins
+        await spawner.answer(ask_id, decision, client)
+
+
 async def elicit_asks(spawner: Spawner, ctx: Context, asks: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Ask the client's user about each new ask; return those still pending."""
     if not can_elicit(ctx):
         return asks
-    still = []
+    still, rounds = [], {}
     for ask in asks:
         if ask["id"] in spawner.elicited:
             still.append(ask)
             continue
-        spawner.elicited.add(ask["id"])  # once: a declined form is not asked again
-        message = f"Agent {ask.get('agent_id')} wants to run {ask.get('tool')}: {ask.get('input')} (rule {ask.get('rule')}). Allow it?"
+        spawner.elicited.add(ask["id"])  # once: a dismissed form is not asked again
         try:
-            reply = await ctx.elicit(message, AskDecision)
-        except Exception:  # noqa: BLE001 - a client that can't elicit leaves the ask to agent_answer
+            reply = await ctx.elicit(ask_message(ask), AskDecision)
+        except NoBackChannelError:
+            # 2026-07-28 connections: the question rides on the result, and the client retries the call.
+            params = ElicitRequestFormParams(message=ask_message(ask), requested_schema=render_elicitation_schema(AskDecision))
+            rounds[ask["id"]] = ElicitRequest(params=params)
+            continue
+        except Exception as exc:  # noqa: BLE001 - a client that can't elicit leaves the ask to agent_answer
+            print(f"mcp_server: can't elicit ask {ask['id']}: {exc!r}", file=sys.stderr)
             still.append(ask)
             continue
-        if reply.action == "cancel":
+        decision = decision_of(reply)
+        await settle(spawner, ask["id"], decision, client_name(ctx))
+        if decision is None:
             still.append(ask)
-            continue
-        decision = "allow" if reply.action == "accept" and reply.data.approve else "deny"
-        try:
-            await spawner.answer(ask["id"], decision, client_name(ctx))
-        except ToolError:
-            pass  # someone else answered first: the first answer wins
+    if rounds:
+        raise NeedsInput(InputRequiredResult(input_requests=rounds, request_state="asks"))
     return still
 
 
