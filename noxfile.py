@@ -42,10 +42,21 @@ def install_spawn_deps(session: nox.Session) -> None:
     session.install("-r", str(requirements), env={"UV_COMPILE_BYTECODE": "1"})
 
 
+def install_mcp_server_deps(session: nox.Session) -> None:
+    """tools/mcp_server.py's dependencies (the mcp package) at the versions its lock pins."""
+    requirements = Path(session.create_tmp()) / "mcp-server-requirements.txt"
+    session.run_install(
+        "uv", "export", "--script", "tools/mcp_server.py", "--frozen", "--no-hashes", "--quiet", "-o", str(requirements),
+        external=True,
+    )  # fmt: skip
+    session.install("-r", str(requirements))
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit and end-to-end tests (the real bundled claude CLI against tools/mock_model.py)."""
     install_spawn_deps(session)
+    install_mcp_server_deps(session)
     session.install(*TEST_DEPS)
     # A hung test fails after 5 minutes instead of eating the CI budget.
     session.run("pytest", *(session.posargs or ["-q", "--timeout=300", "tests"]))
@@ -63,6 +74,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on every script."""
     install_spawn_deps(session)
+    install_mcp_server_deps(session)
     session.install(MYPY, "types-psutil", "types-jsonschema", "types-PyYAML", *TEST_DEPS, "nox")
     session.run("mypy", "--strict", *SCRIPTS)
 

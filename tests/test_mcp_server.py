@@ -10,13 +10,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, load, metas, mock_task, spawn_in_bash, stdout_json, validate_records, wait_for_path
+from tests.conftest import ROOT, load, metas, mock_task, stdout_json, validate_records, wait_for_path
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client  # noqa: E402
@@ -29,12 +29,10 @@ TOOLS = {"spawn_agent", "agent_wait", "agent_status", "agent_cancel", "agent_ans
 
 def server_params(env: dict[str, str], cwd: Path, *extra: str) -> StdioServerParameters:
     # The test interpreter has both mcp and spawn.py's dependencies.
-    return StdioServerParameters(
-        command=sys.executable, args=[str(SERVER), "--python", sys.executable, *extra], env=env, cwd=str(cwd)
-    )
+    return StdioServerParameters(command=sys.executable, args=[str(SERVER), "--python", sys.executable, *extra], env=env, cwd=str(cwd))
 
 
-def run(coro: Callable[[], Awaitable[None]]) -> None:
+def run(coro: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(coro())
 
 
@@ -52,17 +50,17 @@ def project_with_asking_agent(tmp_path: Path) -> Path:
     project = tmp_path / "project"
     (project / ".claude" / "agents").mkdir(parents=True)
     (project / ".claude" / "agents" / "toucher.md").write_text(
-        "---\nname: toucher\ndescription: Makes files\ntools: Bash\npermissions:\n  ask: [\"Bash(touch:*)\"]\n---\nYou make files.\n"
+        '---\nname: toucher\ndescription: Makes files\ntools: Bash\npermissions:\n  ask: ["Bash(touch:*)"]\n---\nYou make files.\n'
     )
     return project
 
 
 def test_each_tool_over_stdio(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     project = project_with_asking_agent(tmp_path)
-    progress: list[tuple[float, float | None]] = []
+    reported: list[tuple[float, float | None]] = []
 
-    async def on_progress(value: float, total: float | None, message: str | None) -> None:
-        progress.append((value, total))
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        reported.append((progress, total))
 
     async def body() -> None:
         async with Client(server_params(env, project)) as client:
@@ -91,7 +89,7 @@ def test_each_tool_over_stdio(env: dict[str, str], session_root: Path, tmp_path:
             assert [a["id"] for a in status["agents"]] == [started["agent_id"]]
 
     run(body)
-    assert progress and progress[-1] == (1, 1)
+    assert reported and reported[-1] == (1, 1)
     assert load(next(session_root.glob("*/agents/*/outcome.json")))["status"] == "done"
     validate_records(session_root)
 
@@ -251,25 +249,22 @@ def test_http_without_the_token_is_401(base_env: dict[str, str], tmp_path: Path)
 
 
 def test_claude_code_delegates_through_mcp(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
-    """A spawn.py root agent whose MCP config starts the server: its spawns are its children at depth 1."""
-    config = tmp_path / "mcp.json"
-    config.write_text(
-        json.dumps({"mcpServers": {"spawn": {"command": sys.executable, "args": [str(SERVER), "--python", sys.executable]}}})
-    )
+    """The real CLI as the MCP client: a spawn.py root whose definition's mcpServers (passed to the CLI
+    as --mcp-config) starts the server. Its spawns are its children, at depth 1, in its session."""
     project = tmp_path / "project"
     (project / ".claude" / "agents").mkdir(parents=True)
     (project / ".claude" / "agents" / "delegator.md").write_text(
         "---\nname: delegator\ndescription: Delegates\ntools: mcp__spawn__spawn_agent, mcp__spawn__agent_wait\n"
-        f"mcpServers:\n  spawn:\n    command: {sys.executable}\n    args: [{json.dumps(str(SERVER))}, --python, {json.dumps(sys.executable)}]\n"
+        f"mcpServers:\n  spawn:\n    command: {sys.executable}\n"
+        f"    args: [{json.dumps(str(SERVER))}, --python, {json.dumps(sys.executable)}]\n"
         "---\nYou delegate.\n"
     )
     child_task = mock_task("child work", [{"text": "child says hi"}])
-    steps = [
+    steps: list[dict[str, Any]] = [
         {"tool": "mcp__spawn__spawn_agent", "input": {"task": child_task}},
         {"tool": "mcp__spawn__agent_wait", "input": {"timeout_s": 50}},
         {"text": "delegated"},
     ]
-    _ = config
     proc = subprocess.run(
         [sys.executable, str(ROOT / "spawn.py"), "--agent", "delegator", "--cwd", str(project), "--task", mock_task("delegate", steps)],
         env=env,
@@ -290,6 +285,3 @@ def test_claude_code_delegates_through_mcp(env: dict[str, str], session_root: Pa
     transcript = (Path(root["session"]) / "agents" / root["id"] / "transcript.jsonl").read_text()
     assert "child says hi" in transcript  # agent_wait's result reached the root's model
     validate_records(session_root)
-
-
-_ = spawn_in_bash

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from mcp.server.elicitation import render_elicitation_schema
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.server.elicitation import render_elicitation_schema
 from mcp.shared.exceptions import NoBackChannelError
-from mcp.types import CallToolResult, ElicitRequest, ElicitRequestFormParams, InputRequiredResult, TextContent
+from mcp.types import CallToolResult, ElicitRequest, ElicitRequestFormParams, InputRequest, InputRequiredResult, TextContent
 from pydantic import BaseModel, ConfigDict, Field
 
 __version__ = "0.1.0"
@@ -447,7 +447,8 @@ def build_server(spawner: Spawner) -> MCPServer:
 
     @server.tool()
     @spawn_errors_as_results
-    async def spawn_agent(
+    async def spawn_agent(  # the tool's arguments are fixed: clients script against them
+        *,
         task: str | None = None,
         agent: str | None = None,
         tools: list[str] | None = None,
@@ -621,7 +622,8 @@ async def elicit_asks(spawner: Spawner, ctx: Context, asks: list[dict[str, Any]]
     """Ask the client's user about each new ask; return those still pending."""
     if not can_elicit(ctx):
         return asks
-    still, rounds = [], {}
+    still: list[dict[str, Any]] = []
+    rounds: dict[str, InputRequest] = {}
     for ask in asks:
         if ask["id"] in spawner.elicited:
             still.append(ask)
@@ -634,7 +636,7 @@ async def elicit_asks(spawner: Spawner, ctx: Context, asks: list[dict[str, Any]]
             params = ElicitRequestFormParams(message=ask_message(ask), requested_schema=render_elicitation_schema(AskDecision))
             rounds[ask["id"]] = ElicitRequest(params=params)
             continue
-        except Exception as exc:  # noqa: BLE001 - a client that can't elicit leaves the ask to agent_answer
+        except Exception as exc:
             print(f"mcp_server: can't elicit ask {ask['id']}: {exc!r}", file=sys.stderr)
             still.append(ask)
             continue
