@@ -424,6 +424,8 @@ class AgentMeta:
     """The definition's memory scope (user, project, local)."""
     hooks: list[str] = field(default_factory=list)
     """Events of the definition's hooks (their commands stay in the definition file)."""
+    resumed_from: str | None = None
+    """With --resume: the agent whose conversation this one continues."""
     warnings: list[str] = field(default_factory=list)
     containment: str | None = None
     """What keeps the tree's processes from outliving it: "cgroup PATH" (a root
@@ -1042,6 +1044,17 @@ def read_outcome(agent_dir: Path) -> dict[str, Any] | None:
     if ensure_marker(agent_dir) is None:
         return None
     return read_json(agent_dir / OUTCOME)
+
+
+def resumed_sdk_session(meta: AgentMeta) -> str | None:
+    """The SDK session a --resume agent continues: the one its original's outcome recorded."""
+    if not meta.resumed_from:
+        return None
+    for session in (Path(meta.session), *Path(meta.session).parent.glob("*")):  # under a caller, another session
+        outcome = read_outcome(session / AGENTS_DIR / meta.resumed_from)
+        if outcome is not None:
+            return outcome.get("sdk_session_id")
+    return None
 
 
 def resolve_session_root(flag: str | None, environ: Mapping[str, str]) -> Path:
@@ -3080,6 +3093,52 @@ def choose_definition(
     return definitions[name], None
 
 
+def resolve_resume(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentMeta:
+    """The agent --resume names, after checking it can be continued; its settings become defaults.
+
+    Tools and model default to the original's and can only narrow; the run
+    stays in the original's cwd, where the CLI keeps the conversation.
+    """
+    caller_session = Path(environ[ENV_SESSION]) if environ.get(ENV_SESSION) else None
+    agent_dir = find_agent_dir(args.resume, caller_session, resolve_session_root(args.session, environ))
+    original = load_meta(agent_dir)
+    outcome = read_outcome(agent_dir)
+    if outcome is None:
+        raise UsageError(f"agent {original.id} is still running; 'spawn.py wait {original.id}' first, then resume it")
+    if not outcome.get("sdk_session_id"):
+        raise UsageError(f"agent {original.id} has no SDK session to resume (status {outcome.get('status')}); start a new agent")
+    if args.cwd is not None and Path(args.cwd).expanduser().resolve() != Path(original.cwd):
+        raise UsageError(f"--resume runs in the original's cwd {original.cwd}; drop --cwd")
+    args.cwd = original.cwd
+    if args.tools is None:
+        args.tools = ",".join(original.tools)  # narrowed to the original's in place_resumed
+    args.model = args.model or original.model
+    args.agent = args.agent or original.agent
+    args.max_depth = min_known(args.max_depth, original.max_depth)
+    # Its rules stay: a resumed agent may not do what the original was denied or had to ask.
+    args.deny = [*(args.deny or []), *original.permissions.get("deny", [])]
+    args.ask = [*(args.ask or []), *original.permissions.get("ask", [])]
+    return original
+
+
+def place_resumed(plan: Plan, original: AgentMeta) -> None:
+    """A resumed agent sits under the original's parent in its session, unless an agent is the caller."""
+    meta = plan.meta
+    meta.resumed_from = original.id
+    dropped = [t for t in meta.tools if t not in original.tools]
+    if dropped:
+        meta.warnings.append(f"tools the resumed agent didn't have were dropped: {','.join(dropped)}")
+        meta.tools = [t for t in meta.tools if t in original.tools]
+        if not meta.tools and plan.refusal is None:
+            plan.refusal = f"tools: none of {','.join(dropped)} was held by the resumed agent {original.id}"
+    if plan.new_session:
+        plan.new_session = False
+        meta.session, meta.parent_id, meta.depth = original.session, original.parent_id, original.depth
+        meta.max_depth = min(meta.max_depth, original.max_depth)
+        if plan.refusal and plan.refusal.startswith("depth limit"):
+            plan.refusal = None
+
+
 def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
     """Create the session (for a root), admit the agent and write its meta.json.
 
@@ -3543,6 +3602,7 @@ async def run_sdk(
         # project hooks at every depth. The preset keeps Claude Code's defaults.
         setting_sources=None if meta.preset == "claude_code" else [],
         output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
+        resume=resumed_sdk_session(meta),
     )
     transcript = agent_dir / TRANSCRIPT
     # initialPrompt comes first, in the same user turn, so the task's own text
@@ -4117,6 +4177,8 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
             "agent_dir": str(d),
             "containment": meta.containment,
         }
+        if meta.resumed_from:
+            rows[meta.id]["resumed_from"] = meta.resumed_from
     children: dict[str | None, list[str]] = {}
     for row in rows.values():
         parent = row["parent_id"] if row["parent_id"] in rows else None
@@ -4170,8 +4232,9 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
     for row in rows:
         own = format_cost(row["cost_usd"], row["cost_known"] or row["state"] == Status.REFUSED)
         sub = format_cost(row["subtree_cost_usd"], row["subtree_cost_known"])
+        chain = f" ⟲ {row['resumed_from']}" if row.get("resumed_from") else ""  # continues that agent's conversation
         lines.append(
-            f"{'  ' * row['level']}{row['id']}  d{row['depth']}  {row['state']:<11} "
+            f"{'  ' * row['level']}{row['id']}{chain}  d{row['depth']}  {row['state']:<11} "
             f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}"
         )
         if row["level"] == 0 and row.get("containment"):  # a tree's root says what holds the tree
@@ -4907,6 +4970,7 @@ def build_run_parser() -> Parser:
     task.add_argument("--task", metavar="TEXT", help="the prompt")
     task.add_argument("--task-file", metavar="PATH", help="read the prompt from PATH ('-' for stdin)")
     task.add_argument("--topic", metavar="WORDS", help="names the session directory (default: the task's first words)")
+    task.add_argument("--resume", metavar="AGENT_ID", help="continue a finished agent's conversation with --task, as a new agent beside it")
     agent = p.add_argument_group("agent")
     agent.add_argument(
         "--tools", metavar="A,B", help=f"tools the agent sees, auto-approved (default {','.join(DEFAULT_TOOLS)}; a child: its parent's)"
@@ -5072,7 +5136,10 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     # (A background launch and a dry run never need it.)
     sdk_loader = SdkLoader(environ) if not {"--dry-run", "--background"} & set(argv) else None
     args = build_run_parser().parse_args(argv)
+    original = resolve_resume(args, environ) if args.resume else None
     plan = plan_run(args, environ, ancestry_context())
+    if original is not None:
+        place_resumed(plan, original)
     if plan.meta.routing is not None:
         note(describe_routing(plan.meta.routing))
     if args.dry_run:

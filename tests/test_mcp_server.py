@@ -71,7 +71,7 @@ def test_each_tool_over_stdio(env: dict[str, str], session_root: Path, tmp_path:
             agents = structured(await client.call_tool("list_agents", {}))
             assert [a["name"] for a in agents["agents"]] == ["toucher"]
 
-            task = mock_task("say hi", [{"text": "hi from the child"}])
+            task = mock_task("say hi", [{"text": "hi from the child"}, {"text": "hi again"}])
             started = structured(await client.call_tool("spawn_agent", {"task": task, "tools": ["Read"]}))
             assert started["status"] == "running"
             assert Path(started["agent_dir"]).name == started["agent_id"]
@@ -88,9 +88,15 @@ def test_each_tool_over_stdio(env: dict[str, str], session_root: Path, tmp_path:
             status = structured(await client.call_tool("agent_status", {"agent_id": started["agent_id"]}))
             assert [a["id"] for a in status["agents"]] == [started["agent_id"]]
 
+            # resume: a new agent that continues the conversation (the script's next step answers).
+            again = structured(await client.call_tool("spawn_agent", {"task": "and again?", "resume": started["agent_id"]}))
+            assert again["resumed_from"] == started["agent_id"] and again["agent_id"] != started["agent_id"]
+            follow = structured(await client.call_tool("agent_wait", {"agent_ids": [again["agent_id"]], "timeout_s": 50}))
+            assert follow["agents"][0]["output"] == "hi again", follow
+
     run(body)
     assert reported and reported[-1] == (1, 1)
-    assert load(next(session_root.glob("*/agents/*/outcome.json")))["status"] == "done"
+    assert [load(p)["status"] for p in session_root.glob("*/agents/*/outcome.json")] == ["done", "done"]
     validate_records(session_root)
 
 
