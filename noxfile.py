@@ -83,6 +83,7 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Side-by-side figures against the scripted model (tools/bench.py)."""
     install_spawn_deps(session)
+    install_mcp_server_deps(session)
     session.run("python", "tools/bench.py", *session.posargs)
 
 

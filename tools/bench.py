@@ -484,6 +484,50 @@ class Bench:
             time.sleep(0.02)
 
 
+def mcp_samples(env: Mapping[str, str], workdir: Path, count: int, timeout: float) -> dict[str, Any]:
+    """tools/mcp_server.py over stdio: spawn_agent -> the agent's process started, and agent_wait's latency.
+
+    Start: from the spawn_agent call to the runner's create_time in meta.json (the
+    kernel's start time, 10 ms resolution). Latency: the .done marker's mtime to
+    agent_wait's result arriving, to compare with `spawn.py wait`'s.
+    """
+    import asyncio
+
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=[str(SPAWN.parent / "tools" / "mcp_server.py"), "--python", sys.executable],
+        env=dict(env),
+        cwd=str(workdir),
+    )
+    starts: list[float] = []
+    latencies: list[float] = []
+
+    async def run() -> None:
+        async with Client(params, read_timeout_seconds=timeout) as client:
+            for i in range(count + 1):  # the first is a warm-up
+                task = mock_task(f"bench mcp sample {i}", [{"text": "waited", "sleep": WAIT_AGENT_SLEEP_S}])
+                called = time.time()
+                started = await client.call_tool("spawn_agent", {"task": task, "tools": ["Read"]})
+                data = started.structured_content or {}
+                if started.is_error or "agent_dir" not in data:
+                    raise BenchError(f"spawn_agent failed: {started.content}")
+                agent_dir = Path(str(data["agent_dir"]))
+                waited = await client.call_tool("agent_wait", {"agent_ids": [data["agent_id"]], "timeout_s": 50})
+                returned = time.time_ns()
+                if waited.is_error or (waited.structured_content or {}).get("status") != "done":
+                    raise BenchError(f"agent_wait: {waited.content}")
+                if i:
+                    meta = json.loads((agent_dir / "meta.json").read_text())
+                    starts.append((float(meta["create_time"]) - called) * 1000)
+                    latencies.append((returned - (agent_dir / ".done").stat().st_mtime_ns) / 1e6)
+
+    asyncio.run(run())
+    return {"spawn_to_process_ms": starts, "agent_wait_latency_ms": latencies}
+
+
 # ----------------------------------------------------------------- reporting --
 
 
@@ -678,6 +722,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--repeat", type=int, default=3, metavar="N", help="interleaved rounds of the timed runs (default 3)")
     p.add_argument("--wait-samples", type=int, default=10, metavar="N", help="spawn.py wait latency samples (default 10)")
+    p.add_argument(
+        "--mcp-samples", type=int, default=3, metavar="N", help="tools/mcp_server.py samples, if mcp is installed (default 3; 0 skips)"
+    )
     p.add_argument("--json", metavar="FILE", help="also write a JSON summary to FILE")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="limit for any one run (default 120)")
     p.add_argument(
@@ -716,9 +763,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             waits = [w for w in samples if w["head_start_s"] >= WAIT_MIN_HEAD_START_S and w["wait_status_ok"]]
             if len(waits) < len(samples):
                 print(f"dropped {len(samples) - len(waits)} wait sample(s): wait not polling early enough, or agent not done")
+            mcp = None
+            if args.mcp_samples and importlib.util.find_spec("mcp") is not None:
+                print(f"MCP server: {args.mcp_samples} samples ...", flush=True)
+                mcp = mcp_samples(env, workdir, args.mcp_samples, args.timeout)
             summary = report(bench, waits, args, time.monotonic() - started)
             if args.dag_rounds > 0:
                 summary["dag"] = dag_overhead(warm_env, workdir, args.timeout, args.dag_rounds)
+            if mcp is not None:
+                spawn_wait = median([w["latency_ms"] for w in waits]) if waits else math.nan
+                to_process, mcp_wait = median(mcp["spawn_to_process_ms"]), median(mcp["agent_wait_latency_ms"])
+                print("\nMCP server (tools/mcp_server.py over stdio), medians")
+                print(f"  spawn_agent -> agent process started     {fmt(to_process, 'ms')}")
+                print(f"  agent_wait: .done -> result at client    {fmt(mcp_wait, 'ms')}  (spawn.py wait: {fmt(spawn_wait, 'ms')})")
+                summary["mcp"] = {**mcp, "median_spawn_to_process_ms": to_process, "median_agent_wait_ms": mcp_wait}
     except BenchError as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
