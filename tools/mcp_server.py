@@ -32,6 +32,7 @@ import functools
 import ipaddress
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -392,7 +393,8 @@ class Spawner:
             self._answer_as = "--as" in out
         argv = ["approve" if decision == "allow" else "deny", ask_id]
         if self._answer_as:
-            argv += ["--as", f"mcp:{client}"]
+            # The answer's `by` names the client; spawn.py accepts only these characters.
+            argv += ["--as", "mcp:" + (re.sub(r"[^A-Za-z0-9_.:@\-]", "-", client)[:59] or "client")]
         return await self.run_json(*argv)
 
 
@@ -420,6 +422,11 @@ def can_elicit(ctx: Context) -> bool:
         caps = ctx.client_capabilities
         return caps is not None and caps.elicitation is not None
     return False
+
+
+async def report_progress(ctx: Context, done: int, total: int) -> None:
+    with contextlib.suppress(Exception):  # a client that gave no progress token gets none
+        await ctx.report_progress(done, total, f"{done}/{total} agents done")
 
 
 def tool_result(text: str, data: Mapping[str, Any]) -> CallToolResult:
@@ -506,21 +513,19 @@ def build_server(spawner: Spawner) -> MCPServer:
                 for agent_id, d in dirs.items():
                     if agent_id not in finished and (s := outcome_summary(d)) is not None:
                         finished[agent_id] = s
-                done = len(finished) == len(ids) or (mode == "any" and finished)
+                left = limit - time.monotonic()
+                if len(finished) == len(ids) or (mode == "any" and finished) or left <= 0:
+                    break  # first: an outcome reaches the client before any bookkeeping
                 sessions = {d.parent.parent for d in dirs.values()}
                 asks = [a for s in sessions for a in pending_asks(s, subtree_ids(s, set(ids)))]
-                if ctx is not None and asks and not done:
+                if ctx is not None and asks:
                     try:
                         asks = await elicit_asks(spawner, ctx, asks)
                     except NeedsInput as needs:
                         return needs.result
                 if ctx is not None and len(finished) != reported:
                     reported = len(finished)
-                    with contextlib.suppress(Exception):
-                        await ctx.report_progress(len(finished), len(ids), f"{len(finished)}/{len(ids)} agents done")
-                left = limit - time.monotonic()
-                if done or left <= 0:
-                    break
+                    await report_progress(ctx, len(finished), len(ids))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(notify.event.wait(), min(left, WAIT_TICK_S))
                 for d in dirs.values():  # an asks/ directory may appear while we wait
@@ -528,6 +533,11 @@ def build_server(spawner: Spawner) -> MCPServer:
                         notify.watch(d.parent.parent / "asks")
         finally:
             notify.close()
+        if ctx is not None and len(finished) != reported:
+            await report_progress(ctx, len(finished), len(ids))
+        if len(finished) < len(ids):  # what still waits on someone, as of now
+            sessions = {d.parent.parent for d in dirs.values()}
+            asks = [a for s in sessions for a in pending_asks(s, subtree_ids(s, set(ids)))]
         timed_out = len(finished) < (1 if mode == "any" and ids else len(ids))
         failed = any(o.get("status") != "done" for o in finished.values())
         data = {
