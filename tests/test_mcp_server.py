@@ -186,6 +186,7 @@ def test_ask_answered_by_elicitation(env: dict[str, str], session_root: Path, tm
     assert not target.exists()
     answer = load(next(session_root.glob("*/asks/q-*.answer.json")))
     assert answer["verdict"] == "deny"
+    assert answer["by"].startswith("mcp:")  # spawn.py approve|deny --as mcp:CLIENT
     validate_records(session_root)
 
 
