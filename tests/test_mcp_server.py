@@ -292,3 +292,21 @@ def test_claude_code_delegates_through_mcp(env: dict[str, str], session_root: Pa
     transcript = (Path(root["session"]) / "agents" / root["id"] / "transcript.jsonl").read_text()
     assert "child says hi" in transcript  # agent_wait's result reached the root's model
     validate_records(session_root)
+
+
+def test_server_limits_bound_every_spawn(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    async def body() -> None:
+        async with Client(server_params(env, tmp_path, "--max-agents", "1", "--max-depth", "0", "--max-budget-usd", "0.5")) as client:
+            task = mock_task("one", [{"text": "only one"}])
+            first = structured(await client.call_tool("spawn_agent", {"task": task, "tools": ["Read"], "max_budget_usd": 5}))
+            meta = load(Path(first["agent_dir"]) / "meta.json")
+            assert meta["max_depth"] == 0  # no argument can raise the server's caps
+            assert meta["max_budget_usd"] <= 0.5
+            second = await client.call_tool("spawn_agent", {"task": task})
+            assert second.is_error
+            assert text(second).startswith("spawn: error: refused:") and "--max-agents 1" in text(second)
+            structured(await client.call_tool("agent_wait", {"timeout_s": 50}))
+
+    run(body)
+    assert len(list(session_root.glob("*/agents/*"))) == 1
+    validate_records(session_root)
