@@ -240,6 +240,24 @@ SLOT_POLL_S = 0.2
 # A background runner waits this long for its launcher to register it.
 REGISTER_WAIT_S = 10.0
 
+# USD per million tokens (input, output), to estimate what an agent spent when
+# it ended without the CLI's own total (killed, timed out, died). List prices
+# of each family; a model the table doesn't name is priced as medium-tier,
+# which is also what the CLI charges for a model it doesn't know. Cache reads
+# cost 0.1x input and cache writes 1.25x, as on the API.
+MODEL_PRICES_USD_PER_MTOK: dict[str, tuple[float, float]] = {
+    "opus": (5.0, 25.0),
+    "sonnet": (3.0, 15.0),
+    "haiku": (1.0, 5.0),
+}
+FALLBACK_PRICE_FAMILY = "sonnet"
+CACHE_READ_FACTOR = 0.1
+CACHE_WRITE_FACTOR = 1.25
+
+# A budget hold smaller than this can't pay for one turn: admission refuses
+# rather than start an agent that is stopped by its first answer.
+MIN_HOLD_USD = 0.01
+
 DEFAULT_SYSTEM_PROMPT = """\
 You are an agent started by spawn.py to do one task. Work with the tools you \
 have, do not ask questions (nobody is watching), and keep the final answer \
@@ -451,6 +469,8 @@ class Outcome:
     validation_errors: list[str] = field(default_factory=list)
     cost_usd: float | None = None
     """Absent, not 0, when unknown."""
+    cost_estimated: bool | None = None
+    """True when cost_usd was priced from the transcript (no result from the CLI)."""
     usage: dict[str, Any] | None = None
     turns: int | None = None
     sdk_session_id: str | None = None
@@ -492,13 +512,27 @@ class Limits:
 
 @dataclass
 class LedgerEntry:
-    """One line of ledger.jsonl: what a finished agent spent."""
+    """One line of ledger.jsonl: a budget hold taken, or what an ended agent spent.
+
+    With a tree budget, an admitted agent first holds its cap (`reserve`);
+    the outcome's commit, whoever makes it, charges what it spent (`charge`),
+    which releases the hold. Lines without `kind` are charges (older ledgers).
+    """
 
     id: str
-    status: str
     time: str
+    kind: str = "charge"
+    """reserve or charge."""
+    status: str | None = None
+    """charge: the committed status."""
     cost_usd: float | None = None
-    """Absent when unknown: the tree's spend is then a lower bound."""
+    """charge: absent when unknown, the tree's spend is then a lower bound."""
+    cost_estimated: bool | None = None
+    """charge: True when cost_usd was priced from the transcript's usage."""
+    amount_usd: float | None = None
+    """reserve: the agent's cap, held until its charge."""
+    drawn_from: str | None = None
+    """reserve: id of the ancestor whose hold pays for it; absent: the tree's remainder."""
 
 
 @dataclass
@@ -674,6 +708,98 @@ def child_deadline(own_timeout: float | None, parent_deadline: float | None, now
     if parent_deadline is not None:
         candidates.append(parent_deadline - PARENT_GRACE_S)
     return min(candidates) if candidates else None
+
+
+def price_per_mtok(model: str) -> tuple[float, float]:
+    """(input, output) USD per million tokens for a model id or alias."""
+    name = resolve_model(model, DEFAULT_MODEL_TIERS).lower()
+    family = next((f for f in MODEL_PRICES_USD_PER_MTOK if f in name), FALLBACK_PRICE_FAMILY)
+    return MODEL_PRICES_USD_PER_MTOK[family]
+
+
+def estimate_cost(turns: Iterable[tuple[str, Mapping[str, Any]]]) -> float:
+    """USD for (model, usage) per turn, priced from MODEL_PRICES_USD_PER_MTOK."""
+
+    def tokens(usage: Mapping[str, Any], key: str) -> float:
+        value = usage.get(key)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else 0.0
+
+    total = 0.0
+    for model, usage in turns:
+        price_in, price_out = price_per_mtok(model)
+        read_in = tokens(usage, "input_tokens") + CACHE_READ_FACTOR * tokens(usage, "cache_read_input_tokens")
+        read_in += CACHE_WRITE_FACTOR * tokens(usage, "cache_creation_input_tokens")
+        total += (read_in * price_in + tokens(usage, "output_tokens") * price_out) / 1e6
+    return round(total, 6)
+
+
+@dataclass
+class LedgerState:
+    """The tree budget as ledger.jsonl tells it (see sessions/README.md, "Budget")."""
+
+    charges: dict[str, float | None] = field(default_factory=dict)
+    """id -> what it spent (None: unknown)."""
+    estimated: set[str] = field(default_factory=set)
+    holds: dict[str, tuple[str | None, float]] = field(default_factory=dict)
+    """id -> (drawn_from, amount) for every reserve line, charged or not."""
+
+    def live(self, agent_id: str | None) -> bool:
+        return agent_id is not None and agent_id in self.holds and agent_id not in self.charges
+
+    def draws(self, source: str | None) -> list[str]:
+        return [i for i, (src, _) in self.holds.items() if src == source]
+
+    def used_by(self, agent_id: str) -> float:
+        """What a hold takes from where it was drawn: all of it while live,
+        then what it and the holds drawn from it were charged."""
+        if self.live(agent_id):
+            return self.holds[agent_id][1]
+        return (self.charges.get(agent_id) or 0.0) + sum(self.used_by(c) for c in self.draws(agent_id))
+
+    def free(self, source: str | None, budget: float, own_spend: float = 0.0) -> float:
+        """Unreserved USD of a live hold (less its owner's own spend so far), or of the tree (source None)."""
+        if source is None:
+            unheld = sum(c or 0.0 for i, c in self.charges.items() if i not in self.holds)
+            return budget - unheld - sum(self.used_by(t) for t in self.draws(None))
+        return self.holds[source][1] - own_spend - sum(self.used_by(c) for c in self.draws(source))
+
+    @property
+    def spent(self) -> float:
+        return sum(c for c in self.charges.values() if c is not None)
+
+    @property
+    def unknown(self) -> int:
+        return sum(c is None for c in self.charges.values())
+
+    @property
+    def reserved(self) -> float:
+        """Held by live agents and not yet charged to anyone."""
+        return sum(self.holds[i][1] - sum(self.used_by(c) for c in self.draws(i)) for i in self.holds if self.live(i))
+
+
+def ledger_state(lines: Iterable[str]) -> LedgerState:
+    """Fold ledger.jsonl lines; unreadable lines are skipped (each write is one whole line)."""
+    import math  # builtin, but every level pays for module-top imports
+
+    state = LedgerState()
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            continue
+        if entry.get("kind") == "reserve":
+            amount = entry.get("amount_usd")
+            if isinstance(amount, int | float) and math.isfinite(amount):
+                source = entry.get("drawn_from")
+                state.holds[entry["id"]] = (source if isinstance(source, str) else None, float(amount))
+        elif entry["id"] not in state.charges:  # first charge wins; a commit happens once
+            cost = entry.get("cost_usd")
+            state.charges[entry["id"]] = float(cost) if isinstance(cost, int | float) and math.isfinite(cost) else None
+            if entry.get("cost_estimated"):
+                state.estimated.add(entry["id"])
+    return state
 
 
 def truncate_for_stdout(output: Any, full_path: Path) -> tuple[Any, bool]:
@@ -897,7 +1023,10 @@ def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -
     data = redacted_json(record_to_json(outcome), secrets_, indent=2)
     won = publish_once(agent_dir / OUTCOME, data.encode())
     if won and outcome.status != Status.REFUSED:
-        entry = LedgerEntry(id=outcome.id, status=outcome.status, time=outcome.ended_at, cost_usd=outcome.cost_usd)
+        # The charge releases the agent's budget hold, whoever commits.
+        entry = LedgerEntry(
+            id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated
+        )
         with session_lock(agent_dir.parent.parent):
             append_jsonl(agent_dir.parent.parent / LEDGER, record_to_json(entry), secrets_)
     ensure_marker(agent_dir)
@@ -957,21 +1086,49 @@ def read_limits(session: Path) -> Limits:
         return Limits()
 
 
-def tree_spend(session: Path) -> tuple[float, int]:
-    """(USD spent by finished agents, how many of them have an unknown cost)."""
-    spent, unknown = 0.0, 0
+def read_ledger(session: Path) -> LedgerState:
     try:
-        lines = (session / LEDGER).read_text().splitlines()
+        return ledger_state((session / LEDGER).read_text().splitlines())
     except FileNotFoundError:
-        return 0.0, 0
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            cost = json.loads(line).get("cost_usd")
-            if isinstance(cost, int | float):
-                spent += float(cost)
-            else:
-                unknown += 1
-    return spent, unknown
+        return LedgerState()
+
+
+def tree_spend(session: Path) -> tuple[float, int]:
+    """(USD charged to ended agents, how many of them have an unknown cost)."""
+    state = read_ledger(session)
+    return state.spent, state.unknown
+
+
+def transcript_turns(agent_dir: Path, default_model: str) -> list[tuple[str, dict[str, Any]]]:
+    """(model, usage) of each model turn in the transcript, one per message id."""
+    turns: dict[str, tuple[str, dict[str, Any]]] = {}
+    try:
+        lines = (agent_dir / TRANSCRIPT).read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    for n, line in enumerate(lines):
+        with contextlib.suppress(ValueError, AttributeError):
+            record = json.loads(line)
+            if record.get("type") != "AssistantMessage" or not isinstance(record["message"].get("usage"), dict):
+                continue
+            message = record["message"]
+            # One line per content block, each repeating its turn's usage.
+            key = str(message.get("message_id") or f"line{n}")
+            turns[key] = (str(message.get("model") or default_model), message["usage"])
+    return list(turns.values())
+
+
+def transcript_spend(agent_dir: Path, default_model: str) -> float:
+    """What the transcript's turns cost at list price: an estimate, not the CLI's total."""
+    return estimate_cost(transcript_turns(agent_dir, default_model))
+
+
+def with_estimated_cost(outcome: Outcome, agent_dir: Path, model: str) -> Outcome:
+    """Price the transcript when the CLI gave no total (killed, timed out, died), so the ledger never leaks."""
+    if outcome.cost_usd is None:
+        outcome.cost_usd = transcript_spend(agent_dir, model)
+        outcome.cost_estimated = True
+    return outcome
 
 
 def counted_agents(session: Path) -> int:
@@ -986,21 +1143,56 @@ def counted_agents(session: Path) -> int:
     return count
 
 
+def budget_source(state: LedgerState, meta: AgentMeta) -> str | None:
+    """Whose hold pays for a new agent: its parent's while that is live, else the tree's remainder."""
+    return meta.parent_id if state.live(meta.parent_id) else None
+
+
+def budget_left(session: Path, meta: AgentMeta, budget: float) -> tuple[float, str | None, LedgerState]:
+    """(unreserved USD a new agent may hold, where it is drawn from, the ledger)."""
+    state = read_ledger(session)
+    source = budget_source(state, meta)
+    own = 0.0
+    if source is not None:
+        # The parent is still spending from its own hold: count its turns so far.
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            own = transcript_spend(session / AGENTS_DIR / source, load_meta(session / AGENTS_DIR / source).model)
+    return state.free(source, budget, own), source, state
+
+
 def admit(meta: AgentMeta, session: Path) -> str | None:
     """Check the tree-wide caps (under the session lock); None admits the spawn.
 
-    An admitted agent's budget is lowered to what the tree has left.
+    An admitted agent's budget is lowered to what is unreserved where it
+    draws from; reserve_budget then holds it until the agent's charge.
     """
     limits = read_limits(session)
     if limits.max_budget_usd is not None:
-        spent, _ = tree_spend(session)
-        left = limits.max_budget_usd - spent
-        if left <= 0:
-            return f"budget: the tree has spent ${spent:.4f} of its ${limits.max_budget_usd:.4f}"
+        left, source, state = budget_left(session, meta, limits.max_budget_usd)
+        if left < MIN_HOLD_USD:
+            where = f"its parent {source}'s hold" if source else f"the tree's ${limits.max_budget_usd:.4f}"
+            return (
+                f"budget: nothing left to hold from {where} (spent ${state.spent:.4f}, "
+                f"reserved by running agents ${state.reserved:.4f}); wait for agents to end, or raise --max-budget-usd at the root"
+            )
         meta.max_budget_usd = left if meta.max_budget_usd is None else min(meta.max_budget_usd, left)
     if limits.max_agents is not None and counted_agents(session) >= limits.max_agents:
         return f"agents: the session already has {limits.max_agents} agents (--max-agents {limits.max_agents})"
     return None
+
+
+def reserve_budget(session: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
+    """Hold an admitted agent's cap (under the session lock, right after admit)."""
+    if read_limits(session).max_budget_usd is None or meta.max_budget_usd is None:
+        return
+    entry = LedgerEntry(
+        id=meta.id,
+        time=utc_now_iso(),
+        kind="reserve",
+        amount_usd=meta.max_budget_usd,
+        drawn_from=budget_source(read_ledger(session), meta),
+    )
+    append_jsonl(session / LEDGER, record_to_json(entry), secrets_)
 
 
 def holds_slot(agent_dir: Path) -> bool:
@@ -3161,6 +3353,8 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         if plan.refusal is None:
             plan.refusal = admit(meta, session)
         meta.id, agent_dir = create_agent_dir(session, meta.depth)
+        if plan.refusal is None:
+            reserve_budget(session, meta, plan.secrets)
     meta.containment = choose_containment(meta.parent_id is None, meta.session, meta.id, os.environ)
     if plan.refusal is not None and pid_info is None:
         pid_info = own_identity()
@@ -3804,7 +3998,7 @@ def run_agent(
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
     end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else LEFTOVER_GRACE_S, spare=[guard_pid])
     settle_descendants(meta, secrets_, running_below)
-    outcome = outcome_from_run(meta, state, started, error)
+    outcome = with_estimated_cost(outcome_from_run(meta, state, started, error), agent_dir, meta.model)
     if meta.isolation == "worktree":
         outcome.worktree = settle_worktree(home_cwd, agent_dir, meta.id)
     if not commit_outcome(agent_dir, outcome, secrets_):
@@ -4010,7 +4204,7 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
                 transcript=str(d / TRANSCRIPT),
                 committed_by=by,
             )
-            commit_outcome(d, outcome, secrets_)
+            commit_outcome(d, with_estimated_cost(outcome, d, meta.model), secrets_)
 
     # A spawn.py about to be SIGKILLed gets its outcome first, so its guard
     # finds it rather than recording the kill as a crash. The others are
@@ -4216,8 +4410,13 @@ def format_cost(value: float | None, known: bool) -> str:
 
 def session_summary(session: Path) -> dict[str, Any]:
     limits = read_limits(session)
-    spent, unknown = tree_spend(session)
-    data: dict[str, Any] = {"spent_usd": round(spent, 6), "agents_with_unknown_cost": unknown}
+    ledger = read_ledger(session)
+    data: dict[str, Any] = {
+        "spent_usd": round(ledger.spent, 6),
+        "reserved_usd": round(ledger.reserved, 6),
+        "agents_with_unknown_cost": ledger.unknown,
+        "agents_with_estimated_cost": len(ledger.estimated),
+    }
     data.update({k: v for k, v in record_to_json(limits).items() if k != "protocol"})
     return data
 
@@ -4226,6 +4425,10 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
     spent = f"${totals['spent_usd']:.4f}" + (
         f" + {totals['agents_with_unknown_cost']} unknown" if totals["agents_with_unknown_cost"] else ""
     )
+    if totals.get("agents_with_estimated_cost"):
+        spent += f" ({totals['agents_with_estimated_cost']} estimated)"
+    if totals.get("reserved_usd"):
+        spent += f", reserved ${totals['reserved_usd']:.4f}"
     caps = [f"budget ${totals['max_budget_usd']:.4f}"] if "max_budget_usd" in totals else []
     caps += [f"{k.removeprefix('max_').replace('_', ' ')} <= {totals[k]}" for k in ("max_agents", "max_concurrent") if k in totals]
     lines = [f"session {session}", f"spent {spent}" + (f" ({', '.join(caps)})" if caps else "")]

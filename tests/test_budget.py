@@ -1,0 +1,80 @@
+"""The tree budget: holds for running agents, charges for ended ones, estimates for the killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import spawn
+from conftest import MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
+
+# One model turn of a child: the CLI prices 10k input tokens at $0.03 (medium
+# tier); TURN_USD leaves room for the small side requests the CLI makes.
+TURN = {"input_tokens": 10_000, "output_tokens": 1}
+TURN_USD = 0.035
+
+
+def ledger(session_root: Path) -> list[dict[str, object]]:
+    (path,) = session_root.glob("*/ledger.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_ledger_state_holds_then_charges() -> None:
+    lines = [
+        {"id": "a0", "time": "t", "kind": "reserve", "amount_usd": 1.0},
+        {"id": "a1-x", "time": "t", "kind": "reserve", "amount_usd": 0.3, "drawn_from": "a0"},
+        {"id": "a1-y", "time": "t", "kind": "reserve", "amount_usd": 0.2, "drawn_from": "a0"},
+        {"id": "a1-x", "time": "t", "kind": "charge", "status": "done", "cost_usd": 0.1},
+        {"id": "old", "time": "t", "status": "failed"},  # a line from before `kind`: a charge, cost unknown
+    ]
+    state = spawn.ledger_state([json.dumps(line) for line in lines] + ["{truncated"])
+    # The root's hold pays for its children: what is free there is its hold
+    # less its own spend, a live child's whole hold and an ended child's charge.
+    assert abs(state.free("a0", budget=1.0, own_spend=0.05) - (1.0 - 0.05 - 0.2 - 0.1)) < 1e-9
+    assert state.free(None, budget=1.5) == 0.5
+    assert abs(state.reserved - (1.0 - 0.2 - 0.1 + 0.2)) < 1e-9
+    assert state.spent == 0.1 and state.unknown == 1
+
+
+def test_estimate_prices_each_turn_by_family() -> None:
+    turns = [("claude-haiku-5-5", {"input_tokens": 1_000_000, "output_tokens": 0}), ("opus", {"output_tokens": 1_000_000})]
+    assert spawn.estimate_cost(turns) == 1.0 + 25.0
+    # A model the table doesn't know is priced as medium-tier; cache reads at a tenth.
+    assert spawn.estimate_cost([("some-new-model", {"cache_read_input_tokens": 1_000_000})]) == 0.3
+
+
+def test_concurrent_children_cannot_overspend_the_tree(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
+    budget, kids, cap = 0.5, 20, 0.1
+    kid = mock_task("kid", [*({"bash": "true", "usage": TURN} for _ in range(5)), {"text": "kid done", "usage": TURN}])
+    launch = spawn_in_bash("--background", "--max-budget-usd", str(cap), "--task", kid)
+    ids = '"$SPAWN_PYTHON" -c "import json,sys; print(*(json.loads(l)[\'id\'] for l in sys.stdin if \'running\' in l))"'
+    script = (
+        f'd=$(mktemp -d); for i in $(seq {kids}); do {launch} > "$d/$i" 2>/dev/null & done; wait; '
+        f'"$SPAWN_PYTHON" "$SPAWN_PY" wait $(cat "$d"/* | {ids}) > /dev/null; echo launched'
+    )
+    root = mock_task("root", [{"bash": script}, {"text": "root done"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", str(budget), "--timeout", "240"], env, timeout=300)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    outcomes = [load(d / "outcome.json") for d in agent_dirs(session_root)]
+    refused = [o for o in outcomes if o["status"] == "refused"]
+    ran = [o for o in outcomes if o["status"] != "refused"]
+    assert len(outcomes) == kids + 1
+    assert refused and all("budget: nothing left to hold" in str(o["reason"]) for o in refused)
+    assert all(o["exit_code"] == spawn.ExitCode.REFUSED for o in refused)
+    lines = ledger(session_root)
+    holds = {str(line["id"]): float(line["amount_usd"]) for line in lines if line.get("kind") == "reserve"}  # type: ignore[arg-type]
+    charges = {str(line["id"]): float(line["cost_usd"]) for line in lines if line.get("kind") == "charge"}  # type: ignore[arg-type]
+    # Every agent that ran held a cap, and was charged when it ended.
+    assert set(holds) == set(charges) == {str(o["id"]) for o in ran}
+    root_id = next(str(o["id"]) for o in ran if load(Path(str(o["transcript"])).parent / "meta.json")["depth"] == 0)
+    assert sum(a for i, a in holds.items() if i != root_id) <= holds[root_id] <= budget
+    # The CLI stops an agent after the turn that reaches its cap: each may
+    # overrun by one turn, and nothing more was spent than was held.
+    assert all(charges[i] <= holds[i] + TURN_USD for i in charges)
+    assert sum(charges.values()) <= budget + len(ran) * TURN_USD
+    status = stdout_json(run_spawn(["status", "--json"], env))
+    assert status["reserved_usd"] == 0 and abs(status["spent_usd"] - sum(charges.values())) < 1e-4
+    validate_records(session_root)
