@@ -78,3 +78,50 @@ def test_concurrent_children_cannot_overspend_the_tree(env: dict[str, str], sess
     status = stdout_json(run_spawn(["status", "--json"], env))
     assert status["reserved_usd"] == 0 and abs(status["spent_usd"] - sum(charges.values())) < 1e-4
     validate_records(session_root)
+
+
+# A turn the estimate can't miss: a million input tokens at medium-tier list price.
+BIG_TURN = {"input_tokens": 1_000_000, "output_tokens": 1}
+
+
+def test_a_timed_out_agent_is_charged_an_estimate(env: dict[str, str], session_root: Path) -> None:
+    task = mock_task("slow", [{"bash": "true", "usage": BIG_TURN}, {"sleep": 120, "text": "never"}])
+    proc = run_spawn(["--task", task, "--tools", "Bash", "--timeout", "15"], env)
+    assert proc.returncode == spawn.ExitCode.TIMEOUT, proc.stderr
+    summary = stdout_json(proc)
+    (d,) = agent_dirs(session_root)
+    outcome = load(d / "outcome.json")
+    assert outcome["cost_estimated"] is True and outcome["cost_usd"] >= 3.0
+    assert summary["cost_usd"] == outcome["cost_usd"]
+    (charge,) = ledger(session_root)
+    assert charge["cost_estimated"] is True and charge["cost_usd"] == outcome["cost_usd"]
+    status = run_spawn(["status"], env)
+    assert "1 estimated" in status.stdout and "unknown" not in status.stdout
+    validate_records(session_root)
+
+
+def test_a_sigkilled_agent_is_charged_an_estimate_by_its_guard(env: dict[str, str], session_root: Path) -> None:
+    task = mock_task("killed", [{"bash": "true", "usage": BIG_TURN}, {"sleep": 120, "text": "never"}])
+    proc = start_spawn(["--task", task, "--tools", "Bash"], env)
+    try:
+        limit = time.monotonic() + 60
+        while not any("1000000" in p.read_text() for p in session_root.glob("*/agents/*/transcript.jsonl")):
+            assert time.monotonic() < limit, "the first turn never reached the transcript"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        (d,) = agent_dirs(session_root)
+        limit = time.monotonic() + 60
+        while not (d / ".fail").exists():
+            assert time.monotonic() < limit, "the guard never settled the agent"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    outcome = load(d / "outcome.json")
+    assert outcome["committed_by"] == "guard"
+    assert outcome["cost_estimated"] is True and outcome["cost_usd"] >= 3.0
+    (charge,) = ledger(session_root)
+    assert charge["cost_estimated"] is True and charge["cost_usd"] == outcome["cost_usd"]
+    validate_records(session_root)
