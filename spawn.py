@@ -940,6 +940,7 @@ LIMITS = "limits.json"
 LEDGER = "ledger.jsonl"
 SESSION_LOCK = ".lock"
 SLOT_MARKER = ".slot"
+SLOT_LENT = ".slot-lent"
 AGENTS_DIR = "agents"
 DONE_MARKER = ".done"
 FAIL_MARKER = ".fail"
@@ -1214,6 +1215,25 @@ def try_take_slot(agent_dir: Path, max_concurrent: int) -> bool:
         with contextlib.suppress(FileExistsError):
             write_new_file(agent_dir / SLOT_MARKER, b"")
         return True
+
+
+def lend_slot(agent_dir: Path) -> bool:
+    """Give back a slot while its agent is blocked on children; False if it held none."""
+    with session_lock(agent_dir.parent.parent):
+        if not holds_slot(agent_dir):
+            return False
+        os.replace(agent_dir / SLOT_MARKER, agent_dir / SLOT_LENT)
+        return True
+
+
+def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> None:
+    """Wait for a slot again after lending it; stop if the agent ends meanwhile."""
+    while not try_take_slot(agent_dir, max_concurrent):
+        if (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists() or not process_matches(meta.pid, meta.create_time):
+            break
+        time.sleep(SLOT_POLL_S)
+    with contextlib.suppress(FileNotFoundError):
+        (agent_dir / SLOT_LENT).unlink()
 
 
 def ensure_marker(agent_dir: Path) -> Path | None:
@@ -3234,6 +3254,11 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         warnings=warnings,
     )
     limits = Limits(budget_arg, args.max_agents, args.max_concurrent)
+    if session is None and args.max_concurrent is not None and args.max_concurrent <= max_depth:
+        warnings.append(
+            f"--max-concurrent {args.max_concurrent} is fewer than the {max_depth + 1} levels --max-depth {max_depth} allows: "
+            "a parent lends its slot only while blocked in a foreground spawn or 'spawn.py wait'"
+        )
     if session is not None and (args.max_agents is not None or args.max_concurrent is not None):
         warnings.append("--max-agents and --max-concurrent apply to a whole tree and are set by its root; ignored here")
     return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules)
@@ -4296,6 +4321,46 @@ def reap_session(session: Path, by: str, secrets_: Sequence[str]) -> list[str]:
     return reaped
 
 
+def calling_agent(environ: Mapping[str, str]) -> tuple[Path, AgentMeta] | None:
+    """The agent whose Bash runs this command, if this process really is below its runner.
+
+    SPAWN_AGENT_ID alone could name any agent; only a descendant of that
+    agent's own spawn.py process may act for it (lend its slot).
+    """
+    session, agent_id = environ.get(ENV_SESSION), environ.get(ENV_AGENT_ID)
+    if not session or not agent_id:
+        return None
+    agent_dir = Path(session) / AGENTS_DIR / agent_id
+    try:
+        meta = load_meta(agent_dir)
+        ancestors = psutil.Process().parents()
+    except (FileNotFoundError, SpawnError, psutil.Error, OSError):
+        return None
+    for proc in ancestors:
+        with contextlib.suppress(psutil.Error):
+            if proc.pid == meta.pid and abs(proc.create_time() - meta.create_time) < 0.05:
+                return agent_dir, meta
+    return None
+
+
+@contextlib.contextmanager
+def slot_lent_by_caller(environ: Mapping[str, str]) -> Iterator[None]:
+    """While the calling agent is blocked here, its --max-concurrent slot is free for others.
+
+    Without this, ancestors waiting on their children hold every slot and a
+    tree deeper than --max-concurrent stalls until its deadline.
+    """
+    caller = calling_agent(environ)
+    max_concurrent = read_limits(Path(caller[1].session)).max_concurrent if caller else None
+    if caller is None or max_concurrent is None or not lend_slot(caller[0]):
+        yield
+        return
+    try:
+        yield
+    finally:
+        take_back_slot(caller[0], max_concurrent, caller[1])
+
+
 @dataclass
 class WaitResult:
     outcomes: dict[Path, dict[str, Any]]
@@ -4355,6 +4420,8 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
         state = outcome["status"] if outcome else liveness(d, meta).value
         if outcome is None and state == Status.FAILED:
             state = "lost"  # dead without outcome; `reap` or `wait` records it
+        elif outcome is None and state == Status.RUNNING and queueing and (d / SLOT_LENT).exists():
+            state = "waiting"  # blocked on its children, its slot lent to them
         elif outcome is None and state == Status.RUNNING and queueing and not (d / SLOT_MARKER).exists():
             state = "queued"  # waiting for a --max-concurrent slot
         started = started_timestamp(meta)
@@ -5370,7 +5437,9 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         # Agents that died unseen are settled by the next spawn in their session.
         reap_session(Path(plan.meta.session), "spawn", plan.secrets)
     try:
-        outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard)
+        # A foreground child blocks its parent's Bash: the parent's slot is lent to it.
+        with slot_lent_by_caller(environ):
+            outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard)
     finally:
         unregister_runner(plan.meta.pid, plan.meta.create_time)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
@@ -5421,7 +5490,8 @@ def cmd_wait(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     session = default_session(args, environ)
     root = resolve_session_root(None, environ)
     dirs = [find_agent_dir(i, session, root) for i in args.ids]
-    waited = wait_for_outcomes(dirs, args.mode, args.timeout, secret_values(environ))
+    with slot_lent_by_caller(environ):
+        waited = wait_for_outcomes(dirs, args.mode, args.timeout, secret_values(environ))
     agents = [summary(d, waited.outcomes[d]) for d in dirs if d in waited.outcomes]
     stale = [d.name for d in waited.stale]
     pending = [d.name for d in dirs if d not in waited.outcomes and d not in waited.stale]

@@ -125,3 +125,29 @@ def test_a_sigkilled_agent_is_charged_an_estimate_by_its_guard(env: dict[str, st
     (charge,) = ledger(session_root)
     assert charge["cost_estimated"] is True and charge["cost_usd"] == outcome["cost_usd"]
     validate_records(session_root)
+
+
+def test_a_tree_deeper_than_max_concurrent_completes(env: dict[str, str], session_root: Path) -> None:
+    """Depth 4 under --max-concurrent 2: each parent lends its slot while it waits."""
+    read_id = '"$SPAWN_PYTHON" -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"'
+
+    def waits_for(child: str, name: str) -> str:
+        # Background launch, then `spawn.py wait`: the slot is lent by the wait verb.
+        launch = spawn_in_bash("--background", "--task", child)
+        return mock_task(name, [{"bash": f'"$SPAWN_PYTHON" "$SPAWN_PY" wait $({launch} | {read_id})'}, {"text": f"{name} done"}])
+
+    def runs(child: str, name: str) -> str:
+        # Foreground spawn: the child's spawn.py lends its parent's slot.
+        return mock_task(name, [{"bash": spawn_in_bash("--task", child)}, {"text": f"{name} done"}])
+
+    leaf = mock_task("level4", [{"text": "level4 done"}])
+    root = runs(waits_for(runs(waits_for(leaf, "level3"), "level2"), "level1"), "level0")
+    args = ["--task", root, "--tools", "Bash", "--max-depth", "4", "--max-concurrent", "2", "--timeout", "120"]
+    proc = run_spawn(args, env, timeout=300)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert "fewer than the 5 levels" in proc.stderr  # warned at the root
+    outcomes = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
+    assert sorted(outcomes) == [0, 1, 2, 3, 4]
+    assert all(o["status"] == "done" for o in outcomes.values()), outcomes
+    assert not list(session_root.glob("*/agents/*/.slot-lent"))
+    validate_records(session_root)
