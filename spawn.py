@@ -103,6 +103,7 @@ ENV_ASK_TIMEOUT = "SPAWN_ASK_TIMEOUT_S"  # seconds before an unanswered ask is d
 ENV_FULL_SDK_IMPORT = "SPAWN_FULL_SDK_IMPORT"  # 1: import the SDK with its mcp package
 ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # per-user cache (CLI tool lists); default $XDG_CACHE_HOME/spawn
 ENV_NO_CGROUP = "SPAWN_NO_CGROUP"  # 1: don't put trees in cgroups; fall back to the subreaper
+ENV_IDLE_TIMEOUT = "SPAWN_IDLE_TIMEOUT_S"  # that agent's idle timeout; children get no longer
 
 # Tiers are aliases the CLI itself resolves to the current model of each
 # family, so the table does not go stale when models are released.
@@ -239,6 +240,20 @@ SLOT_POLL_S = 0.2
 
 # A background runner waits this long for its launcher to register it.
 REGISTER_WAIT_S = 10.0
+
+# A root given no --timeout still ends: an hour covers the long workflows we
+# know of, and a stuck tree costs at most that. `--timeout 0` means none.
+DEFAULT_ROOT_TIMEOUT_S = 3600.0
+
+# An agent whose CLI wrote no transcript event and used no CPU for this long
+# is stalled (a hung model stream, a stopped process): it is ended. Five
+# minutes is longer than any model turn or quiet tool call we have seen.
+IDLE_TIMEOUT_S = 300.0
+# An idle node process still ticks: below this share of one core, the CLI's
+# process group counts as using no CPU.
+IDLE_CPU_SHARE = 0.02
+# How often the idle watch looks (at most; shorter for short idle timeouts).
+IDLE_CHECK_S = 5.0
 
 # USD per million tokens (input, output), to estimate what an agent spent when
 # it ended without the CLI's own total (killed, timed out, died). List prices
@@ -416,6 +431,8 @@ class AgentMeta:
     """Absolute deadline, Unix seconds."""
     max_turns: int | None = None
     max_budget_usd: float | None = None
+    idle_timeout_s: float | None = None
+    """Seconds without a transcript event or CPU use before the agent counts as stalled."""
     topic: str | None = None
     output_file: str | None = None
     background: bool = False
@@ -495,6 +512,10 @@ class Heartbeat:
     updated_at: float
     interval_s: float
     """Readers call the agent stale after HEARTBEAT_STALE_BEATS missed beats."""
+    last_activity_at: float | None = None
+    """Unix seconds of the CLI's last transcript event or CPU use."""
+    idle_timeout_s: float | None = None
+    """The agent is ended as stalled once idle this long; `status` shows `stalled?` at half."""
 
 
 @dataclass
@@ -2951,6 +2972,7 @@ class Inherited:
     ask: list[str] = field(default_factory=list)
     permission_mode: str | None = None
     model: str | None = None
+    idle_timeout: float | None = None
 
 
 def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
@@ -2996,6 +3018,8 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
     modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
     inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
     inh.model = environ.get(ENV_MODEL) or runner.get("model")
+    idle = _float_or_none(environ.get(ENV_IDLE_TIMEOUT))
+    inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
     return inh
 
 
@@ -3108,7 +3132,8 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
     disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
     flag_rules = RuleSet(*([parse_rule(r, f"--{kind}") for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
-    positive("--timeout", args.timeout)
+    positive("--timeout", args.timeout if args.timeout != 0 else None)
+    positive("--idle-timeout", args.idle_timeout)
     positive("--max-budget-usd", args.max_budget_usd)
     positive("--max-turns", args.max_turns)
     positive("--max-depth", args.max_depth, integer=True)
@@ -3134,7 +3159,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     depth = inh.depth + 1
     # The flags' limits, narrowed by a definition below; args stays as parsed.
     max_depth_arg: int | None = args.max_depth
-    timeout: float | None = args.timeout
+    timeout: float | None = args.timeout or None  # --timeout 0: no deadline of its own, explicitly
     budget_arg: float | None = args.max_budget_usd
     max_turns: int | None = args.max_turns
     background: bool | None = args.background
@@ -3197,7 +3222,10 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
     budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
     now = time.time()
+    if args.timeout is None and timeout is None and inh.depth < 0:
+        timeout = DEFAULT_ROOT_TIMEOUT_S
     deadline = child_deadline(timeout, inh.deadline, now)
+    idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
 
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
 
@@ -3235,6 +3263,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         deadline=deadline,
         max_turns=max_turns,
         max_budget_usd=budget,
+        idle_timeout_s=idle_timeout,
         # Redacted before slugify lowercases it out of the secret's shape.
         topic=slugify(redact(topic, secret_values(environ)), 32),
         output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
@@ -3438,6 +3467,8 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         env[ENV_DEADLINE] = f"{meta.deadline:.3f}"
     if meta.max_budget_usd is not None:
         env[ENV_BUDGET] = str(meta.max_budget_usd)
+    if meta.idle_timeout_s is not None:
+        env[ENV_IDLE_TIMEOUT] = f"{meta.idle_timeout_s:g}"
     return env
 
 
@@ -3456,6 +3487,8 @@ class RunState:
         """Descendant agents running when the agent was stopped: it ended them."""
         self.cli_killed = False
         """The CLI was ended by a signal from outside: the agent was killed, it didn't fail."""
+        self.last_activity = time.time()
+        """Last transcript event or CPU use of the CLI (or the start, or a live child)."""
 
 
 def message_record(message: Any) -> dict[str, Any]:
@@ -3586,7 +3619,7 @@ def heartbeat_interval(environ: Mapping[str, str]) -> float:
     return value if value is not None and value > 0 else HEARTBEAT_S
 
 
-async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float) -> None:
+async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float, idle_timeout: float | None = None) -> None:
     """Refresh heartbeat.json while the CLI is alive; a wedged agent stops beating."""
     import asyncio
 
@@ -3599,10 +3632,51 @@ async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float) -> N
     # Supervised.alive, not is_running() then status(): the CLI can exit
     # between the two, and the status call would raise out of this task.
     while Supervised(state.cli_pid, create_time).alive():
-        beat = Heartbeat(state.cli_pid, create_time, state.cli_pgid or state.cli_pid, time.time(), interval)
+        beat = Heartbeat(
+            state.cli_pid, create_time, state.cli_pgid or state.cli_pid, time.time(), interval, state.last_activity, idle_timeout
+        )
         with contextlib.suppress(OSError):
             write_json_atomic(agent_dir / HEARTBEAT, record_to_json(beat))
         await asyncio.sleep(interval)
+
+
+def cli_cpu_seconds(cli_pid: int) -> float:
+    """CPU time used so far by the CLI and everything below it."""
+    total = 0.0
+    try:
+        cli = psutil.Process(cli_pid)
+        procs = [cli, *cli.children(recursive=True)]
+    except psutil.Error:
+        return total
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+async def idle_watch(meta: AgentMeta, state: RunState, idle_timeout: float, stop: Callable[[Status, str], None]) -> None:
+    """End the agent once its CLI has been idle for idle_timeout (no event, no CPU, no live child)."""
+    import asyncio
+
+    check = min(IDLE_CHECK_S, idle_timeout / 4)
+    last_cpu: float | None = None
+    while True:
+        await asyncio.sleep(check)
+        if state.cli_pid is None:  # queued for a slot, or the CLI is starting
+            state.last_activity = time.time()
+            continue
+        cpu = await asyncio.to_thread(cli_cpu_seconds, state.cli_pid)
+        if last_cpu is not None and cpu - last_cpu > IDLE_CPU_SHARE * check:
+            state.last_activity = time.time()
+        last_cpu = cpu
+        if time.time() - state.last_activity < idle_timeout:
+            continue
+        if await asyncio.to_thread(live_descendants, meta):
+            state.last_activity = time.time()  # waiting on its children is work
+            continue
+        stop(Status.FAILED, f"stalled: no activity for {idle_timeout:g} s")
+        return
 
 
 def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -3828,6 +3902,7 @@ async def run_sdk(
     # (and any scripted MOCK[...]) stays part of the first message.
     prompt = f"{meta.initial_prompt}\n\n{meta.task}" if meta.initial_prompt else meta.task
     async for message in sdk.query(prompt=prompt, options=options):
+        state.last_activity = time.time()
         append_jsonl(transcript, message_record(message), secrets_)
         if isinstance(message, sdk.SystemMessage) and message.subtype == "init":
             remember_cli_tools(message.data, os.environ)
@@ -3993,7 +4068,8 @@ def run_agent(
             loop.add_signal_handler(signum, stop, status, f"received {signal.Signals(signum).name}")
         if meta.deadline is not None:
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
-        beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ)))
+        beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ), meta.idle_timeout_s))
+        idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
         try:
             max_concurrent = read_limits(Path(meta.session)).max_concurrent
             if max_concurrent is not None:
@@ -4015,6 +4091,8 @@ def run_agent(
             state.cli_killed = getattr(exc, "exit_code", None) in (-signal.SIGTERM, -signal.SIGKILL, 143, 137)
         finally:
             beat.cancel()
+            if idle is not None:
+                idle.cancel()
 
     with contextlib.suppress(asyncio.CancelledError):
         asyncio.run(main_task())
@@ -4129,6 +4207,16 @@ def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
         return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
     except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
         return None
+
+
+def idle_for(agent_dir: Path) -> float | None:
+    """Seconds a running agent has been idle, when that is over half its idle timeout."""
+    try:
+        beat = read_json(agent_dir / HEARTBEAT)
+        idle, limit = time.time() - float(beat["last_activity_at"]), float(beat["idle_timeout_s"])
+    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+    return idle if idle > limit / 2 else None
 
 
 def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
@@ -4420,6 +4508,8 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
         state = outcome["status"] if outcome else liveness(d, meta).value
         if outcome is None and state == Status.FAILED:
             state = "lost"  # dead without outcome; `reap` or `wait` records it
+        elif outcome is None and state == Status.RUNNING and idle_for(d) is not None:
+            state = "stalled?"  # idle over half its idle timeout; ended as stalled at the full one
         elif outcome is None and state == Status.RUNNING and queueing and (d / SLOT_LENT).exists():
             state = "waiting"  # blocked on its children, its slot lent to them
         elif outcome is None and state == Status.RUNNING and queueing and not (d / SLOT_MARKER).exists():
@@ -5268,7 +5358,18 @@ def build_run_parser() -> Parser:
     limits.add_argument(
         "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"
     )
-    limits.add_argument("--timeout", type=float, metavar="SECONDS", help="deadline for this agent and its subtree")
+    limits.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"deadline for this agent and its subtree (root default {DEFAULT_ROOT_TIMEOUT_S:g}; 0: none)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"end the agent as stalled after this long with no transcript event and no CPU use (default {IDLE_TIMEOUT_S:g})",
+    )
     limits.add_argument("--max-turns", type=int, metavar="N", help="maximum agent turns")
     limits.add_argument(
         "--max-budget-usd", type=float, metavar="X", help="spending limit in USD; at the root, one budget for the whole tree"

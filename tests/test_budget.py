@@ -8,8 +8,9 @@ import signal
 import time
 from pathlib import Path
 
-import spawn
 from conftest import MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
+
+import spawn
 
 # One model turn of a child: the CLI prices 10k input tokens at $0.03 (medium
 # tier); TURN_USD leaves room for the small side requests the CLI makes.
@@ -50,7 +51,7 @@ def test_concurrent_children_cannot_overspend_the_tree(env: dict[str, str], sess
     budget, kids, cap = 0.5, 20, 0.1
     kid = mock_task("kid", [*({"bash": "true", "usage": TURN} for _ in range(5)), {"text": "kid done", "usage": TURN}])
     launch = spawn_in_bash("--background", "--max-budget-usd", str(cap), "--task", kid)
-    ids = '"$SPAWN_PYTHON" -c "import json,sys; print(*(json.loads(l)[\'id\'] for l in sys.stdin if \'running\' in l))"'
+    ids = "\"$SPAWN_PYTHON\" -c \"import json,sys; print(*(json.loads(l)['id'] for l in sys.stdin if 'running' in l))\""
     script = (
         f'd=$(mktemp -d); for i in $(seq {kids}); do {launch} > "$d/$i" 2>/dev/null & done; wait; '
         f'"$SPAWN_PYTHON" "$SPAWN_PY" wait $(cat "$d"/* | {ids}) > /dev/null; echo launched'
