@@ -795,7 +795,8 @@ class LedgerState:
     @property
     def reserved(self) -> float:
         """Held by live agents and not yet charged to anyone."""
-        return sum(self.holds[i][1] - sum(self.used_by(c) for c in self.draws(i)) for i in self.holds if self.live(i))
+        # An agent that overran its hold (by its last turn) holds nothing more.
+        return sum(max(0.0, self.holds[i][1] - sum(self.used_by(c) for c in self.draws(i))) for i in self.holds if self.live(i))
 
 
 def ledger_state(lines: Iterable[str]) -> LedgerState:
@@ -1192,10 +1193,10 @@ def admit(meta: AgentMeta, session: Path) -> str | None:
     if limits.max_budget_usd is not None:
         left, source, state = budget_left(session, meta, limits.max_budget_usd)
         if left < MIN_HOLD_USD:
-            where = f"its parent {source}'s hold" if source else f"the tree's ${limits.max_budget_usd:.4f}"
+            where = f"its parent {source}'s hold" if source else "the tree's remainder"
             return (
-                f"budget: nothing left to hold from {where} (spent ${state.spent:.4f}, "
-                f"reserved by running agents ${state.reserved:.4f}); wait for agents to end, or raise --max-budget-usd at the root"
+                f"budget: the tree has spent ${state.spent:.4f} of its ${limits.max_budget_usd:.4f} and running agents "
+                f"hold ${state.reserved:.4f}; nothing is left in {where} (wait for agents to end, or raise --max-budget-usd at the root)"
             )
         meta.max_budget_usd = left if meta.max_budget_usd is None else min(meta.max_budget_usd, left)
     if limits.max_agents is not None and counted_agents(session) >= limits.max_agents:

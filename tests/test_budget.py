@@ -63,7 +63,7 @@ def test_concurrent_children_cannot_overspend_the_tree(env: dict[str, str], sess
     refused = [o for o in outcomes if o["status"] == "refused"]
     ran = [o for o in outcomes if o["status"] != "refused"]
     assert len(outcomes) == kids + 1
-    assert refused and all("budget: nothing left to hold" in str(o["reason"]) for o in refused)
+    assert refused and all("budget: the tree has spent" in str(o["reason"]) for o in refused)
     assert all(o["exit_code"] == spawn.ExitCode.REFUSED for o in refused)
     lines = ledger(session_root)
     holds = {str(line["id"]): float(line["amount_usd"]) for line in lines if line.get("kind") == "reserve"}  # type: ignore[arg-type]
