@@ -59,8 +59,8 @@ def test_max_concurrent_queues_instead_of_dropping(env: dict[str, str], session_
     kids = [mock_task(f"kid{i}", [{"sleep": 1.5, "text": f"kid{i} done"}]) for i in (1, 2)]
     launch = " ; ".join(f'ids="$ids $({spawn_in_bash("--background", "--task", k)} | {read_id})"' for k in kids)
     root = mock_task("root", [{"bash": f'ids=""; {launch}; "$SPAWN_PYTHON" "$SPAWN_PY" wait $ids --all'}, {"text": "root done"}])
-    # The root holds one of the two slots, so the kids must run one after the other.
-    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-concurrent", "2", "--timeout", "120"], env)
+    # One slot: the root lends it while it waits, so the kids must run one after the other.
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-concurrent", "1", "--timeout", "120"], env)
     assert proc.returncode == 0, proc.stderr
     found = outcomes_by_task(session_root)
     assert found["kid1"]["status"] == found["kid2"]["status"] == "done"
