@@ -1251,7 +1251,7 @@ def lend_slot(agent_dir: Path) -> bool:
 def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> None:
     """Wait for a slot again after lending it; stop if the agent ends meanwhile."""
     while not try_take_slot(agent_dir, max_concurrent):
-        if (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists() or not process_matches(meta.pid, meta.create_time):
+        if (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists() or not Supervised.of(meta).alive():
             break
         time.sleep(SLOT_POLL_S)
     with contextlib.suppress(FileNotFoundError):

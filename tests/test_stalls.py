@@ -49,7 +49,7 @@ def test_a_stopped_cli_shows_stalled_then_is_ended(env: dict[str, str], session_
     outcome = load(d / "outcome.json")
     assert outcome["reason"] == "stalled: no activity for 6 s"
     cli_pid = load(d / "heartbeat.json")["cli_pid"]
-    assert not spawn.process_matches(cli_pid, load(d / "heartbeat.json")["cli_create_time"])
+    assert not spawn.Supervised(cli_pid, load(d / "heartbeat.json")["cli_create_time"]).alive()
     validate_records(session_root)
 
 
