@@ -1,0 +1,238 @@
+"""The timeline page (tools/view.py), in a real headless Chromium.
+
+A real tree runs through spawn.py and the bundled CLI against the scripted
+model; a synthetic session of 1,000 agents checks the scale. The browser loads
+the page, its script runs, and the DOM it leaves behind is counted. Screenshots
+go to $SPAWN_ARTIFACTS (default .nox/artifacts/), which CI keeps.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import types
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, validate_records
+
+VIEW = ROOT / "tools" / "view.py"
+
+
+def load_view() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("view", VIEW)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["view"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def artifacts_dir() -> Path:
+    path = Path(os.environ.get("SPAWN_ARTIFACTS") or ROOT / ".nox" / "artifacts")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def chromium_binary() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium; .ci/run installs it on CI)")
+    return found
+
+
+def chromium(page: Path, tmp_path: Path, *how: str) -> str:
+    """Run headless Chromium on a local page, with nothing that reaches the network."""
+    command = [
+        chromium_binary(),
+        "--headless",
+        "--no-sandbox",  # CI runs as root
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        *how,
+        page.as_uri() if "#" not in page.name else f"file://{page}",
+    ]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def dump_dom(page: Path, tmp_path: Path, fragment: str = "") -> str:
+    return chromium(Path(f"{page}#{fragment}") if fragment else page, tmp_path, "--dump-dom")
+
+
+def screenshot(page: Path, tmp_path: Path, name: str, size: str) -> Path:
+    shot = artifacts_dir() / name
+    shot.unlink(missing_ok=True)
+    chromium(page, tmp_path, f"--screenshot={shot}", f"--window-size={size}")
+    assert shot.stat().st_size > 1000
+    return shot
+
+
+def body_data(dom: str, name: str) -> int:
+    found = re.search(rf'<body[^>]*\bdata-{name}="(\d+)"', dom)
+    assert found, f"the page's script did not set data-{name}"
+    return int(found.group(1))
+
+
+def run_view(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(VIEW), *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_timeline_of_a_real_tree_in_chromium(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    grandchild = mock_task("Go deeper", [{"text": "never runs: refused at the depth limit"}])
+    child = mock_task("Child explores", [{"bash": spawn_in_bash("--task", grandchild, "--tools", "Bash")}, {"text": "child finished"}])
+    root = mock_task(
+        "Root plans",
+        [
+            {"bash": spawn_in_bash("--task", child, "--tools", "Bash")},
+            {"bash": "rm -f nothing-here"},  # denied by --deny
+            {"bash": "git push origin nowhere"},  # asked; nobody answers within 1 s
+            {"text": "root finished"},
+        ],
+    )
+    proc = run_spawn(
+        ["--task", root, "--tools", "Bash", "--max-depth", "1", "--deny", "Bash(rm:*)", "--ask", "Bash(git push:*)"],
+        {**env, "SPAWN_ASK_TIMEOUT_S": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    dirs = agent_dirs(session_root)
+    statuses = sorted(load(d / "outcome.json")["status"] for d in dirs)
+    assert statuses == ["done", "done", "refused"]
+    validate_records(session_root)
+    session = dirs[0].parent.parent
+    child_id = next(d.name for d in dirs if d.name.startswith("a1-") and load(d / "outcome.json")["status"] == "done")
+
+    page = tmp_path / "timeline.html"
+    made = run_view(str(session), "-o", str(page))
+    assert made.returncode == 0, made.stderr
+    html = page.read_text()
+    # Self-contained: nothing for the browser to fetch.
+    assert not re.search(r"<(link|img|iframe)\b|\bsrc=|@import|url\((?!#)", html)
+    assert html.count('class="mark denied"') == 1 and html.count('class="mark ask"') == 1
+
+    dom = dump_dom(page, tmp_path, child_id)
+    assert body_data(dom, "bars") == body_data(dom, "agents") == len(dirs) == 3
+    # The #ID selects that agent, as a click does: its detail panel is built.
+    detail = dom[dom.index('id="detail"') :]
+    assert f'data-agent="{child_id}"' in dom
+    assert "child finished" in detail and "last transcript lines" in detail
+    screenshot(page, tmp_path, "timeline-real-tree.png", "1800,300")
+
+    picture = tmp_path / "timeline.svg"
+    assert run_view(str(session), "--svg", "-o", str(picture)).returncode == 0
+    bars = [e for e in ET.parse(picture).getroot().iter("{http://www.w3.org/2000/svg}rect") if e.get("class") == "bar"]
+    assert sorted(str(b.get("data-status")) for b in bars) == statuses
+
+
+def synthetic_session(root: Path, count: int) -> Path:
+    """A finished tree of `count` agents with schema-valid records: fan-out 10 (depth 3 at 1,000)."""
+    session = root / "20261123-0900-synthetic"
+    (session / "agents").mkdir(parents=True)
+    t0 = dt.datetime(2026, 11, 23, 9, 0, tzinfo=dt.UTC)
+    statuses = ["done"] * 7 + ["failed", "timeout", "refused"]
+    ids: list[str] = []
+    depths: list[int] = []
+    for i in range(count):
+        # A 10-ary tree in breadth-first order: agent i's parent is (i - 1) // 10.
+        parent_index = None if i == 0 else (i - 1) // 10
+        depth = 0 if parent_index is None else depths[parent_index] + 1
+        agent_id = f"a{depth}-{i:06x}"
+        ids.append(agent_id)
+        depths.append(depth)
+        parent = None if parent_index is None else ids[parent_index]
+        start = t0 + dt.timedelta(seconds=i * 0.5)
+        meta: dict[str, Any] = {
+            "id": agent_id,
+            "depth": depth,
+            "max_depth": 3,
+            "pid": 100000 + i,
+            "create_time": start.timestamp(),
+            "pgid": 100000 + i,
+            "trace_id": "0" * 31 + "1",
+            "span_id": f"{i + 1:016x}",
+            "traceparent": f"00-{'0' * 31}1-{i + 1:016x}-01",
+            "task": f"Synthetic task number {i}",
+            "tools": ["Read"],
+            "disallowed_tools": [],
+            "model": "sonnet",
+            "cwd": str(root),
+            "started_at": start.isoformat().replace("+00:00", "Z"),
+            "session": str(session),
+            "system_prompt": "synthetic",
+            "protocol": 1,
+            "permissions": {"allow": [], "deny": [], "ask": []},
+            "permission_mode": "dontAsk",
+        }
+        if parent is not None:
+            meta["parent_id"] = parent
+        status = "done" if i == 0 else statuses[i % len(statuses)]
+        duration = 0.0 if status == "refused" else 5.0 + (i % 7)
+        outcome: dict[str, Any] = {
+            "id": agent_id,
+            "status": status,
+            "reason": "synthetic",
+            "exit_code": {"done": 0, "failed": 1, "timeout": 124, "refused": 4}[status],
+            "ended_at": (start + dt.timedelta(seconds=duration)).isoformat().replace("+00:00", "Z"),
+            "duration_s": duration,
+            "validation_errors": [],
+            "warnings": [],
+            "committed_by": "self",
+            "protocol": 1,
+        }
+        if status != "refused":
+            outcome.update(cost_usd=0.001, usage={"input_tokens": 1000, "output_tokens": 100}, turns=2, output=f"result {i}")
+        agent_dir = session / "agents" / agent_id
+        agent_dir.mkdir()
+        (agent_dir / "meta.json").write_text(json.dumps(meta))
+        (agent_dir / "outcome.json").write_text(json.dumps(outcome))
+        (agent_dir / (".done" if status == "done" else ".fail")).write_text(status)
+    return session
+
+
+def test_timeline_of_1000_agents_in_chromium(tmp_path: Path) -> None:
+    session = synthetic_session(tmp_path / "sessions", 1000)
+    assert validate_records(tmp_path / "sessions") == 2000
+    page = tmp_path / "timeline.html"
+    made = run_view(str(session), "-o", str(page))
+    assert made.returncode == 0, made.stderr
+    dom = dump_dom(page, tmp_path, "a3-0003e7")
+    assert body_data(dom, "bars") == body_data(dom, "agents") == 1000
+    assert 'data-agent="a3-0003e7"' in dom
+    screenshot(page, tmp_path, "timeline-1000-agents.png", "1800,900")
+
+
+def test_subtree_totals_and_unknown_cost(tmp_path: Path) -> None:
+    view = load_view()
+    session = synthetic_session(tmp_path / "sessions", 12)
+    # The first child (a1-000001) ends without a cost: its ancestors' totals become lower bounds.
+    outcome_path = session / "agents" / "a1-000001" / "outcome.json"
+    outcome = load(outcome_path)
+    del outcome["cost_usd"]
+    outcome_path.write_text(json.dumps(outcome))
+    timeline = view.load_timeline(session)
+    by_id = {a.id: a for a in timeline.agents}
+    root = timeline.agents[0]
+    assert root.id == "a0-000000" and [a.level for a in timeline.agents[:2]] == [0, 1]
+    assert root.subtree_tokens == 1100 * sum(1 for a in timeline.agents if a.status != "refused")
+    assert not root.subtree_cost_known and by_id["a1-000002"].subtree_cost_known
+    assert view.format_cost(root.subtree_cost_usd, root.subtree_cost_known).startswith(">=$")
+
+
+def test_not_a_session_is_a_usage_error(tmp_path: Path) -> None:
+    made = run_view(str(tmp_path), "-o", str(tmp_path / "t.html"))
+    assert made.returncode == 2
+    assert made.stderr.startswith("view: error: ") and "not a session directory" in made.stderr
+    assert not (tmp_path / "t.html").exists()

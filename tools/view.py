@@ -1,0 +1,594 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# requires-python = ">=3.11"
+# dependencies = []
+#
+# [tool.uv]
+# exclude-newer = "2026-11-20T00:00:00Z"
+# ///
+"""A timeline of an agent tree: ``uv run tools/view.py SESSION -o timeline.html``.
+
+Reads one session directory (the on-disk protocol, sessions/README.md) and
+writes ONE self-contained HTML file that works offline: no script, style or
+font is fetched. The page shows
+
+- a Gantt timeline with one row per agent, indented by depth, parents first;
+- bars coloured by outcome (running agents end at their last heartbeat);
+- denied tool calls (red ticks) and asks (diamonds: pending, approved, denied)
+  on the rows, from the transcripts' PermissionDecision lines and ``asks/``;
+- each agent's cost and tokens, and its subtree's totals;
+- on a click (or ``timeline.html#AGENT_ID``), the agent's meta, outcome and
+  last transcript lines.
+
+``--svg`` writes the same picture as a static SVG, for CI artifacts and
+READMEs. The picture is one SVG drawn here, so the page and the picture agree;
+the page's script only adds the detail panel, which it builds for the selected
+agent alone, so a tree of 1,000 agents stays light.
+
+This is a sibling of spawn.py: it never imports it, and works with any copy
+of spawn.py on any machine that sees the session directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import html
+import json
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Colours by outcome status; "running" is an agent without an outcome yet.
+STATUS_COLOURS: dict[str, str] = {
+    "done": "#2e9e5b",
+    "failed": "#d64545",
+    "refused": "#8a8f98",
+    "timeout": "#e39b1b",
+    "killed": "#8e5cc9",
+    "interrupted": "#c96b9e",
+    "running": "#3b82d6",
+}
+UNKNOWN_COLOUR = "#444444"
+ASK_COLOURS = {"pending": "#f2c230", "approve": "#2e9e5b", "deny": "#d64545"}
+DENIED_COLOUR = "#d64545"
+
+# Geometry of the picture, in pixels. A row is tall enough for 11 px text;
+# the label column fits an indented id and the task's first words.
+ROW_H = 18
+HEADER_H = 58
+LABEL_W = 430
+COST_W = 200
+DEFAULT_WIDTH = 1360  # with the 400 px detail panel, fits a 1,760 px window
+MIN_BAR_W = 3  # a refused agent lasts 0 s but must still be seen and clicked
+INDENT_PX = 12
+
+# How much of each transcript the page carries: the tail is what explains an
+# outcome, and 1,000 agents x 6 lines keeps the file to a few MB.
+TRANSCRIPT_TAIL_BYTES = 64 * 1024
+TRANSCRIPT_TAIL_LINES = 6
+LINE_CHARS = 400
+TASK_CHARS = 600
+
+# Exit codes, as spawn.py's: 2 for bad usage or input.
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+class ViewError(Exception):
+    """Bad input: one line for the user, exit code 2."""
+
+
+@dataclass
+class Mark:
+    """Something that happened at a point in an agent's run."""
+
+    kind: str
+    """denied (a tool call refused by a rule) or ask."""
+    at: float
+    """Unix seconds."""
+    label: str
+    state: str = ""
+    """For an ask: pending, approve or deny."""
+
+
+@dataclass
+class Agent:
+    """One row of the timeline: what meta.json and outcome.json say."""
+
+    id: str
+    parent_id: str | None
+    depth: int
+    task: str
+    start: float
+    end: float
+    status: str
+    meta: dict[str, Any]
+    outcome: dict[str, Any] | None
+    cost_usd: float | None
+    tokens: int
+    tail: list[str] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    level: int = 0
+    subtree_cost_usd: float = 0.0
+    subtree_cost_known: bool = True
+    subtree_tokens: int = 0
+
+
+@dataclass
+class Timeline:
+    session: Path
+    agents: list[Agent]
+    """Parents before children, siblings by start time."""
+    t0: float
+    t1: float
+
+
+# ------------------------------------------------------------------ reading --
+
+
+def parse_time(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A record, or None when it is absent or not (yet) whole."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def tail_lines(path: Path) -> list[dict[str, Any]]:
+    """The transcript's last lines, reading only its end."""
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            fh.seek(max(0, size - TRANSCRIPT_TAIL_BYTES))
+            chunk = fh.read()
+    except OSError:
+        return []
+    lines = chunk.splitlines()
+    if len(chunk) >= TRANSCRIPT_TAIL_BYTES:
+        lines = lines[1:]  # the first line is cut
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def iter_transcript(path: Path) -> Iterator[dict[str, Any]]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                # Only permission lines are needed from the whole file.
+                if '"PermissionDecision"' not in line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict):
+                    yield record
+    except OSError:
+        return
+
+
+def clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_line(record: Mapping[str, Any]) -> str:
+    """One readable line for a transcript record."""
+    kind = str(record.get("type", "?"))
+    message = record.get("message")
+    message = message if isinstance(message, dict) else {}
+    when = str(record.get("time", ""))[11:19]
+    parts: list[str] = []
+    if kind == "PermissionDecision":
+        verdict, tool, by, rule = (message.get(k) for k in ("verdict", "tool", "by", "rule"))
+        parts.append(f"{verdict} {tool} ({by}: {rule}) {message.get('input', '')}")
+    elif kind in ("AssistantMessage", "UserMessage"):
+        content = message.get("content")
+        blocks = content if isinstance(content, list) else [{"text": content}]
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            if "name" in block:
+                parts.append(f"{block['name']} {json.dumps(block.get('input'), ensure_ascii=False)}")
+            elif "tool_use_id" in block:
+                parts.append(f"result: {block.get('content')}")
+            elif block.get("text"):
+                parts.append(str(block["text"]))
+    elif kind == "ResultMessage":
+        parts.append(f"{message.get('subtype')}, {message.get('num_turns')} turns, ${message.get('total_cost_usd')}")
+    elif kind == "SystemMessage":
+        parts.append(str(message.get("subtype", "")))
+    return clip(f"{when} {kind}: {' | '.join(parts)}", LINE_CHARS)
+
+
+def token_count(usage: Any) -> int:
+    if not isinstance(usage, dict):
+        return 0
+    keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    return sum(int(usage[k]) for k in keys if isinstance(usage.get(k), int | float))
+
+
+def read_asks(session: Path) -> dict[str, list[Mark]]:
+    """Asks by agent id, with their answer (or pending)."""
+    found: dict[str, list[Mark]] = {}
+    folder = session / "asks"
+    if not folder.is_dir():
+        return found
+    for path in sorted(folder.glob("q-*.json")):
+        if path.name.endswith(".answer.json"):
+            continue
+        ask = read_json(path)
+        at = parse_time(ask.get("created_at")) if ask else None
+        if ask is None or at is None:
+            continue
+        answer = read_json(folder / f"{path.stem}.answer.json")
+        state = str(answer.get("verdict")) if answer else "pending"
+        label = f"ask {ask.get('id')}: {ask.get('tool')} {ask.get('input')} (rule {ask.get('rule')}): {state}"
+        found.setdefault(str(ask.get("agent_id")), []).append(Mark("ask", at, clip(label, LINE_CHARS), state))
+    return found
+
+
+def read_agent(agent_dir: Path, now: float, asks: Mapping[str, list[Mark]]) -> Agent | None:
+    meta = read_json(agent_dir / "meta.json")
+    if meta is None or "id" not in meta:
+        return None  # a launch between mkdir and meta.json
+    outcome = read_json(agent_dir / "outcome.json")
+    start = parse_time(meta.get("started_at")) or now
+    if outcome is not None:
+        end = parse_time(outcome.get("ended_at")) or start + float(outcome.get("duration_s") or 0)
+        status = str(outcome.get("status", "?"))
+    else:
+        beat = read_json(agent_dir / "heartbeat.json")
+        end = max(start, float(beat["updated_at"])) if beat and isinstance(beat.get("updated_at"), int | float) else now
+        status = "running"
+    cost = outcome.get("cost_usd") if outcome else None
+    transcript = agent_dir / "transcript.jsonl"
+    marks = list(asks.get(str(meta["id"]), []))
+    for record in iter_transcript(transcript):
+        message = record.get("message") or {}
+        at = parse_time(record.get("time"))
+        # by "rules": a deny rule; "terminal": the person at the root's terminal
+        # answered an ask, which has no asks/ record.
+        if at is None or not isinstance(message, dict):
+            continue
+        if message.get("by") == "terminal":
+            marks.append(Mark("ask", at, describe_line(record), "approve" if message.get("verdict") == "allow" else "deny"))
+        elif message.get("verdict") == "deny" and message.get("by") == "rules":
+            marks.append(Mark("denied", at, describe_line(record)))
+    return Agent(
+        id=str(meta["id"]),
+        parent_id=meta.get("parent_id"),
+        depth=int(meta.get("depth", 0)),
+        task=str(meta.get("task", "")),
+        start=start,
+        end=max(start, end),
+        status=status,
+        meta=meta,
+        outcome=outcome,
+        cost_usd=float(cost) if isinstance(cost, int | float) else None,
+        tokens=token_count(outcome.get("usage") if outcome else None),
+        tail=[describe_line(r) for r in tail_lines(transcript)[-TRANSCRIPT_TAIL_LINES:]],
+        marks=sorted(marks, key=lambda m: m.at),
+    )
+
+
+def load_timeline(session: Path, now: float | None = None) -> Timeline:
+    if not (session / "agents").is_dir():
+        raise ViewError(f"{session} is not a session directory (no agents/); pass the directory spawn.py status prints")
+    now = time.time() if now is None else now
+    asks = read_asks(session)
+    agents: dict[str, Agent] = {}
+    for agent_dir in sorted((session / "agents").iterdir()):
+        agent = read_agent(agent_dir, now, asks) if agent_dir.is_dir() else None
+        if agent is not None:
+            agents[agent.id] = agent
+    if not agents:
+        raise ViewError(f"{session} has no agents yet; run spawn.py first, or wait for its root to register")
+    return Timeline(session, order_tree(agents), min(a.start for a in agents.values()), max(a.end for a in agents.values()))
+
+
+def order_tree(agents: Mapping[str, Agent]) -> list[Agent]:
+    """Parents before children, siblings by start; subtree totals filled in."""
+    children: dict[str | None, list[Agent]] = {}
+    for agent in agents.values():
+        parent = agent.parent_id if agent.parent_id in agents else None
+        children.setdefault(parent, []).append(agent)
+    for group in children.values():
+        group.sort(key=lambda a: (a.start, a.id))
+    ordered: list[Agent] = []
+
+    def walk(agent: Agent, level: int) -> None:
+        # Iterative would not help: depth is bounded by --max-depth.
+        agent.level = level
+        ordered.append(agent)
+        cost, known, tokens = agent.cost_usd or 0.0, agent.cost_usd is not None or agent.status == "refused", agent.tokens
+        for child in children.get(agent.id, []):
+            walk(child, level + 1)
+            cost, known, tokens = cost + child.subtree_cost_usd, known and child.subtree_cost_known, tokens + child.subtree_tokens
+        agent.subtree_cost_usd, agent.subtree_cost_known, agent.subtree_tokens = round(cost, 6), known, tokens
+
+    for root in children.get(None, []):
+        walk(root, 0)
+    return ordered
+
+
+# ---------------------------------------------------------------- rendering --
+
+
+def format_cost(value: float | None, known: bool = True) -> str:
+    if value is None:
+        return "?"
+    return f"${value:.4f}" if known else f">=${value:.4f}"
+
+
+def format_tokens(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+def tick_step(span: float, width: float) -> float:
+    """A round number of seconds between axis ticks, about 100 px apart."""
+    target = span / max(1.0, width / 100)
+    for step in (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400):
+        if step >= target:
+            return float(step)
+    return 86400.0
+
+
+def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
+    """The whole picture: one rect.bar per agent, with data-i = its row."""
+    esc = html.escape
+    agents = timeline.agents
+    plot_x = LABEL_W + COST_W
+    plot_w = max(200, width - plot_x - 20)
+    span = max(timeline.t1 - timeline.t0, 0.001)
+    height = HEADER_H + ROW_H * len(agents) + 10
+
+    def x_of(t: float) -> float:
+        return plot_x + (t - timeline.t0) / span * plot_w
+
+    spent = sum(a.cost_usd or 0.0 for a in agents)
+    unknown = sum(1 for a in agents if a.cost_usd is None and a.status != "refused")
+    counts: dict[str, int] = {}
+    for a in agents:
+        counts[a.status] = counts.get(a.status, 0) + 1
+    summary = f"{len(agents)} agents, spent {format_cost(spent)}" + (f" + {unknown} unknown" if unknown else "")
+    summary += ", " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" id="timeline" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" font-size="11">',
+        "<defs>",
+        f'<pattern id="stripes" width="10" height="{2 * ROW_H}" patternUnits="userSpaceOnUse" y="{HEADER_H}">'
+        f'<rect width="10" height="{ROW_H}" fill="#f3f5f8"/></pattern>',
+        "</defs>",
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<rect x="0" y="{HEADER_H}" width="{width}" height="{ROW_H * len(agents)}" fill="url(#stripes)"/>',
+        f'<text x="8" y="16" font-size="13" font-weight="bold">{esc(timeline.session.name)}</text>',
+        f'<text x="8" y="32">{esc(summary)}</text>',
+    ]
+    legend_x = float(plot_x)
+    for status, colour in [*STATUS_COLOURS.items(), ("denied call", DENIED_COLOUR), ("ask", ASK_COLOURS["pending"])]:
+        out.append(f'<rect x="{legend_x}" y="7" width="10" height="10" fill="{colour}"/>')
+        out.append(f'<text x="{legend_x + 13}" y="16">{esc(status)}</text>')
+        legend_x += 20 + 7 * len(status)
+    out.append(f'<text x="{LABEL_W + 4}" y="{HEADER_H - 4}" fill="#555">own / tree cost, tokens</text>')
+    step = tick_step(span, plot_w)
+    tick = 0.0
+    while tick <= span + 1e-9:
+        x = x_of(timeline.t0 + tick)
+        out.append(f'<line x1="{x:.1f}" y1="{HEADER_H - 14}" x2="{x:.1f}" y2="{height - 10}" stroke="#dde2e8"/>')
+        out.append(f'<text x="{x + 2:.1f}" y="{HEADER_H - 4}" fill="#555">{tick:g}s</text>')
+        tick += step
+    for i, a in enumerate(agents):
+        y = HEADER_H + i * ROW_H
+        mid = y + ROW_H / 2
+        colour = STATUS_COLOURS.get(a.status, UNKNOWN_COLOUR)
+        task = clip(a.task.splitlines()[0] if a.task.strip() else "", 200)
+        label_room = max(10, (LABEL_W - 8 - a.level * INDENT_PX) // 7 - len(a.id) - 2)
+        out.append(
+            f'<text class="label" data-i="{i}" x="{4 + a.level * INDENT_PX}" y="{mid + 4:.1f}">'
+            f'<tspan fill="{colour}" font-weight="bold">{esc(a.id)}</tspan> {esc(clip(task, label_room))}</text>'
+        )
+        own = format_cost(a.cost_usd) if a.status != "refused" else "$0"
+        tree = format_cost(a.subtree_cost_usd, a.subtree_cost_known)
+        out.append(
+            f'<text x="{LABEL_W + 4}" y="{mid + 4:.1f}" fill="#333">{esc(own)} / {esc(tree)} '
+            f"{esc(format_tokens(a.tokens))}/{esc(format_tokens(a.subtree_tokens))}</text>"
+        )
+        x0, x1 = x_of(a.start), x_of(a.end)
+        title = f"{a.id} {a.status} {a.end - a.start:.1f}s {own}: {task}"
+        out.append(
+            f'<rect class="bar" data-i="{i}" data-id="{esc(a.id)}" data-status="{esc(a.status)}" x="{x0:.1f}" y="{y + 3}" '
+            f'width="{max(MIN_BAR_W, x1 - x0):.1f}" height="{ROW_H - 6}" rx="2" fill="{colour}"><title>{esc(title)}</title></rect>'
+        )
+        for mark in a.marks:
+            mx = x_of(mark.at)
+            if mark.kind == "ask":
+                fill = ASK_COLOURS.get(mark.state, ASK_COLOURS["pending"])
+                shape = f"M{mx:.1f},{y + 1} l5,{ROW_H / 2 - 1} l-5,{ROW_H / 2 - 1} l-5,-{ROW_H / 2 - 1} z"
+                out.append(f'<path class="mark ask" d="{shape}" fill="{fill}" stroke="#333"><title>{esc(mark.label)}</title></path>')
+            else:
+                shape = f"M{mx - 4:.1f},{y + 1} h8 l-4,{ROW_H - 3} z"
+                out.append(
+                    f'<path class="mark denied" d="{shape}" fill="{DENIED_COLOUR}" stroke="#600"><title>{esc(mark.label)}</title></path>'
+                )
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def agent_detail(a: Agent) -> dict[str, Any]:
+    """What the detail panel shows for one agent (kept small: 1,000 of these)."""
+    meta_keys = "parent_id depth max_depth model tools agent cwd started_at deadline max_budget_usd trace_id".split()
+    outcome = a.outcome or {}
+    output = outcome.get("output")
+    return {
+        "id": a.id,
+        "status": a.status,
+        "task": clip(a.task, TASK_CHARS),
+        "meta": {k: a.meta[k] for k in meta_keys if a.meta.get(k) is not None},
+        "outcome": {
+            k: outcome[k] for k in ("reason", "exit_code", "ended_at", "duration_s", "turns", "committed_by") if outcome.get(k) is not None
+        },
+        "output": clip(output if isinstance(output, str) else json.dumps(output, ensure_ascii=False), TASK_CHARS)
+        if output is not None
+        else None,
+        "cost": format_cost(a.cost_usd) if a.status != "refused" else "$0",
+        "tree_cost": format_cost(a.subtree_cost_usd, a.subtree_cost_known),
+        "tokens": a.tokens,
+        "tree_tokens": a.subtree_tokens,
+        "marks": [m.label for m in a.marks],
+        "tail": a.tail,
+    }
+
+
+PAGE_STYLE = """
+body { margin: 0; font: 13px/1.4 system-ui, sans-serif; color: #222; display: flex; height: 100vh; }
+#chart { flex: 1; overflow: auto; }
+#chart svg .bar, #chart svg .label { cursor: pointer; }
+#detail { width: 400px; overflow: auto; border-left: 1px solid #ccd; padding: 10px 14px; background: #fafbfc; }
+#detail h2 { font-size: 15px; margin: 4px 0; }
+#detail table { border-collapse: collapse; font-size: 12px; }
+#detail td { padding: 1px 6px 1px 0; vertical-align: top; word-break: break-word; }
+#detail pre { white-space: pre-wrap; word-break: break-word; font-size: 11px; background: #fff; border: 1px solid #e3e6ea; padding: 4px; }
+.status { display: inline-block; padding: 0 6px; border-radius: 3px; color: #fff; }
+"""
+
+# The page's only script: select a row on click (or from #AGENT_ID), and build
+# the detail panel for that one agent from the embedded JSON.
+PAGE_SCRIPT = """
+const data = JSON.parse(document.getElementById('agents').textContent);
+const colours = JSON.parse(document.getElementById('colours').textContent);
+const svg = document.getElementById('timeline');
+const detail = document.getElementById('detail');
+const NS = 'http://www.w3.org/2000/svg';
+const highlight = document.createElementNS(NS, 'rect');
+highlight.setAttribute('fill', 'none'); highlight.setAttribute('stroke', '#111'); highlight.setAttribute('stroke-width', '1.5');
+highlight.setAttribute('x', '1'); highlight.setAttribute('height', String(ROW_H));
+highlight.setAttribute('width', String(svg.width.baseVal.value - 2));
+highlight.style.display = 'none'; svg.appendChild(highlight);
+function el(tag, text) { const e = document.createElement(tag); if (text !== undefined) e.textContent = text; return e; }
+function rows(obj) {
+  const t = el('table');
+  for (const [k, v] of Object.entries(obj)) {
+    const tr = el('tr'); tr.appendChild(el('td', k));
+    tr.appendChild(el('td', typeof v === 'string' ? v : JSON.stringify(v))); t.appendChild(tr);
+  }
+  return t;
+}
+function select(i) {
+  const a = data[i]; if (!a) return;
+  highlight.setAttribute('y', String(HEADER_H + i * ROW_H)); highlight.style.display = '';
+  detail.replaceChildren();
+  const h = el('h2', a.id + ' '); const s = el('span', a.status); s.className = 'status';
+  s.style.background = colours[a.status] || '#444'; h.appendChild(s); detail.appendChild(h);
+  detail.appendChild(el('p', a.task));
+  detail.appendChild(rows({cost: a.cost, 'subtree cost': a.tree_cost, tokens: a.tokens, 'subtree tokens': a.tree_tokens}));
+  detail.appendChild(el('h3', 'outcome')); detail.appendChild(rows(a.outcome));
+  if (a.output !== null) detail.appendChild(el('pre', a.output));
+  if (a.marks.length) { detail.appendChild(el('h3', 'refusals and asks')); detail.appendChild(el('pre', a.marks.join('\\n'))); }
+  detail.appendChild(el('h3', 'meta')); detail.appendChild(rows(a.meta));
+  detail.appendChild(el('h3', 'last transcript lines')); detail.appendChild(el('pre', a.tail.join('\\n') || '(none)'));
+  detail.dataset.agent = a.id;
+  if (location.hash !== '#' + a.id) history.replaceState(null, '', '#' + a.id);
+}
+svg.addEventListener('click', (e) => {
+  const hit = e.target.closest('[data-i]'); if (hit) select(Number(hit.dataset.i));
+});
+const byId = new Map(data.map((a, i) => [a.id, i]));
+const wanted = byId.get(decodeURIComponent(location.hash.slice(1)));
+if (wanted !== undefined) {
+  select(wanted);
+  const chart = document.getElementById('chart');  // vertical only: keep the labels in view
+  chart.scrollTop = HEADER_H + wanted * ROW_H - chart.clientHeight / 2;
+}
+document.body.dataset.bars = String(svg.querySelectorAll('rect.bar').length);
+document.body.dataset.agents = String(data.length);
+"""
+
+
+def script_json(value: Any) -> str:
+    """JSON safe inside <script>: no '</' can end the element early."""
+    return json.dumps(value, ensure_ascii=False).replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def render_html(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
+    title = f"spawn.py timeline: {timeline.session.name}"
+    script = PAGE_SCRIPT.replace("ROW_H", str(ROW_H)).replace("HEADER_H", str(HEADER_H))
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8">',
+            # No fetch of any kind: everything the page needs is in this file.
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+            "script-src 'unsafe-inline'; img-src data:\">",
+            f"<title>{html.escape(title)}</title><style>{PAGE_STYLE}</style></head>",
+            "<body>",
+            f'<div id="chart">{render_svg(timeline, width)}</div>',
+            '<div id="detail"><p>Click a bar or a row to see the agent\'s meta, outcome and last transcript lines.</p></div>',
+            f'<script type="application/json" id="agents">{script_json([agent_detail(a) for a in timeline.agents])}</script>',
+            f'<script type="application/json" id="colours">{script_json(STATUS_COLOURS)}</script>',
+            f"<script>{script}</script>",
+            "</body></html>",
+        ]
+    )
+
+
+# ---------------------------------------------------------------------- CLI --
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="view.py", description=__doc__.split("\n\n")[0] if __doc__ else None, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("session", metavar="SESSION", help="a session directory (spawn.py status prints it)")
+    p.add_argument("-o", "--output", metavar="FILE", help="default timeline.html (timeline.svg with --svg); - for stdout")
+    p.add_argument("--svg", action="store_true", help="write a static SVG picture instead of the HTML page")
+    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"picture width in pixels (default {DEFAULT_WIDTH})")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        timeline = load_timeline(Path(args.session).expanduser().resolve())
+        text = render_svg(timeline, args.width) if args.svg else render_html(timeline, args.width)
+        target = args.output or ("timeline.svg" if args.svg else "timeline.html")
+        if target == "-":
+            sys.stdout.write(text + "\n")
+        else:
+            # Whole or nothing: a reader never sees half a page.
+            tmp = Path(target).with_name(f".{Path(target).name}.tmp")
+            tmp.write_text(text + "\n", encoding="utf-8")
+            tmp.replace(target)
+            print(f"view: wrote {target} ({len(timeline.agents)} agents)", file=sys.stderr)
+    except ViewError as exc:
+        print(f"view: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"view: error: {exc}; check the path and its permissions", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
