@@ -273,6 +273,10 @@ CACHE_WRITE_FACTOR = 1.25
 # rather than start an agent that is stopped by its first answer.
 MIN_HOLD_USD = 0.01
 
+# `status --watch` redraws twice a second: live enough to see a state change
+# at once, and each redraw only reads a few small files per agent.
+WATCH_REFRESH_S = 0.5
+
 DEFAULT_SYSTEM_PROMPT = """\
 You are an agent started by spawn.py to do one task. Work with the tools you \
 have, do not ask questions (nobody is watching), and keep the final answer \
@@ -4603,6 +4607,63 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
     return "\n".join(lines)
 
 
+def watch_frame(session: Path, rows: Sequence[Mapping[str, Any]], asks: Sequence[Mapping[str, Any]], size: tuple[int, int]) -> str:
+    """One screen of `status --watch`: the tree cut to the terminal, so nothing wraps or scrolls."""
+    columns, lines = size
+    text = format_tree(session, rows, session_summary(session)).splitlines()
+    text += [f"ask {a['id']}: agent {a['agent_id']} wants {a['tool']}: {a['input']}; spawn.py approve|deny {a['id']}" for a in asks]
+    if len(text) > lines - 1:
+        text = [*text[: lines - 2], f"... {len(text) - lines + 2} more lines"]
+    text.append(f"{time.strftime('%H:%M:%S')} watching; Ctrl-C stops watching, the agents keep running")
+    # \x1b[K clears what the previous frame left on a line, \x1b[J the lines below.
+    return "\x1b[H" + "".join(line[:columns] + "\x1b[K\n" for line in text) + "\x1b[J"
+
+
+def watch_changes(previous: Mapping[str, str], rows: Sequence[Mapping[str, Any]], asks: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """What `status --watch` prints when stdout is no terminal: one line per new agent, state or ask."""
+    now: dict[str, str] = {}
+    for row in rows:
+        own = format_cost(row["cost_usd"], row["cost_known"] or row["state"] == Status.REFUSED)
+        sub = format_cost(row["subtree_cost_usd"], row["subtree_cost_known"])
+        now[row["id"]] = f"{row['id']} d{row['depth']} {row['state']} own {own} tree {sub}"
+    for ask in asks:
+        now[ask["id"]] = f"ask {ask['id']} pending: agent {ask['agent_id']} wants {ask['tool']}: {ask['input']}"
+    for key in previous:
+        if key not in now and key.startswith("q-"):
+            now[key] = f"ask {key} answered"
+    return now
+
+
+def watch_status(session: Path, out: Any) -> int:
+    """Redraw the tree until every agent has an outcome; Ctrl-C only stops watching."""
+    import shutil
+
+    tty = out.isatty()
+    seen: dict[str, str] = {}
+    if tty:
+        out.write("\x1b[2J")
+    try:
+        while True:
+            rows = tree_rows(session)
+            asks = pending_asks(session)
+            if tty:
+                size = shutil.get_terminal_size()
+                out.write(watch_frame(session, rows, asks, (size.columns, size.lines)))
+            else:
+                lines = watch_changes(seen, rows, asks)
+                for key, line in lines.items():
+                    if seen.get(key) != line:
+                        out.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+                seen = {k: v for k, v in lines.items() if not v.endswith(" answered")}
+            out.flush()
+            if rows and all(row["state"] in EXIT_FOR_STATUS for row in rows):
+                return ExitCode.OK
+            time.sleep(WATCH_REFRESH_S)
+    except KeyboardInterrupt:
+        note("stopped watching; the agents keep running")
+        return ExitCode.OK
+
+
 def descendants_of(session: Path, agent_id: str) -> list[Path]:
     """Agent directories below agent_id, deepest first."""
     parents: dict[str, tuple[str | None, int, Path]] = {}
@@ -5407,6 +5468,9 @@ def build_verb_parser(verb: str) -> Parser:
         p.description = "Show the agent tree: depth, state, duration, own cost and subtree cost."
         p.add_argument("target", nargs="?", metavar="SESSION|ID")
         p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.add_argument(
+            "--watch", action="store_true", help="redraw until every agent has an outcome (one line per change when stdout is no terminal)"
+        )
     elif verb == "kill":
         p.description = "End an agent and all its descendants (deepest first); record `killed`."
         p.add_argument("ids", nargs="+", metavar="ID")
@@ -5619,6 +5683,10 @@ def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         session = default_session(args, environ)
     if session is None or not (session / AGENTS_DIR).is_dir():
         raise UsageError(f"no session found under {root}; pass a session directory or --session DIR")
+    if args.watch:
+        if args.json:
+            raise UsageError("--watch draws for people; drop --json, or poll 'spawn.py status --json' yourself")
+        return watch_status(session, sys.stdout)
     rows = tree_rows(session)
     asks = pending_asks(session)
     if args.json:
