@@ -42,21 +42,29 @@ def install_spawn_deps(session: nox.Session) -> None:
     session.install("-r", str(requirements), env={"UV_COMPILE_BYTECODE": "1"})
 
 
-def install_mcp_server_deps(session: nox.Session) -> None:
-    """tools/mcp_server.py's dependencies (the mcp package) at the versions its lock pins."""
-    requirements = Path(session.create_tmp()) / "mcp-server-requirements.txt"
-    session.run_install(
-        "uv", "export", "--script", "tools/mcp_server.py", "--frozen", "--no-hashes", "--quiet", "-o", str(requirements),
-        external=True,
-    )  # fmt: skip
-    session.install("-r", str(requirements))
+def install_tool_deps(session: nox.Session) -> None:
+    """The runtime siblings' dependencies (tools/X.py with a lock), as their locks pin them.
+
+    The tests need them too: tests/test_otel.py decodes spans with opentelemetry-proto,
+    which the OTLP exporter depends on, and the MCP server's tests use the mcp package.
+    """
+    for script in sorted((ROOT / "tools").glob("*.py")):
+        if not script.with_name(script.name + ".lock").exists():
+            continue
+        requirements = Path(session.create_tmp()) / f"{script.stem}-requirements.txt"
+        session.run_install(
+            "uv", "export", "--script", str(script), "--frozen", "--no-hashes", "--quiet", "-o", str(requirements),
+            external=True,
+        )  # fmt: skip
+        if any(line.strip() and not line.startswith("#") for line in requirements.read_text().splitlines()):
+            session.install("-r", str(requirements))
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit and end-to-end tests (the real bundled claude CLI against tools/mock_model.py)."""
     install_spawn_deps(session)
-    install_mcp_server_deps(session)
+    install_tool_deps(session)
     session.install(*TEST_DEPS)
     # A hung test fails after 5 minutes instead of eating the CI budget.
     session.run("pytest", *(session.posargs or ["-q", "--timeout=300", "tests"]))
@@ -74,7 +82,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on every script."""
     install_spawn_deps(session)
-    install_mcp_server_deps(session)
+    install_tool_deps(session)
     session.install(MYPY, "types-psutil", "types-jsonschema", "types-PyYAML", *TEST_DEPS, "nox")
     session.run("mypy", "--strict", *SCRIPTS)
 
@@ -83,7 +91,7 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Side-by-side figures against the scripted model (tools/bench.py)."""
     install_spawn_deps(session)
-    install_mcp_server_deps(session)
+    install_tool_deps(session)
     session.run("python", "tools/bench.py", *session.posargs)
 
 

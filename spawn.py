@@ -104,6 +104,8 @@ ENV_FULL_SDK_IMPORT = "SPAWN_FULL_SDK_IMPORT"  # 1: import the SDK with its mcp 
 ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # per-user cache (CLI tool lists); default $XDG_CACHE_HOME/spawn
 ENV_NO_CGROUP = "SPAWN_NO_CGROUP"  # 1: don't put trees in cgroups; fall back to the subreaper
 ENV_IDLE_TIMEOUT = "SPAWN_IDLE_TIMEOUT_S"  # that agent's idle timeout; children get no longer
+# OpenTelemetry's own variables: set, the root exports the tree's spans when it ends.
+ENV_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 # Tiers are aliases the CLI itself resolves to the current model of each
 # family, so the table does not go stale when models are released.
@@ -272,6 +274,11 @@ CACHE_WRITE_FACTOR = 1.25
 # A budget hold smaller than this can't pay for one turn: admission refuses
 # rather than start an agent that is stopped by its first answer.
 MIN_HOLD_USD = 0.01
+
+# The OTLP exporter is a sibling with its own dependencies (tools/), run once
+# per tree by the root; a collector that hangs must not hold the root for long.
+OTEL_EXPORTER = Path("tools") / "otel_export.py"
+OTEL_EXPORT_TIMEOUT_S = 120.0
 
 # `status --watch` redraws twice a second: live enough to see a state change
 # at once, and each redraw only reads a few small files per agent.
@@ -4188,6 +4195,39 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     }
 
 
+def export_trace(meta: AgentMeta, environ: Mapping[str, str]) -> None:
+    """Send the finished tree's spans to OTLP, when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+
+    Once per tree, by the root, whose outcome means its subtree is settled.
+    The exporter runs in a process of its own with its own pinned
+    dependencies, so no agent at any depth imports OpenTelemetry. A failed
+    export is a note on stderr: it never changes the agent's outcome.
+    """
+    if meta.depth != 0 or not any(environ.get(name) for name in ENV_OTLP_ENDPOINTS):
+        return
+    import shutil
+
+    exporter, uv = SCRIPT_DIR / OTEL_EXPORTER, shutil.which("uv")
+    if uv is None or not exporter.exists():
+        note(f"warning: no OpenTelemetry export: it needs uv on PATH and {OTEL_EXPORTER} beside spawn.py")
+        return
+    try:
+        done = subprocess.run(
+            [uv, "run", "--quiet", "--script", str(exporter), meta.session],
+            env=dict(environ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=OTEL_EXPORT_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        note(f"warning: OpenTelemetry export failed: {exc}")
+        return
+    if done.returncode != 0:
+        note(f"warning: OpenTelemetry export failed: {done.stderr.strip()[-500:]}")
+
+
 def record_refusal(agent_dir: Path, plan: Plan) -> Outcome:
     outcome = Outcome(
         id=plan.meta.id,
@@ -5610,6 +5650,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         unregister_runner(plan.meta.pid, plan.meta.create_time)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
     emit(summary(agent_dir, record_to_json(outcome)))
+    export_trace(plan.meta, environ)
     return outcome.exit_code
 
 
@@ -5628,6 +5669,7 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
     finally:
         unregister_runner(pid, create_time)
     emit(summary(agent_dir, record_to_json(outcome)))
+    export_trace(load_meta(agent_dir), environ)
     return outcome.exit_code
 
 

@@ -1,0 +1,116 @@
+"""OpenTelemetry: a real depth-3 tree's spans, received by a loopback OTLP/HTTP collector."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import load, metas, mock_task, run_spawn, spawn_in_bash
+
+trace_service_pb2 = pytest.importorskip(
+    "opentelemetry.proto.collector.trace.v1.trace_service_pb2", reason="opentelemetry-proto is installed by the nox tests session"
+)
+
+EXTERNAL_TRACE = "0af7651916cd43dd8448eb211c80319c"
+EXTERNAL_SPAN = "b7ad6b7169203331"
+
+
+class Collector:
+    """An OTLP/HTTP receiver: decodes every ExportTraceServiceRequest it is sent."""
+
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        self.resources: list[Any] = []
+        collector = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = trace_service_pb2.ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for resource_spans in request.resource_spans:
+                    collector.resources.append(resource_spans.resource)
+                    for scope_spans in resource_spans.scope_spans:
+                        collector.spans.extend(scope_spans.spans)
+                reply = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    c = Collector()
+    thread = threading.Thread(target=c.server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield c
+    finally:
+        c.server.shutdown()
+        c.server.server_close()
+
+
+def attributes(span: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for kv in span.attributes:
+        kind = kv.value.WhichOneof("value")
+        value = getattr(kv.value, kind)
+        found[kv.key] = [v.string_value for v in value.values] if kind == "array_value" else value
+    return found
+
+
+def test_depth3_tree_is_one_trace_with_one_span_per_agent(
+    env: dict[str, str], session_root: Path, tmp_path: Path, collector: Collector
+) -> None:
+    seen_traceparent = tmp_path / "traceparent.txt"
+    leaf = mock_task("Leaf checks", [{"bash": f'echo "$TRACEPARENT" > {seen_traceparent}'}, {"bash": "rm -f x"}, {"text": "leaf done"}])
+    middle = mock_task("Middle", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Bash")}, {"text": "middle done"}])
+    child = mock_task("Child", [{"bash": spawn_in_bash("--task", middle, "--tools", "Bash")}, {"text": "child done"}])
+    root = mock_task("Root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "root done"}])
+    otel_env = {
+        **env,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+        "TRACEPARENT": f"00-{EXTERNAL_TRACE}-{EXTERNAL_SPAN}-01",
+        # The exporter's dependencies come from uv's cache, not the test's private HOME.
+        "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
+    }
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-depth", "3", "--deny", "Bash(rm:*)"], otel_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "OpenTelemetry export failed" not in proc.stderr
+
+    by_id = metas(session_root)
+    assert sorted(m["depth"] for m in by_id.values()) == [0, 1, 2, 3]
+    spans = {s.span_id.hex(): s for s in collector.spans}
+    assert len(collector.spans) == len(spans) == 4
+    for meta in by_id.values():
+        span = spans[meta["span_id"]]
+        assert span.trace_id.hex() == EXTERNAL_TRACE == meta["trace_id"]
+        parent = by_id[meta["parent_id"]]["span_id"] if "parent_id" in meta else EXTERNAL_SPAN
+        assert span.parent_span_id.hex() == parent
+        attrs = attributes(span)
+        assert attrs["spawn.depth"] == meta["depth"] and attrs["spawn.agent.id"] == meta["id"]
+        assert attrs["spawn.status"] == "done" and attrs["spawn.model"] == meta["model"]
+        assert attrs["spawn.tools"] == meta["tools"] and attrs["spawn.turns"] >= 2
+        assert attrs["spawn.cost_usd"] == load(Path(meta["session"]) / "agents" / meta["id"] / "outcome.json")["cost_usd"]
+        assert attrs["spawn.usage.input_tokens"] > 0
+    leaf_meta = next(m for m in by_id.values() if m["depth"] == 3)
+    events = [(e.name, {kv.key: kv.value.string_value for kv in e.attributes}) for e in spans[leaf_meta["span_id"]].events]
+    assert [(name, a["tool"], a["verdict"]) for name, a in events] == [("spawn.denied", "Bash", "deny")]
+    # The leaf's CLI (and so its Bash) had the agent's own trace context.
+    assert seen_traceparent.read_text().strip() == leaf_meta["traceparent"]

@@ -1,0 +1,172 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# requires-python = ">=3.11"
+# dependencies = [
+#     "opentelemetry-sdk>=1.30,<2",
+#     "opentelemetry-exporter-otlp-proto-http>=1.30,<2",
+# ]
+#
+# [tool.uv]
+# exclude-newer = "2026-11-20T00:00:00Z"
+# ///
+"""Export a session's agent tree as OpenTelemetry spans: ``uv run tools/otel_export.py SESSION``.
+
+One span per agent, with the ids spawn.py already gave it (meta.json): the
+tree's trace id, the agent's span id, and its parent agent's span as parent
+(the root's parent is the TRACEPARENT it joined, if any). Attributes: depth,
+agent id and name, model, tools, status, cost, tokens and turns. Denied tool
+calls and asks are span events.
+
+Spans go to OTLP/HTTP (protobuf) at ``$OTEL_EXPORTER_OTLP_ENDPOINT`` (or
+``$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), through the official exporter, which
+also reads ``OTEL_EXPORTER_OTLP_HEADERS``. spawn.py runs this once per tree,
+when its root ends and the variable is set; nothing below the root pays for
+it. Exit 0 when exported, 1 when the collector refused, 2 on bad input.
+
+A sibling of spawn.py: it reads the session directory only, never imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExportResult
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+SERVICE_NAME = "spawn.py"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def nanos(value: Any) -> int | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return int(dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1e9)
+    except ValueError:
+        return None
+
+
+def context(trace_id: str, span_id: str) -> SpanContext:
+    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+
+
+def permission_events(agent_dir: Path) -> list[Event]:
+    """Denied calls and asks, from the transcript's PermissionDecision lines."""
+    events = []
+    try:
+        lines = (agent_dir / "transcript.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        if '"PermissionDecision"' not in line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        message = record.get("message") or {}
+        at = nanos(record.get("time"))
+        if not isinstance(message, dict) or at is None:
+            continue
+        by = str(message.get("by"))
+        asked = by in ("approve", "deny", "timeout", "terminal")
+        if not asked and message.get("verdict") != "deny":
+            continue
+        attributes = {k: str(message.get(k)) for k in ("tool", "input", "rule", "verdict", "by")}
+        events.append(Event("spawn.ask" if asked else "spawn.denied", attributes, at))
+    return events
+
+
+def agent_span(agent_dir: Path, resource: Resource) -> ReadableSpan | None:
+    meta = read_json(agent_dir / "meta.json")
+    if meta is None or not meta.get("trace_id") or not meta.get("span_id"):
+        return None
+    outcome = read_json(agent_dir / "outcome.json") or {}
+    start = nanos(meta.get("started_at")) or 0
+    end = nanos(outcome.get("ended_at")) or start
+    usage: dict[str, Any] = outcome["usage"] if isinstance(outcome.get("usage"), dict) else {}
+    attributes: dict[str, Any] = {
+        "spawn.agent.id": meta["id"],
+        "spawn.agent.name": meta.get("agent") or "default",
+        "spawn.depth": int(meta.get("depth", 0)),
+        "spawn.model": str(meta.get("model", "")),
+        "spawn.tools": [str(t) for t in meta.get("tools", [])],
+        "spawn.status": str(outcome.get("status", "running")),
+        "spawn.session": str(meta.get("session", "")),
+    }
+    if meta.get("parent_id"):
+        attributes["spawn.parent.id"] = meta["parent_id"]
+    if isinstance(outcome.get("cost_usd"), int | float):
+        attributes["spawn.cost_usd"] = float(outcome["cost_usd"])
+    if isinstance(outcome.get("turns"), int):
+        attributes["spawn.turns"] = outcome["turns"]
+    for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+        if isinstance(usage.get(key), int):
+            attributes[f"spawn.usage.{key}"] = usage[key]
+    status = outcome.get("status")
+    span_status = Status(StatusCode.OK) if status == "done" else Status(StatusCode.ERROR, str(outcome.get("reason", "no outcome")))
+    parent = meta.get("parent_span_id")
+    return ReadableSpan(
+        name=f"agent {meta['id']}",
+        context=context(meta["trace_id"], meta["span_id"]),
+        parent=context(meta["trace_id"], parent) if parent else None,
+        resource=resource,
+        attributes=attributes,
+        events=permission_events(agent_dir),
+        kind=SpanKind.INTERNAL,
+        start_time=start,
+        end_time=max(start, end),
+        status=span_status,
+    )
+
+
+def session_spans(session: Path) -> list[ReadableSpan]:
+    resource = Resource.create({"service.name": SERVICE_NAME, "spawn.session": session.name})
+    spans = [agent_span(d, resource) for d in sorted((session / "agents").iterdir()) if d.is_dir()]
+    return [s for s in spans if s is not None]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="otel_export.py", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("session", metavar="SESSION", help="a session directory")
+    args = parser.parse_args(argv)
+    session = Path(args.session)
+    if not (session / "agents").is_dir():
+        print(f"otel_export: error: {session} is not a session directory (no agents/)", file=sys.stderr)
+        return EXIT_USAGE
+    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        print("otel_export: error: set OTEL_EXPORTER_OTLP_ENDPOINT (e.g. http://127.0.0.1:4318)", file=sys.stderr)
+        return EXIT_USAGE
+    spans = session_spans(session)
+    exporter = OTLPSpanExporter()
+    try:
+        result = exporter.export(spans)
+    finally:
+        exporter.shutdown()  # type: ignore[no-untyped-call]  # untyped in opentelemetry-exporter 1.45
+    if result is not SpanExportResult.SUCCESS:
+        print(f"otel_export: error: the collector did not accept {len(spans)} spans", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"otel_export: exported {len(spans)} spans", file=sys.stderr)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
