@@ -966,6 +966,7 @@ META = "meta.json"
 OUTCOME = "outcome.json"
 TRANSCRIPT = "transcript.jsonl"
 STDERR_LOG = "stderr.log"
+NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
 HEARTBEAT = "heartbeat.json"
 RUNNER_LOG = "runner.log"
 SESSION_INFO = "session.json"
@@ -3764,6 +3765,42 @@ class PermissionGate:
         return ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
 
 
+def native_subagent_hooks(sdk: Any, agent_dir: Path, secrets_: Sequence[str]) -> dict[str, list[Any]]:
+    """Record Claude Code's own subagents (the Agent tool) in NATIVE_LOG: one line at start, one at stop."""
+
+    async def record(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        event = str(hook_input.get("hook_event_name", ""))
+        line: dict[str, Any] = {
+            "time": utc_now_iso(),
+            "event": "start" if event == "SubagentStart" else "stop",
+            "agent_id": str(hook_input.get("agent_id", "")),
+            "agent_type": str(hook_input.get("agent_type", "")),
+        }
+        if event == "SubagentStop":
+            line["transcript_path"] = str(hook_input.get("agent_transcript_path", ""))
+            line["last_message"] = str(hook_input.get("last_assistant_message") or "")[:2000]
+        append_jsonl(agent_dir / NATIVE_LOG, line, secrets_)
+        return {}
+
+    return {name: [sdk.HookMatcher(matcher=None, hooks=[record])] for name in ("SubagentStart", "SubagentStop")}
+
+
+def native_usage(transcript: Path) -> dict[str, int]:
+    """Token totals of a native subagent, from the CLI's own transcript of it.
+
+    Read when asked, not at SubagentStop: the CLI writes the last lines after the hook.
+    """
+    totals: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for raw in transcript.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):  # a line that isn't a message
+                usage = (json.loads(raw).get("message") or {}).get("usage") or {}
+                for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+                    if isinstance(usage.get(key), int):
+                        totals[key] = totals.get(key, 0) + usage[key]
+    return totals
+
+
 def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, timeout: float) -> tuple[str, str]:
     """Ask the person at the root's terminal; no answer before timeout is a no."""
     import select
@@ -3888,7 +3925,10 @@ async def run_sdk(
         mcp_servers=mcp_servers,
         strict_mcp_config=True,
         skills=meta.skills,
-        hooks={"PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)]},
+        hooks={
+            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
+            **native_subagent_hooks(sdk, agent_dir, secrets_),
+        },
         disallowed_tools=disallowed,
         system_prompt=system_prompt,
         model=meta.model,
@@ -4575,6 +4615,7 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
         }
         if meta.resumed_from:
             rows[meta.id]["resumed_from"] = meta.resumed_from
+        rows.update((row["id"], row) for row in native_rows(d, meta, parent_ended=outcome is not None))
     children: dict[str | None, list[str]] = {}
     for row in rows.values():
         parent = row["parent_id"] if row["parent_id"] in rows else None
@@ -4601,6 +4642,55 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
         subtree(root)
         walk(root, 0)
     return ordered
+
+
+def native_rows(agent_dir: Path, meta: AgentMeta, *, parent_ended: bool) -> list[dict[str, Any]]:
+    """Claude Code's own subagents of an agent (NATIVE_LOG), as child rows of kind `native`.
+
+    Their cost is part of the parent's (the CLI counts it in its total), so a
+    native row adds nothing to the subtree's cost and is never `unknown`.
+    """
+    nodes: dict[str, dict[str, Any]] = {}
+    with contextlib.suppress(OSError):
+        for raw in (agent_dir / NATIVE_LOG).read_text().splitlines():
+            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
+                line = json.loads(raw)
+                node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
+                node[line["event"]] = line
+    rows = []
+    for native_id, node in nodes.items():
+        start = node.get("start") or node.get("stop") or {}
+        stop = node.get("stop")
+        began = parse_iso(start.get("time")) or time.time()
+        ended = parse_iso(stop["time"]) if stop else None
+        transcript = stop.get("transcript_path") if stop else None
+        rows.append(
+            {
+                "id": f"n-{native_id}",
+                "parent_id": meta.id,
+                "depth": meta.depth + 1,
+                "kind": "native",
+                "agent_type": node["agent_type"],
+                # Without a stop, it was cut off when its parent's CLI ended.
+                "state": Status.DONE.value if stop else ("killed" if parent_ended else Status.RUNNING.value),
+                "task": f"native {node['agent_type']} subagent",
+                "duration_s": round((ended or time.time()) - began, 1),
+                "cost_usd": None,
+                "cost_known": True,
+                "usage": native_usage(Path(transcript)) if transcript else {},
+                "transcript": transcript,
+                "pid": meta.pid,
+                "agent_dir": f"{agent_dir}/{NATIVE_LOG}#{native_id}",
+            }
+        )
+    return rows
+
+
+def parse_iso(value: Any) -> float | None:
+    try:
+        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def format_cost(value: float | None, known: bool) -> str:

@@ -198,6 +198,10 @@ def validate_records(session_root: Path) -> int:
             for line in (d / "transcript.jsonl").read_text().splitlines():
                 check(json.loads(line), "transcript-line")
                 count += 1
+        if (d / "native.jsonl").exists():
+            for line in (d / "native.jsonl").read_text().splitlines():
+                check(json.loads(line), "native-line")
+                count += 1
         markers = [m for m in (".done", ".fail") if (d / m).exists()]
         if (d / "outcome.json").exists():
             assert len(markers) == 1, f"{d}: exactly one marker expected, found {markers}"

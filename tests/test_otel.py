@@ -79,10 +79,19 @@ def test_depth3_tree_is_one_trace_with_one_span_per_agent(
     env: dict[str, str], session_root: Path, tmp_path: Path, collector: Collector
 ) -> None:
     seen_traceparent = tmp_path / "traceparent.txt"
-    leaf = mock_task("Leaf checks", [{"bash": f'echo "$TRACEPARENT" > {seen_traceparent}'}, {"bash": "rm -f x"}, {"text": "leaf done"}])
-    middle = mock_task("Middle", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Bash")}, {"text": "middle done"}])
-    child = mock_task("Child", [{"bash": spawn_in_bash("--task", middle, "--tools", "Bash")}, {"text": "child done"}])
-    root = mock_task("Root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "root done"}])
+    native = {"description": "look", "prompt": mock_task("Native looks", [{"text": "native done"}]), "subagent_type": "general-purpose"}
+    leaf = mock_task(
+        "Leaf checks",
+        [
+            {"bash": f'echo "$TRACEPARENT" > {seen_traceparent}'},
+            {"bash": "rm -f x"},
+            {"tool": "Agent", "input": native},
+            {"text": "leaf done"},
+        ],
+    )
+    middle = mock_task("Middle", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Bash,Agent")}, {"text": "middle done"}])
+    child = mock_task("Child", [{"bash": spawn_in_bash("--task", middle, "--tools", "Bash,Agent")}, {"text": "child done"}])
+    root = mock_task("Root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash,Agent")}, {"text": "root done"}])
     otel_env = {
         **env,
         "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
@@ -90,27 +99,31 @@ def test_depth3_tree_is_one_trace_with_one_span_per_agent(
         # The exporter's dependencies come from uv's cache, not the test's private HOME.
         "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
     }
-    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-depth", "3", "--deny", "Bash(rm:*)"], otel_env, timeout=300)
+    proc = run_spawn(["--task", root, "--tools", "Bash,Agent", "--max-depth", "3", "--deny", "Bash(rm:*)"], otel_env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "OpenTelemetry export failed" not in proc.stderr
 
     by_id = metas(session_root)
     assert sorted(m["depth"] for m in by_id.values()) == [0, 1, 2, 3]
     spans = {s.span_id.hex(): s for s in collector.spans}
-    assert len(collector.spans) == len(spans) == 4
+    assert len(collector.spans) == len(spans) == 5  # four agents and the leaf's native subagent
     for meta in by_id.values():
-        span = spans[meta["span_id"]]
+        span = spans.pop(meta["span_id"])
         assert span.trace_id.hex() == EXTERNAL_TRACE == meta["trace_id"]
         parent = by_id[meta["parent_id"]]["span_id"] if "parent_id" in meta else EXTERNAL_SPAN
         assert span.parent_span_id.hex() == parent
         attrs = attributes(span)
         assert attrs["spawn.depth"] == meta["depth"] and attrs["spawn.agent.id"] == meta["id"]
         assert attrs["spawn.status"] == "done" and attrs["spawn.model"] == meta["model"]
-        assert attrs["spawn.tools"] == meta["tools"] and attrs["spawn.turns"] >= 2
+        assert attrs["spawn.tools"] == meta["tools"] and attrs["spawn.turns"] >= 1
         assert attrs["spawn.cost_usd"] == load(Path(meta["session"]) / "agents" / meta["id"] / "outcome.json")["cost_usd"]
         assert attrs["spawn.usage.input_tokens"] > 0
     leaf_meta = next(m for m in by_id.values() if m["depth"] == 3)
-    events = [(e.name, {kv.key: kv.value.string_value for kv in e.attributes}) for e in spans[leaf_meta["span_id"]].events]
+    leaf_span = next(s for s in collector.spans if s.span_id.hex() == leaf_meta["span_id"])
+    events = [(e.name, {kv.key: kv.value.string_value for kv in e.attributes}) for e in leaf_span.events]
     assert [(name, a["tool"], a["verdict"]) for name, a in events] == [("spawn.denied", "Bash", "deny")]
+    (native_span,) = [s for s in collector.spans if attributes(s).get("spawn.kind") == "native"]
+    assert native_span.parent_span_id.hex() == leaf_meta["span_id"] and native_span.trace_id.hex() == EXTERNAL_TRACE
+    assert attributes(native_span)["spawn.agent.name"] == "general-purpose" and attributes(native_span)["spawn.status"] == "done"
     # The leaf's CLI (and so its Bash) had the agent's own trace context.
     assert seen_traceparent.read_text().strip() == leaf_meta["traceparent"]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import os
 import sys
@@ -138,10 +139,53 @@ def agent_span(agent_dir: Path, resource: Resource) -> ReadableSpan | None:
     )
 
 
+def native_spans(agent_dir: Path, parent: ReadableSpan, resource: Resource) -> list[ReadableSpan]:
+    """Claude Code's own subagents of an agent (native.jsonl), as child spans."""
+    nodes: dict[str, dict[str, Any]] = {}
+    try:
+        lines = (agent_dir / "native.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    for raw in lines:
+        try:
+            line = json.loads(raw)
+            nodes.setdefault(str(line["agent_id"]), {})[str(line["event"])] = line
+        except (ValueError, KeyError, TypeError):
+            continue
+    assert parent.context is not None
+    trace_id = f"{parent.context.trace_id:032x}"
+    spans = []
+    for native_id, node in nodes.items():
+        first, stop = node.get("start") or node.get("stop") or {}, node.get("stop")
+        start = nanos(first.get("time")) or parent.start_time or 0
+        end = (nanos(stop.get("time")) if stop else None) or parent.end_time or start
+        attributes = {"spawn.agent.id": f"n-{native_id}", "spawn.kind": "native", "spawn.agent.name": str(first.get("agent_type", ""))}
+        attributes["spawn.status"] = "done" if stop else "killed"
+        spans.append(
+            ReadableSpan(
+                name=f"native {native_id}",
+                # A span id of its own, derived from the CLI's id so a re-export gives the same one.
+                context=context(trace_id, hashlib.sha256(native_id.encode()).hexdigest()[:16]),
+                parent=parent.context,
+                resource=resource,
+                attributes=attributes,
+                kind=SpanKind.INTERNAL,
+                start_time=start,
+                end_time=max(start, end),
+                status=Status(StatusCode.OK) if stop else Status(StatusCode.ERROR, "ended with its parent"),
+            )
+        )
+    return spans
+
+
 def session_spans(session: Path) -> list[ReadableSpan]:
     resource = Resource.create({"service.name": SERVICE_NAME, "spawn.session": session.name})
-    spans = [agent_span(d, resource) for d in sorted((session / "agents").iterdir()) if d.is_dir()]
-    return [s for s in spans if s is not None]
+    spans = []
+    for agent_dir in sorted((session / "agents").iterdir()):
+        span = agent_span(agent_dir, resource) if agent_dir.is_dir() else None
+        if span is not None:
+            spans += [span, *native_spans(agent_dir, span, resource)]
+    return spans
 
 
 def main(argv: Sequence[str] | None = None) -> int:

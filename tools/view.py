@@ -171,6 +171,22 @@ def tail_lines(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    records = []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 def iter_transcript(path: Path) -> Iterator[dict[str, Any]]:
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
@@ -293,6 +309,52 @@ def read_agent(agent_dir: Path, now: float, asks: Mapping[str, list[Mark]]) -> A
     )
 
 
+def read_natives(agent_dir: Path, parent: Agent, now: float) -> list[Agent]:
+    """Claude Code's own subagents (native.jsonl): child rows of kind native.
+
+    Their cost is inside the parent's (the CLI counts it), so they add none.
+    """
+    nodes: dict[str, dict[str, Any]] = {}
+    try:
+        lines = (agent_dir / "native.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    for raw in lines:
+        try:
+            line = json.loads(raw)
+            nodes.setdefault(str(line["agent_id"]), {})[str(line["event"])] = line
+        except (ValueError, KeyError, TypeError):
+            continue
+    found = []
+    for native_id, node in nodes.items():
+        first = node.get("start") or node.get("stop") or {}
+        stop = node.get("stop")
+        start = parse_time(first.get("time")) or parent.start
+        end = (parse_time(stop.get("time")) if stop else None) or (parent.end if parent.outcome else now)
+        transcript = Path(stop["transcript_path"]) if stop and stop.get("transcript_path") else None
+        records = [r for r in read_jsonl(transcript) if r.get("type") == "assistant"] if transcript else []
+        usage = [r["message"].get("usage") for r in records if isinstance(r.get("message"), dict)]
+        agent_type = str(first.get("agent_type", "?"))
+        meta = {"kind": "native", "agent_type": agent_type, "transcript_path": str(transcript or "")}
+        found.append(
+            Agent(
+                id=f"n-{native_id}",
+                parent_id=parent.id,
+                depth=parent.depth + 1,
+                task=f"native {agent_type} subagent",
+                start=start,
+                end=max(start, end),
+                status="done" if stop else ("killed" if parent.outcome else "running"),
+                meta=meta,
+                outcome={"reason": "SubagentStop", "output": stop.get("last_message")} if stop else None,
+                cost_usd=0.0,
+                tokens=sum(token_count(u) for u in usage),
+                tail=[clip(str(stop.get("last_message", "")), LINE_CHARS)] if stop else [],
+            )
+        )
+    return found
+
+
 def load_timeline(session: Path, now: float | None = None) -> Timeline:
     if not (session / "agents").is_dir():
         raise ViewError(f"{session} is not a session directory (no agents/); pass the directory spawn.py status prints")
@@ -303,6 +365,9 @@ def load_timeline(session: Path, now: float | None = None) -> Timeline:
         agent = read_agent(agent_dir, now, asks) if agent_dir.is_dir() else None
         if agent is not None:
             agents[agent.id] = agent
+    for agent in list(agents.values()):
+        for native in read_natives(session / "agents" / agent.id, agent, now):
+            agents[native.id] = native
     if not agents:
         raise ViewError(f"{session} has no agents yet; run spawn.py first, or wait for its root to register")
     return Timeline(session, order_tree(agents), min(a.start for a in agents.values()), max(a.end for a in agents.values()))
