@@ -160,23 +160,19 @@ def tail_lines(path: Path) -> list[dict[str, Any]]:
     lines = chunk.splitlines()
     if len(chunk) >= TRANSCRIPT_TAIL_BYTES:
         lines = lines[1:]  # the first line is cut
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
+    return parse_jsonl(lines)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    records = []
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        return parse_jsonl(path.read_bytes().splitlines())
     except OSError:
         return []
+
+
+def parse_jsonl(lines: Sequence[bytes]) -> list[dict[str, Any]]:
+    """The whole JSON objects among lines; a torn or foreign line is skipped."""
+    records = []
     for line in lines:
         try:
             record = json.loads(line)
