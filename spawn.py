@@ -120,6 +120,14 @@ DEFAULT_MODEL = "medium-tier"
 # trees must ask for it explicitly.
 DEFAULT_MAX_DEPTH = 3
 
+# Largest sane value of each number a user or a definition gives. Anything
+# above is a typo (1e99 overflows timers) and is refused, not clamped.
+MAX_SECONDS = 366 * 86400.0  # a deadline a year out is already "none"
+MAX_BUDGET_USD = 1_000_000.0
+MAX_COUNT = 1_000_000  # turns, agents
+MAX_CONCURRENT = 10_000
+MAX_DEPTH_LIMIT = 1000
+
 # Read-only by default: Bash (and so nesting) must be asked for.
 DEFAULT_TOOLS = ("Read", "Grep", "Glob")
 
@@ -365,10 +373,19 @@ class CorruptRecordError(StateError):
 
 
 class Status(enum.StrEnum):
-    """Lifecycle of an agent. Only RUNNING and STALE are not final."""
+    """Lifecycle of an agent. Only DONE to INTERRUPTED are outcomes (final).
+
+    The others are what `status` and `wait` observe of an agent with no
+    outcome yet; they are never written to outcome.json.
+    """
 
     RUNNING = "running"
     STALE = "stale"  # no outcome, process alive, heartbeat old
+    QUEUED = "queued"  # no outcome, alive, waiting for a --max-concurrent slot
+    LOST = "lost"  # no outcome, process gone; `reap` or `wait` records it
+    STALLED = "stalled?"  # no outcome, idle over half its idle timeout; ended as stalled at the full one
+    WAITING = "waiting"  # no outcome, blocked on its children, its --max-concurrent slot lent to them
+    CORRUPT = "corrupt"  # its meta.json can't be read; inspect or remove it
     DONE = "done"
     FAILED = "failed"
     REFUSED = "refused"
@@ -394,10 +411,12 @@ class Trace:
     trace_id: str
     span_id: str
     parent_span_id: str | None = None
+    flags: str = "01"
+    """trace-flags, kept from the parent: an unsampled trace stays unsampled."""
 
     @property
     def traceparent(self) -> str:
-        return f"00-{self.trace_id}-{self.span_id}-01"
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
 
 
 @dataclass
@@ -659,6 +678,81 @@ def started_timestamp(meta: AgentMeta) -> float:
     return dt.datetime.fromisoformat(meta.started_at.replace("Z", "+00:00")).timestamp()
 
 
+def is_finite(value: float) -> bool:
+    # False for NaN too: every comparison with NaN is false. (Not math.isfinite:
+    # one more import at every level of nesting.)
+    return -float("inf") < value < float("inf")
+
+
+def number_problem(name: str, value: object, *, maximum: float, integer: bool = False, zero_ok: bool = False) -> str | None:
+    """What is wrong with a number from a flag, the environment or a definition, or None.
+
+    NaN is the case that matters: it compares false, so a NaN limit would
+    silently disable every check that uses it.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+        return f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}"
+    if not is_finite(value):
+        return f"{name} must be a finite number, got {value}"
+    if value < 0 or (value == 0 and not zero_ok):
+        return f"{name} must be {'>= 0' if zero_ok else '> 0'}, got {value}"
+    if value > maximum:
+        return f"{name} must be at most {maximum:g}, got {value:g}"
+    return None
+
+
+# (flag, attribute, maximum, integer, zero_ok) of every numeric flag of a run.
+RUN_NUMBER_FLAGS: tuple[tuple[str, str, float, bool, bool], ...] = (
+    ("--timeout", "timeout", MAX_SECONDS, False, True),  # 0: no deadline of its own
+    ("--idle-timeout", "idle_timeout", MAX_SECONDS, False, False),
+    ("--max-budget-usd", "max_budget_usd", MAX_BUDGET_USD, False, False),
+    ("--max-turns", "max_turns", MAX_COUNT, True, False),
+    ("--max-depth", "max_depth", MAX_DEPTH_LIMIT, True, True),
+    ("--max-agents", "max_agents", MAX_COUNT, True, False),
+    ("--max-concurrent", "max_concurrent", MAX_CONCURRENT, True, False),
+)
+
+# (variable, maximum, integer, zero_ok) of every numeric environment variable.
+ENV_NUMBERS: tuple[tuple[str, float, bool, bool], ...] = (
+    ("SPAWN_DEADLINE", float("9e12"), False, False),  # Unix seconds; past year 2255 is a typo
+    ("SPAWN_MAX_BUDGET_USD", MAX_BUDGET_USD, False, False),
+    ("SPAWN_HEARTBEAT_S", 3600.0, False, False),
+    ("SPAWN_ASK_TIMEOUT_S", MAX_SECONDS, False, False),
+    ("SPAWN_IDLE_TIMEOUT_S", MAX_SECONDS, False, False),
+    ("SPAWN_DEPTH", MAX_DEPTH_LIMIT, True, True),
+    ("SPAWN_MAX_DEPTH", MAX_DEPTH_LIMIT, True, True),
+)
+
+
+# (field, maximum, integer, zero_ok) of every numeric field of an agent definition.
+DEFINITION_NUMBERS: tuple[tuple[str, float, bool, bool], ...] = (
+    ("max_depth", MAX_DEPTH_LIMIT, True, True),
+    ("timeout", MAX_SECONDS, False, False),
+    ("max_budget_usd", MAX_BUDGET_USD, False, False),
+)
+
+
+def env_number_warnings(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each malformed numeric SPAWN_* variable; readers ignore those values.
+
+    An agent's own environment is not trusted (its Bash can rewrite it), so a
+    bad value is not fatal: it is ignored, and the ancestry's value applies.
+    """
+    warnings = []
+    for name, maximum, integer, zero_ok in ENV_NUMBERS:
+        raw = environ.get(name)
+        if raw in (None, ""):
+            continue
+        try:
+            value: object = int(raw) if integer else float(raw)
+        except ValueError:
+            value = raw
+        why = number_problem(name, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
+        if why is not None:
+            warnings.append(f"{why}; ignored")
+    return warnings
+
+
 def slugify(text: str, max_len: int = 40) -> str:
     words = re.findall(r"[a-z0-9]+", text.lower())
     slug = ""
@@ -688,7 +782,7 @@ def new_trace(parent: str | None) -> Trace:
     if parent:
         parsed = parse_traceparent(parent)
         if parsed:
-            return Trace(parsed[0], span, parsed[1])
+            return Trace(parsed[0], span, parsed[1], parent.strip()[-2:])
     return Trace(secrets.token_hex(16), span)
 
 
@@ -946,8 +1040,8 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
     else:
         lines += [
             f"You may start child agents {remaining} level(s) deep. From Bash, run:",
-            f"  {spawn_cmd} --task 'SUBTASK' --tools Read,Grep [--schema NAME] [--timeout S]",
-            "It prints one JSON object: id, status, output, cost. Children get at most your tools.",
+            f"  {spawn_cmd} --task 'SUBTASK' --tools {','.join(meta.tools)} [--schema NAME] [--timeout S]",
+            "It prints one JSON object: id, status, output, cost. Children get at most your tools; list fewer to narrow them.",
             "For parallel work add --background (prints the id at once), then wait for all:",
             f"  {spawn_cmd} wait ID1 ID2 --all",
         ]
@@ -1027,8 +1121,8 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
 def read_json(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CorruptRecordError(path, str(exc)) from None
+    except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for binary junk
+        raise CorruptRecordError(path, str(exc).splitlines()[0][:200]) from None
     if not isinstance(data, dict):
         raise CorruptRecordError(path, "not a JSON object")
     return data
@@ -1287,9 +1381,27 @@ def ensure_marker(agent_dir: Path) -> Path | None:
 
 
 def read_outcome(agent_dir: Path) -> dict[str, Any] | None:
-    if ensure_marker(agent_dir) is None:
+    # outcome.json is always published before its marker, so a marker alone
+    # is stray (anything with Bash can write one): no outcome, and `reap`
+    # removes it (remove_stray_marker).
+    try:
+        data = read_json(agent_dir / OUTCOME)
+    except FileNotFoundError:
         return None
-    return read_json(agent_dir / OUTCOME)
+    ensure_marker(agent_dir)
+    return data
+
+
+def remove_stray_marker(agent_dir: Path) -> bool:
+    """Remove .done/.fail markers that have no outcome.json; True if there were any."""
+    if (agent_dir / OUTCOME).exists():
+        return False
+    found = False
+    for name in (DONE_MARKER, FAIL_MARKER):
+        with contextlib.suppress(FileNotFoundError):
+            (agent_dir / name).unlink()
+            found = True
+    return found
 
 
 def resumed_sdk_session(meta: AgentMeta) -> str | None:
@@ -1305,10 +1417,12 @@ def resumed_sdk_session(meta: AgentMeta) -> str | None:
 
 def resolve_session_root(flag: str | None, environ: Mapping[str, str]) -> Path:
     """Flag, then environment variable, then sessions/ beside spawn.py."""
-    if flag:
-        return Path(flag).expanduser().resolve()
-    if environ.get(ENV_SESSION_ROOT):
-        return Path(environ[ENV_SESSION_ROOT]).expanduser().resolve()
+    for value, name in ((flag, "--session"), (environ.get(ENV_SESSION_ROOT), ENV_SESSION_ROOT)):
+        if value:
+            try:
+                return Path(value).expanduser().resolve()
+            except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop, before Python 3.13
+                raise UsageError(f"{name} {value} can't be resolved ({exc}); give another directory") from None
     return DEFAULT_SESSION_ROOT
 
 
@@ -1385,9 +1499,11 @@ def find_agent_dir(agent_id: str, session: Path | None, root: Path) -> Path:
 
 def load_meta(agent_dir: Path) -> AgentMeta:
     try:
-        return record_from_json(AgentMeta, read_json(agent_dir / META))
-    except TypeError as exc:
+        meta = record_from_json(AgentMeta, read_json(agent_dir / META))
+        started_timestamp(meta)  # every reader does arithmetic on it
+    except (TypeError, ValueError, AttributeError) as exc:
         raise CorruptRecordError(agent_dir / META, str(exc)) from None
+    return meta
 
 
 # ---------------------------------------------------------------- processes --
@@ -1891,10 +2007,13 @@ def _int_or_none(value: str | None) -> int | None:
 
 
 def _float_or_none(value: str | None) -> float | None:
+    # NaN and infinity are ignored like any malformed value: min() with a NaN
+    # first returns NaN, which would widen a deadline (env_number_warnings says so).
     try:
-        return float(value) if value not in (None, "") else None
+        number = float(value) if value not in (None, "") else None
     except ValueError:
         return None
+    return number if number is not None and is_finite(number) else None
 
 
 # ------------------------------------------------- agents and permissions --
@@ -2735,14 +2854,15 @@ def parse_definition(
                     problem("schema", f"schema {schema!r} is not in {SCHEMA_DIR}")
             elif not schema.lstrip().startswith(("{", "[")) and not Path(schema).expanduser().is_file():
                 problem("schema", f"schema file {schema} does not exist")
-    for key, number in (("max_depth", int), ("timeout", float), ("max_budget_usd", float)):
+    for key, maximum, integer, zero_ok in DEFINITION_NUMBERS:
         value = data.get(key)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or (number is int and not isinstance(value, int)) or value < 0:
-            problem(key, f"{key} must be a non-negative {'integer' if number is int else 'number'}")
+        why = number_problem(key, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
+        if why is not None:
+            problem(key, why)
         else:
-            setattr(d, key, number(value))
+            setattr(d, key, int(value) if integer else float(value))
     _parse_claude_fields(data, d, problem)
     perms = data.get("permissions")
     if perms is not None:
@@ -3053,6 +3173,10 @@ def read_task(args: argparse.Namespace) -> str:
         task = args.task or ""
     if not task.strip():
         raise UsageError("the task is empty; pass --task TEXT or --task-file PATH ('-' for stdin)")
+    try:
+        task.encode()  # argv bytes that aren't UTF-8 arrive as lone surrogates
+    except UnicodeEncodeError:
+        raise UsageError("the task is not valid UTF-8 text; fix its encoding or pass it with --task-file") from None
     return task
 
 
@@ -3102,7 +3226,9 @@ def find_cli(environ: Mapping[str, str]) -> Path:
 
 
 def check_credentials(environ: Mapping[str, str]) -> None:
-    names = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN", "ANTHROPIC_BASE_URL",
+    # ANTHROPIC_BASE_URL is not among them: a proxy or the mock model still
+    # needs a key, and without one the CLI starts, then fails "Not logged in".
+    names = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN",
              "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")  # fmt: skip
     if any(environ.get(n) for n in names):
         return
@@ -3111,7 +3237,7 @@ def check_credentials(environ: Mapping[str, str]) -> None:
         return
     raise UsageError(
         "no credentials for the model; set ANTHROPIC_API_KEY, run 'claude login', "
-        "or set ANTHROPIC_BASE_URL (e.g. to tools/mock_model.py for offline runs)"
+        "or for offline runs set ANTHROPIC_BASE_URL to tools/mock_model.py and any ANTHROPIC_API_KEY"
     )
 
 
@@ -3134,9 +3260,45 @@ class Plan:
     """The effective rules, each with where it came from (for --dry-run)."""
 
 
-def positive(name: str, value: float | None, integer: bool = False) -> None:
-    if value is not None and (value <= 0 if not integer else value < 0):
-        raise UsageError(f"{name} must be {'>= 0' if integer else '> 0'}, got {value}")
+def check_run_input(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """Every number, path and trace a run was given, checked before anything starts.
+
+    Bad flags are usage errors (exit 2, nothing written). Malformed SPAWN_*
+    and TRACEPARENT variables come back as warnings: their readers ignore
+    them, and an ignored limit is still bounded by the ancestry.
+    """
+    for flag, attr, maximum, integer, zero_ok in RUN_NUMBER_FLAGS:
+        value = getattr(args, attr)
+        why = None if value is None else number_problem(flag, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
+        if why is not None:
+            raise UsageError(why)
+    if args.parent_trace is not None and parse_traceparent(args.parent_trace) is None:
+        raise UsageError(f"--parent-trace {args.parent_trace!r} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
+    if args.output:
+        check_output_path(args.output)
+    warnings = env_number_warnings(environ)
+    for name in (ENV_TRACEPARENT, "TRACEPARENT"):
+        value = environ.get(name)
+        if value and parse_traceparent(value) is None:
+            warnings.append(f"{name} {value[:80]!r} is not a W3C traceparent; ignored, a new trace is started")
+    return warnings
+
+
+def check_output_path(value: str) -> None:
+    """--output must be a file we can write, known before the model is called and paid."""
+    path = Path(value).expanduser()
+    try:
+        if path.is_dir():
+            raise UsageError(f"--output {value} is a directory; give a file path")
+        parent = path.resolve().parent
+    except (OSError, RuntimeError) as exc:
+        raise UsageError(f"--output {value} can't be resolved: {exc}") from None
+    if not parent.is_dir():
+        raise UsageError(f"--output {value}: directory {parent} does not exist; create it first")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"--output {value} is not writable; give another path")
+    if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {value}: directory {parent} is not writable; give another path")
 
 
 def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Plan:
@@ -3145,13 +3307,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
     disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
     flag_rules = RuleSet(*([parse_rule(r, f"--{kind}") for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
-    positive("--timeout", args.timeout if args.timeout != 0 else None)
-    positive("--idle-timeout", args.idle_timeout)
-    positive("--max-budget-usd", args.max_budget_usd)
-    positive("--max-turns", args.max_turns)
-    positive("--max-depth", args.max_depth, integer=True)
-    positive("--max-agents", args.max_agents)
-    positive("--max-concurrent", args.max_concurrent)
+    input_warnings = check_run_input(args, environ)
     if args.system_prompt is not None and args.system_prompt_file is not None:
         raise UsageError("give --system-prompt or --system-prompt-file, not both")
     system_prompt = args.system_prompt
@@ -3168,7 +3324,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         check_credentials(environ)
 
     inh = inherited_context(environ, ancestry)
-    warnings: list[str] = []
+    warnings: list[str] = input_warnings
     depth = inh.depth + 1
     # The flags' limits, narrowed by a definition below; args stays as parsed.
     max_depth_arg: int | None = args.max_depth
@@ -3343,13 +3499,22 @@ def choose_definition(
     """The definition --agent names, or the one routing picks for --agent auto."""
     if not name:
         return None, None
-    definitions, _ = load_definitions(cwd, environ)
+    definitions, problems = load_definitions(cwd, environ)
+    routing = None
     if name == "auto":
         routing = route(task, definitions)
-        return (definitions[routing["chosen"]] if routing["chosen"] else None), routing
-    if name not in definitions:
+        chosen = definitions[routing["chosen"]] if routing["chosen"] else None
+    elif name not in definitions:
         raise UnknownAgentDefinitionError(name, [p for p, _ in agent_dirs_for(cwd, environ)])
-    return definitions[name], None
+    else:
+        chosen = definitions[name]
+    # A bad limit is left unset by the parser, and an unset limit is no limit:
+    # running with it would widen what the definition meant to allow.
+    numeric = {key for key, *_ in DEFINITION_NUMBERS}
+    bad = [p for p in problems if chosen is not None and p.path == chosen.path and p.message.split(" ", 1)[0] in numeric]
+    if bad:
+        raise UsageError(f"{bad[0]}; fix the definition (see 'spawn.py agents lint')")
+    return chosen, routing
 
 
 def resolve_resume(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentMeta:
@@ -3502,6 +3667,11 @@ class RunState:
         """The CLI was ended by a signal from outside: the agent was killed, it didn't fail."""
         self.last_activity = time.time()
         """Last transcript event or CPU use of the CLI (or the start, or a live child)."""
+        self.api_retries = 0
+        self.api_error_status: int | None = None
+        """The last API error the CLI retried (its api_retry messages): why a run stalled."""
+        self.mcp_failed: list[str] = []
+        """MCP servers the CLI's init message reports as not connected."""
 
 
 def message_record(message: Any) -> dict[str, Any]:
@@ -3967,6 +4137,42 @@ async def run_sdk(
                     state.last_structured_attempt = block.input
         elif isinstance(message, ResultMessage):
             state.result = message
+        else:
+            observe_system_message(state, getattr(message, "subtype", None), getattr(message, "data", None))
+
+
+def observe_system_message(state: RunState, subtype: Any, data: Any) -> None:
+    """Keep what the CLI's system messages say about API retries and MCP servers."""
+    if not isinstance(data, dict):
+        return
+    if subtype == "api_retry":
+        state.api_retries = max(state.api_retries, int(data.get("attempt") or 0))
+        status = data.get("error_status")
+        state.api_error_status = status if isinstance(status, int) else state.api_error_status
+    elif subtype == "init":
+        servers = data.get("mcp_servers") or []
+        failed = [
+            f"{s.get('name')} ({s.get('status')})" for s in servers if isinstance(s, dict) and s.get("status") not in ("connected", None)
+        ]
+        for server in failed:
+            if server not in state.mcp_failed:
+                state.mcp_failed.append(server)
+                print(f"spawn: warning: MCP server {server} did not start", file=sys.stderr, flush=True)
+
+
+API_ERRORS = {
+    401: "rejected the credentials",
+    403: "refused access",
+    429: "rate limit reached",
+    500: "internal error",
+    529: "overloaded",
+}
+
+
+def describe_api_error(status: int, retries: int) -> str:
+    """`model API overloaded (529) after 3 retries`: what the user must know first."""
+    what = API_ERRORS.get(status, "error")
+    return f"model API {what} ({status})" + (f" after {retries} retries" if retries else "")
 
 
 def describe_sdk_error(exc: Exception, stderr_log: Path) -> str:
@@ -4003,15 +4209,26 @@ def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: st
         )
         if result.result and not state.last_text:
             base["text"] = result.result
+    if state.mcp_failed:
+        base["warnings"] = [f"MCP server {server} did not start" for server in state.mcp_failed]
     if state.stop_reason is not None:
         status = state.stop_reason
-        return Outcome(status=status, reason=state.stop_detail, exit_code=EXIT_FOR_STATUS[status], **base)
+        reason = state.stop_detail
+        if state.api_error_status is not None and (result is None or result.is_error):
+            # A deadline that lands while the CLI retries a failing API: say so.
+            reason += f"; the {describe_api_error(state.api_error_status, state.api_retries)}"
+        return Outcome(status=status, reason=reason, exit_code=EXIT_FOR_STATUS[status], **base)
     if result is not None and result.is_error:
         # The CLI's own account (subtype, API status, errors) beats the SDK's
         # exception, which only says that the CLI exited non-zero.
         detail = "; ".join(getattr(result, "errors", None) or []) or (result.result or "")
         api = getattr(result, "api_error_status", None)
-        reason = f"agent failed ({result.subtype})" + (f", API status {api}" if api else "") + (f": {detail}" if detail else "")
+        if api:
+            reason = describe_api_error(api, state.api_retries)
+        else:
+            # "success" is the subtype of every run that ended with a turn; it says nothing.
+            reason = "agent failed" + (f" ({result.subtype})" if result.subtype and result.subtype != "success" else "")
+        reason += f": {detail}" if detail else ""
         return Outcome(status=Status.FAILED, reason=reason[:2000], exit_code=ExitCode.AGENT_FAILED, **base)
     if error is not None and state.cli_killed:
         return Outcome(status=Status.KILLED, reason=f"the claude CLI was ended by a signal: {error}", exit_code=ExitCode.KILLED, **base)
@@ -4468,6 +4685,7 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
     if read_outcome(agent_dir) is not None:
         return False
     meta = load_meta(agent_dir)
+    remove_stray_marker(agent_dir)  # else the outcome committed below would get the wrong marker
     session = Path(meta.session)
     if Supervised.of(meta).alive():
         if not parent_gone(session, meta):
@@ -4488,8 +4706,9 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
 def reap_session(session: Path, by: str, secrets_: Sequence[str]) -> list[str]:
     reaped = []
     for d in iter_agent_dirs(session):
-        with contextlib.suppress(FileNotFoundError):
-            if not (d / DONE_MARKER).exists() and not (d / FAIL_MARKER).exists() and reap_agent(d, by, secrets_):
+        # A corrupt record is skipped (`status` shows it), never the end of the reap.
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            if not (d / OUTCOME).exists() and reap_agent(d, by, secrets_):
                 reaped.append(d.name)
     return reaped
 
@@ -4532,6 +4751,18 @@ def slot_lent_by_caller(environ: Mapping[str, str]) -> Iterator[None]:
         yield
     finally:
         take_back_slot(caller[0], max_concurrent, caller[1])
+def corrupt_agents(session: Path) -> list[dict[str, str]]:
+    """Agents of a session whose records can't be read: id, path and why."""
+    found = []
+    for d in iter_agent_dirs(session):
+        try:
+            load_meta(d)
+            read_outcome(d)
+        except FileNotFoundError:
+            continue
+        except SpawnError as exc:
+            found.append({"id": d.name, "agent_dir": str(d), "error": exc.message})
+    return found
 
 
 @dataclass
@@ -4580,6 +4811,23 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
     return result
 
 
+def corrupt_row(agent_dir: Path, error: SpawnError, meta: AgentMeta | None = None) -> dict[str, Any]:
+    """A `status` row for an agent whose records can't be read."""
+    return {
+        "id": meta.id if meta else agent_dir.name,
+        "parent_id": meta.parent_id if meta else None,
+        "depth": meta.depth if meta else int(agent_dir.name[1:].split("-")[0]) if re.fullmatch(r"a\d+-\w+", agent_dir.name) else 0,
+        "state": Status.CORRUPT.value,
+        "task": "",
+        "duration_s": 0.0,
+        "cost_usd": None,
+        "cost_known": False,
+        "pid": meta.pid if meta else 0,
+        "agent_dir": str(agent_dir),
+        "error": error.message,
+    }
+
+
 def tree_rows(session: Path) -> list[dict[str, Any]]:
     """The agents of a session with state and cost, parents before children."""
     rows: dict[str, dict[str, Any]] = {}
@@ -4589,16 +4837,24 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
             meta = load_meta(d)
         except FileNotFoundError:
             continue  # a background launch between mkdir and meta.json
-        outcome = read_outcome(d)
+        except SpawnError as exc:
+            # One damaged record must not hide the rest of the tree.
+            rows[d.name] = corrupt_row(d, exc)
+            continue
+        try:
+            outcome = read_outcome(d)
+        except SpawnError as exc:
+            rows[meta.id] = corrupt_row(d, exc, meta)
+            continue
         state = outcome["status"] if outcome else liveness(d, meta).value
         if outcome is None and state == Status.FAILED:
-            state = "lost"  # dead without outcome; `reap` or `wait` records it
+            state = Status.LOST.value
         elif outcome is None and state == Status.RUNNING and idle_for(d) is not None:
-            state = "stalled?"  # idle over half its idle timeout; ended as stalled at the full one
+            state = Status.STALLED.value
         elif outcome is None and state == Status.RUNNING and queueing and (d / SLOT_LENT).exists():
-            state = "waiting"  # blocked on its children, its slot lent to them
+            state = Status.WAITING.value
         elif outcome is None and state == Status.RUNNING and queueing and not (d / SLOT_MARKER).exists():
-            state = "queued"  # waiting for a --max-concurrent slot
+            state = Status.QUEUED.value
         started = started_timestamp(meta)
         rows[meta.id] = {
             "id": meta.id,
@@ -5716,6 +5972,8 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         resolved["rules"] = describe_rules(plan.rules, plan.meta.tools, plan.meta.disallowed_tools)
         resolved["briefing"] = briefing(plan.meta, spawn_command(), delegates_for(plan.meta, environ))
         emit(resolved)
+        if plan.refusal is not None:
+            raise RefusedError(f"refused: {plan.refusal} (dry run; nothing recorded)")
         return ExitCode.OK
     for warning in plan.meta.warnings:
         note(f"warning: {warning}")
@@ -5941,7 +6199,10 @@ def cmd_reap(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if session is None or not (session / AGENTS_DIR).is_dir():
         raise UsageError("no session to reap; pass a session directory")
     reaped = reap_session(session, "reap", secret_values(environ))
-    emit({"session": str(session), "reaped": reaped})
+    corrupt = corrupt_agents(session)
+    for bad in corrupt:
+        note(f"warning: agent {bad['id']} skipped: {bad['error']}")
+    emit({"session": str(session), "reaped": reaped, "corrupt": corrupt})
     return ExitCode.OK
 
 
@@ -5982,10 +6243,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("spawn: error: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        # The reader closed our stdout (`status --json | head -c1`): it has
+        # what it wanted. Point stdout at /dev/null so the final flush is quiet.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return ExitCode.OK
     except OSError as exc:
         if traceback:
             raise
         print(f"spawn: error: {exc}; check the session directory and permissions", file=sys.stderr)
+        return ExitCode.STATE
+    except Exception as exc:
+        # A bug or a record we did not foresee: one line, not a traceback,
+        # and the state exit code, never "agent failed".
+        if traceback:
+            raise
+        first = (str(exc).splitlines() or [""])[0][:300]
+        print(f"spawn: error: internal error {type(exc).__name__}: {first}; rerun with --traceback for details", file=sys.stderr)
         return ExitCode.STATE
 
 

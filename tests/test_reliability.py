@@ -230,7 +230,7 @@ def test_wait_reports_a_stuck_agent_instead_of_hanging(env: dict[str, str], sess
 @pytest.mark.parametrize(
     ("step", "expect_status", "expect_in_reason"),
     [
-        ({"error": 529}, "failed", "API status 529"),
+        ({"error": 529}, "failed", "model API overloaded (529) after 2 retries"),
         ({"error": 500, "times": 1, "text": "recovered"}, "done", None),
         ({"error": 429, "times": 1, "text": "recovered"}, "done", None),
     ],
