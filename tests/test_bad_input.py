@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import FAKE_API_KEY, run_spawn
+from conftest import FAKE_API_KEY, ROOT, SPAWN, MockModel, mock_task, run_spawn
+
+import spawn
 
 OK_ENV = {"ANTHROPIC_API_KEY": FAKE_API_KEY, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}
 
@@ -100,8 +106,6 @@ def test_corrupt_record_exits_3(base_env: dict[str, str], session_root: Path) ->
 
 
 def test_dry_run_resolves_everything_and_writes_nothing(base_env: dict[str, str], session_root: Path) -> None:
-    import json
-
     proc = run_spawn(["--task", "plan it", "--model", "high-tier", "--schema", "plan", "--tools", "Read,Bash", "--dry-run"], base_env)
     assert proc.returncode == 0, proc.stderr
     resolved = json.loads(proc.stdout)
@@ -113,3 +117,236 @@ def test_dry_run_resolves_everything_and_writes_nothing(base_env: dict[str, str]
     assert not session_root.exists()
     tiers = run_spawn(["--task", "x", "--model", "low-tier", "--dry-run"], {**base_env, "SPAWN_MODEL_TIERS": "low-tier=claude-haiku-9"})
     assert json.loads(tiers.stdout)["model"] == "claude-haiku-9"
+
+
+# ---- numbers: one check for flags, definitions and the environment ----
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--timeout", "nan"], "--timeout must be a finite number"),
+        (["--timeout", "inf"], "--timeout must be a finite number"),
+        (["--timeout", "1e99"], "--timeout must be at most"),
+        (["--max-budget-usd", "nan"], "--max-budget-usd must be a finite number"),
+        (["--max-budget-usd", "1e300"], "--max-budget-usd must be at most"),
+        (["--max-depth", "99999999"], "--max-depth must be at most"),
+        (["--parent-trace", "garbage"], "--parent-trace 'garbage' is not a W3C traceparent"),
+    ],
+)
+def test_bad_numbers_and_traces_exit_2_even_in_a_dry_run(
+    base_env: dict[str, str], session_root: Path, args: list[str], fragment: str
+) -> None:
+    for dry in ([], ["--dry-run"]):
+        proc = run_spawn(["--task", "x", *args, *dry], {**base_env, **OK_ENV})
+        assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, fragment)
+
+
+def test_nan_deadline_in_the_environment_warns_and_never_widens(base_env: dict[str, str]) -> None:
+    env = {**base_env, **OK_ENV, "SPAWN_DEADLINE": "nan", "SPAWN_MAX_BUDGET_USD": "inf", "SPAWN_HEARTBEAT_S": "-1"}
+    proc = run_spawn(["--task", "x", "--timeout", "30", "--dry-run"], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    resolved = json.loads(proc.stdout)
+    assert isinstance(resolved["deadline"], float) and resolved["deadline"] <= time.time() + 31
+    assert resolved.get("max_budget_usd") is None
+    warnings = resolved["warnings"]
+    assert any("SPAWN_DEADLINE must be a finite number" in w for w in warnings), warnings
+    assert any("SPAWN_MAX_BUDGET_USD must be a finite number" in w for w in warnings), warnings
+    assert any("SPAWN_HEARTBEAT_S must be > 0" in w for w in warnings), warnings
+
+
+def test_env_numbers_are_ignored_when_malformed() -> None:
+    assert spawn.child_deadline(30.0, spawn._float_or_none("nan"), 1000.0) == 1030.0
+    inh = spawn.inherited_context({"SPAWN_DEADLINE": "nan", "SPAWN_MAX_BUDGET_USD": "nan"}, {"deadline": 2000.0})
+    assert inh.deadline == 2000.0
+    assert inh.budget is None
+
+
+def test_definition_with_nan_budget_is_refused(base_env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    agents = tmp_path / "proj" / ".claude" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "spender.md").write_text("---\nname: spender\ndescription: spends\nmax_budget_usd: .nan\n---\nSpend.\n")
+    proc = run_spawn(["--task", "x", "--agent", "spender"], {**base_env, **OK_ENV}, cwd=tmp_path / "proj")
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "max_budget_usd must be a finite number")
+    lint = run_spawn(["agents", "lint"], base_env, cwd=tmp_path / "proj")
+    assert lint.returncode == spawn.ExitCode.USAGE
+    assert "max_budget_usd must be a finite number" in lint.stdout
+
+
+# ---- other input that crashed ----
+
+
+def test_invalid_utf8_task_on_argv_exits_2_and_writes_nothing(base_env: dict[str, str], session_root: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SPAWN), "--task", b"caf\xe9 task".decode("utf-8", "surrogateescape")],
+        env={**base_env, **OK_ENV},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "not valid UTF-8")
+
+
+def test_session_symlink_loop_is_one_line(base_env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    proc = run_spawn(["--task", "x", "--session", str(loop / "sessions")], {**base_env, **OK_ENV})
+    assert proc.returncode in (spawn.ExitCode.USAGE, spawn.ExitCode.STATE), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("spawn: error: "), proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["directory", "unwritable", "missing-parent"])
+def test_bad_output_path_exits_2_before_the_model_is_called(
+    env: dict[str, str], session_root: Path, mock_model: MockModel, tmp_path: Path, kind: str
+) -> None:
+    target = {"directory": tmp_path, "unwritable": tmp_path / "ro" / "out.json", "missing-parent": tmp_path / "nope" / "out.json"}[kind]
+    if kind == "unwritable":
+        target.parent.mkdir()
+        target.parent.chmod(0o500)
+    if os.geteuid() == 0 and kind == "unwritable":
+        pytest.skip("root can write anywhere")
+    proc = run_spawn(["--task", mock_task("x", [{"text": "hi"}]), "--output", str(target)], env)
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "--output")
+    assert mock_model.requests() == []
+
+
+def test_unexpected_exception_is_exit_3_naming_traceback(base_env: dict[str, str], session_root: Path) -> None:
+    code = "import spawn, sys\ndef boom(*a, **k):\n    raise KeyError('surprise')\n"
+    code += "spawn.cmd_status = boom\nsys.exit(spawn.main(sys.argv[1:]))\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "status"], env=base_env, capture_output=True, text=True, timeout=60, cwd=ROOT, check=False
+    )
+    assert proc.returncode == spawn.ExitCode.STATE, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("spawn: error: internal error KeyError") and "--traceback" in lines[0], lines
+
+
+# ---- one corrupt record does not hide a session ----
+
+
+def make_session(session_root: Path) -> Path:
+    session = session_root / "20260101-0000-x"
+    (session / "agents").mkdir(parents=True)
+    return session
+
+
+def write_agent(session: Path, agent_id: str, parent: str | None, *, pid: int = 999_999_999, **extra: object) -> Path:
+    d = session / "agents" / agent_id
+    d.mkdir()
+    meta = {
+        "id": agent_id, "parent_id": parent, "depth": int(agent_id[1]), "max_depth": 3, "pid": pid, "create_time": 1.0, "pgid": pid,
+        "trace_id": "1" * 32, "span_id": "2" * 16, "traceparent": f"00-{'1' * 32}-{'2' * 16}-01", "task": "t", "tools": ["Read"],
+        "model": "sonnet", "cwd": "/", "started_at": "2026-01-01T00:00:00.000Z", "session": str(session), "system_prompt": "",
+        "topic": "x", "background": False, **extra,
+    }  # fmt: skip
+    (d / "meta.json").write_text(json.dumps(meta))
+    return d
+
+
+def test_corrupt_started_at_is_listed_not_fatal(base_env: dict[str, str], session_root: Path) -> None:
+    session = make_session(session_root)
+    write_agent(session, "a0-aaaaaa", None, started_at="yesterday-ish")
+    proc = run_spawn(["status", "--json", str(session)], base_env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    rows = json.loads(proc.stdout)["agents"]
+    assert [(r["id"], r["state"]) for r in rows] == [("a0-aaaaaa", spawn.Status.CORRUPT)]
+    assert "meta.json" in rows[0]["error"]
+
+
+def test_truncated_sibling_does_not_hide_the_session(base_env: dict[str, str], session_root: Path) -> None:
+    session = make_session(session_root)
+    write_agent(session, "a0-000000", None)
+    (session / "agents" / "a1-111111").mkdir()
+    (session / "agents" / "a1-111111" / "meta.json").write_text('{"id": "a1-1')
+    write_agent(session, "a1-222222", "a0-999999")  # sorted after the corrupt one; its parent is elsewhere
+    proc = run_spawn(["status", "--json", str(session)], base_env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    states = {r["id"]: r["state"] for r in json.loads(proc.stdout)["agents"]}
+    assert states == {"a0-000000": "lost", "a1-111111": "corrupt", "a1-222222": "lost"}
+    reap = run_spawn(["reap", str(session)], base_env)
+    assert reap.returncode == spawn.ExitCode.OK, reap.stderr
+    reaped = json.loads(reap.stdout)
+    assert sorted(reaped["reaped"]) == ["a0-000000", "a1-222222"]  # went on past the corrupt one
+    assert [c["id"] for c in reaped["corrupt"]] == ["a1-111111"]
+    waited = run_spawn(["wait", "--session", str(session), "a1-222222"], base_env)
+    assert waited.returncode == spawn.ExitCode.AGENT_FAILED, waited.stderr
+    killed = run_spawn(["kill", "--session", str(session), "a0-000000"], base_env)
+    assert killed.returncode == spawn.ExitCode.OK, killed.stderr
+
+
+def test_later_spawn_in_a_session_with_a_corrupt_sibling_runs(env: dict[str, str], session_root: Path) -> None:
+    session = make_session(session_root)
+    (session / "agents" / "a1-111111").mkdir()
+    (session / "agents" / "a1-111111" / "meta.json").write_text("{ torn")
+    write_agent(session, "a0-000000", None, pid=os.getpid(), create_time=spawn.own_identity()[1])
+    child_env = {**env, "SPAWN_SESSION": str(session), "SPAWN_DEPTH": "0", "SPAWN_AGENT_ID": "a0-000000", "SPAWN_TOOLS": "Read"}
+    proc = run_spawn(["--task", mock_task("x", [{"text": "fine"}])], child_env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert json.loads(proc.stdout)["output"] == "fine"
+
+
+def test_stray_done_marker_is_tolerated_and_repaired(base_env: dict[str, str], session_root: Path) -> None:
+    session = make_session(session_root)
+    d = write_agent(session, "a0-000000", None)
+    (d / ".done").write_text("done\n")
+    status = run_spawn(["status", "--json", str(session)], base_env)
+    assert status.returncode == spawn.ExitCode.OK, status.stderr
+    assert json.loads(status.stdout)["agents"][0]["state"] == "lost"
+    reap = run_spawn(["reap", str(session)], base_env)
+    assert json.loads(reap.stdout)["reaped"] == ["a0-000000"], reap.stderr
+    assert json.loads((d / "outcome.json").read_text())["status"] == "failed"
+    assert (d / ".fail").exists() and not (d / ".done").exists()
+
+
+# ---- refusals and credentials ----
+
+
+def test_dry_run_of_a_refused_spawn_exits_4(base_env: dict[str, str], session_root: Path) -> None:
+    env = {**base_env, "SPAWN_DEPTH": "3", "SPAWN_MAX_DEPTH": "3", "SPAWN_AGENT_ID": "a3-000000"}
+    proc = run_spawn(["--task", "x", "--dry-run"], env)
+    assert proc.returncode == spawn.ExitCode.REFUSED, proc.stderr
+    assert json.loads(proc.stdout)["refusal"].startswith("depth limit")
+    assert "refused: depth limit" in proc.stderr
+    assert not session_root.exists()
+
+
+def test_base_url_alone_is_not_credentials(base_env: dict[str, str], session_root: Path) -> None:
+    proc = run_spawn(["--task", "x"], {**base_env, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9"})
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "no credentials")
+
+
+# ---- traces ----
+
+
+def test_trace_keeps_the_sampled_flag_and_warns_on_a_bad_env(base_env: dict[str, str]) -> None:
+    unsampled = "00-" + "a" * 32 + "-" + "b" * 16 + "-00"
+    proc = run_spawn(["--task", "x", "--dry-run", "--parent-trace", unsampled], {**base_env, **OK_ENV})
+    resolved = json.loads(proc.stdout)
+    assert resolved["traceparent"].endswith("-00") and resolved["trace_id"] == "a" * 32
+    proc = run_spawn(["--task", "x", "--dry-run"], {**base_env, **OK_ENV, "TRACEPARENT": "not-a-trace"})
+    assert proc.returncode == spawn.ExitCode.OK
+    assert any("TRACEPARENT 'not-a-trace' is not a W3C traceparent" in w for w in json.loads(proc.stdout)["warnings"])
+
+
+def test_briefing_example_uses_the_agents_own_tools(base_env: dict[str, str]) -> None:
+    proc = run_spawn(["--task", "x", "--dry-run", "--tools", "Bash,Edit"], {**base_env, **OK_ENV})
+    text = json.loads(proc.stdout)["briefing"]
+    assert "--tools Bash,Edit" in text and "--tools Read,Grep" not in text
+
+
+# ---- closed stdout ----
+
+
+def test_closed_stdout_ends_a_verb_quietly(base_env: dict[str, str], session_root: Path) -> None:
+    session = make_session(session_root)
+    write_agent(session, "a0-000000", None)
+    proc = subprocess.Popen(
+        [sys.executable, str(SPAWN), "status", "--json", str(session)],
+        env=base_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.close()  # the reader is gone before spawn.py writes a byte (`| head -c0`)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == spawn.ExitCode.OK
+    assert err == ""
