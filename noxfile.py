@@ -80,11 +80,13 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on every script."""
+    """mypy --strict on every script and on the tests."""
     install_spawn_deps(session)
     install_tool_deps(session)
     session.install(MYPY, "types-psutil", "types-jsonschema", "types-PyYAML", *TEST_DEPS, "nox")
     session.run("mypy", "--strict", *SCRIPTS)
+    # Separately: the tests import spawn and conftest as top-level modules.
+    session.run("mypy", "--strict", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py")), env={"MYPYPATH": str(ROOT)})
 
 
 @nox.session

@@ -10,8 +10,6 @@
 #
 # [tool.uv]
 # exclude-newer = "2026-11-20T00:00:00Z"
-# # Every nested level imports the SDK again; compiled bytecode halves that.
-# compile-bytecode = true
 # ///
 """spawn.py: run Claude agents that can start their own children, to any depth.
 
@@ -3180,6 +3178,12 @@ def read_task(args: argparse.Namespace) -> str:
     return task
 
 
+# Schemas of spawn.py's own records in schemas/: not output schemas for an agent.
+RECORD_SCHEMAS = frozenset(
+    {"ask", "ask-answer", "heartbeat", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
+)
+
+
 def load_schema(value: str) -> tuple[dict[str, Any], str]:
     """A schema from NAME (schemas/NAME.json), a path, or inline JSON."""
     text: str
@@ -3190,7 +3194,7 @@ def load_schema(value: str) -> tuple[dict[str, Any], str]:
     elif re.fullmatch(r"[A-Za-z0-9_.\-]+", stripped) and not stripped.endswith(".json"):
         path = SCHEMA_DIR / f"{stripped}.json"
         if not path.is_file():
-            names = sorted(p.stem for p in SCHEMA_DIR.glob("*.json")) if SCHEMA_DIR.is_dir() else []
+            names = sorted(p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS) if SCHEMA_DIR.is_dir() else []
             raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(names) or '(none)'}, a path, or inline JSON")
         text, source = path.read_text(), str(path)
     else:
@@ -3258,6 +3262,14 @@ class Plan:
     """(pid, pipe) of the guard started for an agent this process runs."""
     rules: RuleSet = field(default_factory=RuleSet)
     """The effective rules, each with where it came from (for --dry-run)."""
+
+
+def positive(name: str, value: float | None, integer: bool = False) -> None:
+    """A count (>= 0) or an amount (> 0), checked like every other number."""
+    maximum = MAX_COUNT if integer else MAX_SECONDS
+    why = None if value is None else number_problem(name, value, maximum=maximum, integer=integer, zero_ok=integer)
+    if why is not None:
+        raise UsageError(why)
 
 
 def check_run_input(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
@@ -5767,8 +5779,8 @@ def build_run_parser() -> Parser:
     p = Parser(
         prog="spawn.py",
         description=(
-            "Run a Claude agent that can spawn child agents to any depth. Verbs: wait, status, kill, reap;"
-            " dag (task graphs); plan, build, explore, run-plan-build, run-all, state (spawn.py VERB --help)."
+            "Run a Claude agent that can spawn child agents to any depth. "
+            f"Verbs: {', '.join(v for v in VERBS if not v.startswith('_'))} (spawn.py VERB --help)."
         ),
         epilog=EXIT_TABLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -5835,14 +5847,14 @@ def build_run_parser() -> Parser:
     )
     mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
     mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
-    mode.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+    mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
     return p
 
 
 def build_verb_parser(verb: str) -> Parser:
     p = Parser(prog=f"spawn.py {verb}", epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--session", metavar="DIR", help="session directory (default $SPAWN_SESSION, else the latest under the session root)")
-    p.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
     if verb == "wait":
         p.description = "Block until the agents have outcomes. Exit 0 if all are done, 1 if one failed, 124 on --timeout."
         p.add_argument("ids", nargs="+", metavar="ID")
@@ -6264,7 +6276,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.STATE
 
 
+def use_bytecode_cache(environ: Mapping[str, str]) -> None:
+    """Let the SDK's bytecode be written on first import and reused by every level.
+
+    Every nested level imports the SDK again, and bytecode halves that. uv's
+    compile-bytecode did it at install, but printed "Bytecode compiled N
+    files" on every run. Python writes it itself on first import unless
+    PYTHONDONTWRITEBYTECODE is set, or the environment is read-only; then a
+    per-user cache directory takes it.
+    """
+    sys.dont_write_bytecode = False
+    site = Path(psutil.__file__).parent.parent  # the environment the SDK is installed in
+    if os.access(site, os.W_OK):
+        return
+    with contextlib.suppress(OSError, RuntimeError):
+        cache = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "spawn-py" / "pycache"
+        cache.mkdir(parents=True, exist_ok=True)
+        sys.pycache_prefix = str(cache)
+
+
 if __name__ == "__main__":
+    use_bytecode_cache(os.environ)
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

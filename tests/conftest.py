@@ -21,6 +21,11 @@ from typing import Any
 import jsonschema
 import pytest
 
+# Run from inside a spawned agent, the tests would inherit its depth, deadline,
+# tools and session, and every spawn.py they start (or import) would obey them.
+for _name in [n for n in os.environ if n.startswith("SPAWN_") or n == "TRACEPARENT"]:
+    del os.environ[_name]
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests import spawn.py as a module
 SPAWN = ROOT / "spawn.py"

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import (
@@ -163,7 +164,7 @@ def test_definition_with_mcp_servers_makes_their_tools_available(env: dict[str, 
 # ------------------------------------------------------ widening, via dry run --
 
 
-def dry_run(env: dict[str, str], args: list[str], cwd: Path | None = None) -> dict[str, object]:
+def dry_run(env: dict[str, str], args: list[str], cwd: Path | None = None) -> dict[str, Any]:
     proc = run_spawn(["--dry-run", "--task", "t", *args], env, cwd=cwd)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -188,9 +189,9 @@ def test_widening_attempts_are_narrowed(base_env: dict[str, str], project: Path)
     assert got["permission_mode"] == "dontAsk"
     assert got["max_depth"] == 2
     assert got["max_budget_usd"] == 0.5
-    assert got["deadline"] <= time.time() + 100 - spawn.PARENT_GRACE_S  # type: ignore[operator]
-    assert got["permissions"]["deny"] == ["Read(**/.env*)"]  # type: ignore[index]
-    warnings = " ".join(got["warnings"])  # type: ignore[arg-type]
+    assert got["deadline"] <= time.time() + 100 - spawn.PARENT_GRACE_S
+    assert got["permissions"]["deny"] == ["Read(**/.env*)"]
+    warnings = " ".join(got["warnings"])
     for fragment in ("dropped: Write", "lowered to the parent's dontAsk", "--max-depth 9 lowered", "--max-budget-usd 9"):
         assert fragment in warnings
 
@@ -199,7 +200,7 @@ def test_allow_flag_cannot_widen_a_definition(base_env: dict[str, str], project:
     write_agent(project, "narrow", "description: Narrow.\ntools: Bash\npermissions:\n  allow: ['Bash(git diff:*)']")
     got = dry_run(base_env, ["--agent", "narrow", "--allow", "Bash(rm:*)", "--deny", "Bash(git push:*)"], cwd=project)
     assert got["permissions"] == {"allow": ["Bash(git diff:*)"], "deny": ["Bash(git push:*)"], "ask": []}
-    assert any("--allow can't widen" in w for w in got["warnings"])  # type: ignore[union-attr]
+    assert any("--allow can't widen" in w for w in got["warnings"])
 
 
 def test_request_with_no_tools_left_is_refused(env: dict[str, str], session_root: Path) -> None:

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 from conftest import FAKE_API_KEY, ROOT, SPAWN, MockModel, mock_task, run_spawn
 
@@ -350,3 +351,23 @@ def test_closed_stdout_ends_a_verb_quietly(base_env: dict[str, str], session_roo
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == spawn.ExitCode.OK
     assert err == ""
+
+
+def test_every_state_is_in_status_and_in_the_status_schema(base_env: dict[str, str], session_root: Path) -> None:
+    schema = json.loads((ROOT / "schemas" / "status.json").read_text())
+    states = schema["properties"]["agents"]["items"]["properties"]["state"]["enum"]
+    assert sorted(states) == sorted(s.value for s in spawn.Status)
+    session = make_session(session_root)
+    write_agent(session, "a0-000000", None)
+    (session / "agents" / "a0-111111").mkdir()
+    (session / "agents" / "a0-111111" / "meta.json").write_text("[")
+    proc = run_spawn(["status", "--json", str(session)], base_env)
+    jsonschema.Draft202012Validator(schema).validate(json.loads(proc.stdout))
+
+
+def test_unknown_schema_name_offers_only_output_schemas(base_env: dict[str, str]) -> None:
+    proc = run_spawn(["--task", "x", "--schema", "nope", "--dry-run"], base_env)
+    assert proc.returncode == spawn.ExitCode.USAGE
+    offered = proc.stderr.split("use one of ", 1)[1].split(", a path")[0].split(", ")
+    assert "findings" in offered
+    assert not set(offered) & {"meta", "outcome", "ledger-line", "heartbeat", "session", "limits"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from conftest import MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
 
@@ -38,7 +39,7 @@ def test_tree_budget_is_shared_and_refuses_once_spent(env: dict[str, str], sessi
     assert 0 < spender_meta["max_budget_usd"] <= 1.5
     status = stdout_json(run_spawn(["status", "--json"], env))
     assert status["max_budget_usd"] == 1.5
-    assert status["spent_usd"] >= found["spender"]["cost_usd"]  # type: ignore[operator]
+    assert status["spent_usd"] >= found["spender"]["cost_usd"]
     validate_records(session_root)
 
 
@@ -64,7 +65,7 @@ def test_max_concurrent_queues_instead_of_dropping(env: dict[str, str], session_
     assert proc.returncode == 0, proc.stderr
     found = outcomes_by_task(session_root)
     assert found["kid1"]["status"] == found["kid2"]["status"] == "done"
-    spans = {}
+    spans: dict[str, Any] = {}
     for r in mock_model.requests():
         if r["kind"] == "main":
             spans.setdefault(r["task_digest"], []).append(r["time"])

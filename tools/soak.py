@@ -1,7 +1,7 @@
 #!/usr/bin/env -S uv run --script
 # /// script
 # requires-python = ">=3.11"
-# dependencies = ["psutil>=6,<8"]
+# dependencies = ["jsonschema>=4.23,<5", "psutil>=6,<8"]
 #
 # [tool.uv]
 # exclude-newer = "2026-11-20T00:00:00Z"

@@ -1,0 +1,64 @@
+"""Quiet, hermetic, honest tooling: the script's settings, the tests' own hygiene, --help."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT, SPAWN, run_spawn
+
+import spawn
+
+
+def script_block(path: Path) -> str:
+    """The PEP 723 block of a script, without the comment markers."""
+    text = path.read_text()
+    block = re.search(r"^# /// script\n(.*?)^# ///$", text, re.MULTILINE | re.DOTALL)
+    assert block is not None, path
+    return "\n".join(line.removeprefix("#").removeprefix(" ") for line in block.group(1).splitlines())
+
+
+def test_no_bytecode_compile_setting_that_prints_on_every_run() -> None:
+    assert "compile-bytecode" not in script_block(SPAWN)
+
+
+def test_soak_declares_what_it_imports() -> None:
+    block = script_block(ROOT / "tools" / "soak.py")
+    assert "jsonschema" in block and "psutil" in block
+
+
+def test_tests_are_type_checked() -> None:
+    assert '"tests"' in (ROOT / "noxfile.py").read_text().split("def typecheck", 1)[1].split("@nox.session", 1)[0]
+
+
+def test_no_spawn_variable_leaks_into_the_tests() -> None:
+    leaked = [n for n in os.environ if n.startswith("SPAWN_") or n == "TRACEPARENT"]
+    assert leaked == []
+
+
+def test_tests_pass_when_run_from_inside_an_agent(tmp_path: Path) -> None:
+    agent_env = {**os.environ, "SPAWN_DEPTH": "3", "SPAWN_MAX_DEPTH": "3", "SPAWN_DEADLINE": "1", "TRACEPARENT": "junk"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::test_no_spawn_variable_leaks_into_the_tests"],
+        env=agent_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+def test_help_lists_every_verb_and_traceback(base_env: dict[str, str]) -> None:
+    proc = run_spawn(["--help"], base_env)
+    assert proc.returncode == spawn.ExitCode.OK
+    text = " ".join(proc.stdout.split())
+    for verb in ("wait", "status", "kill", "reap", "approve", "deny", "agents"):
+        assert re.search(rf"\b{verb}\b", text.split("Verbs:", 1)[1]), verb
+    assert "--traceback" in text
+    verb_help = run_spawn(["status", "--help"], base_env)
+    assert "--traceback" in verb_help.stdout
