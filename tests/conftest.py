@@ -13,12 +13,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import psutil
 import pytest
 
 # Run from inside a spawned agent, the tests would inherit its depth, deadline,
@@ -161,6 +162,28 @@ def wait_for_path(path: Path, timeout: float = 30) -> None:
     while not path.exists():
         assert time.monotonic() < limit, f"{path} did not appear"
         time.sleep(0.05)
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    """The pids that still run (a zombie has ended: only its parent hasn't reaped it)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_until_gone(pids: Iterable[int], timeout: float) -> list[int]:
+    """Wait for processes to end; the ones still alive at the timeout."""
+    limit = time.monotonic() + timeout
+    left = alive(pids)
+    while left and time.monotonic() < limit:
+        time.sleep(0.1)
+        left = alive(left)
+    return left
 
 
 def validate_records(session_root: Path) -> int:

@@ -57,7 +57,7 @@ def test_definition_tools_prompt_and_schema_take_effect(env: dict[str, str], ses
     write_agent(project, "scout", "description: Scout things.\ntools: Read\nschema: summary\nmax_depth: 1", body="You are SCOUT-PROMPT.")
     task = mock_task("look", [{"bash": "echo should-not-run"}, {"structured": {"summary": "scouted"}}])
     proc = run_spawn(["--agent", "scout", "--task", task, "--tools", "Read,Bash", "--cwd", str(project)], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["output"] == {"summary": "scouted"}
     (agent_dir,) = agent_dirs(session_root)
     meta = load(agent_dir / "meta.json")
@@ -76,7 +76,7 @@ def test_denied_bash_command_is_refused_and_audited(env: dict[str, str], session
     victim.write_text("keep me")
     task = mock_task("clean up", [{"bash": f"echo tidy && rm -f {victim}"}, {"bash": "echo allowed-run"}, {"text": "done"}])
     proc = run_spawn(["--task", task, "--tools", "Bash", "--deny", "Bash(rm:*)"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert victim.read_text() == "keep me"
     (agent_dir,) = agent_dirs(session_root)
     audit = decisions(agent_dir)
@@ -108,12 +108,12 @@ def test_ask_goes_up_the_tree_and_is_answered(env: dict[str, str], session_root:
     listed = stdout_json(run_spawn(["status", "--json"], env))
     assert [a["id"] for a in listed["pending_asks"]] == [ask["id"]]
     answered = run_spawn([answer, str(ask["id"])], env)
-    assert answered.returncode == 0, answered.stderr
+    assert answered.returncode == spawn.ExitCode.OK, answered.stderr
     again = run_spawn([answer, str(ask["id"])], env)
-    assert again.returncode == 2
+    assert again.returncode == spawn.ExitCode.USAGE
     assert "already answered" in again.stderr
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    assert proc.returncode == spawn.ExitCode.OK, err
     assert target.exists() is created
     (agent_dir,) = agent_dirs(session_root)
     (decision,) = decisions(agent_dir)
@@ -126,7 +126,7 @@ def test_unanswered_ask_is_denied_after_the_timeout(env: dict[str, str], session
     target = tmp_path / "never"
     task = mock_task("make a file", [{"bash": f"touch {target}"}, {"text": "finished"}])
     proc = run_spawn(["--task", task, "--tools", "Bash", "--ask", "Bash(touch:*)"], {**env, "SPAWN_ASK_TIMEOUT_S": "1"})
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert not target.exists()
     (agent_dir,) = agent_dirs(session_root)
     assert decisions(agent_dir)[0]["by"] == "timeout"
@@ -139,7 +139,7 @@ def test_child_keeps_parent_deny_rules_even_with_its_env_cleared(env: dict[str, 
     tamper = "unset SPAWN_DENY SPAWN_ASK SPAWN_PERMISSION_MODE; "
     root = mock_task("root", [{"bash": tamper + spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "root done"}])
     proc = run_spawn(["--task", root, "--tools", "Bash", "--deny", "Bash(rm:*)"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert victim.read_text() == "keep me"
     child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
     assert "Bash(rm:*)" in load(child_dir / "meta.json")["permissions"]["deny"]
@@ -152,7 +152,7 @@ def test_definition_with_mcp_servers_makes_their_tools_available(env: dict[str, 
     write_agent(project, "echoer", f"description: Echo through MCP.\ntools: Read\n{servers}")
     task = mock_task("echo it", [{"tool": "mcp__echo__echo", "input": {"text": "hello"}}, {"text": "echoed"}])
     proc = run_spawn(["--agent", "echoer", "--task", task, "--cwd", str(project)], env, timeout=180)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     (agent_dir,) = agent_dirs(session_root)
     assert load(agent_dir / "meta.json")["mcp_servers"] == ["echo"]
     transcript = (agent_dir / "transcript.jsonl").read_text()
@@ -166,7 +166,7 @@ def test_definition_with_mcp_servers_makes_their_tools_available(env: dict[str, 
 
 def dry_run(env: dict[str, str], args: list[str], cwd: Path | None = None) -> dict[str, Any]:
     proc = run_spawn(["--dry-run", "--task", "t", *args], env, cwd=cwd)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     data = json.loads(proc.stdout)
     assert isinstance(data, dict)
     return data
@@ -205,7 +205,7 @@ def test_allow_flag_cannot_widen_a_definition(base_env: dict[str, str], project:
 
 def test_request_with_no_tools_left_is_refused(env: dict[str, str], session_root: Path) -> None:
     proc = run_spawn(["--task", "t", "--tools", "Write"], {**env, "SPAWN_DEPTH": "0", "SPAWN_TOOLS": "Read"})
-    assert proc.returncode == 4
+    assert proc.returncode == spawn.ExitCode.REFUSED
     assert "tools: none of Write" in proc.stderr
 
 
@@ -236,17 +236,17 @@ def test_agents_list_new_and_lint(base_env: dict[str, str], project: Path) -> No
     # tmp_path inside a checkout (nox puts TMPDIR there) would find the repo's.
     (project / ".claude" / "agents").mkdir(parents=True)
     created = run_spawn(["agents", "new", "helper"], base_env, cwd=project)
-    assert created.returncode == 0, created.stderr
+    assert created.returncode == spawn.ExitCode.OK, created.stderr
     path = project / ".claude" / "agents" / "helper.md"
     assert path.exists()
-    assert run_spawn(["agents", "new", "helper"], base_env, cwd=project).returncode == 2
-    assert run_spawn(["agents", "lint"], base_env, cwd=project).returncode == 0
+    assert run_spawn(["agents", "new", "helper"], base_env, cwd=project).returncode == spawn.ExitCode.USAGE
+    assert run_spawn(["agents", "lint"], base_env, cwd=project).returncode == spawn.ExitCode.OK
     listed = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project))
     assert [a["name"] for a in listed["agents"]] == ["helper"]
     write_agent(project, "broken", "description: x\ntools: Read, Teleport\nschema: nope\ncolour: red")
     (project / ".claude" / "agents" / "badyaml.md").write_text("---\nname: badyaml\ndescription: [unclosed\n---\nbody\n")
     lint = run_spawn(["agents", "lint"], base_env, cwd=project)
-    assert lint.returncode == 2
+    assert lint.returncode == spawn.ExitCode.USAGE
     # Only the unresolved schema is an error; Claude Code loads the rest.
     assert "broken.md:4: warning: unknown tool Teleport" in lint.stdout
     assert "broken.md:5: error: schema 'nope'" in lint.stdout
@@ -257,7 +257,7 @@ def test_agents_list_new_and_lint(base_env: dict[str, str], project: Path) -> No
 
 def test_shipped_agents_lint_clean(base_env: dict[str, str]) -> None:
     proc = run_spawn(["agents", "lint"], base_env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout
+    assert proc.returncode == spawn.ExitCode.OK, proc.stdout
     names = [a["name"] for a in stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=ROOT))["agents"]]
     expected = ["architect", "build", "code-reviewer", "debugger", "documentation-writer", "explore", "plan", "test-engineer"]
     assert names == expected

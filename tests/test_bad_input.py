@@ -57,7 +57,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess[str], code: int, sessio
 )
 def test_bad_run_input_exits_2(base_env: dict[str, str], session_root: Path, args: list[str], fragment: str) -> None:
     proc = run_spawn(args, {**base_env, **OK_ENV})
-    assert_clean_error(proc, 2, session_root, fragment)
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, fragment)
 
 
 def test_unwritable_session_root_exits_3(base_env: dict[str, str], tmp_path: Path) -> None:
@@ -65,36 +65,36 @@ def test_unwritable_session_root_exits_3(base_env: dict[str, str], tmp_path: Pat
     blocker.write_text("not a directory")
     root = blocker / "sessions"
     proc = run_spawn(["--task", "x", "--session", str(root)], {**base_env, **OK_ENV})
-    assert_clean_error(proc, 3, root, "can't create session root")
+    assert_clean_error(proc, spawn.ExitCode.STATE, root, "can't create session root")
     proc = run_spawn(["--task", "x"], {**base_env, **OK_ENV, "SPAWN_SESSION_ROOT": str(root)})
-    assert_clean_error(proc, 3, root, "pass --session DIR")
+    assert_clean_error(proc, spawn.ExitCode.STATE, root, "pass --session DIR")
 
 
 def test_missing_credentials_exit_2_and_say_how(base_env: dict[str, str], session_root: Path) -> None:
     proc = run_spawn(["--task", "x"], base_env)
-    assert_clean_error(proc, 2, session_root, "set ANTHROPIC_API_KEY")
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "set ANTHROPIC_API_KEY")
     assert "ANTHROPIC_BASE_URL" in proc.stderr
 
 
 def test_missing_cli_exits_2(base_env: dict[str, str], session_root: Path) -> None:
     proc = run_spawn(["--task", "x"], {**base_env, **OK_ENV, "SPAWN_CLI": "/nonexistent/claude"})
-    assert_clean_error(proc, 2, session_root, "claude CLI not found")
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "claude CLI not found")
 
 
 def test_malformed_model_tiers_exit_2(base_env: dict[str, str], session_root: Path) -> None:
     proc = run_spawn(["--task", "x"], {**base_env, **OK_ENV, "SPAWN_MODEL_TIERS": "high-tier"})
-    assert_clean_error(proc, 2, session_root, "SPAWN_MODEL_TIERS")
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "SPAWN_MODEL_TIERS")
 
 
 @pytest.mark.parametrize("verb", [["wait", "a1-000000"], ["kill", "a1-000000"], ["status", "a1-000000"]])
 def test_verbs_on_unknown_agent_exit_2(base_env: dict[str, str], session_root: Path, verb: list[str]) -> None:
     proc = run_spawn(verb, base_env)
-    assert_clean_error(proc, 2, session_root, "no agent 'a1-000000'")
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "no agent 'a1-000000'")
 
 
 def test_status_without_sessions_exits_2(base_env: dict[str, str], session_root: Path) -> None:
     proc = run_spawn(["status"], base_env)
-    assert_clean_error(proc, 2, session_root, "no session found")
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "no session found")
 
 
 def test_corrupt_record_exits_3(base_env: dict[str, str], session_root: Path) -> None:
@@ -102,13 +102,13 @@ def test_corrupt_record_exits_3(base_env: dict[str, str], session_root: Path) ->
     agent.mkdir(parents=True)
     (agent / "meta.json").write_text("{ torn")
     proc = run_spawn(["wait", "a0-abcdef"], base_env)
-    assert proc.returncode == 3
+    assert proc.returncode == spawn.ExitCode.STATE
     assert proc.stderr.startswith("spawn: error: corrupt record")
 
 
 def test_dry_run_resolves_everything_and_writes_nothing(base_env: dict[str, str], session_root: Path) -> None:
     proc = run_spawn(["--task", "plan it", "--model", "high-tier", "--schema", "plan", "--tools", "Read,Bash", "--dry-run"], base_env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     resolved = json.loads(proc.stdout)
     assert resolved["model"] == "opus"
     assert resolved["tools"] == ["Read", "Bash"]

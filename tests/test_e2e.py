@@ -26,14 +26,17 @@ from conftest import (
     stdout_json,
     validate_records,
     wait_for_path,
+    wait_until_gone,
 )
+
+import spawn
 
 
 def test_single_agent_runs_bash_and_answers(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     marker = tmp_path / "ran.txt"
     task = mock_task("write a file", [{"bash": f"echo from-agent > {marker}"}, {"text": "wrote it"}])
     proc = run_spawn(["--task", task, "--tools", "Bash"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     result = stdout_json(proc)
     assert result["status"] == "done"
     assert result["output"] == "wrote it"
@@ -51,7 +54,7 @@ def test_depth3_chain_each_level_spawns_through_bash(env: dict[str, str], sessio
     middle = mock_task("middle level", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Read")}, {"text": "middle-result"}])
     root = mock_task("root level", [{"bash": spawn_in_bash("--task", middle, "--tools", "Bash,Read")}, {"text": "root-result"}])
     proc = run_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "3"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["output"] == "root-result"
 
     by_depth = {m["depth"]: m for m in metas(session_root).values()}
@@ -76,7 +79,7 @@ def test_refusal_at_max_depth_is_recorded_and_calls_no_model(env: dict[str, str]
     child = mock_task("child", [{"bash": spawn_in_bash("--task", too_deep, "--tools", "Read")}, {"text": "child-saw-refusal"}])
     root = mock_task("root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash,Read")}, {"text": "root-done"}])
     proc = run_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "1"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     by_depth = {m["depth"]: m for m in metas(session_root).values()}
     assert sorted(by_depth) == [0, 1, 2]
     refused_dir = next(session_root.glob(f"*/agents/{by_depth[2]['id']}"))
@@ -94,7 +97,7 @@ def test_refusal_at_max_depth_is_recorded_and_calls_no_model(env: dict[str, str]
 
 def test_refusal_from_the_command_line_exits_4(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
     proc = run_spawn(["--task", "anything"], {**env, "SPAWN_DEPTH": "2", "SPAWN_MAX_DEPTH": "2"})
-    assert proc.returncode == 4
+    assert proc.returncode == spawn.ExitCode.REFUSED
     assert proc.stderr.strip().splitlines()[-1].startswith("spawn: error: refused: depth limit")
     assert stdout_json(proc)["status"] == "refused"
     assert mock_model.requests() == []
@@ -105,13 +108,13 @@ def test_background_children_and_wait_all(env: dict[str, str], session_root: Pat
     ids = []
     for name in ("first", "second"):
         proc = run_spawn(["--background", "--task", mock_task(name, [{"sleep": 1, "text": f"{name}-out"}])], env)
-        assert proc.returncode == 0, proc.stderr
+        assert proc.returncode == spawn.ExitCode.OK, proc.stderr
         launched = stdout_json(proc)
         assert launched["status"] == "running"
         assert Path(launched["agent_dir"], "meta.json").exists()
         ids.append(launched["id"])
     proc = run_spawn(["wait", *ids, "--all"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     waited = stdout_json(proc)
     assert waited["status"] == "done"
     assert sorted(a["output"] for a in waited["agents"]) == ["first-out", "second-out"]
@@ -125,7 +128,7 @@ def test_agent_fans_out_in_background_and_waits(env: dict[str, str], session_roo
     script = f'ids=""; {launch}; "$SPAWN_PYTHON" "$SPAWN_PY" wait $ids --all'
     root = mock_task("fan out", [{"bash": script}, {"text": "fanned"}])
     proc = run_spawn(["--task", root, "--tools", "Bash"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     by_id = metas(session_root)
     root_id = stdout_json(proc)["id"]
     children = [m for m in by_id.values() if m.get("parent_id") == root_id]
@@ -147,7 +150,7 @@ def test_wait_reports_a_sigkilled_child_within_2s(env: dict[str, str], session_r
     killed_at = time.monotonic()
     out, err = waiter.communicate(timeout=30)
     elapsed = time.monotonic() - killed_at
-    assert waiter.returncode == 1, err
+    assert waiter.returncode == spawn.ExitCode.AGENT_FAILED, err
     assert elapsed < 2.0 + 0.5, f"wait took {elapsed:.2f}s to notice"
     result = json.loads(out)
     assert result["agents"][0]["status"] == "failed"
@@ -160,7 +163,7 @@ def test_wait_reports_a_sigkilled_child_within_2s(env: dict[str, str], session_r
 def test_schema_invalid_output_fails_with_validation_errors(env: dict[str, str], session_root: Path) -> None:
     task = mock_task("answer", [{"structured": {"wrong": 1}}])
     proc = run_spawn(["--task", task, "--schema", "summary", "--tools", ""], env)
-    assert proc.returncode == 1
+    assert proc.returncode == spawn.ExitCode.AGENT_FAILED
     result = stdout_json(proc)
     assert result["status"] == "failed"
     assert any("'summary' is a required property" in e for e in result["validation_errors"])
@@ -174,7 +177,7 @@ def test_schema_valid_output_goes_to_output_file(env: dict[str, str], session_ro
     out_file = tmp_path / "out" / "result.json"
     task = mock_task("answer", [{"structured": {"summary": "forty-two"}}])
     proc = run_spawn(["--task", task, "--schema", "summary", "--output", str(out_file)], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["output"] == {"summary": "forty-two"}
     assert json.loads(out_file.read_text()) == {"summary": "forty-two"}
     validate_records(session_root)
@@ -184,7 +187,7 @@ def test_timeout_exits_124_and_ends_the_cli(env: dict[str, str], session_root: P
     task = mock_task("stall", [{"sleep": 60, "text": "too late"}])
     started = time.monotonic()
     proc = run_spawn(["--task", task, "--timeout", "4"], env)
-    assert proc.returncode == 124, proc.stderr
+    assert proc.returncode == spawn.ExitCode.TIMEOUT, proc.stderr
     assert time.monotonic() - started < 30
     (agent_dir,) = agent_dirs(session_root)
     assert load(agent_dir / "outcome.json")["status"] == "timeout"
@@ -208,7 +211,7 @@ def test_cli_runs_in_its_own_process_group(env: dict[str, str], session_root: Pa
     assert beat["cli_pgid"] == beat["cli_pid"] != meta["pgid"]
     assert os.getpgid(beat["cli_pid"]) == beat["cli_pgid"]
     proc.communicate(timeout=60)
-    assert proc.returncode == 0
+    assert proc.returncode == spawn.ExitCode.OK
 
 
 def test_kill_cascades_to_descendants(env: dict[str, str], session_root: Path) -> None:
@@ -228,21 +231,22 @@ def test_kill_cascades_to_descendants(env: dict[str, str], session_root: Path) -
     wait_for_path(gc_dir / "heartbeat.json")
     pids = [m["pid"] for m in metas(session_root).values()] + [load(gc_dir / "heartbeat.json")["cli_pid"]]
     proc = run_spawn(["kill", launched["id"]], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     statuses = {d.name: load(d / "outcome.json")["status"] for d in agent_dirs(session_root)}
     assert set(statuses.values()) == {"killed"}, statuses
-    time.sleep(0.5)
-    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert alive == []
+    # An agent that committed its own outcome (on its parent's SIGTERM) may
+    # still be exiting when `kill` returns; and a blind sleep then
+    # psutil.Process() raced with that exit (NoSuchProcess). Wait for it.
+    assert wait_until_gone(pids, timeout=10) == []
     validate_records(session_root)
 
 
 def test_status_shows_the_tree(env: dict[str, str], session_root: Path) -> None:
     child = mock_task("child", [{"text": "c"}])
     root = mock_task("root", [{"bash": spawn_in_bash("--task", child)}, {"text": "r"}])
-    assert run_spawn(["--task", root, "--tools", "Bash"], env).returncode == 0
+    assert run_spawn(["--task", root, "--tools", "Bash"], env).returncode == spawn.ExitCode.OK
     proc = run_spawn(["status", "--json"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     rows = stdout_json(proc)["agents"]
     assert [r["depth"] for r in rows] == [0, 1]
     assert all(r["state"] == "done" for r in rows)
@@ -254,7 +258,7 @@ def test_status_shows_the_tree(env: dict[str, str], session_root: Path) -> None:
 def test_no_secret_is_written_to_any_record(env: dict[str, str], session_root: Path) -> None:
     task = mock_task("leak", [{"bash": "echo key=$ANTHROPIC_API_KEY; env"}, {"text": f"my key is {FAKE_API_KEY}"}])
     proc = run_spawn(["--task", task, "--tools", "Bash"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     files = [p for p in session_root.rglob("*") if p.is_file()]
     assert files
     for path in files:
@@ -265,7 +269,7 @@ def test_no_secret_is_written_to_any_record(env: dict[str, str], session_root: P
 def test_large_output_is_truncated_on_stdout_but_whole_on_disk(env: dict[str, str], session_root: Path) -> None:
     big = "x" * 40_000
     proc = run_spawn(["--task", mock_task("big", [{"text": big}])], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     result = stdout_json(proc)
     assert result["output_truncated"] is True
     assert len(proc.stdout) < 20_000
@@ -286,7 +290,7 @@ def test_depth_cannot_be_reset_from_bash(
     child = mock_task("child", [{"bash": prefix + spawn_in_bash("--task", too_deep, "--max-depth", "9")}, {"text": "child-done"}])
     root = mock_task("root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "root-done"}])
     proc = run_spawn(["--task", root, "--tools", "Bash", "--max-depth", "1"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert not any("sneaky" in json.dumps(r) for r in mock_model.requests())
     refused = [
         load(p)
@@ -306,7 +310,7 @@ def test_task_from_stdin(env: dict[str, str], session_root: Path) -> None:
         timeout=120,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["output"] == "read it"
     assert load(agent_dirs(session_root)[0] / "meta.json")["task"].startswith("from stdin")
 
@@ -315,13 +319,13 @@ def test_wait_any_returns_with_the_first_outcome(env: dict[str, str], session_ro
     fast = stdout_json(run_spawn(["--background", "--task", mock_task("fast", [{"text": "quick"}])], env))
     slow = stdout_json(run_spawn(["--background", "--task", mock_task("slow", [{"sleep": 60, "text": "never"}])], env))
     proc = run_spawn(["wait", fast["id"], slow["id"], "--any", "--timeout", "60"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     waited = stdout_json(proc)
     assert [a["id"] for a in waited["agents"]] == [fast["id"]]
     assert waited["pending"] == [slow["id"]]
-    assert run_spawn(["kill", slow["id"]], env).returncode == 0
+    assert run_spawn(["kill", slow["id"]], env).returncode == spawn.ExitCode.OK
     timed_out = run_spawn(["wait", slow["id"], "--timeout", "0.5"], env)
-    assert timed_out.returncode == 1  # its outcome exists, and it is not done
+    assert timed_out.returncode == spawn.ExitCode.AGENT_FAILED  # its outcome exists, and it is not done
     assert stdout_json(timed_out)["agents"][0]["status"] == "killed"
 
 
@@ -334,7 +338,7 @@ def test_sigint_interrupts_and_records_it(env: dict[str, str], session_root: Pat
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 130
+    assert proc.returncode == spawn.ExitCode.INTERRUPTED
     assert json.loads(out)["status"] == "interrupted"
     validate_records(session_root)
 
@@ -342,6 +346,6 @@ def test_sigint_interrupts_and_records_it(env: dict[str, str], session_root: Pat
 def test_wait_timeout_exits_124(env: dict[str, str], session_root: Path) -> None:
     slow = stdout_json(run_spawn(["--background", "--task", mock_task("slow", [{"sleep": 60, "text": "never"}])], env))
     proc = run_spawn(["wait", slow["id"], "--timeout", "1"], env)
-    assert proc.returncode == 124
+    assert proc.returncode == spawn.ExitCode.TIMEOUT
     assert stdout_json(proc)["pending"] == [slow["id"]]
     run_spawn(["kill", slow["id"]], env)

@@ -8,6 +8,8 @@ from typing import Any
 
 from conftest import MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
 
+import spawn
+
 # The scripted model reports this usage; the CLI prices it at well over $1.
 EXPENSIVE = {"input_tokens": 1_000_000, "output_tokens": 10}
 
@@ -28,7 +30,7 @@ def test_tree_budget_is_shared_and_refuses_once_spent(env: dict[str, str], sessi
         [{"bash": spawn_in_bash("--task", spender) + "; " + spawn_in_bash("--task", late) + "; echo exit=$?"}, {"text": "root done"}],
     )
     proc = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", "1.5"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     found = outcomes_by_task(session_root)
     assert isinstance(found["spender"]["cost_usd"], float)
     assert found["latecomer"]["status"] == "refused"
@@ -47,7 +49,7 @@ def test_max_agents_caps_the_session(env: dict[str, str], session_root: Path) ->
     kids = [mock_task(f"kid{i}", [{"text": f"kid{i} done"}]) for i in (1, 2)]
     root = mock_task("root", [{"bash": " ; ".join(spawn_in_bash("--task", k) for k in kids)}, {"text": "root done"}])
     proc = run_spawn(["--task", root, "--tools", "Bash", "--max-agents", "2"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     found = outcomes_by_task(session_root)
     assert found["kid1"]["status"] == "done"
     assert found["kid2"]["status"] == "refused"
@@ -62,7 +64,7 @@ def test_max_concurrent_queues_instead_of_dropping(env: dict[str, str], session_
     root = mock_task("root", [{"bash": f'ids=""; {launch}; "$SPAWN_PYTHON" "$SPAWN_PY" wait $ids --all'}, {"text": "root done"}])
     # One slot: the root lends it while it waits, so the kids must run one after the other.
     proc = run_spawn(["--task", root, "--tools", "Bash", "--max-concurrent", "1", "--timeout", "120"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     found = outcomes_by_task(session_root)
     assert found["kid1"]["status"] == found["kid2"]["status"] == "done"
     spans: dict[str, Any] = {}
@@ -79,6 +81,6 @@ def test_max_concurrent_queues_instead_of_dropping(env: dict[str, str], session_
 def test_limits_on_a_child_are_ignored_with_a_warning(env: dict[str, str], session_root: Path) -> None:
     child = mock_task("child", [{"text": "ok"}])
     root = mock_task("root", [{"bash": spawn_in_bash("--task", child, "--max-agents", "99")}, {"text": "root done"}])
-    assert run_spawn(["--task", root, "--tools", "Bash"], env).returncode == 0
+    assert run_spawn(["--task", root, "--tools", "Bash"], env).returncode == spawn.ExitCode.OK
     child_meta = next(load(d / "meta.json") for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
     assert any("set by its root" in w for w in child_meta["warnings"])

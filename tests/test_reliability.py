@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -22,6 +21,7 @@ import pytest
 from conftest import (
     ROOT,
     agent_dirs,
+    alive,
     load,
     metas,
     mock_task,
@@ -31,31 +31,14 @@ from conftest import (
     stdout_json,
     validate_records,
     wait_for_path,
+    wait_until_gone,
 )
+
+import spawn
 
 GRACE_S = 3.0  # spawn.py's KILL_GRACE_S
 # Claude Code refuses a bare `sleep N` in Bash; this is a long command it runs.
 LONG_COMMAND = "python3 -c 'import time; time.sleep(60)'"
-
-
-def alive(pids: Iterable[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def wait_until_gone(pids: Iterable[int], timeout: float) -> list[int]:
-    limit = time.monotonic() + timeout
-    left = alive(pids)
-    while left and time.monotonic() < limit:
-        time.sleep(0.1)
-        left = alive(left)
-    return left
 
 
 def tree_pids(session_root: Path) -> set[int]:
@@ -126,7 +109,7 @@ def test_sigkilled_middle_of_depth3_tree_leaves_nothing_running(env: dict[str, s
     pids = tree_pids(session_root)
     os.kill(load(middle_dir / "meta.json")["pid"], signal.SIGKILL)
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
+    assert proc.returncode == spawn.ExitCode.OK, err
     assert json.loads(out)["output"] == "root saw the failure"
     assert wait_until_gone(pids, GRACE_S + 5) == []
     statuses = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
@@ -148,7 +131,7 @@ def test_reap_settles_an_agent_whose_guard_died_too(env: dict[str, str], session
     listed = run_spawn(["status", "--json"], env)
     assert stdout_json(listed)["agents"][0]["state"] == "lost"
     proc = run_spawn(["reap", str(agent_dir.parent.parent)], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["reaped"] == [agent_dir.name]
     assert load(agent_dir / "outcome.json")["committed_by"] == "reap"
     assert wait_until_gone([cli_pid], 2) == []
@@ -163,7 +146,7 @@ def test_next_spawn_in_the_session_settles_dead_agents(env: dict[str, str], sess
     os.kill(launched["pid"], signal.SIGKILL)
     session = agent_dir.parent.parent
     proc = run_spawn(["--task", mock_task("next", [{"text": "hi"}])], {**env, "SPAWN_SESSION": str(session), "SPAWN_DEPTH": "0"})
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     outcome = load(agent_dir / "outcome.json")
     assert (outcome["status"], outcome["committed_by"]) == ("failed", "spawn")
     validate_records(session_root)
@@ -178,7 +161,7 @@ def test_sigterm_ends_the_subtree_and_records_killed(env: dict[str, str], sessio
     pids = tree_pids(session_root)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=30)
-    assert proc.returncode == 143
+    assert proc.returncode == spawn.ExitCode.KILLED
     assert json.loads(out)["status"] == "killed"
     assert wait_until_gone(pids, GRACE_S + 5) == []
     by_depth = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
@@ -194,7 +177,7 @@ def test_deadlines_flow_down_and_end_the_tree(env: dict[str, str], session_root:
     started = time.monotonic()
     proc = run_spawn(["--task", root, "--tools", "Bash", "--timeout", "12"], env)
     elapsed = time.monotonic() - started
-    assert proc.returncode == 124, proc.stderr
+    assert proc.returncode == spawn.ExitCode.TIMEOUT, proc.stderr
     assert elapsed < 12 + 15
     by_depth = {m["depth"]: m for m in metas(session_root).values()}
     assert by_depth[1]["deadline"] <= by_depth[0]["deadline"] - 5 + 0.01
@@ -207,7 +190,7 @@ def test_deadlines_flow_down_and_end_the_tree(env: dict[str, str], session_root:
 
 def test_child_past_the_parent_deadline_is_refused(env: dict[str, str], session_root: Path, mock_model: object) -> None:
     proc = run_spawn(["--task", "late"], {**env, "SPAWN_DEPTH": "0", "SPAWN_DEADLINE": str(time.time() + 2)})
-    assert proc.returncode == 4
+    assert proc.returncode == spawn.ExitCode.REFUSED
     assert "deadline" in proc.stderr
 
 
@@ -218,7 +201,7 @@ def test_wait_reports_a_stuck_agent_instead_of_hanging(env: dict[str, str], sess
     os.kill(launched["pid"], signal.SIGSTOP)
     try:
         proc = run_spawn(["wait", launched["id"]], fast, timeout=30)
-        assert proc.returncode == 1
+        assert proc.returncode == spawn.ExitCode.AGENT_FAILED
         assert stdout_json(proc)["stale"] == [launched["id"]]
         assert "stale" in proc.stderr
     finally:
@@ -243,7 +226,7 @@ def test_model_faults_end_cleanly(
     assert result["status"] == expect_status, result
     if expect_in_reason:
         assert expect_in_reason in result["reason"]
-        assert proc.returncode == 1
+        assert proc.returncode == spawn.ExitCode.AGENT_FAILED
     else:
         assert result["output"] == "recovered"
     validate_records(session_root)
@@ -267,14 +250,14 @@ def test_random_sigkills_leave_no_survivor_and_exactly_one_outcome(seed: int, tm
     assert totals["agents_with_two_outcomes"] == 0, proc.stderr
     assert totals["invalid_records"] == 0, proc.stderr
     assert totals["trial_errors"] == 0, proc.stderr
-    assert proc.returncode == 0
+    assert proc.returncode == spawn.ExitCode.OK
 
 
 def test_finishing_agent_ends_unwaited_background_children(env: dict[str, str], session_root: Path) -> None:
     child = mock_task("forgotten", [{"sleep": 60, "text": "never"}])
     root = mock_task("root", [{"bash": spawn_in_bash("--background", "--task", child)}, {"text": "root done early"}])
     proc = run_spawn(["--task", root, "--tools", "Bash"], env)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
     assert load(child_dir / "outcome.json")["status"] == "killed"
     assert wait_until_gone(tree_pids(session_root), GRACE_S + 5) == []
