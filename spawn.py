@@ -3055,8 +3055,9 @@ name: {name}
 description: Use for ... (distinctive words that match the tasks it should get)
 # Tools it sees, comma-separated; a spawn can narrow them, never widen.
 tools: Read, Grep, Glob
-# high-tier, medium-tier, low-tier, a model id, or inherit (the parent's).
-model: medium-tier
+# sonnet, opus, haiku, a model id, or inherit (the parent's): names Claude Code
+# knows too. spawn.py also takes its tiers here (high-tier, medium-tier, low-tier).
+model: sonnet
 # plan, dontAsk (spawn.py's default), default, acceptEdits, bypassPermissions.
 # permissionMode: dontAsk
 # maxTurns: 20              # its turn limit

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
+import socket
+import struct
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
-from conftest import ROOT, SPAWN, run_spawn
+from conftest import ROOT, SPAWN, MockModel, run_spawn
 
 import spawn
 
@@ -62,3 +68,20 @@ def test_help_lists_every_verb_and_traceback(base_env: dict[str, str]) -> None:
     assert "--traceback" in text
     verb_help = run_spawn(["status", "--help"], base_env)
     assert "--traceback" in verb_help.stdout
+
+
+def test_mock_model_ignores_a_client_that_hangs_up(mock_model: MockModel) -> None:
+    url = urllib.parse.urlparse(mock_model.url)
+    assert url.hostname is not None and url.port is not None
+    body = json.dumps({"model": "m", "max_tokens": 10, "tools": [{"name": "Bash"}], "messages": [{"role": "user", "content": "hi"}]})
+    request = f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+    with socket.create_connection((url.hostname, url.port)) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST, like a killed CLI
+        sock.sendall(request.encode())
+    # A whole request on a new connection: served after the hung-up one was handled.
+    ok = urllib.request.Request(mock_model.url + "/v1/messages", data=body.encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(ok, timeout=10) as resp:
+        assert resp.status == 200
+    mock_model.process.send_signal(signal.SIGTERM)
+    _, err = mock_model.process.communicate(timeout=10)
+    assert b"Traceback" not in err, err.decode()[-2000:]

@@ -739,11 +739,20 @@ class Handler(BaseHTTPRequestHandler):
     do_DELETE = do_GET
 
 
+class QuietServer(ThreadingHTTPServer):
+    """A client that hangs up mid-answer (a killed CLI) is normal here, not a traceback."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # reset, broken pipe, aborted
+            return
+        super().handle_error(request, client_address)
+
+
 def make_server(host: str, port: int, state: MockState) -> ThreadingHTTPServer:
     handler = type("BoundHandler", (Handler,), {"state": state})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return QuietServer((host, port), handler)
 
 
 # ---------------------------------------------------------------- CLI / main
