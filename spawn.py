@@ -722,6 +722,9 @@ ENV_NUMBERS: tuple[tuple[str, float, bool, bool], ...] = (
 )
 
 
+# MCP server kinds Claude Code accepts in mcpServers (stdio when no type is given).
+MCP_SERVER_TYPES = ("stdio", "http", "sse")
+
 # (field, maximum, integer, zero_ok) of every numeric field of an agent definition.
 DEFINITION_NUMBERS: tuple[tuple[str, float, bool, bool], ...] = (
     ("max_depth", MAX_DEPTH_LIMIT, True, True),
@@ -2839,6 +2842,14 @@ def parse_definition(
             servers = {k: v for item in servers if isinstance(item, dict) for k, v in item.items()}
         if isinstance(servers, dict) and all(isinstance(v, dict) for v in servers.values()):
             d.mcp_servers = {str(k): v for k, v in servers.items()}
+            for server_name, server in servers.items():
+                kind = server.get("type", "stdio")
+                if kind not in MCP_SERVER_TYPES:
+                    problem("mcpServers", f"mcpServers.{server_name}: unknown type {kind!r}; use one of {', '.join(MCP_SERVER_TYPES)}")
+                elif kind in ("http", "sse") and not isinstance(server.get("url"), str):
+                    problem("mcpServers", f"mcpServers.{server_name}: a {kind} server needs a url")
+                elif kind == "stdio" and not isinstance(server.get("command"), str):
+                    problem("mcpServers", f"mcpServers.{server_name}: a stdio server needs a command")
         else:
             problem("mcpServers", "mcpServers must map server names to {command, args, env} or {type, url} objects")
     schema = data.get("schema")

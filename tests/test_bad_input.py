@@ -371,3 +371,17 @@ def test_unknown_schema_name_offers_only_output_schemas(base_env: dict[str, str]
     offered = proc.stderr.split("use one of ", 1)[1].split(", a path")[0].split(", ")
     assert "findings" in offered
     assert not set(offered) & {"meta", "outcome", "ledger-line", "heartbeat", "session", "limits"}
+
+
+@pytest.mark.parametrize(
+    ("server", "fragment"),
+    [
+        ("{type: http}", "a http server needs a url"),
+        ("{type: sse}", "a sse server needs a url"),
+        ("{type: websocket, url: 'ws://x'}", "unknown type 'websocket'"),
+    ],
+)
+def test_lint_rejects_malformed_mcp_servers(server: str, fragment: str) -> None:
+    text = f"---\nname: m\ndescription: d\nmcpServers:\n  docs: {server}\n---\nBody.\n"
+    _, problems = spawn.parse_definition(text, "m.md", "project")
+    assert any(fragment in p.message for p in problems), problems
