@@ -385,3 +385,17 @@ def test_lint_rejects_malformed_mcp_servers(server: str, fragment: str) -> None:
     text = f"---\nname: m\ndescription: d\nmcpServers:\n  docs: {server}\n---\nBody.\n"
     _, problems = spawn.parse_definition(text, "m.md", "project")
     assert any(fragment in p.message for p in problems), problems
+
+
+def test_an_mcp_server_that_fails_to_start_is_reported(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / ".claude" / "agents").mkdir(parents=True)
+    (project / ".claude" / "agents" / "broken.md").write_text(
+        "---\nname: broken\ndescription: Has a broken MCP server.\ntools: Read\n"
+        "mcpServers:\n  ghost:\n    command: /nonexistent/mcp-server\n---\nYou are a test agent.\n"
+    )
+    proc = run_spawn(["--agent", "broken", "--task", mock_task("x", [{"text": "fine"}]), "--cwd", str(project)], env, timeout=180)
+    assert "MCP server ghost (failed) did not start" in proc.stderr, proc.stderr
+    (agent_dir,) = sorted(session_root.glob("*/agents/*"))
+    outcome = json.loads((agent_dir / "outcome.json").read_text())
+    assert "MCP server ghost (failed) did not start" in outcome["warnings"]
