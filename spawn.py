@@ -5858,6 +5858,11 @@ def build_run_parser() -> Parser:
         help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
     )
     mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
+    mode.add_argument(
+        "--print",
+        choices=["id", "status", "output", "agent_dir", "outcome"],
+        help="print only this field of the result, as plain text (e.g. A=$(spawn.py --background --print id ...))",
+    )
     mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
     mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
     return p
@@ -5973,6 +5978,17 @@ def emit(data: Mapping[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
+    """A run's result: the JSON object, or with --print FIELD that one field as plain text."""
+    if args.print is None:
+        emit(data)
+        return
+    value = data.get(args.print)
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    sys.stdout.write(f"{text}\n")
+    sys.stdout.flush()
+
+
 def note(message: str) -> None:
     print(f"spawn: {message}", file=sys.stderr, flush=True)
 
@@ -5995,7 +6011,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         resolved.update(refusal=plan.refusal, cli=str(plan.cli), session_root=str(plan.session_root))
         resolved["rules"] = describe_rules(plan.rules, plan.meta.tools, plan.meta.disallowed_tools)
         resolved["briefing"] = briefing(plan.meta, spawn_command(), delegates_for(plan.meta, environ))
-        emit(resolved)
+        emit_result(args, resolved)
         if plan.refusal is not None:
             raise RefusedError(f"refused: {plan.refusal} (dry run; nothing recorded)")
         return ExitCode.OK
@@ -6005,10 +6021,10 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     agent_dir = register(plan, None if plan.meta.background else own_identity())
     if plan.refusal is not None:
         outcome = record_refusal(agent_dir, plan)
-        emit(summary(agent_dir, record_to_json(outcome)))
+        emit_result(args, summary(agent_dir, record_to_json(outcome)))
         raise RefusedError(f"refused: {plan.refusal}; recorded in {agent_dir}")
     if plan.meta.background:
-        emit(launch_background(agent_dir, plan))
+        emit_result(args, launch_background(agent_dir, plan))
         return ExitCode.OK
     note(f"agent {plan.meta.id} started in {agent_dir}")
     if not plan.new_session:
@@ -6021,7 +6037,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     finally:
         unregister_runner(plan.meta.pid, plan.meta.create_time)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
-    emit(summary(agent_dir, record_to_json(outcome)))
+    emit_result(args, summary(agent_dir, record_to_json(outcome)))
     export_trace(plan.meta, environ)
     return outcome.exit_code
 

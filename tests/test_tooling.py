@@ -85,3 +85,20 @@ def test_mock_model_ignores_a_client_that_hangs_up(mock_model: MockModel) -> Non
     mock_model.process.send_signal(signal.SIGTERM)
     _, err = mock_model.process.communicate(timeout=10)
     assert b"Traceback" not in err, err.decode()[-2000:]
+
+
+def test_print_id_needs_no_jq(base_env: dict[str, str]) -> None:
+    proc = run_spawn(["--task", "x", "--dry-run", "--print", "id"], base_env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert proc.stdout == "(assigned at registration)\n"
+    assert "--print id" in (ROOT / "README.md").read_text() and "jq -r" not in (ROOT / "README.md").read_text()
+
+
+def test_readme_documents_stale_runner_log_and_credential() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert '"stale"' in readme and "runner.log" in readme and "*CREDENTIAL*" in readme
+    assert "model: sonnet" in readme and "model: sonnet" in spawn.AGENT_TEMPLATE
+
+
+def test_demo_honours_the_session_root_variable() -> None:
+    assert 'os.environ.get("SPAWN_SESSION_ROOT")' in (ROOT / "tools" / "demo.py").read_text()

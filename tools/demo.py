@@ -109,12 +109,14 @@ def spawn_argv() -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--session", metavar="DIR", help="session root (default: sessions/ beside spawn.py)")
+    parser.add_argument("--session", metavar="DIR", help="session root (default $SPAWN_SESSION_ROOT, else sessions/ beside spawn.py)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="spawn-demo-") as tmp:
         workdir = Path(tmp)
         mock, url = start_mock(workdir)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SPAWN_", "ANTHROPIC_", "CLAUDE"))}
+        if os.environ.get("SPAWN_SESSION_ROOT"):  # where the user keeps sessions; the flag wins
+            env["SPAWN_SESSION_ROOT"] = os.environ["SPAWN_SESSION_ROOT"]
         env.update(
             ANTHROPIC_BASE_URL=url,
             ANTHROPIC_API_KEY="offline-demo-key",  # any string: the scripted model ignores it
