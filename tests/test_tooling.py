@@ -14,6 +14,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, SPAWN, MockModel, run_spawn
 
 import spawn
@@ -56,7 +57,7 @@ def test_tests_pass_when_run_from_inside_an_agent(tmp_path: Path) -> None:
         cwd=ROOT,
         check=False,
     )
-    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert proc.returncode == pytest.ExitCode.OK, proc.stdout[-2000:]
 
 
 def test_help_lists_every_verb_and_traceback(base_env: dict[str, str]) -> None:
