@@ -3317,12 +3317,15 @@ def check_output_path(value: str) -> None:
         parent = path.resolve().parent
     except (OSError, RuntimeError) as exc:
         raise UsageError(f"--output {value} can't be resolved: {exc}") from None
-    if not parent.is_dir():
-        raise UsageError(f"--output {value}: directory {parent} does not exist; create it first")
     if path.exists() and not os.access(path, os.W_OK):
         raise UsageError(f"--output {value} is not writable; give another path")
-    if not path.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--output {value}: directory {parent} is not writable; give another path")
+    # Missing directories are created when the output is written: the nearest
+    # existing one must let us do that.
+    existing = next(p for p in (parent, *parent.parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--output {value}: {existing} is not a directory; give another path")
+    if not path.exists() and not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {value}: directory {existing} is not writable; give another path")
 
 
 def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Plan:

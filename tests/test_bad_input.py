@@ -197,11 +197,12 @@ def test_session_symlink_loop_is_one_line(base_env: dict[str, str], session_root
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("spawn: error: "), proc.stderr
 
 
-@pytest.mark.parametrize("kind", ["directory", "unwritable", "missing-parent"])
+@pytest.mark.parametrize("kind", ["directory", "unwritable", "under-a-file"])
 def test_bad_output_path_exits_2_before_the_model_is_called(
     env: dict[str, str], session_root: Path, mock_model: MockModel, tmp_path: Path, kind: str
 ) -> None:
-    target = {"directory": tmp_path, "unwritable": tmp_path / "ro" / "out.json", "missing-parent": tmp_path / "nope" / "out.json"}[kind]
+    target = {"directory": tmp_path, "unwritable": tmp_path / "ro" / "out.json", "under-a-file": tmp_path / "a-file" / "out.json"}[kind]
+    (tmp_path / "a-file").write_text("not a directory")
     if kind == "unwritable":
         target.parent.mkdir()
         target.parent.chmod(0o500)
