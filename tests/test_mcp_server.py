@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.conftest import ROOT, load, metas, mock_task, stdout_json, validate_records, wait_for_path
+from conftest import ROOT, load, metas, mock_task, stdout_json, validate_records, wait_for_path
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client  # noqa: E402

@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from conftest import MockModel, load, metas, mock_task, run_spawn, start_spawn, stdout_json, validate_records, wait_for_path
+
 import spawn
-from tests.conftest import MockModel, load, metas, mock_task, run_spawn, start_spawn, stdout_json, validate_records, wait_for_path
 
 
 def test_resume_continues_the_conversation_as_a_new_agent(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:

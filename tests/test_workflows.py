@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -163,10 +164,14 @@ def test_corrupt_state_file_is_exit_3_and_left_alone(base_env: dict[str, str], t
     assert state.read_text() == "{not json"
 
 
+def _append_history(d: dict[str, Any], entry: dict[str, Any]) -> None:
+    d.setdefault("history", []).append(entry)
+
+
 def _writer(path: str, n: int, who: int) -> None:
     for i in range(n):
         entry = {"phase": f"w{who}", "status": str(i), "time": "t"}
-        spawn.update_state(Path(path), lambda d, entry=entry: d.setdefault("history", []).append(entry))
+        spawn.update_state(Path(path), functools.partial(_append_history, entry=entry))
 
 
 def test_concurrent_writers_lose_no_update(tmp_path: Path) -> None:
@@ -186,7 +191,7 @@ def test_concurrent_writers_lose_no_update(tmp_path: Path) -> None:
 def test_rotation_keeps_every_old_file(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     for i in range(4):
-        spawn.update_state(path, lambda d, i=i: d.setdefault("history", []).append({"n": i, "pad": "x" * 1200}), rotate_mb=0.001)
+        spawn.update_state(path, functools.partial(_append_history, entry={"n": i, "pad": "x" * 1200}), rotate_mb=0.001)
     # Each write past 1 kB moves the file to .1 (older ones shift to .2, ...), nothing is lost.
     assert (tmp_path / "state.json.1").exists() and (tmp_path / "state.json.2").exists()
     kept = [load(p)["history"][-1]["n"] for p in sorted(tmp_path.glob("state.json.[0-9]*"), reverse=True)]
