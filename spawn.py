@@ -4778,6 +4778,8 @@ def slot_lent_by_caller(environ: Mapping[str, str]) -> Iterator[None]:
         yield
     finally:
         take_back_slot(caller[0], max_concurrent, caller[1])
+
+
 def corrupt_agents(session: Path) -> list[dict[str, str]]:
     """Agents of a session whose records can't be read: id, path and why."""
     found = []
@@ -4955,7 +4957,7 @@ def native_rows(agent_dir: Path, meta: AgentMeta, *, parent_ended: bool) -> list
                 "kind": "native",
                 "agent_type": node["agent_type"],
                 # Without a stop, it was cut off when its parent's CLI ended.
-                "state": Status.DONE.value if stop else ("killed" if parent_ended else Status.RUNNING.value),
+                "state": Status.DONE.value if stop else (Status.KILLED.value if parent_ended else Status.RUNNING.value),
                 "task": f"native {node['agent_type']} subagent",
                 "duration_s": round((ended or time.time()) - began, 1),
                 "cost_usd": None,
