@@ -107,8 +107,8 @@ def test_bad_argument_is_a_tool_error_with_spawns_line(env: dict[str, str], sess
             assert text(bad).startswith("spawn: error: --cwd")
             unknown = await client.call_tool("agent_wait", {"agent_ids": ["a0-nosuch"], "timeout_s": 1})
             assert unknown.is_error and "a0-nosuch" in text(unknown)
-            # The server is still up.
-            assert structured(await client.call_tool("list_agents", {}))["agents"] == []
+            # The server is still up (what it lists depends on the directories around the test).
+            assert isinstance(structured(await client.call_tool("list_agents", {}))["agents"], list)
 
     run(body)
     assert not session_root.exists() or not list(session_root.glob("*/agents/*"))
