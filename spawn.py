@@ -170,6 +170,15 @@ PERMISSION_MODES = ("plan", "dontAsk", "default", "acceptEdits", "auto", "bypass
 PERMISSION_RANK = {"plan": 0, "dontAsk": 1, "default": 2, "acceptEdits": 3, "auto": 3, "bypassPermissions": 4}
 # Nobody answers a prompt in a nested agent: what isn't granted is denied.
 DEFAULT_PERMISSION_MODE = "dontAsk"
+# --sandbox: auto puts the Bash of agents below the root in Claude Code's
+# sandbox (they run commands a model wrote); the root is the user's own call.
+SANDBOX_CHOICES = ("on", "off", "auto")
+# What Linux needs for Claude Code's sandbox, and how Debian/Ubuntu install it.
+SANDBOX_PROGRAMS = ("bwrap", "socat")
+SANDBOX_INSTALL = "apt-get install -y bubblewrap socat"
+# Where the CLI talks to when ANTHROPIC_BASE_URL is unset: a nested spawn in
+# Bash must still reach it through the sandbox's proxy.
+DEFAULT_API_HOST = "api.anthropic.com"
 
 # Tools a file rule of Claude Code's covers: Read rules cover the tools that
 # read files, Edit rules the ones that change them.
@@ -489,6 +498,13 @@ class AgentMeta:
     """Events of the definition's hooks (their commands stay in the definition file)."""
     resumed_from: str | None = None
     """With --resume: the agent whose conversation this one continues."""
+    pid_namespace: str | None = None
+    """The pid namespace pid is valid in (readlink /proc/self/ns/pid). An
+    agent started inside a parent's sandbox has a pid only that sandbox knows."""
+    sandbox: str = "off"
+    """on: the agent's Bash runs inside Claude Code's sandbox (writes only in
+    cwd, the agent and session directories; network only to allowed hosts).
+    inherited: it runs inside its parent's sandbox already. off: no sandbox."""
     warnings: list[str] = field(default_factory=list)
     containment: str | None = None
     """What keeps the tree's processes from outliving it: "cgroup PATH" (a root
@@ -1055,6 +1071,39 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
     return "\n".join(lines)
 
 
+def sandbox_wanted(requested: str, depth: int, tools: Sequence[str]) -> bool:
+    """Whether --sandbox (on, off, auto) puts this agent's Bash in the sandbox."""
+    if requested == "auto":
+        return depth >= 1 and "Bash" in tools
+    return requested == "on"
+
+
+def sandbox_settings(write_dirs: Sequence[str], api_host: str, web_domains: Sequence[str]) -> dict[str, Any]:
+    """Claude Code's `sandbox` settings for an agent (pure).
+
+    failIfUnavailable and no unsandboxed fallback: a sandbox that can't start
+    must stop the agent, never let its Bash run bare. Bash stays subject to
+    our tool list and rules (no auto-allow). The API host is allowed so a
+    nested spawn in Bash reaches the model through the sandbox's proxy.
+    """
+    return {
+        "enabled": True,
+        "failIfUnavailable": True,
+        "autoAllowBashIfSandboxed": False,
+        "allowUnsandboxedCommands": False,
+        "filesystem": {"allowWrite": sorted(set(write_dirs))},
+        "network": {"allowedDomains": sorted({api_host, *web_domains})},
+    }
+
+
+def cli_settings(**parts: Any) -> str | None:
+    """The CLI's --settings JSON: one object with every key spawn.py sets
+    (hooks, sandbox, permissions...). Empty parts are left out; None when
+    there is nothing to set, so the CLI reads no settings flag at all."""
+    settings = {key: value for key, value in parts.items() if value}
+    return json.dumps(settings) if settings else None
+
+
 # ------------------------------------------------------- on-disk protocol --
 
 META = "meta.json"
@@ -1524,14 +1573,23 @@ class Supervised:
     pid: int
     create_time: float
     """Unix seconds, as psutil reports it: (pid, create_time) is unique for the boot."""
+    pid_namespace: str | None = None
+    """Where pid is valid; another one is an agent inside a sandbox, or its parent seen from there."""
+    heartbeat: Path | None = None
+    """Across pid namespaces, the heartbeat file tells liveness instead."""
 
     @classmethod
     def of(cls, meta: AgentMeta) -> Supervised:
         """An agent's spawn.py."""
-        return cls(meta.pid, meta.create_time)
+        return cls(meta.pid, meta.create_time, meta.pid_namespace, Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT)
+
+    def foreign(self) -> bool:
+        return self.pid_namespace is not None and self.pid_namespace != own_pid_namespace()
 
     def process(self) -> psutil.Process | None:
         """The running process, or None: it ended (a zombie has), or the pid is someone else's."""
+        if self.foreign():
+            return None  # that pid names another process here, or none: never signal it
         try:
             proc = psutil.Process(self.pid)
             if abs(proc.create_time() - self.create_time) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE:
@@ -1541,7 +1599,14 @@ class Supervised:
         return None
 
     def alive(self) -> bool:
-        return self.process() is not None
+        if not self.foreign():
+            return self.process() is not None
+        try:
+            beat = json.loads((self.heartbeat or Path("/nonexistent")).read_text())
+            age, interval = time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
+        except (OSError, ValueError, KeyError, TypeError):
+            age, interval = time.time() - self.create_time, HEARTBEAT_S  # not due yet
+        return age < HEARTBEAT_STALE_BEATS * interval
 
     def signal(self, sig: int) -> psutil.Process | None:
         """Send sig if it is still the same process; that process (to wait on), or None.
@@ -1580,6 +1645,13 @@ class Supervised:
                 if not procs and not any(group_alive(g) for g in groups):
                     return
         psutil.wait_procs(procs, timeout=1.0)
+
+
+def own_pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
 
 
 def own_identity() -> tuple[int, float, int]:
@@ -1957,7 +2029,10 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
         proc = psutil.Process().parent()
     except psutil.Error:
         return found
-    while proc is not None and proc.pid > 1:
+    # Inside a parent's sandbox, pid 1 is its bwrap, whose environment the
+    # parent's CLI fixed at exec: the one ancestor there an agent can't rewrite.
+    in_sandbox = inside_sandbox()
+    while proc is not None and (proc.pid > 1 or (proc.pid == 1 and in_sandbox)):
         try:
             env = environ_of(proc) if environ_of else proc.environ()
         except psutil.Error:
@@ -3424,6 +3499,15 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
 
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
+    sandbox = "off"
+    if sandbox_wanted(args.sandbox, depth, tools):
+        sandbox = "inherited" if inside_sandbox() else "on"
+        problem = sandbox_problem() if sandbox == "on" else None
+        if problem is not None and refusal is None:
+            # Never run unsandboxed silently: the agent's Bash was to be contained.
+            refusal = (
+                f"sandbox: Claude Code's sandbox can't run here ({problem}); install it with `{SANDBOX_INSTALL}`, or pass --sandbox off"
+            )
 
     session_root = resolve_session_root(args.session, environ)
     # A child stays in its tree's session, whatever --session says: there it
@@ -3476,6 +3560,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         isolation=definition.isolation if definition else None,
         memory=definition.memory if definition else None,
         hooks=sorted(definition.hooks or {}) if definition else [],
+        sandbox=sandbox,
         warnings=warnings,
     )
     limits = Limits(budget_arg, args.max_agents, args.max_concurrent)
@@ -3619,6 +3704,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         pid_info = own_identity()
     if pid_info is not None:
         meta.pid, meta.create_time, meta.pgid = pid_info
+        meta.pid_namespace = own_pid_namespace()
     if plan.new_session:
         info = SessionInfo(id=session.name, created_at=meta.started_at, topic=meta.topic or "", root_agent=meta.id)
         write_json_atomic(session / SESSION_INFO, redact_values(record_to_json(info), plan.secrets))
@@ -3650,6 +3736,61 @@ def spawn_command() -> str:
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(SCRIPT_PATH))}"
 
 
+def sandbox_problem() -> str | None:
+    """Why Claude Code's sandbox can't run here, or None.
+
+    The CLI needs bwrap and socat on PATH, and a kernel that lets this user
+    create namespaces; a one-shot bwrap tells (a few ms, only when asked for).
+    """
+    import shutil
+
+    missing = [name for name in SANDBOX_PROGRAMS if shutil.which(name) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found on PATH"
+    probe = ["bwrap", "--ro-bind", "/", "/", "--unshare-user", "--unshare-pid", "--unshare-net", "--proc", "/proc", "true"]
+    try:
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap can't run: {exc}"
+    if proc.returncode != 0:
+        return f"bwrap can't create namespaces: {(proc.stderr.strip().splitlines() or ['exit ' + str(proc.returncode)])[0]}"
+    return None
+
+
+def inside_sandbox() -> bool:
+    """Whether this process runs inside a bubblewrap sandbox (a parent agent's Bash).
+
+    There bwrap is pid 1 of our own pid namespace, which an agent can't fake
+    without a namespace of its own. A sandbox can't nest (it refuses new
+    user namespaces), and everything started here is held by the outer one.
+    """
+    try:
+        first = Path("/proc/1/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return False
+    return os.path.basename(first) == b"bwrap"
+
+
+def api_host(environ: Mapping[str, str]) -> str:
+    """The host the CLI sends model requests to."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(environ.get("ANTHROPIC_BASE_URL", "")).hostname or DEFAULT_API_HOST
+
+
+def proxied_loopback(environ: Mapping[str, str]) -> dict[str, str]:
+    """Inside a sandbox, NO_PROXY without loopback: the sandbox has its own
+    empty loopback, so a model on the host's (the scripted one, a local
+    gateway) is only reachable through the sandbox's proxy, which lets
+    through only the hosts the sandbox settings allow."""
+    loopback = {"localhost", "127.0.0.1", "::1"}
+    env = {}
+    for name in ("NO_PROXY", "no_proxy"):
+        if name in environ:
+            env[name] = ",".join(h for h in environ[name].split(",") if h.strip() not in loopback)
+    return env
+
+
 def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
     env = {
         ENV_SESSION: meta.session,
@@ -3674,6 +3815,8 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         env[ENV_BUDGET] = str(meta.max_budget_usd)
     if meta.idle_timeout_s is not None:
         env[ENV_IDLE_TIMEOUT] = f"{meta.idle_timeout_s:g}"
+    if meta.sandbox == "inherited":
+        env.update(proxied_loopback(os.environ))
     return env
 
 
@@ -4096,7 +4239,7 @@ async def run_sdk(
 
     builtin = [t for t in meta.tools if not t.startswith("mcp__")]
     mcp_servers: dict[str, Any] = {}
-    settings: str | None = None
+    hooks: dict[str, Any] | None = None
     if meta.agent_source and (meta.mcp_servers or meta.hooks):
         # The servers' config (which may hold tokens) and the hooks' commands
         # are read from the definition, never copied into meta.json.
@@ -4106,7 +4249,15 @@ async def run_sdk(
         mcp_servers = definition.mcp_servers if definition and meta.mcp_servers else {}
         if definition and definition.hooks and meta.hooks:
             # Claude Code's hooks format is a settings key: the CLI runs them.
-            settings = json.dumps({"hooks": definition.hooks})
+            hooks = definition.hooks
+    sandbox = None
+    if meta.sandbox == "on":
+        # The session directory, so nested spawns can register; the runner
+        # index, where they record themselves. cwd is writable by default.
+        writable = [str(agent_dir), meta.session, str(runner_index_dir())]
+        domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
+        sandbox = sandbox_settings(writable, api_host(os.environ), domains)
+    settings = cli_settings(hooks=hooks, sandbox=sandbox)
     sections = [memory_section(meta, Path(meta.agent_source), os.environ)] if meta.agent_source and meta.memory else []
     sections += skill_sections(meta, os.environ)
     if sections:
@@ -4464,6 +4615,7 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     except psutil.Error:
         create_time = time.time()
     plan.meta.pid, plan.meta.create_time, plan.meta.pgid = proc.pid, create_time, proc.pid
+    plan.meta.pid_namespace = own_pid_namespace()
     # Before meta.json, which the runner waits for before it starts the agent.
     register_runner(proc.pid, create_time, agent_dir)
     write_meta(agent_dir, plan.meta, plan.secrets)
@@ -5830,6 +5982,12 @@ def build_run_parser() -> Parser:
     agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
     agent.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from PATH")
     agent.add_argument("--preset", choices=["claude_code"], help="use Claude Code's full system prompt and settings (costly at depth)")
+    agent.add_argument(
+        "--sandbox",
+        choices=SANDBOX_CHOICES,
+        default="auto",
+        help="run the agent's Bash in Claude Code's sandbox (auto: for agents below the root that have Bash)",
+    )
     agent.add_argument("--cwd", metavar="DIR", help="working directory of the agent")
     limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
     limits.add_argument(
