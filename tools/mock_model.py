@@ -493,6 +493,8 @@ def log_record(
         "stream": bool(request.get("stream")),
         "tools": [t.get("name") for t in tools if isinstance(t, dict)] if isinstance(tools, list) else [],
         "system_bytes": len(json.dumps(system).encode()) if system is not None else 0,
+        "tools_bytes": len(json.dumps(tools).encode()) if tools is not None else 0,
+        "messages_bytes": len(json.dumps(messages).encode()) if messages is not None else 0,
         "n_messages": len(messages) if isinstance(messages, list) else 0,
         "kind": kind,
         "task_digest": digest,
