@@ -1071,14 +1071,22 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
     return "\n".join(lines)
 
 
-def sandbox_wanted(requested: str, depth: int, tools: Sequence[str]) -> bool:
-    """Whether --sandbox (on, off, auto) puts this agent's Bash in the sandbox."""
+def sandbox_wanted(requested: str, depth: int, max_depth: int, tools: Sequence[str]) -> bool:
+    """Whether --sandbox (on, off, auto) puts this agent's Bash in the sandbox.
+
+    auto: agents below the root that have Bash and can't spawn. An agent
+    that may still spawn stays out under auto: inside a sandbox, process
+    ancestry is blind (own pid namespace, other processes' environments
+    unreadable), so its children's limits would rest on weaker evidence.
+    """
     if requested == "auto":
-        return depth >= 1 and "Bash" in tools
+        return depth >= 1 and max_depth <= depth and "Bash" in tools
     return requested == "on"
 
 
-def sandbox_settings(write_dirs: Sequence[str], api_host: str, web_domains: Sequence[str]) -> dict[str, Any]:
+def sandbox_settings(
+    write_dirs: Sequence[str], api_host: str, web_domains: Sequence[str], deny_write: Sequence[str] = ()
+) -> dict[str, Any]:
     """Claude Code's `sandbox` settings for an agent (pure).
 
     failIfUnavailable and no unsandboxed fallback: a sandbox that can't start
@@ -1091,7 +1099,7 @@ def sandbox_settings(write_dirs: Sequence[str], api_host: str, web_domains: Sequ
         "failIfUnavailable": True,
         "autoAllowBashIfSandboxed": False,
         "allowUnsandboxedCommands": False,
-        "filesystem": {"allowWrite": sorted(set(write_dirs))},
+        "filesystem": {"allowWrite": sorted(set(write_dirs)), "denyWrite": sorted(deny_write)},
         "network": {"allowedDomains": sorted({api_host, *web_domains})},
     }
 
@@ -1903,11 +1911,13 @@ def register_runner(pid: int, create_time: float, agent_dir: Path) -> None:
     entry left by a crash is ignored, because readers check the identity.
     """
     index = runner_index_dir()
-    data = {"pid": pid, "create_time": create_time, "agent_dir": str(agent_dir)}
+    namespace = own_pid_namespace()
+    data = {"pid": pid, "create_time": create_time, "agent_dir": str(agent_dir), "pid_namespace": namespace}
     write_json_atomic(_runner_entry(index, pid, create_time), data)
     for stale in index.glob("*.json"):  # crashed runners' entries: keep the index small
         entry = _read_runner_entry(stale)
-        if entry is not None and not Supervised(entry[0], entry[1]).alive():
+        # An entry from inside a sandbox has a pid we can't check from here.
+        if entry is not None and _entry_namespace(stale) in (None, namespace) and not Supervised(entry[0], entry[1]).alive():
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
 
@@ -1916,6 +1926,12 @@ def unregister_runner(pid: int, create_time: float) -> None:
     """Remove the entry register_runner wrote for (pid, create_time), if any."""
     with contextlib.suppress(FileNotFoundError, SpawnError):
         _runner_entry(runner_index_dir(), pid, create_time).unlink()
+
+
+def _entry_namespace(path: Path) -> str | None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return cast("str | None", json.loads(path.read_text()).get("pid_namespace"))
+    return None
 
 
 def _read_runner_entry(path: Path) -> tuple[int, float, Path] | None:
@@ -1948,6 +1964,11 @@ def ancestor_agents() -> list[Path]:
         for create_time, agent_dir in entries.get(proc.pid, []):
             if Supervised(proc.pid, create_time).alive() and agent_dir not in found:
                 found.append(agent_dir)
+    # Inside a sandbox the chain stops at its bwrap: the agent that owns the
+    # sandbox is the farthest ancestor we can see.
+    owner = sandbox_owner()
+    if owner is not None and owner not in found:
+        found.append(owner)
     return found
 
 
@@ -3499,10 +3520,11 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
 
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
-    sandbox = "off"
-    if sandbox_wanted(args.sandbox, depth, tools):
-        sandbox = "inherited" if inside_sandbox() else "on"
-        problem = sandbox_problem() if sandbox == "on" else None
+    # Inside a parent's sandbox an agent is held by it, whatever it asks.
+    sandbox = "inherited" if inside_sandbox() else "off"
+    if sandbox == "off" and sandbox_wanted(args.sandbox, depth, max_depth, tools):
+        sandbox = "on"
+        problem = sandbox_problem()
         if problem is not None and refusal is None:
             # Never run unsandboxed silently: the agent's Bash was to be contained.
             refusal = (
@@ -3771,6 +3793,26 @@ def inside_sandbox() -> bool:
     return os.path.basename(first) == b"bwrap"
 
 
+def sandbox_owner() -> Path | None:
+    """The agent whose sandbox this process runs in, from that sandbox's bwrap.
+
+    spawn.py lets the sandboxed agent write its own directory, so bwrap binds
+    it: its command line (pid 1 here, which nothing inside can replace) names
+    the agent, and that agent's meta.json is not writable inside.
+    """
+    if not inside_sandbox():
+        return None
+    try:
+        args = Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for i in range(len(args) - 1):
+        flag, candidate = args[i], Path(args[i + 1])
+        if flag == "--bind" and candidate.parent.name == AGENTS_DIR and (candidate / META).is_file():
+            return candidate
+    return None
+
+
 def api_host(environ: Mapping[str, str]) -> str:
     """The host the CLI sends model requests to."""
     from urllib.parse import urlsplit
@@ -3898,6 +3940,7 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     """
     if "claude_agent_sdk" in sys.modules:
         return sys.modules["claude_agent_sdk"]
+    _import_lazily("jsonschema")
     if environ.get(ENV_FULL_SDK_IMPORT) != "1" and not any(name.partition(".")[0] == "mcp" for name in sys.modules):
         finder = _AbsentMcpFinder()
         sys.meta_path.insert(0, finder)
@@ -3912,6 +3955,27 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     import claude_agent_sdk
 
     return claude_agent_sdk
+
+
+def _import_lazily(name: str) -> None:
+    """Put a module in sys.modules that runs its import at first attribute use.
+
+    The SDK imports jsonschema at import time only to validate the input of
+    in-process MCP tools, which spawn.py never creates: about a third of
+    the SDK's import, paid at every depth. importlib's LazyLoader defers it
+    until something (spawn.py's own --schema check) really uses it.
+    """
+    if name in sys.modules:
+        return
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return  # not installed: the real import will say so
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
 
 
 class SdkLoader:
@@ -4256,7 +4320,8 @@ async def run_sdk(
         # index, where they record themselves. cwd is writable by default.
         writable = [str(agent_dir), meta.session, str(runner_index_dir())]
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
-        sandbox = sandbox_settings(writable, api_host(os.environ), domains)
+        # Its own meta.json stays read-only: a spawn inside takes its limits from it.
+        sandbox = sandbox_settings(writable, api_host(os.environ), domains, [str(agent_dir / META)])
     settings = cli_settings(hooks=hooks, sandbox=sandbox)
     sections = [memory_section(meta, Path(meta.agent_source), os.environ)] if meta.agent_source and meta.memory else []
     sections += skill_sections(meta, os.environ)

@@ -26,11 +26,12 @@ def transcript_text(agent_dir: Path) -> str:
 
 
 def test_auto_sandboxes_agents_below_the_root_that_have_bash() -> None:
-    assert spawn.sandbox_wanted("auto", 1, ["Bash", "Read"])
-    assert not spawn.sandbox_wanted("auto", 0, ["Bash"])  # the root: the user's call
-    assert not spawn.sandbox_wanted("auto", 2, ["Read"])  # nothing to contain
-    assert spawn.sandbox_wanted("on", 0, ["Bash"])
-    assert not spawn.sandbox_wanted("off", 3, ["Bash"])
+    assert spawn.sandbox_wanted("auto", 1, 1, ["Bash", "Read"])
+    assert not spawn.sandbox_wanted("auto", 0, 0, ["Bash"])  # the root: the user's call
+    assert not spawn.sandbox_wanted("auto", 2, 2, ["Read"])  # nothing to contain
+    assert not spawn.sandbox_wanted("auto", 1, 3, ["Bash"])  # may still spawn: its children need ancestry
+    assert spawn.sandbox_wanted("on", 0, 3, ["Bash"])
+    assert not spawn.sandbox_wanted("off", 3, 3, ["Bash"])
 
 
 def test_settings_merge_hooks_and_sandbox_into_one_object() -> None:
