@@ -3958,24 +3958,24 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
 
 
 def _import_lazily(name: str) -> None:
-    """Put a module in sys.modules that runs its import at first attribute use.
+    """Put a stand-in for a module in sys.modules that imports it at first use.
 
     The SDK imports jsonschema at import time only to validate the input of
-    in-process MCP tools, which spawn.py never creates: about a third of
-    the SDK's import, paid at every depth. importlib's LazyLoader defers it
-    until something (spawn.py's own --schema check) really uses it.
+    in-process MCP tools, which spawn.py never creates: a large part of the
+    SDK's import, paid at every depth. (importlib's LazyLoader doesn't do:
+    `import` itself touches the module's __spec__, which loads it.)
     """
-    if name in sys.modules:
-        return
-    import importlib.util
+    if name not in sys.modules:
+        sys.modules[name] = _LazyModule(name)
 
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-        return  # not installed: the real import will say so
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
+
+class _LazyModule(types.ModuleType):
+    def __getattr__(self, attr: str) -> Any:
+        import importlib
+
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
 
 
 class SdkLoader:

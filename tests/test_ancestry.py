@@ -213,7 +213,12 @@ def test_escapes_cannot_nest_past_the_max_depth(env: dict[str, str], session_roo
     def escape_with(task: str, out: str) -> dict[str, str]:
         """A step whose Bash escapes with --max-depth 9 and waits for the escapee's result."""
         return {
-            "bash": escaped("setsid", '"$SPAWN_PY"', ["--task", task, "--tools", "Bash", "--max-depth", "9", "--sandbox", "off", *keep_root], tmp_path / out)
+            "bash": escaped(
+                "setsid",
+                '"$SPAWN_PY"',
+                ["--task", task, "--tools", "Bash", "--max-depth", "9", "--sandbox", "off", *keep_root],
+                tmp_path / out,
+            )
         }
 
     great = mock_task("great-grandchild", [{"text": "too deep"}])
