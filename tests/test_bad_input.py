@@ -44,7 +44,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess[str], code: int, sessio
         (["--task", "x", "--schema", "no-such-schema"], "unknown schema 'no-such-schema'"),
         (["--task", "x", "--schema", "/nonexistent/schema.json"], "can't read schema"),
         (["--task", "x", "--timeout", "soon"], "invalid float value"),
-        (["--task", "x", "--timeout", "-5"], "--timeout must be > 0"),
+        (["--task", "x", "--timeout", "-5"], "--timeout must be >= 0"),
         (["--task", "x", "--max-depth", "deep"], "invalid int value"),
         (["--task", "x", "--max-depth", "-1"], "--max-depth must be >= 0"),
         (["--task", "x", "--max-turns", "many"], "invalid int value"),
