@@ -1764,11 +1764,13 @@ def enter_tree_cgroup(meta: AgentMeta) -> None:
         note(f"warning: can't enter cgroup {path}: {exc.strerror}; falling back to the subreaper")
 
 
-def end_tree_cgroup(meta: AgentMeta) -> None:
-    """End every process left in the agent's tree cgroup, nested ones too, and remove it."""
+def end_tree_cgroup(meta: AgentMeta) -> bool:
+    """End every process left in the agent's tree cgroup, nested ones too, and remove it.
+
+    True if there was a cgroup to end."""
     path = owned_cgroup(meta)
     if path is None or not path.is_dir():
-        return
+        return False
     try:
         (path / "cgroup.kill").write_text("1\n")
     except OSError:  # kernels before 5.14: no cgroup.kill; signal what is listed
@@ -1786,6 +1788,7 @@ def end_tree_cgroup(meta: AgentMeta) -> None:
             sub.rmdir()
     with contextlib.suppress(OSError):
         path.rmdir()
+    return True
 
 
 def leave_tree_cgroup(meta: AgentMeta) -> None:
@@ -4943,8 +4946,26 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
     below = [(child, Status.KILLED, f"ancestor {meta.id} ended without it (found by {by})") for child in descendants_of(session, meta.id)]
     settled = meta.id in settle_agents([*below, (agent_dir, status, reason)], by, secrets_)
     # Its spawn.py is gone now; if its guard died too, the tree's cgroup is ours to end.
-    end_tree_cgroup(meta)
+    end_tree(meta, by, secrets_)
     return settled
+
+
+def end_tree(meta: AgentMeta, by: str, secrets_: Sequence[str]) -> None:
+    """End the tree's cgroup (if meta's agent owns one), then settle what it took down.
+
+    cgroup.kill also ends the guards inside the tree, so an agent that
+    registered while its root was being settled would be left with no
+    outcome: it is committed here, as killed with its tree.
+    """
+    if not end_tree_cgroup(meta):
+        return
+    late = []
+    for d in descendants_of(Path(meta.session), meta.id):
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            if read_outcome(d) is None:
+                late.append((d, Status.KILLED, f"ended with its tree when {meta.id} ended (found by {by})"))
+    if late:
+        settle_agents(late, by, secrets_)
 
 
 def reap_session(session: Path, by: str, secrets_: Sequence[str]) -> list[str]:
@@ -6306,7 +6327,7 @@ def cmd_guard(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     try:
         reap_agent(agent_dir, "guard", secret_values(environ))
     finally:
-        end_tree_cgroup(meta)  # what escaped the process tree, the group and the environment
+        end_tree(meta, "guard", secret_values(environ))  # what escaped the process tree, the group and the environment
     return ExitCode.OK
 
 
