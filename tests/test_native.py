@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, agent_dirs, mock_task, run_spawn, validate_records
 
 
@@ -35,7 +36,7 @@ def test_agent_tool_subagent_is_a_native_child(env: dict[str, str], session_root
     assert native_row["parent_id"] == root_row["id"] and native_row["depth"] == 1 and native_row["state"] == "done"
     assert native_row["usage"]["input_tokens"] > 0
     # Its cost is inside the root's: the tree's total is the root's own, and known.
-    assert root_row["subtree_cost_usd"] == root_row["cost_usd"] and root_row["subtree_cost_known"]
+    assert root_row["subtree_cost_usd"] == pytest.approx(root_row["cost_usd"], abs=1e-6) and root_row["subtree_cost_known"]
 
     page = tmp_path / "timeline.svg"
     made = subprocess.run([sys.executable, str(ROOT / "tools" / "view.py"), str(agent_dir.parent.parent), "--svg", "-o", str(page)],
