@@ -286,6 +286,20 @@ FALLBACK_PRICE_FAMILY = "sonnet"
 CACHE_READ_FACTOR = 0.1
 CACHE_WRITE_FACTOR = 1.25
 
+# What one agent is expected to cost, by price family, when the session has no
+# ended agent of that family to take a median from (--confirm-over, `estimate`).
+# Roughly a short agent's few turns (~40k input, ~4k output tokens, much of it
+# cache reads) at MODEL_PRICES_USD_PER_MTOK, rounded up: an estimate that errs
+# high asks a person once too often, one that errs low lets a fan-out through.
+DEFAULT_AGENT_COST_USD: dict[str, float] = {
+    "haiku": 0.02,
+    "sonnet": 0.10,
+    "opus": 0.50,
+}
+# And how long it takes, for a graph's critical path: a few model turns and
+# tool calls. Per-session medians replace it with `estimate --session`.
+DEFAULT_AGENT_SECONDS = 60.0
+
 # A budget hold smaller than this can't pay for one turn: admission refuses
 # rather than start an agent that is stopped by its first answer.
 MIN_HOLD_USD = 0.01
@@ -572,6 +586,8 @@ class Limits:
     """Agents the session may register (refusals don't count)."""
     max_concurrent: int | None = None
     """Agents that may run at once; a spawn over it waits for a slot."""
+    confirm_over_usd: float | None = None
+    """A spawn that would take the tree's projected spend past this asks the root first."""
     protocol: int = PROTOCOL_VERSION
 
 
@@ -724,6 +740,7 @@ RUN_NUMBER_FLAGS: tuple[tuple[str, str, float, bool, bool], ...] = (
     ("--max-depth", "max_depth", MAX_DEPTH_LIMIT, True, True),
     ("--max-agents", "max_agents", MAX_COUNT, True, False),
     ("--max-concurrent", "max_concurrent", MAX_CONCURRENT, True, False),
+    ("--confirm-over", "confirm_over", MAX_BUDGET_USD, False, False),
 )
 
 # (variable, maximum, integer, zero_ok) of every numeric environment variable.
@@ -853,11 +870,32 @@ def child_deadline(own_timeout: float | None, parent_deadline: float | None, now
     return min(candidates) if candidates else None
 
 
+def price_family(model: str) -> str:
+    """opus, sonnet or haiku for a model id or alias (medium-tier's for one the table doesn't name)."""
+    name = resolve_model(model, DEFAULT_MODEL_TIERS).lower()
+    return next((f for f in MODEL_PRICES_USD_PER_MTOK if f in name), FALLBACK_PRICE_FAMILY)
+
+
 def price_per_mtok(model: str) -> tuple[float, float]:
     """(input, output) USD per million tokens for a model id or alias."""
-    name = resolve_model(model, DEFAULT_MODEL_TIERS).lower()
-    family = next((f for f in MODEL_PRICES_USD_PER_MTOK if f in name), FALLBACK_PRICE_FAMILY)
-    return MODEL_PRICES_USD_PER_MTOK[family]
+    return MODEL_PRICES_USD_PER_MTOK[price_family(model)]
+
+
+def estimate_agent(model: str, history: Mapping[str, Sequence[tuple[float, float]]]) -> tuple[float, float, str]:
+    """(USD, seconds, basis) one agent of this model is expected to take.
+
+    history maps a price family to (cost, duration) of its ended agents; the
+    median of those resists the one runaway agent, else the tier default.
+    """
+    import statistics  # stdlib, but every level pays for module-top imports
+
+    family = price_family(model)
+    seen = history.get(family) or []
+    if not seen:
+        return DEFAULT_AGENT_COST_USD[family], DEFAULT_AGENT_SECONDS, f"default for {family}"
+    cost = statistics.median(c for c, _ in seen)
+    seconds = statistics.median(d for _, d in seen)
+    return cost, seconds, f"median of {len(seen)} ended {family} agent(s)"
 
 
 def estimate_cost(turns: Iterable[tuple[str, Mapping[str, Any]]]) -> float:
@@ -1380,6 +1418,75 @@ def reserve_budget(session: Path, meta: AgentMeta, secrets_: Sequence[str]) -> N
         drawn_from=budget_source(read_ledger(session), meta),
     )
     append_jsonl(session / LEDGER, record_to_json(entry), secrets_)
+
+
+def agent_history(session: Path) -> tuple[dict[str, list[tuple[float, float]]], list[str]]:
+    """(price family -> (cost, duration) of its ended agents, models of the running ones).
+
+    Refused agents never ran and DAG runners call no model: neither counts.
+    """
+    ended: dict[str, list[tuple[float, float]]] = {}
+    running: list[str] = []
+    for d in iter_agent_dirs(session):
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            meta = load_meta(d)
+            if meta.agent == "dag":
+                continue
+            if not (d / DONE_MARKER).exists() and not (d / FAIL_MARKER).exists():
+                running.append(meta.model)
+                continue
+            outcome = read_json(d / OUTCOME)
+            cost, duration = outcome.get("cost_usd"), outcome.get("duration_s")
+            if outcome.get("status") != Status.REFUSED and isinstance(cost, int | float) and isinstance(duration, int | float):
+                ended.setdefault(price_family(meta.model), []).append((float(cost), float(duration)))
+    return ended, running
+
+
+def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> str | None:
+    """Ask the root before a spawn that would take the tree past --confirm-over; None lets it go on.
+
+    Called before admission, without the session lock: the answer may take
+    minutes, and other spawns and outcome commits must not wait for it. Two
+    spawns racing under the threshold may both pass; the threshold is a
+    prompt for a person, --max-budget-usd is the hard cap.
+    """
+    threshold = read_limits(session).confirm_over_usd
+    if threshold is None:
+        return None
+    ended, running = agent_history(session)
+    estimate, _, basis = estimate_agent(meta.model, ended)
+    # A running agent's spend so far is in neither the ledger nor its estimate; the estimate stands for all of it.
+    projected = read_ledger(session).spent + sum(estimate_agent(m, ended)[0] for m in running) + estimate
+    if projected <= threshold:
+        return None
+    summary = (
+        f"start a {meta.model} agent, estimated ${estimate:.4f} ({basis}): the tree's projected spend "
+        f"${projected:.4f} passes --confirm-over ${threshold:g}; task: {summarize_input({'command': meta.task}, 120)}"
+    )
+    rule = f"--confirm-over {threshold:g}"
+    timeout = ask_timeout(os.environ)
+    if meta.deadline is not None:
+        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
+    if sys.stdin is not None and sys.stdin.isatty():
+        verdict, _ = prompt_person(meta, "Spawn", {"command": summary}, rule, timeout)
+        return None if verdict == "allow" else f"confirm: the person at the terminal did not approve ({summary})"
+    folder = asks_dir(session)
+    folder.mkdir(exist_ok=True)
+    ask_id = f"q-{secrets.token_hex(3)}"
+    # The spawner asks: its parent's id (the root has none, but the root never passes through here).
+    record = AskRecord(ask_id, meta.parent_id or "", "Spawn", summary, rule, utc_now_iso(), time.time() + timeout)
+    publish_once(folder / f"{ask_id}.json", redacted_json(record_to_json(record), secrets_, indent=2).encode())
+    note(f"spawn asks to {summary}: run 'spawn.py approve {ask_id}' or 'spawn.py deny {ask_id}' within {timeout:.0f} s")
+    answer_path = folder / f"{ask_id}.answer.json"
+    limit = time.monotonic() + timeout
+    while not answer_path.exists() and time.monotonic() < limit:
+        time.sleep(ASK_POLL_S)
+    answer_ask(session, ask_id, "deny", "timeout")  # no-op if answered in time
+    answer = read_json(answer_path)
+    if answer.get("verdict") == "approve":
+        return None
+    how = "timed out unanswered" if answer.get("by") == "timeout" else f"was denied by {answer.get('by')}"
+    return f"confirm: ask {ask_id} {how} (projected ${projected:.4f} > --confirm-over ${threshold:g})"
 
 
 def holds_slot(agent_dir: Path) -> bool:
@@ -3588,14 +3695,14 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         sandbox=sandbox,
         warnings=warnings,
     )
-    limits = Limits(budget_arg, args.max_agents, args.max_concurrent)
+    limits = Limits(budget_arg, args.max_agents, args.max_concurrent, args.confirm_over)
     if session is None and args.max_concurrent is not None and args.max_concurrent <= max_depth:
         warnings.append(
             f"--max-concurrent {args.max_concurrent} is fewer than the {max_depth + 1} levels --max-depth {max_depth} allows: "
             "a parent lends its slot only while blocked in a foreground spawn or 'spawn.py wait'"
         )
-    if session is not None and (args.max_agents is not None or args.max_concurrent is not None):
-        warnings.append("--max-agents and --max-concurrent apply to a whole tree and are set by its root; ignored here")
+    if session is not None and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
+        warnings.append("--max-agents, --max-concurrent and --confirm-over apply to a whole tree and are set by its root; ignored here")
     return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules)
 
 
@@ -3718,6 +3825,8 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         if not (session / AGENTS_DIR).is_dir():
             raise StateError(f"session {session} does not exist; unset {ENV_SESSION} or pass --session DIR")
     meta.session = str(session)
+    if plan.refusal is None and not plan.new_session:
+        plan.refusal = confirm_spawn(meta, session, plan.secrets)
     with session_lock(session):
         if plan.refusal is None:
             plan.refusal = admit(meta, session)
@@ -5476,6 +5585,34 @@ def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str) -> list[DagTa
     return tasks
 
 
+def dag_estimate(tasks: Sequence[DagTask], history: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, Any]:
+    """Projected cost (every task runs once) and critical-path time (blockers end before a task starts)."""
+    per_task: dict[str, dict[str, Any]] = {}
+    finish: dict[str, float] = {}
+    via: dict[str, str | None] = {}
+    by_id = {t.id: t for t in tasks}
+    for level in dag_levels(tasks):
+        for tid in level:
+            t = by_id[tid]
+            model = str(t.options.get("model") or DEFAULT_MODEL)
+            cost, seconds, basis = estimate_agent(model, history)
+            per_task[tid] = {"model": model, "cost_usd": round(cost, 6), "seconds": round(seconds, 3), "basis": basis}
+            prior = via[tid] = max(t.blocked_by, key=lambda b: finish[b], default=None)
+            finish[tid] = seconds + (finish[prior] if prior is not None else 0.0)
+    last: str | None = max(finish, key=lambda k: finish[k])
+    path: list[str] = []
+    while last is not None:
+        path.append(last)
+        last = via[last]
+    return {
+        "tasks": len(tasks),
+        "cost_usd": round(sum(e["cost_usd"] for e in per_task.values()), 6),
+        "critical_path_s": round(max(finish.values()), 3),
+        "critical_path": path[::-1],
+        "per_task": per_task,
+    }
+
+
 def dag_argv(t: DagTask, prompt: str) -> list[str]:
     """The spawn.py flags that start task t with the given prompt."""
     argv = ["--task", prompt, "--topic", t.id]
@@ -5690,6 +5827,29 @@ def finish_runner(runner_dir: Path, plan: Plan, results: Mapping[str, Mapping[st
     unregister_runner(plan.meta.pid, plan.meta.create_time)
     emit({**report, "runner_id": plan.meta.id, "session": plan.meta.session, "journal": str(journal)})
     return EXIT_FOR_STATUS[status]
+
+
+def cmd_estimate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """estimate DAGFILE: what a graph would cost and how long its critical path is, running nothing."""
+    tasks = load_dag_file(args.file, args.var or [])
+    history: dict[str, list[tuple[float, float]]] = {}
+    session = None
+    if args.session:
+        # A session directory, or a session root whose latest session is meant.
+        given = Path(args.session).expanduser().resolve()
+        session = given if (given / AGENTS_DIR).is_dir() else latest_session(given)
+        if session is None:
+            raise UsageError(f"no session under {given}; pass a session directory or drop --session for the defaults")
+        history, _ = agent_history(session)
+    report = {"file": args.file, "session": str(session) if session else None, **dag_estimate(tasks, history)}
+    if not args.text:
+        emit(report)
+        return ExitCode.OK
+    print(
+        f"{report['tasks']} tasks, about ${report['cost_usd']:.4f}; critical path {report['critical_path_s']:.0f} s: "
+        + " -> ".join(report["critical_path"])
+    )
+    return ExitCode.OK
 
 
 def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -6097,6 +6257,12 @@ def build_run_parser() -> Parser:
     )
     limits.add_argument("--max-agents", type=int, metavar="N", help="root only: agents the whole session may register")
     limits.add_argument("--max-concurrent", type=int, metavar="N", help="root only: agents running at once; more wait for a slot")
+    limits.add_argument(
+        "--confirm-over",
+        type=float,
+        metavar="USD",
+        help="root only: a spawn that would take the tree's projected spend past USD asks first (spawn.py approve|deny)",
+    )
     where = p.add_argument_group("session")
     where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
     where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
@@ -6181,6 +6347,14 @@ def build_verb_parser(verb: str) -> Parser:
             a.add_argument("--fail-fast", action="store_true", help="stop everything at the first failure")
             a.add_argument("--dry-run", action="store_true", help="print the resolved tasks; start nothing")
             a.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+    elif verb == "estimate":
+        p.description = (
+            "Projected cost and critical-path time of a task graph, running nothing. Per task: the median of ended agents "
+            "of its model in --session, else a default per tier."
+        )
+        p.add_argument("file", metavar="DAGFILE")
+        p.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
+        p.add_argument("--text", action="store_true", help="one line of text instead of JSON")
     elif verb in WORKFLOW_VERBS:
         p.description = {
             "plan": "Plan a change with the plan agent; the plan goes to the state file.",
@@ -6211,7 +6385,7 @@ def build_verb_parser(verb: str) -> Parser:
 
 
 WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
-VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", *WORKFLOW_VERBS, "_run", "_guard")
+VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard")
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -6517,6 +6691,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "deny": cmd_answer,
                 "agents": cmd_agents,
                 "dag": cmd_dag,
+                "estimate": cmd_estimate,
                 **{v: cmd_workflow for v in WORKFLOW_VERBS},
                 "state": cmd_state,
                 "_run": cmd_background_runner,
