@@ -325,22 +325,26 @@ def test_server_protocol(server: Server, tmp_path: Path) -> None:
 def test_sleep_does_not_block_other_requests(server: Server) -> None:
     import threading
 
-    results: dict[str, float] = {}
+    import psutil
+
+    done: list[str] = []
     main = {"tools": [{"name": "Bash"}]}
 
     def slow() -> None:
-        t0 = time.monotonic()
-        server.post("/v1/messages", {**main, "messages": [_user('MOCK[{"sleep": 1.5}]MOCK')]})
-        results["slow"] = time.monotonic() - t0
+        server.post("/v1/messages", {**main, "messages": [_user('MOCK[{"sleep": 8}]MOCK')]})
+        done.append("slow")
 
     thread = threading.Thread(target=slow)
     thread.start()
-    time.sleep(0.2)
-    t0 = time.monotonic()
+    # Once the slow request's connection is up, a one-at-a-time server would take it first.
+    limit = time.monotonic() + 30
+    while not [c for c in psutil.Process(server.proc.pid).net_connections() if c.status == psutil.CONN_ESTABLISHED]:
+        assert time.monotonic() < limit, "the slow request never connected"
+        time.sleep(0.05)
     status, _ = server.post("/v1/messages", {**main, "messages": [_user("fast")]})
-    assert status == 200 and time.monotonic() - t0 < 1.0
+    assert status == 200 and done == [], "the fast request waited for the sleeping one"
     thread.join()
-    assert results["slow"] >= 1.4
+    assert done == ["slow"]
 
 
 def test_sleep_stops_when_client_disconnects(server: Server) -> None:
