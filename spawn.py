@@ -1247,8 +1247,9 @@ def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -
     """
     data = redacted_json(record_to_json(outcome), secrets_, indent=2)
     won = publish_once(agent_dir / OUTCOME, data.encode())
-    if won and outcome.status != Status.REFUSED:
-        # The charge releases the agent's budget hold, whoever commits.
+    if won and (outcome.status != Status.REFUSED or outcome.transcript is not None):
+        # The charge releases the agent's budget hold, whoever commits. Only an
+        # agent refused before it ran (no transcript) holds and spent nothing.
         entry = LedgerEntry(
             id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated
         )
@@ -1362,7 +1363,8 @@ def counted_agents(session: Path) -> int:
     for d in iter_agent_dirs(session):
         if (d / FAIL_MARKER).exists():
             with contextlib.suppress(FileNotFoundError, SpawnError):
-                if read_json(d / OUTCOME).get("status") == Status.REFUSED:
+                refused = read_json(d / OUTCOME)
+                if refused.get("status") == Status.REFUSED and not refused.get("transcript"):  # refused before it ran
                     continue
         count += 1
     return count
@@ -3996,6 +3998,8 @@ class RunState:
         """The last API error the CLI retried (its api_retry messages): why a run stalled."""
         self.mcp_failed: list[str] = []
         """MCP servers the CLI's init message reports as not connected."""
+        self.denied_asks: list[str] = []
+        """This agent's asks that were answered no, as 'ask ID (rule R) denied by WHO': a failed run ended on one."""
 
 
 def message_record(message: Any) -> dict[str, Any]:
@@ -4230,10 +4234,12 @@ class PermissionGate:
     appended to the transcript.
     """
 
-    def __init__(self, meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str]) -> None:
+    def __init__(self, meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str], denied_asks: list[str] | None = None) -> None:
         self.meta = meta
         self.agent_dir = agent_dir
         self.secrets = secrets_
+        self.denied_asks = denied_asks if denied_asks is not None else []
+        """Appended to on every ask answered no (the run's RunState.denied_asks)."""
         self.rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in PERMISSION_KINDS))
         self.home = os.environ.get("HOME") or str(Path.home())
         # What the agent's Bash inherits: the CLI gets os.environ plus this.
@@ -4268,7 +4274,10 @@ class PermissionGate:
         if self.meta.deadline is not None:
             timeout = min(timeout, max(0.0, self.meta.deadline - time.time()))
         if self.meta.depth == 0 and sys.stdin is not None and sys.stdin.isatty():
-            return await asyncio.to_thread(prompt_person, self.meta, tool, tool_input, rule, timeout)
+            verdict, by = await asyncio.to_thread(prompt_person, self.meta, tool, tool_input, rule, timeout)
+            if verdict == "deny":
+                self.denied_asks.append(f"ask at the terminal (rule {rule}) denied by {by}")
+            return verdict, by
         ask = post_ask(self.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
         what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
         note(f"agent {self.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
@@ -4278,7 +4287,10 @@ class PermissionGate:
             await asyncio.sleep(ASK_POLL_S)
         answer_ask(Path(self.meta.session), ask, "deny", "timeout")  # no-op if answered in time
         answer = read_json(answer_path)
-        return ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
+        verdict, by = ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
+        if verdict == "deny":
+            self.denied_asks.append(f"ask {ask} (rule {rule}) denied by {by}")
+        return verdict, by
 
 
 def native_subagent_hooks(sdk: Any, agent_dir: Path, secrets_: Sequence[str]) -> dict[str, list[Any]]:
@@ -4442,7 +4454,7 @@ async def run_sdk(
             system_prompt["append"] += "\n\n" + "\n\n".join(sections)
         else:
             system_prompt += "\n\n" + "\n\n".join(sections)
-    gate = PermissionGate(meta, agent_dir, secrets_)
+    gate = PermissionGate(meta, agent_dir, secrets_, state.denied_asks)
     allowed, disallowed = cli_permissions(meta.tools, meta.disallowed_tools, gate.rules)
     options = sdk.ClaudeAgentOptions(
         tools=builtin,
@@ -4544,7 +4556,21 @@ def describe_sdk_error(exc: Exception, stderr_log: Path) -> str:
 
 
 def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
-    """Turn what the run saw into the outcome record (pure)."""
+    """Turn what the run saw into the outcome record (pure).
+
+    A run that would end `failed` after one of its own asks was answered no
+    ended on that answer: it is `refused` (exit 4), naming the ask. A failure
+    that isn't the agent's own (API error, CLI crash, no result) stays `failed`.
+    """
+    outcome = _outcome_from_run(meta, state, started, error)
+    api_failed = outcome.api_error_status is not None or state.api_error_status is not None
+    if outcome.status == Status.FAILED and state.denied_asks and state.result is not None and error is None and not api_failed:
+        outcome.status, outcome.exit_code = Status.REFUSED, ExitCode.REFUSED
+        outcome.reason = f"{state.denied_asks[-1]}, and the agent ended without a result ({outcome.reason})"[:2000]
+    return outcome
+
+
+def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
     result = state.result
     duration = round(time.time() - started, 3)
     base: dict[str, Any] = {

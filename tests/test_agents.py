@@ -132,6 +132,27 @@ def test_unanswered_ask_is_denied_after_the_timeout(env: dict[str, str], session
     assert decisions(agent_dir)[0]["by"] == "timeout"
 
 
+def test_denied_ask_that_ends_the_run_is_refused(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    # The Bash call is the agent's only step: told no, it ends without the result it owed.
+    target = tmp_path / "never"
+    task = mock_task("make a file", [{"bash": f"touch {target}"}])
+    proc = start_spawn(["--task", task, "--tools", "Bash", "--ask", "Bash(touch:*)", "--schema", "summary"], env)
+    ask = wait_for_ask(session_root)
+    assert run_spawn(["deny", str(ask["id"])], env).returncode == spawn.ExitCode.OK
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == spawn.ExitCode.REFUSED, err
+    result = json.loads(out)
+    assert result["status"] == "refused"
+    assert f"ask {ask['id']} (rule Bash(touch:*)) denied by deny" in result["reason"]
+    assert not target.exists()
+    (agent_dir,) = agent_dirs(session_root)
+    assert load(agent_dir / "outcome.json")["exit_code"] == spawn.ExitCode.REFUSED
+    # It ran and spent: the ledger charges it like any agent that ran.
+    ledger = [json.loads(line) for line in (agent_dir.parent.parent / spawn.LEDGER).read_text().splitlines()]
+    assert [e["status"] for e in ledger if e["id"] == result["id"]] == ["refused"]
+    validate_records(session_root)
+
+
 def test_child_keeps_parent_deny_rules_even_with_its_env_cleared(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
