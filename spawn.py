@@ -3101,12 +3101,13 @@ def parse_definition(
 def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
     """The fields Claude Code added for subagents; a bad value is ignored with a
     warning, as Claude Code ignores it, so the file still loads."""
-    turns = data.get("maxTurns")
-    if turns is not None:
-        if isinstance(turns, int) and not isinstance(turns, bool) and turns > 0:
-            d.max_turns = turns
-        else:
-            problem("maxTurns", f"maxTurns must be a positive integer, got {turns!r}; ignored", "warning")
+    for key, attr in (("maxTurns", "max_turns"), ("autoCompactWindow", "auto_compact_window")):
+        count = data.get(key)
+        if count is not None:
+            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+                setattr(d, attr, count)
+            else:
+                problem(key, f"{key} must be a positive integer, got {count!r}; ignored", "warning")
     effort = data.get("effort")
     if effort is not None:
         if effort in EFFORT_LEVELS or (isinstance(effort, int) and not isinstance(effort, bool)):
@@ -3132,12 +3133,6 @@ def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: C
         value = data.get(key)
         if value is not None:
             setattr(d, attr, str(value))
-    window = data.get("autoCompactWindow")
-    if window is not None:
-        if isinstance(window, int) and not isinstance(window, bool) and window > 0:
-            d.auto_compact_window = window
-        else:
-            problem("autoCompactWindow", f"autoCompactWindow must be a positive integer, got {window!r}; ignored", "warning")
     hooks = data.get("hooks")
     if hooks is not None:
         if isinstance(hooks, dict) and all(isinstance(v, list) for v in hooks.values()):
