@@ -85,8 +85,9 @@ def typecheck(session: nox.Session) -> None:
     install_tool_deps(session)
     session.install(MYPY, "types-psutil", "types-jsonschema", "types-PyYAML", *TEST_DEPS, "nox")
     session.run("mypy", "--strict", *SCRIPTS)
-    # Separately: the tests import spawn and conftest as top-level modules.
-    session.run("mypy", "--strict", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py")), env={"MYPYPATH": str(ROOT)})
+    # Separately: the tests import spawn, conftest and tools/mock_model as top-level modules.
+    tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py"))
+    session.run("mypy", "--strict", *tests, env={"MYPYPATH": f"{ROOT}:{ROOT / 'tools'}"})
 
 
 @nox.session

@@ -123,6 +123,7 @@ DEFAULT_MAX_DEPTH = 3
 MAX_SECONDS = 366 * 86400.0  # a deadline a year out is already "none"
 MAX_BUDGET_USD = 1_000_000.0
 MAX_COUNT = 1_000_000  # turns, agents
+MAX_TOKENS = 100_000_000  # a context window; 100x today's largest is a typo
 MAX_CONCURRENT = 10_000
 MAX_DEPTH_LIMIT = 1000
 
@@ -758,11 +759,15 @@ ENV_NUMBERS: tuple[tuple[str, float, bool, bool], ...] = (
 # MCP server kinds Claude Code accepts in mcpServers (stdio when no type is given).
 MCP_SERVER_TYPES = ("stdio", "http", "sse")
 
-# (field, maximum, integer, zero_ok) of every numeric field of an agent definition.
-DEFINITION_NUMBERS: tuple[tuple[str, float, bool, bool], ...] = (
-    ("max_depth", MAX_DEPTH_LIMIT, True, True),
-    ("timeout", MAX_SECONDS, False, False),
-    ("max_budget_usd", MAX_BUDGET_USD, False, False),
+# (field, attribute, maximum, integer, zero_ok) of every numeric field of an
+# agent definition. A bad one is an error, as the matching flag is: unset, a
+# limit such as maxTurns would be no limit at all.
+DEFINITION_NUMBERS: tuple[tuple[str, str, float, bool, bool], ...] = (
+    ("max_depth", "max_depth", MAX_DEPTH_LIMIT, True, True),
+    ("timeout", "timeout", MAX_SECONDS, False, False),
+    ("max_budget_usd", "max_budget_usd", MAX_BUDGET_USD, False, False),
+    ("maxTurns", "max_turns", MAX_COUNT, True, False),
+    ("autoCompactWindow", "auto_compact_window", MAX_TOKENS, True, False),
 )
 
 
@@ -3071,7 +3076,7 @@ def parse_definition(
                     problem("schema", f"schema {schema!r} is not in {SCHEMA_DIR}")
             elif not schema.lstrip().startswith(("{", "[")) and not Path(schema).expanduser().is_file():
                 problem("schema", f"schema file {schema} does not exist")
-    for key, maximum, integer, zero_ok in DEFINITION_NUMBERS:
+    for key, attr, maximum, integer, zero_ok in DEFINITION_NUMBERS:
         value = data.get(key)
         if value is None:
             continue
@@ -3079,7 +3084,7 @@ def parse_definition(
         if why is not None:
             problem(key, why)
         else:
-            setattr(d, key, int(value) if integer else float(value))
+            setattr(d, attr, int(value) if integer else float(value))
     _parse_claude_fields(data, d, problem)
     perms = data.get("permissions")
     if perms is not None:
@@ -3100,14 +3105,9 @@ def parse_definition(
 
 def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
     """The fields Claude Code added for subagents; a bad value is ignored with a
-    warning, as Claude Code ignores it, so the file still loads."""
-    for key, attr in (("maxTurns", "max_turns"), ("autoCompactWindow", "auto_compact_window")):
-        count = data.get(key)
-        if count is not None:
-            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
-                setattr(d, attr, count)
-            else:
-                problem(key, f"{key} must be a positive integer, got {count!r}; ignored", "warning")
+    warning, as Claude Code ignores it, so the file still loads. Its numbers
+    (maxTurns, autoCompactWindow) are checked with spawn.py's own, in
+    DEFINITION_NUMBERS."""
     effort = data.get("effort")
     if effort is not None:
         if effort in EFFORT_LEVELS or (isinstance(effort, int) and not isinstance(effort, bool)):

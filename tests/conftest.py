@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,59 +26,25 @@ for _name in [n for n in os.environ if n.startswith("SPAWN_") or n == "TRACEPARE
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests import spawn.py as a module
+sys.path.append(str(ROOT / "tools"))  # and the scripted model's helpers
 SPAWN = ROOT / "spawn.py"
-MOCK = ROOT / "tools" / "mock_model.py"
 SCHEMAS = ROOT / "schemas"
+
+import mock_model as mock_model_module  # noqa: E402  (needs tools/ on the path)
 
 # Fake but secret-looking: tests assert it never lands in a record.
 FAKE_API_KEY = "sk-ant-test-DO-NOT-LEAK-0123456789"
 
-
-def mock_task(text: str, steps: Sequence[Mapping[str, Any]]) -> str:
-    """A task whose inline script tells the scripted model what to answer."""
-    return f"{text} MOCK{json.dumps(list(steps))}MOCK"
-
-
-def spawn_in_bash(*args: str) -> str:
-    """The command an agent's Bash runs to start a child (as the briefing says)."""
-    return '"$SPAWN_PYTHON" "$SPAWN_PY" ' + " ".join(shlex.quote(a) for a in args)
-
-
-@dataclass
-class MockModel:
-    url: str
-    log: Path
-    process: subprocess.Popen[bytes]
-
-    def requests(self) -> list[dict[str, Any]]:
-        if not self.log.exists():
-            return []
-        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+# The scripted model's helpers, as the tests import them from here.
+MockModel = mock_model_module.Served
+mock_task = mock_model_module.mock_task
+spawn_in_bash = mock_model_module.spawn_in_bash
 
 
 @pytest.fixture
 def mock_model(tmp_path: Path) -> Iterator[MockModel]:
-    port_file = tmp_path / "mock.port"
-    log = tmp_path / "mock-requests.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, str(MOCK), "--port", "0", "--port-file", str(port_file), "--log", str(log)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    limit = time.monotonic() + 15
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > limit:
-            raise RuntimeError(f"mock_model did not start: {proc.stderr.read() if proc.stderr else ''!r}")
-        time.sleep(0.02)
-    try:
-        yield MockModel(f"http://127.0.0.1:{port_file.read_text().strip()}", log, proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with mock_model_module.serve(tmp_path) as served:
+        yield served
 
 
 @pytest.fixture
@@ -111,11 +74,12 @@ def env(base_env: dict[str, str], mock_model: MockModel) -> dict[str, str]:
     return {**base_env, "ANTHROPIC_BASE_URL": mock_model.url, "ANTHROPIC_API_KEY": FAKE_API_KEY}
 
 
-def run_spawn(
+def run_python(
     args: Sequence[str], env: Mapping[str, str], timeout: float = 120, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """The test interpreter run to its end with these arguments, its output captured as text."""
     return subprocess.run(
-        [sys.executable, str(SPAWN), *args],
+        [sys.executable, *args],
         env=dict(env),
         capture_output=True,
         text=True,
@@ -123,6 +87,12 @@ def run_spawn(
         cwd=cwd,
         check=False,
     )
+
+
+def run_spawn(
+    args: Sequence[str], env: Mapping[str, str], timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return run_python([str(SPAWN), *args], env, timeout, cwd)
 
 
 def start_spawn(args: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
@@ -155,6 +125,28 @@ def load(path: Path) -> dict[str, Any]:
 
 def metas(session_root: Path) -> dict[str, dict[str, Any]]:
     return {d.name: load(d / "meta.json") for d in agent_dirs(session_root) if (d / "meta.json").exists()}
+
+
+def write_agent(project: Path, name: str, frontmatter: str, body: str = "You are a test agent.") -> Path:
+    """An agent file in project/.claude/agents; `name: NAME` comes first unless the frontmatter names one."""
+    folder = project / ".claude" / "agents"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.md"
+    named = any(line.startswith("name:") for line in frontmatter.splitlines())
+    head = "" if named else f"name: {name}\n"
+    path.write_text(f"---\n{head}{frontmatter.strip()}\n---\n{body}\n")
+    return path
+
+
+def wait_for_ask(session_root: Path, timeout: float = 60) -> dict[str, Any]:
+    """The first pending ask in the session root's sessions, once one is written."""
+    limit = time.monotonic() + timeout
+    while True:
+        asks = [p for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]
+        if asks:
+            return load(asks[0])
+        assert time.monotonic() < limit, "no agent asked"
+        time.sleep(0.05)
 
 
 def wait_for_path(path: Path, timeout: float = 30) -> None:

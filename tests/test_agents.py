@@ -23,19 +23,13 @@ from conftest import (
     start_spawn,
     stdout_json,
     validate_records,
+    wait_for_ask,
+    write_agent,
 )
 
 import spawn
 
 ECHO_SERVER = ROOT / "tests" / "fixtures" / "echo_mcp_server.py"
-
-
-def write_agent(project: Path, name: str, frontmatter: str, body: str = "You are a test agent.") -> Path:
-    folder = project / ".claude" / "agents"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.md"
-    path.write_text(f"---\nname: {name}\n{frontmatter.strip()}\n---\n{body}\n")
-    return path
 
 
 def decisions(agent_dir: Path) -> list[dict[str, object]]:
@@ -85,16 +79,6 @@ def test_denied_bash_command_is_refused_and_audited(env: dict[str, str], session
     assert audit[1]["verdict"] == "allow"
     assert "denied by spawn.py" in (agent_dir / "transcript.jsonl").read_text()
     validate_records(session_root)
-
-
-def wait_for_ask(session_root: Path, timeout: float = 60) -> dict[str, object]:
-    limit = time.monotonic() + timeout
-    while True:
-        asks = [p for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]
-        if asks:
-            return load(asks[0])
-        assert time.monotonic() < limit, "the agent never asked"
-        time.sleep(0.05)
 
 
 @pytest.mark.parametrize(("answer", "created"), [("approve", True), ("deny", False)])

@@ -8,12 +8,11 @@ and the `estimate` verb on a small graph.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
+from conftest import agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records, wait_for_ask
 
 import spawn
 
@@ -23,16 +22,6 @@ def root_spawning_one_child(rc_file: Path) -> str:
     child = mock_task("child", [{"text": "child done"}])
     command = spawn_in_bash("--task", child) + f"; echo $? > {rc_file}"
     return mock_task("root", [{"bash": command}, {"text": "root done"}])
-
-
-def wait_for_spawn_ask(session_root: Path, timeout: float = 60) -> dict[str, Any]:
-    limit = time.monotonic() + timeout
-    while True:
-        asks = [p for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]
-        if asks:
-            return load(asks[0])
-        assert time.monotonic() < limit, "the spawn never asked"
-        time.sleep(0.05)
 
 
 def child_outcome(session_root: Path) -> dict[str, Any]:
@@ -46,7 +35,7 @@ def test_spawn_over_confirm_threshold_asks_the_root(
 ) -> None:
     rc_file = tmp_path / "child.rc"
     root = start_spawn(["--task", root_spawning_one_child(rc_file), "--tools", "Bash", "--confirm-over", "0.000001"], env)
-    ask = wait_for_spawn_ask(session_root)
+    ask = wait_for_ask(session_root)
     assert ask["tool"] == "Spawn"
     assert ask["rule"] == "--confirm-over 1e-06"
     assert "estimated $0.1000 (default for sonnet)" in ask["input"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, load, metas, mock_task, stdout_json, validate_records, wait_for_path
+from conftest import ROOT, load, metas, mock_task, run_spawn, stdout_json, validate_records, wait_for_ask, wait_for_path, write_agent
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client  # noqa: E402
@@ -47,10 +47,7 @@ def structured(result: CallToolResult) -> dict[str, Any]:
 
 def project_with_asking_agent(tmp_path: Path) -> Path:
     project = tmp_path / "project"
-    (project / ".claude" / "agents").mkdir(parents=True)
-    (project / ".claude" / "agents" / "toucher.md").write_text(
-        '---\nname: toucher\ndescription: Makes files\ntools: Bash\npermissions:\n  ask: ["Bash(touch:*)"]\n---\nYou make files.\n'
-    )
+    write_agent(project, "toucher", 'description: Makes files\ntools: Bash\npermissions:\n  ask: ["Bash(touch:*)"]', "You make files.")
     return project
 
 
@@ -131,16 +128,6 @@ def test_cancel_ends_the_agent(env: dict[str, str], session_root: Path, tmp_path
     validate_records(session_root)
 
 
-def wait_for_ask_on_disk(session_root: Path) -> dict[str, Any]:
-    limit = time.monotonic() + 60
-    while True:
-        asks = [p for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]
-        if asks:
-            return load(asks[0])
-        assert time.monotonic() < limit, "the agent never asked"
-        time.sleep(0.05)
-
-
 def test_ask_answered_with_agent_answer(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     project = project_with_asking_agent(tmp_path)
     target = tmp_path / "made-by-agent"
@@ -150,7 +137,7 @@ def test_ask_answered_with_agent_answer(env: dict[str, str], session_root: Path,
         # This client declares no elicitation: asks show as pending.
         async with Client(server_params(env, project)) as client:
             await client.call_tool("spawn_agent", {"task": task, "agent": "toucher", "cwd": str(project)})
-            ask = await asyncio.to_thread(wait_for_ask_on_disk, session_root)
+            ask = await asyncio.to_thread(wait_for_ask, session_root)
             waited = structured(await client.call_tool("agent_wait", {"timeout_s": 1}))
             assert waited["status"] == "timeout"
             assert [a["id"] for a in waited["pending_asks"]] == [ask["id"]]
@@ -258,12 +245,13 @@ def test_claude_code_delegates_through_mcp(env: dict[str, str], session_root: Pa
     """The real CLI as the MCP client: a spawn.py root whose definition's mcpServers (passed to the CLI
     as --mcp-config) starts the server. Its spawns are its children, at depth 1, in its session."""
     project = tmp_path / "project"
-    (project / ".claude" / "agents").mkdir(parents=True)
-    (project / ".claude" / "agents" / "delegator.md").write_text(
-        "---\nname: delegator\ndescription: Delegates\ntools: mcp__spawn__spawn_agent, mcp__spawn__agent_wait\n"
+    write_agent(
+        project,
+        "delegator",
+        "description: Delegates\ntools: mcp__spawn__spawn_agent, mcp__spawn__agent_wait\n"
         f"mcpServers:\n  spawn:\n    command: {sys.executable}\n"
-        f"    args: [{json.dumps(str(SERVER))}, --python, {json.dumps(sys.executable)}]\n"
-        "---\nYou delegate.\n"
+        f"    args: [{json.dumps(str(SERVER))}, --python, {json.dumps(sys.executable)}]",
+        "You delegate.",
     )
     child_task = mock_task("child work", [{"text": "child says hi"}])
     steps: list[dict[str, Any]] = [
@@ -271,15 +259,7 @@ def test_claude_code_delegates_through_mcp(env: dict[str, str], session_root: Pa
         {"tool": "mcp__spawn__agent_wait", "input": {"timeout_s": 50}},
         {"text": "delegated"},
     ]
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "spawn.py"), "--agent", "delegator", "--cwd", str(project), "--task", mock_task("delegate", steps)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=project,
-        check=False,
-    )
+    proc = run_spawn(["--agent", "delegator", "--cwd", str(project), "--task", mock_task("delegate", steps)], env, timeout=240, cwd=project)
     out = stdout_json(proc)
     assert out["status"] == "done", proc.stderr
     tree = metas(session_root)

@@ -6,7 +6,6 @@ wheel against the mock server; they are skipped when the SDK is not importable.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,27 +15,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import mock_model as mm
 import pytest
+
+import spawn
 
 # ---------------------------------------------------------------- helpers
 
-MOCK_PATH = Path(__file__).resolve().parent.parent / "tools" / "mock_model.py"
-
-
-def _load_mock() -> ModuleType:
-    # tools/ is not a package, so load the script by path.
-    spec = importlib.util.spec_from_file_location("mock_model", MOCK_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mock_model"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mm = _load_mock()
+MOCK_PATH = Path(mm.__file__)
 
 
 def _user(text: str) -> dict[str, Any]:
@@ -45,13 +33,9 @@ def _user(text: str) -> dict[str, Any]:
 
 def _find_cli() -> Path:
     try:
-        import claude_agent_sdk
-    except ImportError:
-        pytest.skip("claude_agent_sdk is not importable; run with /tmp/sdkvenv/bin/python")
-    cli = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
-    if not cli.exists():
-        pytest.skip(f"bundled claude CLI not found at {cli}")
-    return cli
+        return spawn.find_cli({})
+    except spawn.UsageError as exc:
+        pytest.skip(str(exc))
 
 
 def _read_log(path: Path) -> list[dict[str, Any]]:

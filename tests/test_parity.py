@@ -13,21 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SPAWN, agent_dirs, load, mock_task, run_spawn, stdout_json, validate_records
+from conftest import ROOT, SPAWN, agent_dirs, load, mock_task, run_spawn, stdout_json, validate_records, write_agent
 
 import spawn
 
 FIXTURES = ROOT / "tests" / "fixtures"
 FIXTURE_PROJECTS = sorted(FIXTURES.glob("agents-*"))
 FIXTURE_FILES = sorted(FIXTURES.glob("agents-*/.claude/agents/*.md"))
-
-
-def write_agent(project: Path, name: str, frontmatter: str, body: str = "You are a test agent.") -> Path:
-    folder = project / ".claude" / "agents"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.md"
-    path.write_text(f"---\n{frontmatter.strip()}\n---\n{body}\n")
-    return path
 
 
 @pytest.fixture

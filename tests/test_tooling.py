@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SPAWN, MockModel, run_spawn
+from conftest import ROOT, SPAWN, MockModel, run_python, run_spawn
 
 import spawn
 
@@ -48,15 +45,8 @@ def test_no_spawn_variable_leaks_into_the_tests() -> None:
 
 def test_tests_pass_when_run_from_inside_an_agent(tmp_path: Path) -> None:
     agent_env = {**os.environ, "SPAWN_DEPTH": "3", "SPAWN_MAX_DEPTH": "3", "SPAWN_DEADLINE": "1", "TRACEPARENT": "junk"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::test_no_spawn_variable_leaks_into_the_tests"],
-        env=agent_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        check=False,
-    )
+    test = f"{__file__}::test_no_spawn_variable_leaks_into_the_tests"
+    proc = run_python(["-m", "pytest", "-q", "-p", "no:cacheprovider", test], agent_env, cwd=ROOT)
     assert proc.returncode == pytest.ExitCode.OK, proc.stdout[-2000:]
 
 
@@ -83,9 +73,9 @@ def test_mock_model_ignores_a_client_that_hangs_up(mock_model: MockModel) -> Non
     ok = urllib.request.Request(mock_model.url + "/v1/messages", data=body.encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(ok, timeout=10) as resp:
         assert resp.status == 200
-    mock_model.process.send_signal(signal.SIGTERM)
-    _, err = mock_model.process.communicate(timeout=10)
-    assert b"Traceback" not in err, err.decode()[-2000:]
+    mock_model.stop()
+    err = mock_model.stderr_log.read_text()
+    assert "Traceback" not in err, err[-2000:]
 
 
 def test_print_id_needs_no_jq(base_env: dict[str, str]) -> None:

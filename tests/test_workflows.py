@@ -7,7 +7,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -16,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import mock_model
 import pytest
-from conftest import FAKE_API_KEY, MOCK, ROOT, load, run_spawn, stdout_json, validate_records
+from conftest import FAKE_API_KEY, ROOT, load, run_spawn, stdout_json, validate_records
 
 import spawn
 
@@ -48,29 +48,10 @@ def project(tmp_path: Path) -> Path:
     return proj
 
 
-def start_mock(tmp_path: Path, data: dict[str, Any]) -> tuple[str, subprocess.Popen[bytes]]:
-    (tmp_path / "scenario.json").write_text(json.dumps(data))
-    port_file = tmp_path / "wf-mock.port"
-    proc = subprocess.Popen(
-        [sys.executable, str(MOCK), "--port", "0", "--port-file", str(port_file), "--scenario", str(tmp_path / "scenario.json")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    limit = time.monotonic() + 15
-    while not port_file.exists():
-        assert proc.poll() is None and time.monotonic() < limit, "mock_model did not start"
-        time.sleep(0.02)
-    return f"http://127.0.0.1:{port_file.read_text().strip()}", proc
-
-
 @pytest.fixture
 def wf_env(base_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[dict[str, str]]:
-    url, proc = start_mock(tmp_path, scenario(getattr(request, "param", PLAN)))
-    try:
-        yield {**base_env, "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": FAKE_API_KEY}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+    with mock_model.serve(tmp_path, scenario(getattr(request, "param", PLAN))) as served:
+        yield {**base_env, "ANTHROPIC_BASE_URL": served.url, "ANTHROPIC_API_KEY": FAKE_API_KEY}
 
 
 def answer_asks(proc: subprocess.Popen[str], session_root: Path, env: dict[str, str], verb: str) -> list[str]:

@@ -69,14 +69,19 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SPAWN = ROOT / "spawn.py"
-MOCK = ROOT / "tools" / "mock_model.py"
+sys.path.insert(0, str(ROOT))  # spawn.py and the scripted model are imported, not copied
+sys.path.insert(0, str(ROOT / "tools"))
+
+from mock_model import Served, ServeError, mock_task, serve, spawn_in_bash  # noqa: E402
+
+import spawn  # noqa: E402
 
 # Targets from the project's goals; (name, unit, target, compare "<=").
 TARGET_CHAIN_RATIO = 1.5
@@ -105,26 +110,6 @@ class BenchError(RuntimeError):
 
 
 # ------------------------------------------------------------------ helpers --
-
-
-def mock_task(text: str, steps: Sequence[Mapping[str, Any]]) -> str:
-    """A task whose inline script tells the scripted model what to answer."""
-    return f"{text} MOCK{json.dumps(list(steps))}MOCK"
-
-
-def find_cli() -> Path:
-    """The claude CLI bundled with claude-agent-sdk, the one spawn.py uses.
-
-    find_spec locates the package without importing it (importing costs
-    seconds, and its cost is one of the things measured here).
-    """
-    spec = importlib.util.find_spec("claude_agent_sdk")
-    if spec is None or spec.origin is None:
-        raise BenchError("claude-agent-sdk is not installed for this interpreter; run with 'uv run tools/bench.py'")
-    cli = Path(spec.origin).parent / "_bundled" / ("claude.exe" if os.name == "nt" else "claude")
-    if not cli.is_file():
-        raise BenchError(f"bundled claude CLI not found at {cli}")
-    return cli
 
 
 def median(values: Sequence[float]) -> float:
@@ -195,52 +180,6 @@ def last_json_line(text: str) -> dict[str, Any]:
 # ------------------------------------------------------------- environment --
 
 
-@dataclass
-class MockServer:
-    url: str
-    log: Path
-    process: subprocess.Popen[bytes]
-    offset: int = 0
-
-    def new_records(self) -> list[dict[str, Any]]:
-        """Log records appended since the last call (runs are serial, so: this run's)."""
-        if not self.log.exists():
-            return []
-        with self.log.open("rb") as fh:
-            fh.seek(self.offset)
-            data = fh.read()
-        # Only whole lines: the mock may be mid-write of a record.
-        end = data.rfind(b"\n") + 1
-        self.offset += end
-        return [json.loads(line) for line in data[:end].decode().splitlines() if line.strip()]
-
-
-@contextlib.contextmanager
-def mock_server(workdir: Path) -> Iterator[MockServer]:
-    port_file = workdir / "mock.port"
-    log = workdir / "mock-requests.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, str(MOCK), "--port", "0", "--port-file", str(port_file), "--log", str(log)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        limit = time.monotonic() + 15
-        while not port_file.exists() or not port_file.read_text().strip():
-            if proc.poll() is not None or time.monotonic() > limit:
-                raise BenchError("mock_model did not start")
-            time.sleep(0.02)
-        yield MockServer(f"http://127.0.0.1:{port_file.read_text().strip()}", log, proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def bench_environment(base: Mapping[str, str], workdir: Path, url: str, pycache: str) -> dict[str, str]:
     """A user's shell pointed at the mock: private HOME and session root, nothing inherited that steers spawn.py or the CLI."""
     env = {k: v for k, v in base.items() if not k.startswith(("SPAWN_", "ANTHROPIC_", "CLAUDE")) and k != "TRACEPARENT"}
@@ -271,11 +210,6 @@ def private_pycache(workdir: Path) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------- commands --
-
-
-def spawn_in_bash(*args: str) -> str:
-    """The command an agent's Bash runs to start a child, as the briefing says."""
-    return '"$SPAWN_PYTHON" "$SPAWN_PY" ' + " ".join(shlex.quote(a) for a in args)
 
 
 def bare_argv(cli: Path, task: str, tools: str | None) -> list[str]:
@@ -378,7 +312,7 @@ class Bench:
     env: dict[str, str]
     warm_env: dict[str, str]
     workdir: Path
-    mock: MockServer
+    mock: Served
     timeout: float
     cmds: Commands
     series: dict[str, Series] = field(default_factory=dict)
@@ -393,11 +327,11 @@ class Bench:
         env: Mapping[str, str] | None = None,
         turns: int | None = None,
     ) -> None:
-        self.mock.new_records()  # drop anything logged before this run
+        self.mock.new_requests()  # drop anything logged before this run
         proc = run_process(argv, env or self.env, self.timeout, self.workdir)
         # The mock logs a request after answering it; a moment lets the last line land.
         time.sleep(0.05)
-        records = self.mock.new_records()
+        records = self.mock.new_requests()
         if expected is not None:
             check_agent_result(label, proc, expected)
         elif proc.returncode != 0:
@@ -432,7 +366,7 @@ class Bench:
         for argv in (c.bare_leaf, c.spawn_leaf):
             proc = run_process(argv, self.env, self.timeout, self.workdir)
             check_agent_result("warm-up", proc, LEAF_TEXT)
-        self.mock.new_records()
+        self.mock.new_requests()
 
     def wait_sample(self, index: int) -> dict[str, float]:
         """One `spawn.py wait` latency: .done marker mtime -> wait process reaped."""
@@ -768,11 +702,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    cli = find_cli()
+    try:
+        cli = spawn.find_cli({})  # the bundled CLI, as the spawned agents use it (SPAWN_CLI is not passed on)
+    except spawn.UsageError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
     workdir = Path(tempfile.mkdtemp(prefix="spawn-bench-"))
     started = time.monotonic()
     try:
-        with mock_server(workdir) as mock:
+        with serve(workdir) as mock:
             env = bench_environment(os.environ, workdir, mock.url, args.pycache)
             warm_env = {**env, **private_pycache(workdir)}
             bench = Bench(cli, env, warm_env, workdir, mock, args.timeout, Commands.build(cli))
@@ -801,7 +739,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  spawn_agent -> agent process started     {fmt(to_process, 'ms')}")
                 print(f"  agent_wait: .done -> result at client    {fmt(mcp_wait, 'ms')}  (spawn.py wait: {fmt(spawn_wait, 'ms')})")
                 summary["mcp"] = {**mcp, "median_spawn_to_process_ms": to_process, "median_agent_wait_ms": mcp_wait}
-    except BenchError as exc:
+    except (BenchError, ServeError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -25,37 +25,29 @@ inspect: `uv run spawn.py status`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SPAWN = ROOT / "spawn.py"
-MOCK = ROOT / "tools" / "mock_model.py"
-
-# Agents call spawn.py the way their briefing tells them: the interpreter
-# already resolved by the root, so nested levels skip uv's resolution.
-SPAWN_IN_BASH = '"$SPAWN_PYTHON" "$SPAWN_PY"'
-READ_ID = '"$SPAWN_PYTHON" -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"'
-
-
-def bash(*args: str) -> str:
-    return f"{SPAWN_IN_BASH} {' '.join(shlex.quote(a) for a in args)}"
+sys.path.insert(0, str(ROOT / "tools"))
+# Agents call spawn.py the way their briefing tells them (spawn_in_bash).
+from mock_model import READ_ID, ServeError, serve, spawn_in_bash  # noqa: E402
 
 
 def scenario() -> dict[str, Any]:
     """What the scripted model answers each agent, matched on its task."""
-    explorer = bash("--background", "--task", "Explore the session protocol", "--tools", "Bash,Read")
-    lister = bash("--background", "--task", "List the record schemas", "--tools", "Read", "--schema", "summary")
-    fan_out = f"A=$({explorer} | {READ_ID}); B=$({lister} | {READ_ID}); {SPAWN_IN_BASH} wait $A $B --all"
+    explorer = spawn_in_bash("--background", "--task", "Explore the session protocol", "--tools", "Bash,Read")
+    lister = spawn_in_bash("--background", "--task", "List the record schemas", "--tools", "Read", "--schema", "summary")
+    fan_out = f"A=$({explorer} | {READ_ID}); B=$({lister} | {READ_ID}); {spawn_in_bash('wait')} $A $B --all"
     return {
         "rules": [
             {
@@ -68,14 +60,14 @@ def scenario() -> dict[str, Any]:
             {
                 "match": "Explore",
                 "steps": [
-                    {"bash": bash("--task", "Check one record in depth", "--tools", "Bash,Read")},
+                    {"bash": spawn_in_bash("--task", "Check one record in depth", "--tools", "Bash,Read")},
                     {"text": "Each agent directory holds meta.json, outcome.json, a transcript and one marker."},
                 ],
             },
             {
                 "match": "Check",
                 "steps": [
-                    {"bash": bash("--task", "Go one level deeper", "--tools", "Read") + "; echo exit=$?"},
+                    {"bash": spawn_in_bash("--task", "Go one level deeper", "--tools", "Read") + "; echo exit=$?"},
                     {"text": "A deeper spawn was refused at the depth limit (exit 4), as it should be."},
                 ],
             },
@@ -83,22 +75,6 @@ def scenario() -> dict[str, Any]:
             {"match": "Go one level deeper", "steps": [{"text": "This must never run: the spawn is refused first."}]},
         ]
     }
-
-
-def start_mock(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    scenario_file = workdir / "scenario.json"
-    scenario_file.write_text(json.dumps(scenario(), indent=2))
-    port_file = workdir / "port"
-    proc = subprocess.Popen(
-        [sys.executable, str(MOCK), "--port", "0", "--port-file", str(port_file), "--scenario", str(scenario_file)],
-        stdout=subprocess.DEVNULL,
-    )
-    limit = time.monotonic() + 15
-    while not port_file.exists():
-        if proc.poll() is not None or time.monotonic() > limit:
-            raise SystemExit("demo: error: the scripted model did not start")
-        time.sleep(0.02)
-    return proc, f"http://127.0.0.1:{port_file.read_text().strip()}"
 
 
 def spawn_argv() -> list[str]:
@@ -111,14 +87,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--session", metavar="DIR", help="session root (default $SPAWN_SESSION_ROOT, else sessions/ beside spawn.py)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="spawn-demo-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="spawn-demo-") as tmp, contextlib.ExitStack() as stack:
         workdir = Path(tmp)
-        mock, url = start_mock(workdir)
+        try:
+            mock = stack.enter_context(serve(workdir, scenario()))
+        except ServeError as exc:
+            print(f"demo: error: {exc}", file=sys.stderr)
+            return 1
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SPAWN_", "ANTHROPIC_", "CLAUDE"))}
         if os.environ.get("SPAWN_SESSION_ROOT"):  # where the user keeps sessions; the flag wins
             env["SPAWN_SESSION_ROOT"] = os.environ["SPAWN_SESSION_ROOT"]
         env.update(
-            ANTHROPIC_BASE_URL=url,
+            ANTHROPIC_BASE_URL=mock.url,
             ANTHROPIC_API_KEY="offline-demo-key",  # any string: the scripted model ignores it
             CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
             HOME=str(workdir),  # the CLI keeps its state here, not in your home
@@ -126,32 +106,28 @@ def main() -> int:
         )
         if args.session:
             env["SPAWN_SESSION_ROOT"] = str(Path(args.session).resolve())
-        try:
-            command = [*spawn_argv(), "--task", "Survey how spawn.py records an agent tree", "--tools", "Bash,Read", "--max-depth", "2"]
-            print(f"$ {' '.join(shlex.quote(c) for c in command)}", file=sys.stderr)
-            run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
-            print(run.stderr, end="", file=sys.stderr)
-            if not run.stdout.strip():
-                print(f"demo: error: spawn.py printed nothing (exit {run.returncode})", file=sys.stderr)
-                return 1
-            result = json.loads(run.stdout)
-            print("\nroot agent's stdout (what a parent would read):")
-            print(json.dumps(result, indent=2))
-            print()
-            status = subprocess.run(
-                [*spawn_argv(), "status", str(Path(result["agent_dir"]).parent.parent)],
-                env=env,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            print(status.stdout, end="")
-            print(status.stderr, end="", file=sys.stderr)
-            print(f"\nInspect it: uv run spawn.py status {Path(result['agent_dir']).parent.parent}")
-            return run.returncode
-        finally:
-            mock.send_signal(signal.SIGTERM)
-            mock.wait(timeout=10)
+        command = [*spawn_argv(), "--task", "Survey how spawn.py records an agent tree", "--tools", "Bash,Read", "--max-depth", "2"]
+        print(f"$ {' '.join(shlex.quote(c) for c in command)}", file=sys.stderr)
+        run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+        print(run.stderr, end="", file=sys.stderr)
+        if not run.stdout.strip():
+            print(f"demo: error: spawn.py printed nothing (exit {run.returncode})", file=sys.stderr)
+            return 1
+        result = json.loads(run.stdout)
+        print("\nroot agent's stdout (what a parent would read):")
+        print(json.dumps(result, indent=2))
+        print()
+        status = subprocess.run(
+            [*spawn_argv(), "status", str(Path(result["agent_dir"]).parent.parent)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        print(status.stdout, end="")
+        print(status.stderr, end="", file=sys.stderr)
+        print(f"\nInspect it: uv run spawn.py status {Path(result['agent_dir']).parent.parent}")
+        return run.returncode
 
 
 if __name__ == "__main__":

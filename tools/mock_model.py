@@ -60,24 +60,32 @@ Run::
 It prints ``mock_model listening on http://127.0.0.1:PORT`` once listening and
 exits 0 on SIGTERM/SIGINT. With ``--log`` every request appends one JSON line
 (see ``log_record``) for tests and benchmarks to inspect.
+
+From Python (the tests, bench, soak and demo)::
+
+    with mock_model.serve(workdir, scenario) as served:
+        env["ANTHROPIC_BASE_URL"] = served.url
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import itertools
 import json
 import os
 import re
 import select
+import shlex
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -755,6 +763,104 @@ class QuietServer(ThreadingHTTPServer):
 def make_server(host: str, port: int, state: MockState) -> ThreadingHTTPServer:
     handler = type("BoundHandler", (Handler,), {"state": state})
     return QuietServer((host, port), handler)
+
+
+# ---------------------------------------------------------------- for tests and dev tools
+# The tests, bench, soak and demo import this module (tools/ on sys.path) for
+# one way to start the server and to write scripts for spawn.py trees.
+
+# What an agent's Bash runs to start a child, as spawn.py's briefing says: the
+# interpreter the root resolved, so nested levels skip uv's resolution.
+SPAWN_IN_BASH = '"$SPAWN_PYTHON" "$SPAWN_PY"'
+# Reads the id from a background spawn's JSON line, in the agent's own Python.
+READ_ID = '"$SPAWN_PYTHON" -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"'
+START_TIMEOUT_S = 30.0  # a loaded machine starts Python slowly; a hang is still bounded
+STOP_TIMEOUT_S = 5.0
+
+
+def mock_task(text: str, steps: Sequence[Mapping[str, Any]]) -> str:
+    """A task whose inline script tells the scripted model what to answer."""
+    return f"{text} MOCK{json.dumps(list(steps))}MOCK"
+
+
+def spawn_in_bash(*args: str) -> str:
+    """The command an agent's Bash runs to start a child with these arguments."""
+    return " ".join([SPAWN_IN_BASH, *(shlex.quote(a) for a in args)])
+
+
+class ServeError(RuntimeError):
+    """The scripted model did not start."""
+
+
+@dataclass
+class Served:
+    """A scripted model server that serve() started, in its own process."""
+
+    url: str
+    """Base URL for ANTHROPIC_BASE_URL, on a free loopback port."""
+    process: subprocess.Popen[bytes]
+    log: Path
+    """One JSON line per request (see log_record)."""
+    stderr_log: Path
+    """The server's stderr: a file, so nothing blocks on a full pipe."""
+    offset: int = 0
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request logged so far."""
+        return self._records(0)[0]
+
+    def new_requests(self) -> list[dict[str, Any]]:
+        """Requests logged since the last call (for runs one after another)."""
+        records, self.offset = self._records(self.offset)
+        return records
+
+    def _records(self, offset: int) -> tuple[list[dict[str, Any]], int]:
+        if not self.log.exists():
+            return [], offset
+        with self.log.open("rb") as fh:
+            fh.seek(offset)
+            data = fh.read()
+        end = data.rfind(b"\n") + 1  # only whole lines: the server may be mid-write
+        return [json.loads(line) for line in data[:end].decode().splitlines() if line.strip()], offset + end
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL if it lingers; safe to call twice."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.process.wait()
+
+
+@contextlib.contextmanager
+def serve(workdir: Path, scenario: Mapping[str, Any] | None = None) -> Iterator[Served]:
+    """Run the scripted model on a free loopback port until the block ends.
+
+    It runs as its own process, as the CLI's real API would: a test that
+    kills process groups, or a busy harness, can't stall it. Its files go in
+    a fresh folder under workdir, so two servers may share one workdir.
+    """
+    home = Path(tempfile.mkdtemp(prefix="mock-model-", dir=workdir))
+    port_file, log, stderr_log = home / "port", home / "requests.jsonl", home / "stderr.log"
+    argv = [sys.executable, str(Path(__file__).resolve()), "--port", "0", "--port-file", str(port_file), "--log", str(log)]
+    if scenario is not None:
+        (home / "scenario.json").write_text(json.dumps(scenario, indent=2))
+        argv += ["--scenario", str(home / "scenario.json")]
+    with stderr_log.open("wb") as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)
+    served = Served("", proc, log, stderr_log)
+    try:
+        limit = time.monotonic() + START_TIMEOUT_S
+        while not port_file.exists():  # written whole, by rename
+            if proc.poll() is not None or time.monotonic() > limit:
+                raise ServeError(f"the scripted model did not start: {stderr_log.read_text(errors='replace')[-800:]!r}")
+            time.sleep(0.02)
+        served.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        yield served
+    finally:
+        served.stop()
 
 
 # ---------------------------------------------------------------- CLI / main

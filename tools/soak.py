@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import random
-import shlex
 import shutil
 import signal
 import subprocess
@@ -52,34 +51,27 @@ from typing import Any
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or imported
+from mock_model import READ_ID, mock_task, serve, spawn_in_bash
+
 ROOT = Path(__file__).resolve().parent.parent
 SPAWN = ROOT / "spawn.py"
-MOCK = ROOT / "tools" / "mock_model.py"
 SCHEMAS = ROOT / "schemas"
 
 KILL_GRACE_S = 3.0  # spawn.py's grace between SIGTERM and SIGKILL
 SURVIVOR_WINDOW_S = KILL_GRACE_S + 5.0  # what the reliability promise allows
 TREE_TIMEOUT_S = 90.0  # a tree still running after this is itself a failure
 LEAF_THINKING_S = 3.0
-READ_ID = '"$SPAWN_PYTHON" -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"'
-
-
-def spawn_in_bash(*args: str) -> str:
-    return '"$SPAWN_PYTHON" "$SPAWN_PY" ' + " ".join(shlex.quote(a) for a in args)
-
-
-def script(text: str, steps: list[dict[str, Any]]) -> str:
-    return f"{text} MOCK{json.dumps(steps)}MOCK"
 
 
 def tree_task(trial: int) -> str:
-    leaf = script(f"leaf of trial {trial}", [{"text": "thinking", "sleep": LEAF_THINKING_S}, {"text": "leaf done"}])
-    kid = script(f"kid of trial {trial}", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Read")}, {"text": "kid done"}])
+    leaf = mock_task(f"leaf of trial {trial}", [{"text": "thinking", "sleep": LEAF_THINKING_S}, {"text": "leaf done"}])
+    kid = mock_task(f"kid of trial {trial}", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Read")}, {"text": "kid done"}])
     launch = "; ".join(
         f'ids="$ids $({spawn_in_bash("--background", "--tools", "Bash,Read", "--task", kid)} | {READ_ID})"' for _ in range(2)
     )
-    wait = f'ids=""; {launch}; "$SPAWN_PYTHON" "$SPAWN_PY" wait $ids --all'
-    return script(f"root of trial {trial}", [{"bash": wait}, {"text": "root done"}])
+    wait = f'ids=""; {launch}; {spawn_in_bash("wait")} $ids --all'
+    return mock_task(f"root of trial {trial}", [{"bash": wait}, {"text": "root done"}])
 
 
 @dataclass
@@ -192,18 +184,16 @@ def run_trial(trial: int, seed: int, keep: bool) -> Trial:
     rng = random.Random(seed * 1_000_003 + trial)
     result = Trial(trial=trial, seed=seed)
     work = Path(tempfile.mkdtemp(prefix=f"spawn-soak-{trial}-"))
-    port_file = work / "port"
-    mock = subprocess.Popen([sys.executable, str(MOCK), "--port", "0", "--port-file", str(port_file)], stdout=subprocess.DEVNULL)
     tracker = Tracker()
+    stack = contextlib.ExitStack()
     try:
-        while not port_file.exists():
-            time.sleep(0.02)
+        served = stack.enter_context(serve(work))
         session_root = work / "sessions"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SPAWN_", "ANTHROPIC_", "CLAUDE")) and k != "TRACEPARENT"}
         env.update(
             HOME=str(work),
             CLAUDE_CONFIG_DIR=str(work / ".claude"),
-            ANTHROPIC_BASE_URL=f"http://127.0.0.1:{port_file.read_text().strip()}",
+            ANTHROPIC_BASE_URL=served.url,
             ANTHROPIC_API_KEY="soak-test-key",
             CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
             SPAWN_SESSION_ROOT=str(session_root),
@@ -250,8 +240,7 @@ def run_trial(trial: int, seed: int, keep: bool) -> Trial:
             pid = int(pid_info.split()[0])
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        mock.send_signal(signal.SIGTERM)
-        mock.wait(timeout=10)
+        stack.close()  # the scripted model
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
     return result
