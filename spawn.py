@@ -1413,6 +1413,27 @@ def admit(meta: AgentMeta, session: Path) -> str | None:
     return None
 
 
+def over_hold(session: Path, agent_id: str, own_spend: float) -> str | None:
+    """Why an agent may take no further turn, or None: its own spend and what
+    its children hold or were charged have reached its hold.
+
+    The CLI's own cap (its max_budget_usd, the hold) sees only the agent's own
+    turns; without this a parent that gave its hold to children could spend
+    it again itself, and a subtree up to about twice its hold.
+    """
+    state = read_ledger(session)
+    if not state.live(agent_id):
+        return None  # no tree budget, or already charged
+    hold = state.holds[agent_id][1]
+    children = sum(state.used_by(c) for c in state.draws(agent_id))
+    if own_spend + children < hold:
+        return None
+    return (
+        f"budget: its own turns (${own_spend:.4f}, estimated) and its children (${children:.4f} held or spent) "
+        f"reached its hold of ${hold:.4f}; stopped before another turn"
+    )
+
+
 def reserve_budget(session: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
     """Hold an admitted agent's cap (under the session lock, right after admit)."""
     if read_limits(session).max_budget_usd is None or meta.max_budget_usd is None:
@@ -3995,6 +4016,10 @@ class RunState:
         """MCP servers the CLI's init message reports as not connected."""
         self.denied_asks: list[str] = []
         """This agent's asks that were answered no, as 'ask ID (rule R) denied by WHO': a failed run ended on one."""
+        self.turns: dict[str, tuple[str, dict[str, Any]]] = {}
+        """(model, usage) of each of its model turns so far, by message id: its own running spend."""
+        self.request_stop: Callable[[Status, str], None] | None = None
+        """run_agent's stop path, for run_sdk to end the agent between turns."""
 
 
 def message_record(message: Any) -> dict[str, Any]:
@@ -4497,6 +4522,13 @@ async def run_sdk(
             for block in message.content:
                 if isinstance(block, ToolUseBlock) and block.name == "StructuredOutput":
                     state.last_structured_attempt = block.input
+            if isinstance(message.usage, dict):
+                state.turns[message.message_id or f"turn{len(state.turns)}"] = (message.model or meta.model, message.usage)
+            # A tool call means another turn follows; a final answer is let through.
+            if any(isinstance(b, ToolUseBlock) and b.name != "StructuredOutput" for b in message.content) and state.request_stop:
+                why = over_hold(Path(meta.session), meta.id, estimate_cost(state.turns.values()))
+                if why is not None:
+                    state.request_stop(Status.FAILED, why)
         elif isinstance(message, ResultMessage):
             state.result = message
         else:
@@ -4669,6 +4701,8 @@ def run_agent(
                 state.stop_reason, state.stop_detail = status, detail
                 state.running_below = live_descendants(meta)
                 stopping.append(asyncio.ensure_future(shut_down()))
+
+        state.request_stop = stop
 
         async def shut_down() -> None:
             """Child agents first, so they can record their own outcome; then our CLI.
