@@ -39,6 +39,7 @@ FAKE_API_KEY = "sk-ant-test-DO-NOT-LEAK-0123456789"
 MockModel = mock_model_module.Served
 mock_task = mock_model_module.mock_task
 spawn_in_bash = mock_model_module.spawn_in_bash
+READ_ID = mock_model_module.READ_ID
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from conftest import MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
+from conftest import READ_ID, MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
 
 import spawn
 
@@ -54,7 +54,7 @@ def test_concurrent_children_cannot_overspend_the_tree(env: dict[str, str], sess
     ids = "\"$SPAWN_PYTHON\" -c \"import json,sys; print(*(json.loads(l)['id'] for l in sys.stdin if 'running' in l))\""
     script = (
         f'd=$(mktemp -d); for i in $(seq {kids}); do {launch} > "$d/$i" 2>/dev/null & done; wait; '
-        f'"$SPAWN_PYTHON" "$SPAWN_PY" wait $(cat "$d"/* | {ids}) > /dev/null; echo launched'
+        f'{spawn_in_bash("wait")} $(cat "$d"/* | {ids}) > /dev/null; echo launched'
     )
     root = mock_task("root", [{"bash": script}, {"text": "root done"}])
     proc = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", str(budget), "--timeout", "240"], env, timeout=300)
@@ -130,12 +130,11 @@ def test_a_sigkilled_agent_is_charged_an_estimate_by_its_guard(env: dict[str, st
 
 def test_a_tree_deeper_than_max_concurrent_completes(env: dict[str, str], session_root: Path) -> None:
     """Depth 4 under --max-concurrent 2: each parent lends its slot while it waits."""
-    read_id = '"$SPAWN_PYTHON" -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"'
 
     def waits_for(child: str, name: str) -> str:
         # Background launch, then `spawn.py wait`: the slot is lent by the wait verb.
         launch = spawn_in_bash("--background", "--task", child)
-        return mock_task(name, [{"bash": f'"$SPAWN_PYTHON" "$SPAWN_PY" wait $({launch} | {read_id})'}, {"text": f"{name} done"}])
+        return mock_task(name, [{"bash": f"{spawn_in_bash('wait')} $({launch} | {READ_ID})"}, {"text": f"{name} done"}])
 
     def runs(child: str, name: str) -> str:
         # Foreground spawn: the child's spawn.py lends its parent's slot.

@@ -14,6 +14,7 @@ import psutil
 import pytest
 from conftest import (
     FAKE_API_KEY,
+    READ_ID,
     ROOT,
     MockModel,
     agent_dirs,
@@ -123,9 +124,8 @@ def test_background_children_and_wait_all(env: dict[str, str], session_root: Pat
 
 def test_agent_fans_out_in_background_and_waits(env: dict[str, str], session_root: Path) -> None:
     kids = [mock_task(f"kid {i}", [{"text": f"kid-{i}-out"}]) for i in (1, 2)]
-    read_id = '"$SPAWN_PYTHON" -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"'
-    launch = " ; ".join(f'ids="$ids $({spawn_in_bash("--background", "--task", k)} | {read_id})"' for k in kids)
-    script = f'ids=""; {launch}; "$SPAWN_PYTHON" "$SPAWN_PY" wait $ids --all'
+    launch = " ; ".join(f'ids="$ids $({spawn_in_bash("--background", "--task", k)} | {READ_ID})"' for k in kids)
+    script = f'ids=""; {launch}; {spawn_in_bash("wait")} $ids --all'
     root = mock_task("fan out", [{"bash": script}, {"text": "fanned"}])
     proc = run_spawn(["--task", root, "--tools", "Bash"], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
+from conftest import READ_ID, MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
 
 import spawn
 
@@ -58,10 +58,9 @@ def test_max_agents_caps_the_session(env: dict[str, str], session_root: Path) ->
 
 
 def test_max_concurrent_queues_instead_of_dropping(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
-    read_id = '"$SPAWN_PYTHON" -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"'
     kids = [mock_task(f"kid{i}", [{"sleep": 1.5, "text": f"kid{i} done"}]) for i in (1, 2)]
-    launch = " ; ".join(f'ids="$ids $({spawn_in_bash("--background", "--task", k)} | {read_id})"' for k in kids)
-    root = mock_task("root", [{"bash": f'ids=""; {launch}; "$SPAWN_PYTHON" "$SPAWN_PY" wait $ids --all'}, {"text": "root done"}])
+    launch = " ; ".join(f'ids="$ids $({spawn_in_bash("--background", "--task", k)} | {READ_ID})"' for k in kids)
+    root = mock_task("root", [{"bash": f'ids=""; {launch}; {spawn_in_bash("wait")} $ids --all'}, {"text": "root done"}])
     # One slot: the root lends it while it waits, so the kids must run one after the other.
     proc = run_spawn(["--task", root, "--tools", "Bash", "--max-concurrent", "1", "--timeout", "120"], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
