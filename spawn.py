@@ -2609,6 +2609,8 @@ def rule_matches(
         if all_parts:
             return all(p != DYNAMIC_COMMAND and bash_spec_matches(rule.spec, p) for p in parts)
         return any(p == DYNAMIC_COMMAND or bash_spec_matches(rule.spec, p) for p in parts)
+    if tool in EDIT_TOOLS and (size := EDIT_SIZE_SPEC.fullmatch(rule.spec)):
+        return changed_lines(tool, tool_input, cwd) > int(size.group(1))
     if tool in READ_TOOLS | EDIT_TOOLS:
         paths = tool_paths(tool, tool_input, cwd)
         if all_parts:
@@ -2621,6 +2623,40 @@ def rule_matches(
     if tool == "Agent":
         return fnmatch_name(rule.spec, str(tool_input.get("subagent_type", "")))
     return re.fullmatch(glob_to_regex(rule.spec), json.dumps(tool_input, sort_keys=True)) is not None
+
+
+# `Edit(lines>N)`: spawn.py's own specifier (Claude Code's Edit rules are paths
+# only) for an edit that changes more than N existing lines: a refactor worth
+# asking about. Meant for ask and deny rules, which spawn.py's hook decides.
+EDIT_SIZE_SPEC = re.compile(r"lines>(\d+)")
+
+
+def changed_lines(tool: str, tool_input: Mapping[str, Any], cwd: str) -> int:
+    """How many existing lines an Edit, MultiEdit or Write would change (a new file changes none)."""
+    import difflib
+
+    def diff(old: str, new: str) -> int:
+        ops = difflib.SequenceMatcher(None, old.splitlines(), new.splitlines(), autojunk=False).get_opcodes()
+        return sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in ops if tag != "equal")
+
+    path = str(tool_input.get("file_path") or tool_input.get("notebook_path") or "")
+    try:
+        current = Path(path if os.path.isabs(path) else os.path.join(cwd, path)).read_text(errors="replace") if path else ""
+    except OSError:
+        current = ""
+    edits = tool_input.get("edits") if tool == "MultiEdit" else [tool_input]
+    if tool == "Write":
+        return diff(current, str(tool_input.get("content", ""))) if current else 0
+    if tool == "NotebookEdit":
+        return len(str(tool_input.get("new_source", "")).splitlines())
+    total = 0
+    for e in edits if isinstance(edits, list) else []:
+        if not isinstance(e, dict):
+            continue
+        old, new = str(e.get("old_string", "")), str(e.get("new_string", ""))
+        times = max(1, current.count(old)) if e.get("replace_all") and old else 1
+        total += diff(old, new) * times
+    return total
 
 
 def fnmatch_name(spec: str, name: str) -> bool:
@@ -5512,11 +5548,12 @@ def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
 # limits, asks, status, kill and the timeline apply to tasks as to any agent.
 # The pure part (parse, check, levels, templating) is testable without processes.
 
-DAG_TASK_KEYS = frozenset({"id", "task", "blockedBy"})
+DAG_TASK_KEYS = frozenset({"id", "task", "blockedBy", "retries"})
 DAG_FLAG_OPTIONS = frozenset({"task", "task_file", "background", "dry_run", "session", "output", "help", "version", "traceback"})
 DAG_VAR = re.compile(r"\{\{\s*var\.([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 DAGS_DIR = "dags"  # journals: SESSION/dags/<runner id>.jsonl
 DAG_POLL_S = 0.05  # how often the runner looks for new outcomes
+ON_FAIL = ("ask", "skip", "abort")  # --on-fail: what is done with a task that failed once its retries are used
 
 
 @dataclass
@@ -5527,6 +5564,8 @@ class DagTask:
     task: str
     blocked_by: list[str]
     options: dict[str, Any]
+    retries: int | None = None
+    """How many times a failed run of it is started again before --on-fail applies; None: --retries, else 0."""
 
 
 def spawn_option_names() -> set[str]:
@@ -5592,6 +5631,16 @@ def dag_levels(tasks: Sequence[DagTask]) -> list[list[str]]:
     return out
 
 
+def retries_of(raw: Mapping[str, Any], where: str) -> int | None:
+    """A task's (or the defaults') `retries:`, checked: a whole number >= 0, or None when absent."""
+    value = raw.get("retries")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UsageError(f"{where}: 'retries:' must be a whole number >= 0, got {value!r}")
+    return value
+
+
 def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str) -> list[DagTask]:
     """Check a DAG document and resolve its tasks; every problem is a UsageError naming the task."""
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
@@ -5614,6 +5663,7 @@ def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str) -> list[DagTa
     if not isinstance(defaults, dict):
         raise UsageError(f"{source}: 'defaults:' must be a mapping")
     base = options_of(defaults, f"{source}: defaults")
+    default_retries = retries_of(defaults, f"{source}: defaults")
     tasks: list[DagTask] = []
     for n, raw in enumerate(data["tasks"]):
         if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not raw["id"]:
@@ -5628,7 +5678,10 @@ def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str) -> list[DagTa
             blocked = [blocked]
         if not isinstance(blocked, list) or not all(isinstance(b, str) for b in blocked):
             raise UsageError(f"{where}: 'blockedBy:' must be a list of task ids")
-        tasks.append(DagTask(raw["id"], fill_vars(raw["task"], variables, where), list(blocked), {**base, **options_of(raw, where)}))
+        retries = retries_of(raw, where)
+        task = DagTask(raw["id"], fill_vars(raw["task"], variables, where), list(blocked), {**base, **options_of(raw, where)})
+        task.retries = default_retries if retries is None else retries
+        tasks.append(task)
     ids = {t.id for t in tasks}
     for t in tasks:
         missing = [b for b in t.blocked_by if b not in ids]
@@ -5691,6 +5744,8 @@ def dag_prompt(t: DagTask, results: Mapping[str, Mapping[str, Any]]) -> str:
     parts = [t.task, "", "Outputs of the tasks this one was blocked by:"]
     for b in t.blocked_by:
         out = results[b].get("output")
+        if results[b].get("status") != "done":  # skipped by choice: say so rather than print null
+            out = f"(no output: {results[b].get('reason')})"
         parts += ["", f"## {b}", out if isinstance(out, str) else json.dumps(out, ensure_ascii=False)]
     return "\n".join(parts)
 
@@ -5767,6 +5822,11 @@ def start_dag_task(t: DagTask, prompt: str, runner: AgentMeta, runner_dir: Path,
     return data
 
 
+def went_on_without(result: Mapping[str, Any]) -> bool:
+    """Does a finished blocker let its dependents start: done, or skipped by choice after it failed?"""
+    return result.get("status") == "done" or bool(result.get("skipped_by"))
+
+
 def run_dag(
     tasks: Sequence[DagTask],
     runner_dir: Path,
@@ -5774,15 +5834,33 @@ def run_dag(
     *,
     done_before: Mapping[str, Mapping[str, Any]],
     max_concurrent: int | None,
-    fail_fast: bool,
+    on_fail: str | None,
     environ: Mapping[str, str],
     on_idle: Callable[[], None] | None = None,
+    choose: Callable[[DagTask, Mapping[str, Any]], str] | None = None,
+    go_on: Callable[[DagTask], bool] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Schedule tasks as their blockers finish; journal every state change. Results by task id."""
+    """Schedule tasks as their blockers finish; journal every state change. Results by task id.
+
+    A task that did not end done is started again while it has retries left.
+    Then on_fail decides: None is the graph's rule (its dependents are skipped,
+    the rest goes on); "skip" skips it and starts its dependents anyway;
+    "abort" kills what runs and skips the rest; "ask" lets choose() return
+    retry, skip or abort. go_on(task), if given, is asked before a task whose
+    blockers all ended: False declines it, and the run stops there.
+    """
     runner = load_meta(runner_dir)
     secrets_ = secret_values(environ)
+    by_id = {t.id: t for t in tasks}
     results: dict[str, dict[str, Any]] = {k: dict(v) for k, v in done_before.items()}
     running: dict[str, Path] = {}
+    # Attempts count across resumes (the journal has every start); retries are per runner.
+    attempts: dict[str, int] = {t.id: 0 for t in tasks}
+    for r in read_journal(journal):
+        if r.get("event") == "task" and r.get("status") == "started" and r.get("task") in attempts:
+            attempts[r["task"]] += 1
+    retried: dict[str, int] = {t.id: 0 for t in tasks}
+    stop: dict[str, str] = {}  # set by an abort or a decline: why nothing more starts
 
     def record(tid: str, **fields: Any) -> None:
         entry = {"event": "task", "task": tid, "time": utc_now_iso(), **fields}
@@ -5790,35 +5868,88 @@ def run_dag(
         if fields["status"] != "started":
             results[tid] = {k: v for k, v in fields.items() if k != "agent_dir"}
 
+    def ended(tid: str, d: Path, outcome: Mapping[str, Any], **why: str) -> None:
+        """Record a task's agent outcome; why (reason, aborted_by) overrides a failure's own reason."""
+        if outcome.get("status") == Status.DONE:
+            out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
+            record(tid, status="done", agent_id=d.name, output=out, outcome=str(d / OUTCOME), attempt=attempts[tid])
+        else:
+            fields = {"reason": outcome.get("reason") or "", **why}
+            record(tid, status=outcome.get("status") or "failed", agent_id=d.name, attempt=attempts[tid], **fields)
+
+    def decide(t: DagTask) -> tuple[str, str]:
+        """(retry|skip|abort|fail, who chose) for a task that did not end done; fail is the graph's rule."""
+        if retried[t.id] < (t.retries or 0):
+            return "retry", f"retries: {t.retries}"
+        if on_fail == "ask" and choose is not None:
+            return choose(t, results[t.id]), "terminal"
+        if on_fail in ("skip", "abort"):
+            return on_fail, f"--on-fail {on_fail}"
+        return "fail", "the graph"
+
+    def failed(t: DagTask) -> None:
+        """The last record of t is a failure: retry it, skip it, abort the run, or let it stand."""
+        result = results[t.id]
+        choice, by = decide(t)
+        if choice == "fail":
+            return
+        append_jsonl(
+            journal,
+            {"event": "decision", "task": t.id, "time": utc_now_iso(), "choice": choice, "by": by, "attempt": attempts[t.id]},
+            secrets_,
+        )
+        if choice == "retry":
+            retried[t.id] += 1
+            del results[t.id]  # pending again: the next pass starts it
+        elif choice == "skip":
+            why = f"{result['status']} ({result.get('reason') or 'no reason'}); skipped by {by}, its dependents go on"
+            record(t.id, status="skipped", agent_id=result.get("agent_id"), reason=why, skipped_by=by, attempt=attempts[t.id])
+        else:
+            stop["reason"] = f"aborted by {by}: {t.id} {result['status']}"
+            for tid, d in list(running.items()):
+                kill_agent(d, secrets_)  # a sibling that ended meanwhile keeps its own outcome
+                del running[tid]
+                ended(tid, d, read_outcome(d) or {"status": "killed"}, reason=stop["reason"], aborted_by=t.id)
+
     def on_signal(signum: int, _frame: Any) -> None:
         raise DagStopped(signal.Signals(signum).name)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         while len(results) < len(tasks):
-            stop = fail_fast and any(r["status"] != Status.DONE for r in results.values())
             for t in tasks:
                 if t.id in results or t.id in running:
                     continue
-                bad = [b for b in t.blocked_by if b in results and results[b]["status"] != Status.DONE]
-                if bad or stop:
-                    why = f"blocked by {bad[0]}, which {results[bad[0]]['status']}" if bad else "--fail-fast: another task failed"
-                    record(t.id, status="skipped", reason=why)
-                elif all(results.get(b, {}).get("status") == Status.DONE for b in t.blocked_by) and (
-                    max_concurrent is None or len(running) < max_concurrent
-                ):
-                    launched = start_dag_task(t, dag_prompt(t, results), runner, runner_dir, environ)
-                    if "agent_dir" in launched:
-                        running[t.id] = Path(launched["agent_dir"])
-                        record(t.id, status="started", agent_id=launched["id"], agent_dir=launched["agent_dir"])
-                    else:
-                        record(t.id, status=launched["status"], agent_id=launched.get("agent_id"), reason=launched["reason"])
+                if stop:
+                    record(t.id, status="skipped", reason=stop["reason"])
+                    continue
+                bad = [b for b in t.blocked_by if b in results and not went_on_without(results[b])]
+                if bad:
+                    record(t.id, status="skipped", reason=f"blocked by {bad[0]}, which {results[bad[0]]['status']}")
+                    continue
+                if any(b not in results for b in t.blocked_by) or (max_concurrent is not None and len(running) >= max_concurrent):
+                    continue
+                if go_on is not None and t.blocked_by and not go_on(t):
+                    stop["reason"] = f"declined at the terminal: not going on to {t.id}"
+                    record(t.id, status="skipped", reason=stop["reason"], declined_by="terminal")
+                    continue
+                attempts[t.id] += 1
+                launched = start_dag_task(t, dag_prompt(t, results), runner, runner_dir, environ)
+                if "agent_dir" in launched:
+                    running[t.id] = Path(launched["agent_dir"])
+                    record(t.id, status="started", agent_id=launched["id"], agent_dir=launched["agent_dir"], attempt=attempts[t.id])
+                else:
+                    status, agent_id, reason = launched["status"], launched.get("agent_id"), launched["reason"]
+                    record(t.id, status=status, agent_id=agent_id, reason=reason, attempt=attempts[t.id])
+                    failed(t)
             if not running:
                 continue
             waited = wait_for_outcomes(list(running.values()), "any", None if on_idle is None else ASK_POLL_S * 5, secrets_)
             if on_idle is not None:
                 on_idle()
             for tid, d in list(running.items()):
+                if tid not in running:
+                    continue  # ended by an abort earlier in this pass
                 outcome = waited.outcomes.get(d) if d in waited.outcomes else None
                 if outcome is None and d in waited.stale:
                     kill_agent(d, secrets_)
@@ -5826,11 +5957,9 @@ def run_dag(
                 if outcome is None:
                     continue
                 del running[tid]
-                if outcome.get("status") == Status.DONE:
-                    out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
-                    record(tid, status="done", agent_id=d.name, output=out, outcome=str(d / OUTCOME))
-                else:
-                    record(tid, status=outcome.get("status") or "failed", agent_id=d.name, reason=outcome.get("reason") or "")
+                ended(tid, d, outcome)
+                if results[tid]["status"] != "done":
+                    failed(by_id[tid])
     except DagStopped as stopped:
         note(f"dag: {stopped}: ending {len(running)} running task(s)")
     finally:
@@ -5839,7 +5968,8 @@ def run_dag(
         for tid, d in running.items():
             kill_agent(d, secrets_)  # a stopped runner leaves no task behind
             outcome = read_outcome(d) or {}
-            record(tid, status=outcome.get("status") or "killed", agent_id=d.name, reason="the DAG runner was stopped")
+            status = outcome.get("status") or "killed"
+            record(tid, status=status, agent_id=d.name, reason="the DAG runner was stopped", attempt=attempts[tid])
         for t in tasks:
             if t.id not in results:
                 record(t.id, status="skipped", reason="the DAG runner was stopped")
@@ -5865,7 +5995,9 @@ def register_dag_runner(what: str, topic: str, args: argparse.Namespace, environ
 def finish_runner(runner_dir: Path, plan: Plan, results: Mapping[str, Mapping[str, Any]], started: float, journal: Path) -> int:
     """Commit the runner's outcome, print the one JSON object, return the exit code."""
     statuses = {r["status"] for r in results.values()}
-    status = Status.DONE if statuses <= {"done"} else Status.KILLED if "killed" in statuses else Status.FAILED
+    # A task killed because another failed (an abort) makes a failed run, not a killed one.
+    killed = any(r["status"] == "killed" and not r.get("aborted_by") for r in results.values())
+    status = Status.DONE if statuses <= {"done"} else Status.KILLED if killed else Status.FAILED
     report = {"status": status.value, "tasks": {k: dict(v) for k, v in results.items()}}
     failed = sorted(k for k, r in results.items() if r["status"] != "done")
     reason = "every task done" if not failed else f"not done: {', '.join(failed)}"
@@ -5907,6 +6039,44 @@ def cmd_estimate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return ExitCode.OK
 
 
+def at_terminal() -> bool:
+    """Is a person at stdin to answer questions? Without one nothing may wait for an answer."""
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def failure_policy(on_fail: str | None, fail_fast: bool, default: str | None) -> str | None:
+    """--on-fail as given (--fail-fast is abort), else default; ask needs a person at a terminal."""
+    if fail_fast and on_fail not in (None, "abort"):
+        raise UsageError(f"--fail-fast and --on-fail {on_fail} disagree; pass one of them")
+    policy = "abort" if fail_fast else on_fail or default
+    if policy == "ask" and not at_terminal():
+        raise UsageError("--on-fail ask needs a terminal on stdin; in scripts use --on-fail skip|abort and retries (--retries N)")
+    return policy
+
+
+def apply_retries(tasks: Sequence[DagTask], retries: int | None) -> None:
+    """--retries N for every task whose file sets no retries:."""
+    if retries is not None and retries < 0:
+        raise UsageError(f"--retries must be a whole number >= 0, got {retries}")
+    for t in tasks:
+        t.retries = (retries or 0) if t.retries is None else t.retries
+
+
+def ask_failure_at_terminal(t: DagTask, result: Mapping[str, Any]) -> str:
+    """retry, skip or abort, as the person at the terminal chooses; anything else (or end of input) aborts."""
+    reason = str(result.get("reason") or "no reason")[:300]
+    print(f"? {t.id} {result['status']}: {reason}. Retry, skip or abort? (r/s/A) ", end="", file=sys.stderr, flush=True)
+    reply = sys.stdin.readline().strip().lower()
+    return {"r": "retry", "retry": "retry", "s": "skip", "skip": "skip"}.get(reply, "abort")
+
+
+def go_on_at_terminal(t: DagTask) -> bool:
+    """run-all between phases: may the next phase start? Enter is yes; end of input is no."""
+    print(f"? {', '.join(t.blocked_by)} done. Go on to {t.id}? (Y/n) ", end="", file=sys.stderr, flush=True)
+    reply = sys.stdin.readline()
+    return bool(reply) and reply.strip().lower() in ("", "y", "yes")
+
+
 def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.action == "resume":
         return resume_dag(args, environ)
@@ -5916,10 +6086,15 @@ def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         emit({"valid": True, "file": args.file, "tasks": len(tasks), "levels": len(levels)})
         return ExitCode.OK
     if args.action == "show" or args.dry_run:
-        resolved = [{"id": t.id, "blockedBy": t.blocked_by, "task": t.task, "argv": dag_argv(t, t.task)} for t in tasks]
+        apply_retries(tasks, args.retries)
+        resolved = [
+            {"id": t.id, "blockedBy": t.blocked_by, "task": t.task, "retries": t.retries, "argv": dag_argv(t, t.task)} for t in tasks
+        ]
         emit({"levels": levels, **({"tasks": resolved} if args.dry_run else {})})
         return ExitCode.OK
     positive("--max-concurrent", args.max_concurrent, integer=True)
+    apply_retries(tasks, args.retries)
+    on_fail = failure_policy(args.on_fail, args.fail_fast, None)
     started = time.time()
     runner_dir, plan = register_dag_runner(f"dag run {args.file}", f"dag {Path(args.file).stem}", args, environ)
     for t in tasks:
@@ -5929,12 +6104,14 @@ def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     journal = journal_path(Path(plan.meta.session), plan.meta.id)
     journal.parent.mkdir(exist_ok=True)
     graph: dict[str, Any] = {"event": "graph", "time": utc_now_iso(), "runner_id": plan.meta.id, "file": str(Path(args.file).resolve())}
-    graph.update(max_concurrent=args.max_concurrent, fail_fast=args.fail_fast, tasks=[record_to_json(t) for t in tasks])
+    graph.update(max_concurrent=args.max_concurrent, fail_fast=on_fail == "abort", on_fail=on_fail)
+    graph["tasks"] = [record_to_json(t) for t in tasks]
     append_jsonl(journal, graph, plan.secrets)
     note(f"dag {plan.meta.id}: {len(tasks)} tasks in {len(levels)} levels; journal {journal}")
     results = run_dag(
-        tasks, runner_dir, journal, done_before={}, max_concurrent=args.max_concurrent, fail_fast=args.fail_fast, environ=environ
-    )
+        tasks, runner_dir, journal, done_before={}, max_concurrent=args.max_concurrent, on_fail=on_fail, environ=environ,
+        choose=ask_failure_at_terminal,
+    )  # fmt: skip
     return finish_runner(runner_dir, plan, results, started, journal)
 
 
@@ -5948,7 +6125,12 @@ def resume_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     graph = next((r for r in records if r.get("event") == "graph"), None)
     if graph is None:
         raise StateError(f"{journals[-1]} has no graph record; it can't be resumed")
-    tasks = [DagTask(t["id"], t["task"], t["blocked_by"], t["options"]) for t in graph["tasks"]]
+    tasks = [DagTask(t["id"], t["task"], t["blocked_by"], t["options"], t.get("retries")) for t in graph["tasks"]]
+    apply_retries(tasks, args.retries)
+    recorded = graph.get("on_fail", "abort" if graph.get("fail_fast") else None)
+    if recorded == "ask" and not at_terminal():
+        recorded = "abort"  # asked at a terminal then, none now: nothing may wait for an answer
+    on_fail = failure_policy(args.on_fail, args.fail_fast, recorded)
     secrets_ = secret_values(environ)
     done: dict[str, dict[str, Any]] = {}
     for tid, last in journal_state(records).items():
@@ -5979,8 +6161,9 @@ def resume_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         journals[-1],
         done_before=done,
         max_concurrent=graph.get("max_concurrent"),
-        fail_fast=bool(graph.get("fail_fast")),
+        on_fail=on_fail,
         environ=environ,
+        choose=ask_failure_at_terminal,
     )
     return finish_runner(runner_dir, plan, results, started, journals[-1])
 
@@ -6125,9 +6308,11 @@ def declined_asks(session: Path, agent_ids: Iterable[str]) -> list[dict[str, Any
     return found
 
 
-def ask_question(tool: str, what: str, cwd: str) -> str:
+def ask_question(tool: str, what: str, cwd: str, rule: str = "") -> str:
     """The question a person at the terminal sees for one of build's asks; paths relative to cwd."""
     what = what[len(cwd) + 1 :] if what.startswith(cwd.rstrip("/") + "/") else what
+    if tool in EDIT_TOOLS and (size := re.search(r"\((lines>\d+)\)$", rule)):
+        return f"? Refactor {what} (changes {size.group(1).replace('>', ' > ')})? (Y/n) "
     if tool == "Write":
         return f"? Create file {what}? (Y/n) "
     if tool == "Bash":
@@ -6139,7 +6324,8 @@ def answer_at_terminal(session: Path) -> None:
     """Put each pending ask of the session to the person at the terminal; the first answer wins."""
     for ask in pending_asks(session):
         # The question goes to stderr: stdout carries only the one JSON result.
-        print(ask_question(str(ask.get("tool")), str(ask.get("input")), os.getcwd()), end="", file=sys.stderr, flush=True)
+        question = ask_question(str(ask.get("tool")), str(ask.get("input")), os.getcwd(), str(ask.get("rule") or ""))
+        print(question, end="", file=sys.stderr, flush=True)
         reply = sys.stdin.readline().strip().lower() or ("y" if not sys.stdin.closed else "n")
         answer_ask(session, str(ask["id"]), "approve" if reply in ("", "y", "yes") else "deny", "terminal")
 
@@ -6157,6 +6343,9 @@ def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         emit({"dry_run": True, "steps": steps, "files": sorted(set(re.findall(r"\(([^)]*)\)$", "\n".join(steps), re.M)))})
         return ExitCode.OK
     tasks = workflow_tasks(verb, args, state)
+    apply_retries(tasks, args.retries)
+    interactive = at_terminal()
+    on_fail = failure_policy(args.on_fail, False, "ask" if interactive else "abort")
     now = utc_now_iso()
     params = {k: v for k, v in vars(args).items() if k not in ("traceback", "verb") and v is not None}
 
@@ -6176,16 +6365,25 @@ def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     session = Path(plan.meta.session)
     journal = journal_path(session, plan.meta.id)
     journal.parent.mkdir(exist_ok=True)
-    graph = {"event": "graph", "time": utc_now_iso(), "runner_id": plan.meta.id, "file": str(WORKFLOWS_DIR / f"{WORKFLOW_FOR[verb]}.yaml")}
-    append_jsonl(journal, {**graph, "max_concurrent": 1, "fail_fast": True, "tasks": [record_to_json(t) for t in tasks]}, plan.secrets)
+    graph: dict[str, Any] = {
+        "event": "graph",
+        "time": utc_now_iso(),
+        "runner_id": plan.meta.id,
+        "file": str(WORKFLOWS_DIR / f"{WORKFLOW_FOR[verb]}.yaml"),
+    }
+    graph.update(max_concurrent=1, fail_fast=on_fail == "abort", on_fail=on_fail, tasks=[record_to_json(t) for t in tasks])
+    append_jsonl(journal, graph, plan.secrets)
     if args.verbose:
         note(f"{verb}: phases {' -> '.join(t.id for t in tasks)}; session {session}")
-    interactive = sys.stdin is not None and sys.stdin.isatty()
     results = run_dag(
-        tasks, runner_dir, journal, done_before={}, max_concurrent=1, fail_fast=True, environ=environ,
+        tasks, runner_dir, journal, done_before={}, max_concurrent=1, on_fail=on_fail, environ=environ,
         on_idle=(lambda: answer_at_terminal(session)) if interactive else None,
+        choose=ask_failure_at_terminal,
+        # run-all at a terminal asks before each phase after the first; nobody to ask otherwise.
+        go_on=go_on_at_terminal if interactive and verb == "run-all" else None,
     )  # fmt: skip
     declined = declined_asks(session, [r["agent_id"] for r in results.values() if r.get("agent_id")])
+    declined += [{"tool": "go on", "input": f"to {tid} (at the terminal)"} for tid, r in results.items() if r.get("declined_by")]
 
     def finish(data: dict[str, Any]) -> None:
         for tid, r in results.items():
@@ -6195,10 +6393,11 @@ def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                 written = written_files(Path(r["outcome"]).with_name(TRANSCRIPT))
                 data["results"][key] = phase_results(tid, read_json(Path(r["outcome"])).get("output"), written)
                 data["phase"] = tid
-            elif r["status"] != "skipped":
+            elif r["status"] != "skipped" or r.get("skipped_by"):
                 data["errors"].append({"phase": tid, "time": utc_now_iso(), "message": r.get("reason", "")})
                 data["phase"] = tid
-            data["history"].append({"phase": tid, "status": r["status"], "time": utc_now_iso()})
+            entry = {"phase": tid, "status": r["status"], "time": utc_now_iso()}
+            data["history"].append({**entry, "attempt": r["attempt"]} if r.get("attempt") else entry)
         ok = all(r["status"] == "done" for r in results.values())
         data["status"] = "declined" if declined else "success" if ok else "error"
 
@@ -6399,7 +6598,16 @@ def build_verb_parser(verb: str) -> Parser:
             a.add_argument("--max-concurrent", type=int, metavar="N", help="tasks running at once (default: no limit)")
             a.add_argument("--timeout", type=float, metavar="S", help="deadline for the whole graph")
             a.add_argument("--max-budget-usd", type=float, metavar="X", help="budget for the whole graph")
-            a.add_argument("--fail-fast", action="store_true", help="stop everything at the first failure")
+            a.add_argument(
+                "--fail-fast", action="store_true", help="stop everything at the first failure (= --on-fail abort): running tasks are ended"
+            )
+            a.add_argument(
+                "--on-fail",
+                choices=ON_FAIL,
+                help="a task failed (after its retries): ask at the terminal (retry, skip or abort), skip it and start its dependents "
+                "anyway, or abort the run (default: its dependents are skipped, the rest goes on)",
+            )
+            a.add_argument("--retries", type=int, metavar="N", help="start a failed task again up to N times (for tasks without retries:)")
             a.add_argument("--dry-run", action="store_true", help="print the resolved tasks; start nothing")
             a.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
     elif verb == "estimate":
@@ -6416,7 +6624,8 @@ def build_verb_parser(verb: str) -> Parser:
             "build": "Carry out the state file's plan with the build agent; it asks before creating/deleting files or changing manifests.",
             "explore": "Explore the codebase with the read-only explore agent; findings go to the state file.",
             "run-plan-build": "plan, then build (workflows/plan-build.yaml); build does not start when plan failed.",
-            "run-all": "plan, build, explore (workflows/plan-build-explore.yaml); stops at the first failure.",
+            "run-all": "plan, build, explore (workflows/plan-build-explore.yaml); stops at the first failure. At a terminal it asks "
+            "before each phase after plan, and whether to retry, skip or abort a failed one.",
             "state": "Show or clear the state file.",
         }[verb]
         if verb == "state":
@@ -6428,6 +6637,14 @@ def build_verb_parser(verb: str) -> Parser:
             "--rotate-mb", type=float, default=DEFAULT_ROTATE_MB, metavar="MB", help="rotate the state file to .1, .2... past MB"
         )
         p.add_argument("--verbose", action="store_true", help="report phase transitions on stderr")
+        if verb != "state":
+            p.add_argument(
+                "--on-fail",
+                choices=ON_FAIL,
+                help="a phase failed (after --retries): ask (the default at a terminal: retry, skip or abort), skip it "
+                "and go on, or abort (the default otherwise)",
+            )
+            p.add_argument("--retries", type=int, metavar="N", help="start a failed phase again up to N times first")
         if verb == "plan":
             p.add_argument("--prd", action="store_true", help="also write a short PRD")
         if verb == "build":
