@@ -76,7 +76,7 @@ def test_run_all_accumulates_every_phase_and_build_asks_before_creating(wf_env: 
     state = project / ".spawn-state.json"
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "spawn.py"), "run-all", "Add x", "--verbose"],
-        env=wf_env, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=wf_env, cwd=project, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     answered = answer_asks(proc, session_root, wf_env, "approve")
     out, err = proc.communicate()
@@ -120,7 +120,7 @@ def test_declined_ask_ends_build_with_exit_4_and_saves_state(wf_env: dict[str, s
     spawn.update_state(state, lambda d: d.update(taskDescription="Add x", results={"plan": spawn.plan_markdown(PLAN)}))
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "spawn.py"), "build", "--state-file", str(state)],
-        env=wf_env, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=wf_env, cwd=project, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert len(answer_asks(proc, session_root, wf_env, "deny")) == 1
     _, err = proc.communicate()
