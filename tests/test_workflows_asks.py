@@ -246,3 +246,14 @@ def test_run_all_at_a_terminal_asks_what_to_do_with_a_failed_phase(
     assert data["status"] == "error" and data["history"][0] == {**data["history"][0], "phase": "plan", "attempt": 2}
     assert topics(session_root) == ["plan", "plan", "run-all"]
     validate_records(session_root)
+
+
+@pytest.mark.parametrize("argv", [["--on-fail", "ask"], ["--retries", "-1"]], ids=["ask-without-terminal", "negative-retries"])
+def test_bad_failure_options_of_a_phase_verb_are_exit_2_and_write_nothing(
+    argv: list[str], base_env: dict[str, str], project: Path, session_root: Path
+) -> None:
+    proc = start(["run-all", "Refactor big", *argv], base_env, project, subprocess.DEVNULL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == spawn.ExitCode.USAGE, err
+    assert err.startswith("spawn: error: ") and ("--on-fail ask needs a terminal" in err or "--retries must be" in err)
+    assert not (project / ".spawn-state.json").exists() and not session_root.exists()
