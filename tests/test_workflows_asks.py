@@ -13,9 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mock_model
 import pytest
 from conftest import FAKE_API_KEY, ROOT, agent_dirs, load, validate_records
-from test_workflows import EXPLORE, PLAN, answer_asks, check_state, start_mock
+from test_workflows import EXPLORE, PLAN, answer_asks, check_state
 
 import spawn
 
@@ -55,12 +56,8 @@ def workflow_env(base_env: dict[str, str], tmp_path: Path, project: Path, plan: 
             {"match": "implementation plan", "steps": [{"structured": plan}]},
         ]
     }
-    url, proc = start_mock(tmp_path, scenario)
-    try:
-        yield {**base_env, "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": FAKE_API_KEY}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with mock_model.serve(tmp_path, scenario) as served:
+        yield {**base_env, "ANTHROPIC_BASE_URL": served.url, "ANTHROPIC_API_KEY": FAKE_API_KEY}
 
 
 @pytest.fixture
