@@ -1856,7 +1856,7 @@ def tree_cgroup_name(session: str, agent_id: str) -> str:
     return f"{CGROUP_PREFIX}{Path(session).name}-{agent_id}"
 
 
-def choose_containment(is_root: bool, session: str, agent_id: str, environ: Mapping[str, str]) -> str:
+def choose_containment(is_root: bool, session: str, agent_id: str, environ: Mapping[str, str], guard_above: bool | None = None) -> str:
     """The containment an agent will run under, as meta.json records it.
 
     A root makes a cgroup below its own (a root started inside another tree
@@ -1864,6 +1864,8 @@ def choose_containment(is_root: bool, session: str, agent_id: str, environ: Mapp
     A child is already inside its tree's cgroup by inheritance. A new cgroup
     below ours never breaks the "no internal processes" rule: ours holds
     processes (us), so it has no domain controllers enabled for children.
+    Without one, a root runs below its guard if guard_above (by default:
+    if this process was forked below one).
     """
     here = None if environ.get(ENV_NO_CGROUP, "") not in ("", "0") else own_cgroup()
     if here is not None and not is_root and here.name.startswith(CGROUP_PREFIX):
@@ -1872,7 +1874,9 @@ def choose_containment(is_root: bool, session: str, agent_id: str, environ: Mapp
     # ancestor of both cgroups, which is ours (delegation rules).
     if here is not None and is_root and os.access(here, os.W_OK) and os.access(here / "cgroup.procs", os.W_OK):
         return f"cgroup {here / tree_cgroup_name(session, agent_id)}"
-    return "subreaper" if sys.platform.startswith("linux") else "none"
+    if not sys.platform.startswith("linux"):
+        return "none"
+    return "guard" if is_root and (bool(_guard_above) if guard_above is None else guard_above) else "subreaper"
 
 
 def owned_cgroup(meta: AgentMeta) -> Path | None:
@@ -1981,7 +1985,10 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
     session of its own waits on a pipe whose only writer is us. The kernel
     closes the pipe however we exit; the guard wakes, and if no outcome was
     committed it ends what is left of the agent's subtree and commits one.
+    A root without a cgroup already runs below its guard (fork_below_guard).
     """
+    if (above := adopt_guard_above(agent_dir)) is not None:
+        return above
     read_end, write_end = os.pipe()  # not inheritable: the CLI never holds it
     try:
         proc = subprocess.Popen(
@@ -1994,6 +2001,239 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
     finally:
         os.close(read_end)
     return proc.pid, write_end
+
+
+# A root without a cgroup runs below its guard, so that what it leaves can't
+# outlive it even if it is SIGKILLed: the process the user started forks the
+# runner, becomes the child subreaper above it, and execs a bare interpreter
+# (a few MB, no imports) that waits for the runner. Orphans of the tree land
+# on the runner (a subreaper too) while it lives, on the guard once it dies.
+# The guard passes on the signals a process sends it (the terminal signals the
+# whole foreground group, the runner included) and exits as the runner did.
+# Only if the runner left no outcome, or left processes, does it become
+# `spawn.py _guard --above` to end them and settle the tree. The runner gets
+# SIGTERM if the guard dies (a SIGKILL of the pid the user sees).
+GUARD_ABOVE_BOOTSTRAP = r"""
+import os, signal, sys
+script, pipe, runner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+passed = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+status = None
+while status is None:
+    try:
+        while status is None:
+            pid, st = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            if pid == runner:
+                status = st
+    except ChildProcessError:
+        break
+    if status is None:
+        info = signal.sigwaitinfo(passed | {signal.SIGCHLD})
+        if info.si_signo in passed and info.si_code != 0x80:  # 0x80, SI_KERNEL: the terminal's
+            try:
+                os.kill(runner, info.si_signo)
+            except OSError:
+                pass
+code = os.waitstatus_to_exitcode(status) if status is not None else 3  # ExitCode.STATE
+os.set_blocking(pipe, False)
+said = b""
+try:
+    while chunk := os.read(pipe, 65536):
+        said += chunk
+except BlockingIOError:
+    pass
+agent_dir, entry = (said.decode(errors="replace").splitlines() + ["", ""])[:2]
+try:
+    os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    left = True  # orphans the runner left, re-parented to us
+except ChildProcessError:
+    left = False
+if left or (agent_dir and not os.path.exists(os.path.join(agent_dir, "outcome.json"))):
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.execv(sys.executable, [sys.executable, script, "_guard", agent_dir, f"--above={code}"])
+if entry:
+    try:
+        os.unlink(entry)
+    except OSError:
+        pass
+if code < 0 and -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL, signal.SIGPIPE):
+    if -code != signal.SIGKILL:
+        signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
+    os.kill(os.getpid(), -code)
+os._exit(code if code >= 0 else 128 - code)
+"""
+
+# Signals the guard above passes on to the runner (the bootstrap's `passed`).
+GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+# (pid, pipe write end) of the guard this process forked itself below, until
+# its agent adopts it: at most one, set in the runner by fork_below_guard.
+_guard_above: list[tuple[int, int]] = []
+
+
+def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """True for a run that will be a tree's root without a cgroup, on Linux.
+
+    Checked first thing, before any thread starts, so it is cheap where it
+    says no: a child's environment names its agent, and a cgroup is a quick look.
+    """
+    if environ.get(ENV_AGENT_ID) or not guard_above_possible():
+        return False
+    if {"--dry-run", "--background", "-h", "--help", "--version"} & set(argv):
+        return False
+    if choose_containment(True, "s", "a", environ, guard_above=False) != "subreaper":
+        return False
+    return inherited_context(environ, ancestry_context()).parent_id is None
+
+
+def guard_above_possible() -> bool:
+    return sys.platform.startswith("linux") and hasattr(signal, "sigwaitinfo")
+
+
+def fork_below_guard() -> None:
+    """Carry on as the runner, a child of this process, which becomes the guard above it.
+
+    The caller's pid (what a shell's $! or a Popen holds) is the guard's: a
+    SIGTERM or SIGINT sent there reaches the runner, and its exit status is
+    the runner's. meta.json records the runner, the process that runs the agent.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    guard = os.getpid()
+    read_end, write_end = os.pipe()
+    try:
+        runner = os.fork()
+    except OSError as exc:  # out of processes: run as before, our own subreaper
+        os.close(read_end)
+        os.close(write_end)
+        note(f"warning: can't start the guard above this run ({exc.strerror}); an escaped process could survive a SIGKILL")
+        return
+    if runner == 0:
+        os.close(read_end)
+        set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != guard:  # it died before the line above: we are on our own
+            os.kill(os.getpid(), signal.SIGTERM)
+        _guard_above.append((guard, write_end))
+        return
+    become_subreaper()  # the runner will be one too, for what it starts while it lives
+    # Blocked before the exec, so none is lost while the interpreter starts;
+    # the bootstrap takes them with sigwaitinfo.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {*GUARD_ABOVE_SIGNALS, signal.SIGCHLD})
+    os.close(write_end)
+    os.set_inheritable(read_end, True)
+    argv = [str(SCRIPT_PATH), str(read_end), str(runner)]
+    with contextlib.suppress(OSError):
+        os.execv(sys.executable, [sys.executable, "-c", GUARD_ABOVE_BOOTSTRAP, *argv])
+    sys.argv = ["-c", *argv]  # no interpreter to exec: run the same code here
+    exec(GUARD_ABOVE_BOOTSTRAP, {"__name__": "__guard__"})
+    os._exit(ExitCode.STATE)
+
+
+def set_parent_death_signal(sig: int) -> None:
+    """Have the kernel send sig when our parent process dies (Linux)."""
+    PR_SET_PDEATHSIG = 1
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+def adopt_guard_above(agent_dir: Path) -> tuple[int, int] | None:
+    """Make the guard above this runner the agent's guard: (its pid, the pipe it reads), or None.
+
+    The guard learns the agent's directory and its own runner index entry:
+    registered under the agent, orphans re-parented to it still find their
+    tree (ancestor_agents), and it removes the entry when it exits.
+    """
+    if not _guard_above:
+        return None
+    pid, pipe = _guard_above.pop()
+    create_time = psutil.Process(pid).create_time()
+    register_runner(pid, create_time, agent_dir)
+    os.write(pipe, f"{agent_dir}\n{_runner_entry(runner_index_dir(), pid, create_time)}\n".encode())
+    return pid, pipe
+
+
+def guard_above_ends_tree(agent_dir: Path | None, runner_exit: int, secrets_: Sequence[str]) -> int:
+    """The guard above a runner that died or left processes: end the tree, settle it, exit as the runner did.
+
+    Every process of the tree descends from the guard, since orphans only
+    re-parent up to the nearest living subreaper: what is below it now is the
+    whole tree, as a cgroup would hold it. The tree's live agents are asked to
+    end first, so each commits its own outcome; then everything below is
+    ended; only then is the root's outcome committed, so nothing the tree
+    started still runs when its marker appears.
+    """
+    meta = None
+    with contextlib.suppress(OSError, SpawnError):
+        meta = load_meta(agent_dir) if agent_dir is not None else None
+    try:
+        if meta is not None:
+            ask_tree_agents_to_end(meta)
+        end_everything_below()
+        if meta is not None and agent_dir is not None:
+            reap_agent(agent_dir, "guard", secrets_)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            unregister_runner(os.getpid(), psutil.Process().create_time())
+    return exit_as(runner_exit)
+
+
+def ask_tree_agents_to_end(meta: AgentMeta) -> None:
+    """SIGTERM every live spawn.py of the tree, and give them the time they need to settle.
+
+    Found by meta.json and by the runner index, which has an agent's entry
+    before its meta.json is published.
+    """
+    agents = Path(meta.session) / AGENTS_DIR
+    targets = []
+    for d in descendants_of(Path(meta.session), meta.id):
+        with contextlib.suppress(OSError, SpawnError):
+            if read_outcome(d) is None:
+                targets.append(Supervised.of(load_meta(d)))
+    with contextlib.suppress(OSError, SpawnError):
+        for path in runner_index_dir().glob("*.json"):
+            entry = _read_runner_entry(path)
+            if entry is not None and entry[2].parent == agents and entry[0] != os.getpid():
+                targets.append(Supervised(entry[0], entry[1], _entry_namespace(path)))
+    asked = [proc for target in targets if (proc := target.signal(signal.SIGTERM)) is not None]
+    # As settle_agents: a spawn.py ends its own subtree (up to KILL_GRACE_S) first.
+    psutil.wait_procs(asked, timeout=KILL_GRACE_S * 2)
+
+
+def end_everything_below(rounds: int = 10) -> None:
+    """End every descendant of this process: the stop path, then SIGKILL whatever forked meanwhile."""
+    grace = LEFTOVER_GRACE_S
+    for _ in range(rounds):
+        try:
+            below = psutil.Process().children(recursive=True)
+        except psutil.Error:
+            return
+        if not below:
+            return
+        Supervised.stop(list(reversed(below)), [], grace)
+        grace = 0.0
+
+
+def exit_as(code: int) -> int:
+    """A runner's exit status, as os.waitstatus_to_exitcode gives it, to exit with.
+
+    A runner killed by a signal had its status say so: the guard dies by the
+    same signal (core-dumping ones become 128+N, without a core).
+    """
+    if code >= 0:
+        return code
+    sig = -code
+    if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL, signal.SIGPIPE):
+        if sig != signal.SIGKILL:
+            signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+    return 128 + sig
 
 
 # Where the runner index lives. Not taken from the environment: an agent
@@ -6653,6 +6893,8 @@ def build_verb_parser(verb: str) -> Parser:
             p.add_argument("--depth", choices=["shallow", "deep"], default="deep")
     elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
+        if verb == "_guard":  # the runner's exit status, for the guard above a root (GUARD_ABOVE_BOOTSTRAP)
+            p.add_argument("--above", type=int, help=argparse.SUPPRESS)
     return p
 
 
@@ -6689,6 +6931,8 @@ def note(message: str) -> None:
 
 
 def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    if wants_guard_above(argv, environ):
+        fork_below_guard()  # before any thread: from here on this process is the runner
     # Start importing the SDK at once: it overlaps flag checks and registration.
     # (A background launch and a dry run never need it.)
     sdk_loader = SdkLoader(environ) if not {"--dry-run", "--background"} & set(argv) else None
@@ -6701,7 +6945,8 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         note(describe_routing(plan.meta.routing))
     if args.dry_run:
         # The session and id are not known before registration.
-        plan.meta.containment = choose_containment(plan.meta.parent_id is None, "SESSION", "ID", environ)
+        guarded = not plan.meta.background and guard_above_possible()
+        plan.meta.containment = choose_containment(plan.meta.parent_id is None, "SESSION", "ID", environ, guarded)
         resolved = record_to_json(plan.meta)
         resolved.update(refusal=plan.refusal, cli=str(plan.cli), session_root=str(plan.session_root))
         resolved["rules"] = describe_rules(plan.rules, plan.meta.tools, plan.meta.disallowed_tools)
@@ -6758,6 +7003,8 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
 
 def cmd_guard(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """Wait for the agent's spawn.py to exit; settle the agent if it left no outcome."""
+    if args.above is not None:  # exec'd by the guard above a root whose runner is gone
+        return guard_above_ends_tree(Path(args.agent_dir) if args.agent_dir else None, args.above, secret_values(environ))
     agent_dir = Path(args.agent_dir)
     with contextlib.suppress(OSError):
         sys.stdin.buffer.read()  # at EOF already when started by GUARD_BOOTSTRAP

@@ -1,0 +1,179 @@
+"""Without a cgroup, the root's guard is the subreaper above its runner, so
+nothing a tree started survives a SIGKILL of the root (issue 15 §3, the
+fallback). Every test runs with SPAWN_NO_CGROUP=1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import load, metas, mock_task, run_spawn, start_spawn, stdout_json, validate_records
+from test_containment import escape_script, marked, wait_until
+
+import spawn
+
+pytestmark = pytest.mark.skipif(not spawn.guard_above_possible(), reason="the guard above the runner needs Linux")
+
+# Fields of a run's stdout that do not depend on where or when it ran.
+STABLE = ("status", "exit_code", "reason", "output")
+
+
+@pytest.fixture
+def no_cgroup(env: dict[str, str]) -> dict[str, str]:
+    return {**env, "SPAWN_NO_CGROUP": "1"}
+
+
+def root_meta(session_root: Path, task_word: str) -> dict[str, object]:
+    (meta,) = [m for m in metas(session_root).values() if task_word in str(m["task"]) and m.get("parent_id") is None]
+    return meta
+
+
+def agent_dir_of(meta: dict[str, object]) -> Path:
+    return Path(str(meta["session"])) / "agents" / str(meta["id"])
+
+
+def start_escaping_root(env: dict[str, str], tmp_path: Path) -> tuple[str, subprocess.Popen[str]]:
+    """A root whose Bash left the tree by `setsid -f env -i`, a sleep and a spawn.py, all running."""
+    mark = uuid.uuid4().hex
+    root = mock_task("escape", [{"bash": escape_script(env, mark, tmp_path)}, {"sleep": 300, "text": "never"}])
+    proc = start_spawn(["--task", root, "--tools", "Bash"], env)
+    # sleep, the escaped spawn.py and its CLI all run before the kill.
+    assert wait_until(lambda: len(marked(mark)) >= 3, 90), (tmp_path / "escaped.log").read_text()
+    return mark, proc
+
+
+def survivors_after(mark: str, proc: subprocess.Popen[str]) -> int:
+    """How many of the test's processes outlive the root, given a generous bound to end."""
+    try:
+        proc.communicate(timeout=60)
+        wait_until(lambda: not marked(mark), 10)
+        return len(marked(mark))
+    finally:
+        for leftover in marked(mark):  # only this test's own processes, by pid
+            leftover.kill()
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_sigkilled_runner_leaves_no_escaped_process(no_cgroup: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """The runner meta.json records is SIGKILLed: its orphans land on the guard, which ends them."""
+    mark, proc = start_escaping_root(no_cgroup, tmp_path)
+    meta = root_meta(session_root, "escape")
+    assert meta["containment"] == "guard"
+    runner = psutil.Process(int(str(meta["pid"])))
+    assert runner.ppid() == proc.pid  # the pid the user started is the guard above the runner
+    runner.kill()
+    assert survivors_after(mark, proc) == 0
+    assert proc.returncode == -signal.SIGKILL  # the caller sees the runner's death, as without a guard
+    outcome = load(agent_dir_of(meta) / "outcome.json")
+    assert outcome["status"] == "failed" and outcome["committed_by"] == "guard"
+    children = [m for m in metas(session_root).values() if m.get("parent_id") == meta["id"]]
+    assert children, "the escaped spawn.py registered in the tree"
+    assert all((agent_dir_of(m) / "outcome.json").exists() for m in children)
+    validate_records(session_root)
+
+
+def test_sigkilled_root_pid_leaves_no_escaped_process(no_cgroup: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """The pid the user started is SIGKILLed: the runner below it ends the tree as on SIGTERM."""
+    mark, proc = start_escaping_root(no_cgroup, tmp_path)
+    meta = root_meta(session_root, "escape")
+    os.kill(proc.pid, signal.SIGKILL)
+    assert survivors_after(mark, proc) == 0
+    wait_until((agent_dir_of(meta) / "outcome.json").exists, 30)
+    assert load(agent_dir_of(meta) / "outcome.json")["status"] == "killed"
+    validate_records(session_root)
+
+
+def test_sigterm_to_the_root_pid_reaches_the_runner(no_cgroup: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """`kill PID` on the pid the user started gives the killed outcome and exit code, as before."""
+    mark, proc = start_escaping_root(no_cgroup, tmp_path)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert survivors_after(mark, proc) == 0
+    assert proc.returncode == spawn.ExitCode.KILLED
+    meta = root_meta(session_root, "escape")
+    assert load(agent_dir_of(meta) / "outcome.json")["status"] == "killed"
+
+
+def test_sigint_to_the_root_pid_interrupts_it_once(no_cgroup: dict[str, str], session_root: Path) -> None:
+    proc = start_spawn(["--task", mock_task("stall", [{"sleep": 300, "text": "never"}]), "--tools", ""], no_cgroup)
+    try:
+        assert wait_until(lambda: any(p.is_file() for p in session_root.glob("*/agents/*/heartbeat.json")), 90)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == spawn.ExitCode.INTERRUPTED, err
+    (line,) = [line for line in out.splitlines() if line.strip()]
+    assert json.loads(line)["status"] == "interrupted"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(([{"text": "done"}], "done", spawn.ExitCode.OK), id="done"),
+        pytest.param(([{"error": 400}], "failed", spawn.ExitCode.AGENT_FAILED), id="failed"),
+    ],
+)
+def test_a_run_under_the_guard_looks_as_it_did(
+    env: dict[str, str], no_cgroup: dict[str, str], session_root: Path, case: tuple[list[dict[str, object]], str, int]
+) -> None:
+    """Exit code, stdout, stderr and outcome of a root are the same below the guard as in a cgroup.
+
+    (Where no cgroup is writable, both runs are below a guard: the figures are still checked.)
+    """
+    steps, status, exit_code = case
+    task = mock_task("same", steps)
+    usual = run_spawn(["--task", task, "--tools", ""], env)
+    guarded = run_spawn(["--task", task, "--tools", ""], no_cgroup)
+    assert guarded.returncode == usual.returncode == exit_code, guarded.stderr
+    first, second = stdout_json(usual), stdout_json(guarded)
+    assert {k: second.get(k) for k in STABLE} == {k: first.get(k) for k in STABLE}
+    assert set(second) == set(first) and second["status"] == status
+    assert len(guarded.stderr.splitlines()) == len(usual.stderr.splitlines()), guarded.stderr
+    assert load(Path(str(second["outcome"])))["status"] == status
+    meta = load(Path(str(second["agent_dir"])) / "meta.json")
+    assert meta["containment"] == "guard"
+    validate_records(session_root)
+
+
+def test_the_guard_above_is_small_and_goes_with_its_runner(no_cgroup: dict[str, str], session_root: Path) -> None:
+    proc = start_spawn(["--task", mock_task("small", [{"sleep": 300, "text": "never"}]), "--tools", ""], no_cgroup)
+    try:
+        assert wait_until(lambda: any(p.is_file() for p in session_root.glob("*/agents/*/heartbeat.json")), 90)
+        meta = root_meta(session_root, "small")
+        guard = psutil.Process(proc.pid)
+        assert guard.children() == [psutil.Process(int(str(meta["pid"])))]
+        assert "-c" in guard.cmdline()  # a bare interpreter, not spawn.py with its imports
+        print(f"guard above: rss {guard.memory_info().rss / 2**20:.1f} MiB")
+        assert spawn.ancestor_agents() == []
+        run = run_spawn(["kill", str(meta["id"]), "--session", str(meta["session"])], no_cgroup)
+        assert run.returncode == spawn.ExitCode.OK, run.stderr
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == spawn.ExitCode.KILLED
+    index = spawn.runner_index_dir()
+    assert not list(index.glob(f"{proc.pid}-*.json")), "the guard removed its runner index entry"
+
+
+def test_dry_run_says_guard_for_a_root_and_subreaper_in_the_background(no_cgroup: dict[str, str]) -> None:
+    assert stdout_json(run_spawn(["--dry-run", "--task", "hi"], no_cgroup))["containment"] == "guard"
+    assert stdout_json(run_spawn(["--dry-run", "--background", "--task", "hi"], no_cgroup))["containment"] == "subreaper"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux")
+def test_exit_as_dies_by_the_runners_signal() -> None:
+    code = "import spawn, sys; sys.exit(spawn.exit_as(int(sys.argv[1])))"
+    env = {**os.environ, "PYTHONPATH": str(Path(spawn.__file__).parent)}
+    for status, expected in ((0, 0), (143, 143), (-signal.SIGTERM, -signal.SIGTERM), (-signal.SIGKILL, -signal.SIGKILL)):
+        assert subprocess.run([sys.executable, "-c", code, str(status)], env=env, check=False).returncode == expected
+    assert subprocess.run([sys.executable, "-c", code, str(-signal.SIGSEGV)], env=env, check=False).returncode == 128 + signal.SIGSEGV
