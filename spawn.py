@@ -2012,7 +2012,7 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
 # whole foreground group, the runner included) and exits as the runner did.
 # Only if the runner left no outcome, or left processes, does it become
 # `spawn.py _guard --above` to end them and settle the tree. The runner gets
-# SIGTERM if the guard dies (a SIGKILL of the pid the user sees).
+# SIGHUP if the guard dies (a SIGKILL of the pid the user sees).
 GUARD_ABOVE_BOOTSTRAP = r"""
 import os, signal, sys
 script, pipe, runner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -2114,9 +2114,11 @@ def fork_below_guard() -> None:
         return
     if runner == 0:
         os.close(read_end)
-        set_parent_death_signal(signal.SIGTERM)
+        # SIGHUP, the signal for "whoever controlled you is gone": we end the
+        # tree and record `killed`, as for any SIGHUP, since nobody else will.
+        set_parent_death_signal(signal.SIGHUP)
         if os.getppid() != guard:  # it died before the line above: we are on our own
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGHUP)
         _guard_above.append((guard, write_end))
         return
     become_subreaper()  # the runner will be one too, for what it starts while it lives

@@ -109,9 +109,10 @@ def test_a_sigkilled_agent_is_charged_an_estimate_by_its_guard(env: dict[str, st
         while not any("1000000" in p.read_text() for p in session_root.glob("*/agents/*/transcript.jsonl")):
             assert time.monotonic() < limit, "the first turn never reached the transcript"
             time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
         (d,) = agent_dirs(session_root)
+        # The process that runs the agent; without a cgroup, the pid started is the guard above it.
+        os.kill(load(d / "meta.json")["pid"], signal.SIGKILL)
+        proc.wait(timeout=30)
         limit = time.monotonic() + 60
         while not (d / ".fail").exists():
             assert time.monotonic() < limit, "the guard never settled the agent"

@@ -95,7 +95,7 @@ def test_sigkilled_root_leaves_no_escaped_process(env: dict[str, str], session_r
 
 
 def test_containment_is_recorded_and_shown(env: dict[str, str], session_root: Path) -> None:
-    expected = spawn.choose_containment(True, "s", "a", {})
+    expected = spawn.choose_containment(True, "s", "a", {}, guard_above=spawn.guard_above_possible())
     dry = stdout_json(run_spawn(["--dry-run", "--task", "hi"], env))
     assert dry["containment"].split(" ")[0] == expected.split(" ")[0]
     proc = run_spawn(["--task", mock_task("hi", [{"text": "done"}]), "--tools", ""], env)
@@ -114,13 +114,14 @@ def test_containment_is_recorded_and_shown(env: dict[str, str], session_root: Pa
     validate_records(session_root)
 
 
-def test_no_cgroup_env_falls_back_to_the_subreaper(env: dict[str, str], session_root: Path) -> None:
+def test_no_cgroup_env_falls_back_to_the_guard_above(env: dict[str, str], session_root: Path) -> None:
+    fallback = "guard" if spawn.guard_above_possible() else "none"
     dry = stdout_json(run_spawn(["--dry-run", "--task", "hi"], {**env, "SPAWN_NO_CGROUP": "1"}))
-    assert dry["containment"] == "subreaper"
+    assert dry["containment"] == fallback
     proc = run_spawn(["--task", mock_task("hi", [{"text": "done"}]), "--tools", ""], {**env, "SPAWN_NO_CGROUP": "1"})
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     (meta,) = metas(session_root).values()
-    assert meta["containment"] == "subreaper"
+    assert meta["containment"] == fallback
     validate_records(session_root)
 
 
@@ -128,10 +129,10 @@ def test_no_cgroup_env_falls_back_to_the_subreaper(env: dict[str, str], session_
 def test_subreaper_fallback_ends_escaped_processes_on_sigterm(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     """Without a cgroup, spawn.py is the subreaper of what escapes it and ends it on its way out.
 
-    (A SIGKILL of spawn.py is what only the cgroup survives; see sessions/README.md.)
+    (A SIGKILL is tests/test_subreaper.py's: the guard above spawn.py ends what it left.)
     """
     root_meta, survivors = kill_root_and_count_survivors({**env, "SPAWN_NO_CGROUP": "1"}, session_root, tmp_path, signal.SIGTERM)
-    assert root_meta["containment"] == "subreaper"
+    assert root_meta["containment"] == "guard"
     assert survivors == 0
     agent_dir = Path(str(root_meta["session"])) / "agents" / str(root_meta["id"])
     assert load(agent_dir / "outcome.json")["status"] == "killed"
@@ -156,6 +157,8 @@ def test_children_join_their_tree_and_never_own_it() -> None:
     meta.containment = "subreaper"
     assert spawn.owned_cgroup(meta) is None
     assert json.dumps(spawn.choose_containment(True, "s", "a", {"SPAWN_NO_CGROUP": "1"})) in ('"subreaper"', '"none"')
+    assert spawn.choose_containment(True, "s", "a", {"SPAWN_NO_CGROUP": "1"}, guard_above=True) in ("guard", "none")
+    assert spawn.choose_containment(False, "s", "a", {"SPAWN_NO_CGROUP": "1"}, guard_above=True) in ("subreaper", "none")
 
 
 def test_supervised_never_signals_a_reused_pid(tmp_path: Path) -> None:

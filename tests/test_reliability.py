@@ -86,7 +86,8 @@ def test_sigkilled_root_is_settled_by_its_guard(env: dict[str, str], session_roo
     agent_dir = wait_for_depth(session_root, 0)
     wait_for_text(agent_dir / "transcript.jsonl", "time.sleep")
     pids = tree_pids(session_root)
-    proc.send_signal(signal.SIGKILL)
+    # The process that runs the agent; without a cgroup, the pid started is the guard above it.
+    os.kill(load(agent_dir / "meta.json")["pid"], signal.SIGKILL)
     proc.communicate(timeout=10)
     assert wait_until_gone(pids, GRACE_S + 5) == []
     wait_for_path(agent_dir / ".fail", timeout=10)

@@ -115,6 +115,34 @@ def test_sigint_to_the_root_pid_interrupts_it_once(no_cgroup: dict[str, str], se
     assert json.loads(line)["status"] == "interrupted"
 
 
+def test_ctrl_c_in_a_terminal_interrupts_the_root(no_cgroup: dict[str, str], session_root: Path) -> None:
+    """Ctrl-C still interrupts the root: the terminal signals its whole group, the guard and the runner."""
+    master, slave = os.openpty()
+    task = mock_task("stall", [{"sleep": 300, "text": "never"}])
+    # `setsid -c`: a session of its own, whose controlling terminal is stdin, the pty.
+    proc = subprocess.Popen(
+        ["setsid", "-c", sys.executable, str(spawn.SCRIPT_PATH), "--task", task, "--tools", ""],
+        env=no_cgroup,
+        stdin=slave,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(slave)
+    try:
+        assert wait_until(lambda: any(p.is_file() for p in session_root.glob("*/agents/*/heartbeat.json")), 90)
+        os.write(master, b"\x03")
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == spawn.ExitCode.INTERRUPTED, err
+    (line,) = [line for line in out.splitlines() if line.strip()]
+    assert json.loads(line)["status"] == "interrupted"
+    assert root_meta(session_root, "stall")["containment"] == "guard"
+
+
 @pytest.mark.parametrize(
     "case",
     [
