@@ -2010,9 +2010,12 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
 # on the runner (a subreaper too) while it lives, on the guard once it dies.
 # The guard passes on the signals a process sends it (the terminal signals the
 # whole foreground group, the runner included) and exits as the runner did.
-# Only if the runner left no outcome, or left processes, does it become
-# `spawn.py _guard --above` to end them and settle the tree. The runner gets
-# SIGHUP if the guard dies (a SIGKILL of the pid the user sees).
+# Only if the runner left no outcome does it become `spawn.py _guard --above`
+# to end the tree and settle it. A runner that committed its outcome had
+# ended its subtree and settled every agent first, so what is left then
+# (child agents' guards, which exit by themselves, or a straggler) is just
+# SIGKILLed. The runner gets SIGHUP if the guard dies (a SIGKILL of the pid
+# the user sees).
 GUARD_ABOVE_BOOTSTRAP = r"""
 import os, signal, sys
 script, pipe, runner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -2044,16 +2047,42 @@ try:
 except BlockingIOError:
     pass
 agent_dir, entry = (said.decode(errors="replace").splitlines() + ["", ""])[:2]
-try:
-    os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    left = True  # orphans the runner left, re-parented to us
-except ChildProcessError:
-    left = False
-if left or (agent_dir and not os.path.exists(os.path.join(agent_dir, "outcome.json"))):
+if agent_dir and not os.path.exists(os.path.join(agent_dir, "outcome.json")):
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.execv(sys.executable, [sys.executable, script, "_guard", agent_dir, f"--above={code}"])
+
+
+def below():
+    parents = {}
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat", "rb") as stat:
+                fields = stat.read().rpartition(b")")[2].split()
+            parents.setdefault(int(fields[1]), []).append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    found, todo = [], [os.getpid()]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+for _ in range(100):  # orphans re-parent to us as their parents die
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        break
+    for pid in below():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    signal.sigtimedwait({signal.SIGCHLD}, 0.05)
 if entry:
     try:
         os.unlink(entry)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import load, metas, mock_task, run_spawn, start_spawn, stdout_json, validate_records
-from test_containment import escape_script, marked, wait_until
+from conftest import load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
+from test_containment import MARK, escape_script, marked, wait_until
 
 import spawn
 
@@ -148,6 +148,10 @@ def test_ctrl_c_in_a_terminal_interrupts_the_root(no_cgroup: dict[str, str], ses
     [
         pytest.param(([{"text": "done"}], "done", spawn.ExitCode.OK), id="done"),
         pytest.param(([{"error": 400}], "failed", spawn.ExitCode.AGENT_FAILED), id="failed"),
+        pytest.param(
+            ([{"bash": spawn_in_bash("--task", mock_task("child", [{"text": "hi"}]), "--tools", "")}, {"text": "done"}], "done", 0),
+            id="child",
+        ),
     ],
 )
 def test_a_run_under_the_guard_looks_as_it_did(
@@ -169,7 +173,20 @@ def test_a_run_under_the_guard_looks_as_it_did(
     assert load(Path(str(second["outcome"])))["status"] == status
     meta = load(Path(str(second["agent_dir"])) / "meta.json")
     assert meta["containment"] == "guard"
+    assert in_session(str(meta["session"])) == [], "the guard returned with the tree's processes still running"
     validate_records(session_root)
+
+
+def in_session(session: str) -> list[psutil.Process]:
+    """Processes started for the session's agents (a child's spawn.py, CLI and guard carry it)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("SPAWN_SESSION") == session and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
 
 
 def test_the_guard_above_is_small_and_goes_with_its_runner(no_cgroup: dict[str, str], session_root: Path) -> None:
@@ -205,3 +222,27 @@ def test_exit_as_dies_by_the_runners_signal() -> None:
     for status, expected in ((0, 0), (143, 143), (-signal.SIGTERM, -signal.SIGTERM), (-signal.SIGKILL, -signal.SIGKILL)):
         assert subprocess.run([sys.executable, "-c", code, str(status)], env=env, check=False).returncode == expected
     assert subprocess.run([sys.executable, "-c", code, str(-signal.SIGSEGV)], env=env, check=False).returncode == 128 + signal.SIGSEGV
+
+
+def test_a_settled_runner_leaves_nothing_below_its_guard(tmp_path: Path) -> None:
+    """A runner that committed its outcome and exits: what it left is ended and the exit status passed on."""
+    mark = uuid.uuid4().hex
+    runner = f"""
+import os, subprocess, sys, pathlib
+import spawn
+agent_dir = pathlib.Path(sys.argv[1])
+spawn.fork_below_guard()
+(guard, pipe), = spawn._guard_above
+os.write(pipe, f"{{agent_dir}}\\n\\n".encode())
+(agent_dir / "outcome.json").write_text("{{}}")
+subprocess.run(["setsid", "-f", "sleep", "1003"], env={{**os.environ, "{MARK}": "{mark}"}}, check=True)
+os._exit(7)
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(spawn.__file__).parent)}
+    proc = subprocess.run([sys.executable, "-c", runner, str(tmp_path)], env=env, timeout=60, check=False)
+    try:
+        assert proc.returncode == 7
+        assert marked(mark) == []  # gone when the guard returned, not later
+    finally:
+        for leftover in marked(mark):
+            leftover.kill()
