@@ -1985,10 +1985,12 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
     session of its own waits on a pipe whose only writer is us. The kernel
     closes the pipe however we exit; the guard wakes, and if no outcome was
     committed it ends what is left of the agent's subtree and commits one.
-    A root without a cgroup already runs below its guard (fork_below_guard).
+
+    A root without a cgroup also runs below a guard (fork_below_guard), which
+    does this one's work while it lives. This one, in a session of its own,
+    still settles the agent if both die at once (a SIGKILL of their group).
     """
-    if (above := adopt_guard_above(agent_dir)) is not None:
-        return above
+    adopt_guard_above(agent_dir)
     read_end, write_end = os.pipe()  # not inheritable: the CLI never holds it
     try:
         proc = subprocess.Popen(
@@ -2173,20 +2175,20 @@ def set_parent_death_signal(sig: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
-def adopt_guard_above(agent_dir: Path) -> tuple[int, int] | None:
-    """Make the guard above this runner the agent's guard: (its pid, the pipe it reads), or None.
+def adopt_guard_above(agent_dir: Path) -> None:
+    """Make the guard above this runner, if there is one, the agent's guard.
 
     The guard learns the agent's directory and its own runner index entry:
     registered under the agent, orphans re-parented to it still find their
     tree (ancestor_agents), and it removes the entry when it exits.
     """
     if not _guard_above:
-        return None
+        return
     pid, pipe = _guard_above.pop()
     create_time = psutil.Process(pid).create_time()
     register_runner(pid, create_time, agent_dir)
+    # The pipe stays open until we exit: the guard reads it once we are gone.
     os.write(pipe, f"{agent_dir}\n{_runner_entry(runner_index_dir(), pid, create_time)}\n".encode())
-    return pid, pipe
 
 
 def guard_above_ends_tree(agent_dir: Path | None, runner_exit: int, secrets_: Sequence[str]) -> int:
@@ -7048,6 +7050,8 @@ def cmd_guard(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     limit = time.monotonic() + KILL_GRACE_S
     while Supervised.of(meta).alive() and time.monotonic() < limit:
         time.sleep(0.01)  # the pipe closes a moment before the process is gone
+    if meta.containment == "guard" and agent_dir in ancestor_agents():
+        return ExitCode.OK  # the guard above the runner lives: it ends the tree, then settles it
     try:
         reap_agent(agent_dir, "guard", secret_values(environ))
     finally:

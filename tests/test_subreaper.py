@@ -246,3 +246,31 @@ os._exit(7)
     finally:
         for leftover in marked(mark):
             leftover.kill()
+
+
+def test_a_sigkill_of_guard_and_runner_together_still_settles_the_root(no_cgroup: dict[str, str], session_root: Path) -> None:
+    """Their whole process group SIGKILLed: the agent's other guard, in a session of its own, settles it as before."""
+    task = mock_task("group", [{"bash": "python3 -c 'import time; time.sleep(60)'"}, {"text": "never"}])
+    proc = subprocess.Popen(
+        [sys.executable, str(spawn.SCRIPT_PATH), "--task", task, "--tools", "Bash"],
+        env=no_cgroup,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a group of its own, to kill whole
+    )
+    try:
+        assert wait_until(lambda: any("time.sleep" in p.read_text() for p in session_root.glob("*/agents/*/transcript.jsonl")), 90)
+        meta = root_meta(session_root, "group")
+        beat = load(agent_dir_of(meta) / "heartbeat.json")
+        cli = psutil.Process(int(str(beat["cli_pid"])))
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=60)
+        assert wait_until((agent_dir_of(meta) / "outcome.json").exists, 60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    outcome = load(agent_dir_of(meta) / "outcome.json")
+    assert outcome["status"] == "failed" and outcome["committed_by"] == "guard"
+    assert wait_until(lambda: not cli.is_running(), 30), "the root's CLI outlived its tree"
+    validate_records(session_root)
