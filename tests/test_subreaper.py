@@ -101,7 +101,7 @@ def test_sigterm_to_the_root_pid_reaches_the_runner(no_cgroup: dict[str, str], s
     assert load(agent_dir_of(meta) / "outcome.json")["status"] == "killed"
 
 
-def test_sigint_to_the_root_pid_interrupts_it_once(no_cgroup: dict[str, str], session_root: Path) -> None:
+def test_sigint_to_the_root_pid_interrupts_it(no_cgroup: dict[str, str], session_root: Path) -> None:
     proc = start_spawn(["--task", mock_task("stall", [{"sleep": 300, "text": "never"}]), "--tools", ""], no_cgroup)
     try:
         assert wait_until(lambda: any(p.is_file() for p in session_root.glob("*/agents/*/heartbeat.json")), 90)
