@@ -30,7 +30,9 @@ transcript, the CLI's stderr, and exactly one marker, ``.done`` or ``.fail``.
 Verbs: ``wait``, ``status``, ``kill``, ``reap``, ``approve``, ``deny`` and
 ``agents`` read and act on that protocol; ``spawn.py VERB --help`` describes
 each. ``--agent NAME`` runs a Claude Code agent definition from
-.claude/agents; ``--allow/--deny/--ask`` take Claude Code's permission rules.
+.claude/agents; ``--agent a2a:URL`` a remote A2A agent and ``--agent
+command:EXE`` an executable, as nodes of the same tree (the executors
+section); ``--allow/--deny/--ask`` take Claude Code's permission rules.
 ``dag run FILE`` runs a task graph (blockedBy) as children of one runner agent;
 ``plan``, ``build``, ``explore``, ``run-plan-build`` and ``run-all`` run the
 shipped workflows over a shared state file.
@@ -5880,6 +5882,16 @@ async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATa
     return str(answer.get("text") or "approved")
 
 
+def names_another_kind(argv: Sequence[str]) -> bool:
+    """Whether argv's --agent is an a2a or command reference: a run with nothing of the claude SDK to import."""
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--agent"]
+    values += [arg.removeprefix("--agent=") for arg in argv if arg.startswith("--agent=")]
+    try:
+        return any(node is not None and node.kind != "claude" for node in map(parse_reference, values))
+    except UsageError:
+        return False  # reported by the run's own resolution
+
+
 EXECUTORS: dict[str, type[Executor]] = {"claude": ClaudeExecutor, "a2a": A2AExecutor, "command": CommandExecutor}
 
 
@@ -7640,7 +7652,8 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
         fork_below_guard()  # before any thread: from here on this process is the runner
     # Start importing the SDK at once: it overlaps flag checks and registration.
     # (A background launch and a dry run never need it.)
-    sdk_loader = SdkLoader(environ) if not {"--dry-run", "--background"} & set(argv) else None
+    # (Nor does a node of another kind that --agent names directly.)
+    sdk_loader = SdkLoader(environ) if not {"--dry-run", "--background"} & set(argv) and not names_another_kind(argv) else None
     args = build_run_parser().parse_args(argv)
     original = resolve_resume(args, environ) if args.resume else None
     plan = plan_run(args, environ, ancestry_context())
