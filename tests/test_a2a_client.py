@@ -29,7 +29,9 @@ from conftest import (
     start_spawn,
     stdout_json,
     validate_records,
+    wait_for_ask,
     wait_for_path,
+    write_agent,
 )
 
 import spawn
@@ -323,11 +325,9 @@ def test_input_required_is_an_ask_whose_answer_is_the_next_message(
 ) -> None:
     proc = start_spawn(["--agent", a2a(remote), "--task", task], base_env)
     try:
-        wait_until(lambda: any(session_root.glob("*/asks/q-*.json")), "an ask")
-        ask = next(p for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json"))
-        record = load(ask)
-        assert record["tool"].startswith("A2A:") and record["agent_id"] == only_agent(session_root).name
-        answer = run_spawn(["approve", ask.stem, *(["--text", reply] if reply else [])], base_env)
+        ask = wait_for_ask(session_root)
+        assert ask["tool"].startswith("A2A:") and ask["agent_id"] == only_agent(session_root).name
+        answer = run_spawn(["approve", ask["id"], *(["--text", reply] if reply else [])], base_env)
         assert answer.returncode == spawn.ExitCode.OK, answer.stderr
         out, err = proc.communicate(timeout=120)
     finally:
@@ -346,14 +346,13 @@ def test_a_denied_ask_cancels_the_remote_task_and_refuses(
 ) -> None:
     proc = start_spawn(["--agent", a2a(streaming_remote), "--task", "ask me"], base_env)
     try:
-        wait_until(lambda: any(session_root.glob("*/asks/q-*.json")), "an ask")
-        ask = next(session_root.glob("*/asks/q-*.json"))
-        assert run_spawn(["deny", ask.stem], base_env).returncode == spawn.ExitCode.OK
+        ask = wait_for_ask(session_root)
+        assert run_spawn(["deny", ask["id"]], base_env).returncode == spawn.ExitCode.OK
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
     assert proc.returncode == spawn.ExitCode.REFUSED, err
-    assert ask.stem in json.loads(out)["reason"]
+    assert ask["id"] in json.loads(out)["reason"]
     assert streaming_remote.cancels == list(streaming_remote.tasks)
 
 
@@ -451,9 +450,7 @@ def test_a_definition_can_name_a_remote_agent(
     streaming_remote: ScriptedA2A, base_env: dict[str, str], session_root: Path, tmp_path: Path
 ) -> None:
     project = tmp_path / "project"
-    (project / ".claude" / "agents").mkdir(parents=True)
-    definition = f"---\nname: far\ndescription: a remote agent\nkind: a2a\nurl: {streaming_remote.url}\n---\n"
-    (project / ".claude" / "agents" / "far.md").write_text(definition)
+    write_agent(project, "far", f"description: a remote agent\nkind: a2a\nurl: {streaming_remote.url}")
     proc = run_spawn(["--agent", "far", "--task", "complete it"], base_env, cwd=project)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert load(only_agent(session_root) / "meta.json")["agent"] == "far"

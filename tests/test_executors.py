@@ -26,6 +26,7 @@ from conftest import (
     validate_records,
     wait_for_path,
     wait_until_gone,
+    write_agent,
 )
 
 import spawn
@@ -232,10 +233,7 @@ def test_dry_run_shows_the_kind(base_env: dict[str, str], session_root: Path) ->
 
 def test_a_definition_can_name_a_command(base_env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     project = tmp_path / "project"
-    (project / ".claude" / "agents").mkdir(parents=True)
-    (project / ".claude" / "agents" / "tool.md").write_text(
-        f"---\nname: tool\ndescription: an in-house tool\nkind: command\ncommand: {COMMAND}\n---\n"
-    )
+    write_agent(project, "tool", f"description: an in-house tool\nkind: command\ncommand: {COMMAND}")
     proc = run_spawn(["--agent", "tool", "--task", "done via definition"], base_env, cwd=project)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     meta = load(only_agent(session_root) / "meta.json")
