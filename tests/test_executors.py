@@ -263,3 +263,26 @@ def test_a_claude_agent_starts_a_command_child(env: dict[str, str], session_root
     task = load(Path(node["session"]) / "agents" / node["id"] / "outcome.json")["output"]
     assert task["depth"] == 1 and task["traceparent"].split("-")[1] == root["trace_id"]
     validate_records(session_root)
+
+
+def test_a_task_graph_mixes_claude_and_command_nodes(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    graph = tmp_path / "mixed.json"
+    graph.write_text(
+        json.dumps(
+            {
+                "tasks": [
+                    {"id": "a", "task": mock_task("A", [{"text": "out-A"}])},
+                    {"id": "b", "task": "done from b", "agent": NODE},
+                    {"id": "c", "task": "echo c", "agent": NODE, "blockedBy": ["a", "b"]},
+                ]
+            }
+        )
+    )
+    proc = run_spawn(["dag", "run", str(graph)], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    tasks = stdout_json(proc)["tasks"]
+    assert (tasks["a"]["output"], tasks["b"]["output"]) == ("out-A", "from b")
+    assert "## a\nout-A" in tasks["c"]["output"]["task"] and "## b\nfrom b" in tasks["c"]["output"]["task"]
+    kinds = {m["topic"]: m["kind"] for m in metas(session_root).values() if m.get("agent") != "dag"}
+    assert kinds == {"a": "claude", "b": "command", "c": "command"}
+    validate_records(session_root)
