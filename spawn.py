@@ -5258,7 +5258,6 @@ def record_refusal(agent_dir: Path, plan: Plan) -> Outcome:
 # Executor subclass in this section and its name in EXECUTORS. The kinds'
 # constants live here too, so that adding one touches this section only.
 
-NODE_KINDS = ("claude", "a2a", "command")
 A2A_CARD_PATH = "/.well-known/agent-card.json"
 # A card that takes longer than this to fetch counts as unreachable; a live
 # agent serves it in milliseconds, and a dead host should fail the spawn fast.
@@ -5372,8 +5371,8 @@ def parse_node_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Call
             if key in data:
                 problem(key, f"{key} needs 'kind: {'a2a' if key == 'url' else 'command'}'; ignored", "warning")
         return
-    if kind not in NODE_KINDS:
-        problem("kind", f"kind must be one of {', '.join(NODE_KINDS)}, got {kind!r}")
+    if kind not in EXECUTORS:
+        problem("kind", f"kind must be one of {', '.join(EXECUTORS)}, got {kind!r}")
         d.kind = str(kind)  # an agent that can't run as what it says is not run as claude
         return
     d.kind = str(kind)
@@ -5523,7 +5522,9 @@ class CommandExecutor(Executor):
         async def pump_stderr(stream: asyncio.StreamReader) -> None:
             async for raw in stream:
                 line = redact(raw.decode(errors="replace").rstrip("\n"), secrets_)
-                stderr_tail[:] = [*stderr_tail[-2:], line] if line.strip() else stderr_tail
+                if line.strip():
+                    del stderr_tail[:-2]
+                    stderr_tail.append(line)
                 state.last_activity = time.time()
                 with open(agent_dir / STDERR_LOG, "a") as fh:
                     fh.write(line + "\n")
@@ -5535,6 +5536,9 @@ class CommandExecutor(Executor):
             stdin.close()
 
         _, out, _ = await asyncio.gather(feed(proc.stdin), proc.stdout.read(COMMAND_RESULT_LIMIT + 1), pump_stderr(proc.stderr))
+        if len(out) > COMMAND_RESULT_LIMIT:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
         code = await proc.wait()
         result = command_result(out, code, stderr_tail)
         node_line(agent_dir, "CommandResult", {"exit_code": code, "status": result.status.value, "reason": result.reason}, secrets_)
@@ -5564,10 +5568,11 @@ def command_task(meta: AgentMeta, agent_dir: Path) -> dict[str, Any]:
 def command_result(out: bytes, code: int, stderr_tail: Sequence[str]) -> NodeResult:
     """What a command's exit status and stdout say (pure)."""
     said = f"; stderr: {' | '.join(stderr_tail)}" if stderr_tail else ""
-    if code < 0:
-        return NodeResult(Status.KILLED, f"the command was ended by {signal.Signals(-code).name}")
-    if len(out) > COMMAND_RESULT_LIMIT:
+    if len(out) > COMMAND_RESULT_LIMIT:  # checked first: spawn.py ended such a command itself
         return NodeResult(Status.FAILED, f"the command's result is over {COMMAND_RESULT_LIMIT} bytes")
+    if code < 0:
+        name = next((sig.name for sig in signal.Signals if sig == -code), f"signal {-code}")
+        return NodeResult(Status.KILLED, f"the command was ended by {name}")
     try:
         result = json.loads(out)
     except ValueError:
@@ -5822,13 +5827,19 @@ class A2AExecutor(Executor):
                     context_id=task.context_id or "",
                 )
                 line("A2ASend", json_format.MessageToDict(message))
-                async for event in client.send_message(SendMessageRequest(message=message)):
-                    raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
-                    event_json = json_format.MessageToDict(event)
-                    line("A2AEvent", event_json)
-                    task.observe(event_json, raw)
-                    if task.settled():
-                        break
+                events = client.send_message(SendMessageRequest(message=message))
+                try:
+                    async for event in events:
+                        raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
+                        event_json = json_format.MessageToDict(event)
+                        line("A2AEvent", event_json)
+                        task.observe(event_json, raw)
+                        if task.settled():
+                            break
+                finally:
+                    close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
+                    if close is not None:
+                        await close()
                 seen = task.state
                 while not task.settled():
                     if task.task_id is None:
