@@ -50,7 +50,9 @@ SCRIPTS: dict[str, list[str]] = {
     "auth": ["auth-required:log in at https://auth.example first"],
     "hang": ["working"],
     "costly": ["working", "artifact:paid", "completed:cost=0.125"],
+    "bogus": ["working", "state:bogus"],  # a state name A2A doesn't have: the client reads it as unspecified
 }
+# "reply" is answered with a message, no task.
 
 
 @dataclass
@@ -180,6 +182,11 @@ class ScriptedA2A:
             def do_POST(self) -> None:
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 method, params, rid = request["method"], request.get("params") or {}, request.get("id")
+                if method.startswith("Send") and params["message"]["parts"][0].get("text", "").startswith("reply"):
+                    remote.messages.append(params["message"])
+                    message = {"messageId": uuid.uuid4().hex, "role": "ROLE_AGENT", "parts": [{"text": "a direct reply"}]}
+                    self.reply(200, {"jsonrpc": "2.0", "id": rid, "result": {"message": message}})
+                    return
                 if method == "SendStreamingMessage":
                     self.stream(remote.receive(params), rid)
                     return
@@ -299,6 +306,8 @@ def test_data_artifacts_are_structured_output_checked_by_the_schema(
         ("reject this", (spawn.ExitCode.AGENT_FAILED, "failed", "rejected: not my kind of task")),
         ("cancel it", (spawn.ExitCode.KILLED, "killed", "canceled the task: operator stopped it")),
         ("weird state", (spawn.ExitCode.AGENT_FAILED, "failed", "doesn't know: '42'")),
+        ("bogus state", (spawn.ExitCode.AGENT_FAILED, "failed", "doesn't know: 'unspecified'")),
+        ("reply directly", (spawn.ExitCode.OK, "done", "completed")),
     ],
 )
 def test_remote_states_map_to_outcomes(
@@ -354,6 +363,16 @@ def test_a_denied_ask_cancels_the_remote_task_and_refuses(
     assert proc.returncode == spawn.ExitCode.REFUSED, err
     assert ask["id"] in json.loads(out)["reason"]
     assert streaming_remote.cancels == list(streaming_remote.tasks)
+
+
+def test_an_unanswered_ask_at_the_deadline_cancels_the_remote_task(
+    streaming_remote: ScriptedA2A, base_env: dict[str, str], session_root: Path
+) -> None:
+    proc = run_spawn(["--agent", a2a(streaming_remote), "--task", "ask me", "--timeout", "4"], base_env)
+    assert proc.returncode == spawn.ExitCode.TIMEOUT, proc.stderr
+    assert streaming_remote.cancels == list(streaming_remote.tasks)
+    answers = list(session_root.glob("*/asks/q-*.answer.json"))
+    assert [load(a)["by"] for a in answers] == ["timeout"]  # never left pending
 
 
 # ---- cancel on kill and timeout ----
