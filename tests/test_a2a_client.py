@@ -474,3 +474,22 @@ def test_a_definition_can_name_a_remote_agent(
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert load(only_agent(session_root) / "meta.json")["agent"] == "far"
     wait_for_path(only_agent(session_root) / ".done")
+
+
+def test_killing_a_claude_root_cancels_its_a2a_childs_remote_task(
+    streaming_remote: ScriptedA2A, env: dict[str, str], session_root: Path
+) -> None:
+    child = spawn_in_bash("--agent", a2a(streaming_remote), "--task", "hang around")
+    root = start_spawn(["--task", mock_task("delegate", [{"bash": child}, {"text": "never"}]), "--tools", "Bash"], env)
+    try:
+        wait_until(lambda: bool(streaming_remote.tasks), "the remote task", timeout=120)
+        root_id = next(m["id"] for m in metas(session_root).values() if m["depth"] == 0)
+        assert run_spawn(["kill", root_id], env).returncode == spawn.ExitCode.OK
+        root.communicate(timeout=120)
+    finally:
+        root.kill()
+    assert root.returncode == spawn.ExitCode.KILLED
+    assert streaming_remote.cancels == list(streaming_remote.tasks)
+    statuses = {m["kind"]: load(Path(m["session"]) / "agents" / m["id"] / "outcome.json")["status"] for m in metas(session_root).values()}
+    assert statuses == {"claude": "killed", "a2a": "killed"}
+    validate_records(session_root)
