@@ -242,8 +242,25 @@ CGROUP_EMPTY_WAIT_S = 5.0
 
 # How often `wait` looks for markers (latency target is 100 ms median) and how
 # often it checks that the processes it waits for still exist (2 s target).
+# Where the kernel tells wait of new files and process exits (inotify,
+# pidfd: Linux), these are only the fallback for what it can't watch.
 WAIT_POLL_S = 0.02
 LIVENESS_POLL_S = 0.5
+# A fallback poll reads this many records in one go at WAIT_POLL_S; more
+# pending agents stretch the period in proportion, so CPU stays flat.
+WAIT_POLL_BATCH = 50
+WAIT_POLL_MAX_S = 1.0
+LIVENESS_POLL_MAX_S = 2.0
+# With events, every pending outcome is still re-read now and then, in case
+# an event was lost; the period doubles up to the cap (a missed event then
+# costs at most that long, never a hang).
+WAIT_RESCAN_S = 1.0
+WAIT_RESCAN_MAX_S = 8.0
+# Agents' heartbeats wake wait too (a file renamed into their directory):
+# after a wake that brought nothing, wait lets such events pile up this long,
+# so a thousand beating agents cost tens of wakes a second, not hundreds.
+# A marker that lands meanwhile is seen at most this late.
+WAIT_NOISE_HOLDOFF_S = 0.02
 
 # Heartbeat refresh period (SPAWN_HEARTBEAT_S overrides it, e.g. in tests);
 # an agent is stale after 6 missed beats: long enough to ride out a busy
@@ -6206,41 +6223,245 @@ class WaitResult:
     """False when wait's own --timeout ran out first."""
 
 
+class MarkerEvents:
+    """Which agent directories got a .done/.fail marker: inotify (Linux), else unavailable.
+
+    A marker is the committer's last step (created O_EXCL after outcome.json
+    is published and charged), so its IN_CREATE says the outcome is whole.
+    Renames into place (IN_MOVED_TO) count too. Heartbeat refreshes also
+    wake the fd; they are read and dropped, never acted on.
+    """
+
+    IN_MOVED_TO = 0x80
+    IN_CREATE = 0x100
+    IN_IGNORED = 0x8000  # the watch is gone (directory removed): poll it instead
+    IN_Q_OVERFLOW = 0x4000  # events were lost: look at everything
+    IN_ONLYDIR = 0x1000000
+    IN_NONBLOCK = 0o4000
+    IN_CLOEXEC = 0o2000000
+    HEADER = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name
+
+    def __init__(self) -> None:
+        self.fd = -1
+        self.dirs: dict[int, Path] = {}
+        self.lost: set[Path] = set()
+        """Directories whose watch went away since the last read."""
+        self.overflow = False
+        if not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        try:
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            self.fd = int(self.libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC))
+        except (OSError, AttributeError):
+            self.fd = -1
+
+    def watch(self, agent_dir: Path) -> bool:
+        """Watch agent_dir; False if it can't be (no inotify, watch limit reached, no such dir)."""
+        if self.fd < 0:
+            return False
+        wd = int(self.libc.inotify_add_watch(self.fd, os.fsencode(agent_dir), self.IN_CREATE | self.IN_MOVED_TO | self.IN_ONLYDIR))
+        if wd < 0:
+            return False
+        self.dirs[wd] = agent_dir
+        return True
+
+    def read(self) -> set[Path]:
+        """Directories with a new marker since the last read (sets overflow/lost as they happen)."""
+        import struct
+
+        found: set[Path] = set()
+        size = struct.calcsize(self.HEADER)
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return found
+            offset = 0
+            while offset + size <= len(data):
+                wd, mask, _, length = struct.unpack_from(self.HEADER, data, offset)
+                name = data[offset + size : offset + size + length].rstrip(b"\0")
+                offset += size + length
+                if mask & self.IN_Q_OVERFLOW:
+                    self.overflow = True
+                elif mask & self.IN_IGNORED and wd in self.dirs:
+                    self.lost.add(self.dirs.pop(wd))
+                elif name in (DONE_MARKER.encode(), FAIL_MARKER.encode()) and wd in self.dirs:
+                    found.add(self.dirs[wd])
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def exit_fd(meta: AgentMeta) -> int | None:
+    """A pidfd that turns readable when the agent's spawn.py exits, or None.
+
+    None where there is none to have (not Linux, another pid namespace, no
+    fds left) and when the process is already gone: then the caller checks it
+    at once. The identity check comes after the open: if the recorded
+    process still runs then, the pid was never reused, so the fd is its.
+    """
+    supervised = Supervised.of(meta)
+    if supervised.foreign() or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        fd = os.pidfd_open(supervised.pid)
+    except OSError:
+        return None
+    if supervised.process() is None:
+        os.close(fd)
+        return None
+    return fd
+
+
+def allow_open_files(count: int) -> None:
+    """Raise the soft open-file limit toward count (one pidfd per agent waited on), as far as the hard limit allows."""
+    import resource
+
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < count:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (count if hard == resource.RLIM_INFINITY else min(count, hard), hard))
+
+
 def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> WaitResult:
     """Block until outcomes exist (all, or any).
 
-    Never hangs on a dead agent: its process is checked every LIVENESS_POLL_S
-    and a dead one is reaped (failed outcome). A stuck one (stale heartbeat)
-    is reported rather than waited for.
+    Event-driven where the kernel can tell: a marker's creation (inotify)
+    and the agent's process exit (pidfd) wake it, and each wake costs what
+    it names, not a pass over every agent; so a thousand quiet agents cost
+    almost no CPU. What can't be watched is polled, with a period that grows
+    with the number polled; watched outcomes are still re-read now and then
+    in case an event was lost.
+
+    Never hangs on a dead agent: its exit (or, unwatched, a check every
+    LIVENESS_POLL_S or so) gets it reaped (failed outcome). A stuck one
+    (stale heartbeat) is reported rather than waited for; its heartbeat is
+    read again only when it could first have gone stale.
     """
-    pending = list(agent_dirs)
+    import heapq
+    import select
+
+    pending = dict.fromkeys(agent_dirs)  # an ordered set
     result = WaitResult({}, [], True)
     metas = {d: load_meta(d) for d in pending}
     deadline = None if timeout is None else time.monotonic() + timeout
-    next_liveness = 0.0
-    while pending:
-        for d in list(pending):
-            outcome = read_outcome(d)
-            if outcome is not None:
-                result.outcomes[d] = outcome
-                pending.remove(d)
-        if not pending or (mode == "any" and result.outcomes):
-            break
-        now = time.monotonic()
-        if now >= next_liveness:
-            next_liveness = now + LIVENESS_POLL_S
-            for d in list(pending):
+    events = MarkerEvents()
+    allow_open_files(len(pending) + 64)
+    # epoll: a wake costs what is ready, where poll() would scan every pidfd each time.
+    epoll = hasattr(select, "epoll")
+    poller: Any = select.epoll() if epoll else select.poll()
+    if events.fd >= 0:
+        poller.register(events.fd, select.POLLIN)
+    unwatched = {d for d in pending if not events.watch(d)}  # outcomes polled
+    exits: dict[int, Path] = {}
+    exit_polled: set[Path] = set()  # no pidfd: liveness polled
+    for d in pending:
+        fd = exit_fd(metas[d])
+        if fd is None:
+            exit_polled.add(d)
+        else:
+            exits[fd] = d
+            poller.register(fd, select.POLLIN)
+    # Watches are set before this first look, so nothing committed between is missed.
+    to_read: set[Path] = set(pending)
+    to_check: set[Path] = set(exit_polled)  # look at the process now: gone, or not watchable
+    stale_checks = [(0.0, str(d), d) for d in pending]  # a heap: when each heartbeat is next worth reading
+    now = time.monotonic()
+    rescan_every, next_rescan = WAIT_RESCAN_S, now + WAIT_RESCAN_S
+    next_poll = now + WAIT_POLL_S
+    next_liveness = now + LIVENESS_POLL_S
+
+    def period(base: float, count: int, cap: float) -> float:
+        return min(max(base, cap), base * max(1.0, count / WAIT_POLL_BATCH))
+
+    def settled(d: Path) -> None:
+        pending.pop(d, None)
+        unwatched.discard(d)
+        exit_polled.discard(d)
+
+    try:
+        while pending:
+            for d in [d for d in to_read if d in pending]:
+                outcome = read_outcome(d)
+                if outcome is not None:
+                    result.outcomes[d] = outcome
+                    settled(d)
+            to_read.clear()
+            if not pending or (mode == "any" and result.outcomes):
+                break
+            now = time.monotonic()
+            for d in [d for d in to_check if d in pending]:
                 state = liveness(d, metas[d])
                 if state == Status.FAILED:
                     reap_agent(d, "wait", secrets_)
+                    to_read.add(d)
                 elif state == Status.STALE:
                     result.stale.append(d)
-                    pending.remove(d)
-            continue
-        if deadline is not None and now >= deadline:
-            result.finished = False
-            break
-        time.sleep(WAIT_POLL_S)
+                    settled(d)
+            to_check.clear()
+            while stale_checks and stale_checks[0][0] <= now:
+                _, _, d = heapq.heappop(stale_checks)
+                if d not in pending or d in exit_polled:
+                    continue  # settled; or its liveness poll reads the heartbeat anyway
+                age = heartbeat_age(d)
+                if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+                    result.stale.append(d)
+                    settled(d)
+                    continue
+                # It can't go stale before its last beat is that old; none yet: not stale until it has one.
+                after = HEARTBEAT_S if age is None else HEARTBEAT_STALE_BEATS * age[1] - age[0]
+                heapq.heappush(stale_checks, (now + max(LIVENESS_POLL_S, after), str(d), d))
+            if to_read:
+                continue  # a reaped agent's outcome is read before anything else
+            if not pending:
+                break
+            if deadline is not None and now >= deadline:
+                result.finished = False
+                break
+            wake = [next_rescan]
+            wake += [stale_checks[0][0]] if stale_checks else []
+            wake += [next_liveness] if exit_polled else []
+            wake += [next_poll] if unwatched else []
+            wake += [deadline] if deadline is not None else []
+            ms = max(0, int((min(wake) - now) * 1000) + 1)
+            ready = poller.poll(ms / 1000 if epoll else ms)
+            before = len(to_read)
+            for fd, _ in ready:
+                if fd == events.fd:
+                    to_read |= events.read()
+                elif fd in exits:
+                    poller.unregister(fd)
+                    os.close(fd)
+                    gone = exits.pop(fd)
+                    to_read.add(gone)  # it most likely committed on its way out
+                    to_check.add(gone)
+            if ready and len(to_read) == before and not (events.overflow or events.lost):
+                time.sleep(WAIT_NOISE_HOLDOFF_S)  # only noise woke us
+            if events.overflow or events.lost:
+                to_read |= set(pending)
+                unwatched |= events.lost & set(pending)
+                events.overflow, events.lost = False, set()
+            now = time.monotonic()
+            if unwatched and now >= next_poll:
+                to_read |= unwatched
+                next_poll = now + period(WAIT_POLL_S, len(unwatched), WAIT_POLL_MAX_S)
+            if exit_polled and now >= next_liveness:
+                to_check |= exit_polled
+                next_liveness = now + period(LIVENESS_POLL_S, len(exit_polled), LIVENESS_POLL_MAX_S)
+            if now >= next_rescan:
+                to_read |= set(pending)
+                rescan_every = min(rescan_every * 2, WAIT_RESCAN_MAX_S)
+                next_rescan = now + rescan_every
+    finally:
+        events.close()
+        for fd in exits:
+            os.close(fd)
+        if epoll:
+            poller.close()
     return result
 
 

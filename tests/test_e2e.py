@@ -139,10 +139,10 @@ def test_agent_fans_out_in_background_and_waits(env: dict[str, str], session_roo
 
 
 def wait_until_blocked_in_sleep(pid: int, timeout: float = 30) -> None:
-    """Wait until `pid` sleeps in the kernel's nanosleep: a `wait` verb is then in its polling loop."""
+    """Wait until `pid` sleeps in the kernel (epoll/poll, or nanosleep): a `wait` verb is then in its loop."""
     wchan = Path(f"/proc/{pid}/wchan")
     limit = time.monotonic() + timeout
-    while "nanosleep" not in wchan.read_text():
+    while not any(word in wchan.read_text() for word in ("poll", "nanosleep")):
         assert time.monotonic() < limit, f"process {pid} never reached its polling loop"
         time.sleep(0.05)
 
