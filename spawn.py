@@ -240,16 +240,21 @@ LEFTOVER_GRACE_S = 1.0
 CGROUP_PREFIX = "spawn-"
 CGROUP_EMPTY_WAIT_S = 5.0
 
-# How often `wait` looks for markers (latency target is 100 ms median) and how
-# often it checks that the processes it waits for still exist (2 s target).
-# Where the kernel tells wait of new files and process exits (inotify,
-# pidfd: Linux), these are only the fallback for what it can't watch.
-WAIT_POLL_S = 0.02
-LIVENESS_POLL_S = 0.5
-# A fallback poll reads this many records in one go at WAIT_POLL_S; more
-# pending agents stretch the period in proportion, so CPU stays flat.
+# How often `wait` looks for outcomes and how often it checks that the
+# processes it waits for still exist (2 s target). Where the kernel tells
+# wait of process exits (pidfd) and new files (inotify), liveness is only
+# polled for what it can't watch.
+# Outcomes: a few pending agents are polled often, each poll reading one
+# small file per agent (~10 us), which beats inotify for latency: the kernel
+# waits out an RCU grace period (6-12 ms measured) when a process holding
+# watches exits, and a parent waits for that exit. The period grows by
+# WAIT_POLL_PER_AGENT_S per agent, so CPU stays flat (<3% of a core); past
+# WAIT_POLL_BATCH agents, inotify is used instead and costs ~0 while idle.
+WAIT_POLL_S = 0.005
+WAIT_POLL_PER_AGENT_S = 0.0004
 WAIT_POLL_BATCH = 50
 WAIT_POLL_MAX_S = 1.0
+LIVENESS_POLL_S = 0.5
 LIVENESS_POLL_MAX_S = 2.0
 # With events, every pending outcome is still re-read now and then, in case
 # an event was lost; the period doubles up to the cap (a missed event then
@@ -258,9 +263,10 @@ WAIT_RESCAN_S = 1.0
 WAIT_RESCAN_MAX_S = 8.0
 # Agents' heartbeats wake wait too (a file renamed into their directory):
 # after a wake that brought nothing, wait lets such events pile up this long,
-# so a thousand beating agents cost tens of wakes a second, not hundreds.
-# A marker that lands meanwhile is seen at most this late.
-WAIT_NOISE_HOLDOFF_S = 0.02
+# so a thousand beating agents cost 20 wakes a second, not hundreds (only
+# waits over WAIT_POLL_BATCH agents watch). A marker that lands meanwhile
+# is seen at most this late.
+WAIT_NOISE_HOLDOFF_S = 0.05
 
 # Heartbeat refresh period (SPAWN_HEARTBEAT_S overrides it, e.g. in tests);
 # an agent is stale after 6 missed beats: long enough to ride out a busy
@@ -6241,13 +6247,13 @@ class MarkerEvents:
     IN_CLOEXEC = 0o2000000
     HEADER = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name
 
-    def __init__(self) -> None:
+    def __init__(self, *, enabled: bool = True) -> None:
         self.fd = -1
         self.dirs: dict[int, Path] = {}
         self.lost: set[Path] = set()
         """Directories whose watch went away since the last read."""
         self.overflow = False
-        if not sys.platform.startswith("linux"):
+        if not enabled or not sys.platform.startswith("linux"):
             return
         import ctypes
 
@@ -6330,12 +6336,13 @@ def allow_open_files(count: int) -> None:
 def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> WaitResult:
     """Block until outcomes exist (all, or any).
 
-    Event-driven where the kernel can tell: a marker's creation (inotify)
-    and the agent's process exit (pidfd) wake it, and each wake costs what
-    it names, not a pass over every agent; so a thousand quiet agents cost
-    almost no CPU. What can't be watched is polled, with a period that grows
-    with the number polled; watched outcomes are still re-read now and then
-    in case an event was lost.
+    Event-driven where the kernel can tell: the agent's process exit (pidfd)
+    and, past WAIT_POLL_BATCH agents, a marker's creation (inotify) wake it,
+    and each wake costs what it names, not a pass over every agent; so a
+    thousand quiet agents cost almost no CPU. A few agents' outcomes, and
+    what can't be watched, are polled with a period that grows with the
+    number polled; watched outcomes are still re-read now and then in case
+    an event was lost.
 
     Never hangs on a dead agent: its exit (or, unwatched, a check every
     LIVENESS_POLL_S or so) gets it reaped (failed outcome). A stuck one
@@ -6349,7 +6356,7 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
     result = WaitResult({}, [], True)
     metas = {d: load_meta(d) for d in pending}
     deadline = None if timeout is None else time.monotonic() + timeout
-    events = MarkerEvents()
+    events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH)
     allow_open_files(len(pending) + 64)
     # epoll: a wake costs what is ready, where poll() would scan every pidfd each time.
     epoll = hasattr(select, "epoll")
@@ -6375,8 +6382,8 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
     next_poll = now + WAIT_POLL_S
     next_liveness = now + LIVENESS_POLL_S
 
-    def period(base: float, count: int, cap: float) -> float:
-        return min(max(base, cap), base * max(1.0, count / WAIT_POLL_BATCH))
+    def liveness_period(count: int) -> float:
+        return min(LIVENESS_POLL_MAX_S, LIVENESS_POLL_S * max(1.0, count / WAIT_POLL_BATCH))
 
     def settled(d: Path) -> None:
         pending.pop(d, None)
@@ -6448,10 +6455,10 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
             now = time.monotonic()
             if unwatched and now >= next_poll:
                 to_read |= unwatched
-                next_poll = now + period(WAIT_POLL_S, len(unwatched), WAIT_POLL_MAX_S)
+                next_poll = now + min(WAIT_POLL_MAX_S, max(WAIT_POLL_S, WAIT_POLL_PER_AGENT_S * len(unwatched)))
             if exit_polled and now >= next_liveness:
                 to_check |= exit_polled
-                next_liveness = now + period(LIVENESS_POLL_S, len(exit_polled), LIVENESS_POLL_MAX_S)
+                next_liveness = now + liveness_period(len(exit_polled))
             if now >= next_rescan:
                 to_read |= set(pending)
                 rescan_every = min(rescan_every * 2, WAIT_RESCAN_MAX_S)
