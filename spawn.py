@@ -6375,6 +6375,12 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
             poller.register(fd, select.POLLIN)
     # Watches are set before this first look, so nothing committed between is missed.
     to_read: set[Path] = set(pending)
+    # Polls and marker events only read an outcome whose marker is there: the
+    # marker is the committer's last step, after the ledger charge, and a
+    # wait that wrote it first (read_outcome does) would fsync it on its own
+    # path to exit. An outcome left without one (its writer died) is read by
+    # the exit event and rescans, which write the marker.
+    to_peek: set[Path] = set()
     to_check: set[Path] = set(exit_polled)  # look at the process now: gone, or not watchable
     stale_checks = [(0.0, str(d), d) for d in pending]  # a heap: when each heartbeat is next worth reading
     now = time.monotonic()
@@ -6392,12 +6398,16 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
 
     try:
         while pending:
+            to_peek -= to_read
+            for d in [d for d in to_peek if d in pending and any((d / m).exists() for m in (DONE_MARKER, FAIL_MARKER))]:
+                to_read.add(d)
             for d in [d for d in to_read if d in pending]:
                 outcome = read_outcome(d)
                 if outcome is not None:
                     result.outcomes[d] = outcome
                     settled(d)
             to_read.clear()
+            to_peek.clear()
             if not pending or (mode == "any" and result.outcomes):
                 break
             now = time.monotonic()
@@ -6436,17 +6446,17 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
             wake += [deadline] if deadline is not None else []
             ms = max(0, int((min(wake) - now) * 1000) + 1)
             ready = poller.poll(ms / 1000 if epoll else ms)
-            before = len(to_read)
+            before = len(to_read) + len(to_peek)
             for fd, _ in ready:
                 if fd == events.fd:
-                    to_read |= events.read()
+                    to_peek |= events.read()
                 elif fd in exits:
                     poller.unregister(fd)
                     os.close(fd)
                     gone = exits.pop(fd)
                     to_read.add(gone)  # it most likely committed on its way out
                     to_check.add(gone)
-            if ready and len(to_read) == before and not (events.overflow or events.lost):
+            if ready and len(to_read) + len(to_peek) == before and not (events.overflow or events.lost):
                 time.sleep(WAIT_NOISE_HOLDOFF_S)  # only noise woke us
             if events.overflow or events.lost:
                 to_read |= set(pending)
@@ -6454,7 +6464,7 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
                 events.overflow, events.lost = False, set()
             now = time.monotonic()
             if unwatched and now >= next_poll:
-                to_read |= unwatched
+                to_peek |= unwatched
                 next_poll = now + min(WAIT_POLL_MAX_S, max(WAIT_POLL_S, WAIT_POLL_PER_AGENT_S * len(unwatched)))
             if exit_polled and now >= next_liveness:
                 to_check |= exit_polled

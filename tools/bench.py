@@ -377,6 +377,7 @@ class Bench:
         info = last_json_line(launch.stdout)
         agent_dir = Path(info["agent_dir"])
         session = agent_dir.parent.parent
+        clock = MarkerClock(agent_dir)
         wait_started = time.time_ns()
         proc = subprocess.Popen(
             [sys.executable, str(SPAWN), "wait", str(info["id"]), "--session", str(session), "--timeout", str(self.timeout)],
@@ -401,6 +402,7 @@ class Bench:
         return {
             "latency_ms": (exited - marker_ns) / 1e6,
             "from_outcome_ms": (exited - outcome_ns) / 1e6,
+            "from_created_ms": math.nan if clock.seen_ns is None else (exited - clock.seen_ns) / 1e6,
             "head_start_s": (marker_ns - wait_started) / 1e9,
             "wait_status_ok": float(last_json_line(out).get("status") == "done"),
         }
@@ -442,6 +444,7 @@ def mcp_samples(env: Mapping[str, str], workdir: Path, count: int, timeout: floa
     )
     starts: list[float] = []
     latencies: list[float] = []
+    from_created: list[float] = []
 
     async def run() -> None:
         async with Client(params, read_timeout_seconds=timeout) as client:
@@ -453,6 +456,7 @@ def mcp_samples(env: Mapping[str, str], workdir: Path, count: int, timeout: floa
                 if started.is_error or "agent_dir" not in data:
                     raise BenchError(f"spawn_agent failed: {started.content}")
                 agent_dir = Path(str(data["agent_dir"]))
+                clock = MarkerClock(agent_dir)
                 waited = await client.call_tool("agent_wait", {"agent_ids": [data["agent_id"]], "timeout_s": 50})
                 returned = time.time_ns()
                 if waited.is_error or (waited.structured_content or {}).get("status") != "done":
@@ -461,9 +465,11 @@ def mcp_samples(env: Mapping[str, str], workdir: Path, count: int, timeout: floa
                     meta = json.loads((agent_dir / "meta.json").read_text())
                     starts.append((float(meta["create_time"]) - called) * 1000)
                     latencies.append((returned - (agent_dir / ".done").stat().st_mtime_ns) / 1e6)
+                    if clock.seen_ns is not None:
+                        from_created.append((returned - clock.seen_ns) / 1e6)
 
     asyncio.run(run())
-    return {"spawn_to_process_ms": starts, "agent_wait_latency_ms": latencies}
+    return {"spawn_to_process_ms": starts, "agent_wait_latency_ms": latencies, "agent_wait_from_created_ms": from_created}
 
 
 # ----------------------------------------------------------------- reporting --
@@ -688,6 +694,46 @@ TARGET_P7_CORE_PCT = 2.0  # CPU of `wait --all` over 1,000 live children, % of o
 P7_SETTLE_S = 3.0
 
 
+class MarkerClock:
+    """When a marker really appeared: a thread blocked on inotify stamps its IN_CREATE.
+
+    A file's mtime comes from the kernel's coarse clock, which lags the real
+    time by up to a tick (4.4 ms median measured here), so latencies from the
+    mtime carry that lag; this stamp carries only the thread's wake-up delay.
+    Linux only; elsewhere `seen_ns` stays None.
+    """
+
+    def __init__(self, directory: Path, name: str = ".done") -> None:
+        self.name = name.encode()
+        self.seen_ns: int | None = None
+        self.fd = -1
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            self.fd = int(libc.inotify_init1(0o2000000))  # blocking, close-on-exec
+            if self.fd >= 0 and libc.inotify_add_watch(self.fd, os.fsencode(directory), 0x100 | 0x80) < 0:
+                os.close(self.fd)
+                self.fd = -1
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        if self.fd >= 0:
+            self.thread.start()
+
+    def _run(self) -> None:
+        import struct
+
+        with contextlib.suppress(OSError):
+            while self.seen_ns is None:
+                data = os.read(self.fd, 65536)
+                now = time.time_ns()
+                offset = 0
+                while offset + 16 <= len(data):
+                    length = struct.unpack_from("iIII", data, offset)[3]
+                    if data[offset + 16 : offset + 16 + length].rstrip(b"\0") == self.name:
+                        self.seen_ns = now
+                    offset += 16 + length
+
+
 def import_spawn() -> Any:
     """spawn.py as a module (bench is a dev tool: it may use spawn's record helpers)."""
     if "spawn" not in sys.modules:
@@ -884,12 +930,14 @@ def waitperf_report(
     if args.idle_children:
         print(f"P7: wait --all over {args.idle_children:,} live children, {args.idle_window:g} s window ...", flush=True)
         summary["p7"] = p7_figures(env, workdir, args.idle_children, args.idle_window, not args.idle_no_heartbeats)
+    # P3 is timed from the marker's creation as an inotify watcher in this process saw it; the
+    # figure from its mtime (the coarse clock, up to a tick early) is printed beside it.
     lat = [w["latency_ms"] for w in waits]
-    targets = [Target("P3 spawn.py wait: .done -> wait exited, median", median(lat), TARGET_P3_WAIT_MS, "ms")]
+    seen = [w["from_created_ms"] for w in waits if not math.isnan(w.get("from_created_ms", math.nan))]
+    targets = [Target("P3 spawn.py wait: .done created -> wait exited, median", median(seen), TARGET_P3_WAIT_MS, "ms")]
     if mcp is not None:
-        targets.append(
-            Target("P3 MCP agent_wait: .done -> result at client, median", median(mcp["agent_wait_latency_ms"]), TARGET_P3_MCP_MS, "ms")
-        )
+        mcp_seen = mcp.get("agent_wait_from_created_ms", [])
+        targets.append(Target("P3 MCP agent_wait: .done created -> result at client, median", median(mcp_seen), TARGET_P3_MCP_MS, "ms"))
     if "p5" in summary:
         p5 = summary["p5"]
         targets += [
@@ -908,6 +956,10 @@ def waitperf_report(
         value = f"{t.value:.2f} %" if t.unit == "%" else fmt(t.value, t.unit)
         limit = f"{t.limit:.2f} %" if t.unit == "%" else fmt(t.limit, t.unit)
         print(f"  {t.name:<58} {value:>10}  target <= {limit:<9} {verdict}")
+    mtime_figures = f"spawn.py wait {fmt(median(lat), 'ms')}"
+    if mcp is not None:
+        mtime_figures += f", MCP agent_wait {fmt(median(mcp['agent_wait_latency_ms']), 'ms')}"
+    print(f"  P3 from the .done marker's mtime instead (coarse clock): {mtime_figures}")
     for key, figure in summary.get("p5", {}).items():
         print(f"  {key}: {figure['command']}")
     if "p7" in summary:

@@ -34,9 +34,10 @@ import json
 import os
 import re
 import shlex
+import struct
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -216,38 +217,85 @@ def subtree_ids(session: Path, roots: set[str]) -> set[str]:
     return found & (set(parents) | roots)
 
 
+@dataclass(eq=False)
+class Waiter:
+    """One agent_wait call: woken when a file appears in a directory it watches."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: set[str] = field(default_factory=set)
+    """Watched directories that had an event since the waiter last looked."""
+
+
 class Inotify:
-    """Wakes an asyncio.Event when a file appears in a watched directory (Linux); else a no-op."""
+    """One inotify instance for the server's life (Linux); elsewhere every wait polls at WAIT_TICK_S.
+
+    Kept open between calls: closing an instance that holds watches makes
+    the kernel wait out an RCU grace period (6-12 ms measured), which would
+    sit between an outcome and agent_wait's answer. A watch no waiter needs
+    any more is removed, which costs nothing noticeable.
+    """
 
     def __init__(self) -> None:
-        self.event = asyncio.Event()
         self.fd = -1
-        self.watched: set[str] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.wds: dict[str, int] = {}
+        self.refs: dict[str, int] = {}
+        self.names: dict[int, str] = {}
+        self.waiters: dict[Waiter, set[str]] = {}
         name = ctypes.util.find_library("c")
         if sys.platform != "linux" or name is None:
             return
         self.libc = ctypes.CDLL(name, use_errno=True)
         self.fd = self.libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if self.fd >= 0:
-            asyncio.get_running_loop().add_reader(self.fd, self._readable)
 
-    def watch(self, directory: Path) -> None:
-        if self.fd < 0 or str(directory) in self.watched:
+    @contextlib.contextmanager
+    def waiter(self) -> Iterator[Waiter]:
+        loop = asyncio.get_running_loop()
+        if self.fd >= 0 and self.loop is not loop:  # a new event loop (tests run several)
+            loop.add_reader(self.fd, self._readable)
+            self.loop = loop
+        waiter = Waiter()
+        self.waiters[waiter] = set()
+        try:
+            yield waiter
+        finally:
+            for directory in self.waiters.pop(waiter):
+                self._unwatch(directory)
+
+    def watch(self, waiter: Waiter, directory: Path) -> None:
+        key = str(directory)
+        if self.fd < 0 or key in self.waiters[waiter]:
             return
-        if self.libc.inotify_add_watch(self.fd, os.fsencode(directory), IN_CREATE | IN_MOVED_TO) >= 0:
-            self.watched.add(str(directory))
+        if key not in self.wds:
+            wd = self.libc.inotify_add_watch(self.fd, os.fsencode(directory), IN_CREATE | IN_MOVED_TO)
+            if wd < 0:
+                return
+            self.wds[key], self.names[wd] = wd, key
+        self.refs[key] = self.refs.get(key, 0) + 1
+        self.waiters[waiter].add(key)
+
+    def _unwatch(self, key: str) -> None:
+        self.refs[key] -= 1
+        if self.refs[key] == 0:
+            del self.refs[key]
+            wd = self.wds.pop(key)
+            self.names.pop(wd, None)
+            self.libc.inotify_rm_watch(self.fd, wd)
 
     def _readable(self) -> None:
+        changed: set[str] = set()
         with contextlib.suppress(BlockingIOError, OSError):
-            while os.read(self.fd, 65536):
-                pass
-        self.event.set()
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            asyncio.get_running_loop().remove_reader(self.fd)
-            os.close(self.fd)
-            self.fd = -1
+            while data := os.read(self.fd, 65536):
+                offset = 0
+                while offset + 16 <= len(data):
+                    wd, _, _, length = struct.unpack_from("iIII", data, offset)
+                    offset += 16 + length
+                    if wd in self.names:
+                        changed.add(self.names[wd])
+        for waiter, watched in self.waiters.items():
+            if hit := changed & watched:
+                waiter.changed |= hit
+                waiter.event.set()
 
 
 # ---------------------------------------------------------------- processes --
@@ -277,6 +325,7 @@ class Spawner:
 
     def __init__(self, config: Config) -> None:
         self.config = config
+        self.inotify = Inotify()
         self.started: dict[str, Started] = {}
         self.elicited: set[str] = set()
         self._answer_as: bool | None = None
@@ -497,42 +546,46 @@ def build_server(spawner: Spawner) -> MCPServer:
         ids = list(agent_ids) if agent_ids else [s.agent_id for s in spawner.started.values() if s.connection == connection]
         dirs = {i: spawner.find_dir(i) for i in ids}
         limit = time.monotonic() + max(0.0, min(float(timeout_s), WAIT_CAP_S))
-        notify = Inotify()
         finished: dict[str, dict[str, Any]] = {}
         asks: list[dict[str, Any]] = []
         for ask_id, reply in (ctx.input_responses or {}).items() if ctx is not None else ():
             await settle(spawner, ask_id, decision_of(reply), client_name(ctx) if ctx else "client")
-        try:
+        sessions = {d.parent.parent for d in dirs.values()}
+        asks_dirs = {str(session / "asks") for session in sessions}
+        with spawner.inotify.waiter() as waiter:
             for d in dirs.values():
-                notify.watch(d)
-                if (d.parent.parent / "asks").is_dir():
-                    notify.watch(d.parent.parent / "asks")
+                spawner.inotify.watch(waiter, d)
             reported = -1
+            # Each wake looks only at what changed: an outcome reaches the client as soon as its marker
+            # lands, not after a scan of the session. Everything is looked at again every WAIT_TICK_S.
+            next_tick = 0.0
             while True:
-                notify.event.clear()
+                waiter.event.clear()
+                changed, waiter.changed = waiter.changed, set()
+                tick = time.monotonic() >= next_tick
                 for agent_id, d in dirs.items():
-                    if agent_id not in finished and (s := outcome_summary(d)) is not None:
-                        finished[agent_id] = s
+                    if agent_id not in finished and (tick or str(d) in changed) and (summary := outcome_summary(d)) is not None:
+                        finished[agent_id] = summary
                 left = limit - time.monotonic()
                 if len(finished) == len(ids) or (mode == "any" and finished) or left <= 0:
                     break  # first: an outcome reaches the client before any bookkeeping
-                sessions = {d.parent.parent for d in dirs.values()}
-                asks = [a for s in sessions for a in pending_asks(s, subtree_ids(s, set(ids)))]
-                if ctx is not None and asks:
-                    try:
-                        asks = await elicit_asks(spawner, ctx, asks)
-                    except NeedsInput as needs:
-                        return needs.result
+                if tick or changed & asks_dirs:
+                    asks = [a for session in sessions for a in pending_asks(session, subtree_ids(session, set(ids)))]
+                    if ctx is not None and asks:
+                        try:
+                            asks = await elicit_asks(spawner, ctx, asks)
+                        except NeedsInput as needs:
+                            return needs.result
                 if ctx is not None and len(finished) != reported:
                     reported = len(finished)
                     await report_progress(ctx, len(finished), len(ids))
+                if tick:
+                    next_tick = time.monotonic() + WAIT_TICK_S
+                    for session in sessions:  # an asks/ directory may appear while we wait
+                        if (session / "asks").is_dir():
+                            spawner.inotify.watch(waiter, session / "asks")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(notify.event.wait(), min(left, WAIT_TICK_S))
-                for d in dirs.values():  # an asks/ directory may appear while we wait
-                    if (d.parent.parent / "asks").is_dir():
-                        notify.watch(d.parent.parent / "asks")
-        finally:
-            notify.close()
+                    await asyncio.wait_for(waiter.event.wait(), max(0.0, min(left, next_tick - time.monotonic())))
         if ctx is not None and len(finished) != reported:
             await report_progress(ctx, len(finished), len(ids))
         if len(finished) < len(ids):  # what still waits on someone, as of now
