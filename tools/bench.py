@@ -69,7 +69,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -734,17 +734,6 @@ class MarkerClock:
                     offset += 16 + length
 
 
-def import_spawn() -> Any:
-    """spawn.py as a module (bench is a dev tool: it may use spawn's record helpers)."""
-    if "spawn" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("spawn", SPAWN)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["spawn"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["spawn"]
-
-
 @contextlib.contextmanager
 def without_fsync() -> Iterator[None]:
     """Building 10,000 records with every fsync takes minutes; durability is not measured here."""
@@ -763,17 +752,16 @@ def synthetic_session(root: Path, count: int, *, done: bool, pid: int) -> tuple[
     else none has, and each has a fresh heartbeat, its process being pid
     (alive for as long as the caller keeps it so).
     """
-    sp = import_spawn()
     session = root / f"{'done' if done else 'live'}-{count}"
-    (session / sp.AGENTS_DIR).mkdir(parents=True)
+    (session / spawn.AGENTS_DIR).mkdir(parents=True)
     create_time = import_psutil().Process(pid).create_time()
-    now = sp.utc_now_iso()
+    now = spawn.utc_now_iso()
     ids = ["a0-000000", *(f"a1-{i:06x}" for i in range(1, count))]
     with without_fsync():
         for agent_id in ids:
-            d = session / sp.AGENTS_DIR / agent_id
+            d = session / spawn.AGENTS_DIR / agent_id
             d.mkdir()
-            meta = sp.AgentMeta(
+            meta = spawn.AgentMeta(
                 id=agent_id,
                 parent_id=None if agent_id == ids[0] else ids[0],
                 depth=0 if agent_id == ids[0] else 1,
@@ -793,23 +781,22 @@ def synthetic_session(root: Path, count: int, *, done: bool, pid: int) -> tuple[
                 session=str(session),
                 system_prompt="",
                 background=True,
-                pid_namespace=sp.own_pid_namespace(),
+                pid_namespace=spawn.own_pid_namespace(),
             )
-            sp.write_meta(d, meta, [])
+            spawn.write_meta(d, meta, [])
             if done:
-                outcome = sp.Outcome(
+                outcome = spawn.Outcome(
                     id=agent_id, status="done", reason="", exit_code=0, ended_at=now, duration_s=1.0, text="ok", cost_usd=0.001
                 )
-                sp.commit_outcome(d, outcome, [])
+                spawn.commit_outcome(d, outcome, [])
             else:
                 write_heartbeat(d, pid, create_time)
     return session, ids
 
 
 def write_heartbeat(agent_dir: Path, pid: int, create_time: float) -> None:
-    sp = import_spawn()
-    beat = sp.Heartbeat(cli_pid=pid, cli_create_time=create_time, cli_pgid=pid, updated_at=time.time(), interval_s=sp.HEARTBEAT_S)
-    sp.write_json_atomic(agent_dir / sp.HEARTBEAT, sp.record_to_json(beat))
+    beat = spawn.Heartbeat(cli_pid=pid, cli_create_time=create_time, cli_pgid=pid, updated_at=time.time(), interval_s=spawn.HEARTBEAT_S)
+    spawn.write_json_atomic(agent_dir / spawn.HEARTBEAT, spawn.record_to_json(beat))
 
 
 def import_psutil() -> Any:
@@ -827,11 +814,11 @@ def p5_figures(env: Mapping[str, str], workdir: Path, timeout: float, *, records
     finally:
         holder.kill()
         holder.wait()
-    py, spawn = sys.executable, str(SPAWN)
+    py, spawn_py = sys.executable, str(SPAWN)
     commands = {
-        "status": [py, spawn, "status", str(session)],
-        "status_json": [py, spawn, "status", "--json", str(session)],
-        "wait_done": [py, spawn, "wait", "--session", str(wait_session), "--all", *ids],
+        "status": [py, spawn_py, "status", str(session)],
+        "status_json": [py, spawn_py, "status", "--json", str(session)],
+        "wait_done": [py, spawn_py, "wait", "--session", str(wait_session), "--all", *ids],
     }
     figures: dict[str, Any] = {}
     for key, argv in commands.items():
@@ -855,20 +842,19 @@ def p7_figures(env: Mapping[str, str], workdir: Path, children: int, window_s: f
     wait starts; its start-up CPU is reported beside it.
     """
     psutil = import_psutil()
-    sp = import_spawn()
     holder = subprocess.Popen(["sleep", "3600"])
     stop = threading.Event()
     waiter: subprocess.Popen[bytes] | None = None
     try:
         session, ids = synthetic_session(workdir / "p7", children + 1, done=False, pid=holder.pid)
         create_time = psutil.Process(holder.pid).create_time()
-        agents = [session / sp.AGENTS_DIR / i for i in ids[1:]]
+        agents = [session / spawn.AGENTS_DIR / i for i in ids[1:]]
 
         def beat() -> None:
             # Spread over the period, as independent agents' beats are (no burst to coalesce).
             while not stop.is_set():
                 for d in agents:
-                    if stop.wait(sp.HEARTBEAT_S / len(agents)):
+                    if stop.wait(spawn.HEARTBEAT_S / len(agents)):
                         return
                     write_heartbeat(d, holder.pid, create_time)
 
