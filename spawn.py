@@ -721,13 +721,21 @@ def record_to_json(record: Any) -> dict[str, Any]:
 
 def record_from_json(cls: type[R], data: Mapping[str, Any]) -> R:
     """The inverse of record_to_json: absent values are None, unknown keys ignored."""
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    values = {
-        f.name: data.get(f.name)
-        for f in fields
-        if f.name in data or (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-    }
-    return cls(**values)
+    names, required = _record_fields(cls)
+    return cls(**{name: data.get(name) for name in names if name in data or name in required})
+
+
+_FIELDS: dict[type, tuple[tuple[str, ...], frozenset[str]]] = {}
+
+
+def _record_fields(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
+    """A record's field names and those without a default, looked up once:
+    `status` reads 10,000 records and dataclasses.fields() is slow."""
+    if cls not in _FIELDS:
+        fields = dataclasses.fields(cls)
+        required = {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        _FIELDS[cls] = (tuple(f.name for f in fields), frozenset(required))
+    return _FIELDS[cls]
 
 
 # ---------------------------------------------------------------- pure core --
@@ -1590,15 +1598,18 @@ def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> Non
         (agent_dir / SLOT_LENT).unlink()
 
 
-def ensure_marker(agent_dir: Path) -> Path | None:
-    """Write the marker for a committed outcome if a crash left it missing."""
+def ensure_marker(agent_dir: Path, status: Any = None) -> Path | None:
+    """Write the marker for a committed outcome if a crash left it missing.
+
+    status: the outcome's, when the caller has just read it (saves a read)."""
     for name in (DONE_MARKER, FAIL_MARKER):
         if (agent_dir / name).exists():
             return agent_dir / name
-    try:
-        status = read_json(agent_dir / OUTCOME).get("status", "")
-    except FileNotFoundError:
-        return None
+    if status is None:
+        try:
+            status = read_json(agent_dir / OUTCOME).get("status", "")
+        except FileNotFoundError:
+            return None
     marker = agent_dir / marker_for(str(status))
     with contextlib.suppress(FileExistsError):
         write_new_file(marker, f"{status}\n".encode())
@@ -1614,7 +1625,7 @@ def read_outcome(agent_dir: Path) -> dict[str, Any] | None:
         data = read_json(agent_dir / OUTCOME)
     except FileNotFoundError:
         return None
-    ensure_marker(agent_dir)
+    ensure_marker(agent_dir, data.get("status", ""))
     return data
 
 
@@ -1696,8 +1707,13 @@ def create_agent_dir(session: Path, depth: int) -> tuple[str, Path]:
 
 def iter_agent_dirs(session: Path) -> Iterator[Path]:
     agents = session / AGENTS_DIR
-    if agents.is_dir():
-        yield from sorted(p for p in agents.iterdir() if p.is_dir())
+    try:
+        # scandir's entry type comes with the listing: no stat per agent.
+        with os.scandir(agents) as entries:
+            names = sorted(e.name for e in entries if e.is_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    yield from (agents / name for name in names)
 
 
 def latest_session(root: Path) -> Path | None:
