@@ -1,0 +1,353 @@
+"""tools/a2a_server.py end to end: the a2a-sdk's own client, the server, spawn.py, the real CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, alive, load, metas, mock_task, spawn_in_bash, validate_records, wait_for_path, wait_until_gone
+
+a2a = pytest.importorskip("a2a")
+import httpx  # noqa: E402
+from a2a.client import A2ACardResolver, ClientConfig, ClientFactory  # noqa: E402
+from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, StreamResponse, TaskState  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
+
+SERVER = ROOT / "tools" / "a2a_server.py"
+# Generous: only a hang should ever reach these (the machine is shared and loaded).
+STREAM_TIMEOUT_S = 180.0
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@dataclass
+class Served:
+    url: str
+    process: subprocess.Popen[bytes]
+    stderr: Path
+
+
+@dataclass
+class Exchange:
+    """Everything one message's stream carried, in order."""
+
+    events: list[StreamResponse] = field(default_factory=list)
+
+    @property
+    def task_id(self) -> str:
+        for e in self.events:
+            if e.HasField("task"):
+                return str(e.task.id)
+            if e.HasField("status_update"):
+                return str(e.status_update.task_id)
+        raise AssertionError(f"no task in {self.events}")
+
+    @property
+    def context_id(self) -> str:
+        for e in self.events:
+            if e.HasField("task"):
+                return str(e.task.context_id)
+            if e.HasField("status_update"):
+                return str(e.status_update.context_id)
+        raise AssertionError(f"no task in {self.events}")
+
+    def states(self) -> list[str]:
+        return [TaskState.Name(e.status_update.status.state) for e in self.events if e.HasField("status_update")]
+
+    def last_status(self) -> tuple[str, str, dict[str, Any]]:
+        """(state, text, metadata) of the last status update."""
+        update = [e.status_update for e in self.events if e.HasField("status_update")][-1]
+        text = " ".join(p.text for p in update.status.message.parts)
+        return TaskState.Name(update.status.state), text, json_format.MessageToDict(update.metadata)
+
+    def artifacts(self) -> list[Any]:
+        return [e.artifact_update.artifact for e in self.events if e.HasField("artifact_update")]
+
+
+def project_with_agents(tmp_path: Path) -> Path:
+    project = tmp_path / "project"
+    agents = project / ".claude" / "agents"
+    agents.mkdir(parents=True)
+    (agents / "greeter.md").write_text("---\nname: greeter\ndescription: Says hello to people\ntools: Read\n---\nYou greet.\n")
+    (agents / "toucher.md").write_text(
+        "---\nname: toucher\ndescription: Makes files\ntools: Bash\npermissions:\n  ask: [\"Bash(touch:*)\"]\n---\nYou make files.\n"
+    )
+    (agents / "worker.md").write_text("---\nname: worker\ndescription: Runs commands and starts helpers\ntools: Bash\n---\nYou work.\n")
+    return project
+
+
+@pytest.fixture
+def serve(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    """Start the real server on a free loopback port; stopped (SIGTERM) after the test."""
+    started: list[Served] = []
+
+    def start(*extra: str, cwd: Path | None = None) -> Served:
+        n = len(started)
+        port_file, stderr = tmp_path / f"a2a-{n}.port", tmp_path / f"a2a-{n}.stderr"
+        project = cwd or project_with_agents(tmp_path)
+        # The test interpreter has both a2a-sdk and spawn.py's dependencies.
+        argv = [sys.executable, str(SERVER), "--port", "0", "--port-file", str(port_file), "--python", sys.executable, "--cwd", str(project)]
+        with open(stderr, "wb") as err:
+            proc = subprocess.Popen([*argv, *extra], env=env, stdout=subprocess.DEVNULL, stderr=err)
+        served = Served("", proc, stderr)
+        started.append(served)
+        limit = time.monotonic() + 60
+        while not port_file.exists() or not port_file.read_text().strip():
+            assert proc.poll() is None, f"the server exited: {stderr.read_text()}"
+            assert time.monotonic() < limit, "the server did not start"
+            time.sleep(0.05)
+        served.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        return served
+
+    yield start
+    for served in started:
+        if served.process.poll() is None:
+            served.process.send_signal(signal.SIGTERM)
+            try:
+                served.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                served.process.kill()
+                served.process.wait()
+
+
+def run(coro: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(coro())
+
+
+def user_message(text: str, metadata: dict[str, Any] | None = None, task_id: str = "", context_id: str = "") -> SendMessageRequest:
+    message = Message(message_id=f"m-{time.monotonic_ns()}", role=Role.ROLE_USER, parts=[Part(text=text)], task_id=task_id, context_id=context_id)
+    if metadata:
+        message.metadata.update(metadata)
+    return SendMessageRequest(message=message)
+
+
+async def send(url: str, request: SendMessageRequest, until: Callable[[Exchange], bool] | None = None) -> Exchange:
+    """Send one message with the real client and collect its stream (to its end, or until `until`)."""
+    exchange = Exchange()
+    async with httpx.AsyncClient(timeout=STREAM_TIMEOUT_S) as http:
+        client = await ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create_from_url(url)
+        async with asyncio.timeout(STREAM_TIMEOUT_S):
+            async for event in client.send_message(request):
+                exchange.events.append(event)
+                if until is not None and until(exchange):
+                    break
+    return exchange
+
+
+def agent_dir_of(exchange: Exchange, session_root: Path) -> Path:
+    for e in exchange.events:
+        if e.HasField("status_update"):
+            agent_id = json_format.MessageToDict(e.status_update.metadata).get("spawn.agent_id")
+            if agent_id:
+                return next(session_root.glob(f"*/agents/{agent_id}"))
+    raise AssertionError(f"no agent in {exchange.states()}")
+
+
+def test_card_lists_the_agent_definitions_as_skills(serve: Callable[..., Served]) -> None:
+    served = serve()
+
+    async def body() -> None:
+        async with httpx.AsyncClient(timeout=60) as http:
+            card = await A2ACardResolver(http, served.url).get_agent_card()
+            assert {s.id for s in card.skills} == {"greeter", "toucher", "worker"}
+            greeter = next(s for s in card.skills if s.id == "greeter")
+            assert greeter.description == "Says hello to people"
+            assert card.capabilities.streaming
+            assert card.supported_interfaces[0].url == f"{served.url}/"
+            # Each skill is an A2A agent of its own, at /agents/NAME.
+            one = await A2ACardResolver(http, f"{served.url}/agents/greeter").get_agent_card()
+            assert [s.id for s in one.skills] == ["greeter"]
+            assert one.supported_interfaces[0].url == f"{served.url}/agents/greeter"
+            missing = await http.get(f"{served.url}/agents/nobody/.well-known/agent-card.json")
+            assert missing.status_code == 404
+
+    run(body)
+
+
+def test_a_message_runs_an_agent_to_completed_with_its_output(serve: Callable[..., Served], session_root: Path) -> None:
+    served = serve()
+    task = mock_task("say hello", [{"text": "thinking about it"}, {"text": "hello from greeter"}])
+    # A one-step script answers at once; two steps show a transcript line streaming first.
+    task = mock_task("say hello", [{"bash": "true"}, {"text": "hello from greeter"}])
+
+    async def body() -> None:
+        done = await send(f"{served.url}/agents/greeter", user_message(task))
+        state, text, metadata = done.last_status()
+        assert state == "TASK_STATE_COMPLETED", (done.states(), served.stderr.read_text())
+        assert done.states()[0] == "TASK_STATE_WORKING"
+        [artifact] = done.artifacts()
+        assert [p.text for p in artifact.parts] == ["hello from greeter"]
+        assert metadata["spawn.status"] == "done"
+        agent_dir = agent_dir_of(done, session_root)
+        assert load(agent_dir / "meta.json")["agent"] == "greeter"
+        assert load(agent_dir / "outcome.json")["output"] == "hello from greeter"
+        # The root URL takes the skill from the metadata.
+        again = await send(served.url, user_message(mock_task("again", [{"text": "hi again"}]), {"spawn.agent": "greeter"}))
+        assert again.last_status()[0] == "TASK_STATE_COMPLETED"
+        assert load(agent_dir_of(again, session_root) / "meta.json")["agent"] == "greeter"
+
+    run(body)
+    validate_records(session_root)
+
+
+def test_cancel_ends_the_subtree(serve: Callable[..., Served], session_root: Path) -> None:
+    served = serve()
+    child = mock_task("child", [{"bash": "echo busy; sleep 300"}, {"text": "never"}])
+    start_child = spawn_in_bash("--background", "--tools", "Bash", "--task", child)
+    task = mock_task("parent", [{"bash": start_child}, {"bash": "echo busy; sleep 300"}, {"text": "never"}])
+
+    async def body() -> None:
+        async with httpx.AsyncClient(timeout=STREAM_TIMEOUT_S) as http:
+            client = await ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create_from_url(f"{served.url}/agents/worker")
+            exchange = Exchange()
+
+            def two_running() -> bool:
+                beats = list(session_root.glob("*/agents/*/heartbeat.json"))
+                return len(beats) == 2
+
+            async def consume() -> None:
+                async for event in client.send_message(user_message(task)):
+                    exchange.events.append(event)
+
+            stream = asyncio.create_task(consume())
+            async with asyncio.timeout(STREAM_TIMEOUT_S):
+                while not (exchange.events and two_running()):
+                    await asyncio.sleep(0.1)
+                tree = metas(session_root)
+                pids = [m["pid"] for m in tree.values()]
+                pids += [load(d / "heartbeat.json")["cli_pid"] for d in session_root.glob("*/agents/*")]
+                cancelled = await client.cancel_task(CancelTaskRequest(id=exchange.task_id))
+                assert TaskState.Name(cancelled.status.state) == "TASK_STATE_CANCELED"
+                await stream
+                task_now = await client.get_task(GetTaskRequest(id=exchange.task_id))
+                assert TaskState.Name(task_now.status.state) == "TASK_STATE_CANCELED"
+        assert wait_until_gone(pids, timeout=60) == []
+        assert {load(d / "outcome.json")["status"] for d in session_root.glob("*/agents/*")} == {"killed"}
+
+    run(body)
+    validate_records(session_root)
+
+
+def test_an_ask_is_input_required_and_the_answer_resumes(serve: Callable[..., Served], session_root: Path, tmp_path: Path) -> None:
+    served = serve()
+    target = tmp_path / "made-by-agent"
+    task = mock_task("make a file", [{"bash": f"touch {target}"}, {"text": "made it"}])
+
+    async def body() -> None:
+        asked = await send(f"{served.url}/agents/toucher", user_message(task))
+        state, text, metadata = asked.last_status()
+        assert state == "TASK_STATE_INPUT_REQUIRED", (asked.states(), served.stderr.read_text())
+        assert "touch" in text and "allow or deny" in text
+        ask_id = metadata["spawn.ask"]["id"]
+        assert not target.exists()
+        # Not an answer: asked again, nothing settled.
+        unclear = await send(served.url, user_message("maybe later", task_id=asked.task_id, context_id=asked.context_id))
+        assert unclear.last_status()[0] == "TASK_STATE_INPUT_REQUIRED"
+        done = await send(served.url, user_message("allow", task_id=asked.task_id, context_id=asked.context_id))
+        assert done.last_status()[0] == "TASK_STATE_COMPLETED", done.states()
+        assert [p.text for p in done.artifacts()[0].parts] == ["made it"]
+        answer = load(next(session_root.glob(f"*/asks/{ask_id}.answer.json")))
+        assert answer["verdict"] == "approve"
+        assert answer["by"] == f"a2a:{asked.task_id[:40]}"
+
+    run(body)
+    assert target.exists()
+    validate_records(session_root)
+
+
+def test_the_callers_limits_shrink_and_its_trace_is_kept(serve: Callable[..., Served], session_root: Path) -> None:
+    served = serve("--max-depth", "5", "--max-budget-usd", "2", "--timeout", "900")
+    deadline = time.time() + 600
+    caller = {"spawn.depth": 1, "spawn.max_depth": 3, "spawn.deadline": deadline, "spawn.max_budget_usd": 0.5, "spawn.traceparent": TRACEPARENT}
+
+    async def body() -> None:
+        done = await send(f"{served.url}/agents/greeter", user_message(mock_task("limits", [{"text": "ok"}]), caller))
+        assert done.last_status()[0] == "TASK_STATE_COMPLETED", (done.states(), served.stderr.read_text())
+        meta = load(agent_dir_of(done, session_root) / "meta.json")
+        assert meta["depth"] == 2  # one below the calling node
+        assert meta["max_depth"] == 3  # the caller's, smaller than the server's 5
+        assert meta["deadline"] <= deadline - 5  # the caller's, less a parent's grace; the server's 900 s is later
+        assert meta["max_budget_usd"] <= 0.5
+        assert meta["trace_id"] == TRACEPARENT.split("-")[1]
+        assert meta["parent_span_id"] == TRACEPARENT.split("-")[2]
+        # The server's own limits win when they are the smaller.
+        loose = {"spawn.depth": 0, "spawn.max_depth": 9, "spawn.max_budget_usd": 50}
+        second = await send(f"{served.url}/agents/greeter", user_message(mock_task("loose", [{"text": "ok"}]), loose))
+        meta2 = load(agent_dir_of(second, session_root) / "meta.json")
+        assert (meta2["depth"], meta2["max_depth"]) == (1, 5)
+        assert meta2["max_budget_usd"] <= 2
+        assert meta2["deadline"] <= time.time() + 900
+        # At the caller's max depth: refused by spawn.py (recorded), rejected over A2A.
+        deep = await send(f"{served.url}/agents/greeter", user_message("too deep", {"spawn.depth": 3, "spawn.max_depth": 3}))
+        state, text, _ = deep.last_status()
+        assert state == "TASK_STATE_REJECTED" and "depth limit" in text, deep.states()
+
+    run(body)
+    refused = [load(p) for p in session_root.glob("*/agents/*/outcome.json") if load(p)["status"] == "refused"]
+    assert len(refused) == 1 and "depth limit" in refused[0]["reason"]
+    validate_records(session_root)
+
+
+def test_bad_metadata_is_rejected_and_nothing_is_started(serve: Callable[..., Served], session_root: Path) -> None:
+    served = serve()
+
+    async def body() -> None:
+        for bad, key in (({"spawn.depth": -1}, "spawn.depth"), ({"spawn.traceparent": "nope"}, "spawn.traceparent"), ({"spawn.deadline": "soon"}, "spawn.deadline")):
+            exchange = await send(served.url, user_message("hello", bad))
+            state, text, _ = exchange.last_status()
+            assert state == "TASK_STATE_REJECTED"
+            assert text.startswith("a2a_server: error: metadata " + key), text
+        unknown = await send(served.url, user_message("hello", {"spawn.agent": "nobody"}))
+        state, text, _ = unknown.last_status()
+        assert state == "TASK_STATE_REJECTED" and text.startswith("spawn: error:") and "nobody" in text
+
+    run(body)
+    assert list(session_root.glob("*/agents/*")) == []
+
+
+def test_a_public_address_needs_a_token(base_env: dict[str, str], tmp_path: Path) -> None:
+    def refused(*flags: str) -> str:
+        proc = subprocess.run([sys.executable, str(SERVER), *flags], env=base_env, capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 2, proc.stderr
+        [line] = proc.stderr.splitlines()
+        assert line.startswith("a2a_server: error:")
+        return line
+
+    assert "--token-file" in refused("--host", "0.0.0.0", "--port", "0")
+    assert "--port" in refused("--port", "70000")
+    assert "--max-depth" in refused("--max-depth", "x")
+    empty = tmp_path / "empty-token"
+    empty.write_text("\n")
+    assert "empty" in refused("--host", "0.0.0.0", "--port", "0", "--token-file", str(empty))
+
+
+def test_with_a_token_the_card_is_public_and_the_rest_needs_it(serve: Callable[..., Served], tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-value\n")
+    served = serve("--token-file", str(token))
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "nope"}}).encode()
+
+    def post(headers: dict[str, str]) -> int:
+        request = urllib.request.Request(served.url + "/", data=body, headers={"Content-Type": "application/json", **headers}, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
+    with urllib.request.urlopen(served.url + "/.well-known/agent-card.json", timeout=30) as response:
+        card = json.loads(response.read())
+    assert "bearer" in card["securitySchemes"]
+    assert post({}) == 401
+    assert post({"Authorization": "Bearer wrong"}) == 401
+    assert post({"Authorization": "Bearer s3cret-token-value"}) == 200

@@ -1,0 +1,939 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["a2a-sdk[http-server]>=1.3,<2", "uvicorn>=0.30,<1"]
+#
+# [tool.uv]
+# exclude-newer = "2026-11-20T00:00:00Z"
+# ///
+"""spawn.py's agents as an A2A server: other machines' trees call this machine's agents.
+
+Run::
+
+    uv run tools/a2a_server.py --port 9999                  # 127.0.0.1:9999
+    uv run tools/a2a_server.py --host 0.0.0.0 --port 9999 --token-file token.txt
+
+The agent card (/.well-known/agent-card.json) lists the project's agent
+definitions (.claude/agents) as skills. A message starts
+``spawn.py --agent SKILL --background`` with the message's text as the task, and
+the task's status follows the agent's session directory: working (transcript
+lines), input-required (an ask in its subtree; the caller's next message answers
+it), then completed with the output as an artifact, or failed, rejected or
+canceled. Cancelling the task ends the agent's subtree (``spawn.py kill``).
+
+The caller's depth, max depth, deadline, budget and traceparent ride in the
+message metadata (``spawn.depth``, ``spawn.max_depth``, ``spawn.deadline``,
+``spawn.max_budget_usd``, ``spawn.traceparent``); the agent gets the smallest of
+those and this server's own --max-depth, --max-budget-usd and --timeout, so a
+tree that crosses machines keeps shrinking and keeps one trace id.
+
+It drives spawn.py only through its command line and the session files (never
+by import), so it works with any copy of spawn.py (``--spawn PATH``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import json
+import math
+import os
+import re
+import shlex
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from a2a.helpers.proto_helpers import new_data_part, new_task_from_user_message, new_text_part
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.context import ServerCallContext
+from a2a.server.events import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.server.routes import DefaultServerCallContextBuilder, create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    HTTPAuthSecurityScheme,
+    Message,
+    Part,
+    SecurityRequirement,
+    SecurityScheme,
+    TaskState,
+)
+import uvicorn
+from google.protobuf import json_format
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+__version__ = "0.1.0"
+
+# ---------------------------------------------------------------- constants --
+
+DEFAULT_SPAWN = Path(__file__).resolve().parent.parent / "spawn.py"
+DEFAULT_PORT = 9999  # the port the A2A samples use, so examples line up
+# A served agent gets this much time unless the caller's deadline or --timeout is
+# sooner: the same default a spawn.py root gets, since it is the root of this machine's part.
+DEFAULT_TIMEOUT_S = 3600.0
+# How often a task re-reads its agent's directory (transcript, asks, markers).
+FOLLOW_TICK_S = 0.2
+# After the liveness watcher (spawn.py wait) ends without an outcome (a stale
+# agent), wait this long before asking again.
+WATCH_RETRY_S = 5.0
+# A cancel waits this long for the killed agent's outcome before reporting canceled anyway.
+KILL_SETTLE_S = 30.0
+# One transcript line becomes at most this much status text: a progress line, not a log.
+STATUS_TEXT_CHARS = 400
+MARKERS = (".done", ".fail")
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+# The limits (spawn.py's own bounds) a caller's metadata may carry.
+MAX_DEPTH_LIMIT = 100
+MAX_BUDGET_USD = 1e6
+MAX_DEADLINE = 9e12  # Unix seconds; past year 2255 is a typo
+# Message metadata keys: the caller's tree context crossing the hop (sessions/README.md).
+META_AGENT = "spawn.agent"
+META_DEPTH = "spawn.depth"
+META_MAX_DEPTH = "spawn.max_depth"
+META_DEADLINE = "spawn.deadline"
+META_BUDGET = "spawn.max_budget_usd"
+META_TRACEPARENT = "spawn.traceparent"
+META_DECISION = "spawn.decision"
+ALLOW_WORDS = {"allow", "approve", "approved", "yes", "y", "ok"}
+DENY_WORDS = {"deny", "denied", "reject", "no", "n"}
+
+
+# ------------------------------------------------------------------- errors --
+
+
+class ServerError(Exception):
+    """A problem a caller or the person starting the server can fix; its text is one line."""
+
+
+class BadFlag(ServerError, ValueError):
+    """A server flag is wrong: exit 2 before anything is served."""
+
+
+class BadMetadata(ServerError, ValueError):
+    """A message's spawn.* metadata is malformed: the task is rejected, nothing is started."""
+
+
+class SpawnFailed(ServerError, RuntimeError):
+    """spawn.py refused or failed a verb; the text is its `spawn: error:` line."""
+
+
+# ------------------------------------------------------------------ records --
+
+
+@dataclass
+class CallerContext:
+    """What the calling tree passes across the hop, from the message metadata."""
+
+    agent: str | None = None
+    """The skill the message asks for (the URL's /agents/NAME wins)."""
+    depth: int | None = None
+    """The calling node's depth: the served agent runs one below it."""
+    max_depth: int | None = None
+    deadline: float | None = None
+    """Absolute, Unix seconds."""
+    max_budget_usd: float | None = None
+    traceparent: str | None = None
+
+
+@dataclass
+class ServerLimits:
+    max_depth: int | None = None
+    max_budget_usd: float | None = None
+    timeout_s: float | None = DEFAULT_TIMEOUT_S
+
+
+@dataclass
+class Run:
+    """One A2A task's agent, as this server follows it."""
+
+    task_id: str
+    agent_id: str
+    agent_dir: Path
+    transcript_offset: int = 0
+    asking: str | None = None
+    """The ask id the task's input-required is about."""
+    final: bool = False
+    """A terminal status was published: nothing more is sent for this task."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    watcher: asyncio.subprocess.Process | None = None
+    watcher_ended_at: float | None = None
+
+    @property
+    def session(self) -> Path:
+        return self.agent_dir.parent.parent
+
+
+# ---------------------------------------------------------------- pure core --
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def valid_traceparent(value: str) -> bool:
+    """A W3C traceparent spawn.py accepts (same rule as its --parent-trace)."""
+    m = re.fullmatch(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}", value.strip())
+    return bool(m) and set(m.group(1)) != {"0"} and set(m.group(2)) != {"0"}
+
+
+def metadata_number(metadata: Mapping[str, Any], key: str, *, integer: bool, maximum: float, zero_ok: bool) -> float | None:
+    """A spawn.* number from metadata (JSON numbers arrive as doubles over protobuf), or None."""
+    raw = metadata.get(key)
+    if raw is None:
+        return None
+    value: float
+    if isinstance(raw, bool):
+        value = math.nan
+    elif isinstance(raw, int | float):
+        value = float(raw)
+    elif isinstance(raw, str):
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+    else:
+        value = math.nan
+    kind = "a whole number" if integer else "a number"
+    low = ">= 0" if zero_ok else "> 0"
+    if not math.isfinite(value) or (integer and not value.is_integer()) or value < 0 or (value == 0 and not zero_ok) or value > maximum:
+        raise BadMetadata(f"metadata {key} {raw!r} must be {kind} {low} and <= {maximum:g}")
+    return value
+
+
+def caller_context(metadata: Mapping[str, Any]) -> CallerContext:
+    """The caller's tree context from a message's metadata; BadMetadata names the bad key."""
+    ctx = CallerContext()
+    agent = metadata.get(META_AGENT)
+    if agent is not None:
+        if not isinstance(agent, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}", agent):
+            raise BadMetadata(f"metadata {META_AGENT} {agent!r} must be a skill id from the agent card")
+        ctx.agent = agent
+    depth = metadata_number(metadata, META_DEPTH, integer=True, maximum=MAX_DEPTH_LIMIT, zero_ok=True)
+    max_depth = metadata_number(metadata, META_MAX_DEPTH, integer=True, maximum=MAX_DEPTH_LIMIT, zero_ok=True)
+    ctx.depth = None if depth is None else int(depth)
+    ctx.max_depth = None if max_depth is None else int(max_depth)
+    ctx.deadline = metadata_number(metadata, META_DEADLINE, integer=False, maximum=MAX_DEADLINE, zero_ok=False)
+    ctx.max_budget_usd = metadata_number(metadata, META_BUDGET, integer=False, maximum=MAX_BUDGET_USD, zero_ok=False)
+    trace = metadata.get(META_TRACEPARENT)
+    if trace is not None:
+        if not isinstance(trace, str) or not valid_traceparent(trace):
+            raise BadMetadata(f"metadata {META_TRACEPARENT} {str(trace)[:80]!r} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
+        ctx.traceparent = trace.strip()
+    return ctx
+
+
+def min_known(*values: float | None) -> float | None:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def spawn_arguments(caller: CallerContext, limits: ServerLimits, skill: str | None) -> tuple[list[str], dict[str, str]]:
+    """spawn.py's flags and environment for one served agent: the smaller of each limit.
+
+    The caller's depth and deadline go through the variables spawn.py reads from a
+    parent (SPAWN_DEPTH, SPAWN_DEADLINE), so the agent is counted one level below
+    the calling node and keeps the parent's grace before its deadline. The rest
+    are flags, which spawn.py narrows against whatever it inherits.
+    """
+    argv = ["--background", "--task-file", "-"]
+    env: dict[str, str] = {}
+    if skill is not None:
+        argv += ["--agent", skill]
+    max_depth = min_known(caller.max_depth, limits.max_depth)
+    if max_depth is not None:
+        argv += ["--max-depth", str(int(max_depth))]
+    budget = min_known(caller.max_budget_usd, limits.max_budget_usd)
+    if budget is not None:
+        argv += ["--max-budget-usd", repr(float(budget))]
+    if limits.timeout_s is not None:
+        argv += ["--timeout", repr(float(limits.timeout_s))]
+    if caller.traceparent is not None:
+        argv += ["--parent-trace", caller.traceparent]
+    if caller.depth is not None:
+        env["SPAWN_DEPTH"] = str(caller.depth)
+    if caller.deadline is not None:
+        env["SPAWN_DEADLINE"] = repr(float(caller.deadline))
+    return argv, env
+
+
+def decision_of(text: str, metadata: Mapping[str, Any]) -> str | None:
+    """allow / deny from an answer message (metadata spawn.decision, else its words), or None."""
+    raw = metadata.get(META_DECISION)
+    words = [str(raw)] if raw is not None else re.findall(r"[a-z]+", text.lower())[:3]
+    for word in words:
+        if word.lower() in ALLOW_WORDS:
+            return "allow"
+        if word.lower() in DENY_WORDS:
+            return "deny"
+    return None
+
+
+def error_line(stderr: str, code: int) -> str:
+    """spawn.py's one-line error, or the last line it printed."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("spawn: error:"):
+            return line
+    return lines[-1] if lines else f"spawn.py exited {code}"
+
+
+def clip(text: str, limit: int = STATUS_TEXT_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_transcript_line(record: Mapping[str, Any]) -> str | None:
+    """The progress an A2A caller sees for one transcript line: the agent's text and tool calls."""
+    if record.get("type") != "AssistantMessage":
+        return None
+    message = record.get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    blocks = content if isinstance(content, list) else [{"text": content}] if isinstance(content, str) else []
+    parts = []
+    for block in blocks:
+        if not isinstance(block, dict):
+            continue
+        if "name" in block and "input" in block:
+            parts.append(f"{block['name']} {json.dumps(block.get('input'), ensure_ascii=False)}")
+        elif block.get("text"):
+            parts.append(str(block["text"]))
+    return clip(" | ".join(parts)) if parts else None
+
+
+def ask_text(ask: Mapping[str, Any]) -> str:
+    return (
+        f"agent {ask.get('agent_id')} asks to run {ask.get('tool')}: {clip(json.dumps(ask.get('input'), ensure_ascii=False), 200)} "
+        f"(rule {ask.get('rule')}); reply allow or deny"
+    )
+
+
+def outcome_metadata(outcome: Mapping[str, Any], agent_dir: Path) -> dict[str, Any]:
+    """What the final status carries: the outcome's bounded fields (cost only when known)."""
+    keys = ("status", "reason", "exit_code", "cost_usd", "duration_s")
+    data: dict[str, Any] = {f"spawn.{k}": outcome[k] for k in keys if outcome.get(k) is not None}
+    data["spawn.agent_id"] = agent_dir.name
+    data["spawn.agent_dir"] = str(agent_dir)
+    return data
+
+
+# ------------------------------------------------------- on-disk protocol --
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def committed_outcome(agent_dir: Path) -> dict[str, Any] | None:
+    """The agent's outcome once its marker says it is committed (sessions/README.md, the commit protocol)."""
+    if not any((agent_dir / m).exists() for m in MARKERS):
+        return None
+    return read_json(agent_dir / "outcome.json")
+
+
+def subtree_ids(session: Path, root: str) -> set[str]:
+    """The agent and all its descendants, from meta.json parent_id."""
+    parents: dict[str, str | None] = {}
+    for meta_path in (session / "agents").glob("*/meta.json"):
+        meta = read_json(meta_path) or {}
+        parents[meta_path.parent.name] = meta.get("parent_id")
+    found = {root}
+    changed = True
+    while changed:
+        changed = False
+        for agent, parent in parents.items():
+            if agent not in found and parent in found:
+                found.add(agent)
+                changed = True
+    return found
+
+
+def pending_asks(session: Path, agents: set[str]) -> list[dict[str, Any]]:
+    """Asks without an answer file, raised by one of `agents`, oldest first."""
+    asks_dir = session / "asks"
+    found = []
+    for path in sorted(asks_dir.glob("q-*.json"), key=lambda p: p.stat().st_mtime) if asks_dir.is_dir() else []:
+        if path.name.endswith(".answer.json") or (asks_dir / f"{path.stem}.answer.json").exists():
+            continue
+        ask = read_json(path)
+        if ask is not None and ask.get("agent_id") in agents:
+            found.append(ask)
+    return found
+
+
+def new_transcript_lines(run: Run) -> list[dict[str, Any]]:
+    """Whole lines appended since the last read (lines are appended with O_APPEND, so whole)."""
+    path = run.agent_dir / "transcript.jsonl"
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(run.transcript_offset)
+            data = fh.read()
+    except OSError:
+        return []
+    end = data.rfind(b"\n") + 1
+    run.transcript_offset += end
+    records = []
+    for line in data[:end].splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                records.append(record)
+    return records
+
+
+# ---------------------------------------------------------------- processes --
+
+
+@dataclass
+class Config:
+    spawn: list[str]
+    """The command that runs spawn.py, e.g. [python, /path/spawn.py]."""
+    cwd: Path
+    """The project whose .claude/agents are served and where agents run."""
+    session_root: str | None
+    limits: ServerLimits
+    default_agent: str | None
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+
+
+class Spawner:
+    """spawn.py's verbs, run as subprocesses in the served project."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(self.config.environ)
+        if self.config.session_root is not None:
+            env["SPAWN_SESSION_ROOT"] = self.config.session_root
+        env.update(extra or {})
+        return env
+
+    async def run(self, *args: str, stdin: bytes | None = None, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *self.config.spawn,
+            *args,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=self.env(env),
+            cwd=self.config.cwd,
+        )
+        out, err = await proc.communicate(stdin)
+        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+    async def run_json(self, *args: str, ok: Sequence[int] = (0,), stdin: bytes | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+        code, out, err = await self.run(*args, stdin=stdin, env=env)
+        if code not in ok:
+            raise SpawnFailed(error_line(err, code))
+        try:
+            data = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise SpawnFailed(f"spawn.py printed no JSON (exit {code}): {error_line(err, code)}") from None
+        if not isinstance(data, dict):
+            raise SpawnFailed(f"spawn.py printed {type(data).__name__}, expected an object")
+        return data
+
+    async def agents(self) -> list[dict[str, Any]]:
+        data = await self.run_json("agents", "list", "--json")
+        return [a for a in data.get("agents", []) if isinstance(a, dict) and a.get("name")]
+
+    async def settings_rules(self) -> dict[str, list[str]]:
+        """The deny and ask rules of this machine's settings files, as a root here would read them.
+
+        spawn.py reads settings files at a tree's root only; an agent started with
+        the caller's SPAWN_DEPTH is not one, so the rules are handed down the way a
+        parent hands its own (SPAWN_DENY, SPAWN_ASK): this machine's settings still
+        bind everything served from it.
+        """
+        data = await self.run_json("--dry-run", "--task", "settings", env={"SPAWN_DEPTH": ""})
+        permissions = data.get("permissions") or {}
+        return {kind: [str(r) for r in permissions.get(kind, [])] for kind in ("deny", "ask")}
+
+    async def start(self, task: str, caller: CallerContext, skill: str | None) -> dict[str, Any]:
+        argv, env = spawn_arguments(caller, self.config.limits, skill)
+        if caller.depth is not None:
+            rules = await self.settings_rules()
+            for kind, name in (("deny", "SPAWN_DENY"), ("ask", "SPAWN_ASK")):
+                inherited = json.loads(self.config.environ.get(name) or "[]")
+                merged = sorted(set(rules[kind]) | {str(r) for r in inherited if isinstance(inherited, list)})
+                if merged:
+                    env[name] = json.dumps(merged)
+        # The task goes on stdin: no argv size limit, and it stays out of `ps`.
+        return await self.run_json(*argv, ok=(0, 4), stdin=task.encode(), env=env)
+
+    async def kill(self, run: Run) -> None:
+        with contextlib.suppress(SpawnFailed):  # already ended: nothing to kill
+            await self.run_json("kill", run.agent_id, "--session", str(run.session))
+
+    async def answer(self, run: Run, ask_id: str, decision: str) -> None:
+        verb = "approve" if decision == "allow" else "deny"
+        await self.run_json(verb, ask_id, "--session", str(run.session), "--as", f"a2a:{run.task_id[:40]}")
+
+    async def watch(self, run: Run) -> None:
+        """Keep a `spawn.py wait` on the agent: it is what notices an agent that died without an outcome."""
+        if run.watcher is not None and run.watcher.returncode is None:
+            return
+        if run.watcher is not None and run.watcher_ended_at is None:
+            run.watcher_ended_at = time.monotonic()
+        if run.watcher_ended_at is not None and time.monotonic() - run.watcher_ended_at < WATCH_RETRY_S:
+            return
+        run.watcher_ended_at = None
+        run.watcher = await asyncio.create_subprocess_exec(
+            *self.config.spawn,
+            "wait",
+            run.agent_id,
+            "--session",
+            str(run.session),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            env=self.env(),
+            cwd=self.config.cwd,
+        )
+
+    @staticmethod
+    async def unwatch(run: Run) -> None:
+        proc = run.watcher
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            await proc.wait()
+
+
+# --------------------------------------------------------------------- A2A --
+
+
+# outcome.json status -> the A2A state a caller sees.
+TERMINAL_STATES: dict[str, int] = {
+    "done": TaskState.TASK_STATE_COMPLETED,
+    "failed": TaskState.TASK_STATE_FAILED,
+    "timeout": TaskState.TASK_STATE_FAILED,
+    "refused": TaskState.TASK_STATE_REJECTED,
+    "killed": TaskState.TASK_STATE_CANCELED,
+    "interrupted": TaskState.TASK_STATE_CANCELED,
+}
+
+
+def message_metadata(context: RequestContext) -> dict[str, Any]:
+    """The request's metadata overlaid with the message's own (the message wins)."""
+    data = dict(context.metadata)
+    if context.message is not None and context.message.HasField("metadata"):
+        data.update(json_format.MessageToDict(context.message.metadata))
+    return data
+
+
+def message_text(message: Message | None) -> str:
+    """The message's text parts, and its data parts as JSON, in order."""
+    if message is None:
+        return ""
+    chunks = []
+    for part in message.parts:
+        if part.HasField("text"):
+            chunks.append(part.text)
+        elif part.HasField("data"):
+            chunks.append(json.dumps(json_format.MessageToDict(part.data), ensure_ascii=False))
+    return "\n".join(chunks)
+
+
+class SkillContextBuilder(DefaultServerCallContextBuilder):
+    """Carries the /agents/NAME path segment to the executor: the skill that URL serves."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        context = super().build(request)
+        skill = request.path_params.get("skill")
+        if skill:
+            context.state["skill"] = str(skill)
+        return context
+
+
+class SpawnExecutor(AgentExecutor):
+    """Each A2A task is one spawn.py agent, followed through its session directory."""
+
+    def __init__(self, spawner: Spawner) -> None:
+        self.spawner = spawner
+        self.runs: dict[str, Run] = {}
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id, context_id = str(context.task_id), str(context.context_id)
+        updater = TaskUpdater(event_queue, task_id, context_id)
+        run = self.runs.get(task_id)
+        if context.current_task is None:
+            if context.message is not None:
+                await event_queue.enqueue_event(new_task_from_user_message(context.message))
+            run = await self.start(context, updater)
+            if run is None:
+                return
+        elif run is None:
+            await updater.failed(self.say(updater, "this server no longer follows that task (it was restarted); send a new message"))
+            return
+        elif context.current_task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED and run.asking is not None:
+            if not await self.answer(run, context, updater):
+                return
+        await self.follow(run, updater)
+
+    async def start(self, context: RequestContext, updater: TaskUpdater) -> Run | None:
+        """Start the agent; publish `rejected` (and return None) when the message or a limit refuses it."""
+        text = message_text(context.message)
+        try:
+            caller = caller_context(message_metadata(context))
+            if not text.strip():
+                raise BadMetadata("the message has no text: send the task as a text part")
+        except BadMetadata as exc:
+            await updater.reject(self.say(updater, f"a2a_server: error: {exc}"))
+            return None
+        skill = context.call_context.state.get("skill") or caller.agent or self.spawner.config.default_agent
+        try:
+            data = await self.spawner.start(text, caller, None if skill == "none" else skill)
+        except SpawnFailed as exc:
+            await updater.reject(self.say(updater, str(exc)))
+            return None
+        agent_dir = Path(str(data["agent_dir"]))
+        run = Run(str(context.task_id), str(data["id"]), agent_dir)
+        self.runs[run.task_id] = run
+        await self.publish(run, updater, TaskState.TASK_STATE_WORKING, f"agent {run.agent_id} started", self.identity(run))
+        return run
+
+    async def answer(self, run: Run, context: RequestContext, updater: TaskUpdater) -> bool:
+        """Settle the ask the task is waiting on from the caller's reply; False if the reply was no answer."""
+        ask_id = run.asking
+        assert ask_id is not None
+        decision = decision_of(message_text(context.message), message_metadata(context))
+        if decision is None:
+            ask = read_json(run.session / "asks" / f"{ask_id}.json") or {"id": ask_id}
+            await self.publish(run, updater, TaskState.TASK_STATE_INPUT_REQUIRED, ask_text(ask), {"spawn.ask": ask})
+            return False
+        try:
+            await self.spawner.answer(run, ask_id, decision)
+        except SpawnFailed as exc:  # answered meanwhile (first answer wins) or expired: the agent goes on
+            print(f"a2a_server: ask {ask_id}: {exc}", file=sys.stderr)
+        run.asking = None
+        await self.publish(run, updater, TaskState.TASK_STATE_WORKING, f"ask {ask_id}: {decision}", self.identity(run))
+        return True
+
+    async def follow(self, run: Run, updater: TaskUpdater) -> None:
+        """Publish the agent's progress until it ends, or until an ask needs the caller (input-required)."""
+        try:
+            while not run.final:
+                for record in new_transcript_lines(run):
+                    line = describe_transcript_line(record)
+                    if line:
+                        await self.publish(run, updater, TaskState.TASK_STATE_WORKING, line, self.identity(run))
+                outcome = committed_outcome(run.agent_dir)
+                if outcome is not None:
+                    await self.finish(run, updater, outcome)
+                    return
+                asks = pending_asks(run.session, subtree_ids(run.session, run.agent_id))
+                if asks:
+                    run.asking = str(asks[0]["id"])
+                    await self.publish(run, updater, TaskState.TASK_STATE_INPUT_REQUIRED, ask_text(asks[0]), {"spawn.ask": asks[0]})
+                    return
+                await self.spawner.watch(run)
+                await asyncio.sleep(FOLLOW_TICK_S)
+        finally:
+            if run.final:
+                await self.spawner.unwatch(run)
+
+    async def finish(self, run: Run, updater: TaskUpdater, outcome: Mapping[str, Any]) -> None:
+        status = str(outcome.get("status"))
+        state = TERMINAL_STATES.get(status, TaskState.TASK_STATE_FAILED)
+        async with run.lock:
+            if run.final:
+                return
+            if status == "done" and outcome.get("output") is not None:
+                output = outcome["output"]
+                part = new_text_part(output) if isinstance(output, str) else new_data_part(output)
+                await updater.add_artifact([part], name="output", metadata={"spawn.agent_id": run.agent_id})
+            run.final = True
+            reason = str(outcome.get("reason") or status)
+            await updater.update_status(state, message=self.say(updater, reason), metadata=outcome_metadata(outcome, run.agent_dir))
+
+    async def publish(self, run: Run, updater: TaskUpdater, state: int, text: str, metadata: dict[str, Any]) -> None:
+        async with run.lock:
+            if not run.final:
+                await updater.update_status(state, message=self.say(updater, text), metadata=metadata)  # type: ignore[arg-type]
+
+    @staticmethod
+    def say(updater: TaskUpdater, text: str) -> Message:
+        return updater.new_agent_message([new_text_part(text)])
+
+    @staticmethod
+    def identity(run: Run) -> dict[str, Any]:
+        meta = read_json(run.agent_dir / "meta.json") or {}
+        data = {"spawn.agent_id": run.agent_id, "spawn.session": str(run.session)}
+        for key in ("depth", "trace_id"):
+            if meta.get(key) is not None:
+                data[f"spawn.{key}"] = meta[key]
+        return data
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        task_id = str(context.task_id)
+        updater = TaskUpdater(event_queue, task_id, str(context.context_id))
+        run = self.runs.get(task_id)
+        if run is None:
+            await updater.cancel()
+            return
+        await self.spawner.kill(run)
+        limit = time.monotonic() + KILL_SETTLE_S
+        while (outcome := committed_outcome(run.agent_dir)) is None and time.monotonic() < limit:
+            await asyncio.sleep(FOLLOW_TICK_S)
+        async with run.lock:
+            if not run.final:
+                run.final = True
+                metadata = outcome_metadata(outcome or {"status": "killed"}, run.agent_dir)
+                await updater.update_status(TaskState.TASK_STATE_CANCELED, message=self.say(updater, "killed by cancel"), metadata=metadata)
+        await self.spawner.unwatch(run)
+
+    async def shutdown(self) -> None:
+        """End what is still running: once the server stops, no caller can see or cancel it."""
+        live = [run for run in self.runs.values() if committed_outcome(run.agent_dir) is None]
+        await asyncio.gather(*(self.spawner.kill(run) for run in live))
+        await asyncio.gather(*(self.spawner.unwatch(run) for run in self.runs.values()))
+
+
+def build_card(base_url: str, skills: list[dict[str, Any]], token: bool, name: str, description: str) -> AgentCard:
+    card = AgentCard(
+        name=name,
+        description=description,
+        version=__version__,
+        supported_interfaces=[AgentInterface(url=base_url, protocol_binding="JSONRPC", protocol_version="1.0")],
+        capabilities=AgentCapabilities(streaming=True),
+        default_input_modes=["text/plain", "application/json"],
+        default_output_modes=["text/plain", "application/json"],
+        skills=[
+            AgentSkill(
+                id=str(s["name"]),
+                name=str(s["name"]),
+                description=str(s.get("description") or s["name"]),
+                tags=[str(s.get("source") or "project"), *(str(t) for t in s.get("tools") or [])],
+            )
+            for s in skills
+        ],
+    )
+    if token:
+        card.security_schemes["bearer"].CopyFrom(SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer")))
+        requirement = SecurityRequirement()
+        requirement.schemes["bearer"].SetInParent()
+        card.security_requirements.append(requirement)
+    return card
+
+
+def build_app(executor: SpawnExecutor, base_url: str, token: str | None) -> ASGIApp:
+    spawner = executor.spawner
+    root_card = build_card(f"{base_url}/", [], token is not None, "spawn", "spawn.py agents on this machine")
+    handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=root_card)
+    context_builder = SkillContextBuilder()
+
+    async def current_card(card: AgentCard) -> AgentCard:
+        # Definitions are read on each fetch: a new .claude/agents file is a new skill without a restart.
+        fresh = AgentCard()
+        fresh.CopyFrom(card)
+        del fresh.skills[:]
+        fresh.skills.extend(build_card(base_url, await spawner.agents(), False, "", "").skills)
+        return fresh
+
+    async def skill_card(request: Request) -> Response:
+        skill = str(request.path_params["skill"])
+        agents = [a for a in await spawner.agents() if a["name"] == skill]
+        if not agents:
+            return JSONResponse({"error": f"no skill {skill!r}; the skills are in {base_url}/.well-known/agent-card.json"}, status_code=404)
+        description = str(agents[0].get("description") or skill)
+        card = build_card(f"{base_url}/agents/{skill}", agents, token is not None, skill, description)
+        return JSONResponse(agent_card_to_dict(card))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await handler.aclose()
+
+    routes = [
+        *create_agent_card_routes(root_card, card_modifier=current_card),
+        Route("/agents/{skill}/.well-known/agent-card.json", skill_card, methods=["GET"]),
+        *create_jsonrpc_routes(handler, "/", context_builder=context_builder),
+        *create_jsonrpc_routes(handler, "/agents/{skill}", context_builder=context_builder),
+    ]
+    inner = Starlette(routes=routes, lifespan=lifespan)
+    if token is None:
+        return inner
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        # The cards stay public, as A2A clients fetch them before they authenticate;
+        # they name the bearer scheme. Everything else needs the token.
+        public = scope["type"] == "http" and scope.get("method") == "GET" and str(scope.get("path", "")).endswith("/agent-card.json")
+        if scope["type"] == "http" and not public:
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"").decode(errors="replace")
+            if not hmac.compare_digest(given, f"Bearer {token}"):
+                await send({"type": "http.response.start", "status": 401, "headers": [(b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": b"missing or wrong bearer token\n"})
+                return
+        await inner(scope, receive, send)
+
+    return app
+
+
+# ---------------------------------------------------------------------- CLI --
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line that says what to do."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"a2a_server: error: {message}; see --help", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="a2a_server.py", description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1); off loopback needs --token-file")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT}; 0 picks a free one)")
+    p.add_argument("--port-file", metavar="PATH", help="write the bound port here once serving (for --port 0)")
+    p.add_argument("--url", metavar="URL", help="the base URL the card advertises (default http://HOST:PORT)")
+    p.add_argument("--token-file", metavar="PATH", help="bearer token callers must send; required off loopback")
+    p.add_argument("--spawn", metavar="PATH", default=str(DEFAULT_SPAWN), help="spawn.py to run (default: beside tools/)")
+    p.add_argument("--python", metavar="CMD", help="how to run spawn.py (default $SPAWN_PYTHON, else 'uv run --script')")
+    p.add_argument("--session", metavar="DIR", help="session root (default $SPAWN_SESSION_ROOT, as spawn.py)")
+    p.add_argument("--cwd", metavar="DIR", help="the project whose .claude/agents are served and where agents run (default: here)")
+    p.add_argument("--agent", metavar="NAME", default="auto", help="skill for a message that names none (default auto: routed by its text; none: no definition)")
+    p.add_argument("--max-depth", type=int, metavar="N", help="deepest depth a served agent's tree may reach")
+    p.add_argument("--max-budget-usd", type=float, metavar="X", help="USD cap of each served agent's tree")
+    p.add_argument("--timeout", type=float, metavar="S", default=DEFAULT_TIMEOUT_S, help=f"seconds each served agent may take (default {DEFAULT_TIMEOUT_S:g}); 0: none of its own")
+    return p
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise BadFlag(f"--port {args.port} is not a port; use 0-65535")
+    if args.max_depth is not None and not 0 <= args.max_depth <= MAX_DEPTH_LIMIT:
+        raise BadFlag(f"--max-depth {args.max_depth} must be 0-{MAX_DEPTH_LIMIT}")
+    if args.max_budget_usd is not None and not (math.isfinite(args.max_budget_usd) and 0 < args.max_budget_usd <= MAX_BUDGET_USD):
+        raise BadFlag(f"--max-budget-usd {args.max_budget_usd} must be a positive amount up to {MAX_BUDGET_USD:g}")
+    if not (math.isfinite(args.timeout) and args.timeout >= 0):
+        raise BadFlag(f"--timeout {args.timeout} must be seconds >= 0 (0: no timeout of its own)")
+    if not Path(args.spawn).is_file():
+        raise BadFlag(f"--spawn {args.spawn} is not a file; point it at spawn.py")
+    if args.cwd is not None and not Path(args.cwd).is_dir():
+        raise BadFlag(f"--cwd {args.cwd} is not a directory")
+    if args.url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", args.url):
+        raise BadFlag(f"--url {args.url!r} must be an http(s) URL, e.g. https://agents.example.com")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}", args.agent):
+        raise BadFlag(f"--agent {args.agent!r} must be a definition name, auto or none")
+
+
+def read_token(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadFlag(f"can't read --token-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not token:
+        raise BadFlag(f"--token-file {path} is empty; put the bearer token in it")
+    return token
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        # Listening now, so a caller that reads --port-file is queued until uvicorn accepts.
+        sock.listen(128)
+    except OSError as exc:
+        raise BadFlag(f"can't serve on {host}:{port}: {exc.strerror or exc}; pick another --host or --port") from None
+    return sock
+
+
+def base_url_for(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn()
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class Server(uvicorn.Server):
+    """uvicorn, ending the served agents first when it stops (Ctrl-C, SIGTERM).
+
+    Once the server is gone no caller can see or cancel them; killing them first
+    also ends the open streams with `canceled` instead of a cut connection.
+    """
+
+    def __init__(self, config: uvicorn.Config, executor: SpawnExecutor) -> None:
+        super().__init__(config)
+        self.executor = executor
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self.executor.shutdown()
+        await super().shutdown(sockets)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    environ = dict(os.environ)
+    try:
+        check_flags(args)
+        token = read_token(args.token_file)
+        if not is_loopback(args.host) and token is None:
+            raise BadFlag(f"refusing to serve {args.host} without a bearer token; pass --token-file PATH or bind 127.0.0.1")
+        sock = bind(args.host, args.port)
+    except BadFlag as exc:
+        print(f"a2a_server: error: {exc}", file=sys.stderr)
+        return 2
+    if args.python:
+        runner = shlex.split(args.python)
+    elif environ.get("SPAWN_PYTHON"):
+        runner = [environ["SPAWN_PYTHON"]]
+    else:
+        runner = ["uv", "run", "--quiet", "--script"]
+    port = int(sock.getsockname()[1])
+    base_url = (args.url or base_url_for(args.host, port)).rstrip("/")
+    config = Config(
+        spawn=[*runner, str(Path(args.spawn).resolve())],
+        cwd=Path(args.cwd).resolve() if args.cwd else Path.cwd(),
+        session_root=str(Path(args.session).expanduser().resolve()) if args.session else None,
+        limits=ServerLimits(args.max_depth, args.max_budget_usd, args.timeout or None),
+        default_agent=args.agent,
+        environ=environ,
+    )
+    executor = SpawnExecutor(Spawner(config))
+    app = build_app(executor, base_url, token)
+    print(f"a2a_server: serving {base_url}/ (card {base_url}/.well-known/agent-card.json)", file=sys.stderr, flush=True)
+    if args.port_file:
+        Path(args.port_file).write_text(f"{port}\n")
+    # A stream still open once the agents are ended gets this long before it is cut.
+    server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5), executor)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(server.serve(sockets=[sock]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
