@@ -46,7 +46,8 @@ def install_tool_deps(session: nox.Session) -> None:
     """The runtime siblings' dependencies (tools/X.py with a lock), as their locks pin them.
 
     The tests need them too: tests/test_otel.py decodes spans with opentelemetry-proto,
-    which the OTLP exporter depends on, and the MCP server's tests use the mcp package.
+    which the OTLP exporter depends on, the MCP server's tests use the mcp package, and
+    the A2A server's tests drive it with a2a-sdk's own client.
     """
     for script in sorted((ROOT / "tools").glob("*.py")):
         if not script.with_name(script.name + ".lock").exists():
@@ -83,7 +84,7 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict on every script and on the tests."""
     install_spawn_deps(session)
     install_tool_deps(session)
-    session.install(MYPY, "types-psutil", "types-jsonschema", "types-PyYAML", *TEST_DEPS, "nox")
+    session.install(MYPY, "types-psutil", "types-jsonschema", "types-PyYAML", "types-protobuf", *TEST_DEPS, "nox")
     session.run("mypy", "--strict", *SCRIPTS)
     # Separately: the tests import spawn, conftest and tools/mock_model as top-level modules.
     tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py"))

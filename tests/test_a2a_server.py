@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, alive, load, metas, mock_task, spawn_in_bash, validate_records, wait_for_path, wait_until_gone
+from conftest import ROOT, load, metas, mock_task, spawn_in_bash, validate_records, wait_until_gone
 
 a2a = pytest.importorskip("a2a")
 import httpx  # noqa: E402
@@ -80,7 +80,7 @@ def project_with_agents(tmp_path: Path) -> Path:
     agents.mkdir(parents=True)
     (agents / "greeter.md").write_text("---\nname: greeter\ndescription: Says hello to people\ntools: Read\n---\nYou greet.\n")
     (agents / "toucher.md").write_text(
-        "---\nname: toucher\ndescription: Makes files\ntools: Bash\npermissions:\n  ask: [\"Bash(touch:*)\"]\n---\nYou make files.\n"
+        '---\nname: toucher\ndescription: Makes files\ntools: Bash\npermissions:\n  ask: ["Bash(touch:*)"]\n---\nYou make files.\n'
     )
     (agents / "worker.md").write_text("---\nname: worker\ndescription: Runs commands and starts helpers\ntools: Bash\n---\nYou work.\n")
     return project
@@ -96,7 +96,18 @@ def serve(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Served]
         port_file, stderr = tmp_path / f"a2a-{n}.port", tmp_path / f"a2a-{n}.stderr"
         project = cwd or project_with_agents(tmp_path)
         # The test interpreter has both a2a-sdk and spawn.py's dependencies.
-        argv = [sys.executable, str(SERVER), "--port", "0", "--port-file", str(port_file), "--python", sys.executable, "--cwd", str(project)]
+        argv = [
+            sys.executable,
+            str(SERVER),
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--python",
+            sys.executable,
+            "--cwd",
+            str(project),
+        ]
         with open(stderr, "wb") as err:
             proc = subprocess.Popen([*argv, *extra], env=env, stdout=subprocess.DEVNULL, stderr=err)
         served = Served("", proc, stderr)
@@ -125,7 +136,9 @@ def run(coro: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 
 def user_message(text: str, metadata: dict[str, Any] | None = None, task_id: str = "", context_id: str = "") -> SendMessageRequest:
-    message = Message(message_id=f"m-{time.monotonic_ns()}", role=Role.ROLE_USER, parts=[Part(text=text)], task_id=task_id, context_id=context_id)
+    message = Message(
+        message_id=f"m-{time.monotonic_ns()}", role=Role.ROLE_USER, parts=[Part(text=text)], task_id=task_id, context_id=context_id
+    )
     if metadata:
         message.metadata.update(metadata)
     return SendMessageRequest(message=message)
@@ -176,13 +189,12 @@ def test_card_lists_the_agent_definitions_as_skills(serve: Callable[..., Served]
 
 def test_a_message_runs_an_agent_to_completed_with_its_output(serve: Callable[..., Served], session_root: Path) -> None:
     served = serve()
-    task = mock_task("say hello", [{"text": "thinking about it"}, {"text": "hello from greeter"}])
-    # A one-step script answers at once; two steps show a transcript line streaming first.
+    # Two steps: a transcript line (the tool call) streams as `working` before the answer.
     task = mock_task("say hello", [{"bash": "true"}, {"text": "hello from greeter"}])
 
     async def body() -> None:
         done = await send(f"{served.url}/agents/greeter", user_message(task))
-        state, text, metadata = done.last_status()
+        state, _, metadata = done.last_status()
         assert state == "TASK_STATE_COMPLETED", (done.states(), served.stderr.read_text())
         assert done.states()[0] == "TASK_STATE_WORKING"
         [artifact] = done.artifacts()
@@ -268,7 +280,13 @@ def test_an_ask_is_input_required_and_the_answer_resumes(serve: Callable[..., Se
 def test_the_callers_limits_shrink_and_its_trace_is_kept(serve: Callable[..., Served], session_root: Path) -> None:
     served = serve("--max-depth", "5", "--max-budget-usd", "2", "--timeout", "900")
     deadline = time.time() + 600
-    caller = {"spawn.depth": 1, "spawn.max_depth": 3, "spawn.deadline": deadline, "spawn.max_budget_usd": 0.5, "spawn.traceparent": TRACEPARENT}
+    caller = {
+        "spawn.depth": 1,
+        "spawn.max_depth": 3,
+        "spawn.deadline": deadline,
+        "spawn.max_budget_usd": 0.5,
+        "spawn.traceparent": TRACEPARENT,
+    }
 
     async def body() -> None:
         done = await send(f"{served.url}/agents/greeter", user_message(mock_task("limits", [{"text": "ok"}]), caller))
@@ -302,7 +320,11 @@ def test_bad_metadata_is_rejected_and_nothing_is_started(serve: Callable[..., Se
     served = serve()
 
     async def body() -> None:
-        for bad, key in (({"spawn.depth": -1}, "spawn.depth"), ({"spawn.traceparent": "nope"}, "spawn.traceparent"), ({"spawn.deadline": "soon"}, "spawn.deadline")):
+        for bad, key in (
+            ({"spawn.depth": -1}, "spawn.depth"),
+            ({"spawn.traceparent": "nope"}, "spawn.traceparent"),
+            ({"spawn.deadline": "soon"}, "spawn.deadline"),
+        ):
             exchange = await send(served.url, user_message("hello", bad))
             state, text, _ = exchange.last_status()
             assert state == "TASK_STATE_REJECTED"
@@ -338,7 +360,9 @@ def test_with_a_token_the_card_is_public_and_the_rest_needs_it(serve: Callable[.
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "nope"}}).encode()
 
     def post(headers: dict[str, str]) -> int:
-        request = urllib.request.Request(served.url + "/", data=body, headers={"Content-Type": "application/json", **headers}, method="POST")
+        request = urllib.request.Request(
+            served.url + "/", data=body, headers={"Content-Type": "application/json", **headers}, method="POST"
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return int(response.status)

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+import uvicorn
 from a2a.helpers.proto_helpers import new_data_part, new_task_from_user_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
@@ -66,12 +67,10 @@ from a2a.types import (
     AgentSkill,
     HTTPAuthSecurityScheme,
     Message,
-    Part,
     SecurityRequirement,
     SecurityScheme,
     TaskState,
 )
-import uvicorn
 from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -195,7 +194,7 @@ def is_loopback(host: str) -> bool:
 def valid_traceparent(value: str) -> bool:
     """A W3C traceparent spawn.py accepts (same rule as its --parent-trace)."""
     m = re.fullmatch(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}", value.strip())
-    return bool(m) and set(m.group(1)) != {"0"} and set(m.group(2)) != {"0"}
+    return m is not None and set(m.group(1)) != {"0"} and set(m.group(2)) != {"0"}
 
 
 def metadata_number(metadata: Mapping[str, Any], key: str, *, integer: bool, maximum: float, zero_ok: bool) -> float | None:
@@ -447,7 +446,9 @@ class Spawner:
         out, err = await proc.communicate(stdin)
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
-    async def run_json(self, *args: str, ok: Sequence[int] = (0,), stdin: bytes | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    async def run_json(
+        self, *args: str, ok: Sequence[int] = (0,), stdin: bytes | None = None, env: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         code, out, err = await self.run(*args, stdin=stdin, env=env)
         if code not in ok:
             raise SpawnFailed(error_line(err, code))
@@ -530,7 +531,7 @@ class Spawner:
 
 
 # outcome.json status -> the A2A state a caller sees.
-TERMINAL_STATES: dict[str, int] = {
+TERMINAL_STATES: dict[str, TaskState] = {
     "done": TaskState.TASK_STATE_COMPLETED,
     "failed": TaskState.TASK_STATE_FAILED,
     "timeout": TaskState.TASK_STATE_FAILED,
@@ -592,9 +593,12 @@ class SpawnExecutor(AgentExecutor):
         elif run is None:
             await updater.failed(self.say(updater, "this server no longer follows that task (it was restarted); send a new message"))
             return
-        elif context.current_task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED and run.asking is not None:
-            if not await self.answer(run, context, updater):
-                return
+        elif (
+            context.current_task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+            and run.asking is not None
+            and not await self.answer(run, context, updater)
+        ):
+            return
         await self.follow(run, updater)
 
     async def start(self, context: RequestContext, updater: TaskUpdater) -> Run | None:
@@ -673,10 +677,10 @@ class SpawnExecutor(AgentExecutor):
             reason = str(outcome.get("reason") or status)
             await updater.update_status(state, message=self.say(updater, reason), metadata=outcome_metadata(outcome, run.agent_dir))
 
-    async def publish(self, run: Run, updater: TaskUpdater, state: int, text: str, metadata: dict[str, Any]) -> None:
+    async def publish(self, run: Run, updater: TaskUpdater, state: TaskState, text: str, metadata: dict[str, Any]) -> None:
         async with run.lock:
             if not run.final:
-                await updater.update_status(state, message=self.say(updater, text), metadata=metadata)  # type: ignore[arg-type]
+                await updater.update_status(state, message=self.say(updater, text), metadata=metadata)
 
     @staticmethod
     def say(updater: TaskUpdater, text: str) -> Message:
@@ -821,10 +825,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", metavar="CMD", help="how to run spawn.py (default $SPAWN_PYTHON, else 'uv run --script')")
     p.add_argument("--session", metavar="DIR", help="session root (default $SPAWN_SESSION_ROOT, as spawn.py)")
     p.add_argument("--cwd", metavar="DIR", help="the project whose .claude/agents are served and where agents run (default: here)")
-    p.add_argument("--agent", metavar="NAME", default="auto", help="skill for a message that names none (default auto: routed by its text; none: no definition)")
+    p.add_argument(
+        "--agent",
+        metavar="NAME",
+        default="auto",
+        help="skill for a message that names none (default auto: routed by its text; none: no definition)",
+    )
     p.add_argument("--max-depth", type=int, metavar="N", help="deepest depth a served agent's tree may reach")
     p.add_argument("--max-budget-usd", type=float, metavar="X", help="USD cap of each served agent's tree")
-    p.add_argument("--timeout", type=float, metavar="S", default=DEFAULT_TIMEOUT_S, help=f"seconds each served agent may take (default {DEFAULT_TIMEOUT_S:g}); 0: none of its own")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds each served agent may take (default {DEFAULT_TIMEOUT_S:g}); 0: none of its own",
+    )
     return p
 
 
