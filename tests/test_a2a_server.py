@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, load, metas, mock_task, spawn_in_bash, validate_records, wait_until_gone
+from conftest import ROOT, load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records, wait_until_gone
 
 a2a = pytest.importorskip("a2a")
 import httpx  # noqa: E402
@@ -375,3 +375,84 @@ def test_with_a_token_the_card_is_public_and_the_rest_needs_it(serve: Callable[.
     assert post({}) == 401
     assert post({"Authorization": "Bearer wrong"}) == 401
     assert post({"Authorization": "Bearer s3cret-token-value"}) == 200
+
+
+# ------------------------------------------------- across the hop: spawn.py -> a2a node -> this server --
+
+
+def a2a_kind_available() -> bool:
+    """Whether this spawn.py runs `a2a` nodes (the client side of the hop)."""
+    import spawn
+
+    return "a2a" in getattr(spawn, "EXECUTORS", {})
+
+
+needs_a2a_client = pytest.mark.skipif(not a2a_kind_available(), reason="this spawn.py has no a2a node kind (the A2A client)")
+
+
+def remote_agents(remote_root: Path) -> dict[str, dict[str, Any]]:
+    return metas(remote_root)
+
+
+@needs_a2a_client
+def test_one_tree_across_the_hop(serve: Callable[..., Served], env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """spawn.py -> a2a node -> tools/a2a_server.py -> spawn.py -> real CLI, and its child: depth and trace carry on."""
+    remote_root = tmp_path / "remote-sessions"
+    served = serve("--session", str(remote_root))
+    grandchild = mock_task("check one thing", [{"text": "checked"}])
+    steps: list[dict[str, Any]] = [{"bash": spawn_in_bash("--tools", "Read", "--task", grandchild)}, {"text": "remote done"}]
+    proc = run_spawn(
+        ["--agent", f"a2a:{served.url}/agents/worker", "--max-depth", "3", "--task", mock_task("work", steps)], env, timeout=300
+    )
+    out = stdout_json(proc)
+    assert out["status"] == "done", (proc.stderr, served.stderr.read_text())
+    assert out["output"] == "remote done"
+    [node] = metas(session_root).values()
+    remote = remote_agents(remote_root)
+    by_depth = {m["depth"]: m for m in remote.values()}
+    assert sorted(by_depth) == [1, 2]  # the a2a node is depth 0 on this side
+    assert by_depth[1]["agent"] == "worker" and by_depth[2]["parent_id"] == by_depth[1]["id"]
+    assert {m["trace_id"] for m in remote.values()} == {node["trace_id"]}
+    assert by_depth[1]["parent_span_id"] == node["span_id"]
+    assert all(m["max_depth"] == 3 for m in remote.values())
+    validate_records(session_root)
+    validate_records(remote_root)
+
+
+@needs_a2a_client
+def test_a_kill_at_the_top_ends_the_remote_subtree(
+    serve: Callable[..., Served], env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    remote_root = tmp_path / "remote-sessions"
+    served = serve("--session", str(remote_root))
+    child = mock_task("child", [{"bash": "echo busy; sleep 300"}, {"text": "never"}])
+    steps = [
+        {"bash": spawn_in_bash("--background", "--tools", "Bash", "--task", child)},
+        {"bash": "echo busy; sleep 300"},
+        {"text": "never"},
+    ]
+    top = start_spawn(["--agent", f"a2a:{served.url}/agents/worker", "--task", mock_task("work", steps)], env)
+    try:
+        limit = time.monotonic() + STREAM_TIMEOUT_S
+        while len(list(remote_root.glob("*/agents/*/heartbeat.json"))) < 2:
+            assert top.poll() is None and time.monotonic() < limit, (top.stderr.read() if top.stderr else "", served.stderr.read_text())
+            time.sleep(0.1)
+        remote = remote_agents(remote_root)
+        pids = [m["pid"] for m in remote.values()]
+        pids += [load(d / "heartbeat.json")["cli_pid"] for d in remote_root.glob("*/agents/*")]
+        [node] = metas(session_root).values()
+        killed = run_spawn(["kill", node["id"]], env)
+        assert killed.returncode == 0, killed.stderr
+        top.communicate(timeout=STREAM_TIMEOUT_S)
+        assert wait_until_gone(pids, timeout=60) == []
+        limit = time.monotonic() + 60
+        while len(list(remote_root.glob("*/agents/*/outcome.json"))) < 2:
+            assert time.monotonic() < limit, "the remote agents have no outcomes"
+            time.sleep(0.1)
+        assert {load(d / "outcome.json")["status"] for d in remote_root.glob("*/agents/*")} == {"killed"}
+        assert load(Path(node["session"]) / "agents" / node["id"] / "outcome.json")["status"] == "killed"
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.communicate()
+    validate_records(remote_root)

@@ -747,9 +747,9 @@ def build_card(base_url: str, skills: list[dict[str, Any]], token: bool, name: s
     return card
 
 
-def build_app(executor: SpawnExecutor, base_url: str, token: str | None) -> ASGIApp:
+def build_app(executor: SpawnExecutor, base_url: str, token: str | None, skills: list[dict[str, Any]]) -> ASGIApp:
     spawner = executor.spawner
-    root_card = build_card(f"{base_url}/", [], token is not None, "spawn", "spawn.py agents on this machine")
+    root_card = build_card(f"{base_url}/", skills, token is not None, "spawn", "spawn.py agents on this machine")
     handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=root_card)
     context_builder = SkillContextBuilder()
 
@@ -939,8 +939,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         environ=environ,
     )
     executor = SpawnExecutor(Spawner(config))
-    app = build_app(executor, base_url, token)
-    print(f"a2a_server: serving {base_url}/ (card {base_url}/.well-known/agent-card.json)", file=sys.stderr, flush=True)
+    try:
+        # Once before serving: a spawn.py that can't run here is a startup error, not a failed task.
+        skills = asyncio.run(executor.spawner.agents())
+    except (SpawnFailed, OSError) as exc:
+        sock.close()
+        print(f"a2a_server: error: can't run {shlex.join(config.spawn)} agents list: {exc}; check --spawn and --python", file=sys.stderr)
+        return 2
+    app = build_app(executor, base_url, token, skills)
+    names = ", ".join(str(a["name"]) for a in skills) or "none; messages run spawn.py's default agent"
+    print(f"a2a_server: serving {base_url}/ (card {base_url}/.well-known/agent-card.json); skills: {names}", file=sys.stderr, flush=True)
     if args.port_file:
         Path(args.port_file).write_text(f"{port}\n")
     # A stream still open once the agents are ended gets this long before it is cut.
