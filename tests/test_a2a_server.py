@@ -16,7 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records, wait_until_gone
+from conftest import (
+    ROOT,
+    load,
+    metas,
+    mock_task,
+    run_spawn,
+    spawn_in_bash,
+    start_spawn,
+    stdout_json,
+    validate_records,
+    wait_for_path,
+    wait_until_gone,
+)
 
 a2a = pytest.importorskip("a2a")
 import httpx  # noqa: E402
@@ -277,8 +289,10 @@ def test_an_ask_is_input_required_and_the_answer_resumes(serve: Callable[..., Se
     validate_records(session_root)
 
 
-def test_the_callers_limits_shrink_and_its_trace_is_kept(serve: Callable[..., Served], session_root: Path) -> None:
+def test_the_callers_limits_shrink_and_its_trace_is_kept(serve: Callable[..., Served], session_root: Path, tmp_path: Path) -> None:
     served = serve("--max-depth", "5", "--max-budget-usd", "2", "--timeout", "900")
+    # This machine's settings bind what it serves, though the agent is not a root here.
+    (tmp_path / "project" / ".claude" / "settings.json").write_text('{"permissions": {"deny": ["Bash(rm:*)"]}}')
     deadline = time.time() + 600
     caller = {
         "spawn.depth": 1,
@@ -296,8 +310,10 @@ def test_the_callers_limits_shrink_and_its_trace_is_kept(serve: Callable[..., Se
         assert meta["max_depth"] == 3  # the caller's, smaller than the server's 5
         assert meta["deadline"] <= deadline - 5  # the caller's, less a parent's grace; the server's 900 s is later
         assert meta["max_budget_usd"] <= 0.5
+        assert load(Path(meta["session"]) / "limits.json")["max_budget_usd"] == 0.5  # the served tree's budget
         assert meta["trace_id"] == TRACEPARENT.split("-")[1]
         assert meta["parent_span_id"] == TRACEPARENT.split("-")[2]
+        assert "Bash(rm:*)" in meta["permissions"]["deny"]
         # The server's own limits win when they are the smaller.
         loose = {"spawn.depth": 0, "spawn.max_depth": 9, "spawn.max_budget_usd": 50}
         second = await send(f"{served.url}/agents/greeter", user_message(mock_task("loose", [{"text": "ok"}]), loose))
@@ -307,12 +323,31 @@ def test_the_callers_limits_shrink_and_its_trace_is_kept(serve: Callable[..., Se
         assert meta2["deadline"] <= time.time() + 900
         # At the caller's max depth: refused by spawn.py (recorded), rejected over A2A.
         deep = await send(f"{served.url}/agents/greeter", user_message("too deep", {"spawn.depth": 3, "spawn.max_depth": 3}))
-        state, text, _ = deep.last_status()
-        assert state == "TASK_STATE_REJECTED" and "depth limit" in text, deep.states()
+        assert deep.states() == ["TASK_STATE_REJECTED"]
+        assert "depth limit" in deep.last_status()[1]
 
     run(body)
     refused = [load(p) for p in session_root.glob("*/agents/*/outcome.json") if load(p)["status"] == "refused"]
     assert len(refused) == 1 and "depth limit" in refused[0]["reason"]
+    validate_records(session_root)
+
+
+def test_stopping_the_server_ends_its_agents(serve: Callable[..., Served], session_root: Path) -> None:
+    served = serve()
+    task = mock_task("long", [{"bash": "echo busy; sleep 300"}, {"text": "never"}])
+
+    async def body() -> None:
+        exchange = await send(f"{served.url}/agents/worker", user_message(task), until=lambda e: bool(e.states()))
+        agent_dir = agent_dir_of(exchange, session_root)
+        await asyncio.to_thread(wait_for_path, agent_dir / "heartbeat.json", STREAM_TIMEOUT_S)
+        pids = [load(agent_dir / "meta.json")["pid"], load(agent_dir / "heartbeat.json")["cli_pid"]]
+        served.process.send_signal(signal.SIGTERM)
+        # uvicorn shuts down, then lets the signal it caught end the process as usual.
+        assert await asyncio.to_thread(served.process.wait, STREAM_TIMEOUT_S) in (0, -signal.SIGTERM)
+        assert load(agent_dir / "outcome.json")["status"] == "killed"
+        assert wait_until_gone(pids, timeout=60) == []
+
+    run(body)
     validate_records(session_root)
 
 

@@ -620,7 +620,8 @@ class SpawnExecutor(AgentExecutor):
         agent_dir = Path(str(data["agent_dir"]))
         run = Run(str(context.task_id), str(data["id"]), agent_dir)
         self.runs[run.task_id] = run
-        await self.publish(run, updater, TaskState.TASK_STATE_WORKING, f"agent {run.agent_id} started", self.identity(run))
+        if data.get("status") != "refused":  # a refusal is already its outcome: follow() reports it
+            await self.publish(run, updater, TaskState.TASK_STATE_WORKING, f"agent {run.agent_id} started", self.identity(run))
         return run
 
     async def answer(self, run: Run, context: RequestContext, updater: TaskUpdater) -> bool:
