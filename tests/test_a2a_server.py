@@ -213,6 +213,7 @@ def test_a_message_runs_an_agent_to_completed_with_its_output(serve: Callable[..
         assert [p.text for p in artifact.parts] == ["hello from greeter"]
         assert metadata["spawn.status"] == "done"
         agent_dir = agent_dir_of(done, session_root)
+        assert metadata["spawn.cost_usd"] == pytest.approx(load(agent_dir / "outcome.json")["cost_usd"])
         assert load(agent_dir / "meta.json")["agent"] == "greeter"
         assert load(agent_dir / "outcome.json")["output"] == "hello from greeter"
         # The root URL takes the skill from the metadata.
@@ -435,7 +436,7 @@ def test_one_tree_across_the_hop(serve: Callable[..., Served], env: dict[str, st
     remote_root = tmp_path / "remote-sessions"
     served = serve("--session", str(remote_root))
     grandchild = mock_task("check one thing", [{"text": "checked"}])
-    steps: list[dict[str, Any]] = [{"bash": spawn_in_bash("--tools", "Read", "--task", grandchild)}, {"text": "remote done"}]
+    steps: list[dict[str, Any]] = [{"bash": spawn_in_bash("--tools", "Bash", "--task", grandchild)}, {"text": "remote done"}]
     proc = run_spawn(
         ["--agent", f"a2a:{served.url}/agents/worker", "--max-depth", "3", "--task", mock_task("work", steps)], env, timeout=300
     )
@@ -450,6 +451,11 @@ def test_one_tree_across_the_hop(serve: Callable[..., Served], env: dict[str, st
     assert {m["trace_id"] for m in remote.values()} == {node["trace_id"]}
     assert by_depth[1]["parent_span_id"] == node["span_id"]
     assert all(m["max_depth"] == 3 for m in remote.values())
+    # The node is charged what the whole remote subtree spent.
+    remote_outcomes = [load(Path(m["session"]) / "agents" / i / "outcome.json") for i, m in remote.items()]
+    assert [o["status"] for o in remote_outcomes] == ["done", "done"]
+    remote_cost = sum(o["cost_usd"] for o in remote_outcomes)
+    assert out["cost_usd"] == pytest.approx(remote_cost)
     validate_records(session_root)
     validate_records(remote_root)
 

@@ -328,10 +328,21 @@ def ask_text(ask: Mapping[str, Any]) -> str:
     )
 
 
-def outcome_metadata(outcome: Mapping[str, Any], agent_dir: Path) -> dict[str, Any]:
-    """What the final status carries: the outcome's bounded fields (cost only when known)."""
-    keys = ("status", "reason", "exit_code", "cost_usd", "duration_s")
+def outcome_metadata(outcome: Mapping[str, Any], agent_dir: Path, subtree_costs: Sequence[float | None]) -> dict[str, Any]:
+    """What the final status carries: the outcome's bounded fields and what the subtree spent.
+
+    spawn.cost_usd is the whole served subtree's, so the caller charges its node for
+    everything the hop caused; spawn.cost_partial marks a sum missing an unknown cost.
+    """
+    keys = ("status", "reason", "exit_code", "duration_s")
     data: dict[str, Any] = {f"spawn.{k}": outcome[k] for k in keys if outcome.get(k) is not None}
+    if outcome.get("cost_usd") is not None:
+        data["spawn.own_cost_usd"] = outcome["cost_usd"]
+    known = [c for c in subtree_costs if c is not None]
+    if known:
+        data["spawn.cost_usd"] = sum(known)
+        if len(known) < len(subtree_costs):
+            data["spawn.cost_partial"] = True
     data["spawn.agent_id"] = agent_dir.name
     data["spawn.agent_dir"] = str(agent_dir)
     return data
@@ -370,6 +381,19 @@ def subtree_ids(session: Path, root: str) -> set[str]:
                 found.add(agent)
                 changed = True
     return found
+
+
+def subtree_costs(session: Path, root: str) -> list[float | None]:
+    """Each agent's cost in the subtree (None when unknown); agents refused before they ran cost nothing."""
+    costs: list[float | None] = []
+    for agent in sorted(subtree_ids(session, root)):
+        outcome = read_json(session / "agents" / agent / "outcome.json") or {}
+        cost = outcome.get("cost_usd")
+        if isinstance(cost, int | float) and not isinstance(cost, bool):
+            costs.append(float(cost))
+        elif not (outcome.get("status") == "refused" and not outcome.get("transcript")):
+            costs.append(None)
+    return costs
 
 
 def pending_asks(session: Path, agents: set[str]) -> list[dict[str, Any]]:
@@ -676,12 +700,16 @@ class SpawnExecutor(AgentExecutor):
                 await updater.add_artifact([part], name="output", metadata={"spawn.agent_id": run.agent_id})
             run.final = True
             reason = str(outcome.get("reason") or status)
-            await updater.update_status(state, message=self.say(updater, reason), metadata=outcome_metadata(outcome, run.agent_dir))
+            await updater.update_status(state, message=self.say(updater, reason), metadata=self.final_metadata(run, outcome))
 
     async def publish(self, run: Run, updater: TaskUpdater, state: TaskState, text: str, metadata: dict[str, Any]) -> None:
         async with run.lock:
             if not run.final:
                 await updater.update_status(state, message=self.say(updater, text), metadata=metadata)
+
+    @staticmethod
+    def final_metadata(run: Run, outcome: Mapping[str, Any]) -> dict[str, Any]:
+        return outcome_metadata(outcome, run.agent_dir, subtree_costs(run.session, run.agent_id))
 
     @staticmethod
     def say(updater: TaskUpdater, text: str) -> Message:
@@ -710,7 +738,7 @@ class SpawnExecutor(AgentExecutor):
         async with run.lock:
             if not run.final:
                 run.final = True
-                metadata = outcome_metadata(outcome or {"status": "killed"}, run.agent_dir)
+                metadata = self.final_metadata(run, outcome or {"status": "killed"})
                 await updater.update_status(TaskState.TASK_STATE_CANCELED, message=self.say(updater, "killed by cancel"), metadata=metadata)
         await self.spawner.unwatch(run)
 
