@@ -497,3 +497,32 @@ def test_a_kill_at_the_top_ends_the_remote_subtree(
             top.kill()
             top.communicate()
     validate_records(remote_root)
+
+
+@needs_a2a_client
+def test_a_remote_ask_is_answered_at_the_top(serve: Callable[..., Served], env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """The served agent's ask becomes input-required, the a2a node's ask here; approving it here lets the remote agent go on."""
+    remote_root = tmp_path / "remote-sessions"
+    served = serve("--session", str(remote_root))
+    target = tmp_path / "made-over-there"
+    top = start_spawn(
+        ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])], env
+    )
+    try:
+        limit = time.monotonic() + STREAM_TIMEOUT_S
+        while not [p for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]:
+            assert top.poll() is None and time.monotonic() < limit, (top.stderr.read() if top.stderr else "", served.stderr.read_text())
+            time.sleep(0.1)
+        [local_ask] = [load(p) for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]
+        assert "touch" in json.dumps(local_ask["input"])
+        approved = run_spawn(["approve", local_ask["id"], "--session", str(next(session_root.iterdir()))], env)
+        assert approved.returncode == 0, approved.stderr
+        out, err = top.communicate(timeout=STREAM_TIMEOUT_S)
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.communicate()
+    assert json.loads(out)["status"] == "done", err
+    assert target.exists()
+    [remote_answer] = [load(p) for p in remote_root.glob("*/asks/q-*.answer.json")]
+    assert remote_answer["verdict"] == "approve" and remote_answer["by"].startswith("a2a:")

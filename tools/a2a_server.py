@@ -731,6 +731,10 @@ class SpawnExecutor(AgentExecutor):
         if run is None:
             await updater.cancel()
             return
+        if run.asking is not None:
+            # Settled as the caller's no, not left pending for an agent about to end.
+            with contextlib.suppress(SpawnFailed):
+                await self.spawner.answer(run, run.asking, "deny")
         await self.spawner.kill(run)
         limit = time.monotonic() + KILL_SETTLE_S
         while (outcome := committed_outcome(run.agent_dir)) is None and time.monotonic() < limit:
