@@ -178,6 +178,47 @@ def agent_dir_of(exchange: Exchange, session_root: Path) -> Path:
     raise AssertionError(f"no agent in {exchange.states()}")
 
 
+def load_server_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("a2a_server", SERVER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["a2a_server"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_smaller_limit_wins_and_bad_metadata_names_its_key() -> None:
+    core = load_server_module()
+    caller = core.caller_context({"spawn.depth": 2.0, "spawn.max_depth": "4", "spawn.max_budget_usd": 3, "spawn.deadline": 2e9})
+    argv, env = core.spawn_arguments(caller, core.ServerLimits(max_depth=3, max_budget_usd=5.0, timeout_s=60.0), "greeter")
+    assert argv[argv.index("--max-depth") + 1] == "3"
+    assert argv[argv.index("--max-budget-usd") + 1] == "3.0"
+    assert argv[argv.index("--timeout") + 1] == "60.0"
+    assert argv[argv.index("--agent") + 1] == "greeter"
+    assert env == {"SPAWN_DEPTH": "2", "SPAWN_DEADLINE": "2000000000.0"}
+    # Nothing from the caller: only the server's own limits, and no inherited depth.
+    argv, env = core.spawn_arguments(core.caller_context({}), core.ServerLimits(), None)
+    assert env == {} and "--max-depth" not in argv and "--agent" not in argv
+    for bad in (
+        {"spawn.depth": True},
+        {"spawn.depth": 1.5},
+        {"spawn.max_budget_usd": 0},
+        {"spawn.deadline": "inf"},
+        {"spawn.agent": "../x"},
+    ):
+        with pytest.raises(core.BadMetadata, match=next(iter(bad))):
+            core.caller_context(bad)
+    assert core.decision_of("Approved, go ahead", {}) == "allow"
+    assert core.decision_of("no thanks", {}) == "deny"
+    assert core.decision_of("what is it?", {}) is None
+    assert core.decision_of("whatever", {"spawn.decision": "deny"}) == "deny"
+    partial = core.outcome_metadata({"status": "done", "cost_usd": 0.5}, Path("/s/agents/a1-x"), [0.5, None, 0.25])
+    assert (partial["spawn.cost_usd"], partial["spawn.cost_partial"], partial["spawn.own_cost_usd"]) == (0.75, True, 0.5)
+    assert "spawn.cost_usd" not in core.outcome_metadata({"status": "killed"}, Path("/s/agents/a1-x"), [None])
+
+
 def test_card_lists_the_agent_definitions_as_skills(serve: Callable[..., Served]) -> None:
     served = serve()
 
