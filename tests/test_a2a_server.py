@@ -26,8 +26,10 @@ from conftest import (
     start_spawn,
     stdout_json,
     validate_records,
+    wait_for_ask,
     wait_for_path,
     wait_until_gone,
+    write_agent,
 )
 
 a2a = pytest.importorskip("a2a")
@@ -88,13 +90,9 @@ class Exchange:
 
 def project_with_agents(tmp_path: Path) -> Path:
     project = tmp_path / "project"
-    agents = project / ".claude" / "agents"
-    agents.mkdir(parents=True)
-    (agents / "greeter.md").write_text("---\nname: greeter\ndescription: Says hello to people\ntools: Read\n---\nYou greet.\n")
-    (agents / "toucher.md").write_text(
-        '---\nname: toucher\ndescription: Makes files\ntools: Bash\npermissions:\n  ask: ["Bash(touch:*)"]\n---\nYou make files.\n'
-    )
-    (agents / "worker.md").write_text("---\nname: worker\ndescription: Runs commands and starts helpers\ntools: Bash\n---\nYou work.\n")
+    write_agent(project, "greeter", "description: Says hello to people\ntools: Read", "You greet.")
+    write_agent(project, "toucher", 'description: Makes files\ntools: Bash\npermissions:\n  ask: ["Bash(touch:*)"]', "You make files.")
+    write_agent(project, "worker", "description: Runs commands and starts helpers\ntools: Bash", "You work.")
     return project
 
 
@@ -550,11 +548,7 @@ def test_a_remote_ask_is_answered_at_the_top(serve: Callable[..., Served], env: 
         ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])], env
     )
     try:
-        limit = time.monotonic() + STREAM_TIMEOUT_S
-        while not [p for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]:
-            assert top.poll() is None and time.monotonic() < limit, (top.stderr.read() if top.stderr else "", served.stderr.read_text())
-            time.sleep(0.1)
-        [local_ask] = [load(p) for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]
+        local_ask = wait_for_ask(session_root, timeout=STREAM_TIMEOUT_S)
         assert "touch" in json.dumps(local_ask["input"])
         approved = run_spawn(["approve", local_ask["id"], "--session", str(next(session_root.iterdir()))], env)
         assert approved.returncode == 0, approved.stderr
