@@ -561,3 +561,31 @@ def test_a_remote_ask_is_answered_at_the_top(serve: Callable[..., Served], env: 
     assert target.exists()
     [remote_answer] = [load(p) for p in remote_root.glob("*/asks/q-*.answer.json")]
     assert remote_answer["verdict"] == "approve" and remote_answer["by"].startswith("a2a:")
+
+
+@needs_a2a_client
+def test_a_remote_ask_denied_at_the_top_ends_the_remote_agent(
+    serve: Callable[..., Served], env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    remote_root = tmp_path / "remote-sessions"
+    served = serve("--session", str(remote_root))
+    target = tmp_path / "never-made"
+    top = start_spawn(
+        ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])], env
+    )
+    try:
+        local_ask = wait_for_ask(session_root, timeout=STREAM_TIMEOUT_S)
+        denied = run_spawn(["deny", local_ask["id"], "--session", str(next(session_root.iterdir()))], env)
+        assert denied.returncode == 0, denied.stderr
+        out, err = top.communicate(timeout=STREAM_TIMEOUT_S)
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.communicate()
+    assert json.loads(out)["status"] == "refused", err
+    assert not target.exists()
+    [remote_answer] = [load(p) for p in remote_root.glob("*/asks/q-*.answer.json")]
+    assert remote_answer["verdict"] == "deny" and remote_answer["by"].startswith("a2a:")  # settled, not left pending
+    [remote_outcome] = [load(p) for p in remote_root.glob("*/agents/*/outcome.json")]
+    assert remote_outcome["status"] == "killed"
+    validate_records(remote_root)

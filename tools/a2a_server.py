@@ -731,11 +731,12 @@ class SpawnExecutor(AgentExecutor):
         if run is None:
             await updater.cancel()
             return
+        await self.spawner.kill(run)
         if run.asking is not None:
-            # Settled as the caller's no, not left pending for an agent about to end.
+            # Killed first, so a no can't let the agent take another turn; then the ask
+            # is settled as the caller's no rather than left pending for an ended agent.
             with contextlib.suppress(SpawnFailed):
                 await self.spawner.answer(run, run.asking, "deny")
-        await self.spawner.kill(run)
         limit = time.monotonic() + KILL_SETTLE_S
         while (outcome := committed_outcome(run.agent_dir)) is None and time.monotonic() < limit:
             await asyncio.sleep(FOLLOW_TICK_S)
