@@ -3985,10 +3985,13 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     own = definition.permissions if definition else RuleSet()
     if definition is not None:
         own = RuleSet(*([dataclasses.replace(r, source=definition.path) for r in getattr(own, k)] for k in PERMISSION_KINDS))
-    # A user's settings files bind the whole tree: the root reads them, and
-    # their deny and ask rules reach every child as inherited rules.
-    user = load_settings_rules(cwd, environ) if inh.depth < 0 and not args.no_settings else RuleSet()
-    if args.no_settings and inh.depth >= 0:
+    # A user's settings files bind the whole tree: its first agent on this
+    # machine reads them (a root, or one served to a caller elsewhere, which
+    # arrives with the caller's depth but no parent here), and their deny and
+    # ask rules reach every child as inherited rules.
+    first_here = inh.parent_id is None
+    user = load_settings_rules(cwd, environ) if first_here and not args.no_settings else RuleSet()
+    if args.no_settings and not first_here:
         warnings.append("--no-settings applies at the root only; the tree's rules still hold")
     inherited = [[parse_rule(t, "inherited from the parent") for t in texts] for texts in (inh.deny, inh.ask)]
     rules = RuleSet(

@@ -488,27 +488,10 @@ class Spawner:
         data = await self.run_json("agents", "list", "--json")
         return [a for a in data.get("agents", []) if isinstance(a, dict) and a.get("name")]
 
-    async def settings_rules(self) -> dict[str, list[str]]:
-        """The deny and ask rules of this machine's settings files, as a root here would read them.
-
-        spawn.py reads settings files at a tree's root only; an agent started with
-        the caller's SPAWN_DEPTH is not one, so the rules are handed down the way a
-        parent hands its own (SPAWN_DENY, SPAWN_ASK): this machine's settings still
-        bind everything served from it.
-        """
-        data = await self.run_json("--dry-run", "--task", "settings", env={"SPAWN_DEPTH": ""})
-        permissions = data.get("permissions") or {}
-        return {kind: [str(r) for r in permissions.get(kind, [])] for kind in ("deny", "ask")}
-
     async def start(self, task: str, caller: CallerContext, skill: str | None) -> dict[str, Any]:
+        # This machine's settings files still bind what it serves: spawn.py
+        # reads them for an agent that has no parent here, whatever its depth.
         argv, env = spawn_arguments(caller, self.config.limits, skill)
-        if caller.depth is not None:
-            rules = await self.settings_rules()
-            for kind, name in (("deny", "SPAWN_DENY"), ("ask", "SPAWN_ASK")):
-                inherited = json.loads(self.config.environ.get(name) or "[]")
-                merged = sorted(set(rules[kind]) | {str(r) for r in inherited if isinstance(inherited, list)})
-                if merged:
-                    env[name] = json.dumps(merged)
         # The task goes on stdin: no argv size limit, and it stays out of `ps`.
         return await self.run_json(*argv, ok=(0, 4), stdin=task.encode(), env=env)
 
