@@ -41,6 +41,14 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    by hand in the ideal order (each level all at once, the next when it has
    ended). Reported, no target; ``--dag-rounds 0`` skips it.
 
+5. Issue #14's targets, printed as one table with the commands used: P1 (the
+   chain above, and the same chain with every level ``uv run spawn.py``),
+   P1b (``--fanout`` background leaves from one parent and ``wait --all``,
+   against as many bare ``claude -p`` in parallel, with the summed peak RSS
+   of the Python side), P2 (above), P6 (the Python side's summed peak PSS
+   with ``--memory-agents`` concurrent agents, with and without the fork
+   server, against the bare tree). P3, P5 and P7 are printed by waitperf_report.
+
 Measurements 1 and 2 run interleaved, ``--repeat`` rounds (each round reverses
 the order of the previous one so drift hits both sides alike); medians are
 reported. Nothing fails by default: each target is printed with whether it
@@ -84,9 +92,12 @@ from mock_model import Served, ServeError, mock_task, serve, spawn_in_bash  # no
 import spawn  # noqa: E402
 
 # Targets from the project's goals; (name, unit, target, compare "<=").
-TARGET_CHAIN_RATIO = 1.5
+TARGET_CHAIN_RATIO = 1.2  # issue 14, P1
+TARGET_FANOUT_RATIO = 1.0  # issue 14, P1b
 TARGET_BYTES_RATIO = 0.15  # issue 14, P2
+TARGET_MEMORY_RATIO = 0.15  # issue 14, P6: Python side of the tree over bare
 TARGET_WAIT_MS = 100.0
+MIB = 1024 * 1024
 
 # Seconds the scripted model sleeps before the background agent's answer: far
 # longer than `spawn.py wait`'s own start-up (~0.2 s), so wait is polling
@@ -95,6 +106,10 @@ WAIT_AGENT_SLEEP_S = 2.0
 # A wait sample only counts if the marker appeared at least this long after
 # the wait process was started (proof that wait was already polling).
 WAIT_MIN_HEAD_START_S = 1.0
+# P6: seconds each leaf's model "thinks", so that every agent of the fan-out
+# is alive at once while memory is sampled (start-up of 32 CLIs on a small
+# machine takes several seconds).
+MEMORY_LEAF_SLEEP_S = 4.0
 
 # A dummy key: the mock accepts anything, and it must not look like a real one.
 FAKE_API_KEY = "bench-not-a-real-key"
@@ -194,6 +209,10 @@ def bench_environment(base: Mapping[str, str], workdir: Path, url: str, pycache:
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         PYTHONUNBUFFERED="1",
     )
+    # uv keeps its cache (the script's environment) under HOME: the real one,
+    # or every `uv run spawn.py` would build the environment again.
+    env["UV_CACHE_DIR"] = base.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv")
+    env["UV_PYTHON_INSTALL_DIR"] = base.get("UV_PYTHON_INSTALL_DIR") or str(Path.home() / ".local" / "share" / "uv" / "python")
     if pycache == "private":
         env.update(private_pycache(workdir))
     return env
@@ -212,6 +231,11 @@ def private_pycache(workdir: Path) -> dict[str, str]:
 # ----------------------------------------------------------------- commands --
 
 
+def spawn_with_uv(*args: str) -> str:
+    """The same child started as users write it: `uv run spawn.py` (the source, whatever SPAWN_PY names)."""
+    return "uv run " + shlex.join([str(SPAWN), *args])
+
+
 def bare_argv(cli: Path, task: str, tools: str | None) -> list[str]:
     argv = [str(cli), "-p", task, "--output-format", "json"]
     if tools is not None:
@@ -224,6 +248,7 @@ class Commands:
     """Every measured command line; built once so each round runs the same ones."""
 
     spawn_chain: list[str]
+    uv_chain: list[str]
     bare_chain: list[str]
     spawn_leaf: list[str]
     bare_leaf: list[str]
@@ -241,6 +266,8 @@ class Commands:
         s_leaf = mock_task("bench chain leaf", LEAF_STEPS)
         s_mid = mock_task("bench chain middle", [{"bash": spawn_in_bash("--task", s_leaf, "--tools", "Read")}, {"text": "middle-result"}])
         s_root = mock_task("bench chain root", [{"bash": spawn_in_bash("--task", s_mid, "--tools", "Bash,Read")}, {"text": "root-result"}])
+        u_mid = mock_task("bench chain middle", [{"bash": spawn_with_uv("--task", s_leaf, "--tools", "Read")}, {"text": "middle-result"}])
+        u_root = mock_task("bench chain root", [{"bash": spawn_with_uv("--task", u_mid, "--tools", "Bash,Read")}, {"text": "root-result"}])
         b_leaf = mock_task("bench chain leaf", LEAF_STEPS)
         b_mid = mock_task("bench chain middle", [{"bash": shlex.join(bare_argv(cli, b_leaf, "Read"))}, {"text": "middle-result"}])
         b_root = mock_task("bench chain root", [{"bash": shlex.join(bare_argv(cli, b_mid, "Bash,Read"))}, {"text": "root-result"}])
@@ -248,6 +275,7 @@ class Commands:
         leaf = mock_task("bench single leaf: answer briefly", LEAF_STEPS)
         return cls(
             spawn_chain=[py, spawn, "--task", s_root, "--tools", "Bash,Read", "--max-depth", "3"],
+            uv_chain=["uv", "run", spawn, "--task", u_root, "--tools", "Bash,Read", "--max-depth", "3"],
             bare_chain=bare_argv(cli, b_root, "Bash,Read"),
             spawn_leaf=[py, spawn, "--task", leaf, "--tools", "Read"],
             bare_leaf=bare_argv(cli, leaf, None),  # the CLI's default tools and system prompt
@@ -348,6 +376,7 @@ class Bench:
         steps: list[Callable[[], None]] = [
             lambda: self.run("spawn_chain", "spawn.py depth-3 chain", c.spawn_chain, expected="root-result", turns=CHAIN_TURNS),
             lambda: self.run("bare_chain", "claude -p depth-3 chain", c.bare_chain, expected="root-result", turns=CHAIN_TURNS),
+            lambda: self.run("uv_chain", "uv run spawn.py depth-3 chain", c.uv_chain, expected="root-result", turns=CHAIN_TURNS),
             lambda: self.run("spawn_leaf", "spawn.py single agent (--tools Read)", c.spawn_leaf, expected=LEAF_TEXT, turns=1),
             lambda: self.run("bare_leaf", "claude -p single agent (defaults)", c.bare_leaf, expected=LEAF_TEXT, turns=1),
             lambda: self.run("python_start", "python -c pass", c.python_start),
@@ -363,6 +392,7 @@ class Bench:
         """First runs pay one-time costs (CLI config, page cache, bytecode): not measured."""
         c = self.cmds
         run_process(c.import_sdk, self.warm_env, self.timeout, self.workdir)
+        run_process(["uv", "run", str(SPAWN), "--dry-run", "--task", "warm", "--tools", "Read"], self.env, self.timeout, self.workdir)
         for argv in (c.bare_leaf, c.spawn_leaf):
             proc = run_process(argv, self.env, self.timeout, self.workdir)
             check_agent_result("warm-up", proc, LEAF_TEXT)
@@ -424,6 +454,25 @@ class Bench:
             time.sleep(0.02)
 
 
+def psutil_clock_offset() -> float:
+    """psutil's create_time minus time.time() for the same instant.
+
+    create_time is the boot time plus the start in clock ticks; that boot time
+    drifts from the wall clock (NTP steps, a suspended VM), by most of a second
+    on some machines, so a create_time compared with time.time() needs this.
+    """
+    import psutil
+
+    before = time.time()
+    proc = subprocess.Popen(["sleep", "1"])
+    after = time.time()
+    try:
+        return psutil.Process(proc.pid).create_time() - (before + after) / 2
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def mcp_samples(env: Mapping[str, str], workdir: Path, count: int, timeout: float) -> dict[str, Any]:
     """tools/mcp_server.py over stdio: spawn_agent -> the agent's process started, and agent_wait's latency.
 
@@ -445,6 +494,7 @@ def mcp_samples(env: Mapping[str, str], workdir: Path, count: int, timeout: floa
     starts: list[float] = []
     latencies: list[float] = []
     from_created: list[float] = []
+    offset = psutil_clock_offset()
 
     async def run() -> None:
         async with Client(params, read_timeout_seconds=timeout) as client:
@@ -463,7 +513,7 @@ def mcp_samples(env: Mapping[str, str], workdir: Path, count: int, timeout: floa
                     raise BenchError(f"agent_wait: {waited.content}")
                 if i:
                     meta = json.loads((agent_dir / "meta.json").read_text())
-                    starts.append((float(meta["create_time"]) - called) * 1000)
+                    starts.append((float(meta["create_time"]) - offset - called) * 1000)
                     latencies.append((returned - (agent_dir / ".done").stat().st_mtime_ns) / 1e6)
                     if clock.seen_ns is not None:
                         from_created.append((returned - clock.seen_ns) / 1e6)
@@ -472,19 +522,166 @@ def mcp_samples(env: Mapping[str, str], workdir: Path, count: int, timeout: floa
     return {"spawn_to_process_ms": starts, "agent_wait_latency_ms": latencies, "agent_wait_from_created_ms": from_created}
 
 
+# ----------------------------------------------------- fan-out and memory --
+
+
+@dataclass
+class TreeMemory:
+    """Peak over time of the summed memory of a set of process trees, split by side.
+
+    "python" is every Python process (spawn.py runners, guards, stand-ins, the
+    fork server); "other" the rest (claude CLIs, their shells). PSS counts a
+    page shared by n processes as 1/n in each, so pages a fork server shares
+    with its children are counted once, as the kernel holds them; RSS counts
+    them in every process.
+    """
+
+    peak_python_pss: int = 0
+    peak_other_pss: int = 0
+    peak_total_pss: int = 0
+    peak_python_rss: int = 0
+    peak_other_rss: int = 0
+    samples: int = 0
+
+
+class MemorySampler:
+    """Samples the process trees under `roots` on a thread until stopped."""
+
+    def __init__(self, roots: Callable[[], Sequence[int]], interval: float = 0.25) -> None:
+        self.roots = roots
+        self.interval = interval
+        self.result = TreeMemory()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            procs: dict[int, psutil.Process] = {}
+            for pid in self.roots():
+                with contextlib.suppress(psutil.Error):
+                    root = psutil.Process(pid)
+                    procs[pid] = root
+                    for child in root.children(recursive=True):
+                        procs[child.pid] = child
+            sums = {"python_pss": 0, "other_pss": 0, "python_rss": 0, "other_rss": 0}
+            for proc in procs.values():
+                with contextlib.suppress(psutil.Error):
+                    side = "python" if proc.name().startswith("python") else "other"
+                    info = proc.memory_full_info()
+                    sums[f"{side}_pss"] += int(getattr(info, "pss", info.rss))
+                    sums[f"{side}_rss"] += int(info.rss)
+            r = self.result
+            r.samples += 1
+            r.peak_python_pss = max(r.peak_python_pss, sums["python_pss"])
+            r.peak_other_pss = max(r.peak_other_pss, sums["other_pss"])
+            r.peak_total_pss = max(r.peak_total_pss, sums["python_pss"] + sums["other_pss"])
+            r.peak_python_rss = max(r.peak_python_rss, sums["python_rss"])
+            r.peak_other_rss = max(r.peak_other_rss, sums["other_rss"])
+            self._stop.wait(self.interval)
+
+
+def fanout_script(count: int, leaf_steps: Sequence[Mapping[str, Any]]) -> str:
+    """A parent's Bash: start `count` leaves with --background at once, then `wait` for all of them."""
+    leaf = shlex.quote(f"MOCK{json.dumps(list(leaf_steps))}MOCK")
+    start = spawn_in_bash("--tools", "Read", "--background", "--print", "id")
+    return (
+        f'd=$(mktemp -d); for i in $(seq {count}); do {start} --task "fan-out leaf $i "{leaf} > "$d/$i" & done; wait; '
+        f'{spawn_in_bash("wait", "--all")} $(cat "$d"/*) > /dev/null'
+    )
+
+
+@dataclass
+class FanOut:
+    """One side-by-side fan-out: a spawn.py parent starting `count` background leaves vs `count` bare claude -p."""
+
+    count: int
+    spawn_s: float
+    bare_s: float
+    spawn_memory: TreeMemory
+    bare_memory: TreeMemory
+    commands: list[str]
+
+
+def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] | None = None, *, bare: bool = True) -> FanOut:
+    """P1b (wall time) and P6 (memory): `count` leaves from one spawn.py parent, and `count` bare claude -p in parallel."""
+    steps: list[dict[str, Any]] = [{"text": LEAF_TEXT, **({"sleep": leaf_sleep} if leaf_sleep else {})}]
+    root_task = mock_task(f"bench fan-out root {count}", [{"bash": fanout_script(count, steps)}, {"text": "root-result"}])
+    spawn_argv = [sys.executable, str(SPAWN), "--task", root_task, "--tools", "Bash,Read", "--max-depth", "1"]
+    run_env = dict(env or bench.env)
+    pids: list[int] = []
+    bench.mock.new_requests()
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        spawn_argv, env=run_env, cwd=bench.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    pids.append(proc.pid)
+    with MemorySampler(lambda: pids) as spawn_mem:
+        out, err = proc.communicate(timeout=bench.timeout)
+    spawn_s = time.perf_counter() - t0
+    time.sleep(0.05)
+    turns = len([r for r in bench.mock.new_requests() if r.get("kind") == "main"])
+    check_agent_result(f"fan-out of {count}", Proc(proc.returncode, out, err, 0, 0, spawn_s), "root-result")
+    if turns != count + 2:
+        raise BenchError(f"fan-out of {count}: {turns} model turns, expected {count + 2}")
+    bare_s, bare_mem = math.nan, TreeMemory()
+    commands = [f"{shlex.join(spawn_argv[:2])} --task 'MOCK[Bash: {fanout_script(count, steps)}]MOCK' --tools Bash,Read --max-depth 1"]
+    if bare:
+        leaves = [bare_argv(bench.cli, mock_task(f"bare fan-out leaf {i}", steps), "Read") for i in range(count)]
+        running: list[subprocess.Popen[bytes]] = []
+        t0 = time.perf_counter()
+        with MemorySampler(lambda: [p.pid for p in running]) as sampler:
+            running += [
+                subprocess.Popen(
+                    a,
+                    env=dict(bench.env),
+                    cwd=bench.workdir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for a in leaves
+            ]
+            codes = [p.wait(bench.timeout) for p in running]
+        bare_s, bare_mem = time.perf_counter() - t0, sampler.result
+        if any(codes):
+            raise BenchError(f"bare fan-out: exit codes {codes}")
+        commands.append(f"{count} x {shlex.join(leaves[0][:2])} ... in parallel")
+    return FanOut(count, spawn_s, bare_s, spawn_mem.result, bare_mem, commands)
+
+
 # ----------------------------------------------------------------- reporting --
 
 
 @dataclass
 class Target:
+    """One row of issue #14's target table (id "P1", "P1b", ...; "" for older targets)."""
+
     name: str
     value: float
     limit: float
     unit: str
+    id: str = ""
+    command: str = ""
+    """How the figure was measured (printed under the table)."""
+
+    @property
+    def measured(self) -> bool:
+        return not math.isnan(self.value)
 
     @property
     def met(self) -> bool:
-        return self.value <= self.limit
+        """A row not measured in this run (a part skipped) is not a miss."""
+        return not self.measured or self.value <= self.limit
 
 
 def fmt(value: float, unit: str) -> str:
@@ -499,15 +696,69 @@ def fmt(value: float, unit: str) -> str:
     return f"{value:.2f}x"
 
 
-def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+def table(rows: Sequence[Sequence[str]], header: Sequence[str], left: int = 1) -> str:
+    """Columns before `left` are text (left-aligned), the rest figures."""
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
     lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join((c.ljust(w) if i == 0 else c.rjust(w)) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
+    lines += ["  ".join((c.ljust(w) if i < left else c.rjust(w)) for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
     return "\n".join(lines)
 
 
-def report(bench: Bench, waits: Sequence[Mapping[str, float]], args: argparse.Namespace, total_s: float) -> dict[str, Any]:
+def short(argv: Sequence[str], limit: int = 160) -> str:
+    """A command line for the table's footnotes: scripted tasks are long, so they are cut."""
+    text = shlex.join(argv)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def fanout_targets(fan: FanOut | None) -> list[Target]:
+    if fan is None:
+        return [Target("fan-out (skipped: --fanout 0)", math.nan, TARGET_FANOUT_RATIO, "x", "P1b")]
+    spawn_rss, bare_rss = fan.spawn_memory.peak_python_rss / MIB, fan.bare_memory.peak_python_rss / MIB
+    mem = f"Python side peak RSS: spawn.py {spawn_rss:.0f} MiB, bare {bare_rss:.0f} MiB"
+    return [
+        Target(
+            f"{fan.count} background leaves + wait --all, wall time ({fmt(fan.spawn_s, 's')} vs {fmt(fan.bare_s, 's')}; {mem})",
+            fan.spawn_s / fan.bare_s,
+            TARGET_FANOUT_RATIO,
+            "x",
+            "P1b",
+            "; ".join(fan.commands),
+        )
+    ]
+
+
+def memory_targets(memory: Mapping[str, FanOut] | None) -> list[Target]:
+    if not memory:
+        return [Target("memory (skipped: --memory-agents 0)", math.nan, TARGET_MEMORY_RATIO, "x", "P6")]
+    rows = []
+    bare = next((m for m in memory.values() if not math.isnan(m.bare_s)), None)
+    for label, m in memory.items():
+        base = bare.bare_memory.peak_total_pss if bare else 0
+        py = m.spawn_memory.peak_python_pss
+        rows.append(
+            Target(
+                f"Python side of {m.count} concurrent agents / bare, PSS, {label} "
+                f"({py / MIB:.0f} MiB Python, {m.spawn_memory.peak_other_pss / MIB:.0f} MiB CLIs; bare {base / MIB:.0f} MiB)",
+                py / base if base else math.nan,
+                TARGET_MEMORY_RATIO,
+                "x",
+                "P6",
+                "; ".join(m.commands),
+            )
+        )
+    return rows
+
+
+def report(
+    bench: Bench,
+    waits: Sequence[Mapping[str, float]],
+    args: argparse.Namespace,
+    total_s: float,
+    *,
+    fan: FanOut | None = None,
+    memory: Mapping[str, FanOut] | None = None,
+) -> dict[str, Any]:
     s = bench.series
 
     def med(key: str, get: Callable[[Sample], float | int | None] = lambda x: x.seconds) -> float:
@@ -580,16 +831,24 @@ def report(bench: Bench, waits: Sequence[Mapping[str, float]], args: argparse.Na
         print(f"(wait was already running {min(head):.1f} s or more before each marker appeared)")
 
     chain_ratio = med("spawn_chain") / med("bare_chain")
+    uv_chain_ratio = med("uv_chain") / med("bare_chain")
     leaf_ratio = med("spawn_leaf") / med("bare_leaf")
     bytes_ratio = spawn_bytes / bare_bytes
+    c = bench.cmds
+    part_bytes = ", ".join(f"{k} {fmt(v, 'B')}" for k, v in parts["spawn_leaf"].items()) + f"; briefing {fmt(briefing_bytes, 'B')}"
+    # One list of rows, in the issue's order; P3, P5 and P7 come from waitperf_report.
     targets = [
-        Target("depth-3 chain wall time, spawn.py / claude -p", chain_ratio, TARGET_CHAIN_RATIO, "x"),
-        Target("leaf first-request bytes, spawn.py / claude -p", bytes_ratio, TARGET_BYTES_RATIO, "x"),
-        Target("spawn.py wait latency, median", median(lat), TARGET_WAIT_MS, "ms"),
+        Target("depth-3 chain, every level `uv run spawn.py`", uv_chain_ratio, TARGET_CHAIN_RATIO, "x", "P1", short(c.uv_chain)),
+        Target('depth-3 chain, every level "$SPAWN_PYTHON" "$SPAWN_PY"', chain_ratio, TARGET_CHAIN_RATIO, "x", "P1", short(c.spawn_chain)),
+        *fanout_targets(fan),
+        Target(f"leaf first-request bytes ({part_bytes})", bytes_ratio, TARGET_BYTES_RATIO, "x", "P2", short(c.spawn_leaf)),
+        *memory_targets(memory),
+        Target("spawn.py wait latency, median (before #14)", median(lat), TARGET_WAIT_MS, "ms"),
     ]
     print()
     print("Ratios")
     print(f"  depth-3 chain    spawn.py / claude -p: {fmt(chain_ratio, 'x')}  (+{med('spawn_chain') - med('bare_chain'):.3f} s)")
+    print(f"  depth-3 chain uv run spawn.py / claude -p: {fmt(uv_chain_ratio, 'x')}  (+{med('uv_chain') - med('bare_chain'):.3f} s)")
     print(f"  single agent     spawn.py / claude -p: {fmt(leaf_ratio, 'x')}  (+{med('spawn_leaf') - med('bare_leaf'):.3f} s per level)")
     print(f"  first request    spawn.py / claude -p: {fmt(bytes_ratio, 'x')}")
     print()
@@ -607,10 +866,17 @@ def report(bench: Bench, waits: Sequence[Mapping[str, float]], args: argparse.Na
     if bench.env.get("PYTHONDONTWRITEBYTECODE") and args.pycache == "inherit":
         print("  note: PYTHONDONTWRITEBYTECODE is set: every Python start compiles the SDK from source (--pycache private: warm cache)")
     print()
-    print("Targets")
+    print("Targets (issue #14; ratios against bare claude -p on the same scripted model, side by side in this run)")
+    rows_out = [
+        [t.id, t.name, fmt(t.value, t.unit), f"<= {fmt(t.limit, t.unit)}", ("met" if t.met else "NOT met") if t.measured else "-"]
+        for t in targets
+    ]
+    print(table(rows_out, ["id", "target", "value", "limit", "verdict"], left=2))
+    print("(P3, P5, P7: under 'wait and status' below)")
+    print("Commands:")
     for t in targets:
-        verdict = "met" if t.met else "NOT met"
-        print(f"  {t.name:<50} {fmt(t.value, t.unit):>10}  target <= {fmt(t.limit, t.unit):<9} {verdict}")
+        if t.command:
+            print(f"  {t.id or '-':<4} {t.command}")
     print(f"\n(total bench time {total_s:.0f} s, {args.repeat} rounds, {len(lat)} wait samples, pycache={args.pycache})")
 
     return {
@@ -625,7 +891,11 @@ def report(bench: Bench, waits: Sequence[Mapping[str, float]], args: argparse.Na
         "first_request_bytes": {"spawn": spawn_bytes, "bare": bare_bytes, "parts": parts, "briefing": briefing_bytes},
         "wait": {"median_ms": median(lat), "samples": list(waits)},
         "ratios": {"chain": chain_ratio, "single": leaf_ratio, "first_request_bytes": bytes_ratio},
-        "targets": [{**vars(t), "met": t.met} for t in targets],
+        "targets": [{**vars(t), "met": t.met, "measured": t.measured} for t in targets],
+        "fanout": None if fan is None else {**vars(fan), "spawn_memory": vars(fan.spawn_memory), "bare_memory": vars(fan.bare_memory)},
+        "memory": {
+            k: {**vars(m), "spawn_memory": vars(m.spawn_memory), "bare_memory": vars(m.bare_memory)} for k, m in (memory or {}).items()
+        },
         "total_s": total_s,
     }
 
@@ -988,6 +1258,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="'inherit' the caller's bytecode settings, or use a warm 'private' cache in the temp dir (as after a normal install)",
     )
     p.add_argument("--dag-rounds", type=int, default=1, metavar="N", help="rounds of the dag runner overhead figure (default 1; 0 skips)")
+    p.add_argument("--fanout", type=int, default=16, metavar="N", help="P1b: background leaves from one parent (default 16; 0 skips)")
+    p.add_argument(
+        "--memory-agents", type=int, default=32, metavar="N", help="P6: concurrent agents whose memory is summed (default 32; 0 skips)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (sessions, mock log) and print its path")
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     add_waitperf_args(p)
@@ -1027,7 +1301,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.mcp_samples and importlib.util.find_spec("mcp") is not None:
                 print(f"MCP server: {args.mcp_samples} samples ...", flush=True)
                 mcp = mcp_samples(env, workdir, args.mcp_samples, args.timeout)
-            summary = {"targets": []} if args.only_waitperf else report(bench, waits, args, time.monotonic() - started)
+            fan = None
+            memory: dict[str, FanOut] = {}
+            if args.fanout > 0 and not args.only_waitperf:
+                print(f"fan-out: {args.fanout} background leaves vs {args.fanout} bare claude -p ...", flush=True)
+                fan = fanout(bench, args.fanout, 0.0)
+            if args.memory_agents > 0 and not args.only_waitperf:
+                # The leaves sleep, so all of them are alive at once when memory peaks.
+                print(f"memory: {args.memory_agents} concurrent agents, with and without the fork server ...", flush=True)
+                memory["with fork server"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S)
+                no_server = {**bench.env, "SPAWN_NO_FORKSERVER": "1"}
+                memory["SPAWN_NO_FORKSERVER=1"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S, no_server, bare=False)
+            summary = (
+                {"targets": []} if args.only_waitperf else report(bench, waits, args, time.monotonic() - started, fan=fan, memory=memory)
+            )
             if args.dag_rounds > 0 and not args.only_waitperf:
                 summary["dag"] = dag_overhead(warm_env, workdir, args.timeout, args.dag_rounds)
             if mcp is not None:
