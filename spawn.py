@@ -42,21 +42,122 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+# --------------------------------------------------- fork server: stand-in --
+# First in the file, before every other import: a nested spawn.py that a
+# fork server will run costs only what runs up to here (see "fork server").
+
+import os
+import sys
+
+FORKSERVER_SOCKET = "forkserver.sock"  # in the session directory, mode 0600
+ENV_NO_FORKSERVER = "SPAWN_NO_FORKSERVER"  # 1: never use the session's fork server
+# Seconds a stand-in waits for the server to fork; past it, the normal path.
+# Generous: a loaded machine may take a while, and giving up after the fork
+# would start the agent twice.
+FORKSERVER_REPLY_S = 30.0
+# Signals a stand-in passes on to the agent it stands for.
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+
+
+def unix_address(path: str) -> tuple[str, int | None]:
+    """An address for path's socket: sun_path holds ~107 bytes, so a longer
+    path is reached through an open fd of its directory (close the fd after)."""
+    if len(os.fsencode(path)) < 100:
+        return path, None
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    return f"/proc/self/fd/{fd}/{os.path.basename(path)}", fd
+
+
+def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> int | None:
+    """Have the session's fork server run this spawn; stay as its stand-in. Its exit code, or None.
+
+    None means: no server, a dead or refusing one, or a spawn it doesn't take
+    (verbs, dry runs, inside a sandbox): run the normal path, no error.
+    The server forks a process that runs exactly what this one would have,
+    with our argv, environment, cwd and stdio; its limits come from OUR
+    ancestry (the server reads our pid from the socket). We stay alive as
+    the agent's stand-in in our parent's process tree: signals are passed
+    on, its exit code becomes ours, and if we are killed the socket closes
+    and the agent ends itself the same way.
+    """
+    session = environ.get("SPAWN_SESSION")
+    if environ.get(ENV_NO_FORKSERVER) == "1" or not session or not argv:
+        return None
+    if not (argv[0] == "_run" or argv[0].startswith("-")) or {"--dry-run", "--help", "-h", "--version"} & set(argv):
+        return None
+    try:
+        with open("/proc/1/cmdline", "rb") as fh:
+            if os.path.basename(fh.read().split(b"\0")[0]) == b"bwrap":
+                return None  # in a parent's sandbox: the agent must stay inside it
+    except OSError:
+        pass
+    import contextlib
+    import json
+    import signal
+    import socket
+
+    try:
+        stat = os.stat(__file__)
+        request = {
+            "argv": argv,
+            "env": dict(environ),
+            "cwd": os.getcwd(),
+            "prefix": sys.prefix,
+            "script": [os.path.realpath(__file__), stat.st_size, stat.st_mtime_ns],
+        }
+        data = json.dumps(request).encode()
+        data = len(data).to_bytes(4, "big") + data
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(FORKSERVER_REPLY_S)
+        address, dir_fd = unix_address(os.path.join(session, FORKSERVER_SOCKET))
+        try:
+            sock.connect(address)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+        sent = socket.send_fds(sock, [data], [0, 1, 2])
+        sock.sendall(data[sent:])
+        reader = sock.makefile("rb")
+        reply = json.loads(reader.readline() or b"null")
+        pid = int(reply["pid"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # nothing was started: the normal path runs the agent
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)
+
+    for name in FORWARDED_SIGNALS:
+        signal.signal(getattr(signal, name), forward)
+    sock.settimeout(None)
+    try:
+        result = json.loads(reader.readline() or b"null")
+    except (OSError, ValueError):
+        result = None
+    if isinstance(result, dict) and isinstance(result.get("exit"), int):
+        return int(result["exit"])
+    os.kill(os.getpid(), signal.SIGKILL)  # the agent was killed outright: so are we, as seen from outside
+    return None
+
+
+if __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:
+    sys.stdout.flush()
+    os._exit(_served)
+
 import argparse
 import contextlib
 import dataclasses
 import datetime as dt
 import enum
+import functools
 import importlib
 import importlib.machinery
 import json
-import os
 import re
 import secrets
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 import types
@@ -73,7 +174,10 @@ if TYPE_CHECKING:
 
 # ---------------------------------------------------------------- constants --
 
-SCRIPT_PATH = Path(__file__).resolve()
+# The source file, also when the interpreter runs the compiled copy children
+# get (compiled_script): the code's own file name survives compilation,
+# __file__ would name the .pyc.
+SCRIPT_PATH = Path(sys._getframe(0).f_code.co_filename).resolve()
 SCRIPT_DIR = SCRIPT_PATH.parent
 SCHEMA_DIR = SCRIPT_DIR / "schemas"
 DEFAULT_SESSION_ROOT = SCRIPT_DIR / "sessions"
@@ -2019,7 +2123,7 @@ def is_guard(proc: psutil.Process) -> bool:
         cmdline = proc.cmdline()
     except psutil.Error:
         return False
-    return "_guard" in cmdline and str(SCRIPT_PATH) in cmdline
+    return "_guard" in cmdline and (str(SCRIPT_PATH) in cmdline or str(compiled_script()) in cmdline)
 
 
 # The guard idles as a bare interpreter (a few MB, no imports) until the pipe
@@ -2043,7 +2147,7 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
     read_end, write_end = os.pipe()  # not inheritable: the CLI never holds it
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-c", GUARD_BOOTSTRAP, str(SCRIPT_PATH), "_guard", str(agent_dir)],
+            [sys.executable, "-c", GUARD_BOOTSTRAP, str(compiled_script()), "_guard", str(agent_dir)],
             stdin=read_end,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -2411,7 +2515,7 @@ def ancestor_agents() -> list[Path]:
     """
     try:
         index = runner_index_dir()
-        chain = psutil.Process().parents()
+        chain = ancestry_subject().parents()
     except (psutil.Error, OSError):
         return []
     entries: dict[int, list[tuple[float, Path]]] = {}
@@ -2481,7 +2585,7 @@ def calling_agents() -> list[tuple[str, str, int]]:
             meta = load_meta(agent_dir)
             found.append((meta.session, meta.id, meta.depth))
     with contextlib.suppress(psutil.Error):
-        for proc in psutil.Process().parents():
+        for proc in ancestry_subject().parents():
             with contextlib.suppress(psutil.Error):
                 env = proc.environ()
                 depth = _int_or_none(env.get(ENV_DEPTH))
@@ -2507,7 +2611,7 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
     if runner is not None:
         found["runner"] = runner
     try:
-        proc = psutil.Process().parent()
+        proc = ancestry_subject().parent()
     except psutil.Error:
         return found
     # Inside a parent's sandbox, pid 1 is its bwrap, whose environment the
@@ -4256,9 +4360,10 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
 def spawn_command() -> str:
     """How an agent's Bash should call spawn.py: the interpreter already resolved.
 
-    Skipping `uv run` below the root saves its resolution step at every level.
+    Skipping `uv run` below the root saves its resolution step at every level,
+    and the compiled script its compilation.
     """
-    return f"{shlex.quote(sys.executable)} {shlex.quote(str(SCRIPT_PATH))}"
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(compiled_script()))}"
 
 
 def sandbox_problem() -> str | None:
@@ -4346,7 +4451,7 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         ENV_TRACEPARENT: meta.traceparent,
         "TRACEPARENT": meta.traceparent,
         ENV_PYTHON: sys.executable,
-        ENV_SCRIPT: str(SCRIPT_PATH),
+        ENV_SCRIPT: str(compiled_script()),
         "BASH_DEFAULT_TIMEOUT_MS": os.environ.get("BASH_DEFAULT_TIMEOUT_MS", BASH_TIMEOUT_MS),
         "BASH_MAX_TIMEOUT_MS": os.environ.get("BASH_MAX_TIMEOUT_MS", BASH_TIMEOUT_MS),
     }
@@ -5060,6 +5165,8 @@ def run_agent(
     become_subreaper()
     guard_pid, guard_pipe = guard or start_guard(agent_dir)
     enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
+    if forkserver_wanted(meta, os.environ):
+        start_forkserver(meta, agent_dir)  # after entering the cgroup: it ends with the tree
     error: str | None = None
     home_cwd = Path(meta.cwd)
     if meta.isolation == "worktree":
@@ -5216,7 +5323,7 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     # step) may end its process group as soon as the launcher returns.
     with open(agent_dir / RUNNER_LOG, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(SCRIPT_PATH), "_run", str(agent_dir)],
+            [sys.executable, str(compiled_script()), "_run", str(agent_dir)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -5954,6 +6061,273 @@ def executor_for(kind: str) -> Executor:
     return EXECUTORS[kind]()
 
 
+# ------------------------------------------------------------- fast start --
+
+# A script run as `python spawn.py` is compiled on every start (only imported
+# modules get cached bytecode): ~80 ms of a 6,000-line file, at every level.
+# So the first spawn.py of a tree compiles it once into the per-user cache,
+# named by the source's hash, and children, guards and runners run that.
+COMPILED_DIR = "compiled"
+
+
+@functools.cache
+def compiled_script() -> Path:
+    """The file to execute for this spawn.py: its compiled copy, else its source.
+
+    A process already running a compiled copy hands on that same copy, so a
+    whole tree runs one version even if the source is edited meanwhile.
+    py_compile writes to a temporary file and renames it, so a half-written
+    copy is never run. Any failure (a read-only cache, inside a sandbox)
+    falls back to the source.
+    """
+    if Path(__file__).suffix == ".pyc":
+        return Path(__file__).resolve()
+    import hashlib
+    import py_compile
+
+    try:
+        digest = hashlib.sha256(SCRIPT_PATH.read_bytes()).hexdigest()[:20]
+        folder = cache_dir(os.environ) / COMPILED_DIR
+        target = folder / f"spawn-{digest}.{sys.implementation.cache_tag}.pyc"
+        if not target.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            py_compile.compile(str(SCRIPT_PATH), cfile=str(target), dfile=str(SCRIPT_PATH), doraise=True)
+    except (OSError, py_compile.PyCompileError):
+        return SCRIPT_PATH
+    return target
+
+
+# ------------------------------------------------------------- fork server --
+
+# A session's fork server: one process, started by the root agent, that has
+# imported everything a spawn needs. A nested spawn.py hands its whole
+# invocation over the socket (forkserver_stand_in, at the top of this file)
+# and the server forks a child that runs it: no interpreter start, no
+# imports, and pages shared with the server. It is an accelerator only:
+# with no server, every spawn takes the normal path and every guarantee is
+# the same.
+FORKSERVER_LOG = "forkserver.jsonl"  # in the session directory: one line per fork
+FORKSERVER_POLL_S = 1.0  # how often the server checks that its root is still alive
+
+
+class ForkedFor:
+    """In a child of the fork server: the stand-in it runs a spawn for (set once, after the fork)."""
+
+    pid: int | None = None
+    create_time: float = 0.0
+
+
+def ancestry_subject() -> psutil.Process:
+    """The process whose ancestry decides a spawn's parent agent and limits.
+
+    This process, except in a fork server's child: there it is the stand-in,
+    whose pid the kernel reported (SO_PEERCRED), since the child's own
+    ancestry is the server's. If the stand-in is gone the spawn is over; the
+    child must never go on as if it were a root.
+    """
+    if ForkedFor.pid is None:
+        return psutil.Process()
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(ForkedFor.pid)
+        if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
+            return proc
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
+    """Only a root that can have children starts one; SPAWN_NO_FORKSERVER=1 turns it off."""
+    return (
+        meta.parent_id is None
+        and ForkedFor.pid is None
+        and meta.depth < meta.max_depth
+        and "Bash" in meta.tools
+        and environ.get(ENV_NO_FORKSERVER) != "1"
+    )
+
+
+def start_forkserver(meta: AgentMeta, agent_dir: Path) -> None:
+    """Start the session's fork server beside the root (in its cgroup, below its subreaper).
+
+    The root's end takes it down with the rest of its subtree; it also exits
+    by itself once the root's process is gone. A server that fails to start
+    costs nothing but speed.
+    """
+    with contextlib.suppress(OSError), open(Path(meta.session) / "forkserver.log", "ab") as log:
+        subprocess.Popen(
+            [sys.executable, str(compiled_script()), "_forkserver", str(agent_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # not in the terminal's group: a Ctrl-C reaches the root, which ends it
+        )
+
+
+def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) -> str | None:
+    """Why this server must not run a request (then the stand-in takes the normal path)."""
+    if request.get("prefix") != sys.prefix:
+        return "another Python environment"
+    path, size, mtime_ns = request.get("script") or ("", 0, 0)
+    if path == str(compiled_script()):
+        return None
+    if path == str(SCRIPT_PATH) and (size, mtime_ns) == (script_stat.st_size, script_stat.st_mtime_ns):
+        return None
+    return "another spawn.py"
+
+
+def read_request(conn: Any) -> tuple[dict[str, Any], list[int]]:
+    """The stand-in's request: a 4-byte length, JSON, and its stdio fds (SCM_RIGHTS)."""
+    import socket
+
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+    try:
+        length = int.from_bytes(data[:4], "big")
+        body = bytearray(data[4:])
+        while len(body) < length:
+            chunk = conn.recv(min(1 << 16, length - len(body)))
+            if not chunk:
+                raise ValueError("request cut short")
+            body += chunk
+        request = json.loads(bytes(body))
+        if not isinstance(request, dict) or len(fds) != 3:
+            raise ValueError("malformed request")
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        raise
+    return request, fds
+
+
+def serve_forks(meta: AgentMeta) -> None:
+    """The fork server's loop: accept, check the peer, fork; until the root is gone."""
+    # Everything a spawn imports, once: the children share these pages.
+    import asyncio  # noqa: F401
+    import socket
+    import struct
+
+    import jsonschema  # noqa: F401
+
+    import_sdk(os.environ)
+    import anyio  # noqa: F401
+
+    compiled_script()
+    script_stat = SCRIPT_PATH.stat()
+    root = Supervised.of(meta)
+    path = Path(meta.session) / FORKSERVER_SOCKET
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address, dir_fd = unix_address(str(path))
+    mask = os.umask(0o177)  # the socket is created 0600: only this user may connect
+    try:
+        server.bind(address)
+    finally:
+        os.umask(mask)
+        if dir_fd is not None:
+            os.close(dir_fd)
+    bound = path.stat().st_ino
+    server.listen(64)
+    server.settimeout(FORKSERVER_POLL_S)
+
+    def reap(_signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGCHLD, reap)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        while root.alive():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+                client_pid, client_uid, _gid = struct.unpack("3i", creds)
+                if client_uid != os.getuid():
+                    continue  # closed unanswered: that client takes the normal path
+                conn.settimeout(5.0)
+                with contextlib.suppress(OSError, ValueError, psutil.Error):
+                    request, fds = read_request(conn)
+                    try:
+                        refusal = forkserver_refusal(request, script_stat)
+                        if refusal is not None:
+                            conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
+                            continue
+                        client_time = psutil.Process(client_pid).create_time()
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                        pid = os.fork()
+                        if pid == 0:
+                            try:
+                                server.close()
+                                run_forked(conn, fds, request, client_pid, client_time)
+                            finally:
+                                os._exit(ExitCode.STATE)
+                    finally:
+                        for fd in fds:
+                            os.close(fd)
+                    line = {
+                        "time": utc_now_iso(),
+                        "pid": pid,
+                        "client_pid": client_pid,
+                        "verb": "_run" if request["argv"][:1] == ["_run"] else "run",
+                    }
+                    with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
+                        fh.write(json.dumps(line) + "\n")
+    finally:
+        with contextlib.suppress(OSError):
+            if path.stat().st_ino == bound:
+                path.unlink()
+
+
+def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float) -> NoReturn:
+    """In the forked child: become the spawn the stand-in would have run, then report its exit code."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.setsid()  # its own group, as a runner has: never in the server's
+    ForkedFor.pid, ForkedFor.create_time = client_pid, client_time
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    os.chdir(str(request["cwd"]))
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+    argv = [str(a) for a in request["argv"]]
+    sys.argv = [str(compiled_script()), *argv]
+    conn.settimeout(None)
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    finished = threading.Event()
+
+    def watch_stand_in() -> None:
+        # The stand-in never writes: this returns when it closes or dies.
+        with contextlib.suppress(OSError):
+            conn.recv(1)
+        if not finished.is_set():
+            os.kill(os.getpid(), signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
+
+    watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
+    watcher.start()
+    code = main(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    finished.set()
+    # Let go of the caller's pipes before the stand-in exits, as a process that ends would.
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps({"exit": int(code)}).encode() + b"\n")
+    watcher.join(FORKSERVER_REPLY_S)  # our pid stays ours while the stand-in may still signal it
+    os._exit(code)
+
+
+def cmd_forkserver(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    serve_forks(load_meta(Path(args.agent_dir)))
+    return ExitCode.OK
+
+
 # -------------------------------------------------------------------- verbs --
 
 
@@ -6198,7 +6572,7 @@ def calling_agent(environ: Mapping[str, str]) -> tuple[Path, AgentMeta] | None:
     agent_dir = Path(session) / AGENTS_DIR / agent_id
     try:
         meta = load_meta(agent_dir)
-        ancestors = psutil.Process().parents()
+        ancestors = ancestry_subject().parents()
     except (FileNotFoundError, SpawnError, psutil.Error, OSError):
         return None
     for proc in ancestors:
@@ -7028,7 +7402,7 @@ def start_dag_task(t: DagTask, prompt: str, runner: AgentMeta, runner_dir: Path,
     """Launch one task as a background child of the runner's node; its launcher's JSON, or an error."""
     env = {**environ, **child_environment(runner, runner_dir)}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT_PATH), *dag_argv(t, prompt), "--background"],
+        [sys.executable, str(compiled_script()), *dag_argv(t, prompt), "--background"],
         env=env,
         capture_output=True,
         text=True,
@@ -7876,7 +8250,7 @@ def build_verb_parser(verb: str) -> Parser:
             p.add_argument("--dry-run", action="store_true", help="preview the plan's steps and files; write nothing")
         if verb == "explore":
             p.add_argument("--depth", choices=["shallow", "deep"], default="deep")
-    elif verb in ("_run", "_guard"):
+    elif verb in ("_run", "_guard", "_forkserver"):
         p.add_argument("agent_dir")
         if verb == "_guard":  # the runner's exit status, for the guard above a root (GUARD_ABOVE_BOOTSTRAP)
             p.add_argument("--above", type=int, help=argparse.SUPPRESS)
@@ -7884,7 +8258,7 @@ def build_verb_parser(verb: str) -> Parser:
 
 
 WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
-VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard")
+VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard", "_forkserver")
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -7978,6 +8352,8 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
             raise StateError(f"{agent_dir} was never registered; nothing to run")
         time.sleep(0.01)
     pid, create_time, _ = own_identity()
+    if ForkedFor.pid is not None:
+        register_runner(pid, create_time, agent_dir)  # the launcher registered the stand-in; the agent runs here
     try:
         outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard)
     finally:
@@ -8203,6 +8579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "state": cmd_state,
                 "_run": cmd_background_runner,
                 "_guard": cmd_guard,
+                "_forkserver": cmd_forkserver,
             }[verb]
             return handler(args, environ)
         return cmd_run(argv, environ)
