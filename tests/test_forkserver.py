@@ -1,0 +1,239 @@
+"""The session fork server: nested spawns run forked from it, with the same results as without it.
+
+End to end with the real CLI and the scripted model. The root's first Bash
+step waits for the server's socket, so that the nested spawns find it (a
+spawn that comes before it takes the normal path, which is also correct but
+not what these tests are about).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, wait_for_path, wait_until_gone
+
+import spawn
+
+SOCKET = '"$SPAWN_SESSION/forkserver.sock"'
+WAIT_FOR_SOCKET = f"for i in $(seq 600); do [ -S {SOCKET} ] && break; sleep 0.05; done; stat -c %a {SOCKET}"
+
+
+def forks(session_root: Path) -> list[dict[str, Any]]:
+    """The fork server's record of what it forked (empty if it forked nothing)."""
+    lines = []
+    for log in session_root.glob(f"*/{spawn.FORKSERVER_LOG}"):
+        lines += [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    return lines
+
+
+def servers(session_root: Path) -> list[psutil.Process]:
+    """Fork server processes of sessions under session_root."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "_forkserver" in cmdline and any(str(session_root) in arg for arg in cmdline):
+            found.append(proc)
+    return found
+
+
+def chain(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    leaf = mock_task("leaf level", [{"text": "leaf-result"}])
+    middle = mock_task("middle level", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Read")}, {"text": "middle-result"}])
+    root = mock_task(
+        "root level",
+        [{"bash": WAIT_FOR_SOCKET}, {"bash": spawn_in_bash("--task", middle, "--tools", "Bash,Read")}, {"text": "root-result"}],
+    )
+    return run_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "3"], env)
+
+
+def outcomes(session_root: Path) -> dict[int, tuple[str, Any]]:
+    return {
+        load(d / "meta.json")["depth"]: (load(d / "outcome.json")["status"], load(d / "outcome.json")["output"])
+        for d in agent_dirs(session_root)
+    }
+
+
+def test_nested_chain_runs_through_the_fork_server(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    proc = chain(env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert stdout_json(proc)["output"] == "root-result"
+    by_depth = {m["depth"]: m for m in metas(session_root).values()}
+    # Both nested levels were forked by the server: their runners are its children.
+    forked = {line["pid"] for line in forks(session_root)}
+    assert {by_depth[1]["pid"], by_depth[2]["pid"]} <= forked
+    assert by_depth[2]["parent_id"] == by_depth[1]["id"] and by_depth[1]["parent_id"] == by_depth[0]["id"]
+    # The root's Bash saw the socket, private to the user.
+    (root_dir,) = [d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 0]
+    assert '"600' in (root_dir / "transcript.jsonl").read_text()
+    # The server ended with the root, and took its socket with it.
+    assert not wait_until_gone([p.pid for p in servers(session_root)], timeout=30)
+    assert not list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))
+
+    # Without the server: the same exit code and outcomes, and nothing forked.
+    other_root = tmp_path / "no-server"
+    plain = chain({**env, "SPAWN_NO_FORKSERVER": "1", "SPAWN_SESSION_ROOT": str(other_root)})
+    assert plain.returncode == proc.returncode
+    assert outcomes(other_root) == outcomes(session_root)
+    assert not forks(other_root) and not list(other_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))
+
+
+@pytest.mark.parametrize("server_on", [True, False])
+def test_depth_limit_holds_through_the_server(env: dict[str, str], session_root: Path, server_on: bool) -> None:
+    grandchild = mock_task("too deep", [{"text": "should not run"}])
+    child = mock_task(
+        "at max depth", [{"bash": spawn_in_bash("--task", grandchild, "--tools", "Read") + "; echo exit=$?"}, {"text": "child-done"}]
+    )
+    root = mock_task(
+        "root",
+        # Out of the sandbox (auto would put it in, as it can't spawn): its spawn must reach the server to be refused there.
+        [
+            {"bash": WAIT_FOR_SOCKET},
+            {"bash": spawn_in_bash("--task", child, "--tools", "Bash,Read", "--sandbox", "off")},
+            {"text": "root-done"},
+        ],
+    )
+    run_env = env if server_on else {**env, "SPAWN_NO_FORKSERVER": "1"}
+    proc = run_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "1"], run_env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    by_depth = {load(d / "meta.json")["depth"]: d for d in agent_dirs(session_root)}
+    assert load(by_depth[1] / "outcome.json")["status"] == "done"
+    # The spawn at depth 2 was refused (exit 4), with or without the server.
+    assert f"exit={int(spawn.ExitCode.REFUSED)}" in (by_depth[1] / "transcript.jsonl").read_text()
+    if 2 in by_depth:
+        assert load(by_depth[2] / "outcome.json")["status"] == "refused"
+    stand_ins = [line for line in forks(session_root) if line["verb"] == "run"]
+    assert len(stand_ins) == (2 if server_on else 0)  # the child, and the refused spawn below it
+
+
+def test_sigkill_of_the_stand_in_ends_the_forked_agent(env: dict[str, str], session_root: Path) -> None:
+    child = mock_task("slow child", [{"text": "never", "sleep": 300}])
+    root = mock_task(
+        "root", [{"bash": WAIT_FOR_SOCKET}, {"bash": spawn_in_bash("--task", child, "--tools", "Read")}, {"text": "root-done"}]
+    )
+    proc = start_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "2"], env)
+    try:
+        limit = time.monotonic() + 90
+        while not [line for line in forks(session_root) if line["verb"] == "run"]:
+            assert time.monotonic() < limit and proc.poll() is None, "the child was never forked"
+            time.sleep(0.05)
+        (line,) = forks(session_root)
+        child_dir: Path | None = None
+        limit = time.monotonic() + 60
+        while child_dir is None:
+            found = [d for d in agent_dirs(session_root) if (d / "meta.json").exists() and load(d / "meta.json")["depth"] == 1]
+            child_dir = found[0] if found else None
+            assert time.monotonic() < limit, "the child never registered"
+            time.sleep(0.05)
+        assert load(child_dir / "meta.json")["pid"] == line["pid"]
+        os.kill(line["client_pid"], signal.SIGKILL)
+        assert not wait_until_gone([line["pid"]], timeout=60), "the forked agent outlived its stand-in"
+        wait_for_path(child_dir / "outcome.json", timeout=60)
+        assert load(child_dir / "outcome.json")["status"] in ("failed", "killed")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == spawn.ExitCode.OK, err
+    assert json.loads(out.splitlines()[-1])["output"] == "root-done"
+
+
+@pytest.mark.parametrize("socket_state", ["dead", "garbage"])
+def test_a_dead_or_garbage_socket_falls_back_silently(env: dict[str, str], session_root: Path, tmp_path: Path, socket_state: str) -> None:
+    go = tmp_path / "go"
+    child = mock_task("child", [{"text": "child-result"}])
+    hold = f"{WAIT_FOR_SOCKET}; while [ ! -e {go} ]; do sleep 0.05; done"
+    root = mock_task("root", [{"bash": hold}, {"bash": spawn_in_bash("--task", child, "--tools", "Read")}, {"text": "root-done"}])
+    proc = start_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "2"], env)
+    try:
+        limit = time.monotonic() + 90
+        while not (sock := list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))):
+            assert time.monotonic() < limit and proc.poll() is None, "no fork server socket"
+            time.sleep(0.05)
+        for server in servers(session_root):
+            server.kill()  # SIGKILL: the socket file stays behind, with nobody listening
+        assert not wait_until_gone([p.pid for p in servers(session_root)], timeout=30)
+        if socket_state == "garbage":
+            sock[0].unlink()
+            sock[0].write_bytes(b"not a socket\n")
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == spawn.ExitCode.OK, err
+    assert json.loads(out.splitlines()[-1])["output"] == "root-done"
+    child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
+    assert load(child_dir / "outcome.json")["output"] == "child-result"
+    assert not forks(session_root)
+
+
+def request_as(uid: int, address: str) -> bytes:
+    """Connect to a fork server as another user and send a request; what it answers."""
+    code = (
+        "import json, os, socket, sys\n"
+        f"os.setgid({uid}); os.setuid({uid})\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(30)\n"
+        "body = json.dumps({'argv': ['--task', 'x'], 'env': {}, 'cwd': '/', 'prefix': sys.prefix, 'script': ['', 0, 0]}).encode()\n"
+        "socket.send_fds(s, [len(body).to_bytes(4, 'big') + body], [0, 1, 2])\n"
+        "sys.stdout.buffer.write(s.recv(1000))\n"
+    )
+    return subprocess.run([sys.executable, "-c", code, address], capture_output=True, timeout=60, check=True).stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another uid needs root")
+def test_the_socket_is_private_and_another_uid_is_refused(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    root = mock_task("root", [{"bash": f"{WAIT_FOR_SOCKET}; while [ ! -e {go} ]; do sleep 0.05; done"}, {"text": "root-done"}])
+    proc = start_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "2"], env)
+    try:
+        limit = time.monotonic() + 90
+        while not (sock := list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))):
+            assert time.monotonic() < limit and proc.poll() is None, "no fork server socket"
+            time.sleep(0.05)
+        assert stat.S_IMODE(sock[0].stat().st_mode) == 0o600
+        # Past the file mode (opened up here on purpose), the server checks the peer's uid itself.
+        sock[0].chmod(0o777)
+        sock[0].parent.chmod(0o755)
+        for folder in sock[0].parents:
+            if folder == tmp_path.parent:
+                break
+            folder.chmod(folder.stat().st_mode | 0o005)
+        address, dir_fd = spawn.unix_address(str(sock[0]))
+        assert dir_fd is None or address  # long paths: the test connects through /proc, like the stand-in
+        if dir_fd is not None:
+            os.close(dir_fd)
+            pytest.skip("socket path too long to hand to another user")
+        assert request_as(65534, str(sock[0])) == b""  # closed unanswered: that client takes the normal path
+        assert not forks(session_root)
+        go.touch()
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == spawn.ExitCode.OK, err
+
+
+def test_stand_in_takes_the_normal_path_without_a_server(tmp_path: Path) -> None:
+    """Unit level: no session, no socket, a verb, or SPAWN_NO_FORKSERVER=1: None (the normal path)."""
+    session = tmp_path / "s"
+    session.mkdir()
+    environ = {"SPAWN_SESSION": str(session)}
+    assert spawn.forkserver_stand_in(["--task", "x"], {}) is None
+    assert spawn.forkserver_stand_in(["--task", "x"], environ) is None  # no socket
+    (session / spawn.FORKSERVER_SOCKET).write_text("garbage")
+    assert spawn.forkserver_stand_in(["--task", "x"], environ) is None
+    assert spawn.forkserver_stand_in(["status"], environ) is None
+    assert spawn.forkserver_stand_in(["--task", "x"], {**environ, "SPAWN_NO_FORKSERVER": "1"}) is None
