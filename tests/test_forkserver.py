@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -179,17 +180,42 @@ def test_a_dead_or_garbage_socket_falls_back_silently(env: dict[str, str], sessi
     assert not forks(session_root)
 
 
-def request_as(uid: int, address: str) -> bytes:
-    """Connect to a fork server as another user and send a request; what it answers."""
-    code = (
-        "import json, os, socket, sys\n"
-        f"os.setgid({uid}); os.setuid({uid})\n"
-        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(30)\n"
-        "body = json.dumps({'argv': ['--task', 'x'], 'env': {}, 'cwd': '/', 'prefix': sys.prefix, 'script': ['', 0, 0]}).encode()\n"
-        "socket.send_fds(s, [len(body).to_bytes(4, 'big') + body], [0, 1, 2])\n"
-        "sys.stdout.buffer.write(s.recv(1000))\n"
-    )
-    return subprocess.run([sys.executable, "-c", code, address], capture_output=True, timeout=60, check=True).stdout
+def request_as(uid: int, sock: Path) -> bytes:
+    """Connect to a fork server as another user and send a request; what it answers.
+
+    A forked child of the test changes uid (the interpreter under /root may
+    be out of that user's reach), and connects through an fd of the socket's
+    directory, as the stand-in does: test paths are too long for an address.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through the pipe only
+        code = 1
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            fd = os.open(sock.parent, os.O_PATH | os.O_DIRECTORY)
+            client = socket.socket(socket.AF_UNIX)
+            client.settimeout(30)
+            client.connect(f"/proc/self/fd/{fd}/{sock.name}")
+            body = json.dumps({"argv": ["--task", "x"], "env": {}, "cwd": "/", "prefix": sys.prefix, "script": ["", 0, 0]}).encode()
+            socket.send_fds(client, [len(body).to_bytes(4, "big") + body], [0, 1, 2])
+            try:
+                answer = client.recv(1000)
+            except ConnectionResetError:
+                answer = b""  # closed with our request unread: refused as well
+            os.write(write_end, b"answer:" + answer)
+            code = 0
+        except BaseException as exc:
+            os.write(write_end, f"error: {exc!r}".encode())
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as fh:
+        reported = fh.read()
+    os.waitpid(pid, 0)
+    assert reported.startswith(b"answer:"), reported
+    return reported.removeprefix(b"answer:")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another uid needs root")
@@ -197,6 +223,7 @@ def test_the_socket_is_private_and_another_uid_is_refused(env: dict[str, str], s
     go = tmp_path / "go"
     root = mock_task("root", [{"bash": f"{WAIT_FOR_SOCKET}; while [ ! -e {go} ]; do sleep 0.05; done"}, {"text": "root-done"}])
     proc = start_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "2"], env)
+    opened: list[tuple[Path, int]] = []
     try:
         limit = time.monotonic() + 90
         while not (sock := list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))):
@@ -205,21 +232,17 @@ def test_the_socket_is_private_and_another_uid_is_refused(env: dict[str, str], s
         assert stat.S_IMODE(sock[0].stat().st_mode) == 0o600
         # Past the file mode (opened up here on purpose), the server checks the peer's uid itself.
         sock[0].chmod(0o777)
-        sock[0].parent.chmod(0o755)
-        for folder in sock[0].parents:
-            if folder == tmp_path.parent:
-                break
-            folder.chmod(folder.stat().st_mode | 0o005)
-        address, dir_fd = spawn.unix_address(str(sock[0]))
-        assert dir_fd is None or address  # long paths: the test connects through /proc, like the stand-in
-        if dir_fd is not None:
-            os.close(dir_fd)
-            pytest.skip("socket path too long to hand to another user")
-        assert request_as(65534, str(sock[0])) == b""  # closed unanswered: that client takes the normal path
+        for folder in [p for p in sock[0].parents if p != Path("/")]:
+            mode = stat.S_IMODE(folder.stat().st_mode)
+            opened.append((folder, mode))
+            folder.chmod(mode | 0o001)
+        assert request_as(65534, sock[0]) == b""  # closed unanswered: that client takes the normal path
         assert not forks(session_root)
         go.touch()
         _out, err = proc.communicate(timeout=120)
     finally:
+        for folder, mode in opened:
+            folder.chmod(mode)
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
