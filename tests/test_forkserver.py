@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import psutil
 import pytest
 from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, wait_for_path, wait_until_gone
@@ -70,6 +71,9 @@ def test_nested_chain_runs_through_the_fork_server(env: dict[str, str], session_
     assert stdout_json(proc)["output"] == "root-result"
     by_depth = {m["depth"]: m for m in metas(session_root).values()}
     # Both nested levels were forked by the server: their runners are its children.
+    schema = json.loads((spawn.SCHEMA_DIR / "forkserver-line.json").read_text())
+    for line in forks(session_root):
+        jsonschema.validate(line, schema)
     forked = {line["pid"] for line in forks(session_root)}
     assert {by_depth[1]["pid"], by_depth[2]["pid"]} <= forked
     assert by_depth[2]["parent_id"] == by_depth[1]["id"] and by_depth[1]["parent_id"] == by_depth[0]["id"]
