@@ -6202,6 +6202,7 @@ def serve_forks(meta: AgentMeta) -> None:
     """The fork server's loop: accept, check the peer, fork; until the root is gone."""
     # Everything a spawn imports, once: the children share these pages.
     import asyncio  # noqa: F401
+    import gc
     import socket
     import struct
 
@@ -6211,6 +6212,9 @@ def serve_forks(meta: AgentMeta) -> None:
     import anyio  # noqa: F401
 
     compiled_script()
+    # Out of the collector's reach: a child's collections then leave these
+    # pages alone, so they stay shared with the server instead of copied.
+    gc.freeze()
     script_stat = SCRIPT_PATH.stat()
     root = Supervised.of(meta)
     path = Path(meta.session) / FORKSERVER_SOCKET
@@ -6309,7 +6313,10 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
 
     watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
     watcher.start()
-    code = main(argv)
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # what the process would have exited with
+        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
     sys.stdout.flush()
     sys.stderr.flush()
     finished.set()

@@ -377,6 +377,14 @@ class Bench:
             lambda: self.run("spawn_chain", "spawn.py depth-3 chain", c.spawn_chain, expected="root-result", turns=CHAIN_TURNS),
             lambda: self.run("bare_chain", "claude -p depth-3 chain", c.bare_chain, expected="root-result", turns=CHAIN_TURNS),
             lambda: self.run("uv_chain", "uv run spawn.py depth-3 chain", c.uv_chain, expected="root-result", turns=CHAIN_TURNS),
+            lambda: self.run(
+                "spawn_chain_no_server",
+                "  same as spawn.py chain, SPAWN_NO_FORKSERVER=1",
+                c.spawn_chain,
+                expected="root-result",
+                turns=CHAIN_TURNS,
+                env={**self.env, "SPAWN_NO_FORKSERVER": "1"},
+            ),
             lambda: self.run("spawn_leaf", "spawn.py single agent (--tools Read)", c.spawn_leaf, expected=LEAF_TEXT, turns=1),
             lambda: self.run("bare_leaf", "claude -p single agent (defaults)", c.bare_leaf, expected=LEAF_TEXT, turns=1),
             lambda: self.run("python_start", "python -c pass", c.python_start),
@@ -849,6 +857,10 @@ def report(
     print("Ratios")
     print(f"  depth-3 chain    spawn.py / claude -p: {fmt(chain_ratio, 'x')}  (+{med('spawn_chain') - med('bare_chain'):.3f} s)")
     print(f"  depth-3 chain uv run spawn.py / claude -p: {fmt(uv_chain_ratio, 'x')}  (+{med('uv_chain') - med('bare_chain'):.3f} s)")
+    no_server = med("spawn_chain_no_server") / med("bare_chain")
+    print(
+        f"  depth-3 chain, no fork server / claude -p: {fmt(no_server, 'x')}  (+{med('spawn_chain_no_server') - med('bare_chain'):.3f} s)"
+    )
     print(f"  single agent     spawn.py / claude -p: {fmt(leaf_ratio, 'x')}  (+{med('spawn_leaf') - med('bare_leaf'):.3f} s per level)")
     print(f"  first request    spawn.py / claude -p: {fmt(bytes_ratio, 'x')}")
     print()
