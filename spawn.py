@@ -108,6 +108,9 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
         data = json.dumps(request).encode()
         data = len(data).to_bytes(4, "big") + data
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    except (OSError, ValueError, TypeError):
+        return None
+    try:
         sock.settimeout(FORKSERVER_REPLY_S)
         address, dir_fd = unix_address(os.path.join(session, FORKSERVER_SOCKET))
         try:
@@ -121,7 +124,8 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
         reply = json.loads(reader.readline() or b"null")
         pid = int(reply["pid"])
     except (OSError, ValueError, TypeError, KeyError):
-        return None  # nothing was started: the normal path runs the agent
+        sock.close()  # a child forked too late finds it closed and ends itself, as for a killed stand-in
+        return None  # nothing runs for us: the normal path runs the agent
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(OSError):
