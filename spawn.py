@@ -6204,22 +6204,10 @@ def read_request(conn: Any) -> tuple[dict[str, Any], list[int]]:
 
 def serve_forks(meta: AgentMeta) -> None:
     """The fork server's loop: accept, check the peer, fork; until the root is gone."""
-    # Everything a spawn imports, once: the children share these pages.
-    import asyncio  # noqa: F401
     import gc
     import socket
     import struct
 
-    import jsonschema  # noqa: F401
-
-    import_sdk(os.environ)
-    import anyio  # noqa: F401
-
-    compiled_script()
-    # Out of the collector's reach: a child's collections then leave these
-    # pages alone, so they stay shared with the server instead of copied.
-    gc.freeze()
-    script_stat = SCRIPT_PATH.stat()
     root = Supervised.of(meta)
     path = Path(meta.session) / FORKSERVER_SOCKET
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -6232,8 +6220,24 @@ def serve_forks(meta: AgentMeta) -> None:
         if dir_fd is not None:
             os.close(dir_fd)
     bound = path.stat().st_ino
+    # Listening before the imports: a spawn that comes meanwhile waits in the
+    # backlog, no longer than its own imports would have taken it.
     server.listen(64)
     server.settimeout(FORKSERVER_POLL_S)
+
+    # Everything a spawn imports, once: the children share these pages.
+    import asyncio  # noqa: F401
+
+    import jsonschema  # noqa: F401
+
+    import_sdk(os.environ)
+    import anyio  # noqa: F401
+
+    compiled_script()
+    # Out of the collector's reach: a child's collections then leave these
+    # pages alone, so they stay shared with the server instead of copied.
+    gc.freeze()
+    script_stat = SCRIPT_PATH.stat()
 
     def reap(_signum: int, _frame: Any) -> None:
         with contextlib.suppress(ChildProcessError):
