@@ -264,3 +264,32 @@ def test_stand_in_takes_the_normal_path_without_a_server(tmp_path: Path) -> None
     assert spawn.forkserver_stand_in(["--task", "x"], environ) is None
     assert spawn.forkserver_stand_in(["status"], environ) is None
     assert spawn.forkserver_stand_in(["--task", "x"], {**environ, "SPAWN_NO_FORKSERVER": "1"}) is None
+
+
+def test_a_background_agent_runs_forked_and_kill_reaches_it(env: dict[str, str], session_root: Path) -> None:
+    """A background agent's runner is forked too; `kill` signals its stand-in (meta.json's pid), which passes it on."""
+    child = mock_task("slow background child", [{"text": "never", "sleep": 300}])
+    launch = spawn_in_bash("--task", child, "--tools", "Read", "--background", "--print", "id")
+    root = mock_task(
+        "root",
+        [{"bash": f"{WAIT_FOR_SOCKET}; id=$({launch}); {spawn_in_bash('wait')} $id > /dev/null; echo waited=$?"}, {"text": "root-done"}],
+    )
+    proc = start_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "2"], env)
+    try:
+        limit = time.monotonic() + 90
+        while not (runs := [line for line in forks(session_root) if line["verb"] == "_run"]):
+            assert time.monotonic() < limit and proc.poll() is None, "the background runner was never forked"
+            time.sleep(0.05)
+        child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
+        assert load(child_dir / "meta.json")["pid"] == runs[0]["client_pid"]  # the stand-in, as the launcher started it
+        killed = run_spawn(["kill", child_dir.name, "--session", str(child_dir.parent.parent)], env)
+        assert killed.returncode == spawn.ExitCode.OK, killed.stderr
+        assert load(child_dir / "outcome.json")["status"] == "killed"
+        assert not wait_until_gone([runs[0]["pid"], runs[0]["client_pid"]], timeout=60)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == spawn.ExitCode.OK, err
+    assert json.loads(out.splitlines()[-1])["output"] == "root-done"
