@@ -6,6 +6,7 @@ through spawn.py, against tools/mock_model.py. Nothing is stubbed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -229,3 +230,16 @@ def validate_records(session_root: Path) -> int:
             status = load(d / "outcome.json")["status"]
             assert markers == [".done" if status == "done" else ".fail"]
     return count
+
+
+@pytest.fixture
+def terminal() -> Iterator[tuple[int, int]]:
+    """A pseudo-terminal (primary, secondary): a process whose stdin is the
+    secondary side asks its questions there, as at a person's terminal."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    yield primary, secondary
+    for fd in (primary, secondary):
+        with contextlib.suppress(OSError):
+            os.close(fd)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -207,17 +205,6 @@ def test_fail_fast_ends_running_siblings_records_them_and_exits_1(env: dict[str,
 
 
 # ------------------------------------------------------- at a terminal --
-
-
-@pytest.fixture
-def terminal() -> Iterator[tuple[int, int]]:
-    import pty
-
-    primary, secondary = pty.openpty()
-    yield primary, secondary
-    for fd in (primary, secondary):
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 def read_until(stream: Any, marker: str, seen: str = "") -> str:

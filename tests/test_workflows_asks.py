@@ -3,7 +3,6 @@ questions between phases and after a failure, at a terminal and without one."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -75,17 +74,6 @@ def start(argv: list[str], env: dict[str, str], cwd: Path, stdin: int) -> subpro
         [sys.executable, str(ROOT / "spawn.py"), *argv],
         env=env, cwd=cwd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-
-
-@pytest.fixture
-def terminal() -> Iterator[tuple[int, int]]:
-    import pty
-
-    primary, secondary = pty.openpty()
-    yield primary, secondary
-    for fd in (primary, secondary):
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 def converse(proc: subprocess.Popen[str], primary: int, script: list[tuple[str, str]]) -> tuple[list[str], str]:
