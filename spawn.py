@@ -1562,25 +1562,34 @@ def admit(meta: AgentMeta, session: Path) -> str | None:
     return None
 
 
-def over_hold(session: Path, agent_id: str, own_spend: float) -> str | None:
+def over_hold(session: Path, agent_id: str, own_spend: float, last_turn: float = 0.0) -> str | None:
     """Why an agent may take no further turn, or None: its own spend and what
-    its children hold or were charged have reached its hold.
+    its children hold or were charged have reached its hold, or leave less of
+    it than its last turn cost.
 
     The CLI's own cap (its max_budget_usd, the hold) sees only the agent's own
     turns; without this a parent that gave its hold to children could spend
-    it again itself, and a subtree up to about twice its hold.
+    it again itself, and a subtree up to about twice its hold. The CLI also
+    checks only after a turn, so every agent could overrun by one; a turn
+    costs at least about what the last one did (the context only grows), so
+    an agent that can't afford another is stopped before it, and the tree
+    stays within its budget unless a turn costs much more than the one before.
     """
     state = read_ledger(session)
     if not state.live(agent_id):
         return None  # no tree budget, or already charged
     hold = state.holds[agent_id][1]
     children = sum(state.used_by(c) for c in state.draws(agent_id))
-    if own_spend + children < hold:
-        return None
-    return (
-        f"budget: its own turns (${own_spend:.4f}, estimated) and its children (${children:.4f} held or spent) "
-        f"reached its hold of ${hold:.4f}; stopped before another turn"
-    )
+    spent = f"budget: its own turns (${own_spend:.4f}, estimated) and its children (${children:.4f} held or spent)"
+    if own_spend + children >= hold:
+        return f"{spent} reached its hold of ${hold:.4f}; stopped before another turn"
+    if own_spend + children + last_turn > hold:
+        left = hold - own_spend - children
+        return (
+            f"{spent} leave ${left:.4f} of its hold of ${hold:.4f}, less than its last turn cost (${last_turn:.4f}); "
+            "stopped before another turn"
+        )
+    return None
 
 
 def reserve_budget(session: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
@@ -5012,7 +5021,8 @@ async def run_sdk(
                 state.turns[message.message_id or f"turn{len(state.turns)}"] = (message.model or meta.model, message.usage)
             # A tool call means another turn follows; a final answer is let through.
             if any(isinstance(b, ToolUseBlock) and b.name != "StructuredOutput" for b in message.content) and state.request_stop:
-                why = over_hold(Path(meta.session), meta.id, estimate_cost(state.turns.values()))
+                last = list(state.turns.values())[-1:]
+                why = over_hold(Path(meta.session), meta.id, estimate_cost(state.turns.values()), estimate_cost(last))
                 if why is not None:
                     state.request_stop(Status.FAILED, why)
         elif isinstance(message, ResultMessage):

@@ -94,12 +94,14 @@ def turn(usd: float) -> dict[str, int]:
 def test_a_parent_that_spent_its_hold_cannot_start_a_child(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     rc_file = tmp_path / "child-rc"
     child = mock_task("late child", [{"text": "must never run"}])
+    # Each turn costs about half what is left, so the parent can always afford
+    # one more like its last (it is never stopped), until 0.192 of its 0.2 is
+    # spent: less than a child's smallest hold is left.
     steps = [
-        *({"bash": "true", "usage": turn(0.06)} for _ in range(3)),
-        {"bash": spawn_in_bash("--task", child) + f"; echo $? > {rc_file}", "usage": turn(0.015)},
+        *({"bash": "true", "usage": turn(usd)} for usd in (0.099, 0.0495, 0.025, 0.0125)),
+        {"bash": spawn_in_bash("--task", child) + f"; echo $? > {rc_file}", "usage": turn(0.006)},
         {"text": "parent done", "usage": turn(0.0)},
     ]
-    # 0.195 of its 0.2 spent by its own turns: less than a turn's worth is left.
     proc = run_spawn(["--task", mock_task("parent", steps), "--tools", "Bash", "--max-budget-usd", "0.2"], env, timeout=300)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert rc_file.read_text().strip() == str(int(spawn.ExitCode.REFUSED))
@@ -134,4 +136,22 @@ def test_a_parent_whose_children_hold_the_rest_is_stopped_before_another_turn(
     (ledger,) = session_root.glob("*/ledger.jsonl")
     charged = [json.loads(line) for line in ledger.read_text().splitlines() if '"charge"' in line]
     assert len(charged) == 2 and sum(float(line["cost_usd"]) for line in charged) <= 0.2 + 1e-6
+    validate_records(session_root)
+
+
+def test_an_agent_that_cannot_afford_a_turn_like_its_last_is_stopped_before_it(
+    env: dict[str, str], session_root: Path, mock_model: MockModel
+) -> None:
+    # Without the look-ahead the CLI stops it only after the turn that passes
+    # its cap: 0.12 of a 0.1 budget. With it, 0.09 is spent and 0.01 is left,
+    # less than the last turn's 0.03, so the fourth turn is never asked for.
+    steps = [*({"bash": "sleep 2" if i == 2 else "true", "usage": turn(0.03)} for i in range(3)), {"text": "over", "usage": turn(0.03)}]
+    proc = run_spawn(["--task", mock_task("spender", steps), "--tools", "Bash", "--max-budget-usd", "0.1"], env, timeout=300)
+    assert proc.returncode == spawn.ExitCode.AGENT_FAILED, proc.stderr
+    reason = str(stdout_json(proc)["reason"])
+    assert reason.startswith("budget: its own turns ($0.0900, estimated)") and "less than its last turn cost ($0.0300)" in reason
+    assert not [r for r in mock_model.requests() if r["kind"] == "main" and r["step_index"] == 3]
+    (ledger,) = session_root.glob("*/ledger.jsonl")
+    charged = [json.loads(line) for line in ledger.read_text().splitlines() if '"charge"' in line]
+    assert sum(float(line["cost_usd"]) for line in charged) <= 0.1
     validate_records(session_root)
