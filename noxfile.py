@@ -68,7 +68,7 @@ def tests(session: nox.Session) -> None:
     install_tool_deps(session)
     session.install(*TEST_DEPS)
     # A hung test fails after 5 minutes instead of eating the CI budget.
-    session.run("pytest", *(session.posargs or ["-q", "--timeout=300", "tests"]))
+    session.run("pytest", *(session.posargs or ["-q", "--timeout=300", "--durations=15", "tests"]))
 
 
 @nox.session
