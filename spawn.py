@@ -57,6 +57,41 @@ ENV_NO_FORKSERVER = "SPAWN_NO_FORKSERVER"  # 1: never use the session's fork ser
 FORKSERVER_REPLY_S = 30.0
 # Signals a stand-in passes on to the agent it stands for.
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
+# Once the agent is forked, the stand-in execs this: a bare interpreter (-I -S,
+# builtin modules only) holds ~3 MiB where one that has loaded spawn.py, json
+# and socket holds ~6 MiB, and every running agent has one. Same pid, same
+# environment; argv keeps the spawn's own arguments after ours. The signals
+# are blocked across the exec (the mask survives it), so none is lost or
+# takes its default action before the handlers are in place.
+# argv: socket fd, agent pid, what was already read (hex), signal numbers.
+STAND_IN_LOOP = """
+import posix, _signal, sys
+fd, pid, got = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+signals = [int(n) for n in sys.argv[4].split(",")]
+def forward(signum, frame):
+    try:
+        posix.kill(pid, signum)
+    except OSError:
+        pass
+for signum in signals:
+    _signal.signal(signum, forward)
+_signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)
+while b"\\n" not in got:
+    try:
+        chunk = posix.read(fd, 4096)
+    except OSError:
+        chunk = b""
+    if not chunk:
+        break
+    got += chunk
+line = got.partition(b"\\n")[0].replace(b" ", b"")
+if line.startswith(b'{"exit":') and line.endswith(b"}"):
+    try:
+        posix._exit(int(line[8:-1]))
+    except ValueError:
+        pass
+posix.kill(posix.getpid(), 9)
+"""
 
 
 def unix_address(path: str) -> tuple[str, int | None]:
@@ -120,22 +155,35 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
                 os.close(dir_fd)
         sent = socket.send_fds(sock, [data], [0, 1, 2])
         sock.sendall(data[sent:])
-        reader = sock.makefile("rb")
-        reply = json.loads(reader.readline() or b"null")
-        pid = int(reply["pid"])
+        got = b""
+        while b"\n" not in got and (chunk := sock.recv(4096)):
+            got += chunk
+        line, _, got = got.partition(b"\n")
+        pid = int(json.loads(line or b"null")["pid"])
     except (OSError, ValueError, TypeError, KeyError):
         sock.close()  # a child forked too late finds it closed and ends itself, as for a killed stand-in
         return None  # nothing runs for us: the normal path runs the agent
 
+    signals = [int(getattr(signal, name)) for name in FORWARDED_SIGNALS]
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    with contextlib.suppress(OSError):
+        sock.settimeout(None)  # blocking, as the loop reads it
+        os.set_inheritable(sock.fileno(), True)
+        loop = [str(sock.fileno()), str(pid), got.hex(), ",".join(map(str, signals))]
+        os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", STAND_IN_LOOP, *loop, *sys.argv], environ)
+
+    # No interpreter to exec: stand in from here.
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(OSError):
             os.kill(pid, signum)
 
-    for name in FORWARDED_SIGNALS:
-        signal.signal(getattr(signal, name), forward)
+    for signum in signals:
+        signal.signal(signum, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
     sock.settimeout(None)
+    reader = sock.makefile("rb")
     try:
-        result = json.loads(reader.readline() or b"null")
+        result = json.loads((got + reader.readline()).partition(b"\n")[0] or b"null")
     except (OSError, ValueError):
         result = None
     if isinstance(result, dict) and isinstance(result.get("exit"), int):
