@@ -6170,6 +6170,21 @@ def compiled_script() -> Path:
 # the same.
 FORKSERVER_LOG = "forkserver.jsonl"  # in the session directory: one line per fork
 FORKSERVER_POLL_S = 1.0  # how often the server checks that its root is still alive
+# What a forked agent would otherwise import for itself, each a private copy
+# (~4 MiB of each agent's private memory): anyio's asyncio backend and the
+# streams the SDK opens at connect, ctypes (prctl, the subreaper), and
+# opentelemetry, which the SDK imports when it starts the CLI, if installed.
+FORKSERVER_PRELOAD = (
+    "anyio._backends._asyncio",
+    "anyio._core._subprocesses",
+    "anyio.to_thread",
+    "anyio.streams.memory",
+    "anyio.streams.stapled",
+    "anyio.streams.tls",
+    "ctypes",
+    "queue",
+    "opentelemetry.propagate",
+)
 
 
 class ForkedFor:
@@ -6291,6 +6306,9 @@ def serve_forks(meta: AgentMeta) -> None:
     import_sdk(os.environ)
     import anyio  # noqa: F401
 
+    for name in FORKSERVER_PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
     compiled_script()
     # Out of the collector's reach: a child's collections then leave these
     # pages alone, so they stay shared with the server instead of copied.
