@@ -178,6 +178,8 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
     signals = [int(getattr(signal, name)) for name in FORWARDED_SIGNALS]
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     with contextlib.suppress(OSError):
+        if not sys.executable:
+            raise OSError("no interpreter to exec")
         sock.settimeout(None)  # blocking, as the loop reads it
         os.set_inheritable(sock.fileno(), True)
         loop = [str(sock.fileno()), str(pid), got.hex(), ",".join(map(str, signals))]
