@@ -145,7 +145,8 @@ def test_an_agent_that_cannot_afford_a_turn_like_its_last_is_stopped_before_it(
     # Without the look-ahead the CLI stops it only after the turn that passes
     # its cap: 0.12 of a 0.1 budget. With it, 0.09 is spent and 0.01 is left,
     # less than the last turn's 0.03, so the fourth turn is never asked for.
-    steps = [*({"bash": "sleep 2" if i == 2 else "true", "usage": turn(0.03)} for i in range(3)), {"text": "over", "usage": turn(0.03)}]
+    steps: list[dict[str, object]] = [{"bash": "sleep 2" if i == 2 else "true", "usage": turn(0.03)} for i in range(3)]
+    steps.append({"text": "over", "usage": turn(0.03)})
     proc = run_spawn(["--task", mock_task("spender", steps), "--tools", "Bash", "--max-budget-usd", "0.1"], env, timeout=300)
     assert proc.returncode == spawn.ExitCode.AGENT_FAILED, proc.stderr
     reason = str(stdout_json(proc)["reason"])
