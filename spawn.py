@@ -2036,14 +2036,18 @@ def become_subreaper() -> bool:
     and end it. Elsewhere this degrades to ending only what psutil still sees
     below us.
     """
+    PR_SET_CHILD_SUBREAPER = 36
+    return prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def prctl(option: int, arg: int) -> bool:
+    """Linux's prctl(2) with one argument; False where it fails or isn't there."""
     if not sys.platform.startswith("linux"):
         return False
-    PR_SET_CHILD_SUBREAPER = 36
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -2396,10 +2400,7 @@ def fork_below_guard() -> None:
 def set_parent_death_signal(sig: int) -> None:
     """Have the kernel send sig when our parent process dies (Linux)."""
     PR_SET_PDEATHSIG = 1
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    prctl(PR_SET_PDEATHSIG, sig)
 
 
 def adopt_guard_above(agent_dir: Path) -> None:
