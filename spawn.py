@@ -5325,6 +5325,11 @@ def run_agent(
                     await asyncio.sleep(SLOT_POLL_S)
             if error is None:
                 await executor.run(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader)
+            # A node that ended while being stopped (a remote task that reports
+            # itself canceled) waits for the stop to finish: its hooks, such as
+            # the A2A cancel, still record what they did.
+            if stopping:
+                await asyncio.gather(*stopping)
         except asyncio.CancelledError:
             if state.stop_reason is None:
                 raise
