@@ -4545,6 +4545,29 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
     return env
 
 
+STOP_SIGNALS = {signal.SIGTERM: Status.KILLED, signal.SIGHUP: Status.KILLED, signal.SIGINT: Status.INTERRUPTED}
+
+
+class EarlyStop:
+    """A stop signal that came after registration but before run_agent's loop could serve it.
+
+    Without this, a runner ended in that window (a parent finishing while
+    its background child was still starting) died by the default action,
+    and its guard could only record "died without writing an outcome".
+    """
+
+    pending: tuple[Status, str] | None = None
+
+    @classmethod
+    def arm(cls) -> None:
+        def hold(signum: int, _frame: Any) -> None:
+            if cls.pending is None:
+                cls.pending = (STOP_SIGNALS[signal.Signals(signum)], f"received {signal.Signals(signum).name}")
+
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, hold)
+
+
 class RunState:
     """What a running agent has seen so far; survives cancellation."""
 
@@ -5307,8 +5330,10 @@ def run_agent(
 
         stopping: list[asyncio.Future[None]] = []
 
-        for signum, status in ((signal.SIGTERM, Status.KILLED), (signal.SIGHUP, Status.KILLED), (signal.SIGINT, Status.INTERRUPTED)):
+        for signum, status in STOP_SIGNALS.items():
             loop.add_signal_handler(signum, stop, status, f"received {signal.Signals(signum).name}")
+        if EarlyStop.pending is not None:
+            stop(*EarlyStop.pending)
         if meta.deadline is not None:
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
         beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ), meta.idle_timeout_s))
@@ -5341,9 +5366,17 @@ def run_agent(
             beat.cancel()
             if idle is not None:
                 idle.cancel()
+            # Closing the loop resets its signal handlers to the default
+            # action: held back from here, a late stop signal (a parent
+            # ending its subtree) can't end us before the outcome is written.
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
-    with contextlib.suppress(asyncio.CancelledError):
-        asyncio.run(main_task())
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(main_task())
+    finally:
+        EarlyStop.arm()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     # Whatever happened, nothing the agent started may outlive it.
     groups = [g for g in (state.cli_pgid,) if g]
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
@@ -8428,6 +8461,8 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     for warning in plan.meta.warnings:
         note(f"warning: {warning}")
 
+    if not plan.meta.background:
+        EarlyStop.arm()  # from the moment it is registered, a stop signal ends in an outcome
     agent_dir = register(plan, None if plan.meta.background else own_identity())
     if plan.refusal is not None:
         outcome = record_refusal(agent_dir, plan)
@@ -8454,6 +8489,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
 def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     agent_dir = Path(args.agent_dir)
+    EarlyStop.arm()
     guard = start_guard(agent_dir)  # first: a runner killed while starting is still settled
     sdk_loader = SdkLoader(environ)
     limit = time.monotonic() + REGISTER_WAIT_S

@@ -263,3 +263,25 @@ def test_finishing_agent_ends_unwaited_background_children(env: dict[str, str], 
     assert load(child_dir / "outcome.json")["status"] == "killed"
     assert wait_until_gone(tree_pids(session_root), GRACE_S + 5) == []
     validate_records(session_root)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_right_after_registration_still_ends_in_its_outcome(
+    env: dict[str, str], session_root: Path, signum: signal.Signals
+) -> None:
+    # Sent the moment meta.json appears: before the run's event loop serves
+    # signals. Once the agent is registered, a stop signal must end in its
+    # own outcome (killed/interrupted), never in "died without writing one".
+    proc = start_spawn(["--task", mock_task("early", [{"sleep": 30, "text": "never"}])], env)
+    limit = time.monotonic() + 60
+    while not any((d / "meta.json").exists() for d in agent_dirs(session_root)) and time.monotonic() < limit:
+        time.sleep(0.001)
+    proc.send_signal(signum)
+    proc.communicate(timeout=60)
+    expected = spawn.Status.KILLED if signum == signal.SIGTERM else spawn.Status.INTERRUPTED
+    assert proc.returncode == spawn.EXIT_FOR_STATUS[expected]
+    (agent,) = agent_dirs(session_root)
+    outcome = load(agent / "outcome.json")
+    assert (outcome["status"], outcome["committed_by"]) == (expected.value, "self")
+    assert signal.Signals(signum).name in outcome["reason"]
+    validate_records(session_root)
