@@ -6064,6 +6064,8 @@ class A2AExecutor(Executor):
             client = ClientFactory(config).create(card)
             task = A2ATask(names)
 
+            cancels: list[asyncio.Future[None]] = []
+
             async def cancel() -> None:
                 if task.task_id is None or task.state in A2A_FINAL_STATES:
                     line(
@@ -6071,59 +6073,70 @@ class A2AExecutor(Executor):
                         {"task_id": task.task_id, "sent": False, "why": "no remote task yet" if task.task_id is None else task.state},
                     )
                     return
+                done = asyncio.get_running_loop().create_future()
+                cancels.append(done)
                 try:
                     answer = await client.cancel_task(CancelTaskRequest(id=task.task_id))
                 except Exception as exc:
                     line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": f"{type(exc).__name__}: {exc}"[:500]})
                     raise
+                finally:
+                    done.set_result(None)
                 line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, names)})
 
             state.stop_hooks.append(cancel)
-            text = meta.task
-            while True:
-                message = Message(
-                    message_id=uuid.uuid4().hex,
-                    role=Role.ROLE_USER,
-                    parts=[Part(text=text)],
-                    metadata=a2a_metadata(meta),
-                    task_id=task.task_id or "",
-                    context_id=task.context_id or "",
-                )
-                line("A2ASend", json_format.MessageToDict(message))
-                events = client.send_message(SendMessageRequest(message=message))
-                try:
-                    async for event in events:
-                        raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
-                        event_json = json_format.MessageToDict(event)
-                        line("A2AEvent", event_json)
-                        task.observe(event_json, raw)
-                        if task.settled():
-                            break
-                finally:
-                    close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
-                    if close is not None:
-                        await close()
-                seen = task.state
-                while not task.settled():
-                    if task.task_id is None:
-                        raise RuntimeError("the remote agent answered with neither a task nor a message")
-                    await asyncio.sleep(A2A_POLL_S)
-                    polled = await client.get_task(GetTaskRequest(id=task.task_id))
-                    task.observe({"task": json_format.MessageToDict(polled)}, polled.status.state)
-                    if task.state != seen:  # a poll that saw nothing new is no event
-                        line("A2ATask", json_format.MessageToDict(polled))
-                        seen = task.state
-                if task.state not in A2A_ASK_STATES:
-                    break
-                reply = await a2a_ask(meta, agent_dir, state, task, remote=card.name, secrets_=secrets_)
-                if reply is None:
-                    await cancel()
-                    state.node_result = NodeResult(
-                        Status.FAILED, f"the remote agent's {task.state} was answered no", cost_usd=task.cost_usd
+            try:
+                text = meta.task
+                while True:
+                    message = Message(
+                        message_id=uuid.uuid4().hex,
+                        role=Role.ROLE_USER,
+                        parts=[Part(text=text)],
+                        metadata=a2a_metadata(meta),
+                        task_id=task.task_id or "",
+                        context_id=task.context_id or "",
                     )
-                    return
-                text = reply
-            state.node_result = task.result()
+                    line("A2ASend", json_format.MessageToDict(message))
+                    events = client.send_message(SendMessageRequest(message=message))
+                    try:
+                        async for event in events:
+                            raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
+                            event_json = json_format.MessageToDict(event)
+                            line("A2AEvent", event_json)
+                            task.observe(event_json, raw)
+                            if task.settled():
+                                break
+                    finally:
+                        close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
+                        if close is not None:
+                            await close()
+                    seen = task.state
+                    while not task.settled():
+                        if task.task_id is None:
+                            raise RuntimeError("the remote agent answered with neither a task nor a message")
+                        await asyncio.sleep(A2A_POLL_S)
+                        polled = await client.get_task(GetTaskRequest(id=task.task_id))
+                        task.observe({"task": json_format.MessageToDict(polled)}, polled.status.state)
+                        if task.state != seen:  # a poll that saw nothing new is no event
+                            line("A2ATask", json_format.MessageToDict(polled))
+                            seen = task.state
+                    if task.state not in A2A_ASK_STATES:
+                        break
+                    reply = await a2a_ask(meta, agent_dir, state, task, remote=card.name, secrets_=secrets_)
+                    if reply is None:
+                        await cancel()
+                        state.node_result = NodeResult(
+                            Status.FAILED, f"the remote agent's {task.state} was answered no", cost_usd=task.cost_usd
+                        )
+                        return
+                    text = reply
+                state.node_result = task.result()
+            finally:
+                # A remote that reports itself canceled ends the stream while the
+                # stop path's cancel still waits on this client for its reply:
+                # closing the client now would cut that reply (and its record) off.
+                if cancels:
+                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
 
 
 async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATask, *, remote: str, secrets_: Sequence[str]) -> str | None:
