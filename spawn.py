@@ -583,7 +583,7 @@ class UnknownAgentError(UsageError):
 
 
 class CorruptRecordError(StateError):
-    def __init__(self, path: Path, why: str) -> None:
+    def __init__(self, path: Path | str, why: str) -> None:
         super().__init__(f"corrupt record {path}: {why}; inspect or remove it")
 
 
@@ -1383,6 +1383,7 @@ SLOT_LENT = ".slot-lent"
 AGENTS_DIR = "agents"
 DONE_MARKER = ".done"
 FAIL_MARKER = ".fail"
+STATUS_CACHE = ".status-cache.json"  # status's own, disposable: see sessions/README.md
 
 
 def fsync_dir(path: Path) -> None:
@@ -1429,9 +1430,12 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path | str) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text())
+        # Bytes, unbuffered: json detects the encoding, and a record read is
+        # one open and one read (status reads two per agent, 10,000s of them).
+        with open(path, "rb", buffering=0) as fh:
+            data = json.loads(fh.read())
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for binary junk
         raise CorruptRecordError(path, str(exc).splitlines()[0][:200]) from None
     if not isinstance(data, dict):
@@ -1781,7 +1785,7 @@ def ensure_marker(agent_dir: Path, status: Any = None) -> Path | None:
 
     status: the outcome's, when the caller has just read it (saves a read)."""
     for name in (DONE_MARKER, FAIL_MARKER):
-        if (agent_dir / name).exists():
+        if os.path.exists(f"{agent_dir}/{name}"):  # not pathlib: status asks this of every agent
             return agent_dir / name
     if status is None:
         try:
@@ -1800,7 +1804,7 @@ def read_outcome(agent_dir: Path) -> dict[str, Any] | None:
     # is stray (anything with Bash can write one): no outcome, and `reap`
     # removes it (remove_stray_marker).
     try:
-        data = read_json(agent_dir / OUTCOME)
+        data = read_json(f"{agent_dir}/{OUTCOME}")
     except FileNotFoundError:
         return None
     ensure_marker(agent_dir, data.get("status", ""))
@@ -1919,7 +1923,7 @@ def find_agent_dir(agent_id: str, session: Path | None, root: Path) -> Path:
 
 def load_meta(agent_dir: Path) -> AgentMeta:
     try:
-        meta = record_from_json(AgentMeta, read_json(agent_dir / META))
+        meta = record_from_json(AgentMeta, read_json(f"{agent_dir}/{META}"))  # str joins: status loads 10,000s
         started_timestamp(meta)  # every reader does arithmetic on it
     except (TypeError, ValueError, AttributeError) as exc:
         raise CorruptRecordError(agent_dir / META, str(exc)) from None
@@ -7048,11 +7052,103 @@ def corrupt_row(agent_dir: Path, error: SpawnError, meta: AgentMeta | None = Non
     }
 
 
+# A finished agent's status row never changes: its meta.json and outcome.json
+# are final. `status` keeps those rows in STATUS_CACHE, each with the identity
+# (inode, size, mtime) of its agent directory and the two records, so a later
+# `status` of a large session checks three stats per finished agent instead of
+# reading and parsing both records. Anything that doesn't match is read again;
+# an unreadable cache is ignored; the cache is never the only copy of anything.
+
+STATUS_CACHE_MIN_ROWS = 200  # below this, reading the records is as fast as the cache
+STATUS_CACHE_SETTLE_S = 2.0  # a record changed this recently may change again within the same mtime tick
+ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "parent_id": (str, type(None)),
+    "depth": (int,),
+    "state": (str,),
+    "task": (str,),
+    "duration_s": (int, float, type(None)),
+    "cost_usd": (int, float, type(None)),
+    "cost_known": (bool,),
+    "pid": (int,),
+    "agent_dir": (str,),
+    "containment": (str, type(None)),
+}
+
+
+def record_keys(agent_dir: str) -> list[int] | None:
+    """(inode, size, mtime_ns) of an agent directory, its meta.json and its outcome.json; None if one is missing."""
+    keys: list[int] = []
+    for path in (agent_dir, f"{agent_dir}/{META}", f"{agent_dir}/{OUTCOME}"):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        keys += (st.st_ino, st.st_size, st.st_mtime_ns)
+    return keys
+
+
+def script_key() -> list[int]:
+    """Rows are built by this spawn.py's code: another copy or version builds its own."""
+    st = SCRIPT_PATH.stat()
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def load_status_cache(session: Path) -> dict[str, Any]:
+    """Agent directory name -> [keys, row] from STATUS_CACHE; empty if it is missing, damaged or another version's."""
+    try:
+        data = read_json(session / STATUS_CACHE)
+        agents = data["agents"]
+        if data.get("protocol") != PROTOCOL_VERSION or data.get("script") != script_key() or not isinstance(agents, dict):
+            return {}
+    except (OSError, SpawnError, KeyError):
+        return {}
+    return agents
+
+
+def cached_row(entry: Any, agent_dir: str, keys: list[int] | None) -> dict[str, Any] | None:
+    """The cached row of agent_dir if its records are unchanged, else None. A hand-edited cache can't break status."""
+    if keys is None or not isinstance(entry, list) or len(entry) != 2 or entry[0] != keys:
+        return None
+    row = entry[1]
+    if not isinstance(row, dict) or row.get("agent_dir") != agent_dir or row.get("id") != os.path.basename(agent_dir):
+        return None
+    for key, allowed in ROW_TYPES.items():
+        if not isinstance(row.get(key), allowed):
+            return None
+    if not isinstance(row.get("resumed_from", ""), str):
+        return None
+    return row
+
+
+def save_status_cache(session: Path, entries: Mapping[str, list[Any]]) -> None:
+    data = {"protocol": PROTOCOL_VERSION, "script": script_key(), "agents": entries}
+    tmp = session / f".{STATUS_CACHE}.{os.getpid()}.{secrets.token_hex(3)}.tmp"
+    try:
+        # Not write_json_atomic: no indent, no fsync; a cache lost in a crash is rebuilt.
+        with open(tmp, "x", encoding="utf-8") as fh:
+            json.dump(data, fh, separators=(",", ":"), ensure_ascii=False)
+        os.replace(tmp, session / STATUS_CACHE)
+    except OSError:  # a read-only session, a full disk: status still answers
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
 def tree_rows(session: Path) -> list[dict[str, Any]]:
     """The agents of a session with state and cost, parents before children."""
     rows: dict[str, dict[str, Any]] = {}
     queueing = read_limits(session).max_concurrent is not None
+    cache = load_status_cache(session)
+    finished: dict[str, list[Any]] = {}  # what the cache will hold: the finished agents found this time
+    read_again = 0
+    settled_before = (time.time() - STATUS_CACHE_SETTLE_S) * 1e9
     for d in iter_agent_dirs(session):
+        path = str(d)
+        keys = record_keys(path)
+        if (row := cached_row(cache.get(d.name), path, keys)) is not None:
+            rows[row["id"]] = row
+            finished[d.name] = [keys, row]
+            continue
         try:
             meta = load_meta(d)
         except FileNotFoundError:
@@ -7091,7 +7187,13 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
         }
         if meta.resumed_from:
             rows[meta.id]["resumed_from"] = meta.resumed_from
-        rows.update((row["id"], row) for row in native_rows(d, meta, parent_ended=outcome is not None))
+        natives = native_rows(d, meta, parent_ended=outcome is not None)
+        rows.update((row["id"], row) for row in natives)
+        # Cached: a finished agent whose records were settled before we read them
+        # (keys taken first). Native subagents' rows come from a log: not cached.
+        if outcome is not None and keys is not None and not natives and max(keys[2::3]) < settled_before and meta.id == d.name:
+            finished[d.name] = [keys, rows[meta.id]]
+            read_again += 1
     children: dict[str | None, list[str]] = {}
     for row in rows.values():
         parent = row["parent_id"] if row["parent_id"] in rows else None
@@ -7114,6 +7216,9 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
         for child in sorted(children.get(agent_id, []), key=lambda i: rows[i]["agent_dir"]):
             walk(child, level + 1)
 
+    # Saved before the walk below adds each run's level and subtree cost to the rows.
+    if len(finished) >= STATUS_CACHE_MIN_ROWS and (read_again or len(finished) != len(cache)):
+        save_status_cache(session, finished)
     for root in sorted(children.get(None, []), key=lambda i: rows[i]["agent_dir"]):
         subtree(root)
         walk(root, 0)
@@ -7127,8 +7232,8 @@ def native_rows(agent_dir: Path, meta: AgentMeta, *, parent_ended: bool) -> list
     native row adds nothing to the subtree's cost and is never `unknown`.
     """
     nodes: dict[str, dict[str, Any]] = {}
-    with contextlib.suppress(OSError):
-        for raw in (agent_dir / NATIVE_LOG).read_text().splitlines():
+    with contextlib.suppress(OSError, UnicodeDecodeError), open(f"{agent_dir}/{NATIVE_LOG}", encoding="utf-8") as fh:
+        for raw in fh.read().splitlines():
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
                 line = json.loads(raw)
                 node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})

@@ -1,0 +1,186 @@
+"""status's cache of finished agents' rows (STATUS_CACHE): never a different answer.
+
+`status` keeps the rows of finished agents in SESSION/.status-cache.json, keyed
+by the identity of their records. These tests run the real spawn.py verb over
+sessions written as spawn.py writes them, and check that what users see is the
+same with the cache, without it, after records change, and with a damaged cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT
+
+import spawn
+
+AGENTS = spawn.STATUS_CACHE_MIN_ROWS + 20  # enough finished agents for status to keep a cache
+
+
+def write_session(root: Path, count: int) -> Path:
+    """A session of one root and count-1 finished children, settled in the past."""
+    session = root / "session"
+    agents = session / spawn.AGENTS_DIR
+    agents.mkdir(parents=True)
+    ids = ["a0-000000", *(f"a1-{i:06x}" for i in range(1, count))]
+    now = spawn.utc_now_iso()
+    for n, agent_id in enumerate(ids):
+        d = agents / agent_id
+        d.mkdir()
+        meta = spawn.AgentMeta(
+            id=agent_id,
+            parent_id=None if n == 0 else ids[0],
+            depth=0 if n == 0 else 1,
+            max_depth=3,
+            pid=os.getpid(),
+            create_time=0.0,
+            pgid=os.getpid(),
+            trace_id="1" * 32,
+            span_id="2" * 16,
+            traceparent=f"00-{'1' * 32}-{'2' * 16}-01",
+            task=f"task number {n}",
+            tools=["Read"],
+            disallowed_tools=[],
+            model="sonnet",
+            cwd=str(root),
+            started_at=now,
+            session=str(session),
+            system_prompt="",
+        )
+        spawn.write_meta(d, meta, [])
+        status = "done" if n % 3 else "failed"
+        outcome = spawn.Outcome(
+            id=agent_id, status=status, reason="", exit_code=0 if status == "done" else 1, ended_at=now, duration_s=1.5, cost_usd=0.001 * n
+        )
+        spawn.commit_outcome(d, outcome, [])
+    backdate(agents)
+    return session
+
+
+def backdate(agents: Path) -> None:
+    """Records written long enough ago for status to trust their mtime (STATUS_CACHE_SETTLE_S)."""
+    past = time.time() - 60
+    for d in agents.iterdir():
+        for f in d.iterdir():
+            os.utime(f, (past, past))
+        os.utime(d, (past, past))
+
+
+def status(session: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "spawn.py"), "status", *flags, str(session)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    return proc
+
+
+def rows(session: Path) -> list[dict[str, Any]]:
+    agents: list[dict[str, Any]] = json.loads(status(session, "--json").stdout)["agents"]
+    return agents
+
+
+def uncached(session: Path) -> list[dict[str, Any]]:
+    """What status says when it has no cache to go by."""
+    (session / spawn.STATUS_CACHE).unlink(missing_ok=True)
+    found = rows(session)
+    (session / spawn.STATUS_CACHE).unlink(missing_ok=True)
+    return found
+
+
+def test_status_keeps_a_cache_and_answers_the_same_with_it(tmp_path: Path) -> None:
+    session = write_session(tmp_path, AGENTS)
+    first = rows(session)
+    assert (session / spawn.STATUS_CACHE).exists()
+    assert rows(session) == first
+    assert status(session).stdout == status(session).stdout
+    assert len(first) == AGENTS
+    assert [r["state"] for r in first[:4]] == ["failed", "done", "done", "failed"]
+
+
+def test_a_record_changed_after_caching_is_read_again(tmp_path: Path) -> None:
+    session = write_session(tmp_path, AGENTS)
+    rows(session)
+    agents = session / spawn.AGENTS_DIR
+    # Damaged in place: same directory entry, new content.
+    (agents / "a1-000004" / spawn.META).write_text("{not json")
+    outcome = json.loads((agents / "a1-000005" / spawn.OUTCOME).read_text())
+    outcome["cost_usd"] = 7.25
+    (agents / "a1-000005" / spawn.OUTCOME).write_text(json.dumps(outcome))
+    found = {r["id"]: r for r in rows(session)}
+    assert found["a1-000004"]["state"] == spawn.Status.CORRUPT
+    assert found["a1-000005"]["cost_usd"] == 7.25
+    assert list(found.values()) == uncached(session)
+
+
+def test_agents_added_and_removed_after_caching(tmp_path: Path) -> None:
+    session = write_session(tmp_path, AGENTS)
+    rows(session)
+    gone = session / spawn.AGENTS_DIR / "a1-000007"
+    for f in gone.iterdir():
+        f.unlink()
+    gone.rmdir()
+    (session / spawn.AGENTS_DIR / "a1-000009" / spawn.OUTCOME).unlink()  # as if it had never finished
+    (session / spawn.AGENTS_DIR / "a1-000009" / spawn.DONE_MARKER).unlink(missing_ok=True)
+    (session / spawn.AGENTS_DIR / "a1-000009" / spawn.FAIL_MARKER).unlink(missing_ok=True)
+    found = {r["id"]: r for r in rows(session)}
+    assert "a1-000007" not in found
+    assert found["a1-000009"]["state"] == spawn.Status.LOST  # no outcome, its process gone
+    truth = uncached(session)
+    for row in (found["a1-000009"], truth[8]):
+        row.pop("duration_s")  # still counting for an agent without an outcome
+    assert list(found.values()) == truth
+
+
+@pytest.mark.parametrize(
+    "cache",
+    [
+        b"\x00\xff garbage",
+        b"[]",
+        b'{"protocol": 1, "agents": {}}',
+        "forged rows",
+        "wrong types",
+    ],
+    ids=["binary", "a-list", "no-script-key", "forged-rows", "wrong-types"],
+)
+def test_a_damaged_or_forged_cache_never_changes_the_answer(tmp_path: Path, cache: bytes | str) -> None:
+    session = write_session(tmp_path, AGENTS)
+    truth = uncached(session)
+    rows(session)
+    path = session / spawn.STATUS_CACHE
+    if isinstance(cache, bytes):
+        path.write_bytes(cache)
+    else:
+        data = json.loads(path.read_text())
+        for name, (_keys, row) in data["agents"].items():
+            if cache == "forged rows" and name != "a0-000000":
+                # Another agent's row: a row only ever stands for its own records.
+                data["agents"][name][1] = dict(data["agents"]["a0-000000"][1])
+                continue
+            if cache == "wrong types":
+                row["depth"], row["cost_known"] = "deep", "yes"
+        path.write_text(json.dumps(data))
+    assert rows(session) == truth
+
+
+def test_a_small_session_keeps_no_cache(tmp_path: Path) -> None:
+    session = write_session(tmp_path, 5)
+    rows(session)
+    assert not (session / spawn.STATUS_CACHE).exists()
+
+
+def test_records_written_just_now_are_not_cached(tmp_path: Path) -> None:
+    # A record changed twice within one mtime tick would look unchanged:
+    # until it has settled, status reads it every time.
+    session = write_session(tmp_path, AGENTS)
+    now = time.time()
+    for d in (session / spawn.AGENTS_DIR).iterdir():
+        os.utime(d / spawn.OUTCOME, (now, now))
+    rows(session)
+    assert not (session / spawn.STATUS_CACHE).exists()
