@@ -1435,7 +1435,7 @@ def read_json(path: Path | str) -> dict[str, Any]:
         # Bytes, unbuffered: json detects the encoding, and a record read is
         # one open and one read (status reads two per agent, 10,000s of them).
         with open(path, "rb", buffering=0) as fh:
-            data = json.loads(fh.read())
+            data = json.loads(fh.read().decode())
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for binary junk
         raise CorruptRecordError(path, str(exc).splitlines()[0][:200]) from None
     if not isinstance(data, dict):
