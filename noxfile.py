@@ -68,7 +68,16 @@ def tests(session: nox.Session) -> None:
     install_tool_deps(session)
     session.install(*TEST_DEPS)
     # A hung test fails after 5 minutes instead of eating the CI budget.
-    session.run("pytest", *(session.posargs or ["-q", "--timeout=300", "--durations=15", "tests"]))
+    session.run("pytest", *(session.posargs or ["-q", "--timeout=300", "--durations=15", "-m", "not slow", "tests"]))
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """The soak-style tests (marked slow) that `tests` leaves out: `uvx nox -s slow`."""
+    install_spawn_deps(session)
+    install_tool_deps(session)
+    session.install(*TEST_DEPS)
+    session.run("pytest", *(session.posargs or ["-q", "--timeout=600", "--durations=15", "-m", "slow", "tests"]))
 
 
 @nox.session

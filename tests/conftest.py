@@ -43,6 +43,10 @@ spawn_in_bash = mock_model_module.spawn_in_bash
 READ_ID = mock_model_module.READ_ID
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: soak-style; left out of `nox -s tests`, run by `nox -s slow`")
+
+
 @pytest.fixture
 def mock_model(tmp_path: Path) -> Iterator[MockModel]:
     with mock_model_module.serve(tmp_path) as served:

@@ -233,7 +233,8 @@ def test_model_faults_end_cleanly(
     validate_records(session_root)
 
 
-@pytest.mark.parametrize("seed", [11, 12, 13])
+# One seed in every run; the others are soak-style and run in `nox -s slow`.
+@pytest.mark.parametrize("seed", [11, pytest.param(12, marks=pytest.mark.slow), pytest.param(13, marks=pytest.mark.slow)])
 def test_random_sigkills_leave_no_survivor_and_exactly_one_outcome(seed: int, tmp_path: Path) -> None:
     """Fault injection: tools/soak.py's kill trials, a few per seed (`nox -s soak` runs hundreds)."""
     report = tmp_path / "soak.json"
