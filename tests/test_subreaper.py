@@ -73,7 +73,10 @@ def test_sigkilled_runner_leaves_no_escaped_process(no_cgroup: dict[str, str], s
     assert survivors_after(mark, proc) == 0
     assert proc.returncode == -signal.SIGKILL  # the caller sees the runner's death, as without a guard
     outcome = load(agent_dir_of(meta) / "outcome.json")
-    assert outcome["status"] == "failed" and outcome["committed_by"] == "guard"
+    # The guard settles it, unless the escaped spawn.py, registering meanwhile, found
+    # its parent dead first (every spawn settles the agents of its session that died
+    # unseen): seen once in CI under a load of 40.
+    assert outcome["status"] == "failed" and outcome["committed_by"] in ("guard", "spawn")
     children = [m for m in metas(session_root).values() if m.get("parent_id") == meta["id"]]
     assert children, "the escaped spawn.py registered in the tree"
     assert all((agent_dir_of(m) / "outcome.json").exists() for m in children)
