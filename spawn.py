@@ -5456,27 +5456,30 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     # A session of its own: the launcher's caller (a Bash tool call, a CI
     # step) may end its process group as soon as the launcher returns.
     with open(agent_dir / RUNNER_LOG, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, str(compiled_script()), "_run", str(agent_dir)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            cwd=plan.meta.cwd,
-        )
+        # Forked by the session's fork server if this launcher was too.
+        pid = fork_detached_runner(agent_dir, plan.meta.session, plan.meta.cwd, log.fileno())
+        if pid is None:
+            pid = subprocess.Popen(
+                [sys.executable, str(compiled_script()), "_run", str(agent_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                cwd=plan.meta.cwd,
+            ).pid
     try:
-        create_time = psutil.Process(proc.pid).create_time()
+        create_time = psutil.Process(pid).create_time()
     except psutil.Error:
         create_time = time.time()
-    plan.meta.pid, plan.meta.create_time, plan.meta.pgid = proc.pid, create_time, proc.pid
+    plan.meta.pid, plan.meta.create_time, plan.meta.pgid = pid, create_time, pid
     plan.meta.pid_namespace = own_pid_namespace()
     # Before meta.json, which the runner waits for before it starts the agent.
-    register_runner(proc.pid, create_time, agent_dir)
+    register_runner(pid, create_time, agent_dir)
     write_meta(agent_dir, plan.meta, plan.secrets)
     return {
         "id": plan.meta.id,
         "status": Status.RUNNING.value,
-        "pid": proc.pid,
+        "pid": pid,
         "agent_dir": str(agent_dir),
         "outcome": str(agent_dir / OUTCOME),
         "done_marker": str(agent_dir / DONE_MARKER),
@@ -6329,6 +6332,9 @@ def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) 
     """Why this server must not run a request (then the stand-in takes the normal path)."""
     if request.get("prefix") != sys.prefix:
         return "another Python environment"
+    argv = request.get("argv")
+    if request.get("detach") is True and not (isinstance(argv, list) and len(argv) == 2 and argv[0] == "_run"):
+        return "only a background runner is forked detached"
     path, size, mtime_ns = request.get("script") or ("", 0, 0)
     if path == str(compiled_script()):
         return None
@@ -6436,6 +6442,8 @@ def serve_forks(meta: AgentMeta) -> None:
                         if pid == 0:
                             try:
                                 server.close()
+                                if request.get("detach") is True:
+                                    run_detached(conn, fds, request)
                                 run_forked(conn, fds, request, client_pid, client_time)
                             finally:
                                 os._exit(ExitCode.STATE)
@@ -6448,6 +6456,8 @@ def serve_forks(meta: AgentMeta) -> None:
                         "client_pid": client_pid,
                         "verb": request["argv"][0] if request["argv"][:1] in (["_run"], ["wait"]) else "run",
                     }
+                    if request.get("detach") is True:
+                        line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
                     with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
                         fh.write(json.dumps(line) + "\n")
     finally:
@@ -6497,6 +6507,84 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
         conn.sendall(json.dumps({"exit": int(code)}).encode() + b"\n")
     watcher.join(FORKSERVER_REPLY_S)  # our pid stays ours while the stand-in may still signal it
     os._exit(code)
+
+
+def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> NoReturn:
+    """In the forked child: a background agent's runner that a launcher (itself forked) asked for.
+
+    No stand-in: the launcher exits at once, and the runner's own pid is what
+    meta.json records, as for a runner the launcher would have started
+    itself; that would be one more interpreter and stand-in per agent (~50 ms
+    of CPU, ~3 MiB while the agent runs). In a session of its own, as then.
+    """
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(str(request["cwd"]))
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+    argv = [str(a) for a in request["argv"]]
+    sys.argv = [str(compiled_script()), *argv]
+    conn.settimeout(None)
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    conn.close()
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> int | None:
+    """From a launcher the fork server forked: have the server fork the agent's runner. Its pid, or None.
+
+    None (no server any more, a refusal, a timeout) means: start the runner
+    the normal way. The server forks before it answers, so after an answer
+    the runner exists; after no answer, none was forked for us (a server
+    that forks and then can't answer closes the socket, and a runner that
+    was never registered gives up by itself: cmd_background_runner).
+    """
+    import socket
+
+    if ForkedFor.pid is None:
+        return None  # not forked by a server: there may be none
+    stat = SCRIPT_PATH.stat()
+    request = {
+        "argv": ["_run", str(agent_dir)],
+        "detach": True,
+        "env": dict(os.environ),
+        "cwd": cwd,
+        "prefix": sys.prefix,
+        "script": [str(compiled_script()), stat.st_size, stat.st_mtime_ns],
+    }
+    data = json.dumps(request).encode()
+    data = len(data).to_bytes(4, "big") + data
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(FORKSERVER_REPLY_S)
+            address, dir_fd = unix_address(str(Path(session) / FORKSERVER_SOCKET))
+            try:
+                sock.connect(address)
+            finally:
+                if dir_fd is not None:
+                    os.close(dir_fd)
+            sent = socket.send_fds(sock, [data], [null, log, log])
+            sock.sendall(data[sent:])
+            got = b""
+            while b"\n" not in got and (chunk := sock.recv(4096)):
+                got += chunk
+            reply = json.loads(got.partition(b"\n")[0] or b"null")
+            return int(reply["pid"]) if isinstance(reply, dict) and isinstance(reply.get("pid"), int) else None
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(null)
 
 
 def cmd_forkserver(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -271,7 +271,7 @@ def test_stand_in_takes_the_normal_path_without_a_server(tmp_path: Path) -> None
 
 
 def test_a_background_agent_runs_forked_and_kill_reaches_it(env: dict[str, str], session_root: Path) -> None:
-    """A background agent's runner is forked too; `kill` signals its stand-in (meta.json's pid), which passes it on."""
+    """A background agent's runner is forked too, detached at its forked launcher's request: `kill` signals it (meta.json's pid)."""
     child = mock_task("slow background child", [{"text": "never", "sleep": 300}])
     launch = spawn_in_bash("--task", child, "--tools", "Read", "--background", "--print", "id")
     root = mock_task(
@@ -285,7 +285,8 @@ def test_a_background_agent_runs_forked_and_kill_reaches_it(env: dict[str, str],
             assert time.monotonic() < limit and proc.poll() is None, "the background runner was never forked"
             time.sleep(0.05)
         child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
-        assert load(child_dir / "meta.json")["pid"] == runs[0]["client_pid"]  # the stand-in, as the launcher started it
+        assert runs[0].get("detached") is True  # no stand-in: the launcher was forked too, and asked for it
+        assert load(child_dir / "meta.json")["pid"] == runs[0]["pid"]
         killed = run_spawn(["kill", child_dir.name, "--session", str(child_dir.parent.parent)], env)
         assert killed.returncode == spawn.ExitCode.OK, killed.stderr
         assert load(child_dir / "outcome.json")["status"] == "killed"
