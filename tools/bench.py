@@ -537,8 +537,9 @@ def mcp_samples(env: Mapping[str, str], workdir: Path, count: int, timeout: floa
 class TreeMemory:
     """Peak over time of the summed memory of a set of process trees, split by side.
 
-    "python" is every Python process (spawn.py runners, guards, stand-ins, the
-    fork server); "other" the rest (claude CLIs, their shells). PSS counts a
+    "python" is spawn.py's side: every Python process (runners, stand-ins, the
+    fork server) and the guards, which wait as /bin/sh until they have work;
+    "other" the rest (claude CLIs, their shells). PSS counts a
     page shared by n processes as 1/n in each, so pages a fork server shares
     with its children are counted once, as the kernel holds them; RSS counts
     them in every process.
@@ -584,7 +585,7 @@ class MemorySampler:
             sums = {"python_pss": 0, "other_pss": 0, "python_rss": 0, "other_rss": 0}
             for proc in procs.values():
                 with contextlib.suppress(psutil.Error):
-                    side = "python" if proc.name().startswith("python") else "other"
+                    side = "python" if proc.name().startswith("python") or "_guard" in proc.cmdline() else "other"
                     info = proc.memory_full_info()
                     sums[f"{side}_pss"] += int(getattr(info, "pss", info.rss))
                     sums[f"{side}_rss"] += int(info.rss)
