@@ -137,10 +137,22 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
                 return None  # in a parent's sandbox: the agent must stay inside it
     except OSError:
         pass
-    import contextlib
-    import json
-    import signal
-    import socket
+    # Builtin modules only: json, socket and signal would import re, enum and
+    # selectors (~12 ms of CPU at every nested spawn).
+    import _json
+    import _signal  # type: ignore[import-not-found]  # signal's C half, loaded at start-up
+    import _socket
+
+    def encode(value: object) -> str:  # json.dumps for the request's str, int, list and dict
+        if isinstance(value, str):
+            return str(_json.encode_basestring_ascii(value))
+        if isinstance(value, int):
+            return str(value)
+        if isinstance(value, list):
+            return "[" + ",".join(map(encode, value)) + "]"
+        if isinstance(value, dict):
+            return "{" + ",".join(encode(k) + ":" + encode(v) for k, v in value.items()) + "}"
+        raise TypeError(type(value).__name__)
 
     try:
         stat = os.stat(__file__)
@@ -151,9 +163,9 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
             "prefix": sys.prefix,
             "script": [os.path.realpath(__file__), stat.st_size, stat.st_mtime_ns],
         }
-        data = json.dumps(request).encode()
+        data = encode(request).encode()
         data = len(data).to_bytes(4, "big") + data
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     except (OSError, ValueError, TypeError):
         return None
     try:
@@ -164,44 +176,68 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
         finally:
             if dir_fd is not None:
                 os.close(dir_fd)
-        sent = socket.send_fds(sock, [data], [0, 1, 2])
+        fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
+        sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
         sock.sendall(data[sent:])
         got = b""
         while b"\n" not in got and (chunk := sock.recv(4096)):
             got += chunk
         line, _, got = got.partition(b"\n")
-        pid = int(json.loads(line or b"null")["pid"])
-    except (OSError, ValueError, TypeError, KeyError):
+        line = line.replace(b" ", b"")
+        if not (line.startswith(b'{"pid":') and line.endswith(b"}")):
+            raise ValueError("no pid in the reply")  # a refusal: {"refused": ...}
+        pid = int(line[7:-1])
+    except (OSError, ValueError):
         sock.close()  # a child forked too late finds it closed and ends itself, as for a killed stand-in
         return None  # nothing runs for us: the normal path runs the agent
 
-    signals = [int(getattr(signal, name)) for name in FORWARDED_SIGNALS]
-    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
-    with contextlib.suppress(OSError):
-        if not sys.executable:
-            raise OSError("no interpreter to exec")
-        sock.settimeout(None)  # blocking, as the loop reads it
-        os.set_inheritable(sock.fileno(), True)
-        loop = [str(sock.fileno()), str(pid), got.hex(), ",".join(map(str, signals))]
-        os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", STAND_IN_LOOP, *loop, *sys.argv], environ)
+    signals = [int(getattr(_signal, name)) for name in FORWARDED_SIGNALS]
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, signals)
+    # A background launch is over in a moment: standing in from here costs
+    # less than starting the small interpreter that a long stand-in is worth.
+    if "--background" not in argv:
+        try:
+            if not sys.executable:
+                raise OSError("no interpreter to exec")
+            sock.settimeout(None)  # blocking, as the loop reads it
+            os.set_inheritable(sock.fileno(), True)
+            loop = [str(sock.fileno()), str(pid), got.hex(), ",".join(map(str, signals))]
+            os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", STAND_IN_LOOP, *loop, *sys.argv], environ)
+        except OSError:
+            pass
 
-    # No interpreter to exec: stand in from here.
+    # Stand in from here: the same as STAND_IN_LOOP.
+    last = [int(_signal.SIGKILL)]
+
     def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(OSError):
+        last[0] = signum
+        try:  # noqa: SIM105 (contextlib is not imported here)
             os.kill(pid, signum)
+        except OSError:
+            pass
 
     for signum in signals:
-        signal.signal(signum, forward)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+        _signal.signal(signum, forward)
+    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)
     sock.settimeout(None)
-    reader = sock.makefile("rb")
-    try:
-        result = json.loads((got + reader.readline()).partition(b"\n")[0] or b"null")
-    except (OSError, ValueError):
-        result = None
-    if isinstance(result, dict) and isinstance(result.get("exit"), int):
-        return int(result["exit"])
-    os.kill(os.getpid(), signal.SIGKILL)  # the agent was killed outright: so are we, as seen from outside
+    while b"\n" not in got:
+        try:
+            chunk = sock.recv(4096)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            break
+        got += chunk
+    line = got.partition(b"\n")[0].replace(b" ", b"")
+    if line.startswith(b'{"exit":') and line.endswith(b"}"):
+        try:
+            return int(line[8:-1])
+        except ValueError:
+            pass
+    if last[0] != _signal.SIGKILL:
+        _signal.signal(last[0], _signal.SIG_DFL)
+    os.kill(os.getpid(), last[0])  # the agent was killed outright: so are we, as seen from outside
+    os.kill(os.getpid(), _signal.SIGKILL)
     return None
 
 
