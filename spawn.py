@@ -4604,7 +4604,23 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         env[ENV_IDLE_TIMEOUT] = f"{meta.idle_timeout_s:g}"
     if meta.sandbox == "inherited":
         env.update(proxied_loopback(os.environ))
+    env.update(quiet_cli_environment(os.environ))
     return env
+
+
+# Set for every agent's CLI unless the user set it (or the wider
+# CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC) either way: the CLI's telemetry is
+# ~0.2 s of CPU at every start (0.82 s against 1.08 s for a `claude -p`, 8
+# interleaved runs), paid by every agent of a tree on a machine the tree
+# shares. It changes nothing an agent does. DISABLE_AUTOUPDATER and
+# DISABLE_ERROR_REPORTING were measured too and saved nothing: not set.
+QUIET_CLI_ENV = {"DISABLE_TELEMETRY": "1"}
+
+
+def quiet_cli_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    if "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC" in environ:
+        return {}
+    return {k: v for k, v in QUIET_CLI_ENV.items() if k not in environ}
 
 
 STOP_SIGNALS = {signal.SIGTERM: Status.KILLED, signal.SIGHUP: Status.KILLED, signal.SIGINT: Status.INTERRUPTED}
