@@ -6161,6 +6161,9 @@ class A2AExecutor(Executor):
                         {"task_id": task.task_id, "sent": False, "why": "no remote task yet" if task.task_id is None else task.state},
                     )
                     return
+                if cancels:  # the run's own cancel (an ask denied) and the stop path's can meet: one is sent
+                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
+                    return
                 done = asyncio.get_running_loop().create_future()
                 cancels.append(done)
                 try:
