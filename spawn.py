@@ -1816,23 +1816,22 @@ def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> Non
         (agent_dir / SLOT_LENT).unlink()
 
 
-def ensure_marker(agent_dir: Path, status: Any = None) -> Path | None:
+def ensure_marker(agent_dir: Path, status: Any = None) -> None:
     """Write the marker for a committed outcome if a crash left it missing.
 
     status: the outcome's, when the caller has just read it (saves a read)."""
     for name in (DONE_MARKER, FAIL_MARKER):
         if os.path.exists(f"{agent_dir}/{name}"):  # not pathlib: status asks this of every agent
-            return agent_dir / name
+            return
     if status is None:
         try:
             status = read_json(agent_dir / OUTCOME).get("status", "")
         except FileNotFoundError:
-            return None
+            return
     marker = agent_dir / marker_for(str(status))
     with contextlib.suppress(FileExistsError):
         write_new_file(marker, f"{status}\n".encode())
         fsync_dir(agent_dir)
-    return marker
 
 
 def read_outcome(agent_dir: Path) -> dict[str, Any] | None:
@@ -7299,7 +7298,7 @@ def save_status_cache(session: Path, entries: Mapping[str, list[Any]]) -> None:
     try:
         # Not write_json_atomic: no indent, no fsync; a cache lost in a crash is rebuilt.
         with open(tmp, "x", encoding="utf-8") as fh:
-            json.dump(data, fh, separators=(",", ":"), ensure_ascii=False)
+            fh.write(json.dumps(data, separators=(",", ":"), ensure_ascii=False))  # dumps: json.dump is the slow pure-Python encoder
         os.replace(tmp, session / STATUS_CACHE)
     except OSError:  # a read-only session, a full disk: status still answers
         with contextlib.suppress(OSError):
