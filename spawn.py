@@ -70,10 +70,9 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUS
 # With no exit code (the agent died of a signal) it dies of the last signal
 # it passed on, as the agent did if that was what ended it, else of SIGKILL.
 # argv: socket fd, agent pid, what was already read (hex), signal numbers.
-STAND_IN_LOOP = """
-import posix, _signal, sys
-fd, pid, got = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
-signals = [int(n) for n in sys.argv[4].split(",")]
+# STAND_IN_WAIT is the loop itself, over fd, pid, got and signals; a short
+# stand-in runs it in-process.
+STAND_IN_WAIT = """
 last = [9]
 def forward(signum, frame):
     last[0] = signum
@@ -103,6 +102,14 @@ if last[0] != 9:
 posix.kill(posix.getpid(), last[0])
 posix.kill(posix.getpid(), 9)
 """
+STAND_IN_LOOP = (
+    """
+import posix, _signal, sys
+fd, pid, got = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+signals = [int(n) for n in sys.argv[4].split(",")]
+"""
+    + STAND_IN_WAIT
+)
 
 
 def unix_address(path: str) -> tuple[str, int | None]:
@@ -206,39 +213,12 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
         except OSError:
             pass
 
-    # Stand in from here: the same as STAND_IN_LOOP.
-    last = [int(_signal.SIGKILL)]
+    # Stand in from here, with the same loop.
+    import posix  # builtin: os's C half
 
-    def forward(signum: int, _frame: object) -> None:
-        last[0] = signum
-        try:  # noqa: SIM105 (contextlib is not imported here)
-            os.kill(pid, signum)
-        except OSError:
-            pass
-
-    for signum in signals:
-        _signal.signal(signum, forward)
-    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)
-    sock.settimeout(None)
-    while b"\n" not in got:
-        try:
-            chunk = sock.recv(4096)
-        except OSError:
-            chunk = b""
-        if not chunk:
-            break
-        got += chunk
-    line = got.partition(b"\n")[0].replace(b" ", b"")
-    if line.startswith(b'{"exit":') and line.endswith(b"}"):
-        try:
-            return int(line[8:-1])
-        except ValueError:
-            pass
-    if last[0] != _signal.SIGKILL:
-        _signal.signal(last[0], _signal.SIG_DFL)
-    os.kill(os.getpid(), last[0])  # the agent was killed outright: so are we, as seen from outside
-    os.kill(os.getpid(), _signal.SIGKILL)
-    return None
+    sock.settimeout(None)  # blocking, as the loop reads it
+    exec(STAND_IN_WAIT, {"posix": posix, "_signal": _signal, "fd": sock.fileno(), "pid": pid, "got": got, "signals": signals})
+    return None  # not reached: the loop ends the process with the agent's exit code or signal
 
 
 if __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:
