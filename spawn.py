@@ -6513,14 +6513,15 @@ def serve_forks(meta: AgentMeta) -> None:
                 path.unlink()
 
 
-def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float) -> NoReturn:
-    """In the forked child: become the spawn the stand-in would have run, then report its exit code."""
+def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> list[str]:
+    """In a forked child: take on the client's stdio, cwd, environment and argv, and send it our pid. The argv."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.setsid()  # its own group, as a runner has: never in the server's
-    ForkedFor.pid, ForkedFor.create_time = client_pid, client_time
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
+        if fd != target:
+            os.close(fd)
     os.chdir(str(request["cwd"]))
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
@@ -6528,6 +6529,13 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
     sys.argv = [str(compiled_script()), *argv]
     conn.settimeout(None)
     conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    return argv
+
+
+def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float) -> NoReturn:
+    """In the forked child: become the spawn the stand-in would have run, then report its exit code."""
+    ForkedFor.pid, ForkedFor.create_time = client_pid, client_time
+    argv = adopt_request(conn, fds, request)
     finished = threading.Event()
 
     def watch_stand_in() -> None:
@@ -6564,19 +6572,7 @@ def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> N
     itself; that would be one more interpreter and stand-in per agent (~50 ms
     of CPU, ~3 MiB while the agent runs). In a session of its own, as then.
     """
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.setsid()
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        os.close(fd)
-    os.chdir(str(request["cwd"]))
-    os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
-    argv = [str(a) for a in request["argv"]]
-    sys.argv = [str(compiled_script()), *argv]
-    conn.settimeout(None)
-    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    argv = adopt_request(conn, fds, request)
     conn.close()
     try:
         code = main(argv)
