@@ -61,23 +61,24 @@ def install_tool_deps(session: nox.Session) -> None:
             session.install("-r", str(requirements))
 
 
-@nox.session
-def tests(session: nox.Session) -> None:
-    """Unit and end-to-end tests (the real bundled claude CLI against tools/mock_model.py)."""
+def run_pytest(session: nox.Session, marks: str, timeout: int) -> None:
     install_spawn_deps(session)
     install_tool_deps(session)
     session.install(*TEST_DEPS)
-    # A hung test fails after 5 minutes instead of eating the CI budget.
-    session.run("pytest", *(session.posargs or ["-q", "--timeout=300", "--durations=15", "-m", "not slow", "tests"]))
+    # A hung test fails after `timeout` seconds instead of eating the CI budget.
+    session.run("pytest", *(session.posargs or ["-q", f"--timeout={timeout}", "--durations=15", "-m", marks, "tests"]))
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit and end-to-end tests (the real bundled claude CLI against tools/mock_model.py)."""
+    run_pytest(session, "not slow", 300)
 
 
 @nox.session
 def slow(session: nox.Session) -> None:
     """The soak-style tests (marked slow) that `tests` leaves out: `uvx nox -s slow`."""
-    install_spawn_deps(session)
-    install_tool_deps(session)
-    session.install(*TEST_DEPS)
-    session.run("pytest", *(session.posargs or ["-q", "--timeout=600", "--durations=15", "-m", "slow", "tests"]))
+    run_pytest(session, "slow", 600)
 
 
 @nox.session
