@@ -121,6 +121,63 @@ def unix_address(path: str) -> tuple[str, int | None]:
     return f"/proc/self/fd/{fd}/{os.path.basename(path)}", fd
 
 
+def encode_json(value: object) -> str:
+    """json.dumps for a fork request's str, bool, int, list and dict, on builtin modules only:
+    json, socket and signal would import re, enum and selectors (~12 ms of CPU at every nested spawn)."""
+    import _json
+
+    if isinstance(value, str):
+        return str(_json.encode_basestring_ascii(value))
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ",".join(map(encode_json, value)) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(encode_json(k) + ":" + encode_json(v) for k, v in value.items()) + "}"
+    raise TypeError(type(value).__name__)
+
+
+def forkserver_request(session: str, request: dict[str, object], fds: tuple[int, int, int]) -> tuple[Any, int, bytes] | None:
+    """Ask the session's fork server to fork for request, handing it fds as the child's stdio (SCM_RIGHTS).
+
+    (the socket, the forked pid, what the server sent after its reply), or
+    None: no server, a dead or refusing one, or no answer within
+    FORKSERVER_REPLY_S. Builtin modules only, as the stand-in runs it.
+    """
+    import _socket
+
+    try:
+        data = encode_json(request).encode()
+        data = len(data).to_bytes(4, "big") + data
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    except (OSError, ValueError, TypeError):
+        return None
+    try:
+        sock.settimeout(FORKSERVER_REPLY_S)
+        address, dir_fd = unix_address(os.path.join(session, FORKSERVER_SOCKET))
+        try:
+            sock.connect(address)
+        finally:
+            if dir_fd is not None:
+                os.close(dir_fd)
+        packed = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+        sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, packed)])
+        sock.sendall(data[sent:])
+        got = b""
+        while b"\n" not in got and (chunk := sock.recv(4096)):
+            got += chunk
+        line, _, got = got.partition(b"\n")
+        line = line.replace(b" ", b"")
+        if not (line.startswith(b'{"pid":') and line.endswith(b"}")):
+            raise ValueError("no pid in the reply")  # a refusal: {"refused": ...}
+        return sock, int(line[7:-1]), got
+    except (OSError, ValueError):
+        sock.close()  # a child forked too late finds it closed and ends itself, as for a killed stand-in
+        return None  # nothing runs for us: the caller's normal path runs it
+
+
 def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> int | None:
     """Have the session's fork server run this spawn; stay as its stand-in. Its exit code, or None.
 
@@ -144,59 +201,23 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
                 return None  # in a parent's sandbox: the agent must stay inside it
     except OSError:
         pass
-    # Builtin modules only: json, socket and signal would import re, enum and
-    # selectors (~12 ms of CPU at every nested spawn).
-    import _json
     import _signal  # type: ignore[import-not-found]  # signal's C half, loaded at start-up
-    import _socket
-
-    def encode(value: object) -> str:  # json.dumps for the request's str, int, list and dict
-        if isinstance(value, str):
-            return str(_json.encode_basestring_ascii(value))
-        if isinstance(value, int):
-            return str(value)
-        if isinstance(value, list):
-            return "[" + ",".join(map(encode, value)) + "]"
-        if isinstance(value, dict):
-            return "{" + ",".join(encode(k) + ":" + encode(v) for k, v in value.items()) + "}"
-        raise TypeError(type(value).__name__)
 
     try:
         stat = os.stat(__file__)
-        request = {
+        request: dict[str, object] = {
             "argv": argv,
             "env": dict(environ),
             "cwd": os.getcwd(),
             "prefix": sys.prefix,
             "script": [os.path.realpath(__file__), stat.st_size, stat.st_mtime_ns],
         }
-        data = encode(request).encode()
-        data = len(data).to_bytes(4, "big") + data
-        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    except (OSError, ValueError, TypeError):
+    except OSError:
         return None
-    try:
-        sock.settimeout(FORKSERVER_REPLY_S)
-        address, dir_fd = unix_address(os.path.join(session, FORKSERVER_SOCKET))
-        try:
-            sock.connect(address)
-        finally:
-            if dir_fd is not None:
-                os.close(dir_fd)
-        fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
-        sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
-        sock.sendall(data[sent:])
-        got = b""
-        while b"\n" not in got and (chunk := sock.recv(4096)):
-            got += chunk
-        line, _, got = got.partition(b"\n")
-        line = line.replace(b" ", b"")
-        if not (line.startswith(b'{"pid":') and line.endswith(b"}")):
-            raise ValueError("no pid in the reply")  # a refusal: {"refused": ...}
-        pid = int(line[7:-1])
-    except (OSError, ValueError):
-        sock.close()  # a child forked too late finds it closed and ends itself, as for a killed stand-in
+    served = forkserver_request(session, request, (0, 1, 2))
+    if served is None:
         return None  # nothing runs for us: the normal path runs the agent
+    sock, pid, got = served
 
     signals = [int(getattr(_signal, name)) for name in FORWARDED_SIGNALS]
     _signal.pthread_sigmask(_signal.SIG_BLOCK, signals)
@@ -6592,12 +6613,10 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
     that forks and then can't answer closes the socket, and a runner that
     was never registered gives up by itself: cmd_background_runner).
     """
-    import socket
-
     if ForkedFor.pid is None:
         return None  # not forked by a server: there may be none
     stat = SCRIPT_PATH.stat()
-    request = {
+    request: dict[str, object] = {
         "argv": ["_run", str(agent_dir)],
         "detach": True,
         "env": dict(os.environ),
@@ -6605,29 +6624,15 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
         "prefix": sys.prefix,
         "script": [str(compiled_script()), stat.st_size, stat.st_mtime_ns],
     }
-    data = json.dumps(request).encode()
-    data = len(data).to_bytes(4, "big") + data
     null = os.open(os.devnull, os.O_RDONLY)
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(FORKSERVER_REPLY_S)
-            address, dir_fd = unix_address(str(Path(session) / FORKSERVER_SOCKET))
-            try:
-                sock.connect(address)
-            finally:
-                if dir_fd is not None:
-                    os.close(dir_fd)
-            sent = socket.send_fds(sock, [data], [null, log, log])
-            sock.sendall(data[sent:])
-            got = b""
-            while b"\n" not in got and (chunk := sock.recv(4096)):
-                got += chunk
-            reply = json.loads(got.partition(b"\n")[0] or b"null")
-            return int(reply["pid"]) if isinstance(reply, dict) and isinstance(reply.get("pid"), int) else None
-    except (OSError, ValueError):
-        return None
+        served = forkserver_request(session, request, (null, log, log))
     finally:
         os.close(null)
+    if served is None:
+        return None
+    served[0].close()  # the runner is detached: nothing more comes on this socket
+    return served[1]
 
 
 def cmd_forkserver(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
