@@ -1469,8 +1469,9 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
 
 def read_json(path: Path | str) -> dict[str, Any]:
     try:
-        # Bytes, unbuffered: json detects the encoding, and a record read is
-        # one open and one read (status reads two per agent, 10,000s of them).
+        # Bytes, unbuffered, decoded as the UTF-8 records are written in: a
+        # record read is one open and one read (status reads two per agent,
+        # 10,000s of them).
         with open(path, "rb", buffering=0) as fh:
             data = json.loads(fh.read().decode())
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for binary junk
@@ -4629,6 +4630,11 @@ def quiet_cli_environment(environ: Mapping[str, str]) -> dict[str, str]:
 STOP_SIGNALS = {signal.SIGTERM: Status.KILLED, signal.SIGHUP: Status.KILLED, signal.SIGINT: Status.INTERRUPTED}
 
 
+def stopped_by(signum: int) -> tuple[Status, str]:
+    """The outcome a stop signal ends an agent with: its status and reason."""
+    return STOP_SIGNALS[signal.Signals(signum)], f"received {signal.Signals(signum).name}"
+
+
 class EarlyStop:
     """A stop signal that came after registration but before run_agent's loop could serve it.
 
@@ -4643,7 +4649,7 @@ class EarlyStop:
     def arm(cls) -> None:
         def hold(signum: int, _frame: Any) -> None:
             if cls.pending is None:
-                cls.pending = (STOP_SIGNALS[signal.Signals(signum)], f"received {signal.Signals(signum).name}")
+                cls.pending = stopped_by(signum)
 
         for signum in STOP_SIGNALS:
             signal.signal(signum, hold)
@@ -5411,8 +5417,8 @@ def run_agent(
 
         stopping: list[asyncio.Future[None]] = []
 
-        for signum, status in STOP_SIGNALS.items():
-            loop.add_signal_handler(signum, stop, status, f"received {signal.Signals(signum).name}")
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, stop, *stopped_by(signum))
         if EarlyStop.pending is not None:
             stop(*EarlyStop.pending)
         if meta.deadline is not None:
