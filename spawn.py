@@ -928,19 +928,21 @@ def record_to_json(record: Any) -> dict[str, Any]:
 def record_from_json(cls: type[R], data: Mapping[str, Any]) -> R:
     """The inverse of record_to_json: absent values are None, unknown keys ignored."""
     names, required = _record_fields(cls)
+    if data.keys() <= names and data.keys() >= required:  # the usual record: no key to drop or fill in
+        return cls(**data)
     return cls(**{name: data.get(name) for name in names if name in data or name in required})
 
 
-_FIELDS: dict[type, tuple[tuple[str, ...], frozenset[str]]] = {}
+_FIELDS: dict[type, tuple[frozenset[str], frozenset[str]]] = {}
 
 
-def _record_fields(cls: type) -> tuple[tuple[str, ...], frozenset[str]]:
+def _record_fields(cls: type) -> tuple[frozenset[str], frozenset[str]]:
     """A record's field names and those without a default, looked up once:
     `status` reads 10,000 records and dataclasses.fields() is slow."""
     if cls not in _FIELDS:
         fields = dataclasses.fields(cls)
         required = {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-        _FIELDS[cls] = (tuple(f.name for f in fields), frozenset(required))
+        _FIELDS[cls] = (frozenset(f.name for f in fields), frozenset(required))
     return _FIELDS[cls]
 
 
@@ -1468,17 +1470,31 @@ def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
 
 
 def read_json(path: Path | str) -> dict[str, Any]:
+    return read_record(path)[0]
+
+
+def read_record(path: Path | str) -> tuple[dict[str, Any], list[int]]:
+    """A JSON record, and the (inode, size, mtime_ns) of the very file it was read from.
+
+    One open, one fstat and one sized read, decoded as the UTF-8 records are
+    written in: status reads two records per agent, 10,000s of them, and a
+    stat of the open file costs no second path lookup.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        # Bytes, unbuffered, decoded as the UTF-8 records are written in: a
-        # record read is one open and one read (status reads two per agent,
-        # 10,000s of them).
-        with open(path, "rb", buffering=0) as fh:
-            data = json.loads(fh.read().decode())
+        st = os.fstat(fd)
+        raw = os.read(fd, st.st_size + 1)  # sized: os.read allocates all it is asked for
+        while len(raw) > st.st_size and (more := os.read(fd, 1 << 16)):  # grew meanwhile (not how records are written)
+            raw += more
+    finally:
+        os.close(fd)
+    try:
+        data = json.loads(raw.decode())
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for binary junk
         raise CorruptRecordError(path, str(exc).splitlines()[0][:200]) from None
     if not isinstance(data, dict):
         raise CorruptRecordError(path, "not a JSON object")
-    return data
+    return data, [st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
@@ -1818,13 +1834,14 @@ def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> Non
         (agent_dir / SLOT_LENT).unlink()
 
 
-def ensure_marker(agent_dir: Path, status: Any = None) -> None:
+def ensure_marker(agent_dir: Path | str, status: Any = None) -> None:
     """Write the marker for a committed outcome if a crash left it missing.
 
     status: the outcome's, when the caller has just read it (saves a read)."""
     for name in (DONE_MARKER, FAIL_MARKER):
         if os.path.exists(f"{agent_dir}/{name}"):  # not pathlib: status asks this of every agent
             return
+    agent_dir = Path(agent_dir)
     if status is None:
         try:
             status = read_json(agent_dir / OUTCOME).get("status", "")
@@ -1837,15 +1854,20 @@ def ensure_marker(agent_dir: Path, status: Any = None) -> None:
 
 
 def read_outcome(agent_dir: Path) -> dict[str, Any] | None:
+    return read_outcome_keyed(agent_dir)[0]
+
+
+def read_outcome_keyed(agent_dir: Path | str) -> tuple[dict[str, Any] | None, list[int] | None]:
+    """An agent's outcome (None while it has none), and the keys of the file read (read_record)."""
     # outcome.json is always published before its marker, so a marker alone
     # is stray (anything with Bash can write one): no outcome, and `reap`
     # removes it (remove_stray_marker).
     try:
-        data = read_json(f"{agent_dir}/{OUTCOME}")
+        data, keys = read_record(f"{agent_dir}/{OUTCOME}")
     except FileNotFoundError:
-        return None
+        return None, None
     ensure_marker(agent_dir, data.get("status", ""))
-    return data
+    return data, keys
 
 
 def remove_stray_marker(agent_dir: Path) -> bool:
@@ -1962,12 +1984,18 @@ def find_agent_dir(agent_id: str, session: Path | None, root: Path) -> Path:
 
 
 def load_meta(agent_dir: Path) -> AgentMeta:
+    return load_meta_keyed(agent_dir)[0]
+
+
+def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
+    """An agent's meta.json, and the keys of the file read (read_record)."""
+    data, keys = read_record(f"{agent_dir}/{META}")  # str joins: status loads 10,000s
     try:
-        meta = record_from_json(AgentMeta, read_json(f"{agent_dir}/{META}"))  # str joins: status loads 10,000s
+        meta = record_from_json(AgentMeta, data)
         started_timestamp(meta)  # every reader does arithmetic on it
     except (TypeError, ValueError, AttributeError) as exc:
-        raise CorruptRecordError(agent_dir / META, str(exc)) from None
-    return meta
+        raise CorruptRecordError(Path(agent_dir) / META, str(exc)) from None
+    return meta, keys
 
 
 # ---------------------------------------------------------------- processes --
@@ -7294,66 +7322,32 @@ def save_status_cache(session: Path, entries: Mapping[str, list[Any]]) -> None:
 
 def tree_rows(session: Path) -> list[dict[str, Any]]:
     """The agents of a session with state and cost, parents before children."""
-    rows: dict[str, dict[str, Any]] = {}
     queueing = read_limits(session).max_concurrent is not None
     cache = load_status_cache(session)
-    finished: dict[str, list[Any]] = {}  # what the cache will hold: the finished agents found this time
-    read_again = 0
     settled_before = (time.time() - STATUS_CACHE_SETTLE_S) * 1e9
-    agents = session / AGENTS_DIR
-    for name in agent_dir_names(agents):
+    agents = str(session / AGENTS_DIR)
+    names = agent_dir_names(Path(agents))
+    hits: dict[str, list[Any]] = {}
+    for name in names:
         path = f"{agents}/{name}"  # a Path only for what isn't cached: 10,000 of them cost 0.1 s
-        keys = record_keys(path)
-        if (row := cached_row(cache.get(name), path, keys)) is not None:
-            rows[row["id"]] = row
-            finished[name] = [keys, row]
-            continue
-        d = agents / name
-        try:
-            meta = load_meta(d)
-        except FileNotFoundError:
-            continue  # a background launch between mkdir and meta.json
-        except SpawnError as exc:
-            # One damaged record must not hide the rest of the tree.
-            rows[d.name] = corrupt_row(d, exc)
-            continue
-        try:
-            outcome = read_outcome(d)
-        except SpawnError as exc:
-            rows[meta.id] = corrupt_row(d, exc, meta)
-            continue
-        state = outcome["status"] if outcome else liveness(d, meta).value
-        if outcome is None and state == Status.FAILED:
-            state = Status.LOST.value
-        elif outcome is None and state == Status.RUNNING and idle_for(d) is not None:
-            state = Status.STALLED.value
-        elif outcome is None and state == Status.RUNNING and queueing and (d / SLOT_LENT).exists():
-            state = Status.WAITING.value
-        elif outcome is None and state == Status.RUNNING and queueing and not (d / SLOT_MARKER).exists():
-            state = Status.QUEUED.value
-        started = started_timestamp(meta)
-        rows[meta.id] = {
-            "id": meta.id,
-            "parent_id": meta.parent_id,
-            "depth": meta.depth,
-            "state": state,
-            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
-            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
-            "cost_usd": outcome.get("cost_usd") if outcome else None,
-            "cost_known": bool(outcome and "cost_usd" in outcome),
-            "pid": meta.pid,
-            "agent_dir": str(d),
-            "containment": meta.containment,
-        }
-        if meta.resumed_from:
-            rows[meta.id]["resumed_from"] = meta.resumed_from
-        natives = native_rows(d, meta, parent_ended=outcome is not None)
-        rows.update((row["id"], row) for row in natives)
-        # Cached: a finished agent whose records were settled before we read them
-        # (keys taken first). Native subagents' rows come from a log: not cached.
-        if outcome is not None and keys is not None and not natives and max(keys[2::3]) < settled_before and meta.id == d.name:
-            finished[d.name] = [keys, rows[meta.id]]
-            read_again += 1
+        entry = cache.get(name)
+        if entry is not None and (row := cached_row(entry, path, keys := record_keys(path))) is not None:
+            hits[name] = [keys, row]
+    misses = [name for name in names if name not in hits]
+    read = functools.partial(read_agent_rows, agents, queueing=queueing, settled_before=settled_before)
+    found = {name: result for part in forked_map(read, misses, STATUS_PARALLEL_MIN) for name, result in part}
+    rows: dict[str, dict[str, Any]] = {}
+    finished: dict[str, list[Any]] = {}  # what the cache will hold: the finished agents found this time
+    for name in names:  # in order: of two records that claim one id, the later wins
+        if name in hits:
+            rows[name] = hits[name][1]
+            finished[name] = hits[name]
+        elif name in found:
+            agent_rows, entry = found[name]
+            rows.update((row["id"], row) for row in agent_rows)
+            if entry is not None:
+                finished[name] = entry
+    read_again = len(finished) - len(hits)
     children: dict[str | None, list[str]] = {}
     for row in rows.values():
         parent = row["parent_id"] if row["parent_id"] in rows else None
@@ -7385,14 +7379,162 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
     return ordered
 
 
-def native_rows(agent_dir: Path, meta: AgentMeta, *, parent_ended: bool) -> list[dict[str, Any]]:
+def read_agent_rows(
+    agents: str, names: Sequence[str], *, queueing: bool, settled_before: float
+) -> list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]]:
+    """The status rows of each named agent directory (its own, then its native
+    subagents'; none while its meta.json isn't written), and its cache entry
+    when it is finished and settled."""
+    found: list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]] = []
+    for name in names:
+        path = f"{agents}/{name}"
+        try:
+            meta, meta_keys = load_meta_keyed(path)
+        except FileNotFoundError:
+            continue  # a background launch between mkdir and meta.json
+        except SpawnError as exc:
+            # One damaged record must not hide the rest of the tree.
+            found.append((name, ([corrupt_row(Path(path), exc)], None)))
+            continue
+        try:
+            outcome, outcome_keys = read_outcome_keyed(path)
+        except SpawnError as exc:
+            found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
+            continue
+        state = outcome["status"] if outcome else unfinished_state(Path(path), meta, queueing=queueing).value
+        started = started_timestamp(meta)
+        row = {
+            "id": meta.id,
+            "parent_id": meta.parent_id,
+            "depth": meta.depth,
+            "state": state,
+            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
+            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
+            "cost_usd": outcome.get("cost_usd") if outcome else None,
+            "cost_known": bool(outcome and "cost_usd" in outcome),
+            "pid": meta.pid,
+            "agent_dir": path,
+            "containment": meta.containment,
+        }
+        if meta.resumed_from:
+            row["resumed_from"] = meta.resumed_from
+        natives = native_rows(path, meta, parent_ended=outcome is not None)
+        # Cached: a finished agent whose records were settled before we read them,
+        # keyed by the very files read, so a record replaced meanwhile is read
+        # again next time. Native subagents' rows come from a log: not cached.
+        keys = meta_keys + outcome_keys if outcome_keys is not None else None
+        settled = outcome is not None and keys is not None and not natives and max(keys[2::3]) < settled_before
+        found.append((name, ([row, *natives], [keys, row] if settled and meta.id == name else None)))
+    return found
+
+
+STATUS_PARALLEL_MIN = 2_000  # records to read before status spreads the reading over the CPUs
+
+
+def forked_map(fn: Callable[[Sequence[str]], R], items: Sequence[str], minimum: int) -> list[R]:
+    """fn over slices of items, one per CPU, the first here and the others in forked children.
+
+    Reading and parsing 10,000s of records is CPU-bound, and status's process
+    holds nothing another process would need to share. Each child sends its
+    result back marshalled through a pipe. A child that fails, or a fork that
+    can't be made, costs only speed: that slice is done here. Below `minimum`
+    items, in a process with threads (fork would copy their locks held), or
+    on one CPU, everything is done here.
+    """
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = min(cpus, 4, len(items) // max(minimum // 2, 1))
+    if len(items) < minimum or workers < 2 or threading.active_count() > 1 or not hasattr(os, "fork"):
+        return [fn(items)]
+    import marshal
+
+    size = -(-len(items) // workers)
+    slices = [items[i : i + size] for i in range(0, len(items), size)]
+    pending = [fork_worker(fn, part, marshal.dumps) for part in slices[1:]]  # (pid, read end), or None
+    try:
+        results = [fn(slices[0])]
+        for i, part in enumerate(slices[1:]):
+            child, pending[i] = pending[i], None
+            got = join_worker(child, marshal.loads) if child is not None else None
+            results.append(got[0] if got is not None else fn(part))  # no result from the child: its slice is done here
+    finally:
+        for child in pending:  # left only by an exception here: end them (ours, by pid)
+            if child is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(child[0], signal.SIGKILL)
+                join_worker(child, marshal.loads)
+    return results
+
+
+def join_worker(child: tuple[int, int], loads: Callable[[bytes], Any]) -> tuple[Any] | None:
+    """A forked worker's result, read to the end and reaped; None if it failed."""
+    pid, fd = child
+    data = b""
+    with contextlib.suppress(OSError), os.fdopen(fd, "rb") as fh:
+        data = fh.read()
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, 0)[1] != 0:
+            return None
+    try:
+        return (loads(data),)
+    except (EOFError, ValueError, TypeError):
+        return None
+
+
+def fork_worker(fn: Callable[[Sequence[str]], Any], part: Sequence[str], dumps: Callable[[Any], bytes]) -> tuple[int, int] | None:
+    """A forked child that writes dumps(fn(part)) to a pipe: (pid, read end), or None if it can't be made."""
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return None
+    if pid == 0:  # the child: never returns, never runs the parent's exit handlers or flushes its buffers
+        code = 1
+        try:
+            os.close(read_end)
+            data = dumps(fn(part))
+            with os.fdopen(write_end, "wb") as fh:
+                fh.write(data)
+            code = 0
+        except BaseException:  # a Ctrl-C, a broken pipe: the parent does the slice itself
+            pass
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    return pid, read_end
+
+
+def unfinished_state(agent_dir: Path, meta: AgentMeta, *, queueing: bool) -> Status:
+    """What status shows for an agent without an outcome: running, or why not."""
+    state = liveness(agent_dir, meta)
+    if state == Status.FAILED:
+        return Status.LOST  # gone without an outcome
+    if state != Status.RUNNING:
+        return state
+    if idle_for(agent_dir) is not None:
+        return Status.STALLED
+    if queueing and (agent_dir / SLOT_LENT).exists():
+        return Status.WAITING
+    if queueing and not (agent_dir / SLOT_MARKER).exists():
+        return Status.QUEUED
+    return state
+
+
+def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -> list[dict[str, Any]]:
     """Claude Code's own subagents of an agent (NATIVE_LOG), as child rows of kind `native`.
 
     Their cost is part of the parent's (the CLI counts it in its total), so a
     native row adds nothing to the subtree's cost and is never `unknown`.
     """
     nodes: dict[str, dict[str, Any]] = {}
-    with contextlib.suppress(OSError, UnicodeDecodeError), open(f"{agent_dir}/{NATIVE_LOG}", encoding="utf-8") as fh:
+    log = f"{agent_dir}/{NATIVE_LOG}"
+    if not os.path.exists(log):  # most agents have none: a stat is cheaper than a failed open
+        return []
+    with contextlib.suppress(OSError, UnicodeDecodeError), open(log, encoding="utf-8") as fh:
         for raw in fh.read().splitlines():
             with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
                 line = json.loads(raw)

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,100 @@ def test_records_written_just_now_are_not_cached(tmp_path: Path) -> None:
         os.utime(d / spawn.OUTCOME, (now, now))
     rows(session)
     assert not (session / spawn.STATUS_CACHE).exists()
+
+
+# ----------------------------------------------------------- parallel reads --
+# status reads the records it has no cached row for in forked workers, one
+# per CPU, once there are STATUS_PARALLEL_MIN of them. These call tree_rows
+# in-process with a low threshold, so that a small session takes that path.
+
+
+@pytest.fixture
+def damaged_session(tmp_path: Path) -> Path:
+    """Finished agents, plus one of each kind a worker must read as the serial path does."""
+    session = write_session(tmp_path, 40)
+    agents = session / spawn.AGENTS_DIR
+    (agents / "a1-000004" / spawn.META).write_text("{not json")
+    (agents / "a1-000011" / spawn.OUTCOME).write_bytes(b"\xff\x00")
+    for name in (spawn.OUTCOME, spawn.DONE_MARKER, spawn.FAIL_MARKER):
+        (agents / "a1-00001e" / name).unlink(missing_ok=True)  # no outcome, and its process gone
+    (agents / "a1-000020" / spawn.DONE_MARKER).unlink(missing_ok=True)  # a crash before the marker
+    (agents / "a1-000020" / spawn.FAIL_MARKER).unlink(missing_ok=True)
+    (agents / "a1-0000ff").mkdir()  # a launch before its meta.json
+    return session
+
+
+def read_rows(session: Path, monkeypatch: pytest.MonkeyPatch, *, parallel: bool) -> list[dict[str, Any]]:
+    monkeypatch.setattr(spawn, "STATUS_PARALLEL_MIN", 8 if parallel else 10**9)
+    (session / spawn.STATUS_CACHE).unlink(missing_ok=True)
+    found = spawn.tree_rows(session)
+    for row in found:
+        if row["id"] == "a1-00001e":
+            row.pop("duration_s")  # still counting for an agent without an outcome
+    return found
+
+
+@pytest.fixture
+def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The pids forked meanwhile, on four CPUs, as if pytest had no other thread."""
+    forked: list[int] = []
+    real_fork = os.fork
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    return forked
+
+
+def test_records_read_in_parallel_give_the_same_rows(damaged_session: Path, monkeypatch: pytest.MonkeyPatch, forks: list[int]) -> None:
+    serial = read_rows(damaged_session, monkeypatch, parallel=False)
+    assert not forks
+    parallel = read_rows(damaged_session, monkeypatch, parallel=True)
+    assert len(forks) == 3  # four slices: one here, three in workers
+    assert parallel == serial
+    states = {r["id"]: r["state"] for r in parallel}
+    assert states["a1-000004"] == states["a1-000011"] == spawn.Status.CORRUPT
+    assert states["a1-00001e"] == spawn.Status.LOST
+    assert "a1-0000ff" not in states
+    assert (damaged_session / spawn.AGENTS_DIR / "a1-000020" / spawn.DONE_MARKER).exists()  # a worker wrote it
+    for pid in forks:  # every worker reaped
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def test_a_worker_that_dies_costs_only_speed(damaged_session: Path, monkeypatch: pytest.MonkeyPatch, forks: list[int]) -> None:
+    serial = read_rows(damaged_session, monkeypatch, parallel=False)
+    counting_fork = os.fork
+
+    def dying_fork() -> int:
+        pid = counting_fork()
+        if pid == 0:
+            os._exit(3)  # as a worker killed before it answers
+        return pid
+
+    monkeypatch.setattr(os, "fork", dying_fork)
+    assert read_rows(damaged_session, monkeypatch, parallel=True) == serial
+    assert len(forks) == 3
+
+
+def test_no_fork_to_be_had_reads_here(damaged_session: Path, monkeypatch: pytest.MonkeyPatch, forks: list[int]) -> None:
+    serial = read_rows(damaged_session, monkeypatch, parallel=False)
+
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")  # EAGAIN: a pids limit
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert read_rows(damaged_session, monkeypatch, parallel=True) == serial
+
+
+def test_a_process_with_threads_never_forks(damaged_session: Path, monkeypatch: pytest.MonkeyPatch, forks: list[int]) -> None:
+    serial = read_rows(damaged_session, monkeypatch, parallel=False)
+    monkeypatch.setattr(threading, "active_count", lambda: 2)  # status --watch's, an agent's runner
+    assert read_rows(damaged_session, monkeypatch, parallel=True) == serial
+    assert not forks
