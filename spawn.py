@@ -4637,6 +4637,12 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
     if meta.sandbox == "inherited":
         env.update(proxied_loopback(os.environ))
     env.update(quiet_cli_environment(os.environ))
+    # Claude Code's minimal mode (CLAUDE_CODE_SIMPLE=1, what `claude --bare`
+    # sets) runs no hooks, not even the SDK's: PermissionGate would never see a
+    # tool call, so ask rules and the audit trail would be skipped without a
+    # word. Anything that can run Bash could set it for a child; it is off for
+    # every agent, whatever was inherited.
+    env["CLAUDE_CODE_SIMPLE"] = "0"
     return env
 
 

@@ -152,6 +152,26 @@ def test_child_keeps_parent_deny_rules_even_with_its_env_cleared(env: dict[str, 
     validate_records(session_root)
 
 
+@pytest.mark.parametrize("where", ["user", "parent"])
+def test_minimal_mode_asked_for_can_not_switch_the_permission_gate_off(
+    env: dict[str, str], session_root: Path, tmp_path: Path, where: str
+) -> None:
+    # Claude Code's minimal mode (CLAUDE_CODE_SIMPLE=1) runs no hooks: set by
+    # the user, or by a parent's Bash for its child, it would have let the
+    # child run an ask-ruled command unasked, with nothing in its audit.
+    made = tmp_path / "made-unasked"
+    child = mock_task("child", [{"bash": f"touch {made}"}, {"text": "child done"}])
+    minimal = "export CLAUDE_CODE_SIMPLE=1; " if where == "parent" else ""
+    root = mock_task("root", [{"bash": minimal + spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "root done"}])
+    run_env = {**env, "SPAWN_ASK_TIMEOUT_S": "2", **({"CLAUDE_CODE_SIMPLE": "1"} if where == "user" else {})}
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--ask", "Bash(touch:*)"], run_env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert not made.exists()  # asked, nobody answered, denied at the timeout
+    child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
+    assert [(d["rule"], d["verdict"]) for d in decisions(child_dir)] == [("Bash(touch:*)", "deny")]
+    validate_records(session_root)
+
+
 def test_definition_with_mcp_servers_makes_their_tools_available(env: dict[str, str], session_root: Path, project: Path) -> None:
     servers = f"mcpServers:\n  echo:\n    command: {json.dumps(sys.executable)}\n    args: [{json.dumps(str(ECHO_SERVER))}]"
     write_agent(project, "echoer", f"description: Echo through MCP.\ntools: Read\n{servers}")
