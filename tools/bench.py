@@ -68,6 +68,7 @@ import importlib.util
 import json
 import math
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -619,6 +620,9 @@ class FanOut:
     spawn_memory: TreeMemory
     bare_memory: TreeMemory
     commands: list[str]
+    spawn_cpu_s: float = math.nan
+    """CPU (user + system) of the whole spawn.py tree, as its processes were reaped."""
+    bare_cpu_s: float = math.nan
 
 
 def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] | None = None, *, bare: bool = True) -> FanOut:
@@ -629,6 +633,7 @@ def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] |
     run_env = dict(env or bench.env)
     pids: list[int] = []
     bench.mock.new_requests()
+    cpu0 = children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
         spawn_argv, env=run_env, cwd=bench.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -637,16 +642,18 @@ def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] |
     with MemorySampler(lambda: pids) as spawn_mem:
         out, err = proc.communicate(timeout=bench.timeout)
     spawn_s = time.perf_counter() - t0
+    spawn_cpu = children_cpu() - cpu0
     time.sleep(0.05)
     turns = len([r for r in bench.mock.new_requests() if r.get("kind") == "main"])
     check_agent_result(f"fan-out of {count}", Proc(proc.returncode, out, err, 0, 0, spawn_s), "root-result")
     if turns != count + 2:
         raise BenchError(f"fan-out of {count}: {turns} model turns, expected {count + 2}")
-    bare_s, bare_mem = math.nan, TreeMemory()
+    bare_s, bare_mem, bare_cpu = math.nan, TreeMemory(), math.nan
     commands = [f"{shlex.join(spawn_argv[:2])} --task 'MOCK[Bash: {fanout_script(count, steps)}]MOCK' --tools Bash,Read --max-depth 1"]
     if bare:
         leaves = [bare_argv(bench.cli, mock_task(f"bare fan-out leaf {i}", steps), "Read") for i in range(count)]
         running: list[subprocess.Popen[bytes]] = []
+        cpu0 = children_cpu()
         t0 = time.perf_counter()
         with MemorySampler(lambda: [p.pid for p in running]) as sampler:
             running += [
@@ -661,11 +668,19 @@ def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] |
                 for a in leaves
             ]
             codes = [p.wait(bench.timeout) for p in running]
-        bare_s, bare_mem = time.perf_counter() - t0, sampler.result
+        bare_s, bare_mem, bare_cpu = time.perf_counter() - t0, sampler.result, children_cpu() - cpu0
         if any(codes):
             raise BenchError(f"bare fan-out: exit codes {codes}")
         commands.append(f"{count} x {shlex.join(leaves[0][:2])} ... in parallel")
-    return FanOut(count, spawn_s, bare_s, spawn_mem.result, bare_mem, commands)
+    return FanOut(count, spawn_s, bare_s, spawn_mem.result, bare_mem, commands, spawn_cpu, bare_cpu)
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's reaped descendants. Every process of a spawn.py tree is
+    reaped by its parent or by a subreaper of the tree, so a tree's whole CPU lands here when
+    its root is reaped: every CLI, runner, fork server, launcher and guard."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 # ----------------------------------------------------------------- reporting --
@@ -725,6 +740,7 @@ def fanout_targets(fan: FanOut | None) -> list[Target]:
         return [Target("fan-out (skipped: --fanout 0)", math.nan, TARGET_FANOUT_RATIO, "x", "P1b")]
     spawn_rss, bare_rss = fan.spawn_memory.peak_python_rss / MIB, fan.bare_memory.peak_python_rss / MIB
     mem = f"Python side peak RSS: spawn.py {spawn_rss:.0f} MiB, bare {bare_rss:.0f} MiB"
+    mem += f"; CPU {fan.spawn_cpu_s:.1f} s vs {fan.bare_cpu_s:.1f} s"
     return [
         Target(
             f"{fan.count} background leaves + wait --all, wall time ({fmt(fan.spawn_s, 's')} vs {fmt(fan.bare_s, 's')}; {mem})",
