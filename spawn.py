@@ -259,6 +259,7 @@ import re
 import secrets
 import shlex
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -1476,18 +1477,10 @@ def read_json(path: Path | str) -> dict[str, Any]:
 def read_record(path: Path | str) -> tuple[dict[str, Any], list[int]]:
     """A JSON record, and the (inode, size, mtime_ns) of the very file it was read from.
 
-    One open, one fstat and one sized read, decoded as the UTF-8 records are
-    written in: status reads two records per agent, 10,000s of them, and a
-    stat of the open file costs no second path lookup.
+    Decoded as the UTF-8 records are written in. status reads two records per
+    agent, 10,000s of them: a stat of the open file costs no second path lookup.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        raw = os.read(fd, st.st_size + 1)  # sized: os.read allocates all it is asked for
-        while len(raw) > st.st_size and (more := os.read(fd, 1 << 16)):  # grew meanwhile (not how records are written)
-            raw += more
-    finally:
-        os.close(fd)
+    raw, st = read_regular_file(path)
     try:
         data = json.loads(raw.decode())
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for binary junk
@@ -1495,6 +1488,25 @@ def read_record(path: Path | str) -> tuple[dict[str, Any], list[int]]:
     if not isinstance(data, dict):
         raise CorruptRecordError(path, "not a JSON object")
     return data, [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def read_regular_file(path: Path | str) -> tuple[bytes, os.stat_result]:
+    """A file's bytes and its stat: one open, one fstat and one sized read.
+
+    O_NONBLOCK: a FIFO put where a record belongs (anything with Bash can)
+    must not hang its reader; it is refused, as a directory is.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptRecordError(path, "not a regular file")
+        raw = os.read(fd, st.st_size + 1)  # sized: os.read allocates all it is asked for
+        while len(raw) > st.st_size and (more := os.read(fd, 1 << 16)):  # grew meanwhile (not how records are written)
+            raw += more
+    finally:
+        os.close(fd)
+    return raw, st
 
 
 def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
@@ -7540,12 +7552,14 @@ def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -
     log = f"{agent_dir}/{NATIVE_LOG}"
     if not os.path.exists(log):  # most agents have none: a stat is cheaper than a failed open
         return []
-    with contextlib.suppress(OSError, UnicodeDecodeError), open(log, encoding="utf-8") as fh:
-        for raw in fh.read().splitlines():
-            with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
-                line = json.loads(raw)
-                node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
-                node[line["event"]] = line
+    lines: list[str] = []
+    with contextlib.suppress(OSError, UnicodeDecodeError, CorruptRecordError):
+        lines = read_regular_file(log)[0].decode().splitlines()
+    for raw in lines:
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
+            line = json.loads(raw)
+            node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
+            node[line["event"]] = line
     rows = []
     for native_id, node in nodes.items():
         start = node.get("start") or node.get("stop") or {}

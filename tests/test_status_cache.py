@@ -282,3 +282,30 @@ def test_a_process_with_threads_never_forks(damaged_session: Path, monkeypatch: 
     monkeypatch.setattr(threading, "active_count", lambda: 2)  # status --watch's, an agent's runner
     assert read_rows(damaged_session, monkeypatch, parallel=True) == serial
     assert not forks
+
+
+def test_a_fifo_or_a_directory_where_a_record_belongs_is_corrupt_not_a_hang(tmp_path: Path) -> None:
+    # Anything with Bash can put one there; status, and wait, must still answer.
+    session = write_session(tmp_path, 6)
+    agents = session / spawn.AGENTS_DIR
+    for name, record, kind in [
+        ("a1-000001", spawn.META, "fifo"),
+        ("a1-000002", spawn.OUTCOME, "fifo"),
+        ("a1-000004", spawn.OUTCOME, "dir"),
+        ("a1-000005", spawn.NATIVE_LOG, "fifo"),  # read by status too, for native subagents' rows
+    ]:
+        path = agents / name / record
+        path.unlink(missing_ok=True)
+        os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    states = {r["id"]: r["state"] for r in rows(session)}
+    assert states["a1-000001"] == states["a1-000002"] == states["a1-000004"] == spawn.Status.CORRUPT
+    assert states["a1-000005"] == spawn.Status.DONE
+    waited = subprocess.run(
+        [sys.executable, str(ROOT / "spawn.py"), "wait", "--session", str(session), "a1-000002", "--timeout", "5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert waited.returncode == spawn.ExitCode.STATE
+    assert waited.stderr.startswith("spawn: error: corrupt record") and "not a regular file" in waited.stderr
