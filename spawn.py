@@ -251,6 +251,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import enum
+import errno
 import functools
 import importlib
 import importlib.machinery
@@ -1511,9 +1512,18 @@ def read_regular_file(path: Path | str) -> tuple[bytes, os.stat_result]:
 
 def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
     # O_APPEND keeps concurrent writers' lines whole; no lock needed.
+    # O_NONBLOCK: a FIFO put in a log's place (anything with Bash can) must not
+    # hang its writer, the session's committers above all; it is refused.
     line = redacted_json(record, secrets_) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO that nothing reads
+            raise CorruptRecordError(path, "not a regular file") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CorruptRecordError(path, "not a regular file")
         os.write(fd, line.encode())
     finally:
         os.close(fd)
@@ -1538,8 +1548,13 @@ def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -
         entry = LedgerEntry(
             id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated
         )
-        with session_lock(agent_dir.parent.parent):
-            append_jsonl(agent_dir.parent.parent / LEDGER, record_to_json(entry), secrets_)
+        try:
+            with session_lock(agent_dir.parent.parent):
+                append_jsonl(agent_dir.parent.parent / LEDGER, record_to_json(entry), secrets_)
+        except CorruptRecordError as exc:
+            # Something replaced the ledger (a FIFO, a directory): the outcome
+            # is committed and must still get its marker and be reported.
+            note(f"warning: {exc.message}; {outcome.id}'s charge is not in the ledger")
     ensure_marker(agent_dir)
     return won
 
@@ -1599,7 +1614,7 @@ def read_limits(session: Path) -> Limits:
 
 def read_ledger(session: Path) -> LedgerState:
     try:
-        return ledger_state((session / LEDGER).read_text().splitlines())
+        return ledger_state(read_regular_file(session / LEDGER)[0].decode(errors="replace").splitlines())
     except FileNotFoundError:
         return LedgerState()
 

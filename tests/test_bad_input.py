@@ -400,3 +400,21 @@ def test_an_mcp_server_that_fails_to_start_is_reported(env: dict[str, str], sess
     (agent_dir,) = sorted(session_root.glob("*/agents/*"))
     outcome = json.loads((agent_dir / "outcome.json").read_text())
     assert "MCP server ghost (failed) did not start" in outcome["warnings"]
+
+
+def test_a_fifo_planted_as_the_ledger_hangs_no_one_and_loses_no_outcome(env: dict[str, str], session_root: Path) -> None:
+    # An agent's Bash can replace the session's ledger with a FIFO. Every commit
+    # appends to the ledger, under the session lock, and every spawn reads it:
+    # opening a FIFO that nothing reads used to block them all, for good.
+    plant = 'rm -f "$SPAWN_SESSION/ledger.jsonl" && mkfifo "$SPAWN_SESSION/ledger.jsonl" && echo planted'
+    proc = run_spawn(["--task", mock_task("x", [{"bash": plant}, {"text": "finished"}]), "--tools", "Bash"], env, timeout=120)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    result = json.loads(proc.stdout)
+    assert (result["status"], result["output"]) == ("done", "finished")
+    assert "ledger.jsonl: not a regular file" in proc.stderr  # a warning: the charge is not in the ledger
+    (agent,) = session_root.glob("*/agents/*")
+    assert json.loads((agent / "outcome.json").read_text())["status"] == "done"
+    assert (agent / ".done").exists()
+    status = run_spawn(["status", str(agent.parent.parent)], env, timeout=60)
+    assert status.returncode == spawn.ExitCode.STATE
+    assert status.stderr.startswith("spawn: error: corrupt record") and "ledger.jsonl: not a regular file" in status.stderr
