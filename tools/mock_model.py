@@ -658,7 +658,6 @@ class Handler(BaseHTTPRequestHandler):
 
     def _other(self, body_bytes: int) -> None:
         status = 404
-        self._send_json(status, error_body(status, f"mock_model: no route {self.path}"))
         self.state.log(
             log_record(
                 path=self.path,
@@ -672,6 +671,7 @@ class Handler(BaseHTTPRequestHandler):
                 reply="not_found",
             )
         )
+        self._send_json(status, error_body(status, f"mock_model: no route {self.path}"))
 
     def do_GET(self) -> None:
         self._other(0)
@@ -691,7 +691,6 @@ class Handler(BaseHTTPRequestHandler):
             return
         request = cast(dict[str, Any], parsed)
         if route.endswith("count_tokens"):
-            self._send_json(200, {"input_tokens": estimate_tokens(len(raw))})
             self.state.log(
                 log_record(
                     path=self.path,
@@ -705,6 +704,7 @@ class Handler(BaseHTTPRequestHandler):
                     reply="count_tokens",
                 )
             )
+            self._send_json(200, {"input_tokens": estimate_tokens(len(raw))})
             return
         reply, kind, digest, index, sleep = self.state.decide(request, len(raw))
 
@@ -719,18 +719,16 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             log(499, "client_gone")
             return
+        # Logged before it is sent: whoever has read the answer finds it in the log.
+        log(reply.status, reply.summary)
         if reply.status == 200 and request.get("stream"):
             self._send(200, sse_body(reply.body), "text/event-stream", reply.headers)
         else:
             self._send_json(reply.status, reply.body, reply.headers)
-        log(reply.status, reply.summary)
 
     def do_HEAD(self) -> None:
         # A HEAD answer must carry no body, or the next response on this
         # keep-alive connection would be corrupted (the CLI HEADs /api/hello).
-        self.send_response(404)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
         self.state.log(
             log_record(
                 path=self.path,
@@ -744,6 +742,9 @@ class Handler(BaseHTTPRequestHandler):
                 reply="not_found",
             )
         )
+        self.send_response(404)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     do_PUT = do_POST
     do_DELETE = do_GET
