@@ -1059,6 +1059,15 @@ def new_agent_id(depth: int) -> str:
     return f"a{depth}-{secrets.token_hex(3)}"
 
 
+AGENT_ID = re.compile(r"a(\d{1,4})-[0-9a-f]{6}")
+
+
+def id_depth(agent_id: str) -> int | None:
+    """The depth an id made by new_agent_id carries; None for any other name."""
+    m = AGENT_ID.fullmatch(agent_id)
+    return int(m.group(1)) if m else None
+
+
 def parse_traceparent(value: str) -> tuple[str, str] | None:
     """(trace_id, parent span id) from a W3C traceparent, or None if malformed."""
     m = re.fullmatch(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}", value.strip())
@@ -6862,9 +6871,11 @@ def live_descendants(meta: AgentMeta) -> set[str]:
     """Ids of the agents below meta whose process is running and have no outcome."""
     live = set()
     for d in descendants_of(Path(meta.session), meta.id):
+        if (d / OUTCOME).exists():  # one stat: most children of an ending agent have finished
+            continue
         with contextlib.suppress(FileNotFoundError, SpawnError):
             child = load_meta(d)
-            if read_outcome(d) is None and Supervised.of(child).alive():
+            if Supervised.of(child).alive():
                 live.add(child.id)
     return live
 
@@ -6879,6 +6890,8 @@ def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]
     """
     verdicts = []
     for d in descendants_of(Path(meta.session), meta.id):
+        if (d / OUTCOME).exists():  # settled already: no need to look at its process
+            continue
         with contextlib.suppress(FileNotFoundError):
             child = load_meta(d)
             if Supervised.of(child).alive() or child.id in ended:
@@ -7715,7 +7728,14 @@ def watch_status(session: Path, out: Any) -> int:
 def descendants_of(session: Path, agent_id: str) -> list[Path]:
     """Agent directories below agent_id, deepest first."""
     parents: dict[str, tuple[str | None, int, Path]] = {}
+    own = id_depth(agent_id)
     for d in iter_agent_dirs(session):
+        # Every agent calls this as it ends: in a fan-out of N leaves, reading
+        # every record each time was N x N reads. An id carries its depth
+        # (new_agent_id), and nothing at or above an agent's depth is below it.
+        # A directory named otherwise is read, whatever it claims.
+        if own is not None and (depth := id_depth(d.name)) is not None and depth <= own:
+            continue
         with contextlib.suppress(FileNotFoundError, SpawnError):
             meta = load_meta(d)
             parents[meta.id] = (meta.parent_id, meta.depth, d)

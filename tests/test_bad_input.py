@@ -418,3 +418,30 @@ def test_a_fifo_planted_as_the_ledger_hangs_no_one_and_loses_no_outcome(env: dic
     status = run_spawn(["status", str(agent.parent.parent)], env, timeout=60)
     assert status.returncode == spawn.ExitCode.STATE
     assert status.stderr.startswith("spawn: error: corrupt record") and "ledger.jsonl: not a regular file" in status.stderr
+
+
+def test_descendants_are_read_only_below_the_agents_depth(session_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every agent looks for its descendants as it ends; in a fan-out that read
+    # every record of the session once per leaf. Ids carry their depth.
+    session = make_session(session_root)
+    write_agent(session, "a0-000000", None)
+    write_agent(session, "a1-111111", "a0-000000")
+    write_agent(session, "a1-222222", "a0-000000")
+    write_agent(session, "a2-333333", "a1-111111")
+    write_agent(session, "a2-555555", "a1-222222")
+    write_agent(session, "a3-444444", "a2-333333")
+    write_agent(session, "x9-handmade", "a2-333333", depth=3)  # not an id spawn.py makes: read for what it claims
+    read: list[str] = []
+    load_meta = spawn.load_meta
+
+    def counting(agent_dir: Path) -> spawn.AgentMeta:
+        read.append(agent_dir.name)
+        return load_meta(agent_dir)
+
+    monkeypatch.setattr(spawn, "load_meta", counting)
+    assert [d.name for d in spawn.descendants_of(session, "a1-111111")] == ["a3-444444", "x9-handmade", "a2-333333"]
+    assert read == ["a2-333333", "a2-555555", "a3-444444", "x9-handmade"]
+    read.clear()
+    assert spawn.descendants_of(session, "a3-444444") == []
+    assert read == ["x9-handmade"]
+    assert len(spawn.descendants_of(session, "a0-000000")) == 6
