@@ -1500,6 +1500,11 @@ def read_record(path: Path | str) -> tuple[dict[str, Any], list[int]]:
     return data, [st.st_ino, st.st_size, st.st_mtime_ns]
 
 
+def read_text(path: Path | str) -> str:
+    """A file's text, read as records are (read_regular_file): CorruptRecordError, never a hang."""
+    return read_regular_file(path)[0].decode(errors="replace")
+
+
 def read_regular_file(path: Path | str) -> tuple[bytes, os.stat_result]:
     """A file's bytes and its stat: one open, one fstat and one sized read.
 
@@ -1623,7 +1628,7 @@ def read_limits(session: Path) -> Limits:
 
 def read_ledger(session: Path) -> LedgerState:
     try:
-        return ledger_state(read_regular_file(session / LEDGER)[0].decode(errors="replace").splitlines())
+        return ledger_state(read_text(session / LEDGER).splitlines())
     except FileNotFoundError:
         return LedgerState()
 
@@ -2080,9 +2085,9 @@ class Supervised:
         if not self.foreign():
             return self.process() is not None
         try:
-            beat = json.loads((self.heartbeat or Path("/nonexistent")).read_text())
+            beat = json.loads(read_text(self.heartbeat or "/nonexistent"))
             age, interval = time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, SpawnError, ValueError, KeyError, TypeError):
             age, interval = time.time() - self.create_time, HEARTBEAT_S  # not due yet
         return age < HEARTBEAT_STALE_BEATS * interval
 
@@ -2698,16 +2703,17 @@ def unregister_runner(pid: int, create_time: float) -> None:
 
 
 def _entry_namespace(path: Path) -> str | None:
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        return cast("str | None", json.loads(path.read_text()).get("pid_namespace"))
+    with contextlib.suppress(OSError, SpawnError, ValueError, AttributeError):
+        return cast("str | None", json.loads(read_text(path)).get("pid_namespace"))
     return None
 
 
 def _read_runner_entry(path: Path) -> tuple[int, float, Path] | None:
     try:
-        data = json.loads(path.read_text())
+        # read_text: anything with Bash may write here, a FIFO too; every spawn reads it.
+        data = json.loads(read_text(path))
         return int(data["pid"]), float(data["create_time"]), Path(str(data["agent_dir"]))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, SpawnError, ValueError, KeyError, TypeError):
         return None
 
 
@@ -5311,8 +5317,8 @@ def describe_sdk_error(exc: Exception, stderr_log: Path) -> str:
     """One readable reason: the SDK's message plus what the CLI said on stderr."""
     message = str(exc).split("\n")[0].strip()
     try:
-        tail = [line.strip() for line in stderr_log.read_text().splitlines() if line.strip()][-3:]
-    except OSError:
+        tail = [line.strip() for line in read_text(stderr_log).splitlines() if line.strip()][-3:]
+    except (OSError, SpawnError):
         tail = []
     reason = f"{type(exc).__name__}: {message}"
     if tail:
@@ -6788,8 +6794,8 @@ def processes_started_for(meta: AgentMeta) -> list[psutil.Process]:
 def last_text_in_transcript(agent_dir: Path) -> str | None:
     """The agent's last assistant text, so an outcome committed for it keeps it."""
     try:
-        lines = (agent_dir / TRANSCRIPT).read_text().splitlines()
-    except OSError:
+        lines = read_text(agent_dir / TRANSCRIPT).splitlines()  # a child's file, read by whoever settles it
+    except (OSError, SpawnError):
         return None
     for line in reversed(lines):
         with contextlib.suppress(ValueError, AttributeError):
@@ -8471,8 +8477,8 @@ def plan_markdown(output: Any) -> str:
 def written_files(transcript: Path) -> set[str]:
     """Paths the agent gave to Write (which creates files), as given and as base names."""
     found: set[str] = set()
-    with contextlib.suppress(OSError):
-        for m in re.finditer(r'"name": ?"Write", ?"input": ?\{"file_path": ?"([^"]+)"', transcript.read_text()):
+    with contextlib.suppress(OSError, SpawnError):
+        for m in re.finditer(r'"name": ?"Write", ?"input": ?\{"file_path": ?"([^"]+)"', read_text(transcript)):
             found |= {m.group(1), os.path.basename(m.group(1))}
     return found
 

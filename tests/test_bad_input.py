@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import FAKE_API_KEY, ROOT, SPAWN, MockModel, mock_task, run_spawn
+from conftest import FAKE_API_KEY, ROOT, SPAWN, MockModel, mock_task, run_spawn, spawn_in_bash
 
 import spawn
 
@@ -445,3 +445,18 @@ def test_descendants_are_read_only_below_the_agents_depth(session_root: Path, mo
     assert spawn.descendants_of(session, "a3-444444") == []
     assert read == ["x9-handmade"]
     assert len(spawn.descendants_of(session, "a0-000000")) == 6
+
+
+def test_a_fifo_planted_in_the_runner_index_hangs_no_spawn(env: dict[str, str], session_root: Path) -> None:
+    # Every spawn reads the per-user runner index to find its parent agent, and
+    # agents may write there (they register in it). A FIFO there hung them all.
+    planted = spawn.runner_index_dir() / f"planted-{os.getpid()}.json"
+    os.mkfifo(planted)
+    try:
+        child = spawn_in_bash("--task", mock_task("child", [{"text": "child-done"}]), "--tools", "Read")
+        proc = run_spawn(["--task", mock_task("root", [{"bash": child}, {"text": "root-done"}]), "--tools", "Bash,Read"], env, timeout=120)
+    finally:
+        planted.unlink()
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert json.loads(proc.stdout)["output"] == "root-done"
+    assert sorted(json.loads(d.read_text())["status"] for d in session_root.glob("*/agents/*/outcome.json")) == ["done", "done"]
