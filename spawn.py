@@ -1517,8 +1517,9 @@ def read_regular_file(path: Path | str) -> tuple[bytes, os.stat_result]:
         if not stat.S_ISREG(st.st_mode):
             raise CorruptRecordError(path, "not a regular file")
         raw = os.read(fd, st.st_size + 1)  # sized: os.read allocates all it is asked for
-        while len(raw) > st.st_size and (more := os.read(fd, 1 << 16)):  # grew meanwhile (not how records are written)
-            raw += more
+        if len(raw) != st.st_size:  # a short read (a network file system), or it grew: read to the end
+            while more := os.read(fd, 1 << 16):
+                raw += more
     finally:
         os.close(fd)
     return raw, st

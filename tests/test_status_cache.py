@@ -309,3 +309,15 @@ def test_a_fifo_or_a_directory_where_a_record_belongs_is_corrupt_not_a_hang(tmp_
     )
     assert waited.returncode == spawn.ExitCode.STATE
     assert waited.stderr.startswith("spawn: error: corrupt record") and "not a regular file" in waited.stderr
+
+
+def test_a_record_that_comes_in_short_reads_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A network file system may answer a read with less than was asked for.
+    path = tmp_path / "record.json"
+    record = {"text": "x" * 5000, "cost_usd": 0.25}
+    path.write_text(json.dumps(record))
+    real_read = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: real_read(fd, min(n, 700)))
+    data, keys = spawn.read_record(path)
+    assert data == record
+    assert keys[1] == path.stat().st_size
