@@ -256,6 +256,7 @@ import functools
 import importlib
 import importlib.machinery
 import json
+import marshal  # builtin, loaded with the interpreter: status's forked workers answer in it
 import re
 import secrets
 import shlex
@@ -7498,27 +7499,25 @@ def forked_map(fn: Callable[[Sequence[str]], R], items: Sequence[str], minimum: 
     workers = min(cpus, 4, len(items) // max(minimum // 2, 1))
     if len(items) < minimum or workers < 2 or threading.active_count() > 1 or not hasattr(os, "fork"):
         return [fn(items)]
-    import marshal
-
     size = -(-len(items) // workers)
     slices = [items[i : i + size] for i in range(0, len(items), size)]
-    pending = [fork_worker(fn, part, marshal.dumps) for part in slices[1:]]  # (pid, read end), or None
+    pending = [fork_worker(fn, part) for part in slices[1:]]  # (pid, read end), or None
     try:
         results = [fn(slices[0])]
         for i, part in enumerate(slices[1:]):
             child, pending[i] = pending[i], None
-            got = join_worker(child, marshal.loads) if child is not None else None
+            got = join_worker(child) if child is not None else None
             results.append(got[0] if got is not None else fn(part))  # no result from the child: its slice is done here
     finally:
         for child in pending:  # left only by an exception here: end them (ours, by pid)
             if child is not None:
                 with contextlib.suppress(OSError):
                     os.kill(child[0], signal.SIGKILL)
-                join_worker(child, marshal.loads)
+                join_worker(child)
     return results
 
 
-def join_worker(child: tuple[int, int], loads: Callable[[bytes], Any]) -> tuple[Any] | None:
+def join_worker(child: tuple[int, int]) -> tuple[Any] | None:
     """A forked worker's result, read to the end and reaped; None if it failed."""
     pid, fd = child
     data = b""
@@ -7528,13 +7527,13 @@ def join_worker(child: tuple[int, int], loads: Callable[[bytes], Any]) -> tuple[
         if os.waitpid(pid, 0)[1] != 0:
             return None
     try:
-        return (loads(data),)
+        return (marshal.loads(data),)
     except (EOFError, ValueError, TypeError):
         return None
 
 
-def fork_worker(fn: Callable[[Sequence[str]], Any], part: Sequence[str], dumps: Callable[[Any], bytes]) -> tuple[int, int] | None:
-    """A forked child that writes dumps(fn(part)) to a pipe: (pid, read end), or None if it can't be made."""
+def fork_worker(fn: Callable[[Sequence[str]], Any], part: Sequence[str]) -> tuple[int, int] | None:
+    """A forked child that writes fn(part), marshalled, to a pipe: (pid, read end), or None if it can't be made."""
     try:
         read_end, write_end = os.pipe()
     except OSError:
@@ -7549,7 +7548,7 @@ def fork_worker(fn: Callable[[Sequence[str]], Any], part: Sequence[str], dumps: 
         code = 1
         try:
             os.close(read_end)
-            data = dumps(fn(part))
+            data = marshal.dumps(fn(part))
             with os.fdopen(write_end, "wb") as fh:
                 fh.write(data)
             code = 0

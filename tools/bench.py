@@ -739,11 +739,11 @@ def fanout_targets(fan: FanOut | None) -> list[Target]:
     if fan is None:
         return [Target("fan-out (skipped: --fanout 0)", math.nan, TARGET_FANOUT_RATIO, "x", "P1b")]
     spawn_rss, bare_rss = fan.spawn_memory.peak_python_rss / MIB, fan.bare_memory.peak_python_rss / MIB
-    mem = f"Python side peak RSS: spawn.py {spawn_rss:.0f} MiB, bare {bare_rss:.0f} MiB"
-    mem += f"; CPU {fan.spawn_cpu_s:.1f} s vs {fan.bare_cpu_s:.1f} s"
+    detail = f"Python side peak RSS: spawn.py {spawn_rss:.0f} MiB, bare {bare_rss:.0f} MiB"
+    detail += f"; CPU {fan.spawn_cpu_s:.1f} s vs {fan.bare_cpu_s:.1f} s"
     return [
         Target(
-            f"{fan.count} background leaves + wait --all, wall time ({fmt(fan.spawn_s, 's')} vs {fmt(fan.bare_s, 's')}; {mem})",
+            f"{fan.count} background leaves + wait --all, wall time ({fmt(fan.spawn_s, 's')} vs {fmt(fan.bare_s, 's')}; {detail})",
             fan.spawn_s / fan.bare_s,
             TARGET_FANOUT_RATIO,
             "x",
