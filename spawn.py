@@ -266,7 +266,7 @@ import subprocess
 import threading
 import time
 import types
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -4912,6 +4912,82 @@ def _patch_cli_process_group(state: RunState) -> None:
     anyio.open_process = open_process
 
 
+# CLI start-ups take turns in a session, as many at once as there are CPUs.
+# A CLI's start-up is most of what it costs when the model answers quickly
+# (~85% of a leaf's CPU comes before its first message), and start-ups that
+# all run at once compete: 16 bare `claude -p` on 2 cores took 15.8 s of CPU
+# and 8.0 s started together, 11.3 s and 5.7 s when each waited for a slot
+# until its first message (medians of 3 rounds, measured for issue 14).
+# A slot is a flock on a file in the session, so it is free again the moment
+# its holder releases it, exits or dies. It is held until the CLI's first
+# message and never longer than START_SLOT_HOLD_S, and a start that waited
+# START_SLOT_WAIT_S goes ahead without one: a frozen or hostile holder can
+# delay a spawn, never stop it. Anything odd about the slot files (a
+# read-only session, something planted there) means no turns, not an error.
+ENV_START_SLOTS = "SPAWN_START_SLOTS"  # how many CLI start-ups at once; 0: no turns
+START_SLOTS_DIR = "start-slots"  # in the session directory: one lock file a slot
+START_SLOT_HOLD_S = 3.0
+START_SLOT_WAIT_S = 30.0
+START_SLOT_POLL_S = 0.02
+
+
+def start_slot_count(environ: Mapping[str, str]) -> int:
+    value = _int_or_none(environ.get(ENV_START_SLOTS))
+    if value is not None and value >= 0:
+        return value
+    with contextlib.suppress(AttributeError, OSError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def open_start_slots(session: Path, count: int) -> list[int]:
+    """The session's slot files, opened (created if need be); those that can't be opened are left out."""
+    folder = session / START_SLOTS_DIR
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return []
+    fds = []
+    for index in range(count):
+        with contextlib.suppress(OSError):
+            # O_NOFOLLOW and O_NONBLOCK: a planted symlink or FIFO is skipped, never followed or waited on.
+            flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(folder / str(index), flags, 0o600)
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                fds.append(fd)
+            else:
+                os.close(fd)
+    return fds
+
+
+async def take_start_slot(session: Path, count: int, wait_s: float = START_SLOT_WAIT_S) -> int | None:
+    """Wait for a start slot: the open fd whose flock holds it, or None (no turns, or waited too long)."""
+    import asyncio
+    import fcntl
+
+    fds = open_start_slots(session, count) if count > 0 else []
+    held = None
+    try:
+        limit = time.monotonic() + wait_s
+        while fds and held is None and time.monotonic() < limit:
+            for fd in fds:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return None  # flock refused (a file system without locks): no turns
+                held = fd
+                break
+            else:
+                await asyncio.sleep(START_SLOT_POLL_S)
+        return held
+    finally:
+        for fd in fds:
+            if fd != held:
+                os.close(fd)
+
+
 def heartbeat_interval(environ: Mapping[str, str]) -> float:
     value = _float_or_none(environ.get(ENV_HEARTBEAT))
     return value if value is not None and value > 0 else HEARTBEAT_S
@@ -5175,8 +5251,6 @@ async def run_sdk(
     meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
 ) -> None:
     sdk = sdk_loader.result() if sdk_loader is not None else import_sdk(os.environ)
-    AssistantMessage, ResultMessage, TextBlock, ToolUseBlock = sdk.AssistantMessage, sdk.ResultMessage, sdk.TextBlock, sdk.ToolUseBlock
-
     _patch_cli_process_group(state)
     system_prompt: Any
     brief = briefing(meta, spawn_command(), delegates_for(meta, os.environ))
@@ -5255,7 +5329,46 @@ async def run_sdk(
     # initialPrompt comes first, in the same user turn, so the task's own text
     # (and any scripted MOCK[...]) stays part of the first message.
     prompt = f"{meta.initial_prompt}\n\n{meta.task}" if meta.initial_prompt else meta.task
-    async for message in sdk.query(prompt=prompt, options=options):
+    import asyncio
+
+    slot = [await take_start_slot(Path(meta.session), start_slot_count(os.environ))]
+
+    def free_slot() -> None:
+        if slot[0] is not None:
+            os.close(slot[0])
+            slot[0] = None
+
+    # Freed at the CLI's first message, by the timer, or whatever ends the run.
+    timer = asyncio.get_running_loop().call_later(START_SLOT_HOLD_S, free_slot)
+    try:
+        await consume_sdk(
+            sdk,
+            sdk.query(prompt=prompt, options=options),
+            meta=meta,
+            transcript=transcript,
+            state=state,
+            secrets_=secrets_,
+            first=free_slot,
+        )
+    finally:
+        timer.cancel()
+        free_slot()
+
+
+async def consume_sdk(
+    sdk: Any,
+    messages: AsyncIterator[Any],
+    *,
+    meta: AgentMeta,
+    transcript: Path,
+    state: RunState,
+    secrets_: Sequence[str],
+    first: Callable[[], None],
+) -> None:
+    """Record the CLI's messages as they come; `first` is called at each (it frees the start slot)."""
+    AssistantMessage, ResultMessage, TextBlock, ToolUseBlock = sdk.AssistantMessage, sdk.ResultMessage, sdk.TextBlock, sdk.ToolUseBlock
+    async for message in messages:
+        first()
         state.last_activity = time.time()
         append_jsonl(transcript, message_record(message), secrets_)
         if isinstance(message, sdk.SystemMessage) and message.subtype == "init":

@@ -1,0 +1,109 @@
+"""CLI start-ups take turns in a session (SPAWN_START_SLOTS): a start waits for a free slot,
+and nothing about the slots can stop a spawn."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import fcntl
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+from conftest import agent_dirs, load, mock_task, run_spawn, spawn_in_bash
+
+import spawn
+from spawn import ExitCode
+
+# A stand-in for another agent's start-up: it takes the session's only slot,
+# says so, holds it for a while, writes the time it lets go, and exits.
+HOLDER = """
+import fcntl, os, sys, time
+os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+open(sys.argv[2], "w").close()
+time.sleep(float(sys.argv[4]))
+with open(sys.argv[3], "w") as fh:
+    fh.write(repr(time.time()))
+"""
+
+
+def iso_seconds(text: str) -> float:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_start_waits_for_the_free_slot_and_goes_once_it_is_freed(env: dict[str, str], tmp_path: Path, session_root: Path) -> None:
+    holder = tmp_path / "holder.py"
+    holder.write_text(HOLDER)
+    held, released = tmp_path / "held", tmp_path / "released"
+    slot = f'"$SPAWN_SESSION"/{spawn.START_SLOTS_DIR}/0'
+    hold = f'"$SPAWN_PYTHON" {holder} {slot} {held} {released} 4 &'
+    # The root's own start-up freed the slot at its first message; the holder
+    # takes it, and only then is the child started.
+    child = f"{spawn_in_bash('--tools', 'Read')} --task {shlex.quote(mock_task('slot child', [{'text': 'child-result'}]))}"
+    script = f"{hold} for _ in $(seq 600); do [ -e {held} ] && break; sleep 0.05; done; {child}; wait"
+    task = mock_task("slot root", [{"bash": script}, {"text": "root-result"}])
+    proc = run_spawn(["--task", task, "--tools", "Bash,Read", "--max-depth", "1"], {**env, spawn.ENV_START_SLOTS: "1"})
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
+    assert load(child_dir / "outcome.json")["status"] == "done"
+    first = json.loads((child_dir / "transcript.jsonl").read_text().splitlines()[0])
+    # The child's CLI said its first word only after the holder let go of the slot.
+    assert iso_seconds(first["time"]) >= float(released.read_text())
+    assert [p.name for p in session_root.glob(f"*/{spawn.START_SLOTS_DIR}/*")] == ["0"]
+
+
+def test_no_turns_when_slots_are_set_to_zero(tmp_path: Path) -> None:
+    assert asyncio.run(spawn.take_start_slot(tmp_path, 0)) is None
+    assert not (tmp_path / spawn.START_SLOTS_DIR).exists()
+
+
+def test_slots_are_taken_one_each_and_freed_by_closing(tmp_path: Path) -> None:
+    first = asyncio.run(spawn.take_start_slot(tmp_path, 2))
+    second = asyncio.run(spawn.take_start_slot(tmp_path, 2))
+    assert first is not None and second is not None
+    # Both taken: a third start waits, then goes without a slot.
+    assert asyncio.run(spawn.take_start_slot(tmp_path, 2, wait_s=0.2)) is None
+    os.close(first)
+    third = asyncio.run(spawn.take_start_slot(tmp_path, 2, wait_s=0.2))
+    assert third is not None
+    os.close(second)
+    os.close(third)
+
+
+def test_a_slot_held_for_good_delays_a_start_but_never_stops_it(tmp_path: Path) -> None:
+    (tmp_path / spawn.START_SLOTS_DIR).mkdir()
+    fd = os.open(tmp_path / spawn.START_SLOTS_DIR / "0", os.O_RDONLY | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert asyncio.run(spawn.take_start_slot(tmp_path, 1, wait_s=0.3)) is None
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink", "directory", "file-for-folder"])
+def test_planted_slot_files_are_skipped_not_followed_or_waited_on(tmp_path: Path, planted: str) -> None:
+    folder = tmp_path / spawn.START_SLOTS_DIR
+    victim = tmp_path / "victim"
+    if planted == "file-for-folder":
+        folder.write_text("not a folder")
+    else:
+        folder.mkdir()
+        if planted == "fifo":
+            os.mkfifo(folder / "0")
+        elif planted == "symlink":
+            (folder / "0").symlink_to(victim)
+        else:
+            (folder / "0").mkdir()
+    fd = asyncio.run(spawn.take_start_slot(tmp_path, 2, wait_s=0.2))
+    if planted == "file-for-folder":
+        assert fd is None
+    else:
+        # Slot 0 is skipped, slot 1 is a plain file and is taken; nothing was followed.
+        assert fd is not None
+        assert os.path.samefile(f"/proc/self/fd/{fd}", folder / "1")
+        os.close(fd)
+    assert not victim.exists()
