@@ -623,6 +623,8 @@ class FanOut:
     spawn_cpu_s: float = math.nan
     """CPU (user + system) of the whole spawn.py tree, as its processes were reaped."""
     bare_cpu_s: float = math.nan
+    no_slots_s: float = math.nan
+    """The same spawn.py fan-out with SPAWN_START_SLOTS=0 (every CLI start-up at once), for the lever's saving."""
 
 
 def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] | None = None, *, bare: bool = True) -> FanOut:
@@ -741,6 +743,8 @@ def fanout_targets(fan: FanOut | None) -> list[Target]:
     spawn_rss, bare_rss = fan.spawn_memory.peak_python_rss / MIB, fan.bare_memory.peak_python_rss / MIB
     detail = f"Python side peak RSS: spawn.py {spawn_rss:.0f} MiB, bare {bare_rss:.0f} MiB"
     detail += f"; CPU {fan.spawn_cpu_s:.1f} s vs {fan.bare_cpu_s:.1f} s"
+    if not math.isnan(fan.no_slots_s):
+        detail += f"; with SPAWN_START_SLOTS=0 {fmt(fan.no_slots_s, 's')}"
     return [
         Target(
             f"{fan.count} background leaves + wait --all, wall time ({fmt(fan.spawn_s, 's')} vs {fmt(fan.bare_s, 's')}; {detail})",
@@ -1342,6 +1346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.fanout > 0 and not args.only_waitperf:
                 print(f"fan-out: {args.fanout} background leaves vs {args.fanout} bare claude -p ...", flush=True)
                 fan = fanout(bench, args.fanout, 0.0)
+                # The start slots' saving, side by side: every CLI start-up at once.
+                fan.no_slots_s = fanout(bench, args.fanout, 0.0, {**bench.env, "SPAWN_START_SLOTS": "0"}, bare=False).spawn_s
             if args.memory_agents > 0 and not args.only_waitperf:
                 # The leaves sleep, so all of them are alive at once when memory peaks.
                 print(f"memory: {args.memory_agents} concurrent agents, with and without the fork server ...", flush=True)
