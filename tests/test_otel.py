@@ -78,12 +78,13 @@ def attributes(span: Any) -> dict[str, Any]:
 def test_depth3_tree_is_one_trace_with_one_span_per_agent(
     env: dict[str, str], session_root: Path, tmp_path: Path, collector: Collector
 ) -> None:
-    seen_traceparent = tmp_path / "traceparent.txt"
     native = {"description": "look", "prompt": mock_task("Native looks", [{"text": "native done"}]), "subagent_type": "general-purpose"}
     leaf = mock_task(
         "Leaf checks",
         [
-            {"bash": f'echo "$TRACEPARENT" > {seen_traceparent}'},
+            # Echoed, not written to a file: the leaf's Bash is sandboxed (--sandbox auto), so
+            # it can write only in its cwd and its own agent directory.
+            {"bash": 'echo "seen-traceparent=$TRACEPARENT"'},
             {"bash": "rm -f x"},
             {"tool": "Agent", "input": native},
             {"text": "leaf done"},
@@ -126,4 +127,5 @@ def test_depth3_tree_is_one_trace_with_one_span_per_agent(
     assert native_span.parent_span_id.hex() == leaf_meta["span_id"] and native_span.trace_id.hex() == EXTERNAL_TRACE
     assert attributes(native_span)["spawn.agent.name"] == "general-purpose" and attributes(native_span)["spawn.status"] == "done"
     # The leaf's CLI (and so its Bash) had the agent's own trace context.
-    assert seen_traceparent.read_text().strip() == leaf_meta["traceparent"]
+    transcript = (Path(leaf_meta["session"]) / "agents" / leaf_meta["id"] / "transcript.jsonl").read_text()
+    assert f"seen-traceparent={leaf_meta['traceparent']}" in transcript
