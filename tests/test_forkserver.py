@@ -284,7 +284,9 @@ def test_a_background_agent_runs_forked_and_kill_reaches_it(env: dict[str, str],
         while not (runs := [line for line in forks(session_root) if line["verb"] == "_run"]):
             assert time.monotonic() < limit and proc.poll() is None, "the background runner was never forked"
             time.sleep(0.05)
-        child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
+        # A background agent's meta.json is its runner's to write: it may come just after the fork's line.
+        (child_dir,) = [d for d in agent_dirs(session_root) if d.name.startswith("a1-")]
+        wait_for_path(child_dir / "meta.json")
         assert runs[0].get("detached") is True  # no stand-in: the launcher was forked too, and asked for it
         assert load(child_dir / "meta.json")["pid"] == runs[0]["pid"]
         killed = run_spawn(["kill", child_dir.name, "--session", str(child_dir.parent.parent)], env)
