@@ -1506,17 +1506,29 @@ def read_text(path: Path | str) -> str:
     return read_regular_file(path)[0].decode(errors="replace")
 
 
-def read_regular_file(path: Path | str) -> tuple[bytes, os.stat_result]:
-    """A file's bytes and its stat: one open, one fstat and one sized read.
+def open_regular(path: Path | str, flags: int, mode: int = 0o644) -> tuple[int, os.stat_result]:
+    """An fd open on a regular file, and its stat; CorruptRecordError for anything else.
 
-    O_NONBLOCK: a FIFO put where a record belongs (anything with Bash can)
-    must not hang its reader; it is refused, as a directory is.
+    O_NONBLOCK: a FIFO put where a record or a log belongs (anything with Bash
+    can) must not hang whoever opens it; it is refused, as a directory is.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CorruptRecordError(path, "not a regular file")
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO that nothing reads, opened to write
+            raise CorruptRecordError(path, "not a regular file") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CorruptRecordError(path, "not a regular file")
+    return fd, st
+
+
+def read_regular_file(path: Path | str) -> tuple[bytes, os.stat_result]:
+    """A file's bytes and its stat: one open, one fstat and one sized read (open_regular)."""
+    fd, st = open_regular(path, os.O_RDONLY)
+    try:
         raw = os.read(fd, st.st_size + 1)  # sized: os.read allocates all it is asked for
         if len(raw) != st.st_size:  # a short read (a network file system), or it grew: read to the end
             while more := os.read(fd, 1 << 16):
@@ -1527,19 +1539,12 @@ def read_regular_file(path: Path | str) -> tuple[bytes, os.stat_result]:
 
 
 def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
-    # O_APPEND keeps concurrent writers' lines whole; no lock needed.
-    # O_NONBLOCK: a FIFO put in a log's place (anything with Bash can) must not
-    # hang its writer, the session's committers above all; it is refused.
+    # O_APPEND keeps concurrent writers' lines whole; no lock needed. A FIFO
+    # in a log's place must not hang its writer, the session's committers
+    # above all (open_regular).
     line = redacted_json(record, secrets_) + "\n"
+    fd, _ = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a FIFO that nothing reads
-            raise CorruptRecordError(path, "not a regular file") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CorruptRecordError(path, "not a regular file")
         os.write(fd, line.encode())
     finally:
         os.close(fd)
@@ -4933,8 +4938,11 @@ START_SLOT_POLL_S = 0.02
 
 def start_slot_count(environ: Mapping[str, str]) -> int:
     value = _int_or_none(environ.get(ENV_START_SLOTS))
-    if value is not None and value >= 0:
-        return value
+    return value if value is not None and value >= 0 else usable_cpus()
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity), else the machine's."""
     with contextlib.suppress(AttributeError, OSError):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
@@ -4949,14 +4957,9 @@ def open_start_slots(session: Path, count: int) -> list[int]:
         return []
     fds = []
     for index in range(count):
-        with contextlib.suppress(OSError):
-            # O_NOFOLLOW and O_NONBLOCK: a planted symlink or FIFO is skipped, never followed or waited on.
-            flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-            fd = os.open(folder / str(index), flags, 0o600)
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                fds.append(fd)
-            else:
-                os.close(fd)
+        # O_NOFOLLOW, and regular files only: a planted symlink or FIFO is skipped, never followed or waited on.
+        with contextlib.suppress(OSError, CorruptRecordError):
+            fds.append(open_regular(folder / str(index), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)[0])
     return fds
 
 
@@ -7608,8 +7611,7 @@ def forked_map(fn: Callable[[Sequence[str]], R], items: Sequence[str], minimum: 
     items, in a process with threads (fork would copy their locks held), or
     on one CPU, everything is done here.
     """
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    workers = min(cpus, 4, len(items) // max(minimum // 2, 1))
+    workers = min(usable_cpus(), 4, len(items) // max(minimum // 2, 1))
     if len(items) < minimum or workers < 2 or threading.active_count() > 1 or not hasattr(os, "fork"):
         return [fn(items)]
     size = -(-len(items) // workers)
