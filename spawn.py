@@ -6482,10 +6482,106 @@ def executor_for(kind: str) -> Executor:
 # ------------------------------------------------------------- fast start --
 
 # A script run as `python spawn.py` is compiled on every start (only imported
-# modules get cached bytecode): ~80 ms of a 6,000-line file, at every level.
-# So the first spawn.py of a tree compiles it once into the per-user cache,
-# named by the source's hash, and children, guards and runners run that.
+# modules get cached bytecode): ~200 ms of this 9,000-line file, at every
+# level. So the first spawn.py of a tree compiles it once into the per-user
+# cache, and children, guards and runners run that copy. A copy is named by
+# the source's path and bytes: the path because the code finds schemas/ and
+# sessions/ beside the file it was compiled from, so two projects' identical
+# copies must not share one.
 COMPILED_DIR = "compiled"
+COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache tag too
+# `uv run spawn.py`, as users and agents write it, would still compile the
+# source at every level. So a run from source puts a start-up hook into the
+# virtual environment running it (uv's own, for `uv run`): a .pth line that
+# site runs at every interpreter start there. When the script named on the
+# command line has a compiled copy, the hook execs the same interpreter on
+# that copy, with the same argv and pid; anything else starts as usual.
+ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook
+FAST_START_MODULE = "_spawn_fast_start"
+# The hook's own code, written beside the .pth. It repeats cache_dir and
+# compiled_name (test_fast_start checks they agree): it runs before any of
+# this file is read. Builtin modules only; for every other program it costs
+# a look at sys.argv, or for a .py file one read and one stat.
+FAST_START_HOOK = f'''"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
+
+Runs at every interpreter start in this environment, from {FAST_START_MODULE}.pth.
+If the script on the command line has a compiled copy in spawn.py's cache,
+exec the same interpreter on that copy instead of compiling the source.
+Remove {FAST_START_MODULE}.pth to remove it.
+"""
+
+import os
+import stat
+import sys
+
+
+def cache_dir(environ):
+    if environ.get("SPAWN_CACHE_DIR"):
+        return os.path.expanduser(environ["SPAWN_CACHE_DIR"])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.expanduser(base), "spawn")
+
+
+def compiled_name(path, source):
+    import _imp
+
+    digest = _imp.source_hash({COMPILED_HASH_KEY:#x}, os.fsencode(path) + b"\\0" + source).hex()
+    return "spawn-" + digest + "." + sys.implementation.cache_tag + ".pyc"
+
+
+def compiled_copy(script, environ):
+    """The compiled copy to run for script, or None."""
+    if not script.endswith(".py") or environ.get("{ENV_NO_FAST_START}") == "1" or sys.flags.optimize:
+        return None
+    try:
+        path = os.path.realpath(script)
+        with open(path, "rb") as fh:
+            source = fh.read()
+        folder = os.path.join(cache_dir(environ), "{COMPILED_DIR}")
+        copy = os.path.join(folder, compiled_name(path, source))
+        # Ours, a regular file (not a link), and nobody else's to replace:
+        # a planted copy is never run.
+        for st in (os.stat(folder), os.lstat(copy)):
+            if st.st_uid != os.getuid() or st.st_mode & 0o002:
+                return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+    except (OSError, ValueError):
+        return None
+    return copy
+
+
+def main():
+    argv = list(getattr(sys, "orig_argv", ()))
+    at = len(argv) - len(sys.argv)
+    # Only where exec keeps the pid: the process is its parent's child and an agent's stand-in.
+    if os.name != "posix" or not sys.argv or at < 1 or argv[at] != sys.argv[0] or not sys.executable:
+        return
+    copy = compiled_copy(sys.argv[0], os.environ)
+    if copy is None:
+        return
+    import _signal
+
+    # Python ignores these at start; the new interpreter does it again, and a
+    # failed exec puts them back as they were.
+    saved = [(n, _signal.signal(n, _signal.SIG_DFL)) for n in (_signal.SIGPIPE, _signal.SIGXFSZ)]
+    try:
+        os.execv(sys.executable, argv[:at] + [copy] + argv[at + 1 :])
+    except OSError:
+        for n, handler in saved:
+            _signal.signal(n, handler)
+
+
+main()
+'''
+
+
+def compiled_name(source_path: Path, source: bytes) -> str:
+    """The file name of the compiled copy of the spawn.py at source_path (resolved) with these bytes."""
+    import _imp
+
+    digest = _imp.source_hash(COMPILED_HASH_KEY, os.fsencode(source_path) + b"\0" + source).hex()
+    return f"spawn-{digest}.{sys.implementation.cache_tag}.pyc"
 
 
 @functools.cache
@@ -6500,19 +6596,54 @@ def compiled_script() -> Path:
     """
     if Path(__file__).suffix == ".pyc":
         return Path(__file__).resolve()
-    import hashlib
     import py_compile
 
     try:
-        digest = hashlib.sha256(SCRIPT_PATH.read_bytes()).hexdigest()[:20]
         folder = cache_dir(os.environ) / COMPILED_DIR
-        target = folder / f"spawn-{digest}.{sys.implementation.cache_tag}.pyc"
+        target = folder / compiled_name(SCRIPT_PATH, SCRIPT_PATH.read_bytes())
         if not target.is_file():
             folder.mkdir(parents=True, exist_ok=True)
             py_compile.compile(str(SCRIPT_PATH), cfile=str(target), dfile=str(SCRIPT_PATH), doraise=True)
     except (OSError, py_compile.PyCompileError):
         return SCRIPT_PATH
     return target
+
+
+def fast_start_site() -> Path | None:
+    """The site-packages of the virtual environment running us, or None for a base interpreter."""
+    if sys.prefix == sys.base_prefix:
+        return None
+    import sysconfig
+
+    site = Path(sysconfig.get_path("purelib"))
+    return site if site.is_relative_to(sys.prefix) else None
+
+
+def install_fast_start(environ: Mapping[str, str]) -> None:
+    """Put the start-up hook (FAST_START_HOOK) into the virtual environment running this source.
+
+    Never into a base interpreter's site-packages, which every program on
+    the machine shares. The module goes first: a .pth line naming a missing
+    module would print an error at every start. Best effort: a read-only
+    environment (inside a sandbox) just keeps compiling.
+    """
+    site = fast_start_site()
+    if environ.get(ENV_NO_FAST_START) == "1" or site is None or Path(__file__).suffix != ".py":
+        return
+    files = ((f"{FAST_START_MODULE}.py", FAST_START_HOOK), (f"{FAST_START_MODULE}.pth", f"import {FAST_START_MODULE}\n"))
+    for name, text in files:
+        path = site / name
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if path.read_text() == text:
+                continue
+        tmp = path.with_name(f".{name}.{os.getpid()}")
+        try:
+            tmp.write_text(text)
+            tmp.replace(path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            return
 
 
 # ------------------------------------------------------------- fork server --
@@ -9375,6 +9506,7 @@ def use_bytecode_cache(environ: Mapping[str, str]) -> None:
 
 if __name__ == "__main__":
     use_bytecode_cache(os.environ)
+    install_fast_start(os.environ)
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()

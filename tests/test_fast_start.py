@@ -1,0 +1,165 @@
+"""Fast start: `python spawn.py` (what `uv run spawn.py` runs) takes the compiled copy
+instead of compiling the source, through a start-up hook in its virtual environment,
+and never runs a copy that isn't the source's own and the user's."""
+
+from __future__ import annotations
+
+import py_compile
+import shlex
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, agent_dirs, load
+from mock_model import mock_task
+
+import spawn
+from spawn import ExitCode
+
+VERSION_LINE = f"spawn.py {spawn.__version__}"
+# What the planted copy prints: proof that the hook ran it, and with which argv.
+PLANTED = "import sys\nprint('copy ran', sys.argv[1:])\n"
+
+
+@pytest.fixture
+def venv(tmp_path: Path) -> Path:
+    """A throwaway virtual environment that sees the test environment's packages (through a .pth)."""
+    folder = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    python = folder / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    (Path(site) / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return folder
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A project with its own copy of spawn.py, as users have it."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "spawn.py").write_bytes(spawn.SCRIPT_PATH.read_bytes())
+    return folder
+
+
+def site_of(venv: Path) -> Path:
+    return next((venv / "lib").glob("python*/site-packages"))
+
+
+def copy_path(cache: Path, script: Path) -> Path:
+    script = script.resolve()
+    return cache / spawn.COMPILED_DIR / spawn.compiled_name(script, script.read_bytes())
+
+
+def plant(target: Path, source: str = PLANTED) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    src = target.parent / "planted.py"
+    src.write_text(source)
+    py_compile.compile(str(src), cfile=str(target), doraise=True)
+
+
+def run(venv: Path, args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(venv / "bin" / "python"), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.fixture
+def user_env(base_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    return {**base_env, spawn.ENV_CACHE_DIR: str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def test_the_hook_names_copies_and_finds_the_cache_as_spawn_py_does(tmp_path: Path) -> None:
+    hook: dict[str, object] = {}
+    exec(spawn.FAST_START_HOOK.rsplit("\nmain()", 1)[0], hook)  # its functions, without running it
+    for environ in (
+        {spawn.ENV_CACHE_DIR: str(tmp_path / "c")},
+        {spawn.ENV_CACHE_DIR: "~/c/", "HOME": str(tmp_path)},
+        {"XDG_CACHE_HOME": str(tmp_path / "x"), "HOME": "/nowhere"},
+        {"HOME": str(tmp_path / "h")},
+        {"XDG_CACHE_HOME": "", "HOME": str(tmp_path / "h")},
+    ):
+        assert Path(hook["cache_dir"](environ)) == spawn.cache_dir(environ)  # type: ignore[operator]
+    for path, data in ((Path("/a/spawn.py"), b"x = 1\n"), (Path("/b/spawn.py"), b"x = 1\n"), (Path("/a/spawn.py"), b"x = 2\n")):
+        assert hook["compiled_name"](str(path), data) == spawn.compiled_name(path, data)  # type: ignore[operator]
+    # The same bytes in two projects are two copies: each finds its own schemas/.
+    assert spawn.compiled_name(Path("/a/spawn.py"), b"x") != spawn.compiled_name(Path("/b/spawn.py"), b"x")
+
+
+def test_a_base_interpreter_is_never_given_the_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "prefix", sys.base_prefix)
+    assert spawn.fast_start_site() is None
+
+
+def test_a_source_run_installs_the_hook_and_later_runs_take_the_compiled_copy(
+    venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path
+) -> None:
+    first = run(venv, ["spawn.py", "--version"], user_env, project)
+    assert (first.returncode, first.stdout.strip()) == (ExitCode.OK, VERSION_LINE), first.stderr
+    site = site_of(venv)
+    assert (site / f"{spawn.FAST_START_MODULE}.pth").read_text() == f"import {spawn.FAST_START_MODULE}\n"
+    assert (site / f"{spawn.FAST_START_MODULE}.py").read_text() == spawn.FAST_START_HOOK
+
+    plant(copy_path(tmp_path / "cache", project / "spawn.py"))
+    hooked = run(venv, ["spawn.py", "--version"], user_env, project)
+    assert (hooked.returncode, hooked.stdout.strip(), hooked.stderr) == (0, "copy ran ['--version']", "")
+    # Interpreter options and the script's arguments are kept; the path may be given any way.
+    hooked = run(venv, ["-X", "utf8", str(project / "spawn.py"), "status", "--json"], user_env, tmp_path)
+    assert hooked.stdout.strip() == "copy ran ['status', '--json']", hooked.stderr
+    # Other programs in the environment start as usual.
+    other = run(venv, ["-c", "print('plain')"], user_env, project)
+    assert other.stdout.strip() == "plain"
+
+    off = run(venv, ["spawn.py", "--version"], {**user_env, spawn.ENV_NO_FAST_START: "1"}, project)
+    assert off.stdout.strip() == VERSION_LINE
+
+
+@pytest.mark.parametrize("damage", ["world-writable", "symlink", "another-path", "edited-source", "folder-world-writable"])
+def test_a_copy_that_isnt_the_sources_own_and_the_users_is_never_run(
+    venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path, damage: str
+) -> None:
+    assert run(venv, ["spawn.py", "--version"], user_env, project).returncode == ExitCode.OK  # installs the hook
+    script = project / "spawn.py"
+    target = copy_path(tmp_path / "cache", script)
+    if damage == "world-writable":
+        plant(target)
+        target.chmod(0o666)
+    elif damage == "symlink":
+        elsewhere = tmp_path / "elsewhere.pyc"
+        plant(elsewhere)
+        target.parent.mkdir(parents=True, mode=0o700)
+        target.symlink_to(elsewhere)
+    elif damage == "another-path":
+        # A copy made for the same bytes in another project.
+        other = tmp_path / "other" / "spawn.py"
+        other.parent.mkdir()
+        other.write_bytes(script.read_bytes())
+        plant(copy_path(tmp_path / "cache", other))
+    elif damage == "edited-source":
+        plant(target)
+        script.write_bytes(script.read_bytes() + b"# edited\n")
+    else:
+        plant(target)
+        target.parent.chmod(0o777)
+    proc = run(venv, ["spawn.py", "--version"], user_env, project)
+    assert (proc.returncode, proc.stdout.strip()) == (ExitCode.OK, VERSION_LINE), proc.stderr
+
+
+def test_nested_spawns_written_as_source_runs_go_through_the_hook(
+    venv: Path, project: Path, env: dict[str, str], tmp_path: Path, session_root: Path
+) -> None:
+    """A real tree whose agents start children as users write it (the source, not SPAWN_PY)."""
+    env = {**env, spawn.ENV_CACHE_DIR: str(tmp_path / "cache")}
+    python = shlex.quote(str(venv / "bin" / "python"))
+    child_task = mock_task("hooked child", [{"text": "child-result"}])
+    child = f"{python} {shlex.quote(str(project / 'spawn.py'))} --tools Read --task {shlex.quote(child_task)}"
+    task = mock_task("hooked root", [{"bash": child}, {"text": "root-result"}])
+    proc = run(venv, ["spawn.py", "--task", task, "--tools", "Bash,Read", "--max-depth", "1"], env, project)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    outcomes = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
+    assert {depth: o["status"] for depth, o in outcomes.items()} == {0: "done", 1: "done"}
+    # One compiled copy, named for this project's spawn.py, not the repository's.
+    copies = list((tmp_path / "cache" / spawn.COMPILED_DIR).glob("spawn-*.pyc"))
+    assert copies == [copy_path(tmp_path / "cache", project / "spawn.py")]
+    assert copy_path(tmp_path / "cache", ROOT / "spawn.py") not in copies
