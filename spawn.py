@@ -4941,11 +4941,71 @@ def start_slot_count(environ: Mapping[str, str]) -> int:
     return value if value is not None and value >= 0 else usable_cpus()
 
 
+@functools.cache
 def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity), else the machine's."""
+    """The CPUs this process may keep busy at once: its affinity (else the
+    machine's count), capped by its cgroups' CPU quota, rounded up."""
+    count = os.cpu_count() or 1
     with contextlib.suppress(AttributeError, OSError):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+        count = len(os.sched_getaffinity(0))
+    try:
+        limit = cgroup_cpu_limit(Path("/proc/self/cgroup").read_text(), read_small_file)
+    except (OSError, UnicodeDecodeError):
+        limit = None
+    return max(1, min(count, int(-(-limit // 1)))) if limit is not None else count  # -(-x // 1): ceil, without math
+
+
+def read_small_file(path: str) -> str | None:
+    """A small kernel file's text, or None if it can't be read."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read(4096)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+# Where cgroup file systems are mounted, by kind: v2's unified tree, and v1's cpu controller.
+CGROUP_V2_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
+CGROUP_V1_CPU_MOUNTS = ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct")
+
+
+def cgroup_cpu_limit(proc_cgroup: str, read: Callable[[str], str | None]) -> float | None:
+    """CPUs' worth of time this process's cgroups allow (the tightest quota on
+    its way up to the root), or None when no quota applies or none can be read.
+
+    proc_cgroup is /proc/self/cgroup's text; read(path) a file's text or None.
+    A container limited to 2 CPUs on a 64-CPU host sees all 64 in its
+    affinity: only the quota says how many it may use at once.
+    """
+    limits: list[float] = []
+    mounts: tuple[str, ...]
+    files: tuple[str, ...]
+    for line in proc_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:
+            mounts, files = CGROUP_V2_MOUNTS, ("cpu.max",)
+        elif "cpu" in controllers.split(","):
+            mounts, files = CGROUP_V1_CPU_MOUNTS, ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p and p not in (".", "..")]
+        for mount in mounts:
+            # From the process's own cgroup up to the mount's root. Inside a
+            # container the mount is often the container's cgroup itself, and
+            # the path above it isn't there: its root then holds the limit.
+            for depth in range(len(parts), -1, -1):
+                folder = "/".join([mount, *parts[:depth]])
+                texts = [read(f"{folder}/{name}") for name in files]
+                if any(t is None for t in texts):
+                    continue
+                words = " ".join(t or "" for t in texts).split()
+                if len(words) == 2 and words[0] not in ("max", "-1"):
+                    with contextlib.suppress(ValueError):
+                        quota, period = float(words[0]), float(words[1])
+                        if quota > 0 and period > 0:
+                            limits.append(quota / period)
+    return min(limits) if limits else None
 
 
 def open_start_slots(session: Path, count: int) -> list[int]:
@@ -6627,8 +6687,10 @@ def install_fast_start(environ: Mapping[str, str]) -> None:
     module would print an error at every start. Best effort: a read-only
     environment (inside a sandbox) just keeps compiling.
     """
+    if environ.get(ENV_NO_FAST_START) == "1" or Path(__file__).suffix != ".py":
+        return  # and a compiled copy never pays for the sysconfig import below
     site = fast_start_site()
-    if environ.get(ENV_NO_FAST_START) == "1" or site is None or Path(__file__).suffix != ".py":
+    if site is None:
         return
     files = ((f"{FAST_START_MODULE}.py", FAST_START_HOOK), (f"{FAST_START_MODULE}.pth", f"import {FAST_START_MODULE}\n"))
     for name, text in files:

@@ -107,3 +107,41 @@ def test_planted_slot_files_are_skipped_not_followed_or_waited_on(tmp_path: Path
         assert os.path.samefile(f"/proc/self/fd/{fd}", folder / "1")
         os.close(fd)
     assert not victim.exists()
+
+
+# The cgroup files a process sees, by path; absent paths read as None.
+CGROUPS_V2 = {
+    "/sys/fs/cgroup/cpu.max": "max 100000\n",
+    "/sys/fs/cgroup/user/cpu.max": "300000 100000\n",
+    "/sys/fs/cgroup/user/job/cpu.max": "max 100000\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("proc_cgroup", "files", "limit"),
+    [
+        ("0::/user/job\n", CGROUPS_V2, 3.0),  # the tightest quota on the way up
+        ("0::/user/job\n", {**CGROUPS_V2, "/sys/fs/cgroup/user/job/cpu.max": "50000 100000\n"}, 0.5),
+        ("0::/\n", CGROUPS_V2, None),  # no quota: affinity alone decides
+        # In a container the mount is its own cgroup: the path above it isn't there.
+        ("0::/docker/abc\n", {"/sys/fs/cgroup/cpu.max": "200000 100000\n"}, 2.0),
+        # cgroup v1's cpu controller, next to other controllers' lines.
+        (
+            "5:memory:/x\n4:cpu,cpuacct:/docker/abc\n",
+            {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "150000\n", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+            1.5,
+        ),
+        ("4:cpu,cpuacct:/\n", {"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n", "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"}, None),
+        # Damaged or unexpected files say nothing, rather than a wrong count.
+        ("0::/\n", {"/sys/fs/cgroup/cpu.max": "garbage\n"}, None),
+        ("0::/\n", {"/sys/fs/cgroup/cpu.max": "0 100000\n"}, None),
+        ("0::/\n", {"/sys/fs/cgroup/cpu.max": "100000 100000 7\n"}, None),
+        ("", CGROUPS_V2, None),
+    ],
+)
+def test_the_cgroup_cpu_quota_caps_the_cpus_a_tree_may_use(proc_cgroup: str, files: dict[str, str], limit: float | None) -> None:
+    assert spawn.cgroup_cpu_limit(proc_cgroup, files.get) == limit
+
+
+def test_the_default_slot_count_is_within_this_process_affinity() -> None:
+    assert 1 <= spawn.usable_cpus() <= len(os.sched_getaffinity(0))
