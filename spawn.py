@@ -6595,6 +6595,8 @@ def compiled_copy(script, environ):
         return None
     try:
         path = os.path.realpath(script)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # a FIFO's bytes are the script's: Python must read them, not us
         with open(path, "rb") as fh:
             source = fh.read()
         folder = os.path.join(cache_dir(environ), "{COMPILED_DIR}")

@@ -4,6 +4,7 @@ and never runs a copy that isn't the source's own and the user's."""
 
 from __future__ import annotations
 
+import os
 import py_compile
 import shlex
 import subprocess
@@ -21,6 +22,7 @@ from spawn import ExitCode
 VERSION_LINE = f"spawn.py {spawn.__version__}"
 # What the planted copy prints: proof that the hook ran it, and with which argv.
 PLANTED = "import sys\nprint('copy ran', sys.argv[1:])\n"
+PIPED = "print('from the pipe')\n"
 
 
 @pytest.fixture
@@ -113,6 +115,18 @@ def test_a_source_run_installs_the_hook_and_later_runs_take_the_compiled_copy(
 
     off = run(venv, ["spawn.py", "--version"], {**user_env, spawn.ENV_NO_FAST_START: "1"}, project)
     assert off.stdout.strip() == VERSION_LINE
+
+
+def test_a_script_read_from_a_fifo_is_left_to_python(venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path) -> None:
+    assert run(venv, ["spawn.py", "--version"], user_env, project).returncode == ExitCode.OK  # installs the hook
+    fifo = tmp_path / "piped.py"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen([sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(sys.argv[2])", str(fifo), PIPED])
+    try:
+        proc = run(venv, [str(fifo)], user_env, tmp_path)
+    finally:
+        writer.wait(timeout=30)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "from the pipe"), proc.stderr
 
 
 @pytest.mark.parametrize("damage", ["world-writable", "symlink", "another-path", "edited-source", "folder-world-writable"])
