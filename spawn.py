@@ -4941,7 +4941,6 @@ def start_slot_count(environ: Mapping[str, str]) -> int:
     return value if value is not None and value >= 0 else usable_cpus()
 
 
-@functools.cache
 def usable_cpus() -> int:
     """The CPUs this process may keep busy at once: its affinity (else the
     machine's count), capped by its cgroups' CPU quota, rounded up."""

@@ -231,7 +231,7 @@ def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return pid
 
     monkeypatch.setattr(os, "fork", fork)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    monkeypatch.setattr(spawn, "usable_cpus", lambda: 4)  # whatever this machine's CPUs and cgroup quota
     monkeypatch.setattr(threading, "active_count", lambda: 1)
     return forked
 
