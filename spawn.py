@@ -6560,7 +6560,7 @@ FAST_START_MODULE = "_spawn_fast_start"
 # The hook's own code, written beside the .pth. It repeats cache_dir and
 # compiled_name (test_fast_start checks they agree): it runs before any of
 # this file is read. Builtin modules only; for every other program it costs
-# a look at sys.argv, or for a .py file one read and one stat.
+# a look at sys.argv, or for a .py file one read and a few stats.
 FAST_START_HOOK = f'''"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
 
 Runs at every interpreter start in this environment, from {FAST_START_MODULE}.pth.
