@@ -6696,13 +6696,15 @@ def install_fast_start(environ: Mapping[str, str]) -> None:
     files = ((f"{FAST_START_MODULE}.py", FAST_START_HOOK), (f"{FAST_START_MODULE}.pth", f"import {FAST_START_MODULE}\n"))
     for name, text in files:
         path = site / name
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            if path.read_text() == text:
+        # read_regular_file and write_new_file: a FIFO or a link planted at
+        # either name is neither waited on nor followed.
+        with contextlib.suppress(OSError, SpawnError):
+            if read_regular_file(path)[0] == text.encode():
                 continue
-        tmp = path.with_name(f".{name}.{os.getpid()}")
+        tmp = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
         try:
-            tmp.write_text(text)
-            tmp.replace(path)
+            write_new_file(tmp, text.encode())
+            os.replace(tmp, path)
         except OSError:
             with contextlib.suppress(OSError):
                 tmp.unlink()

@@ -117,6 +117,25 @@ def test_a_source_run_installs_the_hook_and_later_runs_take_the_compiled_copy(
     assert off.stdout.strip() == VERSION_LINE
 
 
+@pytest.mark.parametrize("planted", ["fifo", "symlink"])
+def test_a_fifo_or_link_planted_at_the_hooks_names_is_replaced_not_waited_on_or_followed(
+    venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path, planted: str
+) -> None:
+    site = site_of(venv)
+    outside = tmp_path / "outside.txt"
+    if planted == "fifo":
+        # Only at the module's name: a FIFO named *.pth hangs Python's own site, before any script.
+        os.mkfifo(site / f"{spawn.FAST_START_MODULE}.py")
+    else:
+        for name in (f"{spawn.FAST_START_MODULE}.py", f"{spawn.FAST_START_MODULE}.pth"):
+            (site / name).symlink_to(outside)
+    proc = run(venv, ["spawn.py", "--version"], user_env, project)
+    assert (proc.returncode, proc.stdout.strip()) == (ExitCode.OK, VERSION_LINE), proc.stderr
+    assert (site / f"{spawn.FAST_START_MODULE}.py").read_text() == spawn.FAST_START_HOOK
+    assert not (site / f"{spawn.FAST_START_MODULE}.pth").is_symlink()
+    assert not outside.exists()
+
+
 def test_a_script_read_from_a_fifo_is_left_to_python(venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path) -> None:
     assert run(venv, ["spawn.py", "--version"], user_env, project).returncode == ExitCode.OK  # installs the hook
     fifo = tmp_path / "piped.py"
