@@ -1476,9 +1476,21 @@ def publish_once(path: Path, data: bytes) -> bool:
 
 def write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
     """Replace path with data; readers see the old or the new file, never half."""
+    write_file_atomic(path, json.dumps(data, indent=2, ensure_ascii=False).encode())
+
+
+def write_file_atomic(path: Path, data: bytes) -> None:
+    """Replace path with data, durably: a fresh temp file (O_EXCL, so a link
+    planted at its name is never written through), then a rename. A failed
+    write leaves neither half a file nor the temp behind."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
-    write_new_file(tmp, json.dumps(data, indent=2, ensure_ascii=False).encode())
-    os.replace(tmp, path)
+    try:
+        write_new_file(tmp, data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def read_json(path: Path | str) -> dict[str, Any]:
@@ -4947,10 +4959,7 @@ def usable_cpus() -> int:
     count = os.cpu_count() or 1
     with contextlib.suppress(AttributeError, OSError):
         count = len(os.sched_getaffinity(0))
-    try:
-        limit = cgroup_cpu_limit(Path("/proc/self/cgroup").read_text(), read_small_file)
-    except (OSError, UnicodeDecodeError):
-        limit = None
+    limit = cgroup_cpu_limit(read_small_file("/proc/self/cgroup") or "", read_small_file)
     return max(1, min(count, int(-(-limit // 1)))) if limit is not None else count  # -(-x // 1): ceil, without math
 
 
@@ -6696,18 +6705,14 @@ def install_fast_start(environ: Mapping[str, str]) -> None:
     files = ((f"{FAST_START_MODULE}.py", FAST_START_HOOK), (f"{FAST_START_MODULE}.pth", f"import {FAST_START_MODULE}\n"))
     for name, text in files:
         path = site / name
-        # read_regular_file and write_new_file: a FIFO or a link planted at
-        # either name is neither waited on nor followed.
+        # read_regular_file and write_file_atomic: a FIFO or a link planted
+        # at either name is neither waited on nor followed.
         with contextlib.suppress(OSError, SpawnError):
             if read_regular_file(path)[0] == text.encode():
                 continue
-        tmp = path.with_name(f".{name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
         try:
-            write_new_file(tmp, text.encode())
-            os.replace(tmp, path)
+            write_file_atomic(path, text.encode())
         except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             return
 
 
