@@ -79,7 +79,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +217,70 @@ def bench_environment(base: Mapping[str, str], workdir: Path, url: str, pycache:
     if pycache == "private":
         env.update(private_pycache(workdir))
     return env
+
+
+@dataclass
+class UvFound:
+    """The uv the chains run: the binary, and the wrapper script PATH put in front of it, if any."""
+
+    binary: str | None
+    wrapper: str | None = None
+    wrapper_s: float | None = None  # median `uv --version` through the wrapper
+    binary_s: float | None = None  # the same, the binary itself
+
+    def describe(self) -> str:
+        if self.binary is None:
+            return "uv: not on PATH (the uv chain fails)"
+        if self.wrapper is None:
+            return f"uv: {self.binary}"
+        return (
+            f"uv: {self.binary}, the binary behind {self.wrapper} on PATH (a wrapper script, "
+            f"{fmt(1000 * (self.wrapper_s or math.nan), 'ms')} a call against {fmt(1000 * (self.binary_s or math.nan), 'ms')}); "
+            "the chains run the binary, as a standalone install would"
+        )
+
+
+def find_uv(env: Mapping[str, str], workdir: Path) -> tuple[UvFound, dict[str, str]]:
+    """The uv on PATH, and an environment whose `uv` is the binary itself.
+
+    A version manager's shim (pyenv's, asdf's) is a shell script that runs a
+    program of its own before uv: about 60 ms a call here, paid at every level
+    of the uv chain and never by the bare chain. It is the machine's, not uv's
+    or spawn.py's, so the chains run the binary it leads to (uv names itself
+    to the commands it runs, in UV) and the wrapper's cost is printed beside.
+    """
+    found = shutil.which("uv", path=env.get("PATH"))
+    if found is None:
+        return UvFound(None), dict(env)
+    with open(found, "rb") as fh:
+        if fh.read(2) != b"#!":
+            return UvFound(found), dict(env)
+    proc = subprocess.run(
+        [found, "run", "--no-project", "--quiet", "--", "printenv", "UV"],
+        env=dict(env),
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    binary = proc.stdout.strip()
+    if proc.returncode != 0 or not binary or not os.access(binary, os.X_OK):
+        return UvFound(found), dict(env)  # can't tell: measure what PATH gives
+    bin_dir = workdir / "uv-bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "uv").symlink_to(binary)
+
+    def version_s(uv: str) -> float:
+        secs = []
+        for _ in range(5):
+            t = time.perf_counter()
+            subprocess.run([uv, "--version"], env=dict(env), capture_output=True, check=False, timeout=60)
+            secs.append(time.perf_counter() - t)
+        return median(secs)
+
+    uv = UvFound(binary, found, version_s(found), version_s(binary))
+    return uv, {**env, "PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"}
 
 
 def private_pycache(workdir: Path) -> dict[str, str]:
@@ -1322,10 +1386,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     try:
         with serve(workdir) as mock:
-            env = bench_environment(os.environ, workdir, mock.url, args.pycache)
+            uv, env = find_uv(bench_environment(os.environ, workdir, mock.url, args.pycache), workdir)
             warm_env = {**env, **private_pycache(workdir)}
             bench = Bench(cli, env, warm_env, workdir, mock, args.timeout, Commands.build(cli))
             print(f"spawn.py bench: {sys.executable}, CLI {cli}, mock {mock.url}", flush=True)
+            print(uv.describe(), flush=True)
             if not args.only_waitperf:
                 bench.warm_up()
             for i in range(0 if args.only_waitperf else args.repeat):
@@ -1357,6 +1422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             summary = (
                 {"targets": []} if args.only_waitperf else report(bench, waits, args, time.monotonic() - started, fan=fan, memory=memory)
             )
+            summary["uv"] = asdict(uv)
             if args.dag_rounds > 0 and not args.only_waitperf:
                 summary["dag"] = dag_overhead(warm_env, workdir, args.timeout, args.dag_rounds)
             if mcp is not None:
