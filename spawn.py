@@ -5395,7 +5395,15 @@ async def run_sdk(
         setting_sources=None if meta.preset == "claude_code" else [],
         output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
         resume=resumed_sdk_session(meta),
+        # The app in the CLI's User-Agent, unless the caller named theirs; named
+        # either way, so connect() doesn't start a thread to work a name out.
+        client_app=None if os.environ.get("CLAUDE_AGENT_SDK_CLIENT_APP") else f"spawn.py/{__version__}",
     )
+    # connect() imports OpenTelemetry, when installed, only to pass on an
+    # in-process span: spawn.py has none, and gives the CLI its TRACEPARENT
+    # itself (child_environment). The import is about 8 ms of every agent's
+    # start, paid before the CLI is started.
+    sys.modules.setdefault("opentelemetry.propagate", None)  # type: ignore[arg-type]
     transcript = agent_dir / TRANSCRIPT
     # initialPrompt comes first, in the same user turn, so the task's own text
     # (and any scripted MOCK[...]) stays part of the first message.
@@ -6729,8 +6737,9 @@ FORKSERVER_LOG = "forkserver.jsonl"  # in the session directory: one line per fo
 FORKSERVER_POLL_S = 1.0  # how often the server checks that its root is still alive
 # What a forked agent would otherwise import for itself, each a private copy
 # (~4 MiB of each agent's private memory): anyio's asyncio backend and the
-# streams the SDK opens at connect, ctypes (prctl, the subreaper), and
-# opentelemetry, which the SDK imports when it starts the CLI, if installed.
+# streams the SDK opens at connect, and ctypes (prctl, the subreaper).
+# (Not opentelemetry, which the SDK would import at connect: run_sdk keeps
+# it out.)
 FORKSERVER_PRELOAD = (
     "anyio._backends._asyncio",
     "anyio._core._subprocesses",
@@ -6740,7 +6749,6 @@ FORKSERVER_PRELOAD = (
     "anyio.streams.tls",
     "ctypes",
     "queue",
-    "opentelemetry.propagate",
 )
 
 

@@ -50,6 +50,19 @@ def test_single_agent_runs_bash_and_answers(env: dict[str, str], session_root: P
     assert validate_records(session_root) > 3
 
 
+def test_the_cli_names_spawn_py_as_its_app_unless_the_caller_named_one(env: dict[str, str], mock_model: MockModel) -> None:
+    # spawn.py names itself to the SDK (client_app), which the CLI puts in the
+    # User-Agent of its model requests; a name the caller set is kept.
+    ours = mock_task("app name: ours", [{"text": "one"}])
+    theirs = mock_task("app name: theirs", [{"text": "two"}])
+    assert run_spawn(["--task", ours, "--tools", "Read"], env).returncode == spawn.ExitCode.OK
+    named = {**env, "CLAUDE_AGENT_SDK_CLIENT_APP": "their-app/2.0"}
+    assert run_spawn(["--task", theirs, "--tools", "Read"], named).returncode == spawn.ExitCode.OK
+    first, second = (r["user_agent"] for r in mock_model.requests() if r["kind"] == "main")  # one turn each, in turn
+    assert f"client-app/spawn.py/{spawn.__version__}" in first
+    assert "client-app/their-app/2.0" in second and "spawn.py" not in second
+
+
 def test_depth3_chain_each_level_spawns_through_bash(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
     leaf = mock_task("leaf level", [{"text": "leaf-result"}])
     middle = mock_task("middle level", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Read")}, {"text": "middle-result"}])

@@ -488,6 +488,7 @@ def log_record(
     index: int | None,
     status: int,
     reply: str,
+    user_agent: str | None = None,
 ) -> dict[str, Any]:
     tools = request.get("tools")
     system = request.get("system")
@@ -510,6 +511,7 @@ def log_record(
         "status": status,
         "first": kind == "main" and index == 0,
         "reply": reply,
+        "user_agent": user_agent,  # who is asking: the CLI names its version and the SDK app
     }
 
 
@@ -660,6 +662,7 @@ class Handler(BaseHTTPRequestHandler):
         status = 404
         self.state.log(
             log_record(
+                user_agent=self.headers.get("User-Agent"),
                 path=self.path,
                 method=self.command,
                 body_bytes=body_bytes,
@@ -693,6 +696,7 @@ class Handler(BaseHTTPRequestHandler):
         if route.endswith("count_tokens"):
             self.state.log(
                 log_record(
+                    user_agent=self.headers.get("User-Agent"),
                     path=self.path,
                     method="POST",
                     body_bytes=len(raw),
@@ -712,6 +716,7 @@ class Handler(BaseHTTPRequestHandler):
             record = log_record(
                 path=self.path, method="POST", body_bytes=len(raw), request=request,
                 kind=kind, digest=digest, index=index, status=status, reply=summary,
+                user_agent=self.headers.get("User-Agent"),
             )  # fmt: skip
             self.state.log(record)
 
@@ -731,6 +736,7 @@ class Handler(BaseHTTPRequestHandler):
         # keep-alive connection would be corrupted (the CLI HEADs /api/hello).
         self.state.log(
             log_record(
+                user_agent=self.headers.get("User-Agent"),
                 path=self.path,
                 method="HEAD",
                 body_bytes=0,
