@@ -4839,6 +4839,9 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     if "claude_agent_sdk" in sys.modules:
         return sys.modules["claude_agent_sdk"]
     _import_lazily("jsonschema")
+    # Imported by the SDK for the app name it derives, which spawn.py gives
+    # it (run_sdk): about 15 ms of reading email and zip modules.
+    _import_lazily("importlib.metadata")
     if environ.get(ENV_FULL_SDK_IMPORT) != "1" and not any(name.partition(".")[0] == "mcp" for name in sys.modules):
         finder = _AbsentMcpFinder()
         sys.meta_path.insert(0, finder)
@@ -4864,7 +4867,10 @@ def _import_lazily(name: str) -> None:
     `import` itself touches the module's __spec__, which loads it.)
     """
     if name not in sys.modules:
-        sys.modules[name] = _LazyModule(name)
+        sys.modules[name] = module = _LazyModule(name)
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:  # `import a.b` finds b in sys.modules, then reads it as a's attribute
+            setattr(sys.modules[parent], child, module)
 
 
 class _LazyModule(types.ModuleType):
