@@ -56,7 +56,7 @@ was met; ``--check`` makes a missed target exit 1.
 
 Run (the interpreter must have spawn.py's dependencies, as nox's bench has)::
 
-    uv run tools/bench.py [--repeat 3] [--wait-samples 10] [--json out.json]
+    uv run tools/bench.py [--repeat 5] [--wait-samples 10] [--json out.json]
     uvx nox -s bench -- --json bench.json
 """
 
@@ -1348,7 +1348,7 @@ def add_waitperf_args(p: argparse.ArgumentParser) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--repeat", type=int, default=3, metavar="N", help="interleaved rounds of the timed runs (default 3)")
+    p.add_argument("--repeat", type=int, default=5, metavar="N", help="interleaved rounds of the timed runs (default 5)")
     p.add_argument("--wait-samples", type=int, default=10, metavar="N", help="spawn.py wait latency samples (default 10)")
     p.add_argument(
         "--mcp-samples", type=int, default=3, metavar="N", help="tools/mcp_server.py samples, if mcp is installed (default 3; 0 skips)"
