@@ -101,7 +101,9 @@ class Tracker:
     def add(self, proc: psutil.Process) -> None:
         try:
             with proc.oneshot():
-                self.seen.setdefault((proc.pid, proc.create_time()), " ".join(proc.cmdline())[:120])
+                cmd = proc.cmdline()
+                # The head says what it is, the tail (a guard's agent dir) whose it is.
+                self.seen.setdefault((proc.pid, proc.create_time()), " ".join(cmd)[:120] + (f" ... {cmd[-1]}" if len(cmd) > 1 else ""))
         except psutil.Error:
             pass
 
@@ -120,10 +122,39 @@ class Tracker:
             try:
                 proc = psutil.Process(pid)
                 if abs(proc.create_time() - created) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE:
-                    out.append(f"{pid} {cmd}")
+                    out.append(f"{pid} {cmd}{pipe_holders(pid)}")
             except psutil.Error:
                 pass
         return out
+
+
+def pipe_holders(pid: int) -> str:
+    """For a process waiting on a pipe at its stdin (a guard): who else holds that pipe.
+
+    A guard waits for EOF, so a survivor's pipe is still open somewhere;
+    naming the holders says which process kept it (Linux /proc only).
+    """
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/0")
+    except OSError:
+        return ""
+    if not target.startswith("pipe:"):
+        return ""
+    holders = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == pid:
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd.path) == target:
+                        with contextlib.suppress(psutil.Error):
+                            holders.append(f"{entry.name} (fd {fd.name}) {' '.join(psutil.Process(int(entry.name)).cmdline())[:160]}")
+                        break
+    state = ""
+    with contextlib.suppress(OSError, psutil.Error):
+        state = f"{psutil.Process(pid).status()}, in {Path(f'/proc/{pid}/wchan').read_text() or '?'}; "
+    return f" [{state}its stdin {target} is also open in: {'; '.join(holders) or 'no other process'}]"
 
 
 def load(path: Path) -> dict[str, Any]:
