@@ -122,7 +122,10 @@ class Tracker:
             try:
                 proc = psutil.Process(pid)
                 if abs(proc.create_time() - created) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE:
-                    out.append(f"{pid} {cmd}{pipe_holders(pid)}")
+                    # An exec keeps the pid: a guard's sh becomes `spawn.py _guard`.
+                    now = " ".join(proc.cmdline())
+                    became = f" (now: {now[:160]})" if not cmd.startswith(now[:120]) else ""
+                    out.append(f"{pid} {cmd}{became}{pipe_holders(pid)}")
             except psutil.Error:
                 pass
         return out
