@@ -19,7 +19,9 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    level's Bash running the command the briefing gives agents
    (``"$SPAWN_PYTHON" "$SPAWN_PY" --task ... --tools ...``), versus the same
    chain of bare ``claude -p`` processes with the same scripts, levels and
-   model turns. Target: spawn/bare <= 1.5x.
+   model turns. Target: spawn/bare <= 1.2x (P1, below). When ``uv`` on
+   PATH is a version manager's shim, the uv chain runs the binary behind it
+   (find_uv), and both per-call costs are printed.
    A start-up profile says where spawn.py's time goes: Python start-up,
    ``import claude_agent_sdk``, ``spawn.py --dry-run`` (start-up without the
    SDK), ``claude --version`` (CLI start), and one single-agent spawn.py run
@@ -49,7 +51,7 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    with ``--memory-agents`` concurrent agents, with and without the fork
    server, against the bare tree). P3, P5 and P7 are printed by waitperf_report.
 
-Measurements 1 and 2 run interleaved, ``--repeat`` rounds (each round reverses
+Measurements 1 and 2 run interleaved, ``--repeat`` rounds (default 5; each round reverses
 the order of the previous one so drift hits both sides alike); medians are
 reported. Nothing fails by default: each target is printed with whether it
 was met; ``--check`` makes a missed target exit 1.
