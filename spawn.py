@@ -2143,10 +2143,10 @@ class Supervised:
                 with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                     proc.send_signal(sig)
             if sig == signal.SIGTERM:
-                _, procs = psutil.wait_procs(procs, timeout=grace)
+                procs = wait_gone(procs, grace)
                 if not procs and not any(group_alive(g) for g in groups):
                     return
-        psutil.wait_procs(procs, timeout=1.0)
+        wait_gone(procs, 1.0)
 
 
 def own_pid_namespace() -> str | None:
@@ -2305,6 +2305,41 @@ def cgroup_populated(path: Path) -> bool:
     try:
         return "populated 1" in (path / "cgroup.events").read_text()
     except OSError:
+        return False
+
+
+def wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Wait up to timeout for procs to end; those still running. A zombie has ended.
+
+    psutil.wait_procs waits for a process that isn't our child until its pid
+    is free, and a zombie keeps its pid until its parent reaps it. An orphan's
+    parent is init (or the subreaper above us), which may reap late or, in
+    some containers, hardly at all: every stop path then waited out its full
+    grace for processes long dead, and a guard settling a SIGKILLed root
+    outlived the tree by seconds. Our own children we reap here.
+    """
+    left = list(procs)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [proc for proc in left if _still_running(proc)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
+
+
+def _still_running(proc: psutil.Process) -> bool:
+    try:
+        if not proc.is_running():
+            return False
+        if proc.status() != psutil.STATUS_ZOMBIE:
+            return True
+        if proc.ppid() == os.getpid():
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(proc.pid, os.WNOHANG)
+        return False
+    except psutil.AccessDenied:
+        return True  # not ours to judge: wait for it as before
+    except psutil.Error:
         return False
 
 
@@ -2617,7 +2652,7 @@ def ask_tree_agents_to_end(meta: AgentMeta) -> None:
                 targets.append(Supervised(entry[0], entry[1], _entry_namespace(path)))
     asked = [proc for target in targets if (proc := target.signal(signal.SIGTERM)) is not None]
     # As settle_agents: a spawn.py ends its own subtree (up to KILL_GRACE_S) first.
-    psutil.wait_procs(asked, timeout=KILL_GRACE_S * 2)
+    wait_gone(asked, KILL_GRACE_S * 2)
 
 
 def end_everything_below(rounds: int = 10) -> None:
@@ -7156,7 +7191,7 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
             asked.append(proc)
     # spawn.py answers SIGTERM by ending its own subtree (up to KILL_GRACE_S)
     # and settling it; give it that twice over before taking its place.
-    psutil.wait_procs(asked, timeout=KILL_GRACE_S * 2)
+    wait_gone(asked, KILL_GRACE_S * 2)
     still_running = {meta.id for _, meta, _, _ in pending if Supervised.of(meta).alive()}
 
     def commit(which: Callable[[AgentMeta], bool]) -> None:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 import spawn
@@ -195,3 +200,46 @@ def test_supervised_needs_pid_and_create_time() -> None:
     assert spawn.Supervised(os.getpid(), me.create_time()).alive()
     assert not spawn.Supervised(os.getpid(), me.create_time() - 10).alive()
     assert not spawn.Supervised(2**22 + 12345, 0.0).alive()
+
+
+# ------------------------------------------------------------- wait_gone --
+# The stop paths' wait. A process that ended but that nobody has reaped yet
+# (a zombie) is ended: an orphan's reaper (init, or a subreaper) may take
+# seconds, and the stop paths used to wait out their whole grace for it.
+
+
+def _until(check: Any, limit: float = 20.0) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
+
+
+def test_wait_gone_counts_a_zombie_as_ended_though_nobody_reaps_it() -> None:
+    # The child exits at once; its parent never waits for it, so it stays a zombie.
+    script = "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nprint(pid, flush=True)\ntime.sleep(120)"
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = psutil.Process(int(parent.stdout.readline()))
+        _until(lambda: child.status() == psutil.STATUS_ZOMBIE)
+        assert spawn.wait_gone([child], 60.0) == []
+        # Still there, unreaped: psutil.wait_procs would have waited the 60 s out.
+        assert psutil.pid_exists(child.pid) and child.status() == psutil.STATUS_ZOMBIE
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_wait_gone_reaps_a_child_of_its_own_and_returns_what_still_runs() -> None:
+    done = subprocess.Popen(["true"])
+    running = subprocess.Popen(["sleep", "120"])
+    try:
+        ended = psutil.Process(done.pid)
+        _until(lambda: ended.status() == psutil.STATUS_ZOMBIE)
+        left = spawn.wait_gone([ended, psutil.Process(running.pid)], 0.2)
+        assert [p.pid for p in left] == [running.pid]
+        assert not psutil.pid_exists(done.pid)  # ours, so reaped
+    finally:
+        running.kill()
+        running.wait()
