@@ -4877,6 +4877,11 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     # Imported by the SDK for the app name it derives, which spawn.py gives
     # it (run_sdk): about 15 ms of reading email and zip modules.
     _import_lazily("importlib.metadata")
+    # Imported by connect(), when installed, only to pass on an in-process
+    # span: spawn.py has none, and gives the CLI its TRACEPARENT itself
+    # (child_environment). Absent, it is the ImportError the SDK expects
+    # without the package: about 8 ms of every agent's start, before its CLI.
+    sys.modules.setdefault("opentelemetry.propagate", None)  # type: ignore[arg-type]
     if environ.get(ENV_FULL_SDK_IMPORT) != "1" and not any(name.partition(".")[0] == "mcp" for name in sys.modules):
         finder = _AbsentMcpFinder()
         sys.meta_path.insert(0, finder)
@@ -5440,11 +5445,6 @@ async def run_sdk(
         # either way, so connect() doesn't start a thread to work a name out.
         client_app=None if os.environ.get("CLAUDE_AGENT_SDK_CLIENT_APP") else f"spawn.py/{__version__}",
     )
-    # connect() imports OpenTelemetry, when installed, only to pass on an
-    # in-process span: spawn.py has none, and gives the CLI its TRACEPARENT
-    # itself (child_environment). The import is about 8 ms of every agent's
-    # start, paid before the CLI is started.
-    sys.modules.setdefault("opentelemetry.propagate", None)  # type: ignore[arg-type]
     transcript = agent_dir / TRANSCRIPT
     # initialPrompt comes first, in the same user turn, so the task's own text
     # (and any scripted MOCK[...]) stays part of the first message.
@@ -6779,8 +6779,8 @@ FORKSERVER_POLL_S = 1.0  # how often the server checks that its root is still al
 # What a forked agent would otherwise import for itself, each a private copy
 # (~4 MiB of each agent's private memory): anyio's asyncio backend and the
 # streams the SDK opens at connect, and ctypes (prctl, the subreaper).
-# (Not opentelemetry, which the SDK would import at connect: run_sdk keeps
-# it out.)
+# (Not opentelemetry, which the SDK would import at connect: import_sdk
+# keeps it out.)
 FORKSERVER_PRELOAD = (
     "anyio._backends._asyncio",
     "anyio._core._subprocesses",
