@@ -2192,14 +2192,27 @@ def prctl(option: int, arg: int) -> bool:
 # Elsewhere spawn.py is the subreaper of what it starts.
 
 
-def cgroup_v2_mount(mountinfo: str) -> Path | None:
-    """Where the unified (v2) hierarchy is mounted, from /proc/self/mountinfo text."""
+def cgroup_mounts(mountinfo: str) -> tuple[list[Path], list[Path]]:
+    """Where the unified (v2) hierarchy, and cgroup v1's cpu controller, are
+    mounted, from /proc/self/mountinfo text: each in the order listed."""
+    unified: list[Path] = []
+    cpu: list[Path] = []
     for line in mountinfo.splitlines():
         left, _, right = line.partition(" - ")
-        fields = left.split()
-        if right.split()[:1] == ["cgroup2"] and len(fields) > 4:
-            return Path(fields[4])
-    return None
+        fields, source = left.split(), right.split()  # source: type, source, super options
+        if len(fields) <= 4 or not source:
+            continue
+        if source[0] == "cgroup2":
+            unified.append(Path(fields[4]))
+        elif source[0] == "cgroup" and len(source) > 2 and "cpu" in source[2].split(","):
+            cpu.append(Path(fields[4]))
+    return unified, cpu
+
+
+def cgroup_v2_mount(mountinfo: str) -> Path | None:
+    """Where the unified (v2) hierarchy is mounted, from /proc/self/mountinfo text."""
+    unified, _ = cgroup_mounts(mountinfo)
+    return unified[0] if unified else None
 
 
 def own_cgroup() -> Path | None:
@@ -5005,42 +5018,39 @@ def usable_cpus() -> int:
     count = os.cpu_count() or 1
     with contextlib.suppress(AttributeError, OSError):
         count = len(os.sched_getaffinity(0))
-    limit = cgroup_cpu_limit(read_small_file("/proc/self/cgroup") or "", read_small_file)
+    limit = cgroup_cpu_limit(read_small_file("/proc/self/cgroup") or "", read_small_file("/proc/self/mountinfo") or "", read_small_file)
     return max(1, min(count, int(-(-limit // 1)))) if limit is not None else count  # -(-x // 1): ceil, without math
 
 
 def read_small_file(path: str) -> str | None:
-    """A small kernel file's text, or None if it can't be read."""
+    """A kernel file's text (/proc, /sys), or None if it can't be read."""
     try:
         with open(path, encoding="ascii") as fh:
-            return fh.read(4096)
+            return fh.read()
     except (OSError, UnicodeDecodeError):
         return None
 
 
-# Where cgroup file systems are mounted, by kind: v2's unified tree, and v1's cpu controller.
-CGROUP_V2_MOUNTS = ("/sys/fs/cgroup", "/sys/fs/cgroup/unified")
-CGROUP_V1_CPU_MOUNTS = ("/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct")
-
-
-def cgroup_cpu_limit(proc_cgroup: str, read: Callable[[str], str | None]) -> float | None:
+def cgroup_cpu_limit(proc_cgroup: str, mountinfo: str, read: Callable[[str], str | None]) -> float | None:
     """CPUs' worth of time this process's cgroups allow (the tightest quota on
     its way up to the root), or None when no quota applies or none can be read.
 
-    proc_cgroup is /proc/self/cgroup's text; read(path) a file's text or None.
-    A container limited to 2 CPUs on a 64-CPU host sees all 64 in its
-    affinity: only the quota says how many it may use at once.
+    proc_cgroup and mountinfo are /proc/self/cgroup's and /proc/self/mountinfo's
+    text; read(path) a file's text or None. A container limited to 2 CPUs on a
+    64-CPU host sees all 64 in its affinity: only the quota says how many it
+    may use at once.
     """
+    unified, cpu = cgroup_mounts(mountinfo)
     limits: list[float] = []
-    mounts: tuple[str, ...]
+    mounts: list[Path]
     files: tuple[str, ...]
     for line in proc_cgroup.splitlines():
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if hierarchy == "0" and not controllers:
-            mounts, files = CGROUP_V2_MOUNTS, ("cpu.max",)
+            mounts, files = unified, ("cpu.max",)
         elif "cpu" in controllers.split(","):
-            mounts, files = CGROUP_V1_CPU_MOUNTS, ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+            mounts, files = cpu, ("cpu.cfs_quota_us", "cpu.cfs_period_us")
         else:
             continue
         parts = [p for p in path.split("/") if p and p not in (".", "..")]
@@ -5049,7 +5059,7 @@ def cgroup_cpu_limit(proc_cgroup: str, read: Callable[[str], str | None]) -> flo
             # container the mount is often the container's cgroup itself, and
             # the path above it isn't there: its root then holds the limit.
             for depth in range(len(parts), -1, -1):
-                folder = "/".join([mount, *parts[:depth]])
+                folder = "/".join([str(mount), *parts[:depth]])
                 texts = [read(f"{folder}/{name}") for name in files]
                 if any(t is None for t in texts):
                     continue

@@ -115,32 +115,60 @@ CGROUPS_V2 = {
     "/sys/fs/cgroup/user/cpu.max": "300000 100000\n",
     "/sys/fs/cgroup/user/job/cpu.max": "max 100000\n",
 }
+# Where /proc/self/mountinfo says the hierarchies are mounted.
+V2 = "30 25 0:26 / /sys/fs/cgroup rw,nosuid,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+V1 = (
+    "35 25 0:31 / /sys/fs/cgroup/memory rw,nosuid,relatime shared:9 - cgroup cgroup rw,memory\n"
+    "36 25 0:32 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid,relatime shared:10 - cgroup cgroup rw,cpu,cpuacct\n"
+)
 
 
 @pytest.mark.parametrize(
-    ("proc_cgroup", "files", "limit"),
+    ("proc_cgroup", "mountinfo", "files", "limit"),
     [
-        ("0::/user/job\n", CGROUPS_V2, 3.0),  # the tightest quota on the way up
-        ("0::/user/job\n", {**CGROUPS_V2, "/sys/fs/cgroup/user/job/cpu.max": "50000 100000\n"}, 0.5),
-        ("0::/\n", CGROUPS_V2, None),  # no quota: affinity alone decides
+        ("0::/user/job\n", V2, CGROUPS_V2, 3.0),  # the tightest quota on the way up
+        ("0::/user/job\n", V2, {**CGROUPS_V2, "/sys/fs/cgroup/user/job/cpu.max": "50000 100000\n"}, 0.5),
+        ("0::/\n", V2, CGROUPS_V2, None),  # no quota: affinity alone decides
         # In a container the mount is its own cgroup: the path above it isn't there.
-        ("0::/docker/abc\n", {"/sys/fs/cgroup/cpu.max": "200000 100000\n"}, 2.0),
+        ("0::/docker/abc\n", V2, {"/sys/fs/cgroup/cpu.max": "200000 100000\n"}, 2.0),
+        # Wherever mountinfo says v2 is: a hybrid host's unified tree, or elsewhere.
+        (
+            "0::/job\n",
+            V1 + V2.replace("/sys/fs/cgroup ", "/sys/fs/cgroup/unified "),
+            {"/sys/fs/cgroup/unified/job/cpu.max": "100000 100000\n"},
+            1.0,
+        ),
+        (
+            "0::/job\n",
+            V2.replace("/sys/fs/cgroup ", "/run/cg "),
+            {"/run/cg/job/cpu.max": "250000 100000\n", "/sys/fs/cgroup/job/cpu.max": "1 100000\n"},
+            2.5,
+        ),
+        ("0::/job\n", "", {"/sys/fs/cgroup/job/cpu.max": "100000 100000\n"}, None),  # no v2 mounted
         # cgroup v1's cpu controller, next to other controllers' lines.
         (
             "5:memory:/x\n4:cpu,cpuacct:/docker/abc\n",
+            V1,
             {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "150000\n", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
             1.5,
         ),
-        ("4:cpu,cpuacct:/\n", {"/sys/fs/cgroup/cpu/cpu.cfs_quota_us": "-1\n", "/sys/fs/cgroup/cpu/cpu.cfs_period_us": "100000\n"}, None),
+        (
+            "4:cpu,cpuacct:/\n",
+            V1,
+            {"/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
+            None,
+        ),
         # Damaged or unexpected files say nothing, rather than a wrong count.
-        ("0::/\n", {"/sys/fs/cgroup/cpu.max": "garbage\n"}, None),
-        ("0::/\n", {"/sys/fs/cgroup/cpu.max": "0 100000\n"}, None),
-        ("0::/\n", {"/sys/fs/cgroup/cpu.max": "100000 100000 7\n"}, None),
-        ("", CGROUPS_V2, None),
+        ("0::/\n", V2, {"/sys/fs/cgroup/cpu.max": "garbage\n"}, None),
+        ("0::/\n", V2, {"/sys/fs/cgroup/cpu.max": "0 100000\n"}, None),
+        ("0::/\n", V2, {"/sys/fs/cgroup/cpu.max": "100000 100000 7\n"}, None),
+        ("", V2, CGROUPS_V2, None),
     ],
 )
-def test_the_cgroup_cpu_quota_caps_the_cpus_a_tree_may_use(proc_cgroup: str, files: dict[str, str], limit: float | None) -> None:
-    assert spawn.cgroup_cpu_limit(proc_cgroup, files.get) == limit
+def test_the_cgroup_cpu_quota_caps_the_cpus_a_tree_may_use(
+    proc_cgroup: str, mountinfo: str, files: dict[str, str], limit: float | None
+) -> None:
+    assert spawn.cgroup_cpu_limit(proc_cgroup, mountinfo, files.get) == limit
 
 
 def test_the_default_slot_count_is_within_this_process_affinity() -> None:
