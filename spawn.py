@@ -2333,11 +2333,13 @@ def wait_gone(procs: Iterable[psutil.Process], timeout: float) -> list[psutil.Pr
     """
     left = list(procs)
     deadline = time.monotonic() + timeout
+    pause = 0.001  # most end within milliseconds of their signal: look again soon, then less often
     while True:
         left = [proc for proc in left if _still_running(proc)]
         if not left or time.monotonic() >= deadline:
             return left
-        time.sleep(0.01)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.01)
 
 
 def _still_running(proc: psutil.Process) -> bool:
