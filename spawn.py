@@ -2306,14 +2306,6 @@ def end_tree_cgroup(meta: AgentMeta) -> bool:
     return True
 
 
-def leave_tree_cgroup(meta: AgentMeta) -> None:
-    """Move this process back to the cgroup it came from, once its tree is settled."""
-    path = owned_cgroup(meta)
-    if path is not None:
-        with contextlib.suppress(OSError):
-            (path.parent / "cgroup.procs").write_text(f"{os.getpid()}\n")
-
-
 def cgroup_populated(path: Path) -> bool:
     try:
         return "populated 1" in (path / "cgroup.events").read_text()
@@ -5798,12 +5790,15 @@ def run_agent(
     if not commit_outcome(agent_dir, outcome, secrets_):
         committed = read_outcome(agent_dir) or {}
         outcome = record_from_json(Outcome, committed)
-    leave_tree_cgroup(meta)  # the guard's cgroup.kill must not cut our summary short
     if owned_cgroup(meta) is None:
         # Outcome committed, subtree ended: nothing is left for the guard (see GUARD_SETTLED).
         with contextlib.suppress(OSError):
             os.write(guard_pipe, GUARD_SETTLED)
-    os.close(guard_pipe)  # the guard wakes, finds the outcome, ends the tree's cgroup if any, and exits
+        os.close(guard_pipe)
+    # With a tree cgroup, which holds us too, the pipe stays open until we
+    # exit: only then does the guard wake and end that cgroup, so our summary
+    # is never cut short, and an exiting process's status is already set.
+    # (Moving out of the cgroup instead costs a cgroup migration, 10-30 ms.)
     if meta.output_file and outcome.status == Status.DONE:
         write_output_file(Path(meta.output_file), outcome.output)
     return outcome
