@@ -5667,7 +5667,7 @@ def run_agent(
     guard_pid, guard_pipe = guard or start_guard(agent_dir)
     enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
     if forkserver_wanted(meta, os.environ):
-        start_forkserver(meta, agent_dir)  # after entering the cgroup: it ends with the tree
+        start_forkserver(meta, sdk_loader)  # after entering the cgroup: it ends with the tree
     error: str | None = None
     home_cwd = Path(meta.cwd)
     if meta.isolation == "worktree":
@@ -6782,6 +6782,7 @@ def install_fast_start(environ: Mapping[str, str]) -> None:
 # with no server, every spawn takes the normal path and every guarantee is
 # the same.
 FORKSERVER_LOG = "forkserver.jsonl"  # in the session directory: one line per fork
+FORKSERVER_NAME = "spawn-forksrv"  # its name in ps and top (/proc/PID/comm, at most 15 bytes)
 FORKSERVER_POLL_S = 1.0  # how often the server checks that its root is still alive
 # What a forked agent would otherwise import for itself, each a private copy
 # (~4 MiB of each agent's private memory): anyio's asyncio backend and the
@@ -6836,21 +6837,86 @@ def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
     )
 
 
-def start_forkserver(meta: AgentMeta, agent_dir: Path) -> None:
-    """Start the session's fork server beside the root (in its cgroup, below its subreaper).
+def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None) -> None:
+    """Fork the session's fork server from the root (in its cgroup, below its subreaper).
 
-    The root's end takes it down with the rest of its subtree; it also exits
-    by itself once the root's process is gone. A server that fails to start
-    costs nothing but speed.
+    Forked, not started afresh: the root has imported nearly everything the
+    server needs, so the server costs a fork instead of an interpreter that
+    imports it all again (about 0.25 s of CPU, taken from the root's CLI
+    while it starts). The SDK's import thread is joined first: a fork keeps
+    only the calling thread, and an import lock held by another would stay
+    held in the child. The root's end takes the server down with the rest
+    of its subtree; it also exits by itself once the root's process is
+    gone. A server that fails to start costs nothing but speed.
     """
-    with contextlib.suppress(OSError), open(Path(meta.session) / "forkserver.log", "ab") as log:
-        subprocess.Popen(
-            [sys.executable, str(compiled_script()), "_forkserver", str(agent_dir)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,  # not in the terminal's group: a Ctrl-C reaches the root, which ends it
-        )
+    if sdk_loader is not None:
+        try:
+            sdk_loader.result()
+        except BaseException:
+            return  # run_sdk raises it where it is reported
+    if threading.active_count() > 1:
+        return  # another thread would be cut off mid-step in the child
+    try:
+        log = os.open(Path(meta.session) / "forkserver.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    with contextlib.suppress(OSError, ValueError):  # else the child would write the root's buffered output
+        sys.stdout.flush()
+        sys.stderr.flush()
+    try:
+        pid = os.fork()
+    except OSError:
+        pid = -1
+    if pid != 0:
+        os.close(log)
+        return
+    # From here this process is the server, and never returns to the root's code.
+    try:
+        become_forkserver(log)
+        serve_forks(meta)
+    except SystemExit:
+        pass
+    except BaseException:  # into its log: the server is only ever an accelerator
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
+
+
+def become_forkserver(log: int) -> None:
+    """In the root's fresh fork: let go of everything that is the root's.
+
+    Its own session (a Ctrl-C reaches the root, which ends it), no stdio of
+    the root's (a parent reading the root's stdout must see EOF when the
+    root exits), no other descriptor (the guard's pipe must close when the
+    root dies), default signal handling, and a name of its own in ps.
+    """
+    os.setsid()
+    # As a fresh interpreter has them (the root's hold stop signals for its outcome).
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    # Gone with the root at once, even a SIGKILLed one (else within FORKSERVER_POLL_S).
+    set_parent_death_signal(signal.SIGTERM)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 4096))
+    for fd in fds:
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as fh:
+        fh.write(FORKSERVER_NAME)
+    print(f"spawn.py fork server {os.getpid()}", flush=True)
 
 
 def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) -> str | None:
@@ -6914,7 +6980,8 @@ def serve_forks(meta: AgentMeta) -> None:
     server.listen(64)
     server.settimeout(FORKSERVER_POLL_S)
 
-    # Everything a spawn imports, once: the children share these pages.
+    # Everything a spawn imports, once: the children share these pages. (The
+    # root, forked, has most of it: the SDK's and asyncio's imports are free.)
     import asyncio  # noqa: F401
 
     import jsonschema  # noqa: F401
@@ -7090,11 +7157,6 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
         return None
     served[0].close()  # the runner is detached: nothing more comes on this socket
     return served[1]
-
-
-def cmd_forkserver(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    serve_forks(load_meta(Path(args.agent_dir)))
-    return ExitCode.OK
 
 
 # -------------------------------------------------------------------- verbs --
@@ -7314,6 +7376,11 @@ def end_tree(meta: AgentMeta, by: str, secrets_: Sequence[str]) -> None:
     """
     if not end_tree_cgroup(meta):
         return
+    # The fork server was in that cgroup too: a socket it had no time to remove goes now.
+    with contextlib.suppress(OSError):
+        sock = Path(meta.session) / FORKSERVER_SOCKET
+        if stat.S_ISSOCK(sock.lstat().st_mode):
+            sock.unlink()
     late = []
     for d in descendants_of(Path(meta.session), meta.id):
         with contextlib.suppress(FileNotFoundError, SpawnError):
@@ -9246,7 +9313,7 @@ def build_verb_parser(verb: str) -> Parser:
             p.add_argument("--dry-run", action="store_true", help="preview the plan's steps and files; write nothing")
         if verb == "explore":
             p.add_argument("--depth", choices=["shallow", "deep"], default="deep")
-    elif verb in ("_run", "_guard", "_forkserver"):
+    elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
         if verb == "_guard":  # the runner's exit status, for the guard above a root (GUARD_ABOVE_BOOTSTRAP)
             p.add_argument("--above", type=int, help=argparse.SUPPRESS)
@@ -9254,7 +9321,7 @@ def build_verb_parser(verb: str) -> Parser:
 
 
 WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
-VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard", "_forkserver")
+VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard")
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -9578,7 +9645,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "state": cmd_state,
                 "_run": cmd_background_runner,
                 "_guard": cmd_guard,
-                "_forkserver": cmd_forkserver,
             }[verb]
             return handler(args, environ)
         return cmd_run(argv, environ)

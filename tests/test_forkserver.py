@@ -8,6 +8,7 @@ not what these tests are about).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -42,12 +43,15 @@ def forks(session_root: Path) -> list[dict[str, Any]]:
 
 
 def servers(session_root: Path) -> list[psutil.Process]:
-    """Fork server processes of sessions under session_root."""
+    """Fork server processes of sessions under session_root (each logs its pid as it starts)."""
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        if "_forkserver" in cmdline and any(str(session_root) in arg for arg in cmdline):
-            found.append(proc)
+    for log in session_root.glob("*/forkserver.log"):
+        for line in log.read_text().splitlines():
+            if line.startswith("spawn.py fork server "):
+                with contextlib.suppress(psutil.Error):
+                    proc = psutil.Process(int(line.split()[-1]))
+                    if proc.name() == spawn.FORKSERVER_NAME:
+                        found.append(proc)
     return found
 
 
@@ -207,11 +211,11 @@ def request_as(uid: int, sock: Path) -> bytes:
             client.settimeout(30)
             client.connect(f"/proc/self/fd/{fd}/{sock.name}")
             body = json.dumps({"argv": ["--task", "x"], "env": {}, "cwd": "/", "prefix": sys.prefix, "script": ["", 0, 0]}).encode()
-            socket.send_fds(client, [len(body).to_bytes(4, "big") + body], [0, 1, 2])
             try:
+                socket.send_fds(client, [len(body).to_bytes(4, "big") + body], [0, 1, 2])
                 answer = client.recv(1000)
-            except ConnectionResetError:
-                answer = b""  # closed with our request unread: refused as well
+            except (BrokenPipeError, ConnectionResetError):
+                answer = b""  # closed before or after our request, unread: refused as well
             os.write(write_end, b"answer:" + answer)
             code = 0
         except BaseException as exc:
@@ -300,3 +304,37 @@ def test_a_background_agent_runs_forked_and_kill_reaches_it(env: dict[str, str],
             proc.communicate()
     assert proc.returncode == spawn.ExitCode.OK, err
     assert json.loads(out.splitlines()[-1])["output"] == "root-done"
+
+
+def test_the_server_is_the_roots_fork_and_holds_nothing_of_the_roots(env: dict[str, str], session_root: Path) -> None:
+    """Forked from the root: in its cgroup, with none of its descriptors, and gone the moment a SIGKILLed root is."""
+    root = mock_task("root", [{"bash": WAIT_FOR_SOCKET}, {"text": "never", "sleep": 300}])
+    proc = start_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "2"], env)
+    try:
+        limit = time.monotonic() + 90
+        while not servers(session_root):
+            assert time.monotonic() < limit and proc.poll() is None, "no fork server"
+            time.sleep(0.05)
+        (server,) = servers(session_root)
+        (root_dir,) = agent_dirs(session_root)
+        runner = psutil.Process(load(root_dir / "meta.json")["pid"])
+        assert server.ppid() == runner.pid and server.name() == spawn.FORKSERVER_NAME
+        assert server.cwd() == runner.cwd()
+        # Its own session; stdin /dev/null, stdout and stderr its log; else only its socket.
+        assert os.getsid(server.pid) == server.pid
+        fds = {int(fd): os.readlink(f"/proc/{server.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{server.pid}/fd")}
+        log = str(session_root.glob("*/forkserver.log").__next__())
+        assert fds.pop(0) == os.devnull and fds.pop(1) == log and fds.pop(2) == log
+        assert all(target.startswith("socket:") for target in fds.values()), fds
+        assert Path(f"/proc/{server.pid}/cgroup").read_text() == Path(f"/proc/{runner.pid}/cgroup").read_text()
+        runner.kill()
+        # The parent-death signal: gone well before its once-a-second look at the root.
+        assert not wait_until_gone([server.pid], timeout=spawn.FORKSERVER_POLL_S / 2)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # The guard settled the root; the socket went with the server.
+    assert load(root_dir / "outcome.json")["status"] in ("killed", "failed")
+    assert not list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))
