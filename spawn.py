@@ -258,7 +258,6 @@ import importlib.machinery
 import json
 import marshal  # builtin, loaded with the interpreter: status's forked workers answer in it
 import re
-import secrets
 import shlex
 import signal
 import stat
@@ -1055,9 +1054,14 @@ def slugify(text: str, max_len: int = 40) -> str:
     return slug or "agent"
 
 
+def token_hex(nbytes: int) -> str:
+    """secrets.token_hex without importing secrets (hmac, hashlib, random: ~5 ms of every start)."""
+    return os.urandom(nbytes).hex()
+
+
 def new_agent_id(depth: int) -> str:
     # Depth in the id makes `status` and logs readable at a glance.
-    return f"a{depth}-{secrets.token_hex(3)}"
+    return f"a{depth}-{token_hex(3)}"
 
 
 AGENT_ID = re.compile(r"a(\d{1,4})-[0-9a-f]{6}")
@@ -1078,12 +1082,12 @@ def parse_traceparent(value: str) -> tuple[str, str] | None:
 
 
 def new_trace(parent: str | None) -> Trace:
-    span = secrets.token_hex(8)
+    span = token_hex(8)
     if parent:
         parsed = parse_traceparent(parent)
         if parsed:
             return Trace(parsed[0], span, parsed[1], parent.strip()[-2:])
-    return Trace(secrets.token_hex(16), span)
+    return Trace(token_hex(16), span)
 
 
 def canonical_tool(name: str) -> str:
@@ -1462,7 +1466,7 @@ def publish_once(path: Path, data: bytes) -> bool:
     name: link() fails if the name exists, so of several writers exactly one
     wins, and readers never see a partial file. The directory is fsynced after.
     """
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{token_hex(3)}.tmp")
     write_new_file(tmp, data)
     try:
         os.link(tmp, path)
@@ -1483,7 +1487,7 @@ def write_file_atomic(path: Path, data: bytes) -> None:
     """Replace path with data, durably: a fresh temp file (O_EXCL, so a link
     planted at its name is never written through), then a rename. A failed
     write leaves neither half a file nor the temp behind."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{token_hex(3)}.tmp")
     try:
         write_new_file(tmp, data)
         os.replace(tmp, path)
@@ -1600,7 +1604,7 @@ def post_ask(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: st
     """Publish an ask for the tree to answer; returns its id."""
     folder = asks_dir(Path(meta.session))
     folder.mkdir(exist_ok=True)
-    ask_id = f"q-{secrets.token_hex(3)}"
+    ask_id = f"q-{token_hex(3)}"
     record = AskRecord(ask_id, meta.id, tool, summarize_input(tool_input), rule, utc_now_iso(), time.time() + timeout)
     publish_once(folder / f"{ask_id}.json", redacted_json(record_to_json(record), secrets_, indent=2).encode())
     return ask_id
@@ -1837,7 +1841,7 @@ def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> st
         return None if verdict == "allow" else f"confirm: the person at the terminal did not approve ({summary})"
     folder = asks_dir(session)
     folder.mkdir(exist_ok=True)
-    ask_id = f"q-{secrets.token_hex(3)}"
+    ask_id = f"q-{token_hex(3)}"
     # The spawner asks: its parent's id (the root has none, but the root never passes through here).
     record = AskRecord(ask_id, meta.parent_id or "", "Spawn", summary, rule, utc_now_iso(), time.time() + timeout)
     publish_once(folder / f"{ask_id}.json", redacted_json(record_to_json(record), secrets_, indent=2).encode())
@@ -7803,7 +7807,7 @@ def cached_row(entry: Any, agent_dir: str, keys: list[int] | None) -> dict[str, 
 
 def save_status_cache(session: Path, entries: Mapping[str, list[Any]]) -> None:
     data = {"protocol": PROTOCOL_VERSION, "script": script_key(), "agents": entries}
-    tmp = session / f".{STATUS_CACHE}.{os.getpid()}.{secrets.token_hex(3)}.tmp"
+    tmp = session / f".{STATUS_CACHE}.{os.getpid()}.{token_hex(3)}.tmp"
     try:
         # Not write_json_atomic: no indent, no fsync; a cache lost in a crash is rebuilt.
         with open(tmp, "x", encoding="utf-8") as fh:
