@@ -6904,6 +6904,7 @@ def become_forkserver(log: int) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    EarlyStop.pending = None  # a stop the root got is the root's, not its forked agents'
     # Gone with the root at once, even a SIGKILLed one (else within FORKSERVER_POLL_S).
     set_parent_death_signal(signal.SIGTERM)
     null = os.open(os.devnull, os.O_RDONLY)
