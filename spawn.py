@@ -6831,9 +6831,13 @@ def ancestry_subject() -> psutil.Process:
 
 
 def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
-    """Only a root that can have children starts one; SPAWN_NO_FORKSERVER=1 turns it off."""
+    """Only a root that can have children starts one; SPAWN_NO_FORKSERVER=1 turns it off.
+
+    Linux only: the server learns its peers from SO_PEERCRED.
+    """
     return (
-        meta.parent_id is None
+        sys.platform.startswith("linux")
+        and meta.parent_id is None
         and ForkedFor.pid is None
         and meta.depth < meta.max_depth
         and "Bash" in meta.tools
