@@ -80,6 +80,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -712,10 +713,16 @@ def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] |
     spawn_s = time.perf_counter() - t0
     spawn_cpu = children_cpu() - cpu0
     time.sleep(0.05)
-    turns = len([r for r in bench.mock.new_requests() if r.get("kind") == "main"])
+    main = [r for r in bench.mock.new_requests() if r.get("kind") == "main"]
     check_agent_result(f"fan-out of {count}", Proc(proc.returncode, out, err, 0, 0, spawn_s), "root-result")
-    if turns != count + 2:
-        raise BenchError(f"fan-out of {count}: {turns} model turns, expected {count + 2}")
+    if len(main) != count + 2:
+        # Which step was asked twice (a CLI's retry, or a leaf run twice), or never: the run explains itself.
+        asked = Counter((r.get("task_digest"), r.get("step_index")) for r in main)
+        again = [f"{digest} step {index} x{n}" for (digest, index), n in asked.items() if n > 1]
+        raise BenchError(
+            f"fan-out of {count}: {len(main)} model turns, expected {count + 2}; "
+            f"asked more than once: {', '.join(again) or 'none'}; statuses: {sorted({str(r.get('status')) for r in main})}"
+        )
     bare_s, bare_mem, bare_cpu = math.nan, TreeMemory(), math.nan
     commands = [f"{shlex.join(spawn_argv[:2])} --task 'MOCK[Bash: {fanout_script(count, steps)}]MOCK' --tools Bash,Read --max-depth 1"]
     if bare:
