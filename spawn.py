@@ -2090,7 +2090,8 @@ class Supervised:
         return cls(meta.pid, meta.create_time, meta.pid_namespace, Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT)
 
     def foreign(self) -> bool:
-        return self.pid_namespace is not None and self.pid_namespace != own_pid_namespace()
+        """Whether pid can't be looked up here: another namespace's, or /proc isn't ours."""
+        return (self.pid_namespace is not None and self.pid_namespace != own_pid_namespace()) or not procfs_is_ours()
 
     def process(self) -> psutil.Process | None:
         """The running process, or None: it ended (a zombie has), or the pid is someone else's."""
@@ -2160,9 +2161,52 @@ def own_pid_namespace() -> str | None:
         return None
 
 
-def own_identity() -> tuple[int, float, int]:
+_procfs_ours: tuple[int, bool] | None = None
+
+
+def procfs_is_ours() -> bool:
+    """Whether /proc shows this process's own pid namespace.
+
+    Inside Claude Code's sandbox it shows an outer one: a pid from in here
+    names another process there, or none, so no pid can be checked by /proc.
+    Cached per pid: a process never changes namespace, but a fork is another pid.
+    """
+    global _procfs_ours
     pid = os.getpid()
-    return pid, psutil.Process(pid).create_time(), os.getpgid(0)
+    if _procfs_ours is None or _procfs_ours[0] != pid:
+        try:
+            ours = os.readlink("/proc/self") == str(pid)
+        except OSError:
+            ours = True  # no procfs (macOS): psutil asks the kernel by pid
+        _procfs_ours = (pid, ours)
+    return _procfs_ours[1]
+
+
+def child_running(pid: int) -> bool:
+    """Whether our child pid has not exited, asked of the kernel, not /proc; it is not reaped."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:  # reaped already, or not our child
+        return False
+
+
+def own_identity() -> tuple[int, float, int]:
+    return os.getpid(), own_create_time(), os.getpgid(0)
+
+
+def own_create_time() -> float:
+    """This process's start time, as psutil's create_time() gives it.
+
+    Read through /proc/self: inside Claude Code's sandbox, /proc belongs to an
+    outer pid namespace, so /proc/<getpid()> is another process, or none.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:  # no procfs (macOS): psutil asks the kernel by pid
+        return psutil.Process().create_time()
+    ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])  # field 22, starttime, counted after "pid (comm)"
+    return ticks / os.sysconf("SC_CLK_TCK") + psutil.boot_time()
 
 
 def become_subreaper() -> bool:
@@ -2640,7 +2684,7 @@ def guard_above_ends_tree(agent_dir: Path | None, runner_exit: int, secrets_: Se
             reap_agent(agent_dir, "guard", secrets_)
     finally:
         with contextlib.suppress(psutil.Error):
-            unregister_runner(os.getpid(), psutil.Process().create_time())
+            unregister_runner(os.getpid(), own_create_time())
     return exit_as(runner_exit)
 
 
@@ -5124,16 +5168,19 @@ async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float, idle
 
     while state.cli_pid is None:
         await asyncio.sleep(0.05)
-    try:
-        create_time = psutil.Process(state.cli_pid).create_time()
-    except psutil.Error:
-        return
-    # Supervised.alive, not is_running() then status(): the CLI can exit
-    # between the two, and the status call would raise out of this task.
-    while Supervised(state.cli_pid, create_time).alive():
-        beat = Heartbeat(
-            state.cli_pid, create_time, state.cli_pgid or state.cli_pid, time.time(), interval, state.last_activity, idle_timeout
-        )
+    cli = state.cli_pid
+    if procfs_is_ours():
+        try:
+            create_time = psutil.Process(cli).create_time()
+        except psutil.Error:
+            return
+        # Supervised.alive, not is_running() then status(): the CLI can exit
+        # between the two, and the status call would raise out of this task.
+        alive = Supervised(cli, create_time).alive
+    else:  # in a sandbox: the CLI is our child, which the kernel answers for
+        create_time, alive = time.time(), functools.partial(child_running, cli)
+    while alive():
+        beat = Heartbeat(cli, create_time, state.cli_pgid or cli, time.time(), interval, state.last_activity, idle_timeout)
         with contextlib.suppress(OSError):
             write_json_atomic(agent_dir / HEARTBEAT, record_to_json(beat))
         await asyncio.sleep(interval)
