@@ -1392,6 +1392,29 @@ def sandbox_wanted(requested: str, depth: int, max_depth: int, tools: Sequence[s
     return requested == "on"
 
 
+def sandbox_writes(may_spawn: bool, agent_dir: Path, session: str, runner_index: Path) -> tuple[list[str], list[str]]:
+    """Where a sandboxed agent's Bash may write beyond its cwd, and what stays read-only (pure).
+
+    An agent that can't spawn gets nothing more, and the session directory and
+    the runner index are read-only to it even inside its cwd (the default
+    session root is sessions/ beside spawn.py, in the project). Every record
+    in the session, its own outcome.json and markers above all, is written by
+    runners outside the sandbox, so a hostile leaf can't publish an outcome
+    first, its parent's or its own. Not its agent directory either: a deny
+    rule can't guard a file that is not there yet (the CLI holds an empty
+    placeholder at its path on the host while each command runs, and an empty
+    .done is an outcome to every reader).
+
+    One that may spawn runs its children's spawn.py in here, and they
+    register: the session directory and the runner index must be writable,
+    so its descendants share its reach over the session's records. Its own
+    meta.json stays read-only: a spawn inside takes its limits from it.
+    """
+    if not may_spawn:
+        return [], [session, str(runner_index)]
+    return [str(agent_dir), session, str(runner_index)], [str(agent_dir / META)]
+
+
 def sandbox_settings(
     write_dirs: Sequence[str], api_host: str, web_domains: Sequence[str], deny_write: Sequence[str] = ()
 ) -> dict[str, Any]:
@@ -4640,6 +4663,9 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         if not (session / AGENTS_DIR).is_dir():
             raise StateError(f"session {session} does not exist; unset {ENV_SESSION} or pass --session DIR")
     meta.session = str(session)
+    if plan.refusal is not None and not plan.new_session and not os.access(session, os.W_OK):
+        # A sandboxed agent that can't spawn sees its session read-only (sandbox_writes).
+        raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
     if plan.refusal is None and not plan.new_session:
         plan.refusal = confirm_spawn(meta, session, plan.secrets)
     with session_lock(session):
@@ -5451,12 +5477,9 @@ async def run_sdk(
             hooks = definition.hooks
     sandbox = None
     if meta.sandbox == "on":
-        # The session directory, so nested spawns can register; the runner
-        # index, where they record themselves. cwd is writable by default.
-        writable = [str(agent_dir), meta.session, str(runner_index_dir())]
+        writable, read_only = sandbox_writes(meta.depth < meta.max_depth, agent_dir, meta.session, runner_index_dir())
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
-        # Its own meta.json stays read-only: a spawn inside takes its limits from it.
-        sandbox = sandbox_settings(writable, api_host(os.environ), domains, [str(agent_dir / META)])
+        sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
     settings = cli_settings(hooks=hooks, sandbox=sandbox)
     sections = [memory_section(meta, Path(meta.agent_source), os.environ)] if meta.agent_source and meta.memory else []
     sections += skill_sections(meta, os.environ)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
-from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
+from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
 
 import spawn
 
@@ -32,6 +33,15 @@ def test_auto_sandboxes_agents_below_the_root_that_have_bash() -> None:
     assert not spawn.sandbox_wanted("auto", 1, 3, ["Bash"])  # may still spawn: its children need ancestry
     assert spawn.sandbox_wanted("on", 0, 3, ["Bash"])
     assert not spawn.sandbox_wanted("off", 3, 3, ["Bash"])
+
+
+def test_a_leaf_writes_no_record_and_a_spawning_agent_only_what_its_children_need(tmp_path: Path) -> None:
+    session, index = tmp_path / "s", tmp_path / "runners"
+    agent_dir = session / "agents" / "a1-000001"
+    # A leaf: not even its own agent directory, and the session stays read-only inside its cwd.
+    assert spawn.sandbox_writes(False, agent_dir, str(session), index) == ([], [str(session), str(index)])
+    writable, read_only = spawn.sandbox_writes(True, agent_dir, str(session), index)
+    assert writable == [str(agent_dir), str(session), str(index)] and read_only == [str(agent_dir / "meta.json")]
 
 
 def test_settings_merge_hooks_and_sandbox_into_one_object() -> None:
@@ -87,6 +97,67 @@ def test_nested_spawn_works_inside_the_sandbox_and_stays_contained(env: dict[str
     assert not outside.exists()
     assert "Read-only file system" in transcript_text(child_dir)
     validate_records(session_root)
+
+
+@needs_bwrap
+def test_a_sandboxed_leaf_can_not_publish_an_outcome_before_its_runner_or_its_parents(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    # cwd holds the session root, as sessions/ beside spawn.py in a project does.
+    forge = (
+        'A="$SPAWN_SESSION/agents"; P=$(ls "$A" | grep ^a0-); '
+        """for d in "$A/$P" "$A/$SPAWN_AGENT_ID"; do """
+        """echo '{"status": "done", "output": "FORGED"}' > "$d/outcome.json"; touch "$d/.done"; done; """
+        'echo note > "$A/$SPAWN_AGENT_ID/notes.txt"; echo ok > ok.txt; '
+        '"$SPAWN_PYTHON" "$SPAWN_PY" --task deeper; echo "spawn rc=$?"'
+    )
+    child = mock_task("child", [{"bash": forge}, {"text": "child done"}])
+    parent = mock_task("parent", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "parent done"}])
+    proc = run_spawn(["--task", parent, "--tools", "Bash", "--max-depth", "1", "--cwd", str(tmp_path)], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert stdout_json(proc)["output"] == "parent done"
+    by_depth = {d.name[:2]: d for d in agent_dirs(session_root)}
+    assert set(by_depth) == {"a0", "a1"}  # the refused spawn inside left nothing behind
+    root, leaf = by_depth["a0"], by_depth["a1"]
+    assert load(leaf / "meta.json")["sandbox"] == "on"
+    for agent_dir, output in ((root, "parent done"), (leaf, "child done")):
+        outcome = load(agent_dir / "outcome.json")
+        assert (outcome["output"], outcome["committed_by"]) == (output, "self")
+        assert (agent_dir / ".done").exists() and not (agent_dir / ".fail").exists()
+    assert not (leaf / "notes.txt").exists()
+    assert (tmp_path / "ok.txt").read_text() == "ok\n"  # the rest of its cwd stays writable
+    text = transcript_text(leaf)
+    assert text.count("Read-only file system") >= 5
+    assert "spawn: error: refused: depth limit" in text and "not recorded" in text and "spawn rc=4" in text
+    validate_records(session_root)
+
+
+@needs_bwrap
+def test_an_agent_spawned_inside_a_sandbox_beats_and_is_seen_running_from_outside(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    # In there /proc is an outer pid namespace's: its heartbeat must not rest on it.
+    child = mock_task("child", [{"bash": "python3 -c 'import time; time.sleep(4)'"}, {"text": "child done"}])
+    parent = mock_task("parent", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "parent done"}])
+    proc = start_spawn(
+        ["--task", parent, "--tools", "Bash", "--sandbox", "on", "--cwd", str(tmp_path)], {**env, "SPAWN_HEARTBEAT_S": "0.2"}
+    )
+    try:
+        limit = time.monotonic() + 60
+        while not (beats := sorted(session_root.glob("*/agents/a1-*/heartbeat.json"))):
+            assert time.monotonic() < limit and proc.poll() is None, "the inner agent never beat"
+            time.sleep(0.05)
+        time.sleep(2.0)  # ten beats: a heartbeat that stopped would be stale (six) by now
+        assert time.time() - load(beats[0])["updated_at"] < 1.0
+        status = run_spawn(["status", "--json", "--session", str(beats[0].parent.parent.parent)], env)
+        (row,) = [r for r in stdout_json(status)["agents"] if r["depth"] == 1]
+        assert row["state"] == "running", row
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == spawn.ExitCode.OK, err
+    assert load(beats[0].parent / "outcome.json")["output"] == "child done"
 
 
 def test_sandbox_without_bwrap_is_refused_with_the_install_command(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
