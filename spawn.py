@@ -1447,6 +1447,7 @@ def cli_settings(**parts: Any) -> str | None:
 
 META = "meta.json"
 OUTCOME = "outcome.json"
+OUTCOME_KEPT = "outcome.kept.json"  # the runner's own, when outcome.json turned out not to be an outcome
 TRANSCRIPT = "transcript.jsonl"
 STDERR_LOG = "stderr.log"
 NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
@@ -1602,21 +1603,26 @@ def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -
     """
     data = redacted_json(record_to_json(outcome), secrets_, indent=2)
     won = publish_once(agent_dir / OUTCOME, data.encode())
-    if won and (outcome.status != Status.REFUSED or outcome.transcript is not None):
-        # The charge releases the agent's budget hold, whoever commits. Only an
-        # agent refused before it ran (no transcript) holds and spent nothing.
-        entry = LedgerEntry(
-            id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated
-        )
-        try:
-            with session_lock(agent_dir.parent.parent):
-                append_jsonl(agent_dir.parent.parent / LEDGER, record_to_json(entry), secrets_)
-        except CorruptRecordError as exc:
-            # Something replaced the ledger (a FIFO, a directory): the outcome
-            # is committed and must still get its marker and be reported.
-            note(f"warning: {exc.message}; {outcome.id}'s charge is not in the ledger")
+    if won:
+        charge(agent_dir, outcome, secrets_)
     ensure_marker(agent_dir)
     return won
+
+
+def charge(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> None:
+    """The ledger line of a committed outcome: it releases the agent's budget hold."""
+    if outcome.status == Status.REFUSED and outcome.transcript is None:
+        return  # refused before it ran: it held and spent nothing
+    entry = LedgerEntry(
+        id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated
+    )
+    try:
+        with session_lock(agent_dir.parent.parent):
+            append_jsonl(agent_dir.parent.parent / LEDGER, record_to_json(entry), secrets_)
+    except CorruptRecordError as exc:
+        # Something replaced the ledger (a FIFO, a directory): the outcome
+        # is committed and must still get its marker and be reported.
+        note(f"warning: {exc.message}; {outcome.id}'s charge is not in the ledger")
 
 
 def asks_dir(session: Path) -> Path:
@@ -5861,9 +5867,10 @@ def run_agent(
     outcome = executor.outcome(meta, agent_dir, state, started, error)
     if meta.isolation == "worktree":
         outcome.worktree = settle_worktree(home_cwd, agent_dir, meta.id)
+    foreign = None
     if not commit_outcome(agent_dir, outcome, secrets_):
-        committed = read_outcome(agent_dir) or {}
-        outcome = record_from_json(Outcome, committed)
+        committed, foreign = outcome_committed_instead(agent_dir, outcome, secrets_)
+        outcome = committed or outcome
     if owned_cgroup(meta) is None:
         # Outcome committed, subtree ended: nothing is left for the guard (see GUARD_SETTLED).
         with contextlib.suppress(OSError):
@@ -5873,9 +5880,49 @@ def run_agent(
     # exit: only then does the guard wake and end that cgroup, so our summary
     # is never cut short, and an exiting process's status is already set.
     # (Moving out of the cgroup instead costs a cgroup migration, 10-30 ms.)
+    if foreign is not None:
+        raise foreign
     if meta.output_file and outcome.status == Status.DONE:
         write_output_file(Path(meta.output_file), outcome.output)
     return outcome
+
+
+def outcome_committed_instead(agent_dir: Path, own: Outcome, secrets_: Sequence[str]) -> tuple[Outcome | None, StateError | None]:
+    """The outcome another writer committed first, which stands (a deadline, a
+    parent's kill); or, when outcome.json is no outcome of this agent (anything
+    with Bash outside a sandbox can write one), the error to end with, this
+    agent's own outcome kept beside it in OUTCOME_KEPT so that it is not lost.
+    """
+    try:
+        committed = read_outcome(agent_dir)
+        why = "missing" if committed is None else outcome_problem(committed, own.id)
+    except CorruptRecordError as exc:
+        committed, why = None, exc.message
+    if committed is not None and why is None:
+        return record_from_json(Outcome, committed), None
+    kept = agent_dir / OUTCOME_KEPT
+    where = f"is kept in {kept}"
+    if publish_once(kept, redacted_json(record_to_json(own), secrets_, indent=2).encode()):
+        charge(agent_dir, own, secrets_)  # what it spent is spent, whoever wrote outcome.json
+    else:
+        where = f"could not be kept: {kept} exists too; its transcript is {agent_dir / TRANSCRIPT}"
+    return None, StateError(
+        f"{agent_dir / OUTCOME} was published by something other than spawn.py ({why}); {own.id}'s own outcome ({own.status}) {where}"
+    )
+
+
+def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
+    """Why a published outcome.json is not an outcome of agent_id, or None (pure)."""
+    if data.get("id") != agent_id:
+        return f"its id is {data.get('id')!r}"
+    if data.get("status") not in EXIT_FOR_STATUS:
+        return f"its status is {data.get('status')!r}"
+    for name in ("reason", "ended_at"):
+        if not isinstance(data.get(name), str):
+            return f"no {name}"
+    if type(data.get("exit_code")) is not int or not isinstance(data.get("duration_s"), int | float):
+        return "no exit_code or duration_s"
+    return None
 
 
 def write_output_file(path: Path, output: Any) -> None:
@@ -7971,6 +8018,8 @@ def read_agent_rows(
             continue
         try:
             outcome, outcome_keys = read_outcome_keyed(path)
+            if outcome is not None and (why := outcome_problem(outcome, name)):
+                raise CorruptRecordError(f"{path}/{OUTCOME}", f"not an outcome of {name}: {why}")
         except SpawnError as exc:
             found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
             continue

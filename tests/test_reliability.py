@@ -286,3 +286,41 @@ def test_a_stop_signal_right_after_registration_still_ends_in_its_outcome(
     assert (outcome["status"], outcome["committed_by"]) == (expected.value, "self")
     assert signal.Signals(signum).name in outcome["reason"]
     validate_records(session_root)
+
+
+def test_an_outcome_published_by_something_else_keeps_the_agents_own(env: dict[str, str], session_root: Path) -> None:
+    # A child outside any sandbox (it may still spawn) publishes its parent's outcome first.
+    forge = (
+        'D="$SPAWN_SESSION/agents/$(ls "$SPAWN_SESSION/agents" | grep ^a0-)"; '
+        """echo '{"status": "done", "output": "FORGED"}' > "$D/outcome.json"; touch "$D/.done\""""
+    )
+    child = mock_task("child", [{"bash": forge}, {"text": "child done"}])
+    parent = mock_task("parent", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "parent done"}])
+    proc = run_spawn(["--task", parent, "--tools", "Bash", "--max-depth", "2"], env)
+    assert proc.returncode == spawn.ExitCode.STATE, proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("spawn: error:")]
+    assert "published by something other than spawn.py (its id is None)" in line and "outcome.kept.json" in line
+    assert proc.stdout == ""  # no summary of a result that is not on disk as outcome.json
+    root = next(d for d in agent_dirs(session_root) if d.name.startswith("a0-"))
+    kept = load(root / "outcome.kept.json")
+    assert (kept["id"], kept["status"], kept["output"]) == (root.name, "done", "parent done")
+    charges = [json.loads(ln) for ln in (root.parent.parent / "ledger.jsonl").read_text().splitlines()]
+    assert any(c.get("id") == root.name and c.get("status") == "done" for c in charges)  # what it spent is charged
+    assert load(root / "outcome.json")["output"] == "FORGED"  # first writer wins; nothing is overwritten
+    status = run_spawn(["status", "--json", "--session", str(root.parent.parent)], env)
+    (row,) = [r for r in stdout_json(status)["agents"] if r["id"] == root.name]
+    assert row["state"] == spawn.Status.CORRUPT and "its id is None" in row["error"]
+    assert run_spawn(["status", "--session", str(root.parent.parent)], env).returncode == status.returncode == spawn.ExitCode.OK
+
+
+def test_outcome_problem_names_what_makes_a_record_no_outcome_of_the_agent() -> None:
+    good = {"id": "a0-1", "status": "killed", "reason": "r", "exit_code": 143, "ended_at": "t", "duration_s": 1}
+    assert spawn.outcome_problem(good, "a0-1") is None
+    assert spawn.outcome_problem(good, "a1-2") == "its id is 'a0-1'"
+    assert spawn.outcome_problem({**good, "status": "running"}, "a0-1") == "its status is 'running'"
+    assert spawn.outcome_problem({**good, "exit_code": True}, "a0-1") == "no exit_code or duration_s"
+    assert spawn.outcome_problem({**good, "reason": None}, "a0-1") == "no reason"
+
+
+def test_own_create_time_is_psutils() -> None:
+    assert spawn.own_create_time() == psutil.Process().create_time()
