@@ -2190,7 +2190,7 @@ def own_pid_namespace() -> str | None:
         return None
 
 
-_procfs_ours: tuple[int, bool] | None = None
+_PROCFS_OURS: dict[int, bool] = {}  # pid -> procfs_is_ours()
 
 
 def procfs_is_ours() -> bool:
@@ -2200,15 +2200,13 @@ def procfs_is_ours() -> bool:
     names another process there, or none, so no pid can be checked by /proc.
     Cached per pid: a process never changes namespace, but a fork is another pid.
     """
-    global _procfs_ours
     pid = os.getpid()
-    if _procfs_ours is None or _procfs_ours[0] != pid:
+    if pid not in _PROCFS_OURS:
         try:
-            ours = os.readlink("/proc/self") == str(pid)
+            _PROCFS_OURS[pid] = os.readlink("/proc/self") == str(pid)
         except OSError:
-            ours = True  # no procfs (macOS): psutil asks the kernel by pid
-        _procfs_ours = (pid, ours)
-    return _procfs_ours[1]
+            _PROCFS_OURS[pid] = True  # no procfs (macOS): psutil asks the kernel by pid
+    return _PROCFS_OURS[pid]
 
 
 def child_running(pid: int) -> bool:
