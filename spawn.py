@@ -4001,9 +4001,8 @@ def remember_cli_tools(init: Mapping[str, Any], environ: Mapping[str, str]) -> N
         return
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"claude_code_version": version, "tools": sorted(names | old)}) + "\n")
-        os.replace(tmp, path)  # readers see the old list or the new one, never half
+        # Readers see the old list or the new one, never half.
+        write_file_atomic(path, (json.dumps({"claude_code_version": version, "tools": sorted(names | old)}) + "\n").encode())
 
 
 def known_tools(environ: Mapping[str, str]) -> frozenset[str]:
@@ -5927,9 +5926,7 @@ def write_output_file(path: Path, output: Any) -> None:
     text = output if isinstance(output, str) else json.dumps(output, indent=2, ensure_ascii=False)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(text + ("" if text.endswith("\n") else "\n"))
-        os.replace(tmp, path)
+        write_file_atomic(path, (text + ("" if text.endswith("\n") else "\n")).encode())
     except OSError as exc:
         raise StateError(f"can't write --output {path}: {exc.strerror}; the result is in outcome.json") from None
 
@@ -9014,12 +9011,7 @@ def update_state(path: Path, change: Callable[[dict[str, Any]], None], rotate_mb
         if path.exists() and path.stat().st_size > rotate_mb * 1024 * 1024:
             rotate_state(path)
             data["history"] = data.get("history", [])[-1:]  # the rest is in .1
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w") as f:
-            f.write(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_file_atomic(path, (json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n").encode())
         fsync_dir(path.parent)
     return data
 
