@@ -198,7 +198,10 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
     try:
         with open("/proc/1/cmdline", "rb") as fh:
             if os.path.basename(fh.read().split(b"\0")[0]) == b"bwrap":
-                return None  # in a parent's sandbox: the agent must stay inside it
+                # In a parent's sandbox: the agent must stay inside it. (Its
+                # seccomp filter refuses unix sockets anyway; the server
+                # refuses a client from another pid namespace too.)
+                return None
     except OSError:
         pass
     import _signal  # type: ignore[import-not-found]  # signal's C half, loaded at start-up
@@ -2184,8 +2187,12 @@ class Supervised:
 
 
 def own_pid_namespace() -> str | None:
+    return pid_namespace_of("self")
+
+
+def pid_namespace_of(pid: int | str) -> str | None:
     try:
-        return os.readlink("/proc/self/ns/pid")
+        return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
 
@@ -7118,6 +7125,7 @@ def serve_forks(meta: AgentMeta) -> None:
     # pages alone, so they stay shared with the server instead of copied.
     gc.freeze()
     script_stat = SCRIPT_PATH.stat()
+    namespace = own_pid_namespace()
 
     def reap(_signum: int, _frame: Any) -> None:
         with contextlib.suppress(ChildProcessError):
@@ -7140,6 +7148,10 @@ def serve_forks(meta: AgentMeta) -> None:
                 client_pid, client_uid, _gid = struct.unpack("3i", creds)
                 if client_uid != os.getuid():
                     continue  # closed unanswered: that client takes the normal path
+                if pid_namespace_of(client_pid) != namespace:
+                    # Inside an agent's sandbox (or unreadable), whatever it
+                    # says: what it spawns must stay in there, not be forked out.
+                    continue
                 conn.settimeout(5.0)
                 with contextlib.suppress(OSError, ValueError, psutil.Error):
                     request, fds = read_request(conn)

@@ -9,6 +9,7 @@ not what these tests are about).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -192,18 +193,26 @@ def test_a_dead_or_garbage_socket_falls_back_silently(env: dict[str, str], sessi
     assert not forks(session_root)
 
 
-def request_as(uid: int, sock: Path) -> bytes:
+def request_as(uid: int, sock: Path, *, new_pid_namespace: bool = False) -> bytes:
     """Connect to a fork server as another user and send a request; what it answers.
 
     A forked child of the test changes uid (the interpreter under /root may
     be out of that user's reach), and connects through an fd of the socket's
     directory, as the stand-in does: test paths are too long for an address.
+    With new_pid_namespace, it connects from a pid namespace of its own, as
+    a process in an agent's sandbox would.
     """
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe only
         code = 1
         try:
+            if new_pid_namespace:
+                if ctypes.CDLL(None, use_errno=True).unshare(0x20000000) != 0:  # CLONE_NEWPID: our children's
+                    raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID)")
+                if (inner := os.fork()) != 0:
+                    os._exit(os.waitstatus_to_exitcode(os.waitpid(inner, 0)[1]))
+                assert os.getpid() == 1
             os.setgid(uid)
             os.setuid(uid)
             fd = os.open(sock.parent, os.O_PATH | os.O_DIRECTORY)
@@ -228,6 +237,29 @@ def request_as(uid: int, sock: Path) -> bytes:
     os.waitpid(pid, 0)
     assert reported.startswith(b"answer:"), reported
     return reported.removeprefix(b"answer:")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a pid namespace of its own needs root")
+def test_a_client_from_another_pid_namespace_is_refused(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    # A process in an agent's sandbox: whatever it sends, what it spawns must stay in there.
+    go = tmp_path / "go"
+    root = mock_task("root", [{"bash": f"{WAIT_FOR_SOCKET}; while [ ! -e {go} ]; do sleep 0.05; done"}, {"text": "root-done"}])
+    proc = start_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "2"], env)
+    try:
+        limit = time.monotonic() + 90
+        while not (sock := list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))):
+            assert time.monotonic() < limit and proc.poll() is None, "no fork server socket"
+            time.sleep(0.05)
+        assert request_as(os.getuid(), sock[0], new_pid_namespace=True) == b""  # closed unanswered
+        assert not forks(session_root)
+        assert request_as(os.getuid(), sock[0]) != b""  # the same request from here is answered
+        go.touch()
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == spawn.ExitCode.OK, err
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another uid needs root")
