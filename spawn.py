@@ -1395,27 +1395,46 @@ def sandbox_wanted(requested: str, depth: int, max_depth: int, tools: Sequence[s
     return requested == "on"
 
 
-def sandbox_writes(may_spawn: bool, agent_dir: Path, session: str, runner_index: Path) -> tuple[list[str], list[str]]:
-    """Where a sandboxed agent's Bash may write beyond its cwd, and what stays read-only (pure).
-
-    An agent that can't spawn gets nothing more, and the session directory and
-    the runner index are read-only to it even inside its cwd (the default
-    session root is sessions/ beside spawn.py, in the project). Every record
-    in the session, its own outcome.json and markers above all, is written by
-    runners outside the sandbox, so a hostile leaf can't publish an outcome
-    first, its parent's or its own. Not its agent directory either: a deny
-    rule can't guard a file that is not there yet (the CLI holds an empty
-    placeholder at its path on the host while each command runs, and an empty
-    .done is an outcome to every reader).
+def sandbox_writes(
+    may_spawn: bool, agent_dir: Path, session: str, runner_index: Path, *, ancestors: Sequence[Path], session_entries: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """Where a sandboxed agent's Bash may write beyond its cwd, and what stays read-only in there (pure).
 
     One that may spawn runs its children's spawn.py in here, and they
-    register: the session directory and the runner index must be writable,
-    so its descendants share its reach over the session's records. Its own
-    meta.json stays read-only: a spawn inside takes its limits from it.
+    register: its agent directory, the session directory and the runner index
+    are writable, so its descendants share its reach over the session's
+    records. Its own meta.json stays read-only: a spawn inside takes its
+    limits from it.
+
+    A leaf's spawns are refused, and recorded: it may create agent
+    directories, but its own, its ancestors' (their outcomes above all) and
+    every other entry of the session (the ledger, limits, asks, the fork
+    server's socket) are read-only, as is the runner index, even where they
+    lie inside its cwd (sessions/ beside spawn.py, in a project). So a hostile
+    leaf can't publish an outcome before the runner that owns it, its own or
+    an ancestor's. Its scratch/ is bound too, only to name the agent on bwrap's
+    command line (sandbox_owner); inside its read-only agent directory it
+    stays read-only. The caller keeps only paths that exist: for a file not
+    there yet the CLI would hold an empty placeholder at its path on the host
+    while each command runs, and an empty .done is an outcome to every reader.
     """
-    if not may_spawn:
-        return [], [session, str(runner_index)]
-    return [str(agent_dir), session, str(runner_index)], [str(agent_dir / META)]
+    if may_spawn:
+        return [str(agent_dir), session, str(runner_index)], [str(agent_dir / META)]
+    others = [f"{session}/{name}" for name in session_entries if name not in (AGENTS_DIR, SESSION_LOCK)]
+    return [session, str(agent_dir / SCRATCH_DIR)], [str(agent_dir), *map(str, ancestors), *others, str(runner_index)]
+
+
+def ancestor_dirs(meta: AgentMeta) -> list[Path]:
+    """The agent directories of meta's parent, its parent and so on, as their meta.json files tell."""
+    agents, parent = Path(meta.session) / AGENTS_DIR, meta.parent_id
+    found: list[Path] = []
+    while parent and len(found) < max(meta.depth, 0):
+        found.append(agents / parent)
+        try:
+            parent = load_meta(agents / parent).parent_id
+        except (OSError, SpawnError):
+            break
+    return found
 
 
 def sandbox_settings(
@@ -1450,6 +1469,7 @@ def cli_settings(**parts: Any) -> str | None:
 
 META = "meta.json"
 OUTCOME = "outcome.json"
+SCRATCH_DIR = "scratch"  # a sandboxed leaf's own writable directory, its records beside it read-only
 OUTCOME_KEPT = "outcome.kept.json"  # the runner's own, when outcome.json turned out not to be an outcome
 TRANSCRIPT = "transcript.jsonl"
 STDERR_LOG = "stderr.log"
@@ -4760,9 +4780,10 @@ def inside_sandbox() -> bool:
 def sandbox_owner() -> Path | None:
     """The agent whose sandbox this process runs in, from that sandbox's bwrap.
 
-    spawn.py lets the sandboxed agent write its own directory, so bwrap binds
-    it: its command line (pid 1 here, which nothing inside can replace) names
-    the agent, and that agent's meta.json is not writable inside.
+    bwrap binds what the sandboxed agent may write: its agent directory if it
+    may spawn, else that directory's scratch/ (sandbox_writes). bwrap's
+    command line (pid 1 here, which nothing inside can replace) so names the
+    agent, and that agent's meta.json is not writable inside.
     """
     if not inside_sandbox():
         return None
@@ -4772,6 +4793,8 @@ def sandbox_owner() -> Path | None:
         return None
     for i in range(len(args) - 1):
         flag, candidate = args[i], Path(args[i + 1])
+        if flag == "--bind" and candidate.name == SCRATCH_DIR:
+            candidate = candidate.parent
         if flag == "--bind" and candidate.parent.name == AGENTS_DIR and (candidate / META).is_file():
             return candidate
     return None
@@ -5487,7 +5510,23 @@ async def run_sdk(
             hooks = definition.hooks
     sandbox = None
     if meta.sandbox == "on":
-        writable, read_only = sandbox_writes(meta.depth < meta.max_depth, agent_dir, meta.session, runner_index_dir())
+        with contextlib.suppress(FileExistsError):
+            (agent_dir / SCRATCH_DIR).mkdir()  # bwrap binds only what exists
+        session = Path(meta.session)
+        if meta.depth >= meta.max_depth:
+            # Made now if absent, so a leaf's sandbox can hold them read-only (sandbox_writes).
+            with contextlib.suppress(OSError):
+                asks_dir(session).mkdir(exist_ok=True)
+                os.close(open_regular(session / LEDGER, os.O_WRONLY | os.O_CREAT | os.O_APPEND)[0])
+        writable, read_only = sandbox_writes(
+            meta.depth < meta.max_depth,
+            agent_dir,
+            meta.session,
+            runner_index_dir(),
+            ancestors=ancestor_dirs(meta),
+            session_entries=os.listdir(session),
+        )
+        read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
         sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
     settings = cli_settings(hooks=hooks, sandbox=sandbox)

@@ -35,13 +35,16 @@ def test_auto_sandboxes_agents_below_the_root_that_have_bash() -> None:
     assert not spawn.sandbox_wanted("off", 3, 3, ["Bash"])
 
 
-def test_a_leaf_writes_no_record_and_a_spawning_agent_only_what_its_children_need(tmp_path: Path) -> None:
+def test_a_leaf_can_register_but_its_own_and_its_ancestors_records_stay_read_only(tmp_path: Path) -> None:
     session, index = tmp_path / "s", tmp_path / "runners"
-    agent_dir = session / "agents" / "a1-000001"
-    # A leaf: not even its own agent directory, and the session stays read-only inside its cwd.
-    assert spawn.sandbox_writes(False, agent_dir, str(session), index) == ([], [str(session), str(index)])
-    writable, read_only = spawn.sandbox_writes(True, agent_dir, str(session), index)
-    assert writable == [str(agent_dir), str(session), str(index)] and read_only == [str(agent_dir / "meta.json")]
+    agents = session / "agents"
+    me, parent, root = agents / "a2-000002", agents / "a1-000001", agents / "a0-000000"
+    entries = ["agents", ".lock", "ledger.jsonl", "limits.json", "asks"]
+    writable, read_only = spawn.sandbox_writes(False, me, str(session), index, ancestors=[parent, root], session_entries=entries)
+    assert writable == [str(session), str(me / "scratch")]  # a refused spawn inside is still recorded
+    assert read_only == [str(me), str(parent), str(root), *(f"{session}/{n}" for n in ("ledger.jsonl", "limits.json", "asks")), str(index)]
+    writable, read_only = spawn.sandbox_writes(True, me, str(session), index, ancestors=[parent, root], session_entries=entries)
+    assert writable == [str(me), str(session), str(index)] and read_only == [str(me / "meta.json")]
 
 
 def test_settings_merge_hooks_and_sandbox_into_one_object() -> None:
@@ -117,8 +120,10 @@ def test_a_sandboxed_leaf_can_not_publish_an_outcome_before_its_runner_or_its_pa
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["output"] == "parent done"
     by_depth = {d.name[:2]: d for d in agent_dirs(session_root)}
-    assert set(by_depth) == {"a0", "a1"}  # the refused spawn inside left nothing behind
+    assert set(by_depth) == {"a0", "a1", "a2"}
     root, leaf = by_depth["a0"], by_depth["a1"]
+    refused = load(by_depth["a2"] / "outcome.json")  # its spawn inside was refused, and recorded
+    assert refused["status"] == "refused" and refused["reason"].startswith("depth limit")
     assert load(leaf / "meta.json")["sandbox"] == "on"
     for agent_dir, output in ((root, "parent done"), (leaf, "child done")):
         outcome = load(agent_dir / "outcome.json")
@@ -128,7 +133,7 @@ def test_a_sandboxed_leaf_can_not_publish_an_outcome_before_its_runner_or_its_pa
     assert (tmp_path / "ok.txt").read_text() == "ok\n"  # the rest of its cwd stays writable
     text = transcript_text(leaf)
     assert text.count("Read-only file system") >= 5
-    assert "spawn: error: refused: depth limit" in text and "not recorded" in text and "spawn rc=4" in text
+    assert "spawn: error: refused: depth limit" in text and f"recorded in {by_depth['a2']}" in text and "spawn rc=4" in text
     validate_records(session_root)
 
 
