@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -239,9 +240,12 @@ def request_as(uid: int, sock: Path, *, new_pid_namespace: bool = False) -> byte
     return reported.removeprefix(b"answer:")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="a pid namespace of its own needs root")
-def test_a_client_from_another_pid_namespace_is_refused(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
-    # A process in an agent's sandbox: whatever it sends, what it spawns must stay in there.
+@contextlib.contextmanager
+def root_holding_its_server(env: dict[str, str], session_root: Path, tmp_path: Path) -> Iterator[Path]:
+    """A root whose Bash waits while its fork server listens: the server's socket.
+
+    On leaving, the root is let go and must finish done.
+    """
     go = tmp_path / "go"
     root = mock_task("root", [{"bash": f"{WAIT_FOR_SOCKET}; while [ ! -e {go} ]; do sleep 0.05; done"}, {"text": "root-done"}])
     proc = start_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "2"], env)
@@ -250,9 +254,7 @@ def test_a_client_from_another_pid_namespace_is_refused(env: dict[str, str], ses
         while not (sock := list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))):
             assert time.monotonic() < limit and proc.poll() is None, "no fork server socket"
             time.sleep(0.05)
-        assert request_as(os.getuid(), sock[0], new_pid_namespace=True) == b""  # closed unanswered
-        assert not forks(session_root)
-        assert request_as(os.getuid(), sock[0]) != b""  # the same request from here is answered
+        yield sock[0]
         go.touch()
         _out, err = proc.communicate(timeout=120)
     finally:
@@ -260,37 +262,34 @@ def test_a_client_from_another_pid_namespace_is_refused(env: dict[str, str], ses
             proc.kill()
             proc.communicate()
     assert proc.returncode == spawn.ExitCode.OK, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a pid namespace of its own needs root")
+def test_a_client_from_another_pid_namespace_is_refused(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    # A process in an agent's sandbox: whatever it sends, what it spawns must stay in there.
+    with root_holding_its_server(env, session_root, tmp_path) as sock:
+        assert request_as(os.getuid(), sock, new_pid_namespace=True) == b""  # closed unanswered
+        assert not forks(session_root)
+        assert request_as(os.getuid(), sock) != b""  # the same request from here is answered
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="connecting as another uid needs root")
 def test_the_socket_is_private_and_another_uid_is_refused(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
-    go = tmp_path / "go"
-    root = mock_task("root", [{"bash": f"{WAIT_FOR_SOCKET}; while [ ! -e {go} ]; do sleep 0.05; done"}, {"text": "root-done"}])
-    proc = start_spawn(["--task", root, "--tools", "Bash,Read", "--max-depth", "2"], env)
-    opened: list[tuple[Path, int]] = []
-    try:
-        limit = time.monotonic() + 90
-        while not (sock := list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))):
-            assert time.monotonic() < limit and proc.poll() is None, "no fork server socket"
-            time.sleep(0.05)
-        assert stat.S_IMODE(sock[0].stat().st_mode) == 0o600
+    with root_holding_its_server(env, session_root, tmp_path) as sock:
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o600
         # Past the file mode (opened up here on purpose), the server checks the peer's uid itself.
-        sock[0].chmod(0o777)
-        for folder in [p for p in sock[0].parents if p != Path("/")]:
-            mode = stat.S_IMODE(folder.stat().st_mode)
-            opened.append((folder, mode))
-            folder.chmod(mode | 0o001)
-        assert request_as(65534, sock[0]) == b""  # closed unanswered: that client takes the normal path
-        assert not forks(session_root)
-        go.touch()
-        _out, err = proc.communicate(timeout=120)
-    finally:
-        for folder, mode in opened:
-            folder.chmod(mode)
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == spawn.ExitCode.OK, err
+        opened: list[tuple[Path, int]] = []
+        try:
+            sock.chmod(0o777)
+            for folder in [p for p in sock.parents if p != Path("/")]:
+                mode = stat.S_IMODE(folder.stat().st_mode)
+                opened.append((folder, mode))
+                folder.chmod(mode | 0o001)
+            assert request_as(65534, sock) == b""  # closed unanswered: that client takes the normal path
+            assert not forks(session_root)
+        finally:
+            for folder, mode in opened:
+                folder.chmod(mode)
 
 
 def test_stand_in_takes_the_normal_path_without_a_server(tmp_path: Path) -> None:
