@@ -5933,22 +5933,30 @@ def run_agent(
 def outcome_committed_instead(agent_dir: Path, own: Outcome, secrets_: Sequence[str]) -> tuple[Outcome | None, StateError | None]:
     """The outcome another writer committed first, which stands (a deadline, a
     parent's kill); or, when outcome.json is no outcome of this agent (anything
-    with Bash outside a sandbox can write one), the error to end with, this
-    agent's own outcome kept beside it in OUTCOME_KEPT so that it is not lost.
+    with Bash outside a sandbox can write one), the error to end with.
+
+    Either way this agent's own outcome is kept beside it in OUTCOME_KEPT and
+    charged to the ledger: a well-formed record may be a forgery too (a
+    sibling's Bash can write one as well as a `kill` can), and what the agent
+    found and spent must not be lost with it. (The ledger counts an agent's
+    first charge only, so a winner spawn.py charged already is not charged twice.)
     """
     try:
         committed = read_outcome(agent_dir)
         why = "missing" if committed is None else outcome_problem(committed, own.id)
     except CorruptRecordError as exc:
         committed, why = None, exc.message
-    if committed is not None and why is None:
-        return record_from_json(Outcome, committed), None
     kept = agent_dir / OUTCOME_KEPT
     where = f"is kept in {kept}"
     if publish_once(kept, redacted_json(record_to_json(own), secrets_, indent=2).encode()):
         charge(agent_dir, own, secrets_)  # what it spent is spent, whoever wrote outcome.json
     else:
         where = f"could not be kept: {kept} exists too; its transcript is {agent_dir / TRANSCRIPT}"
+    if committed is not None and why is None:
+        winner = record_from_json(Outcome, committed)
+        by = str(winner.committed_by)[:40]
+        note(f"warning: {own.id}'s outcome.json was committed first by {by!r} ({winner.status}); its own outcome ({own.status}) {where}")
+        return winner, None
     return None, StateError(
         f"{agent_dir / OUTCOME} was published by something other than spawn.py ({why}); {own.id}'s own outcome ({own.status}) {where}"
     )

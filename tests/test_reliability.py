@@ -313,6 +313,27 @@ def test_an_outcome_published_by_something_else_keeps_the_agents_own(env: dict[s
     assert run_spawn(["status", "--session", str(root.parent.parent)], env).returncode == status.returncode == spawn.ExitCode.OK
 
 
+def test_a_well_formed_outcome_published_first_still_keeps_the_agents_own(env: dict[str, str], session_root: Path) -> None:
+    # The same, with a record that passes for one a `kill` committed: it stands, and the agent's own is kept.
+    forge = (
+        'D="$SPAWN_SESSION/agents/$(ls "$SPAWN_SESSION/agents" | grep ^a0-)"; '
+        'printf \'{"id": "%s", "status": "done", "reason": "completed", "exit_code": 0, "ended_at": "2026-01-01T00:00:00Z",'
+        ' "duration_s": 1, "output": "FORGED", "committed_by": "kill"}\' "$(basename "$D")" > "$D/outcome.json"; touch "$D/.done"'
+    )
+    child = mock_task("child", [{"bash": forge}, {"text": "child done"}])
+    parent = mock_task("parent", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "parent done"}])
+    proc = run_spawn(["--task", parent, "--tools", "Bash", "--max-depth", "2"], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    root = next(d for d in agent_dirs(session_root) if d.name.startswith("a0-"))
+    assert stdout_json(proc)["output"] == "FORGED"  # first writer wins; nothing is overwritten
+    (line,) = [ln for ln in proc.stderr.splitlines() if "committed first by" in ln]
+    assert line.startswith("spawn: warning:") and "'kill'" in line and str(root / "outcome.kept.json") in line
+    kept = load(root / "outcome.kept.json")
+    assert (kept["id"], kept["status"], kept["output"], kept["committed_by"]) == (root.name, "done", "parent done", "self")
+    charges = [json.loads(ln) for ln in (root.parent.parent / "ledger.jsonl").read_text().splitlines()]
+    assert any(c.get("id") == root.name and c.get("status") == "done" for c in charges)  # the forger charged nothing
+
+
 def test_outcome_problem_names_what_makes_a_record_no_outcome_of_the_agent() -> None:
     good = {"id": "a0-1", "status": "killed", "reason": "r", "exit_code": 143, "ended_at": "t", "duration_s": 1}
     assert spawn.outcome_problem(good, "a0-1") is None
