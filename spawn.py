@@ -7101,12 +7101,40 @@ def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) 
     argv = request.get("argv")
     if request.get("detach") is True and not (isinstance(argv, list) and len(argv) == 2 and argv[0] == "_run"):
         return "only a background runner is forked detached"
-    path, size, mtime_ns = request.get("script") or ("", 0, 0)
+    path, size, mtime_ns = request["script"]  # its shape checked by request_problem
     if path == str(compiled_script()):
         return None
     if path == str(SCRIPT_PATH) and (size, mtime_ns) == (script_stat.st_size, script_stat.st_mtime_ns):
         return None
     return "another spawn.py"
+
+
+# A request holds one spawn's argv and environment, which the kernel caps
+# together at ARG_MAX (2 MiB on Linux); anything much longer is no stand-in's.
+FORKSERVER_REQUEST_MAX = 8 << 20
+
+
+def request_problem(request: object) -> str | None:
+    """What makes a fork request malformed, or None (pure).
+
+    The socket is the user's only, but the server must outlive whatever
+    is sent to it: a field of the wrong type is refused here, not met as a
+    TypeError in the serving loop, which would end the server.
+    """
+    if not isinstance(request, dict):
+        return "not an object"
+    argv, env, script = request.get("argv"), request.get("env"), request.get("script")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return "argv"
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        return "env"
+    if not (isinstance(request.get("cwd"), str) and isinstance(request.get("prefix"), str)):
+        return "cwd or prefix"
+    if not (isinstance(script, list) and len(script) == 3 and isinstance(script[0], str) and all(type(n) is int for n in script[1:])):
+        return "script"
+    if not isinstance(request.get("detach", False), bool):
+        return "detach"
+    return None
 
 
 def read_request(conn: Any) -> tuple[dict[str, Any], list[int]]:
@@ -7116,6 +7144,8 @@ def read_request(conn: Any) -> tuple[dict[str, Any], list[int]]:
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
     try:
         length = int.from_bytes(data[:4], "big")
+        if len(data) < 4 or length > FORKSERVER_REQUEST_MAX:
+            raise ValueError("no request length, or too long")
         body = bytearray(data[4:])
         while len(body) < length:
             chunk = conn.recv(min(1 << 16, length - len(body)))
@@ -7123,7 +7153,7 @@ def read_request(conn: Any) -> tuple[dict[str, Any], list[int]]:
                 raise ValueError("request cut short")
             body += chunk
         request = json.loads(bytes(body))
-        if not isinstance(request, dict) or len(fds) != 3:
+        if len(fds) != 3 or request_problem(request) is not None:
             raise ValueError("malformed request")
     except (OSError, ValueError):
         for fd in fds:

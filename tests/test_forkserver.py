@@ -292,6 +292,49 @@ def test_the_socket_is_private_and_another_uid_is_refused(env: dict[str, str], s
                 folder.chmod(mode)
 
 
+def send_raw(sock: Path, payload: bytes) -> bytes:
+    """Send bytes (with our stdio fds) to a fork server as this process; what it answers before closing."""
+    fd = os.open(sock.parent, os.O_PATH | os.O_DIRECTORY)
+    try:
+        with socket.socket(socket.AF_UNIX) as client:
+            client.settimeout(30)
+            client.connect(f"/proc/self/fd/{fd}/{sock.name}")
+            try:
+                socket.send_fds(client, [payload], [0, 1, 2])
+                return client.recv(1000)
+            except (BrokenPipeError, ConnectionResetError):
+                return b""
+    finally:
+        os.close(fd)
+
+
+def test_the_server_outlives_malformed_requests(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    good = {"argv": ["--task", "x"], "env": {}, "cwd": "/", "prefix": sys.prefix, "script": ["", 0, 0]}
+    bad: list[object] = [[], {**good, "argv": 5}, {**good, "argv": []}, {**good, "env": ["A=1"]}, {**good, "env": {"A": 1}}]
+    bad += [{**good, "script": 7}, {**good, "script": ["", "0", 0]}, {**good, "cwd": None}, {**good, "detach": "yes"}]
+    with root_holding_its_server(env, session_root, tmp_path) as sock:
+        for request in bad:
+            body = json.dumps(request).encode()
+            assert send_raw(sock, len(body).to_bytes(4, "big") + body) == b"", request  # closed unanswered
+        assert send_raw(sock, b"\xff\xff\xff\xff{") == b""  # a length no request has
+        assert send_raw(sock, b"\x00\x00\x00\x05{nope") == b""
+        assert not forks(session_root)
+        body = json.dumps(good).encode()
+        assert b"refused" in send_raw(sock, len(body).to_bytes(4, "big") + body)  # still serving: not our script
+        assert servers(session_root)
+
+
+def test_request_problem_names_the_malformed_field() -> None:
+    good = {"argv": ["_run", "/d"], "env": {"A": "1"}, "cwd": "/", "prefix": "/p", "script": ["/s", 1, 2], "detach": True}
+    assert spawn.request_problem(good) is None
+    assert spawn.request_problem([good]) == "not an object"
+    assert spawn.request_problem({**good, "argv": ["a", 1]}) == "argv"
+    assert spawn.request_problem({**good, "env": {"A": None}}) == "env"
+    assert spawn.request_problem({**good, "prefix": 1}) == "cwd or prefix"
+    assert spawn.request_problem({**good, "script": ["/s", True, 2]}) == "script"
+    assert spawn.request_problem({**good, "detach": 1}) == "detach"
+
+
 def test_stand_in_takes_the_normal_path_without_a_server(tmp_path: Path) -> None:
     """Unit level: no session, no socket, a verb, or SPAWN_NO_FORKSERVER=1: None (the normal path)."""
     session = tmp_path / "s"
