@@ -5912,7 +5912,8 @@ def run_agent(
         outcome.worktree = settle_worktree(home_cwd, agent_dir, meta.id)
     foreign = None
     if not commit_outcome(agent_dir, outcome, secrets_):
-        committed, foreign = outcome_committed_instead(agent_dir, outcome, secrets_)
+        asked_to_stop = state.stop_reason is not None or EarlyStop.pending is not None
+        committed, foreign = outcome_committed_instead(agent_dir, outcome, secrets_, asked_to_stop=asked_to_stop)
         outcome = committed or outcome
     if owned_cgroup(meta) is None:
         # Outcome committed, subtree ended: nothing is left for the guard (see GUARD_SETTLED).
@@ -5930,22 +5931,28 @@ def run_agent(
     return outcome
 
 
-def outcome_committed_instead(agent_dir: Path, own: Outcome, secrets_: Sequence[str]) -> tuple[Outcome | None, StateError | None]:
+def outcome_committed_instead(
+    agent_dir: Path, own: Outcome, secrets_: Sequence[str], *, asked_to_stop: bool
+) -> tuple[Outcome | None, StateError | None]:
     """The outcome another writer committed first, which stands (a deadline, a
-    parent's kill); or, when outcome.json is no outcome of this agent (anything
-    with Bash outside a sandbox can write one), the error to end with.
+    parent's kill); or, when outcome.json is no outcome spawn.py committed for
+    this agent, the error to end with.
 
-    Either way this agent's own outcome is kept beside it in OUTCOME_KEPT and
-    charged to the ledger: a well-formed record may be a forgery too (a
-    sibling's Bash can write one as well as a `kill` can), and what the agent
-    found and spent must not be lost with it. (The ledger counts an agent's
-    first charge only, so a winner spawn.py charged already is not charged twice.)
+    spawn.py commits for a live runner only after asking it to stop (a stop
+    signal, then a grace): a runner never asked that loses the race lost it
+    to something else, however well-formed the record (a sibling's Bash can
+    forge one that passes for a kill). Either way this agent's own outcome is
+    kept beside it in OUTCOME_KEPT and charged to the ledger, so what it found
+    and spent is not lost. (The ledger counts an agent's first charge only:
+    a winner spawn.py charged already is not charged twice.)
     """
     try:
         committed = read_outcome(agent_dir)
         why = "missing" if committed is None else outcome_problem(committed, own.id)
     except CorruptRecordError as exc:
         committed, why = None, exc.message
+    if why is None and not asked_to_stop:
+        why = f"nothing asked {own.id} to stop, so no spawn.py settled it"
     kept = agent_dir / OUTCOME_KEPT
     where = f"is kept in {kept}"
     if publish_once(kept, redacted_json(record_to_json(own), secrets_, indent=2).encode()):

@@ -313,8 +313,9 @@ def test_an_outcome_published_by_something_else_keeps_the_agents_own(env: dict[s
     assert run_spawn(["status", "--session", str(root.parent.parent)], env).returncode == status.returncode == spawn.ExitCode.OK
 
 
-def test_a_well_formed_outcome_published_first_still_keeps_the_agents_own(env: dict[str, str], session_root: Path) -> None:
-    # The same, with a record that passes for one a `kill` committed: it stands, and the agent's own is kept.
+def test_a_well_formed_outcome_published_first_is_still_not_the_agents(env: dict[str, str], session_root: Path) -> None:
+    # The same, with a record that passes for one a `kill` committed. Nothing asked the agent to
+    # stop, so no spawn.py settled it: the record is not taken for the agent's result.
     forge = (
         'D="$SPAWN_SESSION/agents/$(ls "$SPAWN_SESSION/agents" | grep ^a0-)"; '
         'printf \'{"id": "%s", "status": "done", "reason": "completed", "exit_code": 0, "ended_at": "2026-01-01T00:00:00Z",'
@@ -323,15 +324,32 @@ def test_a_well_formed_outcome_published_first_still_keeps_the_agents_own(env: d
     child = mock_task("child", [{"bash": forge}, {"text": "child done"}])
     parent = mock_task("parent", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "parent done"}])
     proc = run_spawn(["--task", parent, "--tools", "Bash", "--max-depth", "2"], env)
-    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert proc.returncode == spawn.ExitCode.STATE, proc.stderr
+    assert proc.stdout == ""  # the forged result is not passed on as the agent's
     root = next(d for d in agent_dirs(session_root) if d.name.startswith("a0-"))
-    assert stdout_json(proc)["output"] == "FORGED"  # first writer wins; nothing is overwritten
-    (line,) = [ln for ln in proc.stderr.splitlines() if "committed first by" in ln]
-    assert line.startswith("spawn: warning:") and "'kill'" in line and str(root / "outcome.kept.json") in line
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("spawn: error:")]
+    assert f"nothing asked {root.name} to stop" in line and str(root / "outcome.kept.json") in line
     kept = load(root / "outcome.kept.json")
     assert (kept["id"], kept["status"], kept["output"], kept["committed_by"]) == (root.name, "done", "parent done", "self")
     charges = [json.loads(ln) for ln in (root.parent.parent / "ledger.jsonl").read_text().splitlines()]
     assert any(c.get("id") == root.name and c.get("status") == "done" for c in charges)  # the forger charged nothing
+
+
+def test_an_outcome_a_settler_committed_stands_and_the_runners_own_is_kept(session_root: Path) -> None:
+    """Unit level: a runner asked to stop loses to the settler that took its place; both records stay."""
+    agent_dir = session_root / "s" / "agents" / "a1-x"
+    agent_dir.mkdir(parents=True)
+    settled = spawn.Outcome(id="a1-x", status=spawn.Status.KILLED, reason="ended by spawn.py kill", exit_code=143,
+                            ended_at="2026-01-01T00:00:01Z", duration_s=1.0, cost_usd=0.5, committed_by="kill")  # fmt: skip
+    assert spawn.commit_outcome(agent_dir, settled, [])
+    own = spawn.Outcome(id="a1-x", status=spawn.Status.KILLED, reason="killed by SIGTERM", exit_code=143,
+                        ended_at="2026-01-01T00:00:02Z", duration_s=2.0, cost_usd=0.9)  # fmt: skip
+    winner, error = spawn.outcome_committed_instead(agent_dir, own, [], asked_to_stop=True)
+    assert error is None and winner is not None and (winner.committed_by, winner.reason) == ("kill", "ended by spawn.py kill")
+    assert load(agent_dir / "outcome.kept.json")["reason"] == "killed by SIGTERM"
+    charges = [json.loads(ln)["id"] for ln in (session_root / "s" / "ledger.jsonl").read_text().splitlines()]
+    assert charges == ["a1-x", "a1-x"]  # the settler's counts: the ledger takes an agent's first charge
+    assert spawn.ledger_state((session_root / "s" / "ledger.jsonl").read_text().splitlines()).charges == {"a1-x": 0.5}
 
 
 def test_outcome_problem_names_what_makes_a_record_no_outcome_of_the_agent() -> None:
