@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
+from conftest import agent_dirs, load, metas, mock_task, run_parent_of, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
 
 import spawn
 
@@ -114,9 +114,7 @@ def test_a_sandboxed_leaf_can_not_publish_an_outcome_before_its_runner_or_its_pa
         'echo note > "$A/$SPAWN_AGENT_ID/notes.txt"; echo ok > ok.txt; '
         '"$SPAWN_PYTHON" "$SPAWN_PY" --task deeper; echo "spawn rc=$?"'
     )
-    child = mock_task("child", [{"bash": forge}, {"text": "child done"}])
-    parent = mock_task("parent", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "parent done"}])
-    proc = run_spawn(["--task", parent, "--tools", "Bash", "--max-depth", "1", "--cwd", str(tmp_path)], env)
+    proc = run_parent_of(forge, env, "--max-depth", "1", "--cwd", str(tmp_path))
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["output"] == "parent done"
     by_depth = {d.name[:2]: d for d in agent_dirs(session_root)}
