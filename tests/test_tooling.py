@@ -7,9 +7,11 @@ import os
 import re
 import socket
 import struct
+import sys
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import ROOT, SPAWN, MockModel, run_python, run_spawn
@@ -95,16 +97,28 @@ def test_demo_honours_the_session_root_variable() -> None:
     assert 'os.environ.get("SPAWN_SESSION_ROOT")' in (ROOT / "tools" / "demo.py").read_text()
 
 
-def test_bench_a_row_only_reported_is_never_a_miss() -> None:
-    """P6 without the fork server is reported beside the target, not held to it: --check must not fail on it."""
-    import sys
-
+def import_bench() -> Any:
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         import bench
     finally:
         sys.path.remove(str(ROOT / "tools"))
+    return bench
+
+
+def test_bench_a_row_only_reported_is_never_a_miss() -> None:
+    """P6 without the fork server is reported beside the target, not held to it: --check must not fail on it."""
+    bench = import_bench()
     reported = bench.Target("Python side, SPAWN_NO_FORKSERVER=1", 0.2, float("inf"), "x", "P6")
     held = bench.Target("Python side, with fork server", 0.2, bench.TARGET_MEMORY_RATIO, "x", "P6")
     assert reported.met and not reported.has_limit and reported.limit_text() == "(reported)"
     assert not held.met and held.limit_text() == "<= 0.15x"
+
+
+def test_bench_counts_a_clis_retry_as_the_same_turn_and_names_an_agent_run_twice() -> None:
+    bench = import_bench()
+    step = {"task_digest": "d1", "step_index": 0, "status": 200}
+    root = [{"task_digest": "r", "step_index": i, "status": 200, "session": "r", "retry": 0} for i in (0, 1)]
+    bench.check_turns("fan-out", [*root, {**step, "session": "s1", "retry": 0}, {**step, "session": "s1", "retry": 1}], 3)
+    with pytest.raises(bench.BenchError, match=r"4 model turns \(0 retries besides\), expected 3; .*d1 step 0 by s1/retry 0, s2/retry 0"):
+        bench.check_turns("fan-out", [*root, {**step, "session": "s1", "retry": 0}, {**step, "session": "s2", "retry": 0}], 3)

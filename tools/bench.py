@@ -80,7 +80,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -694,6 +693,26 @@ class FanOut:
     """The same spawn.py fan-out with SPAWN_START_SLOTS=0 (every CLI start-up at once), for the lever's saving."""
 
 
+def check_turns(what: str, main: Sequence[Mapping[str, Any]], expected: int) -> None:
+    """A run asked the model exactly `expected` steps; a CLI's retry of a step it sent already is not a step.
+
+    Otherwise the run explains itself: which step was asked twice, and by
+    which CLI sessions (two sessions: an agent that ran twice), or never.
+    """
+    retried = [r for r in main if (r.get("retry") or 0) > 0]
+    turns = len(main) - len(retried)
+    if turns == expected:
+        return
+    asked: dict[tuple[Any, Any], list[str]] = {}
+    for r in main:
+        asked.setdefault((r.get("task_digest"), r.get("step_index")), []).append(f"{r.get('session')}/retry {r.get('retry')}")
+    again = [f"{digest} step {index} by {', '.join(who)}" for (digest, index), who in asked.items() if len(who) > 1]
+    raise BenchError(
+        f"{what}: {turns} model turns ({len(retried)} retries besides), expected {expected}; "
+        f"asked more than once: {'; '.join(again) or 'none'}; statuses: {sorted({str(r.get('status')) for r in main})}"
+    )
+
+
 def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] | None = None, *, bare: bool = True) -> FanOut:
     """P1b (wall time) and P6 (memory): `count` leaves from one spawn.py parent, and `count` bare claude -p in parallel."""
     steps: list[dict[str, Any]] = [{"text": LEAF_TEXT, **({"sleep": leaf_sleep} if leaf_sleep else {})}]
@@ -715,14 +734,7 @@ def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] |
     time.sleep(0.05)
     main = [r for r in bench.mock.new_requests() if r.get("kind") == "main"]
     check_agent_result(f"fan-out of {count}", Proc(proc.returncode, out, err, 0, 0, spawn_s), "root-result")
-    if len(main) != count + 2:
-        # Which step was asked twice (a CLI's retry, or a leaf run twice), or never: the run explains itself.
-        asked = Counter((r.get("task_digest"), r.get("step_index")) for r in main)
-        again = [f"{digest} step {index} x{n}" for (digest, index), n in asked.items() if n > 1]
-        raise BenchError(
-            f"fan-out of {count}: {len(main)} model turns, expected {count + 2}; "
-            f"asked more than once: {', '.join(again) or 'none'}; statuses: {sorted({str(r.get('status')) for r in main})}"
-        )
+    check_turns(f"fan-out of {count}", main, count + 2)
     bare_s, bare_mem, bare_cpu = math.nan, TreeMemory(), math.nan
     commands = [f"{shlex.join(spawn_argv[:2])} --task 'MOCK[Bash: {fanout_script(count, steps)}]MOCK' --tools Bash,Read --max-depth 1"]
     if bare:

@@ -489,8 +489,11 @@ def log_record(
     status: int,
     reply: str,
     user_agent: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     tools = request.get("tools")
+    headers = headers or {}  # names in lower case
+    retry = headers.get("x-stainless-retry-count")
     system = request.get("system")
     messages = request.get("messages")
     return {
@@ -512,6 +515,11 @@ def log_record(
         "first": kind == "main" and index == 0,
         "reply": reply,
         "user_agent": user_agent,  # who is asking: the CLI names its version and the SDK app
+        # Which CLI process asked, and whether this is its retry of a request
+        # it sent before: a step asked twice by one session is a retry, by two
+        # sessions an agent that ran twice.
+        "session": headers.get("x-claude-code-session-id"),
+        "retry": int(retry) if retry is not None and retry.isdigit() else None,
     }
 
 
@@ -658,11 +666,15 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(min(SLEEP_POLL, left))
         return True
 
+    def _lower_headers(self) -> dict[str, str]:
+        return {k.lower(): v for k, v in self.headers.items()}
+
     def _other(self, body_bytes: int) -> None:
         status = 404
         self.state.log(
             log_record(
                 user_agent=self.headers.get("User-Agent"),
+                headers=self._lower_headers(),
                 path=self.path,
                 method=self.command,
                 body_bytes=body_bytes,
@@ -697,6 +709,7 @@ class Handler(BaseHTTPRequestHandler):
             self.state.log(
                 log_record(
                     user_agent=self.headers.get("User-Agent"),
+                    headers=self._lower_headers(),
                     path=self.path,
                     method="POST",
                     body_bytes=len(raw),
@@ -717,6 +730,7 @@ class Handler(BaseHTTPRequestHandler):
                 path=self.path, method="POST", body_bytes=len(raw), request=request,
                 kind=kind, digest=digest, index=index, status=status, reply=summary,
                 user_agent=self.headers.get("User-Agent"),
+                headers=self._lower_headers(),
             )  # fmt: skip
             self.state.log(record)
 
@@ -737,6 +751,7 @@ class Handler(BaseHTTPRequestHandler):
         self.state.log(
             log_record(
                 user_agent=self.headers.get("User-Agent"),
+                headers=self._lower_headers(),
                 path=self.path,
                 method="HEAD",
                 body_bytes=0,
