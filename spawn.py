@@ -163,8 +163,17 @@ def forkserver_request(session: str, request: dict[str, object], fds: tuple[int,
             if dir_fd is not None:
                 os.close(dir_fd)
         packed = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
-        sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, packed)])
-        sock.sendall(data[sent:])
+        try:
+            sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, packed)])
+            if sent < len(data):
+                # Never an empty send: once the server has the whole request
+                # it may fork, reply and close before we get here, and even
+                # an empty send() to a closed socket fails (EPIPE).
+                sock.sendall(data[sent:])
+        except OSError:
+            pass  # not all of it went: the reply (a refusal, or none) says so
+        # Only the reply tells whether a child was forked for us: with one,
+        # falling back to the normal path would run the spawn twice.
         got = b""
         while b"\n" not in got and (chunk := sock.recv(4096)):
             got += chunk

@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -333,6 +334,52 @@ def test_request_problem_names_the_malformed_field() -> None:
     assert spawn.request_problem({**good, "prefix": 1}) == "cwd or prefix"
     assert spawn.request_problem({**good, "script": ["/s", True, 2]}) == "script"
     assert spawn.request_problem({**good, "detach": 1}) == "detach"
+
+
+def test_a_request_the_server_answered_is_served_however_late_the_client_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit level, against a stand-in server: it reads the whole request, forks (here: answers a pid)
+    and closes before the client has returned from sending. The client must take the answer, or
+    its caller runs the spawn again on the normal path (a background agent's runner ran twice)."""
+    import _socket  # what forkserver_request uses
+
+    session = tmp_path / "s"
+    session.mkdir()
+    closed = threading.Event()
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(session / spawn.FORKSERVER_SOCKET))
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+            for fd in fds:
+                os.close(fd)
+            body = data[4:]
+            while len(body) < int.from_bytes(data[:4], "big"):
+                body += conn.recv(1 << 16)
+            assert json.loads(body)["argv"] == ["_run", "/d"]
+            conn.sendall(b'{"pid": 4242}\n')
+        closed.set()
+
+    class SlowClient(_socket.socket):
+        def sendmsg(self, *args: Any) -> int:
+            sent: int = super().sendmsg(*args)
+            closed.wait(10)  # as a client on a loaded machine: the server is done before it goes on
+            return sent
+
+    monkeypatch.setattr(_socket, "socket", SlowClient)
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        request: dict[str, object] = {"argv": ["_run", "/d"], "env": {}, "cwd": "/", "prefix": sys.prefix, "script": ["", 0, 0]}
+        served = spawn.forkserver_request(str(session), request, (0, 1, 2))
+    finally:
+        server.join(10)
+        listener.close()
+    assert served is not None, "answered, yet taken as not served"
+    served[0].close()
+    assert served[1:] == (4242, b"")
 
 
 def test_stand_in_takes_the_normal_path_without_a_server(tmp_path: Path) -> None:
