@@ -9640,6 +9640,13 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
         if time.monotonic() > limit:
             raise StateError(f"{agent_dir} was never registered; nothing to run")
         time.sleep(0.01)
+    if (named := load_meta(agent_dir).pid) not in (os.getpid(), ForkedFor.pid):
+        # meta.json names another runner: the one its launcher started. A
+        # second runner (a launcher that took a fork server's late answer for
+        # none) runs nothing; its guard has nothing to settle.
+        with contextlib.suppress(OSError):
+            os.write(guard[1], GUARD_SETTLED)
+        raise StateError(f"{agent_dir} is run by process {named} (its meta.json); this runner, {os.getpid()}, ran nothing")
     pid, create_time, _ = own_identity()
     if ForkedFor.pid is not None:
         register_runner(pid, create_time, agent_dir)  # the launcher registered the stand-in; the agent runs here

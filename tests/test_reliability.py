@@ -349,6 +349,21 @@ def test_an_outcome_a_settler_committed_stands_and_the_runners_own_is_kept(sessi
     assert spawn.ledger_state((session_root / "s" / "ledger.jsonl").read_text().splitlines()).charges == {"a1-x": 0.5}
 
 
+def test_a_second_runner_for_a_background_agent_runs_nothing(env: dict[str, str]) -> None:
+    # As a launcher would start if it took the fork server's late answer for none: meta.json names the other.
+    launched = stdout_json(run_spawn(["--background", "--task", mock_task("once", [{"sleep": 2, "text": "ran once"}])], env))
+    agent_dir = Path(launched["agent_dir"])
+    second = run_spawn(["_run", str(agent_dir)], env)
+    assert second.returncode == spawn.ExitCode.STATE, second.stderr
+    (line,) = [ln for ln in second.stderr.splitlines() if ln.startswith("spawn: error:")]
+    assert f"is run by process {launched['pid']} (its meta.json)" in line and "ran nothing" in line
+    done = run_spawn(["wait", launched["id"], "--session", str(agent_dir.parent.parent)], env)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr
+    assert load(agent_dir / "outcome.json")["output"] == "ran once"
+    inits = [ln for ln in (agent_dir / "transcript.jsonl").read_text().splitlines() if '"subtype": "init"' in ln]
+    assert len(inits) == 1 and not (agent_dir / "outcome.kept.json").exists()
+
+
 def test_outcome_problem_names_what_makes_a_record_no_outcome_of_the_agent() -> None:
     good = {"id": "a0-1", "status": "killed", "reason": "r", "exit_code": 143, "ended_at": "t", "duration_s": 1}
     assert spawn.outcome_problem(good, "a0-1") is None
