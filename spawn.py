@@ -7278,6 +7278,8 @@ def serve_forks(meta: AgentMeta) -> None:
                         line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
                     with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
                         fh.write(json.dumps(line) + "\n")
+        # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
+        print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
     finally:
         with contextlib.suppress(OSError):
             if path.stat().st_ino == bound:

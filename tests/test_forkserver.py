@@ -58,6 +58,11 @@ def servers(session_root: Path) -> list[psutil.Process]:
     return found
 
 
+def log_text(session_root: Path) -> str:
+    """What the sessions' fork servers wrote to their logs."""
+    return "".join(log.read_text() for log in session_root.glob("*/forkserver.log"))
+
+
 def chain(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     leaf = mock_task("leaf level", [{"text": "leaf-result"}])
     middle = mock_task("middle level", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Read")}, {"text": "middle-result"}])
@@ -449,8 +454,10 @@ def test_the_server_is_the_roots_fork_and_holds_nothing_of_the_roots(env: dict[s
         assert all(target.startswith("socket:") for target in fds.values()), fds
         assert Path(f"/proc/{server.pid}/cgroup").read_text() == Path(f"/proc/{runner.pid}/cgroup").read_text()
         runner.kill()
-        # The parent-death signal: gone well before its once-a-second look at the root.
-        assert not wait_until_gone([server.pid], timeout=spawn.FORKSERVER_POLL_S / 2)
+        # Gone by the parent-death signal, not by its once-a-second look at
+        # the root (which would log that the root is gone): no clock to race.
+        assert not wait_until_gone([server.pid], timeout=30)
+        assert "its root is gone" not in log_text(session_root), log_text(session_root)
         proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -463,3 +470,18 @@ def test_the_server_is_the_roots_fork_and_holds_nothing_of_the_roots(env: dict[s
     while list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}")):
         assert time.monotonic() < limit, "the socket outlived the tree"
         time.sleep(0.05)
+
+
+def test_a_server_whose_root_is_gone_stops_by_its_own_look(env: dict[str, str], session_root: Path) -> None:
+    # The look that backs up the death signal (which a root dying between its
+    # fork and the server's prctl would miss): a server for a finished root
+    # stops at once, says why, and takes its socket.
+    proc = run_spawn(["--task", mock_task("root", [{"text": "done"}]), "--tools", "Read"], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    (root_dir,) = agent_dirs(session_root)
+    serve = "import sys, pathlib, spawn; spawn.serve_forks(spawn.load_meta(pathlib.Path(sys.argv[1])))"
+    argv = [sys.executable, "-c", serve, str(root_dir)]
+    done = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=120, cwd=spawn.SCRIPT_PATH.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.endswith(": its root is gone\n"), done.stdout
+    assert not list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))
