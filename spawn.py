@@ -5046,17 +5046,22 @@ class _LazyModule(types.ModuleType):
 
 
 class SdkLoader:
-    """Imports the SDK on a thread while the agent is registered.
+    """Imports the SDK on a thread, once the agent's CLI has started (run_agent).
 
-    Registration mostly waits on fsync, which releases the GIL, so the
-    import costs little wall time when started early.
+    Not sooner: the import holds the GIL for most of its ~100 ms of CPU, so
+    started beside registration it only slowed that down, and the CLI,
+    which doesn't need it, started no earlier. After the CLI's start it runs
+    beside the CLI's own start-up, on another CPU.
     """
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self._module: types.ModuleType | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._load, args=(dict(environ),), name="sdk-import", daemon=True)
-        self._thread.start()
+
+    def start(self) -> None:
+        if self._thread.ident is None:
+            self._thread.start()
 
     def _load(self, environ: Mapping[str, str]) -> None:
         try:
@@ -5065,37 +5070,12 @@ class SdkLoader:
             self._error = exc
 
     def result(self) -> types.ModuleType:
+        self.start()
         self._thread.join()
         if self._error is not None:
             raise self._error
         assert self._module is not None
         return self._module
-
-
-def _patch_cli_process_group(state: RunState) -> None:
-    """Start the CLI in its own session and process group, and note its pid.
-
-    The SDK starts the CLI with anyio.open_process and has no option for a
-    process group. Ending an agent must reach everything its CLI started
-    (Bash commands, their children) without signalling spawn.py itself, so
-    this one call is wrapped; a test asserts the CLI gets its own group.
-    """
-    import anyio
-
-    original = anyio.open_process
-    if getattr(original, "_spawn_wrapped", False):
-        return
-
-    async def open_process(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("start_new_session", True)
-        process = await original(*args, **kwargs)
-        state.cli_pid = process.pid
-        with contextlib.suppress(OSError):
-            state.cli_pgid = os.getpgid(process.pid)
-        return process
-
-    open_process._spawn_wrapped = True  # type: ignore[attr-defined]
-    anyio.open_process = open_process
 
 
 # CLI start-ups take turns in a session, as many at once as there are CPUs.
@@ -5197,32 +5177,372 @@ def open_start_slots(session: Path, count: int) -> list[int]:
     return fds
 
 
+def grab_start_slot(fds: Sequence[int]) -> int | None:
+    """One try at each slot: the fd whose flock now holds it, or None if all are taken (OSError: no locks here)."""
+    import fcntl
+
+    for fd in fds:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        return fd
+    return None
+
+
 async def take_start_slot(session: Path, count: int, wait_s: float = START_SLOT_WAIT_S) -> int | None:
     """Wait for a start slot: the open fd whose flock holds it, or None (no turns, or waited too long)."""
     import asyncio
-    import fcntl
 
     fds = open_start_slots(session, count) if count > 0 else []
     held = None
     try:
         limit = time.monotonic() + wait_s
         while fds and held is None and time.monotonic() < limit:
-            for fd in fds:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    return None  # flock refused (a file system without locks): no turns
-                held = fd
-                break
-            else:
+            try:
+                held = grab_start_slot(fds)
+            except OSError:
+                return None  # flock refused (a file system without locks): no turns
+            if held is None:
                 await asyncio.sleep(START_SLOT_POLL_S)
         return held
     finally:
         for fd in fds:
             if fd != held:
                 os.close(fd)
+
+
+def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
+    """Without waiting: whether a CLI may start now, and the slot's fd it then holds (None: no turns here)."""
+    fds = open_start_slots(session, count) if count > 0 else []
+    try:
+        held = grab_start_slot(fds)
+    except OSError:
+        held, fds = None, []  # no locks on this file system: no turns
+    for fd in fds:
+        if fd != held:
+            os.close(fd)
+    return (held is not None or not fds), held
+
+
+# ------------------------------------------------------------ the CLI's start --
+
+# spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
+# transport (CliPipes). The SDK's own transport would start it only once the
+# SDK and asyncio are imported, about 100 ms of CPU at every agent that isn't
+# forked (a root above all), and the CLI's own start-up (~0.4 s) can't begin
+# before. So the command line and environment are built here exactly as the
+# SDK's SubprocessCLITransport builds them, for the options spawn.py sets
+# (test_cli_start checks both against the SDK's), and the CLI starts before
+# the SDK is imported when it can (run_agent), else as the run begins.
+SDK_CLIENT_APP_ENV = "CLAUDE_AGENT_SDK_CLIENT_APP"  # the caller names its app (the SDK's EXPLICIT_CLIENT_APP_ENV)
+SDK_DERIVED_CLIENT_APP_ENV = "CLAUDE_AGENT_SDK_DERIVED_CLIENT_APP"
+SDK_READS_SESSION_STATE_ENV = "CLAUDE_CODE_SDK_READS_SESSION_STATE"
+SDK_MAX_MESSAGE = 1 << 20  # the SDK's limit on one message from the CLI (_DEFAULT_MAX_BUFFER_SIZE)
+CLI_CLOSE_WAIT_S = 5.0  # as the SDK's close(): after stdin's end, then after SIGTERM
+
+
+def cli_argv(cli: str, options: Mapping[str, Any]) -> list[str]:
+    """The CLI's command line for these ClaudeAgentOptions fields, as the SDK's transport builds it (pure)."""
+    argv = [cli, "--output-format", "stream-json", "--verbose"]
+    prompt = options.get("system_prompt")
+    if prompt is None:
+        argv += ["--system-prompt", ""]
+    elif isinstance(prompt, str):
+        argv += ["--system-prompt", prompt]
+    elif prompt.get("type") == "preset" and "append" in prompt:
+        argv += ["--append-system-prompt", prompt["append"]]
+    tools = options.get("tools")
+    if tools is not None:
+        argv += ["--tools", ",".join(tools)]
+    allowed = list(options.get("allowed_tools") or [])
+    sources = options.get("setting_sources")
+    skills = options.get("skills")
+    if skills is not None:
+        # Skill names were checked as a definition was read (parse_agent_fields).
+        allowed += [rule for rule in (["Skill"] if skills == "all" else [f"Skill({name})" for name in skills]) if rule not in allowed]
+        sources = ["user", "project"] if sources is None else sources
+    if allowed:
+        argv += ["--allowedTools", ",".join(allowed)]
+    if options.get("max_turns"):
+        argv += ["--max-turns", str(options["max_turns"])]
+    if options.get("max_budget_usd") is not None:
+        argv += ["--max-budget-usd", str(options["max_budget_usd"])]
+    if options.get("disallowed_tools"):
+        argv += ["--disallowedTools", ",".join(options["disallowed_tools"])]
+    if options.get("model"):
+        argv += ["--model", options["model"]]
+    if options.get("permission_mode"):
+        argv += ["--permission-mode", options["permission_mode"]]
+    if options.get("resume"):
+        argv.append(f"--resume={options['resume']}")  # one token: a value never reads as a flag
+    if options.get("settings"):
+        argv += ["--settings", options["settings"]]
+    servers = options.get("mcp_servers")
+    if servers:
+        argv += ["--mcp-config", json.dumps({"mcpServers": dict(servers)})]
+    if options.get("strict_mcp_config"):
+        argv.append("--strict-mcp-config")
+    if sources is not None:
+        argv.append(f"--setting-sources={','.join(sources)}")
+    if options.get("effort") is not None:
+        argv += ["--effort", options["effort"]]
+    output_format = options.get("output_format")
+    if isinstance(output_format, dict) and output_format.get("type") == "json_schema" and output_format.get("schema") is not None:
+        argv += ["--json-schema", json.dumps(output_format["schema"])]
+    return [*argv, "--input-format", "stream-json"]
+
+
+def cli_environment(
+    environ: Mapping[str, str], env: Mapping[str, str], cwd: str | None, client_app: str | None, version: str
+) -> dict[str, str]:
+    """The CLI's environment, as the SDK's transport makes it (pure)."""
+    out = {k: v for k, v in environ.items() if k != "CLAUDECODE"}  # the CLI must not think it runs inside Claude Code
+    out["CLAUDE_CODE_ENTRYPOINT"] = "sdk-py"
+    out.update(env)
+    out["CLAUDE_AGENT_SDK_VERSION"] = version
+    out.pop(SDK_DERIVED_CLIENT_APP_ENV, None)
+    if client_app is not None:
+        out[SDK_CLIENT_APP_ENV] = client_app
+    # The query waits for the CLI's "idle" before it closes stdin; the CLI sends it only if asked.
+    if not any(k.upper() == SDK_READS_SESSION_STATE_ENV for k in out):
+        out[SDK_READS_SESSION_STATE_ENV] = "1"
+    if cwd:
+        out["PWD"] = cwd
+    return out
+
+
+@functools.cache
+def sdk_version() -> str:
+    """claude-agent-sdk's version, read from its _version.py without importing the package (about 1 s)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("claude_agent_sdk")
+    with contextlib.suppress(OSError, TypeError):
+        text = (Path(str(spec.origin)).parent / "_version.py").read_text() if spec else ""
+        if m := re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M):
+            return m.group(1)
+    return str(import_sdk(os.environ).__version__)
+
+
+class StartedCli:
+    """An agent's CLI, started by spawn.py (start_cli), and the start slot it holds until its first message."""
+
+    def __init__(self, plan: CliStart, process: subprocess.Popen[bytes], slot: int | None) -> None:
+        self.plan = plan
+        self.process = process
+        self.slot = slot
+        self.returncode: int | None = None
+        self.waiter: Any = None  # the task that reaps it
+
+    def free_slot(self) -> None:
+        if self.slot is not None:
+            os.close(self.slot)
+            self.slot = None
+
+    async def wait(self) -> int:
+        """Its exit status, as asyncio gives it (-N: signal N); one waiter however many ask."""
+        import asyncio
+
+        if self.waiter is None:
+            self.waiter = asyncio.ensure_future(self._wait())
+        return await asyncio.shield(self.waiter)
+
+    async def _wait(self) -> int:
+        import asyncio
+
+        pid = self.process.pid
+        pidfd = None
+        with contextlib.suppress(AttributeError, OSError):
+            pidfd = os.pidfd_open(pid)
+        if pidfd is not None:
+            # Readable when it exits: no thread, no poll.
+            loop = asyncio.get_running_loop()
+            ended = loop.create_future()
+
+            def exited() -> None:
+                if not ended.done():
+                    ended.set_result(None)
+
+            loop.add_reader(pidfd, exited)
+            try:
+                while self.returncode is None and child_running(pid):
+                    await asyncio.wait([ended], timeout=1.0)
+            finally:
+                loop.remove_reader(pidfd)
+                os.close(pidfd)
+        else:
+            pause = 0.005
+            while self.returncode is None and child_running(pid):
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.1)
+        if self.returncode is None:
+            try:
+                status = os.waitpid(pid, 0)[1]
+                self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            except ChildProcessError:
+                self.returncode = 255  # reaped by someone else: asyncio's answer for it
+            self.process.returncode = self.returncode  # so Popen doesn't reap or warn again
+        return self.returncode
+
+
+def start_cli(plan: CliStart, state: RunState, slot: int | None) -> StartedCli:
+    """Start the agent's CLI, in a session and process group of its own.
+
+    Ending an agent must reach everything its CLI started (Bash commands,
+    their children) without signalling spawn.py itself. On failure the slot
+    is let go and the SDK's error is raised.
+    """
+    try:
+        process = subprocess.Popen(
+            plan.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=plan.options["cwd"],
+            env=plan.env,
+            start_new_session=True,
+        )
+    except BaseException:
+        if slot is not None:
+            os.close(slot)
+        raise
+    state.cli_pid = state.cli_pgid = process.pid
+    return StartedCli(plan, process, slot)
+
+
+class CliPipes:
+    """The SDK's transport to a CLI that spawn.py started: its stdin, stdout and stderr pipes.
+
+    It behaves as the SDK's SubprocessCLITransport once that has started the
+    CLI: the same messages, the same errors (the SDK's own classes) and the
+    same end: stdin closed, then SIGTERM after 5 s, SIGKILL after 5 more.
+    """
+
+    def __init__(self, sdk: Any, cli: StartedCli, on_stderr: Callable[[str], None]) -> None:
+        self.sdk = sdk
+        self.cli = cli
+        self.on_stderr = on_stderr
+        self.ready = False
+        self.stdout: Any = None
+        self.stdin: Any = None
+        self.tasks: list[Any] = []
+        self.pipes: list[Any] = []
+        self.exit_error: Exception | None = None
+
+    async def connect(self) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        process = self.cli.process
+        self.stdout = asyncio.StreamReader(limit=SDK_MAX_MESSAGE + 1)
+        out, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.stdout), process.stdout)
+        stderr = asyncio.StreamReader()
+        err, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stderr), process.stderr)
+        # A StreamReaderProtocol gives the writer its flow control (drain), as asyncio's subprocesses have.
+        pipe, protocol = await loop.connect_write_pipe(lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()), process.stdin)
+        self.stdin = asyncio.StreamWriter(pipe, protocol, None, loop)
+        self.pipes = [out, err]
+        self.tasks = [asyncio.ensure_future(self._relay_stderr(stderr))]
+        self.ready = True
+
+    async def _relay_stderr(self, stderr: Any) -> None:
+        while line := await stderr.readline():
+            text = line.decode(errors="replace").rstrip()
+            if text:
+                with contextlib.suppress(Exception):
+                    self.on_stderr(text)
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+    async def write(self, data: str) -> None:
+        if not self.ready or self.stdin is None:
+            raise self.sdk.CLIConnectionError("ProcessTransport is not ready for writing")
+        if self.cli.returncode is not None:
+            raise self.sdk.CLIConnectionError(f"Cannot write to terminated process (exit code: {self.cli.returncode})")
+        try:
+            self.stdin.write(data.encode())
+            await self.stdin.drain()
+        except Exception as exc:
+            self.ready = False
+            self.exit_error = self.sdk.CLIConnectionError(f"Failed to write to process stdin: {exc}")
+            raise self.exit_error from exc
+
+    async def end_input(self) -> None:
+        if self.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.stdin.close()
+            self.stdin = None
+
+    def read_messages(self) -> AsyncIterator[dict[str, Any]]:
+        return self._read_messages()
+
+    async def _read_messages(self) -> AsyncIterator[dict[str, Any]]:
+        pending = b""
+        while chunk := await self.stdout.read(1 << 16):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if (message := self._message(line)) is not None:
+                    yield message
+            if len(pending) > SDK_MAX_MESSAGE:
+                raise self.sdk.CLIJSONDecodeError(
+                    pending[:100].decode(errors="replace"), ValueError(f"message over {SDK_MAX_MESSAGE} bytes")
+                )
+        # The CLI ends every message with a newline: a tail without one was cut off.
+        tail = None
+        with contextlib.suppress(Exception):
+            tail = self._message(pending)
+        if tail is not None:
+            yield tail
+        code = await self.cli.wait()
+        if code != 0:
+            await self._drain_stderr()  # what it said last is the reason's second half (describe_sdk_error)
+            self.exit_error = self.sdk.ProcessError(
+                f"Command failed with exit code {code}", exit_code=code, stderr="Check stderr output for details"
+            )
+            raise self.exit_error
+
+    def _message(self, line: bytes) -> dict[str, Any] | None:
+        text = line.decode(errors="replace").strip()
+        if not text.startswith("{"):
+            return None  # a blank line, or a CLI's debug line on stdout
+        try:
+            message = json.loads(text)
+        except ValueError as exc:
+            raise self.sdk.CLIJSONDecodeError(text[:100], exc) from exc
+        return message if isinstance(message, dict) else None
+
+    async def _drain_stderr(self, timeout: float = 1.0) -> None:
+        """Let the relay reach stderr's end (the CLI's last words), unless something the CLI started holds it open."""
+        import asyncio
+
+        if self.tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait([self.tasks[0]], timeout=timeout)
+
+    async def close(self) -> None:
+        import asyncio
+
+        self.ready = False
+        await self.end_input()
+        try:
+            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+                if sig is not None and self.cli.returncode is None:
+                    # os.kill, not Popen's send_signal: that would reap it, and the status would be lost to wait().
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.cli.process.pid, sig)
+                try:
+                    await asyncio.wait_for(asyncio.shield(self.cli.wait()), CLI_CLOSE_WAIT_S)
+                    break
+                except TimeoutError:
+                    continue
+            await self._drain_stderr(0.2)
+        finally:
+            for task in self.tasks:
+                task.cancel()
+            for pipe in self.pipes:
+                pipe.close()
 
 
 def heartbeat_interval(environ: Mapping[str, str]) -> float:
@@ -5487,23 +5807,26 @@ def settle_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> str | None:
     return None
 
 
-async def run_sdk(
-    meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
-) -> None:
-    sdk = sdk_loader.result() if sdk_loader is not None else import_sdk(os.environ)
-    _patch_cli_process_group(state)
+@dataclass
+class CliStart:
+    """What an agent's CLI is started with, worked out without the SDK (cli_start)."""
+
+    options: dict[str, Any]
+    """ClaudeAgentOptions' fields, but hooks and stderr (they need the SDK)."""
+    gate: PermissionGate
+    prompt: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> CliStart:
+    """The CLI's options, command line and environment for this agent."""
     system_prompt: Any
     brief = briefing(meta, spawn_command(), delegates_for(meta, os.environ))
     if meta.preset == "claude_code":
         system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
     else:
         system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
-    stderr_path = agent_dir / STDERR_LOG
-
-    def on_stderr(line: str) -> None:
-        with open(stderr_path, "a") as fh:
-            fh.write(redact(line, secrets_) + "\n")
-
     builtin = [t for t in meta.tools if not t.startswith("mcp__")]
     mcp_servers: dict[str, Any] = {}
     hooks: dict[str, Any] | None = None
@@ -5548,16 +5871,12 @@ async def run_sdk(
             system_prompt += "\n\n" + "\n\n".join(sections)
     gate = PermissionGate(meta, agent_dir, secrets_, state.denied_asks)
     allowed, disallowed = cli_permissions(meta.tools, meta.disallowed_tools, gate.rules)
-    options = sdk.ClaudeAgentOptions(
+    options: dict[str, Any] = dict(
         tools=builtin,
         allowed_tools=allowed,
         mcp_servers=mcp_servers,
         strict_mcp_config=True,
         skills=meta.skills,
-        hooks={
-            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
-            **native_subagent_hooks(sdk, agent_dir, secrets_),
-        },
         disallowed_tools=disallowed,
         system_prompt=system_prompt,
         model=meta.model,
@@ -5568,7 +5887,6 @@ async def run_sdk(
         cwd=meta.cwd,
         cli_path=str(cli),
         env=child_environment(meta, agent_dir),
-        stderr=on_stderr,
         # dontAsk by default: nobody answers the CLI's prompts in a nested
         # agent, so what the tool list doesn't grant is denied, not awaited.
         permission_mode=meta.permission_mode,
@@ -5577,38 +5895,83 @@ async def run_sdk(
         setting_sources=None if meta.preset == "claude_code" else [],
         output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
         resume=resumed_sdk_session(meta),
-        # The app in the CLI's User-Agent, unless the caller named theirs; named
-        # either way, so connect() doesn't start a thread to work a name out.
-        client_app=None if os.environ.get("CLAUDE_AGENT_SDK_CLIENT_APP") else f"spawn.py/{__version__}",
+        # The app in the CLI's User-Agent, unless the caller named theirs.
+        client_app=None if os.environ.get(SDK_CLIENT_APP_ENV) else f"spawn.py/{__version__}",
     )
-    transcript = agent_dir / TRANSCRIPT
     # initialPrompt comes first, in the same user turn, so the task's own text
     # (and any scripted MOCK[...]) stays part of the first message.
     prompt = f"{meta.initial_prompt}\n\n{meta.task}" if meta.initial_prompt else meta.task
+    argv = cli_argv(str(cli), options)
+    env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
+    return CliStart(options, gate, prompt, argv, env)
+
+
+async def run_sdk(
+    meta: AgentMeta,
+    agent_dir: Path,
+    cli: Path,
+    state: RunState,
+    secrets_: Sequence[str],
+    *,
+    sdk_loader: SdkLoader | None,
+    started: StartedCli | None = None,
+) -> None:
+    """Run the agent's CLI through the SDK: the one started early (start_cli), else one started now."""
     import asyncio
 
-    slot = [await take_start_slot(Path(meta.session), start_slot_count(os.environ))]
+    not_started: OSError | None = None
+    try:
+        if started is None:
+            plan = cli_start(meta, agent_dir, cli, state, secrets_)
+            slot = await take_start_slot(Path(meta.session), start_slot_count(os.environ))
+            try:
+                started = start_cli(plan, state, slot)
+            except OSError as exc:
+                not_started = exc
+        sdk = sdk_loader.result() if sdk_loader is not None else import_sdk(os.environ)
+    except BaseException:
+        if started is not None:
+            started.free_slot()
+        raise
+    if started is None:
+        # The SDK's own words for it, as when its transport started the CLI.
+        if not Path(meta.cwd).is_dir():
+            raise sdk.CLIConnectionError(f"Working directory does not exist: {meta.cwd}") from not_started
+        if isinstance(not_started, FileNotFoundError):
+            raise sdk.CLINotFoundError(f"Claude Code not found at: {cli}") from not_started
+        raise sdk.CLIConnectionError(f"Failed to start Claude Code: {not_started}") from not_started
+    stderr_path = agent_dir / STDERR_LOG
 
-    def free_slot() -> None:
-        if slot[0] is not None:
-            os.close(slot[0])
-            slot[0] = None
+    def on_stderr(line: str) -> None:
+        with open(stderr_path, "a") as fh:
+            fh.write(redact(line, secrets_) + "\n")
 
+    plan = started.plan
+    # The same options as for the SDK's own transport: the query still reads
+    # its hooks, skills and env from them (the flags are already the CLI's).
+    options = sdk.ClaudeAgentOptions(
+        **plan.options,
+        hooks={
+            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
+            **native_subagent_hooks(sdk, agent_dir, secrets_),
+        },
+        stderr=on_stderr,
+    )
     # Freed at the CLI's first message, by the timer, or whatever ends the run.
-    timer = asyncio.get_running_loop().call_later(START_SLOT_HOLD_S, free_slot)
+    timer = asyncio.get_running_loop().call_later(START_SLOT_HOLD_S, started.free_slot)
     try:
         await consume_sdk(
             sdk,
-            sdk.query(prompt=prompt, options=options),
+            sdk.query(prompt=plan.prompt, options=options, transport=CliPipes(sdk, started, on_stderr)),
             meta=meta,
-            transcript=transcript,
+            transcript=agent_dir / TRANSCRIPT,
             state=state,
             secrets_=secrets_,
-            first=free_slot,
+            first=started.free_slot,
         )
     finally:
         timer.cancel()
-        free_slot()
+        started.free_slot()
 
 
 async def consume_sdk(
@@ -5798,8 +6161,6 @@ def run_agent(
     become_subreaper()
     guard_pid, guard_pipe = guard or start_guard(agent_dir)
     enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
-    if forkserver_wanted(meta, os.environ):
-        start_forkserver(meta, sdk_loader)  # after entering the cgroup: it ends with the tree
     error: str | None = None
     home_cwd = Path(meta.cwd)
     if meta.isolation == "worktree":
@@ -5807,6 +6168,12 @@ def run_agent(
             meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
         except StateError as exc:
             error = exc.message
+    if error is None:
+        executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
+    if sdk_loader is not None:
+        sdk_loader.start()
+    if forkserver_wanted(meta, os.environ):
+        start_forkserver(meta, sdk_loader)  # after entering the cgroup: it ends with the tree
 
     async def main_task() -> None:
         nonlocal error
@@ -6266,6 +6633,9 @@ class Executor:
     def check(self, node: Node) -> None:
         """At resolve time: UsageError (exit 2, nothing written) when the node can't be run."""
 
+    def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
+        """Before run's event loop (and the SDK's import): start what may start at once. Best effort: run starts the rest."""
+
     async def run(
         self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
     ) -> None:
@@ -6285,10 +6655,32 @@ class ClaudeExecutor(Executor):
 
     kind = "claude"
 
+    def __init__(self) -> None:
+        self.started: StartedCli | None = None
+
+    def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
+        """Start the CLI while the SDK is still being imported, if nothing makes it wait.
+
+        A --max-concurrent slot or a start slot to wait for, or a stop
+        already asked for, leave it to run_sdk, whose loop can serve a stop
+        meanwhile; so does anything that fails here, which run_sdk then
+        meets again and reports.
+        """
+        if EarlyStop.pending is not None or read_limits(Path(meta.session)).max_concurrent is not None:
+            return
+        try:
+            plan = cli_start(meta, agent_dir, cli, state, secrets_)
+        except Exception:
+            return
+        free, slot = start_slot_now(Path(meta.session), start_slot_count(os.environ))
+        if free:
+            with contextlib.suppress(OSError):
+                self.started = start_cli(plan, state, slot)
+
     async def run(
         self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
     ) -> None:
-        await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader)
+        await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader, started=self.started)
 
     def describe_error(self, exc: Exception, agent_dir: Path) -> str:
         return describe_sdk_error(exc, agent_dir / STDERR_LOG)
@@ -9580,7 +9972,7 @@ def note(message: str) -> None:
 def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     if wants_guard_above(argv, environ):
         fork_below_guard()  # before any thread: from here on this process is the runner
-    # Start importing the SDK at once: it overlaps flag checks and registration.
+    # The SDK is imported once the agent's CLI has started (SdkLoader).
     # (A background launch and a dry run never need it.)
     # (Nor does a node of another kind that --agent names directly.)
     sdk_loader = SdkLoader(environ) if not {"--dry-run", "--background"} & set(argv) and not names_another_kind(argv) else None
