@@ -2400,21 +2400,29 @@ def end_tree_cgroup(meta: AgentMeta) -> bool:
     try:
         (path / "cgroup.kill").write_text("1\n")
     except OSError:  # kernels before 5.14: no cgroup.kill; signal what is listed
-        for procs in sorted(path.rglob("cgroup.procs"), key=lambda p: -len(p.parts)):
+        for cgroup in cgroup_tree(path):
             with contextlib.suppress(OSError, ValueError):
-                for pid in procs.read_text().split():
+                for pid in (cgroup / "cgroup.procs").read_text().split():
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(int(pid), signal.SIGKILL)
     limit = time.monotonic() + CGROUP_EMPTY_WAIT_S
     while cgroup_populated(path) and time.monotonic() < limit:
         time.sleep(0.01)
     # rmdir only takes empty leaves, so nested trees' cgroups go first.
-    for sub in sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+    for cgroup in cgroup_tree(path):
         with contextlib.suppress(OSError):
-            sub.rmdir()
-    with contextlib.suppress(OSError):
-        path.rmdir()
+            cgroup.rmdir()
     return True
+
+
+def cgroup_tree(path: Path) -> list[Path]:
+    """path and the cgroups nested in it, deepest first.
+
+    Whatever another process removes meanwhile is left out, not an error:
+    a dead root's guard and a `wait` that settles it may both end its tree
+    (Path.rglob raised FileNotFoundError for a directory removed under it).
+    """
+    return [Path(folder) for folder, _dirs, _files in os.walk(path, topdown=False)]
 
 
 def cgroup_populated(path: Path) -> bool:

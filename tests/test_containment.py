@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -197,3 +198,29 @@ def test_reap_ends_the_cgroup_of_a_root_whose_guard_died_too(env: dict[str, str]
     proc = run_spawn(["reap", str(agent_dir.parent.parent)], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert not cgroup.exists()
+
+
+def test_ending_a_tree_cgroup_that_another_settler_is_removing_is_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A dead root's guard and a `wait` that settles it may both end its tree
+    # cgroup: what one removes while the other walks it is skipped. (Before,
+    # `wait` exited 3 with "No such file or directory" for the cgroup.)
+    session = tmp_path / "20260101-0000-x"
+    cgroup = tmp_path / "cgroupfs" / spawn.tree_cgroup_name(str(session), "a0-abc")
+    gone = cgroup / "nested"
+    (gone / "deeper").mkdir(parents=True)
+    meta = spawn.AgentMeta(
+        id="a0-abc", parent_id=None, depth=0, max_depth=1, pid=1, create_time=0, pgid=1, trace_id="0" * 32,
+        span_id="1" * 16, traceparent="", task="t", tools=[], disallowed_tools=[], model="m", cwd="/", started_at="",
+        session=str(session), system_prompt="", deadline=None, containment=f"cgroup {cgroup}",
+    )  # fmt: skip
+    real_scandir = os.scandir
+
+    def scandir(path: Any = ".") -> Any:
+        if Path(os.fsdecode(path)) == gone:
+            (gone / "deeper").rmdir()
+            gone.rmdir()  # the other settler got there first
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert spawn.end_tree_cgroup(meta)
+    assert not gone.exists()
