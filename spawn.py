@@ -5374,23 +5374,21 @@ class StartedCli:
 
             loop.add_reader(pidfd, exited)
             try:
-                while self.returncode is None and child_running(pid):
+                while child_running(pid):
                     await asyncio.wait([ended], timeout=1.0)
             finally:
                 loop.remove_reader(pidfd)
                 os.close(pidfd)
         else:
             pause = 0.005
-            while self.returncode is None and child_running(pid):
+            while child_running(pid):
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 0.1)
-        if self.returncode is None:
-            try:
-                status = os.waitpid(pid, 0)[1]
-                self.returncode = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            except ChildProcessError:
-                self.returncode = 255  # reaped by someone else: asyncio's answer for it
-            self.process.returncode = self.returncode  # so Popen doesn't reap or warn again
+        try:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except ChildProcessError:
+            self.returncode = 255  # reaped by someone else: asyncio's answer for it
+        self.process.returncode = self.returncode  # so Popen doesn't reap or warn again
         return self.returncode
 
 
@@ -5434,9 +5432,8 @@ class CliPipes:
         self.ready = False
         self.stdout: Any = None
         self.stdin: Any = None
-        self.tasks: list[Any] = []
+        self.relay: Any = None  # the task that copies stderr to on_stderr
         self.pipes: list[Any] = []
-        self.exit_error: Exception | None = None
 
     async def connect(self) -> None:
         import asyncio
@@ -5451,7 +5448,7 @@ class CliPipes:
         pipe, protocol = await loop.connect_write_pipe(lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()), process.stdin)
         self.stdin = asyncio.StreamWriter(pipe, protocol, None, loop)
         self.pipes = [out, err]
-        self.tasks = [asyncio.ensure_future(self._relay_stderr(stderr))]
+        self.relay = asyncio.ensure_future(self._relay_stderr(stderr))
         self.ready = True
 
     async def _relay_stderr(self, stderr: Any) -> None:
@@ -5474,8 +5471,7 @@ class CliPipes:
             await self.stdin.drain()
         except Exception as exc:
             self.ready = False
-            self.exit_error = self.sdk.CLIConnectionError(f"Failed to write to process stdin: {exc}")
-            raise self.exit_error from exc
+            raise self.sdk.CLIConnectionError(f"Failed to write to process stdin: {exc}") from exc
 
     async def end_input(self) -> None:
         if self.stdin is not None:
@@ -5506,10 +5502,7 @@ class CliPipes:
         code = await self.cli.wait()
         if code != 0:
             await self._drain_stderr()  # what it said last is the reason's second half (describe_sdk_error)
-            self.exit_error = self.sdk.ProcessError(
-                f"Command failed with exit code {code}", exit_code=code, stderr="Check stderr output for details"
-            )
-            raise self.exit_error
+            raise self.sdk.ProcessError(f"Command failed with exit code {code}", exit_code=code, stderr="Check stderr output for details")
 
     def _message(self, line: bytes) -> dict[str, Any] | None:
         text = line.decode(errors="replace").strip()
@@ -5525,9 +5518,9 @@ class CliPipes:
         """Let the relay reach stderr's end (the CLI's last words), unless something the CLI started holds it open."""
         import asyncio
 
-        if self.tasks:
+        if self.relay is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait([self.tasks[0]], timeout=timeout)
+                await asyncio.wait([self.relay], timeout=timeout)
 
     async def close(self) -> None:
         import asyncio
@@ -5547,8 +5540,8 @@ class CliPipes:
                     continue
             await self._drain_stderr(0.2)
         finally:
-            for task in self.tasks:
-                task.cancel()
+            if self.relay is not None:
+                self.relay.cancel()
             for pipe in self.pipes:
                 pipe.close()
 

@@ -26,7 +26,19 @@ from typing import Any
 import jsonschema
 import psutil
 import pytest
-from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, wait_for_path, wait_until_gone
+from conftest import (
+    agent_dirs,
+    load,
+    metas,
+    mock_task,
+    run_python,
+    run_spawn,
+    spawn_in_bash,
+    start_spawn,
+    stdout_json,
+    wait_for_path,
+    wait_until_gone,
+)
 
 import spawn
 
@@ -480,8 +492,7 @@ def test_a_server_whose_root_is_gone_stops_by_its_own_look(env: dict[str, str], 
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     (root_dir,) = agent_dirs(session_root)
     serve = "import sys, pathlib, spawn; spawn.serve_forks(spawn.load_meta(pathlib.Path(sys.argv[1])))"
-    argv = [sys.executable, "-c", serve, str(root_dir)]
-    done = subprocess.run(argv, check=False, env=env, capture_output=True, text=True, timeout=120, cwd=spawn.SCRIPT_PATH.parent)
+    done = run_python(["-c", serve, str(root_dir)], env, cwd=spawn.SCRIPT_PATH.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.endswith(": its root is gone\n"), done.stdout
     assert not list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))
