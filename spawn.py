@@ -1405,7 +1405,7 @@ def sandbox_wanted(requested: str, depth: int, max_depth: int, tools: Sequence[s
 
 
 def sandbox_writes(
-    may_spawn: bool, agent_dir: Path, session: str, runner_index: Path, *, ancestors: Sequence[Path], session_entries: Sequence[str]
+    may_spawn: bool, agent_dir: Path, session: str, runner_index: Path, *, session_entries: Sequence[str], drop_boxes: Sequence[str]
 ) -> tuple[list[str], list[str]]:
     """Where a sandboxed agent's Bash may write beyond its cwd, and what stays read-only in there (pure).
 
@@ -1415,35 +1415,26 @@ def sandbox_writes(
     records. Its own meta.json stays read-only: a spawn inside takes its
     limits from it.
 
-    A leaf's spawns are refused, and recorded: it may create agent
-    directories, but its own, its ancestors' (their outcomes above all) and
-    every other entry of the session (the ledger, limits, asks, the fork
-    server's socket) are read-only, as is the runner index, even where they
-    lie inside its cwd (sessions/ beside spawn.py, in a project). So a hostile
-    leaf can't publish an outcome before the runner that owns it, its own or
-    an ancestor's. Its scratch/ is bound too, only to name the agent on bwrap's
-    command line (sandbox_owner); inside its read-only agent directory it
-    stays read-only. The caller keeps only paths that exist: for a file not
-    there yet the CLI would hold an empty placeholder at its path on the host
-    while each command runs, and an empty .done is an outcome to every reader.
+    A leaf may write only its drop box, refused/<its id>/, where its refused
+    spawns wait for its runner to record them (record_dropped_refusals).
+    Every other entry of the session (all of agents/, so its own, its
+    ancestors' and its siblings' records, even those made after it started;
+    the ledger, limits, asks, the fork server's socket, the other leaves'
+    drop boxes) is read-only, as is the runner index, even where they lie
+    inside its cwd (sessions/ beside spawn.py, in a project). So a hostile
+    leaf can't publish an outcome before the runner that owns it. Its
+    scratch/ is bound too, only to name the agent on bwrap's command line
+    (sandbox_owner); inside its read-only agent directory it stays read-only.
+    The caller keeps only paths that exist: for a file not there yet the CLI
+    would hold an empty placeholder at its path on the host while each
+    command runs, and an empty .done is an outcome to every reader.
     """
     if may_spawn:
         return [str(agent_dir), session, str(runner_index)], [str(agent_dir / META)]
-    others = [f"{session}/{name}" for name in session_entries if name not in (AGENTS_DIR, SESSION_LOCK)]
-    return [session, str(agent_dir / SCRATCH_DIR)], [str(agent_dir), *map(str, ancestors), *others, str(runner_index)]
-
-
-def ancestor_dirs(meta: AgentMeta) -> list[Path]:
-    """The agent directories of meta's parent, its parent and so on, as their meta.json files tell."""
-    agents, parent = Path(meta.session) / AGENTS_DIR, meta.parent_id
-    found: list[Path] = []
-    while parent and len(found) < max(meta.depth, 0):
-        found.append(agents / parent)
-        try:
-            parent = load_meta(agents / parent).parent_id
-        except (OSError, SpawnError):
-            break
-    return found
+    others = [f"{session}/{name}" for name in session_entries if name not in (REFUSED_DIR, SESSION_LOCK)]
+    boxes = [f"{session}/{REFUSED_DIR}/{name}" for name in drop_boxes if name != agent_dir.name]
+    writable = [f"{session}/{REFUSED_DIR}/{agent_dir.name}", str(agent_dir / SCRATCH_DIR)]
+    return writable, [str(agent_dir), *others, *boxes, str(runner_index)]
 
 
 def sandbox_settings(
@@ -1479,6 +1470,14 @@ def cli_settings(**parts: Any) -> str | None:
 META = "meta.json"
 OUTCOME = "outcome.json"
 SCRATCH_DIR = "scratch"  # a sandboxed leaf's own writable directory, its records beside it read-only
+# refused/<leaf id>/: a sandboxed leaf's refused spawns, each <child id>.json,
+# until the leaf's runner, outside the sandbox, records them in agents/.
+REFUSED_DIR = "refused"
+# What a leaf's runner takes from its drop box: a hostile leaf gets no more
+# agent directories than this, nor bigger records, by writing there.
+DROPPED_REFUSALS_MAX = 64
+DROPPED_REFUSAL_MAX_BYTES = 256 * 1024
+DROP_BOX_POLL_S = 1.0  # a listing of a directory that is nearly always empty
 OUTCOME_KEPT = "outcome.kept.json"  # the runner's own, when outcome.json turned out not to be an outcome
 TRANSCRIPT = "transcript.jsonl"
 STDERR_LOG = "stderr.log"
@@ -4710,8 +4709,8 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         if not (session / AGENTS_DIR).is_dir():
             raise StateError(f"session {session} does not exist; unset {ENV_SESSION} or pass --session DIR")
     meta.session = str(session)
-    if plan.refusal is not None and not plan.new_session and not os.access(session, os.W_OK):
-        # A sandboxed agent that can't spawn sees its session read-only (sandbox_writes).
+    if plan.refusal is not None and not plan.new_session and not os.access(session / AGENTS_DIR, os.W_OK):
+        # A sandboxed agent that can't spawn sees agents/ read-only (sandbox_writes).
         raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
     if plan.refusal is None and not plan.new_session:
         plan.refusal = confirm_spawn(meta, session, plan.secrets)
@@ -4948,6 +4947,8 @@ class RunState:
         """What a node of another kind than claude returned (see the executors section)."""
         self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
         """Run by the stop path before the node's process group is ended: an a2a node cancels its remote task."""
+        self.refusals_recorded = 0
+        """A sandboxed leaf's refused spawns its runner recorded from the drop box (record_dropped_refusals)."""
 
 
 def message_record(message: Any) -> dict[str, Any]:
@@ -5847,17 +5848,20 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
             (agent_dir / SCRATCH_DIR).mkdir()  # bwrap binds only what exists
         session = Path(meta.session)
         if meta.depth >= meta.max_depth:
-            # Made now if absent, so a leaf's sandbox can hold them read-only (sandbox_writes).
+            # Made now if absent, so a leaf's sandbox can hold them read-only,
+            # and its drop box writable (sandbox_writes).
             with contextlib.suppress(OSError):
                 asks_dir(session).mkdir(exist_ok=True)
                 os.close(open_regular(session / LEDGER, os.O_WRONLY | os.O_CREAT | os.O_APPEND)[0])
+            (session / REFUSED_DIR / meta.id).mkdir(parents=True, exist_ok=True)
+        boxes = os.listdir(session / REFUSED_DIR) if (session / REFUSED_DIR).is_dir() else []
         writable, read_only = sandbox_writes(
             meta.depth < meta.max_depth,
             agent_dir,
             meta.session,
             runner_index_dir(),
-            ancestors=ancestor_dirs(meta),
             session_entries=os.listdir(session),
+            drop_boxes=boxes,
         )
         read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
@@ -6240,6 +6244,7 @@ def run_agent(
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
         beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ), meta.idle_timeout_s))
         idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
+        drops = asyncio.create_task(drop_box_loop(meta, state, secrets_)) if has_drop_box(meta) else None
         try:
             max_concurrent = read_limits(Path(meta.session)).max_concurrent
             if max_concurrent is not None:
@@ -6266,8 +6271,9 @@ def run_agent(
             state.cli_killed = getattr(exc, "exit_code", None) in (-signal.SIGTERM, -signal.SIGKILL, 143, 137)
         finally:
             beat.cancel()
-            if idle is not None:
-                idle.cancel()
+            for watcher in (idle, drops):
+                if watcher is not None:
+                    watcher.cancel()
             # Closing the loop resets its signal handlers to the default
             # action: held back from here, a late stop signal (a parent
             # ending its subtree) can't end us before the outcome is written.
@@ -6284,6 +6290,8 @@ def run_agent(
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
     end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else LEFTOVER_GRACE_S, spare=[guard_pid])
     settle_descendants(meta, secrets_, running_below)
+    if has_drop_box(meta):
+        record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)
     outcome = executor.outcome(meta, agent_dir, state, started, error)
     if meta.isolation == "worktree":
         outcome.worktree = settle_worktree(home_cwd, agent_dir, meta.id)
@@ -6464,18 +6472,165 @@ def export_trace(meta: AgentMeta, environ: Mapping[str, str]) -> None:
         note(f"warning: OpenTelemetry export failed: {done.stderr.strip()[-500:]}")
 
 
-def record_refusal(agent_dir: Path, plan: Plan) -> Outcome:
-    outcome = Outcome(
-        id=plan.meta.id,
+def refusal_outcome(meta: AgentMeta, reason: str) -> Outcome:
+    return Outcome(
+        id=meta.id,
         status=Status.REFUSED,
-        reason=plan.refusal or "refused",
+        reason=reason,
         exit_code=ExitCode.REFUSED,
         ended_at=utc_now_iso(),
         duration_s=0.0,
-        warnings=plan.meta.warnings,
+        warnings=meta.warnings,
     )
+
+
+def record_refusal(agent_dir: Path, plan: Plan) -> Outcome:
+    outcome = refusal_outcome(plan.meta, plan.refusal or "refused")
     commit_outcome(agent_dir, outcome, plan.secrets)
     return outcome
+
+
+# A sandboxed leaf sees agents/ read-only (sandbox_writes), so the spawn.py it
+# runs can't record a refused child there, and a hostile leaf can't forge its
+# siblings' records. That spawn.py writes the refused child's meta into the
+# leaf's drop box instead, and the leaf's runner, outside the sandbox, checks
+# it and records it: while the leaf runs (once a second), when it ends, and,
+# if the runner died, when the agent is settled.
+
+
+def drop_refusal(plan: Plan) -> tuple[Path, Outcome, str] | None:
+    """A spawn refused inside a sandboxed leaf: hand its record to the leaf's runner.
+
+    (where the runner will record it, its outcome, the leaf's id), or None
+    where agents/ is writable (the normal path records it). RefusedError
+    when there is no drop box to write either.
+    """
+    meta = plan.meta
+    session = Path(meta.session)
+    if os.access(session / AGENTS_DIR, os.W_OK) or not inside_sandbox():
+        return None
+    owner = sandbox_owner()
+    box = session / REFUSED_DIR / (owner.name if owner is not None else "")
+    if owner is None or not os.access(box, os.W_OK):
+        raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
+    meta.id = new_agent_id(meta.depth)
+    meta.pid, meta.create_time, meta.pgid = own_identity()
+    meta.pid_namespace = own_pid_namespace()
+    reason = plan.refusal or "refused"
+    data = redacted_json({"meta": record_to_json(meta), "reason": reason}, plan.secrets)
+    if not publish_once(box / f"{meta.id}.json", data.encode()):
+        raise StateError(f"{box / meta.id}.json already exists; agent ids must be unique")
+    return session / AGENTS_DIR / meta.id, refusal_outcome(meta, reason), owner.name
+
+
+def dropped_refusal(
+    leaf: AgentMeta, name: str, raw: bytes, meta_schema: Mapping[str, Any], host_namespace: str | None
+) -> tuple[AgentMeta, str] | str:
+    """A refused child's meta and reason from a file in leaf's drop box, or what is wrong with it (pure).
+
+    The leaf wrote it, so nothing in it is trusted: it must be a valid meta
+    record of a child one level below, and what the leaf could not have been
+    given by its own spawn.py (who the parent is, where it is, how deep, what
+    tools and depth it may have) is set from the leaf's own meta.
+    """
+    match = re.fullmatch(r"(a(\d{1,4})-[0-9a-f]{6})\.json", name)
+    if match is None or int(match[2]) != leaf.depth + 1:
+        return f"{name}: not the record of a child at depth {leaf.depth + 1}"
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return f"{name}: not JSON"
+    if not isinstance(data, dict) or not isinstance(data.get("reason"), str) or not isinstance(data.get("meta"), dict):
+        return f"{name}: not a refused spawn's record"
+    errors = validate_output(meta_schema, data["meta"])
+    if errors:
+        return f"{name}: not a meta record: {errors[0]}"
+    try:
+        meta = record_from_json(AgentMeta, data["meta"])
+        started_timestamp(meta)
+    except (TypeError, ValueError, AttributeError) as exc:
+        return f"{name}: not a meta record: {exc}"
+    meta.id, meta.session, meta.parent_id, meta.depth = match[1], leaf.session, leaf.id, leaf.depth + 1
+    meta.max_depth = min(meta.max_depth, leaf.max_depth)
+    meta.tools = [t for t in meta.tools if t in leaf.tools]
+    meta.sandbox, meta.containment, meta.background = "inherited", None, False
+    if meta.pid_namespace is None or meta.pid_namespace == host_namespace:
+        # Its pid was the sandbox's (and is only what the leaf says): never one to look up or signal here.
+        meta.pid_namespace = f"sandbox of {leaf.id}"
+    return meta, data["reason"][:2000] or "refused"
+
+
+def has_drop_box(meta: AgentMeta) -> bool:
+    return meta.sandbox == "on" and meta.depth >= meta.max_depth
+
+
+def record_dropped_refusals(leaf: AgentMeta, secrets_: Sequence[str], room: int = DROPPED_REFUSALS_MAX, *, final: bool = False) -> int:
+    """Record the refused spawns in leaf's drop box, at most room of them; how many were recorded.
+
+    Every file is taken out of the box, recorded or not: a file the leaf put
+    there is never read twice, and one that isn't a refused child's record
+    is named in a warning on stderr. final: nothing of the leaf runs any
+    more, and the emptied box goes too.
+    """
+    session = Path(leaf.session)
+    box = session / REFUSED_DIR / leaf.id
+    try:
+        names = sorted(os.listdir(box))
+    except OSError:
+        return 0
+    recorded, schema = 0, None
+    for name in names:
+        path = box / name
+        if name.startswith("."):
+            if final:  # publish_once's temp file, left by a writer that died
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            continue  # publish_once's temp file, there only while it writes
+        try:
+            fd, _ = open_regular(path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                raw = os.read(fd, DROPPED_REFUSAL_MAX_BYTES + 1)
+            finally:
+                os.close(fd)
+        except (OSError, CorruptRecordError):
+            raw = None
+        with contextlib.suppress(OSError):
+            path.unlink()
+        if recorded >= room:
+            note(f"warning: {leaf.id}'s refused spawn {name} not recorded: more than {DROPPED_REFUSALS_MAX} of them")
+            continue
+        if raw is None or len(raw) > DROPPED_REFUSAL_MAX_BYTES:
+            note(f"warning: {leaf.id}'s drop box held {name}, not a refused spawn's record of at most {DROPPED_REFUSAL_MAX_BYTES} bytes")
+            continue
+        if schema is None:
+            schema = json.loads((SCHEMA_DIR / "meta.json").read_text())
+        found = dropped_refusal(leaf, name, raw, schema, own_pid_namespace())
+        if isinstance(found, str):
+            note(f"warning: {leaf.id}'s drop box: {found}; not recorded")
+            continue
+        meta, reason = found
+        agent_dir = session / AGENTS_DIR / meta.id
+        try:
+            agent_dir.mkdir()
+        except OSError as exc:
+            note(f"warning: {leaf.id}'s refused spawn {meta.id} not recorded: {exc.strerror or exc}")
+            continue
+        write_meta(agent_dir, meta, secrets_)
+        commit_outcome(agent_dir, refusal_outcome(meta, reason), secrets_)
+        recorded += 1
+    if final:
+        with contextlib.suppress(OSError):
+            box.rmdir()
+    return recorded
+
+
+async def drop_box_loop(leaf: AgentMeta, state: RunState, secrets_: Sequence[str]) -> None:
+    """While a sandboxed leaf runs, record its refused spawns as they come."""
+    import asyncio
+
+    while True:
+        await asyncio.sleep(DROP_BOX_POLL_S)
+        state.refusals_recorded += record_dropped_refusals(leaf, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded)
 
 
 # ---------------------------------------------------------------- executors --
@@ -7900,6 +8055,8 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
                 transcript=str(d / TRANSCRIPT),
                 committed_by=by,
             )
+            if has_drop_box(meta) and meta.id not in still_running:
+                record_dropped_refusals(meta, secrets_, final=True)  # its runner is gone, and whatever it ran
             commit_outcome(d, with_estimated_cost(outcome, d, meta.model), secrets_)
 
     # A spawn.py about to be SIGKILLed gets its outcome first, so its guard
@@ -9268,6 +9425,8 @@ def register_dag_runner(what: str, topic: str, args: argparse.Namespace, environ
         argv += [flag, str(value)] if value is not None else []
     plan = plan_run(build_run_parser().parse_args(argv), environ, ancestry_context())
     plan.meta.agent = "dag"
+    if plan.refusal is not None and not plan.new_session and (dropped := drop_refusal(plan)) is not None:
+        raise RefusedError(f"refused: {plan.refusal}; {dropped[2]}'s runner records it in {dropped[0]}")
     runner_dir = register(plan, own_identity())
     if plan.refusal is not None:
         record_refusal(runner_dir, plan)
@@ -10001,6 +10160,10 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
     if not plan.meta.background:
         EarlyStop.arm()  # from the moment it is registered, a stop signal ends in an outcome
+    if plan.refusal is not None and not plan.new_session and (dropped := drop_refusal(plan)) is not None:
+        agent_dir, outcome, leaf = dropped
+        emit_result(args, summary(agent_dir, record_to_json(outcome)))
+        raise RefusedError(f"refused: {plan.refusal}; {leaf}'s runner records it in {agent_dir}")
     agent_dir = register(plan, None if plan.meta.background else own_identity())
     if plan.refusal is not None:
         outcome = record_refusal(agent_dir, plan)

@@ -8,12 +8,14 @@ may not. They need bubblewrap and socat (`.ci/run` installs them).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import agent_dirs, load, metas, mock_task, run_parent_of, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
+from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
 
 import spawn
 
@@ -35,16 +37,85 @@ def test_auto_sandboxes_agents_below_the_root_that_have_bash() -> None:
     assert not spawn.sandbox_wanted("off", 3, 3, ["Bash"])
 
 
-def test_a_leaf_can_register_but_its_own_and_its_ancestors_records_stay_read_only(tmp_path: Path) -> None:
+def test_a_leaf_writes_only_its_drop_box_and_every_record_stays_read_only(tmp_path: Path) -> None:
     session, index = tmp_path / "s", tmp_path / "runners"
-    agents = session / "agents"
-    me, parent, root = agents / "a2-000002", agents / "a1-000001", agents / "a0-000000"
-    entries = ["agents", ".lock", "ledger.jsonl", "limits.json", "asks"]
-    writable, read_only = spawn.sandbox_writes(False, me, str(session), index, ancestors=[parent, root], session_entries=entries)
-    assert writable == [str(session), str(me / "scratch")]  # a refused spawn inside is still recorded
-    assert read_only == [str(me), str(parent), str(root), *(f"{session}/{n}" for n in ("ledger.jsonl", "limits.json", "asks")), str(index)]
-    writable, read_only = spawn.sandbox_writes(True, me, str(session), index, ancestors=[parent, root], session_entries=entries)
+    me = session / "agents" / "a2-000002"
+    entries = ["agents", ".lock", "ledger.jsonl", "limits.json", "asks", "refused"]
+    writable, read_only = spawn.sandbox_writes(
+        False, me, str(session), index, session_entries=entries, drop_boxes=["a2-000002", "a2-000003"]
+    )
+    assert writable == [f"{session}/refused/a2-000002", str(me / "scratch")]  # its refused spawns go there
+    others = [f"{session}/{n}" for n in ("agents", "ledger.jsonl", "limits.json", "asks")]
+    assert read_only == [str(me), *others, f"{session}/refused/a2-000003", str(index)]  # all of agents/: its siblings too
+    writable, read_only = spawn.sandbox_writes(True, me, str(session), index, session_entries=entries, drop_boxes=[])
     assert writable == [str(me), str(session), str(index)] and read_only == [str(me / "meta.json")]
+
+
+def leaf_meta(**fields: Any) -> spawn.AgentMeta:
+    values: dict[str, Any] = dict(
+        id="a2-00000c", parent_id="a1-00000b", depth=2, max_depth=2, pid=7, create_time=1.0, pgid=7, trace_id="0" * 32,
+        span_id="1" * 16, traceparent="00-" + "0" * 32 + "-" + "1" * 16 + "-01", task="leaf", tools=["Bash", "Read"],
+        disallowed_tools=[], model="m", cwd="/w", started_at="2026-11-25T10:00:00.000Z", session="/s", system_prompt="p",
+        sandbox="on",
+    )  # fmt: skip
+    return spawn.AgentMeta(**{**values, **fields})
+
+
+META_SCHEMA = json.loads((spawn.SCHEMA_DIR / "meta.json").read_text())
+
+
+def test_a_dropped_refusal_is_recorded_only_as_the_leafs_narrowed_child() -> None:
+    leaf = leaf_meta()
+    claimed = leaf_meta(
+        id="a0-ffffff", parent_id=None, depth=0, max_depth=9, session="/elsewhere", tools=["Bash", "Write"],
+        task="deeper", pid=1, pid_namespace=None, containment="cgroup /sys/fs/cgroup/x", background=True, sandbox="off",
+    )  # fmt: skip
+    raw = json.dumps({"meta": spawn.record_to_json(claimed), "reason": "depth limit 2 reached"}).encode()
+    found = spawn.dropped_refusal(leaf, "a3-0000aa.json", raw, META_SCHEMA, "pid:[1]")
+    assert not isinstance(found, str), found
+    meta, reason = found
+    assert (meta.id, meta.parent_id, meta.depth, meta.session) == ("a3-0000aa", "a2-00000c", 3, "/s")
+    assert (meta.max_depth, meta.tools, meta.task, reason) == (2, ["Bash"], "deeper", "depth limit 2 reached")
+    assert (meta.sandbox, meta.containment, meta.background) == ("inherited", None, False)
+    assert meta.pid_namespace == "sandbox of a2-00000c"  # its pid is never looked up, nor signalled, out here
+
+    def problem(name: str, data: bytes) -> str:
+        answer = spawn.dropped_refusal(leaf, name, data, META_SCHEMA, "pid:[1]")
+        assert isinstance(answer, str)
+        return answer
+
+    assert "not the record of a child at depth 3" in problem("a2-0000aa.json", raw)  # a sibling's depth
+    assert "not the record of a child" in problem("../a3-0000aa.json", raw)
+    assert problem("a3-0000aa.json", b"{") == "a3-0000aa.json: not JSON"
+    assert "not a refused spawn's record" in problem("a3-0000aa.json", b'{"meta": {}, "reason": 1}')
+    assert "not a meta record" in problem("a3-0000aa.json", json.dumps({"meta": {"id": "x"}, "reason": "r"}).encode())
+    bad_type = {**spawn.record_to_json(claimed), "max_depth": "9"}
+    assert "not a meta record" in problem("a3-0000aa.json", json.dumps({"meta": bad_type, "reason": "r"}).encode())
+
+
+def test_a_leaf_flooding_its_drop_box_gets_at_most_the_cap_and_nothing_else(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    session = tmp_path / "s"
+    (session / "agents").mkdir(parents=True)
+    box = session / "refused" / "a2-00000c"
+    box.mkdir(parents=True)
+    leaf = leaf_meta(session=str(session))
+    child = spawn.record_to_json(leaf_meta(session=str(session), depth=3, task="deeper"))
+    for i in range(spawn.DROPPED_REFUSALS_MAX + 2):
+        (box / f"a3-{0x100 + i:06x}.json").write_text(json.dumps({"meta": child, "reason": "depth limit 2 reached"}))
+    os.mkfifo(box / "a3-000001.json")  # taken first (sorted), and never opened to block the runner
+    (box / "a3-000002.json").symlink_to(session / "agents" / ".." / "agents")
+    (box / ".a3-fff003.1.abc.tmp").write_text("a writer that died")
+    assert spawn.record_dropped_refusals(leaf, [], final=True) == spawn.DROPPED_REFUSALS_MAX
+    recorded = sorted((session / "agents").iterdir())
+    assert len(recorded) == spawn.DROPPED_REFUSALS_MAX
+    for agent_dir in recorded:
+        assert load(agent_dir / "outcome.json")["status"] == "refused" and (agent_dir / ".fail").exists()
+        assert load(agent_dir / "meta.json")["parent_id"] == "a2-00000c"
+    assert not box.exists()  # every file taken out, and the box gone with the leaf
+    err = capsys.readouterr().err
+    assert err.count("a3-000001.json, not a refused spawn's record") == 1 and err.count("a3-000002.json, not a") == 1
+    assert err.count(f"more than {spawn.DROPPED_REFUSALS_MAX} of them") == 2  # the two records over the cap
+    assert spawn.record_dropped_refusals(leaf, []) == 0  # no box: nothing to do
 
 
 def test_settings_merge_hooks_and_sandbox_into_one_object() -> None:
@@ -103,35 +174,52 @@ def test_nested_spawn_works_inside_the_sandbox_and_stays_contained(env: dict[str
 
 
 @needs_bwrap
-def test_a_sandboxed_leaf_can_not_publish_an_outcome_before_its_runner_or_its_parents(
+def test_a_sandboxed_leaf_can_not_write_any_record_and_its_refused_spawn_is_still_recorded(
     env: dict[str, str], session_root: Path, tmp_path: Path
 ) -> None:
     # cwd holds the session root, as sessions/ beside spawn.py in a project does.
+    # The leaf tries every agent directory there (its root's, its finished
+    # sibling's, its own), a new one, and its drop box with a forged record.
     forge = (
-        'A="$SPAWN_SESSION/agents"; P=$(ls "$A" | grep ^a0-); '
-        """for d in "$A/$P" "$A/$SPAWN_AGENT_ID"; do """
-        """echo '{"status": "done", "output": "FORGED"}' > "$d/outcome.json"; touch "$d/.done"; done; """
-        'echo note > "$A/$SPAWN_AGENT_ID/notes.txt"; echo ok > ok.txt; '
+        'A="$SPAWN_SESSION/agents"; '
+        """for d in "$A"/*; do echo '{"status": "done", "output": "FORGED"}' > "$d/outcome.json"; touch "$d/.done"; done; """
+        'mkdir "$A/a1-abcdef"; echo note > "$A/$SPAWN_AGENT_ID/notes.txt"; echo ok > ok.txt; '
+        """echo '{"meta": {"id": "a2-aaaaaa"}, "reason": "forged"}' > "$SPAWN_SESSION/refused/$SPAWN_AGENT_ID/a2-aaaaaa.json"; """
+        'echo x > "$SPAWN_SESSION/refused/$SPAWN_AGENT_ID/a0-bbbbbb.json"; '
         '"$SPAWN_PYTHON" "$SPAWN_PY" --task deeper; echo "spawn rc=$?"'
     )
-    proc = run_parent_of(forge, env, "--max-depth", "1", "--cwd", str(tmp_path))
+    sibling = mock_task("sibling", [{"text": "sibling done"}])
+    leaf = mock_task("leaf", [{"bash": forge}, {"text": "leaf done"}])
+    steps = [{"bash": spawn_in_bash("--task", t, "--tools", "Bash")} for t in (sibling, leaf)]
+    parent = mock_task("parent", [*steps, {"text": "parent done"}])
+    proc = run_spawn(["--task", parent, "--tools", "Bash", "--max-depth", "1", "--cwd", str(tmp_path)], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["output"] == "parent done"
-    by_depth = {d.name[:2]: d for d in agent_dirs(session_root)}
-    assert set(by_depth) == {"a0", "a1", "a2"}
-    root, leaf = by_depth["a0"], by_depth["a1"]
-    refused = load(by_depth["a2"] / "outcome.json")  # its spawn inside was refused, and recorded
+    dirs = agent_dirs(session_root)
+    assert sorted(d.name[:2] for d in dirs) == ["a0", "a1", "a1", "a2"]  # no a1-abcdef, no forged a2-aaaaaa
+    by_task = {load(d / "meta.json")["task"].split(" ")[0]: d for d in dirs}
+    root_dir, sibling_dir, leaf_dir, refused_dir = (by_task[t] for t in ("parent", "sibling", "leaf", "deeper"))
+    # Its spawn inside was refused, and its runner recorded it from outside the sandbox.
+    refused = load(refused_dir / "outcome.json")
     assert refused["status"] == "refused" and refused["reason"].startswith("depth limit")
-    assert load(leaf / "meta.json")["sandbox"] == "on"
-    for agent_dir, output in ((root, "parent done"), (leaf, "child done")):
+    assert (refused_dir / ".fail").exists()
+    child_meta = load(refused_dir / "meta.json")
+    assert (child_meta["parent_id"], child_meta["depth"], child_meta["task"]) == (leaf_dir.name, 2, "deeper")
+    assert load(leaf_dir / "meta.json")["sandbox"] == "on"
+    for agent_dir, output in ((root_dir, "parent done"), (sibling_dir, "sibling done"), (leaf_dir, "leaf done")):
         outcome = load(agent_dir / "outcome.json")
         assert (outcome["output"], outcome["committed_by"]) == (output, "self")
         assert (agent_dir / ".done").exists() and not (agent_dir / ".fail").exists()
-    assert not (leaf / "notes.txt").exists()
+    assert not (leaf_dir / "notes.txt").exists()
     assert (tmp_path / "ok.txt").read_text() == "ok\n"  # the rest of its cwd stays writable
-    text = transcript_text(leaf)
+    text = transcript_text(leaf_dir)
     assert text.count("Read-only file system") >= 5
-    assert "spawn: error: refused: depth limit" in text and f"recorded in {by_depth['a2']}" in text and "spawn rc=4" in text
+    assert "spawn: error: refused: depth limit" in text and "spawn rc=4" in text
+    assert f"{leaf_dir.name}'s runner records it in {refused_dir}" in text
+    # The forged drop-box files were named and left unrecorded; the box is gone with the leaf.
+    warnings = transcript_text(root_dir)  # the leaf's runner's stderr, in its parent's Bash
+    assert "a2-aaaaaa.json: not a meta record" in warnings and "a0-bbbbbb.json: not the record of a child" in warnings
+    assert not (leaf_dir.parent.parent / "refused" / leaf_dir.name).exists()
     validate_records(session_root)
 
 
