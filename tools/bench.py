@@ -1380,7 +1380,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=5, metavar="N", help="interleaved rounds of the timed runs (default 5)")
     p.add_argument("--wait-samples", type=int, default=10, metavar="N", help="spawn.py wait latency samples (default 10)")
     p.add_argument(
-        "--mcp-samples", type=int, default=3, metavar="N", help="tools/mcp_server.py samples, if mcp is installed (default 3; 0 skips)"
+        "--mcp-samples", type=int, default=7, metavar="N", help="tools/mcp_server.py samples, if mcp is installed (default 7; 0 skips)"
     )
     p.add_argument("--json", metavar="FILE", help="also write a JSON summary to FILE")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="limit for any one run (default 120)")
