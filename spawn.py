@@ -6157,8 +6157,6 @@ def run_agent(
     agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: SdkLoader | None = None, guard: tuple[int, int] | None = None
 ) -> Outcome:
     """Run a registered agent to its one committed outcome."""
-    import asyncio  # here, not at the top: the verbs and --dry-run don't need it
-
     meta = load_meta(agent_dir)
     executor = executor_for(meta.kind)
     state = RunState()
@@ -6179,6 +6177,9 @@ def run_agent(
         sdk_loader.start()
     if forkserver_wanted(meta, os.environ):
         start_forkserver(meta, sdk_loader)  # after entering the cgroup: it ends with the tree
+    # Not at the top of the file (the verbs and --dry-run don't need it), and
+    # not before the CLI's start: ~30 ms that a root's CLI would wait for.
+    import asyncio
 
     async def main_task() -> None:
         nonlocal error
