@@ -258,6 +258,8 @@ if __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.e
     sys.stdout.flush()
     os._exit(_served)
 
+import __future__
+
 import argparse
 import contextlib
 import dataclasses
@@ -7357,6 +7359,14 @@ COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache 
 # that copy, with the same argv and pid; anything else starts as usual.
 ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook
 FAST_START_MODULE = "_spawn_fast_start"
+# For a nested spawn, the hook also runs the stand-in (the first section of
+# this file) itself, from the script's own bytes: when the session's fork
+# server takes the spawn, no second interpreter starts to load the copy
+# (~20 ms a level). The section runs from its banner up to the line that
+# calls it; test_fast_start checks both are found, once each, in this file.
+STAND_IN_START = "\n# " + "-" * 51 + " fork server: stand-in --\n"
+STAND_IN_END = '\nif __name__ == "__main__" and (_served := forkserver_stand_in('
+ANNOTATIONS_FLAG = __future__.annotations.compiler_flag  # the section's own `from __future__ import annotations`
 # The hook's own code, written beside the .pth. It repeats cache_dir and
 # compiled_name (test_fast_start checks they agree): it runs before any of
 # this file is read. Builtin modules only; for every other program it costs
@@ -7389,7 +7399,7 @@ def compiled_name(path, source):
 
 
 def compiled_copy(script, environ):
-    """The compiled copy to run for script, or None."""
+    """The compiled copy to run for script, and the script's bytes; or None."""
     if not script.endswith(".py") or environ.get("{ENV_NO_FAST_START}") == "1" or sys.flags.optimize:
         return None
     try:
@@ -7409,7 +7419,39 @@ def compiled_copy(script, environ):
             return None
     except (OSError, ValueError):
         return None
-    return copy
+    return copy, source
+
+
+def stand_in(copy, source):
+    """Hand this spawn to its session's fork server from here, as the copy's
+    first lines would: the same code, compiled from the script's own bytes
+    (its stand-in section), minus an interpreter's start. Returns only if
+    the server doesn't take it (none, a refusal, a verb it doesn't run):
+    then the copy runs, and asks again itself.
+    """
+    start = source.find({STAND_IN_START.encode()!r})
+    end = source.find({STAND_IN_END.encode()!r}, start)
+    if start < 0 or end < 0:
+        return
+    try:
+        # The file's own future import, and its own line numbers in a traceback.
+        code = compile(b"\\n" * source.count(b"\\n", 0, start) + source[start:end], sys.argv[0], "exec", {ANNOTATIONS_FLAG:#x}, True)
+        scope = {{"__name__": "{FAST_START_MODULE}.stand_in", "__file__": copy}}
+        exec(code, scope)
+        ask = scope["forkserver_stand_in"]
+    except Exception:
+        return
+    try:
+        served = ask(sys.argv[1:], os.environ)
+    except BaseException:
+        # As an error in the copy's first lines ends it: never a second try
+        # at a spawn that may already be running.
+        import traceback
+
+        traceback.print_exc()
+        os._exit(1)
+    if served is not None:
+        os._exit(served)
 
 
 def main():
@@ -7418,9 +7460,12 @@ def main():
     # Only where exec keeps the pid: the process is its parent's child and an agent's stand-in.
     if os.name != "posix" or not sys.argv or at < 1 or argv[at] != sys.argv[0] or not sys.executable:
         return
-    copy = compiled_copy(sys.argv[0], os.environ)
-    if copy is None:
+    found = compiled_copy(sys.argv[0], os.environ)
+    if found is None:
         return
+    copy, source = found
+    if os.environ.get("SPAWN_SESSION"):  # a nested spawn: its session may have a fork server
+        stand_in(copy, source)
     import _signal
 
     # Python ignores these at start; the new interpreter does it again, and a

@@ -4,6 +4,7 @@ and never runs a copy that isn't the source's own and the user's."""
 
 from __future__ import annotations
 
+import json
 import os
 import py_compile
 import shlex
@@ -196,3 +197,58 @@ def test_nested_spawns_written_as_source_runs_go_through_the_hook(
     copies = list((tmp_path / "cache" / spawn.COMPILED_DIR).glob("spawn-*.pyc"))
     assert copies == [copy_path(tmp_path / "cache", project / "spawn.py")]
     assert copy_path(tmp_path / "cache", ROOT / "spawn.py") not in copies
+
+
+def hook_functions() -> dict[str, object]:
+    hook: dict[str, object] = {}
+    exec(spawn.FAST_START_HOOK.rsplit("\nmain()", 1)[0], hook)  # its functions, without running it
+    return hook
+
+
+def test_the_hook_finds_the_stand_in_section_once_and_it_runs_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook compiles the stand-in from the script's own bytes: the section
+    must be there exactly once, and need nothing from the rest of the file."""
+    source = spawn.SCRIPT_PATH.read_bytes()
+    start, end = spawn.STAND_IN_START.encode(), spawn.STAND_IN_END.encode()
+    assert (source.count(start), source.count(end)) == (1, 1)
+    assert source.index(start) < source.index(end) < source.index(b"\nimport argparse\n")
+    stand_in = hook_functions()["stand_in"]
+    # A session with no server: it returns (the copy runs next), having run
+    # the section's code as it is in the file.
+    monkeypatch.setenv("SPAWN_SESSION", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", [str(spawn.SCRIPT_PATH), "--task", "t", "--tools", "Read"])
+    assert stand_in(str(spawn.SCRIPT_PATH), source) is None  # type: ignore[operator]
+    # A script without the section, or with a broken one, is left to its copy.
+    assert stand_in(str(spawn.SCRIPT_PATH), source.replace(end, b"\n")) is None  # type: ignore[operator]
+    broken = source.replace(b"def forkserver_stand_in(", b"def forkserver_stand_in((", 1)
+    assert stand_in(str(spawn.SCRIPT_PATH), broken) is None  # type: ignore[operator]
+
+
+def test_the_hook_hands_a_nested_spawn_to_the_fork_server_without_loading_the_copy(
+    venv: Path, project: Path, env: dict[str, str], tmp_path: Path, session_root: Path
+) -> None:
+    """A nested `python spawn.py` (what `uv run spawn.py` runs) is served from
+    the hook: the compiled copy is replaced by one that only prints, before
+    the child starts, and the child is still a real agent that the session's
+    fork server ran."""
+    env = {**env, spawn.ENV_CACHE_DIR: str(tmp_path / "cache")}
+    python = shlex.quote(str(venv / "bin" / "python"))
+    script = project / "spawn.py"
+    planted = tmp_path / "planted.py"
+    planted.write_text(PLANTED)
+    replace_copy = shlex.join(
+        [str(venv / "bin" / "python"), "-c", "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)"]
+    )
+    replace_copy += f" {shlex.quote(str(planted))} {shlex.quote(str(copy_path(tmp_path / 'cache', script)))}"
+    child_task = mock_task("handed child", [{"text": "child-result"}])
+    child = f"{python} {shlex.quote(str(script))} --tools Read --task {shlex.quote(child_task)}"
+    wait_for_server = 'for i in $(seq 600); do [ -S "$SPAWN_SESSION/forkserver.sock" ] && break; sleep 0.05; done'
+    task = mock_task("hooked root", [{"bash": f"{wait_for_server}; {replace_copy} && {child}"}, {"text": "root-result"}])
+    proc = run(venv, ["spawn.py", "--task", task, "--tools", "Bash,Read", "--max-depth", "1"], env, project)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    outcomes = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
+    assert {depth: o["status"] for depth, o in outcomes.items()} == {0: "done", 1: "done"}
+    assert outcomes[1]["output"] == "child-result"
+    forked = [json.loads(line) for log in session_root.glob(f"*/{spawn.FORKSERVER_LOG}") for line in log.read_text().splitlines()]
+    assert [f["verb"] for f in forked] == ["run"]
+    assert "copy ran" not in "".join(p.read_text(errors="replace") for p in session_root.rglob("transcript.jsonl"))
