@@ -7363,9 +7363,10 @@ FAST_START_MODULE = "_spawn_fast_start"
 # this file) itself, from the script's own bytes: when the session's fork
 # server takes the spawn, no second interpreter starts to load the copy
 # (~20 ms a level). The section runs from its banner up to the line that
-# calls it; test_fast_start checks both are found, once each, in this file.
+# calls it, and only if that line calls it as the hook does (another
+# version's may not); test_fast_start checks both are found, once each.
 STAND_IN_START = "\n# " + "-" * 51 + " fork server: stand-in --\n"
-STAND_IN_END = '\nif __name__ == "__main__" and (_served := forkserver_stand_in('
+STAND_IN_END = '\nif __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:\n'
 ANNOTATIONS_FLAG = __future__.annotations.compiler_flag  # the section's own `from __future__ import annotations`
 # The hook's own code, written beside the .pth. It repeats cache_dir and
 # compiled_name (test_fast_start checks they agree): it runs before any of
