@@ -4,13 +4,16 @@ and never runs a copy that isn't the source's own and the user's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import py_compile
 import shlex
+import socket
 import subprocess
 import sys
 import sysconfig
+import threading
 from pathlib import Path
 
 import pytest
@@ -252,3 +255,41 @@ def test_the_hook_hands_a_nested_spawn_to_the_fork_server_without_loading_the_co
     forked = [json.loads(line) for log in session_root.glob(f"*/{spawn.FORKSERVER_LOG}") for line in log.read_text().splitlines()]
     assert [f["verb"] for f in forked] == ["run"]
     assert "copy ran" not in "".join(p.read_text(errors="replace") for p in session_root.rglob("transcript.jsonl"))
+
+
+@pytest.mark.parametrize("server", ["none", "off", "refusing"])
+def test_a_nested_spawn_the_hook_cant_hand_over_runs_its_compiled_copy(
+    venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path, server: str
+) -> None:
+    """No socket, SPAWN_NO_FORKSERVER=1, or a server that refuses: the copy runs, as before the hand-over."""
+    assert run(venv, ["spawn.py", "--version"], user_env, project).returncode == ExitCode.OK  # installs the hook
+    plant(copy_path(tmp_path / "cache", project / "spawn.py"))
+    session = tmp_path / "session"
+    session.mkdir()
+    env = {**user_env, spawn.ENV_SESSION: str(session)}
+    if server == "off":
+        env[spawn.ENV_NO_FORKSERVER] = "1"
+    listener = None
+    asked: list[bytes] = []
+    if server in ("off", "refusing"):
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(session / spawn.FORKSERVER_SOCKET))
+        listener.listen()
+
+        def refuse() -> None:
+            assert listener is not None
+            with contextlib.suppress(OSError):
+                conn, _ = listener.accept()
+                with conn:
+                    asked.append(conn.recv(1 << 16))
+                    conn.sendall(b'{"refused": "test"}\n')
+
+        threading.Thread(target=refuse, daemon=True).start()
+    try:
+        proc = run(venv, ["spawn.py", "--task", "t", "--tools", "Read"], env, project)
+    finally:
+        if listener is not None:
+            listener.close()
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "copy ran ['--task', 't', '--tools', 'Read']", "")
+    # Only a refusing server was asked, once: by the hook (the planted copy asks nothing).
+    assert len(asked) == (1 if server == "refusing" else 0)
