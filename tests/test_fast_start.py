@@ -76,9 +76,14 @@ def user_env(base_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     return {**base_env, spawn.ENV_CACHE_DIR: str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def test_the_hook_names_copies_and_finds_the_cache_as_spawn_py_does(tmp_path: Path) -> None:
+def hook_functions() -> dict[str, object]:
     hook: dict[str, object] = {}
     exec(spawn.FAST_START_HOOK.rsplit("\nmain()", 1)[0], hook)  # its functions, without running it
+    return hook
+
+
+def test_the_hook_names_copies_and_finds_the_cache_as_spawn_py_does(tmp_path: Path) -> None:
+    hook = hook_functions()
     for environ in (
         {spawn.ENV_CACHE_DIR: str(tmp_path / "c")},
         {spawn.ENV_CACHE_DIR: "~/c/", "HOME": str(tmp_path)},
@@ -200,12 +205,6 @@ def test_nested_spawns_written_as_source_runs_go_through_the_hook(
     copies = list((tmp_path / "cache" / spawn.COMPILED_DIR).glob("spawn-*.pyc"))
     assert copies == [copy_path(tmp_path / "cache", project / "spawn.py")]
     assert copy_path(tmp_path / "cache", ROOT / "spawn.py") not in copies
-
-
-def hook_functions() -> dict[str, object]:
-    hook: dict[str, object] = {}
-    exec(spawn.FAST_START_HOOK.rsplit("\nmain()", 1)[0], hook)  # its functions, without running it
-    return hook
 
 
 def test_the_hook_finds_the_stand_in_section_once_and_it_runs_on_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
