@@ -6175,13 +6175,16 @@ def run_agent(
             error = exc.message
     if error is None:
         executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
+    # Not at the top of the file (the verbs and --dry-run don't need it), and
+    # not before the CLI's start: ~30 ms that a root's CLI would wait for.
+    # Before the SDK's import thread, which then finds it loaded, and before
+    # the fork server, which inherits it (and ssl with it) ready to serve.
+    import asyncio
+
     if sdk_loader is not None:
         sdk_loader.start()
     if forkserver_wanted(meta, os.environ):
         start_forkserver(meta, sdk_loader)  # after entering the cgroup: it ends with the tree
-    # Not at the top of the file (the verbs and --dry-run don't need it), and
-    # not before the CLI's start: ~30 ms that a root's CLI would wait for.
-    import asyncio
 
     async def main_task() -> None:
         nonlocal error
