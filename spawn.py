@@ -7468,7 +7468,7 @@ def main():
     if found is None:
         return
     copy, source = found
-    session = os.environ.get("SPAWN_SESSION")  # a nested spawn's; compile nothing for a root or a session with no server
+    session = os.environ.get("{ENV_SESSION}")  # a nested spawn's; compile nothing for a root or a session with no server
     if session and os.environ.get("{ENV_NO_FORKSERVER}") != "1" and os.path.exists(os.path.join(session, "{FORKSERVER_SOCKET}")):
         stand_in(copy, source)
     import _signal

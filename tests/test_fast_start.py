@@ -217,7 +217,7 @@ def test_the_hook_finds_the_stand_in_section_once_and_it_runs_on_its_own(tmp_pat
     stand_in = hook_functions()["stand_in"]
     # A session with no server: it returns (the copy runs next), having run
     # the section's code as it is in the file.
-    monkeypatch.setenv("SPAWN_SESSION", str(tmp_path))
+    monkeypatch.setenv(spawn.ENV_SESSION, str(tmp_path))
     monkeypatch.setattr(sys, "argv", [str(spawn.SCRIPT_PATH), "--task", "t", "--tools", "Read"])
     assert stand_in(str(spawn.SCRIPT_PATH), source) is None  # type: ignore[operator]
     # A script without the section, or with a broken one, is left to its copy.
@@ -244,7 +244,7 @@ def test_the_hook_hands_a_nested_spawn_to_the_fork_server_without_loading_the_co
     replace_copy += f" {shlex.quote(str(planted))} {shlex.quote(str(copy_path(tmp_path / 'cache', script)))}"
     child_task = mock_task("handed child", [{"text": "child-result"}])
     child = f"{python} {shlex.quote(str(script))} --tools Read --task {shlex.quote(child_task)}"
-    wait_for_server = 'for i in $(seq 600); do [ -S "$SPAWN_SESSION/forkserver.sock" ] && break; sleep 0.05; done'
+    wait_for_server = f'for i in $(seq 600); do [ -S "${spawn.ENV_SESSION}/{spawn.FORKSERVER_SOCKET}" ] && break; sleep 0.05; done'
     task = mock_task("hooked root", [{"bash": f"{wait_for_server}; {replace_copy} && {child}"}, {"text": "root-result"}])
     proc = run(venv, ["spawn.py", "--task", task, "--tools", "Bash,Read", "--max-depth", "1"], env, project)
     assert proc.returncode == ExitCode.OK, proc.stderr
