@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -167,6 +168,22 @@ def wait_for_path(path: Path, timeout: float = 30) -> None:
     while not path.exists():
         assert time.monotonic() < limit, f"{path} did not appear"
         time.sleep(0.05)
+
+
+def listen_unix(path: Path) -> socket.socket:
+    """A listening unix socket at path, bound as spawn.py's fork server binds:
+    through the directory's fd once the path outgrows sun_path (CI's tmp paths do)."""
+    import spawn
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address, dir_fd = spawn.unix_address(str(path))
+    try:
+        listener.bind(address)
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
+    listener.listen()
+    return listener
 
 
 def alive(pids: Iterable[int]) -> list[int]:

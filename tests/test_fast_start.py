@@ -9,7 +9,6 @@ import json
 import os
 import py_compile
 import shlex
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -17,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, agent_dirs, load
+from conftest import ROOT, agent_dirs, listen_unix, load
 from mock_model import mock_task
 
 import spawn
@@ -271,9 +270,7 @@ def test_a_nested_spawn_the_hook_cant_hand_over_runs_its_compiled_copy(
     listener = None
     asked: list[bytes] = []
     if server in ("off", "refusing"):
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(session / spawn.FORKSERVER_SOCKET))
-        listener.listen()
+        listener = listen_unix(session / spawn.FORKSERVER_SOCKET)
 
         def refuse() -> None:
             assert listener is not None

@@ -28,6 +28,7 @@ import psutil
 import pytest
 from conftest import (
     agent_dirs,
+    listen_unix,
     load,
     metas,
     mock_task,
@@ -362,9 +363,7 @@ def test_a_request_the_server_answered_is_served_however_late_the_client_is(tmp_
     session = tmp_path / "s"
     session.mkdir()
     closed = threading.Event()
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(session / spawn.FORKSERVER_SOCKET))
-    listener.listen(1)
+    listener = listen_unix(session / spawn.FORKSERVER_SOCKET)
 
     def serve() -> None:
         conn, _ = listener.accept()
