@@ -6,6 +6,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,14 +34,18 @@ class Tmux:
 
 
 @pytest.fixture
-def tmux(tmp_path: Path) -> Iterator[Tmux]:
+def tmux() -> Iterator[Tmux]:
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed (apt-get install -y tmux)")
-    server = Tmux(tmp_path / "tmux.sock")
+    # Not in tmp_path: a unix socket's path holds ~107 bytes, and tmux refuses a
+    # longer one (CI's tmp paths can be). A short private directory of our own instead.
+    home = Path(tempfile.mkdtemp(prefix="spawn-tmux-", dir="/tmp"))
+    server = Tmux(home / "tmux.sock")
     try:
         yield server
     finally:
         subprocess.run(["tmux", "-S", str(server.socket), "kill-server"], capture_output=True, timeout=30, check=False)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 60) -> None:
