@@ -1496,6 +1496,7 @@ AGENTS_DIR = "agents"
 DONE_MARKER = ".done"
 FAIL_MARKER = ".fail"
 STATUS_CACHE = ".status-cache.json"  # status's own, disposable: see sessions/README.md
+STATUS_INDEX = ".status-rows.jsonl"  # finished agents' rows, appended at commit: a hint for status, see sessions/README.md
 
 
 def fsync_dir(path: Path) -> None:
@@ -1639,6 +1640,8 @@ def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -
     if won:
         charge(agent_dir, outcome, secrets_)
     ensure_marker(agent_dir)
+    if won:
+        index_status_row(agent_dir)
     return won
 
 
@@ -8603,16 +8606,105 @@ def script_key() -> list[int]:
     return [st.st_ino, st.st_size, st.st_mtime_ns]
 
 
-def load_status_cache(session: Path) -> dict[str, Any]:
-    """Agent directory name -> [keys, row] from STATUS_CACHE; empty if it is missing, damaged or another version's."""
+def load_status_cache(session: Path) -> tuple[dict[str, Any], list[int]]:
+    """Agent directory name -> [keys, row] from STATUS_CACHE, and how much of STATUS_INDEX
+    it has taken in ([inode, bytes]); empty if it is missing, damaged or another version's."""
     try:
         data = read_json(session / STATUS_CACHE)
-        agents = data["agents"]
+        agents, mark = data["agents"], data.get("index", [0, 0])
         if data.get("protocol") != PROTOCOL_VERSION or data.get("script") != script_key() or not isinstance(agents, dict):
-            return {}
+            return {}, [0, 0]
     except (OSError, SpawnError, KeyError):
-        return {}
-    return agents
+        return {}, [0, 0]
+    if not (isinstance(mark, list) and len(mark) == 2 and all(type(n) is int and n >= 0 for n in mark)):
+        mark = [0, 0]
+    return agents, mark
+
+
+# The first `status` of a session has no cache, and would read and parse
+# every agent's two records: 10,000 of them take a second. So the committer
+# of each outcome also appends that agent's finished row, keyed like the
+# cache's, to STATUS_INDEX. status takes each line as a cache entry: checked
+# against the records' identity and the settle time, and read from the
+# records whenever it doesn't match. The index is a hint, never a record:
+# it may lack lines (a commit that couldn't append), hold damaged ones, or
+# be missing, and status answers the same.
+
+STATUS_INDEX_MAX_BYTES = 64 << 20  # a bigger index (junk appended to it) is not read: the records are
+
+
+def index_status_row(agent_dir: Path) -> None:
+    """Append a just-committed agent's row to its session's STATUS_INDEX; best effort.
+
+    Built as status builds it, from the records as they are on disk, and
+    keyed by the very files read. Not for an agent with Claude Code
+    subagents, whose rows come from a log that may still grow.
+    """
+    path = str(agent_dir)
+    try:
+        meta, meta_keys = load_meta_keyed(path)
+        outcome, outcome_keys = read_record(f"{path}/{OUTCOME}")
+        if meta.id != agent_dir.name or outcome_problem(outcome, meta.id) or os.path.lexists(f"{path}/{NATIVE_LOG}"):
+            return
+        row = status_row(path, meta, outcome, str(outcome["status"]))
+        del row["agent_dir"]  # status puts in its own spelling of the path
+        entry = {"name": agent_dir.name, "keys": meta_keys + outcome_keys, "row": row}
+        line = json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n"
+        # O_APPEND keeps concurrent committers' lines whole; O_NOFOLLOW and
+        # open_regular: a link or a FIFO planted at the index is never written through.
+        fd, _ = open_regular(agent_dir.parent.parent / STATUS_INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
+    except (OSError, SpawnError, ValueError, TypeError, KeyError):
+        return
+    try:
+        os.write(fd, line.encode())
+    except OSError:
+        pass  # a full disk: status reads this agent's records instead
+    finally:
+        os.close(fd)
+
+
+def read_status_index(session: Path, mark: Sequence[int]) -> tuple[dict[str, list[Any]], list[int]]:
+    """STATUS_INDEX's entries (name -> [keys, row without agent_dir]) past mark, and the new mark.
+
+    Only whole lines, each checked for its shape; anything else in the file
+    is skipped. A missing, oversized or irregular index gives nothing.
+    """
+    try:
+        fd, st = open_regular(session / STATUS_INDEX, os.O_RDONLY | os.O_NOFOLLOW)
+    except (OSError, SpawnError):
+        return {}, [0, 0]
+    try:
+        start = mark[1] if mark[0] == st.st_ino and mark[1] <= st.st_size else 0
+        if st.st_size - start > STATUS_INDEX_MAX_BYTES:
+            return {}, [st.st_ino, st.st_size]
+        data = os.pread(fd, st.st_size - start, start) if st.st_size > start else b""
+    except OSError:
+        return {}, [0, 0]
+    finally:
+        os.close(fd)
+    whole = data.rfind(b"\n") + 1  # a line still being appended is taken next time
+    lines = data[:whole].decode(errors="replace").splitlines()
+    try:  # one parse for all: the usual, undamaged index
+        parsed: list[Any] = json.loads("[" + ",".join(lines) + "]") if lines else []
+    except ValueError:
+        parsed = []
+        for text in lines:
+            with contextlib.suppress(ValueError):
+                parsed.append(json.loads(text))
+    entries: dict[str, list[Any]] = {}
+    for item in parsed:
+        if not isinstance(item, dict):
+            continue
+        name, keys, row = item.get("name"), item.get("keys"), item.get("row")
+        if (
+            isinstance(name, str)
+            and isinstance(row, dict)
+            and isinstance(keys, list)
+            and len(keys) == 6
+            and all(type(k) is int for k in keys)
+        ):
+            entries[name] = [keys, row]
+    return entries, [st.st_ino, start + whole]
 
 
 def cached_row(entry: Any, agent_dir: str, keys: list[int] | None) -> dict[str, Any] | None:
@@ -8630,8 +8722,8 @@ def cached_row(entry: Any, agent_dir: str, keys: list[int] | None) -> dict[str, 
     return row
 
 
-def save_status_cache(session: Path, entries: Mapping[str, list[Any]]) -> None:
-    data = {"protocol": PROTOCOL_VERSION, "script": script_key(), "agents": entries}
+def save_status_cache(session: Path, entries: Mapping[str, list[Any]], index_mark: Sequence[int]) -> None:
+    data = {"protocol": PROTOCOL_VERSION, "script": script_key(), "index": list(index_mark), "agents": entries}
     tmp = session / f".{STATUS_CACHE}.{os.getpid()}.{token_hex(3)}.tmp"
     try:
         # Not write_json_atomic: no indent, no fsync; a cache lost in a crash is rebuilt.
@@ -8646,7 +8738,8 @@ def save_status_cache(session: Path, entries: Mapping[str, list[Any]]) -> None:
 def tree_rows(session: Path) -> list[dict[str, Any]]:
     """The agents of a session with state and cost, parents before children."""
     queueing = read_limits(session).max_concurrent is not None
-    cache = load_status_cache(session)
+    cache, mark = load_status_cache(session)
+    indexed, new_mark = read_status_index(session, mark)
     settled_before = (time.time() - STATUS_CACHE_SETTLE_S) * 1e9
     agents = str(session / AGENTS_DIR)
     names = agent_dir_names(Path(agents))
@@ -8656,6 +8749,11 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
         entry = cache.get(name)
         if entry is not None and (row := cached_row(entry, path, keys := record_keys(path))) is not None:
             hits[name] = [keys, row]
+        elif (entry := indexed.get(name)) is not None and max(entry[0][2::3]) < settled_before:
+            # Written at commit, maybe within the mtime tick of the records' last change: settled only later.
+            entry[1]["agent_dir"] = path
+            if (row := cached_row(entry, path, keys := record_keys(path))) is not None:
+                hits[name] = [keys, row]
     misses = [name for name in names if name not in hits]
     read = functools.partial(read_agent_rows, agents, queueing=queueing, settled_before=settled_before)
     found = {name: result for part in forked_map(read, misses, STATUS_PARALLEL_MIN) for name, result in part}
@@ -8694,12 +8792,32 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
             walk(child, level + 1)
 
     # Saved before the walk below adds each run's level and subtree cost to the rows.
-    if len(finished) >= STATUS_CACHE_MIN_ROWS and (read_again or len(finished) != len(cache)):
-        save_status_cache(session, finished)
+    if len(finished) >= STATUS_CACHE_MIN_ROWS and (read_again or len(finished) != len(cache) or new_mark != mark):
+        save_status_cache(session, finished, new_mark)
     for root in sorted(children.get(None, []), key=lambda i: rows[i]["agent_dir"]):
         subtree(root)
         walk(root, 0)
     return ordered
+
+
+def status_row(path: str, meta: AgentMeta, outcome: Mapping[str, Any] | None, state: str) -> dict[str, Any]:
+    """An agent's own status row, from its records (outcome None while it runs)."""
+    row = {
+        "id": meta.id,
+        "parent_id": meta.parent_id,
+        "depth": meta.depth,
+        "state": state,
+        "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
+        "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started_timestamp(meta), 1),
+        "cost_usd": outcome.get("cost_usd") if outcome else None,
+        "cost_known": bool(outcome and "cost_usd" in outcome),
+        "pid": meta.pid,
+        "agent_dir": path,
+        "containment": meta.containment,
+    }
+    if meta.resumed_from:
+        row["resumed_from"] = meta.resumed_from
+    return row
 
 
 def read_agent_rows(
@@ -8727,22 +8845,7 @@ def read_agent_rows(
             found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
             continue
         state = outcome["status"] if outcome else unfinished_state(Path(path), meta, queueing=queueing).value
-        started = started_timestamp(meta)
-        row = {
-            "id": meta.id,
-            "parent_id": meta.parent_id,
-            "depth": meta.depth,
-            "state": state,
-            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
-            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
-            "cost_usd": outcome.get("cost_usd") if outcome else None,
-            "cost_known": bool(outcome and "cost_usd" in outcome),
-            "pid": meta.pid,
-            "agent_dir": path,
-            "containment": meta.containment,
-        }
-        if meta.resumed_from:
-            row["resumed_from"] = meta.resumed_from
+        row = status_row(path, meta, outcome, state)
         natives = native_rows(path, meta, parent_ended=outcome is not None)
         # Cached: a finished agent whose records were settled before we read them,
         # keyed by the very files read, so a record replaced meanwhile is read

@@ -275,6 +275,17 @@ def test_status_shows_the_tree(env: dict[str, str], session_root: Path) -> None:
     assert rows[0]["subtree_cost_usd"] >= rows[0]["cost_usd"] + rows[1]["cost_usd"] - 1e-9
     text = run_spawn(["status"], env).stdout
     assert "a0-" in text and "  a1-" in text
+    # Each committer indexed its agent's row, keyed by its records as they
+    # still are: nothing rewrites a record after the commit.
+    session = Path(rows[0]["agent_dir"]).parent.parent
+    index = [json.loads(line) for line in (session / spawn.STATUS_INDEX).read_text().splitlines()]
+    assert sorted(e["name"] for e in index) == sorted(r["id"] for r in rows)
+    shown = {r["id"]: r for r in rows}
+    for entry in index:
+        assert entry["keys"] == spawn.record_keys(shown[entry["name"]]["agent_dir"])
+        assert entry["row"] == {
+            k: v for k, v in shown[entry["name"]].items() if k not in ("agent_dir", "level") and not k.startswith("subtree")
+        }
 
 
 def test_no_secret_is_written_to_any_record(env: dict[str, str], session_root: Path) -> None:

@@ -1212,20 +1212,28 @@ def p5_figures(env: Mapping[str, str], workdir: Path, timeout: float, *, records
         holder.wait()
     py, spawn_py = sys.executable, str(SPAWN)
     # status keeps a cache of finished agents' rows (spawn.STATUS_CACHE): status_first
-    # is the first status of a session (each round without the cache), the others
-    # are every later one.
+    # is the first status of a session (each round without the cache), taking the
+    # rows the committers indexed (spawn.STATUS_INDEX); the next two are every later
+    # one. status_records is a first status with the index lost too: every record read.
     commands = {
         "status_first": [py, spawn_py, "status", str(session)],
         "status": [py, spawn_py, "status", str(session)],
         "status_json": [py, spawn_py, "status", "--json", str(session)],
         "wait_done": [py, spawn_py, "wait", "--session", str(wait_session), "--all", *ids],
+        "status_records": [py, spawn_py, "status", str(session)],
     }
+    # The index takes only rows whose records settled (spawn.STATUS_CACHE_SETTLE_S) ago,
+    # as it would for a session that finished a moment before.
+    settled = max(f.stat().st_mtime for f in (session / spawn.AGENTS_DIR).glob(f"*/{spawn.OUTCOME}")) + spawn.STATUS_CACHE_SETTLE_S
+    time.sleep(max(0.0, settled + 0.1 - time.time()))
     figures: dict[str, Any] = {}
     for key, argv in commands.items():
         secs = []
         for _ in range(rounds):
-            if key == "status_first":
+            if key in ("status_first", "status_records"):
                 (session / spawn.STATUS_CACHE).unlink(missing_ok=True)
+            if key == "status_records":
+                (session / spawn.STATUS_INDEX).unlink(missing_ok=True)
             proc = run_process(argv, env, timeout, workdir)
             if proc.returncode != 0:
                 raise BenchError(f"{key} exited {proc.returncode}: {proc.stderr[-800:]}")
@@ -1349,6 +1357,9 @@ def waitperf_report(
     if mcp is not None:
         mtime_figures += f", MCP agent_wait {fmt(median(mcp['agent_wait_latency_ms']), 'ms')}"
     print(f"  P3 from the .done marker's mtime instead (coarse clock): {mtime_figures}")
+    if "status_records" in summary.get("p5", {}):
+        lost = summary["p5"]["status_records"]["median_s"]
+        print(f"  P5 first status with its index lost too (every record read): {fmt(lost, 's')}")
     for key, figure in summary.get("p5", {}).items():
         print(f"  {key}: {figure['command']}")
     if "p7" in summary:
