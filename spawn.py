@@ -2116,11 +2116,43 @@ def load_meta(agent_dir: Path) -> AgentMeta:
     return load_meta_keyed(agent_dir)[0]
 
 
+_NONE = type(None)
+# The exact JSON types of the meta fields other agents' readers use (schemas/meta.json
+# has them all): a dataclass takes any value, and one forged meta.json with a
+# number for a task must make that agent corrupt, not stop status, wait or
+# reap for the whole tree. type(), not isinstance: True is no depth.
+META_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "parent_id": (str, _NONE),
+    "depth": (int,),
+    "max_depth": (int,),
+    "pid": (int,),
+    "create_time": (float, int),
+    "pgid": (int,),
+    "task": (str,),
+    "tools": (list,),
+    "model": (str,),
+    "cwd": (str,),
+    "started_at": (str,),
+    "session": (str,),
+    "deadline": (float, int, _NONE),
+    "background": (bool,),
+    "resumed_from": (str, _NONE),
+    "pid_namespace": (str, _NONE),
+    "sandbox": (str,),
+    "containment": (str, _NONE),
+    "kind": (str,),
+}
+
+
 def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
     """An agent's meta.json, and the keys of the file read (read_record)."""
     data, keys = read_record(f"{agent_dir}/{META}")  # str joins: status loads 10,000s
     try:
         meta = record_from_json(AgentMeta, data)
+        for name, allowed in META_TYPES.items():
+            if type(getattr(meta, name)) not in allowed:
+                raise TypeError(f"{name} is {type(getattr(meta, name)).__name__}, not {' or '.join(t.__name__ for t in allowed)}")
         started_timestamp(meta)  # every reader does arithmetic on it
     except (TypeError, ValueError, AttributeError) as exc:
         raise CorruptRecordError(Path(agent_dir) / META, str(exc)) from None
@@ -8653,7 +8685,7 @@ def index_status_row(agent_dir: Path) -> None:
         # O_APPEND keeps concurrent committers' lines whole; O_NOFOLLOW and
         # open_regular: a link or a FIFO planted at the index is never written through.
         fd, _ = open_regular(agent_dir.parent.parent / STATUS_INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
-    except (OSError, SpawnError, ValueError, TypeError, KeyError):
+    except Exception:  # a hint, after the commit: nothing in a record, however odd, may fail the commit
         return
     try:
         os.write(fd, line.encode())

@@ -256,6 +256,25 @@ def test_corrupt_started_at_is_listed_not_fatal(base_env: dict[str, str], sessio
     assert "meta.json" in rows[0]["error"]
 
 
+@pytest.mark.parametrize("field,value", [("task", 5), ("depth", "1"), ("depth", True), ("tools", "Read"), ("pid", None)])
+def test_a_meta_with_a_wrong_type_is_listed_corrupt_and_hides_nothing(
+    base_env: dict[str, str], session_root: Path, field: str, value: object
+) -> None:
+    session = make_session(session_root)
+    write_agent(session, "a0-000000", None)
+    write_agent(session, "a1-111111", "a0-000000")
+    path = session / "agents" / "a1-111111" / "meta.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
+    proc = run_spawn(["status", "--json", str(session)], base_env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    rows = {r["id"]: r for r in json.loads(proc.stdout)["agents"]}
+    assert {i: r["state"] for i, r in rows.items()} == {"a0-000000": "lost", "a1-111111": "corrupt"}
+    assert field in rows["a1-111111"]["error"]
+    reap = run_spawn(["reap", str(session)], base_env)
+    assert reap.returncode == spawn.ExitCode.OK, reap.stderr
+    assert [c["id"] for c in json.loads(reap.stdout)["corrupt"]] == ["a1-111111"]
+
+
 def test_truncated_sibling_does_not_hide_the_session(base_env: dict[str, str], session_root: Path) -> None:
     session = make_session(session_root)
     write_agent(session, "a0-000000", None)
