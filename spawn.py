@@ -6404,8 +6404,13 @@ def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
     for name in ("reason", "ended_at"):
         if not isinstance(data.get(name), str):
             return f"no {name}"
-    if type(data.get("exit_code")) is not int or not isinstance(data.get("duration_s"), int | float):
+    duration: Any = data.get("duration_s")
+    if type(data.get("exit_code")) is not int or type(duration) not in (int, float) or not is_finite(duration):
         return "no exit_code or duration_s"
+    # Summed over the tree by status and the ledger: a string or NaN here would
+    # stop, or silently poison, every total above it.
+    if (cost := data.get("cost_usd")) is not None and (type(cost) not in (int, float) or not is_finite(cost)):
+        return f"its cost_usd is {cost!r}"
     return None
 
 

@@ -256,7 +256,7 @@ def test_corrupt_started_at_is_listed_not_fatal(base_env: dict[str, str], sessio
     assert "meta.json" in rows[0]["error"]
 
 
-@pytest.mark.parametrize("field,value", [("task", 5), ("depth", "1"), ("depth", True), ("tools", "Read"), ("pid", None)])
+@pytest.mark.parametrize(("field", "value"), [("task", 5), ("depth", "1"), ("depth", True), ("tools", "Read"), ("pid", None)])
 def test_a_meta_with_a_wrong_type_is_listed_corrupt_and_hides_nothing(
     base_env: dict[str, str], session_root: Path, field: str, value: object
 ) -> None:
@@ -273,6 +273,23 @@ def test_a_meta_with_a_wrong_type_is_listed_corrupt_and_hides_nothing(
     reap = run_spawn(["reap", str(session)], base_env)
     assert reap.returncode == spawn.ExitCode.OK, reap.stderr
     assert [c["id"] for c in json.loads(reap.stdout)["corrupt"]] == ["a1-111111"]
+
+
+@pytest.mark.parametrize("cost", ["lots", [1], {"usd": 1}])
+def test_an_outcome_with_a_cost_that_is_no_number_is_listed_corrupt_and_hides_nothing(
+    base_env: dict[str, str], session_root: Path, cost: object
+) -> None:
+    session = make_session(session_root)
+    write_agent(session, "a0-000000", None)
+    child = write_agent(session, "a1-111111", "a0-000000")
+    outcome = {"id": "a1-111111", "status": "done", "reason": "", "exit_code": 0, "ended_at": "t", "duration_s": 1.0, "cost_usd": cost}
+    (child / "outcome.json").write_text(json.dumps(outcome))
+    proc = run_spawn(["status", "--json", str(session)], base_env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    rows = {r["id"]: r for r in json.loads(proc.stdout)["agents"]}
+    assert {i: r["state"] for i, r in rows.items()} == {"a0-000000": "lost", "a1-111111": "corrupt"}
+    assert "cost_usd" in rows["a1-111111"]["error"]
+    assert run_spawn(["status", str(session)], base_env).returncode == spawn.ExitCode.OK
 
 
 def test_truncated_sibling_does_not_hide_the_session(base_env: dict[str, str], session_root: Path) -> None:

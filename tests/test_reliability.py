@@ -371,6 +371,12 @@ def test_outcome_problem_names_what_makes_a_record_no_outcome_of_the_agent() -> 
     assert spawn.outcome_problem({**good, "status": "running"}, "a0-1") == "its status is 'running'"
     assert spawn.outcome_problem({**good, "exit_code": True}, "a0-1") == "no exit_code or duration_s"
     assert spawn.outcome_problem({**good, "reason": None}, "a0-1") == "no reason"
+    assert spawn.outcome_problem({**good, "duration_s": float("nan")}, "a0-1") == "no exit_code or duration_s"
+    assert spawn.outcome_problem({**good, "cost_usd": 0.25}, "a0-1") is None
+    assert spawn.outcome_problem({**good, "cost_usd": None}, "a0-1") is None
+    assert spawn.outcome_problem({**good, "cost_usd": "lots"}, "a0-1") == "its cost_usd is 'lots'"
+    assert spawn.outcome_problem({**good, "cost_usd": float("inf")}, "a0-1") == "its cost_usd is inf"
+    assert spawn.outcome_problem({**good, "cost_usd": True}, "a0-1") == "its cost_usd is True"
 
 
 def test_own_create_time_is_psutils() -> None:
