@@ -126,6 +126,14 @@ def test_reap_settles_an_agent_whose_guard_died_too(env: dict[str, str], session
     agent_dir = Path(launched["agent_dir"])
     wait_for_path(agent_dir / "heartbeat.json")
     cli_pid = load(agent_dir / "heartbeat.json")["cli_pid"]
+    # The CLI starts before the runner has sent it the task (the SDK's import
+    # runs beside its start-up), and a CLI whose stdin ends with no task exits
+    # on its own. Killed once the CLI has its task (its init), it is left
+    # waiting on the model, for reap to end.
+    limit = time.monotonic() + 60
+    while '"subtype": "init"' not in ((agent_dir / "transcript.jsonl").read_text() if (agent_dir / "transcript.jsonl").exists() else ""):
+        assert time.monotonic() < limit, "the CLI never started its turn"
+        time.sleep(0.05)
     guard_of(launched["pid"]).kill()
     os.kill(launched["pid"], signal.SIGKILL)
     time.sleep(0.3)
