@@ -393,16 +393,27 @@ def test_a_record_that_comes_in_short_reads_is_read_whole(tmp_path: Path, monkey
     assert keys[1] == path.stat().st_size
 
 
+SMALL = 30  # below STATUS_CACHE_MIN_ROWS: no cache to hide what the index does
+
+
+@pytest.fixture(scope="module")
+def small_indexed_session(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]], bytes]:
+    """One settled session for every damage below (each puts the index back): the session, its truth, its index."""
+    session = indexed_session(tmp_path_factory.mktemp("indexed"), SMALL)
+    return session, uncached(session), (session / spawn.STATUS_INDEX).read_bytes()
+
+
 @pytest.mark.parametrize("damage", ["junk", "torn-line", "forged-rows", "wrong-keys", "wrong-types", "fifo", "link", "oversized"])
-def test_a_damaged_or_forged_index_never_changes_the_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str) -> None:
-    session = indexed_session(tmp_path)
-    truth = uncached(session)
+def test_a_damaged_or_forged_index_never_changes_the_answer(
+    small_indexed_session: tuple[Path, list[dict[str, Any]], bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    session, truth, original = small_indexed_session
     index = session / spawn.STATUS_INDEX
-    lines = [json.loads(line) for line in index.read_text().splitlines()]
+    lines = [json.loads(line) for line in original.decode().splitlines()]
     if damage == "junk":
-        index.write_bytes(b"\x00\xff junk\n[1, 2]\n" + index.read_bytes()[:200] + b'\n{}\n"a"\n')
+        index.write_bytes(b"\x00\xff junk\n[1, 2]\n" + original[:200] + b'\n{}\n"a"\n')
     elif damage == "torn-line":
-        index.write_bytes(index.read_bytes() + b'{"name": "a1-000003", "keys": [1, 2')
+        index.write_bytes(original + b'{"name": "a1-000003", "keys": [1, 2')
     elif damage == "forged-rows":
         # Another agent's row, under this agent's name and keys: a row stands only for its own records.
         root_row = lines[0]["row"]
@@ -416,19 +427,24 @@ def test_a_damaged_or_forged_index_never_changes_the_answer(tmp_path: Path, monk
         os.mkfifo(index)  # opened, it would block a reader that waits for a writer
     elif damage == "link":
         elsewhere = tmp_path / "elsewhere.jsonl"
-        index.rename(elsewhere)
+        elsewhere.write_bytes(original)
+        index.unlink()
         index.symlink_to(elsewhere)
     elif damage == "oversized":
-        monkeypatch.setattr(spawn, "STATUS_INDEX_MAX_BYTES", index.stat().st_size - 1)
-    if damage != "oversized":  # (a limit set here, in-process only)
-        assert rows(session) == truth  # the real verb: nothing hangs, nothing differs
-        (session / spawn.STATUS_CACHE).unlink(missing_ok=True)
-    found, read = records_read(session, monkeypatch)
-    assert found == truth
-    if damage == "torn-line":
-        assert read == []  # the whole lines before it are used; the torn one waits for its end
-    else:
-        assert len(read) >= AGENTS - 1  # nothing usable (but the root's own row, forged-rows): read from the records
+        monkeypatch.setattr(spawn, "STATUS_INDEX_MAX_BYTES", len(original) - 1)
+    try:
+        if damage != "oversized":  # (a limit set here, in-process only)
+            assert rows(session) == truth  # the real verb: nothing hangs, nothing differs
+        found, read = records_read(session, monkeypatch)
+        assert found == truth
+        if damage == "torn-line":
+            assert read == []  # the whole lines before it are used; the torn one waits for its end
+        else:
+            assert len(read) >= SMALL - 1  # nothing usable (but the root's own row, forged-rows): read from the records
+    finally:
+        index.unlink()
+        index.write_bytes(original)
+    assert not (session / spawn.STATUS_CACHE).exists()
 
 
 def test_a_record_replaced_after_its_commit_is_read_from_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
