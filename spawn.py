@@ -5889,7 +5889,9 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
             # and its drop box writable (sandbox_writes).
             with contextlib.suppress(OSError):
                 asks_dir(session).mkdir(exist_ok=True)
-                os.close(open_regular(session / LEDGER, os.O_WRONLY | os.O_CREAT | os.O_APPEND)[0])
+                # (An empty status cache is one status ignores, and replaces whole.)
+                for name in (LEDGER, STATUS_INDEX, STATUS_CACHE):
+                    os.close(open_regular(session / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)[0])
             (session / REFUSED_DIR / meta.id).mkdir(parents=True, exist_ok=True)
         boxes = os.listdir(session / REFUSED_DIR) if (session / REFUSED_DIR).is_dir() else []
         writable, read_only = sandbox_writes(

@@ -186,11 +186,14 @@ def test_a_sandboxed_leaf_can_not_write_any_record_and_its_refused_spawn_is_stil
         'mkdir "$A/a1-abcdef"; echo note > "$A/$SPAWN_AGENT_ID/notes.txt"; echo ok > ok.txt; '
         """echo '{"meta": {"id": "a2-aaaaaa"}, "reason": "forged"}' > "$SPAWN_SESSION/refused/$SPAWN_AGENT_ID/a2-aaaaaa.json"; """
         'echo x > "$SPAWN_SESSION/refused/$SPAWN_AGENT_ID/a0-bbbbbb.json"; '
+        """echo '{"name": "FORGED"}' >> "$SPAWN_SESSION/.status-rows.jsonl"; echo FORGED > "$SPAWN_SESSION/.status-cache.json"; """
         '"$SPAWN_PYTHON" "$SPAWN_PY" --task deeper; echo "spawn rc=$?"'
     )
     sibling = mock_task("sibling", [{"text": "sibling done"}])
     leaf = mock_task("leaf", [{"bash": forge}, {"text": "leaf done"}])
     steps = [{"bash": spawn_in_bash("--task", t, "--tools", "Bash")} for t in (sibling, leaf)]
+    # No status index when the leaf starts (the sibling's commit made one): its runner must make it.
+    steps.insert(1, {"bash": f'rm "$SPAWN_SESSION/{spawn.STATUS_INDEX}"'})
     parent = mock_task("parent", [*steps, {"text": "parent done"}])
     proc = run_spawn(["--task", parent, "--tools", "Bash", "--max-depth", "1", "--cwd", str(tmp_path)], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
@@ -211,6 +214,10 @@ def test_a_sandboxed_leaf_can_not_write_any_record_and_its_refused_spawn_is_stil
         assert (outcome["output"], outcome["committed_by"]) == (output, "self")
         assert (agent_dir / ".done").exists() and not (agent_dir / ".fail").exists()
     assert not (leaf_dir / "notes.txt").exists()
+    # status's index and cache: made by the leaf's runner before the sandbox, so held read-only in it,
+    # though the session lies inside the leaf's writable cwd.
+    for name in (spawn.STATUS_INDEX, spawn.STATUS_CACHE):
+        assert "FORGED" not in (leaf_dir.parent.parent / name).read_text()
     assert (tmp_path / "ok.txt").read_text() == "ok\n"  # the rest of its cwd stays writable
     text = transcript_text(leaf_dir)
     assert text.count("Read-only file system") >= 5
