@@ -8675,20 +8675,19 @@ STATUS_INDEX_MAX_BYTES = 64 << 20  # a bigger index (junk appended to it) is not
 def index_status_row(agent_dir: Path) -> None:
     """Append a just-committed agent's row to its session's STATUS_INDEX; best effort.
 
-    Built as status builds it, from the records as they are on disk, and
-    keyed by the very files read. Not for an agent with Claude Code
-    subagents, whose rows come from a log that may still grow.
+    The entry status would cache for it (read_agent_rows, with nothing left
+    to settle): its row from the records as they are on disk, keyed by the
+    very files read. None for a damaged record, or an agent with Claude Code
+    subagents, whose rows come from a log.
     """
-    path = str(agent_dir)
     try:
-        meta, meta_keys = load_meta_keyed(path)
-        outcome, outcome_keys = read_record(f"{path}/{OUTCOME}")
-        if meta.id != agent_dir.name or outcome_problem(outcome, meta.id) or os.path.lexists(f"{path}/{NATIVE_LOG}"):
+        found = read_agent_rows(str(agent_dir.parent), [agent_dir.name], queueing=False, settled_before=float("inf"))
+        entry = found[0][1][1] if found else None
+        if entry is None:
             return
-        row = status_row(path, meta, outcome, str(outcome["status"]))
-        del row["agent_dir"]  # status puts in its own spelling of the path
-        entry = {"name": agent_dir.name, "keys": meta_keys + outcome_keys, "row": row}
-        line = json.dumps(entry, separators=(",", ":"), ensure_ascii=False) + "\n"
+        keys, row = entry
+        row = {k: v for k, v in row.items() if k != "agent_dir"}  # status puts in its own spelling of the path
+        line = json.dumps({"name": agent_dir.name, "keys": keys, "row": row}, separators=(",", ":"), ensure_ascii=False) + "\n"
         # O_APPEND keeps concurrent committers' lines whole; O_NOFOLLOW and
         # open_regular: a link or a FIFO planted at the index is never written through.
         fd, _ = open_regular(agent_dir.parent.parent / STATUS_INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
@@ -8702,11 +8701,13 @@ def index_status_row(agent_dir: Path) -> None:
         os.close(fd)
 
 
-def read_status_index(session: Path, mark: Sequence[int]) -> tuple[dict[str, list[Any]], list[int]]:
-    """STATUS_INDEX's entries (name -> [keys, row without agent_dir]) past mark, and the new mark.
+def read_status_index(session: Path, mark: Sequence[int], settled_before: float) -> tuple[dict[str, list[Any]], list[int]]:
+    """STATUS_INDEX's entries past mark, as the cache's (name -> [keys, row]), and the new mark.
 
-    Only whole lines, each checked for its shape; anything else in the file
-    is skipped. A missing, oversized or irregular index gives nothing.
+    Only whole lines, each checked for its shape, and only rows whose
+    records had settled: a line is written at commit, maybe within the
+    mtime tick of the records' last change. Anything else in the file is
+    skipped. A missing, oversized or irregular index gives nothing.
     """
     try:
         fd, st = open_regular(session / STATUS_INDEX, os.O_RDONLY | os.O_NOFOLLOW)
@@ -8730,6 +8731,7 @@ def read_status_index(session: Path, mark: Sequence[int]) -> tuple[dict[str, lis
         for text in lines:
             with contextlib.suppress(ValueError):
                 parsed.append(json.loads(text))
+    agents = str(session / AGENTS_DIR)  # the path status spells (tree_rows)
     entries: dict[str, list[Any]] = {}
     for item in parsed:
         if not isinstance(item, dict):
@@ -8741,8 +8743,9 @@ def read_status_index(session: Path, mark: Sequence[int]) -> tuple[dict[str, lis
             and isinstance(keys, list)
             and len(keys) == 6
             and all(type(k) is int for k in keys)
+            and max(keys[2::3]) < settled_before
         ):
-            entries[name] = [keys, row]
+            entries[name] = [keys, {**row, "agent_dir": f"{agents}/{name}"}]
     return entries, [st.st_ino, start + whole]
 
 
@@ -8777,22 +8780,20 @@ def save_status_cache(session: Path, entries: Mapping[str, list[Any]], index_mar
 def tree_rows(session: Path) -> list[dict[str, Any]]:
     """The agents of a session with state and cost, parents before children."""
     queueing = read_limits(session).max_concurrent is not None
-    cache, mark = load_status_cache(session)
-    indexed, new_mark = read_status_index(session, mark)
     settled_before = (time.time() - STATUS_CACHE_SETTLE_S) * 1e9
+    cache, mark = load_status_cache(session)
+    indexed, new_mark = read_status_index(session, mark, settled_before)
     agents = str(session / AGENTS_DIR)
     names = agent_dir_names(Path(agents))
     hits: dict[str, list[Any]] = {}
     for name in names:
         path = f"{agents}/{name}"  # a Path only for what isn't cached: 10,000 of them cost 0.1 s
-        entry = cache.get(name)
-        if entry is not None and (row := cached_row(entry, path, keys := record_keys(path))) is not None:
+        entry, indexed_entry = cache.get(name), indexed.get(name)
+        if entry is None and indexed_entry is None:
+            continue
+        keys = record_keys(path)  # once, for either
+        if (row := cached_row(entry, path, keys) or cached_row(indexed_entry, path, keys)) is not None:
             hits[name] = [keys, row]
-        elif (entry := indexed.get(name)) is not None and max(entry[0][2::3]) < settled_before:
-            # Written at commit, maybe within the mtime tick of the records' last change: settled only later.
-            entry[1]["agent_dir"] = path
-            if (row := cached_row(entry, path, keys := record_keys(path))) is not None:
-                hits[name] = [keys, row]
     misses = [name for name in names if name not in hits]
     read = functools.partial(read_agent_rows, agents, queueing=queueing, settled_before=settled_before)
     found = {name: result for part in forked_map(read, misses, STATUS_PARALLEL_MIN) for name, result in part}
@@ -8839,26 +8840,6 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
     return ordered
 
 
-def status_row(path: str, meta: AgentMeta, outcome: Mapping[str, Any] | None, state: str) -> dict[str, Any]:
-    """An agent's own status row, from its records (outcome None while it runs)."""
-    row = {
-        "id": meta.id,
-        "parent_id": meta.parent_id,
-        "depth": meta.depth,
-        "state": state,
-        "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
-        "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started_timestamp(meta), 1),
-        "cost_usd": outcome.get("cost_usd") if outcome else None,
-        "cost_known": bool(outcome and "cost_usd" in outcome),
-        "pid": meta.pid,
-        "agent_dir": path,
-        "containment": meta.containment,
-    }
-    if meta.resumed_from:
-        row["resumed_from"] = meta.resumed_from
-    return row
-
-
 def read_agent_rows(
     agents: str, names: Sequence[str], *, queueing: bool, settled_before: float
 ) -> list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]]:
@@ -8884,7 +8865,22 @@ def read_agent_rows(
             found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
             continue
         state = outcome["status"] if outcome else unfinished_state(Path(path), meta, queueing=queueing).value
-        row = status_row(path, meta, outcome, state)
+        started = started_timestamp(meta)
+        row = {
+            "id": meta.id,
+            "parent_id": meta.parent_id,
+            "depth": meta.depth,
+            "state": state,
+            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
+            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
+            "cost_usd": outcome.get("cost_usd") if outcome else None,
+            "cost_known": bool(outcome and "cost_usd" in outcome),
+            "pid": meta.pid,
+            "agent_dir": path,
+            "containment": meta.containment,
+        }
+        if meta.resumed_from:
+            row["resumed_from"] = meta.resumed_from
         natives = native_rows(path, meta, parent_ended=outcome is not None)
         # Cached: a finished agent whose records were settled before we read them,
         # keyed by the very files read, so a record replaced meanwhile is read
