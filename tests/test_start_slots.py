@@ -9,6 +9,9 @@ import fcntl
 import json
 import os
 import shlex
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,6 +75,30 @@ def test_slots_are_taken_one_each_and_freed_by_closing(tmp_path: Path) -> None:
     assert third is not None
     os.close(second)
     os.close(third)
+
+
+@pytest.mark.parametrize("woken_by", ["inotify", "polling"])
+def test_a_waiter_takes_the_slot_once_another_process_lets_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, woken_by: str) -> None:
+    """The waiter sleeps until a slot file is closed (or, without inotify, polls), and then takes it."""
+    if woken_by == "polling":
+        monkeypatch.setattr(spawn.MarkerEvents, "watch", lambda *_args, **_kw: False)
+    holder = tmp_path / "holder.py"
+    holder.write_text(HOLDER)
+    held, released = tmp_path / "held", tmp_path / "released"
+    proc = subprocess.Popen([sys.executable, str(holder), str(tmp_path / spawn.START_SLOTS_DIR / "0"), str(held), str(released), "1"])
+    try:
+        while not held.exists():
+            assert proc.poll() is None
+            time.sleep(0.01)
+        fd = asyncio.run(spawn.take_start_slot(tmp_path, 1, wait_s=60))
+        assert fd is not None
+        # It was taken only after the holder let go, and is held now: another start can't take it.
+        assert released.exists()
+        assert asyncio.run(spawn.take_start_slot(tmp_path, 1, wait_s=0.1)) is None
+        os.close(fd)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_slot_held_for_good_delays_a_start_but_never_stops_it(tmp_path: Path) -> None:
