@@ -5139,14 +5139,16 @@ class SdkLoader:
 # and 8.0 s started together, 11.3 s and 5.7 s when each waited for a slot
 # until its first message (medians of 3 rounds, measured for issue 14).
 # A slot is a flock on a file in the session, so it is free again the moment
-# its holder releases it, exits or dies. It is held until the CLI's first
-# message and never longer than START_SLOT_HOLD_S, and a start that waited
+# its holder releases it, exits or dies. It is held until the CLI goes quiet
+# (free_slot_when_quiet) and never longer than START_SLOT_HOLD_S, and a start that waited
 # START_SLOT_WAIT_S goes ahead without one: a frozen or hostile holder can
 # delay a spawn, never stop it. Anything odd about the slot files (a
 # read-only session, something planted there) means no turns, not an error.
 ENV_START_SLOTS = "SPAWN_START_SLOTS"  # how many CLI start-ups at once; 0: no turns
 START_SLOTS_DIR = "start-slots"  # in the session directory: one lock file a slot
 START_SLOT_HOLD_S = 3.0
+START_SLOT_QUIET_S = 0.1  # a holder's CPU is looked at this often
+START_SLOT_QUIET_SHARE = 0.3  # under this share of a core over that time, it is quiet
 START_SLOT_WAIT_S = 30.0
 START_SLOT_POLL_S = 0.02  # without inotify
 START_SLOT_RECHECK_S = 0.25  # with it, in case a close went unseen
@@ -5291,6 +5293,45 @@ async def readable(fd: int, timeout: float) -> None:
         await asyncio.wait([ready], timeout=timeout)
     finally:
         loop.remove_reader(fd)
+
+
+def cpu_demand_ns(pid: int) -> int | None:
+    """How long a process's main thread has run or waited to run, in ns; None if /proc can't tell.
+
+    Waiting counts: a start-up starved by others is not quiet, and a holder
+    that let go then would crowd the CPUs with one more start-up.
+    """
+    if not procfs_is_ours():
+        return None  # in a sandbox's pid namespace: the pid names another process there
+    fields = (read_small_file(f"/proc/{pid}/schedstat") or "").split()
+    try:
+        return int(fields[0]) + int(fields[1])
+    except (IndexError, ValueError):
+        return None
+
+
+async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
+    """Let go of the CLI's start slot once it goes quiet, and after hold_s at the latest.
+
+    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S,
+    as when it waits for the model. A start-up that lets go earlier, at its
+    first message, leaves a fifth of its CPU to compete with the next one's.
+    """
+    import asyncio
+
+    pid = started.process.pid
+    quiet_ns = START_SLOT_QUIET_SHARE * START_SLOT_QUIET_S * 1e9
+    limit = time.monotonic() + hold_s
+    if not procfs_is_ours():  # its CPU can't be read: its first message frees it (consume_sdk), else the limit
+        await asyncio.sleep(hold_s)
+    last = cpu_demand_ns(pid)  # None: it is gone already
+    while started.slot is not None and last is not None and time.monotonic() < limit:
+        await asyncio.sleep(min(START_SLOT_QUIET_S, max(0.0, limit - time.monotonic())))
+        demand = cpu_demand_ns(pid)
+        if demand is None or demand - last < quiet_ns:
+            break
+        last = demand
+    started.free_slot()
 
 
 def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
@@ -6040,8 +6081,10 @@ async def run_sdk(
         },
         stderr=on_stderr,
     )
-    # Freed at the CLI's first message, by the timer, or whatever ends the run.
-    timer = asyncio.get_running_loop().call_later(START_SLOT_HOLD_S, started.free_slot)
+    # Freed once the CLI goes quiet (or, where its CPU can't be read, at its
+    # first message), after START_SLOT_HOLD_S, or by whatever ends the run.
+    quiet = procfs_is_ours()
+    release = asyncio.create_task(free_slot_when_quiet(started, START_SLOT_HOLD_S))
     try:
         await consume_sdk(
             sdk,
@@ -6050,10 +6093,10 @@ async def run_sdk(
             transcript=agent_dir / TRANSCRIPT,
             state=state,
             secrets_=secrets_,
-            first=started.free_slot,
+            first=(lambda: None) if quiet else started.free_slot,
         )
     finally:
-        timer.cancel()
+        release.cancel()
         started.free_slot()
 
 

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 from conftest import agent_dirs, load, mock_task, run_spawn, spawn_in_bash
@@ -99,6 +100,54 @@ def test_a_waiter_takes_the_slot_once_another_process_lets_go(tmp_path: Path, mo
     finally:
         proc.kill()
         proc.wait()
+
+
+def hold_a_slot(tmp_path: Path, process: subprocess.Popen[bytes]) -> spawn.StartedCli:
+    fd = asyncio.run(spawn.take_start_slot(tmp_path, 1))
+    assert fd is not None
+    return spawn.StartedCli(cast(spawn.CliStart, None), process, fd)
+
+
+def test_a_quiet_cli_lets_go_of_its_slot_before_the_hold_limit(tmp_path: Path) -> None:
+    """A CLI that waits (here: a process that only sleeps, as one waiting for the model) frees its slot at once."""
+    process = subprocess.Popen(["sleep", "600"])
+    try:
+        started = hold_a_slot(tmp_path, process)
+        asyncio.run(asyncio.wait_for(spawn.free_slot_when_quiet(started, 300.0), 60))
+        assert started.slot is None
+        fd = asyncio.run(spawn.take_start_slot(tmp_path, 1, wait_s=0.1))
+        assert fd is not None  # free for the next start
+        os.close(fd)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_busy_cli_keeps_its_slot_until_the_hold_limit(tmp_path: Path) -> None:
+    """A CLI still starting (here: a busy loop) holds its slot; running or waiting to run, it is busy either way."""
+    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        started = hold_a_slot(tmp_path, process)
+        began = time.monotonic()
+        asyncio.run(spawn.free_slot_when_quiet(started, 1.5))
+        assert time.monotonic() - began >= 1.5
+        assert started.slot is None
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_cli_that_exits_lets_go_of_its_slot(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        started = hold_a_slot(tmp_path, process)
+        process.kill()
+        process.wait()
+        asyncio.run(asyncio.wait_for(spawn.free_slot_when_quiet(started, 300.0), 60))
+        assert started.slot is None
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_a_slot_held_for_good_delays_a_start_but_never_stops_it(tmp_path: Path) -> None:
