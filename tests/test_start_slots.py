@@ -45,8 +45,8 @@ def test_a_start_waits_for_the_free_slot_and_goes_once_it_is_freed(env: dict[str
     held, released = tmp_path / "held", tmp_path / "released"
     slot = f'"$SPAWN_SESSION"/{spawn.START_SLOTS_DIR}/0'
     hold = f'"$SPAWN_PYTHON" {holder} {slot} {held} {released} 4 &'
-    # The root's own start-up freed the slot at its first message; the holder
-    # takes it, and only then is the child started.
+    # The root's CLI let go of the slot once it went quiet (it waits on its
+    # Bash here); the holder takes it, and only then is the child started.
     child = f"{spawn_in_bash('--tools', 'Read')} --task {shlex.quote(mock_task('slot child', [{'text': 'child-result'}]))}"
     script = f"{hold} for _ in $(seq 600); do [ -e {held} ] && break; sleep 0.05; done; {child}; wait"
     task = mock_task("slot root", [{"bash": script}, {"text": "root-result"}])
