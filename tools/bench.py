@@ -623,9 +623,12 @@ class TreeMemory:
 class MemorySampler:
     """Samples the process trees under `roots` on a thread until stopped."""
 
-    def __init__(self, roots: Callable[[], Sequence[int]], interval: float = 0.25) -> None:
+    def __init__(self, roots: Callable[[], Sequence[int]], interval: float = 0.25, *, pss: bool = True) -> None:
         self.roots = roots
         self.interval = interval
+        self.pss = pss
+        """PSS as well as RSS: smaps, a walk of every mapping of every process (the CLIs' are large).
+        Without it, RSS alone (statm): a run timed beside the sampler isn't slowed by it."""
         self.result = TreeMemory()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -653,7 +656,7 @@ class MemorySampler:
             for proc in procs.values():
                 with contextlib.suppress(psutil.Error):
                     side = "python" if proc.name().startswith("python") or "_guard" in proc.cmdline() else "other"
-                    info = proc.memory_full_info()
+                    info = proc.memory_full_info() if self.pss else proc.memory_info()
                     sums[f"{side}_pss"] += int(getattr(info, "pss", info.rss))
                     sums[f"{side}_rss"] += int(info.rss)
             r = self.result
@@ -713,8 +716,15 @@ def check_turns(what: str, main: Sequence[Mapping[str, Any]], expected: int) -> 
     )
 
 
-def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] | None = None, *, bare: bool = True) -> FanOut:
-    """P1b (wall time) and P6 (memory): `count` leaves from one spawn.py parent, and `count` bare claude -p in parallel."""
+def fanout(
+    bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] | None = None, *, bare: bool = True, pss: bool = False
+) -> FanOut:
+    """P1b (wall time) and P6 (memory): `count` leaves from one spawn.py parent, and `count` bare claude -p in parallel.
+
+    Memory is sampled on both sides alike; PSS (P6's measure) only when asked:
+    reading it walked every mapping of every process four times a second,
+    about 1 s of CPU in a 10 s fan-out on 2 cores, beside the run being timed.
+    """
     steps: list[dict[str, Any]] = [{"text": LEAF_TEXT, **({"sleep": leaf_sleep} if leaf_sleep else {})}]
     root_task = mock_task(f"bench fan-out root {count}", [{"bash": fanout_script(count, steps)}, {"text": "root-result"}])
     spawn_argv = [sys.executable, str(SPAWN), "--task", root_task, "--tools", "Bash,Read", "--max-depth", "1"]
@@ -727,7 +737,7 @@ def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] |
         spawn_argv, env=run_env, cwd=bench.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     pids.append(proc.pid)
-    with MemorySampler(lambda: pids) as spawn_mem:
+    with MemorySampler(lambda: pids, pss=pss) as spawn_mem:
         out, err = proc.communicate(timeout=bench.timeout)
     spawn_s = time.perf_counter() - t0
     spawn_cpu = children_cpu() - cpu0
@@ -742,7 +752,7 @@ def fanout(bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] |
         running: list[subprocess.Popen[bytes]] = []
         cpu0 = children_cpu()
         t0 = time.perf_counter()
-        with MemorySampler(lambda: [p.pid for p in running]) as sampler:
+        with MemorySampler(lambda: [p.pid for p in running], pss=pss) as sampler:
             running += [
                 subprocess.Popen(
                     a,
@@ -1456,9 +1466,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.memory_agents > 0 and not args.only_waitperf:
                 # The leaves sleep, so all of them are alive at once when memory peaks.
                 print(f"memory: {args.memory_agents} concurrent agents, with and without the fork server ...", flush=True)
-                memory["with fork server"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S)
+                memory["with fork server"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S, pss=True)
                 no_server = {**bench.env, "SPAWN_NO_FORKSERVER": "1"}
-                memory["SPAWN_NO_FORKSERVER=1"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S, no_server, bare=False)
+                memory["SPAWN_NO_FORKSERVER=1"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S, no_server, bare=False, pss=True)
             summary = (
                 {"targets": []} if args.only_waitperf else report(bench, waits, args, time.monotonic() - started, fan=fan, memory=memory)
             )
