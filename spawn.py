@@ -5150,8 +5150,10 @@ START_SLOT_HOLD_S = 3.0
 START_SLOT_QUIET_S = 0.1  # a holder's CPU is looked at this often
 START_SLOT_QUIET_SHARE = 0.3  # under this share of a core over that time, it is quiet
 START_SLOT_WAIT_S = 30.0
-START_SLOT_POLL_S = 0.02  # without inotify
-START_SLOT_RECHECK_S = 0.25  # with it, in case a close went unseen
+START_SLOT_POLL_S = 0.02  # the first waiter, without inotify
+START_SLOT_RECHECK_S = 0.25  # the first waiter, with it, in case a close went unseen
+START_SLOT_QUEUE_POLL_S = 0.1  # the others
+START_SLOT_QUEUE = "queue"  # in start-slots/: flock'ed by the first waiter
 
 
 def start_slot_count(environ: Mapping[str, str]) -> int:
@@ -5226,12 +5228,15 @@ def open_start_slots(session: Path, count: int) -> list[int]:
         folder.mkdir(mode=0o700, exist_ok=True)
     except OSError:
         return []
-    fds = []
-    for index in range(count):
-        # O_NOFOLLOW, and regular files only: a planted symlink or FIFO is skipped, never followed or waited on.
-        with contextlib.suppress(OSError, CorruptRecordError):
-            fds.append(open_regular(folder / str(index), os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)[0])
-    return fds
+    return [fd for fd in (open_slot_file(folder / str(index)) for index in range(count)) if fd is not None]
+
+
+def open_slot_file(path: Path) -> int | None:
+    """One file of start-slots/, opened (created if need be), or None if it can't be."""
+    # O_NOFOLLOW, and regular files only: a planted symlink or FIFO is skipped, never followed or waited on.
+    with contextlib.suppress(OSError, CorruptRecordError):
+        return open_regular(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)[0]
+    return None
 
 
 def grab_start_slot(fds: Sequence[int]) -> int | None:
@@ -5250,30 +5255,49 @@ def grab_start_slot(fds: Sequence[int]) -> int | None:
 async def take_start_slot(session: Path, count: int, wait_s: float = START_SLOT_WAIT_S) -> int | None:
     """Wait for a start slot: the open fd whose flock holds it, or None (no turns, or waited too long).
 
-    A slot is let go by closing its file (or by its holder's death, which
-    closes it too), so the waiter sleeps until a slot file is closed
-    (inotify), and looks again then or every START_SLOT_RECHECK_S. A poll
-    every START_SLOT_POLL_S is only for where there is no inotify: a fan-out's
-    waiting runners, polling, each spent ~2% of a core on a VM.
+    The waiters of a session queue: the one holding the flock on
+    `start-slots/queue` is first, and sleeps until a slot file is closed
+    (inotify; a slot is let go by closing its file, or by its holder's death,
+    which closes it too), looking again then or every START_SLOT_RECHECK_S.
+    The others look every START_SLOT_QUEUE_POLL_S, for the queue or a slot.
+    So a fan-out's waiting runners cost few wakes (each ~0.1-0.3 ms of CPU on
+    a VM: 16 of them polling every 20 ms took ~2% of a core each), and a
+    session holds at most one inotify instance for them (a user has 128,
+    which their other programs' file watchers need too). Without the queue
+    file or inotify, a waiter polls every START_SLOT_POLL_S, as all once did.
     """
     fds = open_start_slots(session, count) if count > 0 else []
+    queue = open_slot_file(session / START_SLOTS_DIR / START_SLOT_QUEUE) if fds else None
     held = None
-    events = MarkerEvents(enabled=bool(fds))
-    # Watched before the first look, so a slot let go after it always wakes us.
-    period = START_SLOT_RECHECK_S if events.watch(session / START_SLOTS_DIR, MarkerEvents.IN_CLOSE) else START_SLOT_POLL_S
+    first = queue is None  # no queue to take turns in: every waiter looks often
+    events: MarkerEvents | None = None
+    period = START_SLOT_POLL_S
     try:
         limit = time.monotonic() + wait_s
         while fds and held is None and time.monotonic() < limit:
             try:
                 held = grab_start_slot(fds)
+                if held is not None:
+                    break
+                if not first and queue is not None:
+                    first = grab_start_slot([queue]) is not None
             except OSError:
                 return None  # flock refused (a file system without locks): no turns
-            if held is None:
-                await readable(events.fd, min(period, max(0.0, limit - time.monotonic())))
+            if first and events is None:
+                events = MarkerEvents()
+                if events.watch(session / START_SLOTS_DIR, MarkerEvents.IN_CLOSE):
+                    period = START_SLOT_RECHECK_S
+                continue  # watched now: look once more, so a slot let go before the watch isn't missed
+            wait = min(period if first else START_SLOT_QUEUE_POLL_S, max(0.0, limit - time.monotonic()))
+            await readable(events.fd if events is not None else -1, wait)
+            if events is not None:
                 events.drain()
         return held
     finally:
-        events.close()
+        if events is not None:
+            events.close()
+        if queue is not None:
+            os.close(queue)  # the next waiter is first now
         for fd in fds:
             if fd != held:
                 os.close(fd)

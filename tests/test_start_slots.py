@@ -57,7 +57,7 @@ def test_a_start_waits_for_the_free_slot_and_goes_once_it_is_freed(env: dict[str
     first = json.loads((child_dir / "transcript.jsonl").read_text().splitlines()[0])
     # The child's CLI said its first word only after the holder let go of the slot.
     assert iso_seconds(first["time"]) >= float(released.read_text())
-    assert [p.name for p in session_root.glob(f"*/{spawn.START_SLOTS_DIR}/*")] == ["0"]
+    assert sorted(p.name for p in session_root.glob(f"*/{spawn.START_SLOTS_DIR}/*")) == ["0", spawn.START_SLOT_QUEUE]
 
 
 def test_no_turns_when_slots_are_set_to_zero(tmp_path: Path) -> None:
@@ -100,6 +100,42 @@ def test_a_waiter_takes_the_slot_once_another_process_lets_go(tmp_path: Path, mo
     finally:
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("queue", ["held by another waiter", "a fifo", "a symlink"])
+def test_a_waiter_behind_the_queue_or_without_one_still_takes_the_slot(tmp_path: Path, queue: str) -> None:
+    """The first waiter holds start-slots/queue; one behind it, or one where no queue can be had, looks by itself."""
+    folder = tmp_path / spawn.START_SLOTS_DIR
+    folder.mkdir()
+    victim = tmp_path / "victim"
+    holder = tmp_path / "holder.py"
+    holder.write_text(HOLDER)
+    procs = []
+    try:
+        if queue == "a fifo":
+            os.mkfifo(folder / spawn.START_SLOT_QUEUE)
+        elif queue == "a symlink":
+            (folder / spawn.START_SLOT_QUEUE).symlink_to(victim)
+        else:  # another process is first in the queue, for good
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(holder), str(folder / spawn.START_SLOT_QUEUE), str(tmp_path / "q"), str(tmp_path / "qr"), "600"]
+                )
+            )
+        held, released = tmp_path / "held", tmp_path / "released"
+        procs.append(subprocess.Popen([sys.executable, str(holder), str(folder / "0"), str(held), str(released), "1"]))
+        while not held.exists() or (queue == "held by another waiter" and not (tmp_path / "q").exists()):
+            assert all(p.poll() is None for p in procs)
+            time.sleep(0.01)
+        fd = asyncio.run(spawn.take_start_slot(tmp_path, 1, wait_s=60))
+        assert fd is not None
+        assert released.exists()
+        os.close(fd)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert not victim.exists()
 
 
 def hold_a_slot(tmp_path: Path, process: subprocess.Popen[bytes]) -> spawn.StartedCli:
