@@ -4,6 +4,7 @@ and nothing about the slots can stop a spawn."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import fcntl
 import json
@@ -12,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -78,28 +80,45 @@ def test_slots_are_taken_one_each_and_freed_by_closing(tmp_path: Path) -> None:
     os.close(third)
 
 
+@contextlib.contextmanager
+def running(argv: Sequence[str]) -> Iterator[subprocess.Popen[bytes]]:
+    """A process for the length of the block: killed and reaped however the block ends."""
+    process = subprocess.Popen(argv)
+    try:
+        yield process
+    finally:
+        process.kill()
+        process.wait()
+
+
+@contextlib.contextmanager
+def held_by_another_process(tmp_path: Path, path: Path, seconds: float) -> Iterator[Path]:
+    """HOLDER takes the flock on path for `seconds`; yields, once it holds it, the file it writes as it lets go."""
+    holder = tmp_path / "holder.py"
+    holder.write_text(HOLDER)
+    held, released = tmp_path / f"{path.name}.held", tmp_path / f"{path.name}.released"
+    with running([sys.executable, str(holder), str(path), str(held), str(released), str(seconds)]) as process:
+        while not held.exists():
+            assert process.poll() is None
+            time.sleep(0.01)
+        yield released
+
+
+BUSY = [sys.executable, "-c", "while True: pass"]
+
+
 @pytest.mark.parametrize("woken_by", ["inotify", "polling"])
 def test_a_waiter_takes_the_slot_once_another_process_lets_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, woken_by: str) -> None:
     """The waiter sleeps until a slot file is closed (or, without inotify, polls), and then takes it."""
     if woken_by == "polling":
         monkeypatch.setattr(spawn.MarkerEvents, "watch", lambda *_args, **_kw: False)
-    holder = tmp_path / "holder.py"
-    holder.write_text(HOLDER)
-    held, released = tmp_path / "held", tmp_path / "released"
-    proc = subprocess.Popen([sys.executable, str(holder), str(tmp_path / spawn.START_SLOTS_DIR / "0"), str(held), str(released), "1"])
-    try:
-        while not held.exists():
-            assert proc.poll() is None
-            time.sleep(0.01)
+    with held_by_another_process(tmp_path, tmp_path / spawn.START_SLOTS_DIR / "0", 1) as released:
         fd = asyncio.run(spawn.take_start_slot(tmp_path, 1, wait_s=60))
         assert fd is not None
         # It was taken only after the holder let go, and is held now: another start can't take it.
         assert released.exists()
         assert asyncio.run(spawn.take_start_slot(tmp_path, 1, wait_s=0.1)) is None
         os.close(fd)
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.mark.parametrize("queue", ["held by another waiter", "a fifo", "a symlink"])
@@ -108,33 +127,18 @@ def test_a_waiter_behind_the_queue_or_without_one_still_takes_the_slot(tmp_path:
     folder = tmp_path / spawn.START_SLOTS_DIR
     folder.mkdir()
     victim = tmp_path / "victim"
-    holder = tmp_path / "holder.py"
-    holder.write_text(HOLDER)
-    procs = []
-    try:
+    with contextlib.ExitStack() as stack:
         if queue == "a fifo":
             os.mkfifo(folder / spawn.START_SLOT_QUEUE)
         elif queue == "a symlink":
             (folder / spawn.START_SLOT_QUEUE).symlink_to(victim)
         else:  # another process is first in the queue, for good
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(holder), str(folder / spawn.START_SLOT_QUEUE), str(tmp_path / "q"), str(tmp_path / "qr"), "600"]
-                )
-            )
-        held, released = tmp_path / "held", tmp_path / "released"
-        procs.append(subprocess.Popen([sys.executable, str(holder), str(folder / "0"), str(held), str(released), "1"]))
-        while not held.exists() or (queue == "held by another waiter" and not (tmp_path / "q").exists()):
-            assert all(p.poll() is None for p in procs)
-            time.sleep(0.01)
+            stack.enter_context(held_by_another_process(tmp_path, folder / spawn.START_SLOT_QUEUE, 600))
+        released = stack.enter_context(held_by_another_process(tmp_path, folder / "0", 1))
         fd = asyncio.run(spawn.take_start_slot(tmp_path, 1, wait_s=60))
         assert fd is not None
         assert released.exists()
         os.close(fd)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
     assert not victim.exists()
 
 
@@ -146,44 +150,32 @@ def hold_a_slot(tmp_path: Path, process: subprocess.Popen[bytes]) -> spawn.Start
 
 def test_a_quiet_cli_lets_go_of_its_slot_before_the_hold_limit(tmp_path: Path) -> None:
     """A CLI that waits (here: a process that only sleeps, as one waiting for the model) frees its slot at once."""
-    process = subprocess.Popen(["sleep", "600"])
-    try:
+    with running(["sleep", "600"]) as process:
         started = hold_a_slot(tmp_path, process)
         asyncio.run(asyncio.wait_for(spawn.free_slot_when_quiet(started, 300.0), 60))
         assert started.slot is None
         fd = asyncio.run(spawn.take_start_slot(tmp_path, 1, wait_s=0.1))
         assert fd is not None  # free for the next start
         os.close(fd)
-    finally:
-        process.kill()
-        process.wait()
 
 
 def test_a_busy_cli_keeps_its_slot_until_the_hold_limit(tmp_path: Path) -> None:
     """A CLI still starting (here: a busy loop) holds its slot; running or waiting to run, it is busy either way."""
-    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
+    with running(BUSY) as process:
         started = hold_a_slot(tmp_path, process)
         began = time.monotonic()
         asyncio.run(spawn.free_slot_when_quiet(started, 1.5))
         assert time.monotonic() - began >= 1.5
         assert started.slot is None
-    finally:
-        process.kill()
-        process.wait()
 
 
 def test_a_cli_that_exits_lets_go_of_its_slot(tmp_path: Path) -> None:
-    process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
+    with running(BUSY) as process:
         started = hold_a_slot(tmp_path, process)
         process.kill()
         process.wait()
         asyncio.run(asyncio.wait_for(spawn.free_slot_when_quiet(started, 300.0), 60))
         assert started.slot is None
-    finally:
-        process.kill()
-        process.wait()
 
 
 def test_a_slot_held_for_good_delays_a_start_but_never_stops_it(tmp_path: Path) -> None:
