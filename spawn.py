@@ -6107,7 +6107,7 @@ async def run_sdk(
     )
     # Freed once the CLI goes quiet (or, where its CPU can't be read, at its
     # first message), after START_SLOT_HOLD_S, or by whatever ends the run.
-    quiet = procfs_is_ours()
+    cpu_readable = procfs_is_ours()
     release = asyncio.create_task(free_slot_when_quiet(started, START_SLOT_HOLD_S))
     try:
         await consume_sdk(
@@ -6117,7 +6117,7 @@ async def run_sdk(
             transcript=agent_dir / TRANSCRIPT,
             state=state,
             secrets_=secrets_,
-            first=(lambda: None) if quiet else started.free_slot,
+            first=(lambda: None) if cpu_readable else started.free_slot,
         )
     finally:
         release.cancel()
@@ -8441,6 +8441,9 @@ class WaitResult:
 
 class MarkerEvents:
     """Which agent directories got a .done/.fail marker: inotify (Linux), else unavailable.
+
+    (take_start_slot uses it too, to sleep until a slot file is closed:
+    watch(folder, IN_CLOSE), then drain() at each wake.)
 
     A marker is the committer's last step (created O_EXCL after outcome.json
     is published and charged), so its IN_CREATE says the outcome is whole.
