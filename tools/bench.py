@@ -47,7 +47,8 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    chain above, and the same chain with every level ``uv run spawn.py``),
    P1b (``--fanout`` background leaves from one parent and ``wait --all``,
    against as many bare ``claude -p`` in parallel, with the summed peak RSS
-   of the Python side), P2 (above), P6 (the Python side's summed peak PSS
+   of the Python side; ``--fanout-rounds`` rounds, default 3, each reversing
+   the order of the sides, medians reported), P2 (above), P6 (the Python side's summed peak PSS
    with ``--memory-agents`` concurrent agents, with and without the fork
    server, against the bare tree). P3, P5 and P7 are printed by waitperf_report.
 
@@ -81,7 +82,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -694,6 +695,8 @@ class FanOut:
     bare_cpu_s: float = math.nan
     no_slots_s: float = math.nan
     """The same spawn.py fan-out with SPAWN_START_SLOTS=0 (every CLI start-up at once), for the lever's saving."""
+    round_ratios: list[float] = field(default_factory=list)
+    """spawn/bare of each round, when the figures are medians of rounds (fanout_rounds)."""
 
 
 def check_turns(what: str, main: Sequence[Mapping[str, Any]], expected: int) -> None:
@@ -717,24 +720,47 @@ def check_turns(what: str, main: Sequence[Mapping[str, Any]], expected: int) -> 
 
 
 def fanout(
-    bench: Bench, count: int, leaf_sleep: float, env: Mapping[str, str] | None = None, *, bare: bool = True, pss: bool = False
+    bench: Bench,
+    count: int,
+    leaf_sleep: float,
+    env: Mapping[str, str] | None = None,
+    *,
+    bare: bool = True,
+    pss: bool = False,
+    bare_first: bool = False,
 ) -> FanOut:
     """P1b (wall time) and P6 (memory): `count` leaves from one spawn.py parent, and `count` bare claude -p in parallel.
 
     Memory is sampled on both sides alike; PSS (P6's measure) only when asked:
     reading it walked every mapping of every process four times a second,
     about 1 s of CPU in a 10 s fan-out on 2 cores, beside the run being timed.
+    bare_first runs the bare side first, so that rounds can alternate the order.
     """
     steps: list[dict[str, Any]] = [{"text": LEAF_TEXT, **({"sleep": leaf_sleep} if leaf_sleep else {})}]
     root_task = mock_task(f"bench fan-out root {count}", [{"bash": fanout_script(count, steps)}, {"text": "root-result"}])
     spawn_argv = [sys.executable, str(SPAWN), "--task", root_task, "--tools", "Bash,Read", "--max-depth", "1"]
-    run_env = dict(env or bench.env)
+    commands = [f"{shlex.join(spawn_argv[:2])} --task 'MOCK[Bash: {fanout_script(count, steps)}]MOCK' --tools Bash,Read --max-depth 1"]
+    leaves = [bare_argv(bench.cli, mock_task(f"bare fan-out leaf {i}", steps), "Read") for i in range(count)]
+    if bare:
+        commands.append(f"{count} x {shlex.join(leaves[0][:2])} ... in parallel")
+    bare_side = (math.nan, TreeMemory(), math.nan)
+    if bare and bare_first:
+        bare_side = bare_fanout(bench, leaves, pss)
+    spawn_s, spawn_memory, spawn_cpu = spawn_fanout(bench, count, spawn_argv, dict(env or bench.env), pss)
+    if bare and not bare_first:
+        bare_side = bare_fanout(bench, leaves, pss)
+    bare_s, bare_memory, bare_cpu = bare_side
+    return FanOut(count, spawn_s, bare_s, spawn_memory, bare_memory, commands, spawn_cpu, bare_cpu)
+
+
+def spawn_fanout(bench: Bench, count: int, argv: list[str], env: dict[str, str], pss: bool) -> tuple[float, TreeMemory, float]:
+    """The spawn.py side of a fan-out: wall time, memory, CPU."""
     pids: list[int] = []
     bench.mock.new_requests()
     cpu0 = children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        spawn_argv, env=run_env, cwd=bench.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        argv, env=env, cwd=bench.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     pids.append(proc.pid)
     with MemorySampler(lambda: pids, pss=pss) as spawn_mem:
@@ -745,31 +771,50 @@ def fanout(
     main = [r for r in bench.mock.new_requests() if r.get("kind") == "main"]
     check_agent_result(f"fan-out of {count}", Proc(proc.returncode, out, err, 0, 0, spawn_s), "root-result")
     check_turns(f"fan-out of {count}", main, count + 2)
-    bare_s, bare_mem, bare_cpu = math.nan, TreeMemory(), math.nan
-    commands = [f"{shlex.join(spawn_argv[:2])} --task 'MOCK[Bash: {fanout_script(count, steps)}]MOCK' --tools Bash,Read --max-depth 1"]
-    if bare:
-        leaves = [bare_argv(bench.cli, mock_task(f"bare fan-out leaf {i}", steps), "Read") for i in range(count)]
-        running: list[subprocess.Popen[bytes]] = []
-        cpu0 = children_cpu()
-        t0 = time.perf_counter()
-        with MemorySampler(lambda: [p.pid for p in running], pss=pss) as sampler:
-            running += [
-                subprocess.Popen(
-                    a,
-                    env=dict(bench.env),
-                    cwd=bench.workdir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                for a in leaves
-            ]
-            codes = [p.wait(bench.timeout) for p in running]
-        bare_s, bare_mem, bare_cpu = time.perf_counter() - t0, sampler.result, children_cpu() - cpu0
-        if any(codes):
-            raise BenchError(f"bare fan-out: exit codes {codes}")
-        commands.append(f"{count} x {shlex.join(leaves[0][:2])} ... in parallel")
-    return FanOut(count, spawn_s, bare_s, spawn_mem.result, bare_mem, commands, spawn_cpu, bare_cpu)
+    return spawn_s, spawn_mem.result, spawn_cpu
+
+
+def bare_fanout(bench: Bench, leaves: list[list[str]], pss: bool) -> tuple[float, TreeMemory, float]:
+    """The bare side of a fan-out: every claude -p at once; wall time, memory, CPU."""
+    running: list[subprocess.Popen[bytes]] = []
+    cpu0 = children_cpu()
+    t0 = time.perf_counter()
+    with MemorySampler(lambda: [p.pid for p in running], pss=pss) as sampler:
+        running += [
+            subprocess.Popen(
+                a, env=dict(bench.env), cwd=bench.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            for a in leaves
+        ]
+        codes = [p.wait(bench.timeout) for p in running]
+    bare_s, bare_cpu = time.perf_counter() - t0, children_cpu() - cpu0
+    if any(codes):
+        raise BenchError(f"bare fan-out: exit codes {codes}")
+    return bare_s, sampler.result, bare_cpu
+
+
+def fanout_rounds(bench: Bench, count: int, rounds: int) -> FanOut:
+    """P1b over `rounds` rounds that alternate which side runs first: medians of time and CPU, peaks of memory.
+
+    One fan-out per side is one sample of a noisy figure: on a shared 2-core
+    machine 16 bare claude -p took anywhere from 9.2 s to 12.9 s within an hour.
+    """
+    runs = [fanout(bench, count, 0.0, bare_first=i % 2 == 1) for i in range(max(1, rounds))]
+
+    def peaks(memories: list[TreeMemory]) -> TreeMemory:
+        return TreeMemory(**{f.name: max(getattr(m, f.name) for m in memories) for f in fields(TreeMemory)})
+
+    return FanOut(
+        count,
+        median([r.spawn_s for r in runs]),
+        median([r.bare_s for r in runs]),
+        peaks([r.spawn_memory for r in runs]),
+        peaks([r.bare_memory for r in runs]),
+        runs[0].commands,
+        median([r.spawn_cpu_s for r in runs]),
+        median([r.bare_cpu_s for r in runs]),
+        round_ratios=[r.spawn_s / r.bare_s for r in runs],
+    )
 
 
 def children_cpu() -> float:
@@ -844,6 +889,9 @@ def fanout_targets(fan: FanOut | None) -> list[Target]:
         return [Target("fan-out (skipped: --fanout 0)", math.nan, TARGET_FANOUT_RATIO, "x", "P1b")]
     spawn_rss, bare_rss = fan.spawn_memory.peak_python_rss / MIB, fan.bare_memory.peak_python_rss / MIB
     detail = f"Python side peak RSS: spawn.py {spawn_rss:.0f} MiB, bare {bare_rss:.0f} MiB"
+    if fan.round_ratios:
+        each = ", ".join(f"{r:.2f}x" for r in fan.round_ratios)
+        detail = f"medians of {len(fan.round_ratios)} interleaved rounds, each {each}; {detail}"
     detail += f"; CPU {fan.spawn_cpu_s:.1f} s vs {fan.bare_cpu_s:.1f} s"
     if not math.isnan(fan.no_slots_s):
         detail += f"; with SPAWN_START_SLOTS=0 {fmt(fan.no_slots_s, 's')}"
@@ -1414,6 +1462,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dag-rounds", type=int, default=1, metavar="N", help="rounds of the dag runner overhead figure (default 1; 0 skips)")
     p.add_argument("--fanout", type=int, default=16, metavar="N", help="P1b: background leaves from one parent (default 16; 0 skips)")
     p.add_argument(
+        "--fanout-rounds", type=int, default=3, metavar="N", help="P1b: interleaved rounds of both sides, medians reported (default 3)"
+    )
+    p.add_argument(
         "--memory-agents", type=int, default=32, metavar="N", help="P6: concurrent agents whose memory is summed (default 32; 0 skips)"
     )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (sessions, mock log) and print its path")
@@ -1460,7 +1511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory: dict[str, FanOut] = {}
             if args.fanout > 0 and not args.only_waitperf:
                 print(f"fan-out: {args.fanout} background leaves vs {args.fanout} bare claude -p ...", flush=True)
-                fan = fanout(bench, args.fanout, 0.0)
+                fan = fanout_rounds(bench, args.fanout, args.fanout_rounds)
                 # The start slots' saving, side by side: every CLI start-up at once.
                 fan.no_slots_s = fanout(bench, args.fanout, 0.0, {**bench.env, "SPAWN_START_SLOTS": "0"}, bare=False).spawn_s
             if args.memory_agents > 0 and not args.only_waitperf:
