@@ -25,8 +25,8 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    A start-up profile says where spawn.py's time goes: Python start-up,
    ``import claude_agent_sdk``, ``spawn.py --dry-run`` (start-up without the
    SDK), ``claude --version`` (CLI start), and one single-agent spawn.py run
-   against one bare ``claude -p`` run, split into launch -> first model
-   request and last model request -> exit.
+   against one bare ``claude -p`` run with the same tools (``--tools Read``),
+   split into launch -> first model request and last model request -> exit.
 2. Bytes of a leaf agent's first model request (mock log, ``kind == "main"``
    and ``first``): spawn.py leaf with ``--tools Read`` versus a default
    ``claude -p`` (CLI default tools and system prompt), same task.
@@ -320,6 +320,7 @@ class Commands:
     bare_chain: list[str]
     spawn_leaf: list[str]
     bare_leaf: list[str]
+    bare_leaf_read: list[str]
     python_start: list[str]
     import_sdk: list[str]
     spawn_dry_run: list[str]
@@ -346,7 +347,8 @@ class Commands:
             uv_chain=["uv", "run", spawn, "--task", u_root, "--tools", "Bash,Read", "--max-depth", "3"],
             bare_chain=bare_argv(cli, b_root, "Bash,Read"),
             spawn_leaf=[py, spawn, "--task", leaf, "--tools", "Read"],
-            bare_leaf=bare_argv(cli, leaf, None),  # the CLI's default tools and system prompt
+            bare_leaf=bare_argv(cli, leaf, None),  # the CLI's default tools and system prompt (P2)
+            bare_leaf_read=bare_argv(cli, leaf, "Read"),  # the same tools as spawn_leaf (its time)
             python_start=[py, "-c", "pass"],
             import_sdk=[py, "-c", "import claude_agent_sdk"],
             spawn_dry_run=[py, spawn, "--dry-run", "--task", leaf, "--tools", "Read"],
@@ -455,6 +457,7 @@ class Bench:
             ),
             lambda: self.run("spawn_leaf", "spawn.py single agent (--tools Read)", c.spawn_leaf, expected=LEAF_TEXT, turns=1),
             lambda: self.run("bare_leaf", "claude -p single agent (defaults)", c.bare_leaf, expected=LEAF_TEXT, turns=1),
+            lambda: self.run("bare_leaf_read", "claude -p single agent (--tools Read)", c.bare_leaf_read, expected=LEAF_TEXT, turns=1),
             lambda: self.run("python_start", "python -c pass", c.python_start),
             lambda: self.run("import_sdk", "python -c 'import claude_agent_sdk'", c.import_sdk),
             lambda: self.run("import_sdk_warm", "  same, warm private bytecode cache", c.import_sdk, env=self.warm_env),
@@ -1012,7 +1015,9 @@ def report(
 
     chain_ratio = med("spawn_chain") / med("bare_chain")
     uv_chain_ratio = med("uv_chain") / med("bare_chain")
-    leaf_ratio = med("spawn_leaf") / med("bare_leaf")
+    # Time against a bare agent with the same tools: the CLI's defaults start
+    # up slower, which would hide some of spawn.py's own cost.
+    leaf_ratio = med("spawn_leaf") / med("bare_leaf_read")
     bytes_ratio = spawn_bytes / bare_bytes
     c = bench.cmds
     part_bytes = ", ".join(f"{k} {fmt(v, 'B')}" for k, v in parts["spawn_leaf"].items()) + f"; briefing {fmt(briefing_bytes, 'B')}"
@@ -1033,13 +1038,17 @@ def report(
     print(
         f"  depth-3 chain, no fork server / claude -p: {fmt(no_server, 'x')}  (+{med('spawn_chain_no_server') - med('bare_chain'):.3f} s)"
     )
-    print(f"  single agent     spawn.py / claude -p: {fmt(leaf_ratio, 'x')}  (+{med('spawn_leaf') - med('bare_leaf'):.3f} s per level)")
+    print(
+        f"  single agent     spawn.py / claude -p, both --tools Read: {fmt(leaf_ratio, 'x')}  "
+        f"(+{med('spawn_leaf') - med('bare_leaf_read'):.3f} s per level; claude -p with its default tools: "
+        f"{med('bare_leaf'):.3f} s)"
+    )
     print(f"  first request    spawn.py / claude -p: {fmt(bytes_ratio, 'x')}")
     print()
-    print("Where a spawn.py level's extra time goes (medians)")
-    extra = med("spawn_leaf") - med("bare_leaf")
-    startup = med("spawn_leaf", lambda x: x.to_first_request_s) - med("bare_leaf", lambda x: x.to_first_request_s)
-    teardown = med("spawn_leaf", lambda x: x.after_last_request_s) - med("bare_leaf", lambda x: x.after_last_request_s)
+    print("Where a spawn.py level's extra time goes (medians; against claude -p with the same tools)")
+    extra = med("spawn_leaf") - med("bare_leaf_read")
+    startup = med("spawn_leaf", lambda x: x.to_first_request_s) - med("bare_leaf_read", lambda x: x.to_first_request_s)
+    teardown = med("spawn_leaf", lambda x: x.after_last_request_s) - med("bare_leaf_read", lambda x: x.after_last_request_s)
     print(f"  extra wall time per level                 {extra:+.3f} s")
     print(f"    before the first model request          {startup:+.3f} s")
     print(f"    after the last model request            {teardown:+.3f} s")
