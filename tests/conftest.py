@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +196,16 @@ def alive(pids: Iterable[int]) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Whether condition() came true within timeout (looked at every 0.1 s)."""
+    limit = time.monotonic() + timeout
+    while time.monotonic() < limit:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def wait_until_gone(pids: Iterable[int], timeout: float) -> list[int]:

@@ -8,15 +8,25 @@ import os
 import shlex
 import signal
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from conftest import FAKE_API_KEY, SPAWN, load, metas, mock_task, run_spawn, start_spawn, stdout_json, validate_records, wait_for_path
+from conftest import (
+    FAKE_API_KEY,
+    SPAWN,
+    load,
+    metas,
+    mock_task,
+    run_spawn,
+    start_spawn,
+    stdout_json,
+    validate_records,
+    wait_for_path,
+    wait_until,
+)
 
 import spawn
 
@@ -33,15 +43,6 @@ def marked(mark: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
-
-
-def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    limit = time.monotonic() + timeout
-    while time.monotonic() < limit:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def escape_script(env: dict[str, str], mark: str, tmp_path: Path) -> str:

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, agent_dirs, listen_unix, load
+from conftest import ROOT, agent_dirs, listen_unix, load, wait_until
 from mock_model import mock_task
 
 import spawn
@@ -240,16 +240,25 @@ def test_the_hook_hands_a_nested_spawn_to_the_fork_server_without_loading_the_co
     replace_copy = shlex.join(
         [str(venv / "bin" / "python"), "-c", "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)"]
     )
-    replace_copy += f" {shlex.quote(str(planted))} {shlex.quote(str(copy_path(tmp_path / 'cache', script)))}"
+    copy = shlex.quote(str(copy_path(tmp_path / "cache", script)))
+    replace_copy += f" {shlex.quote(str(planted))} {copy}"
     child_task = mock_task("handed child", [{"text": "child-result"}])
     child = f"{python} {shlex.quote(str(script))} --tools Read --task {shlex.quote(child_task)}"
     wait_for_server = f'for i in $(seq 600); do [ -S "${spawn.ENV_SESSION}/{spawn.FORKSERVER_SOCKET}" ] && break; sleep 0.05; done'
-    task = mock_task("hooked root", [{"bash": f"{wait_for_server}; {replace_copy} && {child}"}, {"text": "root-result"}])
+    # The real copy is put back once the child has run: the root's guard runs
+    # it after the root exits, to end the tree's cgroup (a planted copy would
+    # leave that cgroup behind on the machine).
+    bash = f"{wait_for_server}; cp -p {copy} {copy}.real && {replace_copy} && {child}; mv {copy}.real {copy}"
+    task = mock_task("hooked root", [{"bash": bash}, {"text": "root-result"}])
     proc = run(venv, ["spawn.py", "--task", task, "--tools", "Bash,Read", "--max-depth", "1"], env, project)
     assert proc.returncode == ExitCode.OK, proc.stderr
     outcomes = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
     assert {depth: o["status"] for depth, o in outcomes.items()} == {0: "done", 1: "done"}
     assert outcomes[1]["output"] == "child-result"
+    root_meta = next(load(d / "meta.json") for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 0)
+    if str(root_meta["containment"]).startswith("cgroup "):
+        cgroup = Path(str(root_meta["containment"]).removeprefix("cgroup "))
+        assert wait_until(lambda: not cgroup.exists(), 10), f"the root's guard left {cgroup}"
     forked = [json.loads(line) for log in session_root.glob(f"*/{spawn.FORKSERVER_LOG}") for line in log.read_text().splitlines()]
     assert [f["verb"] for f in forked] == ["run"]
     assert "copy ran" not in "".join(p.read_text(errors="replace") for p in session_root.rglob("transcript.jsonl"))
