@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
-from test_containment import MARK, escape_script, marked, wait_until
+from conftest import load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records, wait_until
+from test_containment import MARK, escape_script, marked
 
 import spawn
 
