@@ -5503,19 +5503,10 @@ class StartedCli:
             pidfd = os.pidfd_open(pid)
         if pidfd is not None:
             # Readable when it exits: no thread, no poll.
-            loop = asyncio.get_running_loop()
-            ended = loop.create_future()
-
-            def exited() -> None:
-                if not ended.done():
-                    ended.set_result(None)
-
-            loop.add_reader(pidfd, exited)
             try:
                 while child_running(pid):
-                    await asyncio.wait([ended], timeout=1.0)
+                    await readable(pidfd, 1.0)
             finally:
-                loop.remove_reader(pidfd)
                 os.close(pidfd)
         else:
             pause = 0.005
