@@ -9931,6 +9931,29 @@ class DeclinedError(SpawnError):
     exit_code = ExitCode.REFUSED
 
 
+def state_file_path(value: str) -> Path:
+    """--state-file made absolute without resolving its last component, so a link there is seen, not followed."""
+    path = Path(value).expanduser()
+    return path.parent.resolve() / path.name
+
+
+def open_state_nofollow(path: Path, flags: int) -> int:
+    """os.open of the state file or its lock, refusing a symbolic link in their place.
+
+    Anything that can write the project (an agent, a checkout) can plant
+    a link there; followed, `plan` would rewrite, `state show` print and
+    `state clear` delete whatever file it points to, outside the project.
+    """
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StateError(
+                f"state file {path} is a symbolic link, which spawn.py does not follow; remove the link, or pass --state-file PATH"
+            ) from None
+        raise
+
+
 @contextlib.contextmanager
 def state_lock(path: Path) -> Iterator[None]:
     """Exclusive lock for a read-modify-write of the state file.
@@ -9940,15 +9963,26 @@ def state_lock(path: Path) -> Iterator[None]:
     """
     import fcntl
 
-    with open(path.with_name(path.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+        fd = open_state_nofollow(path.with_name(path.name + ".lock"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    except StateError:
+        raise
+    except OSError as exc:
+        raise StateError(f"can't lock state file {path}: {exc.strerror}; pass --state-file PATH in a writable directory") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def read_state(path: Path) -> dict[str, Any]:
     """The state file's content; {} when absent. Corrupt is a StateError, and the file is left as it is."""
     try:
-        data = json.loads(path.read_text())
+        # The state file is replaced by rename, never written in place: refusing a link here, and
+        # renaming over the name (which replaces a link planted since), never reaches its target.
+        with os.fdopen(open_state_nofollow(path, os.O_RDONLY), "rb") as f:
+            data = json.loads(f.read().decode())
     except FileNotFoundError:
         return {}
     except (ValueError, UnicodeDecodeError) as exc:
@@ -10075,7 +10109,7 @@ def answer_at_terminal(session: Path) -> None:
 
 def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """plan, build, explore, run-plan-build, run-all: run the phases, record them in the state file."""
-    state_path = Path(args.state_file).expanduser().resolve()
+    state_path = state_file_path(args.state_file)
     verb = args.verb
     state = read_state(state_path)  # a corrupt file stops us before anything starts
     if verb == "build" and args.dry_run:
@@ -10154,12 +10188,16 @@ def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    path = Path(args.state_file).expanduser().resolve()
+    path = state_file_path(args.state_file)
     if args.action == "show":
         emit(read_state(path))
         return ExitCode.OK
     with state_lock(path):
-        existed = path.exists()
+        try:
+            os.close(open_state_nofollow(path, os.O_RDONLY | os.O_NONBLOCK))  # refuses a link: never delete its target
+            existed = True
+        except FileNotFoundError:
+            existed = False
         path.unlink(missing_ok=True)
     emit({"cleared": str(path), "existed": existed})
     return ExitCode.OK

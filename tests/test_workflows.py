@@ -145,6 +145,24 @@ def test_corrupt_state_file_is_exit_3_and_left_alone(base_env: dict[str, str], t
     assert state.read_text() == "{not json"
 
 
+def test_symlinked_state_file_is_refused_and_its_target_untouched(wf_env: dict[str, str], project: Path, tmp_path: Path) -> None:
+    """Issue 31 item 13: a planted .spawn-state.json link was followed, so `plan` rewrote, `state show`
+    printed and `state clear` deleted a file outside the project."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "precious.json"
+    target.write_text('{"mine": true}\n')
+    (project / ".spawn-state.json").symlink_to(target)
+    for argv in (["plan", "Add x"], ["state", "show"], ["state", "clear"]):
+        proc = run_spawn(argv, wf_env, cwd=project)
+        assert proc.returncode == spawn.ExitCode.STATE, (argv, proc.stderr)
+        assert proc.stderr.startswith("spawn: error: ") and "symbolic link" in proc.stderr, proc.stderr
+        assert proc.stdout == ""
+    assert target.read_text() == '{"mine": true}\n'
+    assert sorted(p.name for p in outside.iterdir()) == ["precious.json"]  # no lock, no rotation, no temp file
+    assert (project / ".spawn-state.json").is_symlink()
+
+
 def _append_history(d: dict[str, Any], entry: dict[str, Any]) -> None:
     d.setdefault("history", []).append(entry)
 
