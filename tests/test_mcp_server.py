@@ -111,6 +111,30 @@ def test_bad_argument_is_a_tool_error_with_spawns_line(env: dict[str, str], sess
     assert not session_root.exists() or not list(session_root.glob("*/agents/*"))
 
 
+def test_paths_are_refused_as_agent_ids(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """Issue 31 item 12: agent_wait took an absolute path as an id and reported the forged outcome it found there."""
+    forged = tmp_path / "elsewhere" / "a1-abcdef"
+    forged.mkdir(parents=True)
+    (forged / "meta.json").write_text(json.dumps({"id": "a1-abcdef"}))
+    (forged / "outcome.json").write_text(json.dumps({"id": "a1-abcdef", "status": "done", "output": "forged"}))
+    (forged / ".done").write_text("")
+    (session_root / "s" / "agents").mkdir(parents=True)
+
+    async def body() -> None:
+        async with Client(server_params(env, tmp_path)) as client:
+            for bad in (str(forged), "../../elsewhere/a1-abcdef", "a1-abcdef/..", ""):
+                for tool, args in (
+                    ("agent_wait", {"agent_ids": [bad], "timeout_s": 1}),
+                    ("agent_status", {"agent_id": bad}),
+                    ("agent_cancel", {"agent_id": bad}),
+                ):
+                    result = await client.call_tool(tool, args)
+                    assert result.is_error, (tool, bad, text(result))
+                    assert text(result).startswith("spawn: error: ") and "is not an agent id" in text(result), text(result)
+
+    run(body)
+
+
 def test_cancel_ends_the_agent(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     async def body() -> None:
         async with Client(server_params(env, tmp_path)) as client:

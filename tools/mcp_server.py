@@ -59,6 +59,9 @@ WAIT_CAP_S = 50.0
 # How often a wait re-checks what inotify can't tell it: asks, dead agents, progress.
 WAIT_TICK_S = 0.25
 MARKERS = (".done", ".fail")
+# spawn.py's agent ids (AGENT_ID there): a{depth}-{6 hex}. An id becomes a path under the
+# session's agents/, so anything else (a path, "..") would let a client name any directory.
+AGENT_ID = re.compile(r"a\d{1,4}-[0-9a-f]{6}")
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 # inotify(7) flags: a marker is created with O_CREAT|O_EXCL (IN_CREATE); answers and
 # outcomes are link()ed or renamed into place (IN_CREATE / IN_MOVED_TO).
@@ -146,6 +149,11 @@ def error_line(stderr: str, code: int) -> str:
         if line.startswith("spawn: error:"):
             return line
     return lines[-1] if lines else f"spawn.py exited {code}"
+
+
+def check_agent_id(agent_id: str) -> None:
+    if not AGENT_ID.fullmatch(agent_id):
+        raise ToolError(f"spawn: error: {agent_id!r} is not an agent id (a<depth>-<6 hex digits>); use an id that spawn_agent returned")
 
 
 def min_known(*values: float | None) -> float | None:
@@ -392,6 +400,8 @@ class Spawner:
         if left is not None and left <= 0:
             raise ToolError(f"spawn: error: refused: this server's --max-budget-usd {c.max_budget_usd} is spent")
         argv = ["--background"]
+        if args.get("resume") is not None:
+            check_agent_id(str(args["resume"]))
         if args.get("resume"):
             argv += ["--resume", str(args["resume"])]
         if args.get("task") is not None:
@@ -427,6 +437,7 @@ class Spawner:
         return result
 
     def find_dir(self, agent_id: str) -> Path:
+        check_agent_id(agent_id)
         if agent_id in self.started:
             return self.started[agent_id].agent_dir
         root = Path(self.config.session_root or self.config.environ.get("SPAWN_SESSION_ROOT") or DEFAULT_SPAWN.parent / "sessions")
