@@ -313,3 +313,57 @@ def test_server_limits_bound_every_spawn(env: dict[str, str], session_root: Path
     run(body)
     assert len(list(session_root.glob("*/agents/*"))) == 1
     validate_records(session_root)
+
+
+# One model turn: the CLI prices 5k input tokens at $0.015 (medium tier); TURN_USD leaves room
+# for the small side requests the CLI makes (as tests/test_budget.py).
+TURN = {"input_tokens": 5_000, "output_tokens": 1}
+TURN_USD = 0.02
+
+
+def test_concurrent_spawns_share_one_agent_count(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """Issue 31 item 5: with --max-agents 2 --max-concurrent 2, six concurrent spawn_agent calls were all admitted."""
+
+    async def body() -> None:
+        async with Client(server_params(env, tmp_path, "--max-agents", "2", "--max-concurrent", "2")) as client:
+            task = mock_task("one", [{"text": "done"}])
+            calls = [client.call_tool("spawn_agent", {"task": task, "tools": ["Read"]}) for _ in range(6)]
+            results = await asyncio.gather(*calls)
+            admitted = [structured(r) for r in results if not r.is_error]
+            refused = [text(r) for r in results if r.is_error]
+            assert [a["status"] for a in admitted] == ["running", "running"], admitted
+            assert len(refused) == 4 and all(t.startswith("spawn: error: refused:") and "--max-agents 2" in t for t in refused), refused
+            assert structured(await client.call_tool("agent_wait", {"timeout_s": 50}))["status"] == "done"
+
+    run(body)
+    ran = [p for p in session_root.glob("*/agents/*/outcome.json") if load(p)["status"] != "refused"]
+    assert len(ran) == 2
+    assert len(list(session_root.glob("*/limits.json"))) == 1  # one session: spawn.py's admission counts them all
+    validate_records(session_root)
+
+
+def test_concurrent_spawns_share_one_budget(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """Issue 31 item 5: with --max-budget-usd 0.05 --max-agents 3, three agents were each allowed the whole $0.05."""
+    budget = 0.05
+
+    async def body() -> None:
+        async with Client(server_params(env, tmp_path, "--max-budget-usd", str(budget), "--max-agents", "3")) as client:
+            task = mock_task("spend", [*({"bash": "true", "usage": TURN} for _ in range(6)), {"text": "spent", "usage": TURN}])
+            asks = [{"task": task, "tools": ["Bash"], "max_budget_usd": 0.03} for _ in range(2)] + [{"task": task, "tools": ["Bash"]}]
+            results = await asyncio.gather(*(client.call_tool("spawn_agent", a) for a in asks))
+            admitted = [structured(r) for r in results if not r.is_error]
+            assert admitted, [text(r) for r in results]
+            for r in results:
+                assert not r.is_error or ("--max-budget-usd" in text(r) and text(r).startswith("spawn: error: refused:")), text(r)
+            structured(await client.call_tool("agent_wait", {"timeout_s": 50}))
+
+    run(body)
+    metas_ = [load(p) for p in session_root.glob("*/agents/*/meta.json")]
+    outcomes = [load(p) for p in session_root.glob("*/agents/*/outcome.json")]
+    ran = [o for o in outcomes if o["status"] != "refused"]
+    held = {m["id"]: m["max_budget_usd"] for m in metas_ if m["id"] in {o["id"] for o in ran}}
+    assert len(held) == len(ran) and sum(held.values()) <= budget + 1e-9, held
+    assert sum(float(o["cost_usd"]) for o in ran) <= budget + TURN_USD, ran
+    (ledger,) = session_root.glob("*/ledger.jsonl")  # one ledger holds them all
+    assert {json.loads(line)["id"] for line in ledger.read_text().splitlines()} == set(held)
+    validate_records(session_root)

@@ -63,6 +63,8 @@ MARKERS = (".done", ".fail")
 # session's agents/, so anything else (a path, "..") would let a client name any directory.
 AGENT_ID = re.compile(r"a\d{1,4}-[0-9a-f]{6}")
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+# spawn.py's smallest budget hold (MIN_HOLD_USD there): less left than this, and it refuses the spawn.
+MIN_HOLD_USD = 0.01
 # inotify(7) flags: a marker is created with O_CREAT|O_EXCL (IN_CREATE); answers and
 # outcomes are link()ed or renamed into place (IN_CREATE / IN_MOVED_TO).
 IN_CREATE = 0x100
@@ -326,6 +328,8 @@ class Started:
     agent_id: str
     agent_dir: Path
     connection: str
+    hold: float | None = None
+    """The budget spawn.py admitted it with (meta.json's max_budget_usd): its subtree spends no more."""
 
 
 class Spawner:
@@ -337,9 +341,13 @@ class Spawner:
         self.started: dict[str, Started] = {}
         self.elicited: set[str] = set()
         self._answer_as: bool | None = None
+        self.admission = asyncio.Lock()
+        """Held from a spawn's checks until spawn.py has registered it: concurrent calls can't all pass."""
+        self.session: Path | None = None
+        """The one session every agent started here registers in (outside a tree), once the first made it."""
 
-    async def run(self, *args: str, cwd: str | None = None) -> tuple[int, str, str]:
-        env = dict(self.config.environ)
+    async def run(self, *args: str, cwd: str | None = None, extra_env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+        env = {**self.config.environ, **(extra_env or {})}
         if self.config.session_root is not None:
             env["SPAWN_SESSION_ROOT"] = self.config.session_root
         proc = await asyncio.create_subprocess_exec(
@@ -354,8 +362,10 @@ class Spawner:
         out, err = await proc.communicate()
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
-    async def run_json(self, *args: str, ok: Sequence[int] = (0,), cwd: str | None = None) -> dict[str, Any]:
-        code, out, err = await self.run(*args, cwd=cwd)
+    async def run_json(
+        self, *args: str, ok: Sequence[int] = (0,), cwd: str | None = None, extra_env: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        code, out, err = await self.run(*args, cwd=cwd, extra_env=extra_env)
         if code not in ok:
             raise ToolError(error_line(err, code))
         try:
@@ -367,28 +377,46 @@ class Spawner:
         return data
 
     # Limits: the server's caps bound everything started through it, whatever the tool arguments say.
+    #
+    # Outside a tree, every agent the server starts registers in ONE session, whose limits.json holds
+    # the server's caps: spawn.py's own admission (under the session lock, with the ledger's holds)
+    # then bounds all of them and their descendants together, as it does one tree's agents. The
+    # first spawn creates that session as a root with the caps as its tree limits; the rest join it
+    # at depth 0 without a parent, as resumed roots do. The checks below, made under one lock held
+    # until spawn.py has registered the agent, turn what spawn.py would refuse into a tool error.
 
-    def spent_and_count(self) -> tuple[float, int, int]:
-        """(known spend, agents registered, agents running) over every subtree this server started."""
-        by_session: dict[Path, set[str]] = {}
+    def committed(self) -> tuple[float, int, int]:
+        """(USD held or spent, agents registered, agents running) over every subtree this server started.
+
+        A running subtree counts its root's hold, which pays for its descendants, or what it has
+        spent if more; an ended one what it spent.
+        """
+        committed, count, running = 0.0, 0, 0
         for s in self.started.values():
-            by_session.setdefault(s.agent_dir.parent.parent, set()).add(s.agent_id)
-        spent, count, running = 0.0, 0, 0
-        for session, roots in by_session.items():
-            for agent in subtree_ids(session, roots):
+            session = s.agent_dir.parent.parent
+            spent, live = 0.0, False
+            for agent in subtree_ids(session, {s.agent_id}):
                 outcome = read_json(session / "agents" / agent / "outcome.json")
                 if outcome is not None and outcome.get("status") == "refused":
                     continue
                 count += 1
                 if outcome is None:
-                    running += agent in roots
+                    live = True
+                    running += agent == s.agent_id
                 elif isinstance(outcome.get("cost_usd"), int | float):
                     spent += float(outcome["cost_usd"])
-        return spent, count, running
+            committed += max(spent, s.hold or 0.0) if live else spent
+        return committed, count, running
 
     async def spawn_agent(self, args: Mapping[str, Any], connection: str) -> dict[str, Any]:
+        if args.get("resume") is not None:
+            check_agent_id(str(args["resume"]))
+        async with self.admission:
+            return await self.admit_and_spawn(args, connection)
+
+    async def admit_and_spawn(self, args: Mapping[str, Any], connection: str) -> dict[str, Any]:
         c = self.config
-        spent, count, running = self.spent_and_count()
+        committed, count, running = self.committed()
         if c.max_agents is not None and count >= c.max_agents:
             raise ToolError(f"spawn: error: refused: this server's --max-agents {c.max_agents} is used up")
         if c.max_concurrent is not None and running >= c.max_concurrent:
@@ -396,12 +424,13 @@ class Spawner:
                 f"spawn: error: refused: {running} agents are running, this server's --max-concurrent is "
                 f"{c.max_concurrent}; agent_wait for one first"
             )
-        left = None if c.max_budget_usd is None else c.max_budget_usd - spent
-        if left is not None and left <= 0:
-            raise ToolError(f"spawn: error: refused: this server's --max-budget-usd {c.max_budget_usd} is spent")
+        left = None if c.max_budget_usd is None else c.max_budget_usd - committed
+        if left is not None and left < MIN_HOLD_USD:
+            raise ToolError(
+                f"spawn: error: refused: this server's --max-budget-usd {c.max_budget_usd} is held or spent by the agents "
+                "it started; agent_wait for one to end (each takes what is left unless spawn_agent's max_budget_usd asks less)"
+            )
         argv = ["--background"]
-        if args.get("resume") is not None:
-            check_agent_id(str(args["resume"]))
         if args.get("resume"):
             argv += ["--resume", str(args["resume"])]
         if args.get("task") is not None:
@@ -414,21 +443,39 @@ class Spawner:
         if args.get("schema") is not None:
             schema = args["schema"]
             argv += ["--schema", schema if isinstance(schema, str) else json.dumps(schema)]
-        budget = min_known(args.get("max_budget_usd"), left)
-        if budget is not None:
-            argv += ["--max-budget-usd", repr(float(budget))]
         if c.max_depth is not None:
             argv += ["--max-depth", str(c.max_depth)]
-        if "SPAWN_SESSION" not in c.environ:
-            # A root tree per spawn: its caps are what this server has left.
+        budget = min_known(args.get("max_budget_usd"), left)
+        env: dict[str, str] = {}
+        # Under a spawn.py agent, every spawn is that agent's child: its tree's limits and ledger hold it.
+        in_tree = "SPAWN_SESSION" in c.environ
+        root = not in_tree and self.session is None
+        if root:
+            # The tree's limits are the server's caps; the agent's own hold is what it asked for,
+            # passed the way a parent passes its budget down (it can only lower --max-budget-usd).
+            if c.max_budget_usd is not None:
+                argv += ["--max-budget-usd", repr(c.max_budget_usd)]
+                if budget is not None and budget < c.max_budget_usd:
+                    env["SPAWN_MAX_BUDGET_USD"] = repr(float(budget))
+                budget = None
             if c.max_agents is not None:
-                argv += ["--max-agents", str(c.max_agents - count)]
+                argv += ["--max-agents", str(c.max_agents)]
             if c.max_concurrent is not None:
                 argv += ["--max-concurrent", str(c.max_concurrent)]
-        data = await self.run_json(*argv, ok=(0, 4))
+        elif not in_tree:
+            # Depth -1: the caller of a root; the agent registers in the server's session at depth 0.
+            env.update(SPAWN_SESSION=str(self.session), SPAWN_DEPTH="-1")
+        if budget is not None:
+            argv += ["--max-budget-usd", repr(float(budget))]
+        data = await self.run_json(*argv, ok=(0, 4), extra_env=env)
         agent_id = str(data["id"])
         agent_dir = Path(str(data["agent_dir"]))
-        self.started[agent_id] = Started(agent_id, agent_dir, connection)
+        meta = read_json(agent_dir / "meta.json") or {}
+        hold = meta.get("max_budget_usd")
+        self.started[agent_id] = Started(agent_id, agent_dir, connection, float(hold) if isinstance(hold, int | float) else None)
+        session_info = read_json(agent_dir.parent.parent / "session.json") or {}
+        if root and session_info.get("root_agent") == agent_id:  # not a resume placed in its original's session
+            self.session = agent_dir.parent.parent
         result = {"agent_id": agent_id, "status": data.get("status", "running"), "agent_dir": str(agent_dir)}
         if data.get("status") == "refused":
             result["reason"] = data.get("reason")
