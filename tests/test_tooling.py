@@ -115,6 +115,18 @@ def test_bench_a_row_only_reported_is_never_a_miss() -> None:
     assert not held.met and held.limit_text() == "<= 0.15x"
 
 
+def test_bench_compare_row_is_the_ratio_of_medians_held_to_five_percent() -> None:
+    """Unit test of compare_target: issue 32's old-against-new row, from (this, --compare) times of interleaved rounds."""
+    bench = import_bench()
+    within = bench.compare_target("P1", "depth-3 chain", [(4.2, 4.0), (4.0, 4.1), (4.1, 4.0)], "")
+    assert within.value == pytest.approx(4.1 / 4.0) and within.met and within.limit_text() == "<= 1.05x"
+    assert "(4.100 s vs 4.000 s; rounds 1.05x, 0.98x, 1.02x)" in within.name
+    slower = bench.compare_target("P1b", "16 background leaves + wait --all", [(11.0, 10.0)], "")
+    assert not slower.met
+    skipped = bench.compare_target("P1b", "fan-out", [], "")
+    assert not skipped.measured and skipped.met
+
+
 def test_bench_counts_a_clis_retry_as_the_same_turn_and_names_an_agent_run_twice() -> None:
     bench = import_bench()
     step = {"task_digest": "d1", "step_index": 0, "status": 200}

@@ -52,6 +52,11 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    with ``--memory-agents`` concurrent agents, with and without the fork
    server, against the bare tree). P3, P5 and P7 are printed by waitperf_report.
 
+6. ``--compare PATH``: P1's ``"$SPAWN_PYTHON" "$SPAWN_PY"`` chain and P1b's
+   fan-out run a third time through another copy of spawn.py, in the same
+   rounds, beside this one's (issue 32: old against new, within 5%).
+   ``--only-chains`` runs P1 and P1b alone.
+
 Measurements 1 and 2 run interleaved, ``--repeat`` rounds (default 5; each round reverses
 the order of the previous one so drift hits both sides alike); medians are
 reported. Nothing fails by default: each target is printed with whether it
@@ -101,6 +106,9 @@ TARGET_FANOUT_RATIO = 1.0  # issue 14, P1b
 TARGET_BYTES_RATIO = 0.15  # issue 14, P2
 TARGET_MEMORY_RATIO = 0.15  # issue 14, P6: Python side of the tree over bare
 TARGET_WAIT_MS = 100.0
+# Issue 32: regenerating spawn.py from a package must not slow it; this spawn.py
+# over the --compare one, interleaved in the same rounds (P1 chain, P1b fan-out).
+TARGET_COMPARE_RATIO = 1.05
 MIB = 1024 * 1024
 
 # Seconds the scripted model sleeps before the background agent's answer: far
@@ -325,9 +333,12 @@ class Commands:
     import_sdk: list[str]
     spawn_dry_run: list[str]
     cli_version: list[str]
+    compare_chain: list[str] | None = None
+    """spawn_chain through the --compare script: its children follow it, as $SPAWN_PY names the script that started them."""
+    compare_leaf: list[str] | None = None
 
     @classmethod
-    def build(cls, cli: Path) -> Commands:
+    def build(cls, cli: Path, compare: Path | None = None) -> Commands:
         py, spawn = sys.executable, str(SPAWN)
         # Same scripts on both sides: root and middle run one Bash command and
         # then answer, the leaf answers at once; 5 model turns in all. Root and
@@ -353,6 +364,8 @@ class Commands:
             import_sdk=[py, "-c", "import claude_agent_sdk"],
             spawn_dry_run=[py, spawn, "--dry-run", "--task", leaf, "--tools", "Read"],
             cli_version=[str(cli), "--version"],
+            compare_chain=None if compare is None else [py, str(compare), "--task", s_root, "--tools", "Bash,Read", "--max-depth", "3"],
+            compare_leaf=None if compare is None else [py, str(compare), "--task", leaf, "--tools", "Read"],
         )
 
 
@@ -414,6 +427,8 @@ class Bench:
     timeout: float
     cmds: Commands
     series: dict[str, Series] = field(default_factory=dict)
+    only_chains: bool = False
+    """Rounds run the P1 chains only (--only-chains)."""
 
     def run(
         self,
@@ -447,6 +462,21 @@ class Bench:
             lambda: self.run("spawn_chain", "spawn.py depth-3 chain", c.spawn_chain, expected="root-result", turns=CHAIN_TURNS),
             lambda: self.run("bare_chain", "claude -p depth-3 chain", c.bare_chain, expected="root-result", turns=CHAIN_TURNS),
             lambda: self.run("uv_chain", "uv run spawn.py depth-3 chain", c.uv_chain, expected="root-result", turns=CHAIN_TURNS),
+        ]
+        if c.compare_chain is not None:
+            other = c.compare_chain
+            # Beside this script's chain, so the reversed rounds alternate which of the two goes first.
+            steps.insert(
+                1, lambda: self.run("compare_chain", "--compare spawn.py depth-3 chain", other, expected="root-result", turns=CHAIN_TURNS)
+            )
+        steps += [] if self.only_chains else self.other_steps()
+        for step in steps if index % 2 == 0 else reversed(steps):
+            step()
+
+    def other_steps(self) -> list[Callable[[], None]]:
+        """The rest of a round: start-up profile and P2's single agents."""
+        c = self.cmds
+        return [
             lambda: self.run(
                 "spawn_chain_no_server",
                 "  same as spawn.py chain, SPAWN_NO_FORKSERVER=1",
@@ -464,15 +494,14 @@ class Bench:
             lambda: self.run("spawn_dry_run", "spawn.py --dry-run (no SDK)", c.spawn_dry_run),
             lambda: self.run("cli_version", "claude --version", c.cli_version),
         ]
-        for step in steps if index % 2 == 0 else reversed(steps):
-            step()
 
     def warm_up(self) -> None:
         """First runs pay one-time costs (CLI config, page cache, bytecode): not measured."""
         c = self.cmds
         run_process(c.import_sdk, self.warm_env, self.timeout, self.workdir)
         run_process(["uv", "run", str(SPAWN), "--dry-run", "--task", "warm", "--tools", "Read"], self.env, self.timeout, self.workdir)
-        for argv in (c.bare_leaf, c.spawn_leaf):
+        # The --compare script's first run writes its own compiled copy (named for its path and bytes).
+        for argv in (c.bare_leaf, c.spawn_leaf, *([c.compare_leaf] if c.compare_leaf else [])):
             proc = run_process(argv, self.env, self.timeout, self.workdir)
             check_agent_result("warm-up", proc, LEAF_TEXT)
         self.mock.new_requests()
@@ -700,6 +729,11 @@ class FanOut:
     """The same spawn.py fan-out with SPAWN_START_SLOTS=0 (every CLI start-up at once), for the lever's saving."""
     round_ratios: list[float] = field(default_factory=list)
     """spawn/bare of each round, when the figures are medians of rounds (fanout_rounds)."""
+    compare_s: float = math.nan
+    """The same spawn.py side through the --compare script."""
+    compare_cpu_s: float = math.nan
+    compare_rounds_s: list[tuple[float, float]] = field(default_factory=list)
+    """(this spawn.py, --compare) wall times of each round."""
 
 
 def check_turns(what: str, main: Sequence[Mapping[str, Any]], expected: int) -> None:
@@ -731,6 +765,7 @@ def fanout(
     bare: bool = True,
     pss: bool = False,
     bare_first: bool = False,
+    compare: Path | None = None,
 ) -> FanOut:
     """P1b (wall time) and P6 (memory): `count` leaves from one spawn.py parent, and `count` bare claude -p in parallel.
 
@@ -738,22 +773,47 @@ def fanout(
     reading it walked every mapping of every process four times a second,
     about 1 s of CPU in a 10 s fan-out on 2 cores, beside the run being timed.
     bare_first runs the bare side first, so that rounds can alternate the order.
+    compare runs the spawn.py side a second time through that script, between the other two.
     """
     steps: list[dict[str, Any]] = [{"text": LEAF_TEXT, **({"sleep": leaf_sleep} if leaf_sleep else {})}]
     root_task = mock_task(f"bench fan-out root {count}", [{"bash": fanout_script(count, steps)}, {"text": "root-result"}])
-    spawn_argv = [sys.executable, str(SPAWN), "--task", root_task, "--tools", "Bash,Read", "--max-depth", "1"]
-    commands = [f"{shlex.join(spawn_argv[:2])} --task 'MOCK[Bash: {fanout_script(count, steps)}]MOCK' --tools Bash,Read --max-depth 1"]
+
+    def spawn_argv(script: Path) -> list[str]:
+        return [sys.executable, str(script), "--task", root_task, "--tools", "Bash,Read", "--max-depth", "1"]
+
+    def command(script: Path) -> str:
+        task = f"'MOCK[Bash: {fanout_script(count, steps)}]MOCK'"
+        return f"{shlex.join(spawn_argv(script)[:2])} --task {task} --tools Bash,Read --max-depth 1"
+
     leaves = [bare_argv(bench.cli, mock_task(f"bare fan-out leaf {i}", steps), "Read") for i in range(count)]
+    spawn_env = dict(env or bench.env)
+    sides: dict[str, Callable[[], tuple[float, TreeMemory, float]]] = {
+        "spawn": lambda: spawn_fanout(bench, count, spawn_argv(SPAWN), spawn_env, pss)
+    }
+    commands = [command(SPAWN)]
+    if compare is not None:
+        sides["compare"] = lambda: spawn_fanout(bench, count, spawn_argv(compare), spawn_env, pss)
+        commands.append(f"--compare: {command(compare)}")
     if bare:
+        sides["bare"] = lambda: bare_fanout(bench, leaves, pss)
         commands.append(f"{count} x {shlex.join(leaves[0][:2])} ... in parallel")
-    bare_side = (math.nan, TreeMemory(), math.nan)
-    if bare and bare_first:
-        bare_side = bare_fanout(bench, leaves, pss)
-    spawn_s, spawn_memory, spawn_cpu = spawn_fanout(bench, count, spawn_argv, dict(env or bench.env), pss)
-    if bare and not bare_first:
-        bare_side = bare_fanout(bench, leaves, pss)
-    bare_s, bare_memory, bare_cpu = bare_side
-    return FanOut(count, spawn_s, bare_s, spawn_memory, bare_memory, commands, spawn_cpu, bare_cpu)
+    done = {name: sides[name]() for name in (reversed(list(sides)) if bare_first else list(sides))}
+    spawn_s, spawn_memory, spawn_cpu = done["spawn"]
+    bare_s, bare_memory, bare_cpu = done.get("bare", (math.nan, TreeMemory(), math.nan))
+    compare_s, _, compare_cpu = done.get("compare", (math.nan, TreeMemory(), math.nan))
+    return FanOut(
+        count,
+        spawn_s,
+        bare_s,
+        spawn_memory,
+        bare_memory,
+        commands,
+        spawn_cpu,
+        bare_cpu,
+        compare_s=compare_s,
+        compare_cpu_s=compare_cpu,
+        compare_rounds_s=[] if compare is None else [(spawn_s, compare_s)],
+    )
 
 
 def spawn_fanout(bench: Bench, count: int, argv: list[str], env: dict[str, str], pss: bool) -> tuple[float, TreeMemory, float]:
@@ -796,13 +856,13 @@ def bare_fanout(bench: Bench, leaves: list[list[str]], pss: bool) -> tuple[float
     return bare_s, sampler.result, bare_cpu
 
 
-def fanout_rounds(bench: Bench, count: int, rounds: int) -> FanOut:
+def fanout_rounds(bench: Bench, count: int, rounds: int, compare: Path | None = None) -> FanOut:
     """P1b over `rounds` rounds that alternate which side runs first: medians of time and CPU, peaks of memory.
 
     One fan-out per side is one sample of a noisy figure: on a shared 2-core
     machine 16 bare claude -p took anywhere from 9.2 s to 12.9 s within an hour.
     """
-    runs = [fanout(bench, count, 0.0, bare_first=i % 2 == 1) for i in range(max(1, rounds))]
+    runs = [fanout(bench, count, 0.0, bare_first=i % 2 == 1, compare=compare) for i in range(max(1, rounds))]
 
     def peaks(memories: list[TreeMemory]) -> TreeMemory:
         return TreeMemory(**{f.name: max(getattr(m, f.name) for m in memories) for f in fields(TreeMemory)})
@@ -817,6 +877,9 @@ def fanout_rounds(bench: Bench, count: int, rounds: int) -> FanOut:
         median([r.spawn_cpu_s for r in runs]),
         median([r.bare_cpu_s for r in runs]),
         round_ratios=[r.spawn_s / r.bare_s for r in runs],
+        compare_s=median([r.compare_s for r in runs]),
+        compare_cpu_s=median([r.compare_cpu_s for r in runs]),
+        compare_rounds_s=[pair for r in runs for pair in r.compare_rounds_s],
     )
 
 
@@ -910,6 +973,20 @@ def fanout_targets(fan: FanOut | None) -> list[Target]:
     ]
 
 
+def compare_target(target_id: str, what: str, rounds_s: Sequence[tuple[float, float]], command: str) -> Target:
+    """This spawn.py against the --compare one (issue 32): the ratio of medians of (this, compare) wall times from interleaved rounds."""
+    this, other = median([t for t, _ in rounds_s]), median([o for _, o in rounds_s])
+    each = ", ".join(f"{t / o:.2f}x" for t, o in rounds_s)
+    return Target(
+        f"{what}, this spawn.py / --compare ({fmt(this, 's')} vs {fmt(other, 's')}; rounds {each or '-'})",
+        this / other,
+        TARGET_COMPARE_RATIO,
+        "x",
+        target_id,
+        command,
+    )
+
+
 def memory_targets(memory: Mapping[str, FanOut] | None) -> list[Target]:
     if not memory:
         return [Target("memory (skipped: --memory-agents 0)", math.nan, TARGET_MEMORY_RATIO, "x", "P6")]
@@ -978,27 +1055,29 @@ def report(
     parts = {key: {part: med(key, part_of(part)) for part in ("tools", "system", "messages")} for key in ("spawn_leaf", "bare_leaf")}
     dry = run_process(bench.cmds.spawn_dry_run, bench.env, bench.timeout, bench.workdir)
     briefing_bytes = len(str(last_json_line(dry.stdout).get("briefing", "")).encode())
-    print()
-    print("First model request of a leaf agent (mock log: kind=main, first=true; JSON bytes of each part)")
-    print(
-        table(
-            [
+    leaves = "spawn_leaf" in s  # not with --only-chains
+    if leaves:
+        print()
+        print("First model request of a leaf agent (mock log: kind=main, first=true; JSON bytes of each part)")
+        print(
+            table(
                 [
-                    label,
-                    fmt(total, "B"),
-                    fmt(parts[key]["tools"], "B"),
-                    fmt(parts[key]["system"], "B"),
-                    brief,
-                    fmt(parts[key]["messages"], "B"),
-                ]
-                for key, label, total, brief in (
-                    ("spawn_leaf", "spawn.py --tools Read", spawn_bytes, fmt(briefing_bytes, "B")),
-                    ("bare_leaf", "claude -p (default tools and prompt)", bare_bytes, ""),
-                )
-            ],
-            ["agent", "bytes", "tool definitions", "system prompt", "of which briefing", "messages"],
+                    [
+                        label,
+                        fmt(total, "B"),
+                        fmt(parts[key]["tools"], "B"),
+                        fmt(parts[key]["system"], "B"),
+                        brief,
+                        fmt(parts[key]["messages"], "B"),
+                    ]
+                    for key, label, total, brief in (
+                        ("spawn_leaf", "spawn.py --tools Read", spawn_bytes, fmt(briefing_bytes, "B")),
+                        ("bare_leaf", "claude -p (default tools and prompt)", bare_bytes, ""),
+                    )
+                ],
+                ["agent", "bytes", "tool definitions", "system prompt", "of which briefing", "messages"],
+            )
         )
-    )
 
     lat = [w["latency_ms"] for w in waits]
     from_outcome = [w["from_outcome_ms"] for w in waits]
@@ -1021,11 +1100,23 @@ def report(
     bytes_ratio = spawn_bytes / bare_bytes
     c = bench.cmds
     part_bytes = ", ".join(f"{k} {fmt(v, 'B')}" for k, v in parts["spawn_leaf"].items()) + f"; briefing {fmt(briefing_bytes, 'B')}"
+    compare_chain: list[Target] = []
+    compare_fan: list[Target] = []
+    compared: dict[str, Any] | None = None
+    if c.compare_chain is not None:
+        chain_rounds = list(zip(s["spawn_chain"].values(lambda x: x.seconds), s["compare_chain"].values(lambda x: x.seconds), strict=True))
+        compare_chain.append(compare_target("P1", "depth-3 chain", chain_rounds, f"--compare: {short(c.compare_chain)}"))
+        compared = {"script": c.compare_chain[1], "chain_rounds_s": chain_rounds, "chain_ratio": compare_chain[0].value}
+        if fan is not None:
+            compare_fan.append(compare_target("P1b", f"{fan.count} background leaves + wait --all", fan.compare_rounds_s, ""))
+            compared |= {"fanout_rounds_s": fan.compare_rounds_s, "fanout_ratio": compare_fan[0].value}
     # One list of rows, in the issue's order; P3, P5 and P7 come from waitperf_report.
     targets = [
         Target("depth-3 chain, every level `uv run spawn.py`", uv_chain_ratio, TARGET_CHAIN_RATIO, "x", "P1", short(c.uv_chain)),
         Target('depth-3 chain, every level "$SPAWN_PYTHON" "$SPAWN_PY"', chain_ratio, TARGET_CHAIN_RATIO, "x", "P1", short(c.spawn_chain)),
+        *compare_chain,
         *fanout_targets(fan),
+        *compare_fan,
         Target(f"leaf first-request bytes ({part_bytes})", bytes_ratio, TARGET_BYTES_RATIO, "x", "P2", short(c.spawn_leaf)),
         *memory_targets(memory),
         Target("spawn.py wait latency, median (before #14)", median(lat), TARGET_WAIT_MS, "ms"),
@@ -1034,28 +1125,28 @@ def report(
     print("Ratios")
     print(f"  depth-3 chain    spawn.py / claude -p: {fmt(chain_ratio, 'x')}  (+{med('spawn_chain') - med('bare_chain'):.3f} s)")
     print(f"  depth-3 chain uv run spawn.py / claude -p: {fmt(uv_chain_ratio, 'x')}  (+{med('uv_chain') - med('bare_chain'):.3f} s)")
-    no_server = med("spawn_chain_no_server") / med("bare_chain")
-    print(
-        f"  depth-3 chain, no fork server / claude -p: {fmt(no_server, 'x')}  (+{med('spawn_chain_no_server') - med('bare_chain'):.3f} s)"
-    )
-    print(
-        f"  single agent     spawn.py / claude -p, both --tools Read: {fmt(leaf_ratio, 'x')}  "
-        f"(+{med('spawn_leaf') - med('bare_leaf_read'):.3f} s per level; claude -p with its default tools: "
-        f"{med('bare_leaf'):.3f} s)"
-    )
-    print(f"  first request    spawn.py / claude -p: {fmt(bytes_ratio, 'x')}")
-    print()
-    print("Where a spawn.py level's extra time goes (medians; against claude -p with the same tools)")
-    extra = med("spawn_leaf") - med("bare_leaf_read")
-    startup = med("spawn_leaf", lambda x: x.to_first_request_s) - med("bare_leaf_read", lambda x: x.to_first_request_s)
-    teardown = med("spawn_leaf", lambda x: x.after_last_request_s) - med("bare_leaf_read", lambda x: x.after_last_request_s)
-    print(f"  extra wall time per level                 {extra:+.3f} s")
-    print(f"    before the first model request          {startup:+.3f} s")
-    print(f"    after the last model request            {teardown:+.3f} s")
-    print(f"  python start-up                           {med('python_start'):.3f} s")
-    print(f"  spawn.py start-up without the SDK         {med('spawn_dry_run'):.3f} s  (--dry-run)")
-    print(f"  import claude_agent_sdk                   {med('import_sdk'):.3f} s  ({med('import_sdk_warm'):.3f} s with warm bytecode)")
-    print(f"  claude CLI start                          {med('cli_version'):.3f} s  (--version)")
+    if leaves:
+        no_server = med("spawn_chain_no_server") / med("bare_chain")
+        no_server_extra = med("spawn_chain_no_server") - med("bare_chain")
+        print(f"  depth-3 chain, no fork server / claude -p: {fmt(no_server, 'x')}  (+{no_server_extra:.3f} s)")
+        print(
+            f"  single agent     spawn.py / claude -p, both --tools Read: {fmt(leaf_ratio, 'x')}  "
+            f"(+{med('spawn_leaf') - med('bare_leaf_read'):.3f} s per level; claude -p with its default tools: "
+            f"{med('bare_leaf'):.3f} s)"
+        )
+        print(f"  first request    spawn.py / claude -p: {fmt(bytes_ratio, 'x')}")
+        print()
+        print("Where a spawn.py level's extra time goes (medians; against claude -p with the same tools)")
+        extra = med("spawn_leaf") - med("bare_leaf_read")
+        startup = med("spawn_leaf", lambda x: x.to_first_request_s) - med("bare_leaf_read", lambda x: x.to_first_request_s)
+        teardown = med("spawn_leaf", lambda x: x.after_last_request_s) - med("bare_leaf_read", lambda x: x.after_last_request_s)
+        print(f"  extra wall time per level                 {extra:+.3f} s")
+        print(f"    before the first model request          {startup:+.3f} s")
+        print(f"    after the last model request            {teardown:+.3f} s")
+        print(f"  python start-up                           {med('python_start'):.3f} s")
+        print(f"  spawn.py start-up without the SDK         {med('spawn_dry_run'):.3f} s  (--dry-run)")
+        print(f"  import claude_agent_sdk                   {med('import_sdk'):.3f} s  ({med('import_sdk_warm'):.3f} s with warm bytecode)")
+        print(f"  claude CLI start                          {med('cli_version'):.3f} s  (--version)")
     if bench.env.get("PYTHONDONTWRITEBYTECODE") and args.pycache == "inherit":
         print("  note: PYTHONDONTWRITEBYTECODE is set: every Python start compiles the SDK from source (--pycache private: warm cache)")
     print()
@@ -1065,7 +1156,8 @@ def report(
         for t in targets
     ]
     print(table(rows_out, ["id", "target", "value", "limit", "verdict"], left=2))
-    print("(P3, P5, P7: under 'wait and status' below)")
+    if not args.only_chains:
+        print("(P3, P5, P7: under 'wait and status' below)")
     print("Commands:")
     for t in targets:
         if t.command:
@@ -1089,6 +1181,7 @@ def report(
         "memory": {
             k: {**vars(m), "spawn_memory": vars(m.spawn_memory), "bare_memory": vars(m.bare_memory)} for k, m in (memory or {}).items()
         },
+        "compare": compared,
         "total_s": total_s,
     }
 
@@ -1476,12 +1569,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--memory-agents", type=int, default=32, metavar="N", help="P6: concurrent agents whose memory is summed (default 32; 0 skips)"
     )
+    p.add_argument(
+        "--compare",
+        type=Path,
+        metavar="SPAWN_PY",
+        help="also run P1's chain and P1b's fan-out through this other copy of spawn.py (with schemas/ beside it), "
+        "in the same interleaved rounds, and hold this/that to <= 1.05x; with --only-chains it takes minutes",
+    )
+    p.add_argument(
+        "--only-chains",
+        action="store_true",
+        help="only P1's chains and P1b's fan-out: skip the start-up profile, P2, P3 wait samples, MCP, P5, P6, P7 and dag",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (sessions, mock log) and print its path")
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     add_waitperf_args(p)
     args = p.parse_args(argv)
     if args.repeat < 1 or args.wait_samples < 0:
         p.error("--repeat must be >= 1 and --wait-samples >= 0")
+    if args.only_chains and args.only_waitperf:
+        p.error("--only-chains and --only-waitperf measure nothing in common: give one")
+    if args.compare is not None:
+        args.compare = args.compare.resolve()  # the runs' working directory is the temp dir
+        if not args.compare.is_file():
+            p.error(f"--compare {args.compare}: no such file; give the path of another spawn.py")
+    if args.only_chains:
+        args.wait_samples = args.mcp_samples = args.memory_agents = args.dag_rounds = args.status_records = args.idle_children = 0
     return args
 
 
@@ -1498,15 +1611,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         with serve(workdir) as mock:
             uv, env = find_uv(bench_environment(os.environ, workdir, mock.url, args.pycache), workdir)
             warm_env = {**env, **private_pycache(workdir)}
-            bench = Bench(cli, env, warm_env, workdir, mock, args.timeout, Commands.build(cli))
+            commands = Commands.build(cli, args.compare)
+            bench = Bench(cli, env, warm_env, workdir, mock, args.timeout, commands, only_chains=args.only_chains)
             print(f"spawn.py bench: {sys.executable}, CLI {cli}, mock {mock.url}", flush=True)
             print(uv.describe(), flush=True)
+            if args.compare is not None:
+                print(f"--compare: {args.compare} against {SPAWN}", flush=True)
             if not args.only_waitperf:
                 bench.warm_up()
             for i in range(0 if args.only_waitperf else args.repeat):
                 print(f"round {i + 1}/{args.repeat} ...", flush=True)
                 bench.round(i)
-            print(f"wait latency: {args.wait_samples} samples ...", flush=True)
+            if args.wait_samples:
+                print(f"wait latency: {args.wait_samples} samples ...", flush=True)
             samples = [bench.wait_sample(i) for i in range(args.wait_samples)]
             # A sample where wait started too late would time its start-up, not its latency.
             waits = [w for w in samples if w["head_start_s"] >= WAIT_MIN_HEAD_START_S and w["wait_status_ok"]]
@@ -1520,9 +1637,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             memory: dict[str, FanOut] = {}
             if args.fanout > 0 and not args.only_waitperf:
                 print(f"fan-out: {args.fanout} background leaves vs {args.fanout} bare claude -p ...", flush=True)
-                fan = fanout_rounds(bench, args.fanout, args.fanout_rounds)
-                # The start slots' saving, side by side: every CLI start-up at once.
-                fan.no_slots_s = fanout(bench, args.fanout, 0.0, {**bench.env, "SPAWN_START_SLOTS": "0"}, bare=False).spawn_s
+                fan = fanout_rounds(bench, args.fanout, args.fanout_rounds, args.compare)
+                if not args.only_chains:
+                    # The start slots' saving, side by side: every CLI start-up at once.
+                    fan.no_slots_s = fanout(bench, args.fanout, 0.0, {**bench.env, "SPAWN_START_SLOTS": "0"}, bare=False).spawn_s
             if args.memory_agents > 0 and not args.only_waitperf:
                 # The leaves sleep, so all of them are alive at once when memory peaks.
                 print(f"memory: {args.memory_agents} concurrent agents, with and without the fork server ...", flush=True)
@@ -1542,8 +1660,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  spawn_agent -> agent process started     {fmt(to_process, 'ms')}")
                 print(f"  agent_wait: .done -> result at client    {fmt(mcp_wait, 'ms')}  (spawn.py wait: {fmt(spawn_wait, 'ms')})")
                 summary["mcp"] = {**mcp, "median_spawn_to_process_ms": to_process, "median_agent_wait_ms": mcp_wait}
-            summary["waitperf"] = waitperf_report(env, workdir, args, waits, mcp)
-            summary["targets"] += summary["waitperf"]["targets"]
+            if not args.only_chains:
+                summary["waitperf"] = waitperf_report(env, workdir, args, waits, mcp)
+                summary["targets"] += summary["waitperf"]["targets"]
     except (BenchError, ServeError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
