@@ -811,6 +811,8 @@ class Outcome:
     """self, or who committed it on the agent's behalf: guard, parent, wait, reap, kill, spawn."""
     worktree: str | None = None
     """With `isolation: worktree`: the worktree the agent changed, kept (branch spawn/ID)."""
+    truncated: list[str] | None = None
+    """The logs (transcript.jsonl, stderr.log) that reached SPAWN_TRANSCRIPT_MAX_BYTES and stopped growing."""
     protocol: int = PROTOCOL_VERSION
 
 
@@ -1483,6 +1485,13 @@ DROP_BOX_POLL_S = 1.0  # a listing of a directory that is nearly always empty
 OUTCOME_KEPT = "outcome.kept.json"  # the runner's own, when outcome.json turned out not to be an outcome
 TRANSCRIPT = "transcript.jsonl"
 STDERR_LOG = "stderr.log"
+# An agent's transcript and stderr.log each stop growing at this size: a
+# flooding peer or process can't fill the disk (a remote A2A agent's endless
+# status updates wrote 379 MB in 20 s). Far above a long agent's transcript;
+# SPAWN_TRANSCRIPT_MAX_BYTES sets it lower, never higher.
+LOG_MAX_BYTES = 64 * 1024 * 1024
+ENV_LOG_MAX = "SPAWN_TRANSCRIPT_MAX_BYTES"
+TRUNCATED_LINE = "TranscriptTruncated"  # the transcript's last line once it reached the cap
 NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
 HEARTBEAT = "heartbeat.json"
 RUNNER_LOG = "runner.log"
@@ -1622,6 +1631,55 @@ def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str])
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+# The agent logs this process stopped writing at the cap: each gets its one
+# truncation line, and the outcome names them (only an agent's runner writes its logs).
+LOGS_TRUNCATED: set[Path] = set()
+
+
+def log_max_bytes(environ: Mapping[str, str]) -> int:
+    value = _float_or_none(environ.get(ENV_LOG_MAX))
+    return int(min(value, LOG_MAX_BYTES)) if value is not None and value >= 1 else LOG_MAX_BYTES
+
+
+def append_capped(path: Path, data: bytes, last: Callable[[int], bytes]) -> bool:
+    """Append data to one of an agent's logs, unless that takes it past the cap:
+    then append last(cap) instead, once, and nothing more. False once truncated."""
+    if path in LOGS_TRUNCATED:
+        return False
+    cap = log_max_bytes(os.environ)
+    fd, st = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        if st.st_size + len(data) <= cap:
+            os.write(fd, data)
+            return True
+        LOGS_TRUNCATED.add(path)
+        os.write(fd, last(cap))
+    finally:
+        os.close(fd)
+    return False
+
+
+def append_transcript(path: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> bool:
+    """One line of an agent's transcript.jsonl (capped; False once truncated)."""
+
+    def truncated(cap: int) -> bytes:
+        line = {"time": utc_now_iso(), "type": TRUNCATED_LINE, "message": {"max_bytes": cap, "setting": ENV_LOG_MAX}}
+        return (json.dumps(line) + "\n").encode()
+
+    return append_capped(path, (redacted_json(record, secrets_) + "\n").encode(), truncated)
+
+
+def append_log_line(path: Path, line: str) -> bool:
+    """One line of an agent's stderr.log (capped, as the transcript; the caller redacts)."""
+    data = (line + "\n").encode(errors="replace")
+    return append_capped(path, data, lambda cap: f"spawn: truncated at {cap} bytes ({ENV_LOG_MAX})\n".encode())
+
+
+def truncated_logs(agent_dir: Path) -> list[str]:
+    """Which of this agent's logs reached the cap in this process (for its outcome)."""
+    return sorted(p.name for p in LOGS_TRUNCATED if p.parent == agent_dir)
 
 
 def marker_for(status: str) -> str:
@@ -4479,7 +4537,6 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     background: bool | None = args.background
     definition, routing = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None)
     node = node or node_of_definition(definition)
-    executor_for(node.kind).check(node)  # a bad reference is exit 2 before anything is written
     if not args.dry_run and node.kind == "claude":
         check_credentials(environ)  # only the claude kind calls the model from here
     if definition is not None:
@@ -4546,6 +4603,9 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     if args.timeout is None and timeout is None and inh.depth < 0:
         timeout = DEFAULT_ROOT_TIMEOUT_S
     deadline = child_deadline(timeout, inh.deadline, now)
+    # A bad reference is exit 2 before anything is written; the check's time
+    # (an A2A card's fetch) counts against the deadline.
+    executor_for(node.kind).check(node, deadline)
     idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
 
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
@@ -5795,7 +5855,8 @@ class PermissionGate:
             "by": decided_by,
             "tool_use_id": tool_use_id,
         }
-        append_jsonl(self.agent_dir / TRANSCRIPT, {"time": utc_now_iso(), "type": "PermissionDecision", "message": record}, self.secrets)
+        decision = {"time": utc_now_iso(), "type": "PermissionDecision", "message": record}
+        append_transcript(self.agent_dir / TRANSCRIPT, decision, self.secrets)
         if verdict == "allow":
             return {}
         reason = f"denied by spawn.py ({decided_by}): {rule}"
@@ -6082,8 +6143,7 @@ async def run_sdk(
     stderr_path = agent_dir / STDERR_LOG
 
     def on_stderr(line: str) -> None:
-        with open(stderr_path, "a") as fh:
-            fh.write(redact(line, secrets_) + "\n")
+        append_log_line(stderr_path, redact(line, secrets_))
 
     plan = started.plan
     # The same options as for the SDK's own transport: the query still reads
@@ -6130,7 +6190,8 @@ async def consume_sdk(
     async for message in messages:
         first()
         state.last_activity = time.time()
-        append_jsonl(transcript, message_record(message), secrets_)
+        # Past the cap a claude agent goes on unrecorded: its outcome says so.
+        append_transcript(transcript, message_record(message), secrets_)
         if isinstance(message, sdk.SystemMessage) and message.subtype == "init":
             remember_cli_tools(message.data, os.environ)
         if isinstance(message, AssistantMessage):
@@ -6433,6 +6494,7 @@ def run_agent(
     if has_drop_box(meta):
         record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)
     outcome = executor.outcome(meta, agent_dir, state, started, error)
+    outcome.truncated = truncated_logs(agent_dir) or None
     if meta.isolation == "worktree":
         outcome.worktree = settle_worktree(home_cwd, agent_dir, meta.id)
     foreign = None
@@ -6791,6 +6853,10 @@ A2A_CARD_PATH = "/.well-known/agent-card.json"
 # A card that takes longer than this to fetch counts as unreachable; a live
 # agent serves it in milliseconds, and a dead host should fail the spawn fast.
 A2A_CARD_TIMEOUT_S = 15.0
+# The bearer token a2a nodes send to the agent they call (tools/a2a_server.py
+# requires one): the path of a file holding it, so the token itself stays out
+# of argv, meta.json and the transcript.
+ENV_A2A_TOKEN_FILE = "SPAWN_A2A_TOKEN_FILE"
 # Without streaming, the remote task is polled this often: a short remote
 # task waits little, and the remote sees at most two requests a second.
 A2A_POLL_S = 0.5
@@ -6931,8 +6997,12 @@ class Executor:
 
     kind = ""
 
-    def check(self, node: Node) -> None:
-        """At resolve time: UsageError (exit 2, nothing written) when the node can't be run."""
+    def check(self, node: Node, deadline: float | None) -> None:
+        """At resolve time: UsageError (exit 2, nothing written) when the node can't be run.
+
+        It returns by the spawn's deadline (Unix seconds) whatever a remote does:
+        a check that runs out of time leaves the rest to the run, which records the timeout.
+        """
 
     def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
         """Before run's event loop (and the SDK's import): start what may start at once. Best effort: run starts the rest."""
@@ -7031,9 +7101,9 @@ def node_outcome(meta: AgentMeta, state: RunState, started: float, error: str | 
     return Outcome(status=Status.DONE, reason=result.reason or "completed", exit_code=ExitCode.OK, output=output, **base)
 
 
-def node_line(agent_dir: Path, kind: str, message: Mapping[str, Any], secrets_: Sequence[str]) -> None:
-    """One transcript line of a node of another kind: {time, type, message}."""
-    append_jsonl(agent_dir / TRANSCRIPT, {"time": utc_now_iso(), "type": kind, "message": dict(message)}, secrets_)
+def node_line(agent_dir: Path, kind: str, message: Mapping[str, Any], secrets_: Sequence[str]) -> bool:
+    """One transcript line of a node of another kind: {time, type, message}; False once the transcript is truncated."""
+    return append_transcript(agent_dir / TRANSCRIPT, {"time": utc_now_iso(), "type": kind, "message": dict(message)}, secrets_)
 
 
 class CommandExecutor(Executor):
@@ -7041,7 +7111,7 @@ class CommandExecutor(Executor):
 
     kind = "command"
 
-    def check(self, node: Node) -> None:
+    def check(self, node: Node, deadline: float | None) -> None:
         import shutil
 
         argv = command_argv(node.endpoint or "", f"command:{node.endpoint}")
@@ -7080,8 +7150,7 @@ class CommandExecutor(Executor):
                     del stderr_tail[:-2]
                     stderr_tail.append(line)
                 state.last_activity = time.time()
-                with open(agent_dir / STDERR_LOG, "a") as fh:
-                    fh.write(line + "\n")
+                append_log_line(agent_dir / STDERR_LOG, line)
 
         async def feed(stdin: asyncio.StreamWriter) -> None:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a command may not read its task
@@ -7147,19 +7216,116 @@ def command_result(out: bytes, code: int, stderr_tail: Sequence[str]) -> NodeRes
     return NodeResult(Status.DONE, "completed", output=output, text=output if isinstance(output, str) else None, cost_usd=cost)
 
 
-def fetch_agent_card(url: str) -> dict[str, Any]:
-    """The agent card at url, checked enough to be worth a client (resolve time; no SDK import)."""
-    import urllib.error
+def a2a_token(environ: Mapping[str, str]) -> str | None:
+    """The bearer token in $SPAWN_A2A_TOKEN_FILE, or None when it is unset."""
+    path = environ.get(ENV_A2A_TOKEN_FILE)
+    if not path:
+        return None
+    try:
+        token = Path(path).expanduser().read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        raise UsageError(f"can't read {ENV_A2A_TOKEN_FILE} {path}: {why}; point it at the token file") from None
+    if not token or not token.isprintable() or not token.isascii():
+        raise UsageError(f"{ENV_A2A_TOKEN_FILE} {path} holds no token (one line of ASCII); point it at the server's token file")
+    return token
+
+
+def read_url_by(url: str, until: float) -> bytes:
+    """GET url's body (at most COMMAND_RESULT_LIMIT bytes), all of it read by `until`
+    (Unix seconds), else TimeoutError.
+
+    urllib's own timeout bounds each socket call, so a peer that sends one byte
+    a second never trips it: here each read gets only the time left.
+    """
+    import http.client
+    import io
+    import socket
     import urllib.request
 
+    class Reads(io.RawIOBase):
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock = sock
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: Any) -> int:
+            left = until - time.time()
+            if left <= 0:
+                raise TimeoutError("out of time")
+            self.sock.settimeout(left)
+            return self.sock.recv_into(buffer)
+
+        def close(self) -> None:
+            super().close()
+            self.sock.close()
+
+    class Bounded:
+        """The connection's socket as http.client uses it, every read bounded.
+
+        urllib closes the connection once the headers are read, leaving the
+        response's reader to close the socket: the reader owns it from then.
+        """
+
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock = sock
+            self.reader: io.BufferedReader | None = None
+
+        def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
+            self.reader = io.BufferedReader(Reads(self.sock))
+            return self.reader
+
+        def close(self) -> None:
+            if self.reader is None:
+                self.sock.close()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sock, name)
+
+    class HTTPConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            self.sock = cast("socket.socket", Bounded(self.sock))
+
+    class HTTPSConnection(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()  # the TLS handshake too, within the connect timeout
+            self.sock = cast("socket.socket", Bounded(self.sock))
+
+    class HTTP(urllib.request.HTTPHandler):
+        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(HTTPConnection, req)
+
+    class HTTPS(urllib.request.HTTPSHandler):
+        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(HTTPSConnection, req)
+
     request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.build_opener(HTTP, HTTPS).open(request, timeout=max(0.001, until - time.time())) as response:
+        return cast("bytes", response.read(COMMAND_RESULT_LIMIT))
+
+
+def fetch_agent_card(url: str, deadline: float | None = None) -> dict[str, Any] | None:
+    """The agent card at url, checked enough to be worth a client (resolve time; no SDK import).
+
+    It is read within A2A_CARD_TIMEOUT_S and by the deadline: None when the
+    deadline came first, so that the run records the timeout.
+    """
+    import urllib.error
+
+    until = time.time() + A2A_CARD_TIMEOUT_S
+    by_deadline = deadline is not None and deadline < until
     try:
-        with urllib.request.urlopen(request, timeout=A2A_CARD_TIMEOUT_S) as response:
-            body = response.read(COMMAND_RESULT_LIMIT)
+        body = read_url_by(url, min(until, deadline) if deadline is not None else until)
     except urllib.error.HTTPError as exc:
         raise UsageError(f"no A2A agent card at {url} (HTTP {exc.code}); check the URL (is it an A2A agent?)") from None
     except (urllib.error.URLError, OSError) as exc:
         why = getattr(exc, "reason", exc)
+        if isinstance(why, TimeoutError):
+            if by_deadline:
+                return None
+            raise UsageError(f"the A2A agent at {url} sent no card within {A2A_CARD_TIMEOUT_S:.0f} s; check the host and port") from None
         raise UsageError(f"can't reach the A2A agent at {url}: {why}; check the host and port") from None
     try:
         card = json.loads(body)
@@ -7318,8 +7484,9 @@ class A2AExecutor(Executor):
 
     kind = "a2a"
 
-    def check(self, node: Node) -> None:
-        fetch_agent_card(node.endpoint or "")
+    def check(self, node: Node, deadline: float | None) -> None:
+        a2a_token(os.environ)  # an unreadable token file is exit 2, before anything is written
+        fetch_agent_card(node.endpoint or "", deadline)
 
     def describe_error(self, exc: Exception, agent_dir: Path) -> str:
         return f"A2A: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:2000]
@@ -7329,6 +7496,7 @@ class A2AExecutor(Executor):
     ) -> None:
         import asyncio
         import uuid
+        from collections.abc import Generator
         from urllib.parse import urlsplit
 
         import httpx
@@ -7338,14 +7506,31 @@ class A2AExecutor(Executor):
         # protobuf ships no type hints: its JSON codec is used untyped.
         json_format: Any = importlib.import_module("google.protobuf.json_format")
 
-        def line(kind: str, message: Mapping[str, Any]) -> None:
+        class Flooded(Exception):
+            """The remote sent more than the transcript holds: a peer that floods is ended, not followed."""
+
+        def line(kind: str, message: Mapping[str, Any]) -> bool:
             state.last_activity = time.time()
-            node_line(agent_dir, kind, message, secrets_)
+            return node_line(agent_dir, kind, message, secrets_)
 
         names = {int(v): n for n, v in TaskState.items()}
         url = meta.endpoint or ""
         parts = urlsplit(url)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None)) as http:
+        token = a2a_token(os.environ)
+        card_origin = httpx.URL(url)
+
+        class Bearer(httpx.Auth):
+            """The token, to the card's own origin only: a card may name interfaces anywhere."""
+
+            def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+                there = request.url
+                if token is not None and (there.scheme, there.host, there.port) == (card_origin.scheme, card_origin.host, card_origin.port):
+                    request.headers["Authorization"] = f"Bearer {token}"
+                yield request
+
+        # No timeout of its own on a stream's reads: the deadline (run_agent's
+        # stop, which cancels this task) bounds the card, the send, the stream and every poll.
+        async with httpx.AsyncClient(timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=Bearer()) as http:
             card = await A2ACardResolver(http, f"{parts.scheme}://{parts.netloc}", parts.path).get_agent_card()
             streaming = bool(card.capabilities.streaming)
             line("A2ACard", {"url": url, "name": card.name, "version": card.version, "streaming": streaming})
@@ -7396,7 +7581,11 @@ class A2AExecutor(Executor):
                         async for event in events:
                             raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
                             event_json = json_format.MessageToDict(event)
-                            line("A2AEvent", event_json)
+                            if not line("A2AEvent", event_json):
+                                raise Flooded(
+                                    f"the remote agent sent over {log_max_bytes(os.environ)} bytes of events ({ENV_LOG_MAX}); "
+                                    "its task was canceled"
+                                )
                             task.observe(event_json, raw)
                             if task.settled():
                                 break
@@ -7425,6 +7614,10 @@ class A2AExecutor(Executor):
                         return
                     text = reply
                 state.node_result = task.result()
+            except Flooded as exc:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(cancel(), KILL_GRACE_S)
+                state.node_result = NodeResult(Status.FAILED, str(exc), cost_usd=task.cost_usd)
             finally:
                 # A remote that reports itself canceled ends the stream while the
                 # stop path's cancel still waits on this client for its reply:

@@ -51,7 +51,9 @@ SCRIPTS: dict[str, list[str]] = {
     "hang": ["working"],
     "costly": ["working", "artifact:paid", "completed:cost=0.125"],
     "bogus": ["working", "state:bogus"],  # a state name A2A doesn't have: the client reads it as unspecified
+    "flood": ["flood"],  # endless 100 KB status updates, streamed (a hostile peer)
 }
+FLOOD_TEXT = "x" * 100_000
 # "reply" is answered with a message, no task.
 
 
@@ -91,6 +93,10 @@ class ScriptedA2A:
         self.messages: list[dict[str, Any]] = []
         self.cancels: list[str] = []
         self.polls = 0
+        self.authorizations: list[str | None] = []
+        """The Authorization header of each request (None: none sent)."""
+        self.trickle = False
+        """Serve the card one byte a second (a hostile peer)."""
         self.stop = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self.handler())
         self.server.daemon_threads = True
@@ -172,7 +178,17 @@ class ScriptedA2A:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
-                if self.path == "/.well-known/agent-card.json":
+                remote.authorizations.append(self.headers.get("Authorization"))
+                if self.path == "/.well-known/agent-card.json" and remote.trickle:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.end_headers()
+                    for byte in json.dumps(remote.card).encode() * 1000:
+                        if remote.stop.wait(1):
+                            return
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                elif self.path == "/.well-known/agent-card.json":
                     self.reply(200, remote.card)
                 elif self.path == "/html/.well-known/agent-card.json":
                     self.reply(200, b"<html>not a card</html>", "text/html")
@@ -180,6 +196,7 @@ class ScriptedA2A:
                     self.reply(404, {"error": "not found"})
 
             def do_POST(self) -> None:
+                remote.authorizations.append(self.headers.get("Authorization"))
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 method, params, rid = request["method"], request.get("params") or {}, request.get("id")
                 if method.startswith("Send") and params["message"]["parts"][0].get("text", "").startswith("reply"):
@@ -218,6 +235,14 @@ class ScriptedA2A:
                     self.wfile.flush()
 
                 send({"task": task_json(task)})
+                if task.steps == ["flood"]:
+                    task.state, task.message = "working", FLOOD_TEXT
+                    update = {"statusUpdate": {"taskId": task.id, "contextId": task.context_id, "status": status_json(task)}}
+                    try:
+                        while not task.canceled.is_set() and not remote.stop.is_set():
+                            send(update)
+                    except OSError:  # the client hung up
+                        return
                 while task.steps and not task.canceled.is_set():
                     for event in remote.advance(task):
                         send(event)
@@ -399,6 +424,60 @@ def test_the_deadline_cancels_the_remote_task(streaming_remote: ScriptedA2A, bas
     assert proc.returncode == spawn.ExitCode.TIMEOUT, proc.stderr
     assert stdout_json(proc)["status"] == "timeout"
     assert streaming_remote.cancels == list(streaming_remote.tasks)
+
+
+# ---- a hostile peer ----
+
+
+def test_a_card_trickled_one_byte_a_second_ends_at_the_deadline(
+    streaming_remote: ScriptedA2A, base_env: dict[str, str], session_root: Path
+) -> None:
+    """Issue 31: a card served at 1 byte/s held a spawn with --timeout 20 past 120 s."""
+    streaming_remote.trickle = True
+    started = time.monotonic()
+    proc = run_spawn(["--agent", a2a(streaming_remote), "--task", "complete the job", "--timeout", "3"], base_env)
+    assert time.monotonic() - started < 30  # the 3 s deadline, its grace and start-up; never the card's length
+    assert proc.returncode == spawn.ExitCode.TIMEOUT, proc.stderr
+    assert stdout_json(proc)["status"] == "timeout"
+    assert load(only_agent(session_root) / "outcome.json")["status"] == "timeout"
+    validate_records(session_root)
+
+
+def test_a_flood_of_status_updates_stops_at_the_transcript_cap(
+    streaming_remote: ScriptedA2A, base_env: dict[str, str], session_root: Path
+) -> None:
+    """Issue 31: endless 100 KB status updates wrote a 379 MB transcript in 20 s."""
+    cap = 1_000_000
+    env = {**base_env, "SPAWN_TRANSCRIPT_MAX_BYTES": str(cap)}
+    proc = run_spawn(["--agent", a2a(streaming_remote), "--task", "flood the client", "--timeout", "60"], env)
+    assert proc.returncode == spawn.ExitCode.AGENT_FAILED, proc.stderr
+    outcome = load(only_agent(session_root) / "outcome.json")
+    assert outcome["status"] == "failed" and "SPAWN_TRANSCRIPT_MAX_BYTES" in outcome["reason"], outcome
+    assert outcome["truncated"] == ["transcript.jsonl"]
+    path = only_agent(session_root) / "transcript.jsonl"
+    lines = transcript(only_agent(session_root))
+    assert lines[-1]["type"] == "TranscriptTruncated" and lines[-1]["message"]["max_bytes"] == cap
+    assert path.stat().st_size <= cap + len(path.read_bytes().splitlines()[-1]) + 1  # the cap, plus its one last line
+    wait_until(lambda: streaming_remote.cancels == list(streaming_remote.tasks), "the remote task's cancel")
+    validate_records(session_root)
+
+
+def test_the_token_file_is_sent_and_kept_out_of_records(
+    streaming_remote: ScriptedA2A, base_env: dict[str, str], session_root: Path
+) -> None:
+    token = "tok-" + uuid.uuid4().hex
+    token_file = session_root.parent / "a2a.token"
+    token_file.write_text(token + "\n")
+    env = {**base_env, "SPAWN_A2A_TOKEN_FILE": str(token_file)}
+    proc = run_spawn(["--agent", a2a(streaming_remote), "--task", "complete the job"], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    # The run's card fetch and message (the resolve-time check reads the public card without it).
+    assert streaming_remote.authorizations[-2:] == [f"Bearer {token}"] * 2
+    assert token not in proc.stdout + proc.stderr
+    for record in only_agent(session_root).iterdir():
+        assert token not in record.read_text(errors="replace"), record
+    missing = run_spawn(["--agent", a2a(streaming_remote), "--task", "x"], {**env, "SPAWN_A2A_TOKEN_FILE": str(token_file) + ".nope"})
+    assert missing.returncode == spawn.ExitCode.USAGE and "SPAWN_A2A_TOKEN_FILE" in missing.stderr
 
 
 # ---- what crosses the hop ----

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +50,12 @@ class Served:
     url: str
     process: subprocess.Popen[bytes]
     stderr: Path
+    token_file: Path | None = None
+    """The token the server wrote (none with --no-token or --token-file)."""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token_file.read_text().strip()}"} if self.token_file else {}
 
 
 @dataclass
@@ -128,6 +135,8 @@ def serve(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Served]
             assert time.monotonic() < limit, "the server did not start"
             time.sleep(0.05)
         served.url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+        said = re.search(r"bearer token in (\S+)", stderr.read_text())
+        served.token_file = Path(said.group(1)) if said else None
         return served
 
     yield start
@@ -154,10 +163,10 @@ def user_message(text: str, metadata: dict[str, Any] | None = None, task_id: str
     return SendMessageRequest(message=message)
 
 
-async def send(url: str, request: SendMessageRequest, until: Callable[[Exchange], bool] | None = None) -> Exchange:
+async def send(served: Served, url: str, request: SendMessageRequest, until: Callable[[Exchange], bool] | None = None) -> Exchange:
     """Send one message with the real client and collect its stream (to its end, or until `until`)."""
     exchange = Exchange()
-    async with httpx.AsyncClient(timeout=STREAM_TIMEOUT_S) as http:
+    async with httpx.AsyncClient(timeout=STREAM_TIMEOUT_S, headers=served.headers) as http:
         client = await ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create_from_url(url)
         async with asyncio.timeout(STREAM_TIMEOUT_S):
             async for event in client.send_message(request):
@@ -197,8 +206,11 @@ def test_the_smaller_limit_wins_and_bad_metadata_names_its_key() -> None:
     assert argv[argv.index("--agent") + 1] == "greeter"
     assert env == {"SPAWN_DEPTH": "2", "SPAWN_DEADLINE": "2000000000.0"}
     # Nothing from the caller: only the server's own limits, and no inherited depth.
-    argv, env = core.spawn_arguments(core.caller_context({}), core.ServerLimits(), None)
-    assert env == {} and "--max-depth" not in argv and "--agent" not in argv
+    argv, env = core.spawn_arguments(core.caller_context({}), core.ServerLimits(), "greeter")
+    assert env == {} and "--max-depth" not in argv
+    for reference in ("command:id", "a2a:http://x", "../x", "auto"):  # never reaches spawn.py's --agent
+        with pytest.raises(core.BadMetadata):
+            core.spawn_arguments(core.caller_context({}), core.ServerLimits(), reference)
     for bad in (
         {"spawn.depth": True},
         {"spawn.depth": 1.5},
@@ -244,7 +256,7 @@ def test_a_message_runs_an_agent_to_completed_with_its_output(serve: Callable[..
     task = mock_task("say hello", [{"bash": "true"}, {"text": "hello from greeter"}])
 
     async def body() -> None:
-        done = await send(f"{served.url}/agents/greeter", user_message(task))
+        done = await send(served, f"{served.url}/agents/greeter", user_message(task))
         state, _, metadata = done.last_status()
         assert state == "TASK_STATE_COMPLETED", (done.states(), served.stderr.read_text())
         assert done.states()[0] == "TASK_STATE_WORKING"
@@ -256,7 +268,7 @@ def test_a_message_runs_an_agent_to_completed_with_its_output(serve: Callable[..
         assert load(agent_dir / "meta.json")["agent"] == "greeter"
         assert load(agent_dir / "outcome.json")["output"] == "hello from greeter"
         # The root URL takes the skill from the metadata.
-        again = await send(served.url, user_message(mock_task("again", [{"text": "hi again"}]), {"spawn.agent": "greeter"}))
+        again = await send(served, served.url, user_message(mock_task("again", [{"text": "hi again"}]), {"spawn.agent": "greeter"}))
         assert again.last_status()[0] == "TASK_STATE_COMPLETED"
         assert load(agent_dir_of(again, session_root) / "meta.json")["agent"] == "greeter"
 
@@ -271,7 +283,7 @@ def test_cancel_ends_the_subtree(serve: Callable[..., Served], session_root: Pat
     task = mock_task("parent", [{"bash": start_child}, {"bash": "echo busy; sleep 300"}, {"text": "never"}])
 
     async def body() -> None:
-        async with httpx.AsyncClient(timeout=STREAM_TIMEOUT_S) as http:
+        async with httpx.AsyncClient(timeout=STREAM_TIMEOUT_S, headers=served.headers) as http:
             client = await ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create_from_url(f"{served.url}/agents/worker")
             exchange = Exchange()
 
@@ -308,16 +320,16 @@ def test_an_ask_is_input_required_and_the_answer_resumes(serve: Callable[..., Se
     task = mock_task("make a file", [{"bash": f"touch {target}"}, {"text": "made it"}])
 
     async def body() -> None:
-        asked = await send(f"{served.url}/agents/toucher", user_message(task))
+        asked = await send(served, f"{served.url}/agents/toucher", user_message(task))
         state, text, metadata = asked.last_status()
         assert state == "TASK_STATE_INPUT_REQUIRED", (asked.states(), served.stderr.read_text())
         assert "touch" in text and "allow or deny" in text
         ask_id = metadata["spawn.ask"]["id"]
         assert not target.exists()
         # Not an answer: asked again, nothing settled.
-        unclear = await send(served.url, user_message("maybe later", task_id=asked.task_id, context_id=asked.context_id))
+        unclear = await send(served, served.url, user_message("maybe later", task_id=asked.task_id, context_id=asked.context_id))
         assert unclear.last_status()[0] == "TASK_STATE_INPUT_REQUIRED"
-        done = await send(served.url, user_message("allow", task_id=asked.task_id, context_id=asked.context_id))
+        done = await send(served, served.url, user_message("allow", task_id=asked.task_id, context_id=asked.context_id))
         assert done.last_status()[0] == "TASK_STATE_COMPLETED", done.states()
         assert [p.text for p in done.artifacts()[0].parts] == ["made it"]
         answer = load(next(session_root.glob(f"*/asks/{ask_id}.answer.json")))
@@ -343,7 +355,7 @@ def test_the_callers_limits_shrink_and_its_trace_is_kept(serve: Callable[..., Se
     }
 
     async def body() -> None:
-        done = await send(f"{served.url}/agents/greeter", user_message(mock_task("limits", [{"text": "ok"}]), caller))
+        done = await send(served, f"{served.url}/agents/greeter", user_message(mock_task("limits", [{"text": "ok"}]), caller))
         assert done.last_status()[0] == "TASK_STATE_COMPLETED", (done.states(), served.stderr.read_text())
         meta = load(agent_dir_of(done, session_root) / "meta.json")
         assert meta["depth"] == 2  # one below the calling node
@@ -356,13 +368,13 @@ def test_the_callers_limits_shrink_and_its_trace_is_kept(serve: Callable[..., Se
         assert "Bash(rm:*)" in meta["permissions"]["deny"]
         # The server's own limits win when they are the smaller.
         loose = {"spawn.depth": 0, "spawn.max_depth": 9, "spawn.max_budget_usd": 50}
-        second = await send(f"{served.url}/agents/greeter", user_message(mock_task("loose", [{"text": "ok"}]), loose))
+        second = await send(served, f"{served.url}/agents/greeter", user_message(mock_task("loose", [{"text": "ok"}]), loose))
         meta2 = load(agent_dir_of(second, session_root) / "meta.json")
         assert (meta2["depth"], meta2["max_depth"]) == (1, 5)
         assert meta2["max_budget_usd"] <= 2
         assert meta2["deadline"] <= time.time() + 900
         # At the caller's max depth: refused by spawn.py (recorded), rejected over A2A.
-        deep = await send(f"{served.url}/agents/greeter", user_message("too deep", {"spawn.depth": 3, "spawn.max_depth": 3}))
+        deep = await send(served, f"{served.url}/agents/greeter", user_message("too deep", {"spawn.depth": 3, "spawn.max_depth": 3}))
         assert deep.states() == ["TASK_STATE_REJECTED"]
         assert "depth limit" in deep.last_status()[1]
 
@@ -377,7 +389,7 @@ def test_stopping_the_server_ends_its_agents(serve: Callable[..., Served], sessi
     task = mock_task("long", [{"bash": "echo busy; sleep 300"}, {"text": "never"}])
 
     async def body() -> None:
-        exchange = await send(f"{served.url}/agents/worker", user_message(task), until=lambda e: bool(e.states()))
+        exchange = await send(served, f"{served.url}/agents/worker", user_message(task), until=lambda e: bool(e.states()))
         agent_dir = agent_dir_of(exchange, session_root)
         await asyncio.to_thread(wait_for_path, agent_dir / "heartbeat.json", STREAM_TIMEOUT_S)
         pids = [load(agent_dir / "meta.json")["pid"], load(agent_dir / "heartbeat.json")["cli_pid"]]
@@ -400,13 +412,13 @@ def test_bad_metadata_is_rejected_and_nothing_is_started(serve: Callable[..., Se
             ({"spawn.traceparent": "nope"}, "spawn.traceparent"),
             ({"spawn.deadline": "soon"}, "spawn.deadline"),
         ):
-            exchange = await send(served.url, user_message("hello", bad))
+            exchange = await send(served, served.url, user_message("hello", bad))
             state, text, _ = exchange.last_status()
             assert state == "TASK_STATE_REJECTED"
             assert text.startswith("a2a_server: error: metadata " + key), text
-        unknown = await send(served.url, user_message("hello", {"spawn.agent": "nobody"}))
+        unknown = await send(served, served.url, user_message("hello", {"spawn.agent": "nobody"}))
         state, text, _ = unknown.last_status()
-        assert state == "TASK_STATE_REJECTED" and text.startswith("spawn: error:") and "nobody" in text
+        assert state == "TASK_STATE_REJECTED" and text.startswith("a2a_server: error: no skill 'nobody'"), text
 
     run(body)
     assert list(session_root.glob("*/agents/*")) == []
@@ -420,7 +432,10 @@ def test_a_public_address_needs_a_token(base_env: dict[str, str], tmp_path: Path
         assert line.startswith("a2a_server: error:")
         return line
 
-    assert "--token-file" in refused("--host", "0.0.0.0", "--port", "0")
+    assert "--no-token" in refused("--host", "0.0.0.0", "--port", "0", "--no-token")
+    # spawn.py's default agent, or a node reference, is no skill to serve.
+    assert "--agent" in refused("--agent", "none", "--port", "0")
+    assert "--agent" in refused("--agent", "command:id", "--port", "0")
     assert "--port" in refused("--port", "70000")
     assert "--max-depth" in refused("--max-depth", "x")
     empty = tmp_path / "empty-token"
@@ -449,7 +464,105 @@ def test_with_a_token_the_card_is_public_and_the_rest_needs_it(serve: Callable[.
     assert "bearer" in card["securitySchemes"]
     assert post({}) == 401
     assert post({"Authorization": "Bearer wrong"}) == 401
+    assert post({"Authorization": "Bearer s3cret-tökén"}) == 401  # sent as latin-1: a 500 from compare_digest before
     assert post({"Authorization": "Bearer s3cret-token-value"}) == 200
+
+
+def http_status(served: Served, method: str, path: str, body: dict[str, Any] | None = None, **headers: str) -> int:
+    """One request with http.client, which sends Host and Origin as given (a browser's, a rebinding page's)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    address = urlsplit(served.url)
+    connection = http.client.HTTPConnection(address.hostname or "", address.port, timeout=60)
+    sent = {"Content-Type": "application/json", "A2A-Version": "1.0", **served.headers, **headers}
+    try:
+        connection.request(method, path, body=json.dumps(body).encode() if body is not None else None, headers=sent)
+        response = connection.getresponse()
+        response.read()
+        return int(response.status)
+    finally:
+        connection.close()
+
+
+def send_message_body(text: str, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"messageId": f"m-{time.monotonic_ns()}", "role": "ROLE_USER", "parts": [{"text": text}]}
+    if metadata:
+        message["metadata"] = metadata
+    return {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+
+
+def test_a_node_reference_is_never_served(serve: Callable[..., Served], session_root: Path, tmp_path: Path) -> None:
+    """The attack of issue 31: /agents/command:... ran `spawn.py --agent command:...` as the server's user."""
+    served = serve()
+    project = tmp_path / "project"
+    attack = "/agents/command:sh%20-c%20%22id%3Epwned%22"
+    assert http_status(served, "POST", attack, send_message_body("hello")) == 404
+    assert http_status(served, "POST", "/agents/a2a:http:%2F%2Fevil.example", send_message_body("hello")) == 404
+    assert http_status(served, "POST", "/agents/nobody", send_message_body("hello")) == 404
+
+    async def body() -> None:
+        # The same reference in the metadata, and a name that is no listed skill: rejected.
+        for agent in ('command:sh -c "id>pwned"', "nobody"):
+            exchange = await send(served, served.url, user_message("hello", {"spawn.agent": agent}))
+            state, text, _ = exchange.last_status()
+            assert state == "TASK_STATE_REJECTED", exchange.states()
+            assert text.startswith("a2a_server: error:"), text
+
+    run(body)
+    time.sleep(1)  # a spawn started anyway would have run its command by now
+    assert not (project / "pwned").exists()
+    assert list(session_root.glob("*/agents/*")) == []
+
+
+def test_a_task_no_listed_skill_matches_is_rejected(serve: Callable[..., Served], session_root: Path) -> None:
+    """--agent auto routes among the card's skills only: spawn.py's own default agent is not served."""
+    served = serve()
+
+    async def body() -> None:
+        exchange = await send(served, served.url, user_message(mock_task("zebra quasar", [{"text": "the default agent ran"}])))
+        state, text, _ = exchange.last_status()
+        assert state == "TASK_STATE_REJECTED", (exchange.states(), text)
+        assert "no skill matches" in text
+
+    run(body)
+    assert list(session_root.glob("*/agents/*")) == []
+
+
+def test_a_foreign_host_or_origin_is_refused_on_every_route(serve: Callable[..., Served], session_root: Path) -> None:
+    """DNS rebinding: a page on evil.example whose name now points at 127.0.0.1 (421 and 403, as the MCP server)."""
+    served = serve()
+    card, skill_card = "/.well-known/agent-card.json", "/agents/greeter/.well-known/agent-card.json"
+    message = send_message_body(mock_task("hi", [{"text": "hi"}]))
+    for path in (card, skill_card):
+        assert http_status(served, "GET", path) == 200
+        assert http_status(served, "GET", path, Host="rebind.evil.example") == 421
+        assert http_status(served, "GET", path, Origin="http://evil.example") == 403
+        assert http_status(served, "GET", path, Origin=served.url) == 200
+    for path in ("/", "/agents/greeter"):
+        assert http_status(served, "POST", path, message, Host="rebind.evil.example", Origin="http://evil.example") == 421
+        assert http_status(served, "POST", path, message, Origin="http://evil.example") == 403
+        assert http_status(served, "POST", path, message, Origin="null") == 403
+    assert list(session_root.glob("*/agents/*")) == []
+
+
+def test_a_token_is_required_by_default_on_loopback(serve: Callable[..., Served]) -> None:
+    served = serve()
+    assert served.token_file is not None, served.stderr.read_text()
+    assert served.token_file.stat().st_mode & 0o777 == 0o600
+    assert served.token_file.read_text().strip() not in served.stderr.read_text()  # the path is printed, not the token
+    get_task = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "nope"}}
+    assert http_status(served, "POST", "/", get_task) == 200
+    assert http_status(served, "POST", "/", get_task, Authorization="") == 401
+    assert http_status(served, "POST", "/", get_task, Authorization="Bearer wrong") == 401
+    assert http_status(served, "POST", "/", get_task, Authorization="Bearer tökén") == 401  # a 500 from compare_digest before
+    assert http_status(served, "GET", "/.well-known/agent-card.json", Authorization="") == 200  # cards stay public
+    served.process.send_signal(signal.SIGTERM)
+    served.process.wait(timeout=60)
+    assert not served.token_file.exists()  # the token ends with the server
+    unguarded = serve("--no-token")
+    assert unguarded.token_file is None
+    assert http_status(unguarded, "POST", "/", get_task) == 200
 
 
 # ------------------------------------------------- across the hop: spawn.py -> a2a node -> this server --
@@ -465,6 +578,12 @@ def a2a_kind_available() -> bool:
 needs_a2a_client = pytest.mark.skipif(not a2a_kind_available(), reason="this spawn.py has no a2a node kind (the A2A client)")
 
 
+def token_env(env: dict[str, str], served: Served) -> dict[str, str]:
+    """The caller's environment with the server's token file: how an a2a node finds its token."""
+    assert served.token_file is not None
+    return {**env, "SPAWN_A2A_TOKEN_FILE": str(served.token_file)}
+
+
 def remote_agents(remote_root: Path) -> dict[str, dict[str, Any]]:
     return metas(remote_root)
 
@@ -477,7 +596,9 @@ def test_one_tree_across_the_hop(serve: Callable[..., Served], env: dict[str, st
     grandchild = mock_task("check one thing", [{"text": "checked"}])
     steps: list[dict[str, Any]] = [{"bash": spawn_in_bash("--tools", "Bash", "--task", grandchild)}, {"text": "remote done"}]
     proc = run_spawn(
-        ["--agent", f"a2a:{served.url}/agents/worker", "--max-depth", "3", "--task", mock_task("work", steps)], env, timeout=300
+        ["--agent", f"a2a:{served.url}/agents/worker", "--max-depth", "3", "--task", mock_task("work", steps)],
+        token_env(env, served),
+        timeout=300,
     )
     out = stdout_json(proc)
     assert out["status"] == "done", (proc.stderr, served.stderr.read_text())
@@ -511,7 +632,7 @@ def test_a_kill_at_the_top_ends_the_remote_subtree(
         {"bash": "echo busy; sleep 300"},
         {"text": "never"},
     ]
-    top = start_spawn(["--agent", f"a2a:{served.url}/agents/worker", "--task", mock_task("work", steps)], env)
+    top = start_spawn(["--agent", f"a2a:{served.url}/agents/worker", "--task", mock_task("work", steps)], token_env(env, served))
     try:
         limit = time.monotonic() + STREAM_TIMEOUT_S
         while len(list(remote_root.glob("*/agents/*/heartbeat.json"))) < 2:
@@ -545,7 +666,8 @@ def test_a_remote_ask_is_answered_at_the_top(serve: Callable[..., Served], env: 
     served = serve("--session", str(remote_root))
     target = tmp_path / "made-over-there"
     top = start_spawn(
-        ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])], env
+        ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])],
+        token_env(env, served),
     )
     try:
         local_ask = wait_for_ask(session_root, timeout=STREAM_TIMEOUT_S)
@@ -571,7 +693,8 @@ def test_a_remote_ask_denied_at_the_top_ends_the_remote_agent(
     served = serve("--session", str(remote_root))
     target = tmp_path / "never-made"
     top = start_spawn(
-        ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])], env
+        ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])],
+        token_env(env, served),
     )
     try:
         local_ask = wait_for_ask(session_root, timeout=STREAM_TIMEOUT_S)

@@ -10,11 +10,15 @@
 
 Run::
 
-    uv run tools/a2a_server.py --port 9999                  # 127.0.0.1:9999
+    uv run tools/a2a_server.py --port 9999                  # 127.0.0.1:9999, a new token (path on stderr)
     uv run tools/a2a_server.py --host 0.0.0.0 --port 9999 --token-file token.txt
 
 The agent card (/.well-known/agent-card.json) lists the project's agent
-definitions (.claude/agents) as skills. A message starts
+definitions (.claude/agents) as skills, and only those skills are served: a
+message naming anything else (another name, a node reference such as
+command:EXE) is refused before anything starts. Every request but the cards
+needs the bearer token, and a foreign Host or Origin is refused (DNS rebinding).
+A message starts
 ``spawn.py --agent SKILL --background`` with the message's text as the task, and
 the task's status follows the agent's session directory: working (transcript
 lines), input-required (an ask in its subtree; the caller's next message answers
@@ -98,6 +102,15 @@ KILL_SETTLE_S = 30.0
 STATUS_TEXT_CHARS = 400
 MARKERS = (".done", ".fail")
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+# Addresses that mean "every interface": no Host header names them.
+WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
+# A generated bearer token: 32 random bytes, as URL-safe text.
+TOKEN_BYTES = 32
+# What --agent auto routes among, and what never names a skill: a node
+# reference (a2a:URL, command:EXE, a URL, a path) that spawn.py's --agent would
+# run as a node of another kind.
+AUTO = "auto"
+SKILL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}")
 # The limits (spawn.py's own bounds) a caller's metadata may carry.
 MAX_DEPTH_LIMIT = 100
 MAX_BUDGET_USD = 1e6
@@ -191,6 +204,58 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def is_skill_name(name: str) -> bool:
+    """A plain definition name: never a node reference (a2a:, command:, a URL, a path) nor `auto`."""
+    return SKILL_NAME.fullmatch(name) is not None and name != AUTO
+
+
+def host_name(value: str) -> str | None:
+    """The host of a Host header or URL netloc, without port or brackets, lower case; None if malformed."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        rest = value[end + 1 :]
+        if end < 0 or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+        return value[1:end] or None
+    name, _, port = value.partition(":")
+    if port and not port.isdigit():
+        return None
+    return name or None
+
+
+def our_hosts(bind_host: str, base_url: str) -> set[str]:
+    """The names a request to this server may carry in Host and Origin (as the MCP server's):
+    the loopback names, the bound --host and the advertised URL's host. Anything else is a
+    page on another site reaching this server through DNS rebinding, or a proxy's mistake."""
+    from urllib.parse import urlsplit
+
+    hosts = set(LOOPBACK_NAMES)
+    if bind_host not in WILDCARD_HOSTS:
+        hosts.add(bind_host.lower())
+    advertised = urlsplit(base_url).hostname
+    if advertised:
+        hosts.add(advertised.lower())
+    return hosts
+
+
+def foreign_origin(origin: str, hosts: set[str]) -> bool:
+    """Whether an Origin header names another site (a browser page that is not ours)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(origin.strip())
+        name = parts.hostname
+    except ValueError:
+        return True
+    return parts.scheme not in ("http", "https") or name is None or name.lower() not in hosts
+
+
+def token_matches(header: bytes, token: str) -> bool:
+    """Whether an Authorization header carries the bearer token; compared as bytes, so any header is a yes or no."""
+    return hmac.compare_digest(header, f"Bearer {token}".encode())
+
+
 def valid_traceparent(value: str) -> bool:
     """A W3C traceparent spawn.py accepts (same rule as its --parent-trace)."""
     m = re.fullmatch(r"[0-9a-f]{2}-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}", value.strip())
@@ -226,7 +291,7 @@ def caller_context(metadata: Mapping[str, Any]) -> CallerContext:
     ctx = CallerContext()
     agent = metadata.get(META_AGENT)
     if agent is not None:
-        if not isinstance(agent, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}", agent):
+        if not isinstance(agent, str) or not is_skill_name(agent):
             raise BadMetadata(f"metadata {META_AGENT} {agent!r} must be a skill id from the agent card")
         ctx.agent = agent
     depth = metadata_number(metadata, META_DEPTH, integer=True, maximum=MAX_DEPTH_LIMIT, zero_ok=True)
@@ -248,7 +313,7 @@ def min_known(*values: float | None) -> float | None:
     return min(known) if known else None
 
 
-def spawn_arguments(caller: CallerContext, limits: ServerLimits, skill: str | None) -> tuple[list[str], dict[str, str]]:
+def spawn_arguments(caller: CallerContext, limits: ServerLimits, skill: str) -> tuple[list[str], dict[str, str]]:
     """spawn.py's flags and environment for one served agent: the smaller of each limit.
 
     The caller's depth and deadline go through the variables spawn.py reads from a
@@ -256,10 +321,10 @@ def spawn_arguments(caller: CallerContext, limits: ServerLimits, skill: str | No
     the calling node and keeps the parent's grace before its deadline. The rest
     are flags, which spawn.py narrows against whatever it inherits.
     """
-    argv = ["--background", "--task-file", "-"]
+    if not is_skill_name(skill):  # served_skill checked it; a reference must never reach --agent
+        raise BadMetadata(f"{skill[:100]!r} is not a skill name")
+    argv = ["--background", "--task-file", "-", "--agent", skill]
     env: dict[str, str] = {}
-    if skill is not None:
-        argv += ["--agent", skill]
     max_depth = min_known(caller.max_depth, limits.max_depth)
     if max_depth is not None:
         argv += ["--max-depth", str(int(max_depth))]
@@ -440,7 +505,8 @@ class Config:
     """The project whose .claude/agents are served and where agents run."""
     session_root: str | None
     limits: ServerLimits
-    default_agent: str | None
+    default_agent: str
+    """--agent: a skill name, or auto."""
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -485,10 +551,34 @@ class Spawner:
         return data
 
     async def agents(self) -> list[dict[str, Any]]:
+        """The skills served: the definitions `agents list` shows, under a plain name each."""
         data = await self.run_json("agents", "list", "--json")
-        return [a for a in data.get("agents", []) if isinstance(a, dict) and a.get("name")]
+        return [a for a in data.get("agents", []) if isinstance(a, dict) and isinstance(a.get("name"), str) and is_skill_name(a["name"])]
 
-    async def start(self, task: str, caller: CallerContext, skill: str | None) -> dict[str, Any]:
+    async def served_skill(self, requested: str, task: str) -> str:
+        """The listed skill a message runs; BadMetadata, with nothing started, for anything else.
+
+        The card's skills are the allow-list: spawn.py's --agent would also run a
+        node reference (command:EXE runs a program) or its own default agent.
+        """
+        names = [str(a["name"]) for a in await self.agents()]
+        listed = f"the skills are {', '.join(names) or 'none'} (see the agent card)"
+        if requested == AUTO:
+            chosen = await self.route(task)
+            if chosen not in names:
+                raise BadMetadata(f"no skill matches the task; name one (/agents/NAME or metadata {META_AGENT}): {listed}")
+            return str(chosen)
+        if requested not in names:
+            raise BadMetadata(f"no skill {requested[:100]!r} is served here; {listed}")
+        return requested
+
+    async def route(self, task: str) -> str | None:
+        """The definition spawn.py's --agent auto picks for task (a dry run: nothing is written)."""
+        data = await self.run_json("--agent", AUTO, "--task-file", "-", "--dry-run", ok=(0, 4), stdin=task.encode())
+        chosen = data.get("agent")
+        return chosen if isinstance(chosen, str) else None
+
+    async def start(self, task: str, caller: CallerContext, skill: str) -> dict[str, Any]:
         # This machine's settings files still bind what it serves: spawn.py
         # reads them for an agent that has no parent here, whatever its depth.
         argv, env = spawn_arguments(caller, self.config.limits, skill)
@@ -615,13 +705,17 @@ class SpawnExecutor(AgentExecutor):
             caller = caller_context(message_metadata(context))
             if not text.strip():
                 raise BadMetadata("the message has no text: send the task as a text part")
+            requested = context.call_context.state.get("skill") or caller.agent or self.spawner.config.default_agent
+            skill = await self.spawner.served_skill(str(requested), text)
         except BadMetadata as exc:
             await updater.reject(self.say(updater, f"a2a_server: error: {exc}"))
             return None
-        skill = context.call_context.state.get("skill") or caller.agent or self.spawner.config.default_agent
-        try:
-            data = await self.spawner.start(text, caller, None if skill == "none" else skill)
         except SpawnFailed as exc:
+            await updater.reject(self.say(updater, str(exc)))
+            return None
+        try:
+            data = await self.spawner.start(text, caller, skill)
+        except (SpawnFailed, BadMetadata) as exc:
             await updater.reject(self.say(updater, str(exc)))
             return None
         agent_dir = Path(str(data["agent_dir"]))
@@ -764,7 +858,7 @@ def build_card(base_url: str, skills: list[dict[str, Any]], token: bool, name: s
     return card
 
 
-def build_app(executor: SpawnExecutor, base_url: str, token: str | None, skills: list[dict[str, Any]]) -> ASGIApp:
+def build_app(executor: SpawnExecutor, base_url: str, token: str | None, skills: list[dict[str, Any]], hosts: set[str]) -> ASGIApp:
     spawner = executor.spawner
     root_card = build_card(f"{base_url}/", skills, token is not None, "spawn", "spawn.py agents on this machine")
     handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=root_card)
@@ -801,20 +895,39 @@ def build_app(executor: SpawnExecutor, base_url: str, token: str | None, skills:
         *create_jsonrpc_routes(handler, "/agents/{skill}", context_builder=context_builder),
     ]
     inner = Starlette(routes=routes, lifespan=lifespan)
-    if token is None:
-        return inner
+
+    async def refuse(send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"text/plain"), *(headers or [])]})
+        await send({"type": "http.response.body", "body": text.encode() + b"\n"})
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await inner(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        # As the MCP server: a Host or Origin that isn't this server's is a page
+        # elsewhere reaching it through DNS rebinding (421, 403), on every route.
+        host = host_name(headers.get(b"host", b"").decode("latin-1"))
+        if host is None or host not in hosts:
+            await refuse(send, 421, "Invalid Host header")
+            return
+        origin = headers.get(b"origin")
+        if origin is not None and foreign_origin(origin.decode("latin-1"), hosts):
+            await refuse(send, 403, "Invalid Origin header")
+            return
         # The cards stay public, as A2A clients fetch them before they authenticate;
         # they name the bearer scheme. Everything else needs the token.
-        public = scope["type"] == "http" and scope.get("method") == "GET" and str(scope.get("path", "")).endswith("/agent-card.json")
-        if scope["type"] == "http" and not public:
-            headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"").decode(errors="replace")
-            if not hmac.compare_digest(given, f"Bearer {token}"):
-                await send({"type": "http.response.start", "status": 401, "headers": [(b"www-authenticate", b"Bearer")]})
-                await send({"type": "http.response.body", "body": b"missing or wrong bearer token\n"})
-                return
+        path = str(scope.get("path", ""))
+        public = scope.get("method") == "GET" and path.endswith("/agent-card.json")
+        if token is not None and not public and not token_matches(headers.get(b"authorization", b""), token):
+            await refuse(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
+            return
+        # /agents/NAME serves a listed skill only: anything else (command:EXE, a
+        # path) is not found here, before a task exists.
+        skill = re.match(r"/agents/([^/]*)", path)
+        if skill and not public and skill.group(1) not in {str(a["name"]) for a in await spawner.agents()}:
+            await refuse(send, 404, f"no skill {skill.group(1)[:100]!r}; the skills are in {base_url}/.well-known/agent-card.json")
+            return
         await inner(scope, receive, send)
 
     return app
@@ -837,7 +950,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port to bind (default {DEFAULT_PORT}; 0 picks a free one)")
     p.add_argument("--port-file", metavar="PATH", help="write the bound port here once serving (for --port 0)")
     p.add_argument("--url", metavar="URL", help="the base URL the card advertises (default http://HOST:PORT)")
-    p.add_argument("--token-file", metavar="PATH", help="bearer token callers must send; required off loopback")
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="the bearer token callers must send (default: a new one, written to a 0600 file whose path is printed)",
+    )
+    p.add_argument("--no-token", action="store_true", help="serve without a bearer token (loopback --host only)")
     p.add_argument("--spawn", metavar="PATH", default=str(DEFAULT_SPAWN), help="spawn.py to run (default: beside tools/)")
     p.add_argument("--python", metavar="CMD", help="how to run spawn.py (default $SPAWN_PYTHON, else 'uv run --script')")
     p.add_argument("--session", metavar="DIR", help="session root (default $SPAWN_SESSION_ROOT, as spawn.py)")
@@ -846,7 +964,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--agent",
         metavar="NAME",
         default="auto",
-        help="skill for a message that names none (default auto: routed by its text; none: no definition)",
+        help="skill for a message that names none (default auto: routed by its text among the listed skills)",
     )
     p.add_argument("--max-depth", type=int, metavar="N", help="deepest depth a served agent's tree may reach")
     p.add_argument("--max-budget-usd", type=float, metavar="X", help="USD cap of each served agent's tree")
@@ -875,8 +993,12 @@ def check_flags(args: argparse.Namespace) -> None:
         raise BadFlag(f"--cwd {args.cwd} is not a directory")
     if args.url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", args.url):
         raise BadFlag(f"--url {args.url!r} must be an http(s) URL, e.g. https://agents.example.com")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}", args.agent):
-        raise BadFlag(f"--agent {args.agent!r} must be a definition name, auto or none")
+    if args.agent != AUTO and not is_skill_name(args.agent):
+        raise BadFlag(f"--agent {args.agent!r} must be the name of a listed skill (a definition in .claude/agents) or auto")
+    if args.no_token and args.token_file:
+        raise BadFlag("give --token-file or --no-token, not both")
+    if args.no_token and not is_loopback(args.host):
+        raise BadFlag(f"--no-token serves loopback only; {args.host} needs a bearer token (drop --no-token)")
 
 
 def read_token(path: str | None) -> str | None:
@@ -889,6 +1011,38 @@ def read_token(path: str | None) -> str | None:
     if not token:
         raise BadFlag(f"--token-file {path} is empty; put the bearer token in it")
     return token
+
+
+def cache_dir(environ: Mapping[str, str]) -> Path:
+    """spawn.py's per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
+    if environ.get("SPAWN_CACHE_DIR"):
+        return Path(environ["SPAWN_CACHE_DIR"]).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
+    return Path(base).expanduser() / "spawn"
+
+
+def new_token_file(environ: Mapping[str, str], port: int) -> tuple[str, Path]:
+    """A fresh token, written to CACHE/a2a/PORT.token readable by this user only.
+
+    The port names it, so a caller finds the token of the server it calls; one
+    left by an earlier server on that port is replaced. O_EXCL with mode 0600:
+    the file is never, even for a moment, readable by anybody else or a link
+    someone else planted.
+    """
+    import secrets
+
+    folder = cache_dir(environ) / "a2a"
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = folder / f"{port}.token"
+        path.unlink(missing_ok=True)
+        token = secrets.token_urlsafe(TOKEN_BYTES)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(token + "\n")
+    except OSError as exc:
+        raise BadFlag(f"can't write a token file in {folder}: {exc.strerror or exc}; pass --token-file PATH") from None
+    return token, path
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -918,11 +1072,15 @@ class Server(uvicorn.Server):
     also ends the open streams with `canceled` instead of a cut connection.
     """
 
-    def __init__(self, config: uvicorn.Config, executor: SpawnExecutor) -> None:
+    def __init__(self, config: uvicorn.Config, executor: SpawnExecutor, token_path: Path | None) -> None:
         super().__init__(config)
         self.executor = executor
+        self.token_path = token_path
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Here, not after serve(): uvicorn ends the process with the signal it caught.
+        if self.token_path is not None:
+            self.token_path.unlink(missing_ok=True)  # the token dies with the server
         await self.executor.shutdown()
         await super().shutdown(sockets)
 
@@ -933,19 +1091,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         check_flags(args)
         token = read_token(args.token_file)
-        if not is_loopback(args.host) and token is None:
-            raise BadFlag(f"refusing to serve {args.host} without a bearer token; pass --token-file PATH or bind 127.0.0.1")
         sock = bind(args.host, args.port)
     except BadFlag as exc:
         print(f"a2a_server: error: {exc}", file=sys.stderr)
         return 2
+    port = int(sock.getsockname()[1])
+    token_path: Path | None = None
+    if token is None and not args.no_token:
+        try:
+            token, token_path = new_token_file(environ, port)
+        except BadFlag as exc:
+            sock.close()
+            print(f"a2a_server: error: {exc}", file=sys.stderr)
+            return 2
     if args.python:
         runner = shlex.split(args.python)
     elif environ.get("SPAWN_PYTHON"):
         runner = [environ["SPAWN_PYTHON"]]
     else:
         runner = ["uv", "run", "--quiet", "--script"]
-    port = int(sock.getsockname()[1])
     base_url = (args.url or base_url_for(args.host, port)).rstrip("/")
     config = Config(
         spawn=[*runner, str(Path(args.spawn).resolve())],
@@ -963,13 +1127,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         sock.close()
         print(f"a2a_server: error: can't run {shlex.join(config.spawn)} agents list: {exc}; check --spawn and --python", file=sys.stderr)
         return 2
-    app = build_app(executor, base_url, token, skills)
-    names = ", ".join(str(a["name"]) for a in skills) or "none; messages run spawn.py's default agent"
-    print(f"a2a_server: serving {base_url}/ (card {base_url}/.well-known/agent-card.json); skills: {names}", file=sys.stderr, flush=True)
+    if args.agent != AUTO and args.agent not in {str(a["name"]) for a in skills}:
+        sock.close()
+        print(f"a2a_server: error: --agent {args.agent} is no listed skill (a .claude/agents definition); use one or auto", file=sys.stderr)
+        return 2
+    app = build_app(executor, base_url, token, skills, our_hosts(args.host, base_url))
+    names = ", ".join(str(a["name"]) for a in skills) or "none; add definitions to .claude/agents"
+    print(f"a2a_server: serving {base_url}/ (card {base_url}/.well-known/agent-card.json); skills: {names}", file=sys.stderr)
+    if token_path is not None:
+        print(f"a2a_server: bearer token in {token_path} (callers: SPAWN_A2A_TOKEN_FILE={token_path})", file=sys.stderr)
+    elif token is None:
+        print("a2a_server: warning: --no-token: any local process may run the listed skills", file=sys.stderr)
+    sys.stderr.flush()
     if args.port_file:
         Path(args.port_file).write_text(f"{port}\n")
     # A stream still open once the agents are ended gets this long before it is cut.
-    server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5), executor)
+    server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5), executor, token_path)
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(server.serve(sockets=[sock]))
     return 0

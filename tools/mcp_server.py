@@ -784,8 +784,9 @@ def run_http(server: MCPServer, host: str, port: int, token: str | None) -> None
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and token is not None:
             headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"").decode(errors="replace")
-            if not hmac.compare_digest(given, f"Bearer {token}"):
+            # Bytes: compare_digest refuses a str with non-ASCII characters (a 500).
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, f"Bearer {token}".encode()):
                 await send({"type": "http.response.start", "status": 401, "headers": [(b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": b"missing or wrong bearer token\n"})
                 return
