@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import FAKE_API_KEY, ROOT, SPAWN, MockModel, mock_task, run_spawn, spawn_in_bash
+from conftest import FAKE_API_KEY, READ_ID, ROOT, SPAWN, MockModel, mock_task, run_spawn, spawn_in_bash, stdout_json
 
 import spawn
 
@@ -496,3 +496,63 @@ def test_a_fifo_planted_in_the_runner_index_hangs_no_spawn(env: dict[str, str], 
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert json.loads(proc.stdout)["output"] == "root-done"
     assert sorted(json.loads(d.read_text())["status"] for d in session_root.glob("*/agents/*/outcome.json")) == ["done", "done"]
+
+
+# ---- a record nested too deep is corrupt, never fatal (issue 31, item 2) ----
+
+
+def test_a_deep_sibling_meta_written_mid_run_leaves_every_outcome_and_verb_working(
+    env: dict[str, str], session_root: Path
+) -> None:
+    # The attack as found: an agent's Bash writes '[' * 200000 + ']' * 200000 as a
+    # sibling's meta.json while its background child runs, then waits for that child.
+    deep = "import os,pathlib; d=pathlib.Path(os.environ['SPAWN_SESSION'],'agents','a1-x'); d.mkdir(); (d/'meta.json').write_text('['*200000+']'*200000)"
+    child = mock_task("child", [{"sleep": 2, "text": "child done"}])
+    script = f'{spawn_in_bash("--background", "--task", child)} | {READ_ID} > kid; "$SPAWN_PYTHON" -c "{deep}"'
+    root = mock_task("root", [{"bash": script}, {"bash": f"{spawn_in_bash('wait')} $(cat kid)"}, {"text": "root done"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash"], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert stdout_json(proc)["output"] == "root done"
+    session = next(session_root.iterdir())
+    ids = sorted(d.name for d in session.glob("agents/a*") if d.name != "a1-x")
+    assert len(ids) == 2, ids  # the root and its background child
+    waited = run_spawn(["wait", "--session", str(session), *ids, "--all"], env)
+    assert waited.returncode == spawn.ExitCode.OK, waited.stderr
+    status = run_spawn(["status", "--json", str(session)], env)
+    assert status.returncode == spawn.ExitCode.OK, status.stderr
+    rows = {r["id"]: r for r in json.loads(status.stdout)["agents"]}
+    assert rows.pop("a1-x")["state"] == spawn.Status.CORRUPT
+    assert sorted(r["state"] for r in rows.values()) == ["done", "done"], rows
+    for agent_id in ids:
+        assert json.loads((session / "agents" / agent_id / "outcome.json").read_text())["status"] == "done"
+    reap = run_spawn(["reap", str(session)], env)
+    assert reap.returncode == spawn.ExitCode.OK, reap.stderr
+    assert [c["id"] for c in json.loads(reap.stdout)["corrupt"]] == ["a1-x"]
+
+
+def test_parse_json_bounds_depth_and_size_unit() -> None:
+    # Unit test of the one bounded JSON parser every record reader uses.
+    deep = "[" * 200_000 + "]" * 200_000
+    with pytest.raises(ValueError, match="nested deeper than 64"):
+        spawn.parse_json(deep)
+    with pytest.raises(ValueError, match="nested deeper than 64") as exc:
+        spawn.parse_json('{"a": "[[[[",\n "b": ' + "[" * 65 + "]" * 65 + "}")
+    assert isinstance(exc.value, json.JSONDecodeError) and exc.value.lineno == 2
+    assert spawn.parse_json("[" * 64 + "]" * 64) is not None  # the limit itself is fine
+    assert spawn.parse_json('{"s": "' + "[{" * 1000 + '"}') == {"s": "[{" * 1000}  # brackets in strings don't nest
+    assert spawn.parse_json(b'{"s": "\\"[[["}') == {"s": '"[[['}
+    with pytest.raises(ValueError, match="larger than 10 bytes"):
+        spawn.parse_json('{"a": "01234567"}', max_bytes=10)
+    with pytest.raises(ValueError):
+        spawn.parse_json(b"\xff\xfe")
+
+
+def test_read_json_of_a_deep_or_oversize_record_is_corrupt_unit(tmp_path: Path) -> None:
+    record = tmp_path / "meta.json"
+    record.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(spawn.CorruptRecordError, match="nested deeper than 64"):
+        spawn.read_json(record)
+    with record.open("w") as fh:
+        fh.truncate(spawn.RECORD_MAX_BYTES + 1)  # sparse: refused from its size, never read
+    with pytest.raises(spawn.CorruptRecordError, match="larger than"):
+        spawn.read_json(record)
