@@ -8043,34 +8043,66 @@ def request_problem(request: object) -> str | None:
     return None
 
 
-def read_request(conn: Any) -> tuple[dict[str, Any], list[int]]:
-    """The stand-in's request: a 4-byte length, JSON, and its stdio fds (SCM_RIGHTS)."""
-    import socket
+# A stand-in sends its whole request at once; a client still sending after
+# this many seconds is dropped (it takes the normal path, if it is one).
+FORKSERVER_REQUEST_S = 5.0
+# Requests read at once; a client past them is closed unanswered (the normal path).
+FORKSERVER_PENDING_MAX = 32
 
-    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
-    try:
-        length = int.from_bytes(data[:4], "big")
-        if len(data) < 4 or length > FORKSERVER_REQUEST_MAX:
-            raise ValueError("no request length, or too long")
-        body = bytearray(data[4:])
-        while len(body) < length:
-            chunk = conn.recv(min(1 << 16, length - len(body)))
-            if not chunk:
-                raise ValueError("request cut short")
-            body += chunk
-        request = json.loads(bytes(body))
-        if len(fds) != 3 or request_problem(request) is not None:
+
+class PendingRequest:
+    """A fork request being read: a 4-byte length, JSON, and the stdio fds (SCM_RIGHTS).
+
+    The server reads every client's as it comes, each until its own
+    deadline: one that trickles its bytes must not hold up another's spawn.
+    """
+
+    def __init__(self, conn: Any, client_pid: int) -> None:
+        self.conn, self.client_pid = conn, client_pid
+        self.deadline = time.monotonic() + FORKSERVER_REQUEST_S
+        self.data = bytearray()
+        self.fds: list[int] = []
+
+    def feed(self) -> bool:
+        """Take what has come; whether the request is whole. ValueError for one that never can be."""
+        import socket
+
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.conn, 1 << 16, 3)
+        except BlockingIOError:
+            return False
+        self.fds += fds
+        if len(self.fds) > 3:
+            raise ValueError("more fds than stdio")
+        if not data:
+            raise ValueError("request cut short")
+        self.data += data
+        if len(self.data) < 4:
+            return False
+        length = int.from_bytes(self.data[:4], "big")
+        if length > FORKSERVER_REQUEST_MAX or len(self.data) > 4 + length:
+            raise ValueError("no request's length")
+        return len(self.data) == 4 + length
+
+    def request(self) -> dict[str, Any]:
+        """The whole request, checked; ValueError for a malformed one (parse_json: deep is malformed)."""
+        request = parse_json(bytes(self.data[4:]), FORKSERVER_REQUEST_MAX)
+        if len(self.fds) != 3 or request_problem(request) is not None:
             raise ValueError("malformed request")
-    except (OSError, ValueError):
-        for fd in fds:
-            os.close(fd)
-        raise
-    return request, fds
+        return cast("dict[str, Any]", request)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+        self.conn.close()
 
 
 def serve_forks(meta: AgentMeta) -> None:
     """The fork server's loop: accept, check the peer, fork; until the root is gone."""
     import gc
+    import selectors
     import socket
     import struct
 
@@ -8089,7 +8121,7 @@ def serve_forks(meta: AgentMeta) -> None:
     # Listening before the imports: a spawn that comes meanwhile waits in the
     # backlog, no longer than its own imports would have taken it.
     server.listen(64)
-    server.settimeout(FORKSERVER_POLL_S)
+    server.setblocking(False)
 
     # Everything a spawn imports, once: the children share these pages. (The
     # root, forked, has most of it: the SDK's and asyncio's imports are free.)
@@ -8120,54 +8152,88 @@ def serve_forks(meta: AgentMeta) -> None:
 
     signal.signal(signal.SIGCHLD, reap)
     signal.signal(signal.SIGTERM, stop)
+    pending: dict[Any, PendingRequest] = {}
+    selector = selectors.DefaultSelector()
+    selector.register(server, selectors.EVENT_READ)
+
+    def drop(client: PendingRequest) -> None:
+        # Closed unanswered: that client takes the normal path.
+        selector.unregister(client.conn)
+        del pending[client.conn]
+        client.close()
+
+    def admit() -> None:
+        try:
+            conn, _ = server.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        client_pid, client_uid, _gid = struct.unpack("3i", creds)
+        # Another user's, or one inside an agent's sandbox (or unreadable),
+        # whatever it says: what it spawns must stay in there, not be forked out.
+        if client_uid != os.getuid() or pid_namespace_of(client_pid) != namespace or len(pending) >= FORKSERVER_PENDING_MAX:
+            conn.close()
+            return
+        conn.setblocking(False)
+        pending[conn] = PendingRequest(conn, client_pid)
+        selector.register(conn, selectors.EVENT_READ)
+
+    def serve(client: PendingRequest) -> None:
+        conn, fds, client_pid = client.conn, client.fds, client.client_pid
+        request = client.request()
+        conn.settimeout(5.0)  # the reply's send; the client waits for it
+        refusal = forkserver_refusal(request, script_stat)
+        if refusal is not None:
+            conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
+            return
+        client_time = psutil.Process(client_pid).create_time()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                server.close()
+                selector.close()
+                for other in pending.values():  # every other client is the server's to answer
+                    other.close()
+                if request.get("detach") is True:
+                    run_detached(conn, fds, request)
+                run_forked(conn, fds, request, client_pid, client_time)
+            finally:
+                os._exit(ExitCode.STATE)
+        line = {
+            "time": utc_now_iso(),
+            "pid": pid,
+            "client_pid": client_pid,
+            "verb": request["argv"][0] if request["argv"][:1] in (["_run"], ["wait"]) else "run",
+        }
+        if request.get("detach") is True:
+            line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
+        with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+
     try:
         while root.alive():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-                client_pid, client_uid, _gid = struct.unpack("3i", creds)
-                if client_uid != os.getuid():
-                    continue  # closed unanswered: that client takes the normal path
-                if pid_namespace_of(client_pid) != namespace:
-                    # Inside an agent's sandbox (or unreadable), whatever it
-                    # says: what it spawns must stay in there, not be forked out.
+            now = time.monotonic()
+            for client in [c for c in pending.values() if c.deadline <= now]:
+                drop(client)
+            wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in pending.values())])
+            for key, _events in selector.select(max(0.0, wait_s)):
+                if key.fileobj is server:
+                    admit()
                     continue
-                conn.settimeout(5.0)
-                with contextlib.suppress(OSError, ValueError, psutil.Error):
-                    request, fds = read_request(conn)
-                    try:
-                        refusal = forkserver_refusal(request, script_stat)
-                        if refusal is not None:
-                            conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
-                            continue
-                        client_time = psutil.Process(client_pid).create_time()
-                        sys.stdout.flush()
-                        sys.stderr.flush()
-                        pid = os.fork()
-                        if pid == 0:
-                            try:
-                                server.close()
-                                if request.get("detach") is True:
-                                    run_detached(conn, fds, request)
-                                run_forked(conn, fds, request, client_pid, client_time)
-                            finally:
-                                os._exit(ExitCode.STATE)
-                    finally:
-                        for fd in fds:
-                            os.close(fd)
-                    line = {
-                        "time": utc_now_iso(),
-                        "pid": pid,
-                        "client_pid": client_pid,
-                        "verb": request["argv"][0] if request["argv"][:1] in (["_run"], ["wait"]) else "run",
-                    }
-                    if request.get("detach") is True:
-                        line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
-                    with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
-                        fh.write(json.dumps(line) + "\n")
+                client = pending[key.fileobj]
+                try:
+                    whole = client.feed()
+                except (OSError, ValueError):
+                    drop(client)
+                    continue
+                if whole:
+                    selector.unregister(client.conn)
+                    del pending[client.conn]
+                    with contextlib.suppress(OSError, ValueError, psutil.Error):
+                        serve(client)
+                    client.close()
         # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
         print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
     finally:
