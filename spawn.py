@@ -269,6 +269,7 @@ import errno
 import functools
 import importlib
 import importlib.machinery
+import itertools
 import json
 import marshal  # builtin, loaded with the interpreter: status's forked workers answer in it
 import re
@@ -638,6 +639,14 @@ class UnknownAgentError(UsageError):
 class CorruptRecordError(StateError):
     def __init__(self, path: Path | str, why: str) -> None:
         super().__init__(f"corrupt record {path}: {why}; inspect or remove it")
+
+
+class InputError(UsageError):
+    """A user's YAML or JSON input that can't be used (exit 2), and where in it (load_input)."""
+
+    def __init__(self, source: str, line: int | None, why: str) -> None:
+        self.source, self.line, self.why = source, line, why
+        super().__init__(f"{source}:{line}: {why}; fix it" if line else f"{source}: {why}; fix it")
 
 
 # ------------------------------------------------------------------ records --
@@ -1252,7 +1261,7 @@ def ledger_state(lines: Iterable[str]) -> LedgerState:
     state = LedgerState()
     for line in lines:
         try:
-            entry = json.loads(line)
+            entry = parse_json(line)
         except ValueError:
             continue
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
@@ -1564,6 +1573,151 @@ def write_file_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+# Deepest nesting of any JSON or YAML spawn.py parses. The parser recurses
+# once per level (RecursionError near 1,000, sooner on a deep stack), and so
+# does whatever walks the value after it (jsonschema, json.dumps): 64 is
+# deeper than any record, schema or task graph, and far from either limit.
+JSON_MAX_DEPTH = 64
+# Largest record read: an outcome's output or a transcript line is at most a
+# few MiB (SDK_MAX_MESSAGE); a bigger file is junk, and never read into memory.
+RECORD_MAX_BYTES = 64 << 20
+# Largest YAML or JSON input a user gives (a task graph, a schema, an agent's
+# frontmatter): hand-written files are KiBs.
+INPUT_MAX_BYTES = 4 << 20
+# YAML aliases share one node in the parsed document, but whatever walks it
+# (variables, json.dumps) meets every copy: "billion laughs" is a few lines
+# that expand to 10**9 nodes. A document may expand to this many at most.
+YAML_MAX_NODES = 1_000_000
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+
+
+def parse_json(data: str | bytes, max_bytes: int = RECORD_MAX_BYTES) -> Any:
+    """json.loads, bounded in size and depth: ValueError (a JSONDecodeError, with
+    its line, where there is one) for whatever can't be parsed, never a RecursionError.
+
+    Every record reader parses through here: a record anything with Bash can
+    write must make that one record corrupt, not end its reader.
+    """
+    if len(data) > max_bytes:
+        raise json.JSONDecodeError(f"larger than {max_bytes} bytes", "", 0)
+    text = data.decode() if isinstance(data, bytes) else data  # UnicodeDecodeError is a ValueError
+    # Fewer openers can't nest deeper: no scan. Else the strings' text is cut
+    # out, then all but the brackets, in C: status parses 10,000s of lines.
+    if text.count("[") + text.count("{") > JSON_MAX_DEPTH:
+        brackets = _NOT_BRACKETS.sub("", _JSON_STRING.sub("", text))
+        if max(itertools.accumulate(1 if c in "[{" else -1 for c in brackets)) > JSON_MAX_DEPTH:
+            raise json.JSONDecodeError(f"nested deeper than {JSON_MAX_DEPTH} levels", text, too_deep_at(text))
+    try:
+        return json.loads(text)
+    except RecursionError:  # not expected past the scan; a deep stack of the caller's own
+        raise json.JSONDecodeError("nested too deep", text, 0) from None
+
+
+def read_input(path: Path | str) -> str:
+    """A user's input file's text; past INPUT_MAX_BYTES an InputError, without reading it all (OSError as open raises it)."""
+    with open(path, "rb") as fh:
+        data = fh.read(INPUT_MAX_BYTES + 1)
+    if len(data) > INPUT_MAX_BYTES:
+        raise InputError(str(path), None, f"larger than {INPUT_MAX_BYTES} bytes")
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise InputError(str(path), None, "not UTF-8 text") from None
+
+
+def load_input(text: str, source: str, fmt: str) -> Any:
+    """A user's YAML or JSON input (fmt "YAML" or "JSON"), bounded in size, depth and alias expansion.
+
+    The one loader of what users write (task graphs, workflows, schemas,
+    agent frontmatter): an InputError names the source and, where the
+    parser knows it, the line (1-based, in text).
+    """
+    if len(text) > INPUT_MAX_BYTES:
+        raise InputError(source, None, f"larger than {INPUT_MAX_BYTES} bytes")
+    if fmt == "JSON":
+        try:
+            return parse_json(text, INPUT_MAX_BYTES)
+        except json.JSONDecodeError as exc:
+            raise InputError(source, exc.lineno, f"not valid JSON: {exc.msg} (column {exc.colno})") from None
+    import yaml
+
+    loader = bounded_yaml_loader()(text)
+    try:
+        return loader.get_single_data()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        why = " ".join(str(part) for part in (exc.context, exc.problem) if part)
+        raise InputError(source, mark.line + 1 if mark is not None else None, f"not valid YAML: {why}") from None
+    except yaml.YAMLError as exc:
+        raise InputError(source, None, f"not valid YAML: {str(exc).splitlines()[0]}") from None
+    except RecursionError:  # the scanner's own, on a deep stack of the caller's
+        raise InputError(source, None, f"not valid YAML: nested deeper than {JSON_MAX_DEPTH} levels") from None
+    finally:
+        loader.dispose()
+
+
+@functools.cache
+def bounded_yaml_loader() -> type[Any]:
+    """yaml.SafeLoader that refuses, while it composes, a document nested past
+    JSON_MAX_DEPTH or expanding past YAML_MAX_NODES once every alias is counted
+    as the copy its readers will see. Built on first use: yaml is imported lazily."""
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        def __init__(self, stream: str) -> None:
+            super().__init__(stream)
+            self.level = 0
+            self.expanded: dict[int, tuple[int, int]] = {}  # id(node): (nodes, depth) it stands for
+
+        def refuse(self, why: str, mark: Any) -> NoReturn:
+            raise yaml.composer.ComposerError(None, None, why, mark)
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            if isinstance(event, yaml.AliasEvent):
+                anchored = self.anchors.get(event.anchor)
+                if anchored is not None and id(anchored) not in self.expanded:
+                    self.refuse(f"alias *{event.anchor} is inside the node it names", event.start_mark)
+            self.level += 1
+            try:
+                if self.level > JSON_MAX_DEPTH:
+                    self.refuse(f"nested deeper than {JSON_MAX_DEPTH} levels", event.start_mark)
+                node = super().compose_node(parent, index)
+            finally:
+                self.level -= 1
+            if id(node) not in self.expanded:  # else an alias: counted when its anchor was composed
+                if isinstance(node, yaml.SequenceNode):
+                    children = node.value
+                elif isinstance(node, yaml.MappingNode):
+                    children = [part for pair in node.value for part in pair]
+                else:
+                    children = []
+                nodes = 1 + sum(self.expanded[id(c)][0] for c in children)
+                depth = 1 + max((self.expanded[id(c)][1] for c in children), default=0)
+                if nodes > YAML_MAX_NODES:
+                    self.refuse(f"its aliases expand it past {YAML_MAX_NODES} nodes", event.start_mark)
+                if depth > JSON_MAX_DEPTH:
+                    self.refuse(f"its aliases nest it deeper than {JSON_MAX_DEPTH} levels", event.start_mark)
+                self.expanded[id(node)] = (nodes, depth)
+            return node
+
+    return BoundedLoader
+
+
+def too_deep_at(text: str) -> int:
+    """Where in JSON text a level past JSON_MAX_DEPTH opens (its index; 0 if none)."""
+    depth = 0
+    for match in re.finditer(rf"{_JSON_STRING.pattern}|[\[\]{{}}]", text):
+        if match.group() in ("[", "{"):
+            depth += 1
+            if depth > JSON_MAX_DEPTH:
+                return match.start()
+        elif match.group() in ("]", "}"):
+            depth -= 1
+    return 0
+
+
 def read_json(path: Path | str) -> dict[str, Any]:
     return read_record(path)[0]
 
@@ -1574,9 +1728,9 @@ def read_record(path: Path | str) -> tuple[dict[str, Any], list[int]]:
     Decoded as the UTF-8 records are written in. status reads two records per
     agent, 10,000s of them: a stat of the open file costs no second path lookup.
     """
-    raw, st = read_regular_file(path)
+    raw, st = read_regular_file(path, RECORD_MAX_BYTES)
     try:
-        data = json.loads(raw.decode())
+        data = parse_json(raw)
     except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for binary junk
         raise CorruptRecordError(path, str(exc).splitlines()[0][:200]) from None
     if not isinstance(data, dict):
@@ -1608,13 +1762,18 @@ def open_regular(path: Path | str, flags: int, mode: int = 0o644) -> tuple[int, 
     return fd, st
 
 
-def read_regular_file(path: Path | str) -> tuple[bytes, os.stat_result]:
-    """A file's bytes and its stat: one open, one fstat and one sized read (open_regular)."""
+def read_regular_file(path: Path | str, max_bytes: int | None = None) -> tuple[bytes, os.stat_result]:
+    """A file's bytes and its stat: one open, one fstat and one sized read (open_regular).
+
+    With max_bytes, a bigger file is a CorruptRecordError, not read into memory.
+    """
     fd, st = open_regular(path, os.O_RDONLY)
     try:
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise CorruptRecordError(path, f"larger than {max_bytes} bytes")
         raw = os.read(fd, st.st_size + 1)  # sized: os.read allocates all it is asked for
         if len(raw) != st.st_size:  # a short read (a network file system), or it grew: read to the end
-            while more := os.read(fd, 1 << 16):
+            while (max_bytes is None or len(raw) <= max_bytes) and (more := os.read(fd, 1 << 16)):
                 raw += more
     finally:
         os.close(fd)
@@ -1794,7 +1953,7 @@ def transcript_turns(agent_dir: Path, default_model: str) -> list[tuple[str, dic
         return []
     for n, line in enumerate(lines):
         with contextlib.suppress(ValueError, AttributeError):
-            record = json.loads(line)
+            record = parse_json(line)
             if record.get("type") != "AssistantMessage" or not isinstance(record["message"].get("usage"), dict):
                 continue
             message = record["message"]
@@ -2264,7 +2423,7 @@ class Supervised:
         if not self.foreign():
             return self.process() is not None
         try:
-            beat = json.loads(read_text(self.heartbeat or "/nonexistent"))
+            beat = parse_json(read_text(self.heartbeat or "/nonexistent"))
             age, interval = time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
         except (OSError, SpawnError, ValueError, KeyError, TypeError):
             age, interval = time.time() - self.create_time, HEARTBEAT_S  # not due yet
@@ -2978,14 +3137,14 @@ def unregister_runner(pid: int, create_time: float) -> None:
 
 def _entry_namespace(path: Path) -> str | None:
     with contextlib.suppress(OSError, SpawnError, ValueError, AttributeError):
-        return cast("str | None", json.loads(read_text(path)).get("pid_namespace"))
+        return cast("str | None", parse_json(read_text(path)).get("pid_namespace"))
     return None
 
 
 def _read_runner_entry(path: Path) -> tuple[int, float, Path] | None:
     try:
         # read_text: anything with Bash may write here, a FIFO too; every spawn reads it.
-        data = json.loads(read_text(path))
+        data = parse_json(read_text(path))
         return int(data["pid"]), float(data["create_time"]), Path(str(data["agent_dir"]))
     except (OSError, SpawnError, ValueError, KeyError, TypeError):
         return None
@@ -3139,7 +3298,7 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
 
 def _json_list(value: str | None) -> list[str]:
     try:
-        data = json.loads(value) if value else []
+        data = parse_json(value) if value else []
     except ValueError:
         return []
     return [str(v) for v in data] if isinstance(data, list) else []
@@ -3649,7 +3808,7 @@ def load_settings_rules(cwd: Path, environ: Mapping[str, str]) -> RuleSet:
     found = RuleSet()
     for path in settings_files(cwd, environ):
         try:
-            data = json.loads(path.read_text())
+            data = load_input(read_input(path), str(path), "JSON")
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as exc:
@@ -3943,8 +4102,6 @@ def parse_definition(
     Read as Claude Code reads it: YAML frontmatter, or when that fails the
     `key: value` fallback; fields spawn.py doesn't know are warnings.
     """
-    import yaml
-
     stem = Path(path).stem
     problems: list[Problem] = []
     lines = text.lstrip("\ufeff").splitlines()
@@ -3961,12 +4118,11 @@ def parse_definition(
         problems.append(Problem(path, _line_of(key, frontmatter), message, severity))
 
     try:
-        data = yaml.safe_load(frontmatter) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 2 if mark is not None else 1
+        data = load_input(frontmatter, path, "YAML") or {}
+    except InputError as exc:
+        line = exc.line + 1 if exc.line is not None else 1  # after the opening '---'
         data = fallback_frontmatter(frontmatter)
-        reason = getattr(exc, "problem", None) or exc
+        reason = exc.why.removeprefix("not valid YAML: ")
         if not data:
             return None, [Problem(path, line, f"bad YAML: {reason}")]
         problems.append(Problem(path, line, f"bad YAML ({reason}); read with Claude Code's 'key: value' fallback", "warning"))
@@ -4134,7 +4290,7 @@ def remember_cli_tools(init: Mapping[str, Any], environ: Mapping[str, str]) -> N
     path = cache_dir(environ) / f"cli-tools-{version}.json"
     old: set[str] = set()
     with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):  # absent or unreadable: start afresh
-        old = {t for t in json.loads(path.read_text()).get("tools", []) if isinstance(t, str)}
+        old = {t for t in parse_json(path.read_text()).get("tools", []) if isinstance(t, str)}
     if names <= old:
         return
     with contextlib.suppress(OSError):
@@ -4149,7 +4305,7 @@ def known_tools(environ: Mapping[str, str]) -> frozenset[str]:
     with contextlib.suppress(OSError):
         for path in sorted(cache_dir(environ).glob("cli-tools-*.json")):
             with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
-                names |= {t for t in json.loads(path.read_text()).get("tools", []) if isinstance(t, str)}
+                names |= {t for t in parse_json(path.read_text()).get("tools", []) if isinstance(t, str)}
     return frozenset(names)
 
 
@@ -4194,7 +4350,7 @@ def resolve_mcp_refs(d: AgentDefinition, environ: Mapping[str, str]) -> list[str
     for name in d.mcp_server_refs:
         for config_file in (project_of(d.path) / ".mcp.json", home / ".claude.json"):
             with contextlib.suppress(OSError, ValueError, AttributeError):
-                config = json.loads(config_file.read_text()).get("mcpServers", {}).get(name)
+                config = parse_json(read_input(config_file)).get("mcpServers", {}).get(name)
                 if isinstance(config, dict):
                     d.mcp_servers.setdefault(name, config)
                     break
@@ -4390,11 +4546,7 @@ def load_schema(value: str) -> tuple[dict[str, Any], str]:
             text, source = path.read_text(), str(path.resolve())
         except OSError as exc:
             raise UsageError(f"can't read schema {stripped}: {exc.strerror}; give a NAME, a path or inline JSON") from None
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"schema {source} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    return check_schema(schema, source), source
+    return check_schema(load_input(text, f"schema {source}", "JSON"), source), source
 
 
 def find_cli(environ: Mapping[str, str]) -> Path:
@@ -5918,7 +6070,7 @@ def native_usage(transcript: Path) -> dict[str, int]:
     with contextlib.suppress(OSError):
         for raw in transcript.read_text(errors="replace").splitlines():
             with contextlib.suppress(ValueError, AttributeError):  # a line that isn't a message
-                usage = (json.loads(raw).get("message") or {}).get("usage") or {}
+                usage = (parse_json(raw).get("message") or {}).get("usage") or {}
                 for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
                     if isinstance(usage.get(key), int):
                         totals[key] = totals.get(key, 0) + usage[key]
@@ -6744,7 +6896,7 @@ def dropped_refusal(
     if match is None or int(match[2]) != leaf.depth + 1:
         return f"{name}: not the record of a child at depth {leaf.depth + 1}"
     try:
-        data = json.loads(raw)
+        data = parse_json(raw)
     except ValueError:
         return f"{name}: not JSON"
     if not isinstance(data, dict) or not isinstance(data.get("reason"), str) or not isinstance(data.get("meta"), dict):
@@ -7091,7 +7243,7 @@ def node_outcome(meta: AgentMeta, state: RunState, started: float, error: str | 
     if meta.schema is not None:
         if isinstance(output, str):
             with contextlib.suppress(ValueError):
-                output = json.loads(output)
+                output = parse_json(output)
         errors = validate_output(meta.schema, output)
         if errors:
             reason = f"output does not match the schema ({len(errors)} error(s))"
@@ -7197,7 +7349,7 @@ def command_result(out: bytes, code: int, stderr_tail: Sequence[str]) -> NodeRes
         name = next((sig.name for sig in signal.Signals if sig == -code), f"signal {-code}")
         return NodeResult(Status.KILLED, f"the command was ended by {name}")
     try:
-        result = json.loads(out)
+        result = parse_json(out)
     except ValueError:
         result = None
     error = result.get("error") if isinstance(result, dict) else None
@@ -7328,7 +7480,7 @@ def fetch_agent_card(url: str, deadline: float | None = None) -> dict[str, Any] 
             raise UsageError(f"the A2A agent at {url} sent no card within {A2A_CARD_TIMEOUT_S:.0f} s; check the host and port") from None
         raise UsageError(f"can't reach the A2A agent at {url}: {why}; check the host and port") from None
     try:
-        card = json.loads(body)
+        card = parse_json(body)
     except ValueError:
         raise UsageError(f"{url} is not an A2A agent card (not JSON); check the URL") from None
     problem = a2a_card_problem(card)
@@ -8084,34 +8236,66 @@ def request_problem(request: object) -> str | None:
     return None
 
 
-def read_request(conn: Any) -> tuple[dict[str, Any], list[int]]:
-    """The stand-in's request: a 4-byte length, JSON, and its stdio fds (SCM_RIGHTS)."""
-    import socket
+# A stand-in sends its whole request at once; a client still sending after
+# this many seconds is dropped (it takes the normal path, if it is one).
+FORKSERVER_REQUEST_S = 5.0
+# Requests read at once; a client past them is closed unanswered (the normal path).
+FORKSERVER_PENDING_MAX = 32
 
-    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
-    try:
-        length = int.from_bytes(data[:4], "big")
-        if len(data) < 4 or length > FORKSERVER_REQUEST_MAX:
-            raise ValueError("no request length, or too long")
-        body = bytearray(data[4:])
-        while len(body) < length:
-            chunk = conn.recv(min(1 << 16, length - len(body)))
-            if not chunk:
-                raise ValueError("request cut short")
-            body += chunk
-        request = json.loads(bytes(body))
-        if len(fds) != 3 or request_problem(request) is not None:
+
+class PendingRequest:
+    """A fork request being read: a 4-byte length, JSON, and the stdio fds (SCM_RIGHTS).
+
+    The server reads every client's as it comes, each until its own
+    deadline: one that trickles its bytes must not hold up another's spawn.
+    """
+
+    def __init__(self, conn: Any, client_pid: int) -> None:
+        self.conn, self.client_pid = conn, client_pid
+        self.deadline = time.monotonic() + FORKSERVER_REQUEST_S
+        self.data = bytearray()
+        self.fds: list[int] = []
+
+    def feed(self) -> bool:
+        """Take what has come; whether the request is whole. ValueError for one that never can be."""
+        import socket
+
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.conn, 1 << 16, 3)
+        except BlockingIOError:
+            return False
+        self.fds += fds
+        if len(self.fds) > 3:
+            raise ValueError("more fds than stdio")
+        if not data:
+            raise ValueError("request cut short")
+        self.data += data
+        if len(self.data) < 4:
+            return False
+        length = int.from_bytes(self.data[:4], "big")
+        if length > FORKSERVER_REQUEST_MAX or len(self.data) > 4 + length:
+            raise ValueError("no request's length")
+        return len(self.data) == 4 + length
+
+    def request(self) -> dict[str, Any]:
+        """The whole request, checked; ValueError for a malformed one (parse_json: deep is malformed)."""
+        request = parse_json(bytes(self.data[4:]), FORKSERVER_REQUEST_MAX)
+        if len(self.fds) != 3 or request_problem(request) is not None:
             raise ValueError("malformed request")
-    except (OSError, ValueError):
-        for fd in fds:
-            os.close(fd)
-        raise
-    return request, fds
+        return cast("dict[str, Any]", request)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+        self.conn.close()
 
 
 def serve_forks(meta: AgentMeta) -> None:
     """The fork server's loop: accept, check the peer, fork; until the root is gone."""
     import gc
+    import selectors
     import socket
     import struct
 
@@ -8130,7 +8314,7 @@ def serve_forks(meta: AgentMeta) -> None:
     # Listening before the imports: a spawn that comes meanwhile waits in the
     # backlog, no longer than its own imports would have taken it.
     server.listen(64)
-    server.settimeout(FORKSERVER_POLL_S)
+    server.setblocking(False)
 
     # Everything a spawn imports, once: the children share these pages. (The
     # root, forked, has most of it: the SDK's and asyncio's imports are free.)
@@ -8161,54 +8345,88 @@ def serve_forks(meta: AgentMeta) -> None:
 
     signal.signal(signal.SIGCHLD, reap)
     signal.signal(signal.SIGTERM, stop)
+    pending: dict[Any, PendingRequest] = {}
+    selector = selectors.DefaultSelector()
+    selector.register(server, selectors.EVENT_READ)
+
+    def drop(client: PendingRequest) -> None:
+        # Closed unanswered: that client takes the normal path.
+        selector.unregister(client.conn)
+        del pending[client.conn]
+        client.close()
+
+    def admit() -> None:
+        try:
+            conn, _ = server.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        client_pid, client_uid, _gid = struct.unpack("3i", creds)
+        # Another user's, or one inside an agent's sandbox (or unreadable),
+        # whatever it says: what it spawns must stay in there, not be forked out.
+        if client_uid != os.getuid() or pid_namespace_of(client_pid) != namespace or len(pending) >= FORKSERVER_PENDING_MAX:
+            conn.close()
+            return
+        conn.setblocking(False)
+        pending[conn] = PendingRequest(conn, client_pid)
+        selector.register(conn, selectors.EVENT_READ)
+
+    def serve(client: PendingRequest) -> None:
+        conn, fds, client_pid = client.conn, client.fds, client.client_pid
+        request = client.request()
+        conn.settimeout(5.0)  # the reply's send; the client waits for it
+        refusal = forkserver_refusal(request, script_stat)
+        if refusal is not None:
+            conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
+            return
+        client_time = psutil.Process(client_pid).create_time()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                server.close()
+                selector.close()
+                for other in pending.values():  # every other client is the server's to answer
+                    other.close()
+                if request.get("detach") is True:
+                    run_detached(conn, fds, request)
+                run_forked(conn, fds, request, client_pid, client_time)
+            finally:
+                os._exit(ExitCode.STATE)
+        line = {
+            "time": utc_now_iso(),
+            "pid": pid,
+            "client_pid": client_pid,
+            "verb": request["argv"][0] if request["argv"][:1] in (["_run"], ["wait"]) else "run",
+        }
+        if request.get("detach") is True:
+            line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
+        with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+
     try:
         while root.alive():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-                client_pid, client_uid, _gid = struct.unpack("3i", creds)
-                if client_uid != os.getuid():
-                    continue  # closed unanswered: that client takes the normal path
-                if pid_namespace_of(client_pid) != namespace:
-                    # Inside an agent's sandbox (or unreadable), whatever it
-                    # says: what it spawns must stay in there, not be forked out.
+            now = time.monotonic()
+            for client in [c for c in pending.values() if c.deadline <= now]:
+                drop(client)
+            wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in pending.values())])
+            for key, _events in selector.select(max(0.0, wait_s)):
+                if key.fileobj is server:
+                    admit()
                     continue
-                conn.settimeout(5.0)
-                with contextlib.suppress(OSError, ValueError, psutil.Error):
-                    request, fds = read_request(conn)
-                    try:
-                        refusal = forkserver_refusal(request, script_stat)
-                        if refusal is not None:
-                            conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
-                            continue
-                        client_time = psutil.Process(client_pid).create_time()
-                        sys.stdout.flush()
-                        sys.stderr.flush()
-                        pid = os.fork()
-                        if pid == 0:
-                            try:
-                                server.close()
-                                if request.get("detach") is True:
-                                    run_detached(conn, fds, request)
-                                run_forked(conn, fds, request, client_pid, client_time)
-                            finally:
-                                os._exit(ExitCode.STATE)
-                    finally:
-                        for fd in fds:
-                            os.close(fd)
-                    line = {
-                        "time": utc_now_iso(),
-                        "pid": pid,
-                        "client_pid": client_pid,
-                        "verb": request["argv"][0] if request["argv"][:1] in (["_run"], ["wait"]) else "run",
-                    }
-                    if request.get("detach") is True:
-                        line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
-                    with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
-                        fh.write(json.dumps(line) + "\n")
+                client = pending[key.fileobj]
+                try:
+                    whole = client.feed()
+                except (OSError, ValueError):
+                    drop(client)
+                    continue
+                if whole:
+                    selector.unregister(client.conn)
+                    del pending[client.conn]
+                    with contextlib.suppress(OSError, ValueError, psutil.Error):
+                        serve(client)
+                    client.close()
         # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
         print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
     finally:
@@ -8395,7 +8613,7 @@ def last_text_in_transcript(agent_dir: Path) -> str | None:
         return None
     for line in reversed(lines):
         with contextlib.suppress(ValueError, AttributeError):
-            record = json.loads(line)
+            record = parse_json(line)
             if record.get("type") == "AssistantMessage":
                 texts = [b["text"] for b in record["message"].get("content", []) if isinstance(b, dict) and b.get("text")]
                 if texts:
@@ -9035,12 +9253,12 @@ def read_status_index(session: Path, mark: Sequence[int], settled_before: float)
     whole = data.rfind(b"\n") + 1  # a line still being appended is taken next time
     lines = data[:whole].decode(errors="replace").splitlines()
     try:  # one parse for all: the usual, undamaged index
-        parsed: list[Any] = json.loads("[" + ",".join(lines) + "]") if lines else []
+        parsed: list[Any] = parse_json("[" + ",".join(lines) + "]", STATUS_INDEX_MAX_BYTES + len(lines) + 2) if lines else []
     except ValueError:
         parsed = []
         for text in lines:
             with contextlib.suppress(ValueError):
-                parsed.append(json.loads(text))
+                parsed.append(parse_json(text))
     agents = str(session / AGENTS_DIR)  # the path status spells (tree_rows)
     entries: dict[str, list[Any]] = {}
     for item in parsed:
@@ -9309,7 +9527,7 @@ def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -
         lines = read_regular_file(log)[0].decode().splitlines()
     for raw in lines:
         with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
-            line = json.loads(raw)
+            line = parse_json(raw)
             node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
             node[line["event"]] = line
     rows = []
@@ -9690,8 +9908,6 @@ def dag_prompt(t: DagTask, results: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def load_dag_file(path: str, cli_vars: Sequence[str]) -> list[DagTask]:
-    import yaml  # lazily: only DAG verbs need it
-
     variables = {}
     for item in cli_vars:
         key, sep, value = item.partition("=")
@@ -9699,14 +9915,10 @@ def load_dag_file(path: str, cli_vars: Sequence[str]) -> list[DagTask]:
             raise UsageError(f"--var {item!r}: expected KEY=VALUE")
         variables[key] = value
     try:
-        text = Path(path).read_text()
+        text = read_input(path)
     except OSError as exc:
         raise UsageError(f"can't read DAG file {path}: {exc.strerror}") from None
-    try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise UsageError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'}: {str(exc).splitlines()[0]}") from None
-    return parse_dag(data, variables, path)
+    return parse_dag(load_input(text, path, "JSON" if path.endswith(".json") else "YAML"), variables, path)
 
 
 def journal_path(session: Path, runner_id: str) -> Path:
@@ -9721,7 +9933,7 @@ def read_journal(path: Path) -> list[dict[str, Any]]:
     records = []
     for line in lines:
         try:
-            records.append(json.loads(line))
+            records.append(parse_json(line))
         except ValueError:
             continue  # a runner SIGKILLed mid-append leaves at most one torn last line
     return records
@@ -9752,7 +9964,7 @@ def start_dag_task(t: DagTask, prompt: str, runner: AgentMeta, runner_dir: Path,
         cwd=runner.cwd,
     )
     try:
-        data = cast(dict[str, Any], json.loads(proc.stdout.strip().splitlines()[-1]))
+        data = cast(dict[str, Any], parse_json(proc.stdout.strip().splitlines()[-1]))
     except (ValueError, IndexError):
         data = {}
     if proc.returncode != ExitCode.OK or "agent_dir" not in data:
@@ -10175,7 +10387,7 @@ def read_state(path: Path) -> dict[str, Any]:
         # The state file is replaced by rename, never written in place: refusing a link here, and
         # renaming over the name (which replaces a link planted since), never reaches its target.
         with os.fdopen(open_state_nofollow(path, os.O_RDONLY), "rb") as f:
-            data = json.loads(f.read().decode())
+            data = parse_json(f.read(RECORD_MAX_BYTES + 1))
     except FileNotFoundError:
         return {}
     except (ValueError, UnicodeDecodeError) as exc:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import FAKE_API_KEY, ROOT, SPAWN, MockModel, mock_task, run_spawn, spawn_in_bash
+from conftest import FAKE_API_KEY, READ_ID, ROOT, SPAWN, MockModel, mock_task, run_spawn, spawn_in_bash, stdout_json
 
 import spawn
 
@@ -496,3 +496,138 @@ def test_a_fifo_planted_in_the_runner_index_hangs_no_spawn(env: dict[str, str], 
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert json.loads(proc.stdout)["output"] == "root-done"
     assert sorted(json.loads(d.read_text())["status"] for d in session_root.glob("*/agents/*/outcome.json")) == ["done", "done"]
+
+
+# ---- a record nested too deep is corrupt, never fatal (issue 31, item 2) ----
+
+
+def test_a_deep_sibling_meta_written_mid_run_leaves_every_outcome_and_verb_working(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    # The attack as found: an agent's Bash writes '[' * 200000 + ']' * 200000 as a
+    # sibling's meta.json while its background child runs, then waits for that child.
+    deep = (
+        "import os,pathlib; d=pathlib.Path(os.environ['SPAWN_SESSION'],'agents','a1-x'); d.mkdir(); "
+        "(d/'meta.json').write_text('['*200000+']'*200000)"
+    )
+    child = mock_task("child", [{"sleep": 2, "text": "child done"}])
+    script = f'{spawn_in_bash("--background", "--task", child)} | {READ_ID} > kid; "$SPAWN_PYTHON" -c "{deep}"'
+    root = mock_task("root", [{"bash": script}, {"bash": f"{spawn_in_bash('wait')} $(cat kid)"}, {"text": "root done"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash"], env, cwd=tmp_path)  # its Bash writes ./kid
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert stdout_json(proc)["output"] == "root done"
+    session = next(session_root.iterdir())
+    ids = sorted(d.name for d in session.glob("agents/a*") if d.name != "a1-x")
+    assert len(ids) == 2, ids  # the root and its background child
+    waited = run_spawn(["wait", "--session", str(session), *ids, "--all"], env)
+    assert waited.returncode == spawn.ExitCode.OK, waited.stderr
+    status = run_spawn(["status", "--json", str(session)], env)
+    assert status.returncode == spawn.ExitCode.OK, status.stderr
+    rows = {r["id"]: r for r in json.loads(status.stdout)["agents"]}
+    assert rows.pop("a1-x")["state"] == spawn.Status.CORRUPT
+    assert sorted(r["state"] for r in rows.values()) == ["done", "done"], rows
+    for agent_id in ids:
+        assert json.loads((session / "agents" / agent_id / "outcome.json").read_text())["status"] == "done"
+    reap = run_spawn(["reap", str(session)], env)
+    assert reap.returncode == spawn.ExitCode.OK, reap.stderr
+    assert [c["id"] for c in json.loads(reap.stdout)["corrupt"]] == ["a1-x"]
+
+
+def test_parse_json_bounds_depth_and_size_unit() -> None:
+    # Unit test of the one bounded JSON parser every record reader uses.
+    deep = "[" * 200_000 + "]" * 200_000
+    with pytest.raises(ValueError, match="nested deeper than 64"):
+        spawn.parse_json(deep)
+    with pytest.raises(ValueError, match="nested deeper than 64") as exc:
+        spawn.parse_json('{"a": "[[[[",\n "b": ' + "[" * 65 + "]" * 65 + "}")
+    assert isinstance(exc.value, json.JSONDecodeError) and exc.value.lineno == 2
+    assert spawn.parse_json("[" * 64 + "]" * 64) is not None  # the limit itself is fine
+    assert spawn.parse_json('{"s": "' + "[{" * 1000 + '"}') == {"s": "[{" * 1000}  # brackets in strings don't nest
+    assert spawn.parse_json(b'{"s": "\\"[[["}') == {"s": '"[[['}
+    with pytest.raises(ValueError, match="larger than 10 bytes"):
+        spawn.parse_json('{"a": "01234567"}', max_bytes=10)
+    with pytest.raises(UnicodeDecodeError):
+        spawn.parse_json(b"\xff\xfe")
+
+
+def test_read_json_of_a_deep_or_oversize_record_is_corrupt_unit(tmp_path: Path) -> None:
+    record = tmp_path / "meta.json"
+    record.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(spawn.CorruptRecordError, match="nested deeper than 64"):
+        spawn.read_json(record)
+    with record.open("w") as fh:
+        fh.truncate(spawn.RECORD_MAX_BYTES + 1)  # sparse: refused from its size, never read
+    with pytest.raises(spawn.CorruptRecordError, match="larger than"):
+        spawn.read_json(record)
+
+
+# ---- user YAML and JSON: bounded in size, depth and alias expansion (issue 31, item 9) ----
+
+BILLION_LAUGHS = (
+    "vars:\n  a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    + "".join(f"  {chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 9)}]\n" for i in range(8))
+    + "tasks:\n  - id: t\n    task: x\n"
+)
+
+
+def run_guarded(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """spawn.py with 1 GiB of address space at most and 60 s: a blow-up fails the test, not the machine."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    return subprocess.run(
+        [sys.executable, str(SPAWN), *args], env=env, capture_output=True, text=True, timeout=60, preexec_fn=limit, check=False, cwd=cwd
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fragment"),
+    [
+        ("laughs.yaml", BILLION_LAUGHS, "laughs.yaml:8: not valid YAML: its aliases expand it past 1000000 nodes"),
+        ("deep.yaml", "tasks: " + "[" * 100_000 + "]" * 100_000 + "\n", "deep.yaml:1: not valid YAML: nested deeper than 64 levels"),
+        ("deep.json", '{"tasks":\n' + "[" * 200_000 + "]" * 200_000 + "}", "deep.json:2: not valid JSON: nested deeper than 64 levels"),
+        ("loop.yaml", "vars: &v\n  a: *v\ntasks: []\n", "loop.yaml:2: not valid YAML: alias *v is inside the node it names"),
+    ],
+)
+def test_a_dag_file_that_would_blow_up_is_exit_2_fast(
+    base_env: dict[str, str], session_root: Path, tmp_path: Path, *, name: str, content: str, fragment: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    started = time.monotonic()
+    proc = run_guarded(["dag", "validate", str(path)], base_env)
+    assert time.monotonic() - started < 30
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, fragment)
+
+
+def test_an_oversize_dag_file_is_refused_unread(base_env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    path = tmp_path / "huge.yaml"
+    with path.open("w") as fh:
+        fh.truncate(2 << 30)  # sparse: only what spawn.py reads is ever made
+    proc = run_guarded(["dag", "validate", str(path)], base_env)
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, f"huge.yaml: larger than {spawn.INPUT_MAX_BYTES} bytes")
+
+
+@pytest.mark.parametrize("where", ["inline", "file"])
+def test_a_deep_schema_is_exit_2(base_env: dict[str, str], session_root: Path, tmp_path: Path, where: str) -> None:
+    depth = 100_000 if where == "file" else 5_000  # inline: within what one argument may hold
+    schema = '{"type": "object", "x": ' + "[" * depth + "]" * depth + "}"
+    if where == "file":
+        (tmp_path / "deep.json").write_text(schema)
+        schema = str(tmp_path / "deep.json")
+    proc = run_guarded(["--task", "x", "--schema", schema], {**base_env, **OK_ENV})
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "not valid JSON: nested deeper than 64 levels")
+
+
+def test_an_agent_file_with_deep_frontmatter_is_bad_yaml_not_a_crash(base_env: dict[str, str], tmp_path: Path) -> None:
+    # Bad YAML in a definition is read with Claude Code's 'key: value' fallback, a
+    # warning with its line; a deep one is bad YAML like any other, never exit 3.
+    project = tmp_path / "project"
+    (project / ".claude" / "agents").mkdir(parents=True)
+    deep = "[" * 100_000 + "]" * 100_000
+    (project / ".claude" / "agents" / "deep.md").write_text(f"---\nname: deep\ndescription: d\nmodel: {deep}\n---\nbody\n")
+    lint = run_guarded(["agents", "lint"], base_env, project)
+    assert lint.returncode == spawn.ExitCode.OK, lint.stderr
+    assert "deep.md:4: warning: bad YAML (nested deeper than 64 levels)" in lint.stdout

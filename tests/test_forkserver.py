@@ -319,7 +319,8 @@ def send_raw(sock: Path, payload: bytes) -> bytes:
             client.settimeout(30)
             client.connect(f"/proc/self/fd/{fd}/{sock.name}")
             try:
-                socket.send_fds(client, [payload], [0, 1, 2])
+                sent = socket.send_fds(client, [payload], [0, 1, 2])
+                client.sendall(payload[sent:])  # a long payload goes in more than one send
                 return client.recv(1000)
             except (BrokenPipeError, ConnectionResetError):
                 return b""
@@ -504,3 +505,70 @@ def test_a_server_whose_root_is_gone_stops_by_its_own_look(env: dict[str, str], 
     assert done.returncode == 0, done.stderr
     assert done.stdout.endswith(": its root is gone\n"), done.stdout
     assert not list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))
+
+
+def test_a_deep_request_is_refused_and_the_server_serves_on(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    # Issue 31, item 10: one 200k-deep request ended the server (RecursionError in its loop).
+    with root_holding_its_server(env, session_root, tmp_path) as sock:
+        deep = b"[" * 200_000 + b"]" * 200_000
+        assert send_raw(sock, len(deep).to_bytes(4, "big") + deep) == b""  # closed unanswered
+        assert servers(session_root)
+        good = json.dumps({"argv": ["--task", "x"], "env": {}, "cwd": "/", "prefix": sys.prefix, "script": ["", 0, 0]}).encode()
+        assert b"refused" in send_raw(sock, len(good).to_bytes(4, "big") + good)  # still serving: not our script
+
+
+def test_a_trickling_client_does_not_hold_up_a_nested_spawn(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    # Issue 31, item 10: a client sending a byte every few seconds stalled the
+    # accept loop, and a nested spawn waited out FORKSERVER_REPLY_S (30 s) and
+    # then took the normal path. The slow client here would take 60 s to send
+    # its request; the nested spawn must go through the server meanwhile.
+    go = tmp_path / "go"
+    child = mock_task("child", [{"text": "child-result"}])
+    step = f"{WAIT_FOR_SOCKET}; while [ ! -e {go} ]; do sleep 0.05; done; {spawn_in_bash('--task', child)}"
+    proc = start_spawn(["--task", mock_task("root", [{"bash": step}, {"text": "root-done"}]), "--tools", "Bash,Read"], env)
+    stop = threading.Event()
+    answers: list[bytes] = []
+
+    def trickle(sock: Path) -> None:
+        fd = os.open(sock.parent, os.O_PATH | os.O_DIRECTORY)
+        try:
+            with socket.socket(socket.AF_UNIX) as client:
+                client.connect(f"/proc/self/fd/{fd}/{sock.name}")
+                client.sendall((120).to_bytes(4, "big"))
+                for _ in range(120):
+                    if stop.wait(0.5):
+                        break
+                    client.sendall(b" ")
+                client.settimeout(1)
+                answers.append(client.recv(100))
+        except OSError:
+            answers.append(b"")  # dropped by the server: that is fine too
+        finally:
+            os.close(fd)
+
+    slow: threading.Thread | None = None
+    try:
+        limit = time.monotonic() + 90
+        while not (sock := list(session_root.glob(f"*/{spawn.FORKSERVER_SOCKET}"))):
+            assert time.monotonic() < limit and proc.poll() is None, "no fork server socket"
+            time.sleep(0.05)
+        slow = threading.Thread(target=trickle, args=(sock[0],), daemon=True)
+        slow.start()
+        time.sleep(0.5)  # the server has the slow client's first bytes
+        started = time.monotonic()
+        go.touch()
+        out, err = proc.communicate(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == spawn.ExitCode.OK, err
+    assert json.loads(out.splitlines()[-1])["output"] == "root-done"
+    assert [f["verb"] for f in forks(session_root)] == ["run"]  # the child went through the server
+    assert took < 25, took  # not FORKSERVER_REPLY_S and a normal start after it
+    child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
+    assert load(child_dir / "outcome.json")["output"] == "child-result"
+    if slow is not None:
+        slow.join(10)
