@@ -8,12 +8,15 @@
 # ///
 """Project tasks: `uvx nox` runs lint, typecheck and tests; `uvx nox -s bench` the benchmark.
 
-spawn.py's dependencies are read from its own PEP 723 block and pinned by
+spawn.py is generated from the package src/spawnlib by tools/bundle.py:
+`uvx nox -s bundle` writes it, `uvx nox -s bundle -- --check` fails when it
+is stale. Its dependencies are read from its own PEP 723 block and pinned by
 spawn.py.lock, so they are listed once.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import nox
@@ -24,6 +27,7 @@ nox.options.reuse_venv = "yes"
 
 ROOT = Path(__file__).parent
 SCRIPTS = ["spawn.py", "noxfile.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tools").glob("*.py"))]
+PACKAGE = "src/spawnlib"  # spawn.py's source; never on a runtime path
 TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3"]
 # Pinned so a new release can't turn a green main red overnight.
 RUFF = "ruff==0.17.5"
@@ -83,7 +87,7 @@ def slow(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff: lint and formatting."""
+    """ruff: lint and formatting (spawn.py, generated, is linted but never formatted: ruff.toml)."""
     session.install(RUFF)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
@@ -96,9 +100,16 @@ def typecheck(session: nox.Session) -> None:
     install_tool_deps(session)
     session.install(MYPY, "types-psutil", "types-jsonschema", "types-PyYAML", "types-protobuf", *TEST_DEPS, "nox")
     session.run("mypy", "--strict", *SCRIPTS)
+    session.run("mypy", "--strict", PACKAGE)
     # Separately: the tests import spawn, conftest and tools/mock_model as top-level modules.
     tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py"))
     session.run("mypy", "--strict", *tests, env={"MYPYPATH": f"{ROOT}:{ROOT / 'tools'}"})
+
+
+@nox.session(venv_backend="none")
+def bundle(session: nox.Session) -> None:
+    """Write spawn.py from src/spawnlib (tools/bundle.py); `-- --check` exits 1 if it is stale."""
+    session.run(sys.executable, "tools/bundle.py", *session.posargs, external=True)
 
 
 @nox.session

@@ -42,12 +42,15 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+# ==================== begin src/spawnlib/standin.py ====================
+
+
 # --------------------------------------------------- fork server: stand-in --
 # First in the file, before every other import: a nested spawn.py that a
 # fork server will run costs only what runs up to here (see "fork server").
-
 import os
 import sys
+
 
 FORKSERVER_SOCKET = "forkserver.sock"  # in the session directory, mode 0600
 ENV_NO_FORKSERVER = "SPAWN_NO_FORKSERVER"  # 1: never use the session's fork server
@@ -257,9 +260,10 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
 if __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:
     sys.stdout.flush()
     os._exit(_served)
+# ==================== end src/spawnlib/standin.py ====================
 
+# ==================== imports of every module ====================
 import __future__
-
 import argparse
 import contextlib
 import dataclasses
@@ -290,6 +294,14 @@ import psutil  # cheap to import; jsonschema and the SDK are imported lazily
 
 if TYPE_CHECKING:
     import importlib.abc
+
+
+# ==================== begin src/spawnlib/constants.py ====================
+
+
+
+
+
 
 # ---------------------------------------------------------------- constants --
 
@@ -576,6 +588,15 @@ SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECAS
 SECRET_PATTERN = re.compile(r"sk-ant-[A-Za-z0-9_\-]{8,}")
 SECRET_MIN_LEN = 8  # shorter values are too likely to match ordinary text
 REDACTED = "[REDACTED]"
+# ==================== end src/spawnlib/constants.py ====================
+
+# ==================== begin src/spawnlib/errors.py ====================
+
+
+
+
+
+
 
 
 # --------------------------------------------------------------- exit codes --
@@ -647,6 +668,19 @@ class InputError(UsageError):
     def __init__(self, source: str, line: int | None, why: str) -> None:
         self.source, self.line, self.why = source, line, why
         super().__init__(f"{source}:{line}: {why}; fix it" if line else f"{source}: {why}; fix it")
+# ==================== end src/spawnlib/errors.py ====================
+
+# ==================== begin src/spawnlib/records.py ====================
+
+
+
+
+
+
+
+
+
+
 
 
 # ------------------------------------------------------------------ records --
@@ -971,6 +1005,47 @@ def _record_fields(cls: type) -> tuple[frozenset[str], frozenset[str]]:
         required = {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
         _FIELDS[cls] = (frozenset(f.name for f in fields), frozenset(required))
     return _FIELDS[cls]
+# ==================== end src/spawnlib/records.py ====================
+
+# ==================== begin src/spawnlib/core.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ---------------------------------------------------------------- pure core --
@@ -1476,6 +1551,46 @@ def cli_settings(**parts: Any) -> str | None:
     there is nothing to set, so the CLI reads no settings flag at all."""
     settings = {key: value for key, value in parts.items() if value}
     return json.dumps(settings) if settings else None
+# ==================== end src/spawnlib/core.py ====================
+
+# ==================== begin src/spawnlib/protocol.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ------------------------------------------------------- on-disk protocol --
@@ -2374,6 +2489,54 @@ def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
     except (TypeError, ValueError, AttributeError) as exc:
         raise CorruptRecordError(Path(agent_dir) / META, str(exc)) from None
     return meta, keys
+# ==================== end src/spawnlib/protocol.py ====================
+
+# ==================== begin src/spawnlib/processes.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ---------------------------------------------------------------- processes --
@@ -3319,6 +3482,44 @@ def _float_or_none(value: str | None) -> float | None:
     except ValueError:
         return None
     return number if number is not None and is_finite(number) else None
+# ==================== end src/spawnlib/processes.py ====================
+
+# ==================== begin src/spawnlib/agents.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ------------------------------------------------- agents and permissions --
@@ -4425,6 +4626,120 @@ model: sonnet
 You are the {name} agent. Describe its job, its method, and what a good answer
 contains. When an output schema is set, answer with the StructuredOutput tool.
 """
+# ==================== end src/spawnlib/agents.py ====================
+
+# ==================== begin src/spawnlib/resolving.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ---------------------------------------------------------------- resolving --
@@ -4993,6 +5308,59 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
     data = redacted_json(record_to_json(meta), secrets_, indent=2)
     if not publish_once(agent_dir / META, data.encode()):
         raise StateError(f"{agent_dir / META} already exists; agent ids must be unique")
+# ==================== end src/spawnlib/resolving.py ====================
+
+# ==================== begin src/spawnlib/running.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ------------------------------------------------------------------ running --
@@ -5581,6 +5949,161 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
         if fd != held:
             os.close(fd)
     return (held is not None or not fds), held
+# ==================== end src/spawnlib/running.py ====================
+
+# ==================== begin src/spawnlib/cli_start.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ------------------------------------------------------------ the CLI's start --
@@ -6990,6 +7513,49 @@ async def drop_box_loop(leaf: AgentMeta, state: RunState, secrets_: Sequence[str
     while True:
         await asyncio.sleep(DROP_BOX_POLL_S)
         state.refusals_recorded += record_dropped_refusals(leaf, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded)
+# ==================== end src/spawnlib/cli_start.py ====================
+
+# ==================== begin src/spawnlib/executors.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ---------------------------------------------------------------- executors --
@@ -7825,6 +8391,23 @@ def executor_for(kind: str) -> Executor:
     if kind not in EXECUTORS:
         raise UsageError(f"unknown node kind {kind!r}; use one of {', '.join(EXECUTORS)} (this spawn.py is {__version__})")
     return EXECUTORS[kind]()
+# ==================== end src/spawnlib/executors.py ====================
+
+# ==================== begin src/spawnlib/fast_start.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ------------------------------------------------------------- fast start --
@@ -8039,6 +8622,35 @@ def install_fast_start(environ: Mapping[str, str]) -> None:
             write_file_atomic(path, text.encode())
         except OSError:
             return
+# ==================== end src/spawnlib/fast_start.py ====================
+
+# ==================== begin src/spawnlib/forkserver.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ------------------------------------------------------------- fork server --
@@ -8534,6 +9146,91 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
         return None
     served[0].close()  # the runner is detached: nothing more comes on this socket
     return served[1]
+# ==================== end src/spawnlib/forkserver.py ====================
+
+# ==================== begin src/spawnlib/verbs.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # -------------------------------------------------------------------- verbs --
@@ -9697,6 +10394,71 @@ def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
     meta = load_meta(agent_dir)
     targets = [*descendants_of(Path(meta.session), meta.id), agent_dir]
     return settle_agents([(d, Status.KILLED, "ended by spawn.py kill") for d in targets], "kill", secrets_)
+# ==================== end src/spawnlib/verbs.py ====================
+
+# ==================== begin src/spawnlib/dag.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ------------------------------------------------ task graphs and workflows --
@@ -10606,6 +11368,98 @@ def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         path.unlink(missing_ok=True)
     emit({"cleared": str(path), "existed": existed})
     return ExitCode.OK
+# ==================== end src/spawnlib/dag.py ====================
+
+# ==================== begin src/spawnlib/cli.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # ---------------------------------------------------------------------- CLI --
@@ -11153,6 +12007,35 @@ def cmd_reap(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         note(f"warning: agent {bad['id']} skipped: {bad['error']}")
     emit({"session": str(session), "reaped": reaped, "corrupt": corrupt})
     return ExitCode.OK
+# ==================== end src/spawnlib/cli.py ====================
+
+# ==================== begin src/spawnlib/main.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 # --------------------------------------------------------------------- main --
@@ -11242,3 +12125,4 @@ if __name__ == "__main__":
     # Skip interpreter teardown (tens of ms with the SDK loaded): every record
     # is already durable and every file closed, and a parent waits on us.
     os._exit(code)
+# ==================== end src/spawnlib/main.py ====================

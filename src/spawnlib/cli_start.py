@@ -1,0 +1,1561 @@
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from . import __version__
+from .agents import (
+    RuleSet,
+    cli_permissions,
+    decide,
+    load_definitions,
+    parse_definition,
+    parse_rule,
+    project_of,
+    remember_cli_tools,
+    resolve_mcp_refs,
+    skill_file,
+    summarize_input,
+)
+from .cli import note
+from .constants import (
+    ASK_POLL_S,
+    ASK_TIMEOUT_S,
+    ENV_ASK_TIMEOUT,
+    ENV_HEARTBEAT,
+    ENV_OTLP_ENDPOINTS,
+    HEARTBEAT_S,
+    IDLE_CHECK_S,
+    IDLE_CPU_SHARE,
+    KILL_GRACE_S,
+    LEFTOVER_GRACE_S,
+    MEMORY_HEAD_LINES,
+    OTEL_EXPORT_TIMEOUT_S,
+    OTEL_EXPORTER,
+    PERMISSION_KINDS,
+    SCHEMA_DIR,
+    SCRIPT_DIR,
+    SLOT_POLL_S,
+    SLOT_WAIT_S,
+)
+from .core import (
+    briefing,
+    cli_settings,
+    estimate_cost,
+    is_finite,
+    new_agent_id,
+    redact,
+    redacted_json,
+    sandbox_settings,
+    sandbox_writes,
+    schema_for_cli,
+    started_timestamp,
+    truncate_for_stdout,
+    utc_now_iso,
+    validate_output,
+)
+from .errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, StateError
+from .executors import executor_for
+from .fast_start import compiled_script
+from .forkserver import fork_detached_runner, forkserver_wanted, start_forkserver
+from .processes import (
+    GUARD_SETTLED,
+    Supervised,
+    _float_or_none,
+    become_subreaper,
+    child_running,
+    end_own_subtree,
+    enter_tree_cgroup,
+    own_identity,
+    own_pid_namespace,
+    owned_cgroup,
+    procfs_is_ours,
+    register_runner,
+    runner_index_dir,
+    start_guard,
+)
+from .protocol import (
+    AGENTS_DIR,
+    DONE_MARKER,
+    DROP_BOX_POLL_S,
+    DROPPED_REFUSAL_MAX_BYTES,
+    DROPPED_REFUSALS_MAX,
+    FAIL_MARKER,
+    HEARTBEAT,
+    LEDGER,
+    NATIVE_LOG,
+    OUTCOME,
+    OUTCOME_KEPT,
+    REFUSED_DIR,
+    RUNNER_LOG,
+    SCRATCH_DIR,
+    STATUS_CACHE,
+    STATUS_INDEX,
+    STDERR_LOG,
+    TRANSCRIPT,
+    answer_ask,
+    append_jsonl,
+    append_log_line,
+    append_transcript,
+    asks_dir,
+    charge,
+    commit_outcome,
+    load_meta,
+    open_regular,
+    over_hold,
+    parse_json,
+    post_ask,
+    publish_once,
+    read_json,
+    read_limits,
+    read_outcome,
+    read_text,
+    resumed_sdk_session,
+    truncated_logs,
+    try_take_slot,
+    write_file_atomic,
+    write_json_atomic,
+)
+from .records import EXIT_FOR_STATUS, AgentMeta, Heartbeat, Outcome, Status, record_from_json, record_to_json
+from .resolving import Plan, write_meta
+from .running import (
+    START_SLOT_HOLD_S,
+    STOP_SIGNALS,
+    EarlyStop,
+    RunState,
+    SdkLoader,
+    api_host,
+    child_environment,
+    free_slot_when_quiet,
+    import_sdk,
+    inside_sandbox,
+    message_record,
+    readable,
+    sandbox_owner,
+    spawn_command,
+    start_slot_count,
+    stopped_by,
+    take_start_slot,
+)
+from .verbs import descendants_of, live_descendants, settle_descendants
+
+# ------------------------------------------------------------ the CLI's start --
+
+# spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
+# transport (CliPipes). The SDK's own transport would start it only once the
+# SDK and asyncio are imported, about 100 ms of CPU at every agent that isn't
+# forked (a root above all), and the CLI's own start-up (~0.4 s) can't begin
+# before. So the command line and environment are built here exactly as the
+# SDK's SubprocessCLITransport builds them, for the options spawn.py sets
+# (test_cli_start checks both against the SDK's), and the CLI starts before
+# the SDK is imported when it can (run_agent), else as the run begins.
+SDK_CLIENT_APP_ENV = "CLAUDE_AGENT_SDK_CLIENT_APP"  # the caller names its app (the SDK's EXPLICIT_CLIENT_APP_ENV)
+SDK_DERIVED_CLIENT_APP_ENV = "CLAUDE_AGENT_SDK_DERIVED_CLIENT_APP"
+SDK_READS_SESSION_STATE_ENV = "CLAUDE_CODE_SDK_READS_SESSION_STATE"
+SDK_MAX_MESSAGE = 1 << 20  # the SDK's limit on one message from the CLI (_DEFAULT_MAX_BUFFER_SIZE)
+CLI_CLOSE_WAIT_S = 5.0  # as the SDK's close(): after stdin's end, then after SIGTERM
+
+
+def cli_argv(cli: str, options: Mapping[str, Any]) -> list[str]:
+    """The CLI's command line for these ClaudeAgentOptions fields, as the SDK's transport builds it (pure)."""
+    argv = [cli, "--output-format", "stream-json", "--verbose"]
+    prompt = options.get("system_prompt")
+    if prompt is None:
+        argv += ["--system-prompt", ""]
+    elif isinstance(prompt, str):
+        argv += ["--system-prompt", prompt]
+    elif prompt.get("type") == "preset" and "append" in prompt:
+        argv += ["--append-system-prompt", prompt["append"]]
+    tools = options.get("tools")
+    if tools is not None:
+        argv += ["--tools", ",".join(tools)]
+    allowed = list(options.get("allowed_tools") or [])
+    sources = options.get("setting_sources")
+    skills = options.get("skills")
+    if skills is not None:
+        # Skill names were checked as a definition was read (parse_agent_fields).
+        allowed += [rule for rule in (["Skill"] if skills == "all" else [f"Skill({name})" for name in skills]) if rule not in allowed]
+        sources = ["user", "project"] if sources is None else sources
+    if allowed:
+        argv += ["--allowedTools", ",".join(allowed)]
+    if options.get("max_turns"):
+        argv += ["--max-turns", str(options["max_turns"])]
+    if options.get("max_budget_usd") is not None:
+        argv += ["--max-budget-usd", str(options["max_budget_usd"])]
+    if options.get("disallowed_tools"):
+        argv += ["--disallowedTools", ",".join(options["disallowed_tools"])]
+    if options.get("model"):
+        argv += ["--model", options["model"]]
+    if options.get("permission_mode"):
+        argv += ["--permission-mode", options["permission_mode"]]
+    if options.get("resume"):
+        argv.append(f"--resume={options['resume']}")  # one token: a value never reads as a flag
+    if options.get("settings"):
+        argv += ["--settings", options["settings"]]
+    servers = options.get("mcp_servers")
+    if servers:
+        argv += ["--mcp-config", json.dumps({"mcpServers": dict(servers)})]
+    if options.get("strict_mcp_config"):
+        argv.append("--strict-mcp-config")
+    if sources is not None:
+        argv.append(f"--setting-sources={','.join(sources)}")
+    if options.get("effort") is not None:
+        argv += ["--effort", options["effort"]]
+    output_format = options.get("output_format")
+    if isinstance(output_format, dict) and output_format.get("type") == "json_schema" and output_format.get("schema") is not None:
+        argv += ["--json-schema", json.dumps(output_format["schema"])]
+    return [*argv, "--input-format", "stream-json"]
+
+
+def cli_environment(
+    environ: Mapping[str, str], env: Mapping[str, str], cwd: str | None, client_app: str | None, version: str
+) -> dict[str, str]:
+    """The CLI's environment, as the SDK's transport makes it (pure)."""
+    out = {k: v for k, v in environ.items() if k != "CLAUDECODE"}  # the CLI must not think it runs inside Claude Code
+    out["CLAUDE_CODE_ENTRYPOINT"] = "sdk-py"
+    out.update(env)
+    out["CLAUDE_AGENT_SDK_VERSION"] = version
+    out.pop(SDK_DERIVED_CLIENT_APP_ENV, None)
+    if client_app is not None:
+        out[SDK_CLIENT_APP_ENV] = client_app
+    # The query waits for the CLI's "idle" before it closes stdin; the CLI sends it only if asked.
+    if not any(k.upper() == SDK_READS_SESSION_STATE_ENV for k in out):
+        out[SDK_READS_SESSION_STATE_ENV] = "1"
+    if cwd:
+        out["PWD"] = cwd
+    return out
+
+
+@functools.cache
+def sdk_version() -> str:
+    """claude-agent-sdk's version, read from its _version.py without importing the package (about 1 s)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("claude_agent_sdk")
+    with contextlib.suppress(OSError, TypeError):
+        text = (Path(str(spec.origin)).parent / "_version.py").read_text() if spec else ""
+        if m := re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M):
+            return m.group(1)
+    return str(import_sdk(os.environ).__version__)
+
+
+class StartedCli:
+    """An agent's CLI, started by spawn.py (start_cli), and the start slot it holds until its first message."""
+
+    def __init__(self, plan: CliStart, process: subprocess.Popen[bytes], slot: int | None) -> None:
+        self.plan = plan
+        self.process = process
+        self.slot = slot
+        self.returncode: int | None = None
+        self.waiter: Any = None  # the task that reaps it
+
+    def free_slot(self) -> None:
+        if self.slot is not None:
+            os.close(self.slot)
+            self.slot = None
+
+    async def wait(self) -> int:
+        """Its exit status, as asyncio gives it (-N: signal N); one waiter however many ask."""
+        import asyncio
+
+        if self.waiter is None:
+            self.waiter = asyncio.ensure_future(self._wait())
+        return await asyncio.shield(self.waiter)
+
+    async def _wait(self) -> int:
+        import asyncio
+
+        pid = self.process.pid
+        pidfd = None
+        with contextlib.suppress(AttributeError, OSError):
+            pidfd = os.pidfd_open(pid)
+        if pidfd is not None:
+            # Readable when it exits: no thread, no poll.
+            try:
+                while child_running(pid):
+                    await readable(pidfd, 1.0)
+            finally:
+                os.close(pidfd)
+        else:
+            pause = 0.005
+            while child_running(pid):
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.1)
+        try:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except ChildProcessError:
+            self.returncode = 255  # reaped by someone else: asyncio's answer for it
+        self.process.returncode = self.returncode  # so Popen doesn't reap or warn again
+        return self.returncode
+
+
+def start_cli(plan: CliStart, state: RunState, slot: int | None) -> StartedCli:
+    """Start the agent's CLI, in a session and process group of its own.
+
+    Ending an agent must reach everything its CLI started (Bash commands,
+    their children) without signalling spawn.py itself. On failure the slot
+    is let go and the SDK's error is raised.
+    """
+    try:
+        process = subprocess.Popen(
+            plan.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=plan.options["cwd"],
+            env=plan.env,
+            start_new_session=True,
+        )
+    except BaseException:
+        if slot is not None:
+            os.close(slot)
+        raise
+    state.started_cli(process.pid)
+    return StartedCli(plan, process, slot)
+
+
+class CliPipes:
+    """The SDK's transport to a CLI that spawn.py started: its stdin, stdout and stderr pipes.
+
+    It behaves as the SDK's SubprocessCLITransport once that has started the
+    CLI: the same messages, the same errors (the SDK's own classes) and the
+    same end: stdin closed, then SIGTERM after 5 s, SIGKILL after 5 more.
+    """
+
+    def __init__(self, sdk: Any, cli: StartedCli, on_stderr: Callable[[str], None]) -> None:
+        self.sdk = sdk
+        self.cli = cli
+        self.on_stderr = on_stderr
+        self.ready = False
+        self.stdout: Any = None
+        self.stdin: Any = None
+        self.relay: Any = None  # the task that copies stderr to on_stderr
+        self.pipes: list[Any] = []
+
+    async def connect(self) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        process = self.cli.process
+        self.stdout = asyncio.StreamReader(limit=SDK_MAX_MESSAGE + 1)
+        out, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.stdout), process.stdout)
+        stderr = asyncio.StreamReader()
+        err, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stderr), process.stderr)
+        # A StreamReaderProtocol gives the writer its flow control (drain), as asyncio's subprocesses have.
+        pipe, protocol = await loop.connect_write_pipe(lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()), process.stdin)
+        self.stdin = asyncio.StreamWriter(pipe, protocol, None, loop)
+        self.pipes = [out, err]
+        self.relay = asyncio.ensure_future(self._relay_stderr(stderr))
+        self.ready = True
+
+    async def _relay_stderr(self, stderr: Any) -> None:
+        while line := await stderr.readline():
+            text = line.decode(errors="replace").rstrip()
+            if text:
+                with contextlib.suppress(Exception):
+                    self.on_stderr(text)
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+    async def write(self, data: str) -> None:
+        if not self.ready or self.stdin is None:
+            raise self.sdk.CLIConnectionError("ProcessTransport is not ready for writing")
+        if self.cli.returncode is not None:
+            raise self.sdk.CLIConnectionError(f"Cannot write to terminated process (exit code: {self.cli.returncode})")
+        try:
+            self.stdin.write(data.encode())
+            await self.stdin.drain()
+        except Exception as exc:
+            self.ready = False
+            raise self.sdk.CLIConnectionError(f"Failed to write to process stdin: {exc}") from exc
+
+    async def end_input(self) -> None:
+        if self.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.stdin.close()
+            self.stdin = None
+
+    def read_messages(self) -> AsyncIterator[dict[str, Any]]:
+        return self._read_messages()
+
+    async def _read_messages(self) -> AsyncIterator[dict[str, Any]]:
+        pending = b""
+        while chunk := await self.stdout.read(1 << 16):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if (message := self._message(line)) is not None:
+                    yield message
+            if len(pending) > SDK_MAX_MESSAGE:
+                raise self.sdk.CLIJSONDecodeError(
+                    pending[:100].decode(errors="replace"), ValueError(f"message over {SDK_MAX_MESSAGE} bytes")
+                )
+        # The CLI ends every message with a newline: a tail without one was cut off.
+        tail = None
+        with contextlib.suppress(Exception):
+            tail = self._message(pending)
+        if tail is not None:
+            yield tail
+        code = await self.cli.wait()
+        if code != 0:
+            await self._drain_stderr()  # what it said last is the reason's second half (describe_sdk_error)
+            raise self.sdk.ProcessError(f"Command failed with exit code {code}", exit_code=code, stderr="Check stderr output for details")
+
+    def _message(self, line: bytes) -> dict[str, Any] | None:
+        text = line.decode(errors="replace").strip()
+        if not text.startswith("{"):
+            return None  # a blank line, or a CLI's debug line on stdout
+        try:
+            message = json.loads(text)
+        except ValueError as exc:
+            raise self.sdk.CLIJSONDecodeError(text[:100], exc) from exc
+        return message if isinstance(message, dict) else None
+
+    async def _drain_stderr(self, timeout: float = 1.0) -> None:
+        """Let the relay reach stderr's end (the CLI's last words), unless something the CLI started holds it open."""
+        import asyncio
+
+        if self.relay is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait([self.relay], timeout=timeout)
+
+    async def close(self) -> None:
+        import asyncio
+
+        self.ready = False
+        await self.end_input()
+        try:
+            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+                if sig is not None and self.cli.returncode is None:
+                    # os.kill, not Popen's send_signal: that would reap it, and the status would be lost to wait().
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.cli.process.pid, sig)
+                try:
+                    await asyncio.wait_for(asyncio.shield(self.cli.wait()), CLI_CLOSE_WAIT_S)
+                    break
+                except TimeoutError:
+                    continue
+            await self._drain_stderr(0.2)
+        finally:
+            if self.relay is not None:
+                self.relay.cancel()
+            for pipe in self.pipes:
+                pipe.close()
+
+
+def heartbeat_interval(environ: Mapping[str, str]) -> float:
+    value = _float_or_none(environ.get(ENV_HEARTBEAT))
+    return value if value is not None and value > 0 else HEARTBEAT_S
+
+
+async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float, idle_timeout: float | None = None) -> None:
+    """Refresh heartbeat.json while the CLI is alive; a wedged agent stops beating."""
+    import asyncio
+
+    if state.cli_pid is None:
+        # An event, not a poll: a runner can wait seconds for a start slot,
+        # and each wake of a sleeping process costs ~0.1-0.3 ms of CPU on a VM.
+        state.cli_started = asyncio.Event()
+        await state.cli_started.wait()
+    cli = state.cli_pid
+    assert cli is not None
+    if procfs_is_ours():
+        try:
+            create_time = psutil.Process(cli).create_time()
+        except psutil.Error:
+            return
+        # Supervised.alive, not is_running() then status(): the CLI can exit
+        # between the two, and the status call would raise out of this task.
+        alive = Supervised(cli, create_time).alive
+    else:  # in a sandbox: the CLI is our child, which the kernel answers for
+        create_time, alive = time.time(), functools.partial(child_running, cli)
+    while alive():
+        beat = Heartbeat(cli, create_time, state.cli_pgid or cli, time.time(), interval, state.last_activity, idle_timeout)
+        with contextlib.suppress(OSError):
+            write_json_atomic(agent_dir / HEARTBEAT, record_to_json(beat))
+        await asyncio.sleep(interval)
+
+
+def cli_cpu_seconds(cli_pid: int) -> float:
+    """CPU time used so far by the CLI and everything below it."""
+    total = 0.0
+    try:
+        cli = psutil.Process(cli_pid)
+        procs = [cli, *cli.children(recursive=True)]
+    except psutil.Error:
+        return total
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+async def idle_watch(meta: AgentMeta, state: RunState, idle_timeout: float, stop: Callable[[Status, str], None]) -> None:
+    """End the agent once its CLI has been idle for idle_timeout (no event, no CPU, no live child)."""
+    import asyncio
+
+    check = min(IDLE_CHECK_S, idle_timeout / 4)
+    last_cpu: float | None = None
+    while True:
+        await asyncio.sleep(check)
+        if state.cli_pid is None:  # queued for a slot, or the CLI is starting
+            state.last_activity = time.time()
+            continue
+        cpu = await asyncio.to_thread(cli_cpu_seconds, state.cli_pid)
+        if last_cpu is not None and cpu - last_cpu > IDLE_CPU_SHARE * check:
+            state.last_activity = time.time()
+        last_cpu = cpu
+        if time.time() - state.last_activity < idle_timeout:
+            continue
+        if await asyncio.to_thread(live_descendants, meta):
+            state.last_activity = time.time()  # waiting on its children is work
+            continue
+        stop(Status.FAILED, f"stalled: no activity for {idle_timeout:g} s")
+        return
+
+
+def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The definitions an agent that may spawn can delegate to: (name, description)."""
+    if meta.depth >= meta.max_depth or "Bash" not in meta.tools or any(r.startswith("Bash(") for r in meta.permissions.get("allow", [])):
+        return []
+    definitions, _ = load_definitions(Path(meta.cwd), environ)
+    return [(d.name, d.description) for d in definitions.values()]
+
+
+def ask_timeout(environ: Mapping[str, str]) -> float:
+    value = _float_or_none(environ.get(ENV_ASK_TIMEOUT))
+    return value if value is not None and value > 0 else ASK_TIMEOUT_S
+
+
+class PermissionGate:
+    """spawn.py's own enforcement of permission rules, and their audit trail.
+
+    A PreToolUse hook sees every tool call, including those the CLI would
+    approve by itself. Deny and ask rules are decided here; allowed calls are
+    left to the CLI (so its permission mode still applies). Every decision is
+    appended to the transcript.
+    """
+
+    def __init__(self, meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str], denied_asks: list[str] | None = None) -> None:
+        self.meta = meta
+        self.agent_dir = agent_dir
+        self.secrets = secrets_
+        self.denied_asks = denied_asks if denied_asks is not None else []
+        """Appended to on every ask answered no (the run's RunState.denied_asks)."""
+        self.rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in PERMISSION_KINDS))
+        self.home = os.environ.get("HOME") or str(Path.home())
+        # What the agent's Bash inherits: the CLI gets os.environ plus this.
+        self.shell_env = {**os.environ, **child_environment(meta, agent_dir)}
+
+    async def pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
+        tool = str(hook_input.get("tool_name", ""))
+        tool_input = hook_input.get("tool_input") or {}
+        verdict, rule = decide(tool, tool_input, self.rules, self.meta.tools, cwd=self.meta.cwd, home=self.home, environ=self.shell_env)
+        decided_by = "rules"
+        if verdict == "ask":
+            verdict, decided_by = await self.escalate(tool, tool_input, rule or "")
+        record = {
+            "tool": tool,
+            "input": summarize_input(tool_input),
+            "rule": rule,
+            "verdict": verdict,
+            "by": decided_by,
+            "tool_use_id": tool_use_id,
+        }
+        decision = {"time": utc_now_iso(), "type": "PermissionDecision", "message": record}
+        append_transcript(self.agent_dir / TRANSCRIPT, decision, self.secrets)
+        if verdict == "allow":
+            return {}
+        reason = f"denied by spawn.py ({decided_by}): {rule}"
+        return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny", "permissionDecisionReason": reason}}
+
+    async def escalate(self, tool: str, tool_input: Mapping[str, Any], rule: str) -> tuple[str, str]:
+        """(allow|deny, who decided) for a call an ask rule matched."""
+        import asyncio
+
+        timeout = ask_timeout(os.environ)
+        if self.meta.deadline is not None:
+            timeout = min(timeout, max(0.0, self.meta.deadline - time.time()))
+        if self.meta.depth == 0 and sys.stdin is not None and sys.stdin.isatty():
+            verdict, by = await asyncio.to_thread(prompt_person, self.meta, tool, tool_input, rule, timeout)
+            if verdict == "deny":
+                self.denied_asks.append(f"ask at the terminal (rule {rule}) denied by {by}")
+            return verdict, by
+        ask = post_ask(self.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
+        what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
+        note(f"agent {self.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
+        limit = time.monotonic() + timeout
+        answer_path = asks_dir(Path(self.meta.session)) / f"{ask}.answer.json"
+        while not answer_path.exists() and time.monotonic() < limit:
+            await asyncio.sleep(ASK_POLL_S)
+        answer_ask(Path(self.meta.session), ask, "deny", "timeout")  # no-op if answered in time
+        answer = read_json(answer_path)
+        verdict, by = ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
+        if verdict == "deny":
+            self.denied_asks.append(f"ask {ask} (rule {rule}) denied by {by}")
+        return verdict, by
+
+
+def native_subagent_hooks(sdk: Any, agent_dir: Path, secrets_: Sequence[str]) -> dict[str, list[Any]]:
+    """Record Claude Code's own subagents (the Agent tool) in NATIVE_LOG: one line at start, one at stop."""
+
+    async def record(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        event = str(hook_input.get("hook_event_name", ""))
+        line: dict[str, Any] = {
+            "time": utc_now_iso(),
+            "event": "start" if event == "SubagentStart" else "stop",
+            "agent_id": str(hook_input.get("agent_id", "")),
+            "agent_type": str(hook_input.get("agent_type", "")),
+        }
+        if event == "SubagentStop":
+            line["transcript_path"] = str(hook_input.get("agent_transcript_path", ""))
+            line["last_message"] = str(hook_input.get("last_assistant_message") or "")[:2000]
+        append_jsonl(agent_dir / NATIVE_LOG, line, secrets_)
+        return {}
+
+    return {name: [sdk.HookMatcher(matcher=None, hooks=[record])] for name in ("SubagentStart", "SubagentStop")}
+
+
+def native_usage(transcript: Path) -> dict[str, int]:
+    """Token totals of a native subagent, from the CLI's own transcript of it.
+
+    Read when asked, not at SubagentStop: the CLI writes the last lines after the hook.
+    """
+    totals: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for raw in transcript.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):  # a line that isn't a message
+                usage = (parse_json(raw).get("message") or {}).get("usage") or {}
+                for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+                    if isinstance(usage.get(key), int):
+                        totals[key] = totals.get(key, 0) + usage[key]
+    return totals
+
+
+def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, timeout: float) -> tuple[str, str]:
+    """Ask the person at the root's terminal; no answer before timeout is a no."""
+    import select
+
+    sys.stderr.write(f"spawn: agent {meta.id} wants to use {tool}: {summarize_input(tool_input, 200)}\n  (rule {rule}) allow? [y/N] ")
+    sys.stderr.flush()
+    ready, _, _ = select.select([sys.stdin], [], [], timeout)
+    answer = sys.stdin.readline().strip().lower() if ready else ""
+    return ("allow" if answer in ("y", "yes") else "deny"), "terminal"
+
+
+def memory_dir(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> Path:
+    """Claude Code's agent memory directories: user, project, or local (not committed)."""
+    name = meta.agent or definition_path.stem
+    if meta.memory == "user":
+        return Path(environ.get("HOME") or Path.home()).expanduser() / ".claude" / "agent-memory" / name
+    return project_of(str(definition_path)) / ".claude" / ("agent-memory-local" if meta.memory == "local" else "agent-memory") / name
+
+
+def memory_section(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> str:
+    """What Claude Code tells an agent with `memory:`: where its memory lives and
+    the head of its MEMORY.md, so what it learnt last time is in front of it."""
+    folder = memory_dir(meta, definition_path, environ)
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+    try:
+        head = "\n".join((folder / "MEMORY.md").read_text().splitlines()[:MEMORY_HEAD_LINES])
+    except (OSError, UnicodeDecodeError):
+        head = "(empty)"
+    return (
+        f"# Agent memory\nYour persistent memory directory is {folder}. Keep notes worth keeping across runs "
+        f"in {folder / 'MEMORY.md'} (only its first {MEMORY_HEAD_LINES} lines are shown here).\n"
+        f"MEMORY.md now:\n{head}"
+    )
+
+
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
+
+
+def skill_sections(meta: AgentMeta, environ: Mapping[str, str]) -> list[str]:
+    """A definition's skills, preloaded whole into the system prompt, as Claude
+    Code does for a subagent's `skills:` (no settings files need loading)."""
+    project = project_of(meta.agent_source) if meta.agent_source else Path(meta.cwd)
+    sections = []
+    for name in meta.skills or []:
+        path = skill_file(name, project, environ)
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if path is not None:
+                sections.append(f"# Skill: {name}\n{path.read_text().strip()}")
+    return sections
+
+
+def create_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> Path:
+    """A fresh git worktree of cwd's repository on branch spawn/ID, for `isolation: worktree`."""
+    path = agent_dir / "worktree"
+    proc = _git(cwd, "worktree", "add", "-q", "-b", f"spawn/{agent_id}", str(path), "HEAD")
+    if proc.returncode != 0:
+        raise StateError(f"isolation: worktree needs a git repository with a commit at {cwd}: {proc.stderr.strip()}")
+    # Keep the agent's place below the top, so relative paths in the task still mean the same.
+    top = _git(cwd, "rev-parse", "--show-toplevel").stdout.strip()
+    return path / cwd.resolve().relative_to(Path(top).resolve()) if top else path
+
+
+def settle_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> str | None:
+    """Remove an unchanged worktree and its branch; keep a changed one. Returns the kept path."""
+    path = agent_dir / "worktree"
+    if not path.is_dir():
+        return None
+    status = _git(path, "status", "--porcelain")
+    if status.returncode != 0 or status.stdout.strip() or _git(path, "rev-parse", "HEAD").stdout != _git(cwd, "rev-parse", "HEAD").stdout:
+        return str(path)
+    _git(cwd, "worktree", "remove", "--force", str(path))
+    _git(cwd, "branch", "-D", f"spawn/{agent_id}")
+    return None
+
+
+@dataclass
+class CliStart:
+    """What an agent's CLI is started with, worked out without the SDK (cli_start)."""
+
+    options: dict[str, Any]
+    """ClaudeAgentOptions' fields, but hooks and stderr (they need the SDK)."""
+    gate: PermissionGate
+    prompt: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> CliStart:
+    """The CLI's options, command line and environment for this agent."""
+    system_prompt: Any
+    brief = briefing(meta, spawn_command(), delegates_for(meta, os.environ))
+    if meta.preset == "claude_code":
+        system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
+    else:
+        system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
+    builtin = [t for t in meta.tools if not t.startswith("mcp__")]
+    mcp_servers: dict[str, Any] = {}
+    hooks: dict[str, Any] | None = None
+    if meta.agent_source and (meta.mcp_servers or meta.hooks):
+        # The servers' config (which may hold tokens) and the hooks' commands
+        # are read from the definition, never copied into meta.json.
+        definition, _ = parse_definition(Path(meta.agent_source).read_text(), meta.agent_source, "project")
+        if definition is not None:
+            resolve_mcp_refs(definition, os.environ)
+        mcp_servers = definition.mcp_servers if definition and meta.mcp_servers else {}
+        if definition and definition.hooks and meta.hooks:
+            # Claude Code's hooks format is a settings key: the CLI runs them.
+            hooks = definition.hooks
+    sandbox = None
+    if meta.sandbox == "on":
+        with contextlib.suppress(FileExistsError):
+            (agent_dir / SCRATCH_DIR).mkdir()  # bwrap binds only what exists
+        session = Path(meta.session)
+        if meta.depth >= meta.max_depth:
+            # Made now if absent, so a leaf's sandbox can hold them read-only,
+            # and its drop box writable (sandbox_writes).
+            with contextlib.suppress(OSError):
+                asks_dir(session).mkdir(exist_ok=True)
+                # (An empty status cache is one status ignores, and replaces whole.)
+                for name in (LEDGER, STATUS_INDEX, STATUS_CACHE):
+                    os.close(open_regular(session / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)[0])
+            (session / REFUSED_DIR / meta.id).mkdir(parents=True, exist_ok=True)
+        boxes = os.listdir(session / REFUSED_DIR) if (session / REFUSED_DIR).is_dir() else []
+        writable, read_only = sandbox_writes(
+            meta.depth < meta.max_depth,
+            agent_dir,
+            meta.session,
+            runner_index_dir(),
+            session_entries=os.listdir(session),
+            drop_boxes=boxes,
+        )
+        read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
+        domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
+        sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
+    settings = cli_settings(hooks=hooks, sandbox=sandbox)
+    sections = [memory_section(meta, Path(meta.agent_source), os.environ)] if meta.agent_source and meta.memory else []
+    sections += skill_sections(meta, os.environ)
+    if sections:
+        if isinstance(system_prompt, dict):
+            system_prompt["append"] += "\n\n" + "\n\n".join(sections)
+        else:
+            system_prompt += "\n\n" + "\n\n".join(sections)
+    gate = PermissionGate(meta, agent_dir, secrets_, state.denied_asks)
+    allowed, disallowed = cli_permissions(meta.tools, meta.disallowed_tools, gate.rules)
+    options: dict[str, Any] = dict(
+        tools=builtin,
+        allowed_tools=allowed,
+        mcp_servers=mcp_servers,
+        strict_mcp_config=True,
+        skills=meta.skills,
+        disallowed_tools=disallowed,
+        system_prompt=system_prompt,
+        model=meta.model,
+        max_turns=meta.max_turns,
+        max_budget_usd=meta.max_budget_usd,
+        effort=meta.effort if isinstance(meta.effort, str) else None,
+        settings=settings,
+        cwd=meta.cwd,
+        cli_path=str(cli),
+        env=child_environment(meta, agent_dir),
+        # dontAsk by default: nobody answers the CLI's prompts in a nested
+        # agent, so what the tool list doesn't grant is denied, not awaited.
+        permission_mode=meta.permission_mode,
+        # Without the preset, skip settings files: they add prompt bytes and
+        # project hooks at every depth. The preset keeps Claude Code's defaults.
+        setting_sources=None if meta.preset == "claude_code" else [],
+        output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
+        resume=resumed_sdk_session(meta),
+        # The app in the CLI's User-Agent, unless the caller named theirs.
+        client_app=None if os.environ.get(SDK_CLIENT_APP_ENV) else f"spawn.py/{__version__}",
+    )
+    # initialPrompt comes first, in the same user turn, so the task's own text
+    # (and any scripted MOCK[...]) stays part of the first message.
+    prompt = f"{meta.initial_prompt}\n\n{meta.task}" if meta.initial_prompt else meta.task
+    argv = cli_argv(str(cli), options)
+    env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
+    return CliStart(options, gate, prompt, argv, env)
+
+
+async def run_sdk(
+    meta: AgentMeta,
+    agent_dir: Path,
+    cli: Path,
+    state: RunState,
+    secrets_: Sequence[str],
+    *,
+    sdk_loader: SdkLoader | None,
+    started: StartedCli | None = None,
+) -> None:
+    """Run the agent's CLI through the SDK: the one started early (start_cli), else one started now."""
+    import asyncio
+
+    not_started: OSError | None = None
+    try:
+        if started is None:
+            plan = cli_start(meta, agent_dir, cli, state, secrets_)
+            slot = await take_start_slot(Path(meta.session), start_slot_count(os.environ))
+            try:
+                started = start_cli(plan, state, slot)
+            except OSError as exc:
+                not_started = exc
+        sdk = sdk_loader.result() if sdk_loader is not None else import_sdk(os.environ)
+    except BaseException:
+        if started is not None:
+            started.free_slot()
+        raise
+    if started is None:
+        # The SDK's own words for it, as when its transport started the CLI.
+        if not Path(meta.cwd).is_dir():
+            raise sdk.CLIConnectionError(f"Working directory does not exist: {meta.cwd}") from not_started
+        if isinstance(not_started, FileNotFoundError):
+            raise sdk.CLINotFoundError(f"Claude Code not found at: {cli}") from not_started
+        raise sdk.CLIConnectionError(f"Failed to start Claude Code: {not_started}") from not_started
+    stderr_path = agent_dir / STDERR_LOG
+
+    def on_stderr(line: str) -> None:
+        append_log_line(stderr_path, redact(line, secrets_))
+
+    plan = started.plan
+    # The same options as for the SDK's own transport: the query still reads
+    # its hooks, skills and env from them (the flags are already the CLI's).
+    options = sdk.ClaudeAgentOptions(
+        **plan.options,
+        hooks={
+            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
+            **native_subagent_hooks(sdk, agent_dir, secrets_),
+        },
+        stderr=on_stderr,
+    )
+    # Freed once the CLI goes quiet (or, where its CPU can't be read, at its
+    # first message), after START_SLOT_HOLD_S, or by whatever ends the run.
+    cpu_readable = procfs_is_ours()
+    release = asyncio.create_task(free_slot_when_quiet(started, START_SLOT_HOLD_S))
+    try:
+        await consume_sdk(
+            sdk,
+            sdk.query(prompt=plan.prompt, options=options, transport=CliPipes(sdk, started, on_stderr)),
+            meta=meta,
+            transcript=agent_dir / TRANSCRIPT,
+            state=state,
+            secrets_=secrets_,
+            first=(lambda: None) if cpu_readable else started.free_slot,
+        )
+    finally:
+        release.cancel()
+        started.free_slot()
+
+
+async def consume_sdk(
+    sdk: Any,
+    messages: AsyncIterator[Any],
+    *,
+    meta: AgentMeta,
+    transcript: Path,
+    state: RunState,
+    secrets_: Sequence[str],
+    first: Callable[[], None],
+) -> None:
+    """Record the CLI's messages as they come; `first` is called at each (it frees the start slot)."""
+    AssistantMessage, ResultMessage, TextBlock, ToolUseBlock = sdk.AssistantMessage, sdk.ResultMessage, sdk.TextBlock, sdk.ToolUseBlock
+    async for message in messages:
+        first()
+        state.last_activity = time.time()
+        # Past the cap a claude agent goes on unrecorded: its outcome says so.
+        append_transcript(transcript, message_record(message), secrets_)
+        if isinstance(message, sdk.SystemMessage) and message.subtype == "init":
+            remember_cli_tools(message.data, os.environ)
+        if isinstance(message, AssistantMessage):
+            texts = [b.text for b in message.content if isinstance(b, TextBlock) and b.text.strip()]
+            if texts:
+                state.last_text = "\n".join(texts)
+            for block in message.content:
+                if isinstance(block, ToolUseBlock) and block.name == "StructuredOutput":
+                    state.last_structured_attempt = block.input
+            if isinstance(message.usage, dict):
+                state.turns[message.message_id or f"turn{len(state.turns)}"] = (message.model or meta.model, message.usage)
+            # A tool call means another turn follows; a final answer is let through.
+            if any(isinstance(b, ToolUseBlock) and b.name != "StructuredOutput" for b in message.content) and state.request_stop:
+                last = list(state.turns.values())[-1:]
+                why = over_hold(Path(meta.session), meta.id, estimate_cost(state.turns.values()), estimate_cost(last))
+                if why is not None:
+                    state.request_stop(Status.FAILED, why)
+        elif isinstance(message, ResultMessage):
+            state.result = message
+        else:
+            observe_system_message(state, getattr(message, "subtype", None), getattr(message, "data", None))
+
+
+def observe_system_message(state: RunState, subtype: Any, data: Any) -> None:
+    """Keep what the CLI's system messages say about API retries and MCP servers."""
+    if not isinstance(data, dict):
+        return
+    if subtype == "api_retry":
+        state.api_retries = max(state.api_retries, int(data.get("attempt") or 0))
+        status = data.get("error_status")
+        state.api_error_status = status if isinstance(status, int) else state.api_error_status
+    elif subtype == "init":
+        servers = data.get("mcp_servers") or []
+        failed = [
+            f"{s.get('name')} ({s.get('status')})" for s in servers if isinstance(s, dict) and s.get("status") not in ("connected", None)
+        ]
+        for server in failed:
+            if server not in state.mcp_failed:
+                state.mcp_failed.append(server)
+                print(f"spawn: warning: MCP server {server} did not start", file=sys.stderr, flush=True)
+
+
+API_ERRORS = {
+    401: "rejected the credentials",
+    403: "refused access",
+    429: "rate limit reached",
+    500: "internal error",
+    529: "overloaded",
+}
+
+
+def describe_api_error(status: int, retries: int) -> str:
+    """`model API overloaded (529) after 3 retries`: what the user must know first."""
+    what = API_ERRORS.get(status, "error")
+    return f"model API {what} ({status})" + (f" after {retries} retries" if retries else "")
+
+
+def describe_sdk_error(exc: Exception, stderr_log: Path) -> str:
+    """One readable reason: the SDK's message plus what the CLI said on stderr."""
+    message = str(exc).split("\n")[0].strip()
+    try:
+        tail = [line.strip() for line in read_text(stderr_log).splitlines() if line.strip()][-3:]
+    except (OSError, SpawnError):
+        tail = []
+    reason = f"{type(exc).__name__}: {message}"
+    if tail:
+        reason += "; CLI stderr: " + " | ".join(tail)
+    return reason[:2000]
+
+
+def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
+    """Turn what the run saw into the outcome record (pure).
+
+    A run that would end `failed` after one of its own asks was answered no
+    ended on that answer: it is `refused` (exit 4), naming the ask. A failure
+    that isn't the agent's own (API error, CLI crash, no result) stays `failed`.
+    """
+    outcome = _outcome_from_run(meta, state, started, error)
+    api_failed = outcome.api_error_status is not None or state.api_error_status is not None
+    if outcome.status == Status.FAILED and state.denied_asks and state.result is not None and error is None and not api_failed:
+        outcome.status, outcome.exit_code = Status.REFUSED, ExitCode.REFUSED
+        outcome.reason = f"{state.denied_asks[-1]}, and the agent ended without a result ({outcome.reason})"[:2000]
+    return outcome
+
+
+def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
+    result = state.result
+    duration = round(time.time() - started, 3)
+    base: dict[str, Any] = {
+        "id": meta.id,
+        "ended_at": utc_now_iso(),
+        "duration_s": duration,
+        "text": state.last_text,
+        "transcript": str(Path(meta.session) / AGENTS_DIR / meta.id / TRANSCRIPT),
+    }
+    if result is not None:
+        base.update(
+            cost_usd=result.total_cost_usd,
+            usage=result.usage,
+            turns=result.num_turns,
+            sdk_session_id=result.session_id,
+            api_error_status=getattr(result, "api_error_status", None),
+        )
+        if result.result and not state.last_text:
+            base["text"] = result.result
+    if state.mcp_failed:
+        base["warnings"] = [f"MCP server {server} did not start" for server in state.mcp_failed]
+    if state.stop_reason is not None:
+        status = state.stop_reason
+        reason = state.stop_detail
+        if state.api_error_status is not None and (result is None or result.is_error):
+            # A deadline that lands while the CLI retries a failing API: say so.
+            reason += f"; the {describe_api_error(state.api_error_status, state.api_retries)}"
+        return Outcome(status=status, reason=reason, exit_code=EXIT_FOR_STATUS[status], **base)
+    if result is not None and result.is_error:
+        # The CLI's own account (subtype, API status, errors) beats the SDK's
+        # exception, which only says that the CLI exited non-zero.
+        detail = "; ".join(getattr(result, "errors", None) or []) or (result.result or "")
+        api = getattr(result, "api_error_status", None)
+        if api:
+            reason = describe_api_error(api, state.api_retries)
+        else:
+            # "success" is the subtype of every run that ended with a turn; it says nothing.
+            reason = "agent failed" + (f" ({result.subtype})" if result.subtype and result.subtype != "success" else "")
+        reason += f": {detail}" if detail else ""
+        return Outcome(status=Status.FAILED, reason=reason[:2000], exit_code=ExitCode.AGENT_FAILED, **base)
+    if error is not None and state.cli_killed:
+        return Outcome(status=Status.KILLED, reason=f"the claude CLI was ended by a signal: {error}", exit_code=ExitCode.KILLED, **base)
+    if error is not None:
+        return Outcome(status=Status.FAILED, reason=error, exit_code=ExitCode.AGENT_FAILED, **base)
+    if result is None:
+        return Outcome(status=Status.FAILED, reason="the CLI ended without a result", exit_code=ExitCode.AGENT_FAILED, **base)
+    if meta.schema is not None:
+        output = result.structured_output
+        if output is None:
+            output = state.last_structured_attempt
+        if output is None:
+            return Outcome(
+                status=Status.FAILED,
+                reason="no structured output: the agent never called StructuredOutput",
+                exit_code=ExitCode.AGENT_FAILED,
+                validation_errors=["(root): no structured output was produced"],
+                **base,
+            )
+        errors = validate_output(meta.schema, output)
+        if errors:
+            return Outcome(
+                status=Status.FAILED,
+                reason=f"structured output does not match the schema ({len(errors)} error(s))",
+                exit_code=ExitCode.AGENT_FAILED,
+                output=output,
+                validation_errors=errors,
+                **base,
+            )
+        return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=output, **base)
+    return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=result.result or state.last_text or "", **base)
+
+
+def run_agent(
+    agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: SdkLoader | None = None, guard: tuple[int, int] | None = None
+) -> Outcome:
+    """Run a registered agent to its one committed outcome."""
+    meta = load_meta(agent_dir)
+    executor = executor_for(meta.kind)
+    state = RunState()
+    started = time.time()
+    become_subreaper()
+    guard_pid, guard_pipe = guard or start_guard(agent_dir)
+    enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
+    error: str | None = None
+    home_cwd = Path(meta.cwd)
+    if meta.isolation == "worktree":
+        try:
+            meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
+        except StateError as exc:
+            error = exc.message
+    if error is None:
+        executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
+    # Not at the top of the file (the verbs and --dry-run don't need it), and
+    # not before the CLI's start: ~30 ms that a root's CLI would wait for.
+    # Before the SDK's import thread, which then finds it loaded, and before
+    # the fork server, which inherits it (and ssl with it) ready to serve.
+    import asyncio
+
+    if sdk_loader is not None:
+        sdk_loader.start()
+    if forkserver_wanted(meta, os.environ):
+        start_forkserver(meta, sdk_loader)  # after entering the cgroup: it ends with the tree
+
+    async def main_task() -> None:
+        nonlocal error
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+
+        def stop(status: Status, detail: str) -> None:
+            if state.stop_reason is None:
+                state.stop_reason, state.stop_detail = status, detail
+                state.running_below = live_descendants(meta)
+                stopping.append(asyncio.ensure_future(shut_down()))
+
+        state.request_stop = stop
+
+        async def shut_down() -> None:
+            """Child agents first, so they can record their own outcome; then our CLI.
+
+            The CLI is frozen meanwhile, so the agent takes no further turn.
+
+            The CLI kills its Bash commands hard when it is ended, and a child
+            agent's spawn.py runs inside one. Cancelled without this, the SDK
+            would also give the CLI 5 s to exit on its own, and a stopped agent
+            must be gone well within its parent's grace.
+            """
+            try:
+                # Freeze the CLI (not its group, where child agents run): it
+                # must not start another model turn while the children end.
+                if state.cli_pid:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(state.cli_pid, signal.SIGSTOP)
+                children = []
+                for d in descendants_of(Path(meta.session), meta.id):
+                    with contextlib.suppress(FileNotFoundError, SpawnError):
+                        child_meta = load_meta(d)
+                        child = Supervised.of(child_meta)
+                        if child_meta.id in state.running_below and child.signal(signal.SIGTERM):
+                            children.append(child)
+                # The SIGKILL half of the stop path comes after the CLI's end,
+                # in end_own_subtree; until then the loop keeps serving signals.
+                limit = loop.time() + KILL_GRACE_S
+                while loop.time() < limit and any(c.alive() for c in children):
+                    await asyncio.sleep(0.05)
+                for hook in state.stop_hooks:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(hook(), KILL_GRACE_S)
+                if state.cli_pgid:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(state.cli_pgid, signal.SIGTERM)
+            finally:
+                if state.cli_pid:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
+                task.cancel()
+
+        stopping: list[asyncio.Future[None]] = []
+
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, stop, *stopped_by(signum))
+        if EarlyStop.pending is not None:
+            stop(*EarlyStop.pending)
+        if meta.deadline is not None:
+            loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
+        beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ), meta.idle_timeout_s))
+        idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
+        drops = asyncio.create_task(drop_box_loop(meta, state, secrets_)) if has_drop_box(meta) else None
+        try:
+            max_concurrent = read_limits(Path(meta.session)).max_concurrent
+            if max_concurrent is not None:
+                # Waits with the deadline and signal handlers armed, so a queued
+                # agent can still be killed or time out with an outcome.
+                limit = time.monotonic() + SLOT_WAIT_S
+                while not try_take_slot(agent_dir, max_concurrent):
+                    if meta.deadline is None and time.monotonic() > limit:
+                        stop(Status.TIMEOUT, f"no --max-concurrent slot within {SLOT_WAIT_S:.0f} s")
+                    await asyncio.sleep(SLOT_POLL_S)
+            if error is None:
+                await executor.run(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader)
+            # A node that ended while being stopped (a remote task that reports
+            # itself canceled) waits for the stop to finish: its hooks, such as
+            # the A2A cancel, still record what they did.
+            if stopping:
+                await asyncio.gather(*stopping)
+        except asyncio.CancelledError:
+            if state.stop_reason is None:
+                raise
+        except Exception as exc:  # the SDK's errors become a failed outcome
+            error = executor.describe_error(exc, agent_dir)
+            # -N: killed by signal N; 128+N: a shell's way of saying the same.
+            state.cli_killed = getattr(exc, "exit_code", None) in (-signal.SIGTERM, -signal.SIGKILL, 143, 137)
+        finally:
+            beat.cancel()
+            for watcher in (idle, drops):
+                if watcher is not None:
+                    watcher.cancel()
+            # Closing the loop resets its signal handlers to the default
+            # action: held back from here, a late stop signal (a parent
+            # ending its subtree) can't end us before the outcome is written.
+            signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(main_task())
+    finally:
+        EarlyStop.arm()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    # Whatever happened, nothing the agent started may outlive it.
+    groups = [g for g in (state.cli_pgid,) if g]
+    running_below = state.running_below if state.stop_reason else live_descendants(meta)
+    end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else LEFTOVER_GRACE_S, spare=[guard_pid])
+    settle_descendants(meta, secrets_, running_below)
+    if has_drop_box(meta):
+        record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)
+    outcome = executor.outcome(meta, agent_dir, state, started, error)
+    outcome.truncated = truncated_logs(agent_dir) or None
+    if meta.isolation == "worktree":
+        outcome.worktree = settle_worktree(home_cwd, agent_dir, meta.id)
+    foreign = None
+    if not commit_outcome(agent_dir, outcome, secrets_):
+        asked_to_stop = state.stop_reason is not None or EarlyStop.pending is not None
+        committed, foreign = outcome_committed_instead(agent_dir, outcome, secrets_, asked_to_stop=asked_to_stop)
+        outcome = committed or outcome
+    if owned_cgroup(meta) is None:
+        # Outcome committed, subtree ended: nothing is left for the guard (see GUARD_SETTLED).
+        with contextlib.suppress(OSError):
+            os.write(guard_pipe, GUARD_SETTLED)
+        os.close(guard_pipe)
+    # With a tree cgroup, which holds us too, the pipe stays open until we
+    # exit: only then does the guard wake and end that cgroup, so our summary
+    # is never cut short, and an exiting process's status is already set.
+    # (Moving out of the cgroup instead costs a cgroup migration, 10-30 ms.)
+    if foreign is not None:
+        raise foreign
+    if meta.output_file and outcome.status == Status.DONE:
+        write_output_file(Path(meta.output_file), outcome.output)
+    return outcome
+
+
+def outcome_committed_instead(
+    agent_dir: Path, own: Outcome, secrets_: Sequence[str], *, asked_to_stop: bool
+) -> tuple[Outcome | None, StateError | None]:
+    """The outcome another writer committed first, which stands (a deadline, a
+    parent's kill); or, when outcome.json is no outcome spawn.py committed for
+    this agent, the error to end with.
+
+    spawn.py commits for a live runner only after asking it to stop (a stop
+    signal, then a grace): a runner never asked that loses the race lost it
+    to something else, however well-formed the record (a sibling's Bash can
+    forge one that passes for a kill). Either way this agent's own outcome is
+    kept beside it in OUTCOME_KEPT and charged to the ledger, so what it found
+    and spent is not lost. (The ledger counts an agent's first charge only:
+    a winner spawn.py charged already is not charged twice.)
+    """
+    try:
+        committed = read_outcome(agent_dir)
+        why = "missing" if committed is None else outcome_problem(committed, own.id)
+    except CorruptRecordError as exc:
+        committed, why = None, exc.message
+    if why is None and not asked_to_stop:
+        why = f"nothing asked {own.id} to stop, so no spawn.py settled it"
+    kept = agent_dir / OUTCOME_KEPT
+    where = f"is kept in {kept}"
+    if publish_once(kept, redacted_json(record_to_json(own), secrets_, indent=2).encode()):
+        charge(agent_dir, own, secrets_)  # what it spent is spent, whoever wrote outcome.json
+    else:
+        where = f"could not be kept: {kept} exists too; its transcript is {agent_dir / TRANSCRIPT}"
+    if committed is not None and why is None:
+        winner = record_from_json(Outcome, committed)
+        by = str(winner.committed_by)[:40]
+        note(f"warning: {own.id}'s outcome.json was committed first by {by!r} ({winner.status}); its own outcome ({own.status}) {where}")
+        return winner, None
+    return None, StateError(
+        f"{agent_dir / OUTCOME} was published by something other than spawn.py ({why}); {own.id}'s own outcome ({own.status}) {where}"
+    )
+
+
+def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
+    """Why a published outcome.json is not an outcome of agent_id, or None (pure)."""
+    if data.get("id") != agent_id:
+        return f"its id is {data.get('id')!r}"
+    if data.get("status") not in EXIT_FOR_STATUS:
+        return f"its status is {data.get('status')!r}"
+    for name in ("reason", "ended_at"):
+        if not isinstance(data.get(name), str):
+            return f"no {name}"
+    duration: Any = data.get("duration_s")
+    if type(data.get("exit_code")) is not int or type(duration) not in (int, float) or not is_finite(duration):
+        return "no exit_code or duration_s"
+    # Summed over the tree by status and the ledger: a string or NaN here would
+    # stop, or silently poison, every total above it.
+    if (cost := data.get("cost_usd")) is not None and (type(cost) not in (int, float) or not is_finite(cost)):
+        return f"its cost_usd is {cost!r}"
+    return None
+
+
+def write_output_file(path: Path, output: Any) -> None:
+    text = output if isinstance(output, str) else json.dumps(output, indent=2, ensure_ascii=False)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file_atomic(path, (text + ("" if text.endswith("\n") else "\n")).encode())
+    except OSError as exc:
+        raise StateError(f"can't write --output {path}: {exc.strerror}; the result is in outcome.json") from None
+
+
+def summary(agent_dir: Path, outcome: Mapping[str, Any]) -> dict[str, Any]:
+    """The one bounded JSON object a parent reads from stdout."""
+    out, truncated = truncate_for_stdout(outcome.get("output"), agent_dir / OUTCOME)
+    data: dict[str, Any] = {
+        "id": outcome.get("id") or agent_dir.name,
+        "status": outcome.get("status"),
+        "exit_code": outcome.get("exit_code"),
+        "reason": outcome.get("reason"),
+        "output": out,
+    }
+    if truncated:
+        data["output_truncated"] = True
+    if outcome.get("validation_errors"):
+        data["validation_errors"] = outcome["validation_errors"][:20]
+    if "cost_usd" in outcome:
+        data["cost_usd"] = outcome["cost_usd"]
+    if outcome.get("worktree"):
+        data["worktree"] = outcome["worktree"]  # the changes to review and merge
+    data["duration_s"] = outcome.get("duration_s")
+    data["agent_dir"] = str(agent_dir)
+    data["outcome"] = str(agent_dir / OUTCOME)
+    data["transcript"] = str(agent_dir / TRANSCRIPT)
+    return data
+
+
+def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
+    """Start the runner detached; it is registered under its own pid."""
+    # A session of its own: the launcher's caller (a Bash tool call, a CI
+    # step) may end its process group as soon as the launcher returns.
+    with open(agent_dir / RUNNER_LOG, "ab") as log:
+        # Forked by the session's fork server if this launcher was too.
+        pid = fork_detached_runner(agent_dir, plan.meta.session, plan.meta.cwd, log.fileno())
+        if pid is None:
+            pid = subprocess.Popen(
+                [sys.executable, str(compiled_script()), "_run", str(agent_dir)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                cwd=plan.meta.cwd,
+            ).pid
+    try:
+        create_time = psutil.Process(pid).create_time()
+    except psutil.Error:
+        create_time = time.time()
+    plan.meta.pid, plan.meta.create_time, plan.meta.pgid = pid, create_time, pid
+    plan.meta.pid_namespace = own_pid_namespace()
+    # Before meta.json, which the runner waits for before it starts the agent.
+    register_runner(pid, create_time, agent_dir)
+    write_meta(agent_dir, plan.meta, plan.secrets)
+    return {
+        "id": plan.meta.id,
+        "status": Status.RUNNING.value,
+        "pid": pid,
+        "agent_dir": str(agent_dir),
+        "outcome": str(agent_dir / OUTCOME),
+        "done_marker": str(agent_dir / DONE_MARKER),
+        "fail_marker": str(agent_dir / FAIL_MARKER),
+        "wait": f"{spawn_command()} wait {plan.meta.id}",
+    }
+
+
+def export_trace(meta: AgentMeta, environ: Mapping[str, str]) -> None:
+    """Send the finished tree's spans to OTLP, when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+
+    Once per tree, by the root, whose outcome means its subtree is settled.
+    The exporter runs in a process of its own with its own pinned
+    dependencies, so no agent at any depth imports OpenTelemetry. A failed
+    export is a note on stderr: it never changes the agent's outcome.
+    """
+    if meta.depth != 0 or not any(environ.get(name) for name in ENV_OTLP_ENDPOINTS):
+        return
+    import shutil
+
+    exporter, uv = SCRIPT_DIR / OTEL_EXPORTER, shutil.which("uv")
+    if uv is None or not exporter.exists():
+        note(f"warning: no OpenTelemetry export: it needs uv on PATH and {OTEL_EXPORTER} beside spawn.py")
+        return
+    try:
+        done = subprocess.run(
+            [uv, "run", "--quiet", "--script", str(exporter), meta.session],
+            env=dict(environ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=OTEL_EXPORT_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        note(f"warning: OpenTelemetry export failed: {exc}")
+        return
+    if done.returncode != 0:
+        note(f"warning: OpenTelemetry export failed: {done.stderr.strip()[-500:]}")
+
+
+def refusal_outcome(meta: AgentMeta, reason: str) -> Outcome:
+    return Outcome(
+        id=meta.id,
+        status=Status.REFUSED,
+        reason=reason,
+        exit_code=ExitCode.REFUSED,
+        ended_at=utc_now_iso(),
+        duration_s=0.0,
+        warnings=meta.warnings,
+    )
+
+
+def record_refusal(agent_dir: Path, plan: Plan) -> Outcome:
+    outcome = refusal_outcome(plan.meta, plan.refusal or "refused")
+    commit_outcome(agent_dir, outcome, plan.secrets)
+    return outcome
+
+
+# A sandboxed leaf sees agents/ read-only (sandbox_writes), so the spawn.py it
+# runs can't record a refused child there, and a hostile leaf can't forge its
+# siblings' records. That spawn.py writes the refused child's meta into the
+# leaf's drop box instead, and the leaf's runner, outside the sandbox, checks
+# it and records it: while the leaf runs (once a second), when it ends, and,
+# if the runner died, when the agent is settled.
+
+
+def drop_refusal(plan: Plan) -> tuple[Path, Outcome, str] | None:
+    """A spawn refused inside a sandboxed leaf: hand its record to the leaf's runner.
+
+    (where the runner will record it, its outcome, the leaf's id), or None
+    where agents/ is writable (the normal path records it). RefusedError
+    when there is no drop box to write either.
+    """
+    meta = plan.meta
+    session = Path(meta.session)
+    if os.access(session / AGENTS_DIR, os.W_OK) or not inside_sandbox():
+        return None
+    owner = sandbox_owner()
+    box = session / REFUSED_DIR / (owner.name if owner is not None else "")
+    if owner is None or not os.access(box, os.W_OK):
+        raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
+    meta.id = new_agent_id(meta.depth)
+    meta.pid, meta.create_time, meta.pgid = own_identity()
+    meta.pid_namespace = own_pid_namespace()
+    reason = plan.refusal or "refused"
+    data = redacted_json({"meta": record_to_json(meta), "reason": reason}, plan.secrets)
+    if not publish_once(box / f"{meta.id}.json", data.encode()):
+        raise StateError(f"{box / meta.id}.json already exists; agent ids must be unique")
+    return session / AGENTS_DIR / meta.id, refusal_outcome(meta, reason), owner.name
+
+
+def dropped_refusal(
+    leaf: AgentMeta, name: str, raw: bytes, meta_schema: Mapping[str, Any], host_namespace: str | None
+) -> tuple[AgentMeta, str] | str:
+    """A refused child's meta and reason from a file in leaf's drop box, or what is wrong with it (pure).
+
+    The leaf wrote it, so nothing in it is trusted: it must be a valid meta
+    record of a child one level below, and what the leaf could not have been
+    given by its own spawn.py (who the parent is, where it is, how deep, what
+    tools and depth it may have) is set from the leaf's own meta.
+    """
+    match = re.fullmatch(r"(a(\d{1,4})-[0-9a-f]{6})\.json", name)
+    if match is None or int(match[2]) != leaf.depth + 1:
+        return f"{name}: not the record of a child at depth {leaf.depth + 1}"
+    try:
+        data = parse_json(raw)
+    except ValueError:
+        return f"{name}: not JSON"
+    if not isinstance(data, dict) or not isinstance(data.get("reason"), str) or not isinstance(data.get("meta"), dict):
+        return f"{name}: not a refused spawn's record"
+    errors = validate_output(meta_schema, data["meta"])
+    if errors:
+        return f"{name}: not a meta record: {errors[0]}"
+    try:
+        meta = record_from_json(AgentMeta, data["meta"])
+        started_timestamp(meta)
+    except (TypeError, ValueError, AttributeError) as exc:
+        return f"{name}: not a meta record: {exc}"
+    meta.id, meta.session, meta.parent_id, meta.depth = match[1], leaf.session, leaf.id, leaf.depth + 1
+    meta.max_depth = min(meta.max_depth, leaf.max_depth)
+    meta.tools = [t for t in meta.tools if t in leaf.tools]
+    meta.sandbox, meta.containment, meta.background = "inherited", None, False
+    if meta.pid_namespace is None or meta.pid_namespace == host_namespace:
+        # Its pid was the sandbox's (and is only what the leaf says): never one to look up or signal here.
+        meta.pid_namespace = f"sandbox of {leaf.id}"
+    return meta, data["reason"][:2000] or "refused"
+
+
+def has_drop_box(meta: AgentMeta) -> bool:
+    return meta.sandbox == "on" and meta.depth >= meta.max_depth
+
+
+def record_dropped_refusals(leaf: AgentMeta, secrets_: Sequence[str], room: int = DROPPED_REFUSALS_MAX, *, final: bool = False) -> int:
+    """Record the refused spawns in leaf's drop box, at most room of them; how many were recorded.
+
+    Every file is taken out of the box, recorded or not: a file the leaf put
+    there is never read twice, and one that isn't a refused child's record
+    is named in a warning on stderr. final: nothing of the leaf runs any
+    more, and the emptied box goes too.
+    """
+    session = Path(leaf.session)
+    box = session / REFUSED_DIR / leaf.id
+    try:
+        names = sorted(os.listdir(box))
+    except OSError:
+        return 0
+    recorded, schema = 0, None
+    for name in names:
+        path = box / name
+        if name.startswith("."):
+            if final:  # publish_once's temp file, left by a writer that died
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            continue  # publish_once's temp file, there only while it writes
+        try:
+            fd, _ = open_regular(path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                raw = os.read(fd, DROPPED_REFUSAL_MAX_BYTES + 1)
+            finally:
+                os.close(fd)
+        except (OSError, CorruptRecordError):
+            raw = None
+        with contextlib.suppress(OSError):
+            path.unlink()
+        if recorded >= room:
+            note(f"warning: {leaf.id}'s refused spawn {name} not recorded: more than {DROPPED_REFUSALS_MAX} of them")
+            continue
+        if raw is None or len(raw) > DROPPED_REFUSAL_MAX_BYTES:
+            note(f"warning: {leaf.id}'s drop box held {name}, not a refused spawn's record of at most {DROPPED_REFUSAL_MAX_BYTES} bytes")
+            continue
+        if schema is None:
+            schema = json.loads((SCHEMA_DIR / "meta.json").read_text())
+        found = dropped_refusal(leaf, name, raw, schema, own_pid_namespace())
+        if isinstance(found, str):
+            note(f"warning: {leaf.id}'s drop box: {found}; not recorded")
+            continue
+        meta, reason = found
+        agent_dir = session / AGENTS_DIR / meta.id
+        try:
+            agent_dir.mkdir()
+        except OSError as exc:
+            note(f"warning: {leaf.id}'s refused spawn {meta.id} not recorded: {exc.strerror or exc}")
+            continue
+        write_meta(agent_dir, meta, secrets_)
+        commit_outcome(agent_dir, refusal_outcome(meta, reason), secrets_)
+        recorded += 1
+    if final:
+        with contextlib.suppress(OSError):
+            box.rmdir()
+    return recorded
+
+
+async def drop_box_loop(leaf: AgentMeta, state: RunState, secrets_: Sequence[str]) -> None:
+    """While a sandboxed leaf runs, record its refused spawns as they come."""
+    import asyncio
+
+    while True:
+        await asyncio.sleep(DROP_BOX_POLL_S)
+        state.refusals_recorded += record_dropped_refusals(leaf, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded)

@@ -1,0 +1,679 @@
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import os
+import re
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .agents import (
+    AgentDefinition,
+    Rule,
+    RuleSet,
+    UnknownAgentDefinitionError,
+    agent_dirs_for,
+    known_tools,
+    load_definitions,
+    load_settings_rules,
+    narrow_mode,
+    parse_rule,
+    route,
+)
+from .constants import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MODEL,
+    DEFAULT_ROOT_TIMEOUT_S,
+    DEFAULT_SYSTEM_PROMPT,
+    DEFAULT_TOOLS,
+    ENV_AGENT_ID,
+    ENV_ASK,
+    ENV_BUDGET,
+    ENV_CLI,
+    ENV_DEADLINE,
+    ENV_DENY,
+    ENV_DEPTH,
+    ENV_IDLE_TIMEOUT,
+    ENV_MAX_DEPTH,
+    ENV_MODEL,
+    ENV_MODEL_TIERS,
+    ENV_PERMISSION_MODE,
+    ENV_SESSION,
+    ENV_TOOLS,
+    ENV_TRACEPARENT,
+    IDLE_TIMEOUT_S,
+    KNOWN_TOOLS,
+    MAX_COUNT,
+    MAX_SECONDS,
+    PERMISSION_KINDS,
+    PERMISSION_RANK,
+    SANDBOX_INSTALL,
+    SCHEMA_DIR,
+)
+from .core import (
+    DEFINITION_NUMBERS,
+    RUN_NUMBER_FLAGS,
+    check_schema,
+    child_deadline,
+    env_number_warnings,
+    narrow_tools,
+    new_trace,
+    number_problem,
+    parse_model_tiers,
+    parse_tools,
+    parse_traceparent,
+    redact,
+    redact_values,
+    redacted_json,
+    resolve_model,
+    sandbox_wanted,
+    secret_values,
+    slugify,
+    utc_now_iso,
+)
+from .errors import RefusedError, StateError, UsageError
+from .executors import executor_for, node_of_definition, parse_reference
+from .processes import (
+    _float_or_none,
+    _int_or_none,
+    _json_list,
+    choose_containment,
+    own_identity,
+    own_pid_namespace,
+    register_runner,
+    runner_index_dir,
+    start_guard,
+)
+from .protocol import (
+    AGENTS_DIR,
+    LIMITS,
+    META,
+    SESSION_INFO,
+    admit,
+    confirm_spawn,
+    create_agent_dir,
+    create_session_dir,
+    find_agent_dir,
+    load_input,
+    load_meta,
+    publish_once,
+    read_outcome,
+    reserve_budget,
+    resolve_session_root,
+    session_lock,
+    write_json_atomic,
+)
+from .records import AgentMeta, Limits, SessionInfo, record_to_json
+from .running import inside_sandbox, sandbox_problem
+
+# ---------------------------------------------------------------- resolving --
+
+
+@dataclass
+class Inherited:
+    """What the parent agent passes down: through env, checked against ancestry."""
+
+    parent_id: str | None = None
+    session: Path | None = None
+    depth: int = -1  # the parent's depth; -1 when this is a root
+    max_depth: int | None = None
+    deadline: float | None = None
+    budget: float | None = None
+    tools: list[str] | None = None
+    traceparent: str | None = None
+    deny: list[str] = field(default_factory=list)
+    ask: list[str] = field(default_factory=list)
+    permission_mode: str | None = None
+    model: str | None = None
+    idle_timeout: float | None = None
+
+
+def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
+    """What this spawn inherits: the narrowest of its env, its ancestors' envs, and its runner.
+
+    The nearest ancestor agent found by process identity (ancestry["runner"],
+    from its meta.json) is the parent whenever there is one: its id and its
+    session, whatever the environment claims. Every limit is the smallest
+    any source gives, and the tools are those every source allows.
+    """
+    inh = Inherited()
+    runner: Mapping[str, Any] = ancestry.get("runner") or {}
+    env_depth = _int_or_none(environ.get(ENV_DEPTH))
+    anc_depth = ancestry.get("depth")
+    if env_depth is not None and (anc_depth is None or env_depth >= anc_depth):
+        inh.depth = env_depth
+        inh.parent_id = environ.get(ENV_AGENT_ID)
+        inh.session = Path(environ[ENV_SESSION]) if environ.get(ENV_SESSION) else None
+    elif anc_depth is not None:
+        inh.depth = anc_depth
+        inh.parent_id = ancestry.get("parent_id")
+        inh.session = Path(ancestry["session"]) if ancestry.get("session") else None
+    if runner:
+        inh.parent_id = runner["parent_id"]
+        inh.session = Path(runner["session"])
+        inh.depth = max(inh.depth, int(runner["depth"]))
+    inh.max_depth = min_known(_int_or_none(environ.get(ENV_MAX_DEPTH)), ancestry.get("max_depth"), runner.get("max_depth"))
+    inh.deadline = min_known(_float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline"), runner.get("deadline"))
+    inh.budget = min_known(_float_or_none(environ.get(ENV_BUDGET)), ancestry.get("budget"), runner.get("budget"))
+    tool_sets: list[set[str]] = []
+    if environ.get(ENV_TOOLS) is not None:
+        tool_sets.append(set(environ[ENV_TOOLS].split(",")) - {""})
+    for source in (ancestry, runner):
+        if source.get("tools") is not None:
+            tool_sets.append(set(source["tools"]))
+    if tool_sets:
+        inh.tools = sorted(set.intersection(*tool_sets))
+    inh.traceparent = environ.get(ENV_TRACEPARENT) or environ.get("TRACEPARENT") or runner.get("traceparent")
+    # Rules only accumulate: an agent can drop them from its own env, not from its ancestors'.
+    for kind, name in (("deny", ENV_DENY), ("ask", ENV_ASK)):
+        rules = set(_json_list(environ.get(name))) | set(ancestry.get(kind, [])) | set(runner.get(kind, []))
+        setattr(inh, kind, sorted(rules))
+    modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
+    inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
+    inh.model = environ.get(ENV_MODEL) or runner.get("model")
+    idle = _float_or_none(environ.get(ENV_IDLE_TIMEOUT))
+    inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
+    return inh
+
+
+def read_task(args: argparse.Namespace) -> str:
+    if args.task is not None and args.task_file is not None:
+        raise UsageError("give --task or --task-file, not both")
+    if args.task_file is not None:
+        if args.task_file == "-":
+            task = sys.stdin.read()
+        else:
+            try:
+                task = Path(args.task_file).read_text()
+            except OSError as exc:
+                raise UsageError(f"can't read --task-file {args.task_file}: {exc.strerror}; check the path") from None
+            except UnicodeDecodeError:
+                raise UsageError(f"--task-file {args.task_file} is not UTF-8 text") from None
+    else:
+        task = args.task or ""
+    if not task.strip():
+        raise UsageError("the task is empty; pass --task TEXT or --task-file PATH ('-' for stdin)")
+    try:
+        task.encode()  # argv bytes that aren't UTF-8 arrive as lone surrogates
+    except UnicodeEncodeError:
+        raise UsageError("the task is not valid UTF-8 text; fix its encoding or pass it with --task-file") from None
+    return task
+
+
+# Schemas of spawn.py's own records in schemas/: not output schemas for an agent.
+RECORD_SCHEMAS = frozenset(
+    {"ask", "ask-answer", "heartbeat", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
+)
+
+
+def load_schema(value: str) -> tuple[dict[str, Any], str]:
+    """A schema from NAME (schemas/NAME.json), a path, or inline JSON."""
+    text: str
+    source: str
+    stripped = value.strip()
+    if stripped.startswith(("{", "[")):
+        text, source = stripped, "inline"
+    elif re.fullmatch(r"[A-Za-z0-9_.\-]+", stripped) and not stripped.endswith(".json"):
+        path = SCHEMA_DIR / f"{stripped}.json"
+        if not path.is_file():
+            names = sorted(p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS) if SCHEMA_DIR.is_dir() else []
+            raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(names) or '(none)'}, a path, or inline JSON")
+        text, source = path.read_text(), str(path)
+    else:
+        path = Path(stripped).expanduser()
+        try:
+            text, source = path.read_text(), str(path.resolve())
+        except OSError as exc:
+            raise UsageError(f"can't read schema {stripped}: {exc.strerror}; give a NAME, a path or inline JSON") from None
+    return check_schema(load_input(text, f"schema {source}", "JSON"), source), source
+
+
+def find_cli(environ: Mapping[str, str]) -> Path:
+    """The claude CLI: $SPAWN_CLI, else the one bundled in the SDK wheel.
+
+    Found without importing the SDK (importing it costs about a second).
+    """
+    if environ.get(ENV_CLI):
+        path = Path(environ[ENV_CLI])
+    else:
+        import importlib.util
+
+        spec = importlib.util.find_spec("claude_agent_sdk")
+        if spec is None or spec.origin is None:
+            raise UsageError("claude-agent-sdk is not installed; run with 'uv run spawn.py' or pip install claude-agent-sdk")
+        path = Path(spec.origin).parent / "_bundled" / ("claude.exe" if os.name == "nt" else "claude")
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UsageError(f"claude CLI not found at {path}; reinstall claude-agent-sdk or set {ENV_CLI}")
+    return path
+
+
+def check_credentials(environ: Mapping[str, str]) -> None:
+    # ANTHROPIC_BASE_URL is not among them: a proxy or the mock model still
+    # needs a key, and without one the CLI starts, then fails "Not logged in".
+    names = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN",
+             "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")  # fmt: skip
+    if any(environ.get(n) for n in names):
+        return
+    config = Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
+    if (config / ".credentials.json").is_file() or sys.platform == "darwin":  # macOS keeps them in the keychain
+        return
+    raise UsageError(
+        "no credentials for the model; set ANTHROPIC_API_KEY, run 'claude login', "
+        "or for offline runs set ANTHROPIC_BASE_URL to tools/mock_model.py and any ANTHROPIC_API_KEY"
+    )
+
+
+@dataclass
+class Plan:
+    """Everything a run needs, resolved before anything is written."""
+
+    meta: AgentMeta
+    inherited: Inherited
+    refusal: str | None
+    session_root: Path
+    new_session: bool
+    cli: Path
+    secrets: list[str]
+    limits: Limits = field(default_factory=Limits)
+    """Tree-wide caps; written to limits.json when this spawn creates the session."""
+    guard: tuple[int, int] | None = None
+    """(pid, pipe) of the guard started for an agent this process runs."""
+    rules: RuleSet = field(default_factory=RuleSet)
+    """The effective rules, each with where it came from (for --dry-run)."""
+
+
+def positive(name: str, value: float | None, integer: bool = False) -> None:
+    """A count (>= 0) or an amount (> 0), checked like every other number."""
+    maximum = MAX_COUNT if integer else MAX_SECONDS
+    why = None if value is None else number_problem(name, value, maximum=maximum, integer=integer, zero_ok=integer)
+    if why is not None:
+        raise UsageError(why)
+
+
+def check_run_input(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """Every number, path and trace a run was given, checked before anything starts.
+
+    Bad flags are usage errors (exit 2, nothing written). Malformed SPAWN_*
+    and TRACEPARENT variables come back as warnings: their readers ignore
+    them, and an ignored limit is still bounded by the ancestry.
+    """
+    for flag, attr, maximum, integer, zero_ok in RUN_NUMBER_FLAGS:
+        value = getattr(args, attr)
+        why = None if value is None else number_problem(flag, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
+        if why is not None:
+            raise UsageError(why)
+    if args.parent_trace is not None and parse_traceparent(args.parent_trace) is None:
+        raise UsageError(f"--parent-trace {args.parent_trace!r} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
+    if args.output:
+        check_output_path(args.output)
+    warnings = env_number_warnings(environ)
+    for name in (ENV_TRACEPARENT, "TRACEPARENT"):
+        value = environ.get(name)
+        if value and parse_traceparent(value) is None:
+            warnings.append(f"{name} {value[:80]!r} is not a W3C traceparent; ignored, a new trace is started")
+    return warnings
+
+
+def check_output_path(value: str) -> None:
+    """--output must be a file we can write, known before the model is called and paid."""
+    path = Path(value).expanduser()
+    try:
+        if path.is_dir():
+            raise UsageError(f"--output {value} is a directory; give a file path")
+        parent = path.resolve().parent
+    except (OSError, RuntimeError) as exc:
+        raise UsageError(f"--output {value} can't be resolved: {exc}") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"--output {value} is not writable; give another path")
+    # Missing directories are created when the output is written: the nearest
+    # existing one must let us do that.
+    existing = next(p for p in (parent, *parent.parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--output {value}: {existing} is not a directory; give another path")
+    if not path.exists() and not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {value}: directory {existing} is not writable; give another path")
+
+
+def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Plan:
+    task = read_task(args)
+    catalogue = known_tools(environ) if args.tools or args.disallowed_tools else KNOWN_TOOLS  # with what the CLI reported
+    requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
+    disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
+    flag_rules = RuleSet(*([parse_rule(r, f"--{kind}") for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
+    input_warnings = check_run_input(args, environ)
+    if args.system_prompt is not None and args.system_prompt_file is not None:
+        raise UsageError("give --system-prompt or --system-prompt-file, not both")
+    system_prompt = args.system_prompt
+    if args.system_prompt_file is not None:
+        try:
+            system_prompt = Path(args.system_prompt_file).read_text()
+        except OSError as exc:
+            raise UsageError(f"can't read --system-prompt-file {args.system_prompt_file}: {exc.strerror}") from None
+    cwd = Path(args.cwd).expanduser().resolve() if args.cwd else Path.cwd()
+    if not cwd.is_dir():
+        raise UsageError(f"--cwd {args.cwd} is not a directory")
+    cli = find_cli(environ)
+    # A reference (a2a:URL, an agent-card URL, command:EXE) names its node
+    # directly; a NAME is a definition, which may itself say its kind.
+    node = parse_reference(args.agent)
+
+    inh = inherited_context(environ, ancestry)
+    warnings: list[str] = input_warnings
+    depth = inh.depth + 1
+    # The flags' limits, narrowed by a definition below; args stays as parsed.
+    max_depth_arg: int | None = args.max_depth
+    timeout: float | None = args.timeout or None  # --timeout 0: no deadline of its own, explicitly
+    budget_arg: float | None = args.max_budget_usd
+    max_turns: int | None = args.max_turns
+    background: bool | None = args.background
+    definition, routing = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None)
+    node = node or node_of_definition(definition)
+    if not args.dry_run and node.kind == "claude":
+        check_credentials(environ)  # only the claude kind calls the model from here
+    if definition is not None:
+        # A definition's settings are defaults the flags override, but the
+        # flags can't widen what it allows: tools, depth, time, budget, rules.
+        system_prompt = system_prompt if system_prompt is not None else definition.prompt
+        if definition.tools is not None:
+            if requested_tools is not None:
+                dropped = [t for t in requested_tools if t not in definition.tools]
+                if dropped:
+                    warnings.append(f"tools not in the {definition.name} definition were dropped: {','.join(dropped)}")
+                requested_tools = [t for t in requested_tools if t in definition.tools]
+            else:
+                requested_tools = list(definition.tools)
+        disallowed = list(dict.fromkeys([*definition.disallowed_tools, *disallowed]))
+        max_depth_arg = min_known(max_depth_arg, definition.max_depth)
+        timeout = min_known(timeout, definition.timeout)
+        budget_arg = min_known(budget_arg, definition.max_budget_usd)
+        max_turns = min_known(max_turns, definition.max_turns)
+        if background is None:
+            background = definition.background
+        if isinstance(definition.effort, int):
+            warnings.append(f"numeric effort {definition.effort} is not passed: the SDK takes low, medium, high, xhigh or max")
+        if flag_rules.allow and definition.permissions.allow:
+            warnings.append(f"--allow can't widen the {definition.name} definition's allow rules; ignored")
+            flag_rules.allow = []
+    model_name = args.model if args.model is not None else (definition.model if definition and definition.model else DEFAULT_MODEL)
+    if model_name == "inherit":
+        model_name = inh.model or DEFAULT_MODEL
+    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)))
+    schema_arg = args.schema or (definition.schema if definition else None)
+    schema, schema_source = load_schema(schema_arg) if schema_arg else (None, None)
+    own = definition.permissions if definition else RuleSet()
+    if definition is not None:
+        own = RuleSet(*([dataclasses.replace(r, source=definition.path) for r in getattr(own, k)] for k in PERMISSION_KINDS))
+    # A user's settings files bind the whole tree: its first agent on this
+    # machine reads them (a root, or one served to a caller elsewhere, which
+    # arrives with the caller's depth but no parent here), and their deny and
+    # ask rules reach every child as inherited rules.
+    first_here = inh.parent_id is None
+    user = load_settings_rules(cwd, environ) if first_here and not args.no_settings else RuleSet()
+    if args.no_settings and not first_here:
+        warnings.append("--no-settings applies at the root only; the tree's rules still hold")
+    inherited = [[parse_rule(t, "inherited from the parent") for t in texts] for texts in (inh.deny, inh.ask)]
+    rules = RuleSet(
+        allow=[*own.allow, *flag_rules.allow, *user.allow],
+        deny=unique_rules([*own.deny, *flag_rules.deny, *user.deny, *inherited[0]]),
+        ask=unique_rules([*own.ask, *flag_rules.ask, *user.ask, *inherited[1]]),
+    )
+    mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
+    if mode_warning:
+        warnings.append(mode_warning)
+    max_depth = narrow_to_inherited("--max-depth", max_depth_arg, inh.max_depth, "the tree's", warnings)
+    max_depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
+    tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
+    if definition is not None:
+        # A definition's MCP servers are granted whole unless it names their tools.
+        tools += [f"mcp__{s}" for s in definition.mcp_servers if not any(t.startswith(f"mcp__{s}") for t in tools)]
+    tools, dropped = narrow_tools(tools, inh.tools)
+    if dropped:
+        warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
+    budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
+    now = time.time()
+    if args.timeout is None and timeout is None and inh.depth < 0:
+        timeout = DEFAULT_ROOT_TIMEOUT_S
+    deadline = child_deadline(timeout, inh.deadline, now)
+    # A bad reference is exit 2 before anything is written; the check's time
+    # (an A2A card's fetch) counts against the deadline.
+    executor_for(node.kind).check(node, deadline)
+    idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
+
+    refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
+    # Inside a parent's sandbox an agent is held by it, whatever it asks.
+    sandbox = "inherited" if inside_sandbox() else "off"
+    if sandbox == "off" and node.kind == "claude" and sandbox_wanted(args.sandbox, depth, max_depth, tools):
+        sandbox = "on"
+        problem = sandbox_problem()
+        if problem is not None and refusal is None:
+            # Never run unsandboxed silently: the agent's Bash was to be contained.
+            refusal = (
+                f"sandbox: Claude Code's sandbox can't run here ({problem}); install it with `{SANDBOX_INSTALL}`, or pass --sandbox off"
+            )
+
+    session_root = resolve_session_root(args.session, environ)
+    # A child stays in its tree's session, whatever --session says: there it
+    # shares the tree's limits file and ledger, and `kill` finds it.
+    session = inh.session
+    if session is not None and args.session:
+        warnings.append(f"--session {args.session} ignored: this agent is registered in its tree's session {session}")
+    trace = new_trace(args.parent_trace or inh.traceparent)
+    topic = args.topic or task
+    meta = AgentMeta(
+        id="(assigned at registration)",
+        parent_id=inh.parent_id,
+        depth=depth,
+        max_depth=max_depth,
+        pid=0,
+        create_time=0.0,
+        pgid=0,
+        trace_id=trace.trace_id,
+        span_id=trace.span_id,
+        parent_span_id=trace.parent_span_id,
+        traceparent=trace.traceparent,
+        task=task,
+        tools=tools,
+        disallowed_tools=disallowed,
+        model=model,
+        cwd=str(cwd),
+        started_at=utc_now_iso(),
+        session=str(session) if session else "(created at registration)",
+        system_prompt=system_prompt if system_prompt is not None else ("" if args.preset else DEFAULT_SYSTEM_PROMPT),
+        preset=args.preset,
+        schema=schema,
+        schema_source=schema_source,
+        deadline=deadline,
+        max_turns=max_turns,
+        max_budget_usd=budget,
+        idle_timeout_s=idle_timeout,
+        # Redacted before slugify lowercases it out of the secret's shape.
+        topic=slugify(redact(topic, secret_values(environ)), 32),
+        output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
+        background=bool(background),
+        agent=definition.name if definition else None,
+        agent_source=definition.path if definition else None,
+        routing=routing,
+        permissions=rules.texts(),
+        permission_mode=mode,
+        mcp_servers=sorted(definition.mcp_servers) if definition else [],
+        skills=definition.skills if definition else None,
+        effort=definition.effort if definition else None,
+        initial_prompt=definition.initial_prompt if definition else None,
+        isolation=definition.isolation if definition else None,
+        memory=definition.memory if definition else None,
+        hooks=sorted(definition.hooks or {}) if definition else [],
+        sandbox=sandbox,
+        warnings=warnings,
+        kind=node.kind,
+        endpoint=node.endpoint,
+    )
+    limits = Limits(budget_arg, args.max_agents, args.max_concurrent, args.confirm_over)
+    if session is None and args.max_concurrent is not None and args.max_concurrent <= max_depth:
+        warnings.append(
+            f"--max-concurrent {args.max_concurrent} is fewer than the {max_depth + 1} levels --max-depth {max_depth} allows: "
+            "a parent lends its slot only while blocked in a foreground spawn or 'spawn.py wait'"
+        )
+    if session is not None and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
+        warnings.append("--max-agents, --max-concurrent and --confirm-over apply to a whole tree and are set by its root; ignored here")
+    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules)
+
+
+def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, warnings: list[str]) -> Any:
+    """A limit: the inherited one when none was asked for, else the smaller, with a warning if lowered."""
+    if inherited is None:
+        return requested
+    if requested is not None and requested > inherited:
+        warnings.append(f"{flag} {requested} lowered to {whose} {inherited}")
+    return inherited if requested is None else min(requested, inherited)
+
+
+def refusal_for(
+    depth: int, max_depth: int, deadline: float | None, now: float, *, requested_tools: Sequence[str] | None, tools: Sequence[str]
+) -> str | None:
+    """Why a resolved spawn may not run, or None."""
+    if depth > max_depth:
+        return f"depth limit: this agent would be at depth {depth}, the tree's max depth is {max_depth}"
+    if deadline is not None and deadline <= now:
+        return "deadline: the parent has no time left for a child"
+    if requested_tools and not tools:
+        return f"tools: none of {','.join(requested_tools)} is held by the parent"
+    return None
+
+
+def min_known(*values: Any) -> Any:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def unique_rules(rules: Iterable[Rule]) -> list[Rule]:
+    return list({r.text: r for r in rules}.values())
+
+
+def choose_definition(
+    name: str | None, task: str, cwd: Path, environ: Mapping[str, str]
+) -> tuple[AgentDefinition | None, dict[str, Any] | None]:
+    """The definition --agent names, or the one routing picks for --agent auto."""
+    if not name:
+        return None, None
+    definitions, problems = load_definitions(cwd, environ)
+    routing = None
+    if name == "auto":
+        routing = route(task, definitions)
+        chosen = definitions[routing["chosen"]] if routing["chosen"] else None
+    elif name not in definitions:
+        raise UnknownAgentDefinitionError(name, [p for p, _ in agent_dirs_for(cwd, environ)])
+    else:
+        chosen = definitions[name]
+    # A bad limit is left unset by the parser, and an unset limit is no limit:
+    # running with it would widen what the definition meant to allow.
+    numeric = {key for key, *_ in DEFINITION_NUMBERS}
+    bad = [p for p in problems if chosen is not None and p.path == chosen.path and p.message.split(" ", 1)[0] in numeric]
+    if bad:
+        raise UsageError(f"{bad[0]}; fix the definition (see 'spawn.py agents lint')")
+    return chosen, routing
+
+
+def resolve_resume(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentMeta:
+    """The agent --resume names, after checking it can be continued; its settings become defaults.
+
+    Tools and model default to the original's and can only narrow; the run
+    stays in the original's cwd, where the CLI keeps the conversation.
+    """
+    caller_session = Path(environ[ENV_SESSION]) if environ.get(ENV_SESSION) else None
+    agent_dir = find_agent_dir(args.resume, caller_session, resolve_session_root(args.session, environ))
+    original = load_meta(agent_dir)
+    outcome = read_outcome(agent_dir)
+    if outcome is None:
+        raise UsageError(f"agent {original.id} is still running; 'spawn.py wait {original.id}' first, then resume it")
+    if not outcome.get("sdk_session_id"):
+        raise UsageError(f"agent {original.id} has no SDK session to resume (status {outcome.get('status')}); start a new agent")
+    if args.cwd is not None and Path(args.cwd).expanduser().resolve() != Path(original.cwd):
+        raise UsageError(f"--resume runs in the original's cwd {original.cwd}; drop --cwd")
+    args.cwd = original.cwd
+    if args.tools is None:
+        args.tools = ",".join(original.tools)  # narrowed to the original's in place_resumed
+    args.model = args.model or original.model
+    args.agent = args.agent or original.agent
+    args.max_depth = min_known(args.max_depth, original.max_depth)
+    # Its rules stay: a resumed agent may not do what the original was denied or had to ask.
+    args.deny = [*(args.deny or []), *original.permissions.get("deny", [])]
+    args.ask = [*(args.ask or []), *original.permissions.get("ask", [])]
+    return original
+
+
+def place_resumed(plan: Plan, original: AgentMeta) -> None:
+    """A resumed agent sits under the original's parent in its session, unless an agent is the caller."""
+    meta = plan.meta
+    meta.resumed_from = original.id
+    dropped = [t for t in meta.tools if t not in original.tools]
+    if dropped:
+        meta.warnings.append(f"tools the resumed agent didn't have were dropped: {','.join(dropped)}")
+        meta.tools = [t for t in meta.tools if t in original.tools]
+        if not meta.tools and plan.refusal is None:
+            plan.refusal = f"tools: none of {','.join(dropped)} was held by the resumed agent {original.id}"
+    if plan.new_session:
+        plan.new_session = False
+        meta.session, meta.parent_id, meta.depth = original.session, original.parent_id, original.depth
+        meta.max_depth = min(meta.max_depth, original.max_depth)
+        if plan.refusal and plan.refusal.startswith("depth limit"):
+            plan.refusal = None
+
+
+def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
+    """Create the session (for a root), admit the agent and write its meta.json.
+
+    Admission and the new directory happen under the session lock, so two
+    spawns racing for the last agent or the last dollar can't both get it.
+    A spawn refused here gets plan.refusal set and its meta written at once.
+    """
+    meta = plan.meta
+    if plan.refusal is None:
+        runner_index_dir()  # a broken runner index fails the spawn before anything is written
+    if plan.new_session:
+        session = create_session_dir(plan.session_root, meta.topic or "agent", dt.datetime.now())
+        write_json_atomic(session / LIMITS, record_to_json(plan.limits))
+    else:
+        session = Path(meta.session)
+        if not (session / AGENTS_DIR).is_dir():
+            raise StateError(f"session {session} does not exist; unset {ENV_SESSION} or pass --session DIR")
+    meta.session = str(session)
+    if plan.refusal is not None and not plan.new_session and not os.access(session / AGENTS_DIR, os.W_OK):
+        # A sandboxed agent that can't spawn sees agents/ read-only (sandbox_writes).
+        raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
+    if plan.refusal is None and not plan.new_session:
+        plan.refusal = confirm_spawn(meta, session, plan.secrets)
+    with session_lock(session):
+        if plan.refusal is None:
+            plan.refusal = admit(meta, session)
+        meta.id, agent_dir = create_agent_dir(session, meta.depth)
+        if plan.refusal is None:
+            reserve_budget(session, meta, plan.secrets)
+    meta.containment = choose_containment(meta.parent_id is None, meta.session, meta.id, os.environ)
+    if plan.refusal is not None and pid_info is None:
+        pid_info = own_identity()
+    if pid_info is not None:
+        meta.pid, meta.create_time, meta.pgid = pid_info
+        meta.pid_namespace = own_pid_namespace()
+    if plan.new_session:
+        info = SessionInfo(id=session.name, created_at=meta.started_at, topic=meta.topic or "", root_agent=meta.id)
+        write_json_atomic(session / SESSION_INFO, redact_values(record_to_json(info), plan.secrets))
+    if pid_info is not None:
+        if plan.refusal is None:
+            # The guard exists before the agent does: a SIGKILL right after
+            # meta.json is published still leaves someone to settle it.
+            plan.guard = start_guard(agent_dir)
+            # Before meta.json: nothing this agent starts can predate its entry.
+            register_runner(meta.pid, meta.create_time, agent_dir)
+        write_meta(agent_dir, meta, plan.secrets)
+    return agent_dir
+
+
+def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
+    data = redacted_json(record_to_json(meta), secrets_, indent=2)
+    if not publish_once(agent_dir / META, data.encode()):
+        raise StateError(f"{agent_dir / META} already exists; agent ids must be unique")

@@ -1,0 +1,1245 @@
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import functools
+import json
+import marshal  # builtin, loaded with the interpreter: status's forked workers answer in it
+import os
+import re
+import signal
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .cli import note
+from .cli_start import has_drop_box, native_usage, outcome_problem, record_dropped_refusals
+from .constants import (
+    ENV_AGENT_ID,
+    ENV_SESSION,
+    HEARTBEAT_S,
+    HEARTBEAT_STALE_BEATS,
+    KILL_GRACE_S,
+    LEFTOVER_GRACE_S,
+    LIVENESS_POLL_MAX_S,
+    LIVENESS_POLL_S,
+    PROTOCOL_VERSION,
+    SCRIPT_PATH,
+    WAIT_NOISE_HOLDOFF_S,
+    WAIT_POLL_BATCH,
+    WAIT_POLL_MAX_S,
+    WAIT_POLL_PER_AGENT_S,
+    WAIT_POLL_S,
+    WAIT_RESCAN_MAX_S,
+    WAIT_RESCAN_S,
+    WATCH_REFRESH_S,
+)
+from .core import id_depth, started_timestamp, token_hex, utc_now_iso
+from .errors import CorruptRecordError, ExitCode, SpawnError
+from .forkserver import ancestry_subject
+from .processes import Supervised, end_tree_cgroup, is_guard, wait_gone
+from .protocol import (
+    AGENTS_DIR,
+    DONE_MARKER,
+    FAIL_MARKER,
+    HEARTBEAT,
+    META,
+    NATIVE_LOG,
+    OUTCOME,
+    SLOT_LENT,
+    SLOT_MARKER,
+    STATUS_CACHE,
+    STATUS_INDEX,
+    TRANSCRIPT,
+    agent_dir_names,
+    commit_outcome,
+    iter_agent_dirs,
+    lend_slot,
+    load_meta,
+    load_meta_keyed,
+    open_regular,
+    parse_json,
+    pending_asks,
+    read_json,
+    read_ledger,
+    read_limits,
+    read_outcome,
+    read_outcome_keyed,
+    read_regular_file,
+    read_text,
+    remove_stray_marker,
+    take_back_slot,
+    with_estimated_cost,
+)
+from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, R, Status, record_to_json
+from .running import usable_cpus
+from .standin import FORKSERVER_SOCKET
+
+# -------------------------------------------------------------------- verbs --
+
+
+def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
+    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
+    try:
+        beat = read_json(agent_dir / HEARTBEAT)
+        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
+    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+
+
+def idle_for(agent_dir: Path) -> float | None:
+    """Seconds a running agent has been idle, when that is over half its idle timeout."""
+    try:
+        beat = read_json(agent_dir / HEARTBEAT)
+        idle, limit = time.time() - float(beat["last_activity_at"]), float(beat["idle_timeout_s"])
+    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+    return idle if idle > limit / 2 else None
+
+
+def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
+    """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
+    if not Supervised.of(meta).alive():
+        return Status.FAILED
+    age = heartbeat_age(agent_dir)
+    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+        return Status.STALE
+    return Status.RUNNING
+
+
+def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Process], list[int]]:
+    """What is left of an agent: its spawn.py, its CLI, the CLI's descendants and group."""
+    procs: list[psutil.Process] = []
+    groups: list[int] = []
+    if spawn_py := Supervised.of(meta).process():
+        procs.append(spawn_py)
+    with contextlib.suppress(FileNotFoundError, SpawnError, KeyError, TypeError, ValueError, psutil.Error):
+        beat = read_json(agent_dir / HEARTBEAT)
+        cli = Supervised(int(beat["cli_pid"]), float(beat["cli_create_time"])).process()
+        if cli is not None:
+            procs += [*reversed(cli.children(recursive=True)), cli]
+            groups.append(int(beat["cli_pgid"]))
+    seen = {p.pid for p in procs}
+    procs += [p for p in processes_started_for(meta) if p.pid not in seen]
+    return procs, groups
+
+
+def processes_started_for(meta: AgentMeta) -> list[psutil.Process]:
+    """Processes carrying the environment spawn.py gave this agent's CLI.
+
+    Finds the CLI and what it started even when no heartbeat names it yet
+    (spawn.py killed just as the CLI started) or their parent links are
+    gone. Guards are left alone: each settles its own agent.
+    """
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if env.get(ENV_AGENT_ID) == meta.id and env.get(ENV_SESSION) == meta.session and not is_guard(proc):
+            found.append(proc)
+    return found
+
+
+def last_text_in_transcript(agent_dir: Path) -> str | None:
+    """The agent's last assistant text, so an outcome committed for it keeps it."""
+    try:
+        lines = read_text(agent_dir / TRANSCRIPT).splitlines()  # a child's file, read by whoever settles it
+    except (OSError, SpawnError):
+        return None
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError, AttributeError):
+            record = parse_json(line)
+            if record.get("type") == "AssistantMessage":
+                texts = [b["text"] for b in record["message"].get("content", []) if isinstance(b, dict) and b.get("text")]
+                if texts:
+                    return "\n".join(texts)
+    return None
+
+
+def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets_: Sequence[str]) -> list[str]:
+    """End what is left of several agents at once, and commit an outcome for each without one.
+
+    Live spawn.py processes are asked first (SIGTERM), all together: each ends
+    its own subtree and commits its own outcome, keeping everything it knows.
+    After the grace, what remains of them is killed and the outcome given
+    here (agent dir, status, reason) is committed for agents that still have
+    none. Returns the ids that had no outcome when called.
+    """
+    pending = [(d, load_meta(d), status, reason) for d, status, reason in verdicts if read_outcome(d) is None]
+    asked = []
+    for _, meta, _, _ in pending:
+        if proc := Supervised.of(meta).signal(signal.SIGTERM):
+            asked.append(proc)
+    # spawn.py answers SIGTERM by ending its own subtree (up to KILL_GRACE_S)
+    # and settling it; give it that twice over before taking its place.
+    wait_gone(asked, KILL_GRACE_S * 2)
+    still_running = {meta.id for _, meta, _, _ in pending if Supervised.of(meta).alive()}
+
+    def commit(which: Callable[[AgentMeta], bool]) -> None:
+        for d, meta, status, reason in pending:
+            if not which(meta):
+                continue
+            started = started_timestamp(meta)
+            outcome = Outcome(
+                id=meta.id,
+                status=status,
+                reason=reason,
+                exit_code=EXIT_FOR_STATUS[status],
+                ended_at=utc_now_iso(),
+                duration_s=round(max(0.0, time.time() - started), 3),
+                text=last_text_in_transcript(d),
+                transcript=str(d / TRANSCRIPT),
+                committed_by=by,
+            )
+            if has_drop_box(meta) and meta.id not in still_running:
+                record_dropped_refusals(meta, secrets_, final=True)  # its runner is gone, and whatever it ran
+            commit_outcome(d, with_estimated_cost(outcome, d, meta.model), secrets_)
+
+    # A spawn.py about to be SIGKILLed gets its outcome first, so its guard
+    # finds it rather than recording the kill as a crash. The others are
+    # committed after their leftovers are gone, so an outcome is never seen
+    # while what the agent left still runs.
+    commit(lambda meta: meta.id in still_running)
+    procs: list[psutil.Process] = []
+    groups: list[int] = []
+    for d, meta, _, _ in pending:
+        more_procs, more_groups = agent_leftovers(d, meta)
+        procs += more_procs
+        groups += more_groups
+    if procs or groups:
+        Supervised.stop(procs, groups, grace=LEFTOVER_GRACE_S)
+    commit(lambda meta: meta.id not in still_running)
+    return [meta.id for _, meta, _, _ in pending]
+
+
+def parent_gone(session: Path, meta: AgentMeta) -> bool:
+    """True if a live agent's parent agent has ended or died: it escaped its tree."""
+    if meta.parent_id is None:
+        return False
+    parent_dir = session / AGENTS_DIR / meta.parent_id
+    try:
+        parent = load_meta(parent_dir)
+    except (FileNotFoundError, SpawnError):
+        return False
+    return read_outcome(parent_dir) is not None or not Supervised.of(parent).alive()
+
+
+def live_descendants(meta: AgentMeta) -> set[str]:
+    """Ids of the agents below meta whose process is running and have no outcome."""
+    live = set()
+    for d in descendants_of(Path(meta.session), meta.id):
+        if (d / OUTCOME).exists():  # one stat: most children of an ending agent have finished
+            continue
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            child = load_meta(d)
+            if Supervised.of(child).alive():
+                live.add(child.id)
+    return live
+
+
+def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]) -> None:
+    """Before an agent commits, every agent below it has an outcome too.
+
+    Its subtree has been ended; what has no outcome yet was ended by it
+    before recording one (those in `ended`, alive when it began), died
+    unseen, or escaped the process tree. So a parent's marker means its
+    whole subtree is settled, and no child's result is left hanging.
+    """
+    verdicts = []
+    for d in descendants_of(Path(meta.session), meta.id):
+        if (d / OUTCOME).exists():  # settled already: no need to look at its process
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            child = load_meta(d)
+            if Supervised.of(child).alive() or child.id in ended:
+                verdicts.append((d, Status.KILLED, f"ended with its ancestor {meta.id}"))
+            else:
+                verdicts.append((d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})"))
+    settle_agents(verdicts, "parent", secrets_)
+
+
+def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
+    """Settle an agent whose process died, or whose parent is gone, with its subtree."""
+    if read_outcome(agent_dir) is not None:
+        return False
+    meta = load_meta(agent_dir)
+    remove_stray_marker(agent_dir)  # else the outcome committed below would get the wrong marker
+    session = Path(meta.session)
+    if Supervised.of(meta).alive():
+        if not parent_gone(session, meta):
+            return False
+        status, reason = Status.KILLED, f"its parent agent {meta.parent_id} is gone (found by {by})"
+    elif parent_gone(session, meta):
+        # Its parent's end took it down (a CLI kills its Bash commands hard).
+        status, reason = Status.KILLED, f"process {meta.pid} ended with its parent agent {meta.parent_id} (found by {by})"
+    else:
+        status, reason = Status.FAILED, f"process {meta.pid} died without writing an outcome (found by {by})"
+    below = [(child, Status.KILLED, f"ancestor {meta.id} ended without it (found by {by})") for child in descendants_of(session, meta.id)]
+    settled = meta.id in settle_agents([*below, (agent_dir, status, reason)], by, secrets_)
+    # Its spawn.py is gone now; if its guard died too, the tree's cgroup is ours to end.
+    end_tree(meta, by, secrets_)
+    return settled
+
+
+def end_tree(meta: AgentMeta, by: str, secrets_: Sequence[str]) -> None:
+    """End the tree's cgroup (if meta's agent owns one), then settle what it took down.
+
+    cgroup.kill also ends the guards inside the tree, so an agent that
+    registered while its root was being settled would be left with no
+    outcome: it is committed here, as killed with its tree.
+    """
+    if not end_tree_cgroup(meta):
+        return
+    # The fork server was in that cgroup too: a socket it had no time to remove goes now.
+    with contextlib.suppress(OSError):
+        sock = Path(meta.session) / FORKSERVER_SOCKET
+        if stat.S_ISSOCK(sock.lstat().st_mode):
+            sock.unlink()
+    late = []
+    for d in descendants_of(Path(meta.session), meta.id):
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            if read_outcome(d) is None:
+                late.append((d, Status.KILLED, f"ended with its tree when {meta.id} ended (found by {by})"))
+    if late:
+        settle_agents(late, by, secrets_)
+
+
+def reap_session(session: Path, by: str, secrets_: Sequence[str]) -> list[str]:
+    reaped = []
+    for d in iter_agent_dirs(session):
+        # A corrupt record is skipped (`status` shows it), never the end of the reap.
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            if not (d / OUTCOME).exists() and reap_agent(d, by, secrets_):
+                reaped.append(d.name)
+    return reaped
+
+
+def calling_agent(environ: Mapping[str, str]) -> tuple[Path, AgentMeta] | None:
+    """The agent whose Bash runs this command, if this process really is below its runner.
+
+    SPAWN_AGENT_ID alone could name any agent; only a descendant of that
+    agent's own spawn.py process may act for it (lend its slot).
+    """
+    session, agent_id = environ.get(ENV_SESSION), environ.get(ENV_AGENT_ID)
+    if not session or not agent_id:
+        return None
+    agent_dir = Path(session) / AGENTS_DIR / agent_id
+    try:
+        meta = load_meta(agent_dir)
+        ancestors = ancestry_subject().parents()
+    except (FileNotFoundError, SpawnError, psutil.Error, OSError):
+        return None
+    for proc in ancestors:
+        with contextlib.suppress(psutil.Error):
+            if proc.pid == meta.pid and abs(proc.create_time() - meta.create_time) < 0.05:
+                return agent_dir, meta
+    return None
+
+
+@contextlib.contextmanager
+def slot_lent_by_caller(environ: Mapping[str, str]) -> Iterator[None]:
+    """While the calling agent is blocked here, its --max-concurrent slot is free for others.
+
+    Without this, ancestors waiting on their children hold every slot and a
+    tree deeper than --max-concurrent stalls until its deadline.
+    """
+    caller = calling_agent(environ)
+    max_concurrent = read_limits(Path(caller[1].session)).max_concurrent if caller else None
+    if caller is None or max_concurrent is None or not lend_slot(caller[0]):
+        yield
+        return
+    try:
+        yield
+    finally:
+        take_back_slot(caller[0], max_concurrent, caller[1])
+
+
+def corrupt_agents(session: Path) -> list[dict[str, str]]:
+    """Agents of a session whose records can't be read: id, path and why."""
+    found = []
+    for d in iter_agent_dirs(session):
+        try:
+            load_meta(d)
+            read_outcome(d)
+        except FileNotFoundError:
+            continue
+        except SpawnError as exc:
+            found.append({"id": d.name, "agent_dir": str(d), "error": exc.message})
+    return found
+
+
+@dataclass
+class WaitResult:
+    outcomes: dict[Path, dict[str, Any]]
+    stale: list[Path]
+    finished: bool
+    """False when wait's own --timeout ran out first."""
+
+
+class MarkerEvents:
+    """Which agent directories got a .done/.fail marker: inotify (Linux), else unavailable.
+
+    (take_start_slot uses it too, to sleep until a slot file is closed:
+    watch(folder, IN_CLOSE), then drain() at each wake.)
+
+    A marker is the committer's last step (created O_EXCL after outcome.json
+    is published and charged), so its IN_CREATE says the outcome is whole.
+    Renames into place (IN_MOVED_TO) count too. Heartbeat refreshes also
+    wake the fd; they are read and dropped, never acted on.
+    """
+
+    IN_CLOSE = 0x08 | 0x10  # IN_CLOSE_WRITE | IN_CLOSE_NOWRITE
+    IN_MOVED_TO = 0x80
+    IN_CREATE = 0x100
+    IN_IGNORED = 0x8000  # the watch is gone (directory removed): poll it instead
+    IN_Q_OVERFLOW = 0x4000  # events were lost: look at everything
+    IN_ONLYDIR = 0x1000000
+    IN_NONBLOCK = 0o4000
+    IN_CLOEXEC = 0o2000000
+    HEADER = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.fd = -1
+        self.dirs: dict[int, Path] = {}
+        self.lost: set[Path] = set()
+        """Directories whose watch went away since the last read."""
+        self.overflow = False
+        if not enabled or not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        try:
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            self.fd = int(self.libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC))
+        except (OSError, AttributeError):
+            self.fd = -1
+
+    def watch(self, agent_dir: Path, events: int = IN_CREATE | IN_MOVED_TO) -> bool:
+        """Watch agent_dir; False if it can't be (no inotify, watch limit reached, no such dir)."""
+        if self.fd < 0:
+            return False
+        wd = int(self.libc.inotify_add_watch(self.fd, os.fsencode(agent_dir), events | self.IN_ONLYDIR))
+        if wd < 0:
+            return False
+        self.dirs[wd] = agent_dir
+        return True
+
+    def read(self) -> set[Path]:
+        """Directories with a new marker since the last read (sets overflow/lost as they happen)."""
+        import struct
+
+        found: set[Path] = set()
+        size = struct.calcsize(self.HEADER)
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return found
+            offset = 0
+            while offset + size <= len(data):
+                wd, mask, _, length = struct.unpack_from(self.HEADER, data, offset)
+                name = data[offset + size : offset + size + length].rstrip(b"\0")
+                offset += size + length
+                if mask & self.IN_Q_OVERFLOW:
+                    self.overflow = True
+                elif mask & self.IN_IGNORED and wd in self.dirs:
+                    self.lost.add(self.dirs.pop(wd))
+                elif name in (DONE_MARKER.encode(), FAIL_MARKER.encode()) and wd in self.dirs:
+                    found.add(self.dirs[wd])
+
+    def drain(self) -> None:
+        """Read and drop what has come (for a watch whose events all mean one thing: look again)."""
+        with contextlib.suppress(OSError):
+            while os.read(self.fd, 65536):
+                pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            # Closing an fd that still watches waits out an RCU grace period
+            # (7-17 ms measured); with its watches removed first, that wait
+            # is the kernel's, in the background (0.1 ms).
+            for wd in self.dirs:
+                self.libc.inotify_rm_watch(self.fd, wd)
+            os.close(self.fd)
+            self.fd = -1
+
+
+def exit_fd(meta: AgentMeta) -> int | None:
+    """A pidfd that turns readable when the agent's spawn.py exits, or None.
+
+    None where there is none to have (not Linux, another pid namespace, no
+    fds left) and when the process is already gone: then the caller checks it
+    at once. The identity check comes after the open: if the recorded
+    process still runs then, the pid was never reused, so the fd is its.
+    """
+    supervised = Supervised.of(meta)
+    if supervised.foreign() or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        fd = os.pidfd_open(supervised.pid)
+    except OSError:
+        return None
+    if supervised.process() is None:
+        os.close(fd)
+        return None
+    return fd
+
+
+def allow_open_files(count: int) -> None:
+    """Raise the soft open-file limit toward count (one pidfd per agent waited on), as far as the hard limit allows."""
+    import resource
+
+    with contextlib.suppress(ValueError, OSError):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < count:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (count if hard == resource.RLIM_INFINITY else min(count, hard), hard))
+
+
+def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> WaitResult:
+    """Block until outcomes exist (all, or any).
+
+    Event-driven where the kernel can tell: the agent's process exit (pidfd)
+    and, past WAIT_POLL_BATCH agents, a marker's creation (inotify) wake it,
+    and each wake costs what it names, not a pass over every agent; so a
+    thousand quiet agents cost almost no CPU. A few agents' outcomes, and
+    what can't be watched, are polled with a period that grows with the
+    number polled; watched outcomes are still re-read now and then in case
+    an event was lost.
+
+    Never hangs on a dead agent: its exit (or, unwatched, a check every
+    LIVENESS_POLL_S or so) gets it reaped (failed outcome). A stuck one
+    (stale heartbeat) is reported rather than waited for; its heartbeat is
+    read again only when it could first have gone stale.
+    """
+    import heapq
+    import select
+
+    pending = dict.fromkeys(agent_dirs)  # an ordered set
+    result = WaitResult({}, [], True)
+    metas = {d: load_meta(d) for d in pending}
+    deadline = None if timeout is None else time.monotonic() + timeout
+    events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH)
+    allow_open_files(len(pending) + 64)
+    # epoll: a wake costs what is ready, where poll() would scan every pidfd each time.
+    epoll = hasattr(select, "epoll")
+    poller: Any = select.epoll() if epoll else select.poll()
+    if events.fd >= 0:
+        poller.register(events.fd, select.POLLIN)
+    unwatched = {d for d in pending if not events.watch(d)}  # outcomes polled
+    exits: dict[int, Path] = {}
+    exit_polled: set[Path] = set()  # no pidfd: liveness polled
+    for d in pending:
+        fd = exit_fd(metas[d])
+        if fd is None:
+            exit_polled.add(d)
+        else:
+            exits[fd] = d
+            poller.register(fd, select.POLLIN)
+    # Watches are set before this first look, so nothing committed between is missed.
+    to_read: set[Path] = set(pending)
+    # Polls and marker events only read an outcome whose marker is there: the
+    # marker is the committer's last step, after the ledger charge, and a
+    # wait that wrote it first (read_outcome does) would fsync it on its own
+    # path to exit. An outcome left without one (its writer died) is read by
+    # the exit event and rescans, which write the marker.
+    to_peek: set[Path] = set()
+    # A peek is two stats of paths built once (not pathlib): a poll of a few
+    # agents runs every few ms for as long as they run, and pathlib's joins
+    # were most of its CPU. A marker that can't be stat'ed is read by a rescan.
+    markers = {d: (os.path.join(d, DONE_MARKER), os.path.join(d, FAIL_MARKER)) for d in pending}
+    to_check: set[Path] = set(exit_polled)  # look at the process now: gone, or not watchable
+    stale_checks = [(0.0, str(d), d) for d in pending]  # a heap: when each heartbeat is next worth reading
+    now = time.monotonic()
+    rescan_every, next_rescan = WAIT_RESCAN_S, now + WAIT_RESCAN_S
+    next_poll = now + WAIT_POLL_S
+    next_liveness = now + LIVENESS_POLL_S
+
+    def liveness_period(count: int) -> float:
+        return min(LIVENESS_POLL_MAX_S, LIVENESS_POLL_S * max(1.0, count / WAIT_POLL_BATCH))
+
+    def settled(d: Path) -> None:
+        pending.pop(d, None)
+        unwatched.discard(d)
+        exit_polled.discard(d)
+
+    try:
+        while pending:
+            to_peek -= to_read
+            for d in to_peek:
+                if d in pending and (os.path.exists(markers[d][0]) or os.path.exists(markers[d][1])):
+                    to_read.add(d)
+            for d in [d for d in to_read if d in pending]:
+                outcome = read_outcome(d)
+                if outcome is not None:
+                    result.outcomes[d] = outcome
+                    settled(d)
+            to_read.clear()
+            to_peek.clear()
+            if not pending or (mode == "any" and result.outcomes):
+                break
+            now = time.monotonic()
+            for d in [d for d in to_check if d in pending]:
+                state = liveness(d, metas[d])
+                if state == Status.FAILED:
+                    reap_agent(d, "wait", secrets_)
+                    to_read.add(d)
+                elif state == Status.STALE:
+                    result.stale.append(d)
+                    settled(d)
+            to_check.clear()
+            while stale_checks and stale_checks[0][0] <= now:
+                _, _, d = heapq.heappop(stale_checks)
+                if d not in pending or d in exit_polled:
+                    continue  # settled; or its liveness poll reads the heartbeat anyway
+                age = heartbeat_age(d)
+                if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+                    result.stale.append(d)
+                    settled(d)
+                    continue
+                # It can't go stale before its last beat is that old; none yet: not stale until it has one.
+                after = HEARTBEAT_S if age is None else HEARTBEAT_STALE_BEATS * age[1] - age[0]
+                heapq.heappush(stale_checks, (now + max(LIVENESS_POLL_S, after), str(d), d))
+            if to_read:
+                continue  # a reaped agent's outcome is read before anything else
+            if not pending:
+                break
+            if deadline is not None and now >= deadline:
+                result.finished = False
+                break
+            wake = [next_rescan]
+            wake += [stale_checks[0][0]] if stale_checks else []
+            wake += [next_liveness] if exit_polled else []
+            wake += [next_poll] if unwatched else []
+            wake += [deadline] if deadline is not None else []
+            ms = max(0, int((min(wake) - now) * 1000) + 1)
+            ready = poller.poll(ms / 1000 if epoll else ms)
+            before = len(to_read) + len(to_peek)
+            for fd, _ in ready:
+                if fd == events.fd:
+                    to_peek |= events.read()
+                elif fd in exits:
+                    poller.unregister(fd)
+                    os.close(fd)
+                    gone = exits.pop(fd)
+                    to_read.add(gone)  # it most likely committed on its way out
+                    to_check.add(gone)
+            if ready and len(to_read) + len(to_peek) == before and not (events.overflow or events.lost):
+                time.sleep(WAIT_NOISE_HOLDOFF_S)  # only noise woke us
+            if events.overflow or events.lost:
+                to_read |= set(pending)
+                unwatched |= events.lost & set(pending)
+                events.overflow, events.lost = False, set()
+            now = time.monotonic()
+            if unwatched and now >= next_poll:
+                to_peek |= unwatched
+                next_poll = now + min(WAIT_POLL_MAX_S, max(WAIT_POLL_S, WAIT_POLL_PER_AGENT_S * len(unwatched)))
+            if exit_polled and now >= next_liveness:
+                to_check |= exit_polled
+                next_liveness = now + liveness_period(len(exit_polled))
+            if now >= next_rescan:
+                to_read |= set(pending)
+                rescan_every = min(rescan_every * 2, WAIT_RESCAN_MAX_S)
+                next_rescan = now + rescan_every
+    finally:
+        events.close()
+        for fd in exits:
+            os.close(fd)
+        if epoll:
+            poller.close()
+    return result
+
+
+def corrupt_row(agent_dir: Path, error: SpawnError, meta: AgentMeta | None = None) -> dict[str, Any]:
+    """A `status` row for an agent whose records can't be read."""
+    return {
+        "id": meta.id if meta else agent_dir.name,
+        "parent_id": meta.parent_id if meta else None,
+        "depth": meta.depth if meta else int(agent_dir.name[1:].split("-")[0]) if re.fullmatch(r"a\d+-\w+", agent_dir.name) else 0,
+        "state": Status.CORRUPT.value,
+        "task": "",
+        "duration_s": 0.0,
+        "cost_usd": None,
+        "cost_known": False,
+        "pid": meta.pid if meta else 0,
+        "agent_dir": str(agent_dir),
+        "error": error.message,
+    }
+
+
+# A finished agent's status row never changes: its meta.json and outcome.json
+# are final. `status` keeps those rows in STATUS_CACHE, each with the identity
+# (inode, size, mtime) of the two records, so a later `status` of a large
+# session checks two stats per finished agent instead of reading and parsing
+# both records. Anything that doesn't match is read again;
+# an unreadable cache is ignored; the cache is never the only copy of anything.
+
+STATUS_CACHE_MIN_ROWS = 200  # below this, reading the records is as fast as the cache
+STATUS_CACHE_SETTLE_S = 2.0  # a record changed this recently may change again within the same mtime tick
+ROW_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "parent_id": (str, type(None)),
+    "depth": (int,),
+    "state": (str,),
+    "task": (str,),
+    "duration_s": (int, float, type(None)),
+    "cost_usd": (int, float, type(None)),
+    "cost_known": (bool,),
+    "pid": (int,),
+    "agent_dir": (str,),
+    "containment": (str, type(None)),
+}
+
+
+def record_keys(agent_dir: str) -> list[int] | None:
+    """(inode, size, mtime_ns) of an agent's meta.json and outcome.json; None if one is missing."""
+    keys: list[int] = []
+    for path in (f"{agent_dir}/{META}", f"{agent_dir}/{OUTCOME}"):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        keys += (st.st_ino, st.st_size, st.st_mtime_ns)
+    return keys
+
+
+def script_key() -> list[int]:
+    """Rows are built by this spawn.py's code: another copy or version builds its own."""
+    st = SCRIPT_PATH.stat()
+    return [st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def load_status_cache(session: Path) -> tuple[dict[str, Any], list[int]]:
+    """Agent directory name -> [keys, row] from STATUS_CACHE, and how much of STATUS_INDEX
+    it has taken in ([inode, bytes]); empty if it is missing, damaged or another version's."""
+    try:
+        data = read_json(session / STATUS_CACHE)
+        agents, mark = data["agents"], data.get("index", [0, 0])
+        if data.get("protocol") != PROTOCOL_VERSION or data.get("script") != script_key() or not isinstance(agents, dict):
+            return {}, [0, 0]
+    except (OSError, SpawnError, KeyError):
+        return {}, [0, 0]
+    if not (isinstance(mark, list) and len(mark) == 2 and all(type(n) is int and n >= 0 for n in mark)):
+        mark = [0, 0]
+    return agents, mark
+
+
+# The first `status` of a session has no cache, and would read and parse
+# every agent's two records: 10,000 of them take a second. So the committer
+# of each outcome also appends that agent's finished row, keyed like the
+# cache's, to STATUS_INDEX. status takes each line as a cache entry: checked
+# against the records' identity and the settle time, and read from the
+# records whenever it doesn't match. The index is a hint, never a record:
+# it may lack lines (a commit that couldn't append), hold damaged ones, or
+# be missing, and status answers the same.
+
+STATUS_INDEX_MAX_BYTES = 64 << 20  # a bigger index (junk appended to it) is not read: the records are
+
+
+def index_status_row(agent_dir: Path) -> None:
+    """Append a just-committed agent's row to its session's STATUS_INDEX; best effort.
+
+    The entry status would cache for it (read_agent_rows, with nothing left
+    to settle): its row from the records as they are on disk, keyed by the
+    very files read. None for a damaged record, or an agent with Claude Code
+    subagents, whose rows come from a log.
+    """
+    try:
+        found = read_agent_rows(str(agent_dir.parent), [agent_dir.name], queueing=False, settled_before=float("inf"))
+        entry = found[0][1][1] if found else None
+        if entry is None:
+            return
+        keys, row = entry
+        row = {k: v for k, v in row.items() if k != "agent_dir"}  # status puts in its own spelling of the path
+        line = json.dumps({"name": agent_dir.name, "keys": keys, "row": row}, separators=(",", ":"), ensure_ascii=False) + "\n"
+        # O_APPEND keeps concurrent committers' lines whole; O_NOFOLLOW and
+        # open_regular: a link or a FIFO planted at the index is never written through.
+        fd, _ = open_regular(agent_dir.parent.parent / STATUS_INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
+    except Exception:  # a hint, after the commit: nothing in a record, however odd, may fail the commit
+        return
+    try:
+        os.write(fd, line.encode())
+    except OSError:
+        pass  # a full disk: status reads this agent's records instead
+    finally:
+        os.close(fd)
+
+
+def read_status_index(session: Path, mark: Sequence[int], settled_before: float) -> tuple[dict[str, list[Any]], list[int]]:
+    """STATUS_INDEX's entries past mark, as the cache's (name -> [keys, row]), and the new mark.
+
+    Only whole lines, each checked for its shape, and only rows whose
+    records had settled: a line is written at commit, maybe within the
+    mtime tick of the records' last change. Anything else in the file is
+    skipped. A missing, oversized or irregular index gives nothing.
+    """
+    try:
+        fd, st = open_regular(session / STATUS_INDEX, os.O_RDONLY | os.O_NOFOLLOW)
+    except (OSError, SpawnError):
+        return {}, [0, 0]
+    try:
+        start = mark[1] if mark[0] == st.st_ino and mark[1] <= st.st_size else 0
+        if st.st_size - start > STATUS_INDEX_MAX_BYTES:
+            return {}, [st.st_ino, st.st_size]
+        data = os.pread(fd, st.st_size - start, start) if st.st_size > start else b""
+    except OSError:
+        return {}, [0, 0]
+    finally:
+        os.close(fd)
+    whole = data.rfind(b"\n") + 1  # a line still being appended is taken next time
+    lines = data[:whole].decode(errors="replace").splitlines()
+    try:  # one parse for all: the usual, undamaged index
+        parsed: list[Any] = parse_json("[" + ",".join(lines) + "]", STATUS_INDEX_MAX_BYTES + len(lines) + 2) if lines else []
+    except ValueError:
+        parsed = []
+        for text in lines:
+            with contextlib.suppress(ValueError):
+                parsed.append(parse_json(text))
+    agents = str(session / AGENTS_DIR)  # the path status spells (tree_rows)
+    entries: dict[str, list[Any]] = {}
+    for item in parsed:
+        if not isinstance(item, dict):
+            continue
+        name, keys, row = item.get("name"), item.get("keys"), item.get("row")
+        if (
+            isinstance(name, str)
+            and isinstance(row, dict)
+            and isinstance(keys, list)
+            and len(keys) == 6
+            and all(type(k) is int for k in keys)
+            and max(keys[2::3]) < settled_before
+        ):
+            entries[name] = [keys, {**row, "agent_dir": f"{agents}/{name}"}]
+    return entries, [st.st_ino, start + whole]
+
+
+def cached_row(entry: Any, agent_dir: str, keys: list[int] | None) -> dict[str, Any] | None:
+    """The cached row of agent_dir if its records are unchanged, else None. A hand-edited cache can't break status."""
+    if keys is None or not isinstance(entry, list) or len(entry) != 2 or entry[0] != keys:
+        return None
+    row = entry[1]
+    if not isinstance(row, dict) or row.get("agent_dir") != agent_dir or row.get("id") != os.path.basename(agent_dir):
+        return None
+    for key, allowed in ROW_TYPES.items():
+        if not isinstance(row.get(key), allowed):
+            return None
+    if not isinstance(row.get("resumed_from", ""), str):
+        return None
+    return row
+
+
+def save_status_cache(session: Path, entries: Mapping[str, list[Any]], index_mark: Sequence[int]) -> None:
+    data = {"protocol": PROTOCOL_VERSION, "script": script_key(), "index": list(index_mark), "agents": entries}
+    tmp = session / f".{STATUS_CACHE}.{os.getpid()}.{token_hex(3)}.tmp"
+    try:
+        # Not write_json_atomic: no indent, no fsync; a cache lost in a crash is rebuilt.
+        with open(tmp, "x", encoding="utf-8") as fh:
+            fh.write(json.dumps(data, separators=(",", ":"), ensure_ascii=False))  # dumps: json.dump is the slow pure-Python encoder
+        os.replace(tmp, session / STATUS_CACHE)
+    except OSError:  # a read-only session, a full disk: status still answers
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def tree_rows(session: Path) -> list[dict[str, Any]]:
+    """The agents of a session with state and cost, parents before children."""
+    queueing = read_limits(session).max_concurrent is not None
+    settled_before = (time.time() - STATUS_CACHE_SETTLE_S) * 1e9
+    cache, mark = load_status_cache(session)
+    indexed, new_mark = read_status_index(session, mark, settled_before)
+    agents = str(session / AGENTS_DIR)
+    names = agent_dir_names(Path(agents))
+    hits: dict[str, list[Any]] = {}
+    for name in names:
+        path = f"{agents}/{name}"  # a Path only for what isn't cached: 10,000 of them cost 0.1 s
+        entry, indexed_entry = cache.get(name), indexed.get(name)
+        if entry is None and indexed_entry is None:
+            continue
+        keys = record_keys(path)  # once, for either
+        if (row := cached_row(entry, path, keys) or cached_row(indexed_entry, path, keys)) is not None:
+            hits[name] = [keys, row]
+    misses = [name for name in names if name not in hits]
+    read = functools.partial(read_agent_rows, agents, queueing=queueing, settled_before=settled_before)
+    found = {name: result for part in forked_map(read, misses, STATUS_PARALLEL_MIN) for name, result in part}
+    rows: dict[str, dict[str, Any]] = {}
+    finished: dict[str, list[Any]] = {}  # what the cache will hold: the finished agents found this time
+    for name in names:  # in order: of two records that claim one id, the later wins
+        if name in hits:
+            rows[name] = hits[name][1]
+            finished[name] = hits[name]
+        elif name in found:
+            agent_rows, entry = found[name]
+            rows.update((row["id"], row) for row in agent_rows)
+            if entry is not None:
+                finished[name] = entry
+    read_again = len(finished) - len(hits)
+    children: dict[str | None, list[str]] = {}
+    for row in rows.values():
+        parent = row["parent_id"] if row["parent_id"] in rows else None
+        children.setdefault(parent, []).append(row["id"])
+
+    def subtree(agent_id: str) -> tuple[float, bool]:
+        row = rows[agent_id]
+        total, known = (row["cost_usd"] or 0.0), row["cost_known"] or row["state"] == Status.REFUSED
+        for child in children.get(agent_id, []):
+            c_total, c_known = subtree(child)
+            total, known = total + c_total, known and c_known
+        row["subtree_cost_usd"], row["subtree_cost_known"] = round(total, 6), known
+        return total, known
+
+    ordered: list[dict[str, Any]] = []
+
+    def walk(agent_id: str, level: int) -> None:
+        rows[agent_id]["level"] = level
+        ordered.append(rows[agent_id])
+        for child in sorted(children.get(agent_id, []), key=lambda i: rows[i]["agent_dir"]):
+            walk(child, level + 1)
+
+    # Saved before the walk below adds each run's level and subtree cost to the rows.
+    if len(finished) >= STATUS_CACHE_MIN_ROWS and (read_again or len(finished) != len(cache) or new_mark != mark):
+        save_status_cache(session, finished, new_mark)
+    for root in sorted(children.get(None, []), key=lambda i: rows[i]["agent_dir"]):
+        subtree(root)
+        walk(root, 0)
+    return ordered
+
+
+def read_agent_rows(
+    agents: str, names: Sequence[str], *, queueing: bool, settled_before: float
+) -> list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]]:
+    """The status rows of each named agent directory (its own, then its native
+    subagents'; none while its meta.json isn't written), and its cache entry
+    when it is finished and settled."""
+    found: list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]] = []
+    for name in names:
+        path = f"{agents}/{name}"
+        try:
+            meta, meta_keys = load_meta_keyed(path)
+        except FileNotFoundError:
+            continue  # a background launch between mkdir and meta.json
+        except SpawnError as exc:
+            # One damaged record must not hide the rest of the tree.
+            found.append((name, ([corrupt_row(Path(path), exc)], None)))
+            continue
+        try:
+            outcome, outcome_keys = read_outcome_keyed(path)
+            if outcome is not None and (why := outcome_problem(outcome, name)):
+                raise CorruptRecordError(f"{path}/{OUTCOME}", f"not an outcome of {name}: {why}")
+        except SpawnError as exc:
+            found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
+            continue
+        state = outcome["status"] if outcome else unfinished_state(Path(path), meta, queueing=queueing).value
+        started = started_timestamp(meta)
+        row = {
+            "id": meta.id,
+            "parent_id": meta.parent_id,
+            "depth": meta.depth,
+            "state": state,
+            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
+            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
+            "cost_usd": outcome.get("cost_usd") if outcome else None,
+            "cost_known": bool(outcome and "cost_usd" in outcome),
+            "pid": meta.pid,
+            "agent_dir": path,
+            "containment": meta.containment,
+        }
+        if meta.resumed_from:
+            row["resumed_from"] = meta.resumed_from
+        natives = native_rows(path, meta, parent_ended=outcome is not None)
+        # Cached: a finished agent whose records were settled before we read them,
+        # keyed by the very files read, so a record replaced meanwhile is read
+        # again next time. Native subagents' rows come from a log: not cached.
+        keys = meta_keys + outcome_keys if outcome_keys is not None else None
+        settled = outcome is not None and keys is not None and not natives and max(keys[2::3]) < settled_before
+        found.append((name, ([row, *natives], [keys, row] if settled and meta.id == name else None)))
+    return found
+
+
+STATUS_PARALLEL_MIN = 2_000  # records to read before status spreads the reading over the CPUs
+
+
+def forked_map(fn: Callable[[Sequence[str]], R], items: Sequence[str], minimum: int) -> list[R]:
+    """fn over slices of items, one per CPU, the first here and the others in forked children.
+
+    Reading and parsing 10,000s of records is CPU-bound, and status's process
+    holds nothing another process would need to share. Each child sends its
+    result back marshalled through a pipe. A child that fails, or a fork that
+    can't be made, costs only speed: that slice is done here. Below `minimum`
+    items, in a process with threads (fork would copy their locks held), or
+    on one CPU, everything is done here.
+    """
+    workers = min(usable_cpus(), 4, len(items) // max(minimum // 2, 1))
+    if len(items) < minimum or workers < 2 or threading.active_count() > 1 or not hasattr(os, "fork"):
+        return [fn(items)]
+    size = -(-len(items) // workers)
+    slices = [items[i : i + size] for i in range(0, len(items), size)]
+    pending = [fork_worker(fn, part) for part in slices[1:]]  # (pid, read end), or None
+    try:
+        results = [fn(slices[0])]
+        for i, part in enumerate(slices[1:]):
+            child, pending[i] = pending[i], None
+            got = join_worker(child) if child is not None else None
+            results.append(got[0] if got is not None else fn(part))  # no result from the child: its slice is done here
+    finally:
+        for child in pending:  # left only by an exception here: end them (ours, by pid)
+            if child is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(child[0], signal.SIGKILL)
+                join_worker(child)
+    return results
+
+
+def join_worker(child: tuple[int, int]) -> tuple[Any] | None:
+    """A forked worker's result, read to the end and reaped; None if it failed."""
+    pid, fd = child
+    data = b""
+    with contextlib.suppress(OSError), os.fdopen(fd, "rb") as fh:
+        data = fh.read()
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, 0)[1] != 0:
+            return None
+    try:
+        return (marshal.loads(data),)
+    except (EOFError, ValueError, TypeError):
+        return None
+
+
+def fork_worker(fn: Callable[[Sequence[str]], Any], part: Sequence[str]) -> tuple[int, int] | None:
+    """A forked child that writes fn(part), marshalled, to a pipe: (pid, read end), or None if it can't be made."""
+    try:
+        read_end, write_end = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        return None
+    if pid == 0:  # the child: never returns, never runs the parent's exit handlers or flushes its buffers
+        code = 1
+        try:
+            os.close(read_end)
+            data = marshal.dumps(fn(part))
+            with os.fdopen(write_end, "wb") as fh:
+                fh.write(data)
+            code = 0
+        except BaseException:  # a Ctrl-C, a broken pipe: the parent does the slice itself
+            pass
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    return pid, read_end
+
+
+def unfinished_state(agent_dir: Path, meta: AgentMeta, *, queueing: bool) -> Status:
+    """What status shows for an agent without an outcome: running, or why not."""
+    state = liveness(agent_dir, meta)
+    if state == Status.FAILED:
+        return Status.LOST  # gone without an outcome
+    if state != Status.RUNNING:
+        return state
+    if idle_for(agent_dir) is not None:
+        return Status.STALLED
+    if queueing and (agent_dir / SLOT_LENT).exists():
+        return Status.WAITING
+    if queueing and not (agent_dir / SLOT_MARKER).exists():
+        return Status.QUEUED
+    return state
+
+
+def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -> list[dict[str, Any]]:
+    """Claude Code's own subagents of an agent (NATIVE_LOG), as child rows of kind `native`.
+
+    Their cost is part of the parent's (the CLI counts it in its total), so a
+    native row adds nothing to the subtree's cost and is never `unknown`.
+    """
+    nodes: dict[str, dict[str, Any]] = {}
+    log = f"{agent_dir}/{NATIVE_LOG}"
+    if not os.path.exists(log):  # most agents have none: a stat is cheaper than a failed open
+        return []
+    lines: list[str] = []
+    with contextlib.suppress(OSError, UnicodeDecodeError, CorruptRecordError):
+        lines = read_regular_file(log)[0].decode().splitlines()
+    for raw in lines:
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
+            line = parse_json(raw)
+            node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
+            node[line["event"]] = line
+    rows = []
+    for native_id, node in nodes.items():
+        start = node.get("start") or node.get("stop") or {}
+        stop = node.get("stop")
+        began = parse_iso(start.get("time")) or time.time()
+        ended = parse_iso(stop["time"]) if stop else None
+        transcript = stop.get("transcript_path") if stop else None
+        rows.append(
+            {
+                "id": f"n-{native_id}",
+                "parent_id": meta.id,
+                "depth": meta.depth + 1,
+                "kind": "native",
+                "agent_type": node["agent_type"],
+                # Without a stop, it was cut off when its parent's CLI ended.
+                "state": Status.DONE.value if stop else (Status.KILLED.value if parent_ended else Status.RUNNING.value),
+                "task": f"native {node['agent_type']} subagent",
+                "duration_s": round((ended or time.time()) - began, 1),
+                "cost_usd": None,
+                "cost_known": True,
+                "usage": native_usage(Path(transcript)) if transcript else {},
+                "transcript": transcript,
+                "pid": meta.pid,
+                "agent_dir": f"{agent_dir}/{NATIVE_LOG}#{native_id}",
+            }
+        )
+    return rows
+
+
+def parse_iso(value: Any) -> float | None:
+    try:
+        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def format_cost(value: float | None, known: bool) -> str:
+    if value is None and not known:
+        return "?"
+    text = f"${value or 0:.4f}"
+    return text if known else f">={text}"
+
+
+def session_summary(session: Path) -> dict[str, Any]:
+    limits = read_limits(session)
+    ledger = read_ledger(session)
+    data: dict[str, Any] = {
+        "spent_usd": round(ledger.spent, 6),
+        "reserved_usd": round(ledger.reserved, 6),
+        "agents_with_unknown_cost": ledger.unknown,
+        "agents_with_estimated_cost": len(ledger.estimated),
+    }
+    data.update({k: v for k, v in record_to_json(limits).items() if k != "protocol"})
+    return data
+
+
+def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mapping[str, Any]) -> str:
+    spent = f"${totals['spent_usd']:.4f}" + (
+        f" + {totals['agents_with_unknown_cost']} unknown" if totals["agents_with_unknown_cost"] else ""
+    )
+    if totals.get("agents_with_estimated_cost"):
+        spent += f" ({totals['agents_with_estimated_cost']} estimated)"
+    if totals.get("reserved_usd"):
+        spent += f", reserved ${totals['reserved_usd']:.4f}"
+    caps = [f"budget ${totals['max_budget_usd']:.4f}"] if "max_budget_usd" in totals else []
+    caps += [f"{k.removeprefix('max_').replace('_', ' ')} <= {totals[k]}" for k in ("max_agents", "max_concurrent") if k in totals]
+    lines = [f"session {session}", f"spent {spent}" + (f" ({', '.join(caps)})" if caps else "")]
+    for row in rows:
+        own = format_cost(row["cost_usd"], row["cost_known"] or row["state"] == Status.REFUSED)
+        sub = format_cost(row["subtree_cost_usd"], row["subtree_cost_known"])
+        chain = f" ⟲ {row['resumed_from']}" if row.get("resumed_from") else ""  # continues that agent's conversation
+        lines.append(
+            f"{'  ' * row['level']}{row['id']}{chain}  d{row['depth']}  {row['state']:<11} "
+            f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}"
+        )
+        if row["level"] == 0 and row.get("containment"):  # a tree's root says what holds the tree
+            lines.append(f"{'  ' * (row['level'] + 1)}containment {row['containment']}")
+    return "\n".join(lines)
+
+
+def watch_frame(session: Path, rows: Sequence[Mapping[str, Any]], asks: Sequence[Mapping[str, Any]], size: tuple[int, int]) -> str:
+    """One screen of `status --watch`: the tree cut to the terminal, so nothing wraps or scrolls."""
+    columns, lines = size
+    text = format_tree(session, rows, session_summary(session)).splitlines()
+    text += [f"ask {a['id']}: agent {a['agent_id']} wants {a['tool']}: {a['input']}; spawn.py approve|deny {a['id']}" for a in asks]
+    if len(text) > lines - 1:
+        text = [*text[: lines - 2], f"... {len(text) - lines + 2} more lines"]
+    text.append(f"{time.strftime('%H:%M:%S')} watching; Ctrl-C stops watching, the agents keep running")
+    # \x1b[K clears what the previous frame left on a line, \x1b[J the lines below.
+    return "\x1b[H" + "".join(line[:columns] + "\x1b[K\n" for line in text) + "\x1b[J"
+
+
+def watch_changes(previous: Mapping[str, str], rows: Sequence[Mapping[str, Any]], asks: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """What `status --watch` prints when stdout is no terminal: one line per new agent, state or ask."""
+    now: dict[str, str] = {}
+    for row in rows:
+        own = format_cost(row["cost_usd"], row["cost_known"] or row["state"] == Status.REFUSED)
+        sub = format_cost(row["subtree_cost_usd"], row["subtree_cost_known"])
+        now[row["id"]] = f"{row['id']} d{row['depth']} {row['state']} own {own} tree {sub}"
+    for ask in asks:
+        now[ask["id"]] = f"ask {ask['id']} pending: agent {ask['agent_id']} wants {ask['tool']}: {ask['input']}"
+    for key in previous:
+        if key not in now and key.startswith("q-"):
+            now[key] = f"ask {key} answered"
+    return now
+
+
+def watch_status(session: Path, out: Any) -> int:
+    """Redraw the tree until every agent has an outcome; Ctrl-C only stops watching."""
+    import shutil
+
+    tty = out.isatty()
+    seen: dict[str, str] = {}
+    if tty:
+        out.write("\x1b[2J")
+    try:
+        while True:
+            rows = tree_rows(session)
+            asks = pending_asks(session)
+            if tty:
+                size = shutil.get_terminal_size()
+                out.write(watch_frame(session, rows, asks, (size.columns, size.lines)))
+            else:
+                lines = watch_changes(seen, rows, asks)
+                for key, line in lines.items():
+                    if seen.get(key) != line:
+                        out.write(f"{time.strftime('%H:%M:%S')} {line}\n")
+                seen = {k: v for k, v in lines.items() if not v.endswith(" answered")}
+            out.flush()
+            if rows and all(row["state"] in EXIT_FOR_STATUS for row in rows):
+                return ExitCode.OK
+            time.sleep(WATCH_REFRESH_S)
+    except KeyboardInterrupt:
+        note("stopped watching; the agents keep running")
+        return ExitCode.OK
+
+
+def descendants_of(session: Path, agent_id: str) -> list[Path]:
+    """Agent directories below agent_id, deepest first."""
+    parents: dict[str, tuple[str | None, int, Path]] = {}
+    own = id_depth(agent_id)
+    for d in iter_agent_dirs(session):
+        # Every agent calls this as it ends: in a fan-out of N leaves, reading
+        # every record each time was N x N reads. An id carries its depth
+        # (new_agent_id), and nothing at or above an agent's depth is below it.
+        # A directory named otherwise is read, whatever it claims.
+        if own is not None and (depth := id_depth(d.name)) is not None and depth <= own:
+            continue
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            meta = load_meta(d)
+            parents[meta.id] = (meta.parent_id, meta.depth, d)
+    found = []
+    for aid, (_, depth, d) in parents.items():
+        cursor: str | None = aid
+        while cursor is not None and cursor in parents:
+            cursor = parents[cursor][0]
+            if cursor == agent_id:
+                found.append((depth, d))
+                break
+    return [d for _, d in sorted(found, key=lambda x: -x[0])]
+
+
+def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
+    """End an agent and its descendants, deepest first; record `killed`."""
+    meta = load_meta(agent_dir)
+    targets = [*descendants_of(Path(meta.session), meta.id), agent_dir]
+    return settle_agents([(d, Status.KILLED, "ended by spawn.py kill") for d in targets], "kill", secrets_)

@@ -1,0 +1,297 @@
+#!/usr/bin/env -S uv run --script
+# /// script
+# requires-python = ">=3.11"
+# dependencies = []
+# ///
+"""Write spawn.py from the package under src/spawnlib: the amalgamation users copy.
+
+    python3 tools/bundle.py            # write spawn.py
+    python3 tools/bundle.py --check    # exit 1 if spawn.py is not what the package gives
+    python3 tools/bundle.py --where 1234 5678     # the module lines behind spawn.py:1234
+    python3 tools/bundle.py --traceback < tb.txt  # the same for every spawn.py line of a traceback
+
+`uvx nox -s bundle` runs it. The generated file is one namespace, laid out as
+SQLite lays out sqlite3.c: the package's __init__.py (shebang, PEP 723 block,
+docstring, version), then the stand-in, then one combined import block, then
+every other module in MODULES order, each under a banner naming its source.
+Every line of a module keeps its own line in spawn.py: its imports become
+blank lines (relative ones name nothing in one namespace; the others are in
+the combined block), so spawn.py's line N maps back by an offset.
+
+Standard library only, deterministic: the same package always gives the same
+bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "src" / "spawnlib"
+TARGET = ROOT / "spawn.py"
+
+# The order of the generated file: each module comes after those it needs at
+# import time (a function body may name anything: the whole file is defined by
+# the time main() runs).
+STAND_IN = "standin"  # runs before the combined imports: keeps its own
+MODULES = (
+    STAND_IN,
+    "constants",
+    "errors",
+    "records",
+    "core",
+    "protocol",
+    "processes",
+    "agents",
+    "resolving",
+    "running",
+    "cli_start",
+    "executors",
+    "fast_start",
+    "forkserver",
+    "verbs",
+    "dag",
+    "cli",
+    "main",
+)
+BEGIN = "# " + "=" * 20 + " begin {path} " + "=" * 20 + "\n"
+END = "# " + "=" * 20 + " end {path} " + "=" * 20 + "\n"
+IMPORTS_BANNER = "# " + "=" * 20 + " imports of every module " + "=" * 20 + "\n"
+LINE_LENGTH = 140  # ruff.toml's
+
+
+class BundleError(Exception):
+    """The package can't be bundled; the message says why."""
+
+
+@dataclass
+class Imports:
+    """The combined top-level imports of the modules after the stand-in."""
+
+    plain: set[tuple[str, str | None]] = field(default_factory=set)  # import X [as Y]
+    comments: dict[tuple[str, str | None], str] = field(default_factory=dict)  # the first module's why, for import X
+    names: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict)  # from X import N [as Y]
+    type_checking: set[tuple[str, str | None]] = field(default_factory=set)  # if TYPE_CHECKING: import X
+
+    def add(self, node: ast.Import | ast.ImportFrom, *, typing_only: bool = False) -> None:
+        if isinstance(node, ast.Import):
+            (self.type_checking if typing_only else self.plain).update((a.name, a.asname) for a in node.names)
+        else:
+            if typing_only:
+                raise BundleError("only `import X` goes under `if TYPE_CHECKING:`")
+            self.names.setdefault(node.module or "", set()).update((a.name, a.asname) for a in node.names)
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    lines: list[str]  # with line ends
+    blank: set[int]  # 0-based lines that become blank in spawn.py
+    defines: set[str]
+
+
+def relative(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def is_type_checking(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING" and not node.orelse
+
+
+def defined_names(body: list[ast.stmt]) -> set[str]:
+    """Top-level names a module binds, imports aside."""
+    names: set[str] = set()
+    for node in body:
+        targets: list[ast.expr] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.If) and not is_type_checking(node):
+            names |= defined_names(node.body) | defined_names(node.orelse)
+        elif isinstance(node, ast.Try):
+            names |= defined_names(node.body) | defined_names(node.orelse) | defined_names(node.finalbody)
+        for target in targets:
+            names |= {n.id for n in ast.walk(target) if isinstance(n, ast.Name)}
+        if isinstance(node, ast.If):
+            names |= {n.target.id for n in ast.walk(node.test) if isinstance(n, ast.NamedExpr) and isinstance(n.target, ast.Name)}
+    return names
+
+
+def load(name: str, imports: Imports, keep_imports: bool) -> Module:
+    path = PACKAGE / f"{name}.py"
+    text = path.read_text()
+    if not text.endswith("\n"):
+        raise BundleError(f"{relative(path)}: no newline at the end")
+    tree = ast.parse(text, filename=str(path))
+    lines = text.splitlines(keepends=True)
+    blank: set[int] = set()
+
+    def drop(node: ast.stmt) -> None:
+        assert node.end_lineno is not None
+        blank.update(range(node.lineno - 1, node.end_lineno))
+
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            if [a.name for a in node.names] != ["annotations"]:
+                raise BundleError(f"{relative(path)}:{node.lineno}: the only future import is annotations")
+            drop(node)
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            drop(node)  # one namespace: the name is already there
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and (not keep_imports or getattr(node, "module", None) == "typing"):
+            # The stand-in keeps the imports it runs with; its typing names are for annotations only.
+            imports.add(node)
+            comment = lines[node.lineno - 1][node.end_col_offset or 0 :].strip()
+            if isinstance(node, ast.Import) and node.lineno == node.end_lineno and comment.startswith("#"):
+                for a in node.names:
+                    imports.comments.setdefault((a.name, a.asname), comment)
+            drop(node)
+        elif is_type_checking(node) and not keep_imports:
+            assert isinstance(node, ast.If)
+            for sub in node.body:
+                if not isinstance(sub, ast.Import):
+                    raise BundleError(f"{relative(path)}:{sub.lineno}: only imports go under `if TYPE_CHECKING:`")
+                imports.add(sub, typing_only=True)
+            drop(node)
+    for inner in ast.walk(tree):
+        if isinstance(inner, ast.ImportFrom) and inner.level and inner not in tree.body:
+            raise BundleError(f"{relative(path)}:{inner.lineno}: a relative import must be at the top level")
+    return Module(name, path, lines, blank, defined_names(tree.body))
+
+
+def sort_key(name: str) -> tuple[int, str]:
+    """isort's order by type, as ruff sorts: CONSTANTS, Classes, functions."""
+    if name.isupper() and len(name) > 1:
+        return (0, name)
+    return (1, name) if name[:1].isupper() else (2, name)
+
+
+def alias(name: str, asname: str | None) -> str:
+    return f"{name} as {asname}" if asname else name
+
+
+def import_block(imports: Imports, already: set[str]) -> list[str]:
+    """One import block, sorted as ruff's isort sorts it (stdlib, then third party)."""
+    sections: list[list[str]] = [[], []]
+
+    def section(module: str) -> list[str]:
+        top = module.split(".", maxsplit=1)[0]
+        return sections[0] if top in sys.stdlib_module_names or top == "__future__" else sections[1]
+
+    for name, asname in sorted(imports.plain, key=lambda p: (p[0].lower(), p[1] or "")):
+        if (asname or name) not in already:
+            comment = imports.comments.get((name, asname))
+            section(name).append(f"import {alias(name, asname)}{'  ' + comment if comment else ''}\n")
+    froms: list[tuple[str, str]] = []
+    for module, names in imports.names.items():
+        plain = sorted(((n, a) for n, a in names if not a), key=lambda p: sort_key(p[0]))
+        if plain:
+            froms.append((module, ", ".join(n for n, _ in plain)))
+        froms += [(module, alias(n, a)) for n, a in sorted(names) if a]
+    for module, names_text in sorted(froms, key=lambda p: (p[0].lower(), " as " in p[1], p[1])):
+        line = f"from {module} import {names_text}\n"
+        if len(line) - 1 > LINE_LENGTH:
+            line = f"from {module} import (\n" + "".join(f"    {n},\n" for n in names_text.split(", ")) + ")\n"
+        section(module).append(line)
+    block: list[str] = []
+    for part in sections:
+        if part:
+            block += [*part, "\n"]
+    if imports.type_checking:
+        block.append("if TYPE_CHECKING:\n")
+        block += [f"    import {alias(n, a)}\n" for n, a in sorted(imports.type_checking)]
+        block.append("\n")
+    return block
+
+
+@dataclass
+class Bundle:
+    text: str
+    spans: list[tuple[int, int, Module]]  # (first spawn.py line, 1-based; line count; module)
+
+
+def bundle() -> Bundle:
+    header = (PACKAGE / "__init__.py").read_text()
+    on_disk = sorted(p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    if sorted(MODULES) != on_disk:
+        raise BundleError(f"MODULES in tools/bundle.py and the files in src/spawnlib differ: {sorted(set(MODULES) ^ set(on_disk))}")
+    imports = Imports()
+    modules = [load(name, imports, keep_imports=name == STAND_IN) for name in MODULES]
+    owners: dict[str, str] = {}
+    for module in modules:
+        for name in sorted(module.defines):
+            if name in owners:
+                raise BundleError(f"{name} is defined in both {owners[name]} and {relative(module.path)}: spawn.py is one namespace")
+            owners[name] = relative(module.path)
+    # What the stand-in imported for itself, the file has already.
+    stand_in_tree = ast.parse(modules[0].path.read_text())
+    already = {a.asname or a.name.split(".")[0] for n in stand_in_tree.body if isinstance(n, ast.Import) for a in n.names}
+
+    out: list[str] = [header]
+    spans: list[tuple[int, int, Module]] = []
+    for module in modules:
+        if module.name == MODULES[1]:
+            out += ["\n", IMPORTS_BANNER, *import_block(imports, already)]
+        path = relative(module.path)
+        out += ["\n", BEGIN.format(path=path)]
+        first = sum(chunk.count("\n") for chunk in out) + 1
+        out += ["\n" if i in module.blank else line for i, line in enumerate(module.lines)]
+        spans.append((first, len(module.lines), module))
+        out.append(END.format(path=path))
+    text = "".join(out)
+    return Bundle(text, spans)
+
+
+def where(made: Bundle, line: int) -> str:
+    for first, count, module in made.spans:
+        if first <= line < first + count:
+            return f"{relative(module.path)}:{line - first + 1}"
+    return f"spawn.py:{line}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if spawn.py differs from what the package gives")
+    parser.add_argument("--where", type=int, nargs="+", metavar="LINE", help="print the module and line behind each of spawn.py's LINEs")
+    parser.add_argument("--traceback", action="store_true", help="rewrite spawn.py's lines in a traceback on stdin")
+    args = parser.parse_args(argv)
+    try:
+        made = bundle()
+    except (BundleError, SyntaxError) as exc:
+        print(f"bundle: error: {exc}", file=sys.stderr)
+        return 2
+    if args.where:
+        print("\n".join(where(made, line) for line in args.where))
+        return 0
+    if args.traceback:
+        pattern = re.compile(r'File "([^"]*spawn(?:-[0-9a-f]+\.[\w-]+\.pyc|\.py))", line (\d+)')
+        for line in sys.stdin:
+            sys.stdout.write(pattern.sub(lambda m: f'File "{where(made, int(m.group(2))).replace(":", chr(34) + ", line ", 1)}', line))
+        return 0
+    current = TARGET.read_text() if TARGET.exists() else None
+    if args.check:
+        if current != made.text:
+            print("bundle: error: spawn.py is not what src/spawnlib gives; run `uvx nox -s bundle` and commit it", file=sys.stderr)
+            return 1
+        return 0
+    if current != made.text:
+        # Through a rename: an interrupted run never leaves half a spawn.py.
+        partial = TARGET.with_name(f".{TARGET.name}.{os.getpid()}.tmp")
+        partial.write_text(made.text)
+        partial.chmod(0o755)
+        os.replace(partial, TARGET)
+        print(f"bundle: wrote {relative(TARGET)} ({made.text.count(chr(10))} lines)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
