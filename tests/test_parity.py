@@ -7,13 +7,18 @@ End-to-end tests run the real bundled claude CLI against tools/mock_model.py.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import ROOT, SPAWN, agent_dirs, load, mock_task, run_spawn, stdout_json, validate_records, write_agent
+from conftest import FAKE_API_KEY, ROOT, SPAWN, agent_dirs, load, mock_task, run_spawn, stdout_json, validate_records, write_agent
+from mock_model import serve
 
 import spawn
 
@@ -292,39 +297,113 @@ def test_isolation_worktree_kept_when_changed_removed_when_not(env: dict[str, st
 
 # --------------------------------------------------- Claude Code calls spawn --
 
+SKILL = ".claude/skills/spawn/SKILL.md"
+COMMAND = ".claude/commands/spawn-tree.md"
+# How the skill and the command run spawn.py; group 1 is the script's path.
+RUN_SPAWN_PY = re.compile(r'\$\{SPAWN_PYTHON:-uv run\} "(\$\{SPAWN_PY:-[^"]*\})"')
 
-def test_claude_code_finds_the_skill_and_command_and_starts_a_child(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
-    user_project = tmp_path / "user-project"
-    for rel in (".claude/skills/spawn/SKILL.md", ".claude/commands/spawn.md"):
-        (user_project / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / rel, user_project / rel)
-    skill = (user_project / ".claude/skills/spawn/SKILL.md").read_text()
-    command_line = next(line for line in skill.splitlines() if line.startswith("${SPAWN_PYTHON"))
-    child_task = mock_task("child work", [{"text": "child-answer"}])
-    # The scripted turn runs the skill's command with the task filled in.
-    bash = command_line.replace('"TASK"', json.dumps(child_task).replace("$", "\\$"))
+
+def own_sentence(rel: str) -> str:
+    """The first line of a file's text after its frontmatter: what only that file says."""
+    body = (ROOT / rel).read_text().split("\n---\n", 1)[1]
+    return next(line for line in body.splitlines() if line.strip())
+
+
+@pytest.fixture
+def user_project(tmp_path: Path) -> Path:
+    """A user's project holding copies of spawn.py's skill and slash command."""
+    path = tmp_path / "user-project"
+    for rel in (SKILL, COMMAND):
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, path / rel)
+    return path
+
+
+@pytest.fixture
+def text_env(base_env: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A scripted model that answers with whose text its task carries: the skill's, the command's."""
+    skill, command = (re.escape(own_sentence(rel)) for rel in (SKILL, COMMAND))
+    rules = [
+        {"match": f"(?s)(?=.*{skill})(?=.*{command})", "steps": [{"text": "saw both"}]},
+        {"match": skill, "steps": [{"text": "saw the skill"}]},
+        {"match": command, "steps": [{"text": "saw the command"}]},
+    ]
+    with serve(tmp_path, {"rules": rules, "default": [{"text": "saw neither"}]}) as served:
+        yield {**base_env, "ANTHROPIC_BASE_URL": served.url, "ANTHROPIC_API_KEY": FAKE_API_KEY}
+
+
+def run_claude(prompt: str, cwd: Path, env: Mapping[str, str], *flags: str) -> list[dict[str, Any]]:
+    """The bundled claude CLI's stream-json messages for one prompt, with the project's settings."""
     cli = spawn.find_cli(env)
+    argv = [str(cli), "-p", prompt, "--output-format", "stream-json", "--verbose", "--setting-sources", "project", *flags]
+    proc = subprocess.run(argv, cwd=cwd, env=dict(env), capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def bash_blocks(text: str, heading: str) -> str:
+    """The bash code under a file's markdown heading."""
+    section = text.split(f"## {heading}\n", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_claude_code_finds_the_skill_and_command_and_its_fan_out_runs(env: dict[str, str], session_root: Path, user_project: Path) -> None:
+    skill = (user_project / SKILL).read_text()
+    # The scripted turn runs the skill's fan-out and wait as written, with its tasks filled in.
+    bash = bash_blocks(skill, "How to fan out") + bash_blocks(skill, "How to wait") + 'echo "ids=$A,$B"\n'
+    assert "jq" not in bash  # --print id: a machine without jq runs it too
+    for part in ("one", "two"):
+        bash = bash.replace(f'"Part {part}"', shlex.quote(mock_task(f"part {part}", [{"text": f"answer {part}"}])))
     cli_env = {**env, "SPAWN_PYTHON": sys.executable, "SPAWN_PY": str(SPAWN)}
     parent_task = mock_task("use the spawn skill", [{"bash": bash}, {"text": "parent-done"}])
-    flags = [
-        "--output-format",
-        "stream-json",
-        "--verbose",
-        "--setting-sources",
-        "project",
-        "--allowedTools",
-        "Bash",
-        "--permission-mode",
-        "dontAsk",
-    ]
-    proc = subprocess.run(
-        [str(cli), "-p", parent_task, *flags], cwd=user_project, env=cli_env, capture_output=True, text=True, timeout=180, check=False
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    messages = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    messages = run_claude(parent_task, user_project, cli_env, "--allowedTools", "Bash", "--permission-mode", "dontAsk")
     init = next(m for m in messages if m.get("type") == "system" and m.get("subtype") == "init")
     assert "spawn" in init["skills"]
-    assert "spawn" in init["slash_commands"]
-    (child,) = agent_dirs(session_root)
-    assert load(child / "outcome.json")["output"] == "child-answer"
-    assert load(child / "meta.json")["depth"] == 0
+    # Two distinct entries: a command named like a skill is hidden by it.
+    assert [name for name in init["slash_commands"] if name.startswith("spawn")] == ["spawn", "spawn-tree"]
+    outcomes = {load(d / "meta.json")["id"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
+    assert sorted(o["output"] for o in outcomes.values()) == ["answer one", "answer two"]
+    (shown,) = (
+        b["content"] for m in messages if m.get("type") == "user" for b in m["message"]["content"] if b.get("type") == "tool_result"
+    )
+    waited, *_, ids = shown.strip().splitlines()
+    # --print id gave the bare ids, and wait found both children done.
+    assert ids.startswith("ids=") and set(ids.removeprefix("ids=").split(",")) == set(outcomes)
+    assert json.loads(waited)["status"] == "done"
+    assert {a["id"] for a in json.loads(waited)["agents"]} == set(outcomes)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "seen"),
+    [("/spawn-tree Summarise the README", "saw the command"), ("/spawn Summarise the README", "saw the skill")],
+)
+def test_slash_command_and_skill_each_send_their_own_text(text_env: dict[str, str], user_project: Path, prompt: str, seen: str) -> None:
+    messages = run_claude(prompt, user_project, text_env)
+    (result,) = (m for m in messages if m.get("type") == "result")
+    assert result["result"] == seen
+
+
+def spawn_py_runs(rel: str) -> set[tuple[str, str]]:
+    """How a file runs spawn.py: (the interpreter and script, the script's path), each way it does."""
+    return {(m[0], m[1]) for m in RUN_SPAWN_PY.finditer((ROOT / rel).read_text())}
+
+
+def test_skill_and_command_find_spawn_py_from_any_folder_of_a_git_project(base_env: dict[str, str], tmp_path: Path) -> None:
+    (run,) = spawn_py_runs(SKILL)
+    assert spawn_py_runs(COMMAND) == {run}
+    command, script = run
+    repo, plain = tmp_path / "repo", tmp_path / "plain"
+    (repo / "src" / "pkg").mkdir(parents=True)
+    plain.mkdir()
+    git(repo, "init", "-q")
+    for folder in (repo, plain):
+        shutil.copy(SPAWN, folder / "spawn.py")
+    # A project shell: no SPAWN_PY, and no repository above tmp_path to find.
+    shell_env = {**base_env, "SPAWN_PYTHON": sys.executable, "GIT_CEILING_DIRECTORIES": str(tmp_path)}
+    # Outside git it is the spawn.py of the current folder, as before.
+    for cwd, found in ((repo / "src" / "pkg", repo.resolve() / "spawn.py"), (repo, repo.resolve() / "spawn.py"), (plain, Path("spawn.py"))):
+        path = subprocess.run(["bash", "-c", f'printf %s "{script}"'], cwd=cwd, env=shell_env, capture_output=True, text=True, check=True)
+        assert Path(path.stdout) == found
+        ran = subprocess.run(["bash", "-c", f"{command} --version"], cwd=cwd, env=shell_env, capture_output=True, text=True, check=False)
+        assert ran.returncode == spawn.ExitCode.OK, ran.stderr
+        assert ran.stdout == f"spawn.py {spawn.__version__}\n"
