@@ -9,6 +9,7 @@ go to $SPAWN_ARTIFACTS (default .nox/artifacts/), which CI keeps.
 from __future__ import annotations
 
 import datetime as dt
+import html
 import importlib.util
 import json
 import os
@@ -49,7 +50,7 @@ def chromium_binary() -> str:
     return found
 
 
-def chromium(page: Path, tmp_path: Path, *how: str) -> str:
+def chromium(url: str, tmp_path: Path, *how: str) -> str:
     """Run headless Chromium on a local page, with nothing that reaches the network."""
     command = [
         chromium_binary(),
@@ -62,21 +63,25 @@ def chromium(page: Path, tmp_path: Path, *how: str) -> str:
         "--no-first-run",
         f"--user-data-dir={tmp_path / 'chromium-profile'}",
         *how,
-        page.as_uri() if "#" not in page.name else f"file://{page}",
+        url,
     ]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
 
 
-def dump_dom(page: Path, tmp_path: Path, fragment: str = "") -> str:
-    return chromium(Path(f"{page}#{fragment}") if fragment else page, tmp_path, "--dump-dom")
+def page_url(page: Path, query: str = "", fragment: str = "") -> str:
+    return page.as_uri() + (f"?{query}" if query else "") + (f"#{fragment}" if fragment else "")
 
 
-def screenshot(page: Path, tmp_path: Path, name: str, size: str) -> Path:
+def dump_dom(page: Path, tmp_path: Path, fragment: str = "", size: str = "1280,800", query: str = "") -> str:
+    return chromium(page_url(page, query, fragment), tmp_path, "--dump-dom", f"--window-size={size}")
+
+
+def screenshot(page: Path, tmp_path: Path, name: str, size: str, fragment: str = "") -> Path:
     shot = artifacts_dir() / name
     shot.unlink(missing_ok=True)
-    chromium(page, tmp_path, f"--screenshot={shot}", f"--window-size={size}")
+    chromium(page_url(page, fragment=fragment), tmp_path, f"--screenshot={shot}", f"--window-size={size}")
     assert shot.stat().st_size > 1000
     return shot
 
@@ -85,6 +90,49 @@ def body_data(dom: str, name: str) -> int:
     found = re.search(rf'<body[^>]*\bdata-{name}="(\d+)"', dom)
     assert found, f"the page's script did not set data-{name}"
     return int(found.group(1))
+
+
+def page_layout(dom: str) -> dict[str, Any]:
+    """What the page's script measured after laying itself out (body data-layout)."""
+    found = re.search(r'<body[^>]*\bdata-layout="([^"]*)"', dom)
+    assert found, "the page's script did not set data-layout"
+    layout: dict[str, Any] = json.loads(html.unescape(found.group(1)))
+    return layout
+
+
+def assert_fits_window(page: Path, tmp_path: Path, size: str) -> None:
+    """At zoom 1 the whole tree's time span fits the window; zoomed in, every bar is reachable by scrolling.
+
+    Boxes are [left, top, right, bottom] in window pixels, as getBoundingClientRect gives them.
+    """
+    width, height = (int(n) for n in size.split(","))
+    for zoom in (1, 8):
+        layout = page_layout(dump_dom(page, tmp_path, size=size, query=f"zoom={zoom}"))
+        assert layout["zoom"] == zoom and layout["window"][0] == width and layout["window"][1] <= height
+        chart = layout["chart"]
+        left, top, right, _ = chart["box"]
+        plot_x, plot_w = layout["plot"]
+        bars = layout["bars"]
+        assert bars, "no bar was laid out"
+        for bar in bars:
+            # Inside the scrolled content: reachable by the chart's own scroll bars.
+            assert left + plot_x - 1 <= bar[0] + chart["scrollLeft"] and bar[2] + chart["scrollLeft"] <= left + chart["scrollWidth"], bar
+            assert top <= bar[1] + chart["scrollTop"] and bar[3] + chart["scrollTop"] <= top + chart["scrollHeight"], bar
+        # The first start and the last end are the plot's two edges.
+        assert min(b[0] for b in bars) == left + plot_x
+        assert max(b[2] for b in bars) >= left + plot_x + plot_w - 1
+        if zoom == 1:
+            # Nothing to scroll sideways, and every bar is in the visible part of the chart.
+            assert chart["scrollWidth"] <= chart["clientWidth"] and right <= width
+            assert all(b[2] <= left + chart["clientWidth"] for b in bars)
+        else:
+            assert chart["scrollWidth"] > 2 * chart["clientWidth"]
+        # The time axis takes the chart's width beside the label and cost columns, times the zoom.
+        assert abs(plot_w - zoom * (chart["clientWidth"] - plot_x - 20)) <= 1
+        # The legend and the zoom buttons are whole and inside the window; the legend stays clear of the bars.
+        for box in (layout["legend"], layout["zoomControls"]):
+            assert box[0] >= 0 and box[1] >= 0 and box[2] <= width and box[3] <= layout["window"][1], box
+        assert layout["legend"][2] <= left + plot_x
 
 
 def run_view(*args: str) -> subprocess.CompletedProcess[str]:
@@ -118,10 +166,10 @@ def test_timeline_of_a_real_tree_in_chromium(env: dict[str, str], session_root: 
     page = tmp_path / "timeline.html"
     made = run_view(str(session), "-o", str(page))
     assert made.returncode == 0, made.stderr
-    html = page.read_text()
+    text = page.read_text()
     # Self-contained: nothing for the browser to fetch.
-    assert not re.search(r"<(link|img|iframe)\b|\bsrc=|@import|url\((?!#)", html)
-    assert html.count('class="mark denied"') == 1 and html.count('class="mark ask"') == 1
+    assert not re.search(r"<(link|img|iframe)\b|\bsrc=|@import|url\((?!#)", text)
+    assert text.count('class="mark denied"') == 1 and text.count('class="mark ask"') == 1
 
     dom = dump_dom(page, tmp_path, child_id)
     assert body_data(dom, "bars") == body_data(dom, "agents") == len(dirs) == 3
@@ -129,7 +177,13 @@ def test_timeline_of_a_real_tree_in_chromium(env: dict[str, str], session_root: 
     detail = dom[dom.index('id="detail"') :]
     assert f'data-agent="{child_id}"' in dom
     assert "child finished" in detail and "last transcript lines" in detail
-    screenshot(page, tmp_path, "timeline-real-tree.png", "1800,300")
+    # Every moment in the panel is ISO 8601, never Unix seconds.
+    assert re.search(r"<td>start</td><td>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z</td>", detail)
+    assert re.search(r"<td>end</td><td>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z</td>", detail)
+    assert not re.search(r"<td>\d{10}(\.\d+)?</td>", detail)
+    for size in ("1280,800", "1920,1080"):
+        assert_fits_window(page, tmp_path, size)
+        screenshot(page, tmp_path, f"timeline-{size.replace(',', 'x')}.png", size, child_id)
 
     picture = tmp_path / "timeline.svg"
     assert run_view(str(session), "--svg", "-o", str(picture)).returncode == 0
@@ -170,6 +224,7 @@ def synthetic_session(root: Path, count: int) -> Path:
             "model": "sonnet",
             "cwd": str(root),
             "started_at": start.isoformat().replace("+00:00", "Z"),
+            "deadline": start.timestamp() + 600,
             "session": str(session),
             "system_prompt": "synthetic",
             "protocol": 1,
@@ -211,7 +266,12 @@ def test_timeline_of_1000_agents_in_chromium(tmp_path: Path) -> None:
     dom = dump_dom(page, tmp_path, "a3-0003e7")
     assert body_data(dom, "bars") == body_data(dom, "agents") == 1000
     assert 'data-agent="a3-0003e7"' in dom
-    screenshot(page, tmp_path, "timeline-1000-agents.png", "1800,900")
+    # meta.json holds the deadline as Unix seconds; the panel shows it as ISO, as every other moment.
+    deadline = dt.datetime(2026, 11, 23, 9, 0, tzinfo=dt.UTC) + dt.timedelta(seconds=999 * 0.5 + 600)
+    assert f"<td>deadline</td><td>{deadline.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}</td>" in dom
+    for size in ("1280,800", "1920,1080"):
+        assert_fits_window(page, tmp_path, size)
+        screenshot(page, tmp_path, f"timeline-1000-agents-{size.replace(',', 'x')}.png", size, "a3-0003e7")
 
 
 def test_subtree_totals_and_unknown_cost(tmp_path: Path) -> None:

@@ -20,9 +20,12 @@ font is fetched. The page shows
 - on a click (or ``timeline.html#AGENT_ID``), the agent's meta, outcome and
   last transcript lines.
 
-``--svg`` writes the same picture as a static SVG, for CI artifacts and
-READMEs. The picture is one SVG drawn here, so the page and the picture agree;
-the page's script only adds the detail panel, which it builds for the selected
+The page fits its window (the whole time span at zoom 1), zooms in time
+(buttons, +/-/0 keys, ctrl+wheel, ``?zoom=N``) and scrolls sideways with the
+labels, axis and legend pinned. ``--svg`` writes the same picture as a static
+SVG, for CI artifacts and READMEs. The picture is one SVG drawn here, so the
+page and the picture agree; the page's script only moves the time-placed
+shapes to its width and zoom, and builds the detail panel for the selected
 agent alone, so a tree of 1,000 agents stays light.
 
 This is a sibling of spawn.py: it never imports it, and works with any copy
@@ -57,14 +60,21 @@ ASK_COLOURS = {"pending": "#f2c230", "approve": "#2e9e5b", "deny": "#d64545"}
 DENIED_COLOUR = "#d64545"
 
 # Geometry of the picture, in pixels. A row is tall enough for 11 px text;
-# the label column fits an indented id and the task's first words.
+# the label column fits an indented id and the task's first words, and the
+# header fits the title, the summary, two rows of legend and the time axis.
 ROW_H = 18
-HEADER_H = 58
-LABEL_W = 430
+HEADER_H = 90
+LEGEND_Y = 38
+LABEL_W = 360
 COST_W = 200
-DEFAULT_WIDTH = 1360  # with the 400 px detail panel, fits a 1,760 px window
+PLOT_X = LABEL_W + COST_W
+DEFAULT_WIDTH = 1360  # of the --svg picture; the page lays itself out to its window
 MIN_BAR_W = 3  # a refused agent lasts 0 s but must still be seen and clicked
 INDENT_PX = 12
+# Seconds between axis ticks: round numbers, fine enough for a zoomed-in page.
+TICK_STEPS: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120)
+TICK_STEPS += (300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+MAX_ZOOM = 500  # the page's zoom; at 500x a 1 h tree still shows ~20 s per screen
 
 # How much of each transcript the page carries: the tail is what explains an
 # outcome, and 1,000 agents x 6 lines keeps the file to a few MB.
@@ -408,25 +418,32 @@ def format_tokens(n: int) -> str:
 
 
 def tick_step(span: float, width: float) -> float:
-    """A round number of seconds between axis ticks, about 100 px apart."""
-    target = span / max(1.0, width / 100)
-    for step in (0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400):
-        if step >= target:
-            return float(step)
-    return 86400.0
+    """A round number of seconds between axis ticks, about 80 px apart."""
+    target = span / max(1.0, width / 80)
+    return float(next((step for step in TICK_STEPS if step >= target), TICK_STEPS[-1]))
+
+
+def iso_time(unix: float) -> str:
+    """The one way the page writes a moment: ISO 8601 in UTC, to the millisecond."""
+    return dt.datetime.fromtimestamp(unix, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
-    """The whole picture: one rect.bar per agent, with data-i = its row."""
+    """The whole picture: one rect.bar per agent, with data-i = its row.
+
+    Time-placed shapes carry their seconds since the tree's start (data-t0,
+    data-t1, data-t), so the page's script can lay them out again for its
+    window and zoom. The groups #fixed (labels and costs), #head (time axis)
+    and #corner (title and legend) are the ones the page pins while scrolling.
+    """
     esc = html.escape
     agents = timeline.agents
-    plot_x = LABEL_W + COST_W
-    plot_w = max(200, width - plot_x - 20)
+    plot_w = max(200, width - PLOT_X - 20)
     span = max(timeline.t1 - timeline.t0, 0.001)
     height = HEADER_H + ROW_H * len(agents) + 10
 
     def x_of(t: float) -> float:
-        return plot_x + (t - timeline.t0) / span * plot_w
+        return PLOT_X + (t - timeline.t0) / span * plot_w
 
     spent = sum(a.cost_usd or 0.0 for a in agents)
     unknown = sum(1 for a in agents if a.cost_usd is None and a.status != "refused")
@@ -434,37 +451,59 @@ def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
     for a in agents:
         counts[a.status] = counts.get(a.status, 0) + 1
     summary = f"{len(agents)} agents, spent {format_cost(spent)}" + (f" + {unknown} unknown" if unknown else "")
-    summary += ", " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    summary += ", " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f", {span:.1f} s"
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" id="timeline" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" font-size="11">',
         "<defs>",
         f'<pattern id="stripes" width="10" height="{2 * ROW_H}" patternUnits="userSpaceOnUse" y="{HEADER_H}">'
         f'<rect width="10" height="{ROW_H}" fill="#f3f5f8"/></pattern>',
+        # A long id, task or summary stops at the plot instead of running over the bars.
+        f'<clipPath id="columns"><rect width="{PLOT_X}" height="{height}"/></clipPath>',
         "</defs>",
-        f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
-        f'<rect x="0" y="{HEADER_H}" width="{width}" height="{ROW_H * len(agents)}" fill="url(#stripes)"/>',
-        f'<text x="8" y="16" font-size="13" font-weight="bold">{esc(timeline.session.name)}</text>',
-        f'<text x="8" y="32">{esc(summary)}</text>',
+        f'<rect width="100%" height="{height}" fill="#ffffff"/>',
+        f'<rect y="{HEADER_H}" width="100%" height="{ROW_H * len(agents)}" fill="url(#stripes)"/>',
     ]
-    legend_x = float(plot_x)
-    for status, colour in [*STATUS_COLOURS.items(), ("denied call", DENIED_COLOUR), ("ask", ASK_COLOURS["pending"])]:
-        out.append(f'<rect x="{legend_x}" y="7" width="10" height="10" fill="{colour}"/>')
-        out.append(f'<text x="{legend_x + 13}" y="16">{esc(status)}</text>')
-        legend_x += 20 + 7 * len(status)
-    out.append(f'<text x="{LABEL_W + 4}" y="{HEADER_H - 4}" fill="#555">own / tree cost, tokens</text>')
     step = tick_step(span, plot_w)
-    tick = 0.0
-    while tick <= span + 1e-9:
+    ticks = [i * step for i in range(int(span / step + 1e-9) + 1)]
+    out.append('<g id="grid">')
+    for tick in ticks:
         x = x_of(timeline.t0 + tick)
         out.append(f'<line x1="{x:.1f}" y1="{HEADER_H - 14}" x2="{x:.1f}" y2="{height - 10}" stroke="#dde2e8"/>')
-        out.append(f'<text x="{x + 2:.1f}" y="{HEADER_H - 4}" fill="#555">{tick:g}s</text>')
-        tick += step
+    out.append("</g>")
+    out.append('<g id="bars">')
     for i, a in enumerate(agents):
         y = HEADER_H + i * ROW_H
-        mid = y + ROW_H / 2
         colour = STATUS_COLOURS.get(a.status, UNKNOWN_COLOUR)
-        task = clip(a.task.splitlines()[0] if a.task.strip() else "", 200)
+        own = format_cost(a.cost_usd) if a.status != "refused" else "$0"
+        x0, x1 = x_of(a.start), x_of(a.end)
+        title = f"{a.id} {a.status} {a.end - a.start:.1f}s {own}: {clip(a.task, 200)}"
+        out.append(
+            f'<rect class="bar" data-i="{i}" data-id="{esc(a.id)}" data-status="{esc(a.status)}" '
+            f'data-t0="{a.start - timeline.t0:.3f}" data-t1="{a.end - timeline.t0:.3f}" x="{x0:.1f}" y="{y + 3}" '
+            f'width="{max(MIN_BAR_W, x1 - x0):.1f}" height="{ROW_H - 6}" rx="2" fill="{colour}"><title>{esc(title)}</title></rect>'
+        )
+        for mark in a.marks:
+            # Drawn around x=0 and moved by a transform, so the page moves one number.
+            place = f'data-t="{mark.at - timeline.t0:.3f}" transform="translate({x_of(mark.at):.1f},0)"'
+            tip = f"<title>{esc(mark.label)}</title>"
+            if mark.kind == "ask":
+                fill = ASK_COLOURS.get(mark.state, ASK_COLOURS["pending"])
+                shape = f"M0,{y + 1} l5,{ROW_H / 2 - 1} l-5,{ROW_H / 2 - 1} l-5,-{ROW_H / 2 - 1} z"
+                out.append(f'<path class="mark ask" {place} d="{shape}" fill="{fill}" stroke="#333">{tip}</path>')
+            else:
+                shape = f"M-4,{y + 1} h8 l-4,{ROW_H - 3} z"
+                out.append(f'<path class="mark denied" {place} d="{shape}" fill="{DENIED_COLOUR}" stroke="#600">{tip}</path>')
+    out.append("</g>")
+    out.append(
+        f'<g id="fixed" clip-path="url(#columns)"><rect width="{PLOT_X}" height="{height}" fill="#ffffff"/>'
+        f'<rect y="{HEADER_H}" width="{PLOT_X}" height="{ROW_H * len(agents)}" fill="url(#stripes)"/>'
+        f'<line x1="{PLOT_X - 0.5}" y1="0" x2="{PLOT_X - 0.5}" y2="{height}" stroke="#ccd"/>'
+    )
+    for i, a in enumerate(agents):
+        mid = HEADER_H + i * ROW_H + ROW_H / 2
+        colour = STATUS_COLOURS.get(a.status, UNKNOWN_COLOUR)
+        task = a.task.splitlines()[0] if a.task.strip() else ""
         label_room = max(10, (LABEL_W - 8 - a.level * INDENT_PX) // 7 - len(a.id) - 2)
         out.append(
             f'<text class="label" data-i="{i}" x="{4 + a.level * INDENT_PX}" y="{mid + 4:.1f}">'
@@ -476,40 +515,54 @@ def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
             f'<text x="{LABEL_W + 4}" y="{mid + 4:.1f}" fill="#333">{esc(own)} / {esc(tree)} '
             f"{esc(format_tokens(a.tokens))}/{esc(format_tokens(a.subtree_tokens))}</text>"
         )
-        x0, x1 = x_of(a.start), x_of(a.end)
-        title = f"{a.id} {a.status} {a.end - a.start:.1f}s {own}: {task}"
-        out.append(
-            f'<rect class="bar" data-i="{i}" data-id="{esc(a.id)}" data-status="{esc(a.status)}" x="{x0:.1f}" y="{y + 3}" '
-            f'width="{max(MIN_BAR_W, x1 - x0):.1f}" height="{ROW_H - 6}" rx="2" fill="{colour}"><title>{esc(title)}</title></rect>'
-        )
-        for mark in a.marks:
-            mx = x_of(mark.at)
-            if mark.kind == "ask":
-                fill = ASK_COLOURS.get(mark.state, ASK_COLOURS["pending"])
-                shape = f"M{mx:.1f},{y + 1} l5,{ROW_H / 2 - 1} l-5,{ROW_H / 2 - 1} l-5,-{ROW_H / 2 - 1} z"
-                out.append(f'<path class="mark ask" d="{shape}" fill="{fill}" stroke="#333"><title>{esc(mark.label)}</title></path>')
-            else:
-                shape = f"M{mx - 4:.1f},{y + 1} h8 l-4,{ROW_H - 3} z"
-                out.append(
-                    f'<path class="mark denied" d="{shape}" fill="{DENIED_COLOUR}" stroke="#600"><title>{esc(mark.label)}</title></path>'
-                )
+    out.append("</g>")
+    out.append(f'<g id="head"><rect width="100%" height="{HEADER_H}" fill="#ffffff"/>')
+    for tick in ticks:
+        out.append(f'<text x="{x_of(timeline.t0 + tick) + 2:.1f}" y="{HEADER_H - 4}" fill="#555">{tick:g}s</text>')
+    out.append(f'<line x1="0" y1="{HEADER_H - 0.5}" x2="100%" y2="{HEADER_H - 0.5}" stroke="#ccd"/></g>')
+    out.append(
+        f'<g id="corner" clip-path="url(#columns)"><rect width="{PLOT_X}" height="{HEADER_H}" fill="#ffffff"/>'
+        f'<text x="8" y="16" font-size="13" font-weight="bold">{esc(timeline.session.name)}</text>'
+        f'<text x="8" y="32">{esc(summary)}</text><g id="legend">'
+    )
+    # The legend wraps inside the label and cost columns, which the page
+    # never scrolls away, so it is whole at any window width.
+    legend_x, legend_y = 8.0, float(LEGEND_Y)
+    for status, colour in [*STATUS_COLOURS.items(), ("denied call", DENIED_COLOUR), ("ask", ASK_COLOURS["pending"])]:
+        item_w = 20 + 7 * len(status)
+        if legend_x + item_w > PLOT_X - 8:
+            legend_x, legend_y = 8.0, legend_y + 16
+        out.append(f'<rect x="{legend_x}" y="{legend_y}" width="10" height="10" fill="{colour}"/>')
+        out.append(f'<text x="{legend_x + 13}" y="{legend_y + 9}">{esc(status)}</text>')
+        legend_x += item_w
+    out.append(
+        f'</g><text x="{LABEL_W + 4}" y="{HEADER_H - 4}" fill="#555">own / tree cost, tokens</text>'
+        f'<line x1="{PLOT_X - 0.5}" y1="0" x2="{PLOT_X - 0.5}" y2="{HEADER_H}" stroke="#ccd"/></g>'
+    )
     out.append("</svg>")
     return "\n".join(out)
 
 
 def agent_detail(a: Agent) -> dict[str, Any]:
-    """What the detail panel shows for one agent (kept small: 1,000 of these)."""
-    meta_keys = "parent_id depth max_depth model tools agent cwd started_at deadline max_budget_usd trace_id".split()
+    """What the detail panel shows for one agent (kept small: 1,000 of these).
+
+    Every moment is ISO 8601 (meta's deadline is Unix seconds on disk).
+    """
+    meta_keys = "parent_id depth max_depth model tools agent cwd max_budget_usd trace_id".split()
     outcome = a.outcome or {}
     output = outcome.get("output")
+    deadline = a.meta.get("deadline")
+    times = {"start": iso_time(a.start), "end": iso_time(a.end) + (" (last heartbeat)" if a.status == "running" else "")}
+    if isinstance(deadline, int | float):
+        times["deadline"] = iso_time(deadline)
+    times["duration"] = f"{a.end - a.start:.3f} s"
     return {
         "id": a.id,
         "status": a.status,
         "task": clip(a.task, TASK_CHARS),
+        "times": times,
         "meta": {k: a.meta[k] for k in meta_keys if a.meta.get(k) is not None},
-        "outcome": {
-            k: outcome[k] for k in ("reason", "exit_code", "ended_at", "duration_s", "turns", "committed_by") if outcome.get(k) is not None
-        },
+        "outcome": {k: outcome[k] for k in ("reason", "exit_code", "turns", "committed_by") if outcome.get(k) is not None},
         "output": clip(output if isinstance(output, str) else json.dumps(output, ensure_ascii=False), TASK_CHARS)
         if output is not None
         else None,
@@ -523,30 +576,121 @@ def agent_detail(a: Agent) -> dict[str, Any]:
 
 
 PAGE_STYLE = """
-body { margin: 0; font: 13px/1.4 system-ui, sans-serif; color: #222; display: flex; height: 100vh; }
-#chart { flex: 1; overflow: auto; }
+body { margin: 0; font: 13px/1.4 system-ui, sans-serif; color: #222; display: flex; height: 100vh; overflow: hidden; }
+#main { flex: 1; min-width: 0; position: relative; }
+#chart { position: absolute; inset: 0; overflow: auto; }
+#chart svg { display: block; }
 #chart svg .bar, #chart svg .label { cursor: pointer; }
-#detail { width: 400px; overflow: auto; border-left: 1px solid #ccd; padding: 10px 14px; background: #fafbfc; }
+#zoom { position: absolute; top: 6px; right: 18px; z-index: 1; display: flex; gap: 4px; align-items: center;
+  background: #fffe; border: 1px solid #ccd; border-radius: 4px; padding: 2px 4px; font-size: 12px; }
+#zoom button { font: inherit; min-width: 26px; padding: 1px 6px; cursor: pointer; }
+#detail { width: clamp(260px, 25vw, 420px); flex: none; overflow: auto; border-left: 1px solid #ccd; padding: 10px 14px;
+  box-sizing: border-box; background: #fafbfc; }
 #detail h2 { font-size: 15px; margin: 4px 0; }
 #detail table { border-collapse: collapse; font-size: 12px; }
+#detail td:first-child { white-space: nowrap; }
 #detail td { padding: 1px 6px 1px 0; vertical-align: top; word-break: break-word; }
 #detail pre { white-space: pre-wrap; word-break: break-word; font-size: 11px; background: #fff; border: 1px solid #e3e6ea; padding: 4px; }
 .status { display: inline-block; padding: 0 6px; border-radius: 3px; color: #fff; }
 """
 
-# The page's only script: select a row on click (or from #AGENT_ID), and build
-# the detail panel for that one agent from the embedded JSON.
+# The page's only script. It lays the time axis out to the window's width
+# (zoom 1 shows the whole tree), zooms with the buttons, +/- keys or
+# ctrl+wheel about the pointer, pins the labels and the axis while scrolling,
+# and builds the detail panel for the selected agent (a click or #AGENT_ID)
+# from the embedded JSON. After each layout it writes what it drew into
+# body data attributes, which the tests read from the DOM.
 PAGE_SCRIPT = """
 const data = JSON.parse(document.getElementById('agents').textContent);
 const colours = JSON.parse(document.getElementById('colours').textContent);
 const svg = document.getElementById('timeline');
+const chart = document.getElementById('chart');
 const detail = document.getElementById('detail');
 const NS = 'http://www.w3.org/2000/svg';
+const bars = [...svg.querySelectorAll('rect.bar')];
+const marks = [...svg.querySelectorAll('path.mark')];
+const grid = document.getElementById('grid'), head = document.getElementById('head');
+const fixed = document.getElementById('fixed'), corner = document.getElementById('corner');
+const headBottom = head.lastElementChild;
+const rowsH = HEADER_H + ROW_H * data.length + 10;
+let zoom = Math.min(MAX_ZOOM, Math.max(1, Number(new URLSearchParams(location.search).get('zoom')) || 1));
+let plotW = 0;
 const highlight = document.createElementNS(NS, 'rect');
 highlight.setAttribute('fill', 'none'); highlight.setAttribute('stroke', '#111'); highlight.setAttribute('stroke-width', '1.5');
 highlight.setAttribute('x', '1'); highlight.setAttribute('height', String(ROW_H));
-highlight.setAttribute('width', String(svg.width.baseVal.value - 2));
-highlight.style.display = 'none'; svg.appendChild(highlight);
+highlight.style.display = 'none'; svg.insertBefore(highlight, head);
+function svgEl(tag, attrs, text) {
+  const e = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, String(v));
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+function xOf(t) { return PLOT_X + t / SPAN * plotW; }
+function layout() {
+  plotW = Math.max(200, (chart.clientWidth - PLOT_X - 20) * zoom);
+  const width = PLOT_X + plotW + 20;
+  svg.setAttribute('width', String(width)); svg.setAttribute('viewBox', `0 0 ${width} ${rowsH}`);
+  highlight.setAttribute('width', String(width - 2));
+  for (const b of bars) {
+    const x0 = xOf(Number(b.dataset.t0)), x1 = xOf(Number(b.dataset.t1));
+    b.setAttribute('x', x0.toFixed(1)); b.setAttribute('width', Math.max(MIN_BAR_W, x1 - x0).toFixed(1));
+  }
+  for (const m of marks) m.setAttribute('transform', `translate(${xOf(Number(m.dataset.t)).toFixed(1)},0)`);
+  const target = SPAN / Math.max(1, plotW / 80);
+  const step = TICK_STEPS.find((s) => s >= target) || TICK_STEPS[TICK_STEPS.length - 1];
+  grid.replaceChildren(); for (const e of [...head.querySelectorAll('text')]) e.remove();
+  for (let i = 0; i * step <= SPAN + 1e-9; i++) {
+    const x = xOf(i * step).toFixed(1);
+    grid.appendChild(svgEl('line', {x1: x, y1: HEADER_H - 14, x2: x, y2: rowsH - 10, stroke: '#dde2e8'}));
+    head.insertBefore(svgEl('text', {x: Number(x) + 2, y: HEADER_H - 4, fill: '#555'}, `${+(i * step).toFixed(3)}s`), headBottom);
+  }
+  document.getElementById('zoom-level').textContent = `${+zoom.toFixed(2)}x`;
+  pin(); report();
+}
+function pin() {
+  fixed.setAttribute('transform', `translate(${chart.scrollLeft},0)`);
+  head.setAttribute('transform', `translate(0,${chart.scrollTop})`);
+  corner.setAttribute('transform', `translate(${chart.scrollLeft},${chart.scrollTop})`);
+}
+function zoomTo(next, anchorX) {
+  // Keep the moment under anchorX (px from the chart's left edge) in place.
+  next = Math.min(MAX_ZOOM, Math.max(1, next));
+  const at = (chart.scrollLeft + anchorX - PLOT_X) / plotW;
+  zoom = next; layout();
+  chart.scrollLeft = PLOT_X + at * plotW - anchorX; pin(); report();
+}
+function visibleMiddle() { return PLOT_X + (chart.clientWidth - PLOT_X) / 2; }
+document.getElementById('zoom-in').addEventListener('click', () => zoomTo(zoom * 2, visibleMiddle()));
+document.getElementById('zoom-out').addEventListener('click', () => zoomTo(zoom / 2, visibleMiddle()));
+document.getElementById('zoom-fit').addEventListener('click', () => zoomTo(1, visibleMiddle()));
+chart.addEventListener('wheel', (e) => {
+  if (!e.ctrlKey) return;  // a plain wheel scrolls; ctrl+wheel zooms (and would zoom the whole page)
+  e.preventDefault();
+  const x = e.clientX - chart.getBoundingClientRect().left;
+  zoomTo(zoom * Math.exp(-e.deltaY / 300), Math.max(PLOT_X, x));
+}, {passive: false});
+document.addEventListener('keydown', (e) => {
+  if (e.ctrlKey || e.metaKey || e.altKey) return;
+  if (e.key === '+' || e.key === '=') zoomTo(zoom * 2, visibleMiddle());
+  else if (e.key === '-') zoomTo(zoom / 2, visibleMiddle());
+  else if (e.key === '0') zoomTo(1, visibleMiddle());
+});
+chart.addEventListener('scroll', pin);
+window.addEventListener('resize', layout);
+function report() {
+  // Where everything landed, in page pixels, for tests and for anyone debugging a layout.
+  const box = (r) => [r.left, r.top, r.right, r.bottom].map((v) => Math.round(v));
+  document.body.dataset.layout = JSON.stringify({
+    window: [innerWidth, innerHeight], zoom,
+    chart: {box: box(chart.getBoundingClientRect()), scrollLeft: chart.scrollLeft, scrollTop: chart.scrollTop,
+            scrollWidth: chart.scrollWidth, clientWidth: chart.clientWidth,
+            scrollHeight: chart.scrollHeight, clientHeight: chart.clientHeight},
+    plot: [PLOT_X, plotW],
+    legend: box(document.getElementById('legend').getBoundingClientRect()),
+    zoomControls: box(document.getElementById('zoom').getBoundingClientRect()),
+    bars: bars.map((b) => box(b.getBoundingClientRect())),
+  });
+}
 function el(tag, text) { const e = document.createElement(tag); if (text !== undefined) e.textContent = text; return e; }
 function rows(obj) {
   const t = el('table');
@@ -563,6 +707,7 @@ function select(i) {
   const h = el('h2', a.id + ' '); const s = el('span', a.status); s.className = 'status';
   s.style.background = colours[a.status] || '#444'; h.appendChild(s); detail.appendChild(h);
   detail.appendChild(el('p', a.task));
+  detail.appendChild(rows(a.times));
   detail.appendChild(rows({cost: a.cost, 'subtree cost': a.tree_cost, tokens: a.tokens, 'subtree tokens': a.tree_tokens}));
   detail.appendChild(el('h3', 'outcome')); detail.appendChild(rows(a.outcome));
   if (a.output !== null) detail.appendChild(el('pre', a.output));
@@ -570,19 +715,20 @@ function select(i) {
   detail.appendChild(el('h3', 'meta')); detail.appendChild(rows(a.meta));
   detail.appendChild(el('h3', 'last transcript lines')); detail.appendChild(el('pre', a.tail.join('\\n') || '(none)'));
   detail.dataset.agent = a.id;
-  if (location.hash !== '#' + a.id) history.replaceState(null, '', '#' + a.id);
+  if (location.hash !== '#' + a.id) history.replaceState(null, '', location.search + '#' + a.id);
 }
 svg.addEventListener('click', (e) => {
   const hit = e.target.closest('[data-i]'); if (hit) select(Number(hit.dataset.i));
 });
+layout();
 const byId = new Map(data.map((a, i) => [a.id, i]));
 const wanted = byId.get(decodeURIComponent(location.hash.slice(1)));
 if (wanted !== undefined) {
   select(wanted);
-  const chart = document.getElementById('chart');  // vertical only: keep the labels in view
-  chart.scrollTop = HEADER_H + wanted * ROW_H - chart.clientHeight / 2;
+  chart.scrollTop = HEADER_H + wanted * ROW_H - chart.clientHeight / 2;  // vertical only: the labels stay in view
+  pin(); report();
 }
-document.body.dataset.bars = String(svg.querySelectorAll('rect.bar').length);
+document.body.dataset.bars = String(bars.length);
 document.body.dataset.agents = String(data.length);
 """
 
@@ -593,18 +739,36 @@ def script_json(value: Any) -> str:
 
 
 def render_html(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
+    """The page: the picture at `width` until its script lays it out to the window."""
     title = f"spawn.py timeline: {timeline.session.name}"
-    script = PAGE_SCRIPT.replace("ROW_H", str(ROW_H)).replace("HEADER_H", str(HEADER_H))
+    constants = {
+        "HEADER_H": HEADER_H,
+        "ROW_H": ROW_H,
+        "PLOT_X": PLOT_X,
+        "MIN_BAR_W": MIN_BAR_W,
+        "MAX_ZOOM": MAX_ZOOM,
+        "TICK_STEPS": list(TICK_STEPS),
+        "SPAN": max(timeline.t1 - timeline.t0, 0.001),
+    }
+    script = "".join(f"const {k} = {json.dumps(v)};\n" for k, v in constants.items()) + PAGE_SCRIPT
+    zoom = (
+        '<div id="zoom" title="zoom in time: +, -, 0 keys or ctrl+wheel; scroll sideways when zoomed">'
+        '<button id="zoom-out" type="button" aria-label="zoom out">−</button>'
+        '<span id="zoom-level">1x</span>'
+        '<button id="zoom-in" type="button" aria-label="zoom in">+</button>'
+        '<button id="zoom-fit" type="button" aria-label="show the whole tree">fit</button></div>'
+    )
     return "\n".join(
         [
             "<!DOCTYPE html>",
             '<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
             # No fetch of any kind: everything the page needs is in this file.
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
             "script-src 'unsafe-inline'; img-src data:\">",
             f"<title>{html.escape(title)}</title><style>{PAGE_STYLE}</style></head>",
             "<body>",
-            f'<div id="chart">{render_svg(timeline, width)}</div>',
+            f'<div id="main">{zoom}<div id="chart">{render_svg(timeline, width)}</div></div>',
             '<div id="detail"><p>Click a bar or a row to see the agent\'s meta, outcome and last transcript lines.</p></div>',
             f'<script type="application/json" id="agents">{script_json([agent_detail(a) for a in timeline.agents])}</script>',
             f'<script type="application/json" id="colours">{script_json(STATUS_COLOURS)}</script>',
@@ -624,7 +788,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("session", metavar="SESSION", help="a session directory (spawn.py status prints it)")
     p.add_argument("-o", "--output", metavar="FILE", help="default timeline.html (timeline.svg with --svg); - for stdout")
     p.add_argument("--svg", action="store_true", help="write a static SVG picture instead of the HTML page")
-    p.add_argument("--width", type=int, default=DEFAULT_WIDTH, help=f"picture width in pixels (default {DEFAULT_WIDTH})")
+    p.add_argument(
+        "--width",
+        type=int,
+        default=DEFAULT_WIDTH,
+        help=f"width of the --svg picture in pixels (default {DEFAULT_WIDTH}); the page fits its window",
+    )
     return p
 
 
