@@ -294,6 +294,7 @@ import psutil  # cheap to import; jsonschema and the SDK are imported lazily
 
 if TYPE_CHECKING:
     import importlib.abc
+    import socket
 
 
 # ==================== begin src/spawnlib/constants.py ====================
@@ -1593,6 +1594,7 @@ def cli_settings(**parts: Any) -> str | None:
 
 
 
+
 # ------------------------------------------------------- on-disk protocol --
 
 META = "meta.json"
@@ -1997,22 +1999,6 @@ def asks_dir(session: Path) -> Path:
     return session / "asks"
 
 
-def post_ask(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, *, timeout: float, secrets_: Sequence[str]) -> str:
-    """Publish an ask for the tree to answer; returns its id."""
-    folder = asks_dir(Path(meta.session))
-    folder.mkdir(exist_ok=True)
-    ask_id = f"q-{token_hex(3)}"
-    record = AskRecord(ask_id, meta.id, tool, summarize_input(tool_input), rule, utc_now_iso(), time.time() + timeout)
-    publish_once(folder / f"{ask_id}.json", redacted_json(record_to_json(record), secrets_, indent=2).encode())
-    return ask_id
-
-
-def answer_ask(session: Path, ask_id: str, verdict: str, by: str, text: str | None = None) -> bool:
-    """Answer an ask; False if it was already answered (the first answer wins)."""
-    answer = AskAnswer(ask_id, verdict, by, utc_now_iso(), text)
-    return publish_once(asks_dir(session) / f"{ask_id}.answer.json", json.dumps(record_to_json(answer), indent=2).encode())
-
-
 def pending_asks(session: Path) -> list[dict[str, Any]]:
     folder = asks_dir(session)
     if not folder.is_dir():
@@ -2236,19 +2222,12 @@ def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> st
     if sys.stdin is not None and sys.stdin.isatty():
         verdict, _ = prompt_person(meta, "Spawn", {"command": summary}, rule, timeout)
         return None if verdict == "allow" else f"confirm: the person at the terminal did not approve ({summary})"
-    folder = asks_dir(session)
-    folder.mkdir(exist_ok=True)
-    ask_id = f"q-{token_hex(3)}"
     # The spawner asks: its parent's id (the root has none, but the root never passes through here).
-    record = AskRecord(ask_id, meta.parent_id or "", "Spawn", summary, rule, utc_now_iso(), time.time() + timeout)
-    publish_once(folder / f"{ask_id}.json", redacted_json(record_to_json(record), secrets_, indent=2).encode())
+    asker = meta.parent_id or ""
+    channel = open_ask(meta, "Spawn", {"command": summary}, rule, timeout=timeout, secrets_=secrets_, asker=asker)
+    ask_id = channel.ask_id
     note(f"spawn asks to {summary}: run 'spawn.py approve {ask_id}' or 'spawn.py deny {ask_id}' within {timeout:.0f} s")
-    answer_path = folder / f"{ask_id}.answer.json"
-    limit = time.monotonic() + timeout
-    while not answer_path.exists() and time.monotonic() < limit:
-        time.sleep(ASK_POLL_S)
-    answer_ask(session, ask_id, "deny", "timeout")  # no-op if answered in time
-    answer = read_json(answer_path)
+    answer = channel.wait(asker, timeout, secrets_)
     if answer.get("verdict") == "approve":
         return None
     how = "timed out unanswered" if answer.get("by") == "timeout" else f"was denied by {answer.get('by')}"
@@ -3313,8 +3292,8 @@ def _read_runner_entry(path: Path) -> tuple[int, float, Path] | None:
         return None
 
 
-def ancestor_agents() -> list[Path]:
-    """Agent directories of the registered runners among our ancestors, nearest first.
+def ancestor_agents(subject: psutil.Process | None = None) -> list[Path]:
+    """Agent directories of the registered runners among our ancestors (or subject's), nearest first.
 
     The chain is psutil's parents, as the kernel has them now: a double-forked
     orphan has been reparented to its nearest subreaper (the agent's runner),
@@ -3322,7 +3301,7 @@ def ancestor_agents() -> list[Path]:
     """
     try:
         index = runner_index_dir()
-        chain = ancestry_subject().parents()
+        chain = (subject or ancestry_subject()).parents()
     except (psutil.Error, OSError):
         return []
     entries: dict[int, list[tuple[float, Path]]] = {}
@@ -3337,26 +3316,26 @@ def ancestor_agents() -> list[Path]:
                 found.append(agent_dir)
     # Inside a sandbox the chain stops at its bwrap: the agent that owns the
     # sandbox is the farthest ancestor we can see.
-    owner = sandbox_owner()
+    owner = sandbox_owner() if subject is None else None
     if owner is not None and owner not in found:
         found.append(owner)
     return found
 
 
-def nearest_ancestor_agent() -> Path | None:
-    """The directory of the nearest agent whose runner is among our ancestors."""
-    found = ancestor_agents()
+def nearest_ancestor_agent(subject: psutil.Process | None = None) -> Path | None:
+    """The directory of the nearest agent whose runner is among our ancestors (or subject's)."""
+    found = ancestor_agents(subject)
     return found[0] if found else None
 
 
-def ancestor_agent_context() -> dict[str, Any] | None:
+def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, Any] | None:
     """The nearest ancestor agent's limits, from its meta.json: the authority.
 
     None when no registered runner is among our ancestors (a root). An
     ancestor whose meta.json can't be read is refused, not ignored: ignoring
     it would let an agent shed its limits by damaging its own record.
     """
-    agent_dir = nearest_ancestor_agent()
+    agent_dir = nearest_ancestor_agent(subject)
     if agent_dir is None:
         return None
     try:
@@ -3380,19 +3359,19 @@ def ancestor_agent_context() -> dict[str, Any] | None:
     }
 
 
-def calling_agents() -> list[tuple[str, str, int]]:
-    """(session, agent id, depth) of every agent this process runs under.
+def calling_agents(subject: psutil.Process | None = None) -> list[tuple[str, str, int]]:
+    """(session, agent id, depth) of every agent this process (or subject) runs under.
 
     By process identity (the runner index) first, then by the environment
     each ancestor was started with, which its agent can't rewrite.
     """
     found: list[tuple[str, str, int]] = []
-    for agent_dir in ancestor_agents():
+    for agent_dir in ancestor_agents(subject):
         with contextlib.suppress(OSError, SpawnError):
             meta = load_meta(agent_dir)
             found.append((meta.session, meta.id, meta.depth))
     with contextlib.suppress(psutil.Error):
-        for proc in ancestry_subject().parents():
+        for proc in (subject or ancestry_subject()).parents():
             with contextlib.suppress(psutil.Error):
                 env = proc.environ()
                 depth = _int_or_none(env.get(ENV_DEPTH))
@@ -3401,7 +3380,7 @@ def calling_agents() -> list[tuple[str, str, int]]:
     return found
 
 
-def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = None) -> dict[str, Any]:
+def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = None, subject: psutil.Process | None = None) -> dict[str, Any]:
     """Depth limits as the process ancestry tells them, whatever our own env says.
 
     An agent controls its own Bash, so it can unset or rewrite SPAWN_* in the
@@ -3411,19 +3390,20 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
 
     An agent can also leave the tree by double-fork and `env -i`, so the
     nearest agent among our ancestors by process identity (the runner index)
-    is looked up too, under "runner" (see ancestor_agent_context).
+    is looked up too, under "runner" (see ancestor_agent_context). subject:
+    another process's ancestry, that a server was handed on a socket.
     """
     found: dict[str, Any] = {}
-    runner = ancestor_agent_context()
+    runner = ancestor_agent_context(subject)
     if runner is not None:
         found["runner"] = runner
     try:
-        proc = ancestry_subject().parent()
+        proc = (subject or ancestry_subject()).parent()
     except psutil.Error:
         return found
     # Inside a parent's sandbox, pid 1 is its bwrap, whose environment the
     # parent's CLI fixed at exec: the one ancestor there an agent can't rewrite.
-    in_sandbox = inside_sandbox()
+    in_sandbox = inside_sandbox() if subject is None else False
     while proc is not None and (proc.pid > 1 or (proc.pid == 1 and in_sandbox)):
         try:
             env = environ_of(proc) if environ_of else proc.environ()
@@ -4628,6 +4608,210 @@ contains. When an output schema is set, answer with the StructuredOutput tool.
 """
 # ==================== end src/spawnlib/agents.py ====================
 
+# ==================== begin src/spawnlib/channel.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ------------------------------------------------------- who is calling --
+# A record anyone can write is believed by no one. What decides for an agent
+# (an answer to its ask) reaches the process that accepts it over a Unix
+# socket, where the kernel names the peer (SO_PEERCRED), and that process
+# checks the peer's ancestry itself: the answer file is its record of the
+# decision, written by it, never the way a decision arrives.
+
+ASK_SOCKET = "{ask_id}.sock"  # in asks/, mode 0600, while the asking runner waits
+# An answer is one short JSON line; a peer that sends more, or sends it
+# slower than this, is hung up on and the runner goes on waiting.
+ANSWER_MAX_BYTES = 64 << 10
+ANSWER_READ_S = 2.0
+
+
+def peer_process(conn: socket.socket) -> psutil.Process | None:
+    """The process at the other end of a Unix socket, as the kernel reports it; None for another user's."""
+    import socket
+    import struct
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    if uid != os.getuid():
+        return None
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid)
+    return None
+
+
+def read_line(conn: socket.socket, limit: int, timeout: float) -> bytes:
+    """One newline-ended line from conn, within limit bytes and timeout seconds; ValueError otherwise."""
+    conn.settimeout(timeout)
+    ends = time.monotonic() + timeout
+    got = b""
+    while b"\n" not in got:
+        if len(got) > limit or time.monotonic() > ends:
+            raise ValueError("too long, or too slow")
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise ValueError("closed before a whole line")
+        got += chunk
+    return got.partition(b"\n")[0]
+
+
+def ask_socket_path(session: Path, ask_id: str) -> Path:
+    return asks_dir(session) / ASK_SOCKET.format(ask_id=ask_id)
+
+
+class AnswerChannel:
+    """The socket an asking runner takes its ask's answer on: bound before the ask is published."""
+
+    def __init__(self, session: Path, ask_id: str) -> None:
+        self.session, self.ask_id = session, ask_id
+        import socket  # only where an ask is made: every spawn.py start would pay for it
+
+        self.path = ask_socket_path(session, ask_id)
+        self.closed = False
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        address, dir_fd = unix_address(str(self.path))
+        mask = os.umask(0o177)  # 0600: only this user may connect
+        try:
+            self.server.bind(address)
+        finally:
+            os.umask(mask)
+            if dir_fd is not None:
+                os.close(dir_fd)
+        self.server.listen(8)
+        self.server.settimeout(ASK_POLL_S)  # how soon close() is seen
+
+    def close(self) -> None:
+        """End a wait early (the agent is stopping): the ask is denied, by timeout."""
+        self.closed = True
+
+    def wait(self, ask_agent: str, timeout: float, secrets_: Sequence[str]) -> dict[str, Any]:
+        """Wait for an answer from outside the asking agent's tree; the answer record, as written here.
+
+        Blocking: an async caller runs it in a thread. The first answer whose
+        caller may give it (self_answer_refusal, on the peer's own ancestry)
+        wins; a refused one is recorded in asks/ID.attempts.jsonl and the wait
+        goes on. At the timeout the ask is denied, by "timeout". Whatever an
+        answer file said before (anything with Bash can write one) is replaced.
+        """
+        limit = time.monotonic() + timeout
+        answer = AskAnswer(self.ask_id, "deny", "timeout", "")
+        try:
+            while time.monotonic() < limit and not self.closed:
+                try:
+                    conn, _ = self.server.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    given = take_answer(conn, self.session, self.ask_id, ask_agent, secrets_)
+                if given is not None:
+                    answer = given
+                    break
+        finally:
+            self.server.close()
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        answer.at = utc_now_iso()
+        record = record_to_json(answer)
+        write_json_atomic(asks_dir(self.session) / f"{self.ask_id}.answer.json", record)
+        return record
+
+
+def open_ask(
+    meta: AgentMeta,
+    tool: str,
+    tool_input: Mapping[str, Any],
+    rule: str,
+    *,
+    timeout: float,
+    secrets_: Sequence[str],
+    asker: str | None = None,
+) -> AnswerChannel:
+    """Publish an ask for the tree to answer, its answer channel already listening; asker: the asking agent's id (meta's)."""
+    session = Path(meta.session)
+    folder = asks_dir(session)
+    folder.mkdir(exist_ok=True)
+    ask_id = f"q-{token_hex(3)}"
+    channel = AnswerChannel(session, ask_id)  # before the ask is seen: an answer never finds no one
+    record = AskRecord(
+        ask_id, asker if asker is not None else meta.id, tool, summarize_input(tool_input), rule, utc_now_iso(), time.time() + timeout
+    )
+    publish_once(folder / f"{ask_id}.json", redacted_json(record_to_json(record), secrets_, indent=2).encode())
+    return channel
+
+
+def take_answer(conn: socket.socket, session: Path, ask_id: str, ask_agent: str, secrets_: Sequence[str]) -> AskAnswer | None:
+    """One caller's answer, if it may give it; it is told either way."""
+
+    def reply(data: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(data).encode() + b"\n")
+
+    try:
+        given = parse_json(read_line(conn, ANSWER_MAX_BYTES, ANSWER_READ_S))
+        verdict, by, text = given["verdict"], given["by"], given.get("text")
+        if verdict not in ("approve", "deny") or not isinstance(by, str) or not isinstance(text, str | None):
+            raise ValueError("not an answer")
+    except (OSError, ValueError, KeyError, TypeError):
+        reply({"refused": "not an answer: send one JSON line with verdict (approve|deny), by and text"})
+        return None
+    peer = peer_process(conn)
+    refusal = "its caller can't be told apart" if peer is None else self_answer_refusal(ask_agent, session, calling_agents(peer))
+    if refusal is not None:
+        attempt = AskAttempt(ask_id, verdict, by, utc_now_iso(), peer.pid if peer else 0, refusal)
+        append_jsonl(asks_dir(session) / f"{ask_id}.attempts.jsonl", record_to_json(attempt), secrets_)
+        reply({"refused": refusal})
+        return None
+    reply({"answered": verdict})
+    return AskAnswer(ask_id, verdict, by, "", text)
+
+
+def send_answer(session: Path, ask_id: str, verdict: str, by: str, text: str | None) -> None:
+    """Give the waiting runner an answer to ask_id; RefusedError if it refuses this caller, StateError if none waits."""
+    import socket
+
+    path = ask_socket_path(session, ask_id)
+    address, dir_fd = unix_address(str(path))
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(10.0)
+            try:
+                client.connect(address)
+            except (FileNotFoundError, ConnectionRefusedError):
+                raise StateError(
+                    f"no agent is waiting for an answer to ask {ask_id}; it was answered, timed out, or its agent ended"
+                ) from None
+            client.sendall(json.dumps({"verdict": verdict, "by": by, "text": text}).encode() + b"\n")
+            said = parse_json(read_line(client, ANSWER_MAX_BYTES, 10.0))
+    except (OSError, ValueError) as exc:
+        raise StateError(f"ask {ask_id}'s agent did not take the answer ({exc}); run 'spawn.py status' to see if it still asks") from None
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
+    if "refused" in said:
+        raise RefusedError(f"refused: {said['refused']}; the attempt is recorded in {asks_dir(session) / f'{ask_id}.attempts.jsonl'}")
+# ==================== end src/spawnlib/channel.py ====================
+
 # ==================== begin src/spawnlib/resolving.py ====================
 
 
@@ -4810,6 +4994,61 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
     idle = _float_or_none(environ.get(ENV_IDLE_TIMEOUT))
     inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
     return inh
+
+
+# Clocks and float sums differ a little between the admission that wrote a
+# record and the check of it; a widening worth refusing is larger than this.
+ADMISSION_SLACK_S = 1.0
+ADMISSION_SLACK_USD = 1e-6
+
+
+def canonical_rules(texts: Iterable[str]) -> set[str]:
+    """Rule texts as parse_rule spells them, so a record and an environment compare alike."""
+    canonical = set()
+    for text in texts:
+        try:
+            canonical.add(parse_rule(text).text)
+        except SpawnError:
+            canonical.add(text)
+    return canonical
+
+
+def admission_problem(meta: AgentMeta, inh: Inherited) -> str | None:
+    """Why a registered agent's record is wider than admission under its verified parent allows; None if it is not.
+
+    inh is what this process's own ancestry gives (inherited_context): the
+    nearest registered runner above it, and the environments its ancestors
+    were started with. That runner is the agent's parent, or an ancestor of
+    it whose own parent ended meanwhile; limits only shrink down a tree, so
+    an honest record is within them either way. A record written by anyone
+    else (a forged meta.json, one changed after registration) must not
+    choose its own limits: with no verified parent, the caller is a person
+    or a CI job starting a root, who may choose any.
+    """
+    if inh.parent_id is None and inh.depth < 0:
+        return None
+    if inh.session is not None and Path(meta.session) != inh.session:
+        return f"its meta.json names session {meta.session}, but its parent runs in {inh.session}"
+    if meta.parent_id is None:
+        return f"its meta.json names no parent, but it runs under agent {inh.parent_id}"
+    if meta.depth < inh.depth + 1:
+        return f"its meta.json puts it at depth {meta.depth}, above its parent at depth {inh.depth}"
+    wider: list[str] = []
+    if inh.max_depth is not None and meta.max_depth > inh.max_depth:
+        wider.append(f"max depth {meta.max_depth} > {inh.max_depth}")
+    if inh.tools is not None and (extra := sorted(set(meta.tools) - set(inh.tools))):
+        wider.append(f"tools {','.join(extra)} its parent lacks")
+    if inh.deadline is not None and (meta.deadline is None or meta.deadline > inh.deadline + ADMISSION_SLACK_S):
+        wider.append("a later deadline")
+    if inh.budget is not None and (meta.max_budget_usd is None or meta.max_budget_usd > inh.budget + ADMISSION_SLACK_USD):
+        wider.append(f"a budget of {meta.max_budget_usd} > {inh.budget}")
+    for kind, texts in (("deny", inh.deny), ("ask", inh.ask)):
+        if missing := sorted(canonical_rules(texts) - canonical_rules(meta.permissions.get(kind, []))):
+            wider.append(f"no {kind} rule {missing[0]}")
+    mode, parent_mode = meta.permission_mode, inh.permission_mode
+    if parent_mode in PERMISSION_RANK and PERMISSION_RANK.get(mode or "", 99) > PERMISSION_RANK[parent_mode]:
+        wider.append(f"permission mode {mode} > {parent_mode}")
+    return f"its meta.json is wider than its parent allows: {'; '.join(wider)}" if wider else None
 
 
 def read_task(args: argparse.Namespace) -> str:
@@ -6103,9 +6342,6 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
 
 
 
-
-
-
 # ------------------------------------------------------------ the CLI's start --
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
@@ -6549,15 +6785,14 @@ class PermissionGate:
             if verdict == "deny":
                 self.denied_asks.append(f"ask at the terminal (rule {rule}) denied by {by}")
             return verdict, by
-        ask = post_ask(self.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
+        channel = open_ask(self.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
+        ask = channel.ask_id
         what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
         note(f"agent {self.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
-        limit = time.monotonic() + timeout
-        answer_path = asks_dir(Path(self.meta.session)) / f"{ask}.answer.json"
-        while not answer_path.exists() and time.monotonic() < limit:
-            await asyncio.sleep(ASK_POLL_S)
-        answer_ask(Path(self.meta.session), ask, "deny", "timeout")  # no-op if answered in time
-        answer = read_json(answer_path)
+        try:
+            answer = await asyncio.to_thread(channel.wait, self.meta.id, timeout, self.secrets)
+        finally:
+            channel.close()  # a stop while waiting denies the ask, by timeout
         verdict, by = ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
         if verdict == "deny":
             self.denied_asks.append(f"ask {ask} (rule {rule}) denied by {by}")
@@ -7026,10 +7261,20 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
 
 
 def run_agent(
-    agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: SdkLoader | None = None, guard: tuple[int, int] | None = None
+    agent_dir: Path,
+    cli: Path,
+    secrets_: Sequence[str],
+    sdk_loader: SdkLoader | None = None,
+    guard: tuple[int, int] | None = None,
+    *,
+    admitted: AgentMeta | None = None,
 ) -> Outcome:
-    """Run a registered agent to its one committed outcome."""
-    meta = load_meta(agent_dir)
+    """Run a registered agent to its one committed outcome.
+
+    admitted: the record as admission checked it; the file is not read
+    again, so nothing written there afterwards changes what runs.
+    """
+    meta = admitted or load_meta(agent_dir)
     executor = executor_for(meta.kind)
     state = RunState()
     started = time.time()
@@ -7958,7 +8203,6 @@ def read_url_by(url: str, until: float) -> bytes:
     """
     import http.client
     import io
-    import socket
     import urllib.request
 
     class Reads(io.RawIOBase):
@@ -8353,19 +8597,15 @@ async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATa
         timeout = min(timeout, max(0.0, meta.deadline - time.time()))
     question = task.status_text() or f"the remote agent {remote} needs {task.state}"
     rule = f"A2A {task.state} from {remote}"
-    session = Path(meta.session)
-    ask = post_ask(meta, f"A2A:{task.state}", {"command": question}, rule, timeout=timeout, secrets_=secrets_)
+    channel = open_ask(meta, f"A2A:{task.state}", {"command": question}, rule, timeout=timeout, secrets_=secrets_)
+    ask = channel.ask_id
     node_line(agent_dir, "A2AAsk", {"ask": ask, "state": task.state, "question": question}, secrets_)
     how = f"run 'spawn.py approve {ask} --text REPLY' or 'spawn.py deny {ask}' within {timeout:.0f} s"
     note(f"agent {meta.id}: {remote} asks: {question[:200]}; {how}")
-    answer_path = asks_dir(session) / f"{ask}.answer.json"
-    limit = time.monotonic() + timeout
     try:
-        while not answer_path.exists() and time.monotonic() < limit:
-            await asyncio.sleep(ASK_POLL_S)
+        answer = await asyncio.to_thread(channel.wait, meta.id, timeout, secrets_)
     finally:
-        answer_ask(session, ask, "deny", "timeout")  # no-op if answered; never left pending by a stop
-    answer = read_json(answer_path)
+        channel.close()  # never left pending by a stop: denied, by timeout
     verdict, by = str(answer.get("verdict")), str(answer.get("by", "?"))
     node_line(agent_dir, "A2AAnswer", {"ask": ask, "verdict": verdict, "by": by}, secrets_)
     if verdict != "approve":
@@ -8687,6 +8927,8 @@ class ForkedFor:
 
     pid: int | None = None
     create_time: float = 0.0
+    ancestry: dict[str, Any] | None = None
+    """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
 
 
 def ancestry_subject() -> psutil.Process:
@@ -8810,7 +9052,11 @@ def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) 
     if request.get("prefix") != sys.prefix:
         return "another Python environment"
     argv = request.get("argv")
-    if request.get("detach") is True and not (isinstance(argv, list) and len(argv) == 2 and argv[0] == "_run"):
+    # What a stand-in asks for, and nothing else: every other verb (approve,
+    # kill, ...) decides by its caller's ancestry, which a fork would hide.
+    if not (isinstance(argv, list) and argv and (argv[0].startswith("-") or argv[0] in FORKED_VERBS)):
+        return "not a spawn"
+    if request.get("detach") is True and not (len(argv) == 2 and argv[0] == "_run"):
         return "only a background runner is forked detached"
     path, size, mtime_ns = request["script"]  # its shape checked by request_problem
     if path == str(compiled_script()):
@@ -8947,13 +9193,18 @@ def serve_forks(meta: AgentMeta) -> None:
     script_stat = SCRIPT_PATH.stat()
     namespace = own_pid_namespace()
 
-    def reap(_signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-
     def stop(_signum: int, _frame: Any) -> None:
         raise SystemExit(0)
+
+    # The spawns this server forked, by pid: the stand-in each runs for. A
+    # detached runner is forked only for one of them (its launcher), and for
+    # that launcher's caller, who is checked while it still lives.
+    launched: dict[int, tuple[int, float]] = {}
+
+    def reap(_signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ChildProcessError):
+            while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
+                launched.pop(pid, None)
 
     signal.signal(signal.SIGCHLD, reap)
     signal.signal(signal.SIGTERM, stop)
@@ -8988,10 +9239,15 @@ def serve_forks(meta: AgentMeta) -> None:
         request = client.request()
         conn.settimeout(5.0)  # the reply's send; the client waits for it
         refusal = forkserver_refusal(request, script_stat)
+        client_time = psutil.Process(client_pid).create_time()
+        caller, ancestry = None, None
+        if refusal is None:
+            caller, refusal = caller_in_tree(client_pid, launched, meta.session, detach=request.get("detach") is True)
+        if refusal is None and caller is not None and request.get("detach") is True:
+            ancestry = ancestry_context(subject=caller)
         if refusal is not None:
             conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
             return
-        client_time = psutil.Process(client_pid).create_time()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -9002,10 +9258,13 @@ def serve_forks(meta: AgentMeta) -> None:
                 for other in pending.values():  # every other client is the server's to answer
                     other.close()
                 if request.get("detach") is True:
+                    ForkedFor.ancestry = ancestry
                     run_detached(conn, fds, request)
                 run_forked(conn, fds, request, client_pid, client_time)
             finally:
                 os._exit(ExitCode.STATE)
+        if request.get("detach") is not True:
+            launched[pid] = (client_pid, client_time)
         line = {
             "time": utc_now_iso(),
             "pid": pid,
@@ -9045,6 +9304,34 @@ def serve_forks(meta: AgentMeta) -> None:
         with contextlib.suppress(OSError):
             if path.stat().st_ino == bound:
                 path.unlink()
+
+
+def caller_in_tree(
+    client_pid: int, launched: Mapping[int, tuple[int, float]], session: str, *, detach: bool
+) -> tuple[psutil.Process | None, str | None]:
+    """(the process a request speaks for, None), or (None, why it is refused).
+
+    The kernel names the client (SO_PEERCRED); a spawn this server forked
+    speaks for the stand-in it runs for. The caller must run under a
+    registered runner of this server's own session: anything else (another
+    tree, a process that only sets SPAWN_SESSION) takes the normal path,
+    where its own ancestry decides. Only the server's own forked launchers
+    may ask for a detached runner.
+    """
+    if detach and client_pid not in launched:
+        return None, "only a launcher this server forked may ask for a detached runner"
+    caller_pid, caller_time = launched.get(client_pid, (client_pid, None))
+    try:
+        caller = psutil.Process(caller_pid)
+        if caller_time is not None and abs(caller.create_time() - caller_time) >= 0.05:
+            return None, "its caller is gone"
+    except psutil.Error:
+        return None, "its caller is gone"
+    for agent_dir in ancestor_agents(caller)[:1]:
+        with contextlib.suppress(OSError, SpawnError):
+            if load_meta(agent_dir).session == session:
+                return caller, None
+    return None, "not a process of this server's tree"
 
 
 def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> list[str]:
@@ -11271,7 +11558,8 @@ def answer_at_terminal(session: Path) -> None:
         question = ask_question(str(ask.get("tool")), str(ask.get("input")), os.getcwd(), str(ask.get("rule") or ""))
         print(question, end="", file=sys.stderr, flush=True)
         reply = sys.stdin.readline().strip().lower() or ("y" if not sys.stdin.closed else "n")
-        answer_ask(session, str(ask["id"]), "approve" if reply in ("", "y", "yes") else "deny", "terminal")
+        with contextlib.suppress(StateError):  # its agent stopped waiting meanwhile
+            send_answer(session, str(ask["id"]), "approve" if reply in ("", "y", "yes") else "deny", "terminal", None)
 
 
 def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -11371,7 +11659,6 @@ def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 # ==================== end src/spawnlib/dag.py ====================
 
 # ==================== begin src/spawnlib/cli.py ====================
-
 
 
 
@@ -11801,18 +12088,27 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
         if time.monotonic() > limit:
             raise StateError(f"{agent_dir} was never registered; nothing to run")
         time.sleep(0.01)
-    if (named := load_meta(agent_dir).pid) not in (os.getpid(), ForkedFor.pid):
+    meta = load_meta(agent_dir)
+    if (named := meta.pid) not in (os.getpid(), ForkedFor.pid):
         # meta.json names another runner: the one its launcher started. A
         # second runner (a launcher that took a fork server's late answer for
         # none) runs nothing; its guard has nothing to settle.
         with contextlib.suppress(OSError):
             os.write(guard[1], GUARD_SETTLED)
         raise StateError(f"{agent_dir} is run by process {named} (its meta.json); this runner, {os.getpid()}, ran nothing")
+    # `_run DIR` is a verb anyone's Bash can call, on a meta.json anyone can
+    # write: the record runs only within what this process's verified parent
+    # allows (the admission path), and what runs is the record as checked here.
+    ancestry = ForkedFor.ancestry if ForkedFor.ancestry is not None else ancestry_context()
+    problem = admission_problem(meta, inherited_context(environ, ancestry))
+    if problem is not None:
+        commit_outcome(agent_dir, refusal_outcome(meta, f"not admitted: {problem}"), secret_values(environ))
+        raise RefusedError(f"{agent_dir} was not admitted: {problem}; start agents with spawn.py --task, never _run")
     pid, create_time, _ = own_identity()
     if ForkedFor.pid is not None:
         register_runner(pid, create_time, agent_dir)  # the launcher registered the stand-in; the agent runs here
     try:
-        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard)
+        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta)
     finally:
         unregister_runner(pid, create_time)
     emit(summary(agent_dir, record_to_json(outcome)))
@@ -11913,16 +12209,13 @@ def cmd_answer(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     session = candidates[0]
     verdict = "approve" if args.verb == "approve" else "deny"
     by = answerer_name(args.as_name, args.verb)
-    ask = read_json(asks_dir(session) / f"{args.ask_id}.json")
-    refusal = self_answer_refusal(str(ask.get("agent_id", "")), session, calling_agents())
-    if refusal is not None:
-        attempt = AskAttempt(args.ask_id, verdict, by, utc_now_iso(), os.getpid(), refusal)
-        attempts = asks_dir(session) / f"{args.ask_id}.attempts.jsonl"
-        append_jsonl(attempts, record_to_json(attempt), secret_values(environ))
-        raise RefusedError(f"refused: {refusal}; the attempt is recorded in {attempts}")
-    if not answer_ask(session, args.ask_id, verdict, by, getattr(args, "text", None)):
-        earlier = read_json(asks_dir(session) / f"{args.ask_id}.answer.json")
+    answer_path = asks_dir(session) / f"{args.ask_id}.answer.json"
+    if answer_path.exists() and not ask_socket_path(session, args.ask_id).exists():
+        earlier = read_json(answer_path)
         raise UsageError(f"ask {args.ask_id} was already answered: {earlier.get('verdict')} (by {earlier.get('by')})")
+    # The asking runner decides whether this caller may answer, from its
+    # ancestry as the kernel names it; it writes the answer record itself.
+    send_answer(session, args.ask_id, verdict, by, getattr(args, "text", None))
     emit({"ask": args.ask_id, "verdict": verdict})
     return ExitCode.OK
 

@@ -49,6 +49,7 @@ MODULES = (
     "protocol",
     "processes",
     "agents",
+    "channel",
     "resolving",
     "running",
     "cli_start",

@@ -23,7 +23,8 @@ from .agents import (
     parse_definition,
     route,
 )
-from .cli_start import delegates_for, drop_refusal, export_trace, launch_background, record_refusal, run_agent, summary
+from .channel import ask_socket_path, send_answer
+from .cli_start import delegates_for, drop_refusal, export_trace, launch_background, record_refusal, refusal_outcome, run_agent, summary
 from .constants import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MODEL,
@@ -37,7 +38,7 @@ from .constants import (
     REGISTER_WAIT_S,
     SANDBOX_CHOICES,
 )
-from .core import briefing, secret_values, self_answer_refusal, utc_now_iso
+from .core import briefing, secret_values
 from .dag import DEFAULT_ROTATE_MB, DEFAULT_STATE_FILE, ON_FAIL
 from .errors import ExitCode, RefusedError, StateError, UsageError
 from .executors import names_another_kind
@@ -47,7 +48,6 @@ from .processes import (
     Supervised,
     ancestor_agents,
     ancestry_context,
-    calling_agents,
     choose_containment,
     fork_below_guard,
     guard_above_ends_tree,
@@ -61,9 +61,8 @@ from .processes import (
 from .protocol import (
     AGENTS_DIR,
     META,
-    answer_ask,
-    append_jsonl,
     asks_dir,
+    commit_outcome,
     find_agent_dir,
     latest_session,
     load_meta,
@@ -72,8 +71,8 @@ from .protocol import (
     resolve_session_root,
     write_new_file,
 )
-from .records import AskAttempt, Status, record_to_json
-from .resolving import find_cli, place_resumed, plan_run, register, resolve_resume
+from .records import Status, record_to_json
+from .resolving import admission_problem, find_cli, inherited_context, place_resumed, plan_run, register, resolve_resume
 from .running import EarlyStop, SdkLoader, spawn_command
 from .verbs import (
     corrupt_agents,
@@ -428,18 +427,27 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
         if time.monotonic() > limit:
             raise StateError(f"{agent_dir} was never registered; nothing to run")
         time.sleep(0.01)
-    if (named := load_meta(agent_dir).pid) not in (os.getpid(), ForkedFor.pid):
+    meta = load_meta(agent_dir)
+    if (named := meta.pid) not in (os.getpid(), ForkedFor.pid):
         # meta.json names another runner: the one its launcher started. A
         # second runner (a launcher that took a fork server's late answer for
         # none) runs nothing; its guard has nothing to settle.
         with contextlib.suppress(OSError):
             os.write(guard[1], GUARD_SETTLED)
         raise StateError(f"{agent_dir} is run by process {named} (its meta.json); this runner, {os.getpid()}, ran nothing")
+    # `_run DIR` is a verb anyone's Bash can call, on a meta.json anyone can
+    # write: the record runs only within what this process's verified parent
+    # allows (the admission path), and what runs is the record as checked here.
+    ancestry = ForkedFor.ancestry if ForkedFor.ancestry is not None else ancestry_context()
+    problem = admission_problem(meta, inherited_context(environ, ancestry))
+    if problem is not None:
+        commit_outcome(agent_dir, refusal_outcome(meta, f"not admitted: {problem}"), secret_values(environ))
+        raise RefusedError(f"{agent_dir} was not admitted: {problem}; start agents with spawn.py --task, never _run")
     pid, create_time, _ = own_identity()
     if ForkedFor.pid is not None:
         register_runner(pid, create_time, agent_dir)  # the launcher registered the stand-in; the agent runs here
     try:
-        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard)
+        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta)
     finally:
         unregister_runner(pid, create_time)
     emit(summary(agent_dir, record_to_json(outcome)))
@@ -540,16 +548,13 @@ def cmd_answer(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     session = candidates[0]
     verdict = "approve" if args.verb == "approve" else "deny"
     by = answerer_name(args.as_name, args.verb)
-    ask = read_json(asks_dir(session) / f"{args.ask_id}.json")
-    refusal = self_answer_refusal(str(ask.get("agent_id", "")), session, calling_agents())
-    if refusal is not None:
-        attempt = AskAttempt(args.ask_id, verdict, by, utc_now_iso(), os.getpid(), refusal)
-        attempts = asks_dir(session) / f"{args.ask_id}.attempts.jsonl"
-        append_jsonl(attempts, record_to_json(attempt), secret_values(environ))
-        raise RefusedError(f"refused: {refusal}; the attempt is recorded in {attempts}")
-    if not answer_ask(session, args.ask_id, verdict, by, getattr(args, "text", None)):
-        earlier = read_json(asks_dir(session) / f"{args.ask_id}.answer.json")
+    answer_path = asks_dir(session) / f"{args.ask_id}.answer.json"
+    if answer_path.exists() and not ask_socket_path(session, args.ask_id).exists():
+        earlier = read_json(answer_path)
         raise UsageError(f"ask {args.ask_id} was already answered: {earlier.get('verdict')} (by {earlier.get('by')})")
+    # The asking runner decides whether this caller may answer, from its
+    # ancestry as the kernel names it; it writes the answer record itself.
+    send_answer(session, args.ask_id, verdict, by, getattr(args, "text", None))
     emit({"ask": args.ask_id, "verdict": verdict})
     return ExitCode.OK
 

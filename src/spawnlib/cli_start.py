@@ -30,9 +30,9 @@ from .agents import (
     skill_file,
     summarize_input,
 )
+from .channel import open_ask
 from .cli import note
 from .constants import (
-    ASK_POLL_S,
     ASK_TIMEOUT_S,
     ENV_ASK_TIMEOUT,
     ENV_HEARTBEAT,
@@ -106,7 +106,6 @@ from .protocol import (
     STATUS_INDEX,
     STDERR_LOG,
     TRANSCRIPT,
-    answer_ask,
     append_jsonl,
     append_log_line,
     append_transcript,
@@ -117,9 +116,7 @@ from .protocol import (
     open_regular,
     over_hold,
     parse_json,
-    post_ask,
     publish_once,
-    read_json,
     read_limits,
     read_outcome,
     read_text,
@@ -595,15 +592,14 @@ class PermissionGate:
             if verdict == "deny":
                 self.denied_asks.append(f"ask at the terminal (rule {rule}) denied by {by}")
             return verdict, by
-        ask = post_ask(self.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
+        channel = open_ask(self.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
+        ask = channel.ask_id
         what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
         note(f"agent {self.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
-        limit = time.monotonic() + timeout
-        answer_path = asks_dir(Path(self.meta.session)) / f"{ask}.answer.json"
-        while not answer_path.exists() and time.monotonic() < limit:
-            await asyncio.sleep(ASK_POLL_S)
-        answer_ask(Path(self.meta.session), ask, "deny", "timeout")  # no-op if answered in time
-        answer = read_json(answer_path)
+        try:
+            answer = await asyncio.to_thread(channel.wait, self.meta.id, timeout, self.secrets)
+        finally:
+            channel.close()  # a stop while waiting denies the ask, by timeout
         verdict, by = ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
         if verdict == "deny":
             self.denied_asks.append(f"ask {ask} (rule {rule}) denied by {by}")
@@ -1072,10 +1068,20 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
 
 
 def run_agent(
-    agent_dir: Path, cli: Path, secrets_: Sequence[str], sdk_loader: SdkLoader | None = None, guard: tuple[int, int] | None = None
+    agent_dir: Path,
+    cli: Path,
+    secrets_: Sequence[str],
+    sdk_loader: SdkLoader | None = None,
+    guard: tuple[int, int] | None = None,
+    *,
+    admitted: AgentMeta | None = None,
 ) -> Outcome:
-    """Run a registered agent to its one committed outcome."""
-    meta = load_meta(agent_dir)
+    """Run a registered agent to its one committed outcome.
+
+    admitted: the record as admission checked it; the file is not read
+    again, so nothing written there afterwards changes what runs.
+    """
+    meta = admitted or load_meta(agent_dir)
     executor = executor_for(meta.kind)
     state = RunState()
     started = time.time()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from . import __version__
+from .channel import send_answer
 from .cli import build_run_parser, emit, note
 from .cli_start import drop_refusal, record_refusal
 from .constants import (
@@ -41,7 +42,6 @@ from .protocol import (
     RECORD_MAX_BYTES,
     TRANSCRIPT,
     agent_history,
-    answer_ask,
     append_jsonl,
     asks_dir,
     commit_outcome,
@@ -872,7 +872,8 @@ def answer_at_terminal(session: Path) -> None:
         question = ask_question(str(ask.get("tool")), str(ask.get("input")), os.getcwd(), str(ask.get("rule") or ""))
         print(question, end="", file=sys.stderr, flush=True)
         reply = sys.stdin.readline().strip().lower() or ("y" if not sys.stdin.closed else "n")
-        answer_ask(session, str(ask["id"]), "approve" if reply in ("", "y", "yes") else "deny", "terminal")
+        with contextlib.suppress(StateError):  # its agent stopped waiting meanwhile
+            send_answer(session, str(ask["id"]), "approve" if reply in ("", "y", "yes") else "deny", "terminal", None)
 
 
 def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -12,13 +12,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from . import __version__
 from .agents import AgentDefinition
+from .channel import open_ask
 from .cli import note
 from .cli_start import StartedCli, ask_timeout, cli_start, describe_sdk_error, outcome_from_run, run_sdk, start_cli
-from .constants import ASK_POLL_S, KILL_GRACE_S, PROTOCOL_VERSION
+from .constants import KILL_GRACE_S, PROTOCOL_VERSION
 from .core import is_finite, redact, utc_now_iso, validate_output
 from .errors import ExitCode, UsageError
 from .protocol import (
@@ -26,19 +27,18 @@ from .protocol import (
     ENV_LOG_MAX,
     STDERR_LOG,
     TRANSCRIPT,
-    answer_ask,
     append_log_line,
     append_transcript,
-    asks_dir,
     log_max_bytes,
     parse_json,
-    post_ask,
-    read_json,
     read_limits,
     with_estimated_cost,
 )
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import EarlyStop, RunState, SdkLoader, child_environment, start_slot_count, start_slot_now
+
+if TYPE_CHECKING:
+    import socket  # annotations only
 
 # ---------------------------------------------------------------- executors --
 # The seam between a node of the tree and what runs it. A reference (an
@@ -440,7 +440,6 @@ def read_url_by(url: str, until: float) -> bytes:
     """
     import http.client
     import io
-    import socket
     import urllib.request
 
     class Reads(io.RawIOBase):
@@ -835,19 +834,15 @@ async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATa
         timeout = min(timeout, max(0.0, meta.deadline - time.time()))
     question = task.status_text() or f"the remote agent {remote} needs {task.state}"
     rule = f"A2A {task.state} from {remote}"
-    session = Path(meta.session)
-    ask = post_ask(meta, f"A2A:{task.state}", {"command": question}, rule, timeout=timeout, secrets_=secrets_)
+    channel = open_ask(meta, f"A2A:{task.state}", {"command": question}, rule, timeout=timeout, secrets_=secrets_)
+    ask = channel.ask_id
     node_line(agent_dir, "A2AAsk", {"ask": ask, "state": task.state, "question": question}, secrets_)
     how = f"run 'spawn.py approve {ask} --text REPLY' or 'spawn.py deny {ask}' within {timeout:.0f} s"
     note(f"agent {meta.id}: {remote} asks: {question[:200]}; {how}")
-    answer_path = asks_dir(session) / f"{ask}.answer.json"
-    limit = time.monotonic() + timeout
     try:
-        while not answer_path.exists() and time.monotonic() < limit:
-            await asyncio.sleep(ASK_POLL_S)
+        answer = await asyncio.to_thread(channel.wait, meta.id, timeout, secrets_)
     finally:
-        answer_ask(session, ask, "deny", "timeout")  # no-op if answered; never left pending by a stop
-    answer = read_json(answer_path)
+        channel.close()  # never left pending by a stop: denied, by timeout
     verdict, by = str(answer.get("verdict")), str(answer.get("by", "?"))
     node_line(agent_dir, "A2AAnswer", {"ask": ask, "verdict": verdict, "by": by}, secrets_)
     if verdict != "approve":

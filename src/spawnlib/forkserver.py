@@ -17,14 +17,14 @@ import psutil
 
 from .constants import SCRIPT_PATH
 from .core import utc_now_iso
-from .errors import ExitCode
+from .errors import ExitCode, SpawnError
 from .fast_start import compiled_script
 from .main import main
-from .processes import Supervised, own_pid_namespace, pid_namespace_of, set_parent_death_signal
-from .protocol import parse_json
+from .processes import Supervised, ancestor_agents, ancestry_context, own_pid_namespace, pid_namespace_of, set_parent_death_signal
+from .protocol import load_meta, parse_json
 from .records import AgentMeta
 from .running import STOP_SIGNALS, EarlyStop, SdkLoader, import_sdk
-from .standin import ENV_NO_FORKSERVER, FORKSERVER_REPLY_S, FORKSERVER_SOCKET, forkserver_request, unix_address
+from .standin import ENV_NO_FORKSERVER, FORKED_VERBS, FORKSERVER_REPLY_S, FORKSERVER_SOCKET, forkserver_request, unix_address
 
 # ------------------------------------------------------------- fork server --
 
@@ -60,6 +60,8 @@ class ForkedFor:
 
     pid: int | None = None
     create_time: float = 0.0
+    ancestry: dict[str, Any] | None = None
+    """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
 
 
 def ancestry_subject() -> psutil.Process:
@@ -183,7 +185,11 @@ def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) 
     if request.get("prefix") != sys.prefix:
         return "another Python environment"
     argv = request.get("argv")
-    if request.get("detach") is True and not (isinstance(argv, list) and len(argv) == 2 and argv[0] == "_run"):
+    # What a stand-in asks for, and nothing else: every other verb (approve,
+    # kill, ...) decides by its caller's ancestry, which a fork would hide.
+    if not (isinstance(argv, list) and argv and (argv[0].startswith("-") or argv[0] in FORKED_VERBS)):
+        return "not a spawn"
+    if request.get("detach") is True and not (len(argv) == 2 and argv[0] == "_run"):
         return "only a background runner is forked detached"
     path, size, mtime_ns = request["script"]  # its shape checked by request_problem
     if path == str(compiled_script()):
@@ -320,13 +326,18 @@ def serve_forks(meta: AgentMeta) -> None:
     script_stat = SCRIPT_PATH.stat()
     namespace = own_pid_namespace()
 
-    def reap(_signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-
     def stop(_signum: int, _frame: Any) -> None:
         raise SystemExit(0)
+
+    # The spawns this server forked, by pid: the stand-in each runs for. A
+    # detached runner is forked only for one of them (its launcher), and for
+    # that launcher's caller, who is checked while it still lives.
+    launched: dict[int, tuple[int, float]] = {}
+
+    def reap(_signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ChildProcessError):
+            while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
+                launched.pop(pid, None)
 
     signal.signal(signal.SIGCHLD, reap)
     signal.signal(signal.SIGTERM, stop)
@@ -361,10 +372,15 @@ def serve_forks(meta: AgentMeta) -> None:
         request = client.request()
         conn.settimeout(5.0)  # the reply's send; the client waits for it
         refusal = forkserver_refusal(request, script_stat)
+        client_time = psutil.Process(client_pid).create_time()
+        caller, ancestry = None, None
+        if refusal is None:
+            caller, refusal = caller_in_tree(client_pid, launched, meta.session, detach=request.get("detach") is True)
+        if refusal is None and caller is not None and request.get("detach") is True:
+            ancestry = ancestry_context(subject=caller)
         if refusal is not None:
             conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
             return
-        client_time = psutil.Process(client_pid).create_time()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -375,10 +391,13 @@ def serve_forks(meta: AgentMeta) -> None:
                 for other in pending.values():  # every other client is the server's to answer
                     other.close()
                 if request.get("detach") is True:
+                    ForkedFor.ancestry = ancestry
                     run_detached(conn, fds, request)
                 run_forked(conn, fds, request, client_pid, client_time)
             finally:
                 os._exit(ExitCode.STATE)
+        if request.get("detach") is not True:
+            launched[pid] = (client_pid, client_time)
         line = {
             "time": utc_now_iso(),
             "pid": pid,
@@ -418,6 +437,34 @@ def serve_forks(meta: AgentMeta) -> None:
         with contextlib.suppress(OSError):
             if path.stat().st_ino == bound:
                 path.unlink()
+
+
+def caller_in_tree(
+    client_pid: int, launched: Mapping[int, tuple[int, float]], session: str, *, detach: bool
+) -> tuple[psutil.Process | None, str | None]:
+    """(the process a request speaks for, None), or (None, why it is refused).
+
+    The kernel names the client (SO_PEERCRED); a spawn this server forked
+    speaks for the stand-in it runs for. The caller must run under a
+    registered runner of this server's own session: anything else (another
+    tree, a process that only sets SPAWN_SESSION) takes the normal path,
+    where its own ancestry decides. Only the server's own forked launchers
+    may ask for a detached runner.
+    """
+    if detach and client_pid not in launched:
+        return None, "only a launcher this server forked may ask for a detached runner"
+    caller_pid, caller_time = launched.get(client_pid, (client_pid, None))
+    try:
+        caller = psutil.Process(caller_pid)
+        if caller_time is not None and abs(caller.create_time() - caller_time) >= 0.05:
+            return None, "its caller is gone"
+    except psutil.Error:
+        return None, "its caller is gone"
+    for agent_dir in ancestor_agents(caller)[:1]:
+        with contextlib.suppress(OSError, SpawnError):
+            if load_meta(agent_dir).session == session:
+                return caller, None
+    return None, "not a process of this server's tree"
 
 
 def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> list[str]:

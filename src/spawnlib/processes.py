@@ -819,8 +819,8 @@ def _read_runner_entry(path: Path) -> tuple[int, float, Path] | None:
         return None
 
 
-def ancestor_agents() -> list[Path]:
-    """Agent directories of the registered runners among our ancestors, nearest first.
+def ancestor_agents(subject: psutil.Process | None = None) -> list[Path]:
+    """Agent directories of the registered runners among our ancestors (or subject's), nearest first.
 
     The chain is psutil's parents, as the kernel has them now: a double-forked
     orphan has been reparented to its nearest subreaper (the agent's runner),
@@ -828,7 +828,7 @@ def ancestor_agents() -> list[Path]:
     """
     try:
         index = runner_index_dir()
-        chain = ancestry_subject().parents()
+        chain = (subject or ancestry_subject()).parents()
     except (psutil.Error, OSError):
         return []
     entries: dict[int, list[tuple[float, Path]]] = {}
@@ -843,26 +843,26 @@ def ancestor_agents() -> list[Path]:
                 found.append(agent_dir)
     # Inside a sandbox the chain stops at its bwrap: the agent that owns the
     # sandbox is the farthest ancestor we can see.
-    owner = sandbox_owner()
+    owner = sandbox_owner() if subject is None else None
     if owner is not None and owner not in found:
         found.append(owner)
     return found
 
 
-def nearest_ancestor_agent() -> Path | None:
-    """The directory of the nearest agent whose runner is among our ancestors."""
-    found = ancestor_agents()
+def nearest_ancestor_agent(subject: psutil.Process | None = None) -> Path | None:
+    """The directory of the nearest agent whose runner is among our ancestors (or subject's)."""
+    found = ancestor_agents(subject)
     return found[0] if found else None
 
 
-def ancestor_agent_context() -> dict[str, Any] | None:
+def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, Any] | None:
     """The nearest ancestor agent's limits, from its meta.json: the authority.
 
     None when no registered runner is among our ancestors (a root). An
     ancestor whose meta.json can't be read is refused, not ignored: ignoring
     it would let an agent shed its limits by damaging its own record.
     """
-    agent_dir = nearest_ancestor_agent()
+    agent_dir = nearest_ancestor_agent(subject)
     if agent_dir is None:
         return None
     try:
@@ -886,19 +886,19 @@ def ancestor_agent_context() -> dict[str, Any] | None:
     }
 
 
-def calling_agents() -> list[tuple[str, str, int]]:
-    """(session, agent id, depth) of every agent this process runs under.
+def calling_agents(subject: psutil.Process | None = None) -> list[tuple[str, str, int]]:
+    """(session, agent id, depth) of every agent this process (or subject) runs under.
 
     By process identity (the runner index) first, then by the environment
     each ancestor was started with, which its agent can't rewrite.
     """
     found: list[tuple[str, str, int]] = []
-    for agent_dir in ancestor_agents():
+    for agent_dir in ancestor_agents(subject):
         with contextlib.suppress(OSError, SpawnError):
             meta = load_meta(agent_dir)
             found.append((meta.session, meta.id, meta.depth))
     with contextlib.suppress(psutil.Error):
-        for proc in ancestry_subject().parents():
+        for proc in (subject or ancestry_subject()).parents():
             with contextlib.suppress(psutil.Error):
                 env = proc.environ()
                 depth = _int_or_none(env.get(ENV_DEPTH))
@@ -907,7 +907,7 @@ def calling_agents() -> list[tuple[str, str, int]]:
     return found
 
 
-def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = None) -> dict[str, Any]:
+def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = None, subject: psutil.Process | None = None) -> dict[str, Any]:
     """Depth limits as the process ancestry tells them, whatever our own env says.
 
     An agent controls its own Bash, so it can unset or rewrite SPAWN_* in the
@@ -917,19 +917,20 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
 
     An agent can also leave the tree by double-fork and `env -i`, so the
     nearest agent among our ancestors by process identity (the runner index)
-    is looked up too, under "runner" (see ancestor_agent_context).
+    is looked up too, under "runner" (see ancestor_agent_context). subject:
+    another process's ancestry, that a server was handed on a socket.
     """
     found: dict[str, Any] = {}
-    runner = ancestor_agent_context()
+    runner = ancestor_agent_context(subject)
     if runner is not None:
         found["runner"] = runner
     try:
-        proc = ancestry_subject().parent()
+        proc = (subject or ancestry_subject()).parent()
     except psutil.Error:
         return found
     # Inside a parent's sandbox, pid 1 is its bwrap, whose environment the
     # parent's CLI fixed at exec: the one ancestor there an agent can't rewrite.
-    in_sandbox = inside_sandbox()
+    in_sandbox = inside_sandbox() if subject is None else False
     while proc is not None and (proc.pid > 1 or (proc.pid == 1 and in_sandbox)):
         try:
             env = environ_of(proc) if environ_of else proc.environ()

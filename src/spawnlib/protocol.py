@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .agents import summarize_input
+from .channel import open_ask
 from .cli import note
 from .cli_start import ask_timeout, prompt_person
-from .constants import ASK_POLL_S, DEFAULT_SESSION_ROOT, ENV_SESSION_ROOT, MIN_HOLD_USD, SLOT_POLL_S
+from .constants import DEFAULT_SESSION_ROOT, ENV_SESSION_ROOT, MIN_HOLD_USD, SLOT_POLL_S
 from .core import (
     LedgerState,
     estimate_agent,
@@ -34,7 +35,7 @@ from .core import (
 )
 from .errors import CorruptRecordError, InputError, SpawnError, StateError, UnknownAgentError, UsageError
 from .processes import Supervised, _float_or_none
-from .records import AgentMeta, AskAnswer, AskRecord, LedgerEntry, Limits, Outcome, Status, record_from_json, record_to_json
+from .records import AgentMeta, LedgerEntry, Limits, Outcome, Status, record_from_json, record_to_json
 from .verbs import index_status_row
 
 # ------------------------------------------------------- on-disk protocol --
@@ -441,22 +442,6 @@ def asks_dir(session: Path) -> Path:
     return session / "asks"
 
 
-def post_ask(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, *, timeout: float, secrets_: Sequence[str]) -> str:
-    """Publish an ask for the tree to answer; returns its id."""
-    folder = asks_dir(Path(meta.session))
-    folder.mkdir(exist_ok=True)
-    ask_id = f"q-{token_hex(3)}"
-    record = AskRecord(ask_id, meta.id, tool, summarize_input(tool_input), rule, utc_now_iso(), time.time() + timeout)
-    publish_once(folder / f"{ask_id}.json", redacted_json(record_to_json(record), secrets_, indent=2).encode())
-    return ask_id
-
-
-def answer_ask(session: Path, ask_id: str, verdict: str, by: str, text: str | None = None) -> bool:
-    """Answer an ask; False if it was already answered (the first answer wins)."""
-    answer = AskAnswer(ask_id, verdict, by, utc_now_iso(), text)
-    return publish_once(asks_dir(session) / f"{ask_id}.answer.json", json.dumps(record_to_json(answer), indent=2).encode())
-
-
 def pending_asks(session: Path) -> list[dict[str, Any]]:
     folder = asks_dir(session)
     if not folder.is_dir():
@@ -680,19 +665,12 @@ def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> st
     if sys.stdin is not None and sys.stdin.isatty():
         verdict, _ = prompt_person(meta, "Spawn", {"command": summary}, rule, timeout)
         return None if verdict == "allow" else f"confirm: the person at the terminal did not approve ({summary})"
-    folder = asks_dir(session)
-    folder.mkdir(exist_ok=True)
-    ask_id = f"q-{token_hex(3)}"
     # The spawner asks: its parent's id (the root has none, but the root never passes through here).
-    record = AskRecord(ask_id, meta.parent_id or "", "Spawn", summary, rule, utc_now_iso(), time.time() + timeout)
-    publish_once(folder / f"{ask_id}.json", redacted_json(record_to_json(record), secrets_, indent=2).encode())
+    asker = meta.parent_id or ""
+    channel = open_ask(meta, "Spawn", {"command": summary}, rule, timeout=timeout, secrets_=secrets_, asker=asker)
+    ask_id = channel.ask_id
     note(f"spawn asks to {summary}: run 'spawn.py approve {ask_id}' or 'spawn.py deny {ask_id}' within {timeout:.0f} s")
-    answer_path = folder / f"{ask_id}.answer.json"
-    limit = time.monotonic() + timeout
-    while not answer_path.exists() and time.monotonic() < limit:
-        time.sleep(ASK_POLL_S)
-    answer_ask(session, ask_id, "deny", "timeout")  # no-op if answered in time
-    answer = read_json(answer_path)
+    answer = channel.wait(asker, timeout, secrets_)
     if answer.get("verdict") == "approve":
         return None
     how = "timed out unanswered" if answer.get("by") == "timeout" else f"was denied by {answer.get('by')}"

@@ -76,7 +76,7 @@ from .core import (
     slugify,
     utc_now_iso,
 )
-from .errors import RefusedError, StateError, UsageError
+from .errors import RefusedError, SpawnError, StateError, UsageError
 from .executors import executor_for, node_of_definition, parse_reference
 from .processes import (
     _float_or_none,
@@ -179,6 +179,61 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
     idle = _float_or_none(environ.get(ENV_IDLE_TIMEOUT))
     inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
     return inh
+
+
+# Clocks and float sums differ a little between the admission that wrote a
+# record and the check of it; a widening worth refusing is larger than this.
+ADMISSION_SLACK_S = 1.0
+ADMISSION_SLACK_USD = 1e-6
+
+
+def canonical_rules(texts: Iterable[str]) -> set[str]:
+    """Rule texts as parse_rule spells them, so a record and an environment compare alike."""
+    canonical = set()
+    for text in texts:
+        try:
+            canonical.add(parse_rule(text).text)
+        except SpawnError:
+            canonical.add(text)
+    return canonical
+
+
+def admission_problem(meta: AgentMeta, inh: Inherited) -> str | None:
+    """Why a registered agent's record is wider than admission under its verified parent allows; None if it is not.
+
+    inh is what this process's own ancestry gives (inherited_context): the
+    nearest registered runner above it, and the environments its ancestors
+    were started with. That runner is the agent's parent, or an ancestor of
+    it whose own parent ended meanwhile; limits only shrink down a tree, so
+    an honest record is within them either way. A record written by anyone
+    else (a forged meta.json, one changed after registration) must not
+    choose its own limits: with no verified parent, the caller is a person
+    or a CI job starting a root, who may choose any.
+    """
+    if inh.parent_id is None and inh.depth < 0:
+        return None
+    if inh.session is not None and Path(meta.session) != inh.session:
+        return f"its meta.json names session {meta.session}, but its parent runs in {inh.session}"
+    if meta.parent_id is None:
+        return f"its meta.json names no parent, but it runs under agent {inh.parent_id}"
+    if meta.depth < inh.depth + 1:
+        return f"its meta.json puts it at depth {meta.depth}, above its parent at depth {inh.depth}"
+    wider: list[str] = []
+    if inh.max_depth is not None and meta.max_depth > inh.max_depth:
+        wider.append(f"max depth {meta.max_depth} > {inh.max_depth}")
+    if inh.tools is not None and (extra := sorted(set(meta.tools) - set(inh.tools))):
+        wider.append(f"tools {','.join(extra)} its parent lacks")
+    if inh.deadline is not None and (meta.deadline is None or meta.deadline > inh.deadline + ADMISSION_SLACK_S):
+        wider.append("a later deadline")
+    if inh.budget is not None and (meta.max_budget_usd is None or meta.max_budget_usd > inh.budget + ADMISSION_SLACK_USD):
+        wider.append(f"a budget of {meta.max_budget_usd} > {inh.budget}")
+    for kind, texts in (("deny", inh.deny), ("ask", inh.ask)):
+        if missing := sorted(canonical_rules(texts) - canonical_rules(meta.permissions.get(kind, []))):
+            wider.append(f"no {kind} rule {missing[0]}")
+    mode, parent_mode = meta.permission_mode, inh.permission_mode
+    if parent_mode in PERMISSION_RANK and PERMISSION_RANK.get(mode or "", 99) > PERMISSION_RANK[parent_mode]:
+        wider.append(f"permission mode {mode} > {parent_mode}")
+    return f"its meta.json is wider than its parent allows: {'; '.join(wider)}" if wider else None
 
 
 def read_task(args: argparse.Namespace) -> str:

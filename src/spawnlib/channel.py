@@ -1,0 +1,201 @@
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from .agents import summarize_input
+from .constants import ASK_POLL_S
+from .core import redacted_json, self_answer_refusal, token_hex, utc_now_iso
+from .errors import RefusedError, StateError
+from .processes import calling_agents
+from .protocol import append_jsonl, asks_dir, parse_json, publish_once, write_json_atomic
+from .records import AgentMeta, AskAnswer, AskAttempt, AskRecord, record_to_json
+from .standin import unix_address
+
+if TYPE_CHECKING:
+    import socket
+
+# ------------------------------------------------------- who is calling --
+# A record anyone can write is believed by no one. What decides for an agent
+# (an answer to its ask) reaches the process that accepts it over a Unix
+# socket, where the kernel names the peer (SO_PEERCRED), and that process
+# checks the peer's ancestry itself: the answer file is its record of the
+# decision, written by it, never the way a decision arrives.
+
+ASK_SOCKET = "{ask_id}.sock"  # in asks/, mode 0600, while the asking runner waits
+# An answer is one short JSON line; a peer that sends more, or sends it
+# slower than this, is hung up on and the runner goes on waiting.
+ANSWER_MAX_BYTES = 64 << 10
+ANSWER_READ_S = 2.0
+
+
+def peer_process(conn: socket.socket) -> psutil.Process | None:
+    """The process at the other end of a Unix socket, as the kernel reports it; None for another user's."""
+    import socket
+    import struct
+
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _gid = struct.unpack("3i", creds)
+    if uid != os.getuid():
+        return None
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(pid)
+    return None
+
+
+def read_line(conn: socket.socket, limit: int, timeout: float) -> bytes:
+    """One newline-ended line from conn, within limit bytes and timeout seconds; ValueError otherwise."""
+    conn.settimeout(timeout)
+    ends = time.monotonic() + timeout
+    got = b""
+    while b"\n" not in got:
+        if len(got) > limit or time.monotonic() > ends:
+            raise ValueError("too long, or too slow")
+        chunk = conn.recv(4096)
+        if not chunk:
+            raise ValueError("closed before a whole line")
+        got += chunk
+    return got.partition(b"\n")[0]
+
+
+def ask_socket_path(session: Path, ask_id: str) -> Path:
+    return asks_dir(session) / ASK_SOCKET.format(ask_id=ask_id)
+
+
+class AnswerChannel:
+    """The socket an asking runner takes its ask's answer on: bound before the ask is published."""
+
+    def __init__(self, session: Path, ask_id: str) -> None:
+        self.session, self.ask_id = session, ask_id
+        import socket  # only where an ask is made: every spawn.py start would pay for it
+
+        self.path = ask_socket_path(session, ask_id)
+        self.closed = False
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        address, dir_fd = unix_address(str(self.path))
+        mask = os.umask(0o177)  # 0600: only this user may connect
+        try:
+            self.server.bind(address)
+        finally:
+            os.umask(mask)
+            if dir_fd is not None:
+                os.close(dir_fd)
+        self.server.listen(8)
+        self.server.settimeout(ASK_POLL_S)  # how soon close() is seen
+
+    def close(self) -> None:
+        """End a wait early (the agent is stopping): the ask is denied, by timeout."""
+        self.closed = True
+
+    def wait(self, ask_agent: str, timeout: float, secrets_: Sequence[str]) -> dict[str, Any]:
+        """Wait for an answer from outside the asking agent's tree; the answer record, as written here.
+
+        Blocking: an async caller runs it in a thread. The first answer whose
+        caller may give it (self_answer_refusal, on the peer's own ancestry)
+        wins; a refused one is recorded in asks/ID.attempts.jsonl and the wait
+        goes on. At the timeout the ask is denied, by "timeout". Whatever an
+        answer file said before (anything with Bash can write one) is replaced.
+        """
+        limit = time.monotonic() + timeout
+        answer = AskAnswer(self.ask_id, "deny", "timeout", "")
+        try:
+            while time.monotonic() < limit and not self.closed:
+                try:
+                    conn, _ = self.server.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    given = take_answer(conn, self.session, self.ask_id, ask_agent, secrets_)
+                if given is not None:
+                    answer = given
+                    break
+        finally:
+            self.server.close()
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        answer.at = utc_now_iso()
+        record = record_to_json(answer)
+        write_json_atomic(asks_dir(self.session) / f"{self.ask_id}.answer.json", record)
+        return record
+
+
+def open_ask(
+    meta: AgentMeta,
+    tool: str,
+    tool_input: Mapping[str, Any],
+    rule: str,
+    *,
+    timeout: float,
+    secrets_: Sequence[str],
+    asker: str | None = None,
+) -> AnswerChannel:
+    """Publish an ask for the tree to answer, its answer channel already listening; asker: the asking agent's id (meta's)."""
+    session = Path(meta.session)
+    folder = asks_dir(session)
+    folder.mkdir(exist_ok=True)
+    ask_id = f"q-{token_hex(3)}"
+    channel = AnswerChannel(session, ask_id)  # before the ask is seen: an answer never finds no one
+    record = AskRecord(
+        ask_id, asker if asker is not None else meta.id, tool, summarize_input(tool_input), rule, utc_now_iso(), time.time() + timeout
+    )
+    publish_once(folder / f"{ask_id}.json", redacted_json(record_to_json(record), secrets_, indent=2).encode())
+    return channel
+
+
+def take_answer(conn: socket.socket, session: Path, ask_id: str, ask_agent: str, secrets_: Sequence[str]) -> AskAnswer | None:
+    """One caller's answer, if it may give it; it is told either way."""
+
+    def reply(data: dict[str, Any]) -> None:
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps(data).encode() + b"\n")
+
+    try:
+        given = parse_json(read_line(conn, ANSWER_MAX_BYTES, ANSWER_READ_S))
+        verdict, by, text = given["verdict"], given["by"], given.get("text")
+        if verdict not in ("approve", "deny") or not isinstance(by, str) or not isinstance(text, str | None):
+            raise ValueError("not an answer")
+    except (OSError, ValueError, KeyError, TypeError):
+        reply({"refused": "not an answer: send one JSON line with verdict (approve|deny), by and text"})
+        return None
+    peer = peer_process(conn)
+    refusal = "its caller can't be told apart" if peer is None else self_answer_refusal(ask_agent, session, calling_agents(peer))
+    if refusal is not None:
+        attempt = AskAttempt(ask_id, verdict, by, utc_now_iso(), peer.pid if peer else 0, refusal)
+        append_jsonl(asks_dir(session) / f"{ask_id}.attempts.jsonl", record_to_json(attempt), secrets_)
+        reply({"refused": refusal})
+        return None
+    reply({"answered": verdict})
+    return AskAnswer(ask_id, verdict, by, "", text)
+
+
+def send_answer(session: Path, ask_id: str, verdict: str, by: str, text: str | None) -> None:
+    """Give the waiting runner an answer to ask_id; RefusedError if it refuses this caller, StateError if none waits."""
+    import socket
+
+    path = ask_socket_path(session, ask_id)
+    address, dir_fd = unix_address(str(path))
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(10.0)
+            try:
+                client.connect(address)
+            except (FileNotFoundError, ConnectionRefusedError):
+                raise StateError(
+                    f"no agent is waiting for an answer to ask {ask_id}; it was answered, timed out, or its agent ended"
+                ) from None
+            client.sendall(json.dumps({"verdict": verdict, "by": by, "text": text}).encode() + b"\n")
+            said = parse_json(read_line(client, ANSWER_MAX_BYTES, 10.0))
+    except (OSError, ValueError) as exc:
+        raise StateError(f"ask {ask_id}'s agent did not take the answer ({exc}); run 'spawn.py status' to see if it still asks") from None
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
+    if "refused" in said:
+        raise RefusedError(f"refused: {said['refused']}; the attempt is recorded in {asks_dir(session) / f'{ask_id}.attempts.jsonl'}")
