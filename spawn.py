@@ -4715,7 +4715,6 @@ class AnswerChannel:
         answer file said before (anything with Bash can write one) is replaced.
         """
         limit = time.monotonic() + timeout
-        answer = AskAnswer(self.ask_id, "deny", "timeout", "")
         try:
             while time.monotonic() < limit and not self.closed:
                 try:
@@ -4725,16 +4724,20 @@ class AnswerChannel:
                 with conn:
                     given = take_answer(conn, self.session, self.ask_id, ask_agent, secrets_)
                 if given is not None:
-                    answer = given
-                    break
+                    return given
         finally:
             self.server.close()
             with contextlib.suppress(OSError):
                 self.path.unlink()
-        answer.at = utc_now_iso()
-        record = record_to_json(answer)
-        write_json_atomic(asks_dir(self.session) / f"{self.ask_id}.answer.json", record)
-        return record
+        return record_answer(self.session, AskAnswer(self.ask_id, "deny", "timeout", ""))
+
+
+def record_answer(session: Path, answer: AskAnswer) -> dict[str, Any]:
+    """Write the answer record (replacing whatever file was there); the record."""
+    answer.at = utc_now_iso()
+    record = record_to_json(answer)
+    write_json_atomic(asks_dir(session) / f"{answer.id}.answer.json", record)
+    return record
 
 
 def open_ask(
@@ -4760,8 +4763,9 @@ def open_ask(
     return channel
 
 
-def take_answer(conn: socket.socket, session: Path, ask_id: str, ask_agent: str, secrets_: Sequence[str]) -> AskAnswer | None:
-    """One caller's answer, if it may give it; it is told either way."""
+def take_answer(conn: socket.socket, session: Path, ask_id: str, ask_agent: str, secrets_: Sequence[str]) -> dict[str, Any] | None:
+    """One caller's answer as recorded, if it may give it; it is told either way, once the record is written
+    (whoever watches the asks, such as the A2A server, must not see the ask pending after its answer returned)."""
 
     def reply(data: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
@@ -4782,8 +4786,9 @@ def take_answer(conn: socket.socket, session: Path, ask_id: str, ask_agent: str,
         append_jsonl(asks_dir(session) / f"{ask_id}.attempts.jsonl", record_to_json(attempt), secrets_)
         reply({"refused": refusal})
         return None
+    record = record_answer(session, AskAnswer(ask_id, verdict, by, "", text))
     reply({"answered": verdict})
-    return AskAnswer(ask_id, verdict, by, "", text)
+    return record
 
 
 def send_answer(session: Path, ask_id: str, verdict: str, by: str, text: str | None) -> None:
@@ -5027,10 +5032,13 @@ def admission_problem(meta: AgentMeta, inh: Inherited) -> str | None:
     """
     if inh.parent_id is None and inh.depth < 0:
         return None
-    if inh.session is not None and Path(meta.session) != inh.session:
-        return f"its meta.json names session {meta.session}, but its parent runs in {inh.session}"
-    if meta.parent_id is None:
-        return f"its meta.json names no parent, but it runs under agent {inh.parent_id}"
+    # With no parent agent on this machine (one served to an A2A caller
+    # elsewhere), the caller's depth and limits still bind it.
+    if inh.parent_id is not None:
+        if inh.session is not None and Path(meta.session) != inh.session:
+            return f"its meta.json names session {meta.session}, but its parent runs in {inh.session}"
+        if meta.parent_id is None:
+            return f"its meta.json names no parent, but it runs under agent {inh.parent_id}"
     if meta.depth < inh.depth + 1:
         return f"its meta.json puts it at depth {meta.depth}, above its parent at depth {inh.depth}"
     wider: list[str] = []

@@ -157,6 +157,14 @@ def test_admission_problem_names_every_widening_unit() -> None:
         assert problem is not None and words in problem, (change, problem)
     # A grandchild whose parent's runner ended meanwhile is checked against the grandparent: still honest.
     assert spawn.admission_problem(dataclasses.replace(honest, depth=2, parent_id="a1-000009"), parent) is None
+    # Served to an A2A caller elsewhere: no parent here, but the caller's depth and limits bind it.
+    served = spawn.Inherited(depth=2, max_depth=4, deadline=1000.0)
+    remote = dataclasses.replace(honest, parent_id=None, depth=3, max_depth=4, session="/here")
+    assert spawn.admission_problem(remote, served) is None
+    problem = spawn.admission_problem(dataclasses.replace(remote, max_depth=9), served)
+    assert problem is not None and "max depth 9 > 4" in problem
+    problem = spawn.admission_problem(dataclasses.replace(remote, depth=1), served)
+    assert problem is not None and "depth 1" in problem
     # No verified parent: a person starting a root chooses its own limits.
     assert spawn.admission_problem(dataclasses.replace(honest, max_depth=9), spawn.Inherited()) is None
 

@@ -104,7 +104,6 @@ class AnswerChannel:
         answer file said before (anything with Bash can write one) is replaced.
         """
         limit = time.monotonic() + timeout
-        answer = AskAnswer(self.ask_id, "deny", "timeout", "")
         try:
             while time.monotonic() < limit and not self.closed:
                 try:
@@ -114,16 +113,20 @@ class AnswerChannel:
                 with conn:
                     given = take_answer(conn, self.session, self.ask_id, ask_agent, secrets_)
                 if given is not None:
-                    answer = given
-                    break
+                    return given
         finally:
             self.server.close()
             with contextlib.suppress(OSError):
                 self.path.unlink()
-        answer.at = utc_now_iso()
-        record = record_to_json(answer)
-        write_json_atomic(asks_dir(self.session) / f"{self.ask_id}.answer.json", record)
-        return record
+        return record_answer(self.session, AskAnswer(self.ask_id, "deny", "timeout", ""))
+
+
+def record_answer(session: Path, answer: AskAnswer) -> dict[str, Any]:
+    """Write the answer record (replacing whatever file was there); the record."""
+    answer.at = utc_now_iso()
+    record = record_to_json(answer)
+    write_json_atomic(asks_dir(session) / f"{answer.id}.answer.json", record)
+    return record
 
 
 def open_ask(
@@ -149,8 +152,9 @@ def open_ask(
     return channel
 
 
-def take_answer(conn: socket.socket, session: Path, ask_id: str, ask_agent: str, secrets_: Sequence[str]) -> AskAnswer | None:
-    """One caller's answer, if it may give it; it is told either way."""
+def take_answer(conn: socket.socket, session: Path, ask_id: str, ask_agent: str, secrets_: Sequence[str]) -> dict[str, Any] | None:
+    """One caller's answer as recorded, if it may give it; it is told either way, once the record is written
+    (whoever watches the asks, such as the A2A server, must not see the ask pending after its answer returned)."""
 
     def reply(data: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
@@ -171,8 +175,9 @@ def take_answer(conn: socket.socket, session: Path, ask_id: str, ask_agent: str,
         append_jsonl(asks_dir(session) / f"{ask_id}.attempts.jsonl", record_to_json(attempt), secrets_)
         reply({"refused": refusal})
         return None
+    record = record_answer(session, AskAnswer(ask_id, verdict, by, "", text))
     reply({"answered": verdict})
-    return AskAnswer(ask_id, verdict, by, "", text)
+    return record
 
 
 def send_answer(session: Path, ask_id: str, verdict: str, by: str, text: str | None) -> None:

@@ -212,10 +212,13 @@ def admission_problem(meta: AgentMeta, inh: Inherited) -> str | None:
     """
     if inh.parent_id is None and inh.depth < 0:
         return None
-    if inh.session is not None and Path(meta.session) != inh.session:
-        return f"its meta.json names session {meta.session}, but its parent runs in {inh.session}"
-    if meta.parent_id is None:
-        return f"its meta.json names no parent, but it runs under agent {inh.parent_id}"
+    # With no parent agent on this machine (one served to an A2A caller
+    # elsewhere), the caller's depth and limits still bind it.
+    if inh.parent_id is not None:
+        if inh.session is not None and Path(meta.session) != inh.session:
+            return f"its meta.json names session {meta.session}, but its parent runs in {inh.session}"
+        if meta.parent_id is None:
+            return f"its meta.json names no parent, but it runs under agent {inh.parent_id}"
     if meta.depth < inh.depth + 1:
         return f"its meta.json puts it at depth {meta.depth}, above its parent at depth {inh.depth}"
     wider: list[str] = []
