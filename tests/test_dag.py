@@ -73,9 +73,9 @@ def test_levels_and_var_templating() -> None:
             ],
             "cycle in blockedBy: a -> c -> b -> a",
         ),
-        ([{"id": "a", "task": "x", "blockedBy": ["nope"]}], "task 'a': unknown id(s) in blockedBy: nope"),
+        ([{"id": "a", "task": "x", "blockedBy": ["nope"]}], "task 'a': unknown id 'nope' in blockedBy"),
         ([{"id": "a", "task": "x"}, {"id": "a", "task": "y"}], "task 'a': duplicate id"),
-        ([{"id": "a", "task": "x", "colour": "red"}], "task 'a': unknown option(s) colour"),
+        ([{"id": "a", "task": "x", "colour": "red"}], "task 'a': unknown option 'colour'"),
         ([{"id": "a", "task": "about {{var.missing}}"}], "task 'a': undefined variable {{var.missing}}"),
     ],
     ids=["cycle", "unknown-blocker", "duplicate-id", "unknown-option", "undefined-var"],
@@ -93,6 +93,56 @@ def test_bad_file_is_exit_2_naming_the_task_and_starts_nothing(
         assert proc.stderr.startswith("spawn: error: ") and message in proc.stderr
         assert proc.stdout == ""
     assert not session_root.exists()
+
+
+FOUR_PROBLEMS = """\
+vars:
+  topic: auth
+tasks:
+  - id: survey
+    task: "Survey {{var.topic}} for {{var.who}}"
+  - id: tokens
+    task: Review tokens
+    tols: [Read]
+    blockedBy: [survey]
+  - id: report
+    task: Write the report
+    blockedBy:
+      - tokens
+      - zz
+      - final
+  - id: final
+    task: Sign it off
+    blockedBy: [report]
+"""
+
+
+def test_every_problem_of_a_graph_file_is_reported_at_its_line_in_one_run(
+    base_env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    # Found by a new user: four problems took four runs to see, one at a time and without lines.
+    path = tmp_path / "four.yaml"
+    path.write_text(FOUR_PROBLEMS)
+    for argv in (["dag", "validate", str(path)], ["dag", "run", str(path)], ["dag", "show", str(path)]):
+        proc = run_spawn(argv, base_env)
+        assert proc.returncode == spawn.ExitCode.USAGE, proc.stderr
+        assert proc.stderr.splitlines() == [
+            f"spawn: error: {path}:5: task 'survey': undefined variable {{{{var.who}}}}; define it under 'vars:' or pass --var who=VALUE",
+            f"spawn: error: {path}:8: task 'tokens': unknown option 'tols' (did you mean 'tools'?); "
+            "use spawn.py's flag names (spawn.py --help)",
+            f"spawn: error: {path}:14: task 'report': unknown id 'zz' in blockedBy; use one of the tasks' ids",
+            f"spawn: error: {path}:15: cycle in blockedBy: report -> final -> report; remove one of these blockedBy entries",
+        ]
+        assert proc.stdout == ""
+    assert not session_root.exists()  # nothing ran
+    # The same problems in JSON are found at their lines too.
+    doc = {"tasks": [{"id": "a", "task": "{{var.x}}"}, {"id": "b", "task": "y", "blockedBy": ["a", "zz"], "tols": ["Read"]}]}
+    lines = json.dumps(doc, indent=1).splitlines()
+    (tmp_path / "g.json").write_text("\n".join(lines))
+    proc = run_spawn(["dag", "validate", str(tmp_path / "g.json")], base_env)
+    assert proc.returncode == spawn.ExitCode.USAGE
+    found = [int(line.split(":")[3]) for line in proc.stderr.splitlines()]
+    assert [lines[n - 1].strip()[:8] for n in found] == ['"task": ', '"zz"', '"tols": ']
 
 
 def test_show_and_dry_run_print_levels_and_resolved_tasks(base_env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
