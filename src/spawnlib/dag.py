@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import difflib
 import errno
+import hashlib
 import json
 import os
 import re
@@ -60,7 +61,7 @@ from .protocol import (
     write_file_atomic,
 )
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status, record_to_json
-from .resolving import Plan, plan_run, positive, register
+from .resolving import Plan, min_known, plan_run, positive, register
 from .running import child_environment
 from .verbs import kill_agent, wait_for_outcomes
 
@@ -444,7 +445,7 @@ def journal_state(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
     """The last record of each task in a journal: its state ("started", "done", "failed", "skipped")."""
     state: dict[str, dict[str, Any]] = {}
     for r in records:
-        if r.get("event") == "task":
+        if r.get("event") == "task" and isinstance(r.get("task"), str):
             state[r["task"]] = dict(r)
     return state
 
@@ -630,10 +631,24 @@ def run_dag(
     return results
 
 
-def register_dag_runner(what: str, topic: str, args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, Plan]:
-    """Register the runner as an agent node: tasks are its children, so kill, status and limits reach them."""
-    argv = ["--task", what, "--topic", topic, "--tools", ",".join(sorted(KNOWN_TOOLS))]
-    for flag, value in (("--timeout", args.timeout), ("--max-budget-usd", args.max_budget_usd), ("--session", args.session)):
+def register_dag_runner(
+    what: str, topic: str, args: argparse.Namespace, environ: Mapping[str, str], first: AgentMeta | None = None
+) -> tuple[Path, Plan]:
+    """Register the runner as an agent node: tasks are its children, so kill, status and limits reach them.
+
+    A resume passes the first run's runner (first): its limits are derived
+    again as any spawn's are, from the caller, and then narrowed to that
+    runner's tools, max depth, rules, deadline span and budget. The resume's
+    own flags narrow further; nothing widens them.
+    """
+    argv = ["--task", what, "--topic", topic, "--tools", ",".join(sorted(KNOWN_TOOLS) if first is None else first.tools)]
+    timeout, budget = args.timeout, args.max_budget_usd
+    if first is not None:
+        argv += ["--max-depth", str(first.max_depth)]
+        argv += [x for kind in ("deny", "ask") for rule in first.permissions.get(kind, []) for x in (f"--{kind}", rule)]
+        timeout = min_known(timeout, None if first.deadline is None else max(first.deadline - first.create_time, 1.0))
+        budget = min_known(budget, first.max_budget_usd)
+    for flag, value in (("--timeout", timeout), ("--max-budget-usd", budget), ("--session", args.session)):
         argv += [flag, str(value)] if value is not None else []
     plan = plan_run(build_run_parser().parse_args(argv), environ, ancestry_context())
     plan.meta.agent = "dag"
@@ -734,7 +749,9 @@ def go_on_at_terminal(t: DagTask) -> bool:
 def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.action == "resume":
         return resume_dag(args, environ)
-    tasks = load_dag_file(args.file, args.var or [])
+    text = read_dag_text(args.file)
+    variables = dag_vars(args.var or [])
+    tasks = dag_from_text(text, args.file, variables)
     levels = dag_levels(tasks)
     if args.action == "validate":
         emit({"valid": True, "file": args.file, "tasks": len(tasks), "levels": len(levels)})
@@ -750,14 +767,13 @@ def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     apply_retries(tasks, args.retries)
     on_fail = failure_policy(args.on_fail, args.fail_fast, None)
     started = time.time()
-    runner_dir, plan = register_dag_runner(f"dag run {args.file}", f"dag {Path(args.file).stem}", args, environ)
-    for t in tasks:
-        if "tools" not in t.options and "agent" not in t.options:
-            # A task with no tools gets what a plain spawn here would, not the runner's wide set.
-            t.options["tools"] = list(plan.inherited.tools or DEFAULT_TOOLS)
+    graph_file = str(Path(args.file).resolve())
+    runner_dir, plan = register_dag_runner(f"dag run {graph_file}", f"dag {Path(args.file).stem}", args, environ)
+    give_default_tools(tasks, plan)
     journal = journal_path(Path(plan.meta.session), plan.meta.id)
     journal.parent.mkdir(exist_ok=True)
-    graph: dict[str, Any] = {"event": "graph", "time": utc_now_iso(), "runner_id": plan.meta.id, "file": str(Path(args.file).resolve())}
+    graph: dict[str, Any] = {"event": "graph", "time": utc_now_iso(), "runner_id": plan.meta.id, "file": graph_file}
+    graph.update(sha256=hashlib.sha256(text.encode()).hexdigest(), vars=variables)
     graph.update(max_concurrent=args.max_concurrent, fail_fast=on_fail == "abort", on_fail=on_fail)
     graph["tasks"] = [record_to_json(t) for t in tasks]
     append_jsonl(journal, graph, plan.secrets)
@@ -769,57 +785,123 @@ def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return finish_runner(runner_dir, plan, results, started, journal)
 
 
+def give_default_tools(tasks: Sequence[DagTask], plan: Plan) -> None:
+    """A task with no tools gets what a plain spawn here would, not the runner's wide set."""
+    for t in tasks:
+        if "tools" not in t.options and "agent" not in t.options:
+            t.options["tools"] = list(plan.inherited.tools or DEFAULT_TOOLS)
+
+
+def first_runner_of(session: Path, journal: Path) -> tuple[AgentMeta, dict[str, Any], list[dict[str, Any]]]:
+    """The `dag run` runner that wrote this journal, its graph line, and the journal's lines.
+
+    The runner's own meta.json names the graph file it ran ("dag run FILE");
+    the journal's first line must name the same one, with the hash of its
+    text. Anything else in the journal is believed only as far as
+    done_in_journal checks it. A StateError says why this journal is not one.
+    """
+    try:
+        first = load_meta(session / AGENTS_DIR / journal.stem)
+    except (OSError, SpawnError):
+        raise StateError(f"{journal.name} is not named after a runner of this session") from None
+    ran = Path(first.cwd, first.task.removeprefix("dag run ")).resolve() if first.task.startswith("dag run ") else None
+    if first.agent != "dag" or ran is None:
+        raise StateError(f"{journal.name}'s runner {first.id} is not a 'dag run' (workflow verbs are run again, not resumed)")
+    records = read_journal(journal)
+    graph = records[0] if records and records[0].get("event") == "graph" else {}
+    if graph.get("runner_id") != first.id or not isinstance(graph.get("file"), str) or Path(graph["file"]) != ran:
+        raise StateError(f"{journal.name}'s first line is not the graph line its runner {first.id} wrote for {ran}")
+    if not isinstance(graph.get("sha256"), str):
+        raise StateError(f"{journal.name} records no hash of {ran} (an older spawn.py wrote it); start it anew: 'spawn.py dag run {ran}'")
+    return first, graph, records
+
+
+def resumable_journal(session: Path) -> tuple[Path, AgentMeta, dict[str, Any], list[dict[str, Any]]]:
+    """The newest journal of the session that a `dag run` runner wrote; others are noted and passed over."""
+    journals = sorted((session / DAGS_DIR).glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for journal in journals:
+        try:
+            return (journal, *first_runner_of(session, journal))
+        except StateError as exc:
+            note(f"dag resume: passed over {journal}: {exc.message}")
+    raise UsageError(f"no DAG journal of a 'dag run' in {session / DAGS_DIR}; pass the session directory of a 'dag run'")
+
+
+def done_in_journal(
+    session: Path, records: Sequence[Mapping[str, Any]], ids: AbstractSet[str], secrets_: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Tasks already done, by id: the journal says which agent ran a task; that agent's own records say whether it is done.
+
+    A line naming a task the graph lacks is ignored, and said so. A task
+    counts as done only when its agent is in this session, was started for
+    that task by a DAG runner, and has a done outcome: a forged "done" with an
+    output of its choosing reruns the task instead. An agent of a task
+    still running (its runner died) is ended, to be started again.
+    """
+    done: dict[str, dict[str, Any]] = {}
+    for tid, last in journal_state(records).items():
+        if tid not in ids:
+            note(f"dag resume: journal lines for task {tid[:80]!r} ignored: the graph file has no such task")
+            continue
+        agent_id = last.get("agent_id")
+        if last.get("status") not in ("done", "started") or not isinstance(agent_id, str) or Path(agent_id).name != agent_id:
+            continue
+        d = session / AGENTS_DIR / agent_id
+        try:
+            meta = load_meta(d)
+            parent = meta.parent_id if meta.parent_id is not None and Path(meta.parent_id).name == meta.parent_id else None
+            ours = meta.topic == tid and parent is not None and load_meta(session / AGENTS_DIR / parent).agent == "dag"
+            outcome = read_outcome(d) if ours else None
+        except (OSError, SpawnError):
+            ours, outcome = False, None
+        if not ours:
+            note(f"dag resume: task {tid!r}: the journal's agent {agent_id[:80]!r} did not run it; it runs again")
+        elif outcome is None:
+            kill_agent(d, secrets_)  # still running, orphaned: end it before starting it again
+        elif outcome.get("status") == Status.DONE:
+            out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
+            done[tid] = {"status": "done", "agent_id": d.name, "output": out, "outcome": str(d / OUTCOME)}
+    return done
+
+
 def resume_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """Run again what has no .done in a session's latest DAG journal; keep what is done."""
+    """Run the graph file's tasks that are not done, under the first run's limits; the journal says only what is done."""
     session = Path(args.file).expanduser().resolve()
-    journals = sorted((session / DAGS_DIR).glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
-    if not journals:
-        raise UsageError(f"no DAG journal in {session / DAGS_DIR}; pass the session directory of a 'dag run'")
-    records = read_journal(journals[-1])
-    graph = next((r for r in records if r.get("event") == "graph"), None)
-    if graph is None:
-        raise StateError(f"{journals[-1]} has no graph record; it can't be resumed")
-    tasks = [DagTask(t["id"], t["task"], t["blocked_by"], t["options"], t.get("retries")) for t in graph["tasks"]]
+    journal, first, graph, records = resumable_journal(session)
+    text = read_dag_text(graph["file"])
+    if (now := hashlib.sha256(text.encode()).hexdigest()) != graph["sha256"]:
+        raise UsageError(
+            f"{graph['file']} changed since the first run (sha256 {graph['sha256'][:12]} then, {now[:12]} now); "
+            f"restore it, or start it anew with 'spawn.py dag run {graph['file']}'"
+        )
+    recorded_vars: dict[str, Any] = graph["vars"] if isinstance(graph.get("vars"), dict) else {}
+    tasks = dag_from_text(text, graph["file"], {**{str(k): str(v) for k, v in recorded_vars.items()}, **dag_vars(args.var or [])})
+    positive("--max-concurrent", args.max_concurrent, integer=True)
     apply_retries(tasks, args.retries)
-    recorded = graph.get("on_fail", "abort" if graph.get("fail_fast") else None)
+    recorded = graph.get("on_fail") if graph.get("on_fail") in ON_FAIL else ("abort" if graph.get("fail_fast") is True else None)
     if recorded == "ask" and not at_terminal():
         recorded = "abort"  # asked at a terminal then, none now: nothing may wait for an answer
     on_fail = failure_policy(args.on_fail, args.fail_fast, recorded)
-    secrets_ = secret_values(environ)
-    done: dict[str, dict[str, Any]] = {}
-    for tid, last in journal_state(records).items():
-        d = Path(last["agent_dir"]) if last.get("agent_dir") else None
-        if last["status"] == "done":
-            done[tid] = {k: v for k, v in last.items() if k in ("status", "agent_id", "output", "outcome")}
-        elif last["status"] == "started" and d is not None:
-            outcome = read_outcome(d)
-            if outcome is None:
-                kill_agent(d, secrets_)  # still running, orphaned: end it before starting it again
-            elif outcome.get("status") == Status.DONE:
-                out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
-                done[tid] = {"status": "done", "agent_id": d.name, "output": out, "outcome": str(d / OUTCOME)}
+    first_concurrent = graph.get("max_concurrent")
+    max_concurrent = args.max_concurrent or (first_concurrent if type(first_concurrent) is int and first_concurrent > 0 else None)
+    done = done_in_journal(session, records, {t.id for t in tasks}, secret_values(environ))
     env = {**environ, ENV_SESSION: str(session), ENV_DEPTH: environ.get(ENV_DEPTH, "-1")}
     if Path(environ.get(ENV_SESSION, "")) != session:
         env[ENV_DEPTH] = "-1"
         env.pop(ENV_AGENT_ID, None)
     args.session = None
     started = time.time()
-    runner_dir, plan = register_dag_runner(f"dag resume {graph['file']}", "dag-resume", args, env)
-    append_jsonl(journals[-1], {"event": "resume", "time": utc_now_iso(), "runner_id": plan.meta.id}, plan.secrets)
+    runner_dir, plan = register_dag_runner(f"dag resume {graph['file']}", "dag-resume", args, env, first)
+    give_default_tools(tasks, plan)
+    append_jsonl(journal, {"event": "resume", "time": utc_now_iso(), "runner_id": plan.meta.id}, plan.secrets)
     for tid, r in done.items():
-        append_jsonl(journals[-1], {"event": "task", "task": tid, "time": utc_now_iso(), **r}, plan.secrets)
+        append_jsonl(journal, {"event": "task", "task": tid, "time": utc_now_iso(), **r}, plan.secrets)
     note(f"dag resume {plan.meta.id}: {len(done)} of {len(tasks)} tasks already done")
     results = run_dag(
-        tasks,
-        runner_dir,
-        journals[-1],
-        done_before=done,
-        max_concurrent=graph.get("max_concurrent"),
-        on_fail=on_fail,
-        environ=environ,
+        tasks, runner_dir, journal, done_before=done, max_concurrent=max_concurrent, on_fail=on_fail, environ=environ,
         choose=ask_failure_at_terminal,
-    )
-    return finish_runner(runner_dir, plan, results, started, journals[-1])
+    )  # fmt: skip
+    return finish_runner(runner_dir, plan, results, started, journal)
 
 
 # Plan, build and explore: phases of one workflow DAG, sharing a state file.
