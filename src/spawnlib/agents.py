@@ -30,7 +30,7 @@ from .constants import (
     SCHEMA_DIR,
     SPAWN_AGENT_FIELDS,
 )
-from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, number_problem
+from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, claude_config_dir, number_problem
 from .errors import InputError, UsageError
 from .executors import parse_node_fields
 from .protocol import load_input, parse_json, read_input, write_file_atomic
@@ -509,7 +509,7 @@ def search_reaches(rule: Rule, tool: str, tool_input: Mapping[str, Any], cwd: st
 
 def settings_files(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
     """Claude Code's settings files that hold a user's permission rules, lowest precedence first."""
-    config = Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
+    config = claude_config_dir(environ)
     return [config / "settings.json", cwd / ".claude" / "settings.json", cwd / ".claude" / "settings.local.json"]
 
 

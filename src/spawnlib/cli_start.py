@@ -53,6 +53,7 @@ from .constants import (
 )
 from .core import (
     briefing,
+    claude_config_dir,
     cli_settings,
     estimate_cost,
     is_finite,
@@ -760,6 +761,13 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     if meta.sandbox == "on":
         with contextlib.suppress(FileExistsError):
             (agent_dir / SCRATCH_DIR).mkdir()  # bwrap binds only what exists
+        # The CLI holds its config dir's projects/ read-only in the sandbox,
+        # binding /dev/null there while it is absent; the CLI's own first
+        # transcript write makes it a directory, and a Bash whose bwrap line
+        # was built just before then fails ("Can't create file at
+        # .../projects: Is a directory"). Made now, it is a directory throughout.
+        with contextlib.suppress(OSError):
+            (claude_config_dir(os.environ) / "projects").mkdir(mode=0o700, parents=True, exist_ok=True)
         session = Path(meta.session)
         if meta.depth >= meta.max_depth:
             # Made now if absent, so a leaf's sandbox can hold them read-only,

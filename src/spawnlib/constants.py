@@ -115,8 +115,17 @@ DEFAULT_PERMISSION_MODE = "dontAsk"
 # sandbox (they run commands a model wrote); the root is the user's own call.
 SANDBOX_CHOICES = ("on", "off", "auto")
 # What Linux needs for Claude Code's sandbox, and how Debian/Ubuntu install it.
+# macOS needs only sandbox-exec (Seatbelt), which ships with it.
 SANDBOX_PROGRAMS = ("bwrap", "socat")
-SANDBOX_INSTALL = "apt-get install -y bubblewrap socat"
+SANDBOX_INSTALL = "apt-get install bubblewrap socat"
+SANDBOX_MACOS_PROGRAM = "sandbox-exec"
+# What an agent's Bash loses when --sandbox auto can't sandbox it (README's
+# threat model): said once on the root's stderr and in each such meta.json.
+SANDBOX_LOST = (
+    "their Bash runs as you, so it can write outside their allowed paths, "
+    "write the session's records other agents trust (outcomes, the ledger), "
+    "and start processes outside their tree"
+)
 # Where the CLI talks to when ANTHROPIC_BASE_URL is unset: a nested spawn in
 # Bash must still reach it through the sandbox's proxy.
 DEFAULT_API_HOST = "api.anthropic.com"

@@ -469,6 +469,11 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
     return "\n".join(lines)
 
 
+def claude_config_dir(environ: Mapping[str, str]) -> Path:
+    """Claude Code's config directory, as the CLI finds it (pure)."""
+    return Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
+
+
 def sandbox_wanted(requested: str, depth: int, max_depth: int, tools: Sequence[str]) -> bool:
     """Whether --sandbox (on, off, auto) puts this agent's Bash in the sandbox.
 
