@@ -1488,6 +1488,12 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
     return "\n".join(lines)
 
 
+def round_usd(value: float | None) -> float | None:
+    """Money as records and stdout carry it: to the micro-dollar, below any price, so
+    float sums' noise (0.013656000000000001) stays out (pure)."""
+    return None if value is None else round(value, 6)
+
+
 def claude_config_dir(environ: Mapping[str, str]) -> Path:
     """Claude Code's config directory, as the CLI finds it (pure)."""
     return Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
@@ -6159,6 +6165,7 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
 
 
 
+
 # ------------------------------------------------------------ the CLI's start --
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
@@ -7024,7 +7031,7 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
     }
     if result is not None:
         base.update(
-            cost_usd=result.total_cost_usd,
+            cost_usd=round_usd(result.total_cost_usd),
             usage=result.usage,
             turns=result.num_turns,
             sdk_session_id=result.session_id,
@@ -7333,8 +7340,9 @@ def summary(agent_dir: Path, outcome: Mapping[str, Any]) -> dict[str, Any]:
         data["output_truncated"] = True
     if outcome.get("validation_errors"):
         data["validation_errors"] = outcome["validation_errors"][:20]
-    if "cost_usd" in outcome:
-        data["cost_usd"] = outcome["cost_usd"]
+    if "cost_usd" in outcome:  # other nodes' costs come as their servers or commands wrote them
+        cost = outcome["cost_usd"]
+        data["cost_usd"] = round_usd(cost) if isinstance(cost, float) else cost
     if outcome.get("worktree"):
         data["worktree"] = outcome["worktree"]  # the changes to review and merge
     data["duration_s"] = outcome.get("duration_s")
@@ -10362,8 +10370,7 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
             f"{'  ' * row['level']}{row['id']}{chain}  d{row['depth']}  {row['state']:<11} "
             f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}"
         )
-        if row["level"] == 0 and row.get("containment"):  # a tree's root says what holds the tree
-            lines.append(f"{'  ' * (row['level'] + 1)}containment {row['containment']}")
+        # What holds the tree (containment) is for status --json, not this view.
     return "\n".join(lines)
 
 
@@ -11772,8 +11779,14 @@ def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Pat
     return latest_session(resolve_session_root(None, environ))
 
 
+def stdout_json_text(value: Any) -> str:
+    """JSON for stdout: indented for a person at a terminal; one line when piped,
+    as a parent agent's Bash and CI read it."""
+    return json.dumps(value, ensure_ascii=False, default=str, indent=2 if sys.stdout.isatty() else None)
+
+
 def emit(data: Mapping[str, Any]) -> None:
-    sys.stdout.write(json.dumps(data, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.write(stdout_json_text(data) + "\n")
     sys.stdout.flush()
 
 
@@ -11783,7 +11796,7 @@ def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
         emit(data)
         return
     value = data.get(args.print)
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = value if isinstance(value, str) else stdout_json_text(value)
     sys.stdout.write(f"{text}\n")
     sys.stdout.flush()
 

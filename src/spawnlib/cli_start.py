@@ -60,6 +60,7 @@ from .core import (
     new_agent_id,
     redact,
     redacted_json,
+    round_usd,
     sandbox_settings,
     sandbox_writes,
     schema_for_cli,
@@ -1018,7 +1019,7 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
     }
     if result is not None:
         base.update(
-            cost_usd=result.total_cost_usd,
+            cost_usd=round_usd(result.total_cost_usd),
             usage=result.usage,
             turns=result.num_turns,
             sdk_session_id=result.session_id,
@@ -1327,8 +1328,9 @@ def summary(agent_dir: Path, outcome: Mapping[str, Any]) -> dict[str, Any]:
         data["output_truncated"] = True
     if outcome.get("validation_errors"):
         data["validation_errors"] = outcome["validation_errors"][:20]
-    if "cost_usd" in outcome:
-        data["cost_usd"] = outcome["cost_usd"]
+    if "cost_usd" in outcome:  # other nodes' costs come as their servers or commands wrote them
+        cost = outcome["cost_usd"]
+        data["cost_usd"] = round_usd(cost) if isinstance(cost, float) else cost
     if outcome.get("worktree"):
         data["worktree"] = outcome["worktree"]  # the changes to review and merge
     data["duration_s"] = outcome.get("duration_s")
