@@ -455,7 +455,9 @@ ROUTE_STOPWORDS = frozenset(
     "could do does done each example examples for from get has have help here how i if in into is it its just launch "
     "let like ll make me more my need needs new now of on one or our out please proactively should so some such "
     "sure task tasks than that the their them then there these they this to tool use used user uses using via want "
-    "wants we what when where which while who why will with work would you your agent agents".split()
+    "wants we what when where which while who why will with work would you your agent agents "
+    # Words that say nothing of a task's field: "Say hello" is for the default agent.
+    "not no nor never say says said tell hello hi hey thanks thank".split()
 )
 
 
@@ -4157,13 +4159,17 @@ ROUTE_SUFFIXES = (
 
 def route_stem(word: str) -> str:
     """A small suffix stripper: debug, debugging and debugger share `debug`,
-    optimize and optimization share `optimiz`. Crude, but the same on both sides."""
+    optimize and optimization share `optimiz`. Crude, but the same on both sides.
+    A suffix whose stem would be a stopword stays on: notes is no `not`."""
     for _ in range(2):  # again after a derivation: documentation -> document -> docu, as documents
         stripped = next(
             (
                 x
                 for x in ROUTE_SUFFIXES
-                if word.endswith(x) and len(word) - len(x) >= (4 if x.startswith("ur") else 3) and not (x == "s" and word.endswith("ss"))
+                if word.endswith(x)
+                and len(word) - len(x) >= (4 if x.startswith("ur") else 3)
+                and not (x == "s" and word.endswith("ss"))
+                and word[: -len(x)] not in ROUTE_STOPWORDS  # notes -> note, never not
             ),
             None,
         )  # (failure -> fail, but secure -> secur, as security)

@@ -650,13 +650,17 @@ ROUTE_SUFFIXES = (
 
 def route_stem(word: str) -> str:
     """A small suffix stripper: debug, debugging and debugger share `debug`,
-    optimize and optimization share `optimiz`. Crude, but the same on both sides."""
+    optimize and optimization share `optimiz`. Crude, but the same on both sides.
+    A suffix whose stem would be a stopword stays on: notes is no `not`."""
     for _ in range(2):  # again after a derivation: documentation -> document -> docu, as documents
         stripped = next(
             (
                 x
                 for x in ROUTE_SUFFIXES
-                if word.endswith(x) and len(word) - len(x) >= (4 if x.startswith("ur") else 3) and not (x == "s" and word.endswith("ss"))
+                if word.endswith(x)
+                and len(word) - len(x) >= (4 if x.startswith("ur") else 3)
+                and not (x == "s" and word.endswith("ss"))
+                and word[: -len(x)] not in ROUTE_STOPWORDS  # notes -> note, never not
             ),
             None,
         )  # (failure -> fail, but secure -> secur, as security)

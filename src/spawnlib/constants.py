@@ -156,7 +156,9 @@ ROUTE_STOPWORDS = frozenset(
     "could do does done each example examples for from get has have help here how i if in into is it its just launch "
     "let like ll make me more my need needs new now of on one or our out please proactively should so some such "
     "sure task tasks than that the their them then there these they this to tool use used user uses using via want "
-    "wants we what when where which while who why will with work would you your agent agents".split()
+    "wants we what when where which while who why will with work would you your agent agents "
+    # Words that say nothing of a task's field: "Say hello" is for the default agent.
+    "not no nor never say says said tell hello hi hey thanks thank".split()
 )
 
 
