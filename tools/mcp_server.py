@@ -144,13 +144,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+# spawn.py's hints name its commands; a client calls this server's tools instead.
+CLI_HINTS_AS_TOOLS = (
+    (r"'spawn\.py status(?: --json)?'", "the agent_status tool"),
+    (r"'spawn\.py wait [^']*'", "the agent_wait tool"),
+    (r"'spawn\.py kill(?: [^']*)?'", "the agent_cancel tool"),
+    (r"'?spawn\.py (?:approve|deny|approve\|deny) [^';]*'?", "the agent_answer tool"),
+    (r"'spawn\.py agents list'", "the list_agents tool"),
+    (r",? or pass --session DIR", ""),  # no tool takes it
+)
+
+
 def error_line(stderr: str, code: int) -> str:
-    """spawn.py's one-line error, or the last line it printed."""
+    """spawn.py's one-line error, or the last line it printed, its hints naming this server's tools."""
     lines = [line for line in stderr.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if line.startswith("spawn: error:"):
-            return line
-    return lines[-1] if lines else f"spawn.py exited {code}"
+    line = next((li for li in reversed(lines) if li.startswith("spawn: error:")), lines[-1] if lines else f"spawn.py exited {code}")
+    for pattern, tool in CLI_HINTS_AS_TOOLS:
+        line = re.sub(pattern, tool, line)
+    return line
 
 
 def check_agent_id(agent_id: str) -> None:
