@@ -420,7 +420,7 @@ def test_unknown_schema_name_offers_only_output_schemas(base_env: dict[str, str]
     assert proc.returncode == spawn.ExitCode.USAGE
     offered = proc.stderr.split("use one of ", 1)[1].split(", a path")[0].split(", ")
     assert "findings" in offered
-    assert not set(offered) & {"meta", "outcome", "ledger-line", "heartbeat", "session", "limits"}
+    assert not set(offered) & {"meta", "outcome", "ledger-line", "heartbeat", "session", "limits", "kill"}
 
 
 @pytest.mark.parametrize(

@@ -207,7 +207,7 @@ def read_task(args: argparse.Namespace) -> str:
 
 # Schemas of spawn.py's own records in schemas/: not output schemas for an agent.
 RECORD_SCHEMAS = frozenset(
-    {"ask", "ask-answer", "heartbeat", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
+    {"ask", "ask-answer", "heartbeat", "kill", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
 )
 
 
