@@ -268,7 +268,6 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
-import difflib
 import enum
 import errno
 import functools
@@ -355,6 +354,16 @@ DEFAULT_MODEL_TIERS: dict[str, str] = {
     "low-tier": "haiku",
 }
 DEFAULT_MODEL = "medium-tier"
+# What --model accepts besides a tier: the CLI's own aliases (a [1m] suffix
+# asks for the long context), and ids of the shapes Anthropic's API, Vertex
+# (@version) and Bedrock (region.anthropic.…:N, ARNs) use. A typo like
+# "opsu" would otherwise reach the CLI and fail only after the agent started.
+CLI_MODEL_ALIASES = ("default", "opus", "sonnet", "haiku", "opusplan")
+MODEL_ID_PATTERN = (
+    r"(?:[a-z]{2,4}\.)?(?:anthropic\.)?claude-[a-z0-9][a-z0-9.\-]*(?:@[a-z0-9.\-]+|:[0-9]+)?(?:\[1m\])?"
+    r"|(?:opus|sonnet|haiku)\[1m\]"
+    r"|arn:aws:bedrock:\S+"
+)
 
 # Three levels below the root covers the deep workflows we know of; deeper
 # trees must ask for it explicitly.
@@ -661,9 +670,36 @@ class RefusedError(SpawnError):
     exit_code = ExitCode.REFUSED
 
 
+def close_match(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to a mistyped word, if any is close (pure).
+
+    Python 3.11's argparse suggests nothing (3.14's does); difflib is
+    imported here, on the error path only.
+    """
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """ "; did you mean 'X'?" for the closest candidate to a mistyped word, or "" (pure)."""
+    match = close_match(word, candidates)
+    return f"; did you mean {match!r}?" if match else ""
+
+
 class UnknownToolError(UsageError):
     def __init__(self, names: Sequence[str]) -> None:
-        super().__init__(f"unknown tool {', '.join(names)}; use names like {','.join(sorted(KNOWN_TOOLS)[:6])},... or mcp__SERVER__TOOL")
+        hint = did_you_mean(names[0], KNOWN_TOOLS) if len(names) == 1 else ""
+        known = f"use names like {','.join(sorted(KNOWN_TOOLS)[:6])},... or mcp__SERVER__TOOL"
+        super().__init__(f"unknown tool {', '.join(names)}{hint} {known}" if hint else f"unknown tool {', '.join(names)}; {known}")
+
+
+class UnknownVerbError(UsageError):
+    def __init__(self, word: str, verbs: Sequence[str]) -> None:
+        hint = did_you_mean(word, verbs)
+        rest = f"verbs are {', '.join(verbs)}; a task goes in --task TEXT (see 'spawn.py --help')"
+        super().__init__(f"unknown verb {word!r}{hint}" if hint else f"unknown verb {word!r}; {rest}")
 
 
 class UnknownAgentError(UsageError):
@@ -1062,6 +1098,8 @@ def _record_fields(cls: type) -> tuple[frozenset[str], frozenset[str]]:
 
 
 
+
+
 # ---------------------------------------------------------------- pure core --
 
 
@@ -1229,10 +1267,19 @@ def parse_model_tiers(value: str | None) -> dict[str, str]:
     return tiers
 
 
-def resolve_model(name: str, tiers: Mapping[str, str]) -> str:
+def resolve_model(name: str, tiers: Mapping[str, str], source: str = "--model") -> str:
+    """The model id or CLI alias a tier, alias or id names; a name none of them matches is a UsageError."""
     if not name.strip():
-        raise UsageError("--model is empty; use high-tier, medium-tier, low-tier or a model id")
-    return tiers.get(name, name)
+        raise UsageError(f"{source} is empty; use high-tier, medium-tier, low-tier or a model id")
+    model = tiers.get(name, name)
+    if name in tiers or model in tiers.values() or model in CLI_MODEL_ALIASES or re.fullmatch(MODEL_ID_PATTERN, model):
+        return model
+    listed = ", ".join(f"{tier} ({target})" for tier, target in tiers.items())
+    hint = did_you_mean(name, [*tiers, *CLI_MODEL_ALIASES])
+    raise UsageError(
+        f"{source} {name!r} is no known model{hint or ';'} use a tier: {listed}, an alias: {', '.join(CLI_MODEL_ALIASES)}, "
+        f"or a model id like claude-sonnet-4-5"
+    )
 
 
 def narrow_tools(requested: Sequence[str], allowed: Sequence[str] | None) -> tuple[list[str], list[str]]:
@@ -1256,7 +1303,7 @@ def child_deadline(own_timeout: float | None, parent_deadline: float | None, now
 
 def price_family(model: str) -> str:
     """opus, sonnet or haiku for a model id or alias (medium-tier's for one the table doesn't name)."""
-    name = resolve_model(model, DEFAULT_MODEL_TIERS).lower()
+    name = DEFAULT_MODEL_TIERS.get(model, model).lower()  # recorded models, checked when they were chosen
     return next((f for f in MODEL_PRICES_USD_PER_MTOK if f in name), FALLBACK_PRICE_FAMILY)
 
 
@@ -1644,6 +1691,9 @@ ENV_LOG_MAX = "SPAWN_TRANSCRIPT_MAX_BYTES"
 TRUNCATED_LINE = "TranscriptTruncated"  # the transcript's last line once it reached the cap
 NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
 HEARTBEAT = "heartbeat.json"
+# Written by `spawn.py kill` before its SIGTERM: the runner's outcome then
+# says who ended it, which a signal alone can't tell it.
+KILL_REQUEST = "kill.json"
 RUNNER_LOG = "runner.log"
 SESSION_INFO = "session.json"
 LIMITS = "limits.json"
@@ -1857,6 +1907,21 @@ def too_deep_at(text: str) -> int:
         elif match.group() in ("]", "}"):
             depth -= 1
     return 0
+
+
+def request_kill(agent_dir: Path, reason: str) -> None:
+    """Leave the reason of a kill for the agent's runner; the first request's stands."""
+    with contextlib.suppress(OSError):  # there already, or not ours to write: the kill goes on
+        write_new_file(agent_dir / KILL_REQUEST, json.dumps({"reason": reason, "at": time.time()}).encode())
+
+
+def kill_request_reason(agent_dir: Path) -> str | None:
+    """The reason `spawn.py kill` left in agent_dir, if it asked for the stop."""
+    try:
+        reason = read_json(agent_dir / KILL_REQUEST).get("reason")
+    except (OSError, SpawnError):
+        return None
+    return reason if isinstance(reason, str) else None
 
 
 def read_json(path: Path | str) -> dict[str, Any]:
@@ -3612,9 +3677,12 @@ class RuleSyntaxError(UsageError):
 
 
 class UnknownAgentDefinitionError(UsageError):
-    def __init__(self, name: str, searched: Sequence[Path]) -> None:
+    def __init__(self, name: str, searched: Sequence[Path], known: Iterable[str] = ()) -> None:
         where = ", ".join(str(p) for p in searched) or "(no .claude/agents directory found)"
-        super().__init__(f"no agent definition {name!r} in {where}; run 'spawn.py agents list' or 'spawn.py agents new {name}'")
+        if hint := did_you_mean(name, known):
+            super().__init__(f"no agent definition {name!r}{hint} (searched {where}; for a new one: 'spawn.py agents new {name}')")
+        else:
+            super().__init__(f"no agent definition {name!r} in {where}; run 'spawn.py agents list' or 'spawn.py agents new {name}'")
 
 
 def parse_rule(text: str, source: str = "") -> Rule:
@@ -5137,7 +5205,7 @@ def read_task(args: argparse.Namespace) -> str:
 
 # Schemas of spawn.py's own records in schemas/: not output schemas for an agent.
 RECORD_SCHEMAS = frozenset(
-    {"ask", "ask-answer", "heartbeat", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
+    {"ask", "ask-answer", "heartbeat", "kill", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
 )
 
 
@@ -5301,7 +5369,8 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     budget_arg: float | None = args.max_budget_usd
     max_turns: int | None = args.max_turns
     background: bool | None = args.background
-    definition, routing = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None)
+    definition, routing, yaml_problems = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None, [])
+    warnings += yaml_problems
     node = node or node_of_definition(definition)
     if not args.dry_run and node.kind == "claude":
         check_credentials(environ)  # only the claude kind calls the model from here
@@ -5332,7 +5401,8 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     model_name = args.model if args.model is not None else (definition.model if definition and definition.model else DEFAULT_MODEL)
     if model_name == "inherit":
         model_name = inh.model or DEFAULT_MODEL
-    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)))
+    model_source = "--model" if args.model is not None else (f"the model of {definition.path}" if definition else "the model")
+    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), model_source)
     schema_arg = args.schema or (definition.schema if definition else None)
     schema, schema_source = load_schema(schema_arg) if schema_arg else (None, None)
     own = definition.permissions if definition else RuleSet()
@@ -5503,17 +5573,24 @@ def unique_rules(rules: Iterable[Rule]) -> list[Rule]:
 
 def choose_definition(
     name: str | None, task: str, cwd: Path, environ: Mapping[str, str]
-) -> tuple[AgentDefinition | None, dict[str, Any] | None]:
-    """The definition --agent names, or the one routing picks for --agent auto."""
-    if not name:
-        return None, None
+) -> tuple[AgentDefinition | None, dict[str, Any] | None, list[str]]:
+    """The definition --agent names, or the one routing picks for --agent auto, and
+    its YAML's problems (read with the 'key: value' fallback), each as FILE:LINE: text."""
+    if name is None:
+        return None, None, []
+    if not name.strip():
+        raise UsageError("--agent is empty; name a definition (see 'spawn.py agents list'), or auto to route by description")
     definitions, problems = load_definitions(cwd, environ)
     routing = None
     if name == "auto":
         routing = route(task, definitions)
         chosen = definitions[routing["chosen"]] if routing["chosen"] else None
     elif name not in definitions:
-        raise UnknownAgentDefinitionError(name, [p for p, _ in agent_dirs_for(cwd, environ)])
+        # A file of that name that didn't parse: its own error, with its line, says why.
+        unreadable = [p for p in problems if p.severity == "error" and Path(p.path).stem == name]
+        if unreadable:
+            raise UsageError(f"{unreadable[0]}; fix the definition (see 'spawn.py agents lint')")
+        raise UnknownAgentDefinitionError(name, [p for p, _ in agent_dirs_for(cwd, environ)], definitions)
     else:
         chosen = definitions[name]
     # A bad limit is left unset by the parser, and an unset limit is no limit:
@@ -5522,7 +5599,8 @@ def choose_definition(
     bad = [p for p in problems if chosen is not None and p.path == chosen.path and p.message.split(" ", 1)[0] in numeric]
     if bad:
         raise UsageError(f"{bad[0]}; fix the definition (see 'spawn.py agents lint')")
-    return chosen, routing
+    yaml_problems = [str(p) for p in problems if chosen is not None and p.path == chosen.path and "bad YAML" in p.message]
+    return chosen, routing, yaml_problems
 
 
 def resolve_resume(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentMeta:
@@ -5844,9 +5922,12 @@ def quiet_cli_environment(environ: Mapping[str, str]) -> dict[str, str]:
 STOP_SIGNALS = {signal.SIGTERM: Status.KILLED, signal.SIGHUP: Status.KILLED, signal.SIGINT: Status.INTERRUPTED}
 
 
-def stopped_by(signum: int) -> tuple[Status, str]:
-    """The outcome a stop signal ends an agent with: its status and reason."""
-    return STOP_SIGNALS[signal.Signals(signum)], f"received {signal.Signals(signum).name}"
+def stopped_by(signum: int, agent_dir: Path) -> tuple[Status, str]:
+    """The outcome a stop signal ends an agent with: its status and reason,
+    which names who asked when `spawn.py kill` sent it (its KILL_REQUEST)."""
+    status = STOP_SIGNALS[signal.Signals(signum)]
+    asked = kill_request_reason(agent_dir) if status == Status.KILLED else None
+    return status, asked or f"received {signal.Signals(signum).name}"
 
 
 class EarlyStop:
@@ -5857,13 +5938,14 @@ class EarlyStop:
     and its guard could only record "died without writing an outcome".
     """
 
-    pending: tuple[Status, str] | None = None
+    pending: int | None = None
+    """The first stop signal held, served (stopped_by) once the agent's loop runs."""
 
     @classmethod
     def arm(cls) -> None:
         def hold(signum: int, _frame: Any) -> None:
             if cls.pending is None:
-                cls.pending = stopped_by(signum)
+                cls.pending = signum
 
         for signum in STOP_SIGNALS:
             signal.signal(signum, hold)
@@ -7478,10 +7560,13 @@ def run_agent(
 
         stopping: list[asyncio.Future[None]] = []
 
+        def on_signal(signum: int) -> None:
+            stop(*stopped_by(signum, agent_dir))  # read at the signal: a kill leaves its reason just before
+
         for signum in STOP_SIGNALS:
-            loop.add_signal_handler(signum, stop, *stopped_by(signum))
+            loop.add_signal_handler(signum, on_signal, signum)
         if EarlyStop.pending is not None:
-            stop(*EarlyStop.pending)
+            on_signal(EarlyStop.pending)
         if meta.deadline is not None:
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
         beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ), meta.idle_timeout_s))
@@ -9750,6 +9835,7 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
 
 
 
+
 # -------------------------------------------------------------------- verbs --
 
 
@@ -10905,15 +10991,41 @@ def descendants_of(session: Path, agent_id: str) -> list[Path]:
     return [d for _, d in sorted(found, key=lambda x: -x[0])]
 
 
-def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
-    """End an agent and its descendants, deepest first; record `killed`."""
+def kill_agent(agent_dir: Path, secrets_: Sequence[str], caller: str | None = None) -> list[str]:
+    """End an agent and its descendants, deepest first; record `killed`.
+
+    With the caller (`spawn.py kill`'s), every outcome's reason names it, the
+    runners' own too: each finds the reason beside its records (KILL_REQUEST).
+    """
     meta = load_meta(agent_dir)
     targets = [*descendants_of(Path(meta.session), meta.id), agent_dir]
-    return settle_agents([(d, Status.KILLED, "ended by spawn.py kill") for d in targets], "kill", secrets_)
+    reason = f"killed by spawn.py kill (from {caller})" if caller else "ended by spawn.py kill"
+    if caller:
+        for d in targets:
+            if read_outcome(d) is None:
+                request_kill(d, reason)
+    return settle_agents([(d, Status.KILLED, reason) for d in targets], "kill", secrets_)
+
+
+def kill_caller(environ: Mapping[str, str]) -> str:
+    """Who runs this `spawn.py kill`: the agent whose Bash runs it, else the
+    process that started it (past uv), and whether that is a terminal."""
+    if environ.get(ENV_AGENT_ID):
+        return f"agent {environ[ENV_AGENT_ID]}"
+    try:
+        proc = psutil.Process(os.getppid())
+        while proc.name() in ("uv", "uvx") and (up := proc.parent()) is not None:
+            proc = up
+        args = proc.cmdline()
+        # The program and its script, never its arguments: they may hold anything.
+        words = [Path(args[0]).name, *(Path(a).name for a in args[1:2] if not a.startswith("-"))] if args else []
+        described = f"pid {proc.pid} ({' '.join(words) or proc.name()})"
+    except psutil.Error:
+        described = f"pid {os.getppid()}"
+    return f"a terminal, {described}" if sys.stdin is not None and sys.stdin.isatty() else described
 # ==================== end src/spawnlib/verbs.py ====================
 
 # ==================== begin src/spawnlib/dag.py ====================
-
 
 
 
@@ -11027,10 +11139,10 @@ class DagProblems(UsageError):
         super().__init__("\nspawn: error: ".join(self.problems))
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the closest choice, or ''."""
-    close = difflib.get_close_matches(word, sorted(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def meant(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest choice, or '': an aside inside a problem's sentence."""
+    match = close_match(word, choices)
+    return f" (did you mean {match!r}?)" if match else ""
 
 
 def document_lines(text: str) -> dict[DagPath, int]:
@@ -11162,7 +11274,7 @@ class DagChecker:
                 continue
             opt = str(key).replace("-", "_")
             if opt not in self.allowed:
-                near = did_you_mean(opt, self.allowed).replace("_", "-") if "-" in str(key) else did_you_mean(opt, self.allowed)
+                near = meant(opt, self.allowed).replace("_", "-") if "-" in str(key) else meant(opt, self.allowed)
                 self.problem((*where, key), f"{name}: unknown option {key!r}{near}; use spawn.py's flag names (spawn.py --help)")
                 continue
             opts[opt] = self.filled(value, (*where, key), name)
@@ -11211,7 +11323,7 @@ class DagChecker:
             for i, b in enumerate(t.blocked_by):
                 if b not in ids:
                     where = ("tasks", index[t.id], "blockedBy", i)
-                    self.problem(where, f"task {t.id!r}: unknown id {b!r} in blockedBy{did_you_mean(b, ids)}; use one of the tasks' ids")
+                    self.problem(where, f"task {t.id!r}: unknown id {b!r} in blockedBy{meant(b, ids)}; use one of the tasks' ids")
         cycle = find_cycle({t.id: [b for b in t.blocked_by if b in ids] for t in tasks})
         if cycle:
             first = next(t for t in tasks if t.id == cycle[0])
@@ -11232,7 +11344,7 @@ def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str, lines: Mappin
     top = ("tasks", "defaults", "vars")
     for key in data:
         if key not in top:
-            check.problem((key,), f"unknown top-level key {key!r}{did_you_mean(str(key), top)}; use tasks, defaults, vars")
+            check.problem((key,), f"unknown top-level key {key!r}{meant(str(key), top)}; use tasks, defaults, vars")
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
         check.problem(("defaults",), "'defaults:' must be a mapping of spawn options")
@@ -12198,6 +12310,7 @@ def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
+
 # ---------------------------------------------------------------------- CLI --
 
 
@@ -12205,7 +12318,25 @@ class Parser(argparse.ArgumentParser):
     """argparse with spawn's error format and exit code."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}; see '{self.prog} --help'")
+        hint = self.suggestion(message)
+        raise UsageError(f"{message}{hint}{' ' if hint else '; '}see '{self.prog} --help'")
+
+    def suggestion(self, message: str) -> str:
+        """The close match to a mistyped flag or choice, as did_you_mean words it."""
+        if message.startswith("unrecognized arguments: "):
+            flags = [a.split("=", 1)[0] for a in message.removeprefix("unrecognized arguments: ").split() if a.startswith("--")]
+            return did_you_mean(flags[0], self.long_flags()) if flags else ""
+        if m := re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message):
+            return did_you_mean(m[1], re.findall(r"'(.*?)'", m[2]))
+        return ""
+
+    def long_flags(self) -> list[str]:
+        """Every --flag of this parser and of its sub-commands' (argparse reports theirs here)."""
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                flags += [f for sub in action.choices.values() for f in sub._option_string_actions if f.startswith("--")]
+        return flags
 
 
 EXIT_TABLE = """\
@@ -12621,6 +12752,10 @@ def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     session: Path | None
     if args.target and (Path(args.target) / AGENTS_DIR).is_dir():
         session = Path(args.target).resolve()
+    elif args.target and ("/" in args.target or args.target.startswith((".", "~"))):
+        # An id has no slash: this was meant as a session directory.
+        what = "is not a session directory (it has no agents/)" if Path(args.target).exists() else "does not exist"
+        raise UsageError(f"{args.target} {what}; pass a session directory (under {root}) or an agent id, or nothing for the latest")
     elif args.target:
         session = Path(load_meta(find_agent_dir(args.target, default_session(args, environ), root)).session)
     else:
@@ -12740,7 +12875,8 @@ def cmd_kill(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     session = default_session(args, environ)
     root = resolve_session_root(None, environ)
     dirs = [find_agent_dir(i, session, root) for i in args.ids]
-    killed = [k for d in dirs for k in kill_agent(d, secret_values(environ))]
+    caller = kill_caller(environ)
+    killed = [k for d in dirs for k in kill_agent(d, secret_values(environ), caller)]
     emit({"killed": killed})
     return ExitCode.OK
 
@@ -12815,6 +12951,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "_guard": cmd_guard,
             }[verb]
             return handler(args, environ)
+        if argv and not argv[0].startswith("-"):
+            # The run path takes flags only: a first word is a mistyped verb or a bare task.
+            raise UnknownVerbError(argv[0], [v for v in VERBS if not v.startswith("_")])
         return cmd_run(argv, environ)
     except SpawnError as exc:
         if traceback:

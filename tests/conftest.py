@@ -269,7 +269,7 @@ def validate_records(session_root: Path) -> int:
                 check(json.loads(line), "ledger-line")
                 count += 1
     for d in agent_dirs(session_root):
-        for name, schema in (("meta.json", "meta"), ("outcome.json", "outcome"), ("heartbeat.json", "heartbeat")):
+        for name, schema in (("meta.json", "meta"), ("outcome.json", "outcome"), ("heartbeat.json", "heartbeat"), ("kill.json", "kill")):
             if (d / name).exists():
                 check(load(d / name), schema)
                 count += 1

@@ -11,7 +11,20 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import FAKE_API_KEY, READ_ID, ROOT, SPAWN, MockModel, mock_task, run_spawn, spawn_in_bash, stdout_json
+from conftest import (
+    FAKE_API_KEY,
+    READ_ID,
+    ROOT,
+    SPAWN,
+    MockModel,
+    mock_task,
+    run_spawn,
+    spawn_in_bash,
+    stdout_json,
+)
+from conftest import (
+    write_agent as write_definition,
+)
 
 import spawn
 
@@ -407,7 +420,7 @@ def test_unknown_schema_name_offers_only_output_schemas(base_env: dict[str, str]
     assert proc.returncode == spawn.ExitCode.USAGE
     offered = proc.stderr.split("use one of ", 1)[1].split(", a path")[0].split(", ")
     assert "findings" in offered
-    assert not set(offered) & {"meta", "outcome", "ledger-line", "heartbeat", "session", "limits"}
+    assert not set(offered) & {"meta", "outcome", "ledger-line", "heartbeat", "session", "limits", "kill"}
 
 
 @pytest.mark.parametrize(
@@ -631,3 +644,105 @@ def test_an_agent_file_with_deep_frontmatter_is_bad_yaml_not_a_crash(base_env: d
     lint = run_guarded(["agents", "lint"], base_env, project)
     assert lint.returncode == spawn.ExitCode.OK, lint.stderr
     assert "deep.md:4: warning: bad YAML (nested deeper than 64 levels)" in lint.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["waitt", "a1-000000"], "spawn: error: unknown verb 'waitt'; did you mean 'wait'?"),
+        (["statsu"], "spawn: error: unknown verb 'statsu'; did you mean 'status'?"),
+        (
+            ["--task", "x", "--tols", "Read"],
+            "spawn: error: unrecognized arguments: --tols Read; did you mean '--tools'? see 'spawn.py --help'",
+        ),
+        (["status", "--jsno"], "did you mean '--json'? see 'spawn.py status --help'"),
+        (["agents", "lsit"], "did you mean 'list'? see 'spawn.py agents --help'"),
+        (["--task", "x", "--print", "idd"], "did you mean 'id'?"),
+        (["--task", "x", "--tools", "Reed"], "spawn: error: unknown tool Reed; did you mean 'Read'? use names like"),
+    ],
+)
+def test_a_mistyped_verb_flag_or_choice_suggests_the_close_match(
+    base_env: dict[str, str], session_root: Path, args: list[str], line: str
+) -> None:
+    """Issue 36 item 4: Python 3.11's argparse suggests nothing; `waitt` was 'unrecognized arguments'."""
+    proc = run_spawn(args, {**base_env, **OK_ENV})
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, line)
+
+
+def test_a_bare_word_that_is_no_verb_says_where_a_task_goes(base_env: dict[str, str], session_root: Path) -> None:
+    proc = run_spawn(["fix the login bug"], {**base_env, **OK_ENV})
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "unknown verb 'fix the login bug'; verbs are wait, status")
+    assert "a task goes in --task TEXT" in proc.stderr
+
+
+def test_a_mistyped_agent_name_suggests_the_definition_first(base_env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    write_definition(project, "code-reviewer", "description: Reviews code")
+    proc = run_spawn(["--task", "x", "--agent", "code-reviwer"], {**base_env, **OK_ENV}, cwd=project)
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, "no agent definition 'code-reviwer'; did you mean 'code-reviewer'?")
+    assert proc.stderr.index("'code-reviewer'") < proc.stderr.index("agents new code-reviwer")
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--model", "opsu"], "--model 'opsu' is no known model; did you mean 'opus'? use a tier: high-tier (opus)"),
+        (["--model", "gpt-4o"], "an alias: default, opus, sonnet, haiku, opusplan, or a model id like claude-sonnet-4-5"),
+        (["--agent", ""], "--agent is empty; name a definition"),
+        (["--agent", " "], "--agent is empty"),
+    ],
+)
+def test_bad_model_or_agent_values_exit_2_before_any_model_call(
+    env: dict[str, str], session_root: Path, mock_model: MockModel, args: list[str], fragment: str
+) -> None:
+    """Issue 36 item 4: `--model opsu` and `--agent ""` were accepted and ran."""
+    proc = run_spawn(["--task", "x", *args], env)
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, fragment)
+    assert mock_model.requests() == []
+
+
+@pytest.mark.parametrize("model", ["claude-opus-4-1", "claude-sonnet-4-5-20250929", "sonnet[1m]", "opus", "low-tier", "custom-gw"])
+def test_tiers_aliases_and_well_formed_ids_are_accepted(base_env: dict[str, str], model: str) -> None:
+    proc = run_spawn(["--task", "x", "--model", model, "--dry-run"], {**base_env, "SPAWN_MODEL_TIERS": "low-tier=custom-gw"})
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+
+
+def test_a_definitions_bad_model_names_its_file(base_env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    path = write_definition(project, "typo", "description: d\nmodel: sonet")
+    proc = run_spawn(["--task", "x", "--agent", "typo"], {**base_env, **OK_ENV}, cwd=project)
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, f"the model of {path} 'sonet' is no known model; did you mean 'sonnet'?")
+
+
+def test_an_agent_file_that_is_not_yaml_names_its_line_at_run(base_env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """Issue 36 item 4: the run said only "no agent definition 'broken'"; the file's line says why."""
+    project = tmp_path / "project"
+    path = project / ".claude" / "agents" / "broken.md"
+    path.parent.mkdir(parents=True)
+    path.write_text("---\n[name: broken\n---\nbody\n")
+    proc = run_spawn(["--task", "x", "--agent", "broken"], {**base_env, **OK_ENV}, cwd=project)
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, f"{path}:2: error: bad YAML: while parsing a flow sequence")
+
+
+def test_an_agent_file_read_by_the_fallback_warns_with_its_line_at_run(base_env: dict[str, str], tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    path = write_definition(project, "loose", "description: d\ntools: [Read")
+    proc = run_spawn(["--task", "x", "--agent", "loose", "--dry-run"], {**base_env, **OK_ENV}, cwd=project)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert any(w.startswith(f"{path}:4: warning: bad YAML") for w in stdout_json(proc)["warnings"])
+
+
+@pytest.mark.parametrize("verb", [["dag", "validate"], ["dag", "run"], ["estimate"]])
+def test_a_dag_file_that_is_not_yaml_names_its_line(base_env: dict[str, str], session_root: Path, tmp_path: Path, verb: list[str]) -> None:
+    dag = tmp_path / "graph.yaml"
+    dag.write_text("tasks:\n  - id: a\n    task: x\n  - id: b\n   task: y: z\n")
+    proc = run_spawn([*verb, str(dag)], {**base_env, **OK_ENV})
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, f"spawn: error: {dag}:5: not valid YAML: ")
+
+
+@pytest.mark.parametrize(("target", "fragment"), [("/nonexistent", "/nonexistent does not exist"), ("/", "/ is not a session directory")])
+def test_status_of_a_path_that_is_no_session_says_so(base_env: dict[str, str], session_root: Path, target: str, fragment: str) -> None:
+    """Issue 36 item 4: it said "no agent '/nonexistent' under <latest session>"."""
+    proc = run_spawn(["status", target], base_env)
+    assert_clean_error(proc, spawn.ExitCode.USAGE, session_root, fragment)
+    assert "pass a session directory" in proc.stderr

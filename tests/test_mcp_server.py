@@ -111,6 +111,19 @@ def test_bad_argument_is_a_tool_error_with_spawns_line(env: dict[str, str], sess
     assert not session_root.exists() or not list(session_root.glob("*/agents/*"))
 
 
+def test_errors_name_the_tools_not_cli_commands(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """Issue 36 item 4: errors said "run 'spawn.py status'" to a client that has agent_status instead."""
+    (session_root / "s" / "agents").mkdir(parents=True)
+
+    async def body() -> None:
+        async with Client(server_params(env, tmp_path)) as client:
+            result = await client.call_tool("agent_answer", {"ask_id": "q-nosuch", "decision": "allow"})
+            assert result.is_error
+            assert text(result) == "spawn: error: no pending ask 'q-nosuch'; run the agent_status tool to list asks", text(result)
+
+    run(body)
+
+
 def test_paths_are_refused_as_agent_ids(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     """Issue 31 item 12: agent_wait took an absolute path as an id and reported the forged outcome it found there."""
     forged = tmp_path / "elsewhere" / "a1-abcdef"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -389,3 +390,30 @@ def test_outcome_problem_names_what_makes_a_record_no_outcome_of_the_agent() -> 
 
 def test_own_create_time_is_psutils() -> None:
     assert spawn.own_create_time() == psutil.Process().create_time()
+
+
+def test_a_killed_agents_reason_names_the_kill_and_who_asked(env: dict[str, str], session_root: Path) -> None:
+    """Issue 36 item 4: a `spawn.py kill` left the reason `received SIGTERM`, saying neither kill nor who."""
+    child = mock_task("stall", [{"bash": "sleep 60"}, {"text": "never"}])
+    launched = stdout_json(run_spawn(["--background", "--task", child, "--tools", "Bash"], env))
+    wait_for_path(Path(launched["agent_dir"]) / "heartbeat.json")
+    proc = run_spawn(["kill", launched["id"]], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    outcome = load(Path(launched["agent_dir"]) / "outcome.json")
+    assert (outcome["status"], outcome["committed_by"]) == ("killed", "self")  # the runner's own outcome, with the kill's reason
+    # At a developer's terminal the caller is "a terminal, pid N (...)".
+    assert re.fullmatch(rf"killed by spawn\.py kill \(from (a terminal, )?pid {os.getpid()} \(python\S*\)\)", outcome["reason"]), outcome
+
+
+def test_an_agent_killing_its_child_is_named_in_the_childs_reason(env: dict[str, str], session_root: Path) -> None:
+    child = mock_task("stall", [{"bash": "sleep 60"}, {"text": "never"}])
+    launch = spawn_in_bash("--task", child, "--tools", "Bash", "--background", "--print", "id")
+    kill = f'ID=$({launch}) && until [ -e "$SPAWN_SESSION/agents/$ID/heartbeat.json" ]; do sleep 0.1; done && {spawn_in_bash("kill")} "$ID"'
+    parent = mock_task("parent", [{"bash": kill}, {"text": "parent done"}])
+    proc = run_spawn(["--task", parent, "--tools", "Bash"], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    root = stdout_json(proc)["id"]
+    (child_dir,) = [d for d in session_root.glob("*/agents/*") if d.name != root]
+    outcome = load(child_dir / "outcome.json")
+    assert (outcome["status"], outcome["reason"]) == ("killed", f"killed by spawn.py kill (from agent {root})"), outcome
+    validate_records(session_root)  # kill.json among them

@@ -132,6 +132,24 @@ def parse_http_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+# spawn.py's hints name its commands; a client calls this server's tools instead.
+CLI_HINTS_AS_TOOLS = (
+    (r"'spawn\.py status(?: --json)?'", "the agent_status tool"),
+    (r"'spawn\.py wait [^']*'", "the agent_wait tool"),
+    (r"'spawn\.py kill(?: [^']*)?'", "the agent_cancel tool"),
+    (r"'?spawn\.py (?:approve|deny|approve\|deny) [^';]*'?", "the agent_answer tool"),
+    (r"'spawn\.py agents list'", "the list_agents tool"),
+    (r",? or pass --session DIR", ""),  # no tool takes it
+)
+
+
+def as_tools(line: str) -> str:
+    """spawn.py's one-line error with its hints naming this server's tools."""
+    for pattern, tool in CLI_HINTS_AS_TOOLS:
+        line = re.sub(pattern, tool, line)
+    return line
+
+
 def check_agent_id(agent_id: str) -> None:
     if not AGENT_ID.fullmatch(agent_id):
         raise ToolError(f"spawn: error: {agent_id!r} is not an agent id (a<depth>-<6 hex digits>); use an id that spawn_agent returned")
@@ -292,7 +310,7 @@ class Spawner:
         try:
             return session_files.cli_json(code, out, err, ok)
         except session_files.CliError as exc:
-            raise ToolError(str(exc)) from None
+            raise ToolError(as_tools(str(exc))) from None
 
     # Limits: the server's caps bound everything started through it, whatever the tool arguments say.
     #

@@ -31,7 +31,7 @@ from .constants import (
     SPAWN_AGENT_FIELDS,
 )
 from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, claude_config_dir, number_problem
-from .errors import InputError, UsageError
+from .errors import InputError, UsageError, did_you_mean
 from .executors import parse_node_fields
 from .protocol import load_input, parse_json, read_input, write_file_atomic
 
@@ -121,9 +121,12 @@ class RuleSyntaxError(UsageError):
 
 
 class UnknownAgentDefinitionError(UsageError):
-    def __init__(self, name: str, searched: Sequence[Path]) -> None:
+    def __init__(self, name: str, searched: Sequence[Path], known: Iterable[str] = ()) -> None:
         where = ", ".join(str(p) for p in searched) or "(no .claude/agents directory found)"
-        super().__init__(f"no agent definition {name!r} in {where}; run 'spawn.py agents list' or 'spawn.py agents new {name}'")
+        if hint := did_you_mean(name, known):
+            super().__init__(f"no agent definition {name!r}{hint} (searched {where}; for a new one: 'spawn.py agents new {name}')")
+        else:
+            super().__init__(f"no agent definition {name!r} in {where}; run 'spawn.py agents list' or 'spawn.py agents new {name}'")
 
 
 def parse_rule(text: str, source: str = "") -> Rule:

@@ -40,7 +40,7 @@ from .constants import (
 )
 from .core import briefing, secret_values
 from .dag import DEFAULT_ROTATE_MB, DEFAULT_STATE_FILE, ON_FAIL
-from .errors import ExitCode, RefusedError, StateError, UsageError
+from .errors import ExitCode, RefusedError, StateError, UsageError, did_you_mean
 from .executors import names_another_kind
 from .forkserver import ForkedFor
 from .processes import (
@@ -79,6 +79,7 @@ from .verbs import (
     end_tree,
     format_tree,
     kill_agent,
+    kill_caller,
     reap_agent,
     reap_session,
     session_summary,
@@ -95,7 +96,25 @@ class Parser(argparse.ArgumentParser):
     """argparse with spawn's error format and exit code."""
 
     def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{message}; see '{self.prog} --help'")
+        hint = self.suggestion(message)
+        raise UsageError(f"{message}{hint}{' ' if hint else '; '}see '{self.prog} --help'")
+
+    def suggestion(self, message: str) -> str:
+        """The close match to a mistyped flag or choice, as did_you_mean words it."""
+        if message.startswith("unrecognized arguments: "):
+            flags = [a.split("=", 1)[0] for a in message.removeprefix("unrecognized arguments: ").split() if a.startswith("--")]
+            return did_you_mean(flags[0], self.long_flags()) if flags else ""
+        if m := re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message):
+            return did_you_mean(m[1], re.findall(r"'(.*?)'", m[2]))
+        return ""
+
+    def long_flags(self) -> list[str]:
+        """Every --flag of this parser and of its sub-commands' (argparse reports theirs here)."""
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                flags += [f for sub in action.choices.values() for f in sub._option_string_actions if f.startswith("--")]
+        return flags
 
 
 EXIT_TABLE = """\
@@ -511,6 +530,10 @@ def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     session: Path | None
     if args.target and (Path(args.target) / AGENTS_DIR).is_dir():
         session = Path(args.target).resolve()
+    elif args.target and ("/" in args.target or args.target.startswith((".", "~"))):
+        # An id has no slash: this was meant as a session directory.
+        what = "is not a session directory (it has no agents/)" if Path(args.target).exists() else "does not exist"
+        raise UsageError(f"{args.target} {what}; pass a session directory (under {root}) or an agent id, or nothing for the latest")
     elif args.target:
         session = Path(load_meta(find_agent_dir(args.target, default_session(args, environ), root)).session)
     else:
@@ -630,7 +653,8 @@ def cmd_kill(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     session = default_session(args, environ)
     root = resolve_session_root(None, environ)
     dirs = [find_agent_dir(i, session, root) for i in args.ids]
-    killed = [k for d in dirs for k in kill_agent(d, secret_values(environ))]
+    caller = kill_caller(environ)
+    killed = [k for d in dirs for k in kill_agent(d, secret_values(environ), caller)]
     emit({"killed": killed})
     return ExitCode.OK
 

@@ -1187,10 +1187,13 @@ def run_agent(
 
         stopping: list[asyncio.Future[None]] = []
 
+        def on_signal(signum: int) -> None:
+            stop(*stopped_by(signum, agent_dir))  # read at the signal: a kill leaves its reason just before
+
         for signum in STOP_SIGNALS:
-            loop.add_signal_handler(signum, stop, *stopped_by(signum))
+            loop.add_signal_handler(signum, on_signal, signum)
         if EarlyStop.pending is not None:
-            stop(*EarlyStop.pending)
+            on_signal(EarlyStop.pending)
         if meta.deadline is not None:
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
         beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ), meta.idle_timeout_s))

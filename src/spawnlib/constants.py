@@ -53,6 +53,16 @@ DEFAULT_MODEL_TIERS: dict[str, str] = {
     "low-tier": "haiku",
 }
 DEFAULT_MODEL = "medium-tier"
+# What --model accepts besides a tier: the CLI's own aliases (a [1m] suffix
+# asks for the long context), and ids of the shapes Anthropic's API, Vertex
+# (@version) and Bedrock (region.anthropic.…:N, ARNs) use. A typo like
+# "opsu" would otherwise reach the CLI and fail only after the agent started.
+CLI_MODEL_ALIASES = ("default", "opus", "sonnet", "haiku", "opusplan")
+MODEL_ID_PATTERN = (
+    r"(?:[a-z]{2,4}\.)?(?:anthropic\.)?claude-[a-z0-9][a-z0-9.\-]*(?:@[a-z0-9.\-]+|:[0-9]+)?(?:\[1m\])?"
+    r"|(?:opus|sonnet|haiku)\[1m\]"
+    r"|arn:aws:bedrock:\S+"
+)
 
 # Three levels below the root covers the deep workflows we know of; deeper
 # trees must ask for it explicitly.

@@ -13,6 +13,7 @@ from typing import Any
 from .constants import (
     CACHE_READ_FACTOR,
     CACHE_WRITE_FACTOR,
+    CLI_MODEL_ALIASES,
     DEFAULT_AGENT_COST_USD,
     DEFAULT_AGENT_SECONDS,
     DEFAULT_MODEL_TIERS,
@@ -25,6 +26,7 @@ from .constants import (
     MAX_DEPTH_LIMIT,
     MAX_SECONDS,
     MAX_TOKENS,
+    MODEL_ID_PATTERN,
     MODEL_PRICES_USD_PER_MTOK,
     PARENT_GRACE_S,
     REDACTED,
@@ -34,7 +36,7 @@ from .constants import (
     STDOUT_OUTPUT_LIMIT,
     TOOL_ALIASES,
 )
-from .errors import UnknownToolError, UsageError
+from .errors import UnknownToolError, UsageError, did_you_mean
 from .protocol import META, REFUSED_DIR, SCRATCH_DIR, SESSION_LOCK, parse_json
 from .records import AgentMeta, Trace
 
@@ -205,10 +207,19 @@ def parse_model_tiers(value: str | None) -> dict[str, str]:
     return tiers
 
 
-def resolve_model(name: str, tiers: Mapping[str, str]) -> str:
+def resolve_model(name: str, tiers: Mapping[str, str], source: str = "--model") -> str:
+    """The model id or CLI alias a tier, alias or id names; a name none of them matches is a UsageError."""
     if not name.strip():
-        raise UsageError("--model is empty; use high-tier, medium-tier, low-tier or a model id")
-    return tiers.get(name, name)
+        raise UsageError(f"{source} is empty; use high-tier, medium-tier, low-tier or a model id")
+    model = tiers.get(name, name)
+    if name in tiers or model in tiers.values() or model in CLI_MODEL_ALIASES or re.fullmatch(MODEL_ID_PATTERN, model):
+        return model
+    listed = ", ".join(f"{tier} ({target})" for tier, target in tiers.items())
+    hint = did_you_mean(name, [*tiers, *CLI_MODEL_ALIASES])
+    raise UsageError(
+        f"{source} {name!r} is no known model{hint or ';'} use a tier: {listed}, an alias: {', '.join(CLI_MODEL_ALIASES)}, "
+        f"or a model id like claude-sonnet-4-5"
+    )
 
 
 def narrow_tools(requested: Sequence[str], allowed: Sequence[str] | None) -> tuple[list[str], list[str]]:
@@ -232,7 +243,7 @@ def child_deadline(own_timeout: float | None, parent_deadline: float | None, now
 
 def price_family(model: str) -> str:
     """opus, sonnet or haiku for a model id or alias (medium-tier's for one the table doesn't name)."""
-    name = resolve_model(model, DEFAULT_MODEL_TIERS).lower()
+    name = DEFAULT_MODEL_TIERS.get(model, model).lower()  # recorded models, checked when they were chosen
     return next((f for f in MODEL_PRICES_USD_PER_MTOK if f in name), FALLBACK_PRICE_FAMILY)
 
 

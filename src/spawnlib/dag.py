@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import errno
 import hashlib
 import json
@@ -35,7 +34,7 @@ from .constants import (
     SCRIPT_DIR,
 )
 from .core import estimate_agent, secret_values, truncate_for_stdout, utc_now_iso
-from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError
+from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError, close_match
 from .fast_start import compiled_script
 from .processes import ancestry_context, own_identity, unregister_runner
 from .protocol import (
@@ -112,10 +111,10 @@ class DagProblems(UsageError):
         super().__init__("\nspawn: error: ".join(self.problems))
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """' (did you mean 'x'?)' for the closest choice, or ''."""
-    close = difflib.get_close_matches(word, sorted(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+def meant(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest choice, or '': an aside inside a problem's sentence."""
+    match = close_match(word, choices)
+    return f" (did you mean {match!r}?)" if match else ""
 
 
 def document_lines(text: str) -> dict[DagPath, int]:
@@ -247,7 +246,7 @@ class DagChecker:
                 continue
             opt = str(key).replace("-", "_")
             if opt not in self.allowed:
-                near = did_you_mean(opt, self.allowed).replace("_", "-") if "-" in str(key) else did_you_mean(opt, self.allowed)
+                near = meant(opt, self.allowed).replace("_", "-") if "-" in str(key) else meant(opt, self.allowed)
                 self.problem((*where, key), f"{name}: unknown option {key!r}{near}; use spawn.py's flag names (spawn.py --help)")
                 continue
             opts[opt] = self.filled(value, (*where, key), name)
@@ -296,7 +295,7 @@ class DagChecker:
             for i, b in enumerate(t.blocked_by):
                 if b not in ids:
                     where = ("tasks", index[t.id], "blockedBy", i)
-                    self.problem(where, f"task {t.id!r}: unknown id {b!r} in blockedBy{did_you_mean(b, ids)}; use one of the tasks' ids")
+                    self.problem(where, f"task {t.id!r}: unknown id {b!r} in blockedBy{meant(b, ids)}; use one of the tasks' ids")
         cycle = find_cycle({t.id: [b for b in t.blocked_by if b in ids] for t in tasks})
         if cycle:
             first = next(t for t in tasks if t.id == cycle[0])
@@ -317,7 +316,7 @@ def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str, lines: Mappin
     top = ("tasks", "defaults", "vars")
     for key in data:
         if key not in top:
-            check.problem((key,), f"unknown top-level key {key!r}{did_you_mean(str(key), top)}; use tasks, defaults, vars")
+            check.problem((key,), f"unknown top-level key {key!r}{meant(str(key), top)}; use tasks, defaults, vars")
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
         check.problem(("defaults",), "'defaults:' must be a mapping of spawn options")

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .constants import KNOWN_TOOLS
@@ -54,9 +54,36 @@ class RefusedError(SpawnError):
     exit_code = ExitCode.REFUSED
 
 
+def close_match(word: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to a mistyped word, if any is close (pure).
+
+    Python 3.11's argparse suggests nothing (3.14's does); difflib is
+    imported here, on the error path only.
+    """
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(candidates), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """ "; did you mean 'X'?" for the closest candidate to a mistyped word, or "" (pure)."""
+    match = close_match(word, candidates)
+    return f"; did you mean {match!r}?" if match else ""
+
+
 class UnknownToolError(UsageError):
     def __init__(self, names: Sequence[str]) -> None:
-        super().__init__(f"unknown tool {', '.join(names)}; use names like {','.join(sorted(KNOWN_TOOLS)[:6])},... or mcp__SERVER__TOOL")
+        hint = did_you_mean(names[0], KNOWN_TOOLS) if len(names) == 1 else ""
+        known = f"use names like {','.join(sorted(KNOWN_TOOLS)[:6])},... or mcp__SERVER__TOOL"
+        super().__init__(f"unknown tool {', '.join(names)}{hint} {known}" if hint else f"unknown tool {', '.join(names)}; {known}")
+
+
+class UnknownVerbError(UsageError):
+    def __init__(self, word: str, verbs: Sequence[str]) -> None:
+        hint = did_you_mean(word, verbs)
+        rest = f"verbs are {', '.join(verbs)}; a task goes in --task TEXT (see 'spawn.py --help')"
+        super().__init__(f"unknown verb {word!r}{hint}" if hint else f"unknown verb {word!r}; {rest}")
 
 
 class UnknownAgentError(UsageError):

@@ -23,7 +23,7 @@ from .cli import (
     cmd_wait,
 )
 from .dag import cmd_dag, cmd_estimate, cmd_state, cmd_workflow
-from .errors import ExitCode, SpawnError
+from .errors import ExitCode, SpawnError, UnknownVerbError
 from .fast_start import install_fast_start
 
 # --------------------------------------------------------------------- main --
@@ -55,6 +55,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "_guard": cmd_guard,
             }[verb]
             return handler(args, environ)
+        if argv and not argv[0].startswith("-"):
+            # The run path takes flags only: a first word is a mistyped verb or a bare task.
+            raise UnknownVerbError(argv[0], [v for v in VERBS if not v.startswith("_")])
         return cmd_run(argv, environ)
     except SpawnError as exc:
         if traceback:

@@ -63,6 +63,9 @@ ENV_LOG_MAX = "SPAWN_TRANSCRIPT_MAX_BYTES"
 TRUNCATED_LINE = "TranscriptTruncated"  # the transcript's last line once it reached the cap
 NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
 HEARTBEAT = "heartbeat.json"
+# Written by `spawn.py kill` before its SIGTERM: the runner's outcome then
+# says who ended it, which a signal alone can't tell it.
+KILL_REQUEST = "kill.json"
 RUNNER_LOG = "runner.log"
 SESSION_INFO = "session.json"
 LIMITS = "limits.json"
@@ -276,6 +279,21 @@ def too_deep_at(text: str) -> int:
         elif match.group() in ("]", "}"):
             depth -= 1
     return 0
+
+
+def request_kill(agent_dir: Path, reason: str) -> None:
+    """Leave the reason of a kill for the agent's runner; the first request's stands."""
+    with contextlib.suppress(OSError):  # there already, or not ours to write: the kill goes on
+        write_new_file(agent_dir / KILL_REQUEST, json.dumps({"reason": reason, "at": time.time()}).encode())
+
+
+def kill_request_reason(agent_dir: Path) -> str | None:
+    """The reason `spawn.py kill` left in agent_dir, if it asked for the stop."""
+    try:
+        reason = read_json(agent_dir / KILL_REQUEST).get("reason")
+    except (OSError, SpawnError):
+        return None
+    return reason if isinstance(reason, str) else None
 
 
 def read_json(path: Path | str) -> dict[str, Any]:

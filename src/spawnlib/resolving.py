@@ -265,7 +265,7 @@ def read_task(args: argparse.Namespace) -> str:
 
 # Schemas of spawn.py's own records in schemas/: not output schemas for an agent.
 RECORD_SCHEMAS = frozenset(
-    {"ask", "ask-answer", "heartbeat", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
+    {"ask", "ask-answer", "heartbeat", "kill", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
 )
 
 
@@ -429,7 +429,8 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     budget_arg: float | None = args.max_budget_usd
     max_turns: int | None = args.max_turns
     background: bool | None = args.background
-    definition, routing = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None)
+    definition, routing, yaml_problems = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None, [])
+    warnings += yaml_problems
     node = node or node_of_definition(definition)
     if not args.dry_run and node.kind == "claude":
         check_credentials(environ)  # only the claude kind calls the model from here
@@ -460,7 +461,8 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     model_name = args.model if args.model is not None else (definition.model if definition and definition.model else DEFAULT_MODEL)
     if model_name == "inherit":
         model_name = inh.model or DEFAULT_MODEL
-    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)))
+    model_source = "--model" if args.model is not None else (f"the model of {definition.path}" if definition else "the model")
+    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), model_source)
     schema_arg = args.schema or (definition.schema if definition else None)
     schema, schema_source = load_schema(schema_arg) if schema_arg else (None, None)
     own = definition.permissions if definition else RuleSet()
@@ -631,17 +633,24 @@ def unique_rules(rules: Iterable[Rule]) -> list[Rule]:
 
 def choose_definition(
     name: str | None, task: str, cwd: Path, environ: Mapping[str, str]
-) -> tuple[AgentDefinition | None, dict[str, Any] | None]:
-    """The definition --agent names, or the one routing picks for --agent auto."""
-    if not name:
-        return None, None
+) -> tuple[AgentDefinition | None, dict[str, Any] | None, list[str]]:
+    """The definition --agent names, or the one routing picks for --agent auto, and
+    its YAML's problems (read with the 'key: value' fallback), each as FILE:LINE: text."""
+    if name is None:
+        return None, None, []
+    if not name.strip():
+        raise UsageError("--agent is empty; name a definition (see 'spawn.py agents list'), or auto to route by description")
     definitions, problems = load_definitions(cwd, environ)
     routing = None
     if name == "auto":
         routing = route(task, definitions)
         chosen = definitions[routing["chosen"]] if routing["chosen"] else None
     elif name not in definitions:
-        raise UnknownAgentDefinitionError(name, [p for p, _ in agent_dirs_for(cwd, environ)])
+        # A file of that name that didn't parse: its own error, with its line, says why.
+        unreadable = [p for p in problems if p.severity == "error" and Path(p.path).stem == name]
+        if unreadable:
+            raise UsageError(f"{unreadable[0]}; fix the definition (see 'spawn.py agents lint')")
+        raise UnknownAgentDefinitionError(name, [p for p, _ in agent_dirs_for(cwd, environ)], definitions)
     else:
         chosen = definitions[name]
     # A bad limit is left unset by the parser, and an unset limit is no limit:
@@ -650,7 +659,8 @@ def choose_definition(
     bad = [p for p in problems if chosen is not None and p.path == chosen.path and p.message.split(" ", 1)[0] in numeric]
     if bad:
         raise UsageError(f"{bad[0]}; fix the definition (see 'spawn.py agents lint')")
-    return chosen, routing
+    yaml_problems = [str(p) for p in problems if chosen is not None and p.path == chosen.path and "bad YAML" in p.message]
+    return chosen, routing, yaml_problems
 
 
 def resolve_resume(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentMeta:

@@ -49,7 +49,7 @@ from .errors import CorruptRecordError
 from .executors import NodeResult
 from .fast_start import compiled_script
 from .processes import _int_or_none, cgroup_mounts, procfs_is_ours
-from .protocol import AGENTS_DIR, META, SCRATCH_DIR, open_regular
+from .protocol import AGENTS_DIR, META, SCRATCH_DIR, kill_request_reason, open_regular
 from .records import AgentMeta, Status
 from .verbs import MarkerEvents
 
@@ -215,9 +215,12 @@ def quiet_cli_environment(environ: Mapping[str, str]) -> dict[str, str]:
 STOP_SIGNALS = {signal.SIGTERM: Status.KILLED, signal.SIGHUP: Status.KILLED, signal.SIGINT: Status.INTERRUPTED}
 
 
-def stopped_by(signum: int) -> tuple[Status, str]:
-    """The outcome a stop signal ends an agent with: its status and reason."""
-    return STOP_SIGNALS[signal.Signals(signum)], f"received {signal.Signals(signum).name}"
+def stopped_by(signum: int, agent_dir: Path) -> tuple[Status, str]:
+    """The outcome a stop signal ends an agent with: its status and reason,
+    which names who asked when `spawn.py kill` sent it (its KILL_REQUEST)."""
+    status = STOP_SIGNALS[signal.Signals(signum)]
+    asked = kill_request_reason(agent_dir) if status == Status.KILLED else None
+    return status, asked or f"received {signal.Signals(signum).name}"
 
 
 class EarlyStop:
@@ -228,13 +231,14 @@ class EarlyStop:
     and its guard could only record "died without writing an outcome".
     """
 
-    pending: tuple[Status, str] | None = None
+    pending: int | None = None
+    """The first stop signal held, served (stopped_by) once the agent's loop runs."""
 
     @classmethod
     def arm(cls) -> None:
         def hold(signum: int, _frame: Any) -> None:
             if cls.pending is None:
-                cls.pending = stopped_by(signum)
+                cls.pending = signum
 
         for signum in STOP_SIGNALS:
             signal.signal(signum, hold)

@@ -75,6 +75,7 @@ from .protocol import (
     read_regular_file,
     read_text,
     remove_stray_marker,
+    request_kill,
     take_back_slot,
     with_estimated_cost,
 )
@@ -1237,8 +1238,35 @@ def descendants_of(session: Path, agent_id: str) -> list[Path]:
     return [d for _, d in sorted(found, key=lambda x: -x[0])]
 
 
-def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
-    """End an agent and its descendants, deepest first; record `killed`."""
+def kill_agent(agent_dir: Path, secrets_: Sequence[str], caller: str | None = None) -> list[str]:
+    """End an agent and its descendants, deepest first; record `killed`.
+
+    With the caller (`spawn.py kill`'s), every outcome's reason names it, the
+    runners' own too: each finds the reason beside its records (KILL_REQUEST).
+    """
     meta = load_meta(agent_dir)
     targets = [*descendants_of(Path(meta.session), meta.id), agent_dir]
-    return settle_agents([(d, Status.KILLED, "ended by spawn.py kill") for d in targets], "kill", secrets_)
+    reason = f"killed by spawn.py kill (from {caller})" if caller else "ended by spawn.py kill"
+    if caller:
+        for d in targets:
+            if read_outcome(d) is None:
+                request_kill(d, reason)
+    return settle_agents([(d, Status.KILLED, reason) for d in targets], "kill", secrets_)
+
+
+def kill_caller(environ: Mapping[str, str]) -> str:
+    """Who runs this `spawn.py kill`: the agent whose Bash runs it, else the
+    process that started it (past uv), and whether that is a terminal."""
+    if environ.get(ENV_AGENT_ID):
+        return f"agent {environ[ENV_AGENT_ID]}"
+    try:
+        proc = psutil.Process(os.getppid())
+        while proc.name() in ("uv", "uvx") and (up := proc.parent()) is not None:
+            proc = up
+        args = proc.cmdline()
+        # The program and its script, never its arguments: they may hold anything.
+        words = [Path(args[0]).name, *(Path(a).name for a in args[1:2] if not a.startswith("-"))] if args else []
+        described = f"pid {proc.pid} ({' '.join(words) or proc.name()})"
+    except psutil.Error:
+        described = f"pid {os.getppid()}"
+    return f"a terminal, {described}" if sys.stdin is not None and sys.stdin.isatty() else described
