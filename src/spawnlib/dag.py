@@ -32,6 +32,7 @@ from .constants import (
     SCRIPT_DIR,
 )
 from .core import estimate_agent, secret_values, truncate_for_stdout, utc_now_iso
+from .embedded import builtin_files, builtin_label
 from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError
 from .fast_start import compiled_script
 from .processes import ancestry_context, own_identity, unregister_runner
@@ -270,17 +271,19 @@ def dag_prompt(t: DagTask, results: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def load_dag_file(path: str, cli_vars: Sequence[str]) -> list[DagTask]:
+def load_dag_file(path: str, cli_vars: Sequence[str], text: str | None = None) -> list[DagTask]:
+    """The tasks of the DAG file at path, or of text (a built-in workflow) named path."""
     variables = {}
     for item in cli_vars:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"--var {item!r}: expected KEY=VALUE")
         variables[key] = value
-    try:
-        text = read_input(path)
-    except OSError as exc:
-        raise UsageError(f"can't read DAG file {path}: {exc.strerror}") from None
+    if text is None:
+        try:
+            text = read_input(path)
+        except OSError as exc:
+            raise UsageError(f"can't read DAG file {path}: {exc.strerror}") from None
     return parse_dag(load_input(text, path, "JSON" if path.endswith(".json") else "YAML"), variables, path)
 
 
@@ -819,10 +822,20 @@ def phase_results(phase: str, output: Any, written: AbstractSet[str] = frozenset
     return {"findings": data.get("findings") or [], "recommendations": data.get("open_questions") or data.get("recommendations") or []}
 
 
+def workflow_file(verb: str) -> tuple[str, str | None]:
+    """The verb's workflow: workflows/NAME.yaml beside the script, else the built-in one (name, text)."""
+    name = f"{WORKFLOW_FOR[verb]}.yaml"
+    path = WORKFLOWS_DIR / name
+    builtin = builtin_files("workflows")
+    if path.is_file() or name not in builtin:
+        return str(path), None
+    return builtin_label(f"workflows/{name}"), builtin[name]
+
+
 def workflow_tasks(verb: str, args: argparse.Namespace, state: Mapping[str, Any]) -> list[DagTask]:
     """The shipped workflow's tasks for a verb: one phase alone, or the whole chain."""
-    path = WORKFLOWS_DIR / f"{WORKFLOW_FOR[verb]}.yaml"
-    tasks = load_dag_file(str(path), [f"task={args.task or state.get('taskDescription', '')}"])
+    path, text = workflow_file(verb)
+    tasks = load_dag_file(path, [f"task={args.task or state.get('taskDescription', '')}"], text)
     if verb in PHASES:
         (t,) = [t for t in tasks if t.id == verb]
         t.blocked_by = []
@@ -914,7 +927,7 @@ def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         "event": "graph",
         "time": utc_now_iso(),
         "runner_id": plan.meta.id,
-        "file": str(WORKFLOWS_DIR / f"{WORKFLOW_FOR[verb]}.yaml"),
+        "file": workflow_file(verb)[0],
     }
     graph.update(max_concurrent=1, fail_fast=on_fail == "abort", on_fail=on_fail, tasks=[record_to_json(t) for t in tasks])
     append_jsonl(journal, graph, plan.secrets)
