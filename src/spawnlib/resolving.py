@@ -206,10 +206,14 @@ def read_task(args: argparse.Namespace) -> str:
     return task
 
 
-# Schemas of spawn.py's own records in schemas/: not output schemas for an agent.
+# Schemas of spawn.py's own records in schemas/: not output schemas for an agent,
+# so neither listed as such nor built into spawn.py (tools/bundle.py reads this).
 RECORD_SCHEMAS = frozenset(
-    {"ask", "ask-answer", "heartbeat", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
-)
+    {
+        "ask", "ask-answer", "ask-attempt", "dag-journal-line", "forkserver-line", "heartbeat", "ledger-line", "limits", "meta",
+        "native-line", "outcome", "session", "state", "status", "transcript-line",
+    }
+)  # fmt: skip
 
 
 def load_schema(value: str) -> tuple[dict[str, Any], str]:
