@@ -613,6 +613,879 @@ SECRET_MIN_LEN = 8  # shorter values are too likely to match ordinary text
 REDACTED = "[REDACTED]"
 # ==================== end src/spawnlib/constants.py ====================
 
+# ==================== begin src/spawnlib/embedded.py ====================
+
+
+# --------------------------------------------------------- built-in files --
+
+# spawn.py copied alone into a project must still run README's commands, so it
+# carries the default output schemas (schemas/*.json but RECORD_SCHEMAS), agent
+# definitions (.claude/agents/*.md) and workflows (workflows/*.yaml). A file of
+# the project's own wins: schemas/ beside the script, .claude/agents upward
+# from the working directory or in HOME, workflows/ beside the script.
+
+
+def builtin_files(folder: str) -> dict[str, str]:
+    """The built-in files of folder (schemas, .claude/agents, workflows): file name -> text."""
+    prefix = folder.rstrip("/") + "/"
+    return {path.removeprefix(prefix): text for path, text in BUILTIN_FILES.items() if path.startswith(prefix)}
+
+
+def builtin_label(path: str) -> str:
+    """How messages and records name a built-in file: what to create to override it."""
+    return f"built-in {path}"
+
+
+# Repository path -> text. tools/bundle.py writes it into spawn.py from the
+# files themselves, which stay the only copy to edit; in the package, which
+# is never run, it stays empty. This assignment must stay the module's last.
+BUILTIN_FILES: dict[str, str] = {
+    'schemas/build.json': (
+        '{\n'
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",\n'
+        '  "$id": "spawn.py/build.json",\n'
+        '  "title": "The result of a build or change",\n'
+        '  "type": "object",\n'
+        '  "required": [\n'
+        '    "status",\n'
+        '    "summary"\n'
+        '  ],\n'
+        '  "properties": {\n'
+        '    "status": {\n'
+        '      "enum": [\n'
+        '        "success",\n'
+        '        "partial",\n'
+        '        "failed"\n'
+        '      ]\n'
+        '    },\n'
+        '    "summary": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "files_changed": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "string"\n'
+        '      }\n'
+        '    },\n'
+        '    "tests": {\n'
+        '      "type": "string"\n'
+        '    }\n'
+        '  },\n'
+        '  "additionalProperties": false\n'
+        '}\n'
+    ),
+    'schemas/design.json': (
+        '{\n'
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",\n'
+        '  "$id": "spawn.py/design.json",\n'
+        '  "title": "A software design",\n'
+        '  "type": "object",\n'
+        '  "required": [\n'
+        '    "summary",\n'
+        '    "components",\n'
+        '    "decisions"\n'
+        '  ],\n'
+        '  "properties": {\n'
+        '    "summary": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "components": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "object",\n'
+        '        "required": [\n'
+        '          "name",\n'
+        '          "responsibility"\n'
+        '        ],\n'
+        '        "properties": {\n'
+        '          "name": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "responsibility": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "interfaces": {\n'
+        '            "type": "array",\n'
+        '            "items": {\n'
+        '              "type": "string"\n'
+        '            },\n'
+        '            "description": "Functions, APIs, messages or files through which others use it."\n'
+        '          }\n'
+        '        },\n'
+        '        "additionalProperties": false\n'
+        '      }\n'
+        '    },\n'
+        '    "decisions": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "object",\n'
+        '        "required": [\n'
+        '          "decision",\n'
+        '          "rationale"\n'
+        '        ],\n'
+        '        "properties": {\n'
+        '          "decision": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "rationale": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "alternatives": {\n'
+        '            "type": "array",\n'
+        '            "items": {\n'
+        '              "type": "string"\n'
+        '            }\n'
+        '          }\n'
+        '        },\n'
+        '        "additionalProperties": false\n'
+        '      }\n'
+        '    },\n'
+        '    "risks": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "string"\n'
+        '      }\n'
+        '    }\n'
+        '  },\n'
+        '  "additionalProperties": false\n'
+        '}\n'
+    ),
+    'schemas/diagnosis.json': (
+        '{\n'
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",\n'
+        '  "$id": "spawn.py/diagnosis.json",\n'
+        '  "title": "A bug diagnosis",\n'
+        '  "type": "object",\n'
+        '  "required": [\n'
+        '    "symptom",\n'
+        '    "root_cause",\n'
+        '    "evidence",\n'
+        '    "confidence"\n'
+        '  ],\n'
+        '  "properties": {\n'
+        '    "symptom": {\n'
+        '      "type": "string",\n'
+        '      "description": "What goes wrong, as observed or reproduced."\n'
+        '    },\n'
+        '    "root_cause": {\n'
+        '      "type": "string",\n'
+        '      "description": "Why it goes wrong, naming the file and code responsible."\n'
+        '    },\n'
+        '    "evidence": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "string"\n'
+        '      },\n'
+        '      "description": "Reproductions, log lines, code references and experiments that support the roo'
+        't cause."\n'
+        '    },\n'
+        '    "fix": {\n'
+        '      "type": "string",\n'
+        '      "description": "The change that would remove the root cause (or was made, if allowed)."\n'
+        '    },\n'
+        '    "confidence": {\n'
+        '      "enum": [\n'
+        '        "low",\n'
+        '        "medium",\n'
+        '        "high"\n'
+        '      ]\n'
+        '    }\n'
+        '  },\n'
+        '  "additionalProperties": false\n'
+        '}\n'
+    ),
+    'schemas/docs.json': (
+        '{\n'
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",\n'
+        '  "$id": "spawn.py/docs.json",\n'
+        '  "title": "A documentation change",\n'
+        '  "type": "object",\n'
+        '  "required": [\n'
+        '    "summary",\n'
+        '    "files_changed"\n'
+        '  ],\n'
+        '  "properties": {\n'
+        '    "summary": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "files_changed": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "string"\n'
+        '      }\n'
+        '    },\n'
+        '    "gaps": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "string"\n'
+        '      },\n'
+        '      "description": "What is still undocumented, unclear or could not be verified."\n'
+        '    }\n'
+        '  },\n'
+        '  "additionalProperties": false\n'
+        '}\n'
+    ),
+    'schemas/findings.json': (
+        '{\n'
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",\n'
+        '  "$id": "spawn.py/findings.json",\n'
+        '  "title": "Research findings",\n'
+        '  "type": "object",\n'
+        '  "required": [\n'
+        '    "summary",\n'
+        '    "findings"\n'
+        '  ],\n'
+        '  "properties": {\n'
+        '    "summary": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "findings": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "object",\n'
+        '        "required": [\n'
+        '          "claim"\n'
+        '        ],\n'
+        '        "properties": {\n'
+        '          "claim": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "evidence": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "source": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "confidence": {\n'
+        '            "enum": [\n'
+        '              "low",\n'
+        '              "medium",\n'
+        '              "high"\n'
+        '            ]\n'
+        '          }\n'
+        '        },\n'
+        '        "additionalProperties": false\n'
+        '      }\n'
+        '    },\n'
+        '    "open_questions": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "string"\n'
+        '      }\n'
+        '    }\n'
+        '  },\n'
+        '  "additionalProperties": false\n'
+        '}\n'
+    ),
+    'schemas/plan.json': (
+        '{\n'
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",\n'
+        '  "$id": "spawn.py/plan.json",\n'
+        '  "title": "An implementation plan",\n'
+        '  "type": "object",\n'
+        '  "required": [\n'
+        '    "goal",\n'
+        '    "steps"\n'
+        '  ],\n'
+        '  "properties": {\n'
+        '    "goal": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "steps": {\n'
+        '      "type": "array",\n'
+        '      "minItems": 1,\n'
+        '      "items": {\n'
+        '        "type": "object",\n'
+        '        "required": [\n'
+        '          "title"\n'
+        '        ],\n'
+        '        "properties": {\n'
+        '          "title": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "files": {\n'
+        '            "type": "array",\n'
+        '            "items": {\n'
+        '              "type": "string"\n'
+        '            }\n'
+        '          },\n'
+        '          "detail": {\n'
+        '            "type": "string"\n'
+        '          }\n'
+        '        },\n'
+        '        "additionalProperties": false\n'
+        '      }\n'
+        '    },\n'
+        '    "risks": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "string"\n'
+        '      }\n'
+        '    }\n'
+        '  },\n'
+        '  "additionalProperties": false\n'
+        '}\n'
+    ),
+    'schemas/result.json': (
+        '{\n'
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",\n'
+        '  "$id": "spawn.py/result.json",\n'
+        '  "title": "stdout of a foreground run: one bounded JSON object",\n'
+        '  "type": "object",\n'
+        '  "required": [\n'
+        '    "id",\n'
+        '    "status",\n'
+        '    "exit_code",\n'
+        '    "reason",\n'
+        '    "output",\n'
+        '    "duration_s",\n'
+        '    "agent_dir",\n'
+        '    "outcome",\n'
+        '    "transcript"\n'
+        '  ],\n'
+        '  "properties": {\n'
+        '    "id": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "status": {\n'
+        '      "enum": [\n'
+        '        "done",\n'
+        '        "failed",\n'
+        '        "refused",\n'
+        '        "timeout",\n'
+        '        "killed",\n'
+        '        "interrupted"\n'
+        '      ]\n'
+        '    },\n'
+        '    "exit_code": {\n'
+        '      "type": "integer"\n'
+        '    },\n'
+        '    "reason": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "output": {\n'
+        '      "description": "Truncated past 16 KiB with a marker naming outcome.json."\n'
+        '    },\n'
+        '    "output_truncated": {\n'
+        '      "const": true\n'
+        '    },\n'
+        '    "validation_errors": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "string"\n'
+        '      }\n'
+        '    },\n'
+        '    "cost_usd": {\n'
+        '      "type": "number"\n'
+        '    },\n'
+        '    "duration_s": {\n'
+        '      "type": "number"\n'
+        '    },\n'
+        '    "agent_dir": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "outcome": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "transcript": {\n'
+        '      "type": "string"\n'
+        '    }\n'
+        '  },\n'
+        '  "additionalProperties": false\n'
+        '}\n'
+    ),
+    'schemas/review.json': (
+        '{\n'
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",\n'
+        '  "$id": "spawn.py/review.json",\n'
+        '  "title": "A code review",\n'
+        '  "type": "object",\n'
+        '  "required": [\n'
+        '    "verdict",\n'
+        '    "issues"\n'
+        '  ],\n'
+        '  "properties": {\n'
+        '    "verdict": {\n'
+        '      "enum": [\n'
+        '        "approve",\n'
+        '        "request_changes",\n'
+        '        "comment"\n'
+        '      ]\n'
+        '    },\n'
+        '    "issues": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "object",\n'
+        '        "required": [\n'
+        '          "severity",\n'
+        '          "description"\n'
+        '        ],\n'
+        '        "properties": {\n'
+        '          "severity": {\n'
+        '            "enum": [\n'
+        '              "blocker",\n'
+        '              "major",\n'
+        '              "minor",\n'
+        '              "nit"\n'
+        '            ]\n'
+        '          },\n'
+        '          "file": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "line": {\n'
+        '            "type": "integer"\n'
+        '          },\n'
+        '          "description": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "suggestion": {\n'
+        '            "type": "string"\n'
+        '          }\n'
+        '        },\n'
+        '        "additionalProperties": false\n'
+        '      }\n'
+        '    }\n'
+        '  },\n'
+        '  "additionalProperties": false\n'
+        '}\n'
+    ),
+    'schemas/summary.json': (
+        '{\n'
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",\n'
+        '  "$id": "spawn.py/summary.json",\n'
+        '  "title": "A short answer",\n'
+        '  "type": "object",\n'
+        '  "required": [\n'
+        '    "summary"\n'
+        '  ],\n'
+        '  "properties": {\n'
+        '    "summary": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "details": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "string"\n'
+        '      }\n'
+        '    }\n'
+        '  },\n'
+        '  "additionalProperties": false\n'
+        '}\n'
+    ),
+    'schemas/test-report.json': (
+        '{\n'
+        '  "$schema": "https://json-schema.org/draft/2020-12/schema",\n'
+        '  "$id": "spawn.py/test-report.json",\n'
+        '  "title": "A test run and the tests written for it",\n'
+        '  "type": "object",\n'
+        '  "required": [\n'
+        '    "status",\n'
+        '    "summary"\n'
+        '  ],\n'
+        '  "properties": {\n'
+        '    "status": {\n'
+        '      "enum": [\n'
+        '        "passed",\n'
+        '        "failed",\n'
+        '        "partial"\n'
+        '      ]\n'
+        '    },\n'
+        '    "summary": {\n'
+        '      "type": "string"\n'
+        '    },\n'
+        '    "tests_added": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "object",\n'
+        '        "required": [\n'
+        '          "file",\n'
+        '          "name"\n'
+        '        ],\n'
+        '        "properties": {\n'
+        '          "file": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "name": {\n'
+        '            "type": "string"\n'
+        '          }\n'
+        '        },\n'
+        '        "additionalProperties": false\n'
+        '      }\n'
+        '    },\n'
+        '    "failures": {\n'
+        '      "type": "array",\n'
+        '      "items": {\n'
+        '        "type": "object",\n'
+        '        "required": [\n'
+        '          "test",\n'
+        '          "message"\n'
+        '        ],\n'
+        '        "properties": {\n'
+        '          "test": {\n'
+        '            "type": "string"\n'
+        '          },\n'
+        '          "message": {\n'
+        '            "type": "string"\n'
+        '          }\n'
+        '        },\n'
+        '        "additionalProperties": false\n'
+        '      }\n'
+        '    }\n'
+        '  },\n'
+        '  "additionalProperties": false\n'
+        '}\n'
+    ),
+    '.claude/agents/architect.md': (
+        '---\n'
+        'name: architect\n'
+        'description: "Architecture and system design: design components, module boundaries, interfaces, APIs'
+        ' and data flow, and weigh trade-offs and alternatives for a new system or a large restructuring."\n'
+        'tools: Read, Grep, Glob\n'
+        'model: opus\n'
+        'schema: design\n'
+        'max_depth: 2\n'
+        'timeout: 1800\n'
+        '---\n'
+        'You are a software architect. You produce a design, not code and not a\n'
+        'step-by-step task list.\n'
+        '\n'
+        'How to work:\n'
+        '- Read the existing system first (Glob, Grep, Read): its modules, dependencies,\n'
+        '  data model, and the constraints it already imposes. Fit the design to it.\n'
+        '- Split the system into `components`, each with one clear `responsibility` and\n'
+        '  the `interfaces` (functions, APIs, messages, files) others use it through.\n'
+        '  Keep coupling low and data ownership unambiguous.\n'
+        '- Record every significant `decision` with its `rationale` and the\n'
+        '  `alternatives` you rejected, considering simplicity, performance, security,\n'
+        '  operability and cost of change.\n'
+        '- List `risks`: unknowns, scaling limits, migration pain, assumptions.\n'
+        '- Prefer the simplest design that meets the requirements; say what you left out.\n'
+        '\n'
+        'Nobody is watching: do not ask questions; choose the most reasonable reading of\n'
+        'the requirements and record your assumptions as risks.\n'
+        'If your spawn.py briefing says you have Bash and depth left, you may hand a\n'
+        'self-contained subtask to a child agent with the command it gives; otherwise do\n'
+        'all the work yourself.\n'
+        '\n'
+        'Finish by calling the StructuredOutput tool once with an object matching the\n'
+        '`design` schema. If no StructuredOutput tool exists, reply with that JSON object alone.\n'
+    ),
+    '.claude/agents/build.md': (
+        '---\n'
+        'name: build\n'
+        'description: "Implementation: implement, add, modify, refactor or migrate a feature in the source, t'
+        'hen build and lint it."\n'
+        'tools: Read, Edit, Write, Bash, Grep, Glob\n'
+        'model: sonnet\n'
+        'schema: build\n'
+        'max_depth: 2\n'
+        'timeout: 1800\n'
+        'permissions:\n'
+        '  deny:\n'
+        '    - "Bash(git push:*)"\n'
+        '    - "Bash(rm -rf:*)"\n'
+        '    - "Read(**/.env*)"\n'
+        '---\n'
+        'You are an implementation engineer. You make the requested change in the\n'
+        'repository and leave it working.\n'
+        '\n'
+        'How to work:\n'
+        '- Read the surrounding code first and follow its style, naming, error handling\n'
+        '  and structure. Prefer the smallest change that fully does the job.\n'
+        '- Edit existing files with Edit; create files with Write only when needed.\n'
+        "- After changing code, run the project's own checks with Bash (build, type\n"
+        '  check, linter, the relevant tests) and fix what you broke.\n'
+        '- Do not commit, push, delete unrelated files, or touch secrets or `.env` files.\n'
+        '  Stay inside the task: no drive-by refactors.\n'
+        '\n'
+        'Nobody is watching: do not ask questions; make reasonable assumptions and\n'
+        'mention them in the summary.\n'
+        'If your spawn.py briefing says you have Bash and depth left, you may hand a\n'
+        'self-contained subtask (e.g. a separate module, or research) to a child agent\n'
+        'with the command it gives; check its result before relying on it.\n'
+        '\n'
+        'Finish by calling the StructuredOutput tool once with an object matching the\n'
+        '`build` schema: `status` (success, partial or failed), `summary` (what changed\n'
+        'and why), `files_changed`, and `tests` (what you ran and its result).\n'
+        'If no StructuredOutput tool exists, reply with that JSON object alone.\n'
+    ),
+    '.claude/agents/code-reviewer.md': (
+        '---\n'
+        'name: code-reviewer\n'
+        'description: "Review: critique a diff, commit, branch or pull request for correctness, security, sty'
+        'le and maintainability, and give an approve or request-changes verdict."\n'
+        'tools: Read, Grep, Glob, Bash\n'
+        'model: sonnet\n'
+        'schema: review\n'
+        'max_depth: 2\n'
+        'timeout: 1800\n'
+        'permissions:\n'
+        '  allow:\n'
+        '    - "Bash(git diff:*)"\n'
+        '    - "Bash(git log:*)"\n'
+        '    - "Bash(git show:*)"\n'
+        '  deny:\n'
+        '    - "Read(**/.env*)"\n'
+        '    - "Bash(git push:*)"\n'
+        '---\n'
+        'You are a code reviewer. You judge a change; you do not modify it.\n'
+        '\n'
+        'How to work:\n'
+        '- Find the change under review (`git diff`, `git log`, `git show`, or the files\n'
+        '  named in the task), then Read enough surrounding code to understand its context\n'
+        '  and its callers.\n'
+        '- Look for, in order: bugs and wrong behaviour, security problems (injection,\n'
+        '  secrets, unsafe input), missing error handling, races, missing or weak tests,\n'
+        '  API and compatibility breaks, then readability and style.\n'
+        '- Report each issue with a `severity` (blocker, major, minor, nit), the `file`\n'
+        '  and `line`, a precise `description` and, where you can, a concrete `suggestion`.\n'
+        '  Do not pad the list: no issue without a real reason.\n'
+        '- `verdict`: request_changes if any blocker or major issue, approve if none,\n'
+        '  comment when you could not review enough to decide.\n'
+        '- Do not edit files, commit, push or check out other revisions.\n'
+        '\n'
+        'Nobody is watching: do not ask questions; review what you can find.\n'
+        'If your spawn.py briefing says you have Bash and depth left, you may hand a\n'
+        'self-contained subtask (e.g. reviewing one large file) to a child agent with the\n'
+        'command it gives; otherwise do all the work yourself.\n'
+        '\n'
+        'Finish by calling the StructuredOutput tool once with an object matching the\n'
+        '`review` schema. If no StructuredOutput tool exists, reply with that JSON object alone.\n'
+    ),
+    '.claude/agents/debugger.md': (
+        '---\n'
+        'name: debugger\n'
+        'description: "Debugging: diagnose a bug, crash, error message, exception, stack trace or regression,'
+        ' reproduce it and pinpoint its root cause."\n'
+        'tools: Read, Grep, Glob, Bash\n'
+        'model: sonnet\n'
+        'schema: diagnosis\n'
+        'max_depth: 2\n'
+        'timeout: 1800\n'
+        'permissions:\n'
+        '  allow:\n'
+        '    - "Bash(git diff:*)"\n'
+        '    - "Bash(git log:*)"\n'
+        '    - "Bash(git show:*)"\n'
+        '    - "Bash(git blame:*)"\n'
+        '  deny:\n'
+        '    - "Read(**/.env*)"\n'
+        '    - "Bash(git push:*)"\n'
+        '    - "Bash(rm -rf:*)"\n'
+        '---\n'
+        'You are a debugger. You find out why something goes wrong and say how to fix it.\n'
+        '\n'
+        'How to work:\n'
+        '- Pin down the `symptom` exactly: the error text, the input, expected versus\n'
+        '  actual behaviour.\n'
+        '- Reproduce it with Bash (run the failing command or test) before theorising.\n'
+        '- Trace from the symptom back to its cause: read the stack trace and the code it\n'
+        '  names, grep for the error message, check recent history with `git log` and\n'
+        '  `git blame`. Form a hypothesis, then test it with a targeted experiment.\n'
+        '- The `root_cause` must name the responsible code (`path:line`) and explain the\n'
+        '  mechanism, not just restate the symptom.\n'
+        '- Record each reproduction, log line and experiment in `evidence`.\n'
+        '- Describe the `fix` (the minimal change, as a patch sketch); do not edit the\n'
+        '  source files yourself. Temporary scratch files outside the repo are fine.\n'
+        '- `confidence`: high only if you reproduced the bug and confirmed the cause.\n'
+        '\n'
+        'Nobody is watching: do not ask questions; make reasonable assumptions and state them.\n'
+        'If your spawn.py briefing says you have Bash and depth left, you may hand a\n'
+        'self-contained subtask (e.g. checking one hypothesis) to a child agent with the\n'
+        'command it gives; otherwise do all the work yourself.\n'
+        '\n'
+        'Finish by calling the StructuredOutput tool once with an object matching the\n'
+        '`diagnosis` schema. If no StructuredOutput tool exists, reply with that JSON object alone.\n'
+    ),
+    '.claude/agents/documentation-writer.md': (
+        '---\n'
+        'name: documentation-writer\n'
+        'description: "Documentation: write or update the README, user guides, reference docs, docstrings, co'
+        'mments, changelog entries and usage examples."\n'
+        'tools: Read, Write, Edit, Grep, Glob\n'
+        'model: sonnet\n'
+        'schema: docs\n'
+        'max_depth: 2\n'
+        'timeout: 1800\n'
+        '---\n'
+        'You are a technical writer. You write documentation that is accurate to the\n'
+        'code as it is now.\n'
+        '\n'
+        'How to work:\n'
+        '- Read the code you document and the existing docs first; match their tone,\n'
+        '  structure, heading style and formatting conventions.\n'
+        '- Every command, option, default, path and example you write must be checked\n'
+        '  against the source. Never document behaviour you have not verified.\n'
+        '- Lead with what the reader needs: what it is, how to use it, a working example,\n'
+        '  then details and edge cases. Keep it short; prefer tables and examples to prose.\n'
+        '- Edit existing documents with Edit rather than rewriting them; change only\n'
+        '  documentation (docs, README, docstrings, comments), never program logic.\n'
+        '- Put what remains undocumented, unclear or unverifiable in `gaps`.\n'
+        '\n'
+        'Nobody is watching: do not ask questions; make reasonable assumptions and list\n'
+        'them as gaps.\n'
+        'If your spawn.py briefing says you have Bash and depth left, you may hand a\n'
+        'self-contained subtask to a child agent with the command it gives; otherwise do\n'
+        'all the work yourself.\n'
+        '\n'
+        'Finish by calling the StructuredOutput tool once with an object matching the\n'
+        '`docs` schema: `summary`, `files_changed` and `gaps`.\n'
+        'If no StructuredOutput tool exists, reply with that JSON object alone.\n'
+    ),
+    '.claude/agents/explore.md': (
+        '---\n'
+        'name: explore\n'
+        'description: "Read-only exploration: find, search, locate and explain code, files, symbols and how t'
+        'hings work in a codebase."\n'
+        'tools: Read, Grep, Glob\n'
+        'model: haiku\n'
+        'schema: findings\n'
+        'max_depth: 1\n'
+        'timeout: 600\n'
+        '---\n'
+        'You are a read-only code explorer. You answer questions about an existing codebase:\n'
+        'where something lives, what calls what, how a feature works, which files matter.\n'
+        '\n'
+        'How to work:\n'
+        '- Start broad with Glob and Grep (names, strings, imports), then Read only the\n'
+        '  files and line ranges that matter. Follow call chains to their ends.\n'
+        '- Never guess: every claim must rest on code you actually read. Cite it as\n'
+        "  `path:line` in the finding's `source`, and quote or paraphrase the decisive\n"
+        '  lines in `evidence`.\n'
+        '- Set `confidence` honestly: high when you read the code path end to end,\n'
+        '  low when you infer from names or partial reads.\n'
+        '- Put anything you could not settle in `open_questions` instead of speculating.\n'
+        '- You change nothing: no edits, no commands.\n'
+        '\n'
+        'Nobody is watching: do not ask questions; make reasonable assumptions and note them.\n'
+        'If your spawn.py briefing says you have Bash and depth left, you may hand a\n'
+        'self-contained subtask to a child agent with the command it gives; otherwise do\n'
+        'all the work yourself.\n'
+        '\n'
+        'Finish by calling the StructuredOutput tool once with an object matching the\n'
+        '`findings` schema: `summary` (the direct answer, a few sentences) and `findings`.\n'
+        'If no StructuredOutput tool exists, reply with that JSON object alone.\n'
+    ),
+    '.claude/agents/plan.md': (
+        '---\n'
+        'name: plan\n'
+        'description: "Planning: draft an ordered step-by-step plan that breaks a goal into small tasks, list'
+        'ing the paths each step touches and the risks, before any coding starts."\n'
+        'tools: Read, Grep, Glob\n'
+        'model: opus\n'
+        'schema: plan\n'
+        'max_depth: 2\n'
+        'timeout: 1800\n'
+        '---\n'
+        'You are an implementation planner. You turn a requested change into a concrete,\n'
+        'ordered plan that another agent can carry out step by step. You do not write code.\n'
+        '\n'
+        'How to work:\n'
+        '- Read the relevant code first (Glob, Grep, Read) so the plan fits what exists:\n'
+        '  its conventions, module boundaries, tests and build setup.\n'
+        '- State the `goal` in one or two sentences, as the finished result.\n'
+        '- Make each step small, verifiable and in dependency order. Give it a short\n'
+        '  imperative `title`, the exact `files` it touches (existing or new), and a\n'
+        '  `detail` saying what to change and how to check it worked (test, command).\n'
+        '- Include the steps for tests and docs, not just the code.\n'
+        '- List `risks`: breaking changes, migrations, unclear requirements, edge cases,\n'
+        '  and the assumptions you made.\n'
+        '\n'
+        'Nobody is watching: do not ask questions; choose the most reasonable reading of\n'
+        'the task and record your assumptions as risks.\n'
+        'If your spawn.py briefing says you have Bash and depth left, you may hand a\n'
+        'self-contained subtask to a child agent with the command it gives; otherwise do\n'
+        'all the work yourself.\n'
+        '\n'
+        'Finish by calling the StructuredOutput tool once with an object matching the\n'
+        '`plan` schema. If no StructuredOutput tool exists, reply with that JSON object alone.\n'
+    ),
+    '.claude/agents/test-engineer.md': (
+        '---\n'
+        'name: test-engineer\n'
+        'description: "Testing: create unit, integration and end-to-end tests, execute the test suite, measur'
+        'e coverage and report which tests pass or fail."\n'
+        'tools: Read, Write, Edit, Bash, Grep, Glob\n'
+        'model: sonnet\n'
+        'schema: test-report\n'
+        'max_depth: 2\n'
+        'timeout: 1800\n'
+        'permissions:\n'
+        '  allow:\n'
+        '    - "Bash(git diff:*)"\n'
+        '    - "Bash(git status:*)"\n'
+        '  deny:\n'
+        '    - "Read(**/.env*)"\n'
+        '    - "Bash(git push:*)"\n'
+        '    - "Bash(rm -rf:*)"\n'
+        '---\n'
+        'You are a test engineer. You write and run tests; you do not change the code\n'
+        'under test.\n'
+        '\n'
+        'How to work:\n'
+        "- Find the project's test framework, layout, fixtures and the command that runs\n"
+        '  the tests (CI config, noxfile, Makefile, pyproject, package.json) and follow them.\n'
+        '- Write focused tests: one behaviour each, clear names, the normal case, edge\n'
+        '  cases and error paths. No sleeps, no network, no dependence on test order.\n'
+        '- Run the tests you added and the affected part of the suite with Bash.\n'
+        '- If a test fails because of a bug in the code under test, keep the test, do\n'
+        '  not "fix" the code, and report the failure with its message.\n'
+        '- Do not commit or push.\n'
+        '\n'
+        'Nobody is watching: do not ask questions; make reasonable assumptions and state\n'
+        'them in the summary.\n'
+        'If your spawn.py briefing says you have Bash and depth left, you may hand a\n'
+        'self-contained subtask (e.g. tests for one module) to a child agent with the\n'
+        'command it gives; otherwise do all the work yourself.\n'
+        '\n'
+        'Finish by calling the StructuredOutput tool once with an object matching the\n'
+        '`test-report` schema: `status` (passed, failed or partial), `summary`,\n'
+        '`tests_added` (file, name) and `failures` (test, message).\n'
+        'If no StructuredOutput tool exists, reply with that JSON object alone.\n'
+    ),
+    'workflows/plan-build-explore.yaml': (
+        '# plan -> build -> explore over one state file (spawn.py run-all "TASK").\n'
+        '# Copy and change freely: any spawn option can go on a task or under defaults.\n'
+        'vars: {task: ""}\n'
+        'tasks:\n'
+        '  - id: plan\n'
+        '    agent: plan\n'
+        '    task: "Write an implementation plan for: {{var.task}}"\n'
+        '  - id: build\n'
+        '    agent: build\n'
+        '    task: "Carry out the plan below, step by step, and report the files you created and modified."\n'
+        '    blockedBy: [plan]\n'
+        '    ask: ["Write", "Edit(lines>50)", "Bash(rm:*)", "Bash(git rm:*)", "Bash(mv:*)", "Edit(**/pyprojec'
+        't.toml)", "Edit(**/package.json)", "Edit(**/requirements*.txt)", "Edit(**/Cargo.toml)", "Edit(**/go.'
+        'mod)"]\n'
+        '  - id: explore\n'
+        '    agent: explore\n'
+        '    task: "Explore the codebase after the change below: findings and recommendations."\n'
+        '    blockedBy: [build]\n'
+    ),
+    'workflows/plan-build.yaml': (
+        '# plan -> build over one state file. Copy and change freely; run it with\n'
+        '#   spawn.py run-plan-build "TASK"            (records results in .spawn-state.json)\n'
+        '#   spawn.py dag run workflows/plan-build.yaml --var task="TASK"   (graph only)\n'
+        '# Build asks before it creates or deletes a file, changes more than 50 lines (Edit(lines>50)) or tou'
+        'ches a dependency\n'
+        '# manifest: answer with `spawn.py approve|deny ASK_ID` (see `spawn.py status`).\n'
+        'vars: {task: ""}\n'
+        'tasks:\n'
+        '  - id: plan\n'
+        '    agent: plan\n'
+        '    task: "Write an implementation plan for: {{var.task}}"\n'
+        '  - id: build\n'
+        '    agent: build\n'
+        '    task: "Carry out the plan below, step by step, and report the files you created and modified."\n'
+        '    blockedBy: [plan]\n'
+        '    ask: ["Write", "Edit(lines>50)", "Bash(rm:*)", "Bash(git rm:*)", "Bash(mv:*)", "Edit(**/pyprojec'
+        't.toml)", "Edit(**/package.json)", "Edit(**/requirements*.txt)", "Edit(**/Cargo.toml)", "Edit(**/go.'
+        'mod)"]\n'
+    ),
+}
+# ==================== end src/spawnlib/embedded.py ====================
+
 # ==================== begin src/spawnlib/errors.py ====================
 
 
@@ -3591,6 +4464,7 @@ def _float_or_none(value: str | None) -> float | None:
 
 
 
+
 # ------------------------------------------------- agents and permissions --
 
 
@@ -3622,7 +4496,7 @@ class AgentDefinition:
     name: str
     path: str
     source: str
-    """project or user"""
+    """project, user or built-in"""
     description: str = ""
     prompt: str = ""
     tools: list[str] | None = None
@@ -3678,7 +4552,7 @@ class RuleSyntaxError(UsageError):
 
 class UnknownAgentDefinitionError(UsageError):
     def __init__(self, name: str, searched: Sequence[Path], known: Iterable[str] = ()) -> None:
-        where = ", ".join(str(p) for p in searched) or "(no .claude/agents directory found)"
+        where = ", ".join([*(str(p) for p in searched), "the built-in agents"])
         if hint := did_you_mean(name, known):
             super().__init__(f"no agent definition {name!r}{hint} (searched {where}; for a new one: 'spawn.py agents new {name}')")
         else:
@@ -4501,8 +5375,8 @@ def parse_definition(
         else:
             d.schema = schema
             if re.fullmatch(r"[A-Za-z0-9_.\-]+", schema) and not schema.endswith(".json"):
-                if not (SCHEMA_DIR / f"{schema}.json").is_file():
-                    problem("schema", f"schema {schema!r} is not in {SCHEMA_DIR}")
+                if not (SCHEMA_DIR / f"{schema}.json").is_file() and f"{schema}.json" not in builtin_files("schemas"):
+                    problem("schema", f"schema {schema!r} is neither in {SCHEMA_DIR} nor built in")
             elif not schema.lstrip().startswith(("{", "[")) and not Path(schema).expanduser().is_file():
                 problem("schema", f"schema file {schema} does not exist")
     for key, attr, maximum, integer, zero_ok in DEFINITION_NUMBERS:
@@ -4610,6 +5484,11 @@ def known_tools(environ: Mapping[str, str]) -> frozenset[str]:
     return frozenset(names)
 
 
+# The default agents spawn.py carries (the embedded module), listed with this source.
+BUILTIN_AGENTS = ".claude/agents"
+BUILTIN_SOURCE = "built-in"
+
+
 def agent_dirs_for(cwd: Path, environ: Mapping[str, str]) -> list[tuple[Path, str]]:
     """Where definitions live: the project's .claude/agents (nearest upwards), then the user's."""
     found: list[tuple[Path, str]] = []
@@ -4661,7 +5540,8 @@ def resolve_mcp_refs(d: AgentDefinition, environ: Mapping[str, str]) -> list[str
 
 
 def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, AgentDefinition], list[Problem]]:
-    """Every definition by name (the project's win over the user's), and the problems found."""
+    """Every definition by name (the project's win over the user's, the user's over
+    the built-in ones), and the problems found."""
     definitions: dict[str, AgentDefinition] = {}
     problems: list[Problem] = []
     tools = known_tools(environ)
@@ -4687,6 +5567,12 @@ def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, A
                 continue
             seen_here[d.name] = str(path)
             definitions.setdefault(d.name, d)
+    for name, text in builtin_files(BUILTIN_AGENTS).items():
+        if Path(name).stem not in definitions:  # a file's definition overrides a built-in one
+            d, found = parse_definition(text, builtin_label(f"{BUILTIN_AGENTS}/{name}"), BUILTIN_SOURCE, tools)
+            problems += found
+            if d is not None:
+                definitions.setdefault(d.name, d)
     return definitions, problems
 
 
@@ -5051,6 +5937,7 @@ def send_answer(session: Path, ask_id: str, verdict: str, by: str, text: str | N
 
 
 
+
 # ---------------------------------------------------------------- resolving --
 
 
@@ -5203,14 +6090,18 @@ def read_task(args: argparse.Namespace) -> str:
     return task
 
 
-# Schemas of spawn.py's own records in schemas/: not output schemas for an agent.
+# Schemas of spawn.py's own records in schemas/: not output schemas for an agent,
+# so neither listed as such nor built into spawn.py (tools/bundle.py reads this).
 RECORD_SCHEMAS = frozenset(
-    {"ask", "ask-answer", "heartbeat", "kill", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
-)
+    {
+        "ask", "ask-answer", "ask-attempt", "dag-journal-line", "forkserver-line", "heartbeat", "kill", "ledger-line", "limits",
+        "meta", "native-line", "outcome", "session", "state", "status", "transcript-line",
+    }
+)  # fmt: skip
 
 
 def load_schema(value: str) -> tuple[dict[str, Any], str]:
-    """A schema from NAME (schemas/NAME.json), a path, or inline JSON."""
+    """A schema from NAME (schemas/NAME.json beside the script, else built in), a path, or inline JSON."""
     text: str
     source: str
     stripped = value.strip()
@@ -5218,10 +6109,15 @@ def load_schema(value: str) -> tuple[dict[str, Any], str]:
         text, source = stripped, "inline"
     elif re.fullmatch(r"[A-Za-z0-9_.\-]+", stripped) and not stripped.endswith(".json"):
         path = SCHEMA_DIR / f"{stripped}.json"
-        if not path.is_file():
-            names = sorted(p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS) if SCHEMA_DIR.is_dir() else []
-            raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(names) or '(none)'}, a path, or inline JSON")
-        text, source = path.read_text(), str(path)
+        builtin = builtin_files("schemas")
+        if path.is_file():
+            text, source = path.read_text(), str(path)
+        elif f"{stripped}.json" in builtin:
+            text, source = builtin[f"{stripped}.json"], builtin_label(f"schemas/{stripped}.json")
+        else:
+            names = {p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS} if SCHEMA_DIR.is_dir() else set()
+            names |= {Path(name).stem for name in builtin}
+            raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(sorted(names)) or '(none)'}, a path, or inline JSON")
     else:
         path = Path(stripped).expanduser()
         try:
@@ -11092,6 +11988,7 @@ def kill_caller(environ: Mapping[str, str]) -> str:
 
 
 
+
 # ------------------------------------------------ task graphs and workflows --
 # `dag run FILE` registers itself as an agent node ("dag") and starts every
 # task as a background child of that node, through spawn.py's own CLI, so
@@ -11446,8 +12343,9 @@ def dag_from_text(text: str, source: str, variables: Mapping[str, str]) -> list[
     return parse_dag(data, variables, source, document_lines(text))
 
 
-def load_dag_file(path: str, cli_vars: Sequence[str]) -> list[DagTask]:
-    return dag_from_text(read_dag_text(path), path, dag_vars(cli_vars))
+def load_dag_file(path: str, cli_vars: Sequence[str], text: str | None = None) -> list[DagTask]:
+    """The tasks of the DAG file at path, or of text (a built-in workflow) named path."""
+    return dag_from_text(read_dag_text(path) if text is None else text, path, dag_vars(cli_vars))
 
 
 def journal_path(session: Path, runner_id: str) -> Path:
@@ -12066,10 +12964,20 @@ def phase_results(phase: str, output: Any, written: AbstractSet[str] = frozenset
     return {"findings": data.get("findings") or [], "recommendations": data.get("open_questions") or data.get("recommendations") or []}
 
 
+def workflow_file(verb: str) -> tuple[str, str | None]:
+    """The verb's workflow: workflows/NAME.yaml beside the script, else the built-in one (name, text)."""
+    name = f"{WORKFLOW_FOR[verb]}.yaml"
+    path = WORKFLOWS_DIR / name
+    builtin = builtin_files("workflows")
+    if path.is_file() or name not in builtin:
+        return str(path), None
+    return builtin_label(f"workflows/{name}"), builtin[name]
+
+
 def workflow_tasks(verb: str, args: argparse.Namespace, state: Mapping[str, Any]) -> list[DagTask]:
     """The shipped workflow's tasks for a verb: one phase alone, or the whole chain."""
-    path = WORKFLOWS_DIR / f"{WORKFLOW_FOR[verb]}.yaml"
-    tasks = load_dag_file(str(path), [f"task={args.task or state.get('taskDescription', '')}"])
+    path, text = workflow_file(verb)
+    tasks = load_dag_file(path, [f"task={args.task or state.get('taskDescription', '')}"], text)
     if verb in PHASES:
         (t,) = [t for t in tasks if t.id == verb]
         t.blocked_by = []
@@ -12162,7 +13070,7 @@ def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         "event": "graph",
         "time": utc_now_iso(),
         "runner_id": plan.meta.id,
-        "file": str(WORKFLOWS_DIR / f"{WORKFLOW_FOR[verb]}.yaml"),
+        "file": workflow_file(verb)[0],
     }
     graph.update(max_concurrent=1, fail_fast=on_fail == "abort", on_fail=on_fail, tasks=[record_to_json(t) for t in tasks])
     append_jsonl(journal, graph, plan.secrets)
@@ -12383,8 +13291,12 @@ def build_run_parser() -> Parser:
         metavar="TIER|ID",
         help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})",
     )
-    agent.add_argument("--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user); auto routes by description")
-    agent.add_argument("--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json, a file, or inline JSON")
+    agent.add_argument(
+        "--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user, then built in); auto routes by description"
+    )
+    agent.add_argument(
+        "--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json (else built in), a file, or inline JSON"
+    )
     agent.add_argument("--output", metavar="FILE", help="also write the validated output (or final text) to FILE")
     agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
     agent.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from PATH")
@@ -12480,7 +13392,10 @@ def build_verb_parser(verb: str) -> Parser:
         if verb == "approve":
             p.add_argument("--text", metavar="TEXT", help="the reply to an a2a node's input-required ask, sent to the remote agent")
     elif verb == "agents":
-        p.description = "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory) and ~/.claude/agents."
+        p.description = (
+            "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory), ~/.claude/agents,"
+            " then the built-in defaults, which a file of the same name overrides."
+        )
         sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
         listing = sub.add_parser("list", help="name, source, tools and description of every definition")
         listing.add_argument("--json", action="store_true")

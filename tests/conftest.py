@@ -143,6 +143,13 @@ def metas(session_root: Path) -> dict[str, dict[str, Any]]:
     return {d.name: load(d / "meta.json") for d in agent_dirs(session_root) if (d / "meta.json").exists()}
 
 
+def listed_agents(env: Mapping[str, str], cwd: Path, *, builtin: bool = False) -> list[dict[str, Any]]:
+    """`agents list --json` run in cwd: the definitions from files, or with builtin the built-in ones too."""
+    rows = stdout_json(run_spawn(["agents", "list", "--json"], env, cwd=cwd))["agents"]
+    assert isinstance(rows, list)
+    return [row for row in rows if builtin or row["source"] != "built-in"]
+
+
 def write_agent(project: Path, name: str, frontmatter: str, body: str = "You are a test agent.") -> Path:
     """An agent file in project/.claude/agents; `name: NAME` comes first unless the frontmatter names one."""
     folder = project / ".claude" / "agents"

@@ -246,6 +246,9 @@ def test_card_lists_the_agent_definitions_as_skills(serve: Callable[..., Served]
             assert one.supported_interfaces[0].url == f"{served.url}/agents/greeter"
             missing = await http.get(f"{served.url}/agents/nobody/.well-known/agent-card.json")
             assert missing.status_code == 404
+            # spawn.py's built-in agents are not served: only the project's files are.
+            builtin = await http.get(f"{served.url}/agents/build/.well-known/agent-card.json")
+            assert builtin.status_code == 404
 
     run(body)
 

@@ -16,6 +16,7 @@ import pytest
 from conftest import (
     ROOT,
     agent_dirs,
+    listed_agents,
     load,
     mock_task,
     run_spawn,
@@ -266,8 +267,7 @@ def test_agents_list_new_and_lint(base_env: dict[str, str], project: Path) -> No
     assert path.exists()
     assert run_spawn(["agents", "new", "helper"], base_env, cwd=project).returncode == spawn.ExitCode.USAGE
     assert run_spawn(["agents", "lint"], base_env, cwd=project).returncode == spawn.ExitCode.OK
-    listed = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project))
-    assert [a["name"] for a in listed["agents"]] == ["helper"]
+    assert [a["name"] for a in listed_agents(base_env, project)] == ["helper"]
     write_agent(project, "broken", "description: x\ntools: Read, Teleport\nschema: nope\ncolour: red")
     (project / ".claude" / "agents" / "badyaml.md").write_text("---\nname: badyaml\ndescription: [unclosed\n---\nbody\n")
     lint = run_spawn(["agents", "lint"], base_env, cwd=project)
@@ -292,7 +292,7 @@ def test_project_definition_wins_over_user(base_env: dict[str, str], project: Pa
     home = Path(base_env["HOME"])
     write_agent(home, "twin", "description: from the user")
     write_agent(project, "twin", "description: from the project")
-    rows = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project / "src"))["agents"]
+    rows = listed_agents(base_env, project / "src")
     assert [(r["name"], r["source"], r["description"]) for r in rows] == [("twin", "project", "from the project")]
 
 

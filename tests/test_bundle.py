@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import spawn
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "spawnlib"
 
@@ -22,10 +24,12 @@ def bundler(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def copy_of_the_project(tmp_path: Path) -> Path:
-    """tools/bundle.py, src/spawnlib and spawn.py, as the checkout has them."""
+    """tools/bundle.py, src/spawnlib, the files spawn.py embeds and spawn.py, as the checkout has them."""
     (tmp_path / "tools").mkdir()
     shutil.copy2(ROOT / "tools" / "bundle.py", tmp_path / "tools")
     shutil.copytree(PACKAGE, tmp_path / "src" / "spawnlib", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in ("schemas", ".claude/agents", "workflows"):
+        shutil.copytree(ROOT / folder, tmp_path / folder)
     shutil.copy2(ROOT / "spawn.py", tmp_path)
     return tmp_path
 
@@ -55,6 +59,37 @@ def test_the_same_package_gives_the_same_bytes(tmp_path: Path) -> None:
     (root / "spawn.py").unlink()
     assert bundler(root).returncode == 0
     assert (root / "spawn.py").read_bytes() == first == (ROOT / "spawn.py").read_bytes()
+
+
+def test_a_changed_builtin_file_makes_spawn_py_stale(tmp_path: Path) -> None:
+    """The texts spawn.py carries are written from the files: a changed schema, agent or workflow is a stale spawn.py."""
+    root = copy_of_the_project(tmp_path)
+    for path in (root / "schemas" / "findings.json", root / ".claude" / "agents" / "plan.md", root / "workflows" / "plan-build.yaml"):
+        path.write_text(path.read_text() + "\n")
+        stale = bundler(root, "--check")
+        assert stale.returncode == 1, path
+        assert stale.stderr.startswith("bundle: error: spawn.py is not what src/spawnlib gives")
+        assert bundler(root).returncode == 0
+        assert bundler(root, "--check").returncode == 0
+
+
+def test_spawn_py_carries_the_output_schemas_agents_and_workflows_but_no_record_schema() -> None:
+    """Unit test of the generated BUILTIN_FILES: each text is its file's, in a fixed order."""
+    files = [p for p in sorted((ROOT / "schemas").glob("*.json")) if p.stem not in spawn.RECORD_SCHEMAS]
+    files += sorted((ROOT / ".claude" / "agents").glob("*.md")) + sorted((ROOT / "workflows").glob("*.yaml"))
+    assert list(spawn.BUILTIN_FILES) == [p.relative_to(ROOT).as_posix() for p in files]
+    assert all(spawn.BUILTIN_FILES[p.relative_to(ROOT).as_posix()] == p.read_text() for p in files)
+    assert {"findings.json", "review.json", "plan.json"} <= set(spawn.builtin_files("schemas"))
+    assert not set(spawn.builtin_files("schemas")) & {f"{name}.json" for name in spawn.RECORD_SCHEMAS}
+
+
+def test_the_embedded_module_must_end_with_its_placeholder(tmp_path: Path) -> None:
+    root = copy_of_the_project(tmp_path)
+    with (root / "src" / "spawnlib" / "embedded.py").open("a") as fh:
+        fh.write("\nLATER = 1\n")
+    proc = bundler(root)
+    assert proc.returncode == 2
+    assert "src/spawnlib/embedded.py must end with `BUILTIN_FILES: dict[str, str] = {}`" in proc.stderr
 
 
 def test_two_modules_that_define_one_name_are_refused(tmp_path: Path) -> None:

@@ -17,7 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FAKE_API_KEY, ROOT, SPAWN, agent_dirs, load, mock_task, run_spawn, stdout_json, validate_records, write_agent
+from conftest import (
+    FAKE_API_KEY,
+    ROOT,
+    SPAWN,
+    agent_dirs,
+    listed_agents,
+    load,
+    mock_task,
+    run_spawn,
+    stdout_json,
+    validate_records,
+    write_agent,
+)
 from mock_model import serve
 
 import spawn
@@ -103,8 +115,7 @@ def test_agents_in_subfolders_are_found_and_readmes_skipped(base_env: dict[str, 
     folder.mkdir()
     (folder / "style-checker.md").write_text("---\nname: style-checker\ndescription: Checks style\n---\nBody\n")
     (project / ".claude" / "agents" / "README.md").write_text("# My agents\n")
-    listed = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project))
-    assert [a["name"] for a in listed["agents"]] == ["style-checker"]
+    assert [a["name"] for a in listed_agents(base_env, project)] == ["style-checker"]
     lint = run_spawn(["agents", "lint"], base_env, cwd=project)
     assert lint.returncode == spawn.ExitCode.OK, lint.stdout
     assert "README.md:1: warning: no frontmatter" in lint.stdout
@@ -119,8 +130,7 @@ def test_unknown_field_never_stops_a_run(base_env: dict[str, str], project: Path
     proc = run_spawn(["--dry-run", "--agent", "odd", "--task", "hi"], base_env, cwd=project)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert json.loads(proc.stdout)["agent"] == "odd"
-    listed = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project))
-    assert [a["name"] for a in listed["agents"]] == ["odd"]
+    assert [a["name"] for a in listed_agents(base_env, project)] == ["odd"]
 
 
 @pytest.mark.parametrize("project_dir", FIXTURE_PROJECTS, ids=lambda p: p.name)
@@ -129,8 +139,7 @@ def test_every_fixture_agent_loads_lints_clean_and_dry_runs(base_env: dict[str, 
     lint = run_spawn(["agents", "lint"], base_env, cwd=project_dir)
     assert lint.returncode == spawn.ExitCode.OK, lint.stdout
     assert ": error:" not in lint.stdout
-    listed = stdout_json(run_spawn(["agents", "list", "--json"], base_env, cwd=project_dir))
-    assert sorted(a["name"] for a in listed["agents"]) == sorted(f.stem for f in files)
+    assert sorted(a["name"] for a in listed_agents(base_env, project_dir)) == sorted(f.stem for f in files)
     for path in files:
         proc = run_spawn(["--dry-run", "--agent", path.stem, "--task", "check it"], base_env, cwd=project_dir)
         assert proc.returncode == spawn.ExitCode.OK, (path.name, proc.stderr)

@@ -439,9 +439,17 @@ class Spawner:
         return session_files.cli_json(*await self.run(*args, stdin=stdin, env=env), ok)
 
     async def agents(self) -> list[dict[str, Any]]:
-        """The skills served: the definitions `agents list` shows, under a plain name each."""
+        """The skills served: the definition files `agents list` shows, under a plain name each.
+
+        Not spawn.py's built-in agents: a project serves what its own files
+        (or its user's) define, and a remote caller gets nothing more.
+        """
         data = await self.run_json("agents", "list", "--json")
-        return [a for a in data.get("agents", []) if isinstance(a, dict) and isinstance(a.get("name"), str) and is_skill_name(a["name"])]
+        return [
+            a
+            for a in data.get("agents", [])
+            if isinstance(a, dict) and isinstance(a.get("name"), str) and is_skill_name(a["name"]) and a.get("source") != "built-in"
+        ]
 
     async def served_skill(self, requested: str, task: str) -> str:
         """The listed skill a message runs; BadMetadata, with nothing started, for anything else.

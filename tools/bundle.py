@@ -18,6 +18,11 @@ Every line of a module keeps its own line in spawn.py: its imports become
 blank lines (relative ones name nothing in one namespace; the others are in
 the combined block), so spawn.py's line N maps back by an offset.
 
+The embedded module ends in the placeholder `BUILTIN_FILES: dict[str, str] = {}`,
+which the bundler fills with the texts of the files spawn.py ships built in
+(EMBEDDED_FOLDERS: the output schemas, the default agents, the workflows), so
+a changed file there makes spawn.py stale too.
+
 Standard library only, deterministic: the same package always gives the same
 bytes.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import re
 import sys
@@ -40,9 +46,11 @@ TARGET = ROOT / "spawn.py"
 # import time (a function body may name anything: the whole file is defined by
 # the time main() runs).
 STAND_IN = "standin"  # runs before the combined imports: keeps its own
+EMBEDDED = "embedded"  # ends in the placeholder the bundler fills
 MODULES = (
     STAND_IN,
     "constants",
+    EMBEDDED,
     "errors",
     "records",
     "core",
@@ -65,6 +73,12 @@ BEGIN = "# " + "=" * 20 + " begin {path} " + "=" * 20 + "\n"
 END = "# " + "=" * 20 + " end {path} " + "=" * 20 + "\n"
 IMPORTS_BANNER = "# " + "=" * 20 + " imports of every module " + "=" * 20 + "\n"
 LINE_LENGTH = 140  # ruff.toml's
+# What spawn.py carries built in: (folder, file pattern). The schemas named in
+# the package's RECORD_SCHEMAS describe spawn.py's own records, which an agent
+# never answers with: those stay out.
+EMBEDDED_FOLDERS = (("schemas", "*.json"), (".claude/agents", "*.md"), ("workflows", "*.yaml"))
+PLACEHOLDER = "BUILTIN_FILES"
+EMBEDDED_CHUNK = 100  # characters of a file per string literal: its lines stay under LINE_LENGTH
 
 
 class BundleError(Exception):
@@ -214,6 +228,60 @@ def import_block(imports: Imports, already: set[str]) -> list[str]:
     return block
 
 
+def record_schemas(modules: list[Module]) -> frozenset[str]:
+    """The package's RECORD_SCHEMAS: `frozenset({...})` of string literals, wherever it is defined."""
+    for module in modules:
+        for node in ast.parse("".join(module.lines)).body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["RECORD_SCHEMAS"]:
+                value = node.value
+                if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "frozenset" and len(value.args) == 1:
+                    with contextlib.suppress(ValueError):
+                        names = ast.literal_eval(value.args[0])
+                        if isinstance(names, set) and all(isinstance(n, str) for n in names):
+                            return frozenset(names)
+                raise BundleError(f"{relative(module.path)}:{node.lineno}: RECORD_SCHEMAS must be frozenset({{...}}) of names")
+    raise BundleError("no module defines RECORD_SCHEMAS: the bundler needs it to leave the record schemas out")
+
+
+def embedded_files(records: frozenset[str]) -> dict[str, str]:
+    """What spawn.py carries built in, by repository path, in a fixed order."""
+    files: dict[str, str] = {}
+    for folder, pattern in EMBEDDED_FOLDERS:
+        for path in sorted((ROOT / folder).glob(pattern)):
+            if folder == "schemas" and path.stem in records:
+                continue
+            files[relative(path)] = path.read_text()
+    return files
+
+
+def placeholder_line(module: Module) -> int:
+    """The 0-based line where the embedded module's closing placeholder starts."""
+    last = ast.parse("".join(module.lines)).body[-1]
+    target = last.target if isinstance(last, ast.AnnAssign) else None
+    value = last.value if isinstance(last, ast.AnnAssign) else None
+    if not (isinstance(target, ast.Name) and target.id == PLACEHOLDER and isinstance(value, ast.Dict) and not value.keys):
+        raise BundleError(f"{relative(module.path)} must end with `{PLACEHOLDER}: dict[str, str] = {{}}`, which the bundler fills")
+    if last.end_lineno != len(module.lines):
+        raise BundleError(f"{relative(module.path)}:{last.end_lineno}: nothing may follow the {PLACEHOLDER} placeholder")
+    return last.lineno - 1
+
+
+def embedded_literal(files: dict[str, str]) -> list[str]:
+    """The filled placeholder: each file as implicitly joined literals of at most EMBEDDED_CHUNK characters."""
+    out = [f"{PLACEHOLDER}: dict[str, str] = {{\n"]
+    for path, text in files.items():
+        chunks = [part for line in text.splitlines(keepends=True) for part in split_chunks(line)]
+        out.append(f"    {path!r}: (\n")
+        out += [f"        {chunk!r}\n" for chunk in chunks] or ['        ""\n']
+        out.append("    ),\n")
+    out.append("}\n")
+    return out
+
+
+def split_chunks(line: str) -> list[str]:
+    return [line[i : i + EMBEDDED_CHUNK] for i in range(0, len(line), EMBEDDED_CHUNK)]
+
+
 @dataclass
 class Bundle:
     text: str
@@ -245,8 +313,12 @@ def bundle() -> Bundle:
         path = relative(module.path)
         out += ["\n", BEGIN.format(path=path)]
         first = sum(chunk.count("\n") for chunk in out) + 1
-        out += ["\n" if i in module.blank else line for i, line in enumerate(module.lines)]
-        spans.append((first, len(module.lines), module))
+        # The embedded module's placeholder is filled: its text is the bundler's own.
+        kept = placeholder_line(module) if module.name == EMBEDDED else len(module.lines)
+        out += ["\n" if i in module.blank else line for i, line in enumerate(module.lines[:kept])]
+        spans.append((first, kept, module))
+        if module.name == EMBEDDED:
+            out += embedded_literal(embedded_files(record_schemas(modules)))
         out.append(END.format(path=path))
     text = "".join(out)
     return Bundle(text, spans)

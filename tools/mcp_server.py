@@ -639,7 +639,7 @@ def build_server(spawner: Spawner) -> MCPServer:
     @server.tool()
     @spawn_errors_as_results
     async def list_agents() -> Annotated[CallToolResult, AgentsResult]:
-        """The agent definitions (.claude/agents/*.md) spawn_agent's `agent` can name: name, description, tools."""
+        """The agent definitions (.claude/agents/*.md, then spawn.py's built-in ones) spawn_agent's `agent` can name."""
         data = await spawner.run_json("agents", "list", "--json")
         names = ", ".join(a.get("name", "?") for a in data.get("agents", []))
         return tool_result(f"{len(data.get('agents', []))} agent definitions: {names or 'none'}", data)

@@ -31,6 +31,7 @@ from .constants import (
     SPAWN_AGENT_FIELDS,
 )
 from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, claude_config_dir, number_problem
+from .embedded import builtin_files, builtin_label
 from .errors import InputError, UsageError, did_you_mean
 from .executors import parse_node_fields
 from .protocol import load_input, parse_json, read_input, write_file_atomic
@@ -66,7 +67,7 @@ class AgentDefinition:
     name: str
     path: str
     source: str
-    """project or user"""
+    """project, user or built-in"""
     description: str = ""
     prompt: str = ""
     tools: list[str] | None = None
@@ -122,7 +123,7 @@ class RuleSyntaxError(UsageError):
 
 class UnknownAgentDefinitionError(UsageError):
     def __init__(self, name: str, searched: Sequence[Path], known: Iterable[str] = ()) -> None:
-        where = ", ".join(str(p) for p in searched) or "(no .claude/agents directory found)"
+        where = ", ".join([*(str(p) for p in searched), "the built-in agents"])
         if hint := did_you_mean(name, known):
             super().__init__(f"no agent definition {name!r}{hint} (searched {where}; for a new one: 'spawn.py agents new {name}')")
         else:
@@ -945,8 +946,8 @@ def parse_definition(
         else:
             d.schema = schema
             if re.fullmatch(r"[A-Za-z0-9_.\-]+", schema) and not schema.endswith(".json"):
-                if not (SCHEMA_DIR / f"{schema}.json").is_file():
-                    problem("schema", f"schema {schema!r} is not in {SCHEMA_DIR}")
+                if not (SCHEMA_DIR / f"{schema}.json").is_file() and f"{schema}.json" not in builtin_files("schemas"):
+                    problem("schema", f"schema {schema!r} is neither in {SCHEMA_DIR} nor built in")
             elif not schema.lstrip().startswith(("{", "[")) and not Path(schema).expanduser().is_file():
                 problem("schema", f"schema file {schema} does not exist")
     for key, attr, maximum, integer, zero_ok in DEFINITION_NUMBERS:
@@ -1054,6 +1055,11 @@ def known_tools(environ: Mapping[str, str]) -> frozenset[str]:
     return frozenset(names)
 
 
+# The default agents spawn.py carries (the embedded module), listed with this source.
+BUILTIN_AGENTS = ".claude/agents"
+BUILTIN_SOURCE = "built-in"
+
+
 def agent_dirs_for(cwd: Path, environ: Mapping[str, str]) -> list[tuple[Path, str]]:
     """Where definitions live: the project's .claude/agents (nearest upwards), then the user's."""
     found: list[tuple[Path, str]] = []
@@ -1105,7 +1111,8 @@ def resolve_mcp_refs(d: AgentDefinition, environ: Mapping[str, str]) -> list[str
 
 
 def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, AgentDefinition], list[Problem]]:
-    """Every definition by name (the project's win over the user's), and the problems found."""
+    """Every definition by name (the project's win over the user's, the user's over
+    the built-in ones), and the problems found."""
     definitions: dict[str, AgentDefinition] = {}
     problems: list[Problem] = []
     tools = known_tools(environ)
@@ -1131,6 +1138,12 @@ def load_definitions(cwd: Path, environ: Mapping[str, str]) -> tuple[dict[str, A
                 continue
             seen_here[d.name] = str(path)
             definitions.setdefault(d.name, d)
+    for name, text in builtin_files(BUILTIN_AGENTS).items():
+        if Path(name).stem not in definitions:  # a file's definition overrides a built-in one
+            d, found = parse_definition(text, builtin_label(f"{BUILTIN_AGENTS}/{name}"), BUILTIN_SOURCE, tools)
+            problems += found
+            if d is not None:
+                definitions.setdefault(d.name, d)
     return definitions, problems
 
 

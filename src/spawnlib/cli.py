@@ -161,8 +161,12 @@ def build_run_parser() -> Parser:
         metavar="TIER|ID",
         help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})",
     )
-    agent.add_argument("--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user); auto routes by description")
-    agent.add_argument("--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json, a file, or inline JSON")
+    agent.add_argument(
+        "--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user, then built in); auto routes by description"
+    )
+    agent.add_argument(
+        "--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json (else built in), a file, or inline JSON"
+    )
     agent.add_argument("--output", metavar="FILE", help="also write the validated output (or final text) to FILE")
     agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
     agent.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from PATH")
@@ -258,7 +262,10 @@ def build_verb_parser(verb: str) -> Parser:
         if verb == "approve":
             p.add_argument("--text", metavar="TEXT", help="the reply to an a2a node's input-required ask, sent to the remote agent")
     elif verb == "agents":
-        p.description = "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory) and ~/.claude/agents."
+        p.description = (
+            "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory), ~/.claude/agents,"
+            " then the built-in defaults, which a file of the same name overrides."
+        )
         sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
         listing = sub.add_parser("list", help="name, source, tools and description of every definition")
         listing.add_argument("--json", action="store_true")

@@ -34,6 +34,7 @@ from .constants import (
     SCRIPT_DIR,
 )
 from .core import estimate_agent, secret_values, truncate_for_stdout, utc_now_iso
+from .embedded import builtin_files, builtin_label
 from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError, close_match
 from .fast_start import compiled_script
 from .processes import ancestry_context, own_identity, unregister_runner
@@ -418,8 +419,9 @@ def dag_from_text(text: str, source: str, variables: Mapping[str, str]) -> list[
     return parse_dag(data, variables, source, document_lines(text))
 
 
-def load_dag_file(path: str, cli_vars: Sequence[str]) -> list[DagTask]:
-    return dag_from_text(read_dag_text(path), path, dag_vars(cli_vars))
+def load_dag_file(path: str, cli_vars: Sequence[str], text: str | None = None) -> list[DagTask]:
+    """The tasks of the DAG file at path, or of text (a built-in workflow) named path."""
+    return dag_from_text(read_dag_text(path) if text is None else text, path, dag_vars(cli_vars))
 
 
 def journal_path(session: Path, runner_id: str) -> Path:
@@ -1038,10 +1040,20 @@ def phase_results(phase: str, output: Any, written: AbstractSet[str] = frozenset
     return {"findings": data.get("findings") or [], "recommendations": data.get("open_questions") or data.get("recommendations") or []}
 
 
+def workflow_file(verb: str) -> tuple[str, str | None]:
+    """The verb's workflow: workflows/NAME.yaml beside the script, else the built-in one (name, text)."""
+    name = f"{WORKFLOW_FOR[verb]}.yaml"
+    path = WORKFLOWS_DIR / name
+    builtin = builtin_files("workflows")
+    if path.is_file() or name not in builtin:
+        return str(path), None
+    return builtin_label(f"workflows/{name}"), builtin[name]
+
+
 def workflow_tasks(verb: str, args: argparse.Namespace, state: Mapping[str, Any]) -> list[DagTask]:
     """The shipped workflow's tasks for a verb: one phase alone, or the whole chain."""
-    path = WORKFLOWS_DIR / f"{WORKFLOW_FOR[verb]}.yaml"
-    tasks = load_dag_file(str(path), [f"task={args.task or state.get('taskDescription', '')}"])
+    path, text = workflow_file(verb)
+    tasks = load_dag_file(path, [f"task={args.task or state.get('taskDescription', '')}"], text)
     if verb in PHASES:
         (t,) = [t for t in tasks if t.id == verb]
         t.blocked_by = []
@@ -1134,7 +1146,7 @@ def cmd_workflow(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         "event": "graph",
         "time": utc_now_iso(),
         "runner_id": plan.meta.id,
-        "file": str(WORKFLOWS_DIR / f"{WORKFLOW_FOR[verb]}.yaml"),
+        "file": workflow_file(verb)[0],
     }
     graph.update(max_concurrent=1, fail_fast=on_fail == "abort", on_fail=on_fail, tasks=[record_to_json(t) for t in tasks])
     append_jsonl(journal, graph, plan.secrets)

@@ -76,6 +76,7 @@ from .core import (
     slugify,
     utc_now_iso,
 )
+from .embedded import builtin_files, builtin_label
 from .errors import RefusedError, SpawnError, StateError, UsageError
 from .executors import executor_for, node_of_definition, parse_reference
 from .processes import (
@@ -263,14 +264,18 @@ def read_task(args: argparse.Namespace) -> str:
     return task
 
 
-# Schemas of spawn.py's own records in schemas/: not output schemas for an agent.
+# Schemas of spawn.py's own records in schemas/: not output schemas for an agent,
+# so neither listed as such nor built into spawn.py (tools/bundle.py reads this).
 RECORD_SCHEMAS = frozenset(
-    {"ask", "ask-answer", "heartbeat", "kill", "ledger-line", "limits", "meta", "outcome", "session", "status", "transcript-line"}
-)
+    {
+        "ask", "ask-answer", "ask-attempt", "dag-journal-line", "forkserver-line", "heartbeat", "kill", "ledger-line", "limits",
+        "meta", "native-line", "outcome", "session", "state", "status", "transcript-line",
+    }
+)  # fmt: skip
 
 
 def load_schema(value: str) -> tuple[dict[str, Any], str]:
-    """A schema from NAME (schemas/NAME.json), a path, or inline JSON."""
+    """A schema from NAME (schemas/NAME.json beside the script, else built in), a path, or inline JSON."""
     text: str
     source: str
     stripped = value.strip()
@@ -278,10 +283,15 @@ def load_schema(value: str) -> tuple[dict[str, Any], str]:
         text, source = stripped, "inline"
     elif re.fullmatch(r"[A-Za-z0-9_.\-]+", stripped) and not stripped.endswith(".json"):
         path = SCHEMA_DIR / f"{stripped}.json"
-        if not path.is_file():
-            names = sorted(p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS) if SCHEMA_DIR.is_dir() else []
-            raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(names) or '(none)'}, a path, or inline JSON")
-        text, source = path.read_text(), str(path)
+        builtin = builtin_files("schemas")
+        if path.is_file():
+            text, source = path.read_text(), str(path)
+        elif f"{stripped}.json" in builtin:
+            text, source = builtin[f"{stripped}.json"], builtin_label(f"schemas/{stripped}.json")
+        else:
+            names = {p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS} if SCHEMA_DIR.is_dir() else set()
+            names |= {Path(name).stem for name in builtin}
+            raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(sorted(names)) or '(none)'}, a path, or inline JSON")
     else:
         path = Path(stripped).expanduser()
         try:
