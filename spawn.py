@@ -3974,6 +3974,30 @@ def search_reaches(rule: Rule, tool: str, tool_input: Mapping[str, Any], cwd: st
     return any(protected == root or protected.startswith(root.rstrip("/") + "/") for root in tool_paths(tool, tool_input, cwd))
 
 
+def kept_by_spawn_py(tool: str, tool_input: Mapping[str, Any], cwd: str, kept: Sequence[str], exempt: Sequence[str]) -> str | None:
+    """The folder of spawn.py's own (kept: the session, the compiled copies'
+    cache) that an Edit or Write call would write in, or None.
+
+    No rule of a user's can grant these: every record there is trusted by
+    other agents, and a copy there is run by every agent of every tree. An
+    agent's own scratch/ and worktree are exempt; a link from them into a
+    kept folder is not (tool_paths checks the resolved spelling too).
+    """
+    if canonical_tool(tool) not in EDIT_TOOLS:
+        return None
+
+    def inside(path: str, folder: str) -> bool:
+        return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+    for path in tool_paths(tool, tool_input, cwd):
+        if any(inside(path, e) for e in exempt):
+            continue
+        for folder in kept:
+            if inside(path, folder):
+                return folder
+    return None
+
+
 def settings_files(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
     """Claude Code's settings files that hold a user's permission rules, lowest precedence first."""
     config = Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
@@ -6342,6 +6366,8 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
 
 
 
+
+
 # ------------------------------------------------------------ the CLI's start --
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
@@ -6748,13 +6774,23 @@ class PermissionGate:
         """Appended to on every ask answered no (the run's RunState.denied_asks)."""
         self.rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in PERMISSION_KINDS))
         self.home = os.environ.get("HOME") or str(Path.home())
+        # Both spellings of each: tool_paths gives a path as written and as resolved.
+        folders = (meta.session, str(cache_dir(os.environ)))
+        self.kept = list(dict.fromkeys([*folders, *map(os.path.realpath, folders)]))
+        own = (str(agent_dir / SCRATCH_DIR), str(agent_dir / "worktree"))
+        self.own = list(dict.fromkeys([*own, *map(os.path.realpath, own)]))
         # What the agent's Bash inherits: the CLI gets os.environ plus this.
         self.shell_env = {**os.environ, **child_environment(meta, agent_dir)}
 
     async def pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
         tool = str(hook_input.get("tool_name", ""))
         tool_input = hook_input.get("tool_input") or {}
-        verdict, rule = decide(tool, tool_input, self.rules, self.meta.tools, cwd=self.meta.cwd, home=self.home, environ=self.shell_env)
+        kept = kept_by_spawn_py(tool, tool_input, self.meta.cwd, self.kept, self.own)
+        rule: str | None
+        if kept is not None:
+            verdict, rule = "deny", f"only spawn.py writes {kept}"
+        else:
+            verdict, rule = decide(tool, tool_input, self.rules, self.meta.tools, cwd=self.meta.cwd, home=self.home, environ=self.shell_env)
         decided_by = "rules"
         if verdict == "ask":
             verdict, decided_by = await self.escalate(tool, tool_input, rule or "")
@@ -6968,6 +7004,8 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
             session_entries=os.listdir(session),
             drop_boxes=boxes,
         )
+        # The compiled copies every tree runs: never the sandbox's to write, even inside its cwd.
+        read_only.append(os.path.realpath(cache_dir(os.environ)))
         read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
         sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
@@ -8661,6 +8699,14 @@ def executor_for(kind: str) -> Executor:
 # copies must not share one.
 COMPILED_DIR = "compiled"
 COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache tag too
+# A copy is run or handed out only when copy_is_trusted: the cache folder and
+# the copy are the user's and nobody else's to replace, the copy is a regular
+# file, and its header says it was compiled from the source's own bytes (a
+# checked-hash pyc, PEP 552): the name alone is no proof, as any file can be
+# put at a name. The header is no signature either: what keeps a forged copy
+# out is that no contained agent can write the cache (README: "Guarantees").
+COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace
+PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the source
 # `uv run spawn.py`, as users and agents write it, would still compile the
 # source at every level. So a run from source puts a start-up hook into the
 # virtual environment running it (uv's own, for `uv run`): a .pth line that
@@ -8709,6 +8755,28 @@ def compiled_name(path, source):
     return "spawn-" + digest + "." + sys.implementation.cache_tag + ".pyc"
 
 
+def copy_is_trusted(folder, copy, source):
+    """Ours, a regular file (not a link), nobody else's to replace, and compiled from source."""
+    import _frozen_importlib_external as bootstrap
+    import _imp
+
+    try:
+        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        for st in (os.stat(folder), os.fstat(fd)):
+            if st.st_uid != os.getuid() or st.st_mode & {COMPILED_MODE_FORBIDDEN:#o}:
+                return False
+        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    expected = bootstrap.MAGIC_NUMBER + {PYC_CHECKED_HASH!r} + _imp.source_hash(bootstrap._RAW_MAGIC_NUMBER, source)
+    return header == expected
+
+
 def compiled_copy(script, environ):
     """The compiled copy to run for script, and the script's bytes; or None."""
     if not script.endswith(".py") or environ.get("{ENV_NO_FAST_START}") == "1" or sys.flags.optimize:
@@ -8721,16 +8789,10 @@ def compiled_copy(script, environ):
             source = fh.read()
         folder = os.path.join(cache_dir(environ), "{COMPILED_DIR}")
         copy = os.path.join(folder, compiled_name(path, source))
-        # Ours, a regular file (not a link), and nobody else's to replace:
-        # a planted copy is never run.
-        for st in (os.stat(folder), os.lstat(copy)):
-            if st.st_uid != os.getuid() or st.st_mode & 0o002:
-                return None
-        if not stat.S_ISREG(st.st_mode):
-            return None
     except (OSError, ValueError):
         return None
-    return copy, source
+    # A planted or stale copy is never run: the source runs instead.
+    return (copy, source) if copy_is_trusted(folder, copy, source) else None
 
 
 def stand_in(copy, source):
@@ -8802,29 +8864,113 @@ def compiled_name(source_path: Path, source: bytes) -> str:
     return f"spawn-{digest}.{sys.implementation.cache_tag}.pyc"
 
 
+def copy_is_trusted(folder: Path, copy: Path, source: bytes) -> bool:
+    """Whether copy (in folder) may run for a spawn.py with these bytes: the
+    hook's check of the same name, line for line (test_fast_start compares
+    them). The copy is opened without following a link, and its owner and
+    mode are read from that open file, so what is checked is what was read."""
+    import _imp
+    import importlib.util
+    import stat
+
+    try:
+        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        for st in (os.stat(folder), os.fstat(fd)):
+            if st.st_uid != os.getuid() or st.st_mode & COMPILED_MODE_FORBIDDEN:
+                return False
+        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    raw_magic = int.from_bytes(importlib.util.MAGIC_NUMBER, "little")
+    return header == importlib.util.MAGIC_NUMBER + PYC_CHECKED_HASH + _imp.source_hash(raw_magic, source)
+
+
+def copy_fingerprint(path: Path) -> tuple[int, ...]:
+    """What changes when a file is written or replaced: a write moves its
+    ctime, which no user can set back; a rename brings another inode."""
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def compile_copy(folder: Path, target: Path) -> None:
+    """Compile this spawn.py into target: under a fresh name first (py_compile
+    renames its own temporary file onto it), made writable by the user alone
+    whatever the source's mode, then renamed over whatever is at target, a
+    link included, which is replaced and never followed."""
+    import py_compile
+
+    fresh = folder / f".{target.name}.{os.getpid()}.tmp"
+    try:
+        py_compile.compile(
+            str(SCRIPT_PATH),
+            cfile=str(fresh),
+            dfile=str(SCRIPT_PATH),
+            doraise=True,
+            invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+        )
+        os.chmod(fresh, 0o644)
+        os.replace(fresh, target)
+    except py_compile.PyCompileError as exc:
+        raise OSError(str(exc)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            fresh.unlink()
+
+
 @functools.cache
+def verified_copy() -> tuple[Path, tuple[int, ...]] | None:
+    """The compiled copy to hand out and its fingerprint when checked, or None for the source.
+
+    A process already running a compiled copy hands on that same copy, so a
+    whole tree runs one version even if the source is edited meanwhile. Any
+    other copy is checked (copy_is_trusted), and one that fails is compiled
+    afresh. Any failure (a read-only cache, inside a sandbox) falls back to
+    the source.
+    """
+    try:
+        if Path(__file__).suffix == ".pyc":
+            own = Path(__file__).resolve()
+            return own, copy_fingerprint(own)
+        source = SCRIPT_PATH.read_bytes()
+        folder = cache_dir(os.environ) / COMPILED_DIR
+        target = folder / compiled_name(SCRIPT_PATH, source)
+        if not copy_is_trusted(folder, target, source):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.lstat(folder)
+            if st.st_uid == os.getuid() and st.st_mode & COMPILED_MODE_FORBIDDEN:
+                # Made by an older spawn.py under a umask of 002: every copy in it is checked one by one.
+                os.chmod(folder, st.st_mode & ~COMPILED_MODE_FORBIDDEN)
+            compile_copy(folder, target)
+            if not copy_is_trusted(folder, target, source):
+                return None
+        return target, copy_fingerprint(target)
+    except OSError:
+        return None
+
+
 def compiled_script() -> Path:
     """The file to execute for this spawn.py: its compiled copy, else its source.
 
-    A process already running a compiled copy hands on that same copy, so a
-    whole tree runs one version even if the source is edited meanwhile.
-    py_compile writes to a temporary file and renames it, so a half-written
-    copy is never run. Any failure (a read-only cache, inside a sandbox)
-    falls back to the source.
+    Every call hands it out afresh (to a runner, a guard, the CLI's
+    environment, a briefing): a copy changed since it was checked is checked
+    again, and compiled again if it fails, rather than handed on.
     """
-    if Path(__file__).suffix == ".pyc":
-        return Path(__file__).resolve()
-    import py_compile
-
-    try:
-        folder = cache_dir(os.environ) / COMPILED_DIR
-        target = folder / compiled_name(SCRIPT_PATH, SCRIPT_PATH.read_bytes())
-        if not target.is_file():
-            folder.mkdir(parents=True, exist_ok=True)
-            py_compile.compile(str(SCRIPT_PATH), cfile=str(target), dfile=str(SCRIPT_PATH), doraise=True)
-    except (OSError, py_compile.PyCompileError):
+    found = verified_copy()
+    if found is None:
         return SCRIPT_PATH
-    return target
+    with contextlib.suppress(OSError):
+        if copy_fingerprint(found[0]) == found[1]:
+            return found[0]
+    if Path(__file__).suffix == ".pyc":
+        return SCRIPT_PATH  # the copy this process runs changed under it: never hand that on
+    verified_copy.cache_clear()
+    found = verified_copy()
+    return found[0] if found is not None else SCRIPT_PATH
 
 
 def fast_start_site() -> Path | None:

@@ -7,8 +7,10 @@ through spawn.py, against tools/mock_model.py. Nothing is stubbed.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
+import py_compile
 import socket
 import subprocess
 import sys
@@ -150,6 +152,23 @@ def write_agent(project: Path, name: str, frontmatter: str, body: str = "You are
     head = "" if named else f"name: {name}\n"
     path.write_text(f"---\n{head}{frontmatter.strip()}\n---\n{body}\n")
     return path
+
+
+# What a planted compiled copy prints: proof that something ran it, and with which argv.
+PLANTED = "import sys\nprint('copy ran', sys.argv[1:])\n"
+
+
+def plant(target: Path, script: Path | None, source: str = PLANTED) -> None:
+    """A copy compiled from source, its header forged to claim script's bytes
+    (None: left as py_compile writes it, naming no source at all)."""
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    src = target.parent / "planted.py"
+    src.write_text(source)
+    py_compile.compile(str(src), cfile=str(target), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    src.unlink()
+    if script is not None:
+        data = target.read_bytes()
+        target.write_bytes(data[:8] + importlib.util.source_hash(script.read_bytes()) + data[16:])
 
 
 def wait_for_ask(session_root: Path, timeout: float = 60) -> dict[str, Any]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import py_compile
 import shlex
 import subprocess
 import sys
@@ -16,15 +15,13 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, agent_dirs, listen_unix, load, wait_until
+from conftest import ROOT, agent_dirs, listen_unix, load, plant, wait_until
 from mock_model import mock_task
 
 import spawn
 from spawn import ExitCode
 
 VERSION_LINE = f"spawn.py {spawn.__version__}"
-# What the planted copy prints: proof that the hook ran it, and with which argv.
-PLANTED = "import sys\nprint('copy ran', sys.argv[1:])\n"
 PIPED = "print('from the pipe')\n"
 
 
@@ -57,13 +54,6 @@ def site_of(venv: Path) -> Path:
 def copy_path(cache: Path, script: Path) -> Path:
     script = script.resolve()
     return cache / spawn.COMPILED_DIR / spawn.compiled_name(script, script.read_bytes())
-
-
-def plant(target: Path, source: str = PLANTED) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    src = target.parent / "planted.py"
-    src.write_text(source)
-    py_compile.compile(str(src), cfile=str(target), doraise=True)
 
 
 def run(venv: Path, args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -111,7 +101,7 @@ def test_a_source_run_installs_the_hook_and_later_runs_take_the_compiled_copy(
     assert (site / f"{spawn.FAST_START_MODULE}.pth").read_text() == f"import {spawn.FAST_START_MODULE}\n"
     assert (site / f"{spawn.FAST_START_MODULE}.py").read_text() == spawn.FAST_START_HOOK
 
-    plant(copy_path(tmp_path / "cache", project / "spawn.py"))
+    plant(copy_path(tmp_path / "cache", project / "spawn.py"), project / "spawn.py")
     hooked = run(venv, ["spawn.py", "--version"], user_env, project)
     assert (hooked.returncode, hooked.stdout.strip(), hooked.stderr) == (0, "copy ran ['--version']", "")
     # Interpreter options and the script's arguments are kept; the path may be given any way.
@@ -156,35 +146,85 @@ def test_a_script_read_from_a_fifo_is_left_to_python(venv: Path, project: Path, 
     assert (proc.returncode, proc.stdout.strip()) == (0, "from the pipe"), proc.stderr
 
 
-@pytest.mark.parametrize("damage", ["world-writable", "symlink", "another-path", "edited-source", "folder-world-writable"])
-def test_a_copy_that_isnt_the_sources_own_and_the_users_is_never_run(
-    venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path, damage: str
-) -> None:
-    assert run(venv, ["spawn.py", "--version"], user_env, project).returncode == ExitCode.OK  # installs the hook
-    script = project / "spawn.py"
-    target = copy_path(tmp_path / "cache", script)
+DAMAGES = ["world-writable", "group-writable", "foreign-owned", "symlink", "other-content", "folder-world-writable"]
+
+
+def damage_copy(damage: str, cache: Path, script: Path, tmp_path: Path) -> Path:
+    """Put a copy at script's name in cache that must never run, this way; returns its path."""
+    target = copy_path(cache, script)
     if damage == "world-writable":
-        plant(target)
+        plant(target, script)
         target.chmod(0o666)
+    elif damage == "group-writable":
+        plant(target, script)
+        target.chmod(0o620)
+    elif damage == "foreign-owned":
+        if os.getuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        plant(target, script)
+        os.chown(target, 65534, 65534)  # nobody's
     elif damage == "symlink":
         elsewhere = tmp_path / "elsewhere.pyc"
-        plant(elsewhere)
-        target.parent.mkdir(parents=True, mode=0o700)
+        plant(elsewhere, script)
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        target.unlink(missing_ok=True)
         target.symlink_to(elsewhere)
     elif damage == "another-path":
         # A copy made for the same bytes in another project.
         other = tmp_path / "other" / "spawn.py"
         other.parent.mkdir()
         other.write_bytes(script.read_bytes())
-        plant(copy_path(tmp_path / "cache", other))
+        plant(copy_path(cache, other), other)
     elif damage == "edited-source":
-        plant(target)
+        plant(target, script)
         script.write_bytes(script.read_bytes() + b"# edited\n")
+    elif damage == "other-content":
+        plant(target, None)  # the right name, but compiled from another source
     else:
-        plant(target)
+        plant(target, script)
         target.parent.chmod(0o777)
+    return target
+
+
+@pytest.mark.parametrize("damage", [*DAMAGES, "another-path", "edited-source"])
+def test_a_copy_that_isnt_the_sources_own_and_the_users_is_never_run(
+    venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path, damage: str
+) -> None:
+    assert run(venv, ["spawn.py", "--version"], user_env, project).returncode == ExitCode.OK  # installs the hook
+    damage_copy(damage, tmp_path / "cache", project / "spawn.py", tmp_path)
     proc = run(venv, ["spawn.py", "--version"], user_env, project)
     assert (proc.returncode, proc.stdout.strip()) == (ExitCode.OK, VERSION_LINE), proc.stderr
+
+
+@pytest.mark.parametrize("damage", ["genuine", *DAMAGES])
+def test_the_hook_trusts_a_copy_exactly_as_spawn_py_does(tmp_path: Path, project: Path, damage: str) -> None:
+    """Unit test of the two copies of copy_is_trusted (the hook's text and spawn.py's)."""
+    script = project / "spawn.py"
+    cache = tmp_path / "cache"
+    target = copy_path(cache, script) if damage == "genuine" else damage_copy(damage, cache, script, tmp_path)
+    if damage == "genuine":
+        plant(target, script)
+    source = script.read_bytes()
+    hook = hook_functions()["copy_is_trusted"]
+    trusted = spawn.copy_is_trusted(target.parent, target, source)
+    assert hook(str(target.parent), str(target), source) == trusted == (damage == "genuine")  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_copy_that_isnt_the_sources_own_and_the_users_is_never_handed_to_children(
+    venv: Path, project: Path, env: dict[str, str], tmp_path: Path, damage: str
+) -> None:
+    """$SPAWN_PY, which every agent's Bash runs as it is, is a copy checked and compiled afresh."""
+    session_root = Path(env[spawn.ENV_SESSION_ROOT])
+    env = {**env, spawn.ENV_CACHE_DIR: str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
+    target = damage_copy(damage, tmp_path / "cache", project / "spawn.py", tmp_path)
+    task = mock_task("runs SPAWN_PY", [{"bash": '"$SPAWN_PYTHON" "$SPAWN_PY" --version'}, {"text": "root-result"}])
+    proc = run(venv, ["spawn.py", "--task", task, "--tools", "Bash"], env, project)
+    assert proc.returncode == ExitCode.OK, proc.stderr
+    (agent_dir,) = agent_dirs(session_root)
+    transcript = (agent_dir / "transcript.jsonl").read_text()
+    assert "copy ran" not in transcript and VERSION_LINE in transcript
+    assert spawn.copy_is_trusted(target.parent, target, (project / "spawn.py").read_bytes())  # compiled afresh
 
 
 def test_nested_spawns_written_as_source_runs_go_through_the_hook(
@@ -235,13 +275,10 @@ def test_the_hook_hands_a_nested_spawn_to_the_fork_server_without_loading_the_co
     env = {**env, spawn.ENV_CACHE_DIR: str(tmp_path / "cache")}
     python = shlex.quote(str(venv / "bin" / "python"))
     script = project / "spawn.py"
-    planted = tmp_path / "planted.py"
-    planted.write_text(PLANTED)
-    replace_copy = shlex.join(
-        [str(venv / "bin" / "python"), "-c", "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)"]
-    )
+    planted = tmp_path / "planted" / "planted.pyc"
+    plant(planted, script)
     copy = shlex.quote(str(copy_path(tmp_path / "cache", script)))
-    replace_copy += f" {shlex.quote(str(planted))} {copy}"
+    replace_copy = f"cp {shlex.quote(str(planted))} {copy}"
     child_task = mock_task("handed child", [{"text": "child-result"}])
     child = f"{python} {shlex.quote(str(script))} --tools Read --task {shlex.quote(child_task)}"
     wait_for_server = f'for i in $(seq 600); do [ -S "${spawn.ENV_SESSION}/{spawn.FORKSERVER_SOCKET}" ] && break; sleep 0.05; done'
@@ -270,7 +307,7 @@ def test_a_nested_spawn_the_hook_cant_hand_over_runs_its_compiled_copy(
 ) -> None:
     """No socket, SPAWN_NO_FORKSERVER=1, or a server that refuses: the copy runs, as before the hand-over."""
     assert run(venv, ["spawn.py", "--version"], user_env, project).returncode == ExitCode.OK  # installs the hook
-    plant(copy_path(tmp_path / "cache", project / "spawn.py"))
+    plant(copy_path(tmp_path / "cache", project / "spawn.py"), project / "spawn.py")
     session = tmp_path / "session"
     session.mkdir()
     env = {**user_env, spawn.ENV_SESSION: str(session)}

@@ -8,6 +8,7 @@ each) and read the verdicts from the transcript and the files left on disk.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -370,3 +371,49 @@ def test_path_rules_follow_symlinks_for_every_file_tool(tmp_path: Path) -> None:
     assert verdict("Read", file_path=str(work / "src" / "envlink")) == "deny"
     assert verdict("Grep", pattern="K", path="src/envlink") == "deny"
     assert verdict("Read", file_path=str(work / "src" / "other.py")) == "allow"
+
+
+def test_kept_by_spawn_py_names_the_session_and_cache_for_edits_only(tmp_path: Path) -> None:
+    """Unit test: which Edit and Write calls land in spawn.py's own folders."""
+    session, cache, cwd = tmp_path / "s", tmp_path / "cache", tmp_path / "work"
+    scratch = session / "agents" / "a1-000001" / "scratch"
+    scratch.mkdir(parents=True)
+    (scratch / "link").symlink_to(session / "agents")
+    kept, own = [str(session), str(cache)], [str(scratch)]
+
+    def kept_for(tool: str, path: Path | str) -> str | None:
+        return spawn.kept_by_spawn_py(tool, {"file_path": str(path)}, str(cwd), kept, own)
+
+    assert kept_for("Write", session / "agents" / "a1-x" / "meta.json") == str(session)
+    assert kept_for("Edit", cwd / ".." / "s" / "ledger.jsonl") == str(session)  # any spelling
+    assert kept_for("NotebookEdit", cache / "compiled" / "x.pyc") == str(cache)
+    assert kept_for("Write", scratch / "notes.txt") is None  # its own scratch
+    assert kept_for("Write", scratch / "link" / "a1-x" / "meta.json") == str(session)  # but not through a link
+    assert kept_for("Read", session / "agents" / "a1-x" / "meta.json") is None
+    assert kept_for("Write", cwd / "notes.txt") is None
+
+
+def test_no_agent_writes_its_session_with_edit_or_write(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    # cwd holds the session root, as sessions/ beside spawn.py in a project does:
+    # without spawn.py's own check the CLI would allow both writes.
+    steps: list[dict[str, Any]] = [
+        {"tool": "Write", "input": {"file_path": "SESSION_DIR/agents/a1-abcdef/meta.json", "content": "{}"}},
+        {"tool": "Write", "input": {"file_path": "SESSION_DIR/asks/q-abcdef.answer.json", "content": '{"verdict": "approve"}'}},
+        {"text": "child done"},
+    ]
+    template = mock_task("child", steps)
+    bash = f'T=$(printf %s {shlex.quote(template)} | sed "s|SESSION_DIR|$SPAWN_SESSION|g"); {spawn_in_bash()} --tools Write --task "$T"'
+    parent = mock_task("parent", [{"bash": bash}, {"text": "parent done"}])
+    proc = run_spawn(["--task", parent, "--tools", "Bash,Write", "--max-depth", "1", "--cwd", str(tmp_path)], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    dirs = agent_dirs(session_root)
+    assert sorted(d.name[:2] for d in dirs) == ["a0", "a1"]
+    (child_dir,) = [d for d in dirs if d.name.startswith("a1")]
+    session = child_dir.parent.parent
+    assert load(child_dir / "outcome.json")["output"] == "child done"
+    assert not (session / "agents" / "a1-abcdef").exists()
+    assert not (session / "asks" / "q-abcdef.answer.json").exists()
+    records = [json.loads(line) for line in (child_dir / "transcript.jsonl").read_text().splitlines()]
+    decisions = [r["message"] for r in records if r["type"] == "PermissionDecision"]
+    assert [(d["verdict"], d["rule"]) for d in decisions] == [("deny", f"only spawn.py writes {session}")] * 2
+    validate_records(session_root)

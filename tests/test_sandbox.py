@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
+from conftest import SPAWN, agent_dirs, load, metas, mock_task, plant, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
 
 import spawn
 
@@ -281,3 +281,38 @@ def test_dry_run_shows_the_root_unsandboxed_by_default(env: dict[str, str]) -> N
     proc = run_spawn(["--task", "x", "--tools", "Bash", "--dry-run"], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["sandbox"] == "off"
+
+
+@needs_bwrap
+def test_a_sandboxed_leaf_can_not_replace_the_compiled_copy_its_tree_runs(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    # The cache lies in the leaf's cwd, which its Bash and Write may otherwise write.
+    work, forged = tmp_path / "work", tmp_path / "forged" / "spawn.pyc"
+    work.mkdir()
+    env = {**env, spawn.ENV_CACHE_DIR: str(work / "cache")}
+    plant(forged, SPAWN)  # a header that claims spawn.py's bytes: only the cache's walls keep it out
+    source = SPAWN.resolve().read_bytes()
+    copy = work / "cache" / spawn.COMPILED_DIR / spawn.compiled_name(SPAWN.resolve(), source)
+    written = work / "cache" / spawn.COMPILED_DIR / "written.pyc"
+    leaf = mock_task(
+        "leaf",
+        [
+            {"bash": f'cp {forged} "$SPAWN_PY"; echo "cp rc=$?"'},
+            {"tool": "Write", "input": {"file_path": str(written), "content": "x = 1\n"}},
+            {"text": "leaf done"},
+        ],
+    )
+    proc = run_spawn(["--task", leaf, "--tools", "Bash,Write", "--sandbox", "on", "--cwd", str(work)], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    (leaf_dir,) = agent_dirs(session_root)
+    text = transcript_text(leaf_dir)
+    assert "Read-only file system" in text and "cp rc=1" in text
+    assert f"only spawn.py writes {work / 'cache'}" in text
+    assert not written.exists()
+    assert spawn.copy_is_trusted(copy.parent, copy, source) and copy.read_bytes() != forged.read_bytes()
+    # The next spawn hands out, and its Bash runs, the genuine copy.
+    task = mock_task("next", [{"bash": '"$SPAWN_PYTHON" "$SPAWN_PY" --version'}, {"text": "next done"}])
+    proc = run_spawn(["--task", task, "--tools", "Bash", "--cwd", str(work)], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    (next_dir,) = [d for d in agent_dirs(session_root) if d != leaf_dir]
+    text = transcript_text(next_dir)
+    assert f"spawn.py {spawn.__version__}" in text and "copy ran" not in text

@@ -507,6 +507,30 @@ def search_reaches(rule: Rule, tool: str, tool_input: Mapping[str, Any], cwd: st
     return any(protected == root or protected.startswith(root.rstrip("/") + "/") for root in tool_paths(tool, tool_input, cwd))
 
 
+def kept_by_spawn_py(tool: str, tool_input: Mapping[str, Any], cwd: str, kept: Sequence[str], exempt: Sequence[str]) -> str | None:
+    """The folder of spawn.py's own (kept: the session, the compiled copies'
+    cache) that an Edit or Write call would write in, or None.
+
+    No rule of a user's can grant these: every record there is trusted by
+    other agents, and a copy there is run by every agent of every tree. An
+    agent's own scratch/ and worktree are exempt; a link from them into a
+    kept folder is not (tool_paths checks the resolved spelling too).
+    """
+    if canonical_tool(tool) not in EDIT_TOOLS:
+        return None
+
+    def inside(path: str, folder: str) -> bool:
+        return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+    for path in tool_paths(tool, tool_input, cwd):
+        if any(inside(path, e) for e in exempt):
+            continue
+        for folder in kept:
+            if inside(path, folder):
+                return folder
+    return None
+
+
 def settings_files(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
     """Claude Code's settings files that hold a user's permission rules, lowest precedence first."""
     config = Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()

@@ -19,8 +19,10 @@ import psutil
 from . import __version__
 from .agents import (
     RuleSet,
+    cache_dir,
     cli_permissions,
     decide,
+    kept_by_spawn_py,
     load_definitions,
     parse_definition,
     parse_rule,
@@ -555,13 +557,23 @@ class PermissionGate:
         """Appended to on every ask answered no (the run's RunState.denied_asks)."""
         self.rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in PERMISSION_KINDS))
         self.home = os.environ.get("HOME") or str(Path.home())
+        # Both spellings of each: tool_paths gives a path as written and as resolved.
+        folders = (meta.session, str(cache_dir(os.environ)))
+        self.kept = list(dict.fromkeys([*folders, *map(os.path.realpath, folders)]))
+        own = (str(agent_dir / SCRATCH_DIR), str(agent_dir / "worktree"))
+        self.own = list(dict.fromkeys([*own, *map(os.path.realpath, own)]))
         # What the agent's Bash inherits: the CLI gets os.environ plus this.
         self.shell_env = {**os.environ, **child_environment(meta, agent_dir)}
 
     async def pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
         tool = str(hook_input.get("tool_name", ""))
         tool_input = hook_input.get("tool_input") or {}
-        verdict, rule = decide(tool, tool_input, self.rules, self.meta.tools, cwd=self.meta.cwd, home=self.home, environ=self.shell_env)
+        kept = kept_by_spawn_py(tool, tool_input, self.meta.cwd, self.kept, self.own)
+        rule: str | None
+        if kept is not None:
+            verdict, rule = "deny", f"only spawn.py writes {kept}"
+        else:
+            verdict, rule = decide(tool, tool_input, self.rules, self.meta.tools, cwd=self.meta.cwd, home=self.home, environ=self.shell_env)
         decided_by = "rules"
         if verdict == "ask":
             verdict, decided_by = await self.escalate(tool, tool_input, rule or "")
@@ -775,6 +787,8 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
             session_entries=os.listdir(session),
             drop_boxes=boxes,
         )
+        # The compiled copies every tree runs: never the sandbox's to write, even inside its cwd.
+        read_only.append(os.path.realpath(cache_dir(os.environ)))
         read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
         sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
