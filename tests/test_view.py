@@ -296,3 +296,22 @@ def test_not_a_session_is_a_usage_error(tmp_path: Path) -> None:
     assert made.returncode == 2
     assert made.stderr.startswith("view: error: ") and "not a session directory" in made.stderr
     assert not (tmp_path / "t.html").exists()
+
+
+def test_junk_records_cost_their_mark_not_the_page_from_any_directory(tmp_path: Path) -> None:
+    """Anything with Bash can write a session file: one nested past 64 levels or a FIFO is skipped, never a crash or a hang.
+
+    Run from another working directory: view.py finds tools/session_files.py beside itself.
+    """
+    session = synthetic_session(tmp_path / "sessions", 3)
+    (session / "asks").mkdir(exist_ok=True)
+    (session / "asks" / "q-0000ff.json").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(session / "agents" / "a1-000001" / "native.jsonl")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    made = subprocess.run(
+        [sys.executable, str(VIEW), str(session), "-o", "t.html"], cwd=elsewhere, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert made.returncode == 0, made.stderr
+    page = (elsewhere / "t.html").read_text()
+    assert all(f'"id": "{agent}"' in page for agent in ("a0-000000", "a1-000001", "a1-000002"))

@@ -40,8 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hmac
-import ipaddress
 import json
 import math
 import os
@@ -55,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+import session_files
 import uvicorn
 from a2a.helpers.proto_helpers import new_data_part, new_task_from_user_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
@@ -100,8 +99,6 @@ WATCH_RETRY_S = 5.0
 KILL_SETTLE_S = 30.0
 # One transcript line becomes at most this much status text: a progress line, not a log.
 STATUS_TEXT_CHARS = 400
-MARKERS = (".done", ".fail")
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 # Addresses that mean "every interface": no Host header names them.
 WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
 # A generated bearer token: 32 random bytes, as URL-safe text.
@@ -140,10 +137,6 @@ class BadFlag(ServerError, ValueError):
 
 class BadMetadata(ServerError, ValueError):
     """A message's spawn.* metadata is malformed: the task is rejected, nothing is started."""
-
-
-class SpawnFailed(ServerError, RuntimeError):
-    """spawn.py refused or failed a verb; the text is its `spawn: error:` line."""
 
 
 # ------------------------------------------------------------------ records --
@@ -195,15 +188,6 @@ class Run:
 # ---------------------------------------------------------------- pure core --
 
 
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def is_skill_name(name: str) -> bool:
     """A plain definition name: never a node reference (a2a:, command:, a URL, a path) nor `auto`."""
     return SKILL_NAME.fullmatch(name) is not None and name != AUTO
@@ -230,7 +214,7 @@ def our_hosts(bind_host: str, base_url: str) -> set[str]:
     page on another site reaching this server through DNS rebinding, or a proxy's mistake."""
     from urllib.parse import urlsplit
 
-    hosts = set(LOOPBACK_NAMES)
+    hosts = set(session_files.LOOPBACK_NAMES)
     if bind_host not in WILDCARD_HOSTS:
         hosts.add(bind_host.lower())
     advertised = urlsplit(base_url).hostname
@@ -249,11 +233,6 @@ def foreign_origin(origin: str, hosts: set[str]) -> bool:
     except ValueError:
         return True
     return parts.scheme not in ("http", "https") or name is None or name.lower() not in hosts
-
-
-def token_matches(header: bytes, token: str) -> bool:
-    """Whether an Authorization header carries the bearer token; compared as bytes, so any header is a yes or no."""
-    return hmac.compare_digest(header, f"Bearer {token}".encode())
 
 
 def valid_traceparent(value: str) -> bool:
@@ -308,11 +287,6 @@ def caller_context(metadata: Mapping[str, Any]) -> CallerContext:
     return ctx
 
 
-def min_known(*values: float | None) -> float | None:
-    known = [v for v in values if v is not None]
-    return min(known) if known else None
-
-
 def spawn_arguments(caller: CallerContext, limits: ServerLimits, skill: str) -> tuple[list[str], dict[str, str]]:
     """spawn.py's flags and environment for one served agent: the smaller of each limit.
 
@@ -325,10 +299,10 @@ def spawn_arguments(caller: CallerContext, limits: ServerLimits, skill: str) -> 
         raise BadMetadata(f"{skill[:100]!r} is not a skill name")
     argv = ["--background", "--task-file", "-", "--agent", skill]
     env: dict[str, str] = {}
-    max_depth = min_known(caller.max_depth, limits.max_depth)
+    max_depth = session_files.min_known(caller.max_depth, limits.max_depth)
     if max_depth is not None:
         argv += ["--max-depth", str(int(max_depth))]
-    budget = min_known(caller.max_budget_usd, limits.max_budget_usd)
+    budget = session_files.min_known(caller.max_budget_usd, limits.max_budget_usd)
     if budget is not None:
         argv += ["--max-budget-usd", repr(float(budget))]
     if limits.timeout_s is not None:
@@ -354,20 +328,6 @@ def decision_of(text: str, metadata: Mapping[str, Any]) -> str | None:
     return None
 
 
-def error_line(stderr: str, code: int) -> str:
-    """spawn.py's one-line error, or the last line it printed."""
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if line.startswith("spawn: error:"):
-            return line
-    return lines[-1] if lines else f"spawn.py exited {code}"
-
-
-def clip(text: str, limit: int = STATUS_TEXT_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def describe_transcript_line(record: Mapping[str, Any]) -> str | None:
     """The progress an A2A caller sees for one transcript line: the agent's text and tool calls."""
     if record.get("type") != "AssistantMessage":
@@ -383,14 +343,12 @@ def describe_transcript_line(record: Mapping[str, Any]) -> str | None:
             parts.append(f"{block['name']} {json.dumps(block.get('input'), ensure_ascii=False)}")
         elif block.get("text"):
             parts.append(str(block["text"]))
-    return clip(" | ".join(parts)) if parts else None
+    return session_files.clip(" | ".join(parts), STATUS_TEXT_CHARS) if parts else None
 
 
 def ask_text(ask: Mapping[str, Any]) -> str:
-    return (
-        f"agent {ask.get('agent_id')} asks to run {ask.get('tool')}: {clip(json.dumps(ask.get('input'), ensure_ascii=False), 200)} "
-        f"(rule {ask.get('rule')}); reply allow or deny"
-    )
+    call = session_files.clip(json.dumps(ask.get("input"), ensure_ascii=False), 200)
+    return f"agent {ask.get('agent_id')} asks to run {ask.get('tool')}: {call} (rule {ask.get('rule')}); reply allow or deny"
 
 
 def outcome_metadata(outcome: Mapping[str, Any], agent_dir: Path, subtree_costs: Sequence[float | None]) -> dict[str, Any]:
@@ -416,62 +374,17 @@ def outcome_metadata(outcome: Mapping[str, Any], agent_dir: Path, subtree_costs:
 # ------------------------------------------------------- on-disk protocol --
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def committed_outcome(agent_dir: Path) -> dict[str, Any] | None:
-    """The agent's outcome once its marker says it is committed (sessions/README.md, the commit protocol)."""
-    if not any((agent_dir / m).exists() for m in MARKERS):
-        return None
-    return read_json(agent_dir / "outcome.json")
-
-
-def subtree_ids(session: Path, root: str) -> set[str]:
-    """The agent and all its descendants, from meta.json parent_id."""
-    parents: dict[str, str | None] = {}
-    for meta_path in (session / "agents").glob("*/meta.json"):
-        meta = read_json(meta_path) or {}
-        parents[meta_path.parent.name] = meta.get("parent_id")
-    found = {root}
-    changed = True
-    while changed:
-        changed = False
-        for agent, parent in parents.items():
-            if agent not in found and parent in found:
-                found.add(agent)
-                changed = True
-    return found
-
-
 def subtree_costs(session: Path, root: str) -> list[float | None]:
     """Each agent's cost in the subtree (None when unknown); agents refused before they ran cost nothing."""
     costs: list[float | None] = []
-    for agent in sorted(subtree_ids(session, root)):
-        outcome = read_json(session / "agents" / agent / "outcome.json") or {}
+    for agent in sorted(session_files.subtree_ids(session, {root})):
+        outcome = session_files.read_json(session / "agents" / agent / "outcome.json") or {}
         cost = outcome.get("cost_usd")
         if isinstance(cost, int | float) and not isinstance(cost, bool):
             costs.append(float(cost))
         elif not (outcome.get("status") == "refused" and not outcome.get("transcript")):
             costs.append(None)
     return costs
-
-
-def pending_asks(session: Path, agents: set[str]) -> list[dict[str, Any]]:
-    """Asks without an answer file, raised by one of `agents`, oldest first."""
-    asks_dir = session / "asks"
-    found = []
-    for path in sorted(asks_dir.glob("q-*.json"), key=lambda p: p.stat().st_mtime) if asks_dir.is_dir() else []:
-        if path.name.endswith(".answer.json") or (asks_dir / f"{path.stem}.answer.json").exists():
-            continue
-        ask = read_json(path)
-        if ask is not None and ask.get("agent_id") in agents:
-            found.append(ask)
-    return found
 
 
 def new_transcript_lines(run: Run) -> list[dict[str, Any]]:
@@ -485,13 +398,7 @@ def new_transcript_lines(run: Run) -> list[dict[str, Any]]:
         return []
     end = data.rfind(b"\n") + 1
     run.transcript_offset += end
-    records = []
-    for line in data[:end].splitlines():
-        with contextlib.suppress(ValueError):
-            record = json.loads(line)
-            if isinstance(record, dict):
-                records.append(record)
-    return records
+    return session_files.parse_jsonl(data[:end].splitlines())
 
 
 # ---------------------------------------------------------------- processes --
@@ -524,31 +431,12 @@ class Spawner:
         return env
 
     async def run(self, *args: str, stdin: bytes | None = None, env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *self.config.spawn,
-            *args,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=self.env(env),
-            cwd=self.config.cwd,
-        )
-        out, err = await proc.communicate(stdin)
-        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+        return await session_files.run_cli(self.config.spawn, *args, env=self.env(env), cwd=self.config.cwd, stdin=stdin)
 
     async def run_json(
         self, *args: str, ok: Sequence[int] = (0,), stdin: bytes | None = None, env: Mapping[str, str] | None = None
     ) -> dict[str, Any]:
-        code, out, err = await self.run(*args, stdin=stdin, env=env)
-        if code not in ok:
-            raise SpawnFailed(error_line(err, code))
-        try:
-            data = json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise SpawnFailed(f"spawn.py printed no JSON (exit {code}): {error_line(err, code)}") from None
-        if not isinstance(data, dict):
-            raise SpawnFailed(f"spawn.py printed {type(data).__name__}, expected an object")
-        return data
+        return session_files.cli_json(*await self.run(*args, stdin=stdin, env=env), ok)
 
     async def agents(self) -> list[dict[str, Any]]:
         """The skills served: the definitions `agents list` shows, under a plain name each."""
@@ -586,7 +474,7 @@ class Spawner:
         return await self.run_json(*argv, ok=(0, 4), stdin=task.encode(), env=env)
 
     async def kill(self, run: Run) -> None:
-        with contextlib.suppress(SpawnFailed):  # already ended: nothing to kill
+        with contextlib.suppress(session_files.CliError):  # already ended: nothing to kill
             await self.run_json("kill", run.agent_id, "--session", str(run.session))
 
     async def answer(self, run: Run, ask_id: str, decision: str) -> None:
@@ -710,12 +598,12 @@ class SpawnExecutor(AgentExecutor):
         except BadMetadata as exc:
             await updater.reject(self.say(updater, f"a2a_server: error: {exc}"))
             return None
-        except SpawnFailed as exc:
+        except session_files.CliError as exc:
             await updater.reject(self.say(updater, str(exc)))
             return None
         try:
             data = await self.spawner.start(text, caller, skill)
-        except (SpawnFailed, BadMetadata) as exc:
+        except (session_files.CliError, BadMetadata) as exc:
             await updater.reject(self.say(updater, str(exc)))
             return None
         agent_dir = Path(str(data["agent_dir"]))
@@ -731,12 +619,12 @@ class SpawnExecutor(AgentExecutor):
         assert ask_id is not None
         decision = decision_of(message_text(context.message), message_metadata(context))
         if decision is None:
-            ask = read_json(run.session / "asks" / f"{ask_id}.json") or {"id": ask_id}
+            ask = session_files.read_json(run.session / "asks" / f"{ask_id}.json") or {"id": ask_id}
             await self.publish(run, updater, TaskState.TASK_STATE_INPUT_REQUIRED, ask_text(ask), {"spawn.ask": ask})
             return False
         try:
             await self.spawner.answer(run, ask_id, decision)
-        except SpawnFailed as exc:  # answered meanwhile (first answer wins) or expired: the agent goes on
+        except session_files.CliError as exc:  # answered meanwhile (first answer wins) or expired: the agent goes on
             print(f"a2a_server: ask {ask_id}: {exc}", file=sys.stderr)
         run.asking = None
         await self.publish(run, updater, TaskState.TASK_STATE_WORKING, f"ask {ask_id}: {decision}", self.identity(run))
@@ -750,11 +638,11 @@ class SpawnExecutor(AgentExecutor):
                     line = describe_transcript_line(record)
                     if line:
                         await self.publish(run, updater, TaskState.TASK_STATE_WORKING, line, self.identity(run))
-                outcome = committed_outcome(run.agent_dir)
+                outcome = session_files.committed_outcome(run.agent_dir)
                 if outcome is not None:
                     await self.finish(run, updater, outcome)
                     return
-                asks = pending_asks(run.session, subtree_ids(run.session, run.agent_id))
+                asks = session_files.pending_asks(run.session, session_files.subtree_ids(run.session, {run.agent_id}), oldest_first=True)
                 if asks:
                     run.asking = str(asks[0]["id"])
                     await self.publish(run, updater, TaskState.TASK_STATE_INPUT_REQUIRED, ask_text(asks[0]), {"spawn.ask": asks[0]})
@@ -794,7 +682,7 @@ class SpawnExecutor(AgentExecutor):
 
     @staticmethod
     def identity(run: Run) -> dict[str, Any]:
-        meta = read_json(run.agent_dir / "meta.json") or {}
+        meta = session_files.read_json(run.agent_dir / "meta.json") or {}
         data = {"spawn.agent_id": run.agent_id, "spawn.session": str(run.session)}
         for key in ("depth", "trace_id"):
             if meta.get(key) is not None:
@@ -812,10 +700,10 @@ class SpawnExecutor(AgentExecutor):
         if run.asking is not None:
             # Killed first, so a no can't let the agent take another turn; then the ask
             # is settled as the caller's no rather than left pending for an ended agent.
-            with contextlib.suppress(SpawnFailed):
+            with contextlib.suppress(session_files.CliError):
                 await self.spawner.answer(run, run.asking, "deny")
         limit = time.monotonic() + KILL_SETTLE_S
-        while (outcome := committed_outcome(run.agent_dir)) is None and time.monotonic() < limit:
+        while (outcome := session_files.committed_outcome(run.agent_dir)) is None and time.monotonic() < limit:
             await asyncio.sleep(FOLLOW_TICK_S)
         async with run.lock:
             if not run.final:
@@ -826,7 +714,7 @@ class SpawnExecutor(AgentExecutor):
 
     async def shutdown(self) -> None:
         """End what is still running: once the server stops, no caller can see or cancel it."""
-        live = [run for run in self.runs.values() if committed_outcome(run.agent_dir) is None]
+        live = [run for run in self.runs.values() if session_files.committed_outcome(run.agent_dir) is None]
         await asyncio.gather(*(self.spawner.kill(run) for run in live))
         await asyncio.gather(*(self.spawner.unwatch(run) for run in self.runs.values()))
 
@@ -919,7 +807,7 @@ def build_app(executor: SpawnExecutor, base_url: str, token: str | None, skills:
         # they name the bearer scheme. Everything else needs the token.
         path = str(scope.get("path", ""))
         public = scope.get("method") == "GET" and path.endswith("/agent-card.json")
-        if token is not None and not public and not token_matches(headers.get(b"authorization", b""), token):
+        if token is not None and not public and not session_files.token_matches(headers.get(b"authorization", b""), token):
             await refuse(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
             return
         # /agents/NAME serves a listed skill only: anything else (command:EXE, a
@@ -997,7 +885,7 @@ def check_flags(args: argparse.Namespace) -> None:
         raise BadFlag(f"--agent {args.agent!r} must be the name of a listed skill (a definition in .claude/agents) or auto")
     if args.no_token and args.token_file:
         raise BadFlag("give --token-file or --no-token, not both")
-    if args.no_token and not is_loopback(args.host):
+    if args.no_token and not session_files.is_loopback(args.host):
         raise BadFlag(f"--no-token serves loopback only; {args.host} needs a bearer token (drop --no-token)")
 
 
@@ -1005,12 +893,9 @@ def read_token(path: str | None) -> str | None:
     if path is None:
         return None
     try:
-        token = Path(path).read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadFlag(f"can't read --token-file {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if not token:
-        raise BadFlag(f"--token-file {path} is empty; put the bearer token in it")
-    return token
+        return session_files.read_token_file(path)
+    except ValueError as exc:
+        raise BadFlag(str(exc)) from None
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
@@ -1104,15 +989,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             sock.close()
             print(f"a2a_server: error: {exc}", file=sys.stderr)
             return 2
-    if args.python:
-        runner = shlex.split(args.python)
-    elif environ.get("SPAWN_PYTHON"):
-        runner = [environ["SPAWN_PYTHON"]]
-    else:
-        runner = ["uv", "run", "--quiet", "--script"]
     base_url = (args.url or base_url_for(args.host, port)).rstrip("/")
     config = Config(
-        spawn=[*runner, str(Path(args.spawn).resolve())],
+        spawn=session_files.spawn_command(args.spawn, args.python, environ),
         cwd=Path(args.cwd).resolve() if args.cwd else Path.cwd(),
         session_root=str(Path(args.session).expanduser().resolve()) if args.session else None,
         limits=ServerLimits(args.max_depth, args.max_budget_usd, args.timeout or None),
@@ -1123,7 +1002,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Once before serving: a spawn.py that can't run here is a startup error, not a failed task.
         skills = asyncio.run(executor.spawner.agents())
-    except (SpawnFailed, OSError) as exc:
+    except (session_files.CliError, OSError) as exc:
         sock.close()
         print(f"a2a_server: error: can't run {shlex.join(config.spawn)} agents list: {exc}; check --spawn and --python", file=sys.stderr)
         return 2

@@ -29,11 +29,9 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
-import ipaddress
 import json
 import os
 import re
-import shlex
 import struct
 import sys
 import time
@@ -42,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import session_files
 from mcp.server.elicitation import render_elicitation_schema
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -58,11 +57,9 @@ DEFAULT_SPAWN = Path(__file__).resolve().parent.parent / "spawn.py"
 WAIT_CAP_S = 50.0
 # How often a wait re-checks what inotify can't tell it: asks, dead agents, progress.
 WAIT_TICK_S = 0.25
-MARKERS = (".done", ".fail")
 # spawn.py's agent ids (AGENT_ID there): a{depth}-{6 hex}. An id becomes a path under the
 # session's agents/, so anything else (a path, "..") would let a client name any directory.
 AGENT_ID = re.compile(r"a\d{1,4}-[0-9a-f]{6}")
-LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 # spawn.py's smallest budget hold (MIN_HOLD_USD there): less left than this, and it refuses the spawn.
 MIN_HOLD_USD = 0.01
 # inotify(7) flags: a marker is created with O_CREAT|O_EXCL (IN_CREATE); answers and
@@ -135,32 +132,9 @@ def parse_http_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def is_loopback(host: str) -> bool:
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def error_line(stderr: str, code: int) -> str:
-    """spawn.py's one-line error, or the last line it printed."""
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    for line in reversed(lines):
-        if line.startswith("spawn: error:"):
-            return line
-    return lines[-1] if lines else f"spawn.py exited {code}"
-
-
 def check_agent_id(agent_id: str) -> None:
     if not AGENT_ID.fullmatch(agent_id):
         raise ToolError(f"spawn: error: {agent_id!r} is not an agent id (a<depth>-<6 hex digits>); use an id that spawn_agent returned")
-
-
-def min_known(*values: float | None) -> float | None:
-    known = [v for v in values if v is not None]
-    return min(known) if known else None
 
 
 def wait_summary(finished: Mapping[str, Mapping[str, Any]], ids: Sequence[str], mode: str, timed_out: bool) -> str:
@@ -175,56 +149,15 @@ def wait_summary(finished: Mapping[str, Mapping[str, Any]], ids: Sequence[str], 
 # ------------------------------------------------------- on-disk protocol --
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def has_marker(agent_dir: Path) -> bool:
-    return any((agent_dir / m).exists() for m in MARKERS)
-
-
 def outcome_summary(agent_dir: Path) -> dict[str, Any] | None:
     """What spawn.py's stdout would say about a finished agent (bounded: no transcript)."""
-    outcome = read_json(agent_dir / "outcome.json")
-    if outcome is None or not has_marker(agent_dir):
+    outcome = session_files.committed_outcome(agent_dir)
+    if outcome is None:
         return None
     keys = ("status", "exit_code", "reason", "output", "validation_errors", "cost_usd", "duration_s", "sdk_session_id")
     data = {"id": outcome.get("id") or agent_dir.name, **{k: outcome[k] for k in keys if k in outcome}}
     data["agent_dir"] = str(agent_dir)
     return data
-
-
-def pending_asks(session: Path, agent_ids: set[str] | None) -> list[dict[str, Any]]:
-    asks_dir = session / "asks"
-    found = []
-    for path in sorted(asks_dir.glob("q-*.json")) if asks_dir.is_dir() else []:
-        if path.name.endswith(".answer.json") or (asks_dir / f"{path.stem}.answer.json").exists():
-            continue
-        ask = read_json(path)
-        if ask is not None and (agent_ids is None or ask.get("agent_id") in agent_ids):
-            found.append(ask)
-    return found
-
-
-def subtree_ids(session: Path, roots: set[str]) -> set[str]:
-    """The agents in `roots` and all their descendants, from meta.json parent_id."""
-    parents: dict[str, str | None] = {}
-    for meta_path in (session / "agents").glob("*/meta.json"):
-        meta = read_json(meta_path) or {}
-        parents[meta_path.parent.name] = meta.get("parent_id")
-    found = set(roots)
-    changed = True
-    while changed:
-        changed = False
-        for agent, parent in parents.items():
-            if agent not in found and parent in found:
-                found.add(agent)
-                changed = True
-    return found & (set(parents) | roots)
 
 
 @dataclass(eq=False)
@@ -350,31 +283,16 @@ class Spawner:
         env = {**self.config.environ, **(extra_env or {})}
         if self.config.session_root is not None:
             env["SPAWN_SESSION_ROOT"] = self.config.session_root
-        proc = await asyncio.create_subprocess_exec(
-            *self.config.spawn,
-            *args,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=cwd,
-        )
-        out, err = await proc.communicate()
-        return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+        return await session_files.run_cli(self.config.spawn, *args, env=env, cwd=cwd)
 
     async def run_json(
         self, *args: str, ok: Sequence[int] = (0,), cwd: str | None = None, extra_env: Mapping[str, str] | None = None
     ) -> dict[str, Any]:
         code, out, err = await self.run(*args, cwd=cwd, extra_env=extra_env)
-        if code not in ok:
-            raise ToolError(error_line(err, code))
         try:
-            data = json.loads(out.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise ToolError(f"spawn.py printed no JSON (exit {code}): {error_line(err, code)}") from None
-        if not isinstance(data, dict):
-            raise ToolError(f"spawn.py printed {type(data).__name__}, expected an object")
-        return data
+            return session_files.cli_json(code, out, err, ok)
+        except session_files.CliError as exc:
+            raise ToolError(str(exc)) from None
 
     # Limits: the server's caps bound everything started through it, whatever the tool arguments say.
     #
@@ -395,8 +313,8 @@ class Spawner:
         for s in self.started.values():
             session = s.agent_dir.parent.parent
             spent, live = 0.0, False
-            for agent in subtree_ids(session, {s.agent_id}):
-                outcome = read_json(session / "agents" / agent / "outcome.json")
+            for agent in session_files.subtree_ids(session, {s.agent_id}):
+                outcome = session_files.read_json(session / "agents" / agent / "outcome.json")
                 if outcome is not None and outcome.get("status") == "refused":
                     continue
                 count += 1
@@ -445,7 +363,7 @@ class Spawner:
             argv += ["--schema", schema if isinstance(schema, str) else json.dumps(schema)]
         if c.max_depth is not None:
             argv += ["--max-depth", str(c.max_depth)]
-        budget = min_known(args.get("max_budget_usd"), left)
+        budget = session_files.min_known(args.get("max_budget_usd"), left)
         env: dict[str, str] = {}
         # Under a spawn.py agent, every spawn is that agent's child: its tree's limits and ledger hold it.
         in_tree = "SPAWN_SESSION" in c.environ
@@ -470,10 +388,10 @@ class Spawner:
         data = await self.run_json(*argv, ok=(0, 4), extra_env=env)
         agent_id = str(data["id"])
         agent_dir = Path(str(data["agent_dir"]))
-        meta = read_json(agent_dir / "meta.json") or {}
+        meta = session_files.read_json(agent_dir / "meta.json") or {}
         hold = meta.get("max_budget_usd")
         self.started[agent_id] = Started(agent_id, agent_dir, connection, float(hold) if isinstance(hold, int | float) else None)
-        session_info = read_json(agent_dir.parent.parent / "session.json") or {}
+        session_info = session_files.read_json(agent_dir.parent.parent / "session.json") or {}
         if root and session_info.get("root_agent") == agent_id:  # not a resume placed in its original's session
             self.session = agent_dir.parent.parent
         result = {"agent_id": agent_id, "status": data.get("status", "running"), "agent_dir": str(agent_dir)}
@@ -628,7 +546,9 @@ def build_server(spawner: Spawner) -> MCPServer:
                 if len(finished) == len(ids) or (mode == "any" and finished) or left <= 0:
                     break  # first: an outcome reaches the client before any bookkeeping
                 if tick or changed & asks_dirs:
-                    asks = [a for session in sessions for a in pending_asks(session, subtree_ids(session, set(ids)))]
+                    asks = [
+                        a for session in sessions for a in session_files.pending_asks(session, session_files.subtree_ids(session, set(ids)))
+                    ]
                     if ctx is not None and asks:
                         try:
                             asks = await elicit_asks(spawner, ctx, asks)
@@ -648,7 +568,7 @@ def build_server(spawner: Spawner) -> MCPServer:
             await report_progress(ctx, len(finished), len(ids))
         if len(finished) < len(ids):  # what still waits on someone, as of now
             sessions = {d.parent.parent for d in dirs.values()}
-            asks = [a for s in sessions for a in pending_asks(s, subtree_ids(s, set(ids)))]
+            asks = [a for s in sessions for a in session_files.pending_asks(s, session_files.subtree_ids(s, set(ids)))]
         timed_out = len(finished) < (1 if mode == "any" and ids else len(ids))
         failed = any(o.get("status") != "done" for o in finished.values())
         data = {
@@ -774,8 +694,6 @@ async def elicit_asks(spawner: Spawner, ctx: Context, asks: list[dict[str, Any]]
 
 
 def run_http(server: MCPServer, host: str, port: int, token: str | None) -> None:
-    import hmac
-
     import uvicorn
     from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -784,9 +702,7 @@ def run_http(server: MCPServer, host: str, port: int, token: str | None) -> None
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and token is not None:
             headers = dict(scope.get("headers") or [])
-            # Bytes: compare_digest refuses a str with non-ASCII characters (a 500).
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, f"Bearer {token}".encode()):
+            if not session_files.token_matches(headers.get(b"authorization", b""), token):
                 await send({"type": "http.response.start", "status": 401, "headers": [(b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": b"missing or wrong bearer token\n"})
                 return
@@ -819,17 +735,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     environ = dict(os.environ)
-    if args.python:
-        runner = shlex.split(args.python)
-    elif environ.get("SPAWN_PYTHON"):
-        runner = [environ["SPAWN_PYTHON"]]
-    else:
-        runner = ["uv", "run", "--quiet", "--script"]
     if not Path(args.spawn).is_file():
         print(f"mcp_server: error: --spawn {args.spawn} is not a file; point it at spawn.py", file=sys.stderr)
         return 2
     config = Config(
-        spawn=[*runner, str(Path(args.spawn).resolve())],
+        spawn=session_files.spawn_command(args.spawn, args.python, environ),
         session_root=str(Path(args.session).expanduser().resolve()) if args.session else None,
         max_depth=args.max_depth,
         max_budget_usd=args.max_budget_usd,
@@ -849,14 +759,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     token = None
     if args.token_file:
         try:
-            token = Path(args.token_file).read_text().strip()
-        except OSError as exc:
-            print(f"mcp_server: error: can't read --token-file {args.token_file}: {exc.strerror}", file=sys.stderr)
+            token = session_files.read_token_file(args.token_file)
+        except ValueError as exc:
+            print(f"mcp_server: error: {exc}", file=sys.stderr)
             return 2
-        if not token:
-            print(f"mcp_server: error: --token-file {args.token_file} is empty", file=sys.stderr)
-            return 2
-    if not is_loopback(host) and token is None:
+    if not session_files.is_loopback(host) and token is None:
         print(
             f"mcp_server: error: refusing to serve {host} without a bearer token; pass --token-file PATH or bind 127.0.0.1",
             file=sys.stderr,

@@ -29,9 +29,7 @@ A sibling of spawn.py: it reads the session directory only, never imports it.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -43,26 +41,15 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from session_files import iter_jsonl, native_subagents, parse_time, read_json
 
 SERVICE_NAME = "spawn.py"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def nanos(value: Any) -> int | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return int(dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1e9)
-    except ValueError:
-        return None
+    seconds = parse_time(value)
+    return None if seconds is None else int(seconds * 1e9)
 
 
 def context(trace_id: str, span_id: str) -> SpanContext:
@@ -72,17 +59,7 @@ def context(trace_id: str, span_id: str) -> SpanContext:
 def permission_events(agent_dir: Path) -> list[Event]:
     """Denied calls and asks, from the transcript's PermissionDecision lines."""
     events = []
-    try:
-        lines = (agent_dir / "transcript.jsonl").read_text(errors="replace").splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        if '"PermissionDecision"' not in line:
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
+    for record in iter_jsonl(agent_dir / "transcript.jsonl", b'"PermissionDecision"'):
         message = record.get("message") or {}
         at = nanos(record.get("time"))
         if not isinstance(message, dict) or at is None:
@@ -141,21 +118,10 @@ def agent_span(agent_dir: Path, resource: Resource) -> ReadableSpan | None:
 
 def native_spans(agent_dir: Path, parent: ReadableSpan, resource: Resource) -> list[ReadableSpan]:
     """Claude Code's own subagents of an agent (native.jsonl), as child spans."""
-    nodes: dict[str, dict[str, Any]] = {}
-    try:
-        lines = (agent_dir / "native.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    for raw in lines:
-        try:
-            line = json.loads(raw)
-            nodes.setdefault(str(line["agent_id"]), {})[str(line["event"])] = line
-        except (ValueError, KeyError, TypeError):
-            continue
     assert parent.context is not None
     trace_id = f"{parent.context.trace_id:032x}"
     spans = []
-    for native_id, node in nodes.items():
+    for native_id, node in native_subagents(agent_dir).items():
         first, stop = node.get("start") or node.get("stop") or {}, node.get("stop")
         start = nanos(first.get("time")) or parent.start_time or 0
         end = (nanos(stop.get("time")) if stop else None) or parent.end_time or start

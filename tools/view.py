@@ -40,10 +40,12 @@ import html
 import json
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from session_files import ask_paths, clip, iter_jsonl, native_subagents, open_regular, parse_jsonl, parse_time, read_json
 
 # Colours by outcome status; "running" is an agent without an outcome yet.
 STATUS_COLOURS: dict[str, str] = {
@@ -140,28 +142,10 @@ class Timeline:
 # ------------------------------------------------------------------ reading --
 
 
-def parse_time(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A record, or None when it is absent or not (yet) whole."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def tail_lines(path: Path) -> list[dict[str, Any]]:
     """The transcript's last lines, reading only its end."""
     try:
-        with open(path, "rb") as fh:
+        with open_regular(path) as fh:
             size = fh.seek(0, 2)
             fh.seek(max(0, size - TRANSCRIPT_TAIL_BYTES))
             chunk = fh.read()
@@ -171,48 +155,6 @@ def tail_lines(path: Path) -> list[dict[str, Any]]:
     if len(chunk) >= TRANSCRIPT_TAIL_BYTES:
         lines = lines[1:]  # the first line is cut
     return parse_jsonl(lines)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        return parse_jsonl(path.read_bytes().splitlines())
-    except OSError:
-        return []
-
-
-def parse_jsonl(lines: Sequence[bytes]) -> list[dict[str, Any]]:
-    """The whole JSON objects among lines; a torn or foreign line is skipped."""
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-def iter_transcript(path: Path) -> Iterator[dict[str, Any]]:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                # Only permission lines are needed from the whole file.
-                if '"PermissionDecision"' not in line:
-                    continue
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict):
-                    yield record
-    except OSError:
-        return
-
-
-def clip(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def describe_line(record: Mapping[str, Any]) -> str:
@@ -254,17 +196,12 @@ def token_count(usage: Any) -> int:
 def read_asks(session: Path) -> dict[str, list[Mark]]:
     """Asks by agent id, with their answer (or pending)."""
     found: dict[str, list[Mark]] = {}
-    folder = session / "asks"
-    if not folder.is_dir():
-        return found
-    for path in sorted(folder.glob("q-*.json")):
-        if path.name.endswith(".answer.json"):
-            continue
+    for path in ask_paths(session):
         ask = read_json(path)
         at = parse_time(ask.get("created_at")) if ask else None
         if ask is None or at is None:
             continue
-        answer = read_json(folder / f"{path.stem}.answer.json")
+        answer = read_json(path.with_name(f"{path.stem}.answer.json"))
         state = str(answer.get("verdict")) if answer else "pending"
         label = f"ask {ask.get('id')}: {ask.get('tool')} {ask.get('input')} (rule {ask.get('rule')}): {state}"
         found.setdefault(str(ask.get("agent_id")), []).append(Mark("ask", at, clip(label, LINE_CHARS), state))
@@ -287,7 +224,8 @@ def read_agent(agent_dir: Path, now: float, asks: Mapping[str, list[Mark]]) -> A
     cost = outcome.get("cost_usd") if outcome else None
     transcript = agent_dir / "transcript.jsonl"
     marks = list(asks.get(str(meta["id"]), []))
-    for record in iter_transcript(transcript):
+    # Only permission lines are needed from the whole file.
+    for record in iter_jsonl(transcript, b'"PermissionDecision"'):
         message = record.get("message") or {}
         at = parse_time(record.get("time"))
         # by "rules": a deny rule; "terminal": the person at the root's terminal
@@ -320,25 +258,14 @@ def read_natives(agent_dir: Path, parent: Agent, now: float) -> list[Agent]:
 
     Their cost is inside the parent's (the CLI counts it), so they add none.
     """
-    nodes: dict[str, dict[str, Any]] = {}
-    try:
-        lines = (agent_dir / "native.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    for raw in lines:
-        try:
-            line = json.loads(raw)
-            nodes.setdefault(str(line["agent_id"]), {})[str(line["event"])] = line
-        except (ValueError, KeyError, TypeError):
-            continue
     found = []
-    for native_id, node in nodes.items():
+    for native_id, node in native_subagents(agent_dir).items():
         first = node.get("start") or node.get("stop") or {}
         stop = node.get("stop")
         start = parse_time(first.get("time")) or parent.start
         end = (parse_time(stop.get("time")) if stop else None) or (parent.end if parent.outcome else now)
         transcript = Path(stop["transcript_path"]) if stop and stop.get("transcript_path") else None
-        records = [r for r in read_jsonl(transcript) if r.get("type") == "assistant"] if transcript else []
+        records = [r for r in iter_jsonl(transcript) if r.get("type") == "assistant"] if transcript else []
         usage = [r["message"].get("usage") for r in records if isinstance(r.get("message"), dict)]
         agent_type = str(first.get("agent_type", "?"))
         meta = {"kind": "native", "agent_type": agent_type, "transcript_path": str(transcript or "")}
