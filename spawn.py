@@ -268,9 +268,11 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as dt
+import difflib
 import enum
 import errno
 import functools
+import hashlib
 import importlib
 import importlib.machinery
 import itertools
@@ -10894,6 +10896,9 @@ def kill_agent(agent_dir: Path, secrets_: Sequence[str]) -> list[str]:
 
 
 
+
+
+
 # ------------------------------------------------ task graphs and workflows --
 # `dag run FILE` registers itself as an agent node ("dag") and starts every
 # task as a background child of that node, through spawn.py's own CLI, so
@@ -10920,27 +10925,88 @@ class DagTask:
     """How many times a failed run of it is started again before --on-fail applies; None: --retries, else 0."""
 
 
-def spawn_option_names() -> set[str]:
+def spawn_option_names(parser: argparse.ArgumentParser | None = None) -> set[str]:
     """Option names a DAG may set: every run flag's dest except the ones the runner owns."""
-    return {a.dest for a in build_run_parser()._actions} - DAG_FLAG_OPTIONS
+    return {a.dest for a in (parser or build_run_parser())._actions} - DAG_FLAG_OPTIONS
 
 
-def fill_vars(value: Any, variables: Mapping[str, str], where: str) -> Any:
-    """{{var.x}} replaced in every string of value; an undefined var is a UsageError."""
+DagPath = tuple[str | int, ...]
+"""Where in a graph document: ("tasks", 2, "blockedBy", 0) is task #3's first blocker."""
+
+
+class DagProblems(UsageError):
+    """Every problem of a graph file at once (exit 2), one `spawn: error: FILE:LINE: ...` line each.
+
+    main() prints `spawn: error: ` before the message; the lines after the
+    first carry their own, so a file with four problems takes one run to see them.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\nspawn: error: ".join(self.problems))
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'x'?)' for the closest choice, or ''."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def document_lines(text: str) -> dict[DagPath, int]:
+    """The 1-based line of every mapping, key and sequence item of a YAML (or JSON) document, by its path.
+
+    Composed again, after load_input took the data, by the same bounded
+    loader: JSON is YAML too, so one walk gives lines for both. A document
+    the composer refuses gives no lines (load_input has said why already).
+    """
+    import yaml
+
+    loader = bounded_yaml_loader()(text)
+    try:
+        root = loader.get_single_node()
+    except (yaml.YAMLError, RecursionError):
+        return {}
+    finally:
+        loader.dispose()
+    lines: dict[DagPath, int] = {}
+    seen: set[int] = set()
+
+    def walk(node: Any, path: DagPath) -> None:
+        if node is None or id(node) in seen:
+            return  # an alias: its anchor's lines stand; walked once, however often it is named
+        seen.add(id(node))
+        lines.setdefault(path, node.start_mark.line + 1)
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    lines[(*path, key.value)] = key.start_mark.line + 1
+                    walk(value, (*path, key.value))
+        elif isinstance(node, yaml.SequenceNode):
+            for n, item in enumerate(node.value):
+                walk(item, (*path, n))
+
+    walk(root, ())  # nested at most JSON_MAX_DEPTH deep: the loader refused deeper
+    return lines
+
+
+def undefined_vars(value: Any, variables: Mapping[str, str]) -> list[str]:
+    """Names of the {{var.x}} in value (every string in it) that variables lacks, in order, once each."""
     if isinstance(value, str):
+        return list(dict.fromkeys(m.group(1) for m in DAG_VAR.finditer(value) if m.group(1) not in variables))
+    if isinstance(value, list | dict):
+        parts = value.values() if isinstance(value, dict) else value
+        return list(dict.fromkeys(name for v in parts for name in undefined_vars(v, variables)))
+    return []
 
-        def sub(m: re.Match[str]) -> str:
-            if m.group(1) not in variables:
-                raise UsageError(
-                    f"{where}: undefined variable {{{{var.{m.group(1)}}}}}; define it under 'vars:' or pass --var {m.group(1)}=VALUE"
-                )
-            return variables[m.group(1)]
 
-        return DAG_VAR.sub(sub, value)
+def fill_vars(value: Any, variables: Mapping[str, str]) -> Any:
+    """{{var.x}} replaced in every string of value; an undefined one stays (undefined_vars reports it)."""
+    if isinstance(value, str):
+        return DAG_VAR.sub(lambda m: variables.get(m.group(1), m.group(0)), value)
     if isinstance(value, list):
-        return [fill_vars(v, variables, where) for v in value]
+        return [fill_vars(v, variables) for v in value]
     if isinstance(value, dict):
-        return {k: fill_vars(v, variables, where) for k, v in value.items()}
+        return {k: fill_vars(v, variables) for k, v in value.items()}
     return value
 
 
@@ -10983,65 +11049,126 @@ def dag_levels(tasks: Sequence[DagTask]) -> list[list[str]]:
     return out
 
 
-def retries_of(raw: Mapping[str, Any], where: str) -> int | None:
-    """A task's (or the defaults') `retries:`, checked: a whole number >= 0, or None when absent."""
-    value = raw.get("retries")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise UsageError(f"{where}: 'retries:' must be a whole number >= 0, got {value!r}")
-    return value
+def retries_ok(value: Any) -> bool:
+    """Is a `retries:` value usable: absent, or a whole number >= 0?"""
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
-def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str) -> list[DagTask]:
-    """Check a DAG document and resolve its tasks; every problem is a UsageError naming the task."""
+class DagChecker:
+    """Resolves a graph document's tasks and collects every problem, each at its line, instead of stopping at the first."""
+
+    def __init__(self, source: str, lines: Mapping[DagPath, int], variables: Mapping[str, str]) -> None:
+        self.source, self.lines, self.variables = source, lines, variables
+        self.problems: list[tuple[int, str]] = []  # (line, text): reported in the file's order
+        self.parser = build_run_parser()
+        self.allowed = spawn_option_names(self.parser)
+
+    def problem(self, where: DagPath, what: str) -> None:
+        """Note a problem at where's line (or its nearest enclosing node's)."""
+        line = next((self.lines[where[:n]] for n in range(len(where), -1, -1) if where[:n] in self.lines), None)
+        self.problems.append((line or 0, f"{self.source}:{line}: {what}" if line else f"{self.source}: {what}"))
+
+    def filled(self, value: Any, where: DagPath, name: str) -> Any:
+        for var in undefined_vars(value, self.variables):
+            self.problem(where, f"{name}: undefined variable {{{{var.{var}}}}}; define it under 'vars:' or pass --var {var}=VALUE")
+        return fill_vars(value, self.variables)
+
+    def options(self, raw: Mapping[str, Any], where: DagPath, name: str) -> dict[str, Any]:
+        """A task's (or the defaults') spawn options, vars filled; unknown ones reported with the closest name."""
+        opts: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key in DAG_TASK_KEYS:
+                continue
+            opt = str(key).replace("-", "_")
+            if opt not in self.allowed:
+                near = did_you_mean(opt, self.allowed).replace("_", "-") if "-" in str(key) else did_you_mean(opt, self.allowed)
+                self.problem((*where, key), f"{name}: unknown option {key!r}{near}; use spawn.py's flag names (spawn.py --help)")
+                continue
+            opts[opt] = self.filled(value, (*where, key), name)
+        if not retries_ok(raw.get("retries")):
+            self.problem((*where, "retries"), f"{name}: 'retries:' must be a whole number >= 0, got {raw.get('retries')!r}")
+        return opts
+
+    def flags_parse(self, task: DagTask, where: DagPath) -> None:
+        """Report option values spawn.py's own parser refuses (a word for --max-turns, ...), as it would at the start."""
+        try:
+            self.parser.parse_args(dag_argv(task, task.task))
+        except UsageError as exc:
+            self.problem(where, f"task {task.id!r}: {exc.message}")
+
+    def task(self, raw: Any, n: int, base: Mapping[str, Any], seen: Mapping[str, int]) -> DagTask | None:
+        """Task #n+1 resolved, or None when it has no usable id; its other problems are noted."""
+        where: DagPath = ("tasks", n)
+        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not raw["id"]:
+            at = (*where, "id") if isinstance(raw, dict) and "id" in raw else where
+            self.problem(at, f"task #{n + 1} needs an 'id:' string; add 'id: NAME'")
+            return None
+        name = f"task {raw['id']!r}"
+        if raw["id"] in seen:
+            self.problem((*where, "id"), f"{name}: duplicate id (task #{seen[raw['id']] + 1} has it too); give each task its own id")
+            return None
+        prompt = raw.get("task")
+        if not isinstance(prompt, str) or not prompt.strip():
+            self.problem(where, f"{name}: needs a 'task:' prompt; add 'task: TEXT'")
+            prompt = ""
+        blocked = raw.get("blockedBy") or []
+        blocked = [blocked] if isinstance(blocked, str) else blocked
+        if not isinstance(blocked, list) or not all(isinstance(b, str) for b in blocked):
+            self.problem((*where, "blockedBy"), f"{name}: 'blockedBy:' must be a list of task ids")
+            blocked = []
+        before = len(self.problems)
+        task = DagTask(raw["id"], self.filled(prompt, (*where, "task"), name), list(blocked), {**base, **self.options(raw, where, name)})
+        task.retries = raw.get("retries") if retries_ok(raw.get("retries")) else None
+        if len(self.problems) == before:
+            self.flags_parse(task, where)
+        return task
+
+    def graph(self, tasks: Sequence[DagTask], index: Mapping[str, int]) -> None:
+        """Unknown ids in blockedBy, each at its line, and a cycle at the entry that closes it."""
+        ids = set(index)
+        for t in tasks:
+            for i, b in enumerate(t.blocked_by):
+                if b not in ids:
+                    where = ("tasks", index[t.id], "blockedBy", i)
+                    self.problem(where, f"task {t.id!r}: unknown id {b!r} in blockedBy{did_you_mean(b, ids)}; use one of the tasks' ids")
+        cycle = find_cycle({t.id: [b for b in t.blocked_by if b in ids] for t in tasks})
+        if cycle:
+            first = next(t for t in tasks if t.id == cycle[0])
+            where = ("tasks", index[first.id], "blockedBy", first.blocked_by.index(cycle[1]))
+            self.problem(where, f"cycle in blockedBy: {' -> '.join(cycle)}; remove one of these blockedBy entries")
+
+
+def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str, lines: Mapping[DagPath, int] | None = None) -> list[DagTask]:
+    """Check a DAG document and resolve its tasks; DagProblems lists every problem, each at its line (lines: document_lines)."""
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
-        raise UsageError(f"{source}: expected a mapping with a non-empty 'tasks:' list")
-    unknown_top = set(data) - {"tasks", "defaults", "vars"}
-    if unknown_top:
-        raise UsageError(f"{source}: unknown top-level key(s) {', '.join(sorted(unknown_top))}; use tasks, defaults, vars")
-    variables = {str(k): str(v) for k, v in (data.get("vars") or {}).items()}
-    variables.update(cli_vars)
-    allowed = spawn_option_names()
-
-    def options_of(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
-        opts = {str(k).replace("-", "_"): v for k, v in raw.items() if k not in DAG_TASK_KEYS}
-        bad = sorted(set(opts) - allowed)
-        if bad:
-            raise UsageError(f"{where}: unknown option(s) {', '.join(bad)}; use spawn.py's flag names (spawn.py --help)")
-        return cast(dict[str, Any], fill_vars(opts, variables, where))
-
+        raise DagProblems([f"{source}: expected a mapping with a non-empty 'tasks:' list; add 'tasks:' with '- id: NAME' and 'task: TEXT'"])
+    raw_vars = data.get("vars") or {}
+    check = DagChecker(source, lines or {}, {})
+    if not isinstance(raw_vars, dict):
+        check.problem(("vars",), "'vars:' must be a mapping of names to values")
+        raw_vars = {}
+    check.variables = {**{str(k): str(v) for k, v in raw_vars.items()}, **cli_vars}
+    top = ("tasks", "defaults", "vars")
+    for key in data:
+        if key not in top:
+            check.problem((key,), f"unknown top-level key {key!r}{did_you_mean(str(key), top)}; use tasks, defaults, vars")
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
-        raise UsageError(f"{source}: 'defaults:' must be a mapping")
-    base = options_of(defaults, f"{source}: defaults")
-    default_retries = retries_of(defaults, f"{source}: defaults")
+        check.problem(("defaults",), "'defaults:' must be a mapping of spawn options")
+        defaults = {}
+    base = check.options(defaults, ("defaults",), "defaults")
+    default_retries = defaults.get("retries") if retries_ok(defaults.get("retries")) else None
     tasks: list[DagTask] = []
+    index: dict[str, int] = {}
     for n, raw in enumerate(data["tasks"]):
-        if not isinstance(raw, dict) or not isinstance(raw.get("id"), str) or not raw["id"]:
-            raise UsageError(f"{source}: task #{n + 1} needs an 'id:' string")
-        where = f"{source}: task {raw['id']!r}"
-        if any(t.id == raw["id"] for t in tasks):
-            raise UsageError(f"{where}: duplicate id")
-        if not isinstance(raw.get("task"), str) or not raw["task"].strip():
-            raise UsageError(f"{where}: needs a 'task:' prompt")
-        blocked = raw.get("blockedBy") or []
-        if isinstance(blocked, str):
-            blocked = [blocked]
-        if not isinstance(blocked, list) or not all(isinstance(b, str) for b in blocked):
-            raise UsageError(f"{where}: 'blockedBy:' must be a list of task ids")
-        retries = retries_of(raw, where)
-        task = DagTask(raw["id"], fill_vars(raw["task"], variables, where), list(blocked), {**base, **options_of(raw, where)})
-        task.retries = default_retries if retries is None else retries
-        tasks.append(task)
-    ids = {t.id for t in tasks}
-    for t in tasks:
-        missing = [b for b in t.blocked_by if b not in ids]
-        if missing:
-            raise UsageError(f"{source}: task {t.id!r}: unknown id(s) in blockedBy: {', '.join(missing)}")
-    cycle = find_cycle({t.id: t.blocked_by for t in tasks})
-    if cycle:
-        raise UsageError(f"{source}: cycle in blockedBy: {' -> '.join(cycle)}")
+        task = check.task(raw, n, base, index)
+        if task is not None:
+            task.retries = default_retries if task.retries is None else task.retries
+            tasks.append(task)
+            index[task.id] = n
+    check.graph(tasks, index)
+    if check.problems:
+        raise DagProblems([text for _, text in sorted(check.problems, key=lambda p: p[0])])
     return tasks
 
 
@@ -11102,18 +11229,32 @@ def dag_prompt(t: DagTask, results: Mapping[str, Mapping[str, Any]]) -> str:
     return "\n".join(parts)
 
 
-def load_dag_file(path: str, cli_vars: Sequence[str]) -> list[DagTask]:
+def dag_vars(items: Sequence[str]) -> dict[str, str]:
+    """--var KEY=VALUE values by key."""
     variables = {}
-    for item in cli_vars:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"--var {item!r}: expected KEY=VALUE")
         variables[key] = value
+    return variables
+
+
+def read_dag_text(path: str) -> str:
     try:
-        text = read_input(path)
+        return read_input(path)
     except OSError as exc:
         raise UsageError(f"can't read DAG file {path}: {exc.strerror}") from None
-    return parse_dag(load_input(text, path, "JSON" if path.endswith(".json") else "YAML"), variables, path)
+
+
+def dag_from_text(text: str, source: str, variables: Mapping[str, str]) -> list[DagTask]:
+    """A graph file's text checked and resolved: every problem at once, each at its line (DagProblems)."""
+    data = load_input(text, source, "JSON" if source.endswith(".json") else "YAML")
+    return parse_dag(data, variables, source, document_lines(text))
+
+
+def load_dag_file(path: str, cli_vars: Sequence[str]) -> list[DagTask]:
+    return dag_from_text(read_dag_text(path), path, dag_vars(cli_vars))
 
 
 def journal_path(session: Path, runner_id: str) -> Path:
@@ -11138,7 +11279,7 @@ def journal_state(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
     """The last record of each task in a journal: its state ("started", "done", "failed", "skipped")."""
     state: dict[str, dict[str, Any]] = {}
     for r in records:
-        if r.get("event") == "task":
+        if r.get("event") == "task" and isinstance(r.get("task"), str):
             state[r["task"]] = dict(r)
     return state
 
@@ -11324,10 +11465,24 @@ def run_dag(
     return results
 
 
-def register_dag_runner(what: str, topic: str, args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Path, Plan]:
-    """Register the runner as an agent node: tasks are its children, so kill, status and limits reach them."""
-    argv = ["--task", what, "--topic", topic, "--tools", ",".join(sorted(KNOWN_TOOLS))]
-    for flag, value in (("--timeout", args.timeout), ("--max-budget-usd", args.max_budget_usd), ("--session", args.session)):
+def register_dag_runner(
+    what: str, topic: str, args: argparse.Namespace, environ: Mapping[str, str], first: AgentMeta | None = None
+) -> tuple[Path, Plan]:
+    """Register the runner as an agent node: tasks are its children, so kill, status and limits reach them.
+
+    A resume passes the first run's runner (first): its limits are derived
+    again as any spawn's are, from the caller, and then narrowed to that
+    runner's tools, max depth, rules, deadline span and budget. The resume's
+    own flags narrow further; nothing widens them.
+    """
+    argv = ["--task", what, "--topic", topic, "--tools", ",".join(sorted(KNOWN_TOOLS) if first is None else first.tools)]
+    timeout, budget = args.timeout, args.max_budget_usd
+    if first is not None:
+        argv += ["--max-depth", str(first.max_depth)]
+        argv += [x for kind in ("deny", "ask") for rule in first.permissions.get(kind, []) for x in (f"--{kind}", rule)]
+        timeout = min_known(timeout, None if first.deadline is None else max(first.deadline - first.create_time, 1.0))
+        budget = min_known(budget, first.max_budget_usd)
+    for flag, value in (("--timeout", timeout), ("--max-budget-usd", budget), ("--session", args.session)):
         argv += [flag, str(value)] if value is not None else []
     plan = plan_run(build_run_parser().parse_args(argv), environ, ancestry_context())
     plan.meta.agent = "dag"
@@ -11428,7 +11583,9 @@ def go_on_at_terminal(t: DagTask) -> bool:
 def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.action == "resume":
         return resume_dag(args, environ)
-    tasks = load_dag_file(args.file, args.var or [])
+    text = read_dag_text(args.file)
+    variables = dag_vars(args.var or [])
+    tasks = dag_from_text(text, args.file, variables)
     levels = dag_levels(tasks)
     if args.action == "validate":
         emit({"valid": True, "file": args.file, "tasks": len(tasks), "levels": len(levels)})
@@ -11444,14 +11601,13 @@ def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     apply_retries(tasks, args.retries)
     on_fail = failure_policy(args.on_fail, args.fail_fast, None)
     started = time.time()
-    runner_dir, plan = register_dag_runner(f"dag run {args.file}", f"dag {Path(args.file).stem}", args, environ)
-    for t in tasks:
-        if "tools" not in t.options and "agent" not in t.options:
-            # A task with no tools gets what a plain spawn here would, not the runner's wide set.
-            t.options["tools"] = list(plan.inherited.tools or DEFAULT_TOOLS)
+    graph_file = str(Path(args.file).resolve())
+    runner_dir, plan = register_dag_runner(f"dag run {graph_file}", f"dag {Path(args.file).stem}", args, environ)
+    give_default_tools(tasks, plan)
     journal = journal_path(Path(plan.meta.session), plan.meta.id)
     journal.parent.mkdir(exist_ok=True)
-    graph: dict[str, Any] = {"event": "graph", "time": utc_now_iso(), "runner_id": plan.meta.id, "file": str(Path(args.file).resolve())}
+    graph: dict[str, Any] = {"event": "graph", "time": utc_now_iso(), "runner_id": plan.meta.id, "file": graph_file}
+    graph.update(sha256=hashlib.sha256(text.encode()).hexdigest(), vars=variables)
     graph.update(max_concurrent=args.max_concurrent, fail_fast=on_fail == "abort", on_fail=on_fail)
     graph["tasks"] = [record_to_json(t) for t in tasks]
     append_jsonl(journal, graph, plan.secrets)
@@ -11463,57 +11619,123 @@ def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return finish_runner(runner_dir, plan, results, started, journal)
 
 
+def give_default_tools(tasks: Sequence[DagTask], plan: Plan) -> None:
+    """A task with no tools gets what a plain spawn here would, not the runner's wide set."""
+    for t in tasks:
+        if "tools" not in t.options and "agent" not in t.options:
+            t.options["tools"] = list(plan.inherited.tools or DEFAULT_TOOLS)
+
+
+def first_runner_of(session: Path, journal: Path) -> tuple[AgentMeta, dict[str, Any], list[dict[str, Any]]]:
+    """The `dag run` runner that wrote this journal, its graph line, and the journal's lines.
+
+    The runner's own meta.json names the graph file it ran ("dag run FILE");
+    the journal's first line must name the same one, with the hash of its
+    text. Anything else in the journal is believed only as far as
+    done_in_journal checks it. A StateError says why this journal is not one.
+    """
+    try:
+        first = load_meta(session / AGENTS_DIR / journal.stem)
+    except (OSError, SpawnError):
+        raise StateError(f"{journal.name} is not named after a runner of this session") from None
+    ran = Path(first.cwd, first.task.removeprefix("dag run ")).resolve() if first.task.startswith("dag run ") else None
+    if first.agent != "dag" or ran is None:
+        raise StateError(f"{journal.name}'s runner {first.id} is not a 'dag run' (workflow verbs are run again, not resumed)")
+    records = read_journal(journal)
+    graph = records[0] if records and records[0].get("event") == "graph" else {}
+    if graph.get("runner_id") != first.id or not isinstance(graph.get("file"), str) or Path(graph["file"]) != ran:
+        raise StateError(f"{journal.name}'s first line is not the graph line its runner {first.id} wrote for {ran}")
+    if not isinstance(graph.get("sha256"), str):
+        raise StateError(f"{journal.name} records no hash of {ran} (an older spawn.py wrote it); start it anew: 'spawn.py dag run {ran}'")
+    return first, graph, records
+
+
+def resumable_journal(session: Path) -> tuple[Path, AgentMeta, dict[str, Any], list[dict[str, Any]]]:
+    """The newest journal of the session that a `dag run` runner wrote; others are noted and passed over."""
+    journals = sorted((session / DAGS_DIR).glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for journal in journals:
+        try:
+            return (journal, *first_runner_of(session, journal))
+        except StateError as exc:
+            note(f"dag resume: passed over {journal}: {exc.message}")
+    raise UsageError(f"no DAG journal of a 'dag run' in {session / DAGS_DIR}; pass the session directory of a 'dag run'")
+
+
+def done_in_journal(
+    session: Path, records: Sequence[Mapping[str, Any]], ids: AbstractSet[str], secrets_: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """Tasks already done, by id: the journal says which agent ran a task; that agent's own records say whether it is done.
+
+    A line naming a task the graph lacks is ignored, and said so. A task
+    counts as done only when its agent is in this session, was started for
+    that task by a DAG runner, and has a done outcome: a forged "done" with an
+    output of its choosing reruns the task instead. An agent of a task
+    still running (its runner died) is ended, to be started again.
+    """
+    done: dict[str, dict[str, Any]] = {}
+    for tid, last in journal_state(records).items():
+        if tid not in ids:
+            note(f"dag resume: journal lines for task {tid[:80]!r} ignored: the graph file has no such task")
+            continue
+        agent_id = last.get("agent_id")
+        if last.get("status") not in ("done", "started") or not isinstance(agent_id, str) or Path(agent_id).name != agent_id:
+            continue
+        d = session / AGENTS_DIR / agent_id
+        try:
+            meta = load_meta(d)
+            parent = meta.parent_id if meta.parent_id is not None and Path(meta.parent_id).name == meta.parent_id else None
+            ours = meta.topic == tid and parent is not None and load_meta(session / AGENTS_DIR / parent).agent == "dag"
+            outcome = read_outcome(d) if ours else None
+        except (OSError, SpawnError):
+            ours, outcome = False, None
+        if not ours:
+            note(f"dag resume: task {tid!r}: the journal's agent {agent_id[:80]!r} did not run it; it runs again")
+        elif outcome is None:
+            kill_agent(d, secrets_)  # still running, orphaned: end it before starting it again
+        elif outcome.get("status") == Status.DONE:
+            out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
+            done[tid] = {"status": "done", "agent_id": d.name, "output": out, "outcome": str(d / OUTCOME)}
+    return done
+
+
 def resume_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """Run again what has no .done in a session's latest DAG journal; keep what is done."""
+    """Run the graph file's tasks that are not done, under the first run's limits; the journal says only what is done."""
     session = Path(args.file).expanduser().resolve()
-    journals = sorted((session / DAGS_DIR).glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
-    if not journals:
-        raise UsageError(f"no DAG journal in {session / DAGS_DIR}; pass the session directory of a 'dag run'")
-    records = read_journal(journals[-1])
-    graph = next((r for r in records if r.get("event") == "graph"), None)
-    if graph is None:
-        raise StateError(f"{journals[-1]} has no graph record; it can't be resumed")
-    tasks = [DagTask(t["id"], t["task"], t["blocked_by"], t["options"], t.get("retries")) for t in graph["tasks"]]
+    journal, first, graph, records = resumable_journal(session)
+    text = read_dag_text(graph["file"])
+    if (now := hashlib.sha256(text.encode()).hexdigest()) != graph["sha256"]:
+        raise UsageError(
+            f"{graph['file']} changed since the first run (sha256 {graph['sha256'][:12]} then, {now[:12]} now); "
+            f"restore it, or start it anew with 'spawn.py dag run {graph['file']}'"
+        )
+    recorded_vars: dict[str, Any] = graph["vars"] if isinstance(graph.get("vars"), dict) else {}
+    tasks = dag_from_text(text, graph["file"], {**{str(k): str(v) for k, v in recorded_vars.items()}, **dag_vars(args.var or [])})
+    positive("--max-concurrent", args.max_concurrent, integer=True)
     apply_retries(tasks, args.retries)
-    recorded = graph.get("on_fail", "abort" if graph.get("fail_fast") else None)
+    recorded = graph.get("on_fail") if graph.get("on_fail") in ON_FAIL else ("abort" if graph.get("fail_fast") is True else None)
     if recorded == "ask" and not at_terminal():
         recorded = "abort"  # asked at a terminal then, none now: nothing may wait for an answer
     on_fail = failure_policy(args.on_fail, args.fail_fast, recorded)
-    secrets_ = secret_values(environ)
-    done: dict[str, dict[str, Any]] = {}
-    for tid, last in journal_state(records).items():
-        d = Path(last["agent_dir"]) if last.get("agent_dir") else None
-        if last["status"] == "done":
-            done[tid] = {k: v for k, v in last.items() if k in ("status", "agent_id", "output", "outcome")}
-        elif last["status"] == "started" and d is not None:
-            outcome = read_outcome(d)
-            if outcome is None:
-                kill_agent(d, secrets_)  # still running, orphaned: end it before starting it again
-            elif outcome.get("status") == Status.DONE:
-                out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
-                done[tid] = {"status": "done", "agent_id": d.name, "output": out, "outcome": str(d / OUTCOME)}
+    first_concurrent = graph.get("max_concurrent")
+    max_concurrent = args.max_concurrent or (first_concurrent if type(first_concurrent) is int and first_concurrent > 0 else None)
+    done = done_in_journal(session, records, {t.id for t in tasks}, secret_values(environ))
     env = {**environ, ENV_SESSION: str(session), ENV_DEPTH: environ.get(ENV_DEPTH, "-1")}
     if Path(environ.get(ENV_SESSION, "")) != session:
         env[ENV_DEPTH] = "-1"
         env.pop(ENV_AGENT_ID, None)
     args.session = None
     started = time.time()
-    runner_dir, plan = register_dag_runner(f"dag resume {graph['file']}", "dag-resume", args, env)
-    append_jsonl(journals[-1], {"event": "resume", "time": utc_now_iso(), "runner_id": plan.meta.id}, plan.secrets)
+    runner_dir, plan = register_dag_runner(f"dag resume {graph['file']}", "dag-resume", args, env, first)
+    give_default_tools(tasks, plan)
+    append_jsonl(journal, {"event": "resume", "time": utc_now_iso(), "runner_id": plan.meta.id}, plan.secrets)
     for tid, r in done.items():
-        append_jsonl(journals[-1], {"event": "task", "task": tid, "time": utc_now_iso(), **r}, plan.secrets)
+        append_jsonl(journal, {"event": "task", "task": tid, "time": utc_now_iso(), **r}, plan.secrets)
     note(f"dag resume {plan.meta.id}: {len(done)} of {len(tasks)} tasks already done")
     results = run_dag(
-        tasks,
-        runner_dir,
-        journals[-1],
-        done_before=done,
-        max_concurrent=graph.get("max_concurrent"),
-        on_fail=on_fail,
-        environ=environ,
+        tasks, runner_dir, journal, done_before=done, max_concurrent=max_concurrent, on_fail=on_fail, environ=environ,
         choose=ask_failure_at_terminal,
-    )
-    return finish_runner(runner_dir, plan, results, started, journals[-1])
+    )  # fmt: skip
+    return finish_runner(runner_dir, plan, results, started, journal)
 
 
 # Plan, build and explore: phases of one workflow DAG, sharing a state file.
