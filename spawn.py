@@ -417,8 +417,17 @@ DEFAULT_PERMISSION_MODE = "dontAsk"
 # sandbox (they run commands a model wrote); the root is the user's own call.
 SANDBOX_CHOICES = ("on", "off", "auto")
 # What Linux needs for Claude Code's sandbox, and how Debian/Ubuntu install it.
+# macOS needs only sandbox-exec (Seatbelt), which ships with it.
 SANDBOX_PROGRAMS = ("bwrap", "socat")
-SANDBOX_INSTALL = "apt-get install -y bubblewrap socat"
+SANDBOX_INSTALL = "apt-get install bubblewrap socat"
+SANDBOX_MACOS_PROGRAM = "sandbox-exec"
+# What an agent's Bash loses when --sandbox auto can't sandbox it (README's
+# threat model): said once on the root's stderr and in each such meta.json.
+SANDBOX_LOST = (
+    "their Bash runs as you, so it can write outside their allowed paths, "
+    "write the session's records other agents trust (outcomes, the ledger), "
+    "and start processes outside their tree"
+)
 # Where the CLI talks to when ANTHROPIC_BASE_URL is unset: a nested spawn in
 # Bash must still reach it through the sandbox's proxy.
 DEFAULT_API_HOST = "api.anthropic.com"
@@ -449,7 +458,9 @@ ROUTE_STOPWORDS = frozenset(
     "could do does done each example examples for from get has have help here how i if in into is it its just launch "
     "let like ll make me more my need needs new now of on one or our out please proactively should so some such "
     "sure task tasks than that the their them then there these they this to tool use used user uses using via want "
-    "wants we what when where which while who why will with work would you your agent agents".split()
+    "wants we what when where which while who why will with work would you your agent agents "
+    # Words that say nothing of a task's field: "Say hello" is for the default agent.
+    "not no nor never say says said tell hello hi hey thanks thank".split()
 )
 
 
@@ -1480,6 +1491,17 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
     lines.append(f"Your rights: permission mode {meta.permission_mode}" + (f"; rules: {'; '.join(rules)}" if rules else "") + ".")
     lines.append("A denied tool call is final: do not retry it another way.")
     return "\n".join(lines)
+
+
+def round_usd(value: float | None) -> float | None:
+    """Money as records and stdout carry it: to the micro-dollar, below any price, so
+    float sums' noise (0.013656000000000001) stays out (pure)."""
+    return None if value is None else round(value, 6)
+
+
+def claude_config_dir(environ: Mapping[str, str]) -> Path:
+    """Claude Code's config directory, as the CLI finds it (pure)."""
+    return Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
 
 
 def sandbox_wanted(requested: str, depth: int, max_depth: int, tools: Sequence[str]) -> bool:
@@ -4002,7 +4024,7 @@ def kept_by_spawn_py(tool: str, tool_input: Mapping[str, Any], cwd: str, kept: S
 
 def settings_files(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
     """Claude Code's settings files that hold a user's permission rules, lowest precedence first."""
-    config = Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
+    config = claude_config_dir(environ)
     return [config / "settings.json", cwd / ".claude" / "settings.json", cwd / ".claude" / "settings.local.json"]
 
 
@@ -4143,13 +4165,17 @@ ROUTE_SUFFIXES = (
 
 def route_stem(word: str) -> str:
     """A small suffix stripper: debug, debugging and debugger share `debug`,
-    optimize and optimization share `optimiz`. Crude, but the same on both sides."""
+    optimize and optimization share `optimiz`. Crude, but the same on both sides.
+    A suffix whose stem would be a stopword stays on: notes is no `not`."""
     for _ in range(2):  # again after a derivation: documentation -> document -> docu, as documents
         stripped = next(
             (
                 x
                 for x in ROUTE_SUFFIXES
-                if word.endswith(x) and len(word) - len(x) >= (4 if x.startswith("ur") else 3) and not (x == "s" and word.endswith("ss"))
+                if word.endswith(x)
+                and len(word) - len(x) >= (4 if x.startswith("ur") else 3)
+                and not (x == "s" and word.endswith("ss"))
+                and word[: -len(x)] not in ROUTE_STOPWORDS  # notes -> note, never not
             ),
             None,
         )  # (failure -> fail, but secure -> secur, as security)
@@ -5155,7 +5181,7 @@ def check_credentials(environ: Mapping[str, str]) -> None:
              "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")  # fmt: skip
     if any(environ.get(n) for n in names):
         return
-    config = Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
+    config = claude_config_dir(environ)
     if (config / ".credentials.json").is_file() or sys.platform == "darwin":  # macOS keeps them in the keychain
         return
     raise UsageError(
@@ -5343,14 +5369,9 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
     # Inside a parent's sandbox an agent is held by it, whatever it asks.
     sandbox = "inherited" if inside_sandbox() else "off"
-    if sandbox == "off" and node.kind == "claude" and sandbox_wanted(args.sandbox, depth, max_depth, tools):
-        sandbox = "on"
-        problem = sandbox_problem()
-        if problem is not None and refusal is None:
-            # Never run unsandboxed silently: the agent's Bash was to be contained.
-            refusal = (
-                f"sandbox: Claude Code's sandbox can't run here ({problem}); install it with `{SANDBOX_INSTALL}`, or pass --sandbox off"
-            )
+    if sandbox == "off" and node.kind == "claude":
+        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
+        refusal = refusal or sandbox_refusal
 
     session_root = resolve_session_root(args.session, environ)
     # A child stays in its tree's session, whatever --session says: there it
@@ -5426,6 +5447,28 @@ def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, w
     if requested is not None and requested > inherited:
         warnings.append(f"{flag} {requested} lowered to {whose} {inherited}")
     return inherited if requested is None else min(requested, inherited)
+
+
+def sandbox_choice(
+    requested: str, depth: int, max_depth: int, tools: Sequence[str], *, is_root: bool, warnings: list[str]
+) -> tuple[str, str | None]:
+    """The agent's sandbox (on or off) and, for --sandbox on where it can't run, the refusal.
+
+    auto never refuses: where the platform has no working sandbox the agents
+    it would sandbox run unsandboxed, each with the warning in its meta.json.
+    The root says it once, on the person's stderr, for the tree below it (its
+    descendants' stderr goes to their parents' Bash, not to the person).
+    """
+    if sandbox_wanted(requested, depth, max_depth, tools):
+        problem = sandbox_problem()
+        if problem is None:
+            return "on", None
+        if requested == "on":
+            return "on", f"sandbox: --sandbox on, but Claude Code's sandbox can't run here: {problem}; or pass --sandbox auto or off"
+        warnings.append(unsandboxed_warning(problem))
+    elif requested == "auto" and is_root and depth < max_depth and "Bash" in tools and (problem := sandbox_problem()) is not None:
+        warnings.append(unsandboxed_warning(problem))
+    return "off", None
 
 
 def refusal_for(
@@ -5628,6 +5671,9 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
 
 
 
+
+
+
 # ------------------------------------------------------------------ running --
 
 
@@ -5640,25 +5686,43 @@ def spawn_command() -> str:
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(compiled_script()))}"
 
 
-def sandbox_problem() -> str | None:
-    """Why Claude Code's sandbox can't run here, or None.
+def sandbox_problem(platform: str = sys.platform) -> str | None:
+    """Why Claude Code's sandbox can't run here, and what would make it, or None.
 
-    The CLI needs bwrap and socat on PATH, and a kernel that lets this user
-    create namespaces; a one-shot bwrap tells (a few ms, only when asked for).
+    On Linux the CLI needs bwrap and socat on PATH, and a kernel that lets
+    this user create namespaces; a one-shot bwrap tells (a few ms, only when
+    asked for). On macOS it uses Seatbelt's sandbox-exec, part of the system.
+    Elsewhere the CLI has no sandbox. (platform: for the tests of the others.)
     """
     import shutil
 
+    if platform == "darwin":
+        if shutil.which(SANDBOX_MACOS_PROGRAM) is None:
+            return f"{SANDBOX_MACOS_PROGRAM} not found on PATH; it ships with macOS in /usr/bin"
+        return None
+    if not platform.startswith("linux"):
+        return f"Claude Code has a sandbox only on Linux and macOS, not on {platform}"
     missing = [name for name in SANDBOX_PROGRAMS if shutil.which(name) is None]
     if missing:
-        return f"{' and '.join(missing)} not found on PATH"
+        return f"{' and '.join(missing)} not found on PATH; install them: `{SANDBOX_INSTALL}`, or your distribution's equivalent"
     probe = ["bwrap", "--ro-bind", "/", "/", "--unshare-user", "--unshare-pid", "--unshare-net", "--proc", "/proc", "true"]
     try:
         proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap can't run: {exc}"
     if proc.returncode != 0:
-        return f"bwrap can't create namespaces: {(proc.stderr.strip().splitlines() or ['exit ' + str(proc.returncode)])[0]}"
+        first = (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[0]
+        return f"bwrap can't create namespaces: {first}; the kernel must let this user create user namespaces"
     return None
+
+
+def unsandboxed_warning(problem: str) -> str:
+    """The one warning --sandbox auto gives when the sandbox it wanted can't run."""
+    return (
+        f"sandbox: Claude Code's sandbox can't run here ({problem}). "
+        f"Agents that --sandbox auto sandboxes (below the root, with Bash, that can't spawn) run unsandboxed: "
+        f"{SANDBOX_LOST}. Pass --sandbox on to refuse them instead."
+    )
 
 
 def inside_sandbox() -> bool:
@@ -6217,6 +6281,8 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
 # ==================== end src/spawnlib/running.py ====================
 
 # ==================== begin src/spawnlib/cli_start.py ====================
+
+
 
 
 
@@ -6987,6 +7053,13 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     if meta.sandbox == "on":
         with contextlib.suppress(FileExistsError):
             (agent_dir / SCRATCH_DIR).mkdir()  # bwrap binds only what exists
+        # The CLI holds its config dir's projects/ read-only in the sandbox,
+        # binding /dev/null there while it is absent; the CLI's own first
+        # transcript write makes it a directory, and a Bash whose bwrap line
+        # was built just before then fails ("Can't create file at
+        # .../projects: Is a directory"). Made now, it is a directory throughout.
+        with contextlib.suppress(OSError):
+            (claude_config_dir(os.environ) / "projects").mkdir(mode=0o700, parents=True, exist_ok=True)
         session = Path(meta.session)
         if meta.depth >= meta.max_depth:
             # Made now if absent, so a leaf's sandbox can hold them read-only,
@@ -7239,7 +7312,7 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
     }
     if result is not None:
         base.update(
-            cost_usd=result.total_cost_usd,
+            cost_usd=round_usd(result.total_cost_usd),
             usage=result.usage,
             turns=result.num_turns,
             sdk_session_id=result.session_id,
@@ -7558,8 +7631,9 @@ def summary(agent_dir: Path, outcome: Mapping[str, Any]) -> dict[str, Any]:
         data["output_truncated"] = True
     if outcome.get("validation_errors"):
         data["validation_errors"] = outcome["validation_errors"][:20]
-    if "cost_usd" in outcome:
-        data["cost_usd"] = outcome["cost_usd"]
+    if "cost_usd" in outcome:  # other nodes' costs come as their servers or commands wrote them
+        cost = outcome["cost_usd"]
+        data["cost_usd"] = round_usd(cost) if isinstance(cost, float) else cost
     if outcome.get("worktree"):
         data["worktree"] = outcome["worktree"]  # the changes to review and merge
     data["duration_s"] = outcome.get("duration_s")
@@ -10737,8 +10811,7 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
             f"{'  ' * row['level']}{row['id']}{chain}  d{row['depth']}  {row['state']:<11} "
             f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}"
         )
-        if row["level"] == 0 and row.get("containment"):  # a tree's root says what holds the tree
-            lines.append(f"{'  ' * (row['level'] + 1)}containment {row['containment']}")
+        # What holds the tree (containment) is for status --json, not this view.
     return "\n".join(lines)
 
 
@@ -12367,8 +12440,14 @@ def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Pat
     return latest_session(resolve_session_root(None, environ))
 
 
+def stdout_json_text(value: Any) -> str:
+    """JSON for stdout: indented for a person at a terminal; one line when piped,
+    as a parent agent's Bash and CI read it."""
+    return json.dumps(value, ensure_ascii=False, default=str, indent=2 if sys.stdout.isatty() else None)
+
+
 def emit(data: Mapping[str, Any]) -> None:
-    sys.stdout.write(json.dumps(data, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.write(stdout_json_text(data) + "\n")
     sys.stdout.flush()
 
 
@@ -12378,7 +12457,7 @@ def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
         emit(data)
         return
     value = data.get(args.print)
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = value if isinstance(value, str) else stdout_json_text(value)
     sys.stdout.write(f"{text}\n")
     sys.stdout.flush()
 

@@ -47,7 +47,31 @@ def test_single_agent_runs_bash_and_answers(env: dict[str, str], session_root: P
     outcome = load(agent_dir / "outcome.json")
     assert outcome["turns"] >= 2 and outcome["sdk_session_id"]
     assert isinstance(outcome["cost_usd"], float)
+    # Money to the micro-dollar: no float noise such as 0.018425999999999998.
+    for cost in (outcome["cost_usd"], result["cost_usd"]):
+        assert len(repr(cost).partition(".")[2]) <= 6, cost
     assert validate_records(session_root) > 3
+
+
+def test_stdout_json_is_indented_at_a_terminal_and_one_line_when_piped(env: dict[str, str], terminal: tuple[int, int]) -> None:
+    primary, secondary = terminal
+    task = mock_task("pretty", [{"text": "hi"}])
+    proc = subprocess.Popen([sys.executable, str(ROOT / "spawn.py"), "--task", task, "--tools", "Read"], env=env, stdout=secondary)
+    os.close(secondary)  # ours: the primary side then reads EOF (EIO) once spawn.py exits
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    assert proc.wait(timeout=120) == spawn.ExitCode.OK
+    text = b"".join(chunks).decode().replace("\r\n", "\n")
+    assert text.startswith('{\n  "id": "a0-') and json.loads(text)["output"] == "hi"
+    piped = run_spawn(["--task", mock_task("piped", [{"text": "hi"}]), "--tools", "Read"], env)
+    assert stdout_json(piped)["output"] == "hi"  # one line: what a parent agent's Bash reads
 
 
 def test_the_cli_names_spawn_py_as_its_app_unless_the_caller_named_one(env: dict[str, str], mock_model: MockModel) -> None:
@@ -275,6 +299,8 @@ def test_status_shows_the_tree(env: dict[str, str], session_root: Path) -> None:
     assert rows[0]["subtree_cost_usd"] >= rows[0]["cost_usd"] + rows[1]["cost_usd"] - 1e-9
     text = run_spawn(["status"], env).stdout
     assert "a0-" in text and "  a1-" in text
+    assert "containment" not in text  # what holds the tree is for status --json
+    assert rows[0].get("containment") is not None
     # Each committer indexed its agent's row, keyed by its records as they
     # still are: nothing rewrites a record after the commit.
     session = Path(rows[0]["agent_dir"]).parent.parent

@@ -258,23 +258,88 @@ def test_an_agent_spawned_inside_a_sandbox_beats_and_is_seen_running_from_outsid
     assert load(beats[0].parent / "outcome.json")["output"] == "child done"
 
 
-def test_sandbox_without_bwrap_is_refused_with_the_install_command(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
-    empty = tmp_path / "empty-bin"
-    empty.mkdir()
-    no_bwrap = {**env, "PATH": str(empty)}
+def path_without_sandbox_programs(tmp_path: Path) -> str:
+    """A PATH holding everything the current one does except bwrap and socat: a machine without them."""
+    folder = tmp_path / "bin-without-sandbox"
+    folder.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(directory):
+            continue
+        for name in os.listdir(directory):
+            if name not in spawn.SANDBOX_PROGRAMS and not (folder / name).exists():
+                (folder / name).symlink_to(Path(directory) / name)
+    return str(folder)
+
+
+def test_sandbox_on_without_bwrap_is_refused_naming_what_to_install(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    no_bwrap = {**env, "PATH": path_without_sandbox_programs(tmp_path)}
     dry = run_spawn(["--task", "x", "--tools", "Bash", "--sandbox", "on", "--dry-run"], no_bwrap)
     assert dry.returncode == spawn.ExitCode.REFUSED, dry.stderr  # a dry run says what a real one would do
     assert stdout_json(dry)["sandbox"] == "on"
-    assert "apt-get install -y bubblewrap socat" in stdout_json(dry)["refusal"]
+    assert "apt-get install bubblewrap socat" in stdout_json(dry)["refusal"]
 
     proc = run_spawn(["--task", "x", "--tools", "Bash", "--sandbox", "on"], no_bwrap)
     assert proc.returncode == spawn.ExitCode.REFUSED, proc.stderr
-    assert "bubblewrap" in proc.stderr
+    assert "bwrap and socat not found on PATH; install them: `apt-get install bubblewrap socat`" in proc.stderr
     (agent_dir,) = agent_dirs(session_root)
     outcome = load(agent_dir / "outcome.json")
     assert outcome["status"] == "refused" and "bwrap" in outcome["reason"]
     assert not (agent_dir / "transcript.jsonl").exists()  # never ran unsandboxed
     validate_records(session_root)
+
+
+def test_sandbox_auto_without_bwrap_runs_the_leaf_unsandboxed_and_warns_once(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside.txt"
+    child = mock_task("child", [{"bash": f"echo out > {outside}"}, {"text": "child done"}])
+    parent = mock_task("parent", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "parent done"}])
+    work = tmp_path / "work"
+    work.mkdir()
+    no_bwrap = {**env, "PATH": path_without_sandbox_programs(tmp_path)}
+    proc = run_spawn(["--task", parent, "--tools", "Bash", "--max-depth", "1", "--cwd", str(work)], no_bwrap)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "sandbox can't run here" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert warnings[0].startswith("spawn: warning: sandbox: Claude Code's sandbox can't run here (bwrap and socat not found")
+    assert "write outside their allowed paths" in warnings[0] and "--sandbox on" in warnings[0]
+    by_depth = {m["depth"]: m for m in metas(session_root).values()}
+    leaf = by_depth[1]
+    assert leaf["sandbox"] == "off"
+    assert [w for w in leaf["warnings"] if "sandbox can't run here" in w] == [warnings[0].removeprefix("spawn: warning: ")]
+    leaf_dir = Path(leaf["session"]) / "agents" / leaf["id"]
+    assert load(leaf_dir / "outcome.json")["status"] == "done"
+    assert outside.read_text() == "out\n"  # what the warning said: its Bash wrote outside its cwd
+    validate_records(session_root)
+
+
+def test_sandbox_problem_names_what_each_platform_needs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Unit test: macOS needs only sandbox-exec, Linux bwrap and socat, and elsewhere there is none."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert "sandbox-exec not found on PATH" in (spawn.sandbox_problem("darwin") or "")
+    assert "only on Linux and macOS, not on win32" in (spawn.sandbox_problem("win32") or "")
+    assert "bwrap and socat not found" in (spawn.sandbox_problem("linux") or "")
+    seatbelt = tmp_path / "sandbox-exec"
+    seatbelt.write_text("#!/bin/sh\n")
+    seatbelt.chmod(0o755)
+    assert spawn.sandbox_problem("darwin") is None  # no apt-get hint on macOS
+
+
+@needs_bwrap
+def test_a_sandboxed_agent_finds_its_config_dirs_projects_made_before_its_cli_starts(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    # The CLI holds the config dir's projects/ read-only in the sandbox, by
+    # /dev/null while absent; its own first transcript write made it a
+    # directory under that bind now and then, and the Bash failed.
+    config = tmp_path / "fresh-config"
+    task = mock_task("probe", [{"bash": 'stat -c %F "$CLAUDE_CONFIG_DIR/projects"'}, {"text": "probed"}])
+    fresh = {**env, "CLAUDE_CONFIG_DIR": str(config)}
+    proc = run_spawn(["--task", task, "--tools", "Bash", "--sandbox", "on", "--cwd", str(tmp_path)], fresh)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    (agent_dir,) = agent_dirs(session_root)
+    text = transcript_text(agent_dir)
+    assert "Can't create file" not in text and "directory" in text
 
 
 def test_dry_run_shows_the_root_unsandboxed_by_default(env: dict[str, str]) -> None:

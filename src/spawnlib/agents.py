@@ -30,7 +30,7 @@ from .constants import (
     SCHEMA_DIR,
     SPAWN_AGENT_FIELDS,
 )
-from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, number_problem
+from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, claude_config_dir, number_problem
 from .errors import InputError, UsageError
 from .executors import parse_node_fields
 from .protocol import load_input, parse_json, read_input, write_file_atomic
@@ -533,7 +533,7 @@ def kept_by_spawn_py(tool: str, tool_input: Mapping[str, Any], cwd: str, kept: S
 
 def settings_files(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
     """Claude Code's settings files that hold a user's permission rules, lowest precedence first."""
-    config = Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
+    config = claude_config_dir(environ)
     return [config / "settings.json", cwd / ".claude" / "settings.json", cwd / ".claude" / "settings.local.json"]
 
 
@@ -674,13 +674,17 @@ ROUTE_SUFFIXES = (
 
 def route_stem(word: str) -> str:
     """A small suffix stripper: debug, debugging and debugger share `debug`,
-    optimize and optimization share `optimiz`. Crude, but the same on both sides."""
+    optimize and optimization share `optimiz`. Crude, but the same on both sides.
+    A suffix whose stem would be a stopword stays on: notes is no `not`."""
     for _ in range(2):  # again after a derivation: documentation -> document -> docu, as documents
         stripped = next(
             (
                 x
                 for x in ROUTE_SUFFIXES
-                if word.endswith(x) and len(word) - len(x) >= (4 if x.startswith("ur") else 3) and not (x == "s" and word.endswith("ss"))
+                if word.endswith(x)
+                and len(word) - len(x) >= (4 if x.startswith("ur") else 3)
+                and not (x == "s" and word.endswith("ss"))
+                and word[: -len(x)] not in ROUTE_STOPWORDS  # notes -> note, never not
             ),
             None,
         )  # (failure -> fail, but secure -> secur, as security)

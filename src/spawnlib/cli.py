@@ -338,8 +338,14 @@ def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Pat
     return latest_session(resolve_session_root(None, environ))
 
 
+def stdout_json_text(value: Any) -> str:
+    """JSON for stdout: indented for a person at a terminal; one line when piped,
+    as a parent agent's Bash and CI read it."""
+    return json.dumps(value, ensure_ascii=False, default=str, indent=2 if sys.stdout.isatty() else None)
+
+
 def emit(data: Mapping[str, Any]) -> None:
-    sys.stdout.write(json.dumps(data, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.write(stdout_json_text(data) + "\n")
     sys.stdout.flush()
 
 
@@ -349,7 +355,7 @@ def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
         emit(data)
         return
     value = data.get(args.print)
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = value if isinstance(value, str) else stdout_json_text(value)
     sys.stdout.write(f"{text}\n")
     sys.stdout.flush()
 

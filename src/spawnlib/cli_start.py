@@ -55,12 +55,14 @@ from .constants import (
 )
 from .core import (
     briefing,
+    claude_config_dir,
     cli_settings,
     estimate_cost,
     is_finite,
     new_agent_id,
     redact,
     redacted_json,
+    round_usd,
     sandbox_settings,
     sandbox_writes,
     schema_for_cli,
@@ -768,6 +770,13 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     if meta.sandbox == "on":
         with contextlib.suppress(FileExistsError):
             (agent_dir / SCRATCH_DIR).mkdir()  # bwrap binds only what exists
+        # The CLI holds its config dir's projects/ read-only in the sandbox,
+        # binding /dev/null there while it is absent; the CLI's own first
+        # transcript write makes it a directory, and a Bash whose bwrap line
+        # was built just before then fails ("Can't create file at
+        # .../projects: Is a directory"). Made now, it is a directory throughout.
+        with contextlib.suppress(OSError):
+            (claude_config_dir(os.environ) / "projects").mkdir(mode=0o700, parents=True, exist_ok=True)
         session = Path(meta.session)
         if meta.depth >= meta.max_depth:
             # Made now if absent, so a leaf's sandbox can hold them read-only,
@@ -1020,7 +1029,7 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
     }
     if result is not None:
         base.update(
-            cost_usd=result.total_cost_usd,
+            cost_usd=round_usd(result.total_cost_usd),
             usage=result.usage,
             turns=result.num_turns,
             sdk_session_id=result.session_id,
@@ -1339,8 +1348,9 @@ def summary(agent_dir: Path, outcome: Mapping[str, Any]) -> dict[str, Any]:
         data["output_truncated"] = True
     if outcome.get("validation_errors"):
         data["validation_errors"] = outcome["validation_errors"][:20]
-    if "cost_usd" in outcome:
-        data["cost_usd"] = outcome["cost_usd"]
+    if "cost_usd" in outcome:  # other nodes' costs come as their servers or commands wrote them
+        cost = outcome["cost_usd"]
+        data["cost_usd"] = round_usd(cost) if isinstance(cost, float) else cost
     if outcome.get("worktree"):
         data["worktree"] = outcome["worktree"]  # the changes to review and merge
     data["duration_s"] = outcome.get("duration_s")

@@ -115,8 +115,17 @@ DEFAULT_PERMISSION_MODE = "dontAsk"
 # sandbox (they run commands a model wrote); the root is the user's own call.
 SANDBOX_CHOICES = ("on", "off", "auto")
 # What Linux needs for Claude Code's sandbox, and how Debian/Ubuntu install it.
+# macOS needs only sandbox-exec (Seatbelt), which ships with it.
 SANDBOX_PROGRAMS = ("bwrap", "socat")
-SANDBOX_INSTALL = "apt-get install -y bubblewrap socat"
+SANDBOX_INSTALL = "apt-get install bubblewrap socat"
+SANDBOX_MACOS_PROGRAM = "sandbox-exec"
+# What an agent's Bash loses when --sandbox auto can't sandbox it (README's
+# threat model): said once on the root's stderr and in each such meta.json.
+SANDBOX_LOST = (
+    "their Bash runs as you, so it can write outside their allowed paths, "
+    "write the session's records other agents trust (outcomes, the ledger), "
+    "and start processes outside their tree"
+)
 # Where the CLI talks to when ANTHROPIC_BASE_URL is unset: a nested spawn in
 # Bash must still reach it through the sandbox's proxy.
 DEFAULT_API_HOST = "api.anthropic.com"
@@ -147,7 +156,9 @@ ROUTE_STOPWORDS = frozenset(
     "could do does done each example examples for from get has have help here how i if in into is it its just launch "
     "let like ll make me more my need needs new now of on one or our out please proactively should so some such "
     "sure task tasks than that the their them then there these they this to tool use used user uses using via want "
-    "wants we what when where which while who why will with work would you your agent agents".split()
+    "wants we what when where which while who why will with work would you your agent agents "
+    # Words that say nothing of a task's field: "Say hello" is for the default agent.
+    "not no nor never say says said tell hello hi hey thanks thank".split()
 )
 
 

@@ -469,6 +469,17 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
     return "\n".join(lines)
 
 
+def round_usd(value: float | None) -> float | None:
+    """Money as records and stdout carry it: to the micro-dollar, below any price, so
+    float sums' noise (0.013656000000000001) stays out (pure)."""
+    return None if value is None else round(value, 6)
+
+
+def claude_config_dir(environ: Mapping[str, str]) -> Path:
+    """Claude Code's config directory, as the CLI finds it (pure)."""
+    return Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
+
+
 def sandbox_wanted(requested: str, depth: int, max_depth: int, tools: Sequence[str]) -> bool:
     """Whether --sandbox (on, off, auto) puts this agent's Bash in the sandbox.
 

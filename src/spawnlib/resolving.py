@@ -52,7 +52,6 @@ from .constants import (
     MAX_SECONDS,
     PERMISSION_KINDS,
     PERMISSION_RANK,
-    SANDBOX_INSTALL,
     SCHEMA_DIR,
 )
 from .core import (
@@ -60,6 +59,7 @@ from .core import (
     RUN_NUMBER_FLAGS,
     check_schema,
     child_deadline,
+    claude_config_dir,
     env_number_warnings,
     narrow_tools,
     new_trace,
@@ -109,7 +109,7 @@ from .protocol import (
     write_json_atomic,
 )
 from .records import AgentMeta, Limits, SessionInfo, record_to_json
-from .running import inside_sandbox, sandbox_problem
+from .running import inside_sandbox, sandbox_problem, unsandboxed_warning
 
 # ---------------------------------------------------------------- resolving --
 
@@ -314,7 +314,7 @@ def check_credentials(environ: Mapping[str, str]) -> None:
              "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")  # fmt: skip
     if any(environ.get(n) for n in names):
         return
-    config = Path(environ.get("CLAUDE_CONFIG_DIR") or Path(environ.get("HOME", "~")) / ".claude").expanduser()
+    config = claude_config_dir(environ)
     if (config / ".credentials.json").is_file() or sys.platform == "darwin":  # macOS keeps them in the keychain
         return
     raise UsageError(
@@ -502,14 +502,9 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
     # Inside a parent's sandbox an agent is held by it, whatever it asks.
     sandbox = "inherited" if inside_sandbox() else "off"
-    if sandbox == "off" and node.kind == "claude" and sandbox_wanted(args.sandbox, depth, max_depth, tools):
-        sandbox = "on"
-        problem = sandbox_problem()
-        if problem is not None and refusal is None:
-            # Never run unsandboxed silently: the agent's Bash was to be contained.
-            refusal = (
-                f"sandbox: Claude Code's sandbox can't run here ({problem}); install it with `{SANDBOX_INSTALL}`, or pass --sandbox off"
-            )
+    if sandbox == "off" and node.kind == "claude":
+        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
+        refusal = refusal or sandbox_refusal
 
     session_root = resolve_session_root(args.session, environ)
     # A child stays in its tree's session, whatever --session says: there it
@@ -585,6 +580,28 @@ def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, w
     if requested is not None and requested > inherited:
         warnings.append(f"{flag} {requested} lowered to {whose} {inherited}")
     return inherited if requested is None else min(requested, inherited)
+
+
+def sandbox_choice(
+    requested: str, depth: int, max_depth: int, tools: Sequence[str], *, is_root: bool, warnings: list[str]
+) -> tuple[str, str | None]:
+    """The agent's sandbox (on or off) and, for --sandbox on where it can't run, the refusal.
+
+    auto never refuses: where the platform has no working sandbox the agents
+    it would sandbox run unsandboxed, each with the warning in its meta.json.
+    The root says it once, on the person's stderr, for the tree below it (its
+    descendants' stderr goes to their parents' Bash, not to the person).
+    """
+    if sandbox_wanted(requested, depth, max_depth, tools):
+        problem = sandbox_problem()
+        if problem is None:
+            return "on", None
+        if requested == "on":
+            return "on", f"sandbox: --sandbox on, but Claude Code's sandbox can't run here: {problem}; or pass --sandbox auto or off"
+        warnings.append(unsandboxed_warning(problem))
+    elif requested == "auto" and is_root and depth < max_depth and "Bash" in tools and (problem := sandbox_problem()) is not None:
+        warnings.append(unsandboxed_warning(problem))
+    return "off", None
 
 
 def refusal_for(

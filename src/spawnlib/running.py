@@ -39,6 +39,9 @@ from .constants import (
     ENV_SESSION,
     ENV_TOOLS,
     ENV_TRACEPARENT,
+    SANDBOX_INSTALL,
+    SANDBOX_LOST,
+    SANDBOX_MACOS_PROGRAM,
     SANDBOX_PROGRAMS,
 )
 from .core import utc_now_iso
@@ -62,25 +65,43 @@ def spawn_command() -> str:
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(compiled_script()))}"
 
 
-def sandbox_problem() -> str | None:
-    """Why Claude Code's sandbox can't run here, or None.
+def sandbox_problem(platform: str = sys.platform) -> str | None:
+    """Why Claude Code's sandbox can't run here, and what would make it, or None.
 
-    The CLI needs bwrap and socat on PATH, and a kernel that lets this user
-    create namespaces; a one-shot bwrap tells (a few ms, only when asked for).
+    On Linux the CLI needs bwrap and socat on PATH, and a kernel that lets
+    this user create namespaces; a one-shot bwrap tells (a few ms, only when
+    asked for). On macOS it uses Seatbelt's sandbox-exec, part of the system.
+    Elsewhere the CLI has no sandbox. (platform: for the tests of the others.)
     """
     import shutil
 
+    if platform == "darwin":
+        if shutil.which(SANDBOX_MACOS_PROGRAM) is None:
+            return f"{SANDBOX_MACOS_PROGRAM} not found on PATH; it ships with macOS in /usr/bin"
+        return None
+    if not platform.startswith("linux"):
+        return f"Claude Code has a sandbox only on Linux and macOS, not on {platform}"
     missing = [name for name in SANDBOX_PROGRAMS if shutil.which(name) is None]
     if missing:
-        return f"{' and '.join(missing)} not found on PATH"
+        return f"{' and '.join(missing)} not found on PATH; install them: `{SANDBOX_INSTALL}`, or your distribution's equivalent"
     probe = ["bwrap", "--ro-bind", "/", "/", "--unshare-user", "--unshare-pid", "--unshare-net", "--proc", "/proc", "true"]
     try:
         proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap can't run: {exc}"
     if proc.returncode != 0:
-        return f"bwrap can't create namespaces: {(proc.stderr.strip().splitlines() or ['exit ' + str(proc.returncode)])[0]}"
+        first = (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[0]
+        return f"bwrap can't create namespaces: {first}; the kernel must let this user create user namespaces"
     return None
+
+
+def unsandboxed_warning(problem: str) -> str:
+    """The one warning --sandbox auto gives when the sandbox it wanted can't run."""
+    return (
+        f"sandbox: Claude Code's sandbox can't run here ({problem}). "
+        f"Agents that --sandbox auto sandboxes (below the root, with Bash, that can't spawn) run unsandboxed: "
+        f"{SANDBOX_LOST}. Pass --sandbox on to refuse them instead."
+    )
 
 
 def inside_sandbox() -> bool:

@@ -1151,8 +1151,7 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
             f"{'  ' * row['level']}{row['id']}{chain}  d{row['depth']}  {row['state']:<11} "
             f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}"
         )
-        if row["level"] == 0 and row.get("containment"):  # a tree's root says what holds the tree
-            lines.append(f"{'  ' * (row['level'] + 1)}containment {row['containment']}")
+        # What holds the tree (containment) is for status --json, not this view.
     return "\n".join(lines)
 
 
