@@ -684,6 +684,45 @@ class InputError(UsageError):
         super().__init__(f"{source}:{line}: {why}; fix it" if line else f"{source}: {why}; fix it")
 # ==================== end src/spawnlib/errors.py ====================
 
+# ==================== begin src/spawnlib/forkstate.py ====================
+
+
+
+
+# ------------------------------------------ process-wide state a fork resets --
+# The session's fork server is a fork of the root, and every spawn it runs is
+# a fork of the server: module-level state of the process forked from must not
+# leak into what runs there. Each piece is registered with how to put it back
+# as a fresh interpreter has it (on_fork), or named in KEPT_ACROSS_FORKS with
+# why a copy is right. tests/test_fork_state.py fails on a module-level
+# mutable, a class whose attributes are assigned at run time, or a cached
+# function that is in neither.
+
+FORK_RESETS: dict[str, Callable[[], None]] = {}
+KEPT_ACROSS_FORKS: dict[str, str] = {
+    "FORK_RESETS": "the registry itself: the same functions in every process",
+    "KEPT_ACROSS_FORKS": "this list: constant",
+    "_FIELDS": "dataclass field names by record type: the same in every process",
+    "_PROCFS_OURS": "keyed by pid: a fork is another pid, so it never reads its parent's entry",
+    "ForkedFor": "set in the fork server's child right after the fork; never set in the server it is forked from",
+    "sdk_version": "the installed SDK's version: the same in every process of one environment",
+    "verified_copy": "the compiled copy as checked; compiled_script checks the file again when it changes",
+    "bounded_yaml_loader": "a loader class: no state of its own",
+    "WORKFLOW_FOR": "a table filled in two statements at import: the same in every process",
+}
+
+
+def on_fork(name: str, reset: Callable[[], None]) -> None:
+    """Register how to put name's state back as a fresh interpreter has it."""
+    FORK_RESETS[name] = reset
+
+
+def reset_after_fork() -> None:
+    """In a fork's child (the fork server, and each spawn it forks): forget the parent's process-wide state."""
+    for reset in FORK_RESETS.values():
+        reset()
+# ==================== end src/spawnlib/forkstate.py ====================
+
 # ==================== begin src/spawnlib/records.py ====================
 
 
@@ -1619,6 +1658,7 @@ def cli_settings(**parts: Any) -> str | None:
 
 
 
+
 # ------------------------------------------------------- on-disk protocol --
 
 META = "meta.json"
@@ -1936,6 +1976,7 @@ def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str])
 # The agent logs this process stopped writing at the cap: each gets its one
 # truncation line, and the outcome names them (only an agent's runner writes its logs).
 LOGS_TRUNCATED: set[Path] = set()
+on_fork("LOGS_TRUNCATED", LOGS_TRUNCATED.clear)  # which logs this process capped
 
 
 def log_max_bytes(environ: Mapping[str, str]) -> int:
@@ -2542,6 +2583,7 @@ def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
 
 
 
+
 # ---------------------------------------------------------------- processes --
 
 
@@ -3069,6 +3111,7 @@ GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # (pid, pipe write end) of the guard this process forked itself below, until
 # its agent adopts it: at most one, set in the runner by fork_below_guard.
 _guard_above: list[tuple[int, int]] = []
+on_fork("_guard_above", _guard_above.clear)  # the root's guard is the root's alone
 
 
 def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
@@ -5674,6 +5717,7 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
 
 
 
+
 # ------------------------------------------------------------------ running --
 
 
@@ -5859,6 +5903,14 @@ class EarlyStop:
 
         for signum in STOP_SIGNALS:
             signal.signal(signum, hold)
+
+    @classmethod
+    def forget(cls) -> None:
+        """A stop the process forked from got is that process's, not its fork's."""
+        cls.pending = None
+
+
+on_fork("EarlyStop", EarlyStop.forget)
 
 
 class RunState:
@@ -9115,6 +9167,7 @@ def install_fast_start(environ: Mapping[str, str]) -> None:
 
 
 
+
 # ------------------------------------------------------------- fork server --
 
 # A session's fork server: one process, started by the root agent, that has
@@ -9249,7 +9302,7 @@ def become_forkserver(log: int) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    EarlyStop.pending = None  # a stop the root got is the root's, not its forked agents'
+    reset_after_fork()  # a stop the root got, its guard, its capped logs: the root's, not its forked agents'
     # Gone with the root at once, even a SIGKILLed one (else within FORKSERVER_POLL_S).
     set_parent_death_signal(signal.SIGTERM)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -9560,6 +9613,7 @@ def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> 
     """In a forked child: take on the client's stdio, cwd, environment and argv, and send it our pid. The argv."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    reset_after_fork()
     os.setsid()  # its own group, as a runner has: never in the server's
     for target, fd in enumerate(fds):
         os.dup2(fd, target)

@@ -44,6 +44,7 @@ MODULES = (
     STAND_IN,
     "constants",
     "errors",
+    "forkstate",
     "records",
     "core",
     "protocol",

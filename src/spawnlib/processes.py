@@ -39,6 +39,7 @@ from .core import is_finite
 from .errors import ExitCode, RefusedError, SpawnError, StateError
 from .fast_start import compiled_script
 from .forkserver import ancestry_subject
+from .forkstate import on_fork
 from .protocol import AGENTS_DIR, HEARTBEAT, load_meta, parse_json, read_outcome, read_text, write_json_atomic
 from .records import AgentMeta
 from .resolving import inherited_context
@@ -572,6 +573,7 @@ GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # (pid, pipe write end) of the guard this process forked itself below, until
 # its agent adopts it: at most one, set in the runner by fork_below_guard.
 _guard_above: list[tuple[int, int]] = []
+on_fork("_guard_above", _guard_above.clear)  # the root's guard is the root's alone
 
 
 def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:

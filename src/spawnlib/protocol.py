@@ -34,6 +34,7 @@ from .core import (
     utc_now_iso,
 )
 from .errors import CorruptRecordError, InputError, SpawnError, StateError, UnknownAgentError, UsageError
+from .forkstate import on_fork
 from .processes import Supervised, _float_or_none
 from .records import AgentMeta, LedgerEntry, Limits, Outcome, Status, record_from_json, record_to_json
 from .verbs import index_status_row
@@ -355,6 +356,7 @@ def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str])
 # The agent logs this process stopped writing at the cap: each gets its one
 # truncation line, and the outcome names them (only an agent's runner writes its logs).
 LOGS_TRUNCATED: set[Path] = set()
+on_fork("LOGS_TRUNCATED", LOGS_TRUNCATED.clear)  # which logs this process capped
 
 
 def log_max_bytes(environ: Mapping[str, str]) -> int:
