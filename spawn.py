@@ -1980,7 +1980,7 @@ on_fork("LOGS_TRUNCATED", LOGS_TRUNCATED.clear)  # which logs this process cappe
 
 
 def log_max_bytes(environ: Mapping[str, str]) -> int:
-    value = _float_or_none(environ.get(ENV_LOG_MAX))
+    value = float_or_none(environ.get(ENV_LOG_MAX))
     return int(min(value, LOG_MAX_BYTES)) if value is not None and value >= 1 else LOG_MAX_BYTES
 
 
@@ -2824,7 +2824,7 @@ def choose_containment(is_root: bool, session: str, agent_id: str, environ: Mapp
         return f"cgroup {here / tree_cgroup_name(session, agent_id)}"
     if not sys.platform.startswith("linux"):
         return "none"
-    return "guard" if is_root and (bool(_guard_above) if guard_above is None else guard_above) else "subreaper"
+    return "guard" if is_root and (bool(GUARDS_ABOVE) if guard_above is None else guard_above) else "subreaper"
 
 
 def owned_cgroup(meta: AgentMeta) -> Path | None:
@@ -3110,8 +3110,8 @@ GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # (pid, pipe write end) of the guard this process forked itself below, until
 # its agent adopts it: at most one, set in the runner by fork_below_guard.
-_guard_above: list[tuple[int, int]] = []
-on_fork("_guard_above", _guard_above.clear)  # the root's guard is the root's alone
+GUARDS_ABOVE: list[tuple[int, int]] = []
+on_fork("GUARDS_ABOVE", GUARDS_ABOVE.clear)  # the root's guard is the root's alone
 
 
 def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
@@ -3158,7 +3158,7 @@ def fork_below_guard() -> None:
         set_parent_death_signal(signal.SIGHUP)
         if os.getppid() != guard:  # it died before the line above: we are on our own
             os.kill(os.getpid(), signal.SIGHUP)
-        _guard_above.append((guard, write_end))
+        GUARDS_ABOVE.append((guard, write_end))
         return
     become_subreaper()  # the runner will be one too, for what it starts while it lives
     # Blocked before the exec, so none is lost while the interpreter starts;
@@ -3187,9 +3187,9 @@ def adopt_guard_above(agent_dir: Path) -> None:
     registered under the agent, orphans re-parented to it still find their
     tree (ancestor_agents), and it removes the entry when it exits.
     """
-    if not _guard_above:
+    if not GUARDS_ABOVE:
         return
-    pid, pipe = _guard_above.pop()
+    pid, pipe = GUARDS_ABOVE.pop()
     create_time = psutil.Process(pid).create_time()
     register_runner(pid, create_time, agent_dir)
     # The pipe stays open until we exit: the guard reads it once we are gone.
@@ -3488,10 +3488,10 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
         if env.get(ENV_TOOLS) is not None:
             tools = set(env[ENV_TOOLS].split(",")) - {""}
             found["tools"] = tools & found.get("tools", tools)
-        deadline = _float_or_none(env.get(ENV_DEADLINE))
+        deadline = float_or_none(env.get(ENV_DEADLINE))
         if deadline is not None:
             found["deadline"] = min(deadline, found.get("deadline", deadline))
-        budget = _float_or_none(env.get(ENV_BUDGET))
+        budget = float_or_none(env.get(ENV_BUDGET))
         if budget is not None:
             found["budget"] = min(budget, found.get("budget", budget))
         for name, key in ((ENV_DENY, "deny"), (ENV_ASK, "ask")):
@@ -3521,7 +3521,7 @@ def _int_or_none(value: str | None) -> int | None:
         return None
 
 
-def _float_or_none(value: str | None) -> float | None:
+def float_or_none(value: str | None) -> float | None:
     # NaN and infinity are ignored like any malformed value: min() with a NaN
     # first returns NaN, which would widen a deadline (env_number_warnings says so).
     try:
@@ -5068,8 +5068,8 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
         inh.session = Path(runner["session"])
         inh.depth = max(inh.depth, int(runner["depth"]))
     inh.max_depth = min_known(_int_or_none(environ.get(ENV_MAX_DEPTH)), ancestry.get("max_depth"), runner.get("max_depth"))
-    inh.deadline = min_known(_float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline"), runner.get("deadline"))
-    inh.budget = min_known(_float_or_none(environ.get(ENV_BUDGET)), ancestry.get("budget"), runner.get("budget"))
+    inh.deadline = min_known(float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline"), runner.get("deadline"))
+    inh.budget = min_known(float_or_none(environ.get(ENV_BUDGET)), ancestry.get("budget"), runner.get("budget"))
     tool_sets: list[set[str]] = []
     if environ.get(ENV_TOOLS) is not None:
         tool_sets.append(set(environ[ENV_TOOLS].split(",")) - {""})
@@ -5086,7 +5086,7 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
     modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
     inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
     inh.model = environ.get(ENV_MODEL) or runner.get("model")
-    idle = _float_or_none(environ.get(ENV_IDLE_TIMEOUT))
+    idle = float_or_none(environ.get(ENV_IDLE_TIMEOUT))
     inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
     return inh
 
@@ -6793,7 +6793,7 @@ class CliPipes:
 
 
 def heartbeat_interval(environ: Mapping[str, str]) -> float:
-    value = _float_or_none(environ.get(ENV_HEARTBEAT))
+    value = float_or_none(environ.get(ENV_HEARTBEAT))
     return value if value is not None and value > 0 else HEARTBEAT_S
 
 
@@ -6873,7 +6873,7 @@ def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str
 
 
 def ask_timeout(environ: Mapping[str, str]) -> float:
-    value = _float_or_none(environ.get(ENV_ASK_TIMEOUT))
+    value = float_or_none(environ.get(ENV_ASK_TIMEOUT))
     return value if value is not None and value > 0 else ASK_TIMEOUT_S
 
 

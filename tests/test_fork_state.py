@@ -125,11 +125,11 @@ def remembered() -> int:
 def test_reset_after_fork_forgets_what_the_parent_process_held_unit() -> None:
     spawn.EarlyStop.pending = (spawn.Status.KILLED, "received SIGTERM")
     spawn.LOGS_TRUNCATED.add(Path("/somewhere/transcript.jsonl"))
-    spawn._guard_above.append((1, 2))
+    spawn.GUARDS_ABOVE.append((1, 2))
     try:
         spawn.reset_after_fork()
         assert spawn.EarlyStop.pending is None
         assert not spawn.LOGS_TRUNCATED
-        assert not spawn._guard_above
+        assert not spawn.GUARDS_ABOVE
     finally:
         spawn.reset_after_fork()

@@ -35,7 +35,7 @@ from .core import (
 )
 from .errors import CorruptRecordError, InputError, SpawnError, StateError, UnknownAgentError, UsageError
 from .forkstate import on_fork
-from .processes import Supervised, _float_or_none
+from .processes import Supervised, float_or_none
 from .records import AgentMeta, LedgerEntry, Limits, Outcome, Status, record_from_json, record_to_json
 from .verbs import index_status_row
 
@@ -360,7 +360,7 @@ on_fork("LOGS_TRUNCATED", LOGS_TRUNCATED.clear)  # which logs this process cappe
 
 
 def log_max_bytes(environ: Mapping[str, str]) -> int:
-    value = _float_or_none(environ.get(ENV_LOG_MAX))
+    value = float_or_none(environ.get(ENV_LOG_MAX))
     return int(min(value, LOG_MAX_BYTES)) if value is not None and value >= 1 else LOG_MAX_BYTES
 
 
