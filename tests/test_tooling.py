@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, SPAWN, MockModel, run_python, run_spawn
+from conftest import ROOT, SPAWN, MockModel, run_python, run_spawn, spawn_in_bash
 
 import spawn
 
@@ -58,6 +58,10 @@ def test_tests_and_dev_tools_use_only_spawns_public_names() -> None:
     private = re.compile(r"\bspawn\._[A-Za-z]\w*|^\s*from\s+spawn\s+import\s+.*\b_[A-Za-z]\w*", re.MULTILINE)
     uses = [f"{p.name}: {m.group(0).strip()}" for p in spawn_importers() for m in private.finditer(p.read_text())]
     assert uses == []
+
+
+def test_spawn_in_bash_quotes_each_argument() -> None:
+    assert spawn_in_bash("--task", "it's a task") == '"$SPAWN_PYTHON" "$SPAWN_PY" --task \'it\'"\'"\'s a task\''
 
 
 def test_no_spawn_variable_leaks_into_the_tests() -> None:
