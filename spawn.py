@@ -1593,6 +1593,45 @@ class InputError(UsageError):
         super().__init__(f"{source}:{line}: {why}; fix it" if line else f"{source}: {why}; fix it")
 # ==================== end src/spawnlib/errors.py ====================
 
+# ==================== begin src/spawnlib/forkstate.py ====================
+
+
+
+
+# ------------------------------------------ process-wide state a fork resets --
+# The session's fork server is a fork of the root, and every spawn it runs is
+# a fork of the server: module-level state of the process forked from must not
+# leak into what runs there. Each piece is registered with how to put it back
+# as a fresh interpreter has it (on_fork), or named in KEPT_ACROSS_FORKS with
+# why a copy is right. tests/test_fork_state.py fails on a module-level
+# mutable, a class whose attributes are assigned at run time, or a cached
+# function that is in neither.
+
+FORK_RESETS: dict[str, Callable[[], None]] = {}
+KEPT_ACROSS_FORKS: dict[str, str] = {
+    "FORK_RESETS": "the registry itself: the same functions in every process",
+    "KEPT_ACROSS_FORKS": "this list: constant",
+    "_FIELDS": "dataclass field names by record type: the same in every process",
+    "_PROCFS_OURS": "keyed by pid: a fork is another pid, so it never reads its parent's entry",
+    "ForkedFor": "set in the fork server's child right after the fork; never set in the server it is forked from",
+    "sdk_version": "the installed SDK's version: the same in every process of one environment",
+    "verified_copy": "the compiled copy as checked; compiled_script checks the file again when it changes",
+    "bounded_yaml_loader": "a loader class: no state of its own",
+    "WORKFLOW_FOR": "a table filled in two statements at import: the same in every process",
+}
+
+
+def on_fork(name: str, reset: Callable[[], None]) -> None:
+    """Register how to put name's state back as a fresh interpreter has it."""
+    FORK_RESETS[name] = reset
+
+
+def reset_after_fork() -> None:
+    """In a fork's child (the fork server, and each spawn it forks): forget the parent's process-wide state."""
+    for reset in FORK_RESETS.values():
+        reset()
+# ==================== end src/spawnlib/forkstate.py ====================
+
 # ==================== begin src/spawnlib/records.py ====================
 
 
@@ -2539,6 +2578,7 @@ def cli_settings(**parts: Any) -> str | None:
 
 
 
+
 # ------------------------------------------------------- on-disk protocol --
 
 META = "meta.json"
@@ -2874,10 +2914,11 @@ def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str])
 # The agent logs this process stopped writing at the cap: each gets its one
 # truncation line, and the outcome names them (only an agent's runner writes its logs).
 LOGS_TRUNCATED: set[Path] = set()
+on_fork("LOGS_TRUNCATED", LOGS_TRUNCATED.clear)  # which logs this process capped
 
 
 def log_max_bytes(environ: Mapping[str, str]) -> int:
-    value = _float_or_none(environ.get(ENV_LOG_MAX))
+    value = float_or_none(environ.get(ENV_LOG_MAX))
     return int(min(value, LOG_MAX_BYTES)) if value is not None and value >= 1 else LOG_MAX_BYTES
 
 
@@ -3480,6 +3521,7 @@ def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
 
 
 
+
 # ---------------------------------------------------------------- processes --
 
 
@@ -3720,7 +3762,7 @@ def choose_containment(is_root: bool, session: str, agent_id: str, environ: Mapp
         return f"cgroup {here / tree_cgroup_name(session, agent_id)}"
     if not sys.platform.startswith("linux"):
         return "none"
-    return "guard" if is_root and (bool(_guard_above) if guard_above is None else guard_above) else "subreaper"
+    return "guard" if is_root and (bool(GUARDS_ABOVE) if guard_above is None else guard_above) else "subreaper"
 
 
 def owned_cgroup(meta: AgentMeta) -> Path | None:
@@ -4006,7 +4048,8 @@ GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # (pid, pipe write end) of the guard this process forked itself below, until
 # its agent adopts it: at most one, set in the runner by fork_below_guard.
-_guard_above: list[tuple[int, int]] = []
+GUARDS_ABOVE: list[tuple[int, int]] = []
+on_fork("GUARDS_ABOVE", GUARDS_ABOVE.clear)  # the root's guard is the root's alone
 
 
 def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
@@ -4053,7 +4096,7 @@ def fork_below_guard() -> None:
         set_parent_death_signal(signal.SIGHUP)
         if os.getppid() != guard:  # it died before the line above: we are on our own
             os.kill(os.getpid(), signal.SIGHUP)
-        _guard_above.append((guard, write_end))
+        GUARDS_ABOVE.append((guard, write_end))
         return
     become_subreaper()  # the runner will be one too, for what it starts while it lives
     # Blocked before the exec, so none is lost while the interpreter starts;
@@ -4082,9 +4125,9 @@ def adopt_guard_above(agent_dir: Path) -> None:
     registered under the agent, orphans re-parented to it still find their
     tree (ancestor_agents), and it removes the entry when it exits.
     """
-    if not _guard_above:
+    if not GUARDS_ABOVE:
         return
-    pid, pipe = _guard_above.pop()
+    pid, pipe = GUARDS_ABOVE.pop()
     create_time = psutil.Process(pid).create_time()
     register_runner(pid, create_time, agent_dir)
     # The pipe stays open until we exit: the guard reads it once we are gone.
@@ -4383,10 +4426,10 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
         if env.get(ENV_TOOLS) is not None:
             tools = set(env[ENV_TOOLS].split(",")) - {""}
             found["tools"] = tools & found.get("tools", tools)
-        deadline = _float_or_none(env.get(ENV_DEADLINE))
+        deadline = float_or_none(env.get(ENV_DEADLINE))
         if deadline is not None:
             found["deadline"] = min(deadline, found.get("deadline", deadline))
-        budget = _float_or_none(env.get(ENV_BUDGET))
+        budget = float_or_none(env.get(ENV_BUDGET))
         if budget is not None:
             found["budget"] = min(budget, found.get("budget", budget))
         for name, key in ((ENV_DENY, "deny"), (ENV_ASK, "ask")):
@@ -4416,7 +4459,7 @@ def _int_or_none(value: str | None) -> int | None:
         return None
 
 
-def _float_or_none(value: str | None) -> float | None:
+def float_or_none(value: str | None) -> float | None:
     # NaN and infinity are ignored like any malformed value: min() with a NaN
     # first returns NaN, which would widen a deadline (env_number_warnings says so).
     try:
@@ -5985,8 +6028,8 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
         inh.session = Path(runner["session"])
         inh.depth = max(inh.depth, int(runner["depth"]))
     inh.max_depth = min_known(_int_or_none(environ.get(ENV_MAX_DEPTH)), ancestry.get("max_depth"), runner.get("max_depth"))
-    inh.deadline = min_known(_float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline"), runner.get("deadline"))
-    inh.budget = min_known(_float_or_none(environ.get(ENV_BUDGET)), ancestry.get("budget"), runner.get("budget"))
+    inh.deadline = min_known(float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline"), runner.get("deadline"))
+    inh.budget = min_known(float_or_none(environ.get(ENV_BUDGET)), ancestry.get("budget"), runner.get("budget"))
     tool_sets: list[set[str]] = []
     if environ.get(ENV_TOOLS) is not None:
         tool_sets.append(set(environ[ENV_TOOLS].split(",")) - {""})
@@ -6003,7 +6046,7 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
     modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
     inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
     inh.model = environ.get(ENV_MODEL) or runner.get("model")
-    idle = _float_or_none(environ.get(ENV_IDLE_TIMEOUT))
+    idle = float_or_none(environ.get(ENV_IDLE_TIMEOUT))
     inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
     return inh
 
@@ -6656,6 +6699,7 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
 
 
 
+
 # ------------------------------------------------------------------ running --
 
 
@@ -6845,6 +6889,14 @@ class EarlyStop:
 
         for signum in STOP_SIGNALS:
             signal.signal(signum, hold)
+
+    @classmethod
+    def forget(cls) -> None:
+        """A stop the process forked from got is that process's, not its fork's."""
+        cls.pending = None
+
+
+on_fork("EarlyStop", EarlyStop.forget)
 
 
 class RunState:
@@ -7727,7 +7779,7 @@ class CliPipes:
 
 
 def heartbeat_interval(environ: Mapping[str, str]) -> float:
-    value = _float_or_none(environ.get(ENV_HEARTBEAT))
+    value = float_or_none(environ.get(ENV_HEARTBEAT))
     return value if value is not None and value > 0 else HEARTBEAT_S
 
 
@@ -7807,7 +7859,7 @@ def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str
 
 
 def ask_timeout(environ: Mapping[str, str]) -> float:
-    value = _float_or_none(environ.get(ENV_ASK_TIMEOUT))
+    value = float_or_none(environ.get(ENV_ASK_TIMEOUT))
     return value if value is not None and value > 0 else ASK_TIMEOUT_S
 
 
@@ -10104,6 +10156,7 @@ def install_fast_start(environ: Mapping[str, str]) -> None:
 
 
 
+
 # ------------------------------------------------------------- fork server --
 
 # A session's fork server: one process, started by the root agent, that has
@@ -10238,7 +10291,7 @@ def become_forkserver(log: int) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    EarlyStop.pending = None  # a stop the root got is the root's, not its forked agents'
+    reset_after_fork()  # a stop the root got, its guard, its capped logs: the root's, not its forked agents'
     # Gone with the root at once, even a SIGKILLed one (else within FORKSERVER_POLL_S).
     set_parent_death_signal(signal.SIGTERM)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -10549,6 +10602,7 @@ def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> 
     """In a forked child: take on the client's stdio, cwd, environment and argv, and send it our pid. The argv."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    reset_after_fork()
     os.setsid()  # its own group, as a runner has: never in the server's
     for target, fd in enumerate(fds):
         os.dup2(fd, target)

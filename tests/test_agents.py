@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from conftest import (
     ROOT,
+    MockModel,
     agent_dirs,
     listed_agents,
     load,
@@ -399,3 +400,44 @@ def test_routing_table(task: str, expected: str | None) -> None:
     assert problems == []
     decision = spawn.route(task, definitions)
     assert decision["chosen"] == expected, decision["candidates"]
+
+
+# ------------------------------------------------------- definition numbers --
+
+BAD_DEFINITION_NUMBERS = [
+    ("maxTurns: .nan", "maxTurns must be an integer, got nan"),
+    ("maxTurns: -3", "maxTurns must be > 0, got -3"),
+    ("maxTurns: many", "maxTurns must be an integer, got 'many'"),
+    ("maxTurns: 0", "maxTurns must be > 0, got 0"),
+    ("maxTurns: 1e99", "maxTurns must be an integer"),
+    ("autoCompactWindow: -1", "autoCompactWindow must be > 0, got -1"),
+    ("timeout: .inf", "timeout must be a finite number, got inf"),
+    ("max_depth: -1", "max_depth must be >= 0, got -1"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_DEFINITION_NUMBERS, ids=[f for f, _ in BAD_DEFINITION_NUMBERS])
+def test_a_bad_number_in_a_definition_is_exit_2_before_anything_runs(
+    env: dict[str, str], session_root: Path, tmp_path: Path, mock_model: MockModel, case: tuple[str, str]
+) -> None:
+    field, message = case
+    project = tmp_path / "project"
+    write_agent(project, "counter", f"description: Counts\ntools: Read\n{field}")
+    proc = run_spawn(["--agent", "counter", "--task", mock_task("count", [{"text": "never"}])], env, cwd=project)
+    assert proc.returncode == spawn.ExitCode.USAGE, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("spawn: error: ") and message in lines[0], proc.stderr
+    assert "agents lint" in lines[0]  # it says what to do
+    assert proc.stdout == ""
+    assert agent_dirs(session_root) == []  # nothing registered
+    assert mock_model.requests() == []  # no model call
+    lint = run_spawn(["agents", "lint"], env, cwd=project)
+    assert lint.returncode == spawn.ExitCode.USAGE
+    assert f"counter.md:5: error: {message}" in lint.stdout  # the line of the field
+
+
+def test_good_definition_numbers_are_taken() -> None:
+    text = "---\nname: t\ndescription: d\nmaxTurns: 7\nautoCompactWindow: 120000\n---\nBody\n"
+    d, problems = spawn.parse_definition(text, "t.md", "project")
+    assert problems == [] and d is not None
+    assert (d.max_turns, d.auto_compact_window) == (7, 120000)

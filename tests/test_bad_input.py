@@ -170,7 +170,7 @@ def test_nan_deadline_in_the_environment_warns_and_never_widens(base_env: dict[s
 
 
 def test_env_numbers_are_ignored_when_malformed() -> None:
-    assert spawn.child_deadline(30.0, spawn._float_or_none("nan"), 1000.0) == 1030.0
+    assert spawn.child_deadline(30.0, spawn.float_or_none("nan"), 1000.0) == 1030.0
     inh = spawn.inherited_context({"SPAWN_DEADLINE": "nan", "SPAWN_MAX_BUDGET_USD": "nan"}, {"deadline": 2000.0})
     assert inh.deadline == 2000.0
     assert inh.budget is None

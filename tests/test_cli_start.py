@@ -3,6 +3,8 @@
 Unit tests against the pinned SDK: what cli_argv and cli_environment build
 must be what the SDK's own SubprocessCLITransport would have started, for
 every option spawn.py sets. (The e2e tests run every agent through it.)
+And what spawn.py adds to that environment to make agents cheaper, where
+the user has not chosen otherwise.
 """
 
 from __future__ import annotations
@@ -113,3 +115,10 @@ def test_the_cli_environment_is_the_sdks(environ: dict[str, str], options: dict[
 
 def test_the_sdk_version_is_read_without_importing_it() -> None:
     assert spawn.sdk_version() == claude_agent_sdk.__version__
+
+
+def test_telemetry_is_off_for_agents_unless_the_user_chose() -> None:
+    assert spawn.quiet_cli_environment({}) == {"DISABLE_TELEMETRY": "1"}
+    # The user's own choice, either way, is left as it is.
+    assert spawn.quiet_cli_environment({"DISABLE_TELEMETRY": "0"}) == {}
+    assert spawn.quiet_cli_environment({"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "0"}) == {}

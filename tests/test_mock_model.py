@@ -364,6 +364,21 @@ def test_bad_scenario_reports_error(tmp_path: Path) -> None:
     assert result.stderr.startswith("mock_model: error:")
 
 
+def test_serve_starts_a_scripted_model_and_stops_it(tmp_path: Path) -> None:
+    scenario = {"rules": [{"match": "hello", "steps": [{"text": "scripted reply"}]}]}
+    body = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hello"}], "tools": [{"name": "Bash"}]}
+    with mm.serve(tmp_path, scenario) as served, mm.serve(tmp_path) as other:
+        assert served.url != other.url  # two servers share one workdir
+        request = urllib.request.Request(served.url + "/v1/messages", data=json.dumps(body).encode())
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            assert b"scripted reply" in resp.read()
+        assert len(served.new_requests()) == 1
+        assert served.new_requests() == []  # only what came since the last call
+        assert len(served.requests()) == 1
+        assert other.requests() == []
+    assert served.process.poll() is not None and other.process.poll() is not None
+
+
 # ---------------------------------------------------------------- real CLI
 
 

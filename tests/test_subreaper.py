@@ -235,7 +235,7 @@ import os, subprocess, sys, pathlib
 import spawn
 agent_dir = pathlib.Path(sys.argv[1])
 spawn.fork_below_guard()
-(guard, pipe), = spawn._guard_above
+(guard, pipe), = spawn.GUARDS_ABOVE
 os.write(pipe, f"{{agent_dir}}\\n\\n".encode())
 (agent_dir / "outcome.json").write_text("{{}}")
 subprocess.run(["setsid", "-f", "sleep", "1003"], env={{**os.environ, "{MARK}": "{mark}"}}, check=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, SPAWN, MockModel, run_python, run_spawn
+from conftest import ROOT, SPAWN, MockModel, run_python, run_spawn, spawn_in_bash
 
 import spawn
 
@@ -38,6 +38,30 @@ def test_soak_declares_what_it_imports() -> None:
 
 def test_tests_are_type_checked() -> None:
     assert '"tests"' in (ROOT / "noxfile.py").read_text().split("def typecheck", 1)[1].split("@nox.session", 1)[0]
+
+
+def spawn_importers() -> list[Path]:
+    """The files that may import spawn as a module: the tests and the dev tools."""
+    return sorted((ROOT / "tests").glob("*.py")) + [ROOT / "tools" / f"{name}.py" for name in ("bench", "soak", "demo")]
+
+
+def test_import_spawn_is_the_generated_file_and_nothing_imports_the_package() -> None:
+    """What is tested is the product: the package under src/ is only its source."""
+    assert Path(spawn.__file__).resolve() == SPAWN.resolve()
+    assert "spawnlib" not in sys.modules
+    importers = [p.name for p in spawn_importers() if re.search(r"^\s*(from|import)\s+spawnlib\b", p.read_text(), re.MULTILINE)]
+    assert importers == []
+
+
+def test_tests_and_dev_tools_use_only_spawns_public_names() -> None:
+    """A private name is free to change; one a test needs is made public in the package instead."""
+    private = re.compile(r"\bspawn\._[A-Za-z]\w*|^\s*from\s+spawn\s+import\s+.*\b_[A-Za-z]\w*", re.MULTILINE)
+    uses = [f"{p.name}: {m.group(0).strip()}" for p in spawn_importers() for m in private.finditer(p.read_text())]
+    assert uses == []
+
+
+def test_spawn_in_bash_quotes_each_argument() -> None:
+    assert spawn_in_bash("--task", "it's a task") == '"$SPAWN_PYTHON" "$SPAWN_PY" --task \'it\'"\'"\'s a task\''
 
 
 def test_no_spawn_variable_leaks_into_the_tests() -> None:

@@ -52,6 +52,7 @@ MODULES = (
     "constants",
     EMBEDDED,
     "errors",
+    "forkstate",
     "records",
     "core",
     "protocol",

@@ -78,11 +78,11 @@ from .forkserver import fork_detached_runner, forkserver_wanted, start_forkserve
 from .processes import (
     GUARD_SETTLED,
     Supervised,
-    _float_or_none,
     become_subreaper,
     child_running,
     end_own_subtree,
     enter_tree_cgroup,
+    float_or_none,
     own_identity,
     own_pid_namespace,
     owned_cgroup,
@@ -458,7 +458,7 @@ class CliPipes:
 
 
 def heartbeat_interval(environ: Mapping[str, str]) -> float:
-    value = _float_or_none(environ.get(ENV_HEARTBEAT))
+    value = float_or_none(environ.get(ENV_HEARTBEAT))
     return value if value is not None and value > 0 else HEARTBEAT_S
 
 
@@ -538,7 +538,7 @@ def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str
 
 
 def ask_timeout(environ: Mapping[str, str]) -> float:
-    value = _float_or_none(environ.get(ENV_ASK_TIMEOUT))
+    value = float_or_none(environ.get(ENV_ASK_TIMEOUT))
     return value if value is not None and value > 0 else ASK_TIMEOUT_S
 
 

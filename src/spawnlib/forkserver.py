@@ -19,11 +19,12 @@ from .constants import SCRIPT_PATH
 from .core import utc_now_iso
 from .errors import ExitCode, SpawnError
 from .fast_start import compiled_script
+from .forkstate import reset_after_fork
 from .main import main
 from .processes import Supervised, ancestor_agents, ancestry_context, own_pid_namespace, pid_namespace_of, set_parent_death_signal
 from .protocol import load_meta, parse_json
 from .records import AgentMeta
-from .running import STOP_SIGNALS, EarlyStop, SdkLoader, import_sdk
+from .running import STOP_SIGNALS, SdkLoader, import_sdk
 from .standin import ENV_NO_FORKSERVER, FORKED_VERBS, FORKSERVER_REPLY_S, FORKSERVER_SOCKET, forkserver_request, unix_address
 
 # ------------------------------------------------------------- fork server --
@@ -160,7 +161,7 @@ def become_forkserver(log: int) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    EarlyStop.pending = None  # a stop the root got is the root's, not its forked agents'
+    reset_after_fork()  # a stop the root got, its guard, its capped logs: the root's, not its forked agents'
     # Gone with the root at once, even a SIGKILLed one (else within FORKSERVER_POLL_S).
     set_parent_death_signal(signal.SIGTERM)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -471,6 +472,7 @@ def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> 
     """In a forked child: take on the client's stdio, cwd, environment and argv, and send it our pid. The argv."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    reset_after_fork()
     os.setsid()  # its own group, as a runner has: never in the server's
     for target, fd in enumerate(fds):
         os.dup2(fd, target)

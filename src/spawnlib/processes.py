@@ -39,6 +39,7 @@ from .core import is_finite
 from .errors import ExitCode, RefusedError, SpawnError, StateError
 from .fast_start import compiled_script
 from .forkserver import ancestry_subject
+from .forkstate import on_fork
 from .protocol import AGENTS_DIR, HEARTBEAT, load_meta, parse_json, read_outcome, read_text, write_json_atomic
 from .records import AgentMeta
 from .resolving import inherited_context
@@ -285,7 +286,7 @@ def choose_containment(is_root: bool, session: str, agent_id: str, environ: Mapp
         return f"cgroup {here / tree_cgroup_name(session, agent_id)}"
     if not sys.platform.startswith("linux"):
         return "none"
-    return "guard" if is_root and (bool(_guard_above) if guard_above is None else guard_above) else "subreaper"
+    return "guard" if is_root and (bool(GUARDS_ABOVE) if guard_above is None else guard_above) else "subreaper"
 
 
 def owned_cgroup(meta: AgentMeta) -> Path | None:
@@ -571,7 +572,8 @@ GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # (pid, pipe write end) of the guard this process forked itself below, until
 # its agent adopts it: at most one, set in the runner by fork_below_guard.
-_guard_above: list[tuple[int, int]] = []
+GUARDS_ABOVE: list[tuple[int, int]] = []
+on_fork("GUARDS_ABOVE", GUARDS_ABOVE.clear)  # the root's guard is the root's alone
 
 
 def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
@@ -618,7 +620,7 @@ def fork_below_guard() -> None:
         set_parent_death_signal(signal.SIGHUP)
         if os.getppid() != guard:  # it died before the line above: we are on our own
             os.kill(os.getpid(), signal.SIGHUP)
-        _guard_above.append((guard, write_end))
+        GUARDS_ABOVE.append((guard, write_end))
         return
     become_subreaper()  # the runner will be one too, for what it starts while it lives
     # Blocked before the exec, so none is lost while the interpreter starts;
@@ -647,9 +649,9 @@ def adopt_guard_above(agent_dir: Path) -> None:
     registered under the agent, orphans re-parented to it still find their
     tree (ancestor_agents), and it removes the entry when it exits.
     """
-    if not _guard_above:
+    if not GUARDS_ABOVE:
         return
-    pid, pipe = _guard_above.pop()
+    pid, pipe = GUARDS_ABOVE.pop()
     create_time = psutil.Process(pid).create_time()
     register_runner(pid, create_time, agent_dir)
     # The pipe stays open until we exit: the guard reads it once we are gone.
@@ -948,10 +950,10 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
         if env.get(ENV_TOOLS) is not None:
             tools = set(env[ENV_TOOLS].split(",")) - {""}
             found["tools"] = tools & found.get("tools", tools)
-        deadline = _float_or_none(env.get(ENV_DEADLINE))
+        deadline = float_or_none(env.get(ENV_DEADLINE))
         if deadline is not None:
             found["deadline"] = min(deadline, found.get("deadline", deadline))
-        budget = _float_or_none(env.get(ENV_BUDGET))
+        budget = float_or_none(env.get(ENV_BUDGET))
         if budget is not None:
             found["budget"] = min(budget, found.get("budget", budget))
         for name, key in ((ENV_DENY, "deny"), (ENV_ASK, "ask")):
@@ -981,7 +983,7 @@ def _int_or_none(value: str | None) -> int | None:
         return None
 
 
-def _float_or_none(value: str | None) -> float | None:
+def float_or_none(value: str | None) -> float | None:
     # NaN and infinity are ignored like any malformed value: min() with a NaN
     # first returns NaN, which would widen a deadline (env_number_warnings says so).
     try:

@@ -34,7 +34,8 @@ from .core import (
     utc_now_iso,
 )
 from .errors import CorruptRecordError, InputError, SpawnError, StateError, UnknownAgentError, UsageError
-from .processes import Supervised, _float_or_none
+from .forkstate import on_fork
+from .processes import Supervised, float_or_none
 from .records import AgentMeta, LedgerEntry, Limits, Outcome, Status, record_from_json, record_to_json
 from .verbs import index_status_row
 
@@ -373,10 +374,11 @@ def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str])
 # The agent logs this process stopped writing at the cap: each gets its one
 # truncation line, and the outcome names them (only an agent's runner writes its logs).
 LOGS_TRUNCATED: set[Path] = set()
+on_fork("LOGS_TRUNCATED", LOGS_TRUNCATED.clear)  # which logs this process capped
 
 
 def log_max_bytes(environ: Mapping[str, str]) -> int:
-    value = _float_or_none(environ.get(ENV_LOG_MAX))
+    value = float_or_none(environ.get(ENV_LOG_MAX))
     return int(min(value, LOG_MAX_BYTES)) if value is not None and value >= 1 else LOG_MAX_BYTES
 
 

@@ -80,10 +80,10 @@ from .embedded import builtin_files, builtin_label
 from .errors import RefusedError, SpawnError, StateError, UsageError
 from .executors import executor_for, node_of_definition, parse_reference
 from .processes import (
-    _float_or_none,
     _int_or_none,
     _json_list,
     choose_containment,
+    float_or_none,
     own_identity,
     own_pid_namespace,
     register_runner,
@@ -159,8 +159,8 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
         inh.session = Path(runner["session"])
         inh.depth = max(inh.depth, int(runner["depth"]))
     inh.max_depth = min_known(_int_or_none(environ.get(ENV_MAX_DEPTH)), ancestry.get("max_depth"), runner.get("max_depth"))
-    inh.deadline = min_known(_float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline"), runner.get("deadline"))
-    inh.budget = min_known(_float_or_none(environ.get(ENV_BUDGET)), ancestry.get("budget"), runner.get("budget"))
+    inh.deadline = min_known(float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline"), runner.get("deadline"))
+    inh.budget = min_known(float_or_none(environ.get(ENV_BUDGET)), ancestry.get("budget"), runner.get("budget"))
     tool_sets: list[set[str]] = []
     if environ.get(ENV_TOOLS) is not None:
         tool_sets.append(set(environ[ENV_TOOLS].split(",")) - {""})
@@ -177,7 +177,7 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
     modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
     inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
     inh.model = environ.get(ENV_MODEL) or runner.get("model")
-    idle = _float_or_none(environ.get(ENV_IDLE_TIMEOUT))
+    idle = float_or_none(environ.get(ENV_IDLE_TIMEOUT))
     inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
     return inh
 

@@ -48,6 +48,7 @@ from .core import utc_now_iso
 from .errors import CorruptRecordError
 from .executors import NodeResult
 from .fast_start import compiled_script
+from .forkstate import on_fork
 from .processes import _int_or_none, cgroup_mounts, procfs_is_ours
 from .protocol import AGENTS_DIR, META, SCRATCH_DIR, kill_request_reason, open_regular
 from .records import AgentMeta, Status
@@ -242,6 +243,14 @@ class EarlyStop:
 
         for signum in STOP_SIGNALS:
             signal.signal(signum, hold)
+
+    @classmethod
+    def forget(cls) -> None:
+        """A stop the process forked from got is that process's, not its fork's."""
+        cls.pending = None
+
+
+on_fork("EarlyStop", EarlyStop.forget)
 
 
 class RunState:
