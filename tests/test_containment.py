@@ -111,8 +111,9 @@ def test_containment_is_recorded_and_shown(env: dict[str, str], session_root: Pa
         assert wait_until(lambda: not cgroup.exists(), 10), f"the guard left {cgroup}"
     status = run_spawn(["status", "--json", str(Path(result["agent_dir"]).parent.parent)], env)
     assert stdout_json(status)["agents"][0]["containment"] == meta["containment"]
+    # The tree a person reads keeps internals out; the JSON above says which containment holds.
     text = run_spawn(["status", str(Path(result["agent_dir"]).parent.parent)], env).stdout
-    assert f"containment {meta['containment']}" in text
+    assert "containment" not in text and meta["id"] in text
     validate_records(session_root)
 
 

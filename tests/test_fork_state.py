@@ -6,6 +6,7 @@ Unit tests: the package's modules are read as text (ast), never run.
 from __future__ import annotations
 
 import ast
+import signal
 from pathlib import Path
 
 from conftest import ROOT
@@ -123,7 +124,7 @@ def remembered() -> int:
 
 
 def test_reset_after_fork_forgets_what_the_parent_process_held_unit() -> None:
-    spawn.EarlyStop.pending = (spawn.Status.KILLED, "received SIGTERM")
+    spawn.EarlyStop.pending = int(signal.SIGTERM)
     spawn.LOGS_TRUNCATED.add(Path("/somewhere/transcript.jsonl"))
     spawn.GUARDS_ABOVE.append((1, 2))
     try:
