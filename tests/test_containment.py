@@ -113,7 +113,7 @@ def test_containment_is_recorded_and_shown(env: dict[str, str], session_root: Pa
     assert stdout_json(status)["agents"][0]["containment"] == meta["containment"]
     # The tree a person reads keeps internals out; the JSON above says which containment holds.
     text = run_spawn(["status", str(Path(result["agent_dir"]).parent.parent)], env).stdout
-    assert "containment" not in text and meta["id"] in text
+    assert f"containment {meta['containment']}" not in text and meta["id"] in text
     validate_records(session_root)
 
 
