@@ -11,6 +11,8 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,12 +28,18 @@ DEFAULT_AGENTS = ["architect", "build", "code-reviewer", "debugger", "documentat
 
 
 @pytest.fixture
-def alone(tmp_path: Path) -> Path:
-    """An empty folder holding only a copy of spawn.py: the working directory of every run here."""
-    folder = tmp_path / "alone"
-    folder.mkdir()
-    shutil.copy2(ROOT / "spawn.py", folder)
-    return folder
+def alone() -> Iterator[Path]:
+    """An empty folder holding only a copy of spawn.py: the working directory of every run here.
+
+    Outside the checkout: agents are found upward from the working directory, and nox puts
+    the tests' tmp_path inside the checkout (its TMPDIR is .nox/tests/tmp), under .claude/.
+    """
+    with tempfile.TemporaryDirectory(prefix="spawn-alone-", dir="/tmp" if Path("/tmp").is_dir() else None) as base:
+        folder = Path(base) / "alone"
+        assert not any((p / ".claude").is_dir() for p in folder.parents), folder
+        folder.mkdir()
+        shutil.copy2(ROOT / "spawn.py", folder)
+        yield folder
 
 
 def run_alone(folder: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -55,8 +55,10 @@ VOLATILE = {"trace_id", "span_id", "traceparent", "started_at", "deadline"}
 
 
 def normalize(text: str, home: Path) -> str:
-    for path, name in ((sys.executable, "<PYTHON>"), (sys.prefix, "<VENV>"), (str(ROOT), "<ROOT>"), (str(home), "<HOME>")):
-        text = text.replace(path, name)
+    # Longest first: under nox the tests' tmp (and so HOME) lies inside the venv, inside the checkout.
+    paths = {sys.executable: "<PYTHON>", sys.prefix: "<VENV>", str(ROOT): "<ROOT>", str(home): "<HOME>"}
+    for path in sorted(paths, key=len, reverse=True):
+        text = text.replace(path, paths[path])
     text = re.sub(r"spawn-[0-9a-f]{16}\.[\w-]+\.pyc", "spawn-<HASH>.pyc", text)
     text = re.sub(r"/python3\.\d+/", "/python3.X/", text)
     text = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|\+00:00)", "<TIME>", text)
