@@ -13,6 +13,7 @@ fails the test rather than being skipped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -172,10 +173,8 @@ class Runner:
 
     def end(self) -> None:
         for group in self.groups:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it ended with its step
                 os.killpg(group, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
 
 def by_name(steps: list[Step]) -> dict[str, Step]:
@@ -283,7 +282,7 @@ def test_the_harness_refuses_what_it_cannot_run(runner: Runner) -> None:
     unknown_action = {"steps": [{"uses": "some/deploy@v1"}]}
     with pytest.raises(ExampleError, match="some/deploy"):
         runner.run(unknown_action)
-    with pytest.raises(ExampleError, match="secrets.OTHER"):
+    with pytest.raises(ExampleError, match=r"secrets\.OTHER"):
         runner.run({"steps": [{"run": "echo ${{ secrets.OTHER }}"}]})
     with pytest.raises(ExampleError, match="failure"):
         runner.run({"steps": [{"run": "true", "if": "failure()"}]})
@@ -294,7 +293,10 @@ def test_github_env_lines_carry_to_later_steps(runner: Runner) -> None:
         "env": {"FROM_JOB": "job"},
         "steps": [
             {"name": "set", "run": 'echo "ONE=1" >> "$GITHUB_ENV"; printf "MANY<<EOF\\na\\nb\\nEOF\\n" >> "$GITHUB_ENV"'},
-            {"name": "fail", "run": 'test "$ONE" = 1 && test "$MANY" = "$(printf "a\\nb")" && test "$FROM_JOB" = job && echo carried; exit 3'},
+            {
+                "name": "fail",
+                "run": 'test "$ONE" = 1 && test "$MANY" = "$(printf "a\\nb")" && test "$FROM_JOB" = job && echo carried; exit 3',
+            },
             {"name": "skipped", "run": "true"},
             {"name": "always", "run": "true", "if": "always()"},
         ],

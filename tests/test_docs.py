@@ -29,6 +29,7 @@ SOURCES = [
     *sorted((ROOT / "src" / "spawnlib").glob("*.py")),
     *sorted(p for p in (ROOT / "tools").glob("*.py") if p.name not in DEV_TOOLS),
 ]
+ENV_READERS = ("get", "setdefault", "pop")  # environ.get("X") and kin
 PUBLIC_VERBS = [v for v in spawn.VERBS if not v.startswith("_")]
 
 
@@ -124,7 +125,7 @@ def env_names(path: Path) -> set[str]:
         target: ast.expr | None = None
         if isinstance(node, ast.Subscript):
             target, owner = node.slice, node.value
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "setdefault", "pop") and node.args:
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args and node.func.attr in ENV_READERS:
             target, owner = node.args[0], node.func.value
         if (
             target is not None
