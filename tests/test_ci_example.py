@@ -215,8 +215,9 @@ def runner(tmp_path: Path, workspace: Path, base_env: dict[str, str]) -> Iterato
     temp.mkdir()
     env = {
         **base_env,
-        # Packages come from uv's cache, not the test's private HOME.
+        # Packages and uv's own Pythons come from under the real HOME, not the test's private one.
         "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
+        "UV_PYTHON_INSTALL_DIR": os.environ.get("UV_PYTHON_INSTALL_DIR") or str(Path.home() / ".local" / "share" / "uv" / "python"),
     }
     env.pop("SPAWN_SESSION_ROOT")  # the job's env sets it
     run = Runner(workspace, temp, env)
