@@ -38,7 +38,8 @@ def pages() -> list[Path]:
 
 
 def docs_text() -> str:
-    return "\n".join(p.read_text() for p in pages())
+    """The reference: docs/ alone (the front page may repeat it, never replace it)."""
+    return "\n".join(p.read_text() for p in sorted(DOCS.glob("*.md")))
 
 
 def mentions(text: str, token: str) -> bool:
@@ -199,3 +200,9 @@ def test_claude_code_files_the_docs_name_exist() -> None:
     for relative in (".claude/skills/spawn/SKILL.md", ".claude/commands/spawn-tree.md", "tools/mcp_server.py", "tools/a2a_server.py"):
         assert (ROOT / relative).is_file(), relative
         assert relative in docs_text()
+
+
+def test_the_index_lists_every_page() -> None:
+    index = (DOCS / "README.md").read_text()
+    unlisted = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "README.md" and f"]({p.name})" not in index]
+    assert not unlisted, f"docs/README.md does not link: {unlisted}"
