@@ -251,6 +251,8 @@ def test_the_example_runs_a_tree_and_keeps_its_timeline(runner: Runner, workspac
     # The upload step keeps a valid SVG timeline of every agent, the page, and the session.
     upload = next(s for s in steps if s.upload_paths)
     assert upload.upload_paths == ["timeline.svg", "timeline.html", "spawn-sessions/"]
+    upload_with = next(raw["with"] for raw in load_job(EXAMPLE)["steps"] if str(raw.get("uses", "")).startswith(UPLOAD))
+    assert upload_with.get("include-hidden-files") is True, "without it the artifact loses the .done and .fail markers"
     for path in upload.upload_paths:
         assert (workspace / path).exists(), f"the upload step names {path}, which no step wrote"
     svg_text = (workspace / "timeline.svg").read_text()
