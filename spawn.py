@@ -1593,6 +1593,35 @@ class InputError(UsageError):
         super().__init__(f"{source}:{line}: {why}; fix it" if line else f"{source}: {why}; fix it")
 # ==================== end src/spawnlib/errors.py ====================
 
+# ==================== begin src/spawnlib/output.py ====================
+"""What spawn.py says: data on stdout (a parent agent's Bash reads it), notes on stderr.
+
+Low in the layers because every layer above reports progress through note().
+"""
+
+
+
+
+
+
+
+
+
+def stdout_json_text(value: Any) -> str:
+    """JSON for stdout: indented for a person at a terminal; one line when piped,
+    as a parent agent's Bash and CI read it."""
+    return json.dumps(value, ensure_ascii=False, default=str, indent=2 if sys.stdout.isatty() else None)
+
+
+def emit(data: Mapping[str, Any]) -> None:
+    sys.stdout.write(stdout_json_text(data) + "\n")
+    sys.stdout.flush()
+
+
+def note(message: str) -> None:
+    print(f"spawn: {message}", file=sys.stderr, flush=True)
+# ==================== end src/spawnlib/output.py ====================
+
 # ==================== begin src/spawnlib/forkstate.py ====================
 
 
@@ -12043,6 +12072,7 @@ def kill_caller(environ: Mapping[str, str]) -> str:
 
 
 
+
 # ------------------------------------------------ task graphs and workflows --
 # `dag run FILE` registers itself as an agent node ("dag") and starts every
 # task as a background child of that node, through spawn.py's own CLI, so
@@ -13548,17 +13578,6 @@ def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Pat
     return latest_session(resolve_session_root(None, environ))
 
 
-def stdout_json_text(value: Any) -> str:
-    """JSON for stdout: indented for a person at a terminal; one line when piped,
-    as a parent agent's Bash and CI read it."""
-    return json.dumps(value, ensure_ascii=False, default=str, indent=2 if sys.stdout.isatty() else None)
-
-
-def emit(data: Mapping[str, Any]) -> None:
-    sys.stdout.write(stdout_json_text(data) + "\n")
-    sys.stdout.flush()
-
-
 def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
     """A run's result: the JSON object, or with --print FIELD that one field as plain text."""
     if args.print is None:
@@ -13568,10 +13587,6 @@ def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
     text = value if isinstance(value, str) else stdout_json_text(value)
     sys.stdout.write(f"{text}\n")
     sys.stdout.flush()
-
-
-def note(message: str) -> None:
-    print(f"spawn: {message}", file=sys.stderr, flush=True)
 
 
 def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:

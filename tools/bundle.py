@@ -52,6 +52,7 @@ MODULES = (
     "constants",
     EMBEDDED,
     "errors",
+    "output",
     "forkstate",
     "records",
     "core",

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import sys
@@ -43,6 +42,7 @@ from .dag import DEFAULT_ROTATE_MB, DEFAULT_STATE_FILE, ON_FAIL
 from .errors import ExitCode, RefusedError, StateError, UsageError, did_you_mean
 from .executors import names_another_kind
 from .forkserver import ForkedFor
+from .output import emit, note, stdout_json_text
 from .processes import (
     GUARD_SETTLED,
     Supervised,
@@ -364,17 +364,6 @@ def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Pat
     return latest_session(resolve_session_root(None, environ))
 
 
-def stdout_json_text(value: Any) -> str:
-    """JSON for stdout: indented for a person at a terminal; one line when piped,
-    as a parent agent's Bash and CI read it."""
-    return json.dumps(value, ensure_ascii=False, default=str, indent=2 if sys.stdout.isatty() else None)
-
-
-def emit(data: Mapping[str, Any]) -> None:
-    sys.stdout.write(stdout_json_text(data) + "\n")
-    sys.stdout.flush()
-
-
 def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
     """A run's result: the JSON object, or with --print FIELD that one field as plain text."""
     if args.print is None:
@@ -384,10 +373,6 @@ def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
     text = value if isinstance(value, str) else stdout_json_text(value)
     sys.stdout.write(f"{text}\n")
     sys.stdout.flush()
-
-
-def note(message: str) -> None:
-    print(f"spawn: {message}", file=sys.stderr, flush=True)
 
 
 def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:

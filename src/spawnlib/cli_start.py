@@ -33,7 +33,6 @@ from .agents import (
     summarize_input,
 )
 from .channel import open_ask
-from .cli import note
 from .constants import (
     ASK_TIMEOUT_S,
     ENV_ASK_TIMEOUT,
@@ -75,6 +74,7 @@ from .errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, Stat
 from .executors import executor_for
 from .fast_start import compiled_script
 from .forkserver import fork_detached_runner, forkserver_wanted, start_forkserver
+from .output import note
 from .processes import (
     GUARD_SETTLED,
     Supervised,

@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from . import __version__
 from .channel import send_answer
-from .cli import build_run_parser, emit, note
+from .cli import build_run_parser
 from .cli_start import drop_refusal, record_refusal
 from .constants import (
     ASK_POLL_S,
@@ -37,6 +37,7 @@ from .core import estimate_agent, secret_values, truncate_for_stdout, utc_now_is
 from .embedded import builtin_files, builtin_label
 from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError, close_match
 from .fast_start import compiled_script
+from .output import emit, note
 from .processes import ancestry_context, own_identity, unregister_runner
 from .protocol import (
     AGENTS_DIR,

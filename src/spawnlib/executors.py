@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any, cast
 from . import __version__
 from .agents import AgentDefinition
 from .channel import open_ask
-from .cli import note
 from .cli_start import StartedCli, ask_timeout, cli_start, describe_sdk_error, outcome_from_run, run_sdk, start_cli
 from .constants import KILL_GRACE_S, PROTOCOL_VERSION
 from .core import is_finite, redact, utc_now_iso, validate_output
 from .errors import ExitCode, UsageError
+from .output import note
 from .protocol import (
     AGENTS_DIR,
     ENV_LOG_MAX,

@@ -13,7 +13,6 @@ from typing import Any, cast
 
 import psutil  # cheap to import; jsonschema and the SDK are imported lazily
 
-from .cli import note
 from .constants import (
     CGROUP_EMPTY_WAIT_S,
     CGROUP_PREFIX,
@@ -40,6 +39,7 @@ from .errors import ExitCode, RefusedError, SpawnError, StateError
 from .fast_start import compiled_script
 from .forkserver import ancestry_subject
 from .forkstate import on_fork
+from .output import note
 from .protocol import AGENTS_DIR, HEARTBEAT, load_meta, parse_json, read_outcome, read_text, write_json_atomic
 from .records import AgentMeta
 from .resolving import inherited_context

@@ -17,7 +17,6 @@ from typing import Any, NoReturn
 
 from .agents import summarize_input
 from .channel import open_ask
-from .cli import note
 from .cli_start import ask_timeout, prompt_person
 from .constants import DEFAULT_SESSION_ROOT, ENV_SESSION_ROOT, MIN_HOLD_USD, SLOT_POLL_S
 from .core import (
@@ -35,6 +34,7 @@ from .core import (
 )
 from .errors import CorruptRecordError, InputError, SpawnError, StateError, UnknownAgentError, UsageError
 from .forkstate import on_fork
+from .output import note
 from .processes import Supervised, float_or_none
 from .records import AgentMeta, LedgerEntry, Limits, Outcome, Status, record_from_json, record_to_json
 from .verbs import index_status_row

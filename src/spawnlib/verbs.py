@@ -19,7 +19,6 @@ from typing import Any
 
 import psutil
 
-from .cli import note
 from .cli_start import has_drop_box, native_usage, outcome_problem, record_dropped_refusals
 from .constants import (
     ENV_AGENT_ID,
@@ -44,6 +43,7 @@ from .constants import (
 from .core import id_depth, started_timestamp, token_hex, utc_now_iso
 from .errors import CorruptRecordError, ExitCode, SpawnError
 from .forkserver import ancestry_subject
+from .output import note
 from .processes import Supervised, end_tree_cgroup, is_guard, wait_gone
 from .protocol import (
     AGENTS_DIR,
