@@ -611,6 +611,60 @@ SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECAS
 SECRET_PATTERN = re.compile(r"sk-ant-[A-Za-z0-9_\-]{8,}")
 SECRET_MIN_LEN = 8  # shorter values are too likely to match ordinary text
 REDACTED = "[REDACTED]"
+
+# ------------------------------------------------------- on-disk protocol --
+
+META = "meta.json"
+OUTCOME = "outcome.json"
+SCRATCH_DIR = "scratch"  # a sandboxed leaf's own writable directory, its records beside it read-only
+# refused/<leaf id>/: a sandboxed leaf's refused spawns, each <child id>.json,
+# until the leaf's runner, outside the sandbox, records them in agents/.
+REFUSED_DIR = "refused"
+# What a leaf's runner takes from its drop box: a hostile leaf gets no more
+# agent directories than this, nor bigger records, by writing there.
+DROPPED_REFUSALS_MAX = 64
+DROPPED_REFUSAL_MAX_BYTES = 256 * 1024
+DROP_BOX_POLL_S = 1.0  # a listing of a directory that is nearly always empty
+OUTCOME_KEPT = "outcome.kept.json"  # the runner's own, when outcome.json turned out not to be an outcome
+TRANSCRIPT = "transcript.jsonl"
+STDERR_LOG = "stderr.log"
+# An agent's transcript and stderr.log each stop growing at this size: a
+# flooding peer or process can't fill the disk (a remote A2A agent's endless
+# status updates wrote 379 MB in 20 s). Far above a long agent's transcript;
+# SPAWN_TRANSCRIPT_MAX_BYTES sets it lower, never higher.
+LOG_MAX_BYTES = 64 * 1024 * 1024
+ENV_LOG_MAX = "SPAWN_TRANSCRIPT_MAX_BYTES"
+TRUNCATED_LINE = "TranscriptTruncated"  # the transcript's last line once it reached the cap
+NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
+HEARTBEAT = "heartbeat.json"
+# Written by `spawn.py kill` before its SIGTERM: the runner's outcome then
+# says who ended it, which a signal alone can't tell it.
+KILL_REQUEST = "kill.json"
+RUNNER_LOG = "runner.log"
+SESSION_INFO = "session.json"
+LIMITS = "limits.json"
+LEDGER = "ledger.jsonl"
+SESSION_LOCK = ".lock"
+SLOT_MARKER = ".slot"
+
+
+# Deepest nesting of any JSON or YAML spawn.py parses. The parser recurses
+# once per level (RecursionError near 1,000, sooner on a deep stack), and so
+# does whatever walks the value after it (jsonschema, json.dumps): 64 is
+# deeper than any record, schema or task graph, and far from either limit.
+JSON_MAX_DEPTH = 64
+# Largest record read: an outcome's output or a transcript line is at most a
+# few MiB (SDK_MAX_MESSAGE); a bigger file is junk, and never read into memory.
+RECORD_MAX_BYTES = 64 << 20
+# Largest YAML or JSON input a user gives (a task graph, a schema, an agent's
+# frontmatter): hand-written files are KiBs.
+INPUT_MAX_BYTES = 4 << 20
+# YAML aliases share one node in the parsed document, but whatever walks it
+# (variables, json.dumps) meets every copy: "billion laughs" is a few lines
+# that expand to 10**9 nodes. A document may expand to this many at most.
+YAML_MAX_NODES = 1_000_000
+
+SLOT_LENT = ".slot-lent"
 # ==================== end src/spawnlib/constants.py ====================
 
 # ==================== begin src/spawnlib/embedded.py ====================
@@ -2041,6 +2095,12 @@ def _record_fields(cls: type) -> tuple[frozenset[str], frozenset[str]]:
 
 
 
+
+
+
+
+
+
 # ---------------------------------------------------------------- pure core --
 
 
@@ -2564,6 +2624,47 @@ def cli_settings(**parts: Any) -> str | None:
     there is nothing to set, so the CLI reads no settings flag at all."""
     settings = {key: value for key, value in parts.items() if value}
     return json.dumps(settings) if settings else None
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+
+
+def parse_json(data: str | bytes, max_bytes: int = RECORD_MAX_BYTES) -> Any:
+    """json.loads, bounded in size and depth: ValueError (a JSONDecodeError, with
+    its line, where there is one) for whatever can't be parsed, never a RecursionError.
+
+    Every record reader parses through here: a record anything with Bash can
+    write must make that one record corrupt, not end its reader.
+    """
+    if len(data) > max_bytes:
+        raise json.JSONDecodeError(f"larger than {max_bytes} bytes", "", 0)
+    text = data.decode() if isinstance(data, bytes) else data  # UnicodeDecodeError is a ValueError
+    # Fewer openers can't nest deeper: no scan. Else the strings' text is cut
+    # out, then all but the brackets, in C: status parses 10,000s of lines.
+    if text.count("[") + text.count("{") > JSON_MAX_DEPTH:
+        brackets = _NOT_BRACKETS.sub("", _JSON_STRING.sub("", text))
+        if max(itertools.accumulate(1 if c in "[{" else -1 for c in brackets)) > JSON_MAX_DEPTH:
+            raise json.JSONDecodeError(f"nested deeper than {JSON_MAX_DEPTH} levels", text, too_deep_at(text))
+    try:
+        return json.loads(text)
+    except RecursionError:  # not expected past the scan; a deep stack of the caller's own
+        raise json.JSONDecodeError("nested too deep", text, 0) from None
+
+
+def too_deep_at(text: str) -> int:
+    """Where in JSON text a level past JSON_MAX_DEPTH opens (its index; 0 if none)."""
+    depth = 0
+    for match in re.finditer(rf"{_JSON_STRING.pattern}|[\[\]{{}}]", text):
+        if match.group() in ("[", "{"):
+            depth += 1
+            if depth > JSON_MAX_DEPTH:
+                return match.start()
+        elif match.group() in ("]", "}"):
+            depth -= 1
+    return 0
 # ==================== end src/spawnlib/core.py ====================
 
 # ==================== begin src/spawnlib/protocol.py ====================
@@ -2608,41 +2709,26 @@ def cli_settings(**parts: Any) -> str | None:
 
 
 
-# ------------------------------------------------------- on-disk protocol --
 
-META = "meta.json"
-OUTCOME = "outcome.json"
-SCRATCH_DIR = "scratch"  # a sandboxed leaf's own writable directory, its records beside it read-only
-# refused/<leaf id>/: a sandboxed leaf's refused spawns, each <child id>.json,
-# until the leaf's runner, outside the sandbox, records them in agents/.
-REFUSED_DIR = "refused"
-# What a leaf's runner takes from its drop box: a hostile leaf gets no more
-# agent directories than this, nor bigger records, by writing there.
-DROPPED_REFUSALS_MAX = 64
-DROPPED_REFUSAL_MAX_BYTES = 256 * 1024
-DROP_BOX_POLL_S = 1.0  # a listing of a directory that is nearly always empty
-OUTCOME_KEPT = "outcome.kept.json"  # the runner's own, when outcome.json turned out not to be an outcome
-TRANSCRIPT = "transcript.jsonl"
-STDERR_LOG = "stderr.log"
-# An agent's transcript and stderr.log each stop growing at this size: a
-# flooding peer or process can't fill the disk (a remote A2A agent's endless
-# status updates wrote 379 MB in 20 s). Far above a long agent's transcript;
-# SPAWN_TRANSCRIPT_MAX_BYTES sets it lower, never higher.
-LOG_MAX_BYTES = 64 * 1024 * 1024
-ENV_LOG_MAX = "SPAWN_TRANSCRIPT_MAX_BYTES"
-TRUNCATED_LINE = "TranscriptTruncated"  # the transcript's last line once it reached the cap
-NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
-HEARTBEAT = "heartbeat.json"
-# Written by `spawn.py kill` before its SIGTERM: the runner's outcome then
-# says who ended it, which a signal alone can't tell it.
-KILL_REQUEST = "kill.json"
-RUNNER_LOG = "runner.log"
-SESSION_INFO = "session.json"
-LIMITS = "limits.json"
-LEDGER = "ledger.jsonl"
-SESSION_LOCK = ".lock"
-SLOT_MARKER = ".slot"
-SLOT_LENT = ".slot-lent"
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 AGENTS_DIR = "agents"
 DONE_MARKER = ".done"
 FAIL_MARKER = ".fail"
@@ -2704,47 +2790,6 @@ def write_file_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-
-
-# Deepest nesting of any JSON or YAML spawn.py parses. The parser recurses
-# once per level (RecursionError near 1,000, sooner on a deep stack), and so
-# does whatever walks the value after it (jsonschema, json.dumps): 64 is
-# deeper than any record, schema or task graph, and far from either limit.
-JSON_MAX_DEPTH = 64
-# Largest record read: an outcome's output or a transcript line is at most a
-# few MiB (SDK_MAX_MESSAGE); a bigger file is junk, and never read into memory.
-RECORD_MAX_BYTES = 64 << 20
-# Largest YAML or JSON input a user gives (a task graph, a schema, an agent's
-# frontmatter): hand-written files are KiBs.
-INPUT_MAX_BYTES = 4 << 20
-# YAML aliases share one node in the parsed document, but whatever walks it
-# (variables, json.dumps) meets every copy: "billion laughs" is a few lines
-# that expand to 10**9 nodes. A document may expand to this many at most.
-YAML_MAX_NODES = 1_000_000
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
-
-
-def parse_json(data: str | bytes, max_bytes: int = RECORD_MAX_BYTES) -> Any:
-    """json.loads, bounded in size and depth: ValueError (a JSONDecodeError, with
-    its line, where there is one) for whatever can't be parsed, never a RecursionError.
-
-    Every record reader parses through here: a record anything with Bash can
-    write must make that one record corrupt, not end its reader.
-    """
-    if len(data) > max_bytes:
-        raise json.JSONDecodeError(f"larger than {max_bytes} bytes", "", 0)
-    text = data.decode() if isinstance(data, bytes) else data  # UnicodeDecodeError is a ValueError
-    # Fewer openers can't nest deeper: no scan. Else the strings' text is cut
-    # out, then all but the brackets, in C: status parses 10,000s of lines.
-    if text.count("[") + text.count("{") > JSON_MAX_DEPTH:
-        brackets = _NOT_BRACKETS.sub("", _JSON_STRING.sub("", text))
-        if max(itertools.accumulate(1 if c in "[{" else -1 for c in brackets)) > JSON_MAX_DEPTH:
-            raise json.JSONDecodeError(f"nested deeper than {JSON_MAX_DEPTH} levels", text, too_deep_at(text))
-    try:
-        return json.loads(text)
-    except RecursionError:  # not expected past the scan; a deep stack of the caller's own
-        raise json.JSONDecodeError("nested too deep", text, 0) from None
 
 
 def read_input(path: Path | str) -> str:
@@ -2836,19 +2881,6 @@ def bounded_yaml_loader() -> type[Any]:
             return node
 
     return BoundedLoader
-
-
-def too_deep_at(text: str) -> int:
-    """Where in JSON text a level past JSON_MAX_DEPTH opens (its index; 0 if none)."""
-    depth = 0
-    for match in re.finditer(rf"{_JSON_STRING.pattern}|[\[\]{{}}]", text):
-        if match.group() in ("[", "{"):
-            depth += 1
-            if depth > JSON_MAX_DEPTH:
-                return match.start()
-        elif match.group() in ("]", "}"):
-            depth -= 1
-    return 0
 
 
 def request_kill(agent_dir: Path, reason: str) -> None:
@@ -3503,6 +3535,7 @@ def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
 # ==================== end src/spawnlib/protocol.py ====================
 
 # ==================== begin src/spawnlib/processes.py ====================
+
 
 
 
@@ -6729,6 +6762,8 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
 
 
 
+
+
 # ------------------------------------------------------------------ running --
 
 
@@ -8976,17 +9011,6 @@ async def drop_box_loop(leaf: AgentMeta, state: RunState, secrets_: Sequence[str
 
 
 
-
-
-
-
-
-
-
-
-
-
-
 # ---------------------------------------------------------------- executors --
 # The seam between a node of the tree and what runs it. A reference (an
 # --agent value, or a definition's `kind:`) resolves to a Node; the Executor
@@ -10814,7 +10838,6 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
 
 
 
-
 # -------------------------------------------------------------------- verbs --
 
 
@@ -12005,7 +12028,6 @@ def kill_caller(environ: Mapping[str, str]) -> str:
 # ==================== end src/spawnlib/verbs.py ====================
 
 # ==================== begin src/spawnlib/dag.py ====================
-
 
 
 

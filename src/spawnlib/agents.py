@@ -30,11 +30,11 @@ from .constants import (
     SCHEMA_DIR,
     SPAWN_AGENT_FIELDS,
 )
-from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, claude_config_dir, number_problem
+from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, claude_config_dir, number_problem, parse_json
 from .embedded import builtin_files, builtin_label
 from .errors import InputError, UsageError, did_you_mean
 from .executors import parse_node_fields
-from .protocol import load_input, parse_json, read_input, write_file_atomic
+from .protocol import load_input, read_input, write_file_atomic
 
 # ------------------------------------------------- agents and permissions --
 

@@ -12,10 +12,10 @@ import psutil
 
 from .agents import summarize_input
 from .constants import ASK_POLL_S
-from .core import redacted_json, self_answer_refusal, token_hex, utc_now_iso
+from .core import parse_json, redacted_json, self_answer_refusal, token_hex, utc_now_iso
 from .errors import RefusedError, StateError
 from .processes import calling_agents
-from .protocol import append_jsonl, asks_dir, parse_json, publish_once, write_json_atomic
+from .protocol import append_jsonl, asks_dir, publish_once, write_json_atomic
 from .records import AgentMeta, AskAnswer, AskAttempt, AskRecord, record_to_json
 from .standin import unix_address
 

@@ -34,6 +34,7 @@ from .constants import (
     ENV_SESSION_ROOT,
     IDLE_TIMEOUT_S,
     KILL_GRACE_S,
+    META,
     REGISTER_WAIT_S,
     SANDBOX_CHOICES,
 )
@@ -60,7 +61,6 @@ from .processes import (
 )
 from .protocol import (
     AGENTS_DIR,
-    META,
     asks_dir,
     commit_outcome,
     find_agent_dir,

@@ -30,10 +30,13 @@ from .constants import (
     ENV_DEPTH,
     ENV_SESSION,
     KNOWN_TOOLS,
+    OUTCOME,
     PERMISSION_KINDS,
+    RECORD_MAX_BYTES,
     SCRIPT_DIR,
+    TRANSCRIPT,
 )
-from .core import estimate_agent, secret_values, truncate_for_stdout, utc_now_iso
+from .core import estimate_agent, parse_json, secret_values, truncate_for_stdout, utc_now_iso
 from .embedded import builtin_files, builtin_label
 from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError, close_match
 from .fast_start import compiled_script
@@ -41,9 +44,6 @@ from .output import emit, note
 from .processes import ancestry_context, own_identity, unregister_runner
 from .protocol import (
     AGENTS_DIR,
-    OUTCOME,
-    RECORD_MAX_BYTES,
-    TRANSCRIPT,
     agent_history,
     append_jsonl,
     asks_dir,
@@ -53,7 +53,6 @@ from .protocol import (
     latest_session,
     load_input,
     load_meta,
-    parse_json,
     pending_asks,
     read_input,
     read_json,

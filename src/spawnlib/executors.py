@@ -18,22 +18,11 @@ from . import __version__
 from .agents import AgentDefinition
 from .channel import open_ask
 from .cli_start import StartedCli, ask_timeout, cli_start, describe_sdk_error, outcome_from_run, run_sdk, start_cli
-from .constants import KILL_GRACE_S, PROTOCOL_VERSION
-from .core import is_finite, redact, utc_now_iso, validate_output
+from .constants import ENV_LOG_MAX, KILL_GRACE_S, PROTOCOL_VERSION, STDERR_LOG, TRANSCRIPT
+from .core import is_finite, parse_json, redact, utc_now_iso, validate_output
 from .errors import ExitCode, UsageError
 from .output import note
-from .protocol import (
-    AGENTS_DIR,
-    ENV_LOG_MAX,
-    STDERR_LOG,
-    TRANSCRIPT,
-    append_log_line,
-    append_transcript,
-    log_max_bytes,
-    parse_json,
-    read_limits,
-    with_estimated_cost,
-)
+from .protocol import AGENTS_DIR, append_log_line, append_transcript, log_max_bytes, read_limits, with_estimated_cost
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import EarlyStop, RunState, SdkLoader, child_environment, start_slot_count, start_slot_now
 

@@ -16,13 +16,13 @@ from typing import Any, NoReturn, cast
 import psutil
 
 from .constants import SCRIPT_PATH
-from .core import utc_now_iso
+from .core import parse_json, utc_now_iso
 from .errors import ExitCode, SpawnError
 from .fast_start import compiled_script
 from .forkstate import reset_after_fork
 from .main import main
 from .processes import Supervised, ancestor_agents, ancestry_context, own_pid_namespace, pid_namespace_of, set_parent_death_signal
-from .protocol import load_meta, parse_json
+from .protocol import load_meta
 from .records import AgentMeta
 from .running import STOP_SIGNALS, SdkLoader, import_sdk
 from .standin import ENV_NO_FORKSERVER, FORKED_VERBS, FORKSERVER_REPLY_S, FORKSERVER_SOCKET, forkserver_request, unix_address

@@ -27,6 +27,7 @@ from .constants import (
     ENV_PERMISSION_MODE,
     ENV_SESSION,
     ENV_TOOLS,
+    HEARTBEAT,
     HEARTBEAT_S,
     HEARTBEAT_STALE_BEATS,
     KILL_GRACE_S,
@@ -34,13 +35,13 @@ from .constants import (
     PERMISSION_RANK,
     SCRIPT_PATH,
 )
-from .core import is_finite
+from .core import is_finite, parse_json
 from .errors import ExitCode, RefusedError, SpawnError, StateError
 from .fast_start import compiled_script
 from .forkserver import ancestry_subject
 from .forkstate import on_fork
 from .output import note
-from .protocol import AGENTS_DIR, HEARTBEAT, load_meta, parse_json, read_outcome, read_text, write_json_atomic
+from .protocol import AGENTS_DIR, load_meta, read_outcome, read_text, write_json_atomic
 from .records import AgentMeta
 from .resolving import inherited_context
 from .running import inside_sandbox, sandbox_owner

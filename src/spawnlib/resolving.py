@@ -48,11 +48,14 @@ from .constants import (
     ENV_TRACEPARENT,
     IDLE_TIMEOUT_S,
     KNOWN_TOOLS,
+    LIMITS,
     MAX_COUNT,
     MAX_SECONDS,
+    META,
     PERMISSION_KINDS,
     PERMISSION_RANK,
     SCHEMA_DIR,
+    SESSION_INFO,
 )
 from .core import (
     DEFINITION_NUMBERS,
@@ -92,9 +95,6 @@ from .processes import (
 )
 from .protocol import (
     AGENTS_DIR,
-    LIMITS,
-    META,
-    SESSION_INFO,
     admit,
     confirm_spawn,
     create_agent_dir,

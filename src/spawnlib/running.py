@@ -39,10 +39,12 @@ from .constants import (
     ENV_SESSION,
     ENV_TOOLS,
     ENV_TRACEPARENT,
+    META,
     SANDBOX_INSTALL,
     SANDBOX_LOST,
     SANDBOX_MACOS_PROGRAM,
     SANDBOX_PROGRAMS,
+    SCRATCH_DIR,
 )
 from .core import utc_now_iso
 from .errors import CorruptRecordError
@@ -50,7 +52,7 @@ from .executors import NodeResult
 from .fast_start import compiled_script
 from .forkstate import on_fork
 from .processes import _int_or_none, cgroup_mounts, procfs_is_ours
-from .protocol import AGENTS_DIR, META, SCRATCH_DIR, kill_request_reason, open_regular
+from .protocol import AGENTS_DIR, kill_request_reason, open_regular
 from .records import AgentMeta, Status
 from .verbs import MarkerEvents
 

@@ -23,14 +23,21 @@ from .cli_start import has_drop_box, native_usage, outcome_problem, record_dropp
 from .constants import (
     ENV_AGENT_ID,
     ENV_SESSION,
+    HEARTBEAT,
     HEARTBEAT_S,
     HEARTBEAT_STALE_BEATS,
     KILL_GRACE_S,
     LEFTOVER_GRACE_S,
     LIVENESS_POLL_MAX_S,
     LIVENESS_POLL_S,
+    META,
+    NATIVE_LOG,
+    OUTCOME,
     PROTOCOL_VERSION,
     SCRIPT_PATH,
+    SLOT_LENT,
+    SLOT_MARKER,
+    TRANSCRIPT,
     WAIT_NOISE_HOLDOFF_S,
     WAIT_POLL_BATCH,
     WAIT_POLL_MAX_S,
@@ -40,7 +47,7 @@ from .constants import (
     WAIT_RESCAN_S,
     WATCH_REFRESH_S,
 )
-from .core import id_depth, started_timestamp, token_hex, utc_now_iso
+from .core import id_depth, parse_json, started_timestamp, token_hex, utc_now_iso
 from .errors import CorruptRecordError, ExitCode, SpawnError
 from .forkserver import ancestry_subject
 from .output import note
@@ -49,15 +56,8 @@ from .protocol import (
     AGENTS_DIR,
     DONE_MARKER,
     FAIL_MARKER,
-    HEARTBEAT,
-    META,
-    NATIVE_LOG,
-    OUTCOME,
-    SLOT_LENT,
-    SLOT_MARKER,
     STATUS_CACHE,
     STATUS_INDEX,
-    TRANSCRIPT,
     agent_dir_names,
     commit_outcome,
     iter_agent_dirs,
@@ -65,7 +65,6 @@ from .protocol import (
     load_meta,
     load_meta_keyed,
     open_regular,
-    parse_json,
     pending_asks,
     read_json,
     read_ledger,
