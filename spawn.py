@@ -2101,6 +2101,7 @@ def _record_fields(cls: type) -> tuple[frozenset[str], frozenset[str]]:
 
 
 
+
 # ---------------------------------------------------------------- pure core --
 
 
@@ -2665,18 +2666,54 @@ def too_deep_at(text: str) -> int:
         elif match.group() in ("]", "}"):
             depth -= 1
     return 0
+
+
+def float_or_none(value: str | None) -> float | None:
+    # NaN and infinity are ignored like any malformed value: min() with a NaN
+    # first returns NaN, which would widen a deadline (env_number_warnings says so).
+    try:
+        number = float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+    return number if number is not None and is_finite(number) else None
+
+
+def native_usage(transcript: Path) -> dict[str, int]:
+    """Token totals of a native subagent, from the CLI's own transcript of it.
+
+    Read when asked, not at SubagentStop: the CLI writes the last lines after the hook.
+    """
+    totals: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for raw in transcript.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):  # a line that isn't a message
+                usage = (parse_json(raw).get("message") or {}).get("usage") or {}
+                for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+                    if isinstance(usage.get(key), int):
+                        totals[key] = totals.get(key, 0) + usage[key]
+    return totals
+
+
+def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
+    """Why a published outcome.json is not an outcome of agent_id, or None (pure)."""
+    if data.get("id") != agent_id:
+        return f"its id is {data.get('id')!r}"
+    if data.get("status") not in EXIT_FOR_STATUS:
+        return f"its status is {data.get('status')!r}"
+    for name in ("reason", "ended_at"):
+        if not isinstance(data.get(name), str):
+            return f"no {name}"
+    duration: Any = data.get("duration_s")
+    if type(data.get("exit_code")) is not int or type(duration) not in (int, float) or not is_finite(duration):
+        return "no exit_code or duration_s"
+    # Summed over the tree by status and the ledger: a string or NaN here would
+    # stop, or silently poison, every total above it.
+    if (cost := data.get("cost_usd")) is not None and (type(cost) not in (int, float) or not is_finite(cost)):
+        return f"its cost_usd is {cost!r}"
+    return None
 # ==================== end src/spawnlib/core.py ====================
 
 # ==================== begin src/spawnlib/protocol.py ====================
-
-
-
-
-
-
-
-
-
 
 
 
@@ -3026,23 +3063,6 @@ def marker_for(status: str) -> str:
     return DONE_MARKER if status == Status.DONE else FAIL_MARKER
 
 
-def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> bool:
-    """The one commit point of an agent. Returns False if another writer won.
-
-    Of the agent itself, its deadline, a parent's `wait`, `reap` or `kill`,
-    exactly one publishes outcome.json. The marker follows from the committed
-    outcome, so .done and .fail can't both exist.
-    """
-    data = redacted_json(record_to_json(outcome), secrets_, indent=2)
-    won = publish_once(agent_dir / OUTCOME, data.encode())
-    if won:
-        charge(agent_dir, outcome, secrets_)
-    ensure_marker(agent_dir)
-    if won:
-        index_status_row(agent_dir)
-    return won
-
-
 def charge(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> None:
     """The ledger line of a committed outcome: it releases the agent's budget hold."""
     if outcome.status == Status.REFUSED and outcome.transcript is None:
@@ -3256,86 +3276,6 @@ def agent_history(session: Path) -> tuple[dict[str, list[tuple[float, float]]], 
             if outcome.get("status") != Status.REFUSED and isinstance(cost, int | float) and isinstance(duration, int | float):
                 ended.setdefault(price_family(meta.model), []).append((float(cost), float(duration)))
     return ended, running
-
-
-def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> str | None:
-    """Ask the root before a spawn that would take the tree past --confirm-over; None lets it go on.
-
-    Called before admission, without the session lock: the answer may take
-    minutes, and other spawns and outcome commits must not wait for it. Two
-    spawns racing under the threshold may both pass; the threshold is a
-    prompt for a person, --max-budget-usd is the hard cap.
-    """
-    threshold = read_limits(session).confirm_over_usd
-    if threshold is None:
-        return None
-    ended, running = agent_history(session)
-    estimate, _, basis = estimate_agent(meta.model, ended)
-    # A running agent's spend so far is in neither the ledger nor its estimate; the estimate stands for all of it.
-    projected = read_ledger(session).spent + sum(estimate_agent(m, ended)[0] for m in running) + estimate
-    if projected <= threshold:
-        return None
-    summary = (
-        f"start a {meta.model} agent, estimated ${estimate:.4f} ({basis}): the tree's projected spend "
-        f"${projected:.4f} passes --confirm-over ${threshold:g}; task: {summarize_input({'command': meta.task}, 120)}"
-    )
-    rule = f"--confirm-over {threshold:g}"
-    timeout = ask_timeout(os.environ)
-    if meta.deadline is not None:
-        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
-    if sys.stdin is not None and sys.stdin.isatty():
-        verdict, _ = prompt_person(meta, "Spawn", {"command": summary}, rule, timeout)
-        return None if verdict == "allow" else f"confirm: the person at the terminal did not approve ({summary})"
-    # The spawner asks: its parent's id (the root has none, but the root never passes through here).
-    asker = meta.parent_id or ""
-    channel = open_ask(meta, "Spawn", {"command": summary}, rule, timeout=timeout, secrets_=secrets_, asker=asker)
-    ask_id = channel.ask_id
-    note(f"spawn asks to {summary}: run 'spawn.py approve {ask_id}' or 'spawn.py deny {ask_id}' within {timeout:.0f} s")
-    answer = channel.wait(asker, timeout, secrets_)
-    if answer.get("verdict") == "approve":
-        return None
-    how = "timed out unanswered" if answer.get("by") == "timeout" else f"was denied by {answer.get('by')}"
-    return f"confirm: ask {ask_id} {how} (projected ${projected:.4f} > --confirm-over ${threshold:g})"
-
-
-def holds_slot(agent_dir: Path) -> bool:
-    if not (agent_dir / SLOT_MARKER).exists() or (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists():
-        return False
-    try:
-        meta = load_meta(agent_dir)
-    except (FileNotFoundError, SpawnError):
-        return False
-    return Supervised.of(meta).alive()
-
-
-def try_take_slot(agent_dir: Path, max_concurrent: int) -> bool:
-    """Take one of the session's --max-concurrent slots if one is free."""
-    session = agent_dir.parent.parent
-    with session_lock(session):
-        if sum(holds_slot(d) for d in iter_agent_dirs(session)) >= max_concurrent:
-            return False
-        with contextlib.suppress(FileExistsError):
-            write_new_file(agent_dir / SLOT_MARKER, b"")
-        return True
-
-
-def lend_slot(agent_dir: Path) -> bool:
-    """Give back a slot while its agent is blocked on children; False if it held none."""
-    with session_lock(agent_dir.parent.parent):
-        if not holds_slot(agent_dir):
-            return False
-        os.replace(agent_dir / SLOT_MARKER, agent_dir / SLOT_LENT)
-        return True
-
-
-def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> None:
-    """Wait for a slot again after lending it; stop if the agent ends meanwhile."""
-    while not try_take_slot(agent_dir, max_concurrent):
-        if (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists() or not Supervised.of(meta).alive():
-            break
-        time.sleep(SLOT_POLL_S)
-    with contextlib.suppress(FileNotFoundError):
-        (agent_dir / SLOT_LENT).unlink()
 
 
 def ensure_marker(agent_dir: Path | str, status: Any = None) -> None:
@@ -4519,17 +4459,317 @@ def _int_or_none(value: str | None) -> int | None:
         return int(value) if value not in (None, "") else None
     except ValueError:
         return None
+# ==================== end src/spawnlib/processes.py ====================
+
+# ==================== begin src/spawnlib/commit.py ====================
+"""The one commit point of an agent's outcome, and the status row it leaves in the session's index.
+
+Above supervision: a status row says whether an unfinished agent still
+lives, which only its process identity tells.
+"""
 
 
-def float_or_none(value: str | None) -> float | None:
-    # NaN and infinity are ignored like any malformed value: min() with a NaN
-    # first returns NaN, which would widen a deadline (env_number_warnings says so).
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
+    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
     try:
-        number = float(value) if value not in (None, "") else None
+        beat = read_json(agent_dir / HEARTBEAT)
+        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
+    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+
+
+def idle_for(agent_dir: Path) -> float | None:
+    """Seconds a running agent has been idle, when that is over half its idle timeout."""
+    try:
+        beat = read_json(agent_dir / HEARTBEAT)
+        idle, limit = time.time() - float(beat["last_activity_at"]), float(beat["idle_timeout_s"])
+    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+    return idle if idle > limit / 2 else None
+
+
+def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
+    """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
+    if not Supervised.of(meta).alive():
+        return Status.FAILED
+    age = heartbeat_age(agent_dir)
+    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+        return Status.STALE
+    return Status.RUNNING
+
+
+def corrupt_row(agent_dir: Path, error: SpawnError, meta: AgentMeta | None = None) -> dict[str, Any]:
+    """A `status` row for an agent whose records can't be read."""
+    return {
+        "id": meta.id if meta else agent_dir.name,
+        "parent_id": meta.parent_id if meta else None,
+        "depth": meta.depth if meta else int(agent_dir.name[1:].split("-")[0]) if re.fullmatch(r"a\d+-\w+", agent_dir.name) else 0,
+        "state": Status.CORRUPT.value,
+        "task": "",
+        "duration_s": 0.0,
+        "cost_usd": None,
+        "cost_known": False,
+        "pid": meta.pid if meta else 0,
+        "agent_dir": str(agent_dir),
+        "error": error.message,
+    }
+
+
+def read_agent_rows(
+    agents: str, names: Sequence[str], *, queueing: bool, settled_before: float
+) -> list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]]:
+    """The status rows of each named agent directory (its own, then its native
+    subagents'; none while its meta.json isn't written), and its cache entry
+    when it is finished and settled."""
+    found: list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]] = []
+    for name in names:
+        path = f"{agents}/{name}"
+        try:
+            meta, meta_keys = load_meta_keyed(path)
+        except FileNotFoundError:
+            continue  # a background launch between mkdir and meta.json
+        except SpawnError as exc:
+            # One damaged record must not hide the rest of the tree.
+            found.append((name, ([corrupt_row(Path(path), exc)], None)))
+            continue
+        try:
+            outcome, outcome_keys = read_outcome_keyed(path)
+            if outcome is not None and (why := outcome_problem(outcome, name)):
+                raise CorruptRecordError(f"{path}/{OUTCOME}", f"not an outcome of {name}: {why}")
+        except SpawnError as exc:
+            found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
+            continue
+        state = outcome["status"] if outcome else unfinished_state(Path(path), meta, queueing=queueing).value
+        started = started_timestamp(meta)
+        row = {
+            "id": meta.id,
+            "parent_id": meta.parent_id,
+            "depth": meta.depth,
+            "state": state,
+            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
+            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
+            "cost_usd": outcome.get("cost_usd") if outcome else None,
+            "cost_known": bool(outcome and "cost_usd" in outcome),
+            "pid": meta.pid,
+            "agent_dir": path,
+            "containment": meta.containment,
+        }
+        if meta.resumed_from:
+            row["resumed_from"] = meta.resumed_from
+        natives = native_rows(path, meta, parent_ended=outcome is not None)
+        # Cached: a finished agent whose records were settled before we read them,
+        # keyed by the very files read, so a record replaced meanwhile is read
+        # again next time. Native subagents' rows come from a log: not cached.
+        keys = meta_keys + outcome_keys if outcome_keys is not None else None
+        settled = outcome is not None and keys is not None and not natives and max(keys[2::3]) < settled_before
+        found.append((name, ([row, *natives], [keys, row] if settled and meta.id == name else None)))
+    return found
+
+
+def unfinished_state(agent_dir: Path, meta: AgentMeta, *, queueing: bool) -> Status:
+    """What status shows for an agent without an outcome: running, or why not."""
+    state = liveness(agent_dir, meta)
+    if state == Status.FAILED:
+        return Status.LOST  # gone without an outcome
+    if state != Status.RUNNING:
+        return state
+    if idle_for(agent_dir) is not None:
+        return Status.STALLED
+    if queueing and (agent_dir / SLOT_LENT).exists():
+        return Status.WAITING
+    if queueing and not (agent_dir / SLOT_MARKER).exists():
+        return Status.QUEUED
+    return state
+
+
+def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -> list[dict[str, Any]]:
+    """Claude Code's own subagents of an agent (NATIVE_LOG), as child rows of kind `native`.
+
+    Their cost is part of the parent's (the CLI counts it in its total), so a
+    native row adds nothing to the subtree's cost and is never `unknown`.
+    """
+    nodes: dict[str, dict[str, Any]] = {}
+    log = f"{agent_dir}/{NATIVE_LOG}"
+    if not os.path.exists(log):  # most agents have none: a stat is cheaper than a failed open
+        return []
+    lines: list[str] = []
+    with contextlib.suppress(OSError, UnicodeDecodeError, CorruptRecordError):
+        lines = read_regular_file(log)[0].decode().splitlines()
+    for raw in lines:
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
+            line = parse_json(raw)
+            node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
+            node[line["event"]] = line
+    rows = []
+    for native_id, node in nodes.items():
+        start = node.get("start") or node.get("stop") or {}
+        stop = node.get("stop")
+        began = parse_iso(start.get("time")) or time.time()
+        ended = parse_iso(stop["time"]) if stop else None
+        transcript = stop.get("transcript_path") if stop else None
+        rows.append(
+            {
+                "id": f"n-{native_id}",
+                "parent_id": meta.id,
+                "depth": meta.depth + 1,
+                "kind": "native",
+                "agent_type": node["agent_type"],
+                # Without a stop, it was cut off when its parent's CLI ended.
+                "state": Status.DONE.value if stop else (Status.KILLED.value if parent_ended else Status.RUNNING.value),
+                "task": f"native {node['agent_type']} subagent",
+                "duration_s": round((ended or time.time()) - began, 1),
+                "cost_usd": None,
+                "cost_known": True,
+                "usage": native_usage(Path(transcript)) if transcript else {},
+                "transcript": transcript,
+                "pid": meta.pid,
+                "agent_dir": f"{agent_dir}/{NATIVE_LOG}#{native_id}",
+            }
+        )
+    return rows
+
+
+def parse_iso(value: Any) -> float | None:
+    try:
+        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-    return number if number is not None and is_finite(number) else None
-# ==================== end src/spawnlib/processes.py ====================
+
+
+def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> bool:
+    """The one commit point of an agent. Returns False if another writer won.
+
+    Of the agent itself, its deadline, a parent's `wait`, `reap` or `kill`,
+    exactly one publishes outcome.json. The marker follows from the committed
+    outcome, so .done and .fail can't both exist.
+    """
+    data = redacted_json(record_to_json(outcome), secrets_, indent=2)
+    won = publish_once(agent_dir / OUTCOME, data.encode())
+    if won:
+        charge(agent_dir, outcome, secrets_)
+    ensure_marker(agent_dir)
+    if won:
+        index_status_row(agent_dir)
+    return won
+
+
+def index_status_row(agent_dir: Path) -> None:
+    """Append a just-committed agent's row to its session's STATUS_INDEX; best effort.
+
+    The entry status would cache for it (read_agent_rows, with nothing left
+    to settle): its row from the records as they are on disk, keyed by the
+    very files read. None for a damaged record, or an agent with Claude Code
+    subagents, whose rows come from a log.
+    """
+    try:
+        found = read_agent_rows(str(agent_dir.parent), [agent_dir.name], queueing=False, settled_before=float("inf"))
+        entry = found[0][1][1] if found else None
+        if entry is None:
+            return
+        keys, row = entry
+        row = {k: v for k, v in row.items() if k != "agent_dir"}  # status puts in its own spelling of the path
+        line = json.dumps({"name": agent_dir.name, "keys": keys, "row": row}, separators=(",", ":"), ensure_ascii=False) + "\n"
+        # O_APPEND keeps concurrent committers' lines whole; O_NOFOLLOW and
+        # open_regular: a link or a FIFO planted at the index is never written through.
+        fd, _ = open_regular(agent_dir.parent.parent / STATUS_INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
+    except Exception:  # a hint, after the commit: nothing in a record, however odd, may fail the commit
+        return
+    try:
+        os.write(fd, line.encode())
+    except OSError:
+        pass  # a full disk: status reads this agent's records instead
+    finally:
+        os.close(fd)
+# ==================== end src/spawnlib/commit.py ====================
+
+# ==================== begin src/spawnlib/admission.py ====================
+"""Admission: who may run now. --max-concurrent's slot markers in the agents' directories.
+
+Above supervision: a lent slot is taken back only while its agent lives.
+"""
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+def holds_slot(agent_dir: Path) -> bool:
+    if not (agent_dir / SLOT_MARKER).exists() or (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists():
+        return False
+    try:
+        meta = load_meta(agent_dir)
+    except (FileNotFoundError, SpawnError):
+        return False
+    return Supervised.of(meta).alive()
+
+
+def try_take_slot(agent_dir: Path, max_concurrent: int) -> bool:
+    """Take one of the session's --max-concurrent slots if one is free."""
+    session = agent_dir.parent.parent
+    with session_lock(session):
+        if sum(holds_slot(d) for d in iter_agent_dirs(session)) >= max_concurrent:
+            return False
+        with contextlib.suppress(FileExistsError):
+            write_new_file(agent_dir / SLOT_MARKER, b"")
+        return True
+
+
+def lend_slot(agent_dir: Path) -> bool:
+    """Give back a slot while its agent is blocked on children; False if it held none."""
+    with session_lock(agent_dir.parent.parent):
+        if not holds_slot(agent_dir):
+            return False
+        os.replace(agent_dir / SLOT_MARKER, agent_dir / SLOT_LENT)
+        return True
+
+
+def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> None:
+    """Wait for a slot again after lending it; stop if the agent ends meanwhile."""
+    while not try_take_slot(agent_dir, max_concurrent):
+        if (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists() or not Supervised.of(meta).alive():
+            break
+        time.sleep(SLOT_POLL_S)
+    with contextlib.suppress(FileNotFoundError):
+        (agent_dir / SLOT_LENT).unlink()
+# ==================== end src/spawnlib/admission.py ====================
 
 # ==================== begin src/spawnlib/agents.py ====================
 
@@ -5744,6 +5984,12 @@ contains. When an output schema is set, answer with the StructuredOutput tool.
 
 
 
+
+
+
+
+
+
 # ------------------------------------------------------- who is calling --
 # A record anyone can write is believed by no one. What decides for an agent
 # (an answer to its ask) reaches the process that accepts it over a Unix
@@ -5926,6 +6172,62 @@ def send_answer(session: Path, ask_id: str, verdict: str, by: str, text: str | N
             os.close(dir_fd)
     if "refused" in said:
         raise RefusedError(f"refused: {said['refused']}; the attempt is recorded in {asks_dir(session) / f'{ask_id}.attempts.jsonl'}")
+
+
+def ask_timeout(environ: Mapping[str, str]) -> float:
+    value = float_or_none(environ.get(ENV_ASK_TIMEOUT))
+    return value if value is not None and value > 0 else ASK_TIMEOUT_S
+
+
+def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, timeout: float) -> tuple[str, str]:
+    """Ask the person at the root's terminal; no answer before timeout is a no."""
+    import select
+
+    sys.stderr.write(f"spawn: agent {meta.id} wants to use {tool}: {summarize_input(tool_input, 200)}\n  (rule {rule}) allow? [y/N] ")
+    sys.stderr.flush()
+    ready, _, _ = select.select([sys.stdin], [], [], timeout)
+    answer = sys.stdin.readline().strip().lower() if ready else ""
+    return ("allow" if answer in ("y", "yes") else "deny"), "terminal"
+
+
+def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> str | None:
+    """Ask the root before a spawn that would take the tree past --confirm-over; None lets it go on.
+
+    Called before admission, without the session lock: the answer may take
+    minutes, and other spawns and outcome commits must not wait for it. Two
+    spawns racing under the threshold may both pass; the threshold is a
+    prompt for a person, --max-budget-usd is the hard cap.
+    """
+    threshold = read_limits(session).confirm_over_usd
+    if threshold is None:
+        return None
+    ended, running = agent_history(session)
+    estimate, _, basis = estimate_agent(meta.model, ended)
+    # A running agent's spend so far is in neither the ledger nor its estimate; the estimate stands for all of it.
+    projected = read_ledger(session).spent + sum(estimate_agent(m, ended)[0] for m in running) + estimate
+    if projected <= threshold:
+        return None
+    summary = (
+        f"start a {meta.model} agent, estimated ${estimate:.4f} ({basis}): the tree's projected spend "
+        f"${projected:.4f} passes --confirm-over ${threshold:g}; task: {summarize_input({'command': meta.task}, 120)}"
+    )
+    rule = f"--confirm-over {threshold:g}"
+    timeout = ask_timeout(os.environ)
+    if meta.deadline is not None:
+        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
+    if sys.stdin is not None and sys.stdin.isatty():
+        verdict, _ = prompt_person(meta, "Spawn", {"command": summary}, rule, timeout)
+        return None if verdict == "allow" else f"confirm: the person at the terminal did not approve ({summary})"
+    # The spawner asks: its parent's id (the root has none, but the root never passes through here).
+    asker = meta.parent_id or ""
+    channel = open_ask(meta, "Spawn", {"command": summary}, rule, timeout=timeout, secrets_=secrets_, asker=asker)
+    ask_id = channel.ask_id
+    note(f"spawn asks to {summary}: run 'spawn.py approve {ask_id}' or 'spawn.py deny {ask_id}' within {timeout:.0f} s")
+    answer = channel.wait(asker, timeout, secrets_)
+    if answer.get("verdict") == "approve":
+        return None
+    how = "timed out unanswered" if answer.get("by") == "timeout" else f"was denied by {answer.get('by')}"
+    return f"confirm: ask {ask_id} {how} (projected ${projected:.4f} > --confirm-over ${threshold:g})"
 # ==================== end src/spawnlib/channel.py ====================
 
 # ==================== begin src/spawnlib/resolving.py ====================
@@ -7536,8 +7838,6 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
 
 
 
-
-
 # ------------------------------------------------------------ the CLI's start --
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
@@ -7922,11 +8222,6 @@ def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str
     return [(d.name, d.description) for d in definitions.values()]
 
 
-def ask_timeout(environ: Mapping[str, str]) -> float:
-    value = float_or_none(environ.get(ENV_ASK_TIMEOUT))
-    return value if value is not None and value > 0 else ASK_TIMEOUT_S
-
-
 class PermissionGate:
     """spawn.py's own enforcement of permission rules, and their audit trail.
 
@@ -8023,33 +8318,6 @@ def native_subagent_hooks(sdk: Any, agent_dir: Path, secrets_: Sequence[str]) ->
         return {}
 
     return {name: [sdk.HookMatcher(matcher=None, hooks=[record])] for name in ("SubagentStart", "SubagentStop")}
-
-
-def native_usage(transcript: Path) -> dict[str, int]:
-    """Token totals of a native subagent, from the CLI's own transcript of it.
-
-    Read when asked, not at SubagentStop: the CLI writes the last lines after the hook.
-    """
-    totals: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for raw in transcript.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, AttributeError):  # a line that isn't a message
-                usage = (parse_json(raw).get("message") or {}).get("usage") or {}
-                for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-                    if isinstance(usage.get(key), int):
-                        totals[key] = totals.get(key, 0) + usage[key]
-    return totals
-
-
-def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, timeout: float) -> tuple[str, str]:
-    """Ask the person at the root's terminal; no answer before timeout is a no."""
-    import select
-
-    sys.stderr.write(f"spawn: agent {meta.id} wants to use {tool}: {summarize_input(tool_input, 200)}\n  (rule {rule}) allow? [y/N] ")
-    sys.stderr.flush()
-    ready, _, _ = select.select([sys.stdin], [], [], timeout)
-    answer = sys.stdin.readline().strip().lower() if ready else ""
-    return ("allow" if answer in ("y", "yes") else "deny"), "terminal"
 
 
 def memory_dir(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> Path:
@@ -8692,25 +8960,6 @@ def outcome_committed_instead(
     return None, StateError(
         f"{agent_dir / OUTCOME} was published by something other than spawn.py ({why}); {own.id}'s own outcome ({own.status}) {where}"
     )
-
-
-def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
-    """Why a published outcome.json is not an outcome of agent_id, or None (pure)."""
-    if data.get("id") != agent_id:
-        return f"its id is {data.get('id')!r}"
-    if data.get("status") not in EXIT_FOR_STATUS:
-        return f"its status is {data.get('status')!r}"
-    for name in ("reason", "ended_at"):
-        if not isinstance(data.get(name), str):
-            return f"no {name}"
-    duration: Any = data.get("duration_s")
-    if type(data.get("exit_code")) is not int or type(duration) not in (int, float) or not is_finite(duration):
-        return "no exit_code or duration_s"
-    # Summed over the tree by status and the ledger: a string or NaN here would
-    # stop, or silently poison, every total above it.
-    if (cost := data.get("cost_usd")) is not None and (type(cost) not in (int, float) or not is_finite(cost)):
-        return f"its cost_usd is {cost!r}"
-    return None
 
 
 def write_output_file(path: Path, output: Any) -> None:
@@ -10829,45 +11078,7 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
 
 
 
-
-
-
-
-
-
-
-
-
 # -------------------------------------------------------------------- verbs --
-
-
-def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
-    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
-
-
-def idle_for(agent_dir: Path) -> float | None:
-    """Seconds a running agent has been idle, when that is over half its idle timeout."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        idle, limit = time.time() - float(beat["last_activity_at"]), float(beat["idle_timeout_s"])
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
-    return idle if idle > limit / 2 else None
-
-
-def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
-    """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
-    if not Supervised.of(meta).alive():
-        return Status.FAILED
-    age = heartbeat_age(agent_dir)
-    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
-        return Status.STALE
-    return Status.RUNNING
 
 
 def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Process], list[int]]:
@@ -11416,23 +11627,6 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
     return result
 
 
-def corrupt_row(agent_dir: Path, error: SpawnError, meta: AgentMeta | None = None) -> dict[str, Any]:
-    """A `status` row for an agent whose records can't be read."""
-    return {
-        "id": meta.id if meta else agent_dir.name,
-        "parent_id": meta.parent_id if meta else None,
-        "depth": meta.depth if meta else int(agent_dir.name[1:].split("-")[0]) if re.fullmatch(r"a\d+-\w+", agent_dir.name) else 0,
-        "state": Status.CORRUPT.value,
-        "task": "",
-        "duration_s": 0.0,
-        "cost_usd": None,
-        "cost_known": False,
-        "pid": meta.pid if meta else 0,
-        "agent_dir": str(agent_dir),
-        "error": error.message,
-    }
-
-
 # A finished agent's status row never changes: its meta.json and outcome.json
 # are final. `status` keeps those rows in STATUS_CACHE, each with the identity
 # (inode, size, mtime) of the two records, so a later `status` of a large
@@ -11500,35 +11694,6 @@ def load_status_cache(session: Path) -> tuple[dict[str, Any], list[int]]:
 # be missing, and status answers the same.
 
 STATUS_INDEX_MAX_BYTES = 64 << 20  # a bigger index (junk appended to it) is not read: the records are
-
-
-def index_status_row(agent_dir: Path) -> None:
-    """Append a just-committed agent's row to its session's STATUS_INDEX; best effort.
-
-    The entry status would cache for it (read_agent_rows, with nothing left
-    to settle): its row from the records as they are on disk, keyed by the
-    very files read. None for a damaged record, or an agent with Claude Code
-    subagents, whose rows come from a log.
-    """
-    try:
-        found = read_agent_rows(str(agent_dir.parent), [agent_dir.name], queueing=False, settled_before=float("inf"))
-        entry = found[0][1][1] if found else None
-        if entry is None:
-            return
-        keys, row = entry
-        row = {k: v for k, v in row.items() if k != "agent_dir"}  # status puts in its own spelling of the path
-        line = json.dumps({"name": agent_dir.name, "keys": keys, "row": row}, separators=(",", ":"), ensure_ascii=False) + "\n"
-        # O_APPEND keeps concurrent committers' lines whole; O_NOFOLLOW and
-        # open_regular: a link or a FIFO planted at the index is never written through.
-        fd, _ = open_regular(agent_dir.parent.parent / STATUS_INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
-    except Exception:  # a hint, after the commit: nothing in a record, however odd, may fail the commit
-        return
-    try:
-        os.write(fd, line.encode())
-    except OSError:
-        pass  # a full disk: status reads this agent's records instead
-    finally:
-        os.close(fd)
 
 
 def read_status_index(session: Path, mark: Sequence[int], settled_before: float) -> tuple[dict[str, list[Any]], list[int]]:
@@ -11670,57 +11835,6 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
     return ordered
 
 
-def read_agent_rows(
-    agents: str, names: Sequence[str], *, queueing: bool, settled_before: float
-) -> list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]]:
-    """The status rows of each named agent directory (its own, then its native
-    subagents'; none while its meta.json isn't written), and its cache entry
-    when it is finished and settled."""
-    found: list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]] = []
-    for name in names:
-        path = f"{agents}/{name}"
-        try:
-            meta, meta_keys = load_meta_keyed(path)
-        except FileNotFoundError:
-            continue  # a background launch between mkdir and meta.json
-        except SpawnError as exc:
-            # One damaged record must not hide the rest of the tree.
-            found.append((name, ([corrupt_row(Path(path), exc)], None)))
-            continue
-        try:
-            outcome, outcome_keys = read_outcome_keyed(path)
-            if outcome is not None and (why := outcome_problem(outcome, name)):
-                raise CorruptRecordError(f"{path}/{OUTCOME}", f"not an outcome of {name}: {why}")
-        except SpawnError as exc:
-            found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
-            continue
-        state = outcome["status"] if outcome else unfinished_state(Path(path), meta, queueing=queueing).value
-        started = started_timestamp(meta)
-        row = {
-            "id": meta.id,
-            "parent_id": meta.parent_id,
-            "depth": meta.depth,
-            "state": state,
-            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
-            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
-            "cost_usd": outcome.get("cost_usd") if outcome else None,
-            "cost_known": bool(outcome and "cost_usd" in outcome),
-            "pid": meta.pid,
-            "agent_dir": path,
-            "containment": meta.containment,
-        }
-        if meta.resumed_from:
-            row["resumed_from"] = meta.resumed_from
-        natives = native_rows(path, meta, parent_ended=outcome is not None)
-        # Cached: a finished agent whose records were settled before we read them,
-        # keyed by the very files read, so a record replaced meanwhile is read
-        # again next time. Native subagents' rows come from a log: not cached.
-        keys = meta_keys + outcome_keys if outcome_keys is not None else None
-        settled = outcome is not None and keys is not None and not natives and max(keys[2::3]) < settled_before
-        found.append((name, ([row, *natives], [keys, row] if settled and meta.id == name else None)))
-    return found
-
-
 STATUS_PARALLEL_MIN = 2_000  # records to read before status spreads the reading over the CPUs
 
 
@@ -11796,76 +11910,6 @@ def fork_worker(fn: Callable[[Sequence[str]], Any], part: Sequence[str]) -> tupl
             os._exit(code)
     os.close(write_end)
     return pid, read_end
-
-
-def unfinished_state(agent_dir: Path, meta: AgentMeta, *, queueing: bool) -> Status:
-    """What status shows for an agent without an outcome: running, or why not."""
-    state = liveness(agent_dir, meta)
-    if state == Status.FAILED:
-        return Status.LOST  # gone without an outcome
-    if state != Status.RUNNING:
-        return state
-    if idle_for(agent_dir) is not None:
-        return Status.STALLED
-    if queueing and (agent_dir / SLOT_LENT).exists():
-        return Status.WAITING
-    if queueing and not (agent_dir / SLOT_MARKER).exists():
-        return Status.QUEUED
-    return state
-
-
-def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -> list[dict[str, Any]]:
-    """Claude Code's own subagents of an agent (NATIVE_LOG), as child rows of kind `native`.
-
-    Their cost is part of the parent's (the CLI counts it in its total), so a
-    native row adds nothing to the subtree's cost and is never `unknown`.
-    """
-    nodes: dict[str, dict[str, Any]] = {}
-    log = f"{agent_dir}/{NATIVE_LOG}"
-    if not os.path.exists(log):  # most agents have none: a stat is cheaper than a failed open
-        return []
-    lines: list[str] = []
-    with contextlib.suppress(OSError, UnicodeDecodeError, CorruptRecordError):
-        lines = read_regular_file(log)[0].decode().splitlines()
-    for raw in lines:
-        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
-            line = parse_json(raw)
-            node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
-            node[line["event"]] = line
-    rows = []
-    for native_id, node in nodes.items():
-        start = node.get("start") or node.get("stop") or {}
-        stop = node.get("stop")
-        began = parse_iso(start.get("time")) or time.time()
-        ended = parse_iso(stop["time"]) if stop else None
-        transcript = stop.get("transcript_path") if stop else None
-        rows.append(
-            {
-                "id": f"n-{native_id}",
-                "parent_id": meta.id,
-                "depth": meta.depth + 1,
-                "kind": "native",
-                "agent_type": node["agent_type"],
-                # Without a stop, it was cut off when its parent's CLI ended.
-                "state": Status.DONE.value if stop else (Status.KILLED.value if parent_ended else Status.RUNNING.value),
-                "task": f"native {node['agent_type']} subagent",
-                "duration_s": round((ended or time.time()) - began, 1),
-                "cost_usd": None,
-                "cost_known": True,
-                "usage": native_usage(Path(transcript)) if transcript else {},
-                "transcript": transcript,
-                "pid": meta.pid,
-                "agent_dir": f"{agent_dir}/{NATIVE_LOG}#{native_id}",
-            }
-        )
-    return rows
-
-
-def parse_iso(value: Any) -> float | None:
-    try:
-        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def format_cost(value: float | None, known: bool) -> str:

@@ -58,6 +58,8 @@ MODULES = (
     "core",
     "protocol",
     "processes",
+    "commit",
+    "admission",
     "agents",
     "channel",
     "resolving",

@@ -24,6 +24,7 @@ from .agents import (
 )
 from .channel import ask_socket_path, send_answer
 from .cli_start import delegates_for, drop_refusal, export_trace, launch_background, record_refusal, refusal_outcome, run_agent, summary
+from .commit import commit_outcome
 from .constants import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MODEL,
@@ -62,7 +63,6 @@ from .processes import (
 from .protocol import (
     AGENTS_DIR,
     asks_dir,
-    commit_outcome,
     find_agent_dir,
     latest_session,
     load_meta,

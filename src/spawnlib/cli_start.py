@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from . import __version__
+from .admission import try_take_slot
 from .agents import (
     RuleSet,
     cache_dir,
@@ -32,13 +33,12 @@ from .agents import (
     skill_file,
     summarize_input,
 )
-from .channel import open_ask
+from .channel import ask_timeout, open_ask, prompt_person
+from .commit import commit_outcome
 from .constants import (
-    ASK_TIMEOUT_S,
     DROP_BOX_POLL_S,
     DROPPED_REFUSAL_MAX_BYTES,
     DROPPED_REFUSALS_MAX,
-    ENV_ASK_TIMEOUT,
     ENV_HEARTBEAT,
     ENV_OTLP_ENDPOINTS,
     HEARTBEAT,
@@ -70,8 +70,9 @@ from .core import (
     claude_config_dir,
     cli_settings,
     estimate_cost,
-    is_finite,
+    float_or_none,
     new_agent_id,
+    outcome_problem,
     parse_json,
     redact,
     redacted_json,
@@ -96,7 +97,6 @@ from .processes import (
     child_running,
     end_own_subtree,
     enter_tree_cgroup,
-    float_or_none,
     own_identity,
     own_pid_namespace,
     owned_cgroup,
@@ -116,7 +116,6 @@ from .protocol import (
     append_transcript,
     asks_dir,
     charge,
-    commit_outcome,
     load_meta,
     open_regular,
     over_hold,
@@ -126,7 +125,6 @@ from .protocol import (
     read_text,
     resumed_sdk_session,
     truncated_logs,
-    try_take_slot,
     write_file_atomic,
     write_json_atomic,
 )
@@ -537,11 +535,6 @@ def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str
     return [(d.name, d.description) for d in definitions.values()]
 
 
-def ask_timeout(environ: Mapping[str, str]) -> float:
-    value = float_or_none(environ.get(ENV_ASK_TIMEOUT))
-    return value if value is not None and value > 0 else ASK_TIMEOUT_S
-
-
 class PermissionGate:
     """spawn.py's own enforcement of permission rules, and their audit trail.
 
@@ -638,33 +631,6 @@ def native_subagent_hooks(sdk: Any, agent_dir: Path, secrets_: Sequence[str]) ->
         return {}
 
     return {name: [sdk.HookMatcher(matcher=None, hooks=[record])] for name in ("SubagentStart", "SubagentStop")}
-
-
-def native_usage(transcript: Path) -> dict[str, int]:
-    """Token totals of a native subagent, from the CLI's own transcript of it.
-
-    Read when asked, not at SubagentStop: the CLI writes the last lines after the hook.
-    """
-    totals: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for raw in transcript.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, AttributeError):  # a line that isn't a message
-                usage = (parse_json(raw).get("message") or {}).get("usage") or {}
-                for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-                    if isinstance(usage.get(key), int):
-                        totals[key] = totals.get(key, 0) + usage[key]
-    return totals
-
-
-def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, timeout: float) -> tuple[str, str]:
-    """Ask the person at the root's terminal; no answer before timeout is a no."""
-    import select
-
-    sys.stderr.write(f"spawn: agent {meta.id} wants to use {tool}: {summarize_input(tool_input, 200)}\n  (rule {rule}) allow? [y/N] ")
-    sys.stderr.flush()
-    ready, _, _ = select.select([sys.stdin], [], [], timeout)
-    answer = sys.stdin.readline().strip().lower() if ready else ""
-    return ("allow" if answer in ("y", "yes") else "deny"), "terminal"
 
 
 def memory_dir(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> Path:
@@ -1307,25 +1273,6 @@ def outcome_committed_instead(
     return None, StateError(
         f"{agent_dir / OUTCOME} was published by something other than spawn.py ({why}); {own.id}'s own outcome ({own.status}) {where}"
     )
-
-
-def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
-    """Why a published outcome.json is not an outcome of agent_id, or None (pure)."""
-    if data.get("id") != agent_id:
-        return f"its id is {data.get('id')!r}"
-    if data.get("status") not in EXIT_FOR_STATUS:
-        return f"its status is {data.get('status')!r}"
-    for name in ("reason", "ended_at"):
-        if not isinstance(data.get(name), str):
-            return f"no {name}"
-    duration: Any = data.get("duration_s")
-    if type(data.get("exit_code")) is not int or type(duration) not in (int, float) or not is_finite(duration):
-        return "no exit_code or duration_s"
-    # Summed over the tree by status and the ledger: a string or NaN here would
-    # stop, or silently poison, every total above it.
-    if (cost := data.get("cost_usd")) is not None and (type(cost) not in (int, float) or not is_finite(cost)):
-        return f"its cost_usd is {cost!r}"
-    return None
 
 
 def write_output_file(path: Path, output: Any) -> None:

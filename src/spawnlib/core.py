@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import itertools
 import json
@@ -44,7 +45,7 @@ from .constants import (
     TOOL_ALIASES,
 )
 from .errors import UnknownToolError, UsageError, did_you_mean
-from .records import AgentMeta, Trace
+from .records import EXIT_FOR_STATUS, AgentMeta, Trace
 
 # ---------------------------------------------------------------- pure core --
 
@@ -610,3 +611,48 @@ def too_deep_at(text: str) -> int:
         elif match.group() in ("]", "}"):
             depth -= 1
     return 0
+
+
+def float_or_none(value: str | None) -> float | None:
+    # NaN and infinity are ignored like any malformed value: min() with a NaN
+    # first returns NaN, which would widen a deadline (env_number_warnings says so).
+    try:
+        number = float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+    return number if number is not None and is_finite(number) else None
+
+
+def native_usage(transcript: Path) -> dict[str, int]:
+    """Token totals of a native subagent, from the CLI's own transcript of it.
+
+    Read when asked, not at SubagentStop: the CLI writes the last lines after the hook.
+    """
+    totals: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for raw in transcript.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):  # a line that isn't a message
+                usage = (parse_json(raw).get("message") or {}).get("usage") or {}
+                for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+                    if isinstance(usage.get(key), int):
+                        totals[key] = totals.get(key, 0) + usage[key]
+    return totals
+
+
+def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
+    """Why a published outcome.json is not an outcome of agent_id, or None (pure)."""
+    if data.get("id") != agent_id:
+        return f"its id is {data.get('id')!r}"
+    if data.get("status") not in EXIT_FOR_STATUS:
+        return f"its status is {data.get('status')!r}"
+    for name in ("reason", "ended_at"):
+        if not isinstance(data.get(name), str):
+            return f"no {name}"
+    duration: Any = data.get("duration_s")
+    if type(data.get("exit_code")) is not int or type(duration) not in (int, float) or not is_finite(duration):
+        return "no exit_code or duration_s"
+    # Summed over the tree by status and the ledger: a string or NaN here would
+    # stop, or silently poison, every total above it.
+    if (cost := data.get("cost_usd")) is not None and (type(cost) not in (int, float) or not is_finite(cost)):
+        return f"its cost_usd is {cost!r}"
+    return None

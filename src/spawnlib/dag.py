@@ -21,6 +21,7 @@ from . import __version__
 from .channel import send_answer
 from .cli import build_run_parser
 from .cli_start import drop_refusal, record_refusal
+from .commit import commit_outcome
 from .constants import (
     ASK_POLL_S,
     DEFAULT_MODEL,
@@ -48,7 +49,6 @@ from .protocol import (
     append_jsonl,
     asks_dir,
     bounded_yaml_loader,
-    commit_outcome,
     fsync_dir,
     latest_session,
     load_input,

@@ -35,7 +35,7 @@ from .constants import (
     PERMISSION_RANK,
     SCRIPT_PATH,
 )
-from .core import is_finite, parse_json
+from .core import float_or_none, parse_json
 from .errors import ExitCode, RefusedError, SpawnError, StateError
 from .fast_start import compiled_script
 from .forkserver import ancestry_subject
@@ -982,13 +982,3 @@ def _int_or_none(value: str | None) -> int | None:
         return int(value) if value not in (None, "") else None
     except ValueError:
         return None
-
-
-def float_or_none(value: str | None) -> float | None:
-    # NaN and infinity are ignored like any malformed value: min() with a NaN
-    # first returns NaN, which would widen a deadline (env_number_warnings says so).
-    try:
-        number = float(value) if value not in (None, "") else None
-    except ValueError:
-        return None
-    return number if number is not None and is_finite(number) else None

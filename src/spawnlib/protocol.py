@@ -7,15 +7,11 @@ import functools
 import json
 import os
 import stat
-import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from .agents import summarize_input
-from .channel import open_ask
-from .cli_start import ask_timeout, prompt_person
 from .constants import (
     DEFAULT_SESSION_ROOT,
     ENV_LOG_MAX,
@@ -31,17 +27,14 @@ from .constants import (
     OUTCOME,
     RECORD_MAX_BYTES,
     SESSION_LOCK,
-    SLOT_LENT,
-    SLOT_MARKER,
-    SLOT_POLL_S,
     TRANSCRIPT,
     TRUNCATED_LINE,
     YAML_MAX_NODES,
 )
 from .core import (
     LedgerState,
-    estimate_agent,
     estimate_cost,
+    float_or_none,
     ledger_state,
     new_agent_id,
     parse_json,
@@ -55,9 +48,7 @@ from .core import (
 from .errors import CorruptRecordError, InputError, SpawnError, StateError, UnknownAgentError, UsageError
 from .forkstate import on_fork
 from .output import note
-from .processes import Supervised, float_or_none
 from .records import AgentMeta, LedgerEntry, Limits, Outcome, Status, record_from_json, record_to_json
-from .verbs import index_status_row
 
 AGENTS_DIR = "agents"
 DONE_MARKER = ".done"
@@ -356,23 +347,6 @@ def marker_for(status: str) -> str:
     return DONE_MARKER if status == Status.DONE else FAIL_MARKER
 
 
-def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> bool:
-    """The one commit point of an agent. Returns False if another writer won.
-
-    Of the agent itself, its deadline, a parent's `wait`, `reap` or `kill`,
-    exactly one publishes outcome.json. The marker follows from the committed
-    outcome, so .done and .fail can't both exist.
-    """
-    data = redacted_json(record_to_json(outcome), secrets_, indent=2)
-    won = publish_once(agent_dir / OUTCOME, data.encode())
-    if won:
-        charge(agent_dir, outcome, secrets_)
-    ensure_marker(agent_dir)
-    if won:
-        index_status_row(agent_dir)
-    return won
-
-
 def charge(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> None:
     """The ledger line of a committed outcome: it releases the agent's budget hold."""
     if outcome.status == Status.REFUSED and outcome.transcript is None:
@@ -586,86 +560,6 @@ def agent_history(session: Path) -> tuple[dict[str, list[tuple[float, float]]], 
             if outcome.get("status") != Status.REFUSED and isinstance(cost, int | float) and isinstance(duration, int | float):
                 ended.setdefault(price_family(meta.model), []).append((float(cost), float(duration)))
     return ended, running
-
-
-def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> str | None:
-    """Ask the root before a spawn that would take the tree past --confirm-over; None lets it go on.
-
-    Called before admission, without the session lock: the answer may take
-    minutes, and other spawns and outcome commits must not wait for it. Two
-    spawns racing under the threshold may both pass; the threshold is a
-    prompt for a person, --max-budget-usd is the hard cap.
-    """
-    threshold = read_limits(session).confirm_over_usd
-    if threshold is None:
-        return None
-    ended, running = agent_history(session)
-    estimate, _, basis = estimate_agent(meta.model, ended)
-    # A running agent's spend so far is in neither the ledger nor its estimate; the estimate stands for all of it.
-    projected = read_ledger(session).spent + sum(estimate_agent(m, ended)[0] for m in running) + estimate
-    if projected <= threshold:
-        return None
-    summary = (
-        f"start a {meta.model} agent, estimated ${estimate:.4f} ({basis}): the tree's projected spend "
-        f"${projected:.4f} passes --confirm-over ${threshold:g}; task: {summarize_input({'command': meta.task}, 120)}"
-    )
-    rule = f"--confirm-over {threshold:g}"
-    timeout = ask_timeout(os.environ)
-    if meta.deadline is not None:
-        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
-    if sys.stdin is not None and sys.stdin.isatty():
-        verdict, _ = prompt_person(meta, "Spawn", {"command": summary}, rule, timeout)
-        return None if verdict == "allow" else f"confirm: the person at the terminal did not approve ({summary})"
-    # The spawner asks: its parent's id (the root has none, but the root never passes through here).
-    asker = meta.parent_id or ""
-    channel = open_ask(meta, "Spawn", {"command": summary}, rule, timeout=timeout, secrets_=secrets_, asker=asker)
-    ask_id = channel.ask_id
-    note(f"spawn asks to {summary}: run 'spawn.py approve {ask_id}' or 'spawn.py deny {ask_id}' within {timeout:.0f} s")
-    answer = channel.wait(asker, timeout, secrets_)
-    if answer.get("verdict") == "approve":
-        return None
-    how = "timed out unanswered" if answer.get("by") == "timeout" else f"was denied by {answer.get('by')}"
-    return f"confirm: ask {ask_id} {how} (projected ${projected:.4f} > --confirm-over ${threshold:g})"
-
-
-def holds_slot(agent_dir: Path) -> bool:
-    if not (agent_dir / SLOT_MARKER).exists() or (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists():
-        return False
-    try:
-        meta = load_meta(agent_dir)
-    except (FileNotFoundError, SpawnError):
-        return False
-    return Supervised.of(meta).alive()
-
-
-def try_take_slot(agent_dir: Path, max_concurrent: int) -> bool:
-    """Take one of the session's --max-concurrent slots if one is free."""
-    session = agent_dir.parent.parent
-    with session_lock(session):
-        if sum(holds_slot(d) for d in iter_agent_dirs(session)) >= max_concurrent:
-            return False
-        with contextlib.suppress(FileExistsError):
-            write_new_file(agent_dir / SLOT_MARKER, b"")
-        return True
-
-
-def lend_slot(agent_dir: Path) -> bool:
-    """Give back a slot while its agent is blocked on children; False if it held none."""
-    with session_lock(agent_dir.parent.parent):
-        if not holds_slot(agent_dir):
-            return False
-        os.replace(agent_dir / SLOT_MARKER, agent_dir / SLOT_LENT)
-        return True
-
-
-def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> None:
-    """Wait for a slot again after lending it; stop if the agent ends meanwhile."""
-    while not try_take_slot(agent_dir, max_concurrent):
-        if (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists() or not Supervised.of(meta).alive():
-            break
-        time.sleep(SLOT_POLL_S)
-    with contextlib.suppress(FileNotFoundError):
-        (agent_dir / SLOT_LENT).unlink()
 
 
 def ensure_marker(agent_dir: Path | str, status: Any = None) -> None:

@@ -25,6 +25,7 @@ from .agents import (
     parse_rule,
     route,
 )
+from .channel import confirm_spawn
 from .constants import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MODEL,
@@ -64,6 +65,7 @@ from .core import (
     child_deadline,
     claude_config_dir,
     env_number_warnings,
+    float_or_none,
     narrow_tools,
     new_trace,
     number_problem,
@@ -86,7 +88,6 @@ from .processes import (
     _int_or_none,
     _json_list,
     choose_containment,
-    float_or_none,
     own_identity,
     own_pid_namespace,
     register_runner,
@@ -96,7 +97,6 @@ from .processes import (
 from .protocol import (
     AGENTS_DIR,
     admit,
-    confirm_spawn,
     create_agent_dir,
     create_session_dir,
     find_agent_dir,

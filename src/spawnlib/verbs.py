@@ -1,12 +1,10 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import json
 import marshal  # builtin, loaded with the interpreter: status's forked workers answer in it
 import os
-import re
 import signal
 import stat
 import sys
@@ -19,7 +17,9 @@ from typing import Any
 
 import psutil
 
-from .cli_start import has_drop_box, native_usage, outcome_problem, record_dropped_refusals
+from .admission import lend_slot, take_back_slot
+from .cli_start import has_drop_box, record_dropped_refusals
+from .commit import commit_outcome, heartbeat_age, liveness, read_agent_rows
 from .constants import (
     ENV_AGENT_ID,
     ENV_SESSION,
@@ -31,12 +31,9 @@ from .constants import (
     LIVENESS_POLL_MAX_S,
     LIVENESS_POLL_S,
     META,
-    NATIVE_LOG,
     OUTCOME,
     PROTOCOL_VERSION,
     SCRIPT_PATH,
-    SLOT_LENT,
-    SLOT_MARKER,
     TRANSCRIPT,
     WAIT_NOISE_HOLDOFF_S,
     WAIT_POLL_BATCH,
@@ -48,7 +45,7 @@ from .constants import (
     WATCH_REFRESH_S,
 )
 from .core import id_depth, parse_json, started_timestamp, token_hex, utc_now_iso
-from .errors import CorruptRecordError, ExitCode, SpawnError
+from .errors import ExitCode, SpawnError
 from .forkserver import ancestry_subject
 from .output import note
 from .processes import Supervised, end_tree_cgroup, is_guard, wait_gone
@@ -59,23 +56,17 @@ from .protocol import (
     STATUS_CACHE,
     STATUS_INDEX,
     agent_dir_names,
-    commit_outcome,
     iter_agent_dirs,
-    lend_slot,
     load_meta,
-    load_meta_keyed,
     open_regular,
     pending_asks,
     read_json,
     read_ledger,
     read_limits,
     read_outcome,
-    read_outcome_keyed,
-    read_regular_file,
     read_text,
     remove_stray_marker,
     request_kill,
-    take_back_slot,
     with_estimated_cost,
 )
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, R, Status, record_to_json
@@ -83,35 +74,6 @@ from .running import usable_cpus
 from .standin import FORKSERVER_SOCKET
 
 # -------------------------------------------------------------------- verbs --
-
-
-def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
-    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
-
-
-def idle_for(agent_dir: Path) -> float | None:
-    """Seconds a running agent has been idle, when that is over half its idle timeout."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        idle, limit = time.time() - float(beat["last_activity_at"]), float(beat["idle_timeout_s"])
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
-    return idle if idle > limit / 2 else None
-
-
-def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
-    """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
-    if not Supervised.of(meta).alive():
-        return Status.FAILED
-    age = heartbeat_age(agent_dir)
-    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
-        return Status.STALE
-    return Status.RUNNING
 
 
 def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Process], list[int]]:
@@ -660,23 +622,6 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
     return result
 
 
-def corrupt_row(agent_dir: Path, error: SpawnError, meta: AgentMeta | None = None) -> dict[str, Any]:
-    """A `status` row for an agent whose records can't be read."""
-    return {
-        "id": meta.id if meta else agent_dir.name,
-        "parent_id": meta.parent_id if meta else None,
-        "depth": meta.depth if meta else int(agent_dir.name[1:].split("-")[0]) if re.fullmatch(r"a\d+-\w+", agent_dir.name) else 0,
-        "state": Status.CORRUPT.value,
-        "task": "",
-        "duration_s": 0.0,
-        "cost_usd": None,
-        "cost_known": False,
-        "pid": meta.pid if meta else 0,
-        "agent_dir": str(agent_dir),
-        "error": error.message,
-    }
-
-
 # A finished agent's status row never changes: its meta.json and outcome.json
 # are final. `status` keeps those rows in STATUS_CACHE, each with the identity
 # (inode, size, mtime) of the two records, so a later `status` of a large
@@ -744,35 +689,6 @@ def load_status_cache(session: Path) -> tuple[dict[str, Any], list[int]]:
 # be missing, and status answers the same.
 
 STATUS_INDEX_MAX_BYTES = 64 << 20  # a bigger index (junk appended to it) is not read: the records are
-
-
-def index_status_row(agent_dir: Path) -> None:
-    """Append a just-committed agent's row to its session's STATUS_INDEX; best effort.
-
-    The entry status would cache for it (read_agent_rows, with nothing left
-    to settle): its row from the records as they are on disk, keyed by the
-    very files read. None for a damaged record, or an agent with Claude Code
-    subagents, whose rows come from a log.
-    """
-    try:
-        found = read_agent_rows(str(agent_dir.parent), [agent_dir.name], queueing=False, settled_before=float("inf"))
-        entry = found[0][1][1] if found else None
-        if entry is None:
-            return
-        keys, row = entry
-        row = {k: v for k, v in row.items() if k != "agent_dir"}  # status puts in its own spelling of the path
-        line = json.dumps({"name": agent_dir.name, "keys": keys, "row": row}, separators=(",", ":"), ensure_ascii=False) + "\n"
-        # O_APPEND keeps concurrent committers' lines whole; O_NOFOLLOW and
-        # open_regular: a link or a FIFO planted at the index is never written through.
-        fd, _ = open_regular(agent_dir.parent.parent / STATUS_INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
-    except Exception:  # a hint, after the commit: nothing in a record, however odd, may fail the commit
-        return
-    try:
-        os.write(fd, line.encode())
-    except OSError:
-        pass  # a full disk: status reads this agent's records instead
-    finally:
-        os.close(fd)
 
 
 def read_status_index(session: Path, mark: Sequence[int], settled_before: float) -> tuple[dict[str, list[Any]], list[int]]:
@@ -914,57 +830,6 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
     return ordered
 
 
-def read_agent_rows(
-    agents: str, names: Sequence[str], *, queueing: bool, settled_before: float
-) -> list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]]:
-    """The status rows of each named agent directory (its own, then its native
-    subagents'; none while its meta.json isn't written), and its cache entry
-    when it is finished and settled."""
-    found: list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]] = []
-    for name in names:
-        path = f"{agents}/{name}"
-        try:
-            meta, meta_keys = load_meta_keyed(path)
-        except FileNotFoundError:
-            continue  # a background launch between mkdir and meta.json
-        except SpawnError as exc:
-            # One damaged record must not hide the rest of the tree.
-            found.append((name, ([corrupt_row(Path(path), exc)], None)))
-            continue
-        try:
-            outcome, outcome_keys = read_outcome_keyed(path)
-            if outcome is not None and (why := outcome_problem(outcome, name)):
-                raise CorruptRecordError(f"{path}/{OUTCOME}", f"not an outcome of {name}: {why}")
-        except SpawnError as exc:
-            found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
-            continue
-        state = outcome["status"] if outcome else unfinished_state(Path(path), meta, queueing=queueing).value
-        started = started_timestamp(meta)
-        row = {
-            "id": meta.id,
-            "parent_id": meta.parent_id,
-            "depth": meta.depth,
-            "state": state,
-            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
-            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
-            "cost_usd": outcome.get("cost_usd") if outcome else None,
-            "cost_known": bool(outcome and "cost_usd" in outcome),
-            "pid": meta.pid,
-            "agent_dir": path,
-            "containment": meta.containment,
-        }
-        if meta.resumed_from:
-            row["resumed_from"] = meta.resumed_from
-        natives = native_rows(path, meta, parent_ended=outcome is not None)
-        # Cached: a finished agent whose records were settled before we read them,
-        # keyed by the very files read, so a record replaced meanwhile is read
-        # again next time. Native subagents' rows come from a log: not cached.
-        keys = meta_keys + outcome_keys if outcome_keys is not None else None
-        settled = outcome is not None and keys is not None and not natives and max(keys[2::3]) < settled_before
-        found.append((name, ([row, *natives], [keys, row] if settled and meta.id == name else None)))
-    return found
-
-
 STATUS_PARALLEL_MIN = 2_000  # records to read before status spreads the reading over the CPUs
 
 
@@ -1040,76 +905,6 @@ def fork_worker(fn: Callable[[Sequence[str]], Any], part: Sequence[str]) -> tupl
             os._exit(code)
     os.close(write_end)
     return pid, read_end
-
-
-def unfinished_state(agent_dir: Path, meta: AgentMeta, *, queueing: bool) -> Status:
-    """What status shows for an agent without an outcome: running, or why not."""
-    state = liveness(agent_dir, meta)
-    if state == Status.FAILED:
-        return Status.LOST  # gone without an outcome
-    if state != Status.RUNNING:
-        return state
-    if idle_for(agent_dir) is not None:
-        return Status.STALLED
-    if queueing and (agent_dir / SLOT_LENT).exists():
-        return Status.WAITING
-    if queueing and not (agent_dir / SLOT_MARKER).exists():
-        return Status.QUEUED
-    return state
-
-
-def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -> list[dict[str, Any]]:
-    """Claude Code's own subagents of an agent (NATIVE_LOG), as child rows of kind `native`.
-
-    Their cost is part of the parent's (the CLI counts it in its total), so a
-    native row adds nothing to the subtree's cost and is never `unknown`.
-    """
-    nodes: dict[str, dict[str, Any]] = {}
-    log = f"{agent_dir}/{NATIVE_LOG}"
-    if not os.path.exists(log):  # most agents have none: a stat is cheaper than a failed open
-        return []
-    lines: list[str] = []
-    with contextlib.suppress(OSError, UnicodeDecodeError, CorruptRecordError):
-        lines = read_regular_file(log)[0].decode().splitlines()
-    for raw in lines:
-        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
-            line = parse_json(raw)
-            node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
-            node[line["event"]] = line
-    rows = []
-    for native_id, node in nodes.items():
-        start = node.get("start") or node.get("stop") or {}
-        stop = node.get("stop")
-        began = parse_iso(start.get("time")) or time.time()
-        ended = parse_iso(stop["time"]) if stop else None
-        transcript = stop.get("transcript_path") if stop else None
-        rows.append(
-            {
-                "id": f"n-{native_id}",
-                "parent_id": meta.id,
-                "depth": meta.depth + 1,
-                "kind": "native",
-                "agent_type": node["agent_type"],
-                # Without a stop, it was cut off when its parent's CLI ended.
-                "state": Status.DONE.value if stop else (Status.KILLED.value if parent_ended else Status.RUNNING.value),
-                "task": f"native {node['agent_type']} subagent",
-                "duration_s": round((ended or time.time()) - began, 1),
-                "cost_usd": None,
-                "cost_known": True,
-                "usage": native_usage(Path(transcript)) if transcript else {},
-                "transcript": transcript,
-                "pid": meta.pid,
-                "agent_dir": f"{agent_dir}/{NATIVE_LOG}#{native_id}",
-            }
-        )
-    return rows
-
-
-def parse_iso(value: Any) -> float | None:
-    try:
-        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def format_cost(value: float | None, known: bool) -> str:
