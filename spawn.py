@@ -2766,6 +2766,7 @@ def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
 
 
 
+
 AGENTS_DIR = "agents"
 DONE_MARKER = ".done"
 FAIL_MARKER = ".fail"
@@ -3472,9 +3473,357 @@ def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
     except (TypeError, ValueError, AttributeError) as exc:
         raise CorruptRecordError(Path(agent_dir) / META, str(exc)) from None
     return meta, keys
+
+
+def cache_dir(environ: Mapping[str, str]) -> Path:
+    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
+    if environ.get(ENV_CACHE_DIR):
+        return Path(environ[ENV_CACHE_DIR]).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
+    return Path(base).expanduser() / "spawn"
 # ==================== end src/spawnlib/protocol.py ====================
 
+# ==================== begin src/spawnlib/fast_start.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ------------------------------------------------------------- fast start --
+
+# A script run as `python spawn.py` is compiled on every start (only imported
+# modules get cached bytecode): ~200 ms of this 9,000-line file, at every
+# level. So the first spawn.py of a tree compiles it once into the per-user
+# cache, and children, guards and runners run that copy. A copy is named by
+# the source's path and bytes: the path because the code finds schemas/ and
+# sessions/ beside the file it was compiled from, so two projects' identical
+# copies must not share one.
+COMPILED_DIR = "compiled"
+COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache tag too
+# A copy is run or handed out only when copy_is_trusted: the cache folder and
+# the copy are the user's and nobody else's to replace, the copy is a regular
+# file, and its header says it was compiled from the source's own bytes (a
+# checked-hash pyc, PEP 552): the name alone is no proof, as any file can be
+# put at a name. The header is no signature either: what keeps a forged copy
+# out is that no contained agent can write the cache (README: "Guarantees").
+COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace
+PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the source
+# `uv run spawn.py`, as users and agents write it, would still compile the
+# source at every level. So a run from source puts a start-up hook into the
+# virtual environment running it (uv's own, for `uv run`): a .pth line that
+# site runs at every interpreter start there. When the script named on the
+# command line has a compiled copy, the hook execs the same interpreter on
+# that copy, with the same argv and pid; anything else starts as usual.
+ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook
+FAST_START_MODULE = "_spawn_fast_start"
+# For a nested spawn, the hook also runs the stand-in (the first section of
+# this file) itself, from the script's own bytes: when the session's fork
+# server takes the spawn, no second interpreter starts to load the copy
+# (~20 ms a level). The section runs from its banner up to the line that
+# calls it, and only if that line calls it as the hook does (another
+# version's may not); test_fast_start checks both are found, once each.
+STAND_IN_START = "\n# " + "-" * 51 + " fork server: stand-in --\n"
+STAND_IN_END = '\nif __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:\n'
+ANNOTATIONS_FLAG = __future__.annotations.compiler_flag  # the section's own `from __future__ import annotations`
+# The hook's own code, written beside the .pth. It repeats cache_dir and
+# compiled_name (test_fast_start checks they agree): it runs before any of
+# this file is read. Builtin modules only; for every other program it costs
+# a look at sys.argv, or for a .py file one read and a few stats.
+FAST_START_HOOK = f'''"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
+
+Runs at every interpreter start in this environment, from {FAST_START_MODULE}.pth.
+If the script on the command line has a compiled copy in spawn.py's cache,
+exec the same interpreter on that copy instead of compiling the source.
+Remove {FAST_START_MODULE}.pth to remove it.
+"""
+
+import os
+import stat
+import sys
+
+
+def cache_dir(environ):
+    if environ.get("SPAWN_CACHE_DIR"):
+        return os.path.expanduser(environ["SPAWN_CACHE_DIR"])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.expanduser(base), "spawn")
+
+
+def compiled_name(path, source):
+    import _imp
+
+    digest = _imp.source_hash({COMPILED_HASH_KEY:#x}, os.fsencode(path) + b"\\0" + source).hex()
+    return "spawn-" + digest + "." + sys.implementation.cache_tag + ".pyc"
+
+
+def copy_is_trusted(folder, copy, source):
+    """Ours, a regular file (not a link), nobody else's to replace, and compiled from source."""
+    import _frozen_importlib_external as bootstrap
+    import _imp
+
+    try:
+        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        for st in (os.stat(folder), os.fstat(fd)):
+            if st.st_uid != os.getuid() or st.st_mode & {COMPILED_MODE_FORBIDDEN:#o}:
+                return False
+        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    expected = bootstrap.MAGIC_NUMBER + {PYC_CHECKED_HASH!r} + _imp.source_hash(bootstrap._RAW_MAGIC_NUMBER, source)
+    return header == expected
+
+
+def compiled_copy(script, environ):
+    """The compiled copy to run for script, and the script's bytes; or None."""
+    if not script.endswith(".py") or environ.get("{ENV_NO_FAST_START}") == "1" or sys.flags.optimize:
+        return None
+    try:
+        path = os.path.realpath(script)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # a FIFO's bytes are the script's: Python must read them, not us
+        with open(path, "rb") as fh:
+            source = fh.read()
+        folder = os.path.join(cache_dir(environ), "{COMPILED_DIR}")
+        copy = os.path.join(folder, compiled_name(path, source))
+    except (OSError, ValueError):
+        return None
+    # A planted or stale copy is never run: the source runs instead.
+    return (copy, source) if copy_is_trusted(folder, copy, source) else None
+
+
+def stand_in(copy, source):
+    """Hand this spawn to its session's fork server from here, as the copy's
+    first lines would: the same code, compiled from the script's own bytes
+    (its stand-in section), minus an interpreter's start. Returns only if
+    the server doesn't take it (none, a refusal, a verb it doesn't run):
+    then the copy runs, and asks again itself.
+    """
+    start = source.find({STAND_IN_START.encode()!r})
+    end = source.find({STAND_IN_END.encode()!r}, start)
+    if start < 0 or end < 0:
+        return
+    try:
+        # The file's own future import, and its own line numbers in a traceback.
+        code = compile(b"\\n" * source.count(b"\\n", 0, start) + source[start:end], sys.argv[0], "exec", {ANNOTATIONS_FLAG:#x}, True)
+        scope = {{"__name__": "{FAST_START_MODULE}.stand_in", "__file__": copy}}
+        exec(code, scope)
+        ask = scope["forkserver_stand_in"]
+    except Exception:
+        return
+    try:
+        served = ask(sys.argv[1:], os.environ)
+    except BaseException:
+        # As an error in the copy's first lines ends it: never a second try
+        # at a spawn that may already be running.
+        import traceback
+
+        traceback.print_exc()
+        os._exit(1)
+    if served is not None:
+        os._exit(served)
+
+
+def main():
+    argv = list(getattr(sys, "orig_argv", ()))
+    at = len(argv) - len(sys.argv)
+    # Only where exec keeps the pid: the process is its parent's child and an agent's stand-in.
+    if os.name != "posix" or not sys.argv or at < 1 or argv[at] != sys.argv[0] or not sys.executable:
+        return
+    found = compiled_copy(sys.argv[0], os.environ)
+    if found is None:
+        return
+    copy, source = found
+    session = os.environ.get("{ENV_SESSION}")  # a nested spawn's; compile nothing for a root or a session with no server
+    if session and os.environ.get("{ENV_NO_FORKSERVER}") != "1" and os.path.exists(os.path.join(session, "{FORKSERVER_SOCKET}")):
+        stand_in(copy, source)
+    import _signal
+
+    # Python ignores these at start; the new interpreter does it again, and a
+    # failed exec puts them back as they were.
+    saved = [(n, _signal.signal(n, _signal.SIG_DFL)) for n in (_signal.SIGPIPE, _signal.SIGXFSZ)]
+    try:
+        os.execv(sys.executable, argv[:at] + [copy] + argv[at + 1 :])
+    except OSError:
+        for n, handler in saved:
+            _signal.signal(n, handler)
+
+
+main()
+'''
+
+
+def compiled_name(source_path: Path, source: bytes) -> str:
+    """The file name of the compiled copy of the spawn.py at source_path (resolved) with these bytes."""
+    import _imp
+
+    digest = _imp.source_hash(COMPILED_HASH_KEY, os.fsencode(source_path) + b"\0" + source).hex()
+    return f"spawn-{digest}.{sys.implementation.cache_tag}.pyc"
+
+
+def copy_is_trusted(folder: Path, copy: Path, source: bytes) -> bool:
+    """Whether copy (in folder) may run for a spawn.py with these bytes: the
+    hook's check of the same name, line for line (test_fast_start compares
+    them). The copy is opened without following a link, and its owner and
+    mode are read from that open file, so what is checked is what was read."""
+    import _imp
+    import importlib.util
+    import stat
+
+    try:
+        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        for st in (os.stat(folder), os.fstat(fd)):
+            if st.st_uid != os.getuid() or st.st_mode & COMPILED_MODE_FORBIDDEN:
+                return False
+        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    raw_magic = int.from_bytes(importlib.util.MAGIC_NUMBER, "little")
+    return header == importlib.util.MAGIC_NUMBER + PYC_CHECKED_HASH + _imp.source_hash(raw_magic, source)
+
+
+def copy_fingerprint(path: Path) -> tuple[int, ...]:
+    """What changes when a file is written or replaced: a write moves its
+    ctime, which no user can set back; a rename brings another inode."""
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def compile_copy(folder: Path, target: Path) -> None:
+    """Compile this spawn.py into target: under a fresh name first (py_compile
+    renames its own temporary file onto it), made writable by the user alone
+    whatever the source's mode, then renamed over whatever is at target, a
+    link included, which is replaced and never followed."""
+    import py_compile
+
+    fresh = folder / f".{target.name}.{os.getpid()}.tmp"
+    try:
+        py_compile.compile(
+            str(SCRIPT_PATH),
+            cfile=str(fresh),
+            dfile=str(SCRIPT_PATH),
+            doraise=True,
+            invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+        )
+        os.chmod(fresh, 0o644)
+        os.replace(fresh, target)
+    except py_compile.PyCompileError as exc:
+        raise OSError(str(exc)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            fresh.unlink()
+
+
+@functools.cache
+def verified_copy() -> tuple[Path, tuple[int, ...]] | None:
+    """The compiled copy to hand out and its fingerprint when checked, or None for the source.
+
+    A process already running a compiled copy hands on that same copy, so a
+    whole tree runs one version even if the source is edited meanwhile. Any
+    other copy is checked (copy_is_trusted), and one that fails is compiled
+    afresh. Any failure (a read-only cache, inside a sandbox) falls back to
+    the source.
+    """
+    try:
+        if Path(__file__).suffix == ".pyc":
+            own = Path(__file__).resolve()
+            return own, copy_fingerprint(own)
+        source = SCRIPT_PATH.read_bytes()
+        folder = cache_dir(os.environ) / COMPILED_DIR
+        target = folder / compiled_name(SCRIPT_PATH, source)
+        if not copy_is_trusted(folder, target, source):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.lstat(folder)
+            if st.st_uid == os.getuid() and st.st_mode & COMPILED_MODE_FORBIDDEN:
+                # Made by an older spawn.py under a umask of 002: every copy in it is checked one by one.
+                os.chmod(folder, st.st_mode & ~COMPILED_MODE_FORBIDDEN)
+            compile_copy(folder, target)
+            if not copy_is_trusted(folder, target, source):
+                return None
+        return target, copy_fingerprint(target)
+    except OSError:
+        return None
+
+
+def compiled_script() -> Path:
+    """The file to execute for this spawn.py: its compiled copy, else its source.
+
+    Every call hands it out afresh (to a runner, a guard, the CLI's
+    environment, a briefing): a copy changed since it was checked is checked
+    again, and compiled again if it fails, rather than handed on.
+    """
+    found = verified_copy()
+    if found is None:
+        return SCRIPT_PATH
+    with contextlib.suppress(OSError):
+        if copy_fingerprint(found[0]) == found[1]:
+            return found[0]
+    if Path(__file__).suffix == ".pyc":
+        return SCRIPT_PATH  # the copy this process runs changed under it: never hand that on
+    verified_copy.cache_clear()
+    found = verified_copy()
+    return found[0] if found is not None else SCRIPT_PATH
+
+
+def fast_start_site() -> Path | None:
+    """The site-packages of the virtual environment running us, or None for a base interpreter."""
+    if sys.prefix == sys.base_prefix:
+        return None
+    import sysconfig
+
+    site = Path(sysconfig.get_path("purelib"))
+    return site if site.is_relative_to(sys.prefix) else None
+
+
+def install_fast_start(environ: Mapping[str, str]) -> None:
+    """Put the start-up hook (FAST_START_HOOK) into the virtual environment running this source.
+
+    Never into a base interpreter's site-packages, which every program on
+    the machine shares. The module goes first: a .pth line naming a missing
+    module would print an error at every start. Best effort: a read-only
+    environment (inside a sandbox) just keeps compiling.
+    """
+    if environ.get(ENV_NO_FAST_START) == "1" or Path(__file__).suffix != ".py":
+        return  # and a compiled copy never pays for the sysconfig import below
+    site = fast_start_site()
+    if site is None:
+        return
+    files = ((f"{FAST_START_MODULE}.py", FAST_START_HOOK), (f"{FAST_START_MODULE}.pth", f"import {FAST_START_MODULE}\n"))
+    for name, text in files:
+        path = site / name
+        # read_regular_file and write_file_atomic: a FIFO or a link planted
+        # at either name is neither waited on nor followed.
+        with contextlib.suppress(OSError, SpawnError):
+            if read_regular_file(path)[0] == text.encode():
+                continue
+        try:
+            write_file_atomic(path, text.encode())
+        except OSError:
+            return
+# ==================== end src/spawnlib/fast_start.py ====================
+
 # ==================== begin src/spawnlib/processes.py ====================
+
+
 
 
 
@@ -4054,21 +4403,6 @@ GUARDS_ABOVE: list[tuple[int, int]] = []
 on_fork("GUARDS_ABOVE", GUARDS_ABOVE.clear)  # the root's guard is the root's alone
 
 
-def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
-    """True for a run that will be a tree's root without a cgroup, on Linux.
-
-    Checked first thing, before any thread starts, so it is cheap where it
-    says no: a child's environment names its agent, and a cgroup is a quick look.
-    """
-    if environ.get(ENV_AGENT_ID) or not guard_above_possible():
-        return False
-    if {"--dry-run", "--background", "-h", "--help", "--version"} & set(argv):
-        return False
-    if choose_containment(True, "s", "a", environ, guard_above=False) != "subreaper":
-        return False
-    return inherited_context(environ, ancestry_context()).parent_id is None
-
-
 def guard_above_possible() -> bool:
     return sys.platform.startswith("linux") and hasattr(signal, "sigwaitinfo")
 
@@ -4134,53 +4468,6 @@ def adopt_guard_above(agent_dir: Path) -> None:
     register_runner(pid, create_time, agent_dir)
     # The pipe stays open until we exit: the guard reads it once we are gone.
     os.write(pipe, f"{agent_dir}\n{_runner_entry(runner_index_dir(), pid, create_time)}\n".encode())
-
-
-def guard_above_ends_tree(agent_dir: Path | None, runner_exit: int, secrets_: Sequence[str]) -> int:
-    """The guard above a runner that died or left processes: end the tree, settle it, exit as the runner did.
-
-    Every process of the tree descends from the guard, since orphans only
-    re-parent up to the nearest living subreaper: what is below it now is the
-    whole tree, as a cgroup would hold it. The tree's live agents are asked to
-    end first, so each commits its own outcome; then everything below is
-    ended; only then is the root's outcome committed, so nothing the tree
-    started still runs when its marker appears.
-    """
-    meta = None
-    with contextlib.suppress(OSError, SpawnError):
-        meta = load_meta(agent_dir) if agent_dir is not None else None
-    try:
-        if meta is not None:
-            ask_tree_agents_to_end(meta)
-        end_everything_below()
-        if meta is not None and agent_dir is not None:
-            reap_agent(agent_dir, "guard", secrets_)
-    finally:
-        with contextlib.suppress(psutil.Error):
-            unregister_runner(os.getpid(), own_create_time())
-    return exit_as(runner_exit)
-
-
-def ask_tree_agents_to_end(meta: AgentMeta) -> None:
-    """SIGTERM every live spawn.py of the tree, and give them the time they need to settle.
-
-    Found by meta.json and by the runner index, which has an agent's entry
-    before its meta.json is published.
-    """
-    agents = Path(meta.session) / AGENTS_DIR
-    targets = []
-    for d in descendants_of(Path(meta.session), meta.id):
-        with contextlib.suppress(OSError, SpawnError):
-            if read_outcome(d) is None:
-                targets.append(Supervised.of(load_meta(d)))
-    with contextlib.suppress(OSError, SpawnError):
-        for path in runner_index_dir().glob("*.json"):
-            entry = _read_runner_entry(path)
-            if entry is not None and entry[2].parent == agents and entry[0] != os.getpid():
-                targets.append(Supervised(entry[0], entry[1], _entry_namespace(path)))
-    asked = [proc for target in targets if (proc := target.signal(signal.SIGTERM)) is not None]
-    # As settle_agents: a spawn.py ends its own subtree (up to KILL_GRACE_S) first.
-    wait_gone(asked, KILL_GRACE_S * 2)
 
 
 def end_everything_below(rounds: int = 10) -> None:
@@ -4459,6 +4746,109 @@ def _int_or_none(value: str | None) -> int | None:
         return int(value) if value not in (None, "") else None
     except ValueError:
         return None
+
+
+class ForkedFor:
+    """In a child of the fork server: the stand-in it runs a spawn for (set once, after the fork)."""
+
+    pid: int | None = None
+    create_time: float = 0.0
+    ancestry: dict[str, Any] | None = None
+    """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
+
+
+def ancestry_subject() -> psutil.Process:
+    """The process whose ancestry decides a spawn's parent agent and limits.
+
+    This process, except in a fork server's child: there it is the stand-in,
+    whose pid the kernel reported (SO_PEERCRED), since the child's own
+    ancestry is the server's. If the stand-in is gone the spawn is over; the
+    child must never go on as if it were a root.
+    """
+    if ForkedFor.pid is None:
+        return psutil.Process()
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(ForkedFor.pid)
+        if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
+            return proc
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+def sandbox_problem(platform: str = sys.platform) -> str | None:
+    """Why Claude Code's sandbox can't run here, and what would make it, or None.
+
+    On Linux the CLI needs bwrap and socat on PATH, and a kernel that lets
+    this user create namespaces; a one-shot bwrap tells (a few ms, only when
+    asked for). On macOS it uses Seatbelt's sandbox-exec, part of the system.
+    Elsewhere the CLI has no sandbox. (platform: for the tests of the others.)
+    """
+    import shutil
+
+    if platform == "darwin":
+        if shutil.which(SANDBOX_MACOS_PROGRAM) is None:
+            return f"{SANDBOX_MACOS_PROGRAM} not found on PATH; it ships with macOS in /usr/bin"
+        return None
+    if not platform.startswith("linux"):
+        return f"Claude Code has a sandbox only on Linux and macOS, not on {platform}"
+    missing = [name for name in SANDBOX_PROGRAMS if shutil.which(name) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found on PATH; install them: `{SANDBOX_INSTALL}`, or your distribution's equivalent"
+    probe = ["bwrap", "--ro-bind", "/", "/", "--unshare-user", "--unshare-pid", "--unshare-net", "--proc", "/proc", "true"]
+    try:
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap can't run: {exc}"
+    if proc.returncode != 0:
+        first = (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[0]
+        return f"bwrap can't create namespaces: {first}; the kernel must let this user create user namespaces"
+    return None
+
+
+def unsandboxed_warning(problem: str) -> str:
+    """The one warning --sandbox auto gives when the sandbox it wanted can't run."""
+    return (
+        f"sandbox: Claude Code's sandbox can't run here ({problem}). "
+        f"Agents that --sandbox auto sandboxes (below the root, with Bash, that can't spawn) run unsandboxed: "
+        f"{SANDBOX_LOST}. Pass --sandbox on to refuse them instead."
+    )
+
+
+def inside_sandbox() -> bool:
+    """Whether this process runs inside a bubblewrap sandbox (a parent agent's Bash).
+
+    There bwrap is pid 1 of our own pid namespace, which an agent can't fake
+    without a namespace of its own. A sandbox can't nest (it refuses new
+    user namespaces), and everything started here is held by the outer one.
+    """
+    try:
+        first = Path("/proc/1/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return False
+    return os.path.basename(first) == b"bwrap"
+
+
+def sandbox_owner() -> Path | None:
+    """The agent whose sandbox this process runs in, from that sandbox's bwrap.
+
+    bwrap binds what the sandboxed agent may write: its agent directory if it
+    may spawn, else that directory's scratch/ (sandbox_writes). bwrap's
+    command line (pid 1 here, which nothing inside can replace) so names the
+    agent, and that agent's meta.json is not writable inside.
+    """
+    if not inside_sandbox():
+        return None
+    try:
+        args = Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for i in range(len(args) - 1):
+        flag, candidate = args[i], Path(args[i + 1])
+        if flag == "--bind" and candidate.name == SCRATCH_DIR:
+            candidate = candidate.parent
+        if flag == "--bind" and candidate.parent.name == AGENTS_DIR and (candidate / META).is_file():
+            return candidate
+    return None
 # ==================== end src/spawnlib/processes.py ====================
 
 # ==================== begin src/spawnlib/commit.py ====================
@@ -4772,7 +5162,6 @@ def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> Non
 # ==================== end src/spawnlib/admission.py ====================
 
 # ==================== begin src/spawnlib/agents.py ====================
-
 
 
 
@@ -5790,14 +6179,6 @@ def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: C
             problem("hooks", "hooks must map events (PreToolUse, ...) to lists of matchers, as in settings.json; ignored", "warning")
 
 
-def cache_dir(environ: Mapping[str, str]) -> Path:
-    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
-    if environ.get(ENV_CACHE_DIR):
-        return Path(environ[ENV_CACHE_DIR]).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
-    return Path(base).expanduser() / "spawn"
-
-
 def remember_cli_tools(init: Mapping[str, Any], environ: Mapping[str, str]) -> None:
     """Cache the tool names a CLI's init message lists, one file per CLI version,
     so that lint knows that CLI's tools offline. An init message lists only the
@@ -6231,6 +6612,10 @@ def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> st
 # ==================== end src/spawnlib/channel.py ====================
 
 # ==================== begin src/spawnlib/resolving.py ====================
+
+
+
+
 
 
 
@@ -7005,16 +7390,24 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
     data = redacted_json(record_to_json(meta), secrets_, indent=2)
     if not publish_once(agent_dir / META, data.encode()):
         raise StateError(f"{agent_dir / META} already exists; agent ids must be unique")
+
+
+def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """True for a run that will be a tree's root without a cgroup, on Linux.
+
+    Checked first thing, before any thread starts, so it is cheap where it
+    says no: a child's environment names its agent, and a cgroup is a quick look.
+    """
+    if environ.get(ENV_AGENT_ID) or not guard_above_possible():
+        return False
+    if {"--dry-run", "--background", "-h", "--help", "--version"} & set(argv):
+        return False
+    if choose_containment(True, "s", "a", environ, guard_above=False) != "subreaper":
+        return False
+    return inherited_context(environ, ancestry_context()).parent_id is None
 # ==================== end src/spawnlib/resolving.py ====================
 
 # ==================== begin src/spawnlib/running.py ====================
-
-
-
-
-
-
-
 
 
 
@@ -7076,82 +7469,6 @@ def spawn_command() -> str:
     and the compiled script its compilation.
     """
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(compiled_script()))}"
-
-
-def sandbox_problem(platform: str = sys.platform) -> str | None:
-    """Why Claude Code's sandbox can't run here, and what would make it, or None.
-
-    On Linux the CLI needs bwrap and socat on PATH, and a kernel that lets
-    this user create namespaces; a one-shot bwrap tells (a few ms, only when
-    asked for). On macOS it uses Seatbelt's sandbox-exec, part of the system.
-    Elsewhere the CLI has no sandbox. (platform: for the tests of the others.)
-    """
-    import shutil
-
-    if platform == "darwin":
-        if shutil.which(SANDBOX_MACOS_PROGRAM) is None:
-            return f"{SANDBOX_MACOS_PROGRAM} not found on PATH; it ships with macOS in /usr/bin"
-        return None
-    if not platform.startswith("linux"):
-        return f"Claude Code has a sandbox only on Linux and macOS, not on {platform}"
-    missing = [name for name in SANDBOX_PROGRAMS if shutil.which(name) is None]
-    if missing:
-        return f"{' and '.join(missing)} not found on PATH; install them: `{SANDBOX_INSTALL}`, or your distribution's equivalent"
-    probe = ["bwrap", "--ro-bind", "/", "/", "--unshare-user", "--unshare-pid", "--unshare-net", "--proc", "/proc", "true"]
-    try:
-        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bwrap can't run: {exc}"
-    if proc.returncode != 0:
-        first = (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[0]
-        return f"bwrap can't create namespaces: {first}; the kernel must let this user create user namespaces"
-    return None
-
-
-def unsandboxed_warning(problem: str) -> str:
-    """The one warning --sandbox auto gives when the sandbox it wanted can't run."""
-    return (
-        f"sandbox: Claude Code's sandbox can't run here ({problem}). "
-        f"Agents that --sandbox auto sandboxes (below the root, with Bash, that can't spawn) run unsandboxed: "
-        f"{SANDBOX_LOST}. Pass --sandbox on to refuse them instead."
-    )
-
-
-def inside_sandbox() -> bool:
-    """Whether this process runs inside a bubblewrap sandbox (a parent agent's Bash).
-
-    There bwrap is pid 1 of our own pid namespace, which an agent can't fake
-    without a namespace of its own. A sandbox can't nest (it refuses new
-    user namespaces), and everything started here is held by the outer one.
-    """
-    try:
-        first = Path("/proc/1/cmdline").read_bytes().split(b"\0")[0]
-    except OSError:
-        return False
-    return os.path.basename(first) == b"bwrap"
-
-
-def sandbox_owner() -> Path | None:
-    """The agent whose sandbox this process runs in, from that sandbox's bwrap.
-
-    bwrap binds what the sandboxed agent may write: its agent directory if it
-    may spawn, else that directory's scratch/ (sandbox_writes). bwrap's
-    command line (pid 1 here, which nothing inside can replace) so names the
-    agent, and that agent's meta.json is not writable inside.
-    """
-    if not inside_sandbox():
-        return None
-    try:
-        args = Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return None
-    for i in range(len(args) - 1):
-        flag, candidate = args[i], Path(args[i + 1])
-        if flag == "--bind" and candidate.name == SCRATCH_DIR:
-            candidate = candidate.parent
-        if flag == "--bind" and candidate.parent.name == AGENTS_DIR and (candidate / META).is_file():
-            return candidate
-    return None
 
 
 def api_host(environ: Mapping[str, str]) -> str:
@@ -10090,346 +10407,15 @@ def executor_for(kind: str) -> Executor:
     return EXECUTORS[kind]()
 # ==================== end src/spawnlib/executors.py ====================
 
-# ==================== begin src/spawnlib/fast_start.py ====================
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ------------------------------------------------------------- fast start --
-
-# A script run as `python spawn.py` is compiled on every start (only imported
-# modules get cached bytecode): ~200 ms of this 9,000-line file, at every
-# level. So the first spawn.py of a tree compiles it once into the per-user
-# cache, and children, guards and runners run that copy. A copy is named by
-# the source's path and bytes: the path because the code finds schemas/ and
-# sessions/ beside the file it was compiled from, so two projects' identical
-# copies must not share one.
-COMPILED_DIR = "compiled"
-COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache tag too
-# A copy is run or handed out only when copy_is_trusted: the cache folder and
-# the copy are the user's and nobody else's to replace, the copy is a regular
-# file, and its header says it was compiled from the source's own bytes (a
-# checked-hash pyc, PEP 552): the name alone is no proof, as any file can be
-# put at a name. The header is no signature either: what keeps a forged copy
-# out is that no contained agent can write the cache (README: "Guarantees").
-COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace
-PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the source
-# `uv run spawn.py`, as users and agents write it, would still compile the
-# source at every level. So a run from source puts a start-up hook into the
-# virtual environment running it (uv's own, for `uv run`): a .pth line that
-# site runs at every interpreter start there. When the script named on the
-# command line has a compiled copy, the hook execs the same interpreter on
-# that copy, with the same argv and pid; anything else starts as usual.
-ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook
-FAST_START_MODULE = "_spawn_fast_start"
-# For a nested spawn, the hook also runs the stand-in (the first section of
-# this file) itself, from the script's own bytes: when the session's fork
-# server takes the spawn, no second interpreter starts to load the copy
-# (~20 ms a level). The section runs from its banner up to the line that
-# calls it, and only if that line calls it as the hook does (another
-# version's may not); test_fast_start checks both are found, once each.
-STAND_IN_START = "\n# " + "-" * 51 + " fork server: stand-in --\n"
-STAND_IN_END = '\nif __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:\n'
-ANNOTATIONS_FLAG = __future__.annotations.compiler_flag  # the section's own `from __future__ import annotations`
-# The hook's own code, written beside the .pth. It repeats cache_dir and
-# compiled_name (test_fast_start checks they agree): it runs before any of
-# this file is read. Builtin modules only; for every other program it costs
-# a look at sys.argv, or for a .py file one read and a few stats.
-FAST_START_HOOK = f'''"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
-
-Runs at every interpreter start in this environment, from {FAST_START_MODULE}.pth.
-If the script on the command line has a compiled copy in spawn.py's cache,
-exec the same interpreter on that copy instead of compiling the source.
-Remove {FAST_START_MODULE}.pth to remove it.
-"""
-
-import os
-import stat
-import sys
-
-
-def cache_dir(environ):
-    if environ.get("SPAWN_CACHE_DIR"):
-        return os.path.expanduser(environ["SPAWN_CACHE_DIR"])
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
-    return os.path.join(os.path.expanduser(base), "spawn")
-
-
-def compiled_name(path, source):
-    import _imp
-
-    digest = _imp.source_hash({COMPILED_HASH_KEY:#x}, os.fsencode(path) + b"\\0" + source).hex()
-    return "spawn-" + digest + "." + sys.implementation.cache_tag + ".pyc"
-
-
-def copy_is_trusted(folder, copy, source):
-    """Ours, a regular file (not a link), nobody else's to replace, and compiled from source."""
-    import _frozen_importlib_external as bootstrap
-    import _imp
-
-    try:
-        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        for st in (os.stat(folder), os.fstat(fd)):
-            if st.st_uid != os.getuid() or st.st_mode & {COMPILED_MODE_FORBIDDEN:#o}:
-                return False
-        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    expected = bootstrap.MAGIC_NUMBER + {PYC_CHECKED_HASH!r} + _imp.source_hash(bootstrap._RAW_MAGIC_NUMBER, source)
-    return header == expected
-
-
-def compiled_copy(script, environ):
-    """The compiled copy to run for script, and the script's bytes; or None."""
-    if not script.endswith(".py") or environ.get("{ENV_NO_FAST_START}") == "1" or sys.flags.optimize:
-        return None
-    try:
-        path = os.path.realpath(script)
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None  # a FIFO's bytes are the script's: Python must read them, not us
-        with open(path, "rb") as fh:
-            source = fh.read()
-        folder = os.path.join(cache_dir(environ), "{COMPILED_DIR}")
-        copy = os.path.join(folder, compiled_name(path, source))
-    except (OSError, ValueError):
-        return None
-    # A planted or stale copy is never run: the source runs instead.
-    return (copy, source) if copy_is_trusted(folder, copy, source) else None
-
-
-def stand_in(copy, source):
-    """Hand this spawn to its session's fork server from here, as the copy's
-    first lines would: the same code, compiled from the script's own bytes
-    (its stand-in section), minus an interpreter's start. Returns only if
-    the server doesn't take it (none, a refusal, a verb it doesn't run):
-    then the copy runs, and asks again itself.
-    """
-    start = source.find({STAND_IN_START.encode()!r})
-    end = source.find({STAND_IN_END.encode()!r}, start)
-    if start < 0 or end < 0:
-        return
-    try:
-        # The file's own future import, and its own line numbers in a traceback.
-        code = compile(b"\\n" * source.count(b"\\n", 0, start) + source[start:end], sys.argv[0], "exec", {ANNOTATIONS_FLAG:#x}, True)
-        scope = {{"__name__": "{FAST_START_MODULE}.stand_in", "__file__": copy}}
-        exec(code, scope)
-        ask = scope["forkserver_stand_in"]
-    except Exception:
-        return
-    try:
-        served = ask(sys.argv[1:], os.environ)
-    except BaseException:
-        # As an error in the copy's first lines ends it: never a second try
-        # at a spawn that may already be running.
-        import traceback
-
-        traceback.print_exc()
-        os._exit(1)
-    if served is not None:
-        os._exit(served)
-
-
-def main():
-    argv = list(getattr(sys, "orig_argv", ()))
-    at = len(argv) - len(sys.argv)
-    # Only where exec keeps the pid: the process is its parent's child and an agent's stand-in.
-    if os.name != "posix" or not sys.argv or at < 1 or argv[at] != sys.argv[0] or not sys.executable:
-        return
-    found = compiled_copy(sys.argv[0], os.environ)
-    if found is None:
-        return
-    copy, source = found
-    session = os.environ.get("{ENV_SESSION}")  # a nested spawn's; compile nothing for a root or a session with no server
-    if session and os.environ.get("{ENV_NO_FORKSERVER}") != "1" and os.path.exists(os.path.join(session, "{FORKSERVER_SOCKET}")):
-        stand_in(copy, source)
-    import _signal
-
-    # Python ignores these at start; the new interpreter does it again, and a
-    # failed exec puts them back as they were.
-    saved = [(n, _signal.signal(n, _signal.SIG_DFL)) for n in (_signal.SIGPIPE, _signal.SIGXFSZ)]
-    try:
-        os.execv(sys.executable, argv[:at] + [copy] + argv[at + 1 :])
-    except OSError:
-        for n, handler in saved:
-            _signal.signal(n, handler)
-
-
-main()
-'''
-
-
-def compiled_name(source_path: Path, source: bytes) -> str:
-    """The file name of the compiled copy of the spawn.py at source_path (resolved) with these bytes."""
-    import _imp
-
-    digest = _imp.source_hash(COMPILED_HASH_KEY, os.fsencode(source_path) + b"\0" + source).hex()
-    return f"spawn-{digest}.{sys.implementation.cache_tag}.pyc"
-
-
-def copy_is_trusted(folder: Path, copy: Path, source: bytes) -> bool:
-    """Whether copy (in folder) may run for a spawn.py with these bytes: the
-    hook's check of the same name, line for line (test_fast_start compares
-    them). The copy is opened without following a link, and its owner and
-    mode are read from that open file, so what is checked is what was read."""
-    import _imp
-    import importlib.util
-    import stat
-
-    try:
-        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        for st in (os.stat(folder), os.fstat(fd)):
-            if st.st_uid != os.getuid() or st.st_mode & COMPILED_MODE_FORBIDDEN:
-                return False
-        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    raw_magic = int.from_bytes(importlib.util.MAGIC_NUMBER, "little")
-    return header == importlib.util.MAGIC_NUMBER + PYC_CHECKED_HASH + _imp.source_hash(raw_magic, source)
-
-
-def copy_fingerprint(path: Path) -> tuple[int, ...]:
-    """What changes when a file is written or replaced: a write moves its
-    ctime, which no user can set back; a rename brings another inode."""
-    st = os.lstat(path)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
-def compile_copy(folder: Path, target: Path) -> None:
-    """Compile this spawn.py into target: under a fresh name first (py_compile
-    renames its own temporary file onto it), made writable by the user alone
-    whatever the source's mode, then renamed over whatever is at target, a
-    link included, which is replaced and never followed."""
-    import py_compile
-
-    fresh = folder / f".{target.name}.{os.getpid()}.tmp"
-    try:
-        py_compile.compile(
-            str(SCRIPT_PATH),
-            cfile=str(fresh),
-            dfile=str(SCRIPT_PATH),
-            doraise=True,
-            invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
-        )
-        os.chmod(fresh, 0o644)
-        os.replace(fresh, target)
-    except py_compile.PyCompileError as exc:
-        raise OSError(str(exc)) from None
-    finally:
-        with contextlib.suppress(OSError):
-            fresh.unlink()
-
-
-@functools.cache
-def verified_copy() -> tuple[Path, tuple[int, ...]] | None:
-    """The compiled copy to hand out and its fingerprint when checked, or None for the source.
-
-    A process already running a compiled copy hands on that same copy, so a
-    whole tree runs one version even if the source is edited meanwhile. Any
-    other copy is checked (copy_is_trusted), and one that fails is compiled
-    afresh. Any failure (a read-only cache, inside a sandbox) falls back to
-    the source.
-    """
-    try:
-        if Path(__file__).suffix == ".pyc":
-            own = Path(__file__).resolve()
-            return own, copy_fingerprint(own)
-        source = SCRIPT_PATH.read_bytes()
-        folder = cache_dir(os.environ) / COMPILED_DIR
-        target = folder / compiled_name(SCRIPT_PATH, source)
-        if not copy_is_trusted(folder, target, source):
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = os.lstat(folder)
-            if st.st_uid == os.getuid() and st.st_mode & COMPILED_MODE_FORBIDDEN:
-                # Made by an older spawn.py under a umask of 002: every copy in it is checked one by one.
-                os.chmod(folder, st.st_mode & ~COMPILED_MODE_FORBIDDEN)
-            compile_copy(folder, target)
-            if not copy_is_trusted(folder, target, source):
-                return None
-        return target, copy_fingerprint(target)
-    except OSError:
-        return None
-
-
-def compiled_script() -> Path:
-    """The file to execute for this spawn.py: its compiled copy, else its source.
-
-    Every call hands it out afresh (to a runner, a guard, the CLI's
-    environment, a briefing): a copy changed since it was checked is checked
-    again, and compiled again if it fails, rather than handed on.
-    """
-    found = verified_copy()
-    if found is None:
-        return SCRIPT_PATH
-    with contextlib.suppress(OSError):
-        if copy_fingerprint(found[0]) == found[1]:
-            return found[0]
-    if Path(__file__).suffix == ".pyc":
-        return SCRIPT_PATH  # the copy this process runs changed under it: never hand that on
-    verified_copy.cache_clear()
-    found = verified_copy()
-    return found[0] if found is not None else SCRIPT_PATH
-
-
-def fast_start_site() -> Path | None:
-    """The site-packages of the virtual environment running us, or None for a base interpreter."""
-    if sys.prefix == sys.base_prefix:
-        return None
-    import sysconfig
-
-    site = Path(sysconfig.get_path("purelib"))
-    return site if site.is_relative_to(sys.prefix) else None
-
-
-def install_fast_start(environ: Mapping[str, str]) -> None:
-    """Put the start-up hook (FAST_START_HOOK) into the virtual environment running this source.
-
-    Never into a base interpreter's site-packages, which every program on
-    the machine shares. The module goes first: a .pth line naming a missing
-    module would print an error at every start. Best effort: a read-only
-    environment (inside a sandbox) just keeps compiling.
-    """
-    if environ.get(ENV_NO_FAST_START) == "1" or Path(__file__).suffix != ".py":
-        return  # and a compiled copy never pays for the sysconfig import below
-    site = fast_start_site()
-    if site is None:
-        return
-    files = ((f"{FAST_START_MODULE}.py", FAST_START_HOOK), (f"{FAST_START_MODULE}.pth", f"import {FAST_START_MODULE}\n"))
-    for name, text in files:
-        path = site / name
-        # read_regular_file and write_file_atomic: a FIFO or a link planted
-        # at either name is neither waited on nor followed.
-        with contextlib.suppress(OSError, SpawnError):
-            if read_regular_file(path)[0] == text.encode():
-                continue
-        try:
-            write_file_atomic(path, text.encode())
-        except OSError:
-            return
-# ==================== end src/spawnlib/fast_start.py ====================
-
 # ==================== begin src/spawnlib/forkserver.py ====================
+
+
+
+
+
+
+
+
 
 
 
@@ -10486,33 +10472,6 @@ FORKSERVER_PRELOAD = (
     "ctypes",
     "queue",
 )
-
-
-class ForkedFor:
-    """In a child of the fork server: the stand-in it runs a spawn for (set once, after the fork)."""
-
-    pid: int | None = None
-    create_time: float = 0.0
-    ancestry: dict[str, Any] | None = None
-    """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
-
-
-def ancestry_subject() -> psutil.Process:
-    """The process whose ancestry decides a spawn's parent agent and limits.
-
-    This process, except in a fork server's child: there it is the stand-in,
-    whose pid the kernel reported (SO_PEERCRED), since the child's own
-    ancestry is the server's. If the stand-in is gone the spawn is over; the
-    child must never go on as if it were a root.
-    """
-    if ForkedFor.pid is None:
-        return psutil.Process()
-    with contextlib.suppress(psutil.Error):
-        proc = psutil.Process(ForkedFor.pid)
-        if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
-            return proc
-    os.kill(os.getpid(), signal.SIGKILL)
-    raise AssertionError("unreachable")
 
 
 def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
@@ -11003,6 +10962,18 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
 # ==================== end src/spawnlib/forkserver.py ====================
 
 # ==================== begin src/spawnlib/verbs.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
 
 
 
@@ -12069,6 +12040,53 @@ def kill_caller(environ: Mapping[str, str]) -> str:
     except psutil.Error:
         described = f"pid {os.getppid()}"
     return f"a terminal, {described}" if sys.stdin is not None and sys.stdin.isatty() else described
+
+
+def guard_above_ends_tree(agent_dir: Path | None, runner_exit: int, secrets_: Sequence[str]) -> int:
+    """The guard above a runner that died or left processes: end the tree, settle it, exit as the runner did.
+
+    Every process of the tree descends from the guard, since orphans only
+    re-parent up to the nearest living subreaper: what is below it now is the
+    whole tree, as a cgroup would hold it. The tree's live agents are asked to
+    end first, so each commits its own outcome; then everything below is
+    ended; only then is the root's outcome committed, so nothing the tree
+    started still runs when its marker appears.
+    """
+    meta = None
+    with contextlib.suppress(OSError, SpawnError):
+        meta = load_meta(agent_dir) if agent_dir is not None else None
+    try:
+        if meta is not None:
+            ask_tree_agents_to_end(meta)
+        end_everything_below()
+        if meta is not None and agent_dir is not None:
+            reap_agent(agent_dir, "guard", secrets_)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            unregister_runner(os.getpid(), own_create_time())
+    return exit_as(runner_exit)
+
+
+def ask_tree_agents_to_end(meta: AgentMeta) -> None:
+    """SIGTERM every live spawn.py of the tree, and give them the time they need to settle.
+
+    Found by meta.json and by the runner index, which has an agent's entry
+    before its meta.json is published.
+    """
+    agents = Path(meta.session) / AGENTS_DIR
+    targets = []
+    for d in descendants_of(Path(meta.session), meta.id):
+        with contextlib.suppress(OSError, SpawnError):
+            if read_outcome(d) is None:
+                targets.append(Supervised.of(load_meta(d)))
+    with contextlib.suppress(OSError, SpawnError):
+        for path in runner_index_dir().glob("*.json"):
+            entry = _read_runner_entry(path)
+            if entry is not None and entry[2].parent == agents and entry[0] != os.getpid():
+                targets.append(Supervised(entry[0], entry[1], _entry_namespace(path)))
+    asked = [proc for target in targets if (proc := target.signal(signal.SIGTERM)) is not None]
+    # As settle_agents: a spawn.py ends its own subtree (up to KILL_GRACE_S) first.
+    wait_gone(asked, KILL_GRACE_S * 2)
 # ==================== end src/spawnlib/verbs.py ====================
 
 # ==================== begin src/spawnlib/dag.py ====================
@@ -13278,7 +13296,6 @@ def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 # ==================== end src/spawnlib/dag.py ====================
 
 # ==================== begin src/spawnlib/cli.py ====================
-
 
 
 

@@ -15,7 +15,6 @@ from .constants import (
     DEFAULT_PERMISSION_MODE,
     EDIT_TOOLS,
     EFFORT_LEVELS,
-    ENV_CACHE_DIR,
     KNOWN_TOOLS,
     MEMORY_SCOPES,
     PERMISSION_KINDS,
@@ -34,7 +33,7 @@ from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, claude_c
 from .embedded import builtin_files, builtin_label
 from .errors import InputError, UsageError, did_you_mean
 from .executors import parse_node_fields
-from .protocol import load_input, read_input, write_file_atomic
+from .protocol import cache_dir, load_input, read_input, write_file_atomic
 
 # ------------------------------------------------- agents and permissions --
 
@@ -1014,14 +1013,6 @@ def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: C
             d.hooks = {str(k): v for k, v in hooks.items()}
         else:
             problem("hooks", "hooks must map events (PreToolUse, ...) to lists of matchers, as in settings.json; ignored", "warning")
-
-
-def cache_dir(environ: Mapping[str, str]) -> Path:
-    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
-    if environ.get(ENV_CACHE_DIR):
-        return Path(environ[ENV_CACHE_DIR]).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
-    return Path(base).expanduser() / "spawn"
 
 
 def remember_cli_tools(init: Mapping[str, Any], environ: Mapping[str, str]) -> None:

@@ -43,22 +43,20 @@ from .core import briefing, secret_values
 from .dag import DEFAULT_ROTATE_MB, DEFAULT_STATE_FILE, ON_FAIL
 from .errors import ExitCode, RefusedError, StateError, UsageError, did_you_mean
 from .executors import names_another_kind
-from .forkserver import ForkedFor
 from .output import emit, note, stdout_json_text
 from .processes import (
     GUARD_SETTLED,
+    ForkedFor,
     Supervised,
     ancestor_agents,
     ancestry_context,
     choose_containment,
     fork_below_guard,
-    guard_above_ends_tree,
     guard_above_possible,
     own_identity,
     register_runner,
     start_guard,
     unregister_runner,
-    wants_guard_above,
 )
 from .protocol import (
     AGENTS_DIR,
@@ -72,12 +70,13 @@ from .protocol import (
     write_new_file,
 )
 from .records import Status, record_to_json
-from .resolving import admission_problem, find_cli, inherited_context, place_resumed, plan_run, register, resolve_resume
+from .resolving import admission_problem, find_cli, inherited_context, place_resumed, plan_run, register, resolve_resume, wants_guard_above
 from .running import EarlyStop, SdkLoader, spawn_command
 from .verbs import (
     corrupt_agents,
     end_tree,
     format_tree,
+    guard_above_ends_tree,
     kill_agent,
     kill_caller,
     reap_agent,

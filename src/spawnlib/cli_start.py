@@ -20,7 +20,6 @@ from . import __version__
 from .admission import try_take_slot
 from .agents import (
     RuleSet,
-    cache_dir,
     cli_permissions,
     decide,
     kept_by_spawn_py,
@@ -97,12 +96,14 @@ from .processes import (
     child_running,
     end_own_subtree,
     enter_tree_cgroup,
+    inside_sandbox,
     own_identity,
     own_pid_namespace,
     owned_cgroup,
     procfs_is_ours,
     register_runner,
     runner_index_dir,
+    sandbox_owner,
     start_guard,
 )
 from .protocol import (
@@ -115,6 +116,7 @@ from .protocol import (
     append_log_line,
     append_transcript,
     asks_dir,
+    cache_dir,
     charge,
     load_meta,
     open_regular,
@@ -140,10 +142,8 @@ from .running import (
     child_environment,
     free_slot_when_quiet,
     import_sdk,
-    inside_sandbox,
     message_record,
     readable,
-    sandbox_owner,
     spawn_command,
     start_slot_count,
     stopped_by,

@@ -21,7 +21,15 @@ from .errors import ExitCode, SpawnError
 from .fast_start import compiled_script
 from .forkstate import reset_after_fork
 from .main import main
-from .processes import Supervised, ancestor_agents, ancestry_context, own_pid_namespace, pid_namespace_of, set_parent_death_signal
+from .processes import (
+    ForkedFor,
+    Supervised,
+    ancestor_agents,
+    ancestry_context,
+    own_pid_namespace,
+    pid_namespace_of,
+    set_parent_death_signal,
+)
 from .protocol import load_meta
 from .records import AgentMeta
 from .running import STOP_SIGNALS, SdkLoader, import_sdk
@@ -54,33 +62,6 @@ FORKSERVER_PRELOAD = (
     "ctypes",
     "queue",
 )
-
-
-class ForkedFor:
-    """In a child of the fork server: the stand-in it runs a spawn for (set once, after the fork)."""
-
-    pid: int | None = None
-    create_time: float = 0.0
-    ancestry: dict[str, Any] | None = None
-    """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
-
-
-def ancestry_subject() -> psutil.Process:
-    """The process whose ancestry decides a spawn's parent agent and limits.
-
-    This process, except in a fork server's child: there it is the stand-in,
-    whose pid the kernel reported (SO_PEERCRED), since the child's own
-    ancestry is the server's. If the stand-in is gone the spawn is over; the
-    child must never go on as if it were a root.
-    """
-    if ForkedFor.pid is None:
-        return psutil.Process()
-    with contextlib.suppress(psutil.Error):
-        proc = psutil.Process(ForkedFor.pid)
-        if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
-            return proc
-    os.kill(os.getpid(), signal.SIGKILL)
-    raise AssertionError("unreachable")
 
 
 def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:

@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 from .constants import (
     DEFAULT_SESSION_ROOT,
+    ENV_CACHE_DIR,
     ENV_LOG_MAX,
     ENV_SESSION_ROOT,
     INPUT_MAX_BYTES,
@@ -756,3 +757,11 @@ def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
     except (TypeError, ValueError, AttributeError) as exc:
         raise CorruptRecordError(Path(agent_dir) / META, str(exc)) from None
     return meta, keys
+
+
+def cache_dir(environ: Mapping[str, str]) -> Path:
+    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
+    if environ.get(ENV_CACHE_DIR):
+        return Path(environ[ENV_CACHE_DIR]).expanduser()
+    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
+    return Path(base).expanduser() / "spawn"

@@ -87,12 +87,17 @@ from .executors import executor_for, node_of_definition, parse_reference
 from .processes import (
     _int_or_none,
     _json_list,
+    ancestry_context,
     choose_containment,
+    guard_above_possible,
+    inside_sandbox,
     own_identity,
     own_pid_namespace,
     register_runner,
     runner_index_dir,
+    sandbox_problem,
     start_guard,
+    unsandboxed_warning,
 )
 from .protocol import (
     AGENTS_DIR,
@@ -110,7 +115,6 @@ from .protocol import (
     write_json_atomic,
 )
 from .records import AgentMeta, Limits, SessionInfo, record_to_json
-from .running import inside_sandbox, sandbox_problem, unsandboxed_warning
 
 # ---------------------------------------------------------------- resolving --
 
@@ -772,3 +776,18 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
     data = redacted_json(record_to_json(meta), secrets_, indent=2)
     if not publish_once(agent_dir / META, data.encode()):
         raise StateError(f"{agent_dir / META} already exists; agent ids must be unique")
+
+
+def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """True for a run that will be a tree's root without a cgroup, on Linux.
+
+    Checked first thing, before any thread starts, so it is cheap where it
+    says no: a child's environment names its agent, and a cgroup is a quick look.
+    """
+    if environ.get(ENV_AGENT_ID) or not guard_above_possible():
+        return False
+    if {"--dry-run", "--background", "-h", "--help", "--version"} & set(argv):
+        return False
+    if choose_containment(True, "s", "a", environ, guard_above=False) != "subreaper":
+        return False
+    return inherited_context(environ, ancestry_context()).parent_id is None

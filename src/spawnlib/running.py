@@ -8,7 +8,6 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -39,12 +38,6 @@ from .constants import (
     ENV_SESSION,
     ENV_TOOLS,
     ENV_TRACEPARENT,
-    META,
-    SANDBOX_INSTALL,
-    SANDBOX_LOST,
-    SANDBOX_MACOS_PROGRAM,
-    SANDBOX_PROGRAMS,
-    SCRATCH_DIR,
 )
 from .core import utc_now_iso
 from .errors import CorruptRecordError
@@ -52,7 +45,7 @@ from .executors import NodeResult
 from .fast_start import compiled_script
 from .forkstate import on_fork
 from .processes import _int_or_none, cgroup_mounts, procfs_is_ours
-from .protocol import AGENTS_DIR, kill_request_reason, open_regular
+from .protocol import kill_request_reason, open_regular
 from .records import AgentMeta, Status
 from .verbs import MarkerEvents
 
@@ -66,82 +59,6 @@ def spawn_command() -> str:
     and the compiled script its compilation.
     """
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(compiled_script()))}"
-
-
-def sandbox_problem(platform: str = sys.platform) -> str | None:
-    """Why Claude Code's sandbox can't run here, and what would make it, or None.
-
-    On Linux the CLI needs bwrap and socat on PATH, and a kernel that lets
-    this user create namespaces; a one-shot bwrap tells (a few ms, only when
-    asked for). On macOS it uses Seatbelt's sandbox-exec, part of the system.
-    Elsewhere the CLI has no sandbox. (platform: for the tests of the others.)
-    """
-    import shutil
-
-    if platform == "darwin":
-        if shutil.which(SANDBOX_MACOS_PROGRAM) is None:
-            return f"{SANDBOX_MACOS_PROGRAM} not found on PATH; it ships with macOS in /usr/bin"
-        return None
-    if not platform.startswith("linux"):
-        return f"Claude Code has a sandbox only on Linux and macOS, not on {platform}"
-    missing = [name for name in SANDBOX_PROGRAMS if shutil.which(name) is None]
-    if missing:
-        return f"{' and '.join(missing)} not found on PATH; install them: `{SANDBOX_INSTALL}`, or your distribution's equivalent"
-    probe = ["bwrap", "--ro-bind", "/", "/", "--unshare-user", "--unshare-pid", "--unshare-net", "--proc", "/proc", "true"]
-    try:
-        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bwrap can't run: {exc}"
-    if proc.returncode != 0:
-        first = (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[0]
-        return f"bwrap can't create namespaces: {first}; the kernel must let this user create user namespaces"
-    return None
-
-
-def unsandboxed_warning(problem: str) -> str:
-    """The one warning --sandbox auto gives when the sandbox it wanted can't run."""
-    return (
-        f"sandbox: Claude Code's sandbox can't run here ({problem}). "
-        f"Agents that --sandbox auto sandboxes (below the root, with Bash, that can't spawn) run unsandboxed: "
-        f"{SANDBOX_LOST}. Pass --sandbox on to refuse them instead."
-    )
-
-
-def inside_sandbox() -> bool:
-    """Whether this process runs inside a bubblewrap sandbox (a parent agent's Bash).
-
-    There bwrap is pid 1 of our own pid namespace, which an agent can't fake
-    without a namespace of its own. A sandbox can't nest (it refuses new
-    user namespaces), and everything started here is held by the outer one.
-    """
-    try:
-        first = Path("/proc/1/cmdline").read_bytes().split(b"\0")[0]
-    except OSError:
-        return False
-    return os.path.basename(first) == b"bwrap"
-
-
-def sandbox_owner() -> Path | None:
-    """The agent whose sandbox this process runs in, from that sandbox's bwrap.
-
-    bwrap binds what the sandboxed agent may write: its agent directory if it
-    may spawn, else that directory's scratch/ (sandbox_writes). bwrap's
-    command line (pid 1 here, which nothing inside can replace) so names the
-    agent, and that agent's meta.json is not writable inside.
-    """
-    if not inside_sandbox():
-        return None
-    try:
-        args = Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return None
-    for i in range(len(args) - 1):
-        flag, candidate = args[i], Path(args[i + 1])
-        if flag == "--bind" and candidate.name == SCRATCH_DIR:
-            candidate = candidate.parent
-        if flag == "--bind" and candidate.parent.name == AGENTS_DIR and (candidate / META).is_file():
-            return candidate
-    return None
 
 
 def api_host(environ: Mapping[str, str]) -> str:

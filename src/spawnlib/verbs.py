@@ -46,9 +46,21 @@ from .constants import (
 )
 from .core import id_depth, parse_json, started_timestamp, token_hex, utc_now_iso
 from .errors import ExitCode, SpawnError
-from .forkserver import ancestry_subject
 from .output import note
-from .processes import Supervised, end_tree_cgroup, is_guard, wait_gone
+from .processes import (
+    Supervised,
+    _entry_namespace,
+    _read_runner_entry,
+    ancestry_subject,
+    end_everything_below,
+    end_tree_cgroup,
+    exit_as,
+    is_guard,
+    own_create_time,
+    runner_index_dir,
+    unregister_runner,
+    wait_gone,
+)
 from .protocol import (
     AGENTS_DIR,
     DONE_MARKER,
@@ -1064,3 +1076,50 @@ def kill_caller(environ: Mapping[str, str]) -> str:
     except psutil.Error:
         described = f"pid {os.getppid()}"
     return f"a terminal, {described}" if sys.stdin is not None and sys.stdin.isatty() else described
+
+
+def guard_above_ends_tree(agent_dir: Path | None, runner_exit: int, secrets_: Sequence[str]) -> int:
+    """The guard above a runner that died or left processes: end the tree, settle it, exit as the runner did.
+
+    Every process of the tree descends from the guard, since orphans only
+    re-parent up to the nearest living subreaper: what is below it now is the
+    whole tree, as a cgroup would hold it. The tree's live agents are asked to
+    end first, so each commits its own outcome; then everything below is
+    ended; only then is the root's outcome committed, so nothing the tree
+    started still runs when its marker appears.
+    """
+    meta = None
+    with contextlib.suppress(OSError, SpawnError):
+        meta = load_meta(agent_dir) if agent_dir is not None else None
+    try:
+        if meta is not None:
+            ask_tree_agents_to_end(meta)
+        end_everything_below()
+        if meta is not None and agent_dir is not None:
+            reap_agent(agent_dir, "guard", secrets_)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            unregister_runner(os.getpid(), own_create_time())
+    return exit_as(runner_exit)
+
+
+def ask_tree_agents_to_end(meta: AgentMeta) -> None:
+    """SIGTERM every live spawn.py of the tree, and give them the time they need to settle.
+
+    Found by meta.json and by the runner index, which has an agent's entry
+    before its meta.json is published.
+    """
+    agents = Path(meta.session) / AGENTS_DIR
+    targets = []
+    for d in descendants_of(Path(meta.session), meta.id):
+        with contextlib.suppress(OSError, SpawnError):
+            if read_outcome(d) is None:
+                targets.append(Supervised.of(load_meta(d)))
+    with contextlib.suppress(OSError, SpawnError):
+        for path in runner_index_dir().glob("*.json"):
+            entry = _read_runner_entry(path)
+            if entry is not None and entry[2].parent == agents and entry[0] != os.getpid():
+                targets.append(Supervised(entry[0], entry[1], _entry_namespace(path)))
+    asked = [proc for target in targets if (proc := target.signal(signal.SIGTERM)) is not None]
+    # As settle_agents: a spawn.py ends its own subtree (up to KILL_GRACE_S) first.
+    wait_gone(asked, KILL_GRACE_S * 2)
