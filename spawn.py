@@ -8001,8 +8001,13 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
     return (held is not None or not fds), held
 # ==================== end src/spawnlib/running.py ====================
 
-# ==================== begin src/spawnlib/cli_start.py ====================
+# ==================== begin src/spawnlib/claude.py ====================
+"""The claude executor's engine: the bundled claude CLI started for an agent, its permission
+gate, the SDK conversation with it, and the outcome that conversation makes.
 
+Below the executors (ClaudeExecutor runs through it) and the runner (run_agent),
+above the running state it fills in.
+"""
 
 
 
@@ -8082,80 +8087,6 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
 
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ------------------------------------------------------------ the CLI's start --
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the
@@ -8166,9 +8097,17 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
 # (test_cli_start checks both against the SDK's), and the CLI starts before
 # the SDK is imported when it can (run_agent), else as the run begins.
 SDK_CLIENT_APP_ENV = "CLAUDE_AGENT_SDK_CLIENT_APP"  # the caller names its app (the SDK's EXPLICIT_CLIENT_APP_ENV)
+
+
 SDK_DERIVED_CLIENT_APP_ENV = "CLAUDE_AGENT_SDK_DERIVED_CLIENT_APP"
+
+
 SDK_READS_SESSION_STATE_ENV = "CLAUDE_CODE_SDK_READS_SESSION_STATE"
+
+
 SDK_MAX_MESSAGE = 1 << 20  # the SDK's limit on one message from the CLI (_DEFAULT_MAX_BUFFER_SIZE)
+
+
 CLI_CLOSE_WAIT_S = 5.0  # as the SDK's close(): after stdin's end, then after SIGTERM
 
 
@@ -8459,78 +8398,6 @@ class CliPipes:
                 pipe.close()
 
 
-def heartbeat_interval(environ: Mapping[str, str]) -> float:
-    value = float_or_none(environ.get(ENV_HEARTBEAT))
-    return value if value is not None and value > 0 else HEARTBEAT_S
-
-
-async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float, idle_timeout: float | None = None) -> None:
-    """Refresh heartbeat.json while the CLI is alive; a wedged agent stops beating."""
-    import asyncio
-
-    if state.cli_pid is None:
-        # An event, not a poll: a runner can wait seconds for a start slot,
-        # and each wake of a sleeping process costs ~0.1-0.3 ms of CPU on a VM.
-        state.cli_started = asyncio.Event()
-        await state.cli_started.wait()
-    cli = state.cli_pid
-    assert cli is not None
-    if procfs_is_ours():
-        try:
-            create_time = psutil.Process(cli).create_time()
-        except psutil.Error:
-            return
-        # Supervised.alive, not is_running() then status(): the CLI can exit
-        # between the two, and the status call would raise out of this task.
-        alive = Supervised(cli, create_time).alive
-    else:  # in a sandbox: the CLI is our child, which the kernel answers for
-        create_time, alive = time.time(), functools.partial(child_running, cli)
-    while alive():
-        beat = Heartbeat(cli, create_time, state.cli_pgid or cli, time.time(), interval, state.last_activity, idle_timeout)
-        with contextlib.suppress(OSError):
-            write_json_atomic(agent_dir / HEARTBEAT, record_to_json(beat))
-        await asyncio.sleep(interval)
-
-
-def cli_cpu_seconds(cli_pid: int) -> float:
-    """CPU time used so far by the CLI and everything below it."""
-    total = 0.0
-    try:
-        cli = psutil.Process(cli_pid)
-        procs = [cli, *cli.children(recursive=True)]
-    except psutil.Error:
-        return total
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            times = proc.cpu_times()
-            total += times.user + times.system
-    return total
-
-
-async def idle_watch(meta: AgentMeta, state: RunState, idle_timeout: float, stop: Callable[[Status, str], None]) -> None:
-    """End the agent once its CLI has been idle for idle_timeout (no event, no CPU, no live child)."""
-    import asyncio
-
-    check = min(IDLE_CHECK_S, idle_timeout / 4)
-    last_cpu: float | None = None
-    while True:
-        await asyncio.sleep(check)
-        if state.cli_pid is None:  # queued for a slot, or the CLI is starting
-            state.last_activity = time.time()
-            continue
-        cpu = await asyncio.to_thread(cli_cpu_seconds, state.cli_pid)
-        if last_cpu is not None and cpu - last_cpu > IDLE_CPU_SHARE * check:
-            state.last_activity = time.time()
-        last_cpu = cpu
-        if time.time() - state.last_activity < idle_timeout:
-            continue
-        if await asyncio.to_thread(live_descendants, meta):
-            state.last_activity = time.time()  # waiting on its children is work
-            continue
-        stop(Status.FAILED, f"stalled: no activity for {idle_timeout:g} s")
-        return
-
-
 def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str, str]]:
     """The definitions an agent that may spawn can delegate to: (name, description)."""
     if meta.depth >= meta.max_depth or "Bash" not in meta.tools or any(r.startswith("Bash(") for r in meta.permissions.get("allow", [])):
@@ -8662,10 +8529,6 @@ def memory_section(meta: AgentMeta, definition_path: Path, environ: Mapping[str,
     )
 
 
-def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
-
-
 def skill_sections(meta: AgentMeta, environ: Mapping[str, str]) -> list[str]:
     """A definition's skills, preloaded whole into the system prompt, as Claude
     Code does for a subagent's `skills:` (no settings files need loading)."""
@@ -8677,30 +8540,6 @@ def skill_sections(meta: AgentMeta, environ: Mapping[str, str]) -> list[str]:
             if path is not None:
                 sections.append(f"# Skill: {name}\n{path.read_text().strip()}")
     return sections
-
-
-def create_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> Path:
-    """A fresh git worktree of cwd's repository on branch spawn/ID, for `isolation: worktree`."""
-    path = agent_dir / "worktree"
-    proc = _git(cwd, "worktree", "add", "-q", "-b", f"spawn/{agent_id}", str(path), "HEAD")
-    if proc.returncode != 0:
-        raise StateError(f"isolation: worktree needs a git repository with a commit at {cwd}: {proc.stderr.strip()}")
-    # Keep the agent's place below the top, so relative paths in the task still mean the same.
-    top = _git(cwd, "rev-parse", "--show-toplevel").stdout.strip()
-    return path / cwd.resolve().relative_to(Path(top).resolve()) if top else path
-
-
-def settle_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> str | None:
-    """Remove an unchanged worktree and its branch; keep a changed one. Returns the kept path."""
-    path = agent_dir / "worktree"
-    if not path.is_dir():
-        return None
-    status = _git(path, "status", "--porcelain")
-    if status.returncode != 0 or status.stdout.strip() or _git(path, "rev-parse", "HEAD").stdout != _git(cwd, "rev-parse", "HEAD").stdout:
-        return str(path)
-    _git(cwd, "worktree", "remove", "--force", str(path))
-    _git(cwd, "branch", "-D", f"spawn/{agent_id}")
-    return None
 
 
 @dataclass
@@ -9058,6 +8897,212 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
             )
         return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=output, **base)
     return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=result.result or state.last_text or "", **base)
+# ==================== end src/spawnlib/claude.py ====================
+
+# ==================== begin src/spawnlib/cli_start.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ------------------------------------------------------------ the CLI's start --
+
+
+def heartbeat_interval(environ: Mapping[str, str]) -> float:
+    value = float_or_none(environ.get(ENV_HEARTBEAT))
+    return value if value is not None and value > 0 else HEARTBEAT_S
+
+
+async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float, idle_timeout: float | None = None) -> None:
+    """Refresh heartbeat.json while the CLI is alive; a wedged agent stops beating."""
+    import asyncio
+
+    if state.cli_pid is None:
+        # An event, not a poll: a runner can wait seconds for a start slot,
+        # and each wake of a sleeping process costs ~0.1-0.3 ms of CPU on a VM.
+        state.cli_started = asyncio.Event()
+        await state.cli_started.wait()
+    cli = state.cli_pid
+    assert cli is not None
+    if procfs_is_ours():
+        try:
+            create_time = psutil.Process(cli).create_time()
+        except psutil.Error:
+            return
+        # Supervised.alive, not is_running() then status(): the CLI can exit
+        # between the two, and the status call would raise out of this task.
+        alive = Supervised(cli, create_time).alive
+    else:  # in a sandbox: the CLI is our child, which the kernel answers for
+        create_time, alive = time.time(), functools.partial(child_running, cli)
+    while alive():
+        beat = Heartbeat(cli, create_time, state.cli_pgid or cli, time.time(), interval, state.last_activity, idle_timeout)
+        with contextlib.suppress(OSError):
+            write_json_atomic(agent_dir / HEARTBEAT, record_to_json(beat))
+        await asyncio.sleep(interval)
+
+
+def cli_cpu_seconds(cli_pid: int) -> float:
+    """CPU time used so far by the CLI and everything below it."""
+    total = 0.0
+    try:
+        cli = psutil.Process(cli_pid)
+        procs = [cli, *cli.children(recursive=True)]
+    except psutil.Error:
+        return total
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+async def idle_watch(meta: AgentMeta, state: RunState, idle_timeout: float, stop: Callable[[Status, str], None]) -> None:
+    """End the agent once its CLI has been idle for idle_timeout (no event, no CPU, no live child)."""
+    import asyncio
+
+    check = min(IDLE_CHECK_S, idle_timeout / 4)
+    last_cpu: float | None = None
+    while True:
+        await asyncio.sleep(check)
+        if state.cli_pid is None:  # queued for a slot, or the CLI is starting
+            state.last_activity = time.time()
+            continue
+        cpu = await asyncio.to_thread(cli_cpu_seconds, state.cli_pid)
+        if last_cpu is not None and cpu - last_cpu > IDLE_CPU_SHARE * check:
+            state.last_activity = time.time()
+        last_cpu = cpu
+        if time.time() - state.last_activity < idle_timeout:
+            continue
+        if await asyncio.to_thread(live_descendants, meta):
+            state.last_activity = time.time()  # waiting on its children is work
+            continue
+        stop(Status.FAILED, f"stalled: no activity for {idle_timeout:g} s")
+        return
+
+
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
+
+
+def create_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> Path:
+    """A fresh git worktree of cwd's repository on branch spawn/ID, for `isolation: worktree`."""
+    path = agent_dir / "worktree"
+    proc = _git(cwd, "worktree", "add", "-q", "-b", f"spawn/{agent_id}", str(path), "HEAD")
+    if proc.returncode != 0:
+        raise StateError(f"isolation: worktree needs a git repository with a commit at {cwd}: {proc.stderr.strip()}")
+    # Keep the agent's place below the top, so relative paths in the task still mean the same.
+    top = _git(cwd, "rev-parse", "--show-toplevel").stdout.strip()
+    return path / cwd.resolve().relative_to(Path(top).resolve()) if top else path
+
+
+def settle_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> str | None:
+    """Remove an unchanged worktree and its branch; keep a changed one. Returns the kept path."""
+    path = agent_dir / "worktree"
+    if not path.is_dir():
+        return None
+    status = _git(path, "status", "--porcelain")
+    if status.returncode != 0 or status.stdout.strip() or _git(path, "rev-parse", "HEAD").stdout != _git(cwd, "rev-parse", "HEAD").stdout:
+        return str(path)
+    _git(cwd, "worktree", "remove", "--force", str(path))
+    _git(cwd, "branch", "-D", f"spawn/{agent_id}")
+    return None
 
 
 def run_agent(
@@ -13296,6 +13341,7 @@ def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 # ==================== end src/spawnlib/dag.py ====================
 
 # ==================== begin src/spawnlib/cli.py ====================
+
 
 
 

@@ -65,6 +65,7 @@ MODULES = (
     "channel",
     "resolving",
     "running",
+    "claude",
     "cli_start",
     "executors",
     "forkserver",

@@ -23,7 +23,8 @@ from .agents import (
     route,
 )
 from .channel import ask_socket_path, send_answer
-from .cli_start import delegates_for, drop_refusal, export_trace, launch_background, record_refusal, refusal_outcome, run_agent, summary
+from .claude import delegates_for
+from .cli_start import drop_refusal, export_trace, launch_background, record_refusal, refusal_outcome, run_agent, summary
 from .commit import commit_outcome
 from .constants import (
     DEFAULT_MAX_DEPTH,

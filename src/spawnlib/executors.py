@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from . import __version__
 from .agents import AgentDefinition
 from .channel import ask_timeout, open_ask
-from .cli_start import StartedCli, cli_start, describe_sdk_error, outcome_from_run, run_sdk, start_cli
+from .claude import StartedCli, cli_start, describe_sdk_error, outcome_from_run, run_sdk, start_cli
 from .constants import ENV_LOG_MAX, KILL_GRACE_S, PROTOCOL_VERSION, STDERR_LOG, TRANSCRIPT
 from .core import is_finite, parse_json, redact, utc_now_iso, validate_output
 from .errors import ExitCode, UsageError

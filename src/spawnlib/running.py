@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import importlib.abc
-from .cli_start import StartedCli
+from .claude import StartedCli
 from .constants import (
     BASH_TIMEOUT_MS,
     DEFAULT_API_HOST,
