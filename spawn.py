@@ -2767,6 +2767,7 @@ def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
 
 
 
+
 AGENTS_DIR = "agents"
 DONE_MARKER = ".done"
 FAIL_MARKER = ".fail"
@@ -3481,6 +3482,94 @@ def cache_dir(environ: Mapping[str, str]) -> Path:
         return Path(environ[ENV_CACHE_DIR]).expanduser()
     base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
     return Path(base).expanduser() / "spawn"
+
+
+class MarkerEvents:
+    """Which agent directories got a .done/.fail marker: inotify (Linux), else unavailable.
+
+    (take_start_slot uses it too, to sleep until a slot file is closed:
+    watch(folder, IN_CLOSE), then drain() at each wake.)
+
+    A marker is the committer's last step (created O_EXCL after outcome.json
+    is published and charged), so its IN_CREATE says the outcome is whole.
+    Renames into place (IN_MOVED_TO) count too. Heartbeat refreshes also
+    wake the fd; they are read and dropped, never acted on.
+    """
+
+    IN_CLOSE = 0x08 | 0x10  # IN_CLOSE_WRITE | IN_CLOSE_NOWRITE
+    IN_MOVED_TO = 0x80
+    IN_CREATE = 0x100
+    IN_IGNORED = 0x8000  # the watch is gone (directory removed): poll it instead
+    IN_Q_OVERFLOW = 0x4000  # events were lost: look at everything
+    IN_ONLYDIR = 0x1000000
+    IN_NONBLOCK = 0o4000
+    IN_CLOEXEC = 0o2000000
+    HEADER = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.fd = -1
+        self.dirs: dict[int, Path] = {}
+        self.lost: set[Path] = set()
+        """Directories whose watch went away since the last read."""
+        self.overflow = False
+        if not enabled or not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        try:
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            self.fd = int(self.libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC))
+        except (OSError, AttributeError):
+            self.fd = -1
+
+    def watch(self, agent_dir: Path, events: int = IN_CREATE | IN_MOVED_TO) -> bool:
+        """Watch agent_dir; False if it can't be (no inotify, watch limit reached, no such dir)."""
+        if self.fd < 0:
+            return False
+        wd = int(self.libc.inotify_add_watch(self.fd, os.fsencode(agent_dir), events | self.IN_ONLYDIR))
+        if wd < 0:
+            return False
+        self.dirs[wd] = agent_dir
+        return True
+
+    def read(self) -> set[Path]:
+        """Directories with a new marker since the last read (sets overflow/lost as they happen)."""
+        import struct
+
+        found: set[Path] = set()
+        size = struct.calcsize(self.HEADER)
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return found
+            offset = 0
+            while offset + size <= len(data):
+                wd, mask, _, length = struct.unpack_from(self.HEADER, data, offset)
+                name = data[offset + size : offset + size + length].rstrip(b"\0")
+                offset += size + length
+                if mask & self.IN_Q_OVERFLOW:
+                    self.overflow = True
+                elif mask & self.IN_IGNORED and wd in self.dirs:
+                    self.lost.add(self.dirs.pop(wd))
+                elif name in (DONE_MARKER.encode(), FAIL_MARKER.encode()) and wd in self.dirs:
+                    found.add(self.dirs[wd])
+
+    def drain(self) -> None:
+        """Read and drop what has come (for a watch whose events all mean one thing: look again)."""
+        with contextlib.suppress(OSError):
+            while os.read(self.fd, 65536):
+                pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            # Closing an fd that still watches waits out an RCU grace period
+            # (7-17 ms measured); with its watches removed first, that wait
+            # is the kernel's, in the background (0.1 ms).
+            for wd in self.dirs:
+                self.libc.inotify_rm_watch(self.fd, wd)
+            os.close(self.fd)
+            self.fd = -1
 # ==================== end src/spawnlib/protocol.py ====================
 
 # ==================== begin src/spawnlib/fast_start.py ====================
@@ -6338,6 +6427,117 @@ model: sonnet
 You are the {name} agent. Describe its job, its method, and what a good answer
 contains. When an output schema is set, answer with the StructuredOutput tool.
 """
+
+
+# What a node can be; executors.EXECUTORS has one class for each, in this order.
+NODE_KINDS = ("claude", "a2a", "command")
+A2A_CARD_PATH = "/.well-known/agent-card.json"
+
+
+@dataclass(frozen=True)
+class Node:
+    """What runs a node: its kind and, for a2a and command, where it lives."""
+
+    kind: str
+    endpoint: str | None = None
+    """a2a: the agent card's URL; command: the command line."""
+
+
+@dataclass
+class NodeResult:
+    """What a node of another kind than claude came back with (RunState.node_result)."""
+
+    status: Status
+    reason: str
+    output: Any = None
+    text: str | None = None
+    cost_usd: float | None = None
+    """As the node reported it; None (unknown) otherwise."""
+
+
+class NodeReferenceError(UsageError):
+    def __init__(self, reference: str, why: str) -> None:
+        super().__init__(f"--agent {reference}: {why}")
+
+
+def parse_reference(value: str | None) -> Node | None:
+    """The node an --agent value names directly, or None for a definition NAME (pure).
+
+    a2a:URL (the agent's base URL, or its card's), an http(s) URL of an agent
+    card, or command:EXE [ARGS].
+    """
+    if not value:
+        return None
+    if value.startswith("command:"):
+        command = value.removeprefix("command:").strip()
+        command_argv(command, value)
+        return Node("command", command)
+    if value.startswith("a2a:"):
+        return Node("a2a", a2a_card_url(value.removeprefix("a2a:"), value))
+    if re.match(r"[A-Za-z][A-Za-z0-9+.\-]*://", value):
+        from urllib.parse import urlsplit
+
+        if not urlsplit(value).path.endswith(A2A_CARD_PATH):
+            raise NodeReferenceError(
+                value, f"a URL must be an A2A agent card (...{A2A_CARD_PATH}); or write a2a:URL for an agent's base URL"
+            )
+        return Node("a2a", a2a_card_url(value, value))
+    return None
+
+
+def a2a_card_url(url: str, reference: str) -> str:
+    """The agent card's URL: URL itself when it names a .json file, else URL + the well-known path (pure)."""
+    from urllib.parse import urlsplit
+
+    url = url.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise NodeReferenceError(reference, "an A2A agent is an http(s) URL, e.g. a2a:https://host/path")
+    return url if parts.path.endswith(".json") else url.rstrip("/") + A2A_CARD_PATH
+
+
+def command_argv(command: str, reference: str) -> list[str]:
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise NodeReferenceError(reference, f"can't split the command line ({exc}); check its quoting") from None
+    if not argv:
+        raise NodeReferenceError(reference, "give the executable, e.g. command:/path/to/exe")
+    return argv
+
+
+def parse_node_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """A definition's kind, with its url (a2a) or command (command)."""
+    kind = data.get("kind")
+    if kind is None:
+        for key in ("url", "command"):
+            if key in data:
+                problem(key, f"{key} needs 'kind: {'a2a' if key == 'url' else 'command'}'; ignored", "warning")
+        return
+    if kind not in NODE_KINDS:
+        problem("kind", f"kind must be one of {', '.join(NODE_KINDS)}, got {kind!r}")
+        d.kind = str(kind)  # an agent that can't run as what it says is not run as claude
+        return
+    d.kind = str(kind)
+    if d.kind == "claude":
+        return
+    key = "url" if d.kind == "a2a" else "command"
+    value = data.get(key)
+    if not isinstance(value, str) or not value.strip():
+        problem("kind", f"kind {kind} needs {key}: {'the agent URL' if key == 'url' else 'the executable and its arguments'}")
+        return
+    try:
+        d.endpoint = a2a_card_url(value, value) if key == "url" else " ".join(map(shlex.quote, command_argv(value, value)))
+    except NodeReferenceError as exc:
+        problem(key, exc.message.removeprefix(f"--agent {value}: "))
+
+
+def node_of_definition(definition: AgentDefinition | None) -> Node:
+    if definition is None or definition.kind == "claude":
+        return Node("claude")
+    if definition.kind not in NODE_KINDS or definition.endpoint is None:
+        raise UsageError(f"agent definition {definition.path} has a bad kind or no url/command; fix it (see 'spawn.py agents lint')")
+    return Node(definition.kind, definition.endpoint)
 # ==================== end src/spawnlib/agents.py ====================
 
 # ==================== begin src/spawnlib/channel.py ====================
@@ -6611,805 +6811,7 @@ def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> st
     return f"confirm: ask {ask_id} {how} (projected ${projected:.4f} > --confirm-over ${threshold:g})"
 # ==================== end src/spawnlib/channel.py ====================
 
-# ==================== begin src/spawnlib/resolving.py ====================
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------- resolving --
-
-
-@dataclass
-class Inherited:
-    """What the parent agent passes down: through env, checked against ancestry."""
-
-    parent_id: str | None = None
-    session: Path | None = None
-    depth: int = -1  # the parent's depth; -1 when this is a root
-    max_depth: int | None = None
-    deadline: float | None = None
-    budget: float | None = None
-    tools: list[str] | None = None
-    traceparent: str | None = None
-    deny: list[str] = field(default_factory=list)
-    ask: list[str] = field(default_factory=list)
-    permission_mode: str | None = None
-    model: str | None = None
-    idle_timeout: float | None = None
-
-
-def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
-    """What this spawn inherits: the narrowest of its env, its ancestors' envs, and its runner.
-
-    The nearest ancestor agent found by process identity (ancestry["runner"],
-    from its meta.json) is the parent whenever there is one: its id and its
-    session, whatever the environment claims. Every limit is the smallest
-    any source gives, and the tools are those every source allows.
-    """
-    inh = Inherited()
-    runner: Mapping[str, Any] = ancestry.get("runner") or {}
-    env_depth = _int_or_none(environ.get(ENV_DEPTH))
-    anc_depth = ancestry.get("depth")
-    if env_depth is not None and (anc_depth is None or env_depth >= anc_depth):
-        inh.depth = env_depth
-        inh.parent_id = environ.get(ENV_AGENT_ID)
-        inh.session = Path(environ[ENV_SESSION]) if environ.get(ENV_SESSION) else None
-    elif anc_depth is not None:
-        inh.depth = anc_depth
-        inh.parent_id = ancestry.get("parent_id")
-        inh.session = Path(ancestry["session"]) if ancestry.get("session") else None
-    if runner:
-        inh.parent_id = runner["parent_id"]
-        inh.session = Path(runner["session"])
-        inh.depth = max(inh.depth, int(runner["depth"]))
-    inh.max_depth = min_known(_int_or_none(environ.get(ENV_MAX_DEPTH)), ancestry.get("max_depth"), runner.get("max_depth"))
-    inh.deadline = min_known(float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline"), runner.get("deadline"))
-    inh.budget = min_known(float_or_none(environ.get(ENV_BUDGET)), ancestry.get("budget"), runner.get("budget"))
-    tool_sets: list[set[str]] = []
-    if environ.get(ENV_TOOLS) is not None:
-        tool_sets.append(set(environ[ENV_TOOLS].split(",")) - {""})
-    for source in (ancestry, runner):
-        if source.get("tools") is not None:
-            tool_sets.append(set(source["tools"]))
-    if tool_sets:
-        inh.tools = sorted(set.intersection(*tool_sets))
-    inh.traceparent = environ.get(ENV_TRACEPARENT) or environ.get("TRACEPARENT") or runner.get("traceparent")
-    # Rules only accumulate: an agent can drop them from its own env, not from its ancestors'.
-    for kind, name in (("deny", ENV_DENY), ("ask", ENV_ASK)):
-        rules = set(_json_list(environ.get(name))) | set(ancestry.get(kind, [])) | set(runner.get(kind, []))
-        setattr(inh, kind, sorted(rules))
-    modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
-    inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
-    inh.model = environ.get(ENV_MODEL) or runner.get("model")
-    idle = float_or_none(environ.get(ENV_IDLE_TIMEOUT))
-    inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
-    return inh
-
-
-# Clocks and float sums differ a little between the admission that wrote a
-# record and the check of it; a widening worth refusing is larger than this.
-ADMISSION_SLACK_S = 1.0
-ADMISSION_SLACK_USD = 1e-6
-
-
-def canonical_rules(texts: Iterable[str]) -> set[str]:
-    """Rule texts as parse_rule spells them, so a record and an environment compare alike."""
-    canonical = set()
-    for text in texts:
-        try:
-            canonical.add(parse_rule(text).text)
-        except SpawnError:
-            canonical.add(text)
-    return canonical
-
-
-def admission_problem(meta: AgentMeta, inh: Inherited) -> str | None:
-    """Why a registered agent's record is wider than admission under its verified parent allows; None if it is not.
-
-    inh is what this process's own ancestry gives (inherited_context): the
-    nearest registered runner above it, and the environments its ancestors
-    were started with. That runner is the agent's parent, or an ancestor of
-    it whose own parent ended meanwhile; limits only shrink down a tree, so
-    an honest record is within them either way. A record written by anyone
-    else (a forged meta.json, one changed after registration) must not
-    choose its own limits: with no verified parent, the caller is a person
-    or a CI job starting a root, who may choose any.
-    """
-    if inh.parent_id is None and inh.depth < 0:
-        return None
-    # With no parent agent on this machine (one served to an A2A caller
-    # elsewhere), the caller's depth and limits still bind it.
-    if inh.parent_id is not None:
-        if inh.session is not None and Path(meta.session) != inh.session:
-            return f"its meta.json names session {meta.session}, but its parent runs in {inh.session}"
-        if meta.parent_id is None:
-            return f"its meta.json names no parent, but it runs under agent {inh.parent_id}"
-    if meta.depth < inh.depth + 1:
-        return f"its meta.json puts it at depth {meta.depth}, above its parent at depth {inh.depth}"
-    wider: list[str] = []
-    if inh.max_depth is not None and meta.max_depth > inh.max_depth:
-        wider.append(f"max depth {meta.max_depth} > {inh.max_depth}")
-    if inh.tools is not None and (extra := sorted(set(meta.tools) - set(inh.tools))):
-        wider.append(f"tools {','.join(extra)} its parent lacks")
-    if inh.deadline is not None and (meta.deadline is None or meta.deadline > inh.deadline + ADMISSION_SLACK_S):
-        wider.append("a later deadline")
-    if inh.budget is not None and (meta.max_budget_usd is None or meta.max_budget_usd > inh.budget + ADMISSION_SLACK_USD):
-        wider.append(f"a budget of {meta.max_budget_usd} > {inh.budget}")
-    for kind, texts in (("deny", inh.deny), ("ask", inh.ask)):
-        if missing := sorted(canonical_rules(texts) - canonical_rules(meta.permissions.get(kind, []))):
-            wider.append(f"no {kind} rule {missing[0]}")
-    mode, parent_mode = meta.permission_mode, inh.permission_mode
-    if parent_mode in PERMISSION_RANK and PERMISSION_RANK.get(mode or "", 99) > PERMISSION_RANK[parent_mode]:
-        wider.append(f"permission mode {mode} > {parent_mode}")
-    return f"its meta.json is wider than its parent allows: {'; '.join(wider)}" if wider else None
-
-
-def read_task(args: argparse.Namespace) -> str:
-    if args.task is not None and args.task_file is not None:
-        raise UsageError("give --task or --task-file, not both")
-    if args.task_file is not None:
-        if args.task_file == "-":
-            task = sys.stdin.read()
-        else:
-            try:
-                task = Path(args.task_file).read_text()
-            except OSError as exc:
-                raise UsageError(f"can't read --task-file {args.task_file}: {exc.strerror}; check the path") from None
-            except UnicodeDecodeError:
-                raise UsageError(f"--task-file {args.task_file} is not UTF-8 text") from None
-    else:
-        task = args.task or ""
-    if not task.strip():
-        raise UsageError("the task is empty; pass --task TEXT or --task-file PATH ('-' for stdin)")
-    try:
-        task.encode()  # argv bytes that aren't UTF-8 arrive as lone surrogates
-    except UnicodeEncodeError:
-        raise UsageError("the task is not valid UTF-8 text; fix its encoding or pass it with --task-file") from None
-    return task
-
-
-# Schemas of spawn.py's own records in schemas/: not output schemas for an agent,
-# so neither listed as such nor built into spawn.py (tools/bundle.py reads this).
-RECORD_SCHEMAS = frozenset(
-    {
-        "ask", "ask-answer", "ask-attempt", "dag-journal-line", "forkserver-line", "heartbeat", "kill", "ledger-line", "limits",
-        "meta", "native-line", "outcome", "session", "state", "status", "transcript-line",
-    }
-)  # fmt: skip
-
-
-def load_schema(value: str) -> tuple[dict[str, Any], str]:
-    """A schema from NAME (schemas/NAME.json beside the script, else built in), a path, or inline JSON."""
-    text: str
-    source: str
-    stripped = value.strip()
-    if stripped.startswith(("{", "[")):
-        text, source = stripped, "inline"
-    elif re.fullmatch(r"[A-Za-z0-9_.\-]+", stripped) and not stripped.endswith(".json"):
-        path = SCHEMA_DIR / f"{stripped}.json"
-        builtin = builtin_files("schemas")
-        if path.is_file():
-            text, source = path.read_text(), str(path)
-        elif f"{stripped}.json" in builtin:
-            text, source = builtin[f"{stripped}.json"], builtin_label(f"schemas/{stripped}.json")
-        else:
-            names = {p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS} if SCHEMA_DIR.is_dir() else set()
-            names |= {Path(name).stem for name in builtin}
-            raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(sorted(names)) or '(none)'}, a path, or inline JSON")
-    else:
-        path = Path(stripped).expanduser()
-        try:
-            text, source = path.read_text(), str(path.resolve())
-        except OSError as exc:
-            raise UsageError(f"can't read schema {stripped}: {exc.strerror}; give a NAME, a path or inline JSON") from None
-    return check_schema(load_input(text, f"schema {source}", "JSON"), source), source
-
-
-def find_cli(environ: Mapping[str, str]) -> Path:
-    """The claude CLI: $SPAWN_CLI, else the one bundled in the SDK wheel.
-
-    Found without importing the SDK (importing it costs about a second).
-    """
-    if environ.get(ENV_CLI):
-        path = Path(environ[ENV_CLI])
-    else:
-        import importlib.util
-
-        spec = importlib.util.find_spec("claude_agent_sdk")
-        if spec is None or spec.origin is None:
-            raise UsageError("claude-agent-sdk is not installed; run with 'uv run spawn.py' or pip install claude-agent-sdk")
-        path = Path(spec.origin).parent / "_bundled" / ("claude.exe" if os.name == "nt" else "claude")
-    if not (path.is_file() and os.access(path, os.X_OK)):
-        raise UsageError(f"claude CLI not found at {path}; reinstall claude-agent-sdk or set {ENV_CLI}")
-    return path
-
-
-def check_credentials(environ: Mapping[str, str]) -> None:
-    # ANTHROPIC_BASE_URL is not among them: a proxy or the mock model still
-    # needs a key, and without one the CLI starts, then fails "Not logged in".
-    names = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN",
-             "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")  # fmt: skip
-    if any(environ.get(n) for n in names):
-        return
-    config = claude_config_dir(environ)
-    if (config / ".credentials.json").is_file() or sys.platform == "darwin":  # macOS keeps them in the keychain
-        return
-    raise UsageError(
-        "no credentials for the model; set ANTHROPIC_API_KEY, run 'claude login', "
-        "or for offline runs set ANTHROPIC_BASE_URL to tools/mock_model.py and any ANTHROPIC_API_KEY"
-    )
-
-
-@dataclass
-class Plan:
-    """Everything a run needs, resolved before anything is written."""
-
-    meta: AgentMeta
-    inherited: Inherited
-    refusal: str | None
-    session_root: Path
-    new_session: bool
-    cli: Path
-    secrets: list[str]
-    limits: Limits = field(default_factory=Limits)
-    """Tree-wide caps; written to limits.json when this spawn creates the session."""
-    guard: tuple[int, int] | None = None
-    """(pid, pipe) of the guard started for an agent this process runs."""
-    rules: RuleSet = field(default_factory=RuleSet)
-    """The effective rules, each with where it came from (for --dry-run)."""
-
-
-def positive(name: str, value: float | None, integer: bool = False) -> None:
-    """A count (>= 0) or an amount (> 0), checked like every other number."""
-    maximum = MAX_COUNT if integer else MAX_SECONDS
-    why = None if value is None else number_problem(name, value, maximum=maximum, integer=integer, zero_ok=integer)
-    if why is not None:
-        raise UsageError(why)
-
-
-def check_run_input(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
-    """Every number, path and trace a run was given, checked before anything starts.
-
-    Bad flags are usage errors (exit 2, nothing written). Malformed SPAWN_*
-    and TRACEPARENT variables come back as warnings: their readers ignore
-    them, and an ignored limit is still bounded by the ancestry.
-    """
-    for flag, attr, maximum, integer, zero_ok in RUN_NUMBER_FLAGS:
-        value = getattr(args, attr)
-        why = None if value is None else number_problem(flag, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
-        if why is not None:
-            raise UsageError(why)
-    if args.parent_trace is not None and parse_traceparent(args.parent_trace) is None:
-        raise UsageError(f"--parent-trace {args.parent_trace!r} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
-    if args.output:
-        check_output_path(args.output)
-    warnings = env_number_warnings(environ)
-    for name in (ENV_TRACEPARENT, "TRACEPARENT"):
-        value = environ.get(name)
-        if value and parse_traceparent(value) is None:
-            warnings.append(f"{name} {value[:80]!r} is not a W3C traceparent; ignored, a new trace is started")
-    return warnings
-
-
-def check_output_path(value: str) -> None:
-    """--output must be a file we can write, known before the model is called and paid."""
-    path = Path(value).expanduser()
-    try:
-        if path.is_dir():
-            raise UsageError(f"--output {value} is a directory; give a file path")
-        parent = path.resolve().parent
-    except (OSError, RuntimeError) as exc:
-        raise UsageError(f"--output {value} can't be resolved: {exc}") from None
-    if path.exists() and not os.access(path, os.W_OK):
-        raise UsageError(f"--output {value} is not writable; give another path")
-    # Missing directories are created when the output is written: the nearest
-    # existing one must let us do that.
-    existing = next(p for p in (parent, *parent.parents) if p.exists())
-    if not existing.is_dir():
-        raise UsageError(f"--output {value}: {existing} is not a directory; give another path")
-    if not path.exists() and not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(f"--output {value}: directory {existing} is not writable; give another path")
-
-
-def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Plan:
-    task = read_task(args)
-    catalogue = known_tools(environ) if args.tools or args.disallowed_tools else KNOWN_TOOLS  # with what the CLI reported
-    requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
-    disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
-    flag_rules = RuleSet(*([parse_rule(r, f"--{kind}") for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
-    input_warnings = check_run_input(args, environ)
-    if args.system_prompt is not None and args.system_prompt_file is not None:
-        raise UsageError("give --system-prompt or --system-prompt-file, not both")
-    system_prompt = args.system_prompt
-    if args.system_prompt_file is not None:
-        try:
-            system_prompt = Path(args.system_prompt_file).read_text()
-        except OSError as exc:
-            raise UsageError(f"can't read --system-prompt-file {args.system_prompt_file}: {exc.strerror}") from None
-    cwd = Path(args.cwd).expanduser().resolve() if args.cwd else Path.cwd()
-    if not cwd.is_dir():
-        raise UsageError(f"--cwd {args.cwd} is not a directory")
-    cli = find_cli(environ)
-    # A reference (a2a:URL, an agent-card URL, command:EXE) names its node
-    # directly; a NAME is a definition, which may itself say its kind.
-    node = parse_reference(args.agent)
-
-    inh = inherited_context(environ, ancestry)
-    warnings: list[str] = input_warnings
-    depth = inh.depth + 1
-    # The flags' limits, narrowed by a definition below; args stays as parsed.
-    max_depth_arg: int | None = args.max_depth
-    timeout: float | None = args.timeout or None  # --timeout 0: no deadline of its own, explicitly
-    budget_arg: float | None = args.max_budget_usd
-    max_turns: int | None = args.max_turns
-    background: bool | None = args.background
-    definition, routing, yaml_problems = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None, [])
-    warnings += yaml_problems
-    node = node or node_of_definition(definition)
-    if not args.dry_run and node.kind == "claude":
-        check_credentials(environ)  # only the claude kind calls the model from here
-    if definition is not None:
-        # A definition's settings are defaults the flags override, but the
-        # flags can't widen what it allows: tools, depth, time, budget, rules.
-        system_prompt = system_prompt if system_prompt is not None else definition.prompt
-        if definition.tools is not None:
-            if requested_tools is not None:
-                dropped = [t for t in requested_tools if t not in definition.tools]
-                if dropped:
-                    warnings.append(f"tools not in the {definition.name} definition were dropped: {','.join(dropped)}")
-                requested_tools = [t for t in requested_tools if t in definition.tools]
-            else:
-                requested_tools = list(definition.tools)
-        disallowed = list(dict.fromkeys([*definition.disallowed_tools, *disallowed]))
-        max_depth_arg = min_known(max_depth_arg, definition.max_depth)
-        timeout = min_known(timeout, definition.timeout)
-        budget_arg = min_known(budget_arg, definition.max_budget_usd)
-        max_turns = min_known(max_turns, definition.max_turns)
-        if background is None:
-            background = definition.background
-        if isinstance(definition.effort, int):
-            warnings.append(f"numeric effort {definition.effort} is not passed: the SDK takes low, medium, high, xhigh or max")
-        if flag_rules.allow and definition.permissions.allow:
-            warnings.append(f"--allow can't widen the {definition.name} definition's allow rules; ignored")
-            flag_rules.allow = []
-    model_name = args.model if args.model is not None else (definition.model if definition and definition.model else DEFAULT_MODEL)
-    if model_name == "inherit":
-        model_name = inh.model or DEFAULT_MODEL
-    model_source = "--model" if args.model is not None else (f"the model of {definition.path}" if definition else "the model")
-    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), model_source)
-    schema_arg = args.schema or (definition.schema if definition else None)
-    schema, schema_source = load_schema(schema_arg) if schema_arg else (None, None)
-    own = definition.permissions if definition else RuleSet()
-    if definition is not None:
-        own = RuleSet(*([dataclasses.replace(r, source=definition.path) for r in getattr(own, k)] for k in PERMISSION_KINDS))
-    # A user's settings files bind the whole tree: its first agent on this
-    # machine reads them (a root, or one served to a caller elsewhere, which
-    # arrives with the caller's depth but no parent here), and their deny and
-    # ask rules reach every child as inherited rules.
-    first_here = inh.parent_id is None
-    user = load_settings_rules(cwd, environ) if first_here and not args.no_settings else RuleSet()
-    if args.no_settings and not first_here:
-        warnings.append("--no-settings applies at the root only; the tree's rules still hold")
-    inherited = [[parse_rule(t, "inherited from the parent") for t in texts] for texts in (inh.deny, inh.ask)]
-    rules = RuleSet(
-        allow=[*own.allow, *flag_rules.allow, *user.allow],
-        deny=unique_rules([*own.deny, *flag_rules.deny, *user.deny, *inherited[0]]),
-        ask=unique_rules([*own.ask, *flag_rules.ask, *user.ask, *inherited[1]]),
-    )
-    mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
-    if mode_warning:
-        warnings.append(mode_warning)
-    max_depth = narrow_to_inherited("--max-depth", max_depth_arg, inh.max_depth, "the tree's", warnings)
-    max_depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
-    tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
-    if definition is not None:
-        # A definition's MCP servers are granted whole unless it names their tools.
-        tools += [f"mcp__{s}" for s in definition.mcp_servers if not any(t.startswith(f"mcp__{s}") for t in tools)]
-    tools, dropped = narrow_tools(tools, inh.tools)
-    if dropped:
-        warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
-    budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
-    now = time.time()
-    if args.timeout is None and timeout is None and inh.depth < 0:
-        timeout = DEFAULT_ROOT_TIMEOUT_S
-    deadline = child_deadline(timeout, inh.deadline, now)
-    # A bad reference is exit 2 before anything is written; the check's time
-    # (an A2A card's fetch) counts against the deadline.
-    executor_for(node.kind).check(node, deadline)
-    idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
-
-    refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
-    # Inside a parent's sandbox an agent is held by it, whatever it asks.
-    sandbox = "inherited" if inside_sandbox() else "off"
-    if sandbox == "off" and node.kind == "claude":
-        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
-        refusal = refusal or sandbox_refusal
-
-    session_root = resolve_session_root(args.session, environ)
-    # A child stays in its tree's session, whatever --session says: there it
-    # shares the tree's limits file and ledger, and `kill` finds it.
-    session = inh.session
-    if session is not None and args.session:
-        warnings.append(f"--session {args.session} ignored: this agent is registered in its tree's session {session}")
-    trace = new_trace(args.parent_trace or inh.traceparent)
-    topic = args.topic or task
-    meta = AgentMeta(
-        id="(assigned at registration)",
-        parent_id=inh.parent_id,
-        depth=depth,
-        max_depth=max_depth,
-        pid=0,
-        create_time=0.0,
-        pgid=0,
-        trace_id=trace.trace_id,
-        span_id=trace.span_id,
-        parent_span_id=trace.parent_span_id,
-        traceparent=trace.traceparent,
-        task=task,
-        tools=tools,
-        disallowed_tools=disallowed,
-        model=model,
-        cwd=str(cwd),
-        started_at=utc_now_iso(),
-        session=str(session) if session else "(created at registration)",
-        system_prompt=system_prompt if system_prompt is not None else ("" if args.preset else DEFAULT_SYSTEM_PROMPT),
-        preset=args.preset,
-        schema=schema,
-        schema_source=schema_source,
-        deadline=deadline,
-        max_turns=max_turns,
-        max_budget_usd=budget,
-        idle_timeout_s=idle_timeout,
-        # Redacted before slugify lowercases it out of the secret's shape.
-        topic=slugify(redact(topic, secret_values(environ)), 32),
-        output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
-        background=bool(background),
-        agent=definition.name if definition else None,
-        agent_source=definition.path if definition else None,
-        routing=routing,
-        permissions=rules.texts(),
-        permission_mode=mode,
-        mcp_servers=sorted(definition.mcp_servers) if definition else [],
-        skills=definition.skills if definition else None,
-        effort=definition.effort if definition else None,
-        initial_prompt=definition.initial_prompt if definition else None,
-        isolation=definition.isolation if definition else None,
-        memory=definition.memory if definition else None,
-        hooks=sorted(definition.hooks or {}) if definition else [],
-        sandbox=sandbox,
-        warnings=warnings,
-        kind=node.kind,
-        endpoint=node.endpoint,
-    )
-    limits = Limits(budget_arg, args.max_agents, args.max_concurrent, args.confirm_over)
-    if session is None and args.max_concurrent is not None and args.max_concurrent <= max_depth:
-        warnings.append(
-            f"--max-concurrent {args.max_concurrent} is fewer than the {max_depth + 1} levels --max-depth {max_depth} allows: "
-            "a parent lends its slot only while blocked in a foreground spawn or 'spawn.py wait'"
-        )
-    if session is not None and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
-        warnings.append("--max-agents, --max-concurrent and --confirm-over apply to a whole tree and are set by its root; ignored here")
-    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules)
-
-
-def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, warnings: list[str]) -> Any:
-    """A limit: the inherited one when none was asked for, else the smaller, with a warning if lowered."""
-    if inherited is None:
-        return requested
-    if requested is not None and requested > inherited:
-        warnings.append(f"{flag} {requested} lowered to {whose} {inherited}")
-    return inherited if requested is None else min(requested, inherited)
-
-
-def sandbox_choice(
-    requested: str, depth: int, max_depth: int, tools: Sequence[str], *, is_root: bool, warnings: list[str]
-) -> tuple[str, str | None]:
-    """The agent's sandbox (on or off) and, for --sandbox on where it can't run, the refusal.
-
-    auto never refuses: where the platform has no working sandbox the agents
-    it would sandbox run unsandboxed, each with the warning in its meta.json.
-    The root says it once, on the person's stderr, for the tree below it (its
-    descendants' stderr goes to their parents' Bash, not to the person).
-    """
-    if sandbox_wanted(requested, depth, max_depth, tools):
-        problem = sandbox_problem()
-        if problem is None:
-            return "on", None
-        if requested == "on":
-            return "on", f"sandbox: --sandbox on, but Claude Code's sandbox can't run here: {problem}; or pass --sandbox auto or off"
-        warnings.append(unsandboxed_warning(problem))
-    elif requested == "auto" and is_root and depth < max_depth and "Bash" in tools and (problem := sandbox_problem()) is not None:
-        warnings.append(unsandboxed_warning(problem))
-    return "off", None
-
-
-def refusal_for(
-    depth: int, max_depth: int, deadline: float | None, now: float, *, requested_tools: Sequence[str] | None, tools: Sequence[str]
-) -> str | None:
-    """Why a resolved spawn may not run, or None."""
-    if depth > max_depth:
-        return f"depth limit: this agent would be at depth {depth}, the tree's max depth is {max_depth}"
-    if deadline is not None and deadline <= now:
-        return "deadline: the parent has no time left for a child"
-    if requested_tools and not tools:
-        return f"tools: none of {','.join(requested_tools)} is held by the parent"
-    return None
-
-
-def min_known(*values: Any) -> Any:
-    known = [v for v in values if v is not None]
-    return min(known) if known else None
-
-
-def unique_rules(rules: Iterable[Rule]) -> list[Rule]:
-    return list({r.text: r for r in rules}.values())
-
-
-def choose_definition(
-    name: str | None, task: str, cwd: Path, environ: Mapping[str, str]
-) -> tuple[AgentDefinition | None, dict[str, Any] | None, list[str]]:
-    """The definition --agent names, or the one routing picks for --agent auto, and
-    its YAML's problems (read with the 'key: value' fallback), each as FILE:LINE: text."""
-    if name is None:
-        return None, None, []
-    if not name.strip():
-        raise UsageError("--agent is empty; name a definition (see 'spawn.py agents list'), or auto to route by description")
-    definitions, problems = load_definitions(cwd, environ)
-    routing = None
-    if name == "auto":
-        routing = route(task, definitions)
-        chosen = definitions[routing["chosen"]] if routing["chosen"] else None
-    elif name not in definitions:
-        # A file of that name that didn't parse: its own error, with its line, says why.
-        unreadable = [p for p in problems if p.severity == "error" and Path(p.path).stem == name]
-        if unreadable:
-            raise UsageError(f"{unreadable[0]}; fix the definition (see 'spawn.py agents lint')")
-        raise UnknownAgentDefinitionError(name, [p for p, _ in agent_dirs_for(cwd, environ)], definitions)
-    else:
-        chosen = definitions[name]
-    # A bad limit is left unset by the parser, and an unset limit is no limit:
-    # running with it would widen what the definition meant to allow.
-    numeric = {key for key, *_ in DEFINITION_NUMBERS}
-    bad = [p for p in problems if chosen is not None and p.path == chosen.path and p.message.split(" ", 1)[0] in numeric]
-    if bad:
-        raise UsageError(f"{bad[0]}; fix the definition (see 'spawn.py agents lint')")
-    yaml_problems = [str(p) for p in problems if chosen is not None and p.path == chosen.path and "bad YAML" in p.message]
-    return chosen, routing, yaml_problems
-
-
-def resolve_resume(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentMeta:
-    """The agent --resume names, after checking it can be continued; its settings become defaults.
-
-    Tools and model default to the original's and can only narrow; the run
-    stays in the original's cwd, where the CLI keeps the conversation.
-    """
-    caller_session = Path(environ[ENV_SESSION]) if environ.get(ENV_SESSION) else None
-    agent_dir = find_agent_dir(args.resume, caller_session, resolve_session_root(args.session, environ))
-    original = load_meta(agent_dir)
-    outcome = read_outcome(agent_dir)
-    if outcome is None:
-        raise UsageError(f"agent {original.id} is still running; 'spawn.py wait {original.id}' first, then resume it")
-    if not outcome.get("sdk_session_id"):
-        raise UsageError(f"agent {original.id} has no SDK session to resume (status {outcome.get('status')}); start a new agent")
-    if args.cwd is not None and Path(args.cwd).expanduser().resolve() != Path(original.cwd):
-        raise UsageError(f"--resume runs in the original's cwd {original.cwd}; drop --cwd")
-    args.cwd = original.cwd
-    if args.tools is None:
-        args.tools = ",".join(original.tools)  # narrowed to the original's in place_resumed
-    args.model = args.model or original.model
-    args.agent = args.agent or original.agent
-    args.max_depth = min_known(args.max_depth, original.max_depth)
-    # Its rules stay: a resumed agent may not do what the original was denied or had to ask.
-    args.deny = [*(args.deny or []), *original.permissions.get("deny", [])]
-    args.ask = [*(args.ask or []), *original.permissions.get("ask", [])]
-    return original
-
-
-def place_resumed(plan: Plan, original: AgentMeta) -> None:
-    """A resumed agent sits under the original's parent in its session, unless an agent is the caller."""
-    meta = plan.meta
-    meta.resumed_from = original.id
-    dropped = [t for t in meta.tools if t not in original.tools]
-    if dropped:
-        meta.warnings.append(f"tools the resumed agent didn't have were dropped: {','.join(dropped)}")
-        meta.tools = [t for t in meta.tools if t in original.tools]
-        if not meta.tools and plan.refusal is None:
-            plan.refusal = f"tools: none of {','.join(dropped)} was held by the resumed agent {original.id}"
-    if plan.new_session:
-        plan.new_session = False
-        meta.session, meta.parent_id, meta.depth = original.session, original.parent_id, original.depth
-        meta.max_depth = min(meta.max_depth, original.max_depth)
-        if plan.refusal and plan.refusal.startswith("depth limit"):
-            plan.refusal = None
-
-
-def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
-    """Create the session (for a root), admit the agent and write its meta.json.
-
-    Admission and the new directory happen under the session lock, so two
-    spawns racing for the last agent or the last dollar can't both get it.
-    A spawn refused here gets plan.refusal set and its meta written at once.
-    """
-    meta = plan.meta
-    if plan.refusal is None:
-        runner_index_dir()  # a broken runner index fails the spawn before anything is written
-    if plan.new_session:
-        session = create_session_dir(plan.session_root, meta.topic or "agent", dt.datetime.now())
-        write_json_atomic(session / LIMITS, record_to_json(plan.limits))
-    else:
-        session = Path(meta.session)
-        if not (session / AGENTS_DIR).is_dir():
-            raise StateError(f"session {session} does not exist; unset {ENV_SESSION} or pass --session DIR")
-    meta.session = str(session)
-    if plan.refusal is not None and not plan.new_session and not os.access(session / AGENTS_DIR, os.W_OK):
-        # A sandboxed agent that can't spawn sees agents/ read-only (sandbox_writes).
-        raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
-    if plan.refusal is None and not plan.new_session:
-        plan.refusal = confirm_spawn(meta, session, plan.secrets)
-    with session_lock(session):
-        if plan.refusal is None:
-            plan.refusal = admit(meta, session)
-        meta.id, agent_dir = create_agent_dir(session, meta.depth)
-        if plan.refusal is None:
-            reserve_budget(session, meta, plan.secrets)
-    meta.containment = choose_containment(meta.parent_id is None, meta.session, meta.id, os.environ)
-    if plan.refusal is not None and pid_info is None:
-        pid_info = own_identity()
-    if pid_info is not None:
-        meta.pid, meta.create_time, meta.pgid = pid_info
-        meta.pid_namespace = own_pid_namespace()
-    if plan.new_session:
-        info = SessionInfo(id=session.name, created_at=meta.started_at, topic=meta.topic or "", root_agent=meta.id)
-        write_json_atomic(session / SESSION_INFO, redact_values(record_to_json(info), plan.secrets))
-    if pid_info is not None:
-        if plan.refusal is None:
-            # The guard exists before the agent does: a SIGKILL right after
-            # meta.json is published still leaves someone to settle it.
-            plan.guard = start_guard(agent_dir)
-            # Before meta.json: nothing this agent starts can predate its entry.
-            register_runner(meta.pid, meta.create_time, agent_dir)
-        write_meta(agent_dir, meta, plan.secrets)
-    return agent_dir
-
-
-def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
-    data = redacted_json(record_to_json(meta), secrets_, indent=2)
-    if not publish_once(agent_dir / META, data.encode()):
-        raise StateError(f"{agent_dir / META} already exists; agent ids must be unique")
-
-
-def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
-    """True for a run that will be a tree's root without a cgroup, on Linux.
-
-    Checked first thing, before any thread starts, so it is cheap where it
-    says no: a child's environment names its agent, and a cgroup is a quick look.
-    """
-    if environ.get(ENV_AGENT_ID) or not guard_above_possible():
-        return False
-    if {"--dry-run", "--background", "-h", "--help", "--version"} & set(argv):
-        return False
-    if choose_containment(True, "s", "a", environ, guard_above=False) != "subreaper":
-        return False
-    return inherited_context(environ, ancestry_context()).parent_id is None
-# ==================== end src/spawnlib/resolving.py ====================
-
 # ==================== begin src/spawnlib/running.py ====================
-
-
 
 
 
@@ -7964,30 +7366,6 @@ def cpu_demand_ns(pid: int) -> int | None:
         return None
 
 
-async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
-    """Let go of the CLI's start slot once it goes quiet, and after hold_s at the latest.
-
-    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S,
-    as when it waits for the model. A start-up that lets go earlier, at its
-    first message, leaves a fifth of its CPU to compete with the next one's.
-    """
-    import asyncio
-
-    pid = started.process.pid
-    quiet_ns = START_SLOT_QUIET_SHARE * START_SLOT_QUIET_S * 1e9
-    limit = time.monotonic() + hold_s
-    if not procfs_is_ours():  # its CPU can't be read: its first message frees it (consume_sdk), else the limit
-        await asyncio.sleep(hold_s)
-    last = cpu_demand_ns(pid)  # None: it is gone already
-    while started.slot is not None and last is not None and time.monotonic() < limit:
-        await asyncio.sleep(min(START_SLOT_QUIET_S, max(0.0, limit - time.monotonic())))
-        demand = cpu_demand_ns(pid)
-        if demand is None or demand - last < quiet_ns:
-            break
-        last = demand
-    started.free_slot()
-
-
 def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
     """Without waiting: whether a CLI may start now, and the slot's fd it then holds (None: no turns here)."""
     fds = open_start_slots(session, count) if count > 0 else []
@@ -8008,6 +7386,8 @@ gate, the SDK conversation with it, and the outcome that conversation makes.
 Below the executors (ClaudeExecutor runs through it) and the runner (run_agent),
 above the running state it fills in.
 """
+
+
 
 
 
@@ -8897,9 +8277,2147 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
             )
         return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=output, **base)
     return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=result.result or state.last_text or "", **base)
+
+
+async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
+    """Let go of the CLI's start slot once it goes quiet, and after hold_s at the latest.
+
+    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S,
+    as when it waits for the model. A start-up that lets go earlier, at its
+    first message, leaves a fifth of its CPU to compete with the next one's.
+    """
+    import asyncio
+
+    pid = started.process.pid
+    quiet_ns = START_SLOT_QUIET_SHARE * START_SLOT_QUIET_S * 1e9
+    limit = time.monotonic() + hold_s
+    if not procfs_is_ours():  # its CPU can't be read: its first message frees it (consume_sdk), else the limit
+        await asyncio.sleep(hold_s)
+    last = cpu_demand_ns(pid)  # None: it is gone already
+    while started.slot is not None and last is not None and time.monotonic() < limit:
+        await asyncio.sleep(min(START_SLOT_QUIET_S, max(0.0, limit - time.monotonic())))
+        demand = cpu_demand_ns(pid)
+        if demand is None or demand - last < quiet_ns:
+            break
+        last = demand
+    started.free_slot()
 # ==================== end src/spawnlib/claude.py ====================
 
+# ==================== begin src/spawnlib/executors.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ---------------------------------------------------------------- executors --
+# The seam between a node of the tree and what runs it. A reference (an
+# --agent value, or a definition's `kind:`) resolves to a Node; the Executor
+# of its kind checks it at resolve time and runs it. Everything else about a
+# node (meta, admission, deadline, signals, kill, guard, cgroup, the one
+# outcome) is run_agent's and the same for every kind. A new kind is one
+# Executor subclass in this section and its name in EXECUTORS. The kinds'
+# constants live here too, so that adding one touches this section only.
+
+# A card that takes longer than this to fetch counts as unreachable; a live
+# agent serves it in milliseconds, and a dead host should fail the spawn fast.
+A2A_CARD_TIMEOUT_S = 15.0
+# The bearer token a2a nodes send to the agent they call (tools/a2a_server.py
+# requires one): the path of a file holding it, so the token itself stays out
+# of argv, meta.json and the transcript.
+ENV_A2A_TOKEN_FILE = "SPAWN_A2A_TOKEN_FILE"
+# Without streaming, the remote task is polled this often: a short remote
+# task waits little, and the remote sees at most two requests a second.
+A2A_POLL_S = 0.5
+# The A2A transports this client speaks (gRPC would need a2a-sdk's grpc extra).
+A2A_BINDINGS = ("JSONRPC", "HTTP+JSON")
+# Message metadata that carries a tree's limits and trace across an A2A hop
+# (sessions/README.md, "Node kinds"); tools/a2a_server.py reads the same keys.
+A2A_META_DEPTH = "spawn.depth"
+A2A_META_MAX_DEPTH = "spawn.max_depth"
+A2A_META_DEADLINE = "spawn.deadline"
+A2A_META_BUDGET = "spawn.max_budget_usd"
+A2A_META_TRACEPARENT = "spawn.traceparent"
+A2A_META_COST = "spawn.cost_usd"
+# Remote task states (A2A's TaskState without its TASK_STATE_ prefix) and what
+# they end as; input-required and auth-required become asks; submitted and
+# working mean "not yet"; anything else is unknown and fails the node.
+A2A_FINAL_STATES: dict[str, Status] = {
+    "completed": Status.DONE,
+    "failed": Status.FAILED,
+    "rejected": Status.FAILED,
+    "canceled": Status.KILLED,
+}
+A2A_ASK_STATES = ("input-required", "auth-required")
+A2A_RUNNING_STATES = ("submitted", "working")
+# A command's stdout is one JSON result: bounded, so a runaway command can't
+# fill spawn.py's memory. 16 MiB is far above any result a parent reads.
+COMMAND_RESULT_LIMIT = 16 * 1024 * 1024
+
+
+class Executor:
+    """Runs one kind of node inside run_agent's supervision."""
+
+    kind = ""
+
+    def check(self, node: Node, deadline: float | None) -> None:
+        """At resolve time: UsageError (exit 2, nothing written) when the node can't be run.
+
+        It returns by the spawn's deadline (Unix seconds) whatever a remote does:
+        a check that runs out of time leaves the rest to the run, which records the timeout.
+        """
+
+    def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
+        """Before run's event loop (and the SDK's import): start what may start at once. Best effort: run starts the rest."""
+
+    async def run(
+        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
+    ) -> None:
+        """Run the task; leave what came back in state (a claude run: state.result; others: state.node_result)."""
+        raise NotImplementedError
+
+    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
+        """The reason of a failed outcome for an exception run raised."""
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:2000]
+
+    def outcome(self, meta: AgentMeta, agent_dir: Path, state: RunState, started: float, error: str | None) -> Outcome:
+        return node_outcome(meta, state, started, error)
+
+
+class ClaudeExecutor(Executor):
+    """Today's path: the claude CLI through the SDK (run_sdk)."""
+
+    kind = "claude"
+
+    def __init__(self) -> None:
+        self.started: StartedCli | None = None
+
+    def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
+        """Start the CLI while the SDK is still being imported, if nothing makes it wait.
+
+        A --max-concurrent slot or a start slot to wait for, or a stop
+        already asked for, leave it to run_sdk, whose loop can serve a stop
+        meanwhile; so does anything that fails here, which run_sdk then
+        meets again and reports.
+        """
+        if EarlyStop.pending is not None or read_limits(Path(meta.session)).max_concurrent is not None:
+            return
+        try:
+            plan = cli_start(meta, agent_dir, cli, state, secrets_)
+        except Exception:
+            return
+        free, slot = start_slot_now(Path(meta.session), start_slot_count(os.environ))
+        if free:
+            with contextlib.suppress(OSError):
+                self.started = start_cli(plan, state, slot)
+
+    async def run(
+        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
+    ) -> None:
+        await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader, started=self.started)
+
+    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
+        return describe_sdk_error(exc, agent_dir / STDERR_LOG)
+
+    def outcome(self, meta: AgentMeta, agent_dir: Path, state: RunState, started: float, error: str | None) -> Outcome:
+        # The CLI's usage prices a run it gave no total for; other kinds have no turns to price.
+        return with_estimated_cost(outcome_from_run(meta, state, started, error), agent_dir, meta.model)
+
+
+def node_outcome(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
+    """The outcome of a node of another kind than claude (pure).
+
+    As for a claude agent: a stop (kill, deadline, signal) wins; a failure
+    after one of the node's own asks was answered no is `refused`; the output
+    is validated against the schema (a JSON text is parsed first).
+    """
+    result = state.node_result
+    base: dict[str, Any] = {
+        "id": meta.id,
+        "ended_at": utc_now_iso(),
+        "duration_s": round(time.time() - started, 3),
+        "text": result.text if result else None,
+        "cost_usd": result.cost_usd if result else None,
+        "transcript": str(Path(meta.session) / AGENTS_DIR / meta.id / TRANSCRIPT),
+    }
+    if state.stop_reason is not None:
+        return Outcome(status=state.stop_reason, reason=state.stop_detail, exit_code=EXIT_FOR_STATUS[state.stop_reason], **base)
+    if error is None and result is None:
+        error = f"the {meta.kind} node ended without a result"
+    if error is not None or (result is not None and result.status != Status.DONE):
+        status, reason = (Status.FAILED, error or "") if error is not None or result is None else (result.status, result.reason)
+        if status == Status.FAILED and state.denied_asks:
+            status, reason = Status.REFUSED, f"{state.denied_asks[-1]}, and the node ended without a result ({reason})"
+        return Outcome(status=status, reason=reason[:2000], exit_code=EXIT_FOR_STATUS[status], **base)
+    assert result is not None
+    output = result.output
+    if meta.schema is not None:
+        if isinstance(output, str):
+            with contextlib.suppress(ValueError):
+                output = parse_json(output)
+        errors = validate_output(meta.schema, output)
+        if errors:
+            reason = f"output does not match the schema ({len(errors)} error(s))"
+            return Outcome(
+                status=Status.FAILED, reason=reason, exit_code=ExitCode.AGENT_FAILED, output=output, validation_errors=errors, **base
+            )
+    return Outcome(status=Status.DONE, reason=result.reason or "completed", exit_code=ExitCode.OK, output=output, **base)
+
+
+def node_line(agent_dir: Path, kind: str, message: Mapping[str, Any], secrets_: Sequence[str]) -> bool:
+    """One transcript line of a node of another kind: {time, type, message}; False once the transcript is truncated."""
+    return append_transcript(agent_dir / TRANSCRIPT, {"time": utc_now_iso(), "type": kind, "message": dict(message)}, secrets_)
+
+
+class CommandExecutor(Executor):
+    """An executable: one JSON task on stdin, one JSON result on stdout (sessions/README.md)."""
+
+    kind = "command"
+
+    def check(self, node: Node, deadline: float | None) -> None:
+        import shutil
+
+        argv = command_argv(node.endpoint or "", f"command:{node.endpoint}")
+        found = argv[0] if "/" in argv[0] else shutil.which(argv[0])
+        if found is None or not Path(found).is_file() or not os.access(found, os.X_OK):
+            raise NodeReferenceError(
+                f"command:{node.endpoint}", f"{argv[0]} is not an executable file; give its path, e.g. command:/path/to/exe"
+            )
+
+    async def run(
+        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
+    ) -> None:
+        import asyncio
+
+        argv = command_argv(meta.endpoint or "", f"command:{meta.endpoint}")
+        # Its own session and group: the stop path ends the group, never spawn.py.
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=meta.cwd,
+            env={**os.environ, **child_environment(meta, agent_dir)},
+            start_new_session=True,
+            limit=COMMAND_RESULT_LIMIT,
+        )
+        state.started_cli(proc.pid)
+        node_line(agent_dir, "CommandStart", {"argv": argv, "pid": proc.pid}, secrets_)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        stderr_tail: list[str] = []
+
+        async def pump_stderr(stream: asyncio.StreamReader) -> None:
+            async for raw in stream:
+                line = redact(raw.decode(errors="replace").rstrip("\n"), secrets_)
+                if line.strip():
+                    del stderr_tail[:-2]
+                    stderr_tail.append(line)
+                state.last_activity = time.time()
+                append_log_line(agent_dir / STDERR_LOG, line)
+
+        async def feed(stdin: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a command may not read its task
+                stdin.write(json.dumps(command_task(meta, agent_dir)).encode() + b"\n")
+                await stdin.drain()
+            stdin.close()
+
+        _, out, _ = await asyncio.gather(feed(proc.stdin), proc.stdout.read(COMMAND_RESULT_LIMIT + 1), pump_stderr(proc.stderr))
+        if len(out) > COMMAND_RESULT_LIMIT:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
+        code = await proc.wait()
+        result = command_result(out, code, stderr_tail)
+        node_line(agent_dir, "CommandResult", {"exit_code": code, "status": result.status.value, "reason": result.reason}, secrets_)
+        state.node_result = result
+
+
+def command_task(meta: AgentMeta, agent_dir: Path) -> dict[str, Any]:
+    """The JSON a command node reads on stdin (sessions/README.md, "Node kinds")."""
+    task: dict[str, Any] = {
+        "task": meta.task,
+        "schema": meta.schema,
+        "depth": meta.depth,
+        "max_depth": meta.max_depth,
+        "deadline": meta.deadline,
+        "max_budget_usd": meta.max_budget_usd,
+        "session": meta.session,
+        "agent_id": meta.id,
+        "parent_id": meta.parent_id,
+        "agent_dir": str(agent_dir),
+        "cwd": meta.cwd,
+        "traceparent": meta.traceparent,
+        "protocol": PROTOCOL_VERSION,
+    }
+    return task
+
+
+def command_result(out: bytes, code: int, stderr_tail: Sequence[str]) -> NodeResult:
+    """What a command's exit status and stdout say (pure)."""
+    said = f"; stderr: {' | '.join(stderr_tail)}" if stderr_tail else ""
+    if len(out) > COMMAND_RESULT_LIMIT:  # checked first: spawn.py ended such a command itself
+        return NodeResult(Status.FAILED, f"the command's result is over {COMMAND_RESULT_LIMIT} bytes")
+    if code < 0:
+        name = next((sig.name for sig in signal.Signals if sig == -code), f"signal {-code}")
+        return NodeResult(Status.KILLED, f"the command was ended by {name}")
+    try:
+        result = parse_json(out)
+    except ValueError:
+        result = None
+    error = result.get("error") if isinstance(result, dict) else None
+    cost = result.get("cost_usd") if isinstance(result, dict) else None
+    cost = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) and is_finite(cost) and cost >= 0 else None
+    if code != 0:
+        return NodeResult(Status.FAILED, f"the command exited {code}" + (f": {error}" if error else said), cost_usd=cost)
+    if not isinstance(result, dict) or ("output" not in result and not error):
+        head = out[:200].decode(errors="replace").strip()
+        return NodeResult(
+            Status.FAILED, f'the command wrote no JSON result on stdout ({{"output": ...}}); it wrote {head!r}{said}', cost_usd=cost
+        )
+    if error:
+        return NodeResult(Status.FAILED, f"the command failed: {error}", output=result.get("output"), cost_usd=cost)
+    output = result["output"]
+    return NodeResult(Status.DONE, "completed", output=output, text=output if isinstance(output, str) else None, cost_usd=cost)
+
+
+def a2a_token(environ: Mapping[str, str]) -> str | None:
+    """The bearer token in $SPAWN_A2A_TOKEN_FILE, or None when it is unset."""
+    path = environ.get(ENV_A2A_TOKEN_FILE)
+    if not path:
+        return None
+    try:
+        token = Path(path).expanduser().read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        raise UsageError(f"can't read {ENV_A2A_TOKEN_FILE} {path}: {why}; point it at the token file") from None
+    if not token or not token.isprintable() or not token.isascii():
+        raise UsageError(f"{ENV_A2A_TOKEN_FILE} {path} holds no token (one line of ASCII); point it at the server's token file")
+    return token
+
+
+def read_url_by(url: str, until: float) -> bytes:
+    """GET url's body (at most COMMAND_RESULT_LIMIT bytes), all of it read by `until`
+    (Unix seconds), else TimeoutError.
+
+    urllib's own timeout bounds each socket call, so a peer that sends one byte
+    a second never trips it: here each read gets only the time left.
+    """
+    import http.client
+    import io
+    import urllib.request
+
+    class Reads(io.RawIOBase):
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock = sock
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: Any) -> int:
+            left = until - time.time()
+            if left <= 0:
+                raise TimeoutError("out of time")
+            self.sock.settimeout(left)
+            return self.sock.recv_into(buffer)
+
+        def close(self) -> None:
+            super().close()
+            self.sock.close()
+
+    class Bounded:
+        """The connection's socket as http.client uses it, every read bounded.
+
+        urllib closes the connection once the headers are read, leaving the
+        response's reader to close the socket: the reader owns it from then.
+        """
+
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock = sock
+            self.reader: io.BufferedReader | None = None
+
+        def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
+            self.reader = io.BufferedReader(Reads(self.sock))
+            return self.reader
+
+        def close(self) -> None:
+            if self.reader is None:
+                self.sock.close()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sock, name)
+
+    class HTTPConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            self.sock = cast("socket.socket", Bounded(self.sock))
+
+    class HTTPSConnection(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()  # the TLS handshake too, within the connect timeout
+            self.sock = cast("socket.socket", Bounded(self.sock))
+
+    class HTTP(urllib.request.HTTPHandler):
+        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(HTTPConnection, req)
+
+    class HTTPS(urllib.request.HTTPSHandler):
+        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(HTTPSConnection, req)
+
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.build_opener(HTTP, HTTPS).open(request, timeout=max(0.001, until - time.time())) as response:
+        return cast("bytes", response.read(COMMAND_RESULT_LIMIT))
+
+
+def fetch_agent_card(url: str, deadline: float | None = None) -> dict[str, Any] | None:
+    """The agent card at url, checked enough to be worth a client (resolve time; no SDK import).
+
+    It is read within A2A_CARD_TIMEOUT_S and by the deadline: None when the
+    deadline came first, so that the run records the timeout.
+    """
+    import urllib.error
+
+    until = time.time() + A2A_CARD_TIMEOUT_S
+    by_deadline = deadline is not None and deadline < until
+    try:
+        body = read_url_by(url, min(until, deadline) if deadline is not None else until)
+    except urllib.error.HTTPError as exc:
+        raise UsageError(f"no A2A agent card at {url} (HTTP {exc.code}); check the URL (is it an A2A agent?)") from None
+    except (urllib.error.URLError, OSError) as exc:
+        why = getattr(exc, "reason", exc)
+        if isinstance(why, TimeoutError):
+            if by_deadline:
+                return None
+            raise UsageError(f"the A2A agent at {url} sent no card within {A2A_CARD_TIMEOUT_S:.0f} s; check the host and port") from None
+        raise UsageError(f"can't reach the A2A agent at {url}: {why}; check the host and port") from None
+    try:
+        card = parse_json(body)
+    except ValueError:
+        raise UsageError(f"{url} is not an A2A agent card (not JSON); check the URL") from None
+    problem = a2a_card_problem(card)
+    if problem is not None:
+        raise UsageError(f"{url} is not a valid A2A agent card: {problem}")
+    return cast("dict[str, Any]", card)
+
+
+def a2a_card_problem(card: Any) -> str | None:
+    """What keeps this client from using a card, or None (pure)."""
+    if not isinstance(card, dict):
+        return "it is not a JSON object"
+    if not isinstance(card.get("name"), str) or not card.get("name"):
+        return "it has no name"
+    interfaces = card.get("supportedInterfaces")
+    if interfaces is None and isinstance(card.get("url"), str):  # a 0.3 card
+        interfaces = [{"url": card["url"], "protocolBinding": card.get("preferredTransport", "JSONRPC")}]
+        interfaces += [
+            {"url": i.get("url"), "protocolBinding": i.get("transport")}
+            for i in card.get("additionalInterfaces") or []
+            if isinstance(i, dict)
+        ]
+    if not isinstance(interfaces, list) or not interfaces:
+        return "it lists no interface (supportedInterfaces)"
+    usable = [i for i in interfaces if isinstance(i, dict) and i.get("protocolBinding") in A2A_BINDINGS and isinstance(i.get("url"), str)]
+    if not usable:
+        return f"none of its interfaces speaks {' or '.join(A2A_BINDINGS)}"
+    return None
+
+
+def a2a_metadata(meta: AgentMeta) -> dict[str, Any]:
+    """Message metadata: the node's depth, limits and trace, for the remote to narrow to."""
+    data: dict[str, Any] = {A2A_META_DEPTH: meta.depth, A2A_META_MAX_DEPTH: meta.max_depth, A2A_META_TRACEPARENT: meta.traceparent}
+    if meta.deadline is not None:
+        data[A2A_META_DEADLINE] = meta.deadline
+    if meta.max_budget_usd is not None:
+        data[A2A_META_BUDGET] = meta.max_budget_usd
+    return data
+
+
+def a2a_state_name(value: int, names: Mapping[int, str]) -> str:
+    """completed, input-required, ...: A2A's TaskState without its prefix; an unknown value as its number (pure)."""
+    name = names.get(value)
+    return name.removeprefix("TASK_STATE_").lower().replace("_", "-") if name else str(value)
+
+
+def whole_numbers(value: Any) -> Any:
+    """JSON from protobuf's Struct, whose numbers are all doubles: 3.0 back to 3 (pure)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    return value
+
+
+def parts_output(parts: Sequence[Mapping[str, Any]]) -> tuple[Any, str | None]:
+    """(output, text) of A2A parts as JSON (pure).
+
+    One data part alone is the output (so --schema can check it); text parts
+    are joined; both together are {"text", "data": [...]}. A file part counts
+    as data: {url or filename, media_type}.
+    """
+    texts = [str(p["text"]) for p in parts if "text" in p]
+    data = [whole_numbers(p["data"]) for p in parts if "data" in p]
+    data += [{k: p[k] for k in ("url", "filename", "mediaType") if k in p} for p in parts if "url" in p or "raw" in p]
+    text = "\n".join(texts) if texts else None
+    if not data:
+        return text, text
+    if text is None:
+        return (data[0] if len(data) == 1 else data), None
+    return {"text": text, "data": data}, text
+
+
+class A2ATask:
+    """What the client has seen of its remote task, from events or polls (JSON, as ProtoJSON)."""
+
+    def __init__(self, state_names: Mapping[int, str]) -> None:
+        self.names = state_names
+        self.task_id: str | None = None
+        self.context_id: str | None = None
+        self.state: str | None = None
+        self.status_parts: list[dict[str, Any]] = []
+        self.artifacts: dict[str, list[dict[str, Any]]] = {}
+        self.reply: list[dict[str, Any]] | None = None
+        """The parts of a direct Message reply: the remote answered without a task."""
+        self.cost_usd: float | None = None
+
+    def observe(self, event: Mapping[str, Any], raw_state: int | None) -> None:
+        """Take in one StreamResponse (or a polled Task as {"task": ...}); raw_state is its numeric state."""
+        if "message" in event:
+            self.reply = list(event["message"].get("parts") or [])
+            self.state = "completed"
+            return
+        body = event.get("task") or event.get("statusUpdate") or event.get("artifactUpdate") or {}
+        self.task_id = body.get("id") or body.get("taskId") or self.task_id
+        self.context_id = body.get("contextId") or self.context_id
+        self._cost(body.get("metadata"))
+        if "task" in event:
+            for artifact in body.get("artifacts") or []:
+                self.artifacts[str(artifact.get("artifactId"))] = list(artifact.get("parts") or [])
+        if "artifactUpdate" in event:
+            artifact = body.get("artifact") or {}
+            key = str(artifact.get("artifactId"))
+            parts = list(artifact.get("parts") or [])
+            self.artifacts[key] = [*self.artifacts.get(key, []), *parts] if body.get("append") else parts
+        if "task" in event or "statusUpdate" in event:
+            status = body.get("status") or {}
+            self.state = a2a_state_name(raw_state or 0, self.names)
+            message = status.get("message") or {}
+            self.status_parts = list(message.get("parts") or [])
+            self._cost(message.get("metadata"))
+
+    def _cost(self, metadata: Any) -> None:
+        cost = metadata.get(A2A_META_COST) if isinstance(metadata, dict) else None
+        if isinstance(cost, int | float) and not isinstance(cost, bool) and is_finite(cost) and cost >= 0:
+            self.cost_usd = float(cost)
+
+    def settled(self) -> bool:
+        """Past working: final, waiting for an answer, or in a state this client doesn't know."""
+        return self.state is not None and self.state not in A2A_RUNNING_STATES
+
+    def status_text(self) -> str:
+        return parts_output(self.status_parts)[1] or ""
+
+    def result(self) -> NodeResult:
+        state = self.state or "unknown"
+        status = A2A_FINAL_STATES.get(state)
+        said = self.status_text()
+        if status == Status.DONE:
+            parts = self.reply if self.reply is not None else [p for ps in self.artifacts.values() for p in ps]
+            output, text = parts_output(parts or self.status_parts)
+            return NodeResult(Status.DONE, "completed", output=output, text=text or said or None, cost_usd=self.cost_usd)
+        if status == Status.KILLED:
+            return NodeResult(
+                Status.KILLED,
+                "the remote agent canceled the task" + (f": {said}" if said else ""),
+                text=said or None,
+                cost_usd=self.cost_usd,
+            )
+        if status == Status.FAILED:
+            return NodeResult(
+                Status.FAILED, f"the remote agent's task {state}" + (f": {said}" if said else ""), text=said or None, cost_usd=self.cost_usd
+            )
+        return NodeResult(
+            Status.FAILED, f"the remote task is in a state this client doesn't know: {state!r}", text=said or None, cost_usd=self.cost_usd
+        )
+
+
+class A2AExecutor(Executor):
+    """A remote agent over A2A (a2a-sdk, imported only when an a2a node runs)."""
+
+    kind = "a2a"
+
+    def check(self, node: Node, deadline: float | None) -> None:
+        a2a_token(os.environ)  # an unreadable token file is exit 2, before anything is written
+        fetch_agent_card(node.endpoint or "", deadline)
+
+    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
+        return f"A2A: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:2000]
+
+    async def run(
+        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
+    ) -> None:
+        import asyncio
+        import uuid
+        from collections.abc import Generator
+        from urllib.parse import urlsplit
+
+        import httpx
+        from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+        from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
+
+        # protobuf ships no type hints: its JSON codec is used untyped.
+        json_format: Any = importlib.import_module("google.protobuf.json_format")
+
+        class Flooded(Exception):
+            """The remote sent more than the transcript holds: a peer that floods is ended, not followed."""
+
+        def line(kind: str, message: Mapping[str, Any]) -> bool:
+            state.last_activity = time.time()
+            return node_line(agent_dir, kind, message, secrets_)
+
+        names = {int(v): n for n, v in TaskState.items()}
+        url = meta.endpoint or ""
+        parts = urlsplit(url)
+        token = a2a_token(os.environ)
+        card_origin = httpx.URL(url)
+
+        class Bearer(httpx.Auth):
+            """The token, to the card's own origin only: a card may name interfaces anywhere."""
+
+            def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+                there = request.url
+                if token is not None and (there.scheme, there.host, there.port) == (card_origin.scheme, card_origin.host, card_origin.port):
+                    request.headers["Authorization"] = f"Bearer {token}"
+                yield request
+
+        # No timeout of its own on a stream's reads: the deadline (run_agent's
+        # stop, which cancels this task) bounds the card, the send, the stream and every poll.
+        async with httpx.AsyncClient(timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=Bearer()) as http:
+            card = await A2ACardResolver(http, f"{parts.scheme}://{parts.netloc}", parts.path).get_agent_card()
+            streaming = bool(card.capabilities.streaming)
+            line("A2ACard", {"url": url, "name": card.name, "version": card.version, "streaming": streaming})
+            config = ClientConfig(
+                streaming=streaming, polling=not streaming, httpx_client=http, supported_protocol_bindings=list(A2A_BINDINGS)
+            )
+            client = ClientFactory(config).create(card)
+            task = A2ATask(names)
+
+            cancels: list[asyncio.Future[None]] = []
+
+            async def cancel() -> None:
+                if task.task_id is None or task.state in A2A_FINAL_STATES:
+                    line(
+                        "A2ACancel",
+                        {"task_id": task.task_id, "sent": False, "why": "no remote task yet" if task.task_id is None else task.state},
+                    )
+                    return
+                if cancels:  # the run's own cancel (an ask denied) and the stop path's can meet: one is sent
+                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
+                    return
+                done = asyncio.get_running_loop().create_future()
+                cancels.append(done)
+                try:
+                    answer = await client.cancel_task(CancelTaskRequest(id=task.task_id))
+                except Exception as exc:
+                    line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": f"{type(exc).__name__}: {exc}"[:500]})
+                    raise
+                finally:
+                    done.set_result(None)
+                line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, names)})
+
+            state.stop_hooks.append(cancel)
+            try:
+                text = meta.task
+                while True:
+                    message = Message(
+                        message_id=uuid.uuid4().hex,
+                        role=Role.ROLE_USER,
+                        parts=[Part(text=text)],
+                        metadata=a2a_metadata(meta),
+                        task_id=task.task_id or "",
+                        context_id=task.context_id or "",
+                    )
+                    line("A2ASend", json_format.MessageToDict(message))
+                    events = client.send_message(SendMessageRequest(message=message))
+                    try:
+                        async for event in events:
+                            raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
+                            event_json = json_format.MessageToDict(event)
+                            if not line("A2AEvent", event_json):
+                                raise Flooded(
+                                    f"the remote agent sent over {log_max_bytes(os.environ)} bytes of events ({ENV_LOG_MAX}); "
+                                    "its task was canceled"
+                                )
+                            task.observe(event_json, raw)
+                            if task.settled():
+                                break
+                    finally:
+                        close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
+                        if close is not None:
+                            await close()
+                    seen = task.state
+                    while not task.settled():
+                        if task.task_id is None:
+                            raise RuntimeError("the remote agent answered with neither a task nor a message")
+                        await asyncio.sleep(A2A_POLL_S)
+                        polled = await client.get_task(GetTaskRequest(id=task.task_id))
+                        task.observe({"task": json_format.MessageToDict(polled)}, polled.status.state)
+                        if task.state != seen:  # a poll that saw nothing new is no event
+                            line("A2ATask", json_format.MessageToDict(polled))
+                            seen = task.state
+                    if task.state not in A2A_ASK_STATES:
+                        break
+                    reply = await a2a_ask(meta, agent_dir, state, task, remote=card.name, secrets_=secrets_)
+                    if reply is None:
+                        await cancel()
+                        state.node_result = NodeResult(
+                            Status.FAILED, f"the remote agent's {task.state} was answered no", cost_usd=task.cost_usd
+                        )
+                        return
+                    text = reply
+                state.node_result = task.result()
+            except Flooded as exc:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(cancel(), KILL_GRACE_S)
+                state.node_result = NodeResult(Status.FAILED, str(exc), cost_usd=task.cost_usd)
+            finally:
+                # A remote that reports itself canceled ends the stream while the
+                # stop path's cancel still waits on this client for its reply:
+                # closing the client now would cut that reply (and its record) off.
+                if cancels:
+                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
+
+
+async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATask, *, remote: str, secrets_: Sequence[str]) -> str | None:
+    """Raise the remote's input-required/auth-required as an ask; the reply to send, or None when denied."""
+    import asyncio
+
+    timeout = ask_timeout(os.environ)
+    if meta.deadline is not None:
+        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
+    question = task.status_text() or f"the remote agent {remote} needs {task.state}"
+    rule = f"A2A {task.state} from {remote}"
+    channel = open_ask(meta, f"A2A:{task.state}", {"command": question}, rule, timeout=timeout, secrets_=secrets_)
+    ask = channel.ask_id
+    node_line(agent_dir, "A2AAsk", {"ask": ask, "state": task.state, "question": question}, secrets_)
+    how = f"run 'spawn.py approve {ask} --text REPLY' or 'spawn.py deny {ask}' within {timeout:.0f} s"
+    note(f"agent {meta.id}: {remote} asks: {question[:200]}; {how}")
+    try:
+        answer = await asyncio.to_thread(channel.wait, meta.id, timeout, secrets_)
+    finally:
+        channel.close()  # never left pending by a stop: denied, by timeout
+    verdict, by = str(answer.get("verdict")), str(answer.get("by", "?"))
+    node_line(agent_dir, "A2AAnswer", {"ask": ask, "verdict": verdict, "by": by}, secrets_)
+    if verdict != "approve":
+        state.denied_asks.append(f"ask {ask} ({rule}) denied by {by}")
+        return None
+    return str(answer.get("text") or "approved")
+
+
+def names_another_kind(argv: Sequence[str]) -> bool:
+    """Whether argv's --agent is an a2a or command reference: a run with nothing of the claude SDK to import."""
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--agent"]
+    values += [arg.removeprefix("--agent=") for arg in argv if arg.startswith("--agent=")]
+    try:
+        return any(node is not None and node.kind != "claude" for node in map(parse_reference, values))
+    except UsageError:
+        return False  # reported by the run's own resolution
+
+
+# One class per agents.NODE_KINDS, in its order (definitions check a kind against
+# that list, below this module).
+EXECUTORS: dict[str, type[Executor]] = {"claude": ClaudeExecutor, "a2a": A2AExecutor, "command": CommandExecutor}
+
+
+def executor_for(kind: str) -> Executor:
+    if kind not in EXECUTORS:
+        raise UsageError(f"unknown node kind {kind!r}; use one of {', '.join(EXECUTORS)} (this spawn.py is {__version__})")
+    return EXECUTORS[kind]()
+# ==================== end src/spawnlib/executors.py ====================
+
+# ==================== begin src/spawnlib/resolving.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ---------------------------------------------------------------- resolving --
+
+
+@dataclass
+class Inherited:
+    """What the parent agent passes down: through env, checked against ancestry."""
+
+    parent_id: str | None = None
+    session: Path | None = None
+    depth: int = -1  # the parent's depth; -1 when this is a root
+    max_depth: int | None = None
+    deadline: float | None = None
+    budget: float | None = None
+    tools: list[str] | None = None
+    traceparent: str | None = None
+    deny: list[str] = field(default_factory=list)
+    ask: list[str] = field(default_factory=list)
+    permission_mode: str | None = None
+    model: str | None = None
+    idle_timeout: float | None = None
+
+
+def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
+    """What this spawn inherits: the narrowest of its env, its ancestors' envs, and its runner.
+
+    The nearest ancestor agent found by process identity (ancestry["runner"],
+    from its meta.json) is the parent whenever there is one: its id and its
+    session, whatever the environment claims. Every limit is the smallest
+    any source gives, and the tools are those every source allows.
+    """
+    inh = Inherited()
+    runner: Mapping[str, Any] = ancestry.get("runner") or {}
+    env_depth = _int_or_none(environ.get(ENV_DEPTH))
+    anc_depth = ancestry.get("depth")
+    if env_depth is not None and (anc_depth is None or env_depth >= anc_depth):
+        inh.depth = env_depth
+        inh.parent_id = environ.get(ENV_AGENT_ID)
+        inh.session = Path(environ[ENV_SESSION]) if environ.get(ENV_SESSION) else None
+    elif anc_depth is not None:
+        inh.depth = anc_depth
+        inh.parent_id = ancestry.get("parent_id")
+        inh.session = Path(ancestry["session"]) if ancestry.get("session") else None
+    if runner:
+        inh.parent_id = runner["parent_id"]
+        inh.session = Path(runner["session"])
+        inh.depth = max(inh.depth, int(runner["depth"]))
+    inh.max_depth = min_known(_int_or_none(environ.get(ENV_MAX_DEPTH)), ancestry.get("max_depth"), runner.get("max_depth"))
+    inh.deadline = min_known(float_or_none(environ.get(ENV_DEADLINE)), ancestry.get("deadline"), runner.get("deadline"))
+    inh.budget = min_known(float_or_none(environ.get(ENV_BUDGET)), ancestry.get("budget"), runner.get("budget"))
+    tool_sets: list[set[str]] = []
+    if environ.get(ENV_TOOLS) is not None:
+        tool_sets.append(set(environ[ENV_TOOLS].split(",")) - {""})
+    for source in (ancestry, runner):
+        if source.get("tools") is not None:
+            tool_sets.append(set(source["tools"]))
+    if tool_sets:
+        inh.tools = sorted(set.intersection(*tool_sets))
+    inh.traceparent = environ.get(ENV_TRACEPARENT) or environ.get("TRACEPARENT") or runner.get("traceparent")
+    # Rules only accumulate: an agent can drop them from its own env, not from its ancestors'.
+    for kind, name in (("deny", ENV_DENY), ("ask", ENV_ASK)):
+        rules = set(_json_list(environ.get(name))) | set(ancestry.get(kind, [])) | set(runner.get(kind, []))
+        setattr(inh, kind, sorted(rules))
+    modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
+    inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
+    inh.model = environ.get(ENV_MODEL) or runner.get("model")
+    idle = float_or_none(environ.get(ENV_IDLE_TIMEOUT))
+    inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
+    return inh
+
+
+# Clocks and float sums differ a little between the admission that wrote a
+# record and the check of it; a widening worth refusing is larger than this.
+ADMISSION_SLACK_S = 1.0
+ADMISSION_SLACK_USD = 1e-6
+
+
+def canonical_rules(texts: Iterable[str]) -> set[str]:
+    """Rule texts as parse_rule spells them, so a record and an environment compare alike."""
+    canonical = set()
+    for text in texts:
+        try:
+            canonical.add(parse_rule(text).text)
+        except SpawnError:
+            canonical.add(text)
+    return canonical
+
+
+def admission_problem(meta: AgentMeta, inh: Inherited) -> str | None:
+    """Why a registered agent's record is wider than admission under its verified parent allows; None if it is not.
+
+    inh is what this process's own ancestry gives (inherited_context): the
+    nearest registered runner above it, and the environments its ancestors
+    were started with. That runner is the agent's parent, or an ancestor of
+    it whose own parent ended meanwhile; limits only shrink down a tree, so
+    an honest record is within them either way. A record written by anyone
+    else (a forged meta.json, one changed after registration) must not
+    choose its own limits: with no verified parent, the caller is a person
+    or a CI job starting a root, who may choose any.
+    """
+    if inh.parent_id is None and inh.depth < 0:
+        return None
+    # With no parent agent on this machine (one served to an A2A caller
+    # elsewhere), the caller's depth and limits still bind it.
+    if inh.parent_id is not None:
+        if inh.session is not None and Path(meta.session) != inh.session:
+            return f"its meta.json names session {meta.session}, but its parent runs in {inh.session}"
+        if meta.parent_id is None:
+            return f"its meta.json names no parent, but it runs under agent {inh.parent_id}"
+    if meta.depth < inh.depth + 1:
+        return f"its meta.json puts it at depth {meta.depth}, above its parent at depth {inh.depth}"
+    wider: list[str] = []
+    if inh.max_depth is not None and meta.max_depth > inh.max_depth:
+        wider.append(f"max depth {meta.max_depth} > {inh.max_depth}")
+    if inh.tools is not None and (extra := sorted(set(meta.tools) - set(inh.tools))):
+        wider.append(f"tools {','.join(extra)} its parent lacks")
+    if inh.deadline is not None and (meta.deadline is None or meta.deadline > inh.deadline + ADMISSION_SLACK_S):
+        wider.append("a later deadline")
+    if inh.budget is not None and (meta.max_budget_usd is None or meta.max_budget_usd > inh.budget + ADMISSION_SLACK_USD):
+        wider.append(f"a budget of {meta.max_budget_usd} > {inh.budget}")
+    for kind, texts in (("deny", inh.deny), ("ask", inh.ask)):
+        if missing := sorted(canonical_rules(texts) - canonical_rules(meta.permissions.get(kind, []))):
+            wider.append(f"no {kind} rule {missing[0]}")
+    mode, parent_mode = meta.permission_mode, inh.permission_mode
+    if parent_mode in PERMISSION_RANK and PERMISSION_RANK.get(mode or "", 99) > PERMISSION_RANK[parent_mode]:
+        wider.append(f"permission mode {mode} > {parent_mode}")
+    return f"its meta.json is wider than its parent allows: {'; '.join(wider)}" if wider else None
+
+
+def read_task(args: argparse.Namespace) -> str:
+    if args.task is not None and args.task_file is not None:
+        raise UsageError("give --task or --task-file, not both")
+    if args.task_file is not None:
+        if args.task_file == "-":
+            task = sys.stdin.read()
+        else:
+            try:
+                task = Path(args.task_file).read_text()
+            except OSError as exc:
+                raise UsageError(f"can't read --task-file {args.task_file}: {exc.strerror}; check the path") from None
+            except UnicodeDecodeError:
+                raise UsageError(f"--task-file {args.task_file} is not UTF-8 text") from None
+    else:
+        task = args.task or ""
+    if not task.strip():
+        raise UsageError("the task is empty; pass --task TEXT or --task-file PATH ('-' for stdin)")
+    try:
+        task.encode()  # argv bytes that aren't UTF-8 arrive as lone surrogates
+    except UnicodeEncodeError:
+        raise UsageError("the task is not valid UTF-8 text; fix its encoding or pass it with --task-file") from None
+    return task
+
+
+# Schemas of spawn.py's own records in schemas/: not output schemas for an agent,
+# so neither listed as such nor built into spawn.py (tools/bundle.py reads this).
+RECORD_SCHEMAS = frozenset(
+    {
+        "ask", "ask-answer", "ask-attempt", "dag-journal-line", "forkserver-line", "heartbeat", "kill", "ledger-line", "limits",
+        "meta", "native-line", "outcome", "session", "state", "status", "transcript-line",
+    }
+)  # fmt: skip
+
+
+def load_schema(value: str) -> tuple[dict[str, Any], str]:
+    """A schema from NAME (schemas/NAME.json beside the script, else built in), a path, or inline JSON."""
+    text: str
+    source: str
+    stripped = value.strip()
+    if stripped.startswith(("{", "[")):
+        text, source = stripped, "inline"
+    elif re.fullmatch(r"[A-Za-z0-9_.\-]+", stripped) and not stripped.endswith(".json"):
+        path = SCHEMA_DIR / f"{stripped}.json"
+        builtin = builtin_files("schemas")
+        if path.is_file():
+            text, source = path.read_text(), str(path)
+        elif f"{stripped}.json" in builtin:
+            text, source = builtin[f"{stripped}.json"], builtin_label(f"schemas/{stripped}.json")
+        else:
+            names = {p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS} if SCHEMA_DIR.is_dir() else set()
+            names |= {Path(name).stem for name in builtin}
+            raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(sorted(names)) or '(none)'}, a path, or inline JSON")
+    else:
+        path = Path(stripped).expanduser()
+        try:
+            text, source = path.read_text(), str(path.resolve())
+        except OSError as exc:
+            raise UsageError(f"can't read schema {stripped}: {exc.strerror}; give a NAME, a path or inline JSON") from None
+    return check_schema(load_input(text, f"schema {source}", "JSON"), source), source
+
+
+def find_cli(environ: Mapping[str, str]) -> Path:
+    """The claude CLI: $SPAWN_CLI, else the one bundled in the SDK wheel.
+
+    Found without importing the SDK (importing it costs about a second).
+    """
+    if environ.get(ENV_CLI):
+        path = Path(environ[ENV_CLI])
+    else:
+        import importlib.util
+
+        spec = importlib.util.find_spec("claude_agent_sdk")
+        if spec is None or spec.origin is None:
+            raise UsageError("claude-agent-sdk is not installed; run with 'uv run spawn.py' or pip install claude-agent-sdk")
+        path = Path(spec.origin).parent / "_bundled" / ("claude.exe" if os.name == "nt" else "claude")
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise UsageError(f"claude CLI not found at {path}; reinstall claude-agent-sdk or set {ENV_CLI}")
+    return path
+
+
+def check_credentials(environ: Mapping[str, str]) -> None:
+    # ANTHROPIC_BASE_URL is not among them: a proxy or the mock model still
+    # needs a key, and without one the CLI starts, then fails "Not logged in".
+    names = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN",
+             "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")  # fmt: skip
+    if any(environ.get(n) for n in names):
+        return
+    config = claude_config_dir(environ)
+    if (config / ".credentials.json").is_file() or sys.platform == "darwin":  # macOS keeps them in the keychain
+        return
+    raise UsageError(
+        "no credentials for the model; set ANTHROPIC_API_KEY, run 'claude login', "
+        "or for offline runs set ANTHROPIC_BASE_URL to tools/mock_model.py and any ANTHROPIC_API_KEY"
+    )
+
+
+@dataclass
+class Plan:
+    """Everything a run needs, resolved before anything is written."""
+
+    meta: AgentMeta
+    inherited: Inherited
+    refusal: str | None
+    session_root: Path
+    new_session: bool
+    cli: Path
+    secrets: list[str]
+    limits: Limits = field(default_factory=Limits)
+    """Tree-wide caps; written to limits.json when this spawn creates the session."""
+    guard: tuple[int, int] | None = None
+    """(pid, pipe) of the guard started for an agent this process runs."""
+    rules: RuleSet = field(default_factory=RuleSet)
+    """The effective rules, each with where it came from (for --dry-run)."""
+
+
+def positive(name: str, value: float | None, integer: bool = False) -> None:
+    """A count (>= 0) or an amount (> 0), checked like every other number."""
+    maximum = MAX_COUNT if integer else MAX_SECONDS
+    why = None if value is None else number_problem(name, value, maximum=maximum, integer=integer, zero_ok=integer)
+    if why is not None:
+        raise UsageError(why)
+
+
+def check_run_input(args: argparse.Namespace, environ: Mapping[str, str]) -> list[str]:
+    """Every number, path and trace a run was given, checked before anything starts.
+
+    Bad flags are usage errors (exit 2, nothing written). Malformed SPAWN_*
+    and TRACEPARENT variables come back as warnings: their readers ignore
+    them, and an ignored limit is still bounded by the ancestry.
+    """
+    for flag, attr, maximum, integer, zero_ok in RUN_NUMBER_FLAGS:
+        value = getattr(args, attr)
+        why = None if value is None else number_problem(flag, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
+        if why is not None:
+            raise UsageError(why)
+    if args.parent_trace is not None and parse_traceparent(args.parent_trace) is None:
+        raise UsageError(f"--parent-trace {args.parent_trace!r} is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)")
+    if args.output:
+        check_output_path(args.output)
+    warnings = env_number_warnings(environ)
+    for name in (ENV_TRACEPARENT, "TRACEPARENT"):
+        value = environ.get(name)
+        if value and parse_traceparent(value) is None:
+            warnings.append(f"{name} {value[:80]!r} is not a W3C traceparent; ignored, a new trace is started")
+    return warnings
+
+
+def check_output_path(value: str) -> None:
+    """--output must be a file we can write, known before the model is called and paid."""
+    path = Path(value).expanduser()
+    try:
+        if path.is_dir():
+            raise UsageError(f"--output {value} is a directory; give a file path")
+        parent = path.resolve().parent
+    except (OSError, RuntimeError) as exc:
+        raise UsageError(f"--output {value} can't be resolved: {exc}") from None
+    if path.exists() and not os.access(path, os.W_OK):
+        raise UsageError(f"--output {value} is not writable; give another path")
+    # Missing directories are created when the output is written: the nearest
+    # existing one must let us do that.
+    existing = next(p for p in (parent, *parent.parents) if p.exists())
+    if not existing.is_dir():
+        raise UsageError(f"--output {value}: {existing} is not a directory; give another path")
+    if not path.exists() and not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {value}: directory {existing} is not writable; give another path")
+
+
+def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Plan:
+    task = read_task(args)
+    catalogue = known_tools(environ) if args.tools or args.disallowed_tools else KNOWN_TOOLS  # with what the CLI reported
+    requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
+    disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
+    flag_rules = RuleSet(*([parse_rule(r, f"--{kind}") for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
+    input_warnings = check_run_input(args, environ)
+    if args.system_prompt is not None and args.system_prompt_file is not None:
+        raise UsageError("give --system-prompt or --system-prompt-file, not both")
+    system_prompt = args.system_prompt
+    if args.system_prompt_file is not None:
+        try:
+            system_prompt = Path(args.system_prompt_file).read_text()
+        except OSError as exc:
+            raise UsageError(f"can't read --system-prompt-file {args.system_prompt_file}: {exc.strerror}") from None
+    cwd = Path(args.cwd).expanduser().resolve() if args.cwd else Path.cwd()
+    if not cwd.is_dir():
+        raise UsageError(f"--cwd {args.cwd} is not a directory")
+    cli = find_cli(environ)
+    # A reference (a2a:URL, an agent-card URL, command:EXE) names its node
+    # directly; a NAME is a definition, which may itself say its kind.
+    node = parse_reference(args.agent)
+
+    inh = inherited_context(environ, ancestry)
+    warnings: list[str] = input_warnings
+    depth = inh.depth + 1
+    # The flags' limits, narrowed by a definition below; args stays as parsed.
+    max_depth_arg: int | None = args.max_depth
+    timeout: float | None = args.timeout or None  # --timeout 0: no deadline of its own, explicitly
+    budget_arg: float | None = args.max_budget_usd
+    max_turns: int | None = args.max_turns
+    background: bool | None = args.background
+    definition, routing, yaml_problems = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None, [])
+    warnings += yaml_problems
+    node = node or node_of_definition(definition)
+    if not args.dry_run and node.kind == "claude":
+        check_credentials(environ)  # only the claude kind calls the model from here
+    if definition is not None:
+        # A definition's settings are defaults the flags override, but the
+        # flags can't widen what it allows: tools, depth, time, budget, rules.
+        system_prompt = system_prompt if system_prompt is not None else definition.prompt
+        if definition.tools is not None:
+            if requested_tools is not None:
+                dropped = [t for t in requested_tools if t not in definition.tools]
+                if dropped:
+                    warnings.append(f"tools not in the {definition.name} definition were dropped: {','.join(dropped)}")
+                requested_tools = [t for t in requested_tools if t in definition.tools]
+            else:
+                requested_tools = list(definition.tools)
+        disallowed = list(dict.fromkeys([*definition.disallowed_tools, *disallowed]))
+        max_depth_arg = min_known(max_depth_arg, definition.max_depth)
+        timeout = min_known(timeout, definition.timeout)
+        budget_arg = min_known(budget_arg, definition.max_budget_usd)
+        max_turns = min_known(max_turns, definition.max_turns)
+        if background is None:
+            background = definition.background
+        if isinstance(definition.effort, int):
+            warnings.append(f"numeric effort {definition.effort} is not passed: the SDK takes low, medium, high, xhigh or max")
+        if flag_rules.allow and definition.permissions.allow:
+            warnings.append(f"--allow can't widen the {definition.name} definition's allow rules; ignored")
+            flag_rules.allow = []
+    model_name = args.model if args.model is not None else (definition.model if definition and definition.model else DEFAULT_MODEL)
+    if model_name == "inherit":
+        model_name = inh.model or DEFAULT_MODEL
+    model_source = "--model" if args.model is not None else (f"the model of {definition.path}" if definition else "the model")
+    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), model_source)
+    schema_arg = args.schema or (definition.schema if definition else None)
+    schema, schema_source = load_schema(schema_arg) if schema_arg else (None, None)
+    own = definition.permissions if definition else RuleSet()
+    if definition is not None:
+        own = RuleSet(*([dataclasses.replace(r, source=definition.path) for r in getattr(own, k)] for k in PERMISSION_KINDS))
+    # A user's settings files bind the whole tree: its first agent on this
+    # machine reads them (a root, or one served to a caller elsewhere, which
+    # arrives with the caller's depth but no parent here), and their deny and
+    # ask rules reach every child as inherited rules.
+    first_here = inh.parent_id is None
+    user = load_settings_rules(cwd, environ) if first_here and not args.no_settings else RuleSet()
+    if args.no_settings and not first_here:
+        warnings.append("--no-settings applies at the root only; the tree's rules still hold")
+    inherited = [[parse_rule(t, "inherited from the parent") for t in texts] for texts in (inh.deny, inh.ask)]
+    rules = RuleSet(
+        allow=[*own.allow, *flag_rules.allow, *user.allow],
+        deny=unique_rules([*own.deny, *flag_rules.deny, *user.deny, *inherited[0]]),
+        ask=unique_rules([*own.ask, *flag_rules.ask, *user.ask, *inherited[1]]),
+    )
+    mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
+    if mode_warning:
+        warnings.append(mode_warning)
+    max_depth = narrow_to_inherited("--max-depth", max_depth_arg, inh.max_depth, "the tree's", warnings)
+    max_depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
+    tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
+    if definition is not None:
+        # A definition's MCP servers are granted whole unless it names their tools.
+        tools += [f"mcp__{s}" for s in definition.mcp_servers if not any(t.startswith(f"mcp__{s}") for t in tools)]
+    tools, dropped = narrow_tools(tools, inh.tools)
+    if dropped:
+        warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
+    budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
+    now = time.time()
+    if args.timeout is None and timeout is None and inh.depth < 0:
+        timeout = DEFAULT_ROOT_TIMEOUT_S
+    deadline = child_deadline(timeout, inh.deadline, now)
+    # A bad reference is exit 2 before anything is written; the check's time
+    # (an A2A card's fetch) counts against the deadline.
+    executor_for(node.kind).check(node, deadline)
+    idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
+
+    refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
+    # Inside a parent's sandbox an agent is held by it, whatever it asks.
+    sandbox = "inherited" if inside_sandbox() else "off"
+    if sandbox == "off" and node.kind == "claude":
+        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
+        refusal = refusal or sandbox_refusal
+
+    session_root = resolve_session_root(args.session, environ)
+    # A child stays in its tree's session, whatever --session says: there it
+    # shares the tree's limits file and ledger, and `kill` finds it.
+    session = inh.session
+    if session is not None and args.session:
+        warnings.append(f"--session {args.session} ignored: this agent is registered in its tree's session {session}")
+    trace = new_trace(args.parent_trace or inh.traceparent)
+    topic = args.topic or task
+    meta = AgentMeta(
+        id="(assigned at registration)",
+        parent_id=inh.parent_id,
+        depth=depth,
+        max_depth=max_depth,
+        pid=0,
+        create_time=0.0,
+        pgid=0,
+        trace_id=trace.trace_id,
+        span_id=trace.span_id,
+        parent_span_id=trace.parent_span_id,
+        traceparent=trace.traceparent,
+        task=task,
+        tools=tools,
+        disallowed_tools=disallowed,
+        model=model,
+        cwd=str(cwd),
+        started_at=utc_now_iso(),
+        session=str(session) if session else "(created at registration)",
+        system_prompt=system_prompt if system_prompt is not None else ("" if args.preset else DEFAULT_SYSTEM_PROMPT),
+        preset=args.preset,
+        schema=schema,
+        schema_source=schema_source,
+        deadline=deadline,
+        max_turns=max_turns,
+        max_budget_usd=budget,
+        idle_timeout_s=idle_timeout,
+        # Redacted before slugify lowercases it out of the secret's shape.
+        topic=slugify(redact(topic, secret_values(environ)), 32),
+        output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
+        background=bool(background),
+        agent=definition.name if definition else None,
+        agent_source=definition.path if definition else None,
+        routing=routing,
+        permissions=rules.texts(),
+        permission_mode=mode,
+        mcp_servers=sorted(definition.mcp_servers) if definition else [],
+        skills=definition.skills if definition else None,
+        effort=definition.effort if definition else None,
+        initial_prompt=definition.initial_prompt if definition else None,
+        isolation=definition.isolation if definition else None,
+        memory=definition.memory if definition else None,
+        hooks=sorted(definition.hooks or {}) if definition else [],
+        sandbox=sandbox,
+        warnings=warnings,
+        kind=node.kind,
+        endpoint=node.endpoint,
+    )
+    limits = Limits(budget_arg, args.max_agents, args.max_concurrent, args.confirm_over)
+    if session is None and args.max_concurrent is not None and args.max_concurrent <= max_depth:
+        warnings.append(
+            f"--max-concurrent {args.max_concurrent} is fewer than the {max_depth + 1} levels --max-depth {max_depth} allows: "
+            "a parent lends its slot only while blocked in a foreground spawn or 'spawn.py wait'"
+        )
+    if session is not None and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
+        warnings.append("--max-agents, --max-concurrent and --confirm-over apply to a whole tree and are set by its root; ignored here")
+    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules)
+
+
+def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, warnings: list[str]) -> Any:
+    """A limit: the inherited one when none was asked for, else the smaller, with a warning if lowered."""
+    if inherited is None:
+        return requested
+    if requested is not None and requested > inherited:
+        warnings.append(f"{flag} {requested} lowered to {whose} {inherited}")
+    return inherited if requested is None else min(requested, inherited)
+
+
+def sandbox_choice(
+    requested: str, depth: int, max_depth: int, tools: Sequence[str], *, is_root: bool, warnings: list[str]
+) -> tuple[str, str | None]:
+    """The agent's sandbox (on or off) and, for --sandbox on where it can't run, the refusal.
+
+    auto never refuses: where the platform has no working sandbox the agents
+    it would sandbox run unsandboxed, each with the warning in its meta.json.
+    The root says it once, on the person's stderr, for the tree below it (its
+    descendants' stderr goes to their parents' Bash, not to the person).
+    """
+    if sandbox_wanted(requested, depth, max_depth, tools):
+        problem = sandbox_problem()
+        if problem is None:
+            return "on", None
+        if requested == "on":
+            return "on", f"sandbox: --sandbox on, but Claude Code's sandbox can't run here: {problem}; or pass --sandbox auto or off"
+        warnings.append(unsandboxed_warning(problem))
+    elif requested == "auto" and is_root and depth < max_depth and "Bash" in tools and (problem := sandbox_problem()) is not None:
+        warnings.append(unsandboxed_warning(problem))
+    return "off", None
+
+
+def refusal_for(
+    depth: int, max_depth: int, deadline: float | None, now: float, *, requested_tools: Sequence[str] | None, tools: Sequence[str]
+) -> str | None:
+    """Why a resolved spawn may not run, or None."""
+    if depth > max_depth:
+        return f"depth limit: this agent would be at depth {depth}, the tree's max depth is {max_depth}"
+    if deadline is not None and deadline <= now:
+        return "deadline: the parent has no time left for a child"
+    if requested_tools and not tools:
+        return f"tools: none of {','.join(requested_tools)} is held by the parent"
+    return None
+
+
+def min_known(*values: Any) -> Any:
+    known = [v for v in values if v is not None]
+    return min(known) if known else None
+
+
+def unique_rules(rules: Iterable[Rule]) -> list[Rule]:
+    return list({r.text: r for r in rules}.values())
+
+
+def choose_definition(
+    name: str | None, task: str, cwd: Path, environ: Mapping[str, str]
+) -> tuple[AgentDefinition | None, dict[str, Any] | None, list[str]]:
+    """The definition --agent names, or the one routing picks for --agent auto, and
+    its YAML's problems (read with the 'key: value' fallback), each as FILE:LINE: text."""
+    if name is None:
+        return None, None, []
+    if not name.strip():
+        raise UsageError("--agent is empty; name a definition (see 'spawn.py agents list'), or auto to route by description")
+    definitions, problems = load_definitions(cwd, environ)
+    routing = None
+    if name == "auto":
+        routing = route(task, definitions)
+        chosen = definitions[routing["chosen"]] if routing["chosen"] else None
+    elif name not in definitions:
+        # A file of that name that didn't parse: its own error, with its line, says why.
+        unreadable = [p for p in problems if p.severity == "error" and Path(p.path).stem == name]
+        if unreadable:
+            raise UsageError(f"{unreadable[0]}; fix the definition (see 'spawn.py agents lint')")
+        raise UnknownAgentDefinitionError(name, [p for p, _ in agent_dirs_for(cwd, environ)], definitions)
+    else:
+        chosen = definitions[name]
+    # A bad limit is left unset by the parser, and an unset limit is no limit:
+    # running with it would widen what the definition meant to allow.
+    numeric = {key for key, *_ in DEFINITION_NUMBERS}
+    bad = [p for p in problems if chosen is not None and p.path == chosen.path and p.message.split(" ", 1)[0] in numeric]
+    if bad:
+        raise UsageError(f"{bad[0]}; fix the definition (see 'spawn.py agents lint')")
+    yaml_problems = [str(p) for p in problems if chosen is not None and p.path == chosen.path and "bad YAML" in p.message]
+    return chosen, routing, yaml_problems
+
+
+def resolve_resume(args: argparse.Namespace, environ: Mapping[str, str]) -> AgentMeta:
+    """The agent --resume names, after checking it can be continued; its settings become defaults.
+
+    Tools and model default to the original's and can only narrow; the run
+    stays in the original's cwd, where the CLI keeps the conversation.
+    """
+    caller_session = Path(environ[ENV_SESSION]) if environ.get(ENV_SESSION) else None
+    agent_dir = find_agent_dir(args.resume, caller_session, resolve_session_root(args.session, environ))
+    original = load_meta(agent_dir)
+    outcome = read_outcome(agent_dir)
+    if outcome is None:
+        raise UsageError(f"agent {original.id} is still running; 'spawn.py wait {original.id}' first, then resume it")
+    if not outcome.get("sdk_session_id"):
+        raise UsageError(f"agent {original.id} has no SDK session to resume (status {outcome.get('status')}); start a new agent")
+    if args.cwd is not None and Path(args.cwd).expanduser().resolve() != Path(original.cwd):
+        raise UsageError(f"--resume runs in the original's cwd {original.cwd}; drop --cwd")
+    args.cwd = original.cwd
+    if args.tools is None:
+        args.tools = ",".join(original.tools)  # narrowed to the original's in place_resumed
+    args.model = args.model or original.model
+    args.agent = args.agent or original.agent
+    args.max_depth = min_known(args.max_depth, original.max_depth)
+    # Its rules stay: a resumed agent may not do what the original was denied or had to ask.
+    args.deny = [*(args.deny or []), *original.permissions.get("deny", [])]
+    args.ask = [*(args.ask or []), *original.permissions.get("ask", [])]
+    return original
+
+
+def place_resumed(plan: Plan, original: AgentMeta) -> None:
+    """A resumed agent sits under the original's parent in its session, unless an agent is the caller."""
+    meta = plan.meta
+    meta.resumed_from = original.id
+    dropped = [t for t in meta.tools if t not in original.tools]
+    if dropped:
+        meta.warnings.append(f"tools the resumed agent didn't have were dropped: {','.join(dropped)}")
+        meta.tools = [t for t in meta.tools if t in original.tools]
+        if not meta.tools and plan.refusal is None:
+            plan.refusal = f"tools: none of {','.join(dropped)} was held by the resumed agent {original.id}"
+    if plan.new_session:
+        plan.new_session = False
+        meta.session, meta.parent_id, meta.depth = original.session, original.parent_id, original.depth
+        meta.max_depth = min(meta.max_depth, original.max_depth)
+        if plan.refusal and plan.refusal.startswith("depth limit"):
+            plan.refusal = None
+
+
+def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
+    """Create the session (for a root), admit the agent and write its meta.json.
+
+    Admission and the new directory happen under the session lock, so two
+    spawns racing for the last agent or the last dollar can't both get it.
+    A spawn refused here gets plan.refusal set and its meta written at once.
+    """
+    meta = plan.meta
+    if plan.refusal is None:
+        runner_index_dir()  # a broken runner index fails the spawn before anything is written
+    if plan.new_session:
+        session = create_session_dir(plan.session_root, meta.topic or "agent", dt.datetime.now())
+        write_json_atomic(session / LIMITS, record_to_json(plan.limits))
+    else:
+        session = Path(meta.session)
+        if not (session / AGENTS_DIR).is_dir():
+            raise StateError(f"session {session} does not exist; unset {ENV_SESSION} or pass --session DIR")
+    meta.session = str(session)
+    if plan.refusal is not None and not plan.new_session and not os.access(session / AGENTS_DIR, os.W_OK):
+        # A sandboxed agent that can't spawn sees agents/ read-only (sandbox_writes).
+        raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
+    if plan.refusal is None and not plan.new_session:
+        plan.refusal = confirm_spawn(meta, session, plan.secrets)
+    with session_lock(session):
+        if plan.refusal is None:
+            plan.refusal = admit(meta, session)
+        meta.id, agent_dir = create_agent_dir(session, meta.depth)
+        if plan.refusal is None:
+            reserve_budget(session, meta, plan.secrets)
+    meta.containment = choose_containment(meta.parent_id is None, meta.session, meta.id, os.environ)
+    if plan.refusal is not None and pid_info is None:
+        pid_info = own_identity()
+    if pid_info is not None:
+        meta.pid, meta.create_time, meta.pgid = pid_info
+        meta.pid_namespace = own_pid_namespace()
+    if plan.new_session:
+        info = SessionInfo(id=session.name, created_at=meta.started_at, topic=meta.topic or "", root_agent=meta.id)
+        write_json_atomic(session / SESSION_INFO, redact_values(record_to_json(info), plan.secrets))
+    if pid_info is not None:
+        if plan.refusal is None:
+            # The guard exists before the agent does: a SIGKILL right after
+            # meta.json is published still leaves someone to settle it.
+            plan.guard = start_guard(agent_dir)
+            # Before meta.json: nothing this agent starts can predate its entry.
+            register_runner(meta.pid, meta.create_time, agent_dir)
+        write_meta(agent_dir, meta, plan.secrets)
+    return agent_dir
+
+
+def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
+    data = redacted_json(record_to_json(meta), secrets_, indent=2)
+    if not publish_once(agent_dir / META, data.encode()):
+        raise StateError(f"{agent_dir / META} already exists; agent ids must be unique")
+
+
+def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """True for a run that will be a tree's root without a cgroup, on Linux.
+
+    Checked first thing, before any thread starts, so it is cheap where it
+    says no: a child's environment names its agent, and a cgroup is a quick look.
+    """
+    if environ.get(ENV_AGENT_ID) or not guard_above_possible():
+        return False
+    if {"--dry-run", "--background", "-h", "--help", "--version"} & set(argv):
+        return False
+    if choose_containment(True, "s", "a", environ, guard_above=False) != "subreaper":
+        return False
+    return inherited_context(environ, ancestry_context()).parent_id is None
+# ==================== end src/spawnlib/resolving.py ====================
+
+# ==================== begin src/spawnlib/forkserver.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ------------------------------------------------------------- fork server --
+
+# A session's fork server: one process, started by the root agent, that has
+# imported everything a spawn needs. A nested spawn.py hands its whole
+# invocation over the socket (forkserver_stand_in, at the top of this file)
+# and the server forks a child that runs it: no interpreter start, no
+# imports, and pages shared with the server. It is an accelerator only:
+# with no server, every spawn takes the normal path and every guarantee is
+# the same.
+FORKSERVER_LOG = "forkserver.jsonl"  # in the session directory: one line per fork
+FORKSERVER_NAME = "spawn-forksrv"  # its name in ps and top (/proc/PID/comm, at most 15 bytes)
+FORKSERVER_POLL_S = 1.0  # how often the server checks that its root is still alive
+# What a forked agent would otherwise import for itself, each a private copy
+# (~4 MiB of each agent's private memory): anyio's asyncio backend and the
+# streams the SDK opens at connect, and ctypes (prctl, the subreaper).
+# (Not opentelemetry, which the SDK would import at connect: import_sdk
+# keeps it out.)
+FORKSERVER_PRELOAD = (
+    "anyio._backends._asyncio",
+    "anyio._core._subprocesses",
+    "anyio.to_thread",
+    "anyio.streams.memory",
+    "anyio.streams.stapled",
+    "anyio.streams.tls",
+    "ctypes",
+    "queue",
+)
+
+
+def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
+    """Only a root that can have children starts one; SPAWN_NO_FORKSERVER=1 turns it off.
+
+    Linux only: the server learns its peers from SO_PEERCRED.
+    """
+    return (
+        sys.platform.startswith("linux")
+        and meta.parent_id is None
+        and ForkedFor.pid is None
+        and meta.depth < meta.max_depth
+        and "Bash" in meta.tools
+        and environ.get(ENV_NO_FORKSERVER) != "1"
+    )
+
+
+def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None) -> None:
+    """Fork the session's fork server from the root (in its cgroup, below its subreaper).
+
+    Forked, not started afresh: the root has imported nearly everything the
+    server needs, so the server costs a fork instead of an interpreter that
+    imports it all again (about 0.25 s of CPU, taken from the root's CLI
+    while it starts). The SDK's import thread is joined first: a fork keeps
+    only the calling thread, and an import lock held by another would stay
+    held in the child. The root's end takes the server down with the rest
+    of its subtree; it also exits by itself once the root's process is
+    gone. A server that fails to start costs nothing but speed.
+    """
+    if sdk_loader is not None:
+        try:
+            sdk_loader.result()
+        except BaseException:
+            return  # run_sdk raises it where it is reported
+    if threading.active_count() > 1:
+        return  # another thread would be cut off mid-step in the child
+    try:
+        log = os.open(Path(meta.session) / "forkserver.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return
+    with contextlib.suppress(OSError, ValueError):  # else the child would write the root's buffered output
+        sys.stdout.flush()
+        sys.stderr.flush()
+    try:
+        pid = os.fork()
+    except OSError:
+        pid = -1
+    if pid != 0:
+        os.close(log)
+        return
+    # From here this process is the server, and never returns to the root's code.
+    try:
+        become_forkserver(log)
+        serve_forks(meta)
+    except SystemExit:
+        pass
+    except BaseException:  # into its log: the server is only ever an accelerator
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
+
+
+def become_forkserver(log: int) -> None:
+    """In the root's fresh fork: let go of everything that is the root's.
+
+    Its own session (a Ctrl-C reaches the root, which ends it), no stdio of
+    the root's (a parent reading the root's stdout must see EOF when the
+    root exits), no other descriptor (the guard's pipe must close when the
+    root dies), default signal handling, and a name of its own in ps.
+    """
+    os.setsid()
+    # As a fresh interpreter has them (the root's hold stop signals for its outcome).
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    reset_after_fork()  # a stop the root got, its guard, its capped logs: the root's, not its forked agents'
+    # Gone with the root at once, even a SIGKILLed one (else within FORKSERVER_POLL_S).
+    set_parent_death_signal(signal.SIGTERM)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 4096))
+    for fd in fds:
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as fh:
+        fh.write(FORKSERVER_NAME)
+    print(f"spawn.py fork server {os.getpid()}", flush=True)
+
+
+def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) -> str | None:
+    """Why this server must not run a request (then the stand-in takes the normal path)."""
+    if request.get("prefix") != sys.prefix:
+        return "another Python environment"
+    argv = request.get("argv")
+    # What a stand-in asks for, and nothing else: every other verb (approve,
+    # kill, ...) decides by its caller's ancestry, which a fork would hide.
+    if not (isinstance(argv, list) and argv and (argv[0].startswith("-") or argv[0] in FORKED_VERBS)):
+        return "not a spawn"
+    if request.get("detach") is True and not (len(argv) == 2 and argv[0] == "_run"):
+        return "only a background runner is forked detached"
+    path, size, mtime_ns = request["script"]  # its shape checked by request_problem
+    if path == str(compiled_script()):
+        return None
+    if path == str(SCRIPT_PATH) and (size, mtime_ns) == (script_stat.st_size, script_stat.st_mtime_ns):
+        return None
+    return "another spawn.py"
+
+
+# A request holds one spawn's argv and environment, which the kernel caps
+# together at ARG_MAX (2 MiB on Linux); anything much longer is no stand-in's.
+FORKSERVER_REQUEST_MAX = 8 << 20
+
+
+def request_problem(request: object) -> str | None:
+    """What makes a fork request malformed, or None (pure).
+
+    The socket is the user's only, but the server must outlive whatever
+    is sent to it: a field of the wrong type is refused here, not met as a
+    TypeError in the serving loop, which would end the server.
+    """
+    if not isinstance(request, dict):
+        return "not an object"
+    argv, env, script = request.get("argv"), request.get("env"), request.get("script")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return "argv"
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        return "env"
+    if not (isinstance(request.get("cwd"), str) and isinstance(request.get("prefix"), str)):
+        return "cwd or prefix"
+    if not (isinstance(script, list) and len(script) == 3 and isinstance(script[0], str) and all(type(n) is int for n in script[1:])):
+        return "script"
+    if not isinstance(request.get("detach", False), bool):
+        return "detach"
+    return None
+
+
+# A stand-in sends its whole request at once; a client still sending after
+# this many seconds is dropped (it takes the normal path, if it is one).
+FORKSERVER_REQUEST_S = 5.0
+# Requests read at once; a client past them is closed unanswered (the normal path).
+FORKSERVER_PENDING_MAX = 32
+
+
+class PendingRequest:
+    """A fork request being read: a 4-byte length, JSON, and the stdio fds (SCM_RIGHTS).
+
+    The server reads every client's as it comes, each until its own
+    deadline: one that trickles its bytes must not hold up another's spawn.
+    """
+
+    def __init__(self, conn: Any, client_pid: int) -> None:
+        self.conn, self.client_pid = conn, client_pid
+        self.deadline = time.monotonic() + FORKSERVER_REQUEST_S
+        self.data = bytearray()
+        self.fds: list[int] = []
+
+    def feed(self) -> bool:
+        """Take what has come; whether the request is whole. ValueError for one that never can be."""
+        import socket
+
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.conn, 1 << 16, 3)
+        except BlockingIOError:
+            return False
+        self.fds += fds
+        if len(self.fds) > 3:
+            raise ValueError("more fds than stdio")
+        if not data:
+            raise ValueError("request cut short")
+        self.data += data
+        if len(self.data) < 4:
+            return False
+        length = int.from_bytes(self.data[:4], "big")
+        if length > FORKSERVER_REQUEST_MAX or len(self.data) > 4 + length:
+            raise ValueError("no request's length")
+        return len(self.data) == 4 + length
+
+    def request(self) -> dict[str, Any]:
+        """The whole request, checked; ValueError for a malformed one (parse_json: deep is malformed)."""
+        request = parse_json(bytes(self.data[4:]), FORKSERVER_REQUEST_MAX)
+        if len(self.fds) != 3 or request_problem(request) is not None:
+            raise ValueError("malformed request")
+        return cast("dict[str, Any]", request)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+        self.conn.close()
+
+
+def serve_forks(meta: AgentMeta) -> None:
+    """The fork server's loop: accept, check the peer, fork; until the root is gone."""
+    import gc
+    import selectors
+    import socket
+    import struct
+
+    root = Supervised.of(meta)
+    path = Path(meta.session) / FORKSERVER_SOCKET
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address, dir_fd = unix_address(str(path))
+    mask = os.umask(0o177)  # the socket is created 0600: only this user may connect
+    try:
+        server.bind(address)
+    finally:
+        os.umask(mask)
+        if dir_fd is not None:
+            os.close(dir_fd)
+    bound = path.stat().st_ino
+    # Listening before the imports: a spawn that comes meanwhile waits in the
+    # backlog, no longer than its own imports would have taken it.
+    server.listen(64)
+    server.setblocking(False)
+
+    # Everything a spawn imports, once: the children share these pages. (The
+    # root, forked, has most of it: the SDK's and asyncio's imports are free.)
+    import asyncio  # noqa: F401
+
+    import jsonschema  # noqa: F401
+
+    import_sdk(os.environ)
+    import anyio  # noqa: F401
+
+    for name in FORKSERVER_PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    compiled_script()
+    # Out of the collector's reach: a child's collections then leave these
+    # pages alone, so they stay shared with the server instead of copied.
+    gc.freeze()
+    script_stat = SCRIPT_PATH.stat()
+    namespace = own_pid_namespace()
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise SystemExit(0)
+
+    # The spawns this server forked, by pid: the stand-in each runs for. A
+    # detached runner is forked only for one of them (its launcher), and for
+    # that launcher's caller, who is checked while it still lives.
+    launched: dict[int, tuple[int, float]] = {}
+
+    def reap(_signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ChildProcessError):
+            while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
+                launched.pop(pid, None)
+
+    signal.signal(signal.SIGCHLD, reap)
+    signal.signal(signal.SIGTERM, stop)
+    pending: dict[Any, PendingRequest] = {}
+    selector = selectors.DefaultSelector()
+    selector.register(server, selectors.EVENT_READ)
+
+    def drop(client: PendingRequest) -> None:
+        # Closed unanswered: that client takes the normal path.
+        selector.unregister(client.conn)
+        del pending[client.conn]
+        client.close()
+
+    def admit() -> None:
+        try:
+            conn, _ = server.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        client_pid, client_uid, _gid = struct.unpack("3i", creds)
+        # Another user's, or one inside an agent's sandbox (or unreadable),
+        # whatever it says: what it spawns must stay in there, not be forked out.
+        if client_uid != os.getuid() or pid_namespace_of(client_pid) != namespace or len(pending) >= FORKSERVER_PENDING_MAX:
+            conn.close()
+            return
+        conn.setblocking(False)
+        pending[conn] = PendingRequest(conn, client_pid)
+        selector.register(conn, selectors.EVENT_READ)
+
+    def serve(client: PendingRequest) -> None:
+        conn, fds, client_pid = client.conn, client.fds, client.client_pid
+        request = client.request()
+        conn.settimeout(5.0)  # the reply's send; the client waits for it
+        refusal = forkserver_refusal(request, script_stat)
+        client_time = psutil.Process(client_pid).create_time()
+        caller, ancestry = None, None
+        if refusal is None:
+            caller, refusal = caller_in_tree(client_pid, launched, meta.session, detach=request.get("detach") is True)
+        if refusal is None and caller is not None and request.get("detach") is True:
+            ancestry = ancestry_context(subject=caller)
+        if refusal is not None:
+            conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                server.close()
+                selector.close()
+                for other in pending.values():  # every other client is the server's to answer
+                    other.close()
+                if request.get("detach") is True:
+                    ForkedFor.ancestry = ancestry
+                    run_detached(conn, fds, request)
+                run_forked(conn, fds, request, client_pid, client_time)
+            finally:
+                os._exit(ExitCode.STATE)
+        if request.get("detach") is not True:
+            launched[pid] = (client_pid, client_time)
+        line = {
+            "time": utc_now_iso(),
+            "pid": pid,
+            "client_pid": client_pid,
+            "verb": request["argv"][0] if request["argv"][:1] in (["_run"], ["wait"]) else "run",
+        }
+        if request.get("detach") is True:
+            line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
+        with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+    try:
+        while root.alive():
+            now = time.monotonic()
+            for client in [c for c in pending.values() if c.deadline <= now]:
+                drop(client)
+            wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in pending.values())])
+            for key, _events in selector.select(max(0.0, wait_s)):
+                if key.fileobj is server:
+                    admit()
+                    continue
+                client = pending[key.fileobj]
+                try:
+                    whole = client.feed()
+                except (OSError, ValueError):
+                    drop(client)
+                    continue
+                if whole:
+                    selector.unregister(client.conn)
+                    del pending[client.conn]
+                    with contextlib.suppress(OSError, ValueError, psutil.Error):
+                        serve(client)
+                    client.close()
+        # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
+        print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
+    finally:
+        with contextlib.suppress(OSError):
+            if path.stat().st_ino == bound:
+                path.unlink()
+
+
+def caller_in_tree(
+    client_pid: int, launched: Mapping[int, tuple[int, float]], session: str, *, detach: bool
+) -> tuple[psutil.Process | None, str | None]:
+    """(the process a request speaks for, None), or (None, why it is refused).
+
+    The kernel names the client (SO_PEERCRED); a spawn this server forked
+    speaks for the stand-in it runs for. The caller must run under a
+    registered runner of this server's own session: anything else (another
+    tree, a process that only sets SPAWN_SESSION) takes the normal path,
+    where its own ancestry decides. Only the server's own forked launchers
+    may ask for a detached runner.
+    """
+    if detach and client_pid not in launched:
+        return None, "only a launcher this server forked may ask for a detached runner"
+    caller_pid, caller_time = launched.get(client_pid, (client_pid, None))
+    try:
+        caller = psutil.Process(caller_pid)
+        if caller_time is not None and abs(caller.create_time() - caller_time) >= 0.05:
+            return None, "its caller is gone"
+    except psutil.Error:
+        return None, "its caller is gone"
+    for agent_dir in ancestor_agents(caller)[:1]:
+        with contextlib.suppress(OSError, SpawnError):
+            if load_meta(agent_dir).session == session:
+                return caller, None
+    return None, "not a process of this server's tree"
+
+
+def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> list[str]:
+    """In a forked child: take on the client's stdio, cwd, environment and argv, and send it our pid. The argv."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    reset_after_fork()
+    os.setsid()  # its own group, as a runner has: never in the server's
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        if fd != target:
+            os.close(fd)
+    os.chdir(str(request["cwd"]))
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+    argv = [str(a) for a in request["argv"]]
+    sys.argv = [str(compiled_script()), *argv]
+    conn.settimeout(None)
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    return argv
+
+
+def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float) -> NoReturn:
+    """In the forked child: become the spawn the stand-in would have run, then report its exit code."""
+    ForkedFor.pid, ForkedFor.create_time = client_pid, client_time
+    argv = adopt_request(conn, fds, request)
+    finished = threading.Event()
+
+    def watch_stand_in() -> None:
+        # The stand-in never writes: this returns when it closes or dies.
+        with contextlib.suppress(OSError):
+            conn.recv(1)
+        if not finished.is_set():
+            os.kill(os.getpid(), signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
+
+    watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
+    watcher.start()
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # what the process would have exited with
+        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    finished.set()
+    # Let go of the caller's pipes before the stand-in exits, as a process that ends would.
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps({"exit": int(code)}).encode() + b"\n")
+    watcher.join(FORKSERVER_REPLY_S)  # our pid stays ours while the stand-in may still signal it
+    os._exit(code)
+
+
+def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> NoReturn:
+    """In the forked child: a background agent's runner that a launcher (itself forked) asked for.
+
+    No stand-in: the launcher exits at once, and the runner's own pid is what
+    meta.json records, as for a runner the launcher would have started
+    itself; that would be one more interpreter and stand-in per agent (~50 ms
+    of CPU, ~3 MiB while the agent runs). In a session of its own, as then.
+    """
+    argv = adopt_request(conn, fds, request)
+    conn.close()
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> int | None:
+    """From a launcher the fork server forked: have the server fork the agent's runner. Its pid, or None.
+
+    None (no server any more, a refusal, a timeout) means: start the runner
+    the normal way. The server forks before it answers, so after an answer
+    the runner exists; after no answer, none was forked for us (a server
+    that forks and then can't answer closes the socket, and a runner that
+    was never registered gives up by itself: cmd_background_runner).
+    """
+    if ForkedFor.pid is None:
+        return None  # not forked by a server: there may be none
+    stat = SCRIPT_PATH.stat()
+    request: dict[str, object] = {
+        "argv": ["_run", str(agent_dir)],
+        "detach": True,
+        "env": dict(os.environ),
+        "cwd": cwd,
+        "prefix": sys.prefix,
+        "script": [str(compiled_script()), stat.st_size, stat.st_mtime_ns],
+    }
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        served = forkserver_request(session, request, (null, log, log))
+    finally:
+        os.close(null)
+    if served is None:
+        return None
+    served[0].close()  # the runner is detached: nothing more comes on this socket
+    return served[1]
+# ==================== end src/spawnlib/forkserver.py ====================
+
 # ==================== begin src/spawnlib/cli_start.py ====================
+
+
+
+
+
+
+
+
 
 
 
@@ -9588,1513 +11106,6 @@ async def drop_box_loop(leaf: AgentMeta, state: RunState, secrets_: Sequence[str
     while True:
         await asyncio.sleep(DROP_BOX_POLL_S)
         state.refusals_recorded += record_dropped_refusals(leaf, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded)
-# ==================== end src/spawnlib/cli_start.py ====================
-
-# ==================== begin src/spawnlib/executors.py ====================
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------- executors --
-# The seam between a node of the tree and what runs it. A reference (an
-# --agent value, or a definition's `kind:`) resolves to a Node; the Executor
-# of its kind checks it at resolve time and runs it. Everything else about a
-# node (meta, admission, deadline, signals, kill, guard, cgroup, the one
-# outcome) is run_agent's and the same for every kind. A new kind is one
-# Executor subclass in this section and its name in EXECUTORS. The kinds'
-# constants live here too, so that adding one touches this section only.
-
-A2A_CARD_PATH = "/.well-known/agent-card.json"
-# A card that takes longer than this to fetch counts as unreachable; a live
-# agent serves it in milliseconds, and a dead host should fail the spawn fast.
-A2A_CARD_TIMEOUT_S = 15.0
-# The bearer token a2a nodes send to the agent they call (tools/a2a_server.py
-# requires one): the path of a file holding it, so the token itself stays out
-# of argv, meta.json and the transcript.
-ENV_A2A_TOKEN_FILE = "SPAWN_A2A_TOKEN_FILE"
-# Without streaming, the remote task is polled this often: a short remote
-# task waits little, and the remote sees at most two requests a second.
-A2A_POLL_S = 0.5
-# The A2A transports this client speaks (gRPC would need a2a-sdk's grpc extra).
-A2A_BINDINGS = ("JSONRPC", "HTTP+JSON")
-# Message metadata that carries a tree's limits and trace across an A2A hop
-# (sessions/README.md, "Node kinds"); tools/a2a_server.py reads the same keys.
-A2A_META_DEPTH = "spawn.depth"
-A2A_META_MAX_DEPTH = "spawn.max_depth"
-A2A_META_DEADLINE = "spawn.deadline"
-A2A_META_BUDGET = "spawn.max_budget_usd"
-A2A_META_TRACEPARENT = "spawn.traceparent"
-A2A_META_COST = "spawn.cost_usd"
-# Remote task states (A2A's TaskState without its TASK_STATE_ prefix) and what
-# they end as; input-required and auth-required become asks; submitted and
-# working mean "not yet"; anything else is unknown and fails the node.
-A2A_FINAL_STATES: dict[str, Status] = {
-    "completed": Status.DONE,
-    "failed": Status.FAILED,
-    "rejected": Status.FAILED,
-    "canceled": Status.KILLED,
-}
-A2A_ASK_STATES = ("input-required", "auth-required")
-A2A_RUNNING_STATES = ("submitted", "working")
-# A command's stdout is one JSON result: bounded, so a runaway command can't
-# fill spawn.py's memory. 16 MiB is far above any result a parent reads.
-COMMAND_RESULT_LIMIT = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Node:
-    """What runs a node: its kind and, for a2a and command, where it lives."""
-
-    kind: str
-    endpoint: str | None = None
-    """a2a: the agent card's URL; command: the command line."""
-
-
-@dataclass
-class NodeResult:
-    """What a node of another kind than claude came back with (RunState.node_result)."""
-
-    status: Status
-    reason: str
-    output: Any = None
-    text: str | None = None
-    cost_usd: float | None = None
-    """As the node reported it; None (unknown) otherwise."""
-
-
-class NodeReferenceError(UsageError):
-    def __init__(self, reference: str, why: str) -> None:
-        super().__init__(f"--agent {reference}: {why}")
-
-
-def parse_reference(value: str | None) -> Node | None:
-    """The node an --agent value names directly, or None for a definition NAME (pure).
-
-    a2a:URL (the agent's base URL, or its card's), an http(s) URL of an agent
-    card, or command:EXE [ARGS].
-    """
-    if not value:
-        return None
-    if value.startswith("command:"):
-        command = value.removeprefix("command:").strip()
-        command_argv(command, value)
-        return Node("command", command)
-    if value.startswith("a2a:"):
-        return Node("a2a", a2a_card_url(value.removeprefix("a2a:"), value))
-    if re.match(r"[A-Za-z][A-Za-z0-9+.\-]*://", value):
-        from urllib.parse import urlsplit
-
-        if not urlsplit(value).path.endswith(A2A_CARD_PATH):
-            raise NodeReferenceError(
-                value, f"a URL must be an A2A agent card (...{A2A_CARD_PATH}); or write a2a:URL for an agent's base URL"
-            )
-        return Node("a2a", a2a_card_url(value, value))
-    return None
-
-
-def a2a_card_url(url: str, reference: str) -> str:
-    """The agent card's URL: URL itself when it names a .json file, else URL + the well-known path (pure)."""
-    from urllib.parse import urlsplit
-
-    url = url.strip()
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise NodeReferenceError(reference, "an A2A agent is an http(s) URL, e.g. a2a:https://host/path")
-    return url if parts.path.endswith(".json") else url.rstrip("/") + A2A_CARD_PATH
-
-
-def command_argv(command: str, reference: str) -> list[str]:
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise NodeReferenceError(reference, f"can't split the command line ({exc}); check its quoting") from None
-    if not argv:
-        raise NodeReferenceError(reference, "give the executable, e.g. command:/path/to/exe")
-    return argv
-
-
-def parse_node_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
-    """A definition's kind, with its url (a2a) or command (command)."""
-    kind = data.get("kind")
-    if kind is None:
-        for key in ("url", "command"):
-            if key in data:
-                problem(key, f"{key} needs 'kind: {'a2a' if key == 'url' else 'command'}'; ignored", "warning")
-        return
-    if kind not in EXECUTORS:
-        problem("kind", f"kind must be one of {', '.join(EXECUTORS)}, got {kind!r}")
-        d.kind = str(kind)  # an agent that can't run as what it says is not run as claude
-        return
-    d.kind = str(kind)
-    if d.kind == "claude":
-        return
-    key = "url" if d.kind == "a2a" else "command"
-    value = data.get(key)
-    if not isinstance(value, str) or not value.strip():
-        problem("kind", f"kind {kind} needs {key}: {'the agent URL' if key == 'url' else 'the executable and its arguments'}")
-        return
-    try:
-        d.endpoint = a2a_card_url(value, value) if key == "url" else " ".join(map(shlex.quote, command_argv(value, value)))
-    except NodeReferenceError as exc:
-        problem(key, exc.message.removeprefix(f"--agent {value}: "))
-
-
-def node_of_definition(definition: AgentDefinition | None) -> Node:
-    if definition is None or definition.kind == "claude":
-        return Node("claude")
-    if definition.kind not in EXECUTORS or definition.endpoint is None:
-        raise UsageError(f"agent definition {definition.path} has a bad kind or no url/command; fix it (see 'spawn.py agents lint')")
-    return Node(definition.kind, definition.endpoint)
-
-
-class Executor:
-    """Runs one kind of node inside run_agent's supervision."""
-
-    kind = ""
-
-    def check(self, node: Node, deadline: float | None) -> None:
-        """At resolve time: UsageError (exit 2, nothing written) when the node can't be run.
-
-        It returns by the spawn's deadline (Unix seconds) whatever a remote does:
-        a check that runs out of time leaves the rest to the run, which records the timeout.
-        """
-
-    def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
-        """Before run's event loop (and the SDK's import): start what may start at once. Best effort: run starts the rest."""
-
-    async def run(
-        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
-    ) -> None:
-        """Run the task; leave what came back in state (a claude run: state.result; others: state.node_result)."""
-        raise NotImplementedError
-
-    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
-        """The reason of a failed outcome for an exception run raised."""
-        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:2000]
-
-    def outcome(self, meta: AgentMeta, agent_dir: Path, state: RunState, started: float, error: str | None) -> Outcome:
-        return node_outcome(meta, state, started, error)
-
-
-class ClaudeExecutor(Executor):
-    """Today's path: the claude CLI through the SDK (run_sdk)."""
-
-    kind = "claude"
-
-    def __init__(self) -> None:
-        self.started: StartedCli | None = None
-
-    def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
-        """Start the CLI while the SDK is still being imported, if nothing makes it wait.
-
-        A --max-concurrent slot or a start slot to wait for, or a stop
-        already asked for, leave it to run_sdk, whose loop can serve a stop
-        meanwhile; so does anything that fails here, which run_sdk then
-        meets again and reports.
-        """
-        if EarlyStop.pending is not None or read_limits(Path(meta.session)).max_concurrent is not None:
-            return
-        try:
-            plan = cli_start(meta, agent_dir, cli, state, secrets_)
-        except Exception:
-            return
-        free, slot = start_slot_now(Path(meta.session), start_slot_count(os.environ))
-        if free:
-            with contextlib.suppress(OSError):
-                self.started = start_cli(plan, state, slot)
-
-    async def run(
-        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
-    ) -> None:
-        await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader, started=self.started)
-
-    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
-        return describe_sdk_error(exc, agent_dir / STDERR_LOG)
-
-    def outcome(self, meta: AgentMeta, agent_dir: Path, state: RunState, started: float, error: str | None) -> Outcome:
-        # The CLI's usage prices a run it gave no total for; other kinds have no turns to price.
-        return with_estimated_cost(outcome_from_run(meta, state, started, error), agent_dir, meta.model)
-
-
-def node_outcome(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
-    """The outcome of a node of another kind than claude (pure).
-
-    As for a claude agent: a stop (kill, deadline, signal) wins; a failure
-    after one of the node's own asks was answered no is `refused`; the output
-    is validated against the schema (a JSON text is parsed first).
-    """
-    result = state.node_result
-    base: dict[str, Any] = {
-        "id": meta.id,
-        "ended_at": utc_now_iso(),
-        "duration_s": round(time.time() - started, 3),
-        "text": result.text if result else None,
-        "cost_usd": result.cost_usd if result else None,
-        "transcript": str(Path(meta.session) / AGENTS_DIR / meta.id / TRANSCRIPT),
-    }
-    if state.stop_reason is not None:
-        return Outcome(status=state.stop_reason, reason=state.stop_detail, exit_code=EXIT_FOR_STATUS[state.stop_reason], **base)
-    if error is None and result is None:
-        error = f"the {meta.kind} node ended without a result"
-    if error is not None or (result is not None and result.status != Status.DONE):
-        status, reason = (Status.FAILED, error or "") if error is not None or result is None else (result.status, result.reason)
-        if status == Status.FAILED and state.denied_asks:
-            status, reason = Status.REFUSED, f"{state.denied_asks[-1]}, and the node ended without a result ({reason})"
-        return Outcome(status=status, reason=reason[:2000], exit_code=EXIT_FOR_STATUS[status], **base)
-    assert result is not None
-    output = result.output
-    if meta.schema is not None:
-        if isinstance(output, str):
-            with contextlib.suppress(ValueError):
-                output = parse_json(output)
-        errors = validate_output(meta.schema, output)
-        if errors:
-            reason = f"output does not match the schema ({len(errors)} error(s))"
-            return Outcome(
-                status=Status.FAILED, reason=reason, exit_code=ExitCode.AGENT_FAILED, output=output, validation_errors=errors, **base
-            )
-    return Outcome(status=Status.DONE, reason=result.reason or "completed", exit_code=ExitCode.OK, output=output, **base)
-
-
-def node_line(agent_dir: Path, kind: str, message: Mapping[str, Any], secrets_: Sequence[str]) -> bool:
-    """One transcript line of a node of another kind: {time, type, message}; False once the transcript is truncated."""
-    return append_transcript(agent_dir / TRANSCRIPT, {"time": utc_now_iso(), "type": kind, "message": dict(message)}, secrets_)
-
-
-class CommandExecutor(Executor):
-    """An executable: one JSON task on stdin, one JSON result on stdout (sessions/README.md)."""
-
-    kind = "command"
-
-    def check(self, node: Node, deadline: float | None) -> None:
-        import shutil
-
-        argv = command_argv(node.endpoint or "", f"command:{node.endpoint}")
-        found = argv[0] if "/" in argv[0] else shutil.which(argv[0])
-        if found is None or not Path(found).is_file() or not os.access(found, os.X_OK):
-            raise NodeReferenceError(
-                f"command:{node.endpoint}", f"{argv[0]} is not an executable file; give its path, e.g. command:/path/to/exe"
-            )
-
-    async def run(
-        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
-    ) -> None:
-        import asyncio
-
-        argv = command_argv(meta.endpoint or "", f"command:{meta.endpoint}")
-        # Its own session and group: the stop path ends the group, never spawn.py.
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=meta.cwd,
-            env={**os.environ, **child_environment(meta, agent_dir)},
-            start_new_session=True,
-            limit=COMMAND_RESULT_LIMIT,
-        )
-        state.started_cli(proc.pid)
-        node_line(agent_dir, "CommandStart", {"argv": argv, "pid": proc.pid}, secrets_)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        stderr_tail: list[str] = []
-
-        async def pump_stderr(stream: asyncio.StreamReader) -> None:
-            async for raw in stream:
-                line = redact(raw.decode(errors="replace").rstrip("\n"), secrets_)
-                if line.strip():
-                    del stderr_tail[:-2]
-                    stderr_tail.append(line)
-                state.last_activity = time.time()
-                append_log_line(agent_dir / STDERR_LOG, line)
-
-        async def feed(stdin: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a command may not read its task
-                stdin.write(json.dumps(command_task(meta, agent_dir)).encode() + b"\n")
-                await stdin.drain()
-            stdin.close()
-
-        _, out, _ = await asyncio.gather(feed(proc.stdin), proc.stdout.read(COMMAND_RESULT_LIMIT + 1), pump_stderr(proc.stderr))
-        if len(out) > COMMAND_RESULT_LIMIT:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
-        code = await proc.wait()
-        result = command_result(out, code, stderr_tail)
-        node_line(agent_dir, "CommandResult", {"exit_code": code, "status": result.status.value, "reason": result.reason}, secrets_)
-        state.node_result = result
-
-
-def command_task(meta: AgentMeta, agent_dir: Path) -> dict[str, Any]:
-    """The JSON a command node reads on stdin (sessions/README.md, "Node kinds")."""
-    task: dict[str, Any] = {
-        "task": meta.task,
-        "schema": meta.schema,
-        "depth": meta.depth,
-        "max_depth": meta.max_depth,
-        "deadline": meta.deadline,
-        "max_budget_usd": meta.max_budget_usd,
-        "session": meta.session,
-        "agent_id": meta.id,
-        "parent_id": meta.parent_id,
-        "agent_dir": str(agent_dir),
-        "cwd": meta.cwd,
-        "traceparent": meta.traceparent,
-        "protocol": PROTOCOL_VERSION,
-    }
-    return task
-
-
-def command_result(out: bytes, code: int, stderr_tail: Sequence[str]) -> NodeResult:
-    """What a command's exit status and stdout say (pure)."""
-    said = f"; stderr: {' | '.join(stderr_tail)}" if stderr_tail else ""
-    if len(out) > COMMAND_RESULT_LIMIT:  # checked first: spawn.py ended such a command itself
-        return NodeResult(Status.FAILED, f"the command's result is over {COMMAND_RESULT_LIMIT} bytes")
-    if code < 0:
-        name = next((sig.name for sig in signal.Signals if sig == -code), f"signal {-code}")
-        return NodeResult(Status.KILLED, f"the command was ended by {name}")
-    try:
-        result = parse_json(out)
-    except ValueError:
-        result = None
-    error = result.get("error") if isinstance(result, dict) else None
-    cost = result.get("cost_usd") if isinstance(result, dict) else None
-    cost = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) and is_finite(cost) and cost >= 0 else None
-    if code != 0:
-        return NodeResult(Status.FAILED, f"the command exited {code}" + (f": {error}" if error else said), cost_usd=cost)
-    if not isinstance(result, dict) or ("output" not in result and not error):
-        head = out[:200].decode(errors="replace").strip()
-        return NodeResult(
-            Status.FAILED, f'the command wrote no JSON result on stdout ({{"output": ...}}); it wrote {head!r}{said}', cost_usd=cost
-        )
-    if error:
-        return NodeResult(Status.FAILED, f"the command failed: {error}", output=result.get("output"), cost_usd=cost)
-    output = result["output"]
-    return NodeResult(Status.DONE, "completed", output=output, text=output if isinstance(output, str) else None, cost_usd=cost)
-
-
-def a2a_token(environ: Mapping[str, str]) -> str | None:
-    """The bearer token in $SPAWN_A2A_TOKEN_FILE, or None when it is unset."""
-    path = environ.get(ENV_A2A_TOKEN_FILE)
-    if not path:
-        return None
-    try:
-        token = Path(path).expanduser().read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = getattr(exc, "strerror", None) or exc
-        raise UsageError(f"can't read {ENV_A2A_TOKEN_FILE} {path}: {why}; point it at the token file") from None
-    if not token or not token.isprintable() or not token.isascii():
-        raise UsageError(f"{ENV_A2A_TOKEN_FILE} {path} holds no token (one line of ASCII); point it at the server's token file")
-    return token
-
-
-def read_url_by(url: str, until: float) -> bytes:
-    """GET url's body (at most COMMAND_RESULT_LIMIT bytes), all of it read by `until`
-    (Unix seconds), else TimeoutError.
-
-    urllib's own timeout bounds each socket call, so a peer that sends one byte
-    a second never trips it: here each read gets only the time left.
-    """
-    import http.client
-    import io
-    import urllib.request
-
-    class Reads(io.RawIOBase):
-        def __init__(self, sock: socket.socket) -> None:
-            self.sock = sock
-
-        def readable(self) -> bool:
-            return True
-
-        def readinto(self, buffer: Any) -> int:
-            left = until - time.time()
-            if left <= 0:
-                raise TimeoutError("out of time")
-            self.sock.settimeout(left)
-            return self.sock.recv_into(buffer)
-
-        def close(self) -> None:
-            super().close()
-            self.sock.close()
-
-    class Bounded:
-        """The connection's socket as http.client uses it, every read bounded.
-
-        urllib closes the connection once the headers are read, leaving the
-        response's reader to close the socket: the reader owns it from then.
-        """
-
-        def __init__(self, sock: socket.socket) -> None:
-            self.sock = sock
-            self.reader: io.BufferedReader | None = None
-
-        def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
-            self.reader = io.BufferedReader(Reads(self.sock))
-            return self.reader
-
-        def close(self) -> None:
-            if self.reader is None:
-                self.sock.close()
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.sock, name)
-
-    class HTTPConnection(http.client.HTTPConnection):
-        def connect(self) -> None:
-            super().connect()
-            self.sock = cast("socket.socket", Bounded(self.sock))
-
-    class HTTPSConnection(http.client.HTTPSConnection):
-        def connect(self) -> None:
-            super().connect()  # the TLS handshake too, within the connect timeout
-            self.sock = cast("socket.socket", Bounded(self.sock))
-
-    class HTTP(urllib.request.HTTPHandler):
-        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-            return self.do_open(HTTPConnection, req)
-
-    class HTTPS(urllib.request.HTTPSHandler):
-        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-            return self.do_open(HTTPSConnection, req)
-
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    with urllib.request.build_opener(HTTP, HTTPS).open(request, timeout=max(0.001, until - time.time())) as response:
-        return cast("bytes", response.read(COMMAND_RESULT_LIMIT))
-
-
-def fetch_agent_card(url: str, deadline: float | None = None) -> dict[str, Any] | None:
-    """The agent card at url, checked enough to be worth a client (resolve time; no SDK import).
-
-    It is read within A2A_CARD_TIMEOUT_S and by the deadline: None when the
-    deadline came first, so that the run records the timeout.
-    """
-    import urllib.error
-
-    until = time.time() + A2A_CARD_TIMEOUT_S
-    by_deadline = deadline is not None and deadline < until
-    try:
-        body = read_url_by(url, min(until, deadline) if deadline is not None else until)
-    except urllib.error.HTTPError as exc:
-        raise UsageError(f"no A2A agent card at {url} (HTTP {exc.code}); check the URL (is it an A2A agent?)") from None
-    except (urllib.error.URLError, OSError) as exc:
-        why = getattr(exc, "reason", exc)
-        if isinstance(why, TimeoutError):
-            if by_deadline:
-                return None
-            raise UsageError(f"the A2A agent at {url} sent no card within {A2A_CARD_TIMEOUT_S:.0f} s; check the host and port") from None
-        raise UsageError(f"can't reach the A2A agent at {url}: {why}; check the host and port") from None
-    try:
-        card = parse_json(body)
-    except ValueError:
-        raise UsageError(f"{url} is not an A2A agent card (not JSON); check the URL") from None
-    problem = a2a_card_problem(card)
-    if problem is not None:
-        raise UsageError(f"{url} is not a valid A2A agent card: {problem}")
-    return cast("dict[str, Any]", card)
-
-
-def a2a_card_problem(card: Any) -> str | None:
-    """What keeps this client from using a card, or None (pure)."""
-    if not isinstance(card, dict):
-        return "it is not a JSON object"
-    if not isinstance(card.get("name"), str) or not card.get("name"):
-        return "it has no name"
-    interfaces = card.get("supportedInterfaces")
-    if interfaces is None and isinstance(card.get("url"), str):  # a 0.3 card
-        interfaces = [{"url": card["url"], "protocolBinding": card.get("preferredTransport", "JSONRPC")}]
-        interfaces += [
-            {"url": i.get("url"), "protocolBinding": i.get("transport")}
-            for i in card.get("additionalInterfaces") or []
-            if isinstance(i, dict)
-        ]
-    if not isinstance(interfaces, list) or not interfaces:
-        return "it lists no interface (supportedInterfaces)"
-    usable = [i for i in interfaces if isinstance(i, dict) and i.get("protocolBinding") in A2A_BINDINGS and isinstance(i.get("url"), str)]
-    if not usable:
-        return f"none of its interfaces speaks {' or '.join(A2A_BINDINGS)}"
-    return None
-
-
-def a2a_metadata(meta: AgentMeta) -> dict[str, Any]:
-    """Message metadata: the node's depth, limits and trace, for the remote to narrow to."""
-    data: dict[str, Any] = {A2A_META_DEPTH: meta.depth, A2A_META_MAX_DEPTH: meta.max_depth, A2A_META_TRACEPARENT: meta.traceparent}
-    if meta.deadline is not None:
-        data[A2A_META_DEADLINE] = meta.deadline
-    if meta.max_budget_usd is not None:
-        data[A2A_META_BUDGET] = meta.max_budget_usd
-    return data
-
-
-def a2a_state_name(value: int, names: Mapping[int, str]) -> str:
-    """completed, input-required, ...: A2A's TaskState without its prefix; an unknown value as its number (pure)."""
-    name = names.get(value)
-    return name.removeprefix("TASK_STATE_").lower().replace("_", "-") if name else str(value)
-
-
-def whole_numbers(value: Any) -> Any:
-    """JSON from protobuf's Struct, whose numbers are all doubles: 3.0 back to 3 (pure)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [whole_numbers(v) for v in value]
-    if isinstance(value, dict):
-        return {k: whole_numbers(v) for k, v in value.items()}
-    return value
-
-
-def parts_output(parts: Sequence[Mapping[str, Any]]) -> tuple[Any, str | None]:
-    """(output, text) of A2A parts as JSON (pure).
-
-    One data part alone is the output (so --schema can check it); text parts
-    are joined; both together are {"text", "data": [...]}. A file part counts
-    as data: {url or filename, media_type}.
-    """
-    texts = [str(p["text"]) for p in parts if "text" in p]
-    data = [whole_numbers(p["data"]) for p in parts if "data" in p]
-    data += [{k: p[k] for k in ("url", "filename", "mediaType") if k in p} for p in parts if "url" in p or "raw" in p]
-    text = "\n".join(texts) if texts else None
-    if not data:
-        return text, text
-    if text is None:
-        return (data[0] if len(data) == 1 else data), None
-    return {"text": text, "data": data}, text
-
-
-class A2ATask:
-    """What the client has seen of its remote task, from events or polls (JSON, as ProtoJSON)."""
-
-    def __init__(self, state_names: Mapping[int, str]) -> None:
-        self.names = state_names
-        self.task_id: str | None = None
-        self.context_id: str | None = None
-        self.state: str | None = None
-        self.status_parts: list[dict[str, Any]] = []
-        self.artifacts: dict[str, list[dict[str, Any]]] = {}
-        self.reply: list[dict[str, Any]] | None = None
-        """The parts of a direct Message reply: the remote answered without a task."""
-        self.cost_usd: float | None = None
-
-    def observe(self, event: Mapping[str, Any], raw_state: int | None) -> None:
-        """Take in one StreamResponse (or a polled Task as {"task": ...}); raw_state is its numeric state."""
-        if "message" in event:
-            self.reply = list(event["message"].get("parts") or [])
-            self.state = "completed"
-            return
-        body = event.get("task") or event.get("statusUpdate") or event.get("artifactUpdate") or {}
-        self.task_id = body.get("id") or body.get("taskId") or self.task_id
-        self.context_id = body.get("contextId") or self.context_id
-        self._cost(body.get("metadata"))
-        if "task" in event:
-            for artifact in body.get("artifacts") or []:
-                self.artifacts[str(artifact.get("artifactId"))] = list(artifact.get("parts") or [])
-        if "artifactUpdate" in event:
-            artifact = body.get("artifact") or {}
-            key = str(artifact.get("artifactId"))
-            parts = list(artifact.get("parts") or [])
-            self.artifacts[key] = [*self.artifacts.get(key, []), *parts] if body.get("append") else parts
-        if "task" in event or "statusUpdate" in event:
-            status = body.get("status") or {}
-            self.state = a2a_state_name(raw_state or 0, self.names)
-            message = status.get("message") or {}
-            self.status_parts = list(message.get("parts") or [])
-            self._cost(message.get("metadata"))
-
-    def _cost(self, metadata: Any) -> None:
-        cost = metadata.get(A2A_META_COST) if isinstance(metadata, dict) else None
-        if isinstance(cost, int | float) and not isinstance(cost, bool) and is_finite(cost) and cost >= 0:
-            self.cost_usd = float(cost)
-
-    def settled(self) -> bool:
-        """Past working: final, waiting for an answer, or in a state this client doesn't know."""
-        return self.state is not None and self.state not in A2A_RUNNING_STATES
-
-    def status_text(self) -> str:
-        return parts_output(self.status_parts)[1] or ""
-
-    def result(self) -> NodeResult:
-        state = self.state or "unknown"
-        status = A2A_FINAL_STATES.get(state)
-        said = self.status_text()
-        if status == Status.DONE:
-            parts = self.reply if self.reply is not None else [p for ps in self.artifacts.values() for p in ps]
-            output, text = parts_output(parts or self.status_parts)
-            return NodeResult(Status.DONE, "completed", output=output, text=text or said or None, cost_usd=self.cost_usd)
-        if status == Status.KILLED:
-            return NodeResult(
-                Status.KILLED,
-                "the remote agent canceled the task" + (f": {said}" if said else ""),
-                text=said or None,
-                cost_usd=self.cost_usd,
-            )
-        if status == Status.FAILED:
-            return NodeResult(
-                Status.FAILED, f"the remote agent's task {state}" + (f": {said}" if said else ""), text=said or None, cost_usd=self.cost_usd
-            )
-        return NodeResult(
-            Status.FAILED, f"the remote task is in a state this client doesn't know: {state!r}", text=said or None, cost_usd=self.cost_usd
-        )
-
-
-class A2AExecutor(Executor):
-    """A remote agent over A2A (a2a-sdk, imported only when an a2a node runs)."""
-
-    kind = "a2a"
-
-    def check(self, node: Node, deadline: float | None) -> None:
-        a2a_token(os.environ)  # an unreadable token file is exit 2, before anything is written
-        fetch_agent_card(node.endpoint or "", deadline)
-
-    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
-        return f"A2A: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:2000]
-
-    async def run(
-        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
-    ) -> None:
-        import asyncio
-        import uuid
-        from collections.abc import Generator
-        from urllib.parse import urlsplit
-
-        import httpx
-        from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
-        from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
-
-        # protobuf ships no type hints: its JSON codec is used untyped.
-        json_format: Any = importlib.import_module("google.protobuf.json_format")
-
-        class Flooded(Exception):
-            """The remote sent more than the transcript holds: a peer that floods is ended, not followed."""
-
-        def line(kind: str, message: Mapping[str, Any]) -> bool:
-            state.last_activity = time.time()
-            return node_line(agent_dir, kind, message, secrets_)
-
-        names = {int(v): n for n, v in TaskState.items()}
-        url = meta.endpoint or ""
-        parts = urlsplit(url)
-        token = a2a_token(os.environ)
-        card_origin = httpx.URL(url)
-
-        class Bearer(httpx.Auth):
-            """The token, to the card's own origin only: a card may name interfaces anywhere."""
-
-            def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-                there = request.url
-                if token is not None and (there.scheme, there.host, there.port) == (card_origin.scheme, card_origin.host, card_origin.port):
-                    request.headers["Authorization"] = f"Bearer {token}"
-                yield request
-
-        # No timeout of its own on a stream's reads: the deadline (run_agent's
-        # stop, which cancels this task) bounds the card, the send, the stream and every poll.
-        async with httpx.AsyncClient(timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=Bearer()) as http:
-            card = await A2ACardResolver(http, f"{parts.scheme}://{parts.netloc}", parts.path).get_agent_card()
-            streaming = bool(card.capabilities.streaming)
-            line("A2ACard", {"url": url, "name": card.name, "version": card.version, "streaming": streaming})
-            config = ClientConfig(
-                streaming=streaming, polling=not streaming, httpx_client=http, supported_protocol_bindings=list(A2A_BINDINGS)
-            )
-            client = ClientFactory(config).create(card)
-            task = A2ATask(names)
-
-            cancels: list[asyncio.Future[None]] = []
-
-            async def cancel() -> None:
-                if task.task_id is None or task.state in A2A_FINAL_STATES:
-                    line(
-                        "A2ACancel",
-                        {"task_id": task.task_id, "sent": False, "why": "no remote task yet" if task.task_id is None else task.state},
-                    )
-                    return
-                if cancels:  # the run's own cancel (an ask denied) and the stop path's can meet: one is sent
-                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
-                    return
-                done = asyncio.get_running_loop().create_future()
-                cancels.append(done)
-                try:
-                    answer = await client.cancel_task(CancelTaskRequest(id=task.task_id))
-                except Exception as exc:
-                    line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": f"{type(exc).__name__}: {exc}"[:500]})
-                    raise
-                finally:
-                    done.set_result(None)
-                line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, names)})
-
-            state.stop_hooks.append(cancel)
-            try:
-                text = meta.task
-                while True:
-                    message = Message(
-                        message_id=uuid.uuid4().hex,
-                        role=Role.ROLE_USER,
-                        parts=[Part(text=text)],
-                        metadata=a2a_metadata(meta),
-                        task_id=task.task_id or "",
-                        context_id=task.context_id or "",
-                    )
-                    line("A2ASend", json_format.MessageToDict(message))
-                    events = client.send_message(SendMessageRequest(message=message))
-                    try:
-                        async for event in events:
-                            raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
-                            event_json = json_format.MessageToDict(event)
-                            if not line("A2AEvent", event_json):
-                                raise Flooded(
-                                    f"the remote agent sent over {log_max_bytes(os.environ)} bytes of events ({ENV_LOG_MAX}); "
-                                    "its task was canceled"
-                                )
-                            task.observe(event_json, raw)
-                            if task.settled():
-                                break
-                    finally:
-                        close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
-                        if close is not None:
-                            await close()
-                    seen = task.state
-                    while not task.settled():
-                        if task.task_id is None:
-                            raise RuntimeError("the remote agent answered with neither a task nor a message")
-                        await asyncio.sleep(A2A_POLL_S)
-                        polled = await client.get_task(GetTaskRequest(id=task.task_id))
-                        task.observe({"task": json_format.MessageToDict(polled)}, polled.status.state)
-                        if task.state != seen:  # a poll that saw nothing new is no event
-                            line("A2ATask", json_format.MessageToDict(polled))
-                            seen = task.state
-                    if task.state not in A2A_ASK_STATES:
-                        break
-                    reply = await a2a_ask(meta, agent_dir, state, task, remote=card.name, secrets_=secrets_)
-                    if reply is None:
-                        await cancel()
-                        state.node_result = NodeResult(
-                            Status.FAILED, f"the remote agent's {task.state} was answered no", cost_usd=task.cost_usd
-                        )
-                        return
-                    text = reply
-                state.node_result = task.result()
-            except Flooded as exc:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(cancel(), KILL_GRACE_S)
-                state.node_result = NodeResult(Status.FAILED, str(exc), cost_usd=task.cost_usd)
-            finally:
-                # A remote that reports itself canceled ends the stream while the
-                # stop path's cancel still waits on this client for its reply:
-                # closing the client now would cut that reply (and its record) off.
-                if cancels:
-                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
-
-
-async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATask, *, remote: str, secrets_: Sequence[str]) -> str | None:
-    """Raise the remote's input-required/auth-required as an ask; the reply to send, or None when denied."""
-    import asyncio
-
-    timeout = ask_timeout(os.environ)
-    if meta.deadline is not None:
-        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
-    question = task.status_text() or f"the remote agent {remote} needs {task.state}"
-    rule = f"A2A {task.state} from {remote}"
-    channel = open_ask(meta, f"A2A:{task.state}", {"command": question}, rule, timeout=timeout, secrets_=secrets_)
-    ask = channel.ask_id
-    node_line(agent_dir, "A2AAsk", {"ask": ask, "state": task.state, "question": question}, secrets_)
-    how = f"run 'spawn.py approve {ask} --text REPLY' or 'spawn.py deny {ask}' within {timeout:.0f} s"
-    note(f"agent {meta.id}: {remote} asks: {question[:200]}; {how}")
-    try:
-        answer = await asyncio.to_thread(channel.wait, meta.id, timeout, secrets_)
-    finally:
-        channel.close()  # never left pending by a stop: denied, by timeout
-    verdict, by = str(answer.get("verdict")), str(answer.get("by", "?"))
-    node_line(agent_dir, "A2AAnswer", {"ask": ask, "verdict": verdict, "by": by}, secrets_)
-    if verdict != "approve":
-        state.denied_asks.append(f"ask {ask} ({rule}) denied by {by}")
-        return None
-    return str(answer.get("text") or "approved")
-
-
-def names_another_kind(argv: Sequence[str]) -> bool:
-    """Whether argv's --agent is an a2a or command reference: a run with nothing of the claude SDK to import."""
-    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--agent"]
-    values += [arg.removeprefix("--agent=") for arg in argv if arg.startswith("--agent=")]
-    try:
-        return any(node is not None and node.kind != "claude" for node in map(parse_reference, values))
-    except UsageError:
-        return False  # reported by the run's own resolution
-
-
-EXECUTORS: dict[str, type[Executor]] = {"claude": ClaudeExecutor, "a2a": A2AExecutor, "command": CommandExecutor}
-
-
-def executor_for(kind: str) -> Executor:
-    if kind not in EXECUTORS:
-        raise UsageError(f"unknown node kind {kind!r}; use one of {', '.join(EXECUTORS)} (this spawn.py is {__version__})")
-    return EXECUTORS[kind]()
-# ==================== end src/spawnlib/executors.py ====================
-
-# ==================== begin src/spawnlib/forkserver.py ====================
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ------------------------------------------------------------- fork server --
-
-# A session's fork server: one process, started by the root agent, that has
-# imported everything a spawn needs. A nested spawn.py hands its whole
-# invocation over the socket (forkserver_stand_in, at the top of this file)
-# and the server forks a child that runs it: no interpreter start, no
-# imports, and pages shared with the server. It is an accelerator only:
-# with no server, every spawn takes the normal path and every guarantee is
-# the same.
-FORKSERVER_LOG = "forkserver.jsonl"  # in the session directory: one line per fork
-FORKSERVER_NAME = "spawn-forksrv"  # its name in ps and top (/proc/PID/comm, at most 15 bytes)
-FORKSERVER_POLL_S = 1.0  # how often the server checks that its root is still alive
-# What a forked agent would otherwise import for itself, each a private copy
-# (~4 MiB of each agent's private memory): anyio's asyncio backend and the
-# streams the SDK opens at connect, and ctypes (prctl, the subreaper).
-# (Not opentelemetry, which the SDK would import at connect: import_sdk
-# keeps it out.)
-FORKSERVER_PRELOAD = (
-    "anyio._backends._asyncio",
-    "anyio._core._subprocesses",
-    "anyio.to_thread",
-    "anyio.streams.memory",
-    "anyio.streams.stapled",
-    "anyio.streams.tls",
-    "ctypes",
-    "queue",
-)
-
-
-def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
-    """Only a root that can have children starts one; SPAWN_NO_FORKSERVER=1 turns it off.
-
-    Linux only: the server learns its peers from SO_PEERCRED.
-    """
-    return (
-        sys.platform.startswith("linux")
-        and meta.parent_id is None
-        and ForkedFor.pid is None
-        and meta.depth < meta.max_depth
-        and "Bash" in meta.tools
-        and environ.get(ENV_NO_FORKSERVER) != "1"
-    )
-
-
-def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None) -> None:
-    """Fork the session's fork server from the root (in its cgroup, below its subreaper).
-
-    Forked, not started afresh: the root has imported nearly everything the
-    server needs, so the server costs a fork instead of an interpreter that
-    imports it all again (about 0.25 s of CPU, taken from the root's CLI
-    while it starts). The SDK's import thread is joined first: a fork keeps
-    only the calling thread, and an import lock held by another would stay
-    held in the child. The root's end takes the server down with the rest
-    of its subtree; it also exits by itself once the root's process is
-    gone. A server that fails to start costs nothing but speed.
-    """
-    if sdk_loader is not None:
-        try:
-            sdk_loader.result()
-        except BaseException:
-            return  # run_sdk raises it where it is reported
-    if threading.active_count() > 1:
-        return  # another thread would be cut off mid-step in the child
-    try:
-        log = os.open(Path(meta.session) / "forkserver.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return
-    with contextlib.suppress(OSError, ValueError):  # else the child would write the root's buffered output
-        sys.stdout.flush()
-        sys.stderr.flush()
-    try:
-        pid = os.fork()
-    except OSError:
-        pid = -1
-    if pid != 0:
-        os.close(log)
-        return
-    # From here this process is the server, and never returns to the root's code.
-    try:
-        become_forkserver(log)
-        serve_forks(meta)
-    except SystemExit:
-        pass
-    except BaseException:  # into its log: the server is only ever an accelerator
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(0)
-
-
-def become_forkserver(log: int) -> None:
-    """In the root's fresh fork: let go of everything that is the root's.
-
-    Its own session (a Ctrl-C reaches the root, which ends it), no stdio of
-    the root's (a parent reading the root's stdout must see EOF when the
-    root exits), no other descriptor (the guard's pipe must close when the
-    root dies), default signal handling, and a name of its own in ps.
-    """
-    os.setsid()
-    # As a fresh interpreter has them (the root's hold stop signals for its outcome).
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    reset_after_fork()  # a stop the root got, its guard, its capped logs: the root's, not its forked agents'
-    # Gone with the root at once, even a SIGKILLed one (else within FORKSERVER_POLL_S).
-    set_parent_death_signal(signal.SIGTERM)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = list(range(3, 4096))
-    for fd in fds:
-        if fd > 2:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as fh:
-        fh.write(FORKSERVER_NAME)
-    print(f"spawn.py fork server {os.getpid()}", flush=True)
-
-
-def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) -> str | None:
-    """Why this server must not run a request (then the stand-in takes the normal path)."""
-    if request.get("prefix") != sys.prefix:
-        return "another Python environment"
-    argv = request.get("argv")
-    # What a stand-in asks for, and nothing else: every other verb (approve,
-    # kill, ...) decides by its caller's ancestry, which a fork would hide.
-    if not (isinstance(argv, list) and argv and (argv[0].startswith("-") or argv[0] in FORKED_VERBS)):
-        return "not a spawn"
-    if request.get("detach") is True and not (len(argv) == 2 and argv[0] == "_run"):
-        return "only a background runner is forked detached"
-    path, size, mtime_ns = request["script"]  # its shape checked by request_problem
-    if path == str(compiled_script()):
-        return None
-    if path == str(SCRIPT_PATH) and (size, mtime_ns) == (script_stat.st_size, script_stat.st_mtime_ns):
-        return None
-    return "another spawn.py"
-
-
-# A request holds one spawn's argv and environment, which the kernel caps
-# together at ARG_MAX (2 MiB on Linux); anything much longer is no stand-in's.
-FORKSERVER_REQUEST_MAX = 8 << 20
-
-
-def request_problem(request: object) -> str | None:
-    """What makes a fork request malformed, or None (pure).
-
-    The socket is the user's only, but the server must outlive whatever
-    is sent to it: a field of the wrong type is refused here, not met as a
-    TypeError in the serving loop, which would end the server.
-    """
-    if not isinstance(request, dict):
-        return "not an object"
-    argv, env, script = request.get("argv"), request.get("env"), request.get("script")
-    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
-        return "argv"
-    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-        return "env"
-    if not (isinstance(request.get("cwd"), str) and isinstance(request.get("prefix"), str)):
-        return "cwd or prefix"
-    if not (isinstance(script, list) and len(script) == 3 and isinstance(script[0], str) and all(type(n) is int for n in script[1:])):
-        return "script"
-    if not isinstance(request.get("detach", False), bool):
-        return "detach"
-    return None
-
-
-# A stand-in sends its whole request at once; a client still sending after
-# this many seconds is dropped (it takes the normal path, if it is one).
-FORKSERVER_REQUEST_S = 5.0
-# Requests read at once; a client past them is closed unanswered (the normal path).
-FORKSERVER_PENDING_MAX = 32
-
-
-class PendingRequest:
-    """A fork request being read: a 4-byte length, JSON, and the stdio fds (SCM_RIGHTS).
-
-    The server reads every client's as it comes, each until its own
-    deadline: one that trickles its bytes must not hold up another's spawn.
-    """
-
-    def __init__(self, conn: Any, client_pid: int) -> None:
-        self.conn, self.client_pid = conn, client_pid
-        self.deadline = time.monotonic() + FORKSERVER_REQUEST_S
-        self.data = bytearray()
-        self.fds: list[int] = []
-
-    def feed(self) -> bool:
-        """Take what has come; whether the request is whole. ValueError for one that never can be."""
-        import socket
-
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(self.conn, 1 << 16, 3)
-        except BlockingIOError:
-            return False
-        self.fds += fds
-        if len(self.fds) > 3:
-            raise ValueError("more fds than stdio")
-        if not data:
-            raise ValueError("request cut short")
-        self.data += data
-        if len(self.data) < 4:
-            return False
-        length = int.from_bytes(self.data[:4], "big")
-        if length > FORKSERVER_REQUEST_MAX or len(self.data) > 4 + length:
-            raise ValueError("no request's length")
-        return len(self.data) == 4 + length
-
-    def request(self) -> dict[str, Any]:
-        """The whole request, checked; ValueError for a malformed one (parse_json: deep is malformed)."""
-        request = parse_json(bytes(self.data[4:]), FORKSERVER_REQUEST_MAX)
-        if len(self.fds) != 3 or request_problem(request) is not None:
-            raise ValueError("malformed request")
-        return cast("dict[str, Any]", request)
-
-    def close(self) -> None:
-        for fd in self.fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds = []
-        self.conn.close()
-
-
-def serve_forks(meta: AgentMeta) -> None:
-    """The fork server's loop: accept, check the peer, fork; until the root is gone."""
-    import gc
-    import selectors
-    import socket
-    import struct
-
-    root = Supervised.of(meta)
-    path = Path(meta.session) / FORKSERVER_SOCKET
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    address, dir_fd = unix_address(str(path))
-    mask = os.umask(0o177)  # the socket is created 0600: only this user may connect
-    try:
-        server.bind(address)
-    finally:
-        os.umask(mask)
-        if dir_fd is not None:
-            os.close(dir_fd)
-    bound = path.stat().st_ino
-    # Listening before the imports: a spawn that comes meanwhile waits in the
-    # backlog, no longer than its own imports would have taken it.
-    server.listen(64)
-    server.setblocking(False)
-
-    # Everything a spawn imports, once: the children share these pages. (The
-    # root, forked, has most of it: the SDK's and asyncio's imports are free.)
-    import asyncio  # noqa: F401
-
-    import jsonschema  # noqa: F401
-
-    import_sdk(os.environ)
-    import anyio  # noqa: F401
-
-    for name in FORKSERVER_PRELOAD:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
-    compiled_script()
-    # Out of the collector's reach: a child's collections then leave these
-    # pages alone, so they stay shared with the server instead of copied.
-    gc.freeze()
-    script_stat = SCRIPT_PATH.stat()
-    namespace = own_pid_namespace()
-
-    def stop(_signum: int, _frame: Any) -> None:
-        raise SystemExit(0)
-
-    # The spawns this server forked, by pid: the stand-in each runs for. A
-    # detached runner is forked only for one of them (its launcher), and for
-    # that launcher's caller, who is checked while it still lives.
-    launched: dict[int, tuple[int, float]] = {}
-
-    def reap(_signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ChildProcessError):
-            while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
-                launched.pop(pid, None)
-
-    signal.signal(signal.SIGCHLD, reap)
-    signal.signal(signal.SIGTERM, stop)
-    pending: dict[Any, PendingRequest] = {}
-    selector = selectors.DefaultSelector()
-    selector.register(server, selectors.EVENT_READ)
-
-    def drop(client: PendingRequest) -> None:
-        # Closed unanswered: that client takes the normal path.
-        selector.unregister(client.conn)
-        del pending[client.conn]
-        client.close()
-
-    def admit() -> None:
-        try:
-            conn, _ = server.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        client_pid, client_uid, _gid = struct.unpack("3i", creds)
-        # Another user's, or one inside an agent's sandbox (or unreadable),
-        # whatever it says: what it spawns must stay in there, not be forked out.
-        if client_uid != os.getuid() or pid_namespace_of(client_pid) != namespace or len(pending) >= FORKSERVER_PENDING_MAX:
-            conn.close()
-            return
-        conn.setblocking(False)
-        pending[conn] = PendingRequest(conn, client_pid)
-        selector.register(conn, selectors.EVENT_READ)
-
-    def serve(client: PendingRequest) -> None:
-        conn, fds, client_pid = client.conn, client.fds, client.client_pid
-        request = client.request()
-        conn.settimeout(5.0)  # the reply's send; the client waits for it
-        refusal = forkserver_refusal(request, script_stat)
-        client_time = psutil.Process(client_pid).create_time()
-        caller, ancestry = None, None
-        if refusal is None:
-            caller, refusal = caller_in_tree(client_pid, launched, meta.session, detach=request.get("detach") is True)
-        if refusal is None and caller is not None and request.get("detach") is True:
-            ancestry = ancestry_context(subject=caller)
-        if refusal is not None:
-            conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
-            return
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                server.close()
-                selector.close()
-                for other in pending.values():  # every other client is the server's to answer
-                    other.close()
-                if request.get("detach") is True:
-                    ForkedFor.ancestry = ancestry
-                    run_detached(conn, fds, request)
-                run_forked(conn, fds, request, client_pid, client_time)
-            finally:
-                os._exit(ExitCode.STATE)
-        if request.get("detach") is not True:
-            launched[pid] = (client_pid, client_time)
-        line = {
-            "time": utc_now_iso(),
-            "pid": pid,
-            "client_pid": client_pid,
-            "verb": request["argv"][0] if request["argv"][:1] in (["_run"], ["wait"]) else "run",
-        }
-        if request.get("detach") is True:
-            line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
-        with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
-            fh.write(json.dumps(line) + "\n")
-
-    try:
-        while root.alive():
-            now = time.monotonic()
-            for client in [c for c in pending.values() if c.deadline <= now]:
-                drop(client)
-            wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in pending.values())])
-            for key, _events in selector.select(max(0.0, wait_s)):
-                if key.fileobj is server:
-                    admit()
-                    continue
-                client = pending[key.fileobj]
-                try:
-                    whole = client.feed()
-                except (OSError, ValueError):
-                    drop(client)
-                    continue
-                if whole:
-                    selector.unregister(client.conn)
-                    del pending[client.conn]
-                    with contextlib.suppress(OSError, ValueError, psutil.Error):
-                        serve(client)
-                    client.close()
-        # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
-        print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
-    finally:
-        with contextlib.suppress(OSError):
-            if path.stat().st_ino == bound:
-                path.unlink()
-
-
-def caller_in_tree(
-    client_pid: int, launched: Mapping[int, tuple[int, float]], session: str, *, detach: bool
-) -> tuple[psutil.Process | None, str | None]:
-    """(the process a request speaks for, None), or (None, why it is refused).
-
-    The kernel names the client (SO_PEERCRED); a spawn this server forked
-    speaks for the stand-in it runs for. The caller must run under a
-    registered runner of this server's own session: anything else (another
-    tree, a process that only sets SPAWN_SESSION) takes the normal path,
-    where its own ancestry decides. Only the server's own forked launchers
-    may ask for a detached runner.
-    """
-    if detach and client_pid not in launched:
-        return None, "only a launcher this server forked may ask for a detached runner"
-    caller_pid, caller_time = launched.get(client_pid, (client_pid, None))
-    try:
-        caller = psutil.Process(caller_pid)
-        if caller_time is not None and abs(caller.create_time() - caller_time) >= 0.05:
-            return None, "its caller is gone"
-    except psutil.Error:
-        return None, "its caller is gone"
-    for agent_dir in ancestor_agents(caller)[:1]:
-        with contextlib.suppress(OSError, SpawnError):
-            if load_meta(agent_dir).session == session:
-                return caller, None
-    return None, "not a process of this server's tree"
-
-
-def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> list[str]:
-    """In a forked child: take on the client's stdio, cwd, environment and argv, and send it our pid. The argv."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    reset_after_fork()
-    os.setsid()  # its own group, as a runner has: never in the server's
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        if fd != target:
-            os.close(fd)
-    os.chdir(str(request["cwd"]))
-    os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
-    argv = [str(a) for a in request["argv"]]
-    sys.argv = [str(compiled_script()), *argv]
-    conn.settimeout(None)
-    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
-    return argv
-
-
-def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float) -> NoReturn:
-    """In the forked child: become the spawn the stand-in would have run, then report its exit code."""
-    ForkedFor.pid, ForkedFor.create_time = client_pid, client_time
-    argv = adopt_request(conn, fds, request)
-    finished = threading.Event()
-
-    def watch_stand_in() -> None:
-        # The stand-in never writes: this returns when it closes or dies.
-        with contextlib.suppress(OSError):
-            conn.recv(1)
-        if not finished.is_set():
-            os.kill(os.getpid(), signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
-
-    watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
-    watcher.start()
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # what the process would have exited with
-        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
-    sys.stdout.flush()
-    sys.stderr.flush()
-    finished.set()
-    # Let go of the caller's pipes before the stand-in exits, as a process that ends would.
-    null = os.open(os.devnull, os.O_RDWR)
-    for target in (0, 1, 2):
-        os.dup2(null, target)
-    with contextlib.suppress(OSError):
-        conn.sendall(json.dumps({"exit": int(code)}).encode() + b"\n")
-    watcher.join(FORKSERVER_REPLY_S)  # our pid stays ours while the stand-in may still signal it
-    os._exit(code)
-
-
-def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> NoReturn:
-    """In the forked child: a background agent's runner that a launcher (itself forked) asked for.
-
-    No stand-in: the launcher exits at once, and the runner's own pid is what
-    meta.json records, as for a runner the launcher would have started
-    itself; that would be one more interpreter and stand-in per agent (~50 ms
-    of CPU, ~3 MiB while the agent runs). In a session of its own, as then.
-    """
-    argv = adopt_request(conn, fds, request)
-    conn.close()
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> int | None:
-    """From a launcher the fork server forked: have the server fork the agent's runner. Its pid, or None.
-
-    None (no server any more, a refusal, a timeout) means: start the runner
-    the normal way. The server forks before it answers, so after an answer
-    the runner exists; after no answer, none was forked for us (a server
-    that forks and then can't answer closes the socket, and a runner that
-    was never registered gives up by itself: cmd_background_runner).
-    """
-    if ForkedFor.pid is None:
-        return None  # not forked by a server: there may be none
-    stat = SCRIPT_PATH.stat()
-    request: dict[str, object] = {
-        "argv": ["_run", str(agent_dir)],
-        "detach": True,
-        "env": dict(os.environ),
-        "cwd": cwd,
-        "prefix": sys.prefix,
-        "script": [str(compiled_script()), stat.st_size, stat.st_mtime_ns],
-    }
-    null = os.open(os.devnull, os.O_RDONLY)
-    try:
-        served = forkserver_request(session, request, (null, log, log))
-    finally:
-        os.close(null)
-    if served is None:
-        return None
-    served[0].close()  # the runner is detached: nothing more comes on this socket
-    return served[1]
-# ==================== end src/spawnlib/forkserver.py ====================
-
-# ==================== begin src/spawnlib/verbs.py ====================
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# -------------------------------------------------------------------- verbs --
 
 
 def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Process], list[int]]:
@@ -11206,18 +11217,6 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
     return [meta.id for _, meta, _, _ in pending]
 
 
-def parent_gone(session: Path, meta: AgentMeta) -> bool:
-    """True if a live agent's parent agent has ended or died: it escaped its tree."""
-    if meta.parent_id is None:
-        return False
-    parent_dir = session / AGENTS_DIR / meta.parent_id
-    try:
-        parent = load_meta(parent_dir)
-    except (FileNotFoundError, SpawnError):
-        return False
-    return read_outcome(parent_dir) is not None or not Supervised.of(parent).alive()
-
-
 def live_descendants(meta: AgentMeta) -> set[str]:
     """Ids of the agents below meta whose process is running and have no outcome."""
     live = set()
@@ -11250,6 +11249,129 @@ def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]
             else:
                 verdicts.append((d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})"))
     settle_agents(verdicts, "parent", secrets_)
+
+
+def descendants_of(session: Path, agent_id: str) -> list[Path]:
+    """Agent directories below agent_id, deepest first."""
+    parents: dict[str, tuple[str | None, int, Path]] = {}
+    own = id_depth(agent_id)
+    for d in iter_agent_dirs(session):
+        # Every agent calls this as it ends: in a fan-out of N leaves, reading
+        # every record each time was N x N reads. An id carries its depth
+        # (new_agent_id), and nothing at or above an agent's depth is below it.
+        # A directory named otherwise is read, whatever it claims.
+        if own is not None and (depth := id_depth(d.name)) is not None and depth <= own:
+            continue
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            meta = load_meta(d)
+            parents[meta.id] = (meta.parent_id, meta.depth, d)
+    found = []
+    for aid, (_, depth, d) in parents.items():
+        cursor: str | None = aid
+        while cursor is not None and cursor in parents:
+            cursor = parents[cursor][0]
+            if cursor == agent_id:
+                found.append((depth, d))
+                break
+    return [d for _, d in sorted(found, key=lambda x: -x[0])]
+# ==================== end src/spawnlib/cli_start.py ====================
+
+# ==================== begin src/spawnlib/verbs.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# -------------------------------------------------------------------- verbs --
+
+
+def parent_gone(session: Path, meta: AgentMeta) -> bool:
+    """True if a live agent's parent agent has ended or died: it escaped its tree."""
+    if meta.parent_id is None:
+        return False
+    parent_dir = session / AGENTS_DIR / meta.parent_id
+    try:
+        parent = load_meta(parent_dir)
+    except (FileNotFoundError, SpawnError):
+        return False
+    return read_outcome(parent_dir) is not None or not Supervised.of(parent).alive()
 
 
 def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
@@ -11368,94 +11490,6 @@ class WaitResult:
     stale: list[Path]
     finished: bool
     """False when wait's own --timeout ran out first."""
-
-
-class MarkerEvents:
-    """Which agent directories got a .done/.fail marker: inotify (Linux), else unavailable.
-
-    (take_start_slot uses it too, to sleep until a slot file is closed:
-    watch(folder, IN_CLOSE), then drain() at each wake.)
-
-    A marker is the committer's last step (created O_EXCL after outcome.json
-    is published and charged), so its IN_CREATE says the outcome is whole.
-    Renames into place (IN_MOVED_TO) count too. Heartbeat refreshes also
-    wake the fd; they are read and dropped, never acted on.
-    """
-
-    IN_CLOSE = 0x08 | 0x10  # IN_CLOSE_WRITE | IN_CLOSE_NOWRITE
-    IN_MOVED_TO = 0x80
-    IN_CREATE = 0x100
-    IN_IGNORED = 0x8000  # the watch is gone (directory removed): poll it instead
-    IN_Q_OVERFLOW = 0x4000  # events were lost: look at everything
-    IN_ONLYDIR = 0x1000000
-    IN_NONBLOCK = 0o4000
-    IN_CLOEXEC = 0o2000000
-    HEADER = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name
-
-    def __init__(self, *, enabled: bool = True) -> None:
-        self.fd = -1
-        self.dirs: dict[int, Path] = {}
-        self.lost: set[Path] = set()
-        """Directories whose watch went away since the last read."""
-        self.overflow = False
-        if not enabled or not sys.platform.startswith("linux"):
-            return
-        import ctypes
-
-        try:
-            self.libc = ctypes.CDLL(None, use_errno=True)
-            self.fd = int(self.libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC))
-        except (OSError, AttributeError):
-            self.fd = -1
-
-    def watch(self, agent_dir: Path, events: int = IN_CREATE | IN_MOVED_TO) -> bool:
-        """Watch agent_dir; False if it can't be (no inotify, watch limit reached, no such dir)."""
-        if self.fd < 0:
-            return False
-        wd = int(self.libc.inotify_add_watch(self.fd, os.fsencode(agent_dir), events | self.IN_ONLYDIR))
-        if wd < 0:
-            return False
-        self.dirs[wd] = agent_dir
-        return True
-
-    def read(self) -> set[Path]:
-        """Directories with a new marker since the last read (sets overflow/lost as they happen)."""
-        import struct
-
-        found: set[Path] = set()
-        size = struct.calcsize(self.HEADER)
-        while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except BlockingIOError:
-                return found
-            offset = 0
-            while offset + size <= len(data):
-                wd, mask, _, length = struct.unpack_from(self.HEADER, data, offset)
-                name = data[offset + size : offset + size + length].rstrip(b"\0")
-                offset += size + length
-                if mask & self.IN_Q_OVERFLOW:
-                    self.overflow = True
-                elif mask & self.IN_IGNORED and wd in self.dirs:
-                    self.lost.add(self.dirs.pop(wd))
-                elif name in (DONE_MARKER.encode(), FAIL_MARKER.encode()) and wd in self.dirs:
-                    found.add(self.dirs[wd])
-
-    def drain(self) -> None:
-        """Read and drop what has come (for a watch whose events all mean one thing: look again)."""
-        with contextlib.suppress(OSError):
-            while os.read(self.fd, 65536):
-                pass
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            # Closing an fd that still watches waits out an RCU grace period
-            # (7-17 ms measured); with its watches removed first, that wait
-            # is the kernel's, in the background (0.1 ms).
-            for wd in self.dirs:
-                self.libc.inotify_rm_watch(self.fd, wd)
-            os.close(self.fd)
-            self.fd = -1
 
 
 def exit_fd(meta: AgentMeta) -> int | None:
@@ -12026,31 +12060,6 @@ def watch_status(session: Path, out: Any) -> int:
     except KeyboardInterrupt:
         note("stopped watching; the agents keep running")
         return ExitCode.OK
-
-
-def descendants_of(session: Path, agent_id: str) -> list[Path]:
-    """Agent directories below agent_id, deepest first."""
-    parents: dict[str, tuple[str | None, int, Path]] = {}
-    own = id_depth(agent_id)
-    for d in iter_agent_dirs(session):
-        # Every agent calls this as it ends: in a fan-out of N leaves, reading
-        # every record each time was N x N reads. An id carries its depth
-        # (new_agent_id), and nothing at or above an agent's depth is below it.
-        # A directory named otherwise is read, whatever it claims.
-        if own is not None and (depth := id_depth(d.name)) is not None and depth <= own:
-            continue
-        with contextlib.suppress(FileNotFoundError, SpawnError):
-            meta = load_meta(d)
-            parents[meta.id] = (meta.parent_id, meta.depth, d)
-    found = []
-    for aid, (_, depth, d) in parents.items():
-        cursor: str | None = aid
-        while cursor is not None and cursor in parents:
-            cursor = parents[cursor][0]
-            if cursor == agent_id:
-                found.append((depth, d))
-                break
-    return [d for _, d in sorted(found, key=lambda x: -x[0])]
 
 
 def kill_agent(agent_dir: Path, secrets_: Sequence[str], caller: str | None = None) -> list[str]:

@@ -71,11 +71,13 @@ from .protocol import (
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import (
     START_SLOT_HOLD_S,
+    START_SLOT_QUIET_S,
+    START_SLOT_QUIET_SHARE,
     RunState,
     SdkLoader,
     api_host,
     child_environment,
-    free_slot_when_quiet,
+    cpu_demand_ns,
     import_sdk,
     message_record,
     readable,
@@ -893,3 +895,27 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
             )
         return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=output, **base)
     return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=result.result or state.last_text or "", **base)
+
+
+async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
+    """Let go of the CLI's start slot once it goes quiet, and after hold_s at the latest.
+
+    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S,
+    as when it waits for the model. A start-up that lets go earlier, at its
+    first message, leaves a fifth of its CPU to compete with the next one's.
+    """
+    import asyncio
+
+    pid = started.process.pid
+    quiet_ns = START_SLOT_QUIET_SHARE * START_SLOT_QUIET_S * 1e9
+    limit = time.monotonic() + hold_s
+    if not procfs_is_ours():  # its CPU can't be read: its first message frees it (consume_sdk), else the limit
+        await asyncio.sleep(hold_s)
+    last = cpu_demand_ns(pid)  # None: it is gone already
+    while started.slot is not None and last is not None and time.monotonic() < limit:
+        await asyncio.sleep(min(START_SLOT_QUIET_S, max(0.0, limit - time.monotonic())))
+        demand = cpu_demand_ns(pid)
+        if demand is None or demand - last < quiet_ns:
+            break
+        last = demand
+    started.free_slot()

@@ -21,8 +21,10 @@ from .constants import (
     DROP_BOX_POLL_S,
     DROPPED_REFUSAL_MAX_BYTES,
     DROPPED_REFUSALS_MAX,
+    ENV_AGENT_ID,
     ENV_HEARTBEAT,
     ENV_OTLP_ENDPOINTS,
+    ENV_SESSION,
     HEARTBEAT,
     HEARTBEAT_S,
     IDLE_CHECK_S,
@@ -43,6 +45,7 @@ from .constants import (
 )
 from .core import (
     float_or_none,
+    id_depth,
     new_agent_id,
     outcome_problem,
     parse_json,
@@ -66,6 +69,7 @@ from .processes import (
     end_own_subtree,
     enter_tree_cgroup,
     inside_sandbox,
+    is_guard,
     own_identity,
     own_pid_namespace,
     owned_cgroup,
@@ -73,22 +77,27 @@ from .processes import (
     register_runner,
     sandbox_owner,
     start_guard,
+    wait_gone,
 )
 from .protocol import (
     AGENTS_DIR,
     DONE_MARKER,
     FAIL_MARKER,
     charge,
+    iter_agent_dirs,
     load_meta,
     open_regular,
     publish_once,
+    read_json,
     read_limits,
     read_outcome,
+    read_text,
     truncated_logs,
+    with_estimated_cost,
     write_file_atomic,
     write_json_atomic,
 )
-from .records import AgentMeta, Heartbeat, Outcome, Status, record_from_json, record_to_json
+from .records import EXIT_FOR_STATUS, AgentMeta, Heartbeat, Outcome, Status, record_from_json, record_to_json
 from .resolving import Plan, write_meta
 from .running import (
     STOP_SIGNALS,
@@ -98,7 +107,6 @@ from .running import (
     spawn_command,
     stopped_by,
 )
-from .verbs import descendants_of, live_descendants, settle_descendants
 
 # ------------------------------------------------------------ the CLI's start --
 
@@ -686,3 +694,171 @@ async def drop_box_loop(leaf: AgentMeta, state: RunState, secrets_: Sequence[str
     while True:
         await asyncio.sleep(DROP_BOX_POLL_S)
         state.refusals_recorded += record_dropped_refusals(leaf, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded)
+
+
+def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Process], list[int]]:
+    """What is left of an agent: its spawn.py, its CLI, the CLI's descendants and group."""
+    procs: list[psutil.Process] = []
+    groups: list[int] = []
+    if spawn_py := Supervised.of(meta).process():
+        procs.append(spawn_py)
+    with contextlib.suppress(FileNotFoundError, SpawnError, KeyError, TypeError, ValueError, psutil.Error):
+        beat = read_json(agent_dir / HEARTBEAT)
+        cli = Supervised(int(beat["cli_pid"]), float(beat["cli_create_time"])).process()
+        if cli is not None:
+            procs += [*reversed(cli.children(recursive=True)), cli]
+            groups.append(int(beat["cli_pgid"]))
+    seen = {p.pid for p in procs}
+    procs += [p for p in processes_started_for(meta) if p.pid not in seen]
+    return procs, groups
+
+
+def processes_started_for(meta: AgentMeta) -> list[psutil.Process]:
+    """Processes carrying the environment spawn.py gave this agent's CLI.
+
+    Finds the CLI and what it started even when no heartbeat names it yet
+    (spawn.py killed just as the CLI started) or their parent links are
+    gone. Guards are left alone: each settles its own agent.
+    """
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
+            continue
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if env.get(ENV_AGENT_ID) == meta.id and env.get(ENV_SESSION) == meta.session and not is_guard(proc):
+            found.append(proc)
+    return found
+
+
+def last_text_in_transcript(agent_dir: Path) -> str | None:
+    """The agent's last assistant text, so an outcome committed for it keeps it."""
+    try:
+        lines = read_text(agent_dir / TRANSCRIPT).splitlines()  # a child's file, read by whoever settles it
+    except (OSError, SpawnError):
+        return None
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError, AttributeError):
+            record = parse_json(line)
+            if record.get("type") == "AssistantMessage":
+                texts = [b["text"] for b in record["message"].get("content", []) if isinstance(b, dict) and b.get("text")]
+                if texts:
+                    return "\n".join(texts)
+    return None
+
+
+def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets_: Sequence[str]) -> list[str]:
+    """End what is left of several agents at once, and commit an outcome for each without one.
+
+    Live spawn.py processes are asked first (SIGTERM), all together: each ends
+    its own subtree and commits its own outcome, keeping everything it knows.
+    After the grace, what remains of them is killed and the outcome given
+    here (agent dir, status, reason) is committed for agents that still have
+    none. Returns the ids that had no outcome when called.
+    """
+    pending = [(d, load_meta(d), status, reason) for d, status, reason in verdicts if read_outcome(d) is None]
+    asked = []
+    for _, meta, _, _ in pending:
+        if proc := Supervised.of(meta).signal(signal.SIGTERM):
+            asked.append(proc)
+    # spawn.py answers SIGTERM by ending its own subtree (up to KILL_GRACE_S)
+    # and settling it; give it that twice over before taking its place.
+    wait_gone(asked, KILL_GRACE_S * 2)
+    still_running = {meta.id for _, meta, _, _ in pending if Supervised.of(meta).alive()}
+
+    def commit(which: Callable[[AgentMeta], bool]) -> None:
+        for d, meta, status, reason in pending:
+            if not which(meta):
+                continue
+            started = started_timestamp(meta)
+            outcome = Outcome(
+                id=meta.id,
+                status=status,
+                reason=reason,
+                exit_code=EXIT_FOR_STATUS[status],
+                ended_at=utc_now_iso(),
+                duration_s=round(max(0.0, time.time() - started), 3),
+                text=last_text_in_transcript(d),
+                transcript=str(d / TRANSCRIPT),
+                committed_by=by,
+            )
+            if has_drop_box(meta) and meta.id not in still_running:
+                record_dropped_refusals(meta, secrets_, final=True)  # its runner is gone, and whatever it ran
+            commit_outcome(d, with_estimated_cost(outcome, d, meta.model), secrets_)
+
+    # A spawn.py about to be SIGKILLed gets its outcome first, so its guard
+    # finds it rather than recording the kill as a crash. The others are
+    # committed after their leftovers are gone, so an outcome is never seen
+    # while what the agent left still runs.
+    commit(lambda meta: meta.id in still_running)
+    procs: list[psutil.Process] = []
+    groups: list[int] = []
+    for d, meta, _, _ in pending:
+        more_procs, more_groups = agent_leftovers(d, meta)
+        procs += more_procs
+        groups += more_groups
+    if procs or groups:
+        Supervised.stop(procs, groups, grace=LEFTOVER_GRACE_S)
+    commit(lambda meta: meta.id not in still_running)
+    return [meta.id for _, meta, _, _ in pending]
+
+
+def live_descendants(meta: AgentMeta) -> set[str]:
+    """Ids of the agents below meta whose process is running and have no outcome."""
+    live = set()
+    for d in descendants_of(Path(meta.session), meta.id):
+        if (d / OUTCOME).exists():  # one stat: most children of an ending agent have finished
+            continue
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            child = load_meta(d)
+            if Supervised.of(child).alive():
+                live.add(child.id)
+    return live
+
+
+def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]) -> None:
+    """Before an agent commits, every agent below it has an outcome too.
+
+    Its subtree has been ended; what has no outcome yet was ended by it
+    before recording one (those in `ended`, alive when it began), died
+    unseen, or escaped the process tree. So a parent's marker means its
+    whole subtree is settled, and no child's result is left hanging.
+    """
+    verdicts = []
+    for d in descendants_of(Path(meta.session), meta.id):
+        if (d / OUTCOME).exists():  # settled already: no need to look at its process
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            child = load_meta(d)
+            if Supervised.of(child).alive() or child.id in ended:
+                verdicts.append((d, Status.KILLED, f"ended with its ancestor {meta.id}"))
+            else:
+                verdicts.append((d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})"))
+    settle_agents(verdicts, "parent", secrets_)
+
+
+def descendants_of(session: Path, agent_id: str) -> list[Path]:
+    """Agent directories below agent_id, deepest first."""
+    parents: dict[str, tuple[str | None, int, Path]] = {}
+    own = id_depth(agent_id)
+    for d in iter_agent_dirs(session):
+        # Every agent calls this as it ends: in a fan-out of N leaves, reading
+        # every record each time was N x N reads. An id carries its depth
+        # (new_agent_id), and nothing at or above an agent's depth is below it.
+        # A directory named otherwise is read, whatever it claims.
+        if own is not None and (depth := id_depth(d.name)) is not None and depth <= own:
+            continue
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            meta = load_meta(d)
+            parents[meta.id] = (meta.parent_id, meta.depth, d)
+    found = []
+    for aid, (_, depth, d) in parents.items():
+        cursor: str | None = aid
+        while cursor is not None and cursor in parents:
+            cursor = parents[cursor][0]
+            if cursor == agent_id:
+                found.append((depth, d))
+                break
+    return [d for _, d in sorted(found, key=lambda x: -x[0])]

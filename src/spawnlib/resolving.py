@@ -22,6 +22,8 @@ from .agents import (
     load_definitions,
     load_settings_rules,
     narrow_mode,
+    node_of_definition,
+    parse_reference,
     parse_rule,
     route,
 )
@@ -83,7 +85,7 @@ from .core import (
 )
 from .embedded import builtin_files, builtin_label
 from .errors import RefusedError, SpawnError, StateError, UsageError
-from .executors import executor_for, node_of_definition, parse_reference
+from .executors import executor_for
 from .processes import (
     _int_or_none,
     _json_list,

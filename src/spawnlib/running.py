@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import importlib.abc
-from .claude import StartedCli
+from .agents import NodeResult
 from .constants import (
     BASH_TIMEOUT_MS,
     DEFAULT_API_HOST,
@@ -41,13 +41,11 @@ from .constants import (
 )
 from .core import utc_now_iso
 from .errors import CorruptRecordError
-from .executors import NodeResult
 from .fast_start import compiled_script
 from .forkstate import on_fork
 from .processes import _int_or_none, cgroup_mounts, procfs_is_ours
-from .protocol import kill_request_reason, open_regular
+from .protocol import MarkerEvents, kill_request_reason, open_regular
 from .records import AgentMeta, Status
-from .verbs import MarkerEvents
 
 # ------------------------------------------------------------------ running --
 
@@ -552,30 +550,6 @@ def cpu_demand_ns(pid: int) -> int | None:
         return int(fields[0]) + int(fields[1])
     except (IndexError, ValueError):
         return None
-
-
-async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
-    """Let go of the CLI's start slot once it goes quiet, and after hold_s at the latest.
-
-    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S,
-    as when it waits for the model. A start-up that lets go earlier, at its
-    first message, leaves a fifth of its CPU to compete with the next one's.
-    """
-    import asyncio
-
-    pid = started.process.pid
-    quiet_ns = START_SLOT_QUIET_SHARE * START_SLOT_QUIET_S * 1e9
-    limit = time.monotonic() + hold_s
-    if not procfs_is_ours():  # its CPU can't be read: its first message frees it (consume_sdk), else the limit
-        await asyncio.sleep(hold_s)
-    last = cpu_demand_ns(pid)  # None: it is gone already
-    while started.slot is not None and last is not None and time.monotonic() < limit:
-        await asyncio.sleep(min(START_SLOT_QUIET_S, max(0.0, limit - time.monotonic())))
-        demand = cpu_demand_ns(pid)
-        if demand is None or demand - last < quiet_ns:
-            break
-        last = demand
-    started.free_slot()
 
 
 def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:

@@ -18,23 +18,20 @@ from typing import Any
 import psutil
 
 from .admission import lend_slot, take_back_slot
-from .cli_start import has_drop_box, record_dropped_refusals
-from .commit import commit_outcome, heartbeat_age, liveness, read_agent_rows
+from .cli_start import descendants_of, settle_agents
+from .commit import heartbeat_age, liveness, read_agent_rows
 from .constants import (
     ENV_AGENT_ID,
     ENV_SESSION,
-    HEARTBEAT,
     HEARTBEAT_S,
     HEARTBEAT_STALE_BEATS,
     KILL_GRACE_S,
-    LEFTOVER_GRACE_S,
     LIVENESS_POLL_MAX_S,
     LIVENESS_POLL_S,
     META,
     OUTCOME,
     PROTOCOL_VERSION,
     SCRIPT_PATH,
-    TRANSCRIPT,
     WAIT_NOISE_HOLDOFF_S,
     WAIT_POLL_BATCH,
     WAIT_POLL_MAX_S,
@@ -44,7 +41,7 @@ from .constants import (
     WAIT_RESCAN_S,
     WATCH_REFRESH_S,
 )
-from .core import id_depth, parse_json, started_timestamp, token_hex, utc_now_iso
+from .core import parse_json, token_hex
 from .errors import ExitCode, SpawnError
 from .output import note
 from .processes import (
@@ -55,7 +52,6 @@ from .processes import (
     end_everything_below,
     end_tree_cgroup,
     exit_as,
-    is_guard,
     own_create_time,
     runner_index_dir,
     unregister_runner,
@@ -67,6 +63,7 @@ from .protocol import (
     FAIL_MARKER,
     STATUS_CACHE,
     STATUS_INDEX,
+    MarkerEvents,
     agent_dir_names,
     iter_agent_dirs,
     load_meta,
@@ -76,125 +73,14 @@ from .protocol import (
     read_ledger,
     read_limits,
     read_outcome,
-    read_text,
     remove_stray_marker,
     request_kill,
-    with_estimated_cost,
 )
-from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, R, Status, record_to_json
+from .records import EXIT_FOR_STATUS, AgentMeta, R, Status, record_to_json
 from .running import usable_cpus
 from .standin import FORKSERVER_SOCKET
 
 # -------------------------------------------------------------------- verbs --
-
-
-def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Process], list[int]]:
-    """What is left of an agent: its spawn.py, its CLI, the CLI's descendants and group."""
-    procs: list[psutil.Process] = []
-    groups: list[int] = []
-    if spawn_py := Supervised.of(meta).process():
-        procs.append(spawn_py)
-    with contextlib.suppress(FileNotFoundError, SpawnError, KeyError, TypeError, ValueError, psutil.Error):
-        beat = read_json(agent_dir / HEARTBEAT)
-        cli = Supervised(int(beat["cli_pid"]), float(beat["cli_create_time"])).process()
-        if cli is not None:
-            procs += [*reversed(cli.children(recursive=True)), cli]
-            groups.append(int(beat["cli_pgid"]))
-    seen = {p.pid for p in procs}
-    procs += [p for p in processes_started_for(meta) if p.pid not in seen]
-    return procs, groups
-
-
-def processes_started_for(meta: AgentMeta) -> list[psutil.Process]:
-    """Processes carrying the environment spawn.py gave this agent's CLI.
-
-    Finds the CLI and what it started even when no heartbeat names it yet
-    (spawn.py killed just as the CLI started) or their parent links are
-    gone. Guards are left alone: each settles its own agent.
-    """
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            env = proc.environ()
-        except psutil.Error:
-            continue
-        if env.get(ENV_AGENT_ID) == meta.id and env.get(ENV_SESSION) == meta.session and not is_guard(proc):
-            found.append(proc)
-    return found
-
-
-def last_text_in_transcript(agent_dir: Path) -> str | None:
-    """The agent's last assistant text, so an outcome committed for it keeps it."""
-    try:
-        lines = read_text(agent_dir / TRANSCRIPT).splitlines()  # a child's file, read by whoever settles it
-    except (OSError, SpawnError):
-        return None
-    for line in reversed(lines):
-        with contextlib.suppress(ValueError, AttributeError):
-            record = parse_json(line)
-            if record.get("type") == "AssistantMessage":
-                texts = [b["text"] for b in record["message"].get("content", []) if isinstance(b, dict) and b.get("text")]
-                if texts:
-                    return "\n".join(texts)
-    return None
-
-
-def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets_: Sequence[str]) -> list[str]:
-    """End what is left of several agents at once, and commit an outcome for each without one.
-
-    Live spawn.py processes are asked first (SIGTERM), all together: each ends
-    its own subtree and commits its own outcome, keeping everything it knows.
-    After the grace, what remains of them is killed and the outcome given
-    here (agent dir, status, reason) is committed for agents that still have
-    none. Returns the ids that had no outcome when called.
-    """
-    pending = [(d, load_meta(d), status, reason) for d, status, reason in verdicts if read_outcome(d) is None]
-    asked = []
-    for _, meta, _, _ in pending:
-        if proc := Supervised.of(meta).signal(signal.SIGTERM):
-            asked.append(proc)
-    # spawn.py answers SIGTERM by ending its own subtree (up to KILL_GRACE_S)
-    # and settling it; give it that twice over before taking its place.
-    wait_gone(asked, KILL_GRACE_S * 2)
-    still_running = {meta.id for _, meta, _, _ in pending if Supervised.of(meta).alive()}
-
-    def commit(which: Callable[[AgentMeta], bool]) -> None:
-        for d, meta, status, reason in pending:
-            if not which(meta):
-                continue
-            started = started_timestamp(meta)
-            outcome = Outcome(
-                id=meta.id,
-                status=status,
-                reason=reason,
-                exit_code=EXIT_FOR_STATUS[status],
-                ended_at=utc_now_iso(),
-                duration_s=round(max(0.0, time.time() - started), 3),
-                text=last_text_in_transcript(d),
-                transcript=str(d / TRANSCRIPT),
-                committed_by=by,
-            )
-            if has_drop_box(meta) and meta.id not in still_running:
-                record_dropped_refusals(meta, secrets_, final=True)  # its runner is gone, and whatever it ran
-            commit_outcome(d, with_estimated_cost(outcome, d, meta.model), secrets_)
-
-    # A spawn.py about to be SIGKILLed gets its outcome first, so its guard
-    # finds it rather than recording the kill as a crash. The others are
-    # committed after their leftovers are gone, so an outcome is never seen
-    # while what the agent left still runs.
-    commit(lambda meta: meta.id in still_running)
-    procs: list[psutil.Process] = []
-    groups: list[int] = []
-    for d, meta, _, _ in pending:
-        more_procs, more_groups = agent_leftovers(d, meta)
-        procs += more_procs
-        groups += more_groups
-    if procs or groups:
-        Supervised.stop(procs, groups, grace=LEFTOVER_GRACE_S)
-    commit(lambda meta: meta.id not in still_running)
-    return [meta.id for _, meta, _, _ in pending]
 
 
 def parent_gone(session: Path, meta: AgentMeta) -> bool:
@@ -207,40 +93,6 @@ def parent_gone(session: Path, meta: AgentMeta) -> bool:
     except (FileNotFoundError, SpawnError):
         return False
     return read_outcome(parent_dir) is not None or not Supervised.of(parent).alive()
-
-
-def live_descendants(meta: AgentMeta) -> set[str]:
-    """Ids of the agents below meta whose process is running and have no outcome."""
-    live = set()
-    for d in descendants_of(Path(meta.session), meta.id):
-        if (d / OUTCOME).exists():  # one stat: most children of an ending agent have finished
-            continue
-        with contextlib.suppress(FileNotFoundError, SpawnError):
-            child = load_meta(d)
-            if Supervised.of(child).alive():
-                live.add(child.id)
-    return live
-
-
-def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]) -> None:
-    """Before an agent commits, every agent below it has an outcome too.
-
-    Its subtree has been ended; what has no outcome yet was ended by it
-    before recording one (those in `ended`, alive when it began), died
-    unseen, or escaped the process tree. So a parent's marker means its
-    whole subtree is settled, and no child's result is left hanging.
-    """
-    verdicts = []
-    for d in descendants_of(Path(meta.session), meta.id):
-        if (d / OUTCOME).exists():  # settled already: no need to look at its process
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            child = load_meta(d)
-            if Supervised.of(child).alive() or child.id in ended:
-                verdicts.append((d, Status.KILLED, f"ended with its ancestor {meta.id}"))
-            else:
-                verdicts.append((d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})"))
-    settle_agents(verdicts, "parent", secrets_)
 
 
 def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
@@ -359,94 +211,6 @@ class WaitResult:
     stale: list[Path]
     finished: bool
     """False when wait's own --timeout ran out first."""
-
-
-class MarkerEvents:
-    """Which agent directories got a .done/.fail marker: inotify (Linux), else unavailable.
-
-    (take_start_slot uses it too, to sleep until a slot file is closed:
-    watch(folder, IN_CLOSE), then drain() at each wake.)
-
-    A marker is the committer's last step (created O_EXCL after outcome.json
-    is published and charged), so its IN_CREATE says the outcome is whole.
-    Renames into place (IN_MOVED_TO) count too. Heartbeat refreshes also
-    wake the fd; they are read and dropped, never acted on.
-    """
-
-    IN_CLOSE = 0x08 | 0x10  # IN_CLOSE_WRITE | IN_CLOSE_NOWRITE
-    IN_MOVED_TO = 0x80
-    IN_CREATE = 0x100
-    IN_IGNORED = 0x8000  # the watch is gone (directory removed): poll it instead
-    IN_Q_OVERFLOW = 0x4000  # events were lost: look at everything
-    IN_ONLYDIR = 0x1000000
-    IN_NONBLOCK = 0o4000
-    IN_CLOEXEC = 0o2000000
-    HEADER = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name
-
-    def __init__(self, *, enabled: bool = True) -> None:
-        self.fd = -1
-        self.dirs: dict[int, Path] = {}
-        self.lost: set[Path] = set()
-        """Directories whose watch went away since the last read."""
-        self.overflow = False
-        if not enabled or not sys.platform.startswith("linux"):
-            return
-        import ctypes
-
-        try:
-            self.libc = ctypes.CDLL(None, use_errno=True)
-            self.fd = int(self.libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC))
-        except (OSError, AttributeError):
-            self.fd = -1
-
-    def watch(self, agent_dir: Path, events: int = IN_CREATE | IN_MOVED_TO) -> bool:
-        """Watch agent_dir; False if it can't be (no inotify, watch limit reached, no such dir)."""
-        if self.fd < 0:
-            return False
-        wd = int(self.libc.inotify_add_watch(self.fd, os.fsencode(agent_dir), events | self.IN_ONLYDIR))
-        if wd < 0:
-            return False
-        self.dirs[wd] = agent_dir
-        return True
-
-    def read(self) -> set[Path]:
-        """Directories with a new marker since the last read (sets overflow/lost as they happen)."""
-        import struct
-
-        found: set[Path] = set()
-        size = struct.calcsize(self.HEADER)
-        while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except BlockingIOError:
-                return found
-            offset = 0
-            while offset + size <= len(data):
-                wd, mask, _, length = struct.unpack_from(self.HEADER, data, offset)
-                name = data[offset + size : offset + size + length].rstrip(b"\0")
-                offset += size + length
-                if mask & self.IN_Q_OVERFLOW:
-                    self.overflow = True
-                elif mask & self.IN_IGNORED and wd in self.dirs:
-                    self.lost.add(self.dirs.pop(wd))
-                elif name in (DONE_MARKER.encode(), FAIL_MARKER.encode()) and wd in self.dirs:
-                    found.add(self.dirs[wd])
-
-    def drain(self) -> None:
-        """Read and drop what has come (for a watch whose events all mean one thing: look again)."""
-        with contextlib.suppress(OSError):
-            while os.read(self.fd, 65536):
-                pass
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            # Closing an fd that still watches waits out an RCU grace period
-            # (7-17 ms measured); with its watches removed first, that wait
-            # is the kernel's, in the background (0.1 ms).
-            for wd in self.dirs:
-                self.libc.inotify_rm_watch(self.fd, wd)
-            os.close(self.fd)
-            self.fd = -1
 
 
 def exit_fd(meta: AgentMeta) -> int | None:
@@ -1017,31 +781,6 @@ def watch_status(session: Path, out: Any) -> int:
     except KeyboardInterrupt:
         note("stopped watching; the agents keep running")
         return ExitCode.OK
-
-
-def descendants_of(session: Path, agent_id: str) -> list[Path]:
-    """Agent directories below agent_id, deepest first."""
-    parents: dict[str, tuple[str | None, int, Path]] = {}
-    own = id_depth(agent_id)
-    for d in iter_agent_dirs(session):
-        # Every agent calls this as it ends: in a fan-out of N leaves, reading
-        # every record each time was N x N reads. An id carries its depth
-        # (new_agent_id), and nothing at or above an agent's depth is below it.
-        # A directory named otherwise is read, whatever it claims.
-        if own is not None and (depth := id_depth(d.name)) is not None and depth <= own:
-            continue
-        with contextlib.suppress(FileNotFoundError, SpawnError):
-            meta = load_meta(d)
-            parents[meta.id] = (meta.parent_id, meta.depth, d)
-    found = []
-    for aid, (_, depth, d) in parents.items():
-        cursor: str | None = aid
-        while cursor is not None and cursor in parents:
-            cursor = parents[cursor][0]
-            if cursor == agent_id:
-                found.append((depth, d))
-                break
-    return [d for _, d in sorted(found, key=lambda x: -x[0])]
 
 
 def kill_agent(agent_dir: Path, secrets_: Sequence[str], caller: str | None = None) -> list[str]:
