@@ -9892,7 +9892,6 @@ def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
 
 
 
-
 # ------------------------------------------------------------- fork server --
 
 # A session's fork server: one process, started by the root agent, that has
@@ -9922,6 +9921,13 @@ FORKSERVER_PRELOAD = (
 )
 
 
+# What a forked child runs: spawn.py's main(), which sits above every module.
+# The fork server is started from the runner, below the CLI, so main() hands
+# itself down (main -> cmd_run -> run_agent -> start_forkserver) instead of
+# the server importing up.
+Entry = Callable[[Sequence[str]], int]
+
+
 def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
     """Only a root that can have children starts one; SPAWN_NO_FORKSERVER=1 turns it off.
 
@@ -9937,7 +9943,7 @@ def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
     )
 
 
-def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None) -> None:
+def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None, entry: Entry) -> None:
     """Fork the session's fork server from the root (in its cgroup, below its subreaper).
 
     Forked, not started afresh: the root has imported nearly everything the
@@ -9973,7 +9979,7 @@ def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None) -> None:
     # From here this process is the server, and never returns to the root's code.
     try:
         become_forkserver(log)
-        serve_forks(meta)
+        serve_forks(meta, entry)
     except SystemExit:
         pass
     except BaseException:  # into its log: the server is only ever an accelerator
@@ -10123,7 +10129,7 @@ class PendingRequest:
         self.conn.close()
 
 
-def serve_forks(meta: AgentMeta) -> None:
+def serve_forks(meta: AgentMeta, entry: Entry) -> None:
     """The fork server's loop: accept, check the peer, fork; until the root is gone."""
     import gc
     import selectors
@@ -10232,8 +10238,8 @@ def serve_forks(meta: AgentMeta) -> None:
                     other.close()
                 if request.get("detach") is True:
                     ForkedFor.ancestry = ancestry
-                    run_detached(conn, fds, request)
-                run_forked(conn, fds, request, client_pid, client_time)
+                    run_detached(conn, fds, request, entry)
+                run_forked(conn, fds, request, client_pid, client_time, entry=entry)
             finally:
                 os._exit(ExitCode.STATE)
         if request.get("detach") is not True:
@@ -10327,7 +10333,7 @@ def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> 
     return argv
 
 
-def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float) -> NoReturn:
+def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float, *, entry: Entry) -> NoReturn:
     """In the forked child: become the spawn the stand-in would have run, then report its exit code."""
     ForkedFor.pid, ForkedFor.create_time = client_pid, client_time
     argv = adopt_request(conn, fds, request)
@@ -10343,7 +10349,7 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
     watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
     watcher.start()
     try:
-        code = main(argv)
+        code = entry(argv)
     except SystemExit as exc:  # what the process would have exited with
         code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
     sys.stdout.flush()
@@ -10359,7 +10365,7 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
     os._exit(code)
 
 
-def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> NoReturn:
+def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any], entry: Entry) -> NoReturn:
     """In the forked child: a background agent's runner that a launcher (itself forked) asked for.
 
     No stand-in: the launcher exits at once, and the runner's own pid is what
@@ -10370,7 +10376,7 @@ def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> N
     argv = adopt_request(conn, fds, request)
     conn.close()
     try:
-        code = main(argv)
+        code = entry(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
     sys.stdout.flush()
@@ -10631,6 +10637,7 @@ def run_agent(
     guard: tuple[int, int] | None = None,
     *,
     admitted: AgentMeta | None = None,
+    entry: Entry,
 ) -> Outcome:
     """Run a registered agent to its one committed outcome.
 
@@ -10662,7 +10669,7 @@ def run_agent(
     if sdk_loader is not None:
         sdk_loader.start()
     if forkserver_wanted(meta, os.environ):
-        start_forkserver(meta, sdk_loader)  # after entering the cgroup: it ends with the tree
+        start_forkserver(meta, sdk_loader, entry)  # after entering the cgroup: it ends with the tree
 
     async def main_task() -> None:
         nonlocal error
@@ -12143,6 +12150,172 @@ def ask_tree_agents_to_end(meta: AgentMeta) -> None:
     wait_gone(asked, KILL_GRACE_S * 2)
 # ==================== end src/spawnlib/verbs.py ====================
 
+# ==================== begin src/spawnlib/options.py ====================
+"""The run command's options: the argument parser of `spawn.py [flags] TASK`.
+
+Below dag, whose task graphs' nodes take the same flags, and the CLI.
+"""
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with spawn's error format and exit code."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = self.suggestion(message)
+        raise UsageError(f"{message}{hint}{' ' if hint else '; '}see '{self.prog} --help'")
+
+    def suggestion(self, message: str) -> str:
+        """The close match to a mistyped flag or choice, as did_you_mean words it."""
+        if message.startswith("unrecognized arguments: "):
+            flags = [a.split("=", 1)[0] for a in message.removeprefix("unrecognized arguments: ").split() if a.startswith("--")]
+            return did_you_mean(flags[0], self.long_flags()) if flags else ""
+        if m := re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message):
+            return did_you_mean(m[1], re.findall(r"'(.*?)'", m[2]))
+        return ""
+
+    def long_flags(self) -> list[str]:
+        """Every --flag of this parser and of its sub-commands' (argparse reports theirs here)."""
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                flags += [f for sub in action.choices.values() for f in sub._option_string_actions if f.startswith("--")]
+        return flags
+
+
+EXIT_TABLE = """\
+exit codes:
+  0    success (every agent waited for is done)
+  1    an agent failed (including schema-invalid output)
+  2    bad usage or input; nothing was written
+  3    session/state error (unwritable root, corrupt record)
+  4    refused by a limit (depth, deadline, tools); recorded in the session
+  124  timeout; the agent's subtree was ended
+  130  interrupted (SIGINT); the subtree was ended
+  143  killed (SIGTERM/SIGHUP or 'spawn.py kill'); the subtree was ended"""
+
+
+def build_run_parser() -> Parser:
+    p = Parser(
+        prog="spawn.py",
+        description=(
+            "Run a Claude agent that can spawn child agents to any depth. "
+            f"Verbs: {', '.join(v for v in VERBS if not v.startswith('_'))} (spawn.py VERB --help)."
+        ),
+        epilog=EXIT_TABLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"spawn.py {__version__}")
+    task = p.add_argument_group("task")
+    task.add_argument("--task", metavar="TEXT", help="the prompt")
+    task.add_argument("--task-file", metavar="PATH", help="read the prompt from PATH ('-' for stdin)")
+    task.add_argument("--topic", metavar="WORDS", help="names the session directory (default: the task's first words)")
+    task.add_argument("--resume", metavar="AGENT_ID", help="continue a finished agent's conversation with --task, as a new agent beside it")
+    agent = p.add_argument_group("agent")
+    agent.add_argument(
+        "--tools", metavar="A,B", help=f"tools the agent sees, auto-approved (default {','.join(DEFAULT_TOOLS)}; a child: its parent's)"
+    )
+    agent.add_argument("--disallowed-tools", metavar="A,B", help="tools removed from the agent, as in Claude Code")
+    for kind, what in (
+        ("allow", "allow calls matching RULE"),
+        ("deny", "deny calls matching RULE"),
+        ("ask", "ask before calls matching RULE"),
+    ):
+        agent.add_argument(f"--{kind}", action="append", metavar="RULE", help=f"{what}, e.g. 'Bash(git diff:*)' (repeatable)")
+    agent.add_argument(
+        "--model",
+        metavar="TIER|ID",
+        help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})",
+    )
+    agent.add_argument(
+        "--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user, then built in); auto routes by description"
+    )
+    agent.add_argument(
+        "--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json (else built in), a file, or inline JSON"
+    )
+    agent.add_argument("--output", metavar="FILE", help="also write the validated output (or final text) to FILE")
+    agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
+    agent.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from PATH")
+    agent.add_argument("--preset", choices=["claude_code"], help="use Claude Code's full system prompt and settings (costly at depth)")
+    agent.add_argument(
+        "--sandbox",
+        choices=SANDBOX_CHOICES,
+        default="auto",
+        help="run the agent's Bash in Claude Code's sandbox (auto: for agents below the root that have Bash)",
+    )
+    agent.add_argument("--cwd", metavar="DIR", help="working directory of the agent")
+    limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
+    limits.add_argument(
+        "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"
+    )
+    limits.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"deadline for this agent and its subtree (root default {DEFAULT_ROOT_TIMEOUT_S:g}; 0: none)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"end the agent as stalled after this long with no transcript event and no CPU use (default {IDLE_TIMEOUT_S:g})",
+    )
+    limits.add_argument("--max-turns", type=int, metavar="N", help="maximum agent turns")
+    limits.add_argument(
+        "--max-budget-usd", type=float, metavar="X", help="spending limit in USD; at the root, one budget for the whole tree"
+    )
+    limits.add_argument("--max-agents", type=int, metavar="N", help="root only: agents the whole session may register")
+    limits.add_argument("--max-concurrent", type=int, metavar="N", help="root only: agents running at once; more wait for a slot")
+    limits.add_argument(
+        "--confirm-over",
+        type=float,
+        metavar="USD",
+        help="root only: a spawn that would take the tree's projected spend past USD asks first (spawn.py approve|deny)",
+    )
+    where = p.add_argument_group("session")
+    where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
+    where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
+    mode = p.add_argument_group("mode")
+    mode.add_argument(
+        "--background",
+        action=argparse.BooleanOptionalAction,
+        help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
+    )
+    mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
+    mode.add_argument(
+        "--print",
+        choices=["id", "status", "output", "agent_dir", "outcome"],
+        help="print only this field of the result, as plain text (e.g. A=$(spawn.py --background --print id ...))",
+    )
+    mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
+    mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
+    return p
+
+
+WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
+
+
+VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard")
+# ==================== end src/spawnlib/options.py ====================
+
 # ==================== begin src/spawnlib/dag.py ====================
 
 
@@ -13434,148 +13607,7 @@ def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
-
-
-
-
-
-
-
 # ---------------------------------------------------------------------- CLI --
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with spawn's error format and exit code."""
-
-    def error(self, message: str) -> NoReturn:
-        hint = self.suggestion(message)
-        raise UsageError(f"{message}{hint}{' ' if hint else '; '}see '{self.prog} --help'")
-
-    def suggestion(self, message: str) -> str:
-        """The close match to a mistyped flag or choice, as did_you_mean words it."""
-        if message.startswith("unrecognized arguments: "):
-            flags = [a.split("=", 1)[0] for a in message.removeprefix("unrecognized arguments: ").split() if a.startswith("--")]
-            return did_you_mean(flags[0], self.long_flags()) if flags else ""
-        if m := re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message):
-            return did_you_mean(m[1], re.findall(r"'(.*?)'", m[2]))
-        return ""
-
-    def long_flags(self) -> list[str]:
-        """Every --flag of this parser and of its sub-commands' (argparse reports theirs here)."""
-        flags = [f for f in self._option_string_actions if f.startswith("--")]
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                flags += [f for sub in action.choices.values() for f in sub._option_string_actions if f.startswith("--")]
-        return flags
-
-
-EXIT_TABLE = """\
-exit codes:
-  0    success (every agent waited for is done)
-  1    an agent failed (including schema-invalid output)
-  2    bad usage or input; nothing was written
-  3    session/state error (unwritable root, corrupt record)
-  4    refused by a limit (depth, deadline, tools); recorded in the session
-  124  timeout; the agent's subtree was ended
-  130  interrupted (SIGINT); the subtree was ended
-  143  killed (SIGTERM/SIGHUP or 'spawn.py kill'); the subtree was ended"""
-
-
-def build_run_parser() -> Parser:
-    p = Parser(
-        prog="spawn.py",
-        description=(
-            "Run a Claude agent that can spawn child agents to any depth. "
-            f"Verbs: {', '.join(v for v in VERBS if not v.startswith('_'))} (spawn.py VERB --help)."
-        ),
-        epilog=EXIT_TABLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--version", action="version", version=f"spawn.py {__version__}")
-    task = p.add_argument_group("task")
-    task.add_argument("--task", metavar="TEXT", help="the prompt")
-    task.add_argument("--task-file", metavar="PATH", help="read the prompt from PATH ('-' for stdin)")
-    task.add_argument("--topic", metavar="WORDS", help="names the session directory (default: the task's first words)")
-    task.add_argument("--resume", metavar="AGENT_ID", help="continue a finished agent's conversation with --task, as a new agent beside it")
-    agent = p.add_argument_group("agent")
-    agent.add_argument(
-        "--tools", metavar="A,B", help=f"tools the agent sees, auto-approved (default {','.join(DEFAULT_TOOLS)}; a child: its parent's)"
-    )
-    agent.add_argument("--disallowed-tools", metavar="A,B", help="tools removed from the agent, as in Claude Code")
-    for kind, what in (
-        ("allow", "allow calls matching RULE"),
-        ("deny", "deny calls matching RULE"),
-        ("ask", "ask before calls matching RULE"),
-    ):
-        agent.add_argument(f"--{kind}", action="append", metavar="RULE", help=f"{what}, e.g. 'Bash(git diff:*)' (repeatable)")
-    agent.add_argument(
-        "--model",
-        metavar="TIER|ID",
-        help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})",
-    )
-    agent.add_argument(
-        "--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user, then built in); auto routes by description"
-    )
-    agent.add_argument(
-        "--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json (else built in), a file, or inline JSON"
-    )
-    agent.add_argument("--output", metavar="FILE", help="also write the validated output (or final text) to FILE")
-    agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
-    agent.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from PATH")
-    agent.add_argument("--preset", choices=["claude_code"], help="use Claude Code's full system prompt and settings (costly at depth)")
-    agent.add_argument(
-        "--sandbox",
-        choices=SANDBOX_CHOICES,
-        default="auto",
-        help="run the agent's Bash in Claude Code's sandbox (auto: for agents below the root that have Bash)",
-    )
-    agent.add_argument("--cwd", metavar="DIR", help="working directory of the agent")
-    limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
-    limits.add_argument(
-        "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"
-    )
-    limits.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        help=f"deadline for this agent and its subtree (root default {DEFAULT_ROOT_TIMEOUT_S:g}; 0: none)",
-    )
-    limits.add_argument(
-        "--idle-timeout",
-        type=float,
-        metavar="SECONDS",
-        help=f"end the agent as stalled after this long with no transcript event and no CPU use (default {IDLE_TIMEOUT_S:g})",
-    )
-    limits.add_argument("--max-turns", type=int, metavar="N", help="maximum agent turns")
-    limits.add_argument(
-        "--max-budget-usd", type=float, metavar="X", help="spending limit in USD; at the root, one budget for the whole tree"
-    )
-    limits.add_argument("--max-agents", type=int, metavar="N", help="root only: agents the whole session may register")
-    limits.add_argument("--max-concurrent", type=int, metavar="N", help="root only: agents running at once; more wait for a slot")
-    limits.add_argument(
-        "--confirm-over",
-        type=float,
-        metavar="USD",
-        help="root only: a spawn that would take the tree's projected spend past USD asks first (spawn.py approve|deny)",
-    )
-    where = p.add_argument_group("session")
-    where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
-    where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
-    mode = p.add_argument_group("mode")
-    mode.add_argument(
-        "--background",
-        action=argparse.BooleanOptionalAction,
-        help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
-    )
-    mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
-    mode.add_argument(
-        "--print",
-        choices=["id", "status", "output", "agent_dir", "outcome"],
-        help="print only this field of the result, as plain text (e.g. A=$(spawn.py --background --print id ...))",
-    )
-    mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
-    mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
-    return p
 
 
 def build_verb_parser(verb: str) -> Parser:
@@ -13704,10 +13736,6 @@ def build_verb_parser(verb: str) -> Parser:
     return p
 
 
-WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
-VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard")
-
-
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
     if getattr(args, "session", None):
         return Path(args.session).expanduser().resolve()
@@ -13727,7 +13755,7 @@ def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> int:
     if wants_guard_above(argv, environ):
         fork_below_guard()  # before any thread: from here on this process is the runner
     # The SDK is imported once the agent's CLI has started (SdkLoader).
@@ -13777,7 +13805,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     try:
         # A foreground child blocks its parent's Bash: the parent's slot is lent to it.
         with slot_lent_by_caller(environ):
-            outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard)
+            outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard, entry=entry)
     finally:
         unregister_runner(plan.meta.pid, plan.meta.create_time)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
@@ -13786,7 +13814,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     return outcome.exit_code
 
 
-def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], entry: Entry) -> int:
     agent_dir = Path(args.agent_dir)
     EarlyStop.arm()
     guard = start_guard(agent_dir)  # first: a runner killed while starting is still settled
@@ -13816,7 +13844,7 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
     if ForkedFor.pid is not None:
         register_runner(pid, create_time, agent_dir)  # the launcher registered the stand-in; the agent runs here
     try:
-        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta)
+        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta, entry=entry)
     finally:
         unregister_runner(pid, create_time)
     emit(summary(agent_dir, record_to_json(outcome)))
@@ -14044,6 +14072,7 @@ def cmd_reap(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
+
 # --------------------------------------------------------------------- main --
 
 
@@ -14057,7 +14086,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             verb = argv[0]
             args = build_verb_parser(verb).parse_args(argv[1:])
             args.verb = verb
-            handler = {
+            handlers: dict[str, Callable[[argparse.Namespace, Mapping[str, str]], int]] = {
                 "wait": cmd_wait,
                 "status": cmd_status,
                 "kill": cmd_kill,
@@ -14069,14 +14098,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "estimate": cmd_estimate,
                 **{v: cmd_workflow for v in WORKFLOW_VERBS},
                 "state": cmd_state,
-                "_run": cmd_background_runner,
+                "_run": functools.partial(cmd_background_runner, entry=main),
                 "_guard": cmd_guard,
-            }[verb]
+            }
+            handler = handlers[verb]
             return handler(args, environ)
         if argv and not argv[0].startswith("-"):
             # The run path takes flags only: a first word is a mistyped verb or a bare task.
             raise UnknownVerbError(argv[0], [v for v in VERBS if not v.startswith("_")])
-        return cmd_run(argv, environ)
+        return cmd_run(argv, environ, main)
     except SpawnError as exc:
         if traceback:
             raise

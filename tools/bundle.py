@@ -70,6 +70,7 @@ MODULES = (
     "forkserver",
     "cli_start",
     "verbs",
+    "options",
     "dag",
     "cli",
     "main",

@@ -59,7 +59,7 @@ from .core import (
 from .errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, StateError
 from .executors import executor_for
 from .fast_start import compiled_script
-from .forkserver import fork_detached_runner, forkserver_wanted, start_forkserver
+from .forkserver import Entry, fork_detached_runner, forkserver_wanted, start_forkserver
 from .output import note
 from .processes import (
     GUARD_SETTLED,
@@ -219,6 +219,7 @@ def run_agent(
     guard: tuple[int, int] | None = None,
     *,
     admitted: AgentMeta | None = None,
+    entry: Entry,
 ) -> Outcome:
     """Run a registered agent to its one committed outcome.
 
@@ -250,7 +251,7 @@ def run_agent(
     if sdk_loader is not None:
         sdk_loader.start()
     if forkserver_wanted(meta, os.environ):
-        start_forkserver(meta, sdk_loader)  # after entering the cgroup: it ends with the tree
+        start_forkserver(meta, sdk_loader, entry)  # after entering the cgroup: it ends with the tree
 
     async def main_task() -> None:
         nonlocal error

@@ -19,7 +19,6 @@ from typing import Any, cast
 
 from . import __version__
 from .channel import send_answer
-from .cli import build_run_parser
 from .cli_start import drop_refusal, record_refusal
 from .commit import commit_outcome
 from .constants import (
@@ -41,6 +40,7 @@ from .core import estimate_agent, parse_json, secret_values, truncate_for_stdout
 from .embedded import builtin_files, builtin_label
 from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError, close_match
 from .fast_start import compiled_script
+from .options import build_run_parser
 from .output import emit, note
 from .processes import ancestry_context, own_identity, unregister_runner
 from .protocol import (
