@@ -6568,9 +6568,6 @@ def node_of_definition(definition: AgentDefinition | None) -> Node:
 
 
 
-
-
-
 # ------------------------------------------------------- who is calling --
 # A record anyone can write is believed by no one. What decides for an agent
 # (an answer to its ask) reaches the process that accepts it over a Unix
@@ -8304,6 +8301,7 @@ async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
 # ==================== end src/spawnlib/claude.py ====================
 
 # ==================== begin src/spawnlib/executors.py ====================
+
 
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,22 +12,18 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from .agents import summarize_input
-from .constants import ASK_POLL_S
-from .core import parse_json, redacted_json, self_answer_refusal, token_hex, utc_now_iso
+from .constants import ASK_POLL_S, ASK_TIMEOUT_S, ENV_ASK_TIMEOUT
+from .core import estimate_agent, float_or_none, parse_json, redacted_json, self_answer_refusal, token_hex, utc_now_iso
 from .errors import RefusedError, StateError
+from .output import note
 from .processes import calling_agents
-from .protocol import append_jsonl, asks_dir, publish_once, write_json_atomic
+from .protocol import agent_history, append_jsonl, asks_dir, publish_once, read_ledger, read_limits, write_json_atomic
 from .records import AgentMeta, AskAnswer, AskAttempt, AskRecord, record_to_json
 from .standin import unix_address
 
 if TYPE_CHECKING:
     import socket
-import sys
 
-from .constants import ASK_TIMEOUT_S, ENV_ASK_TIMEOUT
-from .core import estimate_agent, float_or_none
-from .output import note
-from .protocol import agent_history, read_ledger, read_limits
 
 # ------------------------------------------------------- who is calling --
 # A record anyone can write is believed by no one. What decides for an agent

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from . import __version__
+from .agents import Node, NodeReferenceError, NodeResult, command_argv, parse_reference
 from .channel import ask_timeout, open_ask
 from .claude import StartedCli, cli_start, describe_sdk_error, outcome_from_run, run_sdk, start_cli
 from .constants import ENV_LOG_MAX, KILL_GRACE_S, PROTOCOL_VERSION, STDERR_LOG, TRANSCRIPT
@@ -24,7 +25,7 @@ from .running import EarlyStop, RunState, SdkLoader, child_environment, start_sl
 
 if TYPE_CHECKING:
     import socket  # annotations only
-from .agents import Node, NodeReferenceError, NodeResult, command_argv, parse_reference
+
 
 # ---------------------------------------------------------------- executors --
 # The seam between a node of the tree and what runs it. A reference (an
