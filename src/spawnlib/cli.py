@@ -121,48 +121,9 @@ def build_verb_parser(verb: str) -> Parser:
         if verb == "approve":
             p.add_argument("--text", metavar="TEXT", help="the reply to an a2a node's input-required ask, sent to the remote agent")
     elif verb == "agents":
-        p.description = (
-            "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory), ~/.claude/agents,"
-            " then the built-in defaults, which a file of the same name overrides."
-        )
-        sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
-        listing = sub.add_parser("list", help="name, source, tools and description of every definition")
-        listing.add_argument("--json", action="store_true")
-        lint = sub.add_parser("lint", help="check definitions: fields, tools, schemas, duplicates, YAML (exit 2 on errors)")
-        lint.add_argument("paths", nargs="*", metavar="PATH")
-        new = sub.add_parser("new", help="write a commented template to .claude/agents/NAME.md")
-        new.add_argument("name", metavar="NAME")
-        routing = sub.add_parser("route", help="which definition --agent auto would pick for TASK, and why; runs nothing")
-        routing.add_argument("task", metavar="TASK")
-        routing.add_argument("--json", action="store_true", help="the decision as JSON on stdout")
+        add_agents_actions(p)
     elif verb == "dag":
-        p.description = "Run a task graph (YAML or JSON): each task starts when its blockedBy are done, as a child of the runner."
-        sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
-        for action, what in (
-            ("run", "run the graph; stdout is one JSON object with every task's status and output"),
-            ("validate", "check the file (cycles, unknown ids and options, undefined vars) without running"),
-            ("show", "print the graph's levels"),
-            ("resume", "run again what has no .done in a session's DAG journal (FILE is the session directory)"),
-        ):
-            a = sub.add_parser(action, help=what, description=what, epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-            a.add_argument("file", metavar="SESSION" if action == "resume" else "FILE")
-            a.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
-            a.add_argument("--session", metavar="DIR", help="session root for the runner")
-            a.add_argument("--max-concurrent", type=int, metavar="N", help="tasks running at once (default: no limit)")
-            a.add_argument("--timeout", type=float, metavar="S", help="deadline for the whole graph")
-            a.add_argument("--max-budget-usd", type=float, metavar="X", help="budget for the whole graph")
-            a.add_argument(
-                "--fail-fast", action="store_true", help="stop everything at the first failure (= --on-fail abort): running tasks are ended"
-            )
-            a.add_argument(
-                "--on-fail",
-                choices=ON_FAIL,
-                help="a task failed (after its retries): ask at the terminal (retry, skip or abort), skip it and start its dependents "
-                "anyway, or abort the run (default: its dependents are skipped, the rest goes on)",
-            )
-            a.add_argument("--retries", type=int, metavar="N", help="start a failed task again up to N times (for tasks without retries:)")
-            a.add_argument("--dry-run", action="store_true", help="print the resolved tasks; start nothing")
-            a.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+        add_dag_actions(p)
     elif verb == "estimate":
         p.description = (
             "Projected cost and critical-path time of a task graph, running nothing. Per task: the median of ended agents "
@@ -172,43 +133,95 @@ def build_verb_parser(verb: str) -> Parser:
         p.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
         p.add_argument("--text", action="store_true", help="one line of text instead of JSON")
     elif verb in WORKFLOW_VERBS:
-        p.description = {
-            "plan": "Plan a change with the plan agent; the plan goes to the state file.",
-            "build": "Carry out the state file's plan with the build agent; it asks before creating/deleting files or changing manifests.",
-            "explore": "Explore the codebase with the read-only explore agent; findings go to the state file.",
-            "run-plan-build": "plan, then build (workflows/plan-build.yaml); build does not start when plan failed.",
-            "run-all": "plan, build, explore (workflows/plan-build-explore.yaml); stops at the first failure. At a terminal it asks "
-            "before each phase after plan, and whether to retry, skip or abort a failed one.",
-            "state": "Show or clear the state file.",
-        }[verb]
-        if verb == "state":
-            p.add_argument("action", choices=["show", "clear"])
-        else:
-            p.add_argument("task", nargs="?" if verb in ("explore", "build") else None, metavar="TASK")
-        p.add_argument("--state-file", default=DEFAULT_STATE_FILE, metavar="PATH", help=f"shared state (default {DEFAULT_STATE_FILE})")
-        p.add_argument(
-            "--rotate-mb", type=float, default=DEFAULT_ROTATE_MB, metavar="MB", help="rotate the state file to .1, .2... past MB"
-        )
-        p.add_argument("--verbose", action="store_true", help="report phase transitions on stderr")
-        if verb != "state":
-            p.add_argument(
-                "--on-fail",
-                choices=ON_FAIL,
-                help="a phase failed (after --retries): ask (the default at a terminal: retry, skip or abort), skip it "
-                "and go on, or abort (the default otherwise)",
-            )
-            p.add_argument("--retries", type=int, metavar="N", help="start a failed phase again up to N times first")
-        if verb == "plan":
-            p.add_argument("--prd", action="store_true", help="also write a short PRD")
-        if verb == "build":
-            p.add_argument("--dry-run", action="store_true", help="preview the plan's steps and files; write nothing")
-        if verb == "explore":
-            p.add_argument("--depth", choices=["shallow", "deep"], default="deep")
+        add_workflow_options(p, verb)
     elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
         if verb == "_guard":  # the runner's exit status, for the guard above a root (GUARD_ABOVE_BOOTSTRAP)
             p.add_argument("--above", type=int, help=argparse.SUPPRESS)
     return p
+
+
+def add_agents_actions(p: Parser) -> None:
+    """`agents list|lint|new|route`."""
+    p.description = (
+        "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory), ~/.claude/agents,"
+        " then the built-in defaults, which a file of the same name overrides."
+    )
+    sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
+    listing = sub.add_parser("list", help="name, source, tools and description of every definition")
+    listing.add_argument("--json", action="store_true")
+    lint = sub.add_parser("lint", help="check definitions: fields, tools, schemas, duplicates, YAML (exit 2 on errors)")
+    lint.add_argument("paths", nargs="*", metavar="PATH")
+    new = sub.add_parser("new", help="write a commented template to .claude/agents/NAME.md")
+    new.add_argument("name", metavar="NAME")
+    routing = sub.add_parser("route", help="which definition --agent auto would pick for TASK, and why; runs nothing")
+    routing.add_argument("task", metavar="TASK")
+    routing.add_argument("--json", action="store_true", help="the decision as JSON on stdout")
+
+
+def add_dag_actions(p: Parser) -> None:
+    """`dag run|validate|show|resume FILE` and their options."""
+    p.description = "Run a task graph (YAML or JSON): each task starts when its blockedBy are done, as a child of the runner."
+    sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
+    for action, what in (
+        ("run", "run the graph; stdout is one JSON object with every task's status and output"),
+        ("validate", "check the file (cycles, unknown ids and options, undefined vars) without running"),
+        ("show", "print the graph's levels"),
+        ("resume", "run again what has no .done in a session's DAG journal (FILE is the session directory)"),
+    ):
+        a = sub.add_parser(action, help=what, description=what, epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+        a.add_argument("file", metavar="SESSION" if action == "resume" else "FILE")
+        a.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
+        a.add_argument("--session", metavar="DIR", help="session root for the runner")
+        a.add_argument("--max-concurrent", type=int, metavar="N", help="tasks running at once (default: no limit)")
+        a.add_argument("--timeout", type=float, metavar="S", help="deadline for the whole graph")
+        a.add_argument("--max-budget-usd", type=float, metavar="X", help="budget for the whole graph")
+        a.add_argument(
+            "--fail-fast", action="store_true", help="stop everything at the first failure (= --on-fail abort): running tasks are ended"
+        )
+        a.add_argument(
+            "--on-fail",
+            choices=ON_FAIL,
+            help="a task failed (after its retries): ask at the terminal (retry, skip or abort), skip it and start its dependents "
+            "anyway, or abort the run (default: its dependents are skipped, the rest goes on)",
+        )
+        a.add_argument("--retries", type=int, metavar="N", help="start a failed task again up to N times (for tasks without retries:)")
+        a.add_argument("--dry-run", action="store_true", help="print the resolved tasks; start nothing")
+        a.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+
+
+def add_workflow_options(p: Parser, verb: str) -> None:
+    """A workflow verb's task, state file and failure options."""
+    p.description = {
+        "plan": "Plan a change with the plan agent; the plan goes to the state file.",
+        "build": "Carry out the state file's plan with the build agent; it asks before creating/deleting files or changing manifests.",
+        "explore": "Explore the codebase with the read-only explore agent; findings go to the state file.",
+        "run-plan-build": "plan, then build (workflows/plan-build.yaml); build does not start when plan failed.",
+        "run-all": "plan, build, explore (workflows/plan-build-explore.yaml); stops at the first failure. At a terminal it asks "
+        "before each phase after plan, and whether to retry, skip or abort a failed one.",
+        "state": "Show or clear the state file.",
+    }[verb]
+    if verb == "state":
+        p.add_argument("action", choices=["show", "clear"])
+    else:
+        p.add_argument("task", nargs="?" if verb in ("explore", "build") else None, metavar="TASK")
+    p.add_argument("--state-file", default=DEFAULT_STATE_FILE, metavar="PATH", help=f"shared state (default {DEFAULT_STATE_FILE})")
+    p.add_argument("--rotate-mb", type=float, default=DEFAULT_ROTATE_MB, metavar="MB", help="rotate the state file to .1, .2... past MB")
+    p.add_argument("--verbose", action="store_true", help="report phase transitions on stderr")
+    if verb != "state":
+        p.add_argument(
+            "--on-fail",
+            choices=ON_FAIL,
+            help="a phase failed (after --retries): ask (the default at a terminal: retry, skip or abort), skip it "
+            "and go on, or abort (the default otherwise)",
+        )
+        p.add_argument("--retries", type=int, metavar="N", help="start a failed phase again up to N times first")
+    if verb == "plan":
+        p.add_argument("--prd", action="store_true", help="also write a short PRD")
+    if verb == "build":
+        p.add_argument("--dry-run", action="store_true", help="preview the plan's steps and files; write nothing")
+    if verb == "explore":
+        p.add_argument("--depth", choices=["shallow", "deep"], default="deep")
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
