@@ -6136,6 +6136,35 @@ def parse_definition(
     if not isinstance(data.get("description", ""), str) or not data.get("description"):
         problem("description", "description is missing: routing and 'agents list' need it")
     d.description = str(data.get("description") or "")
+    _parse_tool_lists(data, d, problem, known_tools)
+    model = data.get("model")
+    if model is not None:
+        d.model = str(model)
+    mode = data.get("permissionMode")
+    if mode is not None:
+        if mode not in PERMISSION_RANK:
+            problem("permissionMode", f"unknown permissionMode {mode!r}; use one of {', '.join(PERMISSION_MODES)}")
+        else:
+            d.permission_mode = str(mode)
+    _parse_mcp_servers(data, d, problem)
+    _parse_schema_field(data, d, problem)
+    for key, attr, maximum, integer, zero_ok in DEFINITION_NUMBERS:
+        value = data.get(key)
+        if value is None:
+            continue
+        why = number_problem(key, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
+        if why is not None:
+            problem(key, why)
+        else:
+            setattr(d, attr, int(value) if integer else float(value))
+    _parse_claude_fields(data, d, problem)
+    parse_node_fields(data, d, problem)
+    _parse_permissions(data, d, problem)
+    return d, problems
+
+
+def _parse_tool_lists(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None], known_tools: frozenset[str]) -> None:
+    """tools, disallowedTools and skills: lists, the tools checked against the known ones."""
     for key, attr in (("tools", "tools"), ("disallowedTools", "disallowed_tools"), ("skills", "skills")):
         try:
             value = _as_list(data.get(key))
@@ -6164,15 +6193,10 @@ def parse_definition(
                 value = [v for v in value if v not in bad]
         if value is not None:
             setattr(d, attr, value)
-    model = data.get("model")
-    if model is not None:
-        d.model = str(model)
-    mode = data.get("permissionMode")
-    if mode is not None:
-        if mode not in PERMISSION_RANK:
-            problem("permissionMode", f"unknown permissionMode {mode!r}; use one of {', '.join(PERMISSION_MODES)}")
-        else:
-            d.permission_mode = str(mode)
+
+
+def _parse_mcp_servers(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """mcpServers, in Claude Code's mapping or list form."""
     servers = data.get("mcpServers")
     if servers is not None:
         if isinstance(servers, list):
@@ -6191,6 +6215,10 @@ def parse_definition(
                     problem("mcpServers", f"mcpServers.{server_name}: a stdio server needs a command")
         else:
             problem("mcpServers", "mcpServers must map server names to {command, args, env} or {type, url} objects")
+
+
+def _parse_schema_field(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """schema: a NAME from schemas/ (or built in), a path, or inline JSON."""
     schema = data.get("schema")
     if schema is not None:
         if not isinstance(schema, str):
@@ -6202,17 +6230,10 @@ def parse_definition(
                     problem("schema", f"schema {schema!r} is neither in {SCHEMA_DIR} nor built in")
             elif not schema.lstrip().startswith(("{", "[")) and not Path(schema).expanduser().is_file():
                 problem("schema", f"schema file {schema} does not exist")
-    for key, attr, maximum, integer, zero_ok in DEFINITION_NUMBERS:
-        value = data.get(key)
-        if value is None:
-            continue
-        why = number_problem(key, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
-        if why is not None:
-            problem(key, why)
-        else:
-            setattr(d, attr, int(value) if integer else float(value))
-    _parse_claude_fields(data, d, problem)
-    parse_node_fields(data, d, problem)
+
+
+def _parse_permissions(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """permissions: allow, deny and ask lists of rules."""
     perms = data.get("permissions")
     if perms is not None:
         if not isinstance(perms, dict):
@@ -6227,7 +6248,6 @@ def parse_definition(
                         getattr(d.permissions, kind).append(parse_rule(rule_text))
                     except RuleSyntaxError as exc:
                         problem(kind, exc.message)
-    return d, problems
 
 
 def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
