@@ -22,6 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .admission import (
+    START_SLOT_HOLD_S,
+    START_SLOT_QUIET_S,
+    START_SLOT_QUIET_SHARE,
+    cpu_demand_ns,
+    readable,
+    start_slot_count,
+    take_start_slot,
+)
 from .agents import (
     RuleSet,
     cli_permissions,
@@ -69,22 +78,7 @@ from .protocol import (
     resumed_sdk_session,
 )
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
-from .running import (
-    START_SLOT_HOLD_S,
-    START_SLOT_QUIET_S,
-    START_SLOT_QUIET_SHARE,
-    RunState,
-    SdkLoader,
-    api_host,
-    child_environment,
-    cpu_demand_ns,
-    import_sdk,
-    message_record,
-    readable,
-    spawn_command,
-    start_slot_count,
-    take_start_slot,
-)
+from .running import RunState, SdkLoader, api_host, child_environment, import_sdk, message_record, spawn_command
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from . import __version__
+from .admission import start_slot_count, start_slot_now
 from .agents import Node, NodeReferenceError, NodeResult, command_argv, parse_reference
 from .channel import ask_timeout, open_ask
 from .claude import StartedCli, cli_start, describe_sdk_error, outcome_from_run, run_sdk, start_cli
@@ -21,7 +22,7 @@ from .errors import ExitCode, UsageError
 from .output import note
 from .protocol import AGENTS_DIR, append_log_line, append_transcript, log_max_bytes, read_limits, with_estimated_cost
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
-from .running import EarlyStop, RunState, SdkLoader, child_environment, start_slot_count, start_slot_now
+from .running import EarlyStop, RunState, SdkLoader, child_environment
 
 if TYPE_CHECKING:
     import socket  # annotations only

@@ -25,7 +25,6 @@ from .constants import (
     LIMITS,
     LOG_MAX_BYTES,
     META,
-    MIN_HOLD_USD,
     OUTCOME,
     RECORD_MAX_BYTES,
     SESSION_LOCK,
@@ -447,19 +446,6 @@ def with_estimated_cost(outcome: Outcome, agent_dir: Path, model: str) -> Outcom
     return outcome
 
 
-def counted_agents(session: Path) -> int:
-    """Registered agents that were not refused."""
-    count = 0
-    for d in iter_agent_dirs(session):
-        if (d / FAIL_MARKER).exists():
-            with contextlib.suppress(FileNotFoundError, SpawnError):
-                refused = read_json(d / OUTCOME)
-                if refused.get("status") == Status.REFUSED and not refused.get("transcript"):  # refused before it ran
-                    continue
-        count += 1
-    return count
-
-
 def budget_source(state: LedgerState, meta: AgentMeta) -> str | None:
     """Whose hold pays for a new agent: its parent's while that is live, else the tree's remainder."""
     return meta.parent_id if state.live(meta.parent_id) else None
@@ -475,27 +461,6 @@ def budget_left(session: Path, meta: AgentMeta, budget: float) -> tuple[float, s
         with contextlib.suppress(FileNotFoundError, SpawnError):
             own = transcript_spend(session / AGENTS_DIR / source, load_meta(session / AGENTS_DIR / source).model)
     return state.free(source, budget, own), source, state
-
-
-def admit(meta: AgentMeta, session: Path) -> str | None:
-    """Check the tree-wide caps (under the session lock); None admits the spawn.
-
-    An admitted agent's budget is lowered to what is unreserved where it
-    draws from; reserve_budget then holds it until the agent's charge.
-    """
-    limits = read_limits(session)
-    if limits.max_budget_usd is not None:
-        left, source, state = budget_left(session, meta, limits.max_budget_usd)
-        if left < MIN_HOLD_USD:
-            where = f"its parent {source}'s hold" if source else "the tree's remainder"
-            return (
-                f"budget: the tree has spent ${state.spent:.4f} of its ${limits.max_budget_usd:.4f} and running agents "
-                f"hold ${state.reserved:.4f}; nothing is left in {where} (wait for agents to end, or raise --max-budget-usd at the root)"
-            )
-        meta.max_budget_usd = left if meta.max_budget_usd is None else min(meta.max_budget_usd, left)
-    if limits.max_agents is not None and counted_agents(session) >= limits.max_agents:
-        return f"agents: the session already has {limits.max_agents} agents (--max-agents {limits.max_agents})"
-    return None
 
 
 def over_hold(session: Path, agent_id: str, own_spend: float, last_turn: float = 0.0) -> str | None:

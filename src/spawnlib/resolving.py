@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .admission import admit
 from .agents import (
     AgentDefinition,
     Rule,
@@ -103,7 +104,6 @@ from .processes import (
 )
 from .protocol import (
     AGENTS_DIR,
-    admit,
     create_agent_dir,
     create_session_dir,
     find_agent_dir,

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from .admission import lend_slot, take_back_slot
+from .admission import lend_slot, take_back_slot, usable_cpus
 from .cli_start import descendants_of, settle_agents
 from .commit import heartbeat_age, liveness, read_agent_rows
 from .constants import (
@@ -77,7 +77,6 @@ from .protocol import (
     request_kill,
 )
 from .records import EXIT_FOR_STATUS, AgentMeta, R, Status, record_to_json
-from .running import usable_cpus
 from .standin import FORKSERVER_SOCKET
 
 # -------------------------------------------------------------------- verbs --
