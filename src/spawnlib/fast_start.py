@@ -8,10 +8,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from .agents import cache_dir
 from .constants import ENV_SESSION, SCRIPT_PATH
 from .errors import SpawnError
-from .protocol import read_regular_file, write_file_atomic
+from .protocol import cache_dir, read_regular_file, write_file_atomic
 from .standin import ENV_NO_FORKSERVER, FORKSERVER_SOCKET
 
 # ------------------------------------------------------------- fast start --
