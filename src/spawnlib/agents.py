@@ -15,7 +15,6 @@ from .constants import (
     DEFAULT_PERMISSION_MODE,
     EDIT_TOOLS,
     EFFORT_LEVELS,
-    ENV_CACHE_DIR,
     KNOWN_TOOLS,
     MEMORY_SCOPES,
     PERMISSION_KINDS,
@@ -34,6 +33,7 @@ from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, claude_c
 from .embedded import builtin_files, builtin_label
 from .errors import InputError, UsageError, did_you_mean
 from .executors import parse_node_fields
+from .programs.fast_start_hook import cache_folder
 from .protocol import load_input, parse_json, read_input, write_file_atomic
 
 # ------------------------------------------------- agents and permissions --
@@ -1017,11 +1017,8 @@ def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: C
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
-    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
-    if environ.get(ENV_CACHE_DIR):
-        return Path(environ[ENV_CACHE_DIR]).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
-    return Path(base).expanduser() / "spawn"
+    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn (cache_folder: the fast-start hook's too)."""
+    return Path(cache_folder(dict(environ)))
 
 
 def remember_cli_tools(init: Mapping[str, Any], environ: Mapping[str, str]) -> None:
