@@ -86,14 +86,12 @@ STAND_IN_WAIT = (  # src/spawnlib/programs/stand_in_wait.py, inlined by tools/bu
     'code, else the last signal it passed on, else SIGKILL.\n'
     '"""\n'
     '\n'
-    'from __future__ import annotations\n'
-    '\n'
     "import _signal  # type: ignore[import-not-found]  # signal's C half: builtin, unlike signal\n"
     'import posix\n'
     'import sys\n'
     '\n'
     '\n'
-    'def stand_in_wait(fd: int, pid: int, got: bytes, signals: list[int]) -> None:\n'
+    'def stand_in_wait(fd: int, pid: int, got: bytes, signals: "list[int]") -> None:\n'
     '    """Pass signals on to pid until its exit code (a line of JSON) arrives on fd, then end as it did'
     '."""\n'
     '    last = [9]\n'
@@ -650,7 +648,6 @@ Remove _spawn_fast_start.pth to remove it.
 
 
 
-
 FAST_START_MODULE = "_spawn_fast_start"  # this file's name in site-packages, and its .pth's
 ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook
 # A copy is named by the source's path and bytes: the path because the code
@@ -684,7 +681,7 @@ STAND_IN_END = b"\n# <<< end of the stand-in: forkserver_stand_in(argv, environ)
 ANNOTATIONS_FLAG = 0x1000000  # __future__.annotations.compiler_flag: the stand-in's own future import
 
 
-def cache_folder(environ: dict[str, str] | os._Environ[str]) -> str:
+def cache_folder(environ: "dict[str, str] | os._Environ[str]") -> str:
     """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
     if environ.get(HOOK_ENV_CACHE_DIR):
         return os.path.expanduser(environ[HOOK_ENV_CACHE_DIR])
@@ -692,7 +689,7 @@ def cache_folder(environ: dict[str, str] | os._Environ[str]) -> str:
     return os.path.join(os.path.expanduser(base), "spawn")
 
 
-def compiled_name(path: str | os.PathLike[str], source: bytes) -> str:
+def compiled_name(path: "str | os.PathLike[str]", source: bytes) -> str:
     """The file name of the compiled copy of the spawn.py at path (resolved) with these bytes."""
     import _imp
 
@@ -700,7 +697,7 @@ def compiled_name(path: str | os.PathLike[str], source: bytes) -> str:
     return "spawn-" + digest + "." + str(sys.implementation.cache_tag) + ".pyc"
 
 
-def copy_is_trusted(folder: str | os.PathLike[str], copy: str | os.PathLike[str], source: bytes) -> bool:
+def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[str]", source: bytes) -> bool:
     """Ours, a regular file (not a link), nobody else's to replace, and compiled from source.
 
     The copy is opened without following a link, and its owner and mode are
@@ -725,7 +722,7 @@ def copy_is_trusted(folder: str | os.PathLike[str], copy: str | os.PathLike[str]
     return header == magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
 
 
-def compiled_copy(script: str, environ: dict[str, str] | os._Environ[str]) -> tuple[str, bytes] | None:
+def compiled_copy(script: str, environ: "dict[str, str] | os._Environ[str]") -> "tuple[str, bytes] | None":
     """The compiled copy to run for script, and the script's bytes; or None."""
     if not script.endswith(".py") or environ.get(ENV_NO_FAST_START) == "1" or sys.flags.optimize:
         return None
@@ -4178,8 +4175,6 @@ GUARD_ABOVE_BOOTSTRAP = (  # src/spawnlib/programs/guard_above.py, inlined by to
     'runner did; if the runner left no outcome, it becomes `spawn.py _guard --above`.\n'
     '"""\n'
     '\n'
-    'from __future__ import annotations\n'
-    '\n'
     'import os\n'
     'import signal\n'
     'import sys\n'
@@ -4220,7 +4215,7 @@ GUARD_ABOVE_BOOTSTRAP = (  # src/spawnlib/programs/guard_above.py, inlined by to
     '    os.execv(sys.executable, [sys.executable, script, "_guard", agent_dir, f"--above={code}"])\n'
     '\n'
     '\n'
-    'def below() -> list[int]:\n'
+    'def below() -> "list[int]":\n'
     '    """Every process below us, from /proc."""\n'
     '    parents: dict[int, list[int]] = {}\n'
     '    for name in os.listdir("/proc"):\n'
@@ -10058,7 +10053,6 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     "# the cache's place, a copy's name and the trust in a copy are defined here\n"
     '# alone. Builtin modules only: for every other program in the environment it\n'
     '# costs a look at sys.argv, or for a .py file one read and a few stats.\n'
-    'from __future__ import annotations\n'
     '\n'
     'import os\n'
     'import stat\n'
@@ -10100,7 +10094,7 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     'rt\n'
     '\n'
     '\n'
-    'def cache_folder(environ: dict[str, str] | os._Environ[str]) -> str:\n'
+    'def cache_folder(environ: "dict[str, str] | os._Environ[str]") -> str:\n'
     '    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""\n'
     '    if environ.get(HOOK_ENV_CACHE_DIR):\n'
     '        return os.path.expanduser(environ[HOOK_ENV_CACHE_DIR])\n'
@@ -10109,7 +10103,7 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     '    return os.path.join(os.path.expanduser(base), "spawn")\n'
     '\n'
     '\n'
-    'def compiled_name(path: str | os.PathLike[str], source: bytes) -> str:\n'
+    'def compiled_name(path: "str | os.PathLike[str]", source: bytes) -> str:\n'
     '    """The file name of the compiled copy of the spawn.py at path (resolved) with these bytes."""\n'
     '    import _imp\n'
     '\n'
@@ -10117,8 +10111,8 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     '    return "spawn-" + digest + "." + str(sys.implementation.cache_tag) + ".pyc"\n'
     '\n'
     '\n'
-    'def copy_is_trusted(folder: str | os.PathLike[str], copy: str | os.PathLike[str], source: bytes) -> '
-    'bool:\n'
+    'def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[str]", source: bytes)'
+    ' -> bool:\n'
     '    """Ours, a regular file (not a link), nobody else\'s to replace, and compiled from source.\n'
     '\n'
     '    The copy is opened without following a link, and its owner and mode are\n'
@@ -10144,8 +10138,8 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     'urce)\n'
     '\n'
     '\n'
-    'def compiled_copy(script: str, environ: dict[str, str] | os._Environ[str]) -> tuple[str, bytes] | No'
-    'ne:\n'
+    'def compiled_copy(script: str, environ: "dict[str, str] | os._Environ[str]") -> "tuple[str, bytes] |'
+    ' None":\n'
     '    """The compiled copy to run for script, and the script\'s bytes; or None."""\n'
     '    if not script.endswith(".py") or environ.get(ENV_NO_FAST_START) == "1" or sys.flags.optimize:\n'
     '        return None\n'

@@ -5,6 +5,8 @@ inlines its source as a string constant wherever the package writes
 `NAME = program_text("module")`, so spawn.py never reads these files. A
 program runs on builtin modules only (no site, no stdlib .py files), and it
 is small: one runs at every nested spawn and for every agent's guard.
+No program imports from __future__ (a real import of __future__.py at run
+time); an annotation that would build objects when the def runs is quoted.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ Remove _spawn_fast_start.pth to remove it.
 # the cache's place, a copy's name and the trust in a copy are defined here
 # alone. Builtin modules only: for every other program in the environment it
 # costs a look at sys.argv, or for a .py file one read and a few stats.
-from __future__ import annotations
 
 import os
 import stat
@@ -49,7 +48,7 @@ STAND_IN_END = b"\n# <<< end of the stand-in: forkserver_stand_in(argv, environ)
 ANNOTATIONS_FLAG = 0x1000000  # __future__.annotations.compiler_flag: the stand-in's own future import
 
 
-def cache_folder(environ: dict[str, str] | os._Environ[str]) -> str:
+def cache_folder(environ: "dict[str, str] | os._Environ[str]") -> str:
     """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
     if environ.get(HOOK_ENV_CACHE_DIR):
         return os.path.expanduser(environ[HOOK_ENV_CACHE_DIR])
@@ -57,7 +56,7 @@ def cache_folder(environ: dict[str, str] | os._Environ[str]) -> str:
     return os.path.join(os.path.expanduser(base), "spawn")
 
 
-def compiled_name(path: str | os.PathLike[str], source: bytes) -> str:
+def compiled_name(path: "str | os.PathLike[str]", source: bytes) -> str:
     """The file name of the compiled copy of the spawn.py at path (resolved) with these bytes."""
     import _imp
 
@@ -65,7 +64,7 @@ def compiled_name(path: str | os.PathLike[str], source: bytes) -> str:
     return "spawn-" + digest + "." + str(sys.implementation.cache_tag) + ".pyc"
 
 
-def copy_is_trusted(folder: str | os.PathLike[str], copy: str | os.PathLike[str], source: bytes) -> bool:
+def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[str]", source: bytes) -> bool:
     """Ours, a regular file (not a link), nobody else's to replace, and compiled from source.
 
     The copy is opened without following a link, and its owner and mode are
@@ -90,7 +89,7 @@ def copy_is_trusted(folder: str | os.PathLike[str], copy: str | os.PathLike[str]
     return header == magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
 
 
-def compiled_copy(script: str, environ: dict[str, str] | os._Environ[str]) -> tuple[str, bytes] | None:
+def compiled_copy(script: str, environ: "dict[str, str] | os._Environ[str]") -> "tuple[str, bytes] | None":
     """The compiled copy to run for script, and the script's bytes; or None."""
     if not script.endswith(".py") or environ.get(ENV_NO_FAST_START) == "1" or sys.flags.optimize:
         return None

@@ -5,8 +5,6 @@ says why). It passes the terminal signals on to the runner and exits as the
 runner did; if the runner left no outcome, it becomes `spawn.py _guard --above`.
 """
 
-from __future__ import annotations
-
 import os
 import signal
 import sys
@@ -47,7 +45,7 @@ if agent_dir and not os.path.exists(os.path.join(agent_dir, "outcome.json")):
     os.execv(sys.executable, [sys.executable, script, "_guard", agent_dir, f"--above={code}"])
 
 
-def below() -> list[int]:
+def below() -> "list[int]":
     """Every process below us, from /proc."""
     parents: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):

@@ -5,14 +5,12 @@ passes those signals on to the agent and ends as the agent did: its exit
 code, else the last signal it passed on, else SIGKILL.
 """
 
-from __future__ import annotations
-
 import _signal  # type: ignore[import-not-found]  # signal's C half: builtin, unlike signal
 import posix
 import sys
 
 
-def stand_in_wait(fd: int, pid: int, got: bytes, signals: list[int]) -> None:
+def stand_in_wait(fd: int, pid: int, got: bytes, signals: "list[int]") -> None:
     """Pass signals on to pid until its exit code (a line of JSON) arrives on fd, then end as it did."""
     last = [9]
 
