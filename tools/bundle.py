@@ -126,6 +126,8 @@ class Module:
     defines: set[str]
     # 0-based line -> (module lines it replaces, the lines spawn.py has instead): inlined programs, markers
     edits: dict[int, tuple[int, list[str]]] = field(default_factory=dict)
+    # 0-based line of an edit -> (a program, and for each of its lines the index of its first literal line there)
+    inlined: dict[int, tuple[Module, list[int]]] = field(default_factory=dict)
 
 
 def relative(path: Path) -> str:
@@ -199,13 +201,18 @@ def load(name: str, imports: Imports, keep_imports: bool) -> Module:
     return Module(name, path, lines, blank, defined_names(tree.body))
 
 
-def program_literal(name: str, target: str) -> list[str]:
-    """`target = (...)`: the program's source as implicitly joined literals, one or more a line."""
+def program_literal(name: str, target: str) -> tuple[list[str], Module, list[int]]:
+    """`target = (...)`: the program's source as implicitly joined literals, one or more a line;
+    the program, and where each of its lines starts among those lines (for --where)."""
     path = PACKAGE / PROGRAMS_FOLDER / f"{name}.py"
     text = path.read_text()
+    program = Module(f"{PROGRAMS_FOLDER}/{name}", path, text.splitlines(keepends=True), set(), set())
     out = [f"{target} = (  # {relative(path)}, inlined by tools/bundle.py\n"]
-    out += [f"    {chunk!r}\n" for line in text.splitlines(keepends=True) for chunk in split_chunks(line)]
-    return [*out, ")\n"]
+    starts: list[int] = []
+    for line in program.lines:
+        starts.append(len(out))
+        out += [f"    {chunk!r}\n" for chunk in split_chunks(line)]
+    return [*out, ")\n"], program, starts
 
 
 def inline_programs(module: Module) -> None:
@@ -223,7 +230,9 @@ def inline_programs(module: Module) -> None:
             raise BundleError(f'{where}: a program is inlined as `NAME = {PROGRAM_ACCESSOR}("program")`')
         if args[0] not in PROGRAMS:
             raise BundleError(f"{where}: no program {args[0]!r} in PROGRAMS of tools/bundle.py")
-        module.edits[node.lineno - 1] = (node.end_lineno - node.lineno + 1, program_literal(str(args[0]), node.targets[0].id))
+        lines, program, starts = program_literal(str(args[0]), node.targets[0].id)
+        module.edits[node.lineno - 1] = (node.end_lineno - node.lineno + 1, lines)
+        module.inlined[node.lineno - 1] = (program, starts)
         inlined.add(id(call.func))
     for inner in ast.walk(tree):
         if isinstance(inner, ast.Name) and inner.id == PROGRAM_ACCESSOR and id(inner) not in inlined:
@@ -274,6 +283,8 @@ def module_lines(module: Module, kept: int, first: int) -> tuple[list[str], list
         if i in module.edits:
             close()
             skip, lines = module.edits[i]
+            program, starts = module.inlined.get(i, (None, []))
+            spans += [(first + len(out) + at, 1, program, n) for n, at in enumerate(starts, 1) if program is not None]
             out += lines
             i += skip
             start = i
