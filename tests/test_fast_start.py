@@ -4,6 +4,7 @@ and never runs a copy that isn't the source's own and the user's."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -289,6 +290,16 @@ def test_the_hook_finds_the_stand_in_section_once_and_it_runs_on_its_own(tmp_pat
     assert stand_in(str(spawn.SCRIPT_PATH), source.replace(end, b"\n")) is None  # type: ignore[operator]
     broken = source.replace(b"def forkserver_stand_in(", b"def forkserver_stand_in((", 1)
     assert stand_in(str(spawn.SCRIPT_PATH), broken) is None  # type: ignore[operator]
+
+
+def test_the_stand_in_still_has_what_hooks_of_earlier_versions_look_for_unit() -> None:
+    """The hook of 69401ab finds the stand-in by its banner and its closing call: both are still there, once,
+    around the same code, so such a hook keeps handing nested spawns to the fork server."""
+    finds = [n for n in ast.walk(ast.parse(OLD_HOOK.read_text())) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "find"]
+    old_start, old_end = (ast.literal_eval(call.args[0]) for call in finds[:2])
+    source = spawn.SCRIPT_PATH.read_bytes()
+    assert (source.count(old_start), source.count(old_end)) == (1, 1)
+    assert source.index(spawn.STAND_IN_BEGIN) < source.index(old_start) < source.index(spawn.STAND_IN_END) < source.index(old_end)
 
 
 @pytest.mark.parametrize("hook", ["current", "installed-by-69401ab"])
