@@ -43,6 +43,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 # ==================== begin src/spawnlib/standin.py ====================
+# >>> stand-in: the fast-start hook runs from here to the end marker >>>
 
 
 # --------------------------------------------------- fork server: stand-in --
@@ -50,6 +51,8 @@ __version__ = "0.1.0"
 # fork server will run costs only what runs up to here (see "fork server").
 import os
 import sys
+
+
 
 
 FORKSERVER_SOCKET = "forkserver.sock"  # in the session directory, mode 0600
@@ -72,46 +75,60 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUS
 # takes its default action before the handlers are in place.
 # With no exit code (the agent died of a signal) it dies of the last signal
 # it passed on, as the agent did if that was what ended it, else of SIGKILL.
-# argv: socket fd, agent pid, what was already read (hex), signal numbers.
-# STAND_IN_WAIT is the loop itself, over fd, pid, got and signals; a short
-# stand-in runs it in-process.
-STAND_IN_WAIT = """
-last = [9]
-def forward(signum, frame):
-    last[0] = signum
-    try:
-        posix.kill(pid, signum)
-    except OSError:
-        pass
-for signum in signals:
-    _signal.signal(signum, forward)
-_signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)
-while b"\\n" not in got:
-    try:
-        chunk = posix.read(fd, 4096)
-    except OSError:
-        chunk = b""
-    if not chunk:
-        break
-    got += chunk
-line = got.partition(b"\\n")[0].replace(b" ", b"")
-if line.startswith(b'{"exit":') and line.endswith(b"}"):
-    try:
-        posix._exit(int(line[8:-1]))
-    except ValueError:
-        pass
-if last[0] != 9:
-    _signal.signal(last[0], _signal.SIG_DFL)
-posix.kill(posix.getpid(), last[0])
-posix.kill(posix.getpid(), 9)
-"""
-STAND_IN_LOOP = (
-    """
-import posix, _signal, sys
-fd, pid, got = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
-signals = [int(n) for n in sys.argv[4].split(",")]
-"""
-    + STAND_IN_WAIT
+# The loop is programs/stand_in_wait.py (argv: socket fd, agent pid, what was
+# already read (hex), signal numbers); a short stand-in runs it in-process.
+STAND_IN_WAIT = (  # src/spawnlib/programs/stand_in_wait.py, inlined by tools/bundle.py
+    '"""A stand-in\'s wait for the agent its fork server forked: run by `python -I -S -c`, or exec\'d in-pr'
+    'ocess.\n'
+    '\n'
+    'argv: socket fd, agent pid, what was already read (hex), signal numbers. It\n'
+    'passes those signals on to the agent and ends as the agent did: its exit\n'
+    'code, else the last signal it passed on, else SIGKILL.\n'
+    '"""\n'
+    '\n'
+    "import _signal  # type: ignore[import-not-found]  # signal's C half: builtin, unlike signal\n"
+    'import posix\n'
+    'import sys\n'
+    '\n'
+    '\n'
+    'def stand_in_wait(fd: int, pid: int, got: bytes, signals: "list[int]") -> None:\n'
+    '    """Pass signals on to pid until its exit code (a line of JSON) arrives on fd, then end as it did'
+    '."""\n'
+    '    last = [9]\n'
+    '\n'
+    '    def forward(signum: int, frame: object) -> None:\n'
+    '        last[0] = signum\n'
+    '        try:\n'
+    '            posix.kill(pid, signum)\n'
+    '        except OSError:\n'
+    '            pass\n'
+    '\n'
+    '    for signum in signals:\n'
+    '        _signal.signal(signum, forward)\n'
+    '    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)\n'
+    '    while b"\\n" not in got:\n'
+    '        try:\n'
+    '            chunk = posix.read(fd, 4096)\n'
+    '        except OSError:\n'
+    '            chunk = b""\n'
+    '        if not chunk:\n'
+    '            break\n'
+    '        got += chunk\n'
+    '    line = got.partition(b"\\n")[0].replace(b" ", b"")\n'
+    '    if line.startswith(b\'{"exit":\') and line.endswith(b"}"):\n'
+    '        try:\n'
+    '            posix._exit(int(line[8:-1]))\n'
+    '        except ValueError:\n'
+    '            pass\n'
+    '    if last[0] != 9:\n'
+    '        _signal.signal(last[0], _signal.SIG_DFL)\n'
+    '    posix.kill(posix.getpid(), last[0])\n'
+    '    posix.kill(posix.getpid(), 9)\n'
+    '\n'
+    '\n'
+    'if __name__ == "__main__":\n'
+    '    stand_in_wait(int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3]), [int(n) for n in s'
+    'ys.argv[4].split(",")])\n'
 )
 
 
@@ -245,25 +262,25 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
             sock.settimeout(None)  # blocking, as the loop reads it
             os.set_inheritable(sock.fileno(), True)
             loop = [str(sock.fileno()), str(pid), got.hex(), ",".join(map(str, signals))]
-            os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", STAND_IN_LOOP, *loop, *sys.argv], environ)
+            os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", STAND_IN_WAIT, *loop, *sys.argv], environ)
         except OSError:
             pass
 
     # Stand in from here, with the same loop.
-    import posix  # builtin: os's C half
-
     sock.settimeout(None)  # blocking, as the loop reads it
-    exec(STAND_IN_WAIT, {"posix": posix, "_signal": _signal, "fd": sock.fileno(), "pid": pid, "got": got, "signals": signals})
+    scope: dict[str, Any] = {"__name__": "stand_in_wait"}
+    exec(STAND_IN_WAIT, scope)
+    scope["stand_in_wait"](sock.fileno(), pid, got, signals)
     return None  # not reached: the loop ends the process with the agent's exit code or signal
 
 
+# <<< end of the stand-in: forkserver_stand_in(argv, environ) -> int | None <<<
 if __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:
     sys.stdout.flush()
     os._exit(_served)
 # ==================== end src/spawnlib/standin.py ====================
 
 # ==================== imports of every module ====================
-import __future__
 import argparse
 import contextlib
 import dataclasses
@@ -666,6 +683,179 @@ YAML_MAX_NODES = 1_000_000
 
 SLOT_LENT = ".slot-lent"
 # ==================== end src/spawnlib/constants.py ====================
+
+# ==================== begin src/spawnlib/programs/fast_start_hook.py ====================
+"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
+
+Runs at every interpreter start in this environment, from _spawn_fast_start.pth.
+If the script on the command line has a compiled copy in spawn.py's cache,
+exec the same interpreter on that copy instead of compiling the source.
+Remove _spawn_fast_start.pth to remove it.
+"""
+
+# spawn.py runs this module's code too (bundled, as src/spawnlib/programs/fast_start_hook.py):
+# the cache's place, a copy's name and the trust in a copy are defined here
+# alone. Builtin modules only: for every other program in the environment it
+# costs a look at sys.argv, or for a .py file one read and a few stats.
+
+
+
+
+
+FAST_START_MODULE = "_spawn_fast_start"  # this file's name in site-packages, and its .pth's
+ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook
+# A copy is named by the source's path and bytes: the path because the code
+# finds schemas/ and sessions/ beside the file it was compiled from, so two
+# projects' identical copies must not share one.
+COMPILED_DIR = "compiled"
+COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache tag too
+# A copy is run or handed out only when copy_is_trusted: the cache folder and
+# the copy are the user's and nobody else's to replace, the copy is a regular
+# file, and its header says it was compiled from the source's own bytes (a
+# checked-hash pyc, PEP 552): the name alone is no proof, as any file can be
+# put at a name. The header is no signature either: what keeps a forged copy
+# out is that no contained agent can write the cache (README: "Guarantees").
+COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace
+PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the source
+# spawn.py's own names for these, which this file can't import when it runs
+# as the hook (test_fast_start checks they agree).
+HOOK_ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # ENV_CACHE_DIR
+HOOK_ENV_SESSION = "SPAWN_SESSION"  # ENV_SESSION
+HOOK_ENV_NO_FORKSERVER = "SPAWN_NO_FORKSERVER"  # ENV_NO_FORKSERVER
+HOOK_FORKSERVER_SOCKET = "forkserver.sock"  # FORKSERVER_SOCKET
+# For a nested spawn, the hook runs spawn.py's stand-in itself, from the
+# script's own bytes: when the session's fork server takes the spawn, no second
+# interpreter starts to load the copy (~20 ms a level). tools/bundle.py writes
+# these two lines around the stand-in's code, which defines
+# forkserver_stand_in(argv, environ) -> exit code or None; a spawn.py without
+# them (another version's) is run as a copy only. A later version that changes
+# the contract changes the markers.
+STAND_IN_BEGIN = b"\n# >>> stand-in: the fast-start hook runs from here to the end marker >>>\n"
+STAND_IN_END = b"\n# <<< end of the stand-in: forkserver_stand_in(argv, environ) -> int | None <<<\n"
+ANNOTATIONS_FLAG = 0x1000000  # __future__.annotations.compiler_flag: the stand-in's own future import
+
+
+def cache_folder(environ: "dict[str, str] | os._Environ[str]") -> str:
+    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
+    if environ.get(HOOK_ENV_CACHE_DIR):
+        return os.path.expanduser(environ[HOOK_ENV_CACHE_DIR])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.expanduser(base), "spawn")
+
+
+def compiled_name(path: "str | os.PathLike[str]", source: bytes) -> str:
+    """The file name of the compiled copy of the spawn.py at path (resolved) with these bytes."""
+    import _imp
+
+    digest = _imp.source_hash(COMPILED_HASH_KEY, os.fsencode(path) + b"\0" + source).hex()
+    return "spawn-" + digest + "." + str(sys.implementation.cache_tag) + ".pyc"
+
+
+def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[str]", source: bytes) -> bool:
+    """Ours, a regular file (not a link), nobody else's to replace, and compiled from source.
+
+    The copy is opened without following a link, and its owner and mode are
+    read from that open file, so what is checked is what was read."""
+    import _frozen_importlib_external as bootstrap
+    import _imp
+
+    try:
+        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        for st in (os.stat(folder), os.fstat(fd)):
+            if st.st_uid != os.getuid() or st.st_mode & COMPILED_MODE_FORBIDDEN:
+                return False
+        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    magic = bootstrap.MAGIC_NUMBER
+    return header == magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
+
+
+def compiled_copy(script: str, environ: "dict[str, str] | os._Environ[str]") -> "tuple[str, bytes] | None":
+    """The compiled copy to run for script, and the script's bytes; or None."""
+    if not script.endswith(".py") or environ.get(ENV_NO_FAST_START) == "1" or sys.flags.optimize:
+        return None
+    try:
+        path = os.path.realpath(script)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # a FIFO's bytes are the script's: Python must read them, not us
+        with open(path, "rb") as fh:
+            source = fh.read()
+        folder = os.path.join(cache_folder(environ), COMPILED_DIR)
+        copy = os.path.join(folder, compiled_name(path, source))
+    except (OSError, ValueError):
+        return None
+    # A planted or stale copy is never run: the source runs instead.
+    return (copy, source) if copy_is_trusted(folder, copy, source) else None
+
+
+def hook_stand_in(copy: str, source: bytes) -> None:
+    """Hand this spawn to its session's fork server from here, as the copy's
+    first lines would: the same code, compiled from the script's own bytes
+    (its stand-in, between the markers), minus an interpreter's start.
+    Returns only if the server doesn't take it (none, a refusal, a verb it
+    doesn't run): then the copy runs, and asks again itself.
+    """
+    start = source.find(STAND_IN_BEGIN)
+    end = source.find(STAND_IN_END, start)
+    if start < 0 or end < 0:
+        return
+    try:
+        # The file's own future import, and its own line numbers in a traceback.
+        code = compile(b"\n" * source.count(b"\n", 0, start) + source[start:end], sys.argv[0], "exec", ANNOTATIONS_FLAG, True)
+        scope: dict[str, object] = {"__name__": FAST_START_MODULE + ".stand_in", "__file__": copy}
+        exec(code, scope)
+        ask = scope["forkserver_stand_in"]
+    except Exception:
+        return
+    if not callable(ask):
+        return
+    try:
+        served = ask(sys.argv[1:], os.environ)
+    except BaseException:
+        # As an error in the copy's first lines ends it: never a second try
+        # at a spawn that may already be running.
+        import traceback
+
+        traceback.print_exc()
+        os._exit(1)
+    if isinstance(served, int):
+        os._exit(served)
+
+
+def hook_main() -> None:
+    argv = list(getattr(sys, "orig_argv", ()))
+    at = len(argv) - len(sys.argv)
+    # Only where exec keeps the pid: the process is its parent's child and an agent's stand-in.
+    if os.name != "posix" or not sys.argv or at < 1 or argv[at] != sys.argv[0] or not sys.executable:
+        return
+    found = compiled_copy(sys.argv[0], os.environ)
+    if found is None:
+        return
+    copy, source = found
+    session = os.environ.get(HOOK_ENV_SESSION)  # a nested spawn's; compile nothing for a root or a session with no server
+    if session and os.environ.get(HOOK_ENV_NO_FORKSERVER) != "1" and os.path.exists(os.path.join(session, HOOK_FORKSERVER_SOCKET)):
+        hook_stand_in(copy, source)
+    import _signal  # type: ignore[import-not-found,unused-ignore]  # signal's C half: builtin (spawn.py's stand-in imports it too)
+
+    # Python ignores these at start; the new interpreter does it again, and a
+    # failed exec puts them back as they were.
+    saved = [(n, _signal.signal(n, _signal.SIG_DFL)) for n in (_signal.SIGPIPE, _signal.SIGXFSZ)]
+    try:
+        os.execv(sys.executable, [*argv[:at], copy, *argv[at + 1 :]])
+    except OSError:
+        for n, handler in saved:
+            _signal.signal(n, handler)
+
+
+if __name__ == FAST_START_MODULE:  # as the hook; spawn.py only uses the functions above
+    hook_main()
+# ==================== end src/spawnlib/programs/fast_start_hook.py ====================
 
 # ==================== begin src/spawnlib/embedded.py ====================
 
@@ -1686,9 +1876,10 @@ def note(message: str) -> None:
 # a fork of the server: module-level state of the process forked from must not
 # leak into what runs there. Each piece is registered with how to put it back
 # as a fresh interpreter has it (on_fork), or named in KEPT_ACROSS_FORKS with
-# why a copy is right. tests/test_fork_state.py fails on a module-level
-# mutable, a class whose attributes are assigned at run time, or a cached
-# function that is in neither.
+# why a copy is right. tests/test_fork_state.py reads spawn.py and fails on
+# a module-level mutable that the code changes, a name a function rebinds
+# (`global`), a module-level object or class whose attributes are assigned at
+# run time, or a cached function, that is in neither.
 
 FORK_RESETS: dict[str, Callable[[], None]] = {}
 KEPT_ACROSS_FORKS: dict[str, str] = {
@@ -3442,11 +3633,8 @@ def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
-    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
-    if environ.get(ENV_CACHE_DIR):
-        return Path(environ[ENV_CACHE_DIR]).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
-    return Path(base).expanduser() / "spawn"
+    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn (cache_folder: the fast-start hook's too)."""
+    return Path(cache_folder(dict(environ)))
 
 
 class MarkerEvents:
@@ -3553,206 +3741,211 @@ class MarkerEvents:
 
 
 
+
+
+
+
+
+
+
 # ------------------------------------------------------------- fast start --
 
 # A script run as `python spawn.py` is compiled on every start (only imported
 # modules get cached bytecode): ~200 ms of this 9,000-line file, at every
 # level. So the first spawn.py of a tree compiles it once into the per-user
-# cache, and children, guards and runners run that copy. A copy is named by
-# the source's path and bytes: the path because the code finds schemas/ and
-# sessions/ beside the file it was compiled from, so two projects' identical
-# copies must not share one.
-COMPILED_DIR = "compiled"
-COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache tag too
-# A copy is run or handed out only when copy_is_trusted: the cache folder and
-# the copy are the user's and nobody else's to replace, the copy is a regular
-# file, and its header says it was compiled from the source's own bytes (a
-# checked-hash pyc, PEP 552): the name alone is no proof, as any file can be
-# put at a name. The header is no signature either: what keeps a forged copy
-# out is that no contained agent can write the cache (README: "Guarantees").
-COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace
-PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the source
+# cache, and children, guards and runners run that copy. Where the copies go,
+# their names and when one is trusted: programs/fast_start_hook.py, which
+# both spawn.py and the hook run.
 # `uv run spawn.py`, as users and agents write it, would still compile the
 # source at every level. So a run from source puts a start-up hook into the
 # virtual environment running it (uv's own, for `uv run`): a .pth line that
 # site runs at every interpreter start there. When the script named on the
 # command line has a compiled copy, the hook execs the same interpreter on
 # that copy, with the same argv and pid; anything else starts as usual.
-ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook
-FAST_START_MODULE = "_spawn_fast_start"
-# For a nested spawn, the hook also runs the stand-in (the first section of
-# this file) itself, from the script's own bytes: when the session's fork
-# server takes the spawn, no second interpreter starts to load the copy
-# (~20 ms a level). The section runs from its banner up to the line that
-# calls it, and only if that line calls it as the hook does (another
-# version's may not); test_fast_start checks both are found, once each.
-STAND_IN_START = "\n# " + "-" * 51 + " fork server: stand-in --\n"
-STAND_IN_END = '\nif __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:\n'
-ANNOTATIONS_FLAG = __future__.annotations.compiler_flag  # the section's own `from __future__ import annotations`
-# The hook's own code, written beside the .pth. It repeats cache_dir and
-# compiled_name (test_fast_start checks they agree): it runs before any of
-# this file is read. Builtin modules only; for every other program it costs
-# a look at sys.argv, or for a .py file one read and a few stats.
-FAST_START_HOOK = f'''"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
-
-Runs at every interpreter start in this environment, from {FAST_START_MODULE}.pth.
-If the script on the command line has a compiled copy in spawn.py's cache,
-exec the same interpreter on that copy instead of compiling the source.
-Remove {FAST_START_MODULE}.pth to remove it.
-"""
-
-import os
-import stat
-import sys
-
-
-def cache_dir(environ):
-    if environ.get("SPAWN_CACHE_DIR"):
-        return os.path.expanduser(environ["SPAWN_CACHE_DIR"])
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
-    return os.path.join(os.path.expanduser(base), "spawn")
-
-
-def compiled_name(path, source):
-    import _imp
-
-    digest = _imp.source_hash({COMPILED_HASH_KEY:#x}, os.fsencode(path) + b"\\0" + source).hex()
-    return "spawn-" + digest + "." + sys.implementation.cache_tag + ".pyc"
-
-
-def copy_is_trusted(folder, copy, source):
-    """Ours, a regular file (not a link), nobody else's to replace, and compiled from source."""
-    import _frozen_importlib_external as bootstrap
-    import _imp
-
-    try:
-        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        for st in (os.stat(folder), os.fstat(fd)):
-            if st.st_uid != os.getuid() or st.st_mode & {COMPILED_MODE_FORBIDDEN:#o}:
-                return False
-        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    expected = bootstrap.MAGIC_NUMBER + {PYC_CHECKED_HASH!r} + _imp.source_hash(bootstrap._RAW_MAGIC_NUMBER, source)
-    return header == expected
-
-
-def compiled_copy(script, environ):
-    """The compiled copy to run for script, and the script's bytes; or None."""
-    if not script.endswith(".py") or environ.get("{ENV_NO_FAST_START}") == "1" or sys.flags.optimize:
-        return None
-    try:
-        path = os.path.realpath(script)
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None  # a FIFO's bytes are the script's: Python must read them, not us
-        with open(path, "rb") as fh:
-            source = fh.read()
-        folder = os.path.join(cache_dir(environ), "{COMPILED_DIR}")
-        copy = os.path.join(folder, compiled_name(path, source))
-    except (OSError, ValueError):
-        return None
-    # A planted or stale copy is never run: the source runs instead.
-    return (copy, source) if copy_is_trusted(folder, copy, source) else None
-
-
-def stand_in(copy, source):
-    """Hand this spawn to its session's fork server from here, as the copy's
-    first lines would: the same code, compiled from the script's own bytes
-    (its stand-in section), minus an interpreter's start. Returns only if
-    the server doesn't take it (none, a refusal, a verb it doesn't run):
-    then the copy runs, and asks again itself.
-    """
-    start = source.find({STAND_IN_START.encode()!r})
-    end = source.find({STAND_IN_END.encode()!r}, start)
-    if start < 0 or end < 0:
-        return
-    try:
-        # The file's own future import, and its own line numbers in a traceback.
-        code = compile(b"\\n" * source.count(b"\\n", 0, start) + source[start:end], sys.argv[0], "exec", {ANNOTATIONS_FLAG:#x}, True)
-        scope = {{"__name__": "{FAST_START_MODULE}.stand_in", "__file__": copy}}
-        exec(code, scope)
-        ask = scope["forkserver_stand_in"]
-    except Exception:
-        return
-    try:
-        served = ask(sys.argv[1:], os.environ)
-    except BaseException:
-        # As an error in the copy's first lines ends it: never a second try
-        # at a spawn that may already be running.
-        import traceback
-
-        traceback.print_exc()
-        os._exit(1)
-    if served is not None:
-        os._exit(served)
-
-
-def main():
-    argv = list(getattr(sys, "orig_argv", ()))
-    at = len(argv) - len(sys.argv)
-    # Only where exec keeps the pid: the process is its parent's child and an agent's stand-in.
-    if os.name != "posix" or not sys.argv or at < 1 or argv[at] != sys.argv[0] or not sys.executable:
-        return
-    found = compiled_copy(sys.argv[0], os.environ)
-    if found is None:
-        return
-    copy, source = found
-    session = os.environ.get("{ENV_SESSION}")  # a nested spawn's; compile nothing for a root or a session with no server
-    if session and os.environ.get("{ENV_NO_FORKSERVER}") != "1" and os.path.exists(os.path.join(session, "{FORKSERVER_SOCKET}")):
-        stand_in(copy, source)
-    import _signal
-
-    # Python ignores these at start; the new interpreter does it again, and a
-    # failed exec puts them back as they were.
-    saved = [(n, _signal.signal(n, _signal.SIG_DFL)) for n in (_signal.SIGPIPE, _signal.SIGXFSZ)]
-    try:
-        os.execv(sys.executable, argv[:at] + [copy] + argv[at + 1 :])
-    except OSError:
-        for n, handler in saved:
-            _signal.signal(n, handler)
-
-
-main()
-'''
-
-
-def compiled_name(source_path: Path, source: bytes) -> str:
-    """The file name of the compiled copy of the spawn.py at source_path (resolved) with these bytes."""
-    import _imp
-
-    digest = _imp.source_hash(COMPILED_HASH_KEY, os.fsencode(source_path) + b"\0" + source).hex()
-    return f"spawn-{digest}.{sys.implementation.cache_tag}.pyc"
-
-
-def copy_is_trusted(folder: Path, copy: Path, source: bytes) -> bool:
-    """Whether copy (in folder) may run for a spawn.py with these bytes: the
-    hook's check of the same name, line for line (test_fast_start compares
-    them). The copy is opened without following a link, and its owner and
-    mode are read from that open file, so what is checked is what was read."""
-    import _imp
-    import importlib.util
-    import stat
-
-    try:
-        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        for st in (os.stat(folder), os.fstat(fd)):
-            if st.st_uid != os.getuid() or st.st_mode & COMPILED_MODE_FORBIDDEN:
-                return False
-        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    raw_magic = int.from_bytes(importlib.util.MAGIC_NUMBER, "little")
-    return header == importlib.util.MAGIC_NUMBER + PYC_CHECKED_HASH + _imp.source_hash(raw_magic, source)
+FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tools/bundle.py
+    '"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.\n'
+    '\n'
+    'Runs at every interpreter start in this environment, from _spawn_fast_start.pth.\n'
+    "If the script on the command line has a compiled copy in spawn.py's cache,\n"
+    'exec the same interpreter on that copy instead of compiling the source.\n'
+    'Remove _spawn_fast_start.pth to remove it.\n'
+    '"""\n'
+    '\n'
+    "# spawn.py runs this module's code too (bundled, as src/spawnlib/programs/fast_start_hook.py):\n"
+    "# the cache's place, a copy's name and the trust in a copy are defined here\n"
+    '# alone. Builtin modules only: for every other program in the environment it\n'
+    '# costs a look at sys.argv, or for a .py file one read and a few stats.\n'
+    '\n'
+    'import os\n'
+    'import stat\n'
+    'import sys\n'
+    '\n'
+    'FAST_START_MODULE = "_spawn_fast_start"  # this file\'s name in site-packages, and its .pth\'s\n'
+    'ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook\n'
+    "# A copy is named by the source's path and bytes: the path because the code\n"
+    '# finds schemas/ and sessions/ beside the file it was compiled from, so two\n'
+    "# projects' identical copies must not share one.\n"
+    'COMPILED_DIR = "compiled"\n'
+    'COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache tag too\n'
+    '# A copy is run or handed out only when copy_is_trusted: the cache folder and\n'
+    "# the copy are the user's and nobody else's to replace, the copy is a regular\n"
+    "# file, and its header says it was compiled from the source's own bytes (a\n"
+    '# checked-hash pyc, PEP 552): the name alone is no proof, as any file can be\n'
+    '# put at a name. The header is no signature either: what keeps a forged copy\n'
+    '# out is that no contained agent can write the cache (README: "Guarantees").\n'
+    "COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace\n"
+    'PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the sourc'
+    'e\n'
+    "# spawn.py's own names for these, which this file can't import when it runs\n"
+    '# as the hook (test_fast_start checks they agree).\n'
+    'HOOK_ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # ENV_CACHE_DIR\n'
+    'HOOK_ENV_SESSION = "SPAWN_SESSION"  # ENV_SESSION\n'
+    'HOOK_ENV_NO_FORKSERVER = "SPAWN_NO_FORKSERVER"  # ENV_NO_FORKSERVER\n'
+    'HOOK_FORKSERVER_SOCKET = "forkserver.sock"  # FORKSERVER_SOCKET\n'
+    "# For a nested spawn, the hook runs spawn.py's stand-in itself, from the\n"
+    "# script's own bytes: when the session's fork server takes the spawn, no second\n"
+    '# interpreter starts to load the copy (~20 ms a level). tools/bundle.py writes\n'
+    "# these two lines around the stand-in's code, which defines\n"
+    '# forkserver_stand_in(argv, environ) -> exit code or None; a spawn.py without\n'
+    "# them (another version's) is run as a copy only. A later version that changes\n"
+    '# the contract changes the markers.\n'
+    'STAND_IN_BEGIN = b"\\n# >>> stand-in: the fast-start hook runs from here to the end marker >>>\\n"\n'
+    'STAND_IN_END = b"\\n# <<< end of the stand-in: forkserver_stand_in(argv, environ) -> int | None <<<\\n'
+    '"\n'
+    "ANNOTATIONS_FLAG = 0x1000000  # __future__.annotations.compiler_flag: the stand-in's own future impo"
+    'rt\n'
+    '\n'
+    '\n'
+    'def cache_folder(environ: "dict[str, str] | os._Environ[str]") -> str:\n'
+    '    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""\n'
+    '    if environ.get(HOOK_ENV_CACHE_DIR):\n'
+    '        return os.path.expanduser(environ[HOOK_ENV_CACHE_DIR])\n'
+    '    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("'
+    '~"), ".cache")\n'
+    '    return os.path.join(os.path.expanduser(base), "spawn")\n'
+    '\n'
+    '\n'
+    'def compiled_name(path: "str | os.PathLike[str]", source: bytes) -> str:\n'
+    '    """The file name of the compiled copy of the spawn.py at path (resolved) with these bytes."""\n'
+    '    import _imp\n'
+    '\n'
+    '    digest = _imp.source_hash(COMPILED_HASH_KEY, os.fsencode(path) + b"\\0" + source).hex()\n'
+    '    return "spawn-" + digest + "." + str(sys.implementation.cache_tag) + ".pyc"\n'
+    '\n'
+    '\n'
+    'def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[str]", source: bytes)'
+    ' -> bool:\n'
+    '    """Ours, a regular file (not a link), nobody else\'s to replace, and compiled from source.\n'
+    '\n'
+    '    The copy is opened without following a link, and its owner and mode are\n'
+    '    read from that open file, so what is checked is what was read."""\n'
+    '    import _frozen_importlib_external as bootstrap\n'
+    '    import _imp\n'
+    '\n'
+    '    try:\n'
+    '        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)\n'
+    '    except OSError:\n'
+    '        return False\n'
+    '    try:\n'
+    '        for st in (os.stat(folder), os.fstat(fd)):\n'
+    '            if st.st_uid != os.getuid() or st.st_mode & COMPILED_MODE_FORBIDDEN:\n'
+    '                return False\n'
+    '        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""\n'
+    '    except OSError:\n'
+    '        return False\n'
+    '    finally:\n'
+    '        os.close(fd)\n'
+    '    magic = bootstrap.MAGIC_NUMBER\n'
+    '    return header == magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), so'
+    'urce)\n'
+    '\n'
+    '\n'
+    'def compiled_copy(script: str, environ: "dict[str, str] | os._Environ[str]") -> "tuple[str, bytes] |'
+    ' None":\n'
+    '    """The compiled copy to run for script, and the script\'s bytes; or None."""\n'
+    '    if not script.endswith(".py") or environ.get(ENV_NO_FAST_START) == "1" or sys.flags.optimize:\n'
+    '        return None\n'
+    '    try:\n'
+    '        path = os.path.realpath(script)\n'
+    '        if not stat.S_ISREG(os.stat(path).st_mode):\n'
+    "            return None  # a FIFO's bytes are the script's: Python must read them, not us\n"
+    '        with open(path, "rb") as fh:\n'
+    '            source = fh.read()\n'
+    '        folder = os.path.join(cache_folder(environ), COMPILED_DIR)\n'
+    '        copy = os.path.join(folder, compiled_name(path, source))\n'
+    '    except (OSError, ValueError):\n'
+    '        return None\n'
+    '    # A planted or stale copy is never run: the source runs instead.\n'
+    '    return (copy, source) if copy_is_trusted(folder, copy, source) else None\n'
+    '\n'
+    '\n'
+    'def hook_stand_in(copy: str, source: bytes) -> None:\n'
+    '    """Hand this spawn to its session\'s fork server from here, as the copy\'s\n'
+    "    first lines would: the same code, compiled from the script's own bytes\n"
+    "    (its stand-in, between the markers), minus an interpreter's start.\n"
+    "    Returns only if the server doesn't take it (none, a refusal, a verb it\n"
+    "    doesn't run): then the copy runs, and asks again itself.\n"
+    '    """\n'
+    '    start = source.find(STAND_IN_BEGIN)\n'
+    '    end = source.find(STAND_IN_END, start)\n'
+    '    if start < 0 or end < 0:\n'
+    '        return\n'
+    '    try:\n'
+    "        # The file's own future import, and its own line numbers in a traceback.\n"
+    '        code = compile(b"\\n" * source.count(b"\\n", 0, start) + source[start:end], sys.argv[0], "exec'
+    '", ANNOTATIONS_FLAG, True)\n'
+    '        scope: dict[str, object] = {"__name__": FAST_START_MODULE + ".stand_in", "__file__": copy}\n'
+    '        exec(code, scope)\n'
+    '        ask = scope["forkserver_stand_in"]\n'
+    '    except Exception:\n'
+    '        return\n'
+    '    if not callable(ask):\n'
+    '        return\n'
+    '    try:\n'
+    '        served = ask(sys.argv[1:], os.environ)\n'
+    '    except BaseException:\n'
+    "        # As an error in the copy's first lines ends it: never a second try\n"
+    '        # at a spawn that may already be running.\n'
+    '        import traceback\n'
+    '\n'
+    '        traceback.print_exc()\n'
+    '        os._exit(1)\n'
+    '    if isinstance(served, int):\n'
+    '        os._exit(served)\n'
+    '\n'
+    '\n'
+    'def hook_main() -> None:\n'
+    '    argv = list(getattr(sys, "orig_argv", ()))\n'
+    '    at = len(argv) - len(sys.argv)\n'
+    "    # Only where exec keeps the pid: the process is its parent's child and an agent's stand-in.\n"
+    '    if os.name != "posix" or not sys.argv or at < 1 or argv[at] != sys.argv[0] or not sys.executable'
+    ':\n'
+    '        return\n'
+    '    found = compiled_copy(sys.argv[0], os.environ)\n'
+    '    if found is None:\n'
+    '        return\n'
+    '    copy, source = found\n'
+    "    session = os.environ.get(HOOK_ENV_SESSION)  # a nested spawn's; compile nothing for a root or a "
+    'session with no server\n'
+    '    if session and os.environ.get(HOOK_ENV_NO_FORKSERVER) != "1" and os.path.exists(os.path.join(ses'
+    'sion, HOOK_FORKSERVER_SOCKET)):\n'
+    '        hook_stand_in(copy, source)\n'
+    "    import _signal  # type: ignore[import-not-found,unused-ignore]  # signal's C half: builtin (spaw"
+    "n.py's stand-in imports it too)\n"
+    '\n'
+    '    # Python ignores these at start; the new interpreter does it again, and a\n'
+    '    # failed exec puts them back as they were.\n'
+    '    saved = [(n, _signal.signal(n, _signal.SIG_DFL)) for n in (_signal.SIGPIPE, _signal.SIGXFSZ)]\n'
+    '    try:\n'
+    '        os.execv(sys.executable, [*argv[:at], copy, *argv[at + 1 :]])\n'
+    '    except OSError:\n'
+    '        for n, handler in saved:\n'
+    '            _signal.signal(n, handler)\n'
+    '\n'
+    '\n'
+    'if __name__ == FAST_START_MODULE:  # as the hook; spawn.py only uses the functions above\n'
+    '    hook_main()\n'
+)
 
 
 def copy_fingerprint(path: Path) -> tuple[int, ...]:
@@ -3876,6 +4069,7 @@ def install_fast_start(environ: Mapping[str, str]) -> None:
 # ==================== end src/spawnlib/fast_start.py ====================
 
 # ==================== begin src/spawnlib/processes.py ====================
+
 
 
 
@@ -4315,11 +4509,23 @@ GUARD_SETTLED = b"settled\n"
 # way its command line names `_guard` and the script (is_guard).
 GUARD_SHELL = "/bin/sh"
 GUARD_SHELL_WAIT = 'read -r said && [ "$said" = settled ] && exit 0; exec "$0" "$@"'
-GUARD_BOOTSTRAP = (
-    "import os, sys\n"
-    f"if sys.stdin.buffer.read() == {GUARD_SETTLED!r}:\n"
-    "    os._exit(0)\n"
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+GUARD_BOOTSTRAP = (  # src/spawnlib/programs/guard_wait.py, inlined by tools/bundle.py
+    '"""An agent\'s guard where there is no /bin/sh: run by `python -I -S -c`, argv `spawn.py _guard DIR`.'
+    '\n'
+    '\n'
+    'The runner writes SETTLED (processes.GUARD_SETTLED) to our stdin right before\n'
+    'its exit when it left the guard nothing to do; otherwise (EOF: it died) the\n'
+    'full guard runs.\n'
+    '"""\n'
+    '\n'
+    'import os\n'
+    'import sys\n'
+    '\n'
+    'SETTLED = b"settled\\n"  # processes.GUARD_SETTLED: test_forkserver checks they agree\n'
+    '\n'
+    'if sys.stdin.buffer.read() == SETTLED:\n'
+    '    os._exit(0)\n'
+    'os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n'
 )
 
 
@@ -4368,85 +4574,98 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
 # (child agents' guards, which exit by themselves, or a straggler) is just
 # SIGKILLed. The runner gets SIGHUP if the guard dies (a SIGKILL of the pid
 # the user sees).
-GUARD_ABOVE_BOOTSTRAP = r"""
-import os, signal, sys
-script, pipe, runner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-passed = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-status = None
-while status is None:
-    try:
-        while status is None:
-            pid, st = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            if pid == runner:
-                status = st
-    except ChildProcessError:
-        break
-    if status is None:
-        info = signal.sigwaitinfo(passed | {signal.SIGCHLD})
-        if info.si_signo in passed and info.si_code != 0x80:  # 0x80, SI_KERNEL: the terminal's
-            try:
-                os.kill(runner, info.si_signo)
-            except OSError:
-                pass
-code = os.waitstatus_to_exitcode(status) if status is not None else 3  # ExitCode.STATE
-os.set_blocking(pipe, False)
-said = b""
-try:
-    while chunk := os.read(pipe, 65536):
-        said += chunk
-except BlockingIOError:
-    pass
-agent_dir, entry = (said.decode(errors="replace").splitlines() + ["", ""])[:2]
-if agent_dir and not os.path.exists(os.path.join(agent_dir, "outcome.json")):
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.execv(sys.executable, [sys.executable, script, "_guard", agent_dir, f"--above={code}"])
-
-
-def below():
-    parents = {}
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                fields = stat.read().rpartition(b")")[2].split()
-            parents.setdefault(int(fields[1]), []).append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = [], [os.getpid()]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
-for _ in range(100):  # orphans re-parent to us as their parents die
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        break
-    for pid in below():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    signal.sigtimedwait({signal.SIGCHLD}, 0.05)
-if entry:
-    try:
-        os.unlink(entry)
-    except OSError:
-        pass
-if code < 0 and -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL, signal.SIGPIPE):
-    if -code != signal.SIGKILL:
-        signal.signal(-code, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
-    os.kill(os.getpid(), -code)
-os._exit(code if code >= 0 else 128 - code)
-"""
+GUARD_ABOVE_BOOTSTRAP = (  # src/spawnlib/programs/guard_above.py, inlined by tools/bundle.py
+    '"""The guard above a root without a cgroup: run by `python -c` in the process the user started.\n'
+    '\n'
+    "argv: the script, the pipe's read end, the runner's pid (processes.fork_below_guard\n"
+    'says why). It passes the terminal signals on to the runner and exits as the\n'
+    'runner did; if the runner left no outcome, it becomes `spawn.py _guard --above`.\n'
+    '"""\n'
+    '\n'
+    'import os\n'
+    'import signal\n'
+    'import sys\n'
+    '\n'
+    'script, pipe, runner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n'
+    'passed = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}\n'
+    'status: int | None = None\n'
+    'while status is None:\n'
+    '    try:\n'
+    '        while status is None:\n'
+    '            pid, st = os.waitpid(-1, os.WNOHANG)\n'
+    '            if pid == 0:\n'
+    '                break\n'
+    '            if pid == runner:\n'
+    '                status = st\n'
+    '    except ChildProcessError:\n'
+    '        break\n'
+    '    if status is None:\n'
+    '        info = signal.sigwaitinfo(passed | {signal.SIGCHLD})\n'
+    "        if info.si_signo in passed and info.si_code != 0x80:  # 0x80, SI_KERNEL: the terminal's\n"
+    '            try:\n'
+    '                os.kill(runner, info.si_signo)\n'
+    '            except OSError:\n'
+    '                pass\n'
+    'code = os.waitstatus_to_exitcode(status) if status is not None else 3  # ExitCode.STATE\n'
+    'os.set_blocking(pipe, False)\n'
+    'said = b""\n'
+    'try:\n'
+    '    while chunk := os.read(pipe, 65536):\n'
+    '        said += chunk\n'
+    'except BlockingIOError:\n'
+    '    pass\n'
+    'agent_dir, entry = [*said.decode(errors="replace").splitlines(), "", ""][:2]\n'
+    'if agent_dir and not os.path.exists(os.path.join(agent_dir, "outcome.json")):\n'
+    '    null = os.open(os.devnull, os.O_RDWR)\n'
+    '    for fd in (0, 1, 2):\n'
+    '        os.dup2(null, fd)\n'
+    '    os.execv(sys.executable, [sys.executable, script, "_guard", agent_dir, f"--above={code}"])\n'
+    '\n'
+    '\n'
+    'def below() -> "list[int]":\n'
+    '    """Every process below us, from /proc."""\n'
+    '    parents: dict[int, list[int]] = {}\n'
+    '    for name in os.listdir("/proc"):\n'
+    '        try:\n'
+    '            with open(f"/proc/{name}/stat", "rb") as stat:\n'
+    '                fields = stat.read().rpartition(b")")[2].split()\n'
+    '            parents.setdefault(int(fields[1]), []).append(int(name))\n'
+    '        except (OSError, ValueError, IndexError):\n'
+    '            continue\n'
+    '    found: list[int] = []\n'
+    '    todo = [os.getpid()]\n'
+    '    while todo:\n'
+    '        kids = parents.get(todo.pop(), [])\n'
+    '        found += kids\n'
+    '        todo += kids\n'
+    '    return found\n'
+    '\n'
+    '\n'
+    'for _ in range(100):  # orphans re-parent to us as their parents die\n'
+    '    try:\n'
+    '        while os.waitpid(-1, os.WNOHANG)[0]:\n'
+    '            pass\n'
+    '    except ChildProcessError:\n'
+    '        break\n'
+    '    for pid in below():\n'
+    '        try:\n'
+    '            os.kill(pid, signal.SIGKILL)\n'
+    '        except OSError:\n'
+    '            pass\n'
+    '    signal.sigtimedwait({signal.SIGCHLD}, 0.05)\n'
+    'if entry:\n'
+    '    try:\n'
+    '        os.unlink(entry)\n'
+    '    except OSError:\n'
+    '        pass\n'
+    'if code < 0 and -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL, signal.SIGPI'
+    'PE):\n'
+    '    if -code != signal.SIGKILL:\n'
+    '        signal.signal(-code, signal.SIG_DFL)\n'
+    '        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})\n'
+    '    os.kill(os.getpid(), -code)\n'
+    'os._exit(code if code >= 0 else 128 - code)\n'
+)
 
 # Signals the guard above passes on to the runner (the bootstrap's `passed`).
 GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -46,6 +46,7 @@ from .errors import ExitCode, RefusedError, SpawnError, StateError
 from .fast_start import compiled_script
 from .forkstate import on_fork
 from .output import note
+from .programs import program_text
 from .protocol import AGENTS_DIR, load_meta, read_text, write_json_atomic
 from .records import AgentMeta
 
@@ -437,12 +438,7 @@ GUARD_SETTLED = b"settled\n"
 # way its command line names `_guard` and the script (is_guard).
 GUARD_SHELL = "/bin/sh"
 GUARD_SHELL_WAIT = 'read -r said && [ "$said" = settled ] && exit 0; exec "$0" "$@"'
-GUARD_BOOTSTRAP = (
-    "import os, sys\n"
-    f"if sys.stdin.buffer.read() == {GUARD_SETTLED!r}:\n"
-    "    os._exit(0)\n"
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
-)
+GUARD_BOOTSTRAP = program_text("guard_wait")  # reads GUARD_SETTLED as SETTLED
 
 
 def start_guard(agent_dir: Path) -> tuple[int, int]:
@@ -490,85 +486,7 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
 # (child agents' guards, which exit by themselves, or a straggler) is just
 # SIGKILLed. The runner gets SIGHUP if the guard dies (a SIGKILL of the pid
 # the user sees).
-GUARD_ABOVE_BOOTSTRAP = r"""
-import os, signal, sys
-script, pipe, runner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-passed = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-status = None
-while status is None:
-    try:
-        while status is None:
-            pid, st = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            if pid == runner:
-                status = st
-    except ChildProcessError:
-        break
-    if status is None:
-        info = signal.sigwaitinfo(passed | {signal.SIGCHLD})
-        if info.si_signo in passed and info.si_code != 0x80:  # 0x80, SI_KERNEL: the terminal's
-            try:
-                os.kill(runner, info.si_signo)
-            except OSError:
-                pass
-code = os.waitstatus_to_exitcode(status) if status is not None else 3  # ExitCode.STATE
-os.set_blocking(pipe, False)
-said = b""
-try:
-    while chunk := os.read(pipe, 65536):
-        said += chunk
-except BlockingIOError:
-    pass
-agent_dir, entry = (said.decode(errors="replace").splitlines() + ["", ""])[:2]
-if agent_dir and not os.path.exists(os.path.join(agent_dir, "outcome.json")):
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.execv(sys.executable, [sys.executable, script, "_guard", agent_dir, f"--above={code}"])
-
-
-def below():
-    parents = {}
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                fields = stat.read().rpartition(b")")[2].split()
-            parents.setdefault(int(fields[1]), []).append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = [], [os.getpid()]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
-for _ in range(100):  # orphans re-parent to us as their parents die
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        break
-    for pid in below():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    signal.sigtimedwait({signal.SIGCHLD}, 0.05)
-if entry:
-    try:
-        os.unlink(entry)
-    except OSError:
-        pass
-if code < 0 and -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL, signal.SIGPIPE):
-    if -code != signal.SIGKILL:
-        signal.signal(-code, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
-    os.kill(os.getpid(), -code)
-os._exit(code if code >= 0 else 128 - code)
-"""
+GUARD_ABOVE_BOOTSTRAP = program_text("guard_above")
 
 # Signals the guard above passes on to the runner (the bootstrap's `passed`).
 GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -15,7 +15,6 @@ from typing import Any, NoReturn
 
 from .constants import (
     DEFAULT_SESSION_ROOT,
-    ENV_CACHE_DIR,
     ENV_LOG_MAX,
     ENV_SESSION_ROOT,
     INPUT_MAX_BYTES,
@@ -49,6 +48,7 @@ from .core import (
 from .errors import CorruptRecordError, InputError, SpawnError, StateError, UnknownAgentError, UsageError
 from .forkstate import on_fork
 from .output import note
+from .programs.fast_start_hook import cache_folder
 from .records import AgentMeta, LedgerEntry, Limits, Outcome, Status, record_from_json, record_to_json
 
 AGENTS_DIR = "agents"
@@ -726,11 +726,8 @@ def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
-    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
-    if environ.get(ENV_CACHE_DIR):
-        return Path(environ[ENV_CACHE_DIR]).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
-    return Path(base).expanduser() / "spawn"
+    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn (cache_folder: the fast-start hook's too)."""
+    return Path(cache_folder(dict(environ)))
 
 
 class MarkerEvents:
