@@ -336,7 +336,7 @@ DEFAULT_SESSION_ROOT = SCRIPT_DIR / "sessions"
 PROTOCOL_VERSION = 1
 
 # Environment variables: the only channel from a parent agent to the children
-# its Bash starts. Documented in README.md ("Environment variables").
+# its Bash starts. Documented in docs/environment.md.
 ENV_SESSION_ROOT = "SPAWN_SESSION_ROOT"  # where root invocations create sessions
 ENV_SESSION = "SPAWN_SESSION"  # the session directory a tree shares
 ENV_AGENT_ID = "SPAWN_AGENT_ID"  # id of the agent whose Bash runs this command
@@ -419,7 +419,7 @@ KNOWN_TOOLS = frozenset(
 TOOL_ALIASES: dict[str, str] = {"Task": "Agent", "KillShell": "TaskStop"}
 
 # Claude Code's agent frontmatter (CLI 2.1.x), and what spawn.py adds to it
-# (README.md, "Agent definitions", has one row per field).
+# (docs/agents.md has one row per field).
 CLAUDE_AGENT_FIELDS = frozenset(
     {
         "name", "description", "tools", "disallowedTools", "model", "permissionMode", "mcpServers",
@@ -447,7 +447,7 @@ SANDBOX_CHOICES = ("on", "off", "auto")
 SANDBOX_PROGRAMS = ("bwrap", "socat")
 SANDBOX_INSTALL = "apt-get install bubblewrap socat"
 SANDBOX_MACOS_PROGRAM = "sandbox-exec"
-# What an agent's Bash loses when --sandbox auto can't sandbox it (README's
+# What an agent's Bash loses when --sandbox auto can't sandbox it (docs/guarantees.md
 # threat model): said once on the root's stderr and in each such meta.json.
 SANDBOX_LOST = (
     "their Bash runs as you, so it can write outside their allowed paths, "
@@ -685,7 +685,7 @@ SLOT_LENT = ".slot-lent"
 # ==================== end src/spawnlib/constants.py ====================
 
 # ==================== begin src/spawnlib/programs/fast_start_hook.py ====================
-"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
+"""Written by spawn.py (docs/benchmarks.md: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
 
 Runs at every interpreter start in this environment, from _spawn_fast_start.pth.
 If the script on the command line has a compiled copy in spawn.py's cache,
@@ -714,7 +714,7 @@ COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache 
 # file, and its header says it was compiled from the source's own bytes (a
 # checked-hash pyc, PEP 552): the name alone is no proof, as any file can be
 # put at a name. The header is no signature either: what keeps a forged copy
-# out is that no contained agent can write the cache (README: "Guarantees").
+# out is that no contained agent can write the cache (docs/guarantees.md).
 COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace
 PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the source
 # spawn.py's own names for these, which this file can't import when it runs
@@ -1744,7 +1744,7 @@ BUILTIN_FILES: dict[str, str] = {
 
 @enum.unique
 class ExitCode(enum.IntEnum):
-    """Exit status of every spawn.py command; the table in README.md."""
+    """Exit status of every spawn.py command; the table in docs/exit-codes.md."""
 
     OK = 0  # the agent (or every waited agent) finished with status done
     AGENT_FAILED = 1  # an agent failed, including schema-invalid output
@@ -3763,7 +3763,7 @@ class MarkerEvents:
 # command line has a compiled copy, the hook execs the same interpreter on
 # that copy, with the same argv and pid; anything else starts as usual.
 FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tools/bundle.py
-    '"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.\n'
+    '"""Written by spawn.py (docs/benchmarks.md: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.\n'
     '\n'
     'Runs at every interpreter start in this environment, from _spawn_fast_start.pth.\n'
     "If the script on the command line has a compiled copy in spawn.py's cache,\n"
@@ -3792,7 +3792,7 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     "# file, and its header says it was compiled from the source's own bytes (a\n"
     '# checked-hash pyc, PEP 552): the name alone is no proof, as any file can be\n'
     '# put at a name. The header is no signature either: what keeps a forged copy\n'
-    '# out is that no contained agent can write the cache (README: "Guarantees").\n'
+    '# out is that no contained agent can write the cache (docs/guarantees.md).\n'
     "COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace\n"
     'PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the sourc'
     'e\n'

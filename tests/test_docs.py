@@ -20,8 +20,6 @@ import spawn
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 README_MAX_BYTES = 20_000  # a front page that reads in minutes
-# Written on another branch at the same time; drop once it is merged.
-PENDING_PAGES = {DOCS / "architecture.md"}
 # The package, the runtime siblings that drive it and the scripted model: what users run.
 # (Development tools, bench, soak, demo and bundle, document their flags in their docstrings.)
 DEV_TOOLS = {"bench.py", "soak.py", "demo.py", "bundle.py"}
@@ -167,8 +165,6 @@ def test_links_between_pages_resolve() -> None:
                 continue  # https:, mailto:
             path_part, _, anchor = target.partition("#")
             dest = (page.parent / path_part).resolve() if path_part else page
-            if dest in PENDING_PAGES:
-                continue
             if not dest.exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):

@@ -32,20 +32,32 @@ def module_order() -> list[str]:
     raise AssertionError("tools/bundle.py defines no MODULES tuple")
 
 
+# `from .programs import program_text` is development-only (the bundler turns
+# each program_text call into the program's literal source): no layer.
+PROGRAM_TEXT = "programs"
+
+
 def relative_imports(module: str) -> list[tuple[int, str]]:
-    """(line, imported module) for every `from .x import ...` anywhere in the module, at any depth."""
+    """(line, imported module, as MODULES names it) for every relative import anywhere in the module, at any depth."""
     tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
     return [
-        (node.lineno, node.module)
+        (node.lineno, node.module.replace(".", "/"))
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is not None
+        if isinstance(node, ast.ImportFrom) and node.level >= 1 and node.module is not None and node.module != PROGRAM_TEXT
     ]
 
 
 def test_every_module_is_listed() -> None:
-    listed = set(module_order())
+    listed = {name for name in module_order() if "/" not in name}
     present = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
     assert present == listed, "add a new module to tools/bundle.py MODULES in its layer's place"
+
+
+def test_programs_import_nothing_of_the_package() -> None:
+    """A program runs alone (python -I -S -c, or as the fast-start hook): it can't lean on any layer."""
+    programs = sorted(p.stem for p in (PACKAGE / PROGRAM_TEXT).glob("*.py") if p.stem != "__init__")
+    reaching = [f"{PROGRAM_TEXT}/{name}: {target}" for name in programs for _, target in relative_imports(f"{PROGRAM_TEXT}/{name}")]
+    assert programs and reaching == []
 
 
 def test_modules_import_only_modules_below_them() -> None:

@@ -18,7 +18,7 @@ DEFAULT_SESSION_ROOT = SCRIPT_DIR / "sessions"
 PROTOCOL_VERSION = 1
 
 # Environment variables: the only channel from a parent agent to the children
-# its Bash starts. Documented in README.md ("Environment variables").
+# its Bash starts. Documented in docs/environment.md.
 ENV_SESSION_ROOT = "SPAWN_SESSION_ROOT"  # where root invocations create sessions
 ENV_SESSION = "SPAWN_SESSION"  # the session directory a tree shares
 ENV_AGENT_ID = "SPAWN_AGENT_ID"  # id of the agent whose Bash runs this command
@@ -101,7 +101,7 @@ KNOWN_TOOLS = frozenset(
 TOOL_ALIASES: dict[str, str] = {"Task": "Agent", "KillShell": "TaskStop"}
 
 # Claude Code's agent frontmatter (CLI 2.1.x), and what spawn.py adds to it
-# (README.md, "Agent definitions", has one row per field).
+# (docs/agents.md has one row per field).
 CLAUDE_AGENT_FIELDS = frozenset(
     {
         "name", "description", "tools", "disallowedTools", "model", "permissionMode", "mcpServers",
@@ -129,7 +129,7 @@ SANDBOX_CHOICES = ("on", "off", "auto")
 SANDBOX_PROGRAMS = ("bwrap", "socat")
 SANDBOX_INSTALL = "apt-get install bubblewrap socat"
 SANDBOX_MACOS_PROGRAM = "sandbox-exec"
-# What an agent's Bash loses when --sandbox auto can't sandbox it (README's
+# What an agent's Bash loses when --sandbox auto can't sandbox it (docs/guarantees.md
 # threat model): said once on the root's stderr and in each such meta.json.
 SANDBOX_LOST = (
     "their Bash runs as you, so it can write outside their allowed paths, "

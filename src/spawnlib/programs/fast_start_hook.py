@@ -1,4 +1,4 @@
-"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
+"""Written by spawn.py (docs/benchmarks.md: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
 
 Runs at every interpreter start in this environment, from _spawn_fast_start.pth.
 If the script on the command line has a compiled copy in spawn.py's cache,
@@ -27,7 +27,7 @@ COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache 
 # file, and its header says it was compiled from the source's own bytes (a
 # checked-hash pyc, PEP 552): the name alone is no proof, as any file can be
 # put at a name. The header is no signature either: what keeps a forged copy
-# out is that no contained agent can write the cache (README: "Guarantees").
+# out is that no contained agent can write the cache (docs/guarantees.md).
 COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace
 PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the source
 # spawn.py's own names for these, which this file can't import when it runs
