@@ -7094,8 +7094,15 @@ class AnswerChannel:
         self.session, self.ask_id = session, ask_id
         import socket  # only where an ask is made: every spawn.py start would pay for it
 
+        import threading
+
         self.path = ask_socket_path(session, ask_id)
         self.closed = False
+        # One answer, whoever comes first: an answerer on the socket, the
+        # timeout, or close() from a stopping agent, which must leave the ask
+        # answered before its process exits (the waiting thread may never run again).
+        self.lock = threading.Lock()
+        self.answer: dict[str, Any] | None = None
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         address, dir_fd = unix_address(str(self.path))
         mask = os.umask(0o177)  # 0600: only this user may connect
@@ -7109,8 +7116,16 @@ class AnswerChannel:
         self.server.settimeout(ASK_POLL_S)  # how soon close() is seen
 
     def close(self) -> None:
-        """End a wait early (the agent is stopping): the ask is denied, by timeout."""
+        """End a wait early (the agent is stopping): the ask is denied, by timeout, now."""
         self.closed = True
+        self.deny_by_timeout()
+
+    def deny_by_timeout(self) -> dict[str, Any]:
+        """The answer, recording the timeout's denial unless an answer came first."""
+        with self.lock:
+            if self.answer is None:
+                self.answer = record_answer(self.session, AskAnswer(self.ask_id, "deny", "timeout", ""))
+            return self.answer
 
     def wait(self, ask_agent: str, timeout: float, secrets_: Sequence[str]) -> dict[str, Any]:
         """Wait for an answer from outside the asking agent's tree; the answer record, as written here.
@@ -7128,15 +7143,17 @@ class AnswerChannel:
                     conn, _ = self.server.accept()
                 except TimeoutError:
                     continue
-                with conn:
-                    given = take_answer(conn, self.session, self.ask_id, ask_agent, secrets_)
-                if given is not None:
-                    return given
+                with conn, self.lock:
+                    if self.answer is not None:  # close() denied it meanwhile
+                        break
+                    self.answer = take_answer(conn, self.session, self.ask_id, ask_agent, secrets_)
+                if self.answer is not None:
+                    return self.answer
         finally:
             self.server.close()
             with contextlib.suppress(OSError):
                 self.path.unlink()
-        return record_answer(self.session, AskAnswer(self.ask_id, "deny", "timeout", ""))
+        return self.deny_by_timeout()
 
 
 def record_answer(session: Path, answer: AskAnswer) -> dict[str, Any]:

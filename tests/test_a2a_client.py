@@ -393,7 +393,8 @@ def test_a_denied_ask_cancels_the_remote_task_and_refuses(
 def test_an_unanswered_ask_at_the_deadline_cancels_the_remote_task(
     streaming_remote: ScriptedA2A, base_env: dict[str, str], session_root: Path
 ) -> None:
-    proc = run_spawn(["--agent", a2a(streaming_remote), "--task", "ask me", "--timeout", "4"], base_env)
+    # 10 s: the remote's ask must come before the deadline even on a loaded machine.
+    proc = run_spawn(["--agent", a2a(streaming_remote), "--task", "ask me", "--timeout", "10"], base_env)
     assert proc.returncode == spawn.ExitCode.TIMEOUT, proc.stderr
     assert streaming_remote.cancels == list(streaming_remote.tasks)
     answers = list(session_root.glob("*/asks/q-*.answer.json"))
