@@ -885,6 +885,7 @@ def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, A
         "mode": meta.permission_mode,
         "model": meta.model,
         "traceparent": meta.traceparent,
+        "placement": (meta.placement or {}).get("policy"),
     }
 
 

@@ -49,6 +49,7 @@ from .errors import CorruptRecordError
 from .executors import NodeResult
 from .fast_start import compiled_script
 from .forkstate import on_fork
+from .placement import ENV_PLACEMENT, ENV_SUBAGENT_DEPTH, IN_PROCESS_POLICIES, subagent_depth_limit
 from .processes import _int_or_none, cgroup_mounts, procfs_is_ours
 from .protocol import AGENTS_DIR, META, SCRATCH_DIR, kill_request_reason, open_regular
 from .records import AgentMeta, Status
@@ -188,6 +189,7 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         env[ENV_IDLE_TIMEOUT] = f"{meta.idle_timeout_s:g}"
     if meta.sandbox == "inherited":
         env.update(proxied_loopback(os.environ))
+    env.update(placement_environment(meta))
     env.update(quiet_cli_environment(os.environ))
     # Claude Code's minimal mode (CLAUDE_CODE_SIMPLE=1, what `claude --bare`
     # sets) runs no hooks, not even the SDK's: PermissionGate would never see a
@@ -195,6 +197,19 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
     # word. Anything that can run Bash could set it for a child; it is off for
     # every agent, whatever was inherited.
     env["CLAUDE_CODE_SIMPLE"] = "0"
+    return env
+
+
+def placement_environment(meta: AgentMeta) -> dict[str, str]:
+    """The policy the agent's children inherit and, where its CLI starts them
+    in-process, how deep its subagents may nest (what --max-depth leaves)."""
+    policy = (meta.placement or {}).get("policy")
+    if not isinstance(policy, str):
+        return {}
+    env = {ENV_PLACEMENT: policy}
+    levels = subagent_depth_limit(meta.depth, meta.max_depth)
+    if policy in IN_PROCESS_POLICIES and levels > 0:
+        env[ENV_SUBAGENT_DEPTH] = str(levels)
     return env
 
 
