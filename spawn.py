@@ -3738,11 +3738,15 @@ class Supervised:
     """Where pid is valid; another one is an agent inside a sandbox, or its parent seen from there."""
     heartbeat: Path | None = None
     """Across pid namespaces, the heartbeat file tells liveness instead."""
+    hosted: bool = False
+    """An in-process agent: pid is its host's runner, alive while it runs,
+    and never a process to signal or stop on its behalf."""
 
     @classmethod
     def of(cls, meta: AgentMeta) -> Supervised:
-        """An agent's spawn.py."""
-        return cls(meta.pid, meta.create_time, meta.pid_namespace, Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT)
+        """An agent's spawn.py (an in-process agent's: its host's, which it lives in)."""
+        hosted = (meta.placement or {}).get("backend") == "inprocess"
+        return cls(meta.pid, meta.create_time, meta.pid_namespace, Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT, hosted)
 
     def foreign(self) -> bool:
         """Whether pid can't be looked up here: another namespace's, or /proc isn't ours."""
@@ -3750,6 +3754,11 @@ class Supervised:
 
     def process(self) -> psutil.Process | None:
         """The running process, or None: it ended (a zombie has), or the pid is someone else's."""
+        if self.hosted:
+            return None  # its host's: ending that would end the host and every agent in it
+        return self._same_process()
+
+    def _same_process(self) -> psutil.Process | None:
         if self.foreign():
             return None  # that pid names another process here, or none: never signal it
         try:
@@ -3762,7 +3771,7 @@ class Supervised:
 
     def alive(self) -> bool:
         if not self.foreign():
-            return self.process() is not None
+            return self._same_process() is not None
         try:
             beat = parse_json(read_text(self.heartbeat or "/nonexistent"))
             age, interval = time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
@@ -7176,6 +7185,8 @@ class RunState:
         """(model, usage) of each of its model turns so far, by message id: its own running spend."""
         self.request_stop: Callable[[Status, str], None] | None = None
         """run_agent's stop path, for run_sdk to end the agent between turns."""
+        self.in_process: Any = None
+        """The InProcessTree of its in-process children, under --placement inprocess or auto."""
         self.node_result: NodeResult | None = None
         """What a node of another kind than claude returned (see the executors section)."""
         self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -7681,17 +7692,17 @@ class InProcessTree:
         stop = self.stop_reason(child)
         if stop is not None:
             status, reason = stop
-            self.record_decision(child, tool, tool_input, reason, "deny", "limits", tool_use_id)
+            self.record_decision(child, tool, tool_input, rule=reason, verdict="deny", by="limits", tool_use_id=tool_use_id)
             self.end(child, status, reason)
             return end_turn(f"stopped by spawn.py: {reason}")
         verdict, rule, by = await self.permission(child, tool, tool_input)
-        self.record_decision(child, tool, tool_input, rule, verdict, by, tool_use_id)
+        self.record_decision(child, tool, tool_input, rule=rule, verdict=verdict, by=by, tool_use_id=tool_use_id)
         if verdict != "allow":
             return deny_call(f"denied by spawn.py ({by}): {rule}")
         if canonical_tool(tool) == AGENT_TOOL:
             refused = self.agent_call_problem(child.meta, tool_input)
             if refused is not None:
-                self.record_decision(child, tool, tool_input, refused, "deny", "placement", tool_use_id)
+                self.record_decision(child, tool, tool_input, rule=refused, verdict="deny", by="placement", tool_use_id=tool_use_id)
                 return deny_call(f"denied by spawn.py (placement): {refused}")
             self.pending.append((native_id, str(tool_use_id or ""), dict(tool_input)))
         return {}
@@ -7714,6 +7725,7 @@ class InProcessTree:
         agent_type = str(hook_input.get("agent_type") or tool_input.get("subagent_type") or GENERAL_PURPOSE)
         child = self.register(parent, native_id, agent_type, tool_input)
         self.children[native_id] = child
+        self.locate_transcripts(str(hook_input.get("transcript_path") or ""))
         return {}
 
     async def subagent_stop(self, hook_input: Mapping[str, Any]) -> dict[str, Any]:
@@ -7829,6 +7841,7 @@ class InProcessTree:
         child: InProcessChild,
         tool: str,
         tool_input: Mapping[str, Any],
+        *,
         rule: str | None,
         verdict: str,
         by: str,
@@ -7889,6 +7902,8 @@ class InProcessTree:
                 self.end(child, Status.KILLED, f"ended with its ancestor {self.host.id} ({host_reason})")
             else:
                 self.end(child, Status.FAILED, f"its host {self.host.id}'s CLI ended before it finished")
+        for child in self.children.values():
+            copy_cli_transcript(child)  # again, whole: one stopped at a boundary was copied before the CLI's last lines
 
 
 # ---------------------------------------------------------------- pure parts --
@@ -8039,6 +8054,8 @@ def copy_cli_transcript(child: InProcessChild) -> Path | None:
 # ==================== end src/spawnlib/inprocess.py ====================
 
 # ==================== begin src/spawnlib/cli_start.py ====================
+
+
 
 
 
@@ -8661,6 +8678,66 @@ class PermissionGate:
         return verdict, by
 
 
+def withheld_agent_tool(meta: AgentMeta, tool: str) -> bool:
+    """The Agent tool at the depth limit, where in-process children would start (see subagent_depth_limit)."""
+    policy = (meta.placement or {}).get("policy")
+    return tool == "Agent" and policy in IN_PROCESS_POLICIES and subagent_depth_limit(meta.depth, meta.max_depth) == 0
+
+
+def sdk_hooks(
+    sdk: Any, meta: AgentMeta, agent_dir: Path, gate: PermissionGate, *, state: RunState, secrets_: Sequence[str]
+) -> dict[str, Any]:
+    """The SDK hooks of an agent's CLI: the permission gate, and either the
+    in-process children's governor or the record of native subagents."""
+    timeout = ask_timeout(os.environ) + 60
+    policy = (meta.placement or {}).get("policy")
+    if policy not in IN_PROCESS_POLICIES:
+        return {
+            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[gate.pre_tool_use], timeout=timeout)],
+            **native_subagent_hooks(sdk, agent_dir, secrets_),
+        }
+    definitions, _ = load_definitions(Path(meta.cwd), os.environ)
+    tree = InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, gate.escalate, gate.shell_env)
+    state.in_process = tree
+
+    async def pre_tool_use(hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
+        verdict = await tree.pre_tool_use(hook_input, tool_use_id)
+        if verdict is not None:
+            return verdict
+        verdict = await gate.pre_tool_use(hook_input, tool_use_id, context)
+        if not verdict and hook_input.get("tool_name") == "Agent":
+            refused = tree.host_agent_call(hook_input.get("tool_input") or {}, tool_use_id)
+            if refused is not None:
+                return deny_call(f"denied by spawn.py (placement): {refused}")
+        return verdict
+
+    async def start(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        return await tree.subagent_start(hook_input)
+
+    async def stop(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        return await tree.subagent_stop(hook_input)
+
+    return {
+        "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[pre_tool_use], timeout=timeout)],
+        "SubagentStart": [sdk.HookMatcher(matcher=None, hooks=[start])],
+        "SubagentStop": [sdk.HookMatcher(matcher=None, hooks=[stop])],
+    }
+
+
+def subagent_definitions(sdk: Any, tree: InProcessTree) -> dict[str, Any]:
+    """spawn.py's agent definitions, offered to the CLI as subagent types (it reads no settings files here).
+
+    Each within the host's tools; its limits, rules and schema are spawn.py's to keep (InProcessTree).
+    """
+    offered = {}
+    for name, d in tree.definitions.items():
+        if d.kind != "claude":
+            continue
+        tools = [t for t in tree.host.tools if d.tools is None or t in d.tools]
+        offered[name] = sdk.AgentDefinition(description=d.description or name, prompt=d.prompt or f"You are the {name} agent.", tools=tools)
+    return offered
+
+
 def native_subagent_hooks(sdk: Any, agent_dir: Path, secrets_: Sequence[str]) -> dict[str, list[Any]]:
     """Record Claude Code's own subagents (the Agent tool) in NATIVE_LOG: one line at start, one at stop."""
 
@@ -8794,7 +8871,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
     else:
         system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
-    builtin = [t for t in meta.tools if not t.startswith("mcp__")]
+    builtin = [t for t in meta.tools if not t.startswith("mcp__") and not withheld_agent_tool(meta, t)]
     mcp_servers: dict[str, Any] = {}
     hooks: dict[str, Any] | None = None
     if meta.agent_source and (meta.mcp_servers or meta.hooks):
@@ -8930,13 +9007,10 @@ async def run_sdk(
     # The same options as for the SDK's own transport: the query still reads
     # its hooks, skills and env from them (the flags are already the CLI's).
     options = sdk.ClaudeAgentOptions(
-        **plan.options,
-        hooks={
-            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
-            **native_subagent_hooks(sdk, agent_dir, secrets_),
-        },
-        stderr=on_stderr,
+        **plan.options, hooks=sdk_hooks(sdk, meta, agent_dir, plan.gate, state=state, secrets_=secrets_), stderr=on_stderr
     )
+    if state.in_process is not None:
+        options.agents = subagent_definitions(sdk, state.in_process)
     # Freed once the CLI goes quiet (or, where its CPU can't be read, at its
     # first message), after START_SLOT_HOLD_S, or by whatever ends the run.
     cpu_readable = procfs_is_ours()
@@ -9284,6 +9358,8 @@ def run_agent(
     groups = [g for g in (state.cli_pgid,) if g]
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
     end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else LEFTOVER_GRACE_S, spare=[guard_pid])
+    if state.in_process is not None:
+        state.in_process.settle(state.stop_reason, state.stop_detail)  # before any of them could be taken for lost
     settle_descendants(meta, secrets_, running_below)
     if has_drop_box(meta):
         record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,6 @@ import pytest
 from conftest import (
     agent_dirs,
     load,
-    metas,
     mock_task,
     run_spawn,
     spawn_in_bash,
@@ -30,6 +28,8 @@ from conftest import (
 import spawn
 
 INPROCESS = ["--placement", "inprocess"]
+# The environment a child's spawn.py gets from its parent's Bash (enough for a dry run).
+AS_CHILD = {"SPAWN_DEPTH": "0", "SPAWN_AGENT_ID": "a0-000000", "SPAWN_SESSION": "/nonexistent/session"}
 
 
 def delegate(name: str, child: str, answer: str, subagent_type: str = "general-purpose", before: Sequence[Mapping[str, Any]] = ()) -> str:
@@ -47,19 +47,27 @@ def by_depth(session_root: Path) -> dict[int, tuple[Path, dict[str, Any]]]:
     return found
 
 
+def cli_messages(agent_dir: Path) -> list[dict[str, Any]]:
+    """The user and assistant lines of the CLI's transcript of an in-process agent."""
+    lines = [json.loads(line) for line in (agent_dir / "subagent.jsonl").read_text().splitlines()]
+    return [line for line in lines if line.get("type") in ("user", "assistant")]
+
+
 def outcome(agent_dir: Path) -> dict[str, Any]:
     return load(agent_dir / "outcome.json")
 
 
-def requests_of(mock_log: Path, task: str) -> list[dict[str, Any]]:
-    digest = spawn_task_digest(task)
-    return [r for r in map(json.loads, mock_log.read_text().splitlines()) if r.get("task_digest") == digest and r.get("kind") == "main"]
+def requests_by_agent(mock_log: Path) -> list[list[dict[str, Any]]]:
+    """The model requests of each agent (by its first message), in the order the agents first asked.
 
-
-def spawn_task_digest(task: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(task.encode()).hexdigest()[:12]
+    A subagent's first message is its prompt with the CLI's reminders around
+    it, so it is told apart by its digest, not matched to the prompt's text.
+    """
+    agents: dict[str, list[dict[str, Any]]] = {}
+    for request in map(json.loads, mock_log.read_text().splitlines()):
+        if request.get("kind") == "main":
+            agents.setdefault(request["task_digest"], []).append(request)
+    return list(agents.values())
 
 
 def test_a_depth_3_chain_of_subagents_is_recorded_as_three_agents(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
@@ -98,20 +106,36 @@ def test_a_depth_3_chain_of_subagents_is_recorded_as_three_agents(env: dict[str,
 
 
 def test_a_deny_rule_holds_at_depth_2(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
-    secret = tmp_path / "secret.txt"
-    secret.write_text("TOP-SECRET-VALUE\n")
-    leaf = mock_task("leaf reads", [{"tool": "Read", "input": {"file_path": str(secret)}}, {"text": "leaf-result"}])
-    root = delegate("root", delegate("middle", leaf, "middle-result"), "root-result")
-    proc = run_spawn(["--task", root, "--tools", "Agent,Read", *INPROCESS, "--deny", f"Read({secret})"], env)
+    (tmp_path / "secret.txt").write_text("TOP-SECRET-VALUE\n")
+    # The leaf's own rule (its definition's), which neither its parents nor the CLI hold.
+    write_agent(tmp_path, "careful", "description: careful reader\ntools: Read\npermissions:\n  deny: ['Read(./secret.txt)']")
+    leaf = mock_task("leaf reads", [{"tool": "Read", "input": {"file_path": str(tmp_path / "secret.txt")}}, {"text": "leaf-result"}])
+    root = delegate("root", delegate("middle", leaf, "middle-result", subagent_type="careful"), "root-result")
+    proc = run_spawn(["--task", root, "--tools", "Agent,Read", *INPROCESS, "--cwd", str(tmp_path)], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
-    leaf_dir, leaf_meta = by_depth(session_root)[2]
-    assert f"Read({secret})" in leaf_meta["permissions"]["deny"]
+    chain = by_depth(session_root)
+    (leaf_dir, leaf_meta), middle_meta = chain[2], chain[1][1]
+    assert leaf_meta["agent"] == "careful" and leaf_meta["tools"] == ["Read"]
+    assert "Read(./secret.txt)" in leaf_meta["permissions"]["deny"] and "Read(./secret.txt)" not in middle_meta["permissions"]["deny"]
     decisions = [json.loads(line)["message"] for line in (leaf_dir / "transcript.jsonl").read_text().splitlines()]
-    assert [(d["tool"], d["verdict"], d["rule"]) for d in decisions] == [("Read", "deny", f"Read({secret})")]
+    assert [(d["tool"], d["verdict"], d["rule"]) for d in decisions] == [("Read", "deny", "Read(./secret.txt)")]
     # What the model was given instead of the file: the denial, never the content.
     cli_transcript = (leaf_dir / "subagent.jsonl").read_text()
-    assert "denied by spawn.py" in cli_transcript and "TOP-SECRET-VALUE" not in cli_transcript
-    assert "TOP-SECRET-VALUE" not in "".join(p.read_text(errors="replace") for p in session_root.rglob("*") if p.is_file())
+    assert "denied by spawn.py (rules): Read(./secret.txt)" in cli_transcript and "TOP-SECRET-VALUE" not in cli_transcript
+    assert not [p for p in session_root.rglob("*") if p.is_file() and "TOP-SECRET-VALUE" in p.read_text(errors="replace")]
+
+
+def test_a_tree_wide_deny_holds_at_depth_2_through_the_cli_too(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    (tmp_path / "secret.txt").write_text("TOP-SECRET-VALUE\n")
+    leaf = mock_task("leaf reads", [{"tool": "Read", "input": {"file_path": str(tmp_path / "secret.txt")}}, {"text": "leaf-result"}])
+    root = delegate("root", delegate("middle", leaf, "middle-result"), "root-result")
+    proc = run_spawn(["--task", root, "--tools", "Agent,Read", *INPROCESS, "--deny", "Read(./secret.txt)", "--cwd", str(tmp_path)], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    leaf_dir, leaf_meta = by_depth(session_root)[2]
+    assert "Read(./secret.txt)" in leaf_meta["permissions"]["deny"]
+    # The CLI holds the tree's rules itself (its --disallowedTools): the call is refused before any hook.
+    cli_transcript = (leaf_dir / "subagent.jsonl").read_text()
+    assert "denied by your permission settings" in cli_transcript and "TOP-SECRET-VALUE" not in cli_transcript
 
 
 def test_max_depth_2_withholds_the_agent_tool_at_depth_2(env: dict[str, str], session_root: Path, mock_model: Any) -> None:
@@ -122,13 +146,17 @@ def test_max_depth_2_withholds_the_agent_tool_at_depth_2(env: dict[str, str], se
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     chain = by_depth(session_root)
     assert chain[1][1]["tools"] == ["Agent", "Read"] and chain[2][1]["tools"] == ["Read"]
-    log = mock_model.log
-    assert all("Agent" in r["tools"] for r in requests_of(log, middle))
-    assert requests_of(log, leaf) and all("Agent" not in r["tools"] for r in requests_of(log, leaf))
+    root_asked, middle_asked, leaf_asked = requests_by_agent(mock_model.log)
+    assert [len(root_asked), len(middle_asked), len(leaf_asked)] == [2, 2, 1]
+    assert all("Agent" in r["tools"] for r in [*root_asked, *middle_asked])
+    assert all("Agent" not in r["tools"] for r in leaf_asked)
 
-    # At the limit the root itself gets no Agent tool: its call is refused as an unknown tool.
+    # At the limit the root itself gets no Agent tool, and no subagent starts.
+    mock_model.log.write_text("")
     proc = run_spawn(["--task", root, "--tools", "Agent,Read", *INPROCESS, "--max-depth", "0"], env)
-    assert all("Agent" not in r["tools"] for r in requests_of(log, root)[-1:])
+    (alone,) = requests_by_agent(mock_model.log)
+    assert all("Agent" not in r["tools"] for r in alone)
+    assert len(agent_dirs(session_root)) == 4
 
 
 def test_a_childs_deadline_and_budget_stop_it_at_the_next_boundary(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
@@ -136,7 +164,9 @@ def test_a_childs_deadline_and_budget_stop_it_at_the_next_boundary(env: dict[str
     write_agent(tmp_path, "thrifty", "description: small budget\nmax_budget_usd: 0.01\ntools: Read")
     read = {"tool": "Read", "input": {"file_path": str(tmp_path / ".claude" / "agents" / "hasty.md")}}
     slow = mock_task("slow one", [{**read, "sleep": 2.5}, {**read}, {"text": "slow-result"}])
-    costly = mock_task("costly one", [{**read, "usage": {"input_tokens": 2_000_000, "output_tokens": 10}}, {**read}, {"text": "costly-result"}])
+    costly = mock_task(
+        "costly one", [{**read, "usage": {"input_tokens": 100_000, "output_tokens": 10}}, {**read}, {"text": "costly-result"}]
+    )
     root = mock_task(
         "root",
         [
@@ -152,8 +182,10 @@ def test_a_childs_deadline_and_budget_stop_it_at_the_next_boundary(env: dict[str
     assert hasty["status"] == "timeout" and "deadline" in hasty["reason"], hasty
     assert thrifty["status"] == "failed" and "budget" in thrifty["reason"], thrifty
     # Stopped at the boundary: the call after the slow turn never ran, nor the answer after it.
-    assert [json.loads(line)["message"]["verdict"] for line in (children["hasty"] / "transcript.jsonl").read_text().splitlines()] == ["deny"]
-    assert "slow-result" not in (children["hasty"] / "subagent.jsonl").read_text()
+    assert [json.loads(line)["message"]["verdict"] for line in (children["hasty"] / "transcript.jsonl").read_text().splitlines()] == [
+        "deny"
+    ]
+    assert [m["type"] for m in cli_messages(children["hasty"])] == ["user", "assistant", "user"]
     assert load(children["hasty"] / "meta.json")["deadline"] is not None
     validate_records(session_root)
 
@@ -176,7 +208,8 @@ def test_a_schema_is_retried_then_failed(env: dict[str, str], session_root: Path
     rows = {load(d / "meta.json")["task"].split(" MOCK")[0]: outcome(d) for d in agent_dirs(session_root)}
     bad = rows["strict child"]
     assert bad["status"] == "failed" and "schema" in bad["reason"] and bad["validation_errors"], bad
-    assert len(requests_of(mock_model.log, child)) == 3  # the answer, then two retries the schema refused
+    _, bad_asked, good_asked = requests_by_agent(mock_model.log)
+    assert len(bad_asked) == 3 and len(good_asked) == 2  # answers, then retries the schema refused
     assert rows["strict good"]["status"] == "done" and rows["strict good"]["output"] == {"answer": "yes"}
     validate_records(session_root)
 
@@ -188,7 +221,9 @@ def test_kill_of_an_in_process_child_ends_it_and_spares_its_parent(env: dict[str
     root = delegate("root", child, "root-result")
     runner = start_spawn(["--task", root, "--tools", "Agent,Read", *INPROCESS, "--timeout", "120"], env)
     try:
-        assert wait_until(lambda: any(load(d / "meta.json")["depth"] == 1 for d in agent_dirs(session_root) if (d / "meta.json").exists()), 60)
+        assert wait_until(
+            lambda: any(load(d / "meta.json")["depth"] == 1 for d in agent_dirs(session_root) if (d / "meta.json").exists()), 60
+        )
         child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
         killed = run_spawn(["kill", child_dir.name, "--session", str(child_dir.parent.parent)], env)
         assert killed.returncode == spawn.ExitCode.OK, killed.stderr
@@ -211,7 +246,9 @@ def test_kill_of_the_parent_ends_its_in_process_children(env: dict[str, str], se
     child = mock_task("long child", [{"tool": "Read", "input": {"file_path": str(tmp_path / "a.txt")}, "sleep": 0.5}] * 40)
     runner = start_spawn(["--task", delegate("root", child, "root-result"), "--tools", "Agent,Read", *INPROCESS], env)
     try:
-        assert wait_until(lambda: len(agent_dirs(session_root)) == 2 and all((d / "meta.json").exists() for d in agent_dirs(session_root)), 60)
+        assert wait_until(
+            lambda: len(agent_dirs(session_root)) == 2 and all((d / "meta.json").exists() for d in agent_dirs(session_root)), 60
+        )
         root_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 0)
         assert run_spawn(["kill", root_dir.name, "--session", str(root_dir.parent.parent)], env).returncode == spawn.ExitCode.OK
         runner.communicate(timeout=60)
@@ -224,7 +261,7 @@ def test_kill_of_the_parent_ends_its_in_process_children(env: dict[str, str], se
 
 def test_auto_gives_a_child_with_its_own_sandbox_a_process(env: dict[str, str], session_root: Path) -> None:
     child_args = ["--task", "child", "--tools", "Read", "--sandbox", "on"]
-    planned = run_spawn(["--dry-run", *child_args], {**env, "SPAWN_PLACEMENT": "auto"})
+    planned = run_spawn(["--dry-run", *child_args], {**env, **AS_CHILD, "SPAWN_PLACEMENT": "auto"})
     assert planned.returncode == spawn.ExitCode.OK, planned.stderr
     placement = stdout_json(planned)["placement"]
     assert placement["backend"] == "local" and "its own sandbox" in placement["reason"] and placement["policy"] == "auto"
@@ -247,8 +284,9 @@ def test_placement_flags_refused_with_what_to_do(env: dict[str, str], session_ro
     ray = run_spawn(["--task", "x", "--placement", "ray:127.0.0.1:6379"], env)
     assert ray.returncode == spawn.ExitCode.USAGE and "Ray cluster yet" in ray.stderr
     assert not session_root.exists() or not agent_dirs(session_root)
-    moved = run_spawn(["--task", "x", "--placement", "ray:b:1", "--dry-run"], {**env, "SPAWN_PLACEMENT": "ray:a:1"})
+    moved = run_spawn(["--task", "x", "--placement", "ray:b:1", "--dry-run"], {**env, **AS_CHILD, "SPAWN_PLACEMENT": "ray:a:1"})
     assert moved.returncode == spawn.ExitCode.USAGE and "never move to another" in moved.stderr
-    from_bash = run_spawn(["--task", "x", "--dry-run"], {**env, "SPAWN_PLACEMENT": "inprocess", "SPAWN_AGENT_ID": "a0-000000"})
+    from_bash = run_spawn(["--task", "x", "--dry-run"], {**env, **AS_CHILD, "SPAWN_PLACEMENT": "inprocess"})
     assert from_bash.returncode == spawn.ExitCode.USAGE and "Agent tool" in from_bash.stderr
-    _ = time  # (kept for wait helpers)
+    widened = stdout_json(run_spawn(["--task", "x", "--dry-run", "--placement", "local"], {**env, **AS_CHILD, "SPAWN_PLACEMENT": "auto"}))
+    assert widened["placement"]["policy"] == "auto" and any("lowered" in w for w in widened["warnings"])

@@ -1678,7 +1678,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def measure_all(
-    args: argparse.Namespace, bench: Bench, uv: UvFound, env: dict[str, str], warm_env: dict[str, str], started: float
+    args: argparse.Namespace, bench: Bench, uv: UvFound, *, env: dict[str, str], warm_env: dict[str, str], started: float
 ) -> dict[str, Any]:
     """Every measurement but P10, as main() ran them before P10 had a function of its own."""
     workdir = bench.workdir
@@ -1748,7 +1748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(uv.describe(), flush=True)
             if args.compare is not None:
                 print(f"--compare: {args.compare} against {SPAWN}", flush=True)
-            summary = {"targets": []} if args.only_inprocess else measure_all(args, bench, uv, env, warm_env, started)
+            summary = {"targets": []} if args.only_inprocess else measure_all(args, bench, uv, env=env, warm_env=warm_env, started=started)
             if args.inprocess_rounds > 0 and not args.only_waitperf and not args.only_chains:
                 print(f"P10: in-process chain, {args.inprocess_rounds} rounds ...", flush=True)
                 p10 = inprocess_chain_rounds(bench, args.inprocess_rounds)

@@ -75,6 +75,8 @@ from .errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, Stat
 from .executors import executor_for
 from .fast_start import compiled_script
 from .forkserver import fork_detached_runner, forkserver_wanted, start_forkserver
+from .inprocess import InProcessTree, deny_call
+from .placement import IN_PROCESS_POLICIES, parse_policy, subagent_depth_limit
 from .processes import (
     GUARD_SETTLED,
     Supervised,
@@ -620,6 +622,66 @@ class PermissionGate:
         return verdict, by
 
 
+def withheld_agent_tool(meta: AgentMeta, tool: str) -> bool:
+    """The Agent tool at the depth limit, where in-process children would start (see subagent_depth_limit)."""
+    policy = (meta.placement or {}).get("policy")
+    return tool == "Agent" and policy in IN_PROCESS_POLICIES and subagent_depth_limit(meta.depth, meta.max_depth) == 0
+
+
+def sdk_hooks(
+    sdk: Any, meta: AgentMeta, agent_dir: Path, gate: PermissionGate, *, state: RunState, secrets_: Sequence[str]
+) -> dict[str, Any]:
+    """The SDK hooks of an agent's CLI: the permission gate, and either the
+    in-process children's governor or the record of native subagents."""
+    timeout = ask_timeout(os.environ) + 60
+    policy = (meta.placement or {}).get("policy")
+    if policy not in IN_PROCESS_POLICIES:
+        return {
+            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[gate.pre_tool_use], timeout=timeout)],
+            **native_subagent_hooks(sdk, agent_dir, secrets_),
+        }
+    definitions, _ = load_definitions(Path(meta.cwd), os.environ)
+    tree = InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, gate.escalate, gate.shell_env)
+    state.in_process = tree
+
+    async def pre_tool_use(hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
+        verdict = await tree.pre_tool_use(hook_input, tool_use_id)
+        if verdict is not None:
+            return verdict
+        verdict = await gate.pre_tool_use(hook_input, tool_use_id, context)
+        if not verdict and hook_input.get("tool_name") == "Agent":
+            refused = tree.host_agent_call(hook_input.get("tool_input") or {}, tool_use_id)
+            if refused is not None:
+                return deny_call(f"denied by spawn.py (placement): {refused}")
+        return verdict
+
+    async def start(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        return await tree.subagent_start(hook_input)
+
+    async def stop(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        return await tree.subagent_stop(hook_input)
+
+    return {
+        "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[pre_tool_use], timeout=timeout)],
+        "SubagentStart": [sdk.HookMatcher(matcher=None, hooks=[start])],
+        "SubagentStop": [sdk.HookMatcher(matcher=None, hooks=[stop])],
+    }
+
+
+def subagent_definitions(sdk: Any, tree: InProcessTree) -> dict[str, Any]:
+    """spawn.py's agent definitions, offered to the CLI as subagent types (it reads no settings files here).
+
+    Each within the host's tools; its limits, rules and schema are spawn.py's to keep (InProcessTree).
+    """
+    offered = {}
+    for name, d in tree.definitions.items():
+        if d.kind != "claude":
+            continue
+        tools = [t for t in tree.host.tools if d.tools is None or t in d.tools]
+        offered[name] = sdk.AgentDefinition(description=d.description or name, prompt=d.prompt or f"You are the {name} agent.", tools=tools)
+    return offered
+
+
 def native_subagent_hooks(sdk: Any, agent_dir: Path, secrets_: Sequence[str]) -> dict[str, list[Any]]:
     """Record Claude Code's own subagents (the Agent tool) in NATIVE_LOG: one line at start, one at stop."""
 
@@ -753,7 +815,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
     else:
         system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
-    builtin = [t for t in meta.tools if not t.startswith("mcp__")]
+    builtin = [t for t in meta.tools if not t.startswith("mcp__") and not withheld_agent_tool(meta, t)]
     mcp_servers: dict[str, Any] = {}
     hooks: dict[str, Any] | None = None
     if meta.agent_source and (meta.mcp_servers or meta.hooks):
@@ -889,13 +951,10 @@ async def run_sdk(
     # The same options as for the SDK's own transport: the query still reads
     # its hooks, skills and env from them (the flags are already the CLI's).
     options = sdk.ClaudeAgentOptions(
-        **plan.options,
-        hooks={
-            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
-            **native_subagent_hooks(sdk, agent_dir, secrets_),
-        },
-        stderr=on_stderr,
+        **plan.options, hooks=sdk_hooks(sdk, meta, agent_dir, plan.gate, state=state, secrets_=secrets_), stderr=on_stderr
     )
+    if state.in_process is not None:
+        options.agents = subagent_definitions(sdk, state.in_process)
     # Freed once the CLI goes quiet (or, where its CPU can't be read, at its
     # first message), after START_SLOT_HOLD_S, or by whatever ends the run.
     cpu_readable = procfs_is_ours()
@@ -1243,6 +1302,8 @@ def run_agent(
     groups = [g for g in (state.cli_pgid,) if g]
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
     end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else LEFTOVER_GRACE_S, spare=[guard_pid])
+    if state.in_process is not None:
+        state.in_process.settle(state.stop_reason, state.stop_detail)  # before any of them could be taken for lost
     settle_descendants(meta, secrets_, running_below)
     if has_drop_box(meta):
         record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)

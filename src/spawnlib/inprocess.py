@@ -113,17 +113,17 @@ class InProcessTree:
         stop = self.stop_reason(child)
         if stop is not None:
             status, reason = stop
-            self.record_decision(child, tool, tool_input, reason, "deny", "limits", tool_use_id)
+            self.record_decision(child, tool, tool_input, rule=reason, verdict="deny", by="limits", tool_use_id=tool_use_id)
             self.end(child, status, reason)
             return end_turn(f"stopped by spawn.py: {reason}")
         verdict, rule, by = await self.permission(child, tool, tool_input)
-        self.record_decision(child, tool, tool_input, rule, verdict, by, tool_use_id)
+        self.record_decision(child, tool, tool_input, rule=rule, verdict=verdict, by=by, tool_use_id=tool_use_id)
         if verdict != "allow":
             return deny_call(f"denied by spawn.py ({by}): {rule}")
         if canonical_tool(tool) == AGENT_TOOL:
             refused = self.agent_call_problem(child.meta, tool_input)
             if refused is not None:
-                self.record_decision(child, tool, tool_input, refused, "deny", "placement", tool_use_id)
+                self.record_decision(child, tool, tool_input, rule=refused, verdict="deny", by="placement", tool_use_id=tool_use_id)
                 return deny_call(f"denied by spawn.py (placement): {refused}")
             self.pending.append((native_id, str(tool_use_id or ""), dict(tool_input)))
         return {}
@@ -146,6 +146,7 @@ class InProcessTree:
         agent_type = str(hook_input.get("agent_type") or tool_input.get("subagent_type") or GENERAL_PURPOSE)
         child = self.register(parent, native_id, agent_type, tool_input)
         self.children[native_id] = child
+        self.locate_transcripts(str(hook_input.get("transcript_path") or ""))
         return {}
 
     async def subagent_stop(self, hook_input: Mapping[str, Any]) -> dict[str, Any]:
@@ -261,6 +262,7 @@ class InProcessTree:
         child: InProcessChild,
         tool: str,
         tool_input: Mapping[str, Any],
+        *,
         rule: str | None,
         verdict: str,
         by: str,
@@ -321,6 +323,8 @@ class InProcessTree:
                 self.end(child, Status.KILLED, f"ended with its ancestor {self.host.id} ({host_reason})")
             else:
                 self.end(child, Status.FAILED, f"its host {self.host.id}'s CLI ended before it finished")
+        for child in self.children.values():
+            copy_cli_transcript(child)  # again, whole: one stopped at a boundary was copied before the CLI's last lines
 
 
 # ---------------------------------------------------------------- pure parts --

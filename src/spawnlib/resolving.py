@@ -79,6 +79,7 @@ from .core import (
 from .embedded import builtin_files, builtin_label
 from .errors import RefusedError, SpawnError, StateError, UsageError
 from .executors import executor_for, node_of_definition, parse_reference
+from .placement import ENV_PLACEMENT, PlacementDecision, check_runnable, decide_placement, narrow_policy, parse_policy, process_needs
 from .processes import (
     _int_or_none,
     _json_list,
@@ -90,7 +91,6 @@ from .processes import (
     runner_index_dir,
     start_guard,
 )
-from .placement import ENV_PLACEMENT, PlacementDecision, check_runnable, decide_placement, narrow_policy, parse_policy, process_needs
 from .protocol import (
     AGENTS_DIR,
     LIMITS,

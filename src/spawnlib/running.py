@@ -298,6 +298,8 @@ class RunState:
         """(model, usage) of each of its model turns so far, by message id: its own running spend."""
         self.request_stop: Callable[[Status, str], None] | None = None
         """run_agent's stop path, for run_sdk to end the agent between turns."""
+        self.in_process: Any = None
+        """The InProcessTree of its in-process children, under --placement inprocess or auto."""
         self.node_result: NodeResult | None = None
         """What a node of another kind than claude returned (see the executors section)."""
         self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
