@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 from conftest import (
+    ROOT,
     agent_dirs,
     load,
     mock_task,
+    run_python,
     run_spawn,
     spawn_in_bash,
     start_spawn,
@@ -103,6 +105,10 @@ def test_a_depth_3_chain_of_subagents_is_recorded_as_three_agents(env: dict[str,
     assert rows[leaf_meta["id"]]["parent_id"] == mid_meta["id"] and rows[leaf_meta["id"]]["depth"] == 2
     waited = run_spawn(["wait", mid_meta["id"], leaf_meta["id"], "--session", str(root_dir.parent.parent)], env)
     assert waited.returncode == spawn.ExitCode.OK, waited.stderr
+    page = tmp_path / "timeline.svg"
+    made = run_python([str(ROOT / "tools" / "view.py"), str(root_dir.parent.parent), "--svg", "-o", str(page)], env)
+    assert made.returncode == 0, made.stderr
+    assert page.read_text().count('class="bar"') == 3 and f'data-id="{leaf_meta["id"]}"' in page.read_text()
 
 
 def test_a_deny_rule_holds_at_depth_2(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
