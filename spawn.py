@@ -8211,6 +8211,9 @@ def copy_cli_transcript(child: InProcessChild) -> Path | None:
 
 
 
+
+
+
 # ------------------------------------------------------------ the CLI's start --
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
@@ -8696,7 +8699,7 @@ def sdk_hooks(
             "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[gate.pre_tool_use], timeout=timeout)],
             **native_subagent_hooks(sdk, agent_dir, secrets_),
         }
-    definitions, _ = load_definitions(Path(meta.cwd), os.environ)
+    definitions = file_definitions(Path(meta.cwd), os.environ)
     tree = InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, gate.escalate, gate.shell_env)
     state.in_process = tree
 
@@ -8722,6 +8725,19 @@ def sdk_hooks(
         "SubagentStart": [sdk.HookMatcher(matcher=None, hooks=[start])],
         "SubagentStop": [sdk.HookMatcher(matcher=None, hooks=[stop])],
     }
+
+
+def file_definitions(cwd: Path, environ: Mapping[str, str]) -> dict[str, AgentDefinition]:
+    """The project's and the user's agent definitions: the subagent types spawn.py governs.
+
+    Not the built-in ones: those would shadow the CLI's own types of the same
+    names (explore, plan), and parsing them is most of the cost, paid before
+    the CLI's first request, by a host that may have no definitions at all.
+    """
+    if not agent_dirs_for(cwd, environ):
+        return {}
+    definitions, _ = load_definitions(cwd, environ)
+    return {name: d for name, d in definitions.items() if d.source != BUILTIN_SOURCE}
 
 
 def subagent_definitions(sdk: Any, tree: InProcessTree) -> dict[str, Any]:

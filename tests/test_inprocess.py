@@ -16,6 +16,7 @@ from conftest import (
     ROOT,
     agent_dirs,
     load,
+    metas,
     mock_task,
     run_python,
     run_spawn,
@@ -265,7 +266,7 @@ def test_kill_of_the_parent_ends_its_in_process_children(env: dict[str, str], se
     validate_records(session_root)
 
 
-def test_auto_gives_a_child_with_its_own_sandbox_a_process(env: dict[str, str], session_root: Path) -> None:
+def test_auto_gives_a_child_with_its_own_sandbox_a_process(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     child_args = ["--task", "child", "--tools", "Read", "--sandbox", "on"]
     planned = run_spawn(["--dry-run", *child_args], {**env, **AS_CHILD, "SPAWN_PLACEMENT": "auto"})
     assert planned.returncode == spawn.ExitCode.OK, planned.stderr
@@ -275,13 +276,27 @@ def test_auto_gives_a_child_with_its_own_sandbox_a_process(env: dict[str, str], 
     assert plain == {"backend": "local", "reason": "a root runs as the process it was started as", "policy": "auto"}
     if shutil.which("bwrap") is None or shutil.which("socat") is None:
         pytest.skip(f"the real run needs Claude Code's sandbox: {spawn.SANDBOX_INSTALL}")
-    child = mock_task("sandboxed child", [{"text": "child-result"}])
-    root = mock_task("root", [{"bash": spawn_in_bash("--task", child, "--tools", "Read", "--sandbox", "on")}, {"text": "root-result"}])
-    proc = run_spawn(["--task", root, "--tools", "Agent,Bash,Read", "--placement", "auto"], env)
+    write_agent(tmp_path, "timed", "description: has a deadline\ntimeout: 30\ntools: Read")
+    sandboxed = mock_task("sandboxed child", [{"text": "child-result"}])
+    native = mock_task("plain child", [{"text": "plain-result"}])
+    call = {"description": "plain", "prompt": native, "subagent_type": "general-purpose", "run_in_background": False}
+    steps: list[dict[str, Any]] = [
+        {"bash": spawn_in_bash("--task", sandboxed, "--tools", "Read", "--sandbox", "on")},
+        {"tool": "Agent", "input": call},
+        {"tool": "Agent", "input": {**call, "subagent_type": "timed"}},
+        {"text": "root-result"},
+    ]
+    proc = run_spawn(["--task", mock_task("root", steps), "--tools", "Agent,Bash,Read", "--placement", "auto", "--cwd", str(tmp_path)], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
-    child_meta = by_depth(session_root)[1][1]
-    assert child_meta["placement"]["backend"] == "local" and "its own sandbox" in child_meta["placement"]["reason"]
-    assert child_meta["sandbox"] == "on"
+    children = {m["task"].split(" MOCK")[0]: m for m in metas(session_root).values() if m["depth"] == 1}
+    assert sorted(children) == ["plain child", "sandboxed child"]  # the timed one was never started
+    process, inside = children["sandboxed child"], children["plain child"]
+    assert process["placement"]["backend"] == "local" and "its own sandbox" in process["placement"]["reason"]
+    assert process["sandbox"] == "on" and process["pid"] != inside["pid"]
+    assert inside["placement"]["backend"] == "inprocess" and "nothing it needs requires a process" in inside["placement"]["reason"]
+    root_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 0)
+    refused = [json.loads(line) for line in (root_dir / "transcript.jsonl").read_text().splitlines()]
+    assert any("needs a process (a hard deadline)" in json.dumps(line) for line in refused)
 
 
 def test_placement_flags_refused_with_what_to_do(env: dict[str, str], session_root: Path) -> None:
