@@ -18,10 +18,7 @@ import psutil
 
 from . import __version__
 from .agents import (
-    BUILTIN_SOURCE,
-    AgentDefinition,
     RuleSet,
-    agent_dirs_for,
     cache_dir,
     cli_permissions,
     decide,
@@ -78,8 +75,8 @@ from .errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, Stat
 from .executors import executor_for
 from .fast_start import compiled_script
 from .forkserver import fork_detached_runner, forkserver_wanted, start_forkserver
-from .inprocess import InProcessTree, deny_call
-from .placement import IN_PROCESS_POLICIES, parse_policy, subagent_depth_limit
+from .inprocess import InProcessTree, file_definitions, in_process_hooks, subagent_definitions, withheld_agent_tool
+from .placement import IN_PROCESS_POLICIES, parse_policy
 from .processes import (
     GUARD_SETTLED,
     Supervised,
@@ -625,12 +622,6 @@ class PermissionGate:
         return verdict, by
 
 
-def withheld_agent_tool(meta: AgentMeta, tool: str) -> bool:
-    """The Agent tool at the depth limit, where in-process children would start (see subagent_depth_limit)."""
-    policy = (meta.placement or {}).get("policy")
-    return tool == "Agent" and policy in IN_PROCESS_POLICIES and subagent_depth_limit(meta.depth, meta.max_depth) == 0
-
-
 def sdk_hooks(
     sdk: Any, meta: AgentMeta, agent_dir: Path, gate: PermissionGate, *, state: RunState, secrets_: Sequence[str]
 ) -> dict[str, Any]:
@@ -644,58 +635,8 @@ def sdk_hooks(
             **native_subagent_hooks(sdk, agent_dir, secrets_),
         }
     definitions = file_definitions(Path(meta.cwd), os.environ)
-    tree = InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, gate.escalate, gate.shell_env)
-    state.in_process = tree
-
-    async def pre_tool_use(hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
-        verdict = await tree.pre_tool_use(hook_input, tool_use_id)
-        if verdict is not None:
-            return verdict
-        verdict = await gate.pre_tool_use(hook_input, tool_use_id, context)
-        if not verdict and hook_input.get("tool_name") == "Agent":
-            refused = tree.host_agent_call(hook_input.get("tool_input") or {}, tool_use_id)
-            if refused is not None:
-                return deny_call(f"denied by spawn.py (placement): {refused}")
-        return verdict
-
-    async def start(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
-        return await tree.subagent_start(hook_input)
-
-    async def stop(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
-        return await tree.subagent_stop(hook_input)
-
-    return {
-        "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[pre_tool_use], timeout=timeout)],
-        "SubagentStart": [sdk.HookMatcher(matcher=None, hooks=[start])],
-        "SubagentStop": [sdk.HookMatcher(matcher=None, hooks=[stop])],
-    }
-
-
-def file_definitions(cwd: Path, environ: Mapping[str, str]) -> dict[str, AgentDefinition]:
-    """The project's and the user's agent definitions: the subagent types spawn.py governs.
-
-    Not the built-in ones: those would shadow the CLI's own types of the same
-    names (explore, plan), and parsing them is most of the cost, paid before
-    the CLI's first request, by a host that may have no definitions at all.
-    """
-    if not agent_dirs_for(cwd, environ):
-        return {}
-    definitions, _ = load_definitions(cwd, environ)
-    return {name: d for name, d in definitions.items() if d.source != BUILTIN_SOURCE}
-
-
-def subagent_definitions(sdk: Any, tree: InProcessTree) -> dict[str, Any]:
-    """spawn.py's agent definitions, offered to the CLI as subagent types (it reads no settings files here).
-
-    Each within the host's tools; its limits, rules and schema are spawn.py's to keep (InProcessTree).
-    """
-    offered = {}
-    for name, d in tree.definitions.items():
-        if d.kind != "claude":
-            continue
-        tools = [t for t in tree.host.tools if d.tools is None or t in d.tools]
-        offered[name] = sdk.AgentDefinition(description=d.description or name, prompt=d.prompt or f"You are the {name} agent.", tools=tools)
-    return offered
+    state.in_process = InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, gate.escalate, gate.shell_env)
+    return in_process_hooks(sdk, state.in_process, gate.pre_tool_use, timeout)
 
 
 def native_subagent_hooks(sdk: Any, agent_dir: Path, secrets_: Sequence[str]) -> dict[str, list[Any]]:

@@ -36,10 +36,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .agents import AgentDefinition, RuleSet, decide, parse_rule, summarize_input
+from .agents import BUILTIN_SOURCE, AgentDefinition, RuleSet, agent_dirs_for, decide, load_definitions, parse_rule, summarize_input
 from .core import canonical_tool, estimate_cost, new_trace, utc_now_iso, validate_output
 from .errors import SpawnError
-from .placement import PlacementDecision, PlacementError, PlacementPolicy, decide_placement, process_needs
+from .placement import (
+    IN_PROCESS_POLICIES,
+    PlacementDecision,
+    PlacementError,
+    PlacementPolicy,
+    decide_placement,
+    process_needs,
+    subagent_depth_limit,
+)
 from .protocol import (
     TRANSCRIPT,
     admit,
@@ -325,6 +333,72 @@ class InProcessTree:
                 self.end(child, Status.FAILED, f"its host {self.host.id}'s CLI ended before it finished")
         for child in self.children.values():
             copy_cli_transcript(child)  # again, whole: one stopped at a boundary was copied before the CLI's last lines
+
+
+# ------------------------------------------------------------- the wiring --
+
+
+def withheld_agent_tool(meta: AgentMeta, tool: str) -> bool:
+    """The Agent tool at the depth limit, where in-process children would start (see subagent_depth_limit)."""
+    policy = (meta.placement or {}).get("policy")
+    return tool == AGENT_TOOL and policy in IN_PROCESS_POLICIES and subagent_depth_limit(meta.depth, meta.max_depth) == 0
+
+
+Hook = Callable[[Any, "str | None", Any], Awaitable[Any]]
+
+
+def in_process_hooks(sdk: Any, tree: InProcessTree, gate: Hook, timeout: float) -> dict[str, Any]:
+    """The SDK hooks of a host: its in-process agents' calls go to the tree, its own to its gate."""
+
+    async def pre_tool_use(hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
+        verdict = await tree.pre_tool_use(hook_input, tool_use_id)
+        if verdict is not None:
+            return verdict
+        verdict = await gate(hook_input, tool_use_id, context)
+        if not verdict and hook_input.get("tool_name") == AGENT_TOOL:
+            refused = tree.host_agent_call(hook_input.get("tool_input") or {}, tool_use_id)
+            if refused is not None:
+                return deny_call(f"denied by spawn.py (placement): {refused}")
+        return verdict
+
+    async def start(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        return await tree.subagent_start(hook_input)
+
+    async def stop(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        return await tree.subagent_stop(hook_input)
+
+    return {
+        "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[pre_tool_use], timeout=timeout)],
+        "SubagentStart": [sdk.HookMatcher(matcher=None, hooks=[start])],
+        "SubagentStop": [sdk.HookMatcher(matcher=None, hooks=[stop])],
+    }
+
+
+def file_definitions(cwd: Path, environ: Mapping[str, str]) -> dict[str, AgentDefinition]:
+    """The project's and the user's agent definitions: the subagent types spawn.py governs.
+
+    Not the built-in ones: those would shadow the CLI's own types of the same
+    names (explore, plan), and parsing them is most of the cost, paid before
+    the CLI's first request, by a host that may have no definitions at all.
+    """
+    if not agent_dirs_for(cwd, environ):
+        return {}
+    definitions, _ = load_definitions(cwd, environ)
+    return {name: d for name, d in definitions.items() if d.source != BUILTIN_SOURCE}
+
+
+def subagent_definitions(sdk: Any, tree: InProcessTree) -> dict[str, Any]:
+    """spawn.py's agent definitions, offered to the CLI as subagent types (it reads no settings files here).
+
+    Each within the host's tools; its limits, rules and schema are spawn.py's to keep (InProcessTree).
+    """
+    offered = {}
+    for name, d in tree.definitions.items():
+        if d.kind != "claude":
+            continue
+        tools = [t for t in tree.host.tools if d.tools is None or t in d.tools]
+        offered[name] = sdk.AgentDefinition(description=d.description or name, prompt=d.prompt or f"You are the {name} agent.", tools=tools)
+    return offered
 
 
 # ---------------------------------------------------------------- pure parts --
