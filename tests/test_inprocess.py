@@ -77,7 +77,7 @@ def test_a_depth_3_chain_of_subagents_is_recorded_as_three_agents(env: dict[str,
     leaf = mock_task("leaf looks", [{"tool": "Read", "input": {"file_path": str(tmp_path / "notes.txt")}}, {"text": "leaf-result"}])
     (tmp_path / "notes.txt").write_text("some notes\n")
     root = delegate("root", delegate("middle", leaf, "middle-result"), "root-result")
-    proc = run_spawn(["--task", root, "--tools", "Agent,Read", *INPROCESS, "--max-depth", "3"], env)
+    proc = run_spawn(["--task", root, "--tools", "Agent,Read", *INPROCESS, "--max-depth", "3", "--max-budget-usd", "5"], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert stdout_json(proc)["output"] == "root-result"
     chain = by_depth(session_root)
@@ -103,6 +103,14 @@ def test_a_depth_3_chain_of_subagents_is_recorded_as_three_agents(env: dict[str,
     assert status.returncode == spawn.ExitCode.OK, status.stderr
     rows = {row["id"]: row for row in json.loads(status.stdout)["agents"]}
     assert {rows[m["id"]]["state"] for m in (root_meta, mid_meta, leaf_meta)} == {"done"}
+    # Each agent's own cost, each counted once: the host's is its CLI's total less its subagents'
+    # (priced from spawn.py's table, which may price the scripted model's model above the CLI: then 0).
+    costs = [outcome(d)["cost_usd"] for d in (root_dir, mid_dir, leaf_dir)]
+    assert costs[0] >= 0 and costs[1] > 0 and costs[2] > 0, costs
+    assert rows[root_meta["id"]]["subtree_cost_usd"] == pytest.approx(sum(costs), abs=1e-6)
+    ledger = [json.loads(line) for line in (root_dir.parent.parent / "ledger.jsonl").read_text().splitlines()]
+    assert [(line["kind"], line["id"]) for line in ledger if line["kind"] == "reserve"] == [("reserve", root_meta["id"])]
+    assert sorted(line["id"] for line in ledger if line["kind"] == "charge") == sorted(m["id"] for m in (root_meta, mid_meta, leaf_meta))
     assert rows[leaf_meta["id"]]["parent_id"] == mid_meta["id"] and rows[leaf_meta["id"]]["depth"] == 2
     waited = run_spawn(["wait", mid_meta["id"], leaf_meta["id"], "--session", str(root_dir.parent.parent)], env)
     assert waited.returncode == spawn.ExitCode.OK, waited.stderr

@@ -1265,6 +1265,8 @@ def run_agent(
     if has_drop_box(meta):
         record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)
     outcome = executor.outcome(meta, agent_dir, state, started, error)
+    if state.in_process is not None:
+        state.in_process.host_share(outcome)
     outcome.truncated = truncated_logs(agent_dir) or None
     if meta.isolation == "worktree":
         outcome.worktree = settle_worktree(home_cwd, agent_dir, meta.id)

@@ -50,15 +50,15 @@ from .placement import (
 )
 from .protocol import (
     TRANSCRIPT,
-    admit,
     append_transcript,
     commit_outcome,
+    counted_agents,
     create_agent_dir,
     kill_request_reason,
     over_hold,
     parse_json,
+    read_limits,
     read_outcome,
-    reserve_budget,
     session_lock,
 )
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
@@ -244,11 +244,18 @@ class InProcessTree:
             decision.backend, f"{decision.reason} (Claude Code agent {native_id}, {agent_type})", decision.policy
         ).as_record()
         session = Path(meta.session)
+        # No admission to the tree's budget and no hold of its own: what it
+        # spends is spent by its host's CLI, inside the host's hold (and that
+        # CLI's own cap). Its own budget, if its definition sets one, is kept
+        # at its tool calls (stop_reason). The session's agent cap counts it.
         with session_lock(session):
-            refusal = admit(meta, session)
+            cap = read_limits(session).max_agents
+            refusal = (
+                f"agents: the session already has {cap} agents (--max-agents {cap})"
+                if cap is not None and counted_agents(session) >= cap
+                else None
+            )
             meta.id, agent_dir = create_agent_dir(session, meta.depth)
-            if refusal is None:
-                reserve_budget(session, meta, self.secrets)
         write_meta(agent_dir, meta, self.secrets)
         rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in ("allow", "deny", "ask")))
         child = InProcessChild(meta=meta, agent_dir=agent_dir, native_id=native_id, rules=rules, started=time.time())
@@ -313,6 +320,13 @@ class InProcessTree:
             transcript=str(copied or child.agent_dir / TRANSCRIPT),
         )
         commit_outcome(child.agent_dir, outcome, self.secrets)
+
+    def host_share(self, outcome: Outcome) -> None:
+        """The host's outcome keeps its own cost only: the CLI's total counts its subagents' turns,
+        which their own outcomes (and ledger charges) already hold, so a tree's sum counts each once."""
+        spent = sum(c for child in self.children.values() if (c := committed_cost(child.agent_dir)) is not None)
+        if outcome.cost_usd is not None and spent:
+            outcome.cost_usd = round(max(0.0, outcome.cost_usd - spent), 6)
 
     def flush(self) -> None:
         """Commit the outcomes SubagentStop decided, now that the CLI has written their transcripts."""
@@ -402,6 +416,13 @@ def subagent_definitions(sdk: Any, tree: InProcessTree) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- pure parts --
+
+
+def committed_cost(agent_dir: Path) -> float | None:
+    with contextlib.suppress(OSError, SpawnError):
+        cost = (read_outcome(agent_dir) or {}).get("cost_usd")
+        return float(cost) if isinstance(cost, int | float) else None
+    return None
 
 
 def deny_call(reason: str) -> dict[str, Any]:
