@@ -94,3 +94,29 @@ def test_subagent_depth_limit_counts_the_levels_left() -> None:
     assert spawn.subagent_depth_limit(1, 3) == 2
     assert spawn.subagent_depth_limit(3, 3) == 0
     assert spawn.subagent_depth_limit(4, 3) == 0
+
+
+def test_an_in_process_agent_is_alive_with_its_host_and_never_signalled() -> None:
+    import os
+    import signal
+
+    import psutil
+
+    me = psutil.Process()
+    hosted = spawn.Supervised(os.getpid(), me.create_time(), hosted=True)
+    assert hosted.alive() and hosted.process() is None and hosted.signal(signal.SIGTERM) is None
+    assert not spawn.Supervised(os.getpid(), me.create_time() - 10, hosted=True).alive()
+
+
+def test_a_subagents_answer_is_its_last_message_as_json() -> None:
+    schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+    assert spawn.checked_answer(schema, '```json\n{"n": 1}\n```') == ({"n": 1}, [])
+    assert spawn.checked_answer(schema, "n is one") == (None, ["(root): the answer is not JSON"])
+    output, errors = spawn.checked_answer(schema, '{"n": "one"}')
+    assert output == {"n": "one"} and errors
+
+
+def test_a_subagents_tools_are_within_its_parents_and_lose_agent_at_the_limit() -> None:
+    assert spawn.narrowed_tools(["Agent", "Read", "Bash"], None, 1, 3) == ["Agent", "Read", "Bash"]
+    assert spawn.narrowed_tools(["Agent", "Read"], ["Read", "Write"], 1, 3) == ["Read"]
+    assert spawn.narrowed_tools(["Agent", "Read"], None, 3, 3) == ["Read"]
