@@ -55,7 +55,6 @@ from .protocol import (
     counted_agents,
     create_agent_dir,
     kill_request_reason,
-    over_hold,
     parse_json,
     read_limits,
     read_outcome,
@@ -194,11 +193,10 @@ class InProcessTree:
             return Status.KILLED, f"ended with its ancestor {ancestor}"
         if child.meta.deadline is not None and time.time() >= child.meta.deadline:
             return Status.TIMEOUT, "deadline reached (at a tool-call boundary)"
-        spent = self.spend(child)
+        spent = self.spend(child) if child.meta.max_budget_usd is not None else 0.0
         if child.meta.max_budget_usd is not None and spent >= child.meta.max_budget_usd:
             return Status.FAILED, f"budget: its own turns (${spent:.4f}, estimated) reached its ${child.meta.max_budget_usd:.4f}"
-        why = over_hold(Path(child.meta.session), child.meta.id, spent)
-        return (Status.FAILED, why) if why is not None else None
+        return None  # the tree's budget is its host's hold, which the host's runner keeps
 
     def ended_ancestor(self, child: InProcessChild) -> str | None:
         by_id = {c.meta.id: c for c in self.children.values()}
