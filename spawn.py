@@ -7653,12 +7653,13 @@ never cut short. The runner's own deadline and kill stay hard for the whole CLI.
 
 
 
+
+
+
 AGENT_TOOL = "Agent"
 SUBAGENT_TRANSCRIPT = "subagent.jsonl"  # the CLI's own transcript of an in-process agent, copied at its end
 SUBAGENT_SCHEMA_RETRIES = 2  # answers refused for their schema before the agent fails, as the CLI's StructuredOutput retries
 GENERAL_PURPOSE = "general-purpose"
-
-Escalate = Callable[[str, Mapping[str, Any], str], Awaitable[tuple[str, str]]]
 
 
 @dataclass
@@ -7688,7 +7689,6 @@ class InProcessTree:
     policy: PlacementPolicy
     secrets: Sequence[str]
     definitions: Mapping[str, AgentDefinition]
-    escalate: Escalate
     shell_env: Mapping[str, str]
     home: str = field(default_factory=lambda: os.environ.get("HOME") or str(Path.home()))
     pending: collections.deque[tuple[str | None, str, dict[str, Any]]] = field(default_factory=collections.deque)
@@ -7802,9 +7802,27 @@ class InProcessTree:
         meta = child.meta
         verdict, rule = decide(tool, tool_input, child.rules, meta.tools, cwd=meta.cwd, home=self.home, environ=self.shell_env)
         if verdict == "ask":
-            verdict, by = await self.escalate(tool, tool_input, rule or "")
+            verdict, by = await self.ask(child, tool, tool_input, rule or "")
             return verdict, rule or "", by
         return verdict, rule or "", "rules"
+
+    async def ask(self, child: InProcessChild, tool: str, tool_input: Mapping[str, Any], rule: str) -> tuple[str, str]:
+        """(allow|deny, who answered) for a call an ask rule matched: delegated up the tree as the
+        child's own ask (`spawn.py approve|deny ID`), as a process child's is; no answer is a no."""
+        import asyncio
+
+        timeout = ask_timeout(os.environ)
+        if child.meta.deadline is not None:
+            timeout = min(timeout, max(0.0, child.meta.deadline - time.time()))
+        channel = open_ask(child.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
+        what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
+        ask = channel.ask_id
+        note(f"agent {child.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
+        try:
+            answer = await asyncio.to_thread(channel.wait, child.meta.id, timeout, self.secrets)
+        finally:
+            channel.close()  # a stop while waiting denies the ask, by timeout
+        return ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
 
     def agent_call_problem(self, caller: AgentMeta, tool_input: Mapping[str, Any]) -> str | None:
         """Why caller's Agent call can't start an in-process child, or None."""
@@ -8795,7 +8813,7 @@ def sdk_hooks(
             **native_subagent_hooks(sdk, agent_dir, secrets_),
         }
     definitions = file_definitions(Path(meta.cwd), os.environ)
-    state.in_process = InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, gate.escalate, gate.shell_env)
+    state.in_process = InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, gate.shell_env)
     return in_process_hooks(sdk, state.in_process, gate.pre_tool_use, timeout)
 
 

@@ -24,6 +24,7 @@ from conftest import (
     start_spawn,
     stdout_json,
     validate_records,
+    wait_for_ask,
     wait_until,
     write_agent,
 )
@@ -319,3 +320,33 @@ def test_placement_flags_refused_with_what_to_do(env: dict[str, str], session_ro
     assert from_bash.returncode == spawn.ExitCode.USAGE and "Agent tool" in from_bash.stderr
     widened = stdout_json(run_spawn(["--task", "x", "--dry-run", "--placement", "local"], {**env, **AS_CHILD, "SPAWN_PLACEMENT": "auto"}))
     assert widened["placement"]["policy"] == "auto" and any("lowered" in w for w in widened["warnings"])
+
+
+def test_an_in_process_childs_ask_is_its_own_and_answered_up_the_tree(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("PLAIN-CONTENT\n")
+    write_agent(tmp_path, "asker", "description: asks first\ntools: Read\npermissions:\n  ask: ['Read(./a.txt)']")
+    read = {"tool": "Read", "input": {"file_path": str(tmp_path / "a.txt")}}
+    child = mock_task("asking child", [read, read, {"text": "child-result"}])
+    runner = start_spawn(["--task", delegate("root", child, "root-result", subagent_type="asker"), "--tools", "Agent,Read", *INPROCESS,
+                          "--cwd", str(tmp_path)], env)  # fmt: skip
+    try:
+        first = wait_for_ask(session_root)
+        child_dir = next(d for d in agent_dirs(session_root) if load(d / "meta.json")["depth"] == 1)
+        assert first["agent_id"] == child_dir.name and first["rule"] == "Read(./a.txt)"
+        assert run_spawn(["approve", first["id"]], env).returncode == spawn.ExitCode.OK
+
+        def asks() -> list[dict[str, Any]]:
+            return [load(p) for p in session_root.glob("*/asks/q-*.json") if not p.name.endswith(".answer.json")]
+
+        assert wait_until(lambda: len(asks()) == 2, 60)
+        (second,) = [a for a in asks() if a["id"] != first["id"]]
+        assert run_spawn(["deny", second["id"]], env).returncode == spawn.ExitCode.OK
+        _, err = runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == spawn.ExitCode.OK, err
+    decisions = [json.loads(line)["message"] for line in (child_dir / "transcript.jsonl").read_text().splitlines()]
+    assert [(d["verdict"], d["by"]) for d in decisions] == [("allow", "approve"), ("deny", "deny")]
+    results = [m for m in cli_messages(child_dir) if m["type"] == "user"][1:]
+    assert "PLAIN-CONTENT" in json.dumps(results[0]) and "denied by spawn.py (deny)" in json.dumps(results[1])

@@ -635,7 +635,7 @@ def sdk_hooks(
             **native_subagent_hooks(sdk, agent_dir, secrets_),
         }
     definitions = file_definitions(Path(meta.cwd), os.environ)
-    state.in_process = InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, gate.escalate, gate.shell_env)
+    state.in_process = InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, gate.shell_env)
     return in_process_hooks(sdk, state.in_process, gate.pre_tool_use, timeout)
 
 

@@ -37,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from .agents import BUILTIN_SOURCE, AgentDefinition, RuleSet, agent_dirs_for, decide, load_definitions, parse_rule, summarize_input
+from .channel import open_ask
+from .cli import note
+from .cli_start import ask_timeout
 from .core import canonical_tool, estimate_cost, new_trace, utc_now_iso, validate_output
 from .errors import SpawnError
 from .placement import (
@@ -68,8 +71,6 @@ SUBAGENT_TRANSCRIPT = "subagent.jsonl"  # the CLI's own transcript of an in-proc
 SUBAGENT_SCHEMA_RETRIES = 2  # answers refused for their schema before the agent fails, as the CLI's StructuredOutput retries
 GENERAL_PURPOSE = "general-purpose"
 
-Escalate = Callable[[str, Mapping[str, Any], str], Awaitable[tuple[str, str]]]
-
 
 @dataclass
 class InProcessChild:
@@ -98,7 +99,6 @@ class InProcessTree:
     policy: PlacementPolicy
     secrets: Sequence[str]
     definitions: Mapping[str, AgentDefinition]
-    escalate: Escalate
     shell_env: Mapping[str, str]
     home: str = field(default_factory=lambda: os.environ.get("HOME") or str(Path.home()))
     pending: collections.deque[tuple[str | None, str, dict[str, Any]]] = field(default_factory=collections.deque)
@@ -212,9 +212,27 @@ class InProcessTree:
         meta = child.meta
         verdict, rule = decide(tool, tool_input, child.rules, meta.tools, cwd=meta.cwd, home=self.home, environ=self.shell_env)
         if verdict == "ask":
-            verdict, by = await self.escalate(tool, tool_input, rule or "")
+            verdict, by = await self.ask(child, tool, tool_input, rule or "")
             return verdict, rule or "", by
         return verdict, rule or "", "rules"
+
+    async def ask(self, child: InProcessChild, tool: str, tool_input: Mapping[str, Any], rule: str) -> tuple[str, str]:
+        """(allow|deny, who answered) for a call an ask rule matched: delegated up the tree as the
+        child's own ask (`spawn.py approve|deny ID`), as a process child's is; no answer is a no."""
+        import asyncio
+
+        timeout = ask_timeout(os.environ)
+        if child.meta.deadline is not None:
+            timeout = min(timeout, max(0.0, child.meta.deadline - time.time()))
+        channel = open_ask(child.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
+        what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
+        ask = channel.ask_id
+        note(f"agent {child.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
+        try:
+            answer = await asyncio.to_thread(channel.wait, child.meta.id, timeout, self.secrets)
+        finally:
+            channel.close()  # a stop while waiting denies the ask, by timeout
+        return ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
 
     def agent_call_problem(self, caller: AgentMeta, tool_input: Mapping[str, Any]) -> str | None:
         """Why caller's Agent call can't start an in-process child, or None."""
