@@ -36,35 +36,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .admission import counted_agents
 from .agents import BUILTIN_SOURCE, AgentDefinition, RuleSet, agent_dirs_for, decide, load_definitions, parse_rule, summarize_input
-from .channel import open_ask
-from .cli import note
-from .cli_start import ask_timeout
-from .core import canonical_tool, estimate_cost, new_trace, utc_now_iso, validate_output
+from .channel import ask_timeout, open_ask
+from .commit import commit_outcome
+from .constants import META, TRANSCRIPT
+from .core import canonical_tool, estimate_cost, new_trace, parse_json, redacted_json, utc_now_iso, validate_output
 from .errors import SpawnError
+from .output import note
 from .placement import (
     IN_PROCESS_POLICIES,
     PlacementDecision,
     PlacementError,
     PlacementPolicy,
     decide_placement,
+    parse_policy,
     process_needs,
     subagent_depth_limit,
 )
 from .protocol import (
-    TRANSCRIPT,
     append_transcript,
-    commit_outcome,
-    counted_agents,
     create_agent_dir,
     kill_request_reason,
-    parse_json,
+    publish_once,
     read_limits,
     read_outcome,
     session_lock,
 )
-from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
-from .resolving import load_schema, write_meta
+from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status, record_to_json
+from .running import child_environment
 
 AGENT_TOOL = "Agent"
 SUBAGENT_TRANSCRIPT = "subagent.jsonl"  # the CLI's own transcript of an in-process agent, copied at its end
@@ -99,6 +99,8 @@ class InProcessTree:
     policy: PlacementPolicy
     secrets: Sequence[str]
     definitions: Mapping[str, AgentDefinition]
+    schemas: Mapping[str, tuple[dict[str, Any], str]]
+    """Each definition's schema, resolved (NAME, path or inline) by the host's runner."""
     shell_env: Mapping[str, str]
     home: str = field(default_factory=lambda: os.environ.get("HOME") or str(Path.home()))
     pending: collections.deque[tuple[str | None, str, dict[str, Any]]] = field(default_factory=collections.deque)
@@ -254,7 +256,7 @@ class InProcessTree:
     def register(self, parent: AgentMeta, native_id: str, agent_type: str, tool_input: Mapping[str, Any]) -> InProcessChild:
         """Make a started subagent an agent of the session: its directory and meta.json."""
         definition = self.definitions.get(agent_type)
-        meta = child_meta(parent, self.host, definition, tool_input, time.time())
+        meta = child_meta(parent, self.host, definition, tool_input, now=time.time(), schema_of=self.schemas.get(agent_type))
         decision = decide_placement(self.policy, [], by_agent_tool=True, is_root=False)
         meta.placement = PlacementDecision(
             decision.backend, f"{decision.reason} (Claude Code agent {native_id}, {agent_type})", decision.policy
@@ -272,7 +274,7 @@ class InProcessTree:
                 else None
             )
             meta.id, agent_dir = create_agent_dir(session, meta.depth)
-        write_meta(agent_dir, meta, self.secrets)
+        publish_once(agent_dir / META, redacted_json(record_to_json(meta), self.secrets, indent=2).encode())  # a fresh directory: first
         rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in ("allow", "deny", "ask")))
         child = InProcessChild(meta=meta, agent_dir=agent_dir, native_id=native_id, rules=rules, started=time.time())
         if refusal is not None:
@@ -404,6 +406,22 @@ def in_process_hooks(sdk: Any, tree: InProcessTree, gate: Hook, timeout: float) 
     }
 
 
+def in_process_tree(
+    meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str], load_schema: Callable[[str], tuple[dict[str, Any], str]]
+) -> InProcessTree | None:
+    """The governor of an agent's in-process children, under --placement inprocess or auto; None otherwise.
+
+    load_schema resolves a definition's schema as --schema does (it lives above this layer).
+    """
+    policy = (meta.placement or {}).get("policy")
+    if policy not in IN_PROCESS_POLICIES:
+        return None
+    definitions = file_definitions(Path(meta.cwd), os.environ)
+    schemas = {name: load_schema(d.schema) for name, d in definitions.items() if d.schema}
+    shell_env = {**os.environ, **child_environment(meta, agent_dir)}  # what the host's Bash, and its subagents', inherit
+    return InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, schemas, shell_env)
+
+
 def file_definitions(cwd: Path, environ: Mapping[str, str]) -> dict[str, AgentDefinition]:
     """The project's and the user's agent definitions: the subagent types spawn.py governs.
 
@@ -467,7 +485,13 @@ def narrowed_tools(parent: Sequence[str], requested: Sequence[str] | None, depth
 
 
 def child_meta(
-    parent: AgentMeta, host: AgentMeta, definition: AgentDefinition | None, tool_input: Mapping[str, Any], now: float
+    parent: AgentMeta,
+    host: AgentMeta,
+    definition: AgentDefinition | None,
+    tool_input: Mapping[str, Any],
+    *,
+    now: float,
+    schema_of: tuple[dict[str, Any], str] | None = None,
 ) -> AgentMeta:
     """The meta.json of an in-process child of parent, run by host's runner (pure but for the clock)."""
     depth = parent.depth + 1
@@ -485,8 +509,8 @@ def child_meta(
         if definition.timeout is not None:
             deadline = min(d for d in (parent.deadline, now + definition.timeout) if d is not None)
         budget = definition.max_budget_usd
-        if definition.schema:
-            schema, schema_source = load_schema(definition.schema)
+        if schema_of is not None:
+            schema, schema_source = schema_of
     return AgentMeta(
         id="",
         parent_id=parent.id,
