@@ -282,6 +282,7 @@ if __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.e
 
 # ==================== imports of every module ====================
 import argparse
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
@@ -296,6 +297,7 @@ import json
 import marshal  # builtin, loaded with the interpreter: status's forked workers answer in it
 import re
 import shlex
+import shutil
 import signal
 import stat
 import subprocess
@@ -2056,6 +2058,10 @@ class AgentMeta:
     """What runs the node: claude (the local CLI), a2a (a remote A2A agent) or command (an executable)."""
     endpoint: str | None = None
     """a2a: the agent card's URL; command: the command line. Absent for claude."""
+    placement: dict[str, Any] | None = None
+    """Where it runs and why (placement.PlacementDecision): backend local, inprocess
+    (a Claude Code subagent inside its parent's CLI) or ray; reason; policy (what
+    its children inherit). Absent in records written before placements."""
     spawn_version: str = __version__
     protocol: int = PROTOCOL_VERSION
 
@@ -2710,8 +2716,19 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
         lines.append(f"Deadline: {deadline_iso} ({left} s from now); finish before it.")
     if meta.max_budget_usd is not None:
         lines.append(f"Budget: ${meta.max_budget_usd:.4f} for you and any children.")
+    policy = (meta.placement or {}).get("policy")
     if remaining <= 0:
         lines.append("You cannot start child agents: the depth limit is reached.")
+    elif policy in ("inprocess", "auto") and "Agent" in meta.tools:
+        # Its children are the CLI's own subagents, which spawn.py records and governs.
+        lines += [
+            f"You may start child agents {remaining} level(s) deep with the Agent tool; spawn.py records and limits each.",
+            "Pass run_in_background: false unless you have other work meanwhile.",
+        ]
+        if policy == "auto" and "Bash" in meta.tools:
+            lines.append(
+                f"Only a child that needs its own sandbox, directory, deadline or budget: from Bash, {spawn_cmd} --task 'SUBTASK' ..."
+            )
     elif "Bash" not in meta.tools:
         lines.append("You cannot start child agents: you have no Bash tool.")
     elif any(rule.startswith("Bash(") for rule in meta.permissions.get("allow", [])):
@@ -2903,6 +2920,195 @@ def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
         return f"its cost_usd is {cost!r}"
     return None
 # ==================== end src/spawnlib/core.py ====================
+
+# ==================== begin src/spawnlib/placement.py ====================
+"""Placement: where an agent runs (pure).
+
+One seam for every way of running a node: as its own local process (local),
+inside its parent's Claude Code process as a native subagent (inprocess), or
+on a cluster (ray:ADDRESS). `auto` lets spawn.py choose between the first two.
+
+A *policy* is what an agent was started under and what its children inherit
+(--placement, else SPAWN_PLACEMENT, else local). The *backend* is where this
+one agent actually runs, and meta.json records it with the reason.
+
+Policies only narrow down the tree, in this order (widest first):
+
+    ray:ADDRESS  >  local  >  auto  >  inprocess
+
+A child may ask for its parent's policy or a narrower one, never a wider one;
+under ray:A it may narrow to local (or below) but never move to ray:B. Under
+inprocess every descendant is in-process: an in-process agent lives inside
+its parent's CLI, and its children can only be that CLI's subagents too.
+"""
+
+
+
+
+
+
+
+
+
+ENV_PLACEMENT = "SPAWN_PLACEMENT"  # the policy an agent runs under, inherited by its children
+# The CLI's own limit on nesting its subagents (see subagent_depth_limit).
+ENV_SUBAGENT_DEPTH = "CLAUDE_CODE_MAX_SUBAGENT_SPAWN_DEPTH"
+IN_PROCESS_POLICIES = ("inprocess", "auto")  # policies under which the Agent tool starts governed children
+DEFAULT_POLICY = "local"
+POLICY_NAMES = ("local", "inprocess", "auto", "ray")
+# Wider placements give a child more separation from its parent; a child may only go down.
+POLICY_RANK = {"inprocess": 0, "auto": 1, "local": 2, "ray": 3}
+BACKENDS = ("local", "inprocess", "ray")
+
+
+class PlacementError(UsageError):
+    """A --placement value or narrowing spawn.py can't honour (exit 2)."""
+
+
+@dataclass(frozen=True)
+class PlacementPolicy:
+    """A parsed --placement value."""
+
+    name: str
+    """local, inprocess, auto or ray."""
+    address: str | None = None
+    """ray only: the cluster's address, as given."""
+
+    def __str__(self) -> str:
+        return f"ray:{self.address}" if self.name == "ray" else self.name
+
+
+@dataclass(frozen=True)
+class PlacementDecision:
+    """Where one agent runs, and why: meta.json's `placement` (schemas/meta.json)."""
+
+    backend: str
+    """local, inprocess or ray."""
+    reason: str
+    policy: str
+    """The policy it ran under and passes on to its children."""
+
+    def as_record(self) -> dict[str, Any]:
+        return {"backend": self.backend, "reason": self.reason, "policy": self.policy}
+
+
+def parse_policy(text: str, source: str = "--placement") -> PlacementPolicy:
+    """`local`, `inprocess`, `auto` or `ray:ADDRESS` (pure)."""
+    value = text.strip()
+    name, sep, address = value.partition(":")
+    if name == "ray":
+        if not sep or not address.strip():
+            raise PlacementError(f"{source} ray needs the cluster's address: ray:HOST:PORT (or ray:auto)")
+        if any(c.isspace() for c in address):
+            raise PlacementError(f"{source} {value!r}: the address may not hold spaces")
+        return PlacementPolicy("ray", address.strip())
+    if sep or name not in POLICY_NAMES:
+        raise PlacementError(f"{source} {value!r} is not a placement; use local, inprocess, auto or ray:ADDRESS")
+    return PlacementPolicy(name)
+
+
+def narrow_policy(requested: PlacementPolicy | None, inherited: PlacementPolicy | None) -> tuple[PlacementPolicy, str | None]:
+    """(the policy to run under, a warning): a child never widens its parent's (pure).
+
+    A wider request is lowered to the inherited policy, with a warning, as
+    permission modes are. Moving from one cluster to another is no narrowing:
+    that is refused.
+    """
+    if inherited is None:
+        return requested or PlacementPolicy(DEFAULT_POLICY), None
+    if requested is None:
+        return inherited, None
+    if requested.name == "ray" and inherited.name == "ray" and requested.address != inherited.address:
+        raise PlacementError(
+            f"--placement {requested} under the parent's {inherited}: a child may leave its parent's cluster "
+            f"for local or inprocess, never move to another; drop --placement or use {inherited}"
+        )
+    if POLICY_RANK[requested.name] > POLICY_RANK[inherited.name]:
+        return inherited, f"placement {requested} lowered to the parent's {inherited} (placement only narrows)"
+    return requested, None
+
+
+def process_needs(
+    *,
+    sandbox: bool = False,
+    own_cwd: bool = False,
+    deadline: bool = False,
+    budget: bool = False,
+    kind: str = "claude",
+    cluster: bool = False,
+) -> list[str]:
+    """What a child asks for that only a process of its own can give (pure).
+
+    A subagent shares its parent's CLI: its sandbox, its working directory, its
+    node kind; and spawn.py can stop it only between tool calls, so a deadline
+    or budget it was given explicitly is kept hard only by a process.
+    """
+    needs = []
+    if sandbox:
+        needs.append("its own sandbox")
+    if own_cwd:
+        needs.append("its own working directory")
+    if deadline:
+        needs.append("a hard deadline")
+    if budget:
+        needs.append("a hard budget")
+    if kind != "claude":
+        needs.append(f"another kind of node ({kind})")
+    if cluster:
+        needs.append("a cluster placement")
+    return needs
+
+
+def decide_placement(policy: PlacementPolicy, needs: Sequence[str], *, by_agent_tool: bool, is_root: bool) -> PlacementDecision:
+    """Where an agent runs under policy (pure).
+
+    by_agent_tool: started by a parent's Agent tool (a native subagent), not as
+    a spawn.py command. Raises PlacementError where the policy can't be kept.
+    """
+    if policy.name == "ray":
+        if by_agent_tool:
+            return PlacementDecision("inprocess", f"started with the Agent tool inside its parent's CLI (under {policy})", str(policy))
+        return PlacementDecision("ray", f"placement {policy}", str(policy))
+    if by_agent_tool:
+        if policy.name == "local":
+            raise PlacementError("placement local: a Claude Code subagent runs inside its parent's CLI, not as a process")
+        if needs and policy.name == "auto":
+            raise PlacementError(f"placement auto: this child needs a process ({', '.join(needs)}); start it with spawn.py from Bash")
+        why = "nothing it needs requires a process" if policy.name == "auto" else "placement inprocess"
+        return PlacementDecision("inprocess", f"{why}: a Claude Code subagent in its parent's CLI", str(policy))
+    if is_root:
+        return PlacementDecision("local", "a root runs as the process it was started as", str(policy))
+    if policy.name == "inprocess":
+        raise PlacementError(
+            "placement inprocess: this agent's children run inside its CLI as Claude Code subagents (the Agent tool), "
+            "not as spawn.py processes; use the Agent tool, or start the tree with --placement auto or local"
+        )
+    if policy.name == "auto":
+        if needs:
+            return PlacementDecision("local", f"placement auto: it needs a process ({', '.join(needs)})", str(policy))
+        return PlacementDecision("local", "placement auto: started as a spawn.py command, so it is a process already", str(policy))
+    return PlacementDecision("local", "placement local", str(policy))
+
+
+def check_runnable(decision: PlacementDecision) -> None:
+    """Refuse a backend spawn.py has no executor for yet (pure)."""
+    if decision.backend == "ray":
+        raise PlacementError(
+            f"placement {decision.policy}: spawn.py can't run agents on a Ray cluster yet; use --placement local, auto or inprocess"
+        )
+
+
+def subagent_depth_limit(depth: int, max_depth: int) -> int:
+    """How many levels of subagents an agent's CLI may nest below it (pure).
+
+    The CLI's CLAUDE_CODE_MAX_SUBAGENT_SPAWN_DEPTH=N offers the Agent tool to
+    subagents at levels 0..N-1 below the main thread: level N has no Agent
+    tool (measured on CLI 2.1.329: N=1 gives the main thread alone the tool,
+    unset means 3). 0 or less counts as unset, so at the limit the Agent tool
+    is withheld from the tool list instead (0 returned here).
+    """
+    return max(0, max_depth - depth)
+# ==================== end src/spawnlib/placement.py ====================
 
 # ==================== begin src/spawnlib/protocol.py ====================
 
@@ -4142,11 +4348,15 @@ class Supervised:
     """Where pid is valid; another one is an agent inside a sandbox, or its parent seen from there."""
     heartbeat: Path | None = None
     """Across pid namespaces, the heartbeat file tells liveness instead."""
+    hosted: bool = False
+    """An in-process agent: pid is its host's runner, alive while it runs,
+    and never a process to signal or stop on its behalf."""
 
     @classmethod
     def of(cls, meta: AgentMeta) -> Supervised:
-        """An agent's spawn.py."""
-        return cls(meta.pid, meta.create_time, meta.pid_namespace, Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT)
+        """An agent's spawn.py (an in-process agent's: its host's, which it lives in)."""
+        hosted = (meta.placement or {}).get("backend") == "inprocess"
+        return cls(meta.pid, meta.create_time, meta.pid_namespace, Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT, hosted)
 
     def foreign(self) -> bool:
         """Whether pid can't be looked up here: another namespace's, or /proc isn't ours."""
@@ -4154,6 +4364,11 @@ class Supervised:
 
     def process(self) -> psutil.Process | None:
         """The running process, or None: it ended (a zombie has), or the pid is someone else's."""
+        if self.hosted:
+            return None  # its host's: ending that would end the host and every agent in it
+        return self._same_process()
+
+    def _same_process(self) -> psutil.Process | None:
         if self.foreign():
             return None  # that pid names another process here, or none: never signal it
         try:
@@ -4166,7 +4381,7 @@ class Supervised:
 
     def alive(self) -> bool:
         if not self.foreign():
-            return self.process() is not None
+            return self._same_process() is not None
         try:
             beat = parse_json(read_text(self.heartbeat or "/nonexistent"))
             age, interval = time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
@@ -4923,6 +5138,7 @@ def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, A
         "mode": meta.permission_mode,
         "model": meta.model,
         "traceparent": meta.traceparent,
+        "placement": (meta.placement or {}).get("policy"),
     }
 
 
@@ -7344,6 +7560,7 @@ def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> st
 
 
 
+
 # ------------------------------------------------------------------ running --
 
 
@@ -7402,6 +7619,7 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         env[ENV_IDLE_TIMEOUT] = f"{meta.idle_timeout_s:g}"
     if meta.sandbox == "inherited":
         env.update(proxied_loopback(os.environ))
+    env.update(placement_environment(meta))
     env.update(quiet_cli_environment(os.environ))
     # Claude Code's minimal mode (CLAUDE_CODE_SIMPLE=1, what `claude --bare`
     # sets) runs no hooks, not even the SDK's: PermissionGate would never see a
@@ -7409,6 +7627,19 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
     # word. Anything that can run Bash could set it for a child; it is off for
     # every agent, whatever was inherited.
     env["CLAUDE_CODE_SIMPLE"] = "0"
+    return env
+
+
+def placement_environment(meta: AgentMeta) -> dict[str, str]:
+    """The policy the agent's children inherit and, where its CLI starts them
+    in-process, how deep its subagents may nest (what --max-depth leaves)."""
+    policy = (meta.placement or {}).get("policy")
+    if not isinstance(policy, str):
+        return {}
+    env = {ENV_PLACEMENT: policy}
+    levels = subagent_depth_limit(meta.depth, meta.max_depth)
+    if policy in IN_PROCESS_POLICIES and levels > 0:
+        env[ENV_SUBAGENT_DEPTH] = str(levels)
     return env
 
 
@@ -7470,7 +7701,7 @@ on_fork("EarlyStop", EarlyStop.forget)
 class RunState:
     """What a running agent has seen so far; survives cancellation."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_process: Any = None) -> None:
         self.last_text: str | None = None
         self.last_structured_attempt: Any = None
         self.result: Any = None  # the SDK's ResultMessage
@@ -7497,6 +7728,8 @@ class RunState:
         """(model, usage) of each of its model turns so far, by message id: its own running spend."""
         self.request_stop: Callable[[Status, str], None] | None = None
         """run_agent's stop path, for run_sdk to end the agent between turns."""
+        self.in_process: Any = in_process
+        """The InProcessTree of its in-process children, under --placement inprocess or auto."""
         self.node_result: NodeResult | None = None
         """What a node of another kind than claude returned (see the executors section)."""
         self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -7647,6 +7880,618 @@ class SdkLoader:
         return self._module
 # ==================== end src/spawnlib/running.py ====================
 
+# ==================== begin src/spawnlib/inprocess.py ====================
+"""In-process children: Claude Code's own subagents, governed as agents of the session.
+
+Under --placement inprocess or auto, an agent's CLI starts its children itself
+with the Agent tool, inside its own process, and they nest (the CLI's
+CLAUDE_CODE_MAX_SUBAGENT_SPAWN_DEPTH). spawn.py's runner of that agent sees
+every one of them through the SDK's hooks and makes each an agent of the
+session: its own directory and meta.json, exactly one outcome, a copy of its
+transcript. What the hooks carry, measured on CLI 2.1.329:
+
+- PreToolUse/PostToolUse carry `agent_id` for a call a subagent makes (none
+  for the main thread's); SubagentStart carries the new subagent's
+  `agent_id` and `agent_type` but not who started it, so the Agent call that
+  started it is the oldest one not yet matched (`pending`).
+- SubagentStop carries `last_assistant_message` and `agent_transcript_path`;
+  answering {"decision": "block", "reason": R} gives the subagent the user
+  turn "Stop hook feedback:\\nR" and it goes on (stop_hook_active is then true).
+- A PreToolUse deny reaches the model as the tool result
+  "PreToolUse:TOOL hook error: REASON" (is_error): the call never runs.
+  Deny plus {"continue": false} ends the subagent's turn there, and no
+  SubagentStop follows: its outcome is committed at that boundary.
+
+Its limits hold at those boundaries only (soft): a model call under way is
+never cut short. The runner's own deadline and kill stay hard for the whole CLI.
+"""
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+AGENT_TOOL = "Agent"
+SUBAGENT_TRANSCRIPT = "subagent.jsonl"  # the CLI's own transcript of an in-process agent, copied at its end
+SUBAGENT_SCHEMA_RETRIES = 2  # answers refused for their schema before the agent fails, as the CLI's StructuredOutput retries
+GENERAL_PURPOSE = "general-purpose"
+
+
+@dataclass
+class InProcessChild:
+    """One in-process agent, as its host runner knows it."""
+
+    meta: AgentMeta
+    agent_dir: Path
+    native_id: str
+    rules: RuleSet
+    started: float
+    transcript: Path | None = None
+    """The CLI's transcript of it (known from its first hook on)."""
+    refused_answers: int = 0
+    ended: bool = False
+    """Its outcome is committed: no further turn of it is let through."""
+    finished: tuple[Status, str, Any, list[str]] | None = None
+    """What its SubagentStop decided, committed at the next hook (the CLI writes its last lines after the hook)."""
+
+
+@dataclass
+class InProcessTree:
+    """The in-process agents below one runner's agent (its host)."""
+
+    host: AgentMeta
+    host_dir: Path
+    policy: PlacementPolicy
+    secrets: Sequence[str]
+    definitions: Mapping[str, AgentDefinition]
+    schemas: Mapping[str, tuple[dict[str, Any], str]]
+    """Each definition's schema, resolved (NAME, path or inline) by the host's runner."""
+    shell_env: Mapping[str, str]
+    home: str = field(default_factory=lambda: os.environ.get("HOME") or str(Path.home()))
+    pending: collections.deque[tuple[str | None, str, dict[str, Any]]] = field(default_factory=collections.deque)
+    """Agent calls let through, not yet matched to a SubagentStart: (caller's native id, tool_use_id, input)."""
+    children: dict[str, InProcessChild] = field(default_factory=dict)
+    """By the CLI's agent_id."""
+
+    # ------------------------------------------------------------ the hooks --
+
+    async def pre_tool_use(self, hook_input: Mapping[str, Any], tool_use_id: str | None) -> dict[str, Any] | None:
+        """A verdict for a call an in-process agent makes; None for the host's own calls."""
+        self.flush()
+        native_id = str(hook_input.get("agent_id") or "")
+        child = self.children.get(native_id)
+        if child is None:
+            return None
+        tool = str(hook_input.get("tool_name", ""))
+        tool_input = hook_input.get("tool_input") or {}
+        stop = self.stop_reason(child)
+        if stop is not None:
+            status, reason = stop
+            self.record_decision(child, tool, tool_input, rule=reason, verdict="deny", by="limits", tool_use_id=tool_use_id)
+            self.end(child, status, reason)
+            return end_turn(f"stopped by spawn.py: {reason}")
+        verdict, rule, by = await self.permission(child, tool, tool_input)
+        self.record_decision(child, tool, tool_input, rule=rule, verdict=verdict, by=by, tool_use_id=tool_use_id)
+        if verdict != "allow":
+            return deny_call(f"denied by spawn.py ({by}): {rule}")
+        if canonical_tool(tool) == AGENT_TOOL:
+            refused = self.agent_call_problem(child.meta, tool_input)
+            if refused is not None:
+                self.record_decision(child, tool, tool_input, rule=refused, verdict="deny", by="placement", tool_use_id=tool_use_id)
+                return deny_call(f"denied by spawn.py (placement): {refused}")
+            self.pending.append((native_id, str(tool_use_id or ""), dict(tool_input)))
+        return {}
+
+    def host_agent_call(self, tool_input: Mapping[str, Any], tool_use_id: str | None) -> str | None:
+        """The host's own Agent call, which its rules allowed: why it can't start a child, or None."""
+        self.flush()
+        refused = self.agent_call_problem(self.host, tool_input)
+        if refused is None:
+            self.pending.append((None, str(tool_use_id or ""), dict(tool_input)))
+        return refused
+
+    async def subagent_start(self, hook_input: Mapping[str, Any]) -> dict[str, Any]:
+        self.flush()
+        native_id = str(hook_input.get("agent_id") or "")
+        if not native_id or native_id in self.children:
+            return {}
+        caller, _, tool_input = self.pending.popleft() if self.pending else (None, "", {})
+        parent = self.children[caller].meta if caller in self.children else self.host
+        agent_type = str(hook_input.get("agent_type") or tool_input.get("subagent_type") or GENERAL_PURPOSE)
+        child = self.register(parent, native_id, agent_type, tool_input)
+        self.children[native_id] = child
+        self.locate_transcripts(str(hook_input.get("transcript_path") or ""))
+        return {}
+
+    async def subagent_stop(self, hook_input: Mapping[str, Any]) -> dict[str, Any]:
+        self.flush()
+        child = self.children.get(str(hook_input.get("agent_id") or ""))
+        if child is None or child.ended:
+            return {}
+        child.transcript = Path(str(hook_input.get("agent_transcript_path") or "")) or child.transcript
+        text = str(hook_input.get("last_assistant_message") or "")
+        stop = self.stop_reason(child)
+        if stop is not None:
+            child.finished = (stop[0], stop[1], text, [])
+            return {}
+        if child.meta.schema is None:
+            child.finished = (Status.DONE, "completed", text, [])
+            return {}
+        output, errors = checked_answer(child.meta.schema, text)
+        if errors and child.refused_answers < SUBAGENT_SCHEMA_RETRIES:
+            child.refused_answers += 1
+            reason = "Your answer must be one JSON value matching the schema; it does not: " + "; ".join(errors[:10])
+            return {"decision": "block", "reason": reason}
+        if errors:
+            why = f"structured output does not match the schema ({len(errors)} error(s)) after {child.refused_answers} retries"
+            child.finished = (Status.FAILED, why, output if output is not None else text, errors)
+        else:
+            child.finished = (Status.DONE, "completed", output, [])
+        return {}
+
+    # ------------------------------------------------------------ the limits --
+
+    def stop_reason(self, child: InProcessChild) -> tuple[Status, str] | None:
+        """Why child may take no further turn: a kill, an ancestor's end, its deadline or budget."""
+        if read_outcome(child.agent_dir) is not None:
+            return Status.KILLED, kill_request_reason(child.agent_dir) or "its outcome was committed by another (spawn.py kill)"
+        ancestor = self.ended_ancestor(child)
+        if ancestor is not None:
+            return Status.KILLED, f"ended with its ancestor {ancestor}"
+        if child.meta.deadline is not None and time.time() >= child.meta.deadline:
+            return Status.TIMEOUT, "deadline reached (at a tool-call boundary)"
+        spent = self.spend(child) if child.meta.max_budget_usd is not None else 0.0
+        if child.meta.max_budget_usd is not None and spent >= child.meta.max_budget_usd:
+            return Status.FAILED, f"budget: its own turns (${spent:.4f}, estimated) reached its ${child.meta.max_budget_usd:.4f}"
+        return None  # the tree's budget is its host's hold, which the host's runner keeps
+
+    def ended_ancestor(self, child: InProcessChild) -> str | None:
+        by_id = {c.meta.id: c for c in self.children.values()}
+        cursor = by_id.get(child.meta.parent_id or "")
+        while cursor is not None:
+            if cursor.ended or read_outcome(cursor.agent_dir) is not None:
+                return cursor.meta.id
+            cursor = by_id.get(cursor.meta.parent_id or "")
+        return None
+
+    async def permission(self, child: InProcessChild, tool: str, tool_input: Mapping[str, Any]) -> tuple[str, str, str]:
+        """(allow|deny, rule, who decided) under child's own tools and rules."""
+        meta = child.meta
+        verdict, rule = decide(tool, tool_input, child.rules, meta.tools, cwd=meta.cwd, home=self.home, environ=self.shell_env)
+        if verdict == "ask":
+            verdict, by = await self.ask(child, tool, tool_input, rule or "")
+            return verdict, rule or "", by
+        return verdict, rule or "", "rules"
+
+    async def ask(self, child: InProcessChild, tool: str, tool_input: Mapping[str, Any], rule: str) -> tuple[str, str]:
+        """(allow|deny, who answered) for a call an ask rule matched: delegated up the tree as the
+        child's own ask (`spawn.py approve|deny ID`), as a process child's is; no answer is a no."""
+        import asyncio
+
+        timeout = ask_timeout(os.environ)
+        if child.meta.deadline is not None:
+            timeout = min(timeout, max(0.0, child.meta.deadline - time.time()))
+        channel = open_ask(child.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
+        what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
+        ask = channel.ask_id
+        note(f"agent {child.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
+        try:
+            answer = await asyncio.to_thread(channel.wait, child.meta.id, timeout, self.secrets)
+        finally:
+            channel.close()  # a stop while waiting denies the ask, by timeout
+        return ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
+
+    def agent_call_problem(self, caller: AgentMeta, tool_input: Mapping[str, Any]) -> str | None:
+        """Why caller's Agent call can't start an in-process child, or None."""
+        if caller.depth + 1 > caller.max_depth:
+            return f"max depth {caller.max_depth} reached: agent {caller.id} is at depth {caller.depth}"
+        definition = self.definitions.get(str(tool_input.get("subagent_type") or ""))
+        needs = definition_needs(definition) if definition is not None else []
+        try:
+            decide_placement(self.policy, needs, by_agent_tool=True, is_root=False)
+        except PlacementError as exc:
+            return exc.message
+        return None
+
+    def spend(self, child: InProcessChild) -> float:
+        return estimate_cost(cli_transcript_turns(child.transcript, child.meta.model)) if child.transcript else 0.0
+
+    # ------------------------------------------------------------ records --
+
+    def register(self, parent: AgentMeta, native_id: str, agent_type: str, tool_input: Mapping[str, Any]) -> InProcessChild:
+        """Make a started subagent an agent of the session: its directory and meta.json."""
+        definition = self.definitions.get(agent_type)
+        meta = child_meta(parent, self.host, definition, tool_input, now=time.time(), schema_of=self.schemas.get(agent_type))
+        decision = decide_placement(self.policy, [], by_agent_tool=True, is_root=False)
+        meta.placement = PlacementDecision(
+            decision.backend, f"{decision.reason} (Claude Code agent {native_id}, {agent_type})", decision.policy
+        ).as_record()
+        session = Path(meta.session)
+        # No admission to the tree's budget and no hold of its own: what it
+        # spends is spent by its host's CLI, inside the host's hold (and that
+        # CLI's own cap). Its own budget, if its definition sets one, is kept
+        # at its tool calls (stop_reason). The session's agent cap counts it.
+        with session_lock(session):
+            cap = read_limits(session).max_agents
+            refusal = (
+                f"agents: the session already has {cap} agents (--max-agents {cap})"
+                if cap is not None and counted_agents(session) >= cap
+                else None
+            )
+            meta.id, agent_dir = create_agent_dir(session, meta.depth)
+        publish_once(agent_dir / META, redacted_json(record_to_json(meta), self.secrets, indent=2).encode())  # a fresh directory: first
+        rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in ("allow", "deny", "ask")))
+        child = InProcessChild(meta=meta, agent_dir=agent_dir, native_id=native_id, rules=rules, started=time.time())
+        if refusal is not None:
+            self.end(child, Status.REFUSED, f"refused: {refusal}")
+        return child
+
+    def locate_transcripts(self, session_transcript: str) -> None:
+        """The CLI keeps a subagent's transcript beside its session's: SESSION/subagents/agent-ID.jsonl."""
+        if not session_transcript:
+            return
+        folder = Path(session_transcript).with_suffix("") / "subagents"
+        for child in self.children.values():
+            if child.transcript is None:
+                child.transcript = folder / f"agent-{child.native_id}.jsonl"
+
+    def record_decision(
+        self,
+        child: InProcessChild,
+        tool: str,
+        tool_input: Mapping[str, Any],
+        *,
+        rule: str | None,
+        verdict: str,
+        by: str,
+        tool_use_id: str | None,
+    ) -> None:
+        record = {
+            "tool": tool,
+            "input": summarize_input(tool_input),
+            "rule": rule,
+            "verdict": verdict,
+            "by": by,
+            "tool_use_id": tool_use_id,
+        }
+        append_transcript(
+            child.agent_dir / TRANSCRIPT, {"time": utc_now_iso(), "type": "PermissionDecision", "message": record}, self.secrets
+        )
+
+    def end(self, child: InProcessChild, status: Status, reason: str, output: Any = None, errors: Sequence[str] = ()) -> None:
+        """Commit child's one outcome (another writer's, such as a kill's, stands)."""
+        if child.ended:
+            return
+        child.ended = True
+        usage = cli_transcript_usage(child.transcript) if child.transcript else {}
+        turns = cli_transcript_turns(child.transcript, child.meta.model) if child.transcript else []
+        copied = copy_cli_transcript(child)
+        outcome = Outcome(
+            id=child.meta.id,
+            status=status,
+            reason=reason[:2000],
+            exit_code=EXIT_FOR_STATUS[status],
+            ended_at=utc_now_iso(),
+            duration_s=round(time.time() - child.started, 3),
+            output=output if status == Status.DONE or errors else None,
+            text=cli_last_text(child.transcript) if child.transcript else None,
+            validation_errors=list(errors),
+            cost_usd=estimate_cost(turns) if turns else None,
+            cost_estimated=True if turns else None,
+            usage=usage or None,
+            turns=len(turns) or None,
+            transcript=str(copied or child.agent_dir / TRANSCRIPT),
+        )
+        commit_outcome(child.agent_dir, outcome, self.secrets)
+
+    def host_share(self, outcome: Outcome) -> None:
+        """The host's outcome keeps its own cost only: the CLI's total counts its subagents' turns,
+        which their own outcomes (and ledger charges) already hold, so a tree's sum counts each once."""
+        spent = sum(c for child in self.children.values() if (c := committed_cost(child.agent_dir)) is not None)
+        if outcome.cost_usd is not None and spent:
+            outcome.cost_usd = round(max(0.0, outcome.cost_usd - spent), 6)
+
+    def flush(self) -> None:
+        """Commit the outcomes SubagentStop decided, now that the CLI has written their transcripts."""
+        for child in self.children.values():
+            if child.finished is not None and not child.ended:
+                status, reason, output, errors = child.finished
+                self.end(child, status, reason, output, errors)
+
+    def settle(self, host_status: Status | None, host_reason: str) -> None:
+        """At the host's end: every in-process agent has its one outcome, deepest first."""
+        self.flush()
+        for child in sorted(self.children.values(), key=lambda c: -c.meta.depth):
+            if child.ended:
+                continue
+            if host_status is not None and host_status != Status.DONE:
+                self.end(child, Status.KILLED, f"ended with its ancestor {self.host.id} ({host_reason})")
+            else:
+                self.end(child, Status.FAILED, f"its host {self.host.id}'s CLI ended before it finished")
+        for child in self.children.values():
+            copy_cli_transcript(child)  # again, whole: one stopped at a boundary was copied before the CLI's last lines
+
+
+# ------------------------------------------------------------- the wiring --
+
+
+def withheld_agent_tool(meta: AgentMeta, tool: str) -> bool:
+    """The Agent tool at the depth limit, where in-process children would start (see subagent_depth_limit)."""
+    policy = (meta.placement or {}).get("policy")
+    return tool == AGENT_TOOL and policy in IN_PROCESS_POLICIES and subagent_depth_limit(meta.depth, meta.max_depth) == 0
+
+
+Hook = Callable[[Any, "str | None", Any], Awaitable[Any]]
+
+
+def in_process_hooks(sdk: Any, tree: InProcessTree, gate: Hook, timeout: float) -> dict[str, Any]:
+    """The SDK hooks of a host: its in-process agents' calls go to the tree, its own to its gate."""
+
+    async def pre_tool_use(hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
+        verdict = await tree.pre_tool_use(hook_input, tool_use_id)
+        if verdict is not None:
+            return verdict
+        verdict = await gate(hook_input, tool_use_id, context)
+        if not verdict and hook_input.get("tool_name") == AGENT_TOOL:
+            refused = tree.host_agent_call(hook_input.get("tool_input") or {}, tool_use_id)
+            if refused is not None:
+                return deny_call(f"denied by spawn.py (placement): {refused}")
+        return verdict
+
+    async def start(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        return await tree.subagent_start(hook_input)
+
+    async def stop(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        return await tree.subagent_stop(hook_input)
+
+    return {
+        "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[pre_tool_use], timeout=timeout)],
+        "SubagentStart": [sdk.HookMatcher(matcher=None, hooks=[start])],
+        "SubagentStop": [sdk.HookMatcher(matcher=None, hooks=[stop])],
+    }
+
+
+def in_process_tree(
+    meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str], load_schema: Callable[[str], tuple[dict[str, Any], str]]
+) -> InProcessTree | None:
+    """The governor of an agent's in-process children, under --placement inprocess or auto; None otherwise.
+
+    load_schema resolves a definition's schema as --schema does (it lives above this layer).
+    """
+    policy = (meta.placement or {}).get("policy")
+    if policy not in IN_PROCESS_POLICIES:
+        return None
+    definitions = file_definitions(Path(meta.cwd), os.environ)
+    schemas = {name: load_schema(d.schema) for name, d in definitions.items() if d.schema}
+    shell_env = {**os.environ, **child_environment(meta, agent_dir)}  # what the host's Bash, and its subagents', inherit
+    return InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, schemas, shell_env)
+
+
+def file_definitions(cwd: Path, environ: Mapping[str, str]) -> dict[str, AgentDefinition]:
+    """The project's and the user's agent definitions: the subagent types spawn.py governs.
+
+    Not the built-in ones: those would shadow the CLI's own types of the same
+    names (explore, plan), and parsing them is most of the cost, paid before
+    the CLI's first request, by a host that may have no definitions at all.
+    """
+    if not agent_dirs_for(cwd, environ):
+        return {}
+    definitions, _ = load_definitions(cwd, environ)
+    return {name: d for name, d in definitions.items() if d.source != BUILTIN_SOURCE}
+
+
+def subagent_definitions(sdk: Any, tree: InProcessTree) -> dict[str, Any]:
+    """spawn.py's agent definitions, offered to the CLI as subagent types (it reads no settings files here).
+
+    Each within the host's tools; its limits, rules and schema are spawn.py's to keep (InProcessTree).
+    """
+    offered = {}
+    for name, d in tree.definitions.items():
+        if d.kind != "claude":
+            continue
+        tools = [t for t in tree.host.tools if d.tools is None or t in d.tools]
+        offered[name] = sdk.AgentDefinition(description=d.description or name, prompt=d.prompt or f"You are the {name} agent.", tools=tools)
+    return offered
+
+
+# ---------------------------------------------------------------- pure parts --
+
+
+def committed_cost(agent_dir: Path) -> float | None:
+    with contextlib.suppress(OSError, SpawnError):
+        cost = (read_outcome(agent_dir) or {}).get("cost_usd")
+        return float(cost) if isinstance(cost, int | float) else None
+    return None
+
+
+def deny_call(reason: str) -> dict[str, Any]:
+    return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny", "permissionDecisionReason": reason}}
+
+
+def end_turn(reason: str) -> dict[str, Any]:
+    """Deny the call and end the subagent's turn there (no SubagentStop follows)."""
+    return {"continue": False, "stopReason": reason, **deny_call(reason)}
+
+
+def definition_needs(definition: AgentDefinition) -> list[str]:
+    """What a definition asks for that only a process gives, under --placement auto."""
+    return process_needs(
+        own_cwd=definition.isolation == "worktree",
+        deadline=definition.timeout is not None,
+        budget=definition.max_budget_usd is not None,
+        kind=definition.kind,
+    )
+
+
+def narrowed_tools(parent: Sequence[str], requested: Sequence[str] | None, depth: int, max_depth: int) -> list[str]:
+    """A child's tools: its definition's within its parent's, and no Agent tool at the depth limit (pure)."""
+    tools = [t for t in parent if requested is None or t in requested]
+    return [t for t in tools if t != AGENT_TOOL or depth < max_depth]
+
+
+def child_meta(
+    parent: AgentMeta,
+    host: AgentMeta,
+    definition: AgentDefinition | None,
+    tool_input: Mapping[str, Any],
+    *,
+    now: float,
+    schema_of: tuple[dict[str, Any], str] | None = None,
+) -> AgentMeta:
+    """The meta.json of an in-process child of parent, run by host's runner (pure but for the clock)."""
+    depth = parent.depth + 1
+    max_depth = (
+        parent.max_depth if definition is None or definition.max_depth is None else min(parent.max_depth, depth + definition.max_depth)
+    )
+    trace = new_trace(parent.traceparent)
+    permissions = {kind: list(parent.permissions.get(kind, [])) for kind in ("allow", "deny", "ask")}
+    deadline, budget, schema, schema_source = parent.deadline, None, None, None
+    if definition is not None:
+        permissions["deny"] += [r.text for r in definition.permissions.deny if r.text not in permissions["deny"]]
+        permissions["ask"] += [r.text for r in definition.permissions.ask if r.text not in permissions["ask"]]
+        if definition.permissions.allow:
+            permissions["allow"] = [r.text for r in definition.permissions.allow]
+        if definition.timeout is not None:
+            deadline = min(d for d in (parent.deadline, now + definition.timeout) if d is not None)
+        budget = definition.max_budget_usd
+        if schema_of is not None:
+            schema, schema_source = schema_of
+    return AgentMeta(
+        id="",
+        parent_id=parent.id,
+        depth=depth,
+        max_depth=max_depth,
+        pid=host.pid,
+        create_time=host.create_time,
+        pgid=host.pgid,
+        pid_namespace=host.pid_namespace,
+        trace_id=trace.trace_id,
+        span_id=trace.span_id,
+        parent_span_id=trace.parent_span_id,
+        traceparent=trace.traceparent,
+        task=str(tool_input.get("prompt") or tool_input.get("description") or ""),
+        tools=narrowed_tools(parent.tools, definition.tools if definition else None, depth, max_depth),
+        disallowed_tools=list(parent.disallowed_tools),
+        model=(definition.model if definition and definition.model else parent.model),
+        cwd=parent.cwd,
+        started_at=utc_now_iso(),
+        session=parent.session,
+        system_prompt=definition.prompt if definition else "",
+        schema=schema,
+        schema_source=schema_source,
+        deadline=deadline,
+        max_budget_usd=budget,
+        topic=str(tool_input.get("description") or "") or None,
+        agent=definition.name if definition else None,
+        agent_source=definition.path if definition else None,
+        permissions=permissions,
+        permission_mode=parent.permission_mode,
+        sandbox="inherited" if parent.sandbox != "off" else "off",
+        containment=host.containment,
+        kind="claude",
+    )
+
+
+def checked_answer(schema: Mapping[str, Any], text: str) -> tuple[Any, list[str]]:
+    """(the answer as JSON, its schema errors): a subagent answers in text, so its JSON is its last message (pure)."""
+    body = text.strip()
+    if body.startswith("```"):
+        body = body.strip("`").removeprefix("json").strip()
+    try:
+        output = parse_json(body)
+    except (SpawnError, ValueError):
+        return None, ["(root): the answer is not JSON"]
+    return output, validate_output(schema, output)
+
+
+def cli_transcript_messages(path: Path) -> list[dict[str, Any]]:
+    """The assistant messages of a CLI transcript, one per message id (the CLI writes a line per block)."""
+    seen: dict[str, dict[str, Any]] = {}
+    with contextlib.suppress(OSError):
+        for raw in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError, TypeError, SpawnError):
+                line = json.loads(raw)
+                message = line.get("message") or {}
+                if line.get("type") == "assistant" and isinstance(message, dict):
+                    key = str(message.get("id") or len(seen))
+                    merged = seen.setdefault(key, {**message, "content": []})
+                    merged["content"] = [*merged["content"], *(message.get("content") or [])]
+                    merged["usage"] = message.get("usage") or merged.get("usage")
+    return list(seen.values())
+
+
+def cli_transcript_turns(path: Path | None, model: str) -> list[tuple[str, dict[str, Any]]]:
+    if path is None:
+        return []
+    return [(str(m.get("model") or model), m["usage"]) for m in cli_transcript_messages(path) if isinstance(m.get("usage"), dict)]
+
+
+def cli_transcript_usage(path: Path) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for _, usage in cli_transcript_turns(path, ""):
+        for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+            if isinstance(usage.get(key), int):
+                totals[key] = totals.get(key, 0) + usage[key]
+    return totals
+
+
+def cli_last_text(path: Path) -> str | None:
+    for message in reversed(cli_transcript_messages(path)):
+        texts = [b.get("text", "") for b in message.get("content") or [] if isinstance(b, dict) and b.get("type") == "text"]
+        if any(t.strip() for t in texts):
+            return "\n".join(texts)
+    return None
+
+
+def copy_cli_transcript(child: InProcessChild) -> Path | None:
+    """The CLI's transcript of child, copied beside its records: the CLI's config dir may go."""
+    if child.transcript is None or not child.transcript.is_file():
+        return None
+    target = child.agent_dir / SUBAGENT_TRANSCRIPT
+    with contextlib.suppress(OSError):
+        shutil.copyfile(child.transcript, target)
+        return target
+    return None
+# ==================== end src/spawnlib/inprocess.py ====================
+
 # ==================== begin src/spawnlib/claude.py ====================
 """The claude executor's engine: the bundled claude CLI started for an agent, its permission
 gate, the SDK conversation with it, and the outcome that conversation makes.
@@ -7654,6 +8499,7 @@ gate, the SDK conversation with it, and the outcome that conversation makes.
 Below the executors (ClaudeExecutor runs through it) and the runner (run_agent),
 above the running state it fills in.
 """
+
 
 
 
@@ -8204,7 +9050,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
     else:
         system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
-    builtin = [t for t in meta.tools if not t.startswith("mcp__")]
+    builtin = [t for t in meta.tools if not t.startswith("mcp__") and not withheld_agent_tool(meta, t)]
     mcp_servers: dict[str, Any] = {}
     hooks: dict[str, Any] | None = None
     if meta.agent_source and (meta.mcp_servers or meta.hooks):
@@ -8339,14 +9185,17 @@ async def run_sdk(
     plan = started.plan
     # The same options as for the SDK's own transport: the query still reads
     # its hooks, skills and env from them (the flags are already the CLI's).
-    options = sdk.ClaudeAgentOptions(
-        **plan.options,
-        hooks={
-            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
+    timeout = ask_timeout(os.environ) + 60
+    if state.in_process is None:
+        hooks = {
+            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=timeout)],
             **native_subagent_hooks(sdk, agent_dir, secrets_),
-        },
-        stderr=on_stderr,
-    )
+        }
+    else:  # its subagents are its in-process children: governed, not only recorded
+        hooks = in_process_hooks(sdk, state.in_process, plan.gate.pre_tool_use, timeout)
+    options = sdk.ClaudeAgentOptions(**plan.options, hooks=hooks, stderr=on_stderr)
+    if state.in_process is not None:
+        options.agents = subagent_definitions(sdk, state.in_process)
     # Freed once the CLI goes quiet (or, where its CPU can't be read, at its
     # first message), after START_SLOT_HOLD_S, or by whatever ends the run.
     cpu_readable = procfs_is_ours()
@@ -8707,7 +9556,10 @@ class ClaudeExecutor(Executor):
 
     def outcome(self, meta: AgentMeta, agent_dir: Path, state: RunState, started: float, error: str | None) -> Outcome:
         # The CLI's usage prices a run it gave no total for; other kinds have no turns to price.
-        return with_estimated_cost(outcome_from_run(meta, state, started, error), agent_dir, meta.model)
+        outcome = with_estimated_cost(outcome_from_run(meta, state, started, error), agent_dir, meta.model)
+        if state.in_process is not None:
+            state.in_process.host_share(outcome)  # its CLI's total holds its in-process children's turns too
+        return outcome
 
 
 def node_outcome(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
@@ -9442,6 +10294,7 @@ def executor_for(kind: str) -> Executor:
 
 
 
+
 # ---------------------------------------------------------------- resolving --
 
 
@@ -9907,6 +10760,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         kind=node.kind,
         endpoint=node.endpoint,
     )
+    meta.placement = plan_placement(args, environ, ancestry, is_root=inh.depth < 0, kind=node.kind, warnings=warnings).as_record()
     limits = Limits(budget_arg, args.max_agents, args.max_concurrent, args.confirm_over)
     if session is None and args.max_concurrent is not None and args.max_concurrent <= max_depth:
         warnings.append(
@@ -9916,6 +10770,40 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     if session is not None and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
         warnings.append("--max-agents, --max-concurrent and --confirm-over apply to a whole tree and are set by its root; ignored here")
     return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules)
+
+
+def plan_placement(
+    args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any], *, is_root: bool, kind: str, warnings: list[str]
+) -> PlacementDecision:
+    """Where this agent runs: --placement narrowed by what the tree allows, then decided.
+
+    The parent's runner (its meta.json) is the authority, as for the other
+    limits: an agent can unset SPAWN_PLACEMENT in its own Bash, not its record.
+    """
+    requested = parse_policy(args.placement) if args.placement else None
+    if requested is None and is_root and environ.get(ENV_PLACEMENT):
+        requested = parse_policy(environ[ENV_PLACEMENT], ENV_PLACEMENT)  # a user's default
+    sources = [(environ.get(ENV_PLACEMENT), ENV_PLACEMENT), ((ancestry.get("runner") or {}).get("placement"), "the parent's placement")]
+    inherited = None
+    for text, source in sources:
+        if isinstance(text, str) and text and not is_root:
+            policy = parse_policy(text, source)
+            inherited = policy if inherited is None else narrow_policy(policy, inherited)[0]
+    policy, warning = narrow_policy(requested, inherited)
+    if warning:
+        warnings.append(warning)
+    needs = process_needs(
+        sandbox=args.sandbox == "on",
+        own_cwd=args.cwd is not None,
+        deadline=bool(args.timeout),
+        budget=args.max_budget_usd is not None,
+        kind=kind,
+        cluster=policy.name == "ray",
+    )
+    decision = decide_placement(policy, needs, by_agent_tool=False, is_root=is_root)
+    if not args.dry_run:
+        check_runnable(decision)
+    return decision
 
 
 def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, warnings: list[str]) -> Any:
@@ -10790,6 +11678,7 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
 
 
 
+
 # ------------------------------------------------------------ the CLI's start --
 
 
@@ -10910,7 +11799,7 @@ def run_agent(
     """
     meta = admitted or load_meta(agent_dir)
     executor = executor_for(meta.kind)
-    state = RunState()
+    state = RunState(in_process_tree(meta, agent_dir, secrets_, load_schema))
     started = time.time()
     become_subreaper()
     guard_pid, guard_pipe = guard or start_guard(agent_dir)
@@ -11047,7 +11936,7 @@ def run_agent(
     groups = [g for g in (state.cli_pgid,) if g]
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
     end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else LEFTOVER_GRACE_S, spare=[guard_pid])
-    settle_descendants(meta, secrets_, running_below)
+    settle_below(meta, state, secrets_, running_below)
     if has_drop_box(meta):
         record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)
     outcome = executor.outcome(meta, agent_dir, state, started, error)
@@ -11073,6 +11962,14 @@ def run_agent(
     if meta.output_file and outcome.status == Status.DONE:
         write_output_file(Path(meta.output_file), outcome.output)
     return outcome
+
+
+def settle_below(meta: AgentMeta, state: RunState, secrets_: Sequence[str], running_below: set[str]) -> None:
+    """Every agent below an ending one gets its outcome: its in-process children
+    first, from what its runner saw of them (nothing else knows they are gone)."""
+    if state.in_process is not None:
+        state.in_process.settle(state.stop_reason, state.stop_detail)
+    settle_descendants(meta, secrets_, running_below)
 
 
 def outcome_committed_instead(
@@ -12525,6 +13422,12 @@ def build_run_parser() -> Parser:
         help="run the agent's Bash in Claude Code's sandbox (auto: for agents below the root that have Bash)",
     )
     agent.add_argument("--cwd", metavar="DIR", help="working directory of the agent")
+    agent.add_argument(
+        "--placement",
+        metavar="local|inprocess|auto|ray:ADDRESS",
+        help="where children run: own processes (local), inside the CLI as its subagents (inprocess), spawn.py's choice (auto); "
+        "inherited, only narrows (default $SPAWN_PLACEMENT, else local)",
+    )
     limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
     limits.add_argument(
         "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"

@@ -129,3 +129,26 @@ def test_depth3_tree_is_one_trace_with_one_span_per_agent(
     # The leaf's CLI (and so its Bash) had the agent's own trace context.
     transcript = (Path(leaf_meta["session"]) / "agents" / leaf_meta["id"] / "transcript.jsonl").read_text()
     assert f"seen-traceparent={leaf_meta['traceparent']}" in transcript
+
+
+def test_in_process_agents_are_spans_of_the_tree(env: dict[str, str], session_root: Path, collector: Collector) -> None:
+    def delegate(name: str, child: str) -> str:
+        call = {"description": name, "prompt": child, "subagent_type": "general-purpose", "run_in_background": False}
+        return mock_task(name, [{"tool": "Agent", "input": call}, {"text": f"{name} done"}])
+
+    root = delegate("Root", delegate("Middle", mock_task("Leaf", [{"text": "leaf done"}])))
+    otel_env = {
+        **env,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+        "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
+    }
+    proc = run_spawn(["--task", root, "--tools", "Agent,Read", "--placement", "inprocess"], otel_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "OpenTelemetry export failed" not in proc.stderr
+    by_span = {m["span_id"]: m for m in metas(session_root).values()}
+    spans = {s.span_id.hex(): s for s in collector.spans}
+    assert spans.keys() == by_span.keys() and len(spans) == 3
+    for span_id, meta in by_span.items():
+        attrs = attributes(spans[span_id])
+        assert attrs["spawn.placement"] == ("local" if meta["depth"] == 0 else "inprocess")
+        assert attrs["spawn.status"] == "done" and spans[span_id].parent_span_id.hex() == meta.get("parent_span_id", "")

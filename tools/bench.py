@@ -883,6 +883,83 @@ def fanout_rounds(bench: Bench, count: int, rounds: int, compare: Path | None = 
     )
 
 
+# ------------------------------------------------------ P10: in-process chain --
+
+TARGET_INPROCESS_RATIO = 1.2  # issue 37, P10
+# Model turns of the in-process chain: root and middle 2 each (Agent, then answer), leaf 1.
+INPROCESS_TURNS = 5
+
+
+def inprocess_chain_task(prefix: str) -> str:
+    """The depth-3 chain both P10 sides run: each level starts the next with the Agent tool.
+
+    run_in_background false: in -p mode the CLI would launch the main thread's
+    subagent in the background, answer, and take one more turn when it ends.
+    """
+    leaf = mock_task(f"{prefix} leaf", LEAF_STEPS)
+
+    def level(name: str, child: str, answer: str) -> str:
+        call = {"description": f"{name} delegates", "prompt": child, "subagent_type": "general-purpose", "run_in_background": False}
+        return mock_task(f"{prefix} {name}", [{"tool": "Agent", "input": call}, {"text": answer}])
+
+    return level("root", level("middle", leaf, "middle-result"), "root-result")
+
+
+def timed_with_memory(bench: Bench, argv: Sequence[str], env: Mapping[str, str]) -> tuple[Proc, TreeMemory, int]:
+    """One run to its end, its process tree's memory sampled (RSS only, so the timing stays honest), and its model turns."""
+    bench.mock.new_requests()
+    started, t0 = time.time(), time.perf_counter()
+    proc = subprocess.Popen(
+        list(argv), env=dict(env), cwd=bench.workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    with MemorySampler(lambda: [proc.pid], interval=0.1, pss=False) as sampler:
+        out, err = proc.communicate(timeout=bench.timeout)
+    done = Proc(proc.returncode, out, err, started, time.time(), time.perf_counter() - t0)
+    time.sleep(0.05)
+    turns = sum(1 for r in bench.mock.new_requests() if r.get("kind") == "main")
+    return done, sampler.result, turns
+
+
+def inprocess_chain_rounds(bench: Bench, rounds: int) -> dict[str, Any]:
+    """P10: the depth-3 chain run with --placement inprocess (each level governed and
+    recorded as an agent) against bare `claude -p --tools Agent,Read` with the same
+    scripted steps, in rounds that alternate which side goes first."""
+    spawn_argv = [sys.executable, str(SPAWN), "--task", inprocess_chain_task("bench p10"), "--tools", "Agent,Read",
+                  "--placement", "inprocess", "--max-depth", "3"]  # fmt: skip
+    bare = bare_argv(bench.cli, inprocess_chain_task("bench p10"), "Agent,Read")
+    sides = {"spawn": spawn_argv, "bare": bare}
+    seconds: dict[str, list[float]] = {"spawn": [], "bare": []}
+    memory: dict[str, list[TreeMemory]] = {"spawn": [], "bare": []}
+    for argv in sides.values():  # once each, unmeasured: the first run of a CLI pays its cold caches
+        timed_with_memory(bench, argv, bench.env)
+    for index in range(max(1, rounds)):
+        for name in list(sides) if index % 2 == 0 else list(reversed(sides)):
+            proc, mem, turns = timed_with_memory(bench, sides[name], bench.env)
+            check_agent_result(f"P10 {name} chain", proc, "root-result")
+            if turns != INPROCESS_TURNS:
+                raise BenchError(f"P10 {name} chain: {turns} model turns, expected {INPROCESS_TURNS}; stderr: {proc.stderr[-500:]}")
+            seconds[name].append(proc.elapsed)
+            memory[name].append(mem)
+    ratio = median(seconds["spawn"]) / median(seconds["bare"])
+    peak = {
+        name: {"python_rss": max(m.peak_python_rss for m in mems), "cli_rss": max(m.peak_other_rss for m in mems)}
+        for name, mems in memory.items()
+    }
+    print("\nP10: depth-3 chain of in-process agents (medians of interleaved rounds; peak RSS of the tree)")
+    for name in sides:
+        each = ", ".join(f"{x:.2f}" for x in seconds[name])
+        print(f"  {name:<5} {fmt(median(seconds[name]), 's')}  (rounds {each}); "
+              f"Python {peak[name]['python_rss'] / MIB:.0f} MiB, CLI {peak[name]['cli_rss'] / MIB:.0f} MiB")  # fmt: skip
+    print(f"  spawn.py / claude -p: {fmt(ratio, 'x')} (target <= {TARGET_INPROCESS_RATIO}x)")
+    print(f"  spawn: {short(spawn_argv)}\n  bare:  {short(bare)}")
+    return {
+        "rounds_s": seconds,
+        "ratio": ratio,
+        "peak_rss": peak,
+        "target": Target("depth-3 in-process chain, spawn.py / claude -p", ratio, TARGET_INPROCESS_RATIO, "x", "P10", short(spawn_argv)),
+    }
+
+
 def children_cpu() -> float:
     """CPU seconds of this process's reaped descendants. Every process of a spawn.py tree is
     reaped by its parent or by a subreaper of the tree, so a tree's whole CPU lands here when
@@ -1581,6 +1658,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="only P1's chains and P1b's fan-out: skip the start-up profile, P2, P3 wait samples, MCP, P5, P6, P7 and dag",
     )
+    p.add_argument(
+        "--inprocess-rounds", type=int, default=3, metavar="N", help="P10: interleaved rounds of the in-process chain (default 3; 0 skips)"
+    )
+    p.add_argument("--only-inprocess", action="store_true", help="only P10: the in-process chain against native subagents")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (sessions, mock log) and print its path")
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     add_waitperf_args(p)
@@ -1596,6 +1677,58 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.only_chains:
         args.wait_samples = args.mcp_samples = args.memory_agents = args.dag_rounds = args.status_records = args.idle_children = 0
     return args
+
+
+def measure_all(
+    args: argparse.Namespace, bench: Bench, uv: UvFound, *, env: dict[str, str], warm_env: dict[str, str], started: float
+) -> dict[str, Any]:
+    """Every measurement but P10, as main() ran them before P10 had a function of its own."""
+    workdir = bench.workdir
+    if not args.only_waitperf:
+        bench.warm_up()
+    for i in range(0 if args.only_waitperf else args.repeat):
+        print(f"round {i + 1}/{args.repeat} ...", flush=True)
+        bench.round(i)
+    if args.wait_samples:
+        print(f"wait latency: {args.wait_samples} samples ...", flush=True)
+    samples = [bench.wait_sample(i) for i in range(args.wait_samples)]
+    # A sample where wait started too late would time its start-up, not its latency.
+    waits = [w for w in samples if w["head_start_s"] >= WAIT_MIN_HEAD_START_S and w["wait_status_ok"]]
+    if len(waits) < len(samples):
+        print(f"dropped {len(samples) - len(waits)} wait sample(s): wait not polling early enough, or agent not done")
+    mcp = None
+    if args.mcp_samples and importlib.util.find_spec("mcp") is not None:
+        print(f"MCP server: {args.mcp_samples} samples ...", flush=True)
+        mcp = mcp_samples(env, workdir, args.mcp_samples, args.timeout)
+    fan = None
+    memory: dict[str, FanOut] = {}
+    if args.fanout > 0 and not args.only_waitperf:
+        print(f"fan-out: {args.fanout} background leaves vs {args.fanout} bare claude -p ...", flush=True)
+        fan = fanout_rounds(bench, args.fanout, args.fanout_rounds, args.compare)
+        if not args.only_chains:
+            # The start slots' saving, side by side: every CLI start-up at once.
+            fan.no_slots_s = fanout(bench, args.fanout, 0.0, {**bench.env, "SPAWN_START_SLOTS": "0"}, bare=False).spawn_s
+    if args.memory_agents > 0 and not args.only_waitperf:
+        # The leaves sleep, so all of them are alive at once when memory peaks.
+        print(f"memory: {args.memory_agents} concurrent agents, with and without the fork server ...", flush=True)
+        memory["with fork server"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S, pss=True)
+        no_server = {**bench.env, "SPAWN_NO_FORKSERVER": "1"}
+        memory["SPAWN_NO_FORKSERVER=1"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S, no_server, bare=False, pss=True)
+    summary = {"targets": []} if args.only_waitperf else report(bench, waits, args, time.monotonic() - started, fan=fan, memory=memory)
+    summary["uv"] = asdict(uv)
+    if args.dag_rounds > 0 and not args.only_waitperf:
+        summary["dag"] = dag_overhead(warm_env, workdir, args.timeout, args.dag_rounds)
+    if mcp is not None:
+        spawn_wait = median([w["latency_ms"] for w in waits]) if waits else math.nan
+        to_process, mcp_wait = median(mcp["spawn_to_process_ms"]), median(mcp["agent_wait_latency_ms"])
+        print("\nMCP server (tools/mcp_server.py over stdio), medians")
+        print(f"  spawn_agent -> agent process started     {fmt(to_process, 'ms')}")
+        print(f"  agent_wait: .done -> result at client    {fmt(mcp_wait, 'ms')}  (spawn.py wait: {fmt(spawn_wait, 'ms')})")
+        summary["mcp"] = {**mcp, "median_spawn_to_process_ms": to_process, "median_agent_wait_ms": mcp_wait}
+    if not args.only_chains:
+        summary["waitperf"] = waitperf_report(env, workdir, args, waits, mcp)
+        summary["targets"] += summary["waitperf"]["targets"]
+    return summary
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1617,52 +1750,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(uv.describe(), flush=True)
             if args.compare is not None:
                 print(f"--compare: {args.compare} against {SPAWN}", flush=True)
-            if not args.only_waitperf:
-                bench.warm_up()
-            for i in range(0 if args.only_waitperf else args.repeat):
-                print(f"round {i + 1}/{args.repeat} ...", flush=True)
-                bench.round(i)
-            if args.wait_samples:
-                print(f"wait latency: {args.wait_samples} samples ...", flush=True)
-            samples = [bench.wait_sample(i) for i in range(args.wait_samples)]
-            # A sample where wait started too late would time its start-up, not its latency.
-            waits = [w for w in samples if w["head_start_s"] >= WAIT_MIN_HEAD_START_S and w["wait_status_ok"]]
-            if len(waits) < len(samples):
-                print(f"dropped {len(samples) - len(waits)} wait sample(s): wait not polling early enough, or agent not done")
-            mcp = None
-            if args.mcp_samples and importlib.util.find_spec("mcp") is not None:
-                print(f"MCP server: {args.mcp_samples} samples ...", flush=True)
-                mcp = mcp_samples(env, workdir, args.mcp_samples, args.timeout)
-            fan = None
-            memory: dict[str, FanOut] = {}
-            if args.fanout > 0 and not args.only_waitperf:
-                print(f"fan-out: {args.fanout} background leaves vs {args.fanout} bare claude -p ...", flush=True)
-                fan = fanout_rounds(bench, args.fanout, args.fanout_rounds, args.compare)
-                if not args.only_chains:
-                    # The start slots' saving, side by side: every CLI start-up at once.
-                    fan.no_slots_s = fanout(bench, args.fanout, 0.0, {**bench.env, "SPAWN_START_SLOTS": "0"}, bare=False).spawn_s
-            if args.memory_agents > 0 and not args.only_waitperf:
-                # The leaves sleep, so all of them are alive at once when memory peaks.
-                print(f"memory: {args.memory_agents} concurrent agents, with and without the fork server ...", flush=True)
-                memory["with fork server"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S, pss=True)
-                no_server = {**bench.env, "SPAWN_NO_FORKSERVER": "1"}
-                memory["SPAWN_NO_FORKSERVER=1"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S, no_server, bare=False, pss=True)
-            summary = (
-                {"targets": []} if args.only_waitperf else report(bench, waits, args, time.monotonic() - started, fan=fan, memory=memory)
-            )
-            summary["uv"] = asdict(uv)
-            if args.dag_rounds > 0 and not args.only_waitperf:
-                summary["dag"] = dag_overhead(warm_env, workdir, args.timeout, args.dag_rounds)
-            if mcp is not None:
-                spawn_wait = median([w["latency_ms"] for w in waits]) if waits else math.nan
-                to_process, mcp_wait = median(mcp["spawn_to_process_ms"]), median(mcp["agent_wait_latency_ms"])
-                print("\nMCP server (tools/mcp_server.py over stdio), medians")
-                print(f"  spawn_agent -> agent process started     {fmt(to_process, 'ms')}")
-                print(f"  agent_wait: .done -> result at client    {fmt(mcp_wait, 'ms')}  (spawn.py wait: {fmt(spawn_wait, 'ms')})")
-                summary["mcp"] = {**mcp, "median_spawn_to_process_ms": to_process, "median_agent_wait_ms": mcp_wait}
-            if not args.only_chains:
-                summary["waitperf"] = waitperf_report(env, workdir, args, waits, mcp)
-                summary["targets"] += summary["waitperf"]["targets"]
+            summary = {"targets": []} if args.only_inprocess else measure_all(args, bench, uv, env=env, warm_env=warm_env, started=started)
+            if args.inprocess_rounds > 0 and not args.only_waitperf and not args.only_chains:
+                print(f"P10: in-process chain, {args.inprocess_rounds} rounds ...", flush=True)
+                p10 = inprocess_chain_rounds(bench, args.inprocess_rounds)
+                target = p10.pop("target")
+                summary["p10"] = p10
+                summary["targets"].append({**vars(target), "met": target.met})
     except (BenchError, ServeError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2

@@ -92,6 +92,9 @@ def agent_span(agent_dir: Path, resource: Resource) -> ReadableSpan | None:
     }
     if meta.get("parent_id"):
         attributes["spawn.parent.id"] = meta["parent_id"]
+    placement = meta.get("placement")
+    if isinstance(placement, dict) and isinstance(placement.get("backend"), str):
+        attributes["spawn.placement"] = placement["backend"]  # inprocess: a subagent inside its host's CLI
     if isinstance(outcome.get("cost_usd"), int | float):
         attributes["spawn.cost_usd"] = float(outcome["cost_usd"])
     if isinstance(outcome.get("turns"), int):

@@ -61,6 +61,7 @@ from .core import (
     validate_output,
 )
 from .errors import ExitCode, SpawnError
+from .inprocess import in_process_hooks, subagent_definitions, withheld_agent_tool
 from .output import note
 from .processes import child_running, procfs_is_ours, runner_index_dir
 from .protocol import (
@@ -554,7 +555,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
     else:
         system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
-    builtin = [t for t in meta.tools if not t.startswith("mcp__")]
+    builtin = [t for t in meta.tools if not t.startswith("mcp__") and not withheld_agent_tool(meta, t)]
     mcp_servers: dict[str, Any] = {}
     hooks: dict[str, Any] | None = None
     if meta.agent_source and (meta.mcp_servers or meta.hooks):
@@ -689,14 +690,17 @@ async def run_sdk(
     plan = started.plan
     # The same options as for the SDK's own transport: the query still reads
     # its hooks, skills and env from them (the flags are already the CLI's).
-    options = sdk.ClaudeAgentOptions(
-        **plan.options,
-        hooks={
-            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
+    timeout = ask_timeout(os.environ) + 60
+    if state.in_process is None:
+        hooks = {
+            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=timeout)],
             **native_subagent_hooks(sdk, agent_dir, secrets_),
-        },
-        stderr=on_stderr,
-    )
+        }
+    else:  # its subagents are its in-process children: governed, not only recorded
+        hooks = in_process_hooks(sdk, state.in_process, plan.gate.pre_tool_use, timeout)
+    options = sdk.ClaudeAgentOptions(**plan.options, hooks=hooks, stderr=on_stderr)
+    if state.in_process is not None:
+        options.agents = subagent_definitions(sdk, state.in_process)
     # Freed once the CLI goes quiet (or, where its CPU can't be read, at its
     # first message), after START_SLOT_HOLD_S, or by whatever ends the run.
     cpu_readable = procfs_is_ours()

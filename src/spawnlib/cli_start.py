@@ -60,6 +60,7 @@ from .errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, Stat
 from .executors import executor_for
 from .fast_start import compiled_script
 from .forkserver import Entry, fork_detached_runner, forkserver_wanted, start_forkserver
+from .inprocess import in_process_tree
 from .output import note
 from .processes import (
     GUARD_SETTLED,
@@ -98,7 +99,7 @@ from .protocol import (
     write_json_atomic,
 )
 from .records import EXIT_FOR_STATUS, AgentMeta, Heartbeat, Outcome, Status, record_from_json, record_to_json
-from .resolving import Plan, write_meta
+from .resolving import Plan, load_schema, write_meta
 from .running import (
     STOP_SIGNALS,
     EarlyStop,
@@ -228,7 +229,7 @@ def run_agent(
     """
     meta = admitted or load_meta(agent_dir)
     executor = executor_for(meta.kind)
-    state = RunState()
+    state = RunState(in_process_tree(meta, agent_dir, secrets_, load_schema))
     started = time.time()
     become_subreaper()
     guard_pid, guard_pipe = guard or start_guard(agent_dir)
@@ -365,7 +366,7 @@ def run_agent(
     groups = [g for g in (state.cli_pgid,) if g]
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
     end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else LEFTOVER_GRACE_S, spare=[guard_pid])
-    settle_descendants(meta, secrets_, running_below)
+    settle_below(meta, state, secrets_, running_below)
     if has_drop_box(meta):
         record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)
     outcome = executor.outcome(meta, agent_dir, state, started, error)
@@ -391,6 +392,14 @@ def run_agent(
     if meta.output_file and outcome.status == Status.DONE:
         write_output_file(Path(meta.output_file), outcome.output)
     return outcome
+
+
+def settle_below(meta: AgentMeta, state: RunState, secrets_: Sequence[str], running_below: set[str]) -> None:
+    """Every agent below an ending one gets its outcome: its in-process children
+    first, from what its runner saw of them (nothing else knows they are gone)."""
+    if state.in_process is not None:
+        state.in_process.settle(state.stop_reason, state.stop_detail)
+    settle_descendants(meta, secrets_, running_below)
 
 
 def outcome_committed_instead(

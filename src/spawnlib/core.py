@@ -464,8 +464,19 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
         lines.append(f"Deadline: {deadline_iso} ({left} s from now); finish before it.")
     if meta.max_budget_usd is not None:
         lines.append(f"Budget: ${meta.max_budget_usd:.4f} for you and any children.")
+    policy = (meta.placement or {}).get("policy")
     if remaining <= 0:
         lines.append("You cannot start child agents: the depth limit is reached.")
+    elif policy in ("inprocess", "auto") and "Agent" in meta.tools:
+        # Its children are the CLI's own subagents, which spawn.py records and governs.
+        lines += [
+            f"You may start child agents {remaining} level(s) deep with the Agent tool; spawn.py records and limits each.",
+            "Pass run_in_background: false unless you have other work meanwhile.",
+        ]
+        if policy == "auto" and "Bash" in meta.tools:
+            lines.append(
+                f"Only a child that needs its own sandbox, directory, deadline or budget: from Bash, {spawn_cmd} --task 'SUBTASK' ..."
+            )
     elif "Bash" not in meta.tools:
         lines.append("You cannot start child agents: you have no Bash tool.")
     elif any(rule.startswith("Bash(") for rule in meta.permissions.get("allow", [])):

@@ -139,7 +139,10 @@ class ClaudeExecutor(Executor):
 
     def outcome(self, meta: AgentMeta, agent_dir: Path, state: RunState, started: float, error: str | None) -> Outcome:
         # The CLI's usage prices a run it gave no total for; other kinds have no turns to price.
-        return with_estimated_cost(outcome_from_run(meta, state, started, error), agent_dir, meta.model)
+        outcome = with_estimated_cost(outcome_from_run(meta, state, started, error), agent_dir, meta.model)
+        if state.in_process is not None:
+            state.in_process.host_share(outcome)  # its CLI's total holds its in-process children's turns too
+        return outcome
 
 
 def node_outcome(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:

@@ -109,6 +109,12 @@ def build_run_parser() -> Parser:
         help="run the agent's Bash in Claude Code's sandbox (auto: for agents below the root that have Bash)",
     )
     agent.add_argument("--cwd", metavar="DIR", help="working directory of the agent")
+    agent.add_argument(
+        "--placement",
+        metavar="local|inprocess|auto|ray:ADDRESS",
+        help="where children run: own processes (local), inside the CLI as its subagents (inprocess), spawn.py's choice (auto); "
+        "inherited, only narrows (default $SPAWN_PLACEMENT, else local)",
+    )
     limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
     limits.add_argument(
         "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"

@@ -71,11 +71,15 @@ class Supervised:
     """Where pid is valid; another one is an agent inside a sandbox, or its parent seen from there."""
     heartbeat: Path | None = None
     """Across pid namespaces, the heartbeat file tells liveness instead."""
+    hosted: bool = False
+    """An in-process agent: pid is its host's runner, alive while it runs,
+    and never a process to signal or stop on its behalf."""
 
     @classmethod
     def of(cls, meta: AgentMeta) -> Supervised:
-        """An agent's spawn.py."""
-        return cls(meta.pid, meta.create_time, meta.pid_namespace, Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT)
+        """An agent's spawn.py (an in-process agent's: its host's, which it lives in)."""
+        hosted = (meta.placement or {}).get("backend") == "inprocess"
+        return cls(meta.pid, meta.create_time, meta.pid_namespace, Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT, hosted)
 
     def foreign(self) -> bool:
         """Whether pid can't be looked up here: another namespace's, or /proc isn't ours."""
@@ -83,6 +87,11 @@ class Supervised:
 
     def process(self) -> psutil.Process | None:
         """The running process, or None: it ended (a zombie has), or the pid is someone else's."""
+        if self.hosted:
+            return None  # its host's: ending that would end the host and every agent in it
+        return self._same_process()
+
+    def _same_process(self) -> psutil.Process | None:
         if self.foreign():
             return None  # that pid names another process here, or none: never signal it
         try:
@@ -95,7 +104,7 @@ class Supervised:
 
     def alive(self) -> bool:
         if not self.foreign():
-            return self.process() is not None
+            return self._same_process() is not None
         try:
             beat = parse_json(read_text(self.heartbeat or "/nonexistent"))
             age, interval = time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
@@ -744,6 +753,7 @@ def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, A
         "mode": meta.permission_mode,
         "model": meta.model,
         "traceparent": meta.traceparent,
+        "placement": (meta.placement or {}).get("policy"),
     }
 
 

@@ -147,6 +147,10 @@ class AgentMeta:
     """What runs the node: claude (the local CLI), a2a (a remote A2A agent) or command (an executable)."""
     endpoint: str | None = None
     """a2a: the agent card's URL; command: the command line. Absent for claude."""
+    placement: dict[str, Any] | None = None
+    """Where it runs and why (placement.PlacementDecision): backend local, inprocess
+    (a Claude Code subagent inside its parent's CLI) or ray; reason; policy (what
+    its children inherit). Absent in records written before placements."""
     spawn_version: str = __version__
     protocol: int = PROTOCOL_VERSION
 

@@ -87,6 +87,7 @@ from .core import (
 from .embedded import builtin_files, builtin_label
 from .errors import RefusedError, SpawnError, StateError, UsageError
 from .executors import executor_for
+from .placement import ENV_PLACEMENT, PlacementDecision, check_runnable, decide_placement, narrow_policy, parse_policy, process_needs
 from .processes import (
     _int_or_none,
     _json_list,
@@ -583,6 +584,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         kind=node.kind,
         endpoint=node.endpoint,
     )
+    meta.placement = plan_placement(args, environ, ancestry, is_root=inh.depth < 0, kind=node.kind, warnings=warnings).as_record()
     limits = Limits(budget_arg, args.max_agents, args.max_concurrent, args.confirm_over)
     if session is None and args.max_concurrent is not None and args.max_concurrent <= max_depth:
         warnings.append(
@@ -592,6 +594,40 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     if session is not None and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
         warnings.append("--max-agents, --max-concurrent and --confirm-over apply to a whole tree and are set by its root; ignored here")
     return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules)
+
+
+def plan_placement(
+    args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any], *, is_root: bool, kind: str, warnings: list[str]
+) -> PlacementDecision:
+    """Where this agent runs: --placement narrowed by what the tree allows, then decided.
+
+    The parent's runner (its meta.json) is the authority, as for the other
+    limits: an agent can unset SPAWN_PLACEMENT in its own Bash, not its record.
+    """
+    requested = parse_policy(args.placement) if args.placement else None
+    if requested is None and is_root and environ.get(ENV_PLACEMENT):
+        requested = parse_policy(environ[ENV_PLACEMENT], ENV_PLACEMENT)  # a user's default
+    sources = [(environ.get(ENV_PLACEMENT), ENV_PLACEMENT), ((ancestry.get("runner") or {}).get("placement"), "the parent's placement")]
+    inherited = None
+    for text, source in sources:
+        if isinstance(text, str) and text and not is_root:
+            policy = parse_policy(text, source)
+            inherited = policy if inherited is None else narrow_policy(policy, inherited)[0]
+    policy, warning = narrow_policy(requested, inherited)
+    if warning:
+        warnings.append(warning)
+    needs = process_needs(
+        sandbox=args.sandbox == "on",
+        own_cwd=args.cwd is not None,
+        deadline=bool(args.timeout),
+        budget=args.max_budget_usd is not None,
+        kind=kind,
+        cluster=policy.name == "ray",
+    )
+    decision = decide_placement(policy, needs, by_agent_tool=False, is_root=is_root)
+    if not args.dry_run:
+        check_runnable(decision)
+    return decision
 
 
 def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, warnings: list[str]) -> Any:

@@ -41,6 +41,7 @@ from .constants import (
 from .core import utc_now_iso
 from .fast_start import compiled_script
 from .forkstate import on_fork
+from .placement import ENV_PLACEMENT, ENV_SUBAGENT_DEPTH, IN_PROCESS_POLICIES, subagent_depth_limit
 from .protocol import kill_request_reason
 from .records import AgentMeta, Status
 
@@ -102,6 +103,7 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         env[ENV_IDLE_TIMEOUT] = f"{meta.idle_timeout_s:g}"
     if meta.sandbox == "inherited":
         env.update(proxied_loopback(os.environ))
+    env.update(placement_environment(meta))
     env.update(quiet_cli_environment(os.environ))
     # Claude Code's minimal mode (CLAUDE_CODE_SIMPLE=1, what `claude --bare`
     # sets) runs no hooks, not even the SDK's: PermissionGate would never see a
@@ -109,6 +111,19 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
     # word. Anything that can run Bash could set it for a child; it is off for
     # every agent, whatever was inherited.
     env["CLAUDE_CODE_SIMPLE"] = "0"
+    return env
+
+
+def placement_environment(meta: AgentMeta) -> dict[str, str]:
+    """The policy the agent's children inherit and, where its CLI starts them
+    in-process, how deep its subagents may nest (what --max-depth leaves)."""
+    policy = (meta.placement or {}).get("policy")
+    if not isinstance(policy, str):
+        return {}
+    env = {ENV_PLACEMENT: policy}
+    levels = subagent_depth_limit(meta.depth, meta.max_depth)
+    if policy in IN_PROCESS_POLICIES and levels > 0:
+        env[ENV_SUBAGENT_DEPTH] = str(levels)
     return env
 
 
@@ -170,7 +185,7 @@ on_fork("EarlyStop", EarlyStop.forget)
 class RunState:
     """What a running agent has seen so far; survives cancellation."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_process: Any = None) -> None:
         self.last_text: str | None = None
         self.last_structured_attempt: Any = None
         self.result: Any = None  # the SDK's ResultMessage
@@ -197,6 +212,8 @@ class RunState:
         """(model, usage) of each of its model turns so far, by message id: its own running spend."""
         self.request_stop: Callable[[Status, str], None] | None = None
         """run_agent's stop path, for run_sdk to end the agent between turns."""
+        self.in_process: Any = in_process
+        """The InProcessTree of its in-process children, under --placement inprocess or auto."""
         self.node_result: NodeResult | None = None
         """What a node of another kind than claude returned (see the executors section)."""
         self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
