@@ -492,14 +492,16 @@ class Bench:
     def run_schema_chain(self, chain: SchemaChain) -> None:
         """One P1s chain: checked like P1's (answer, 5 model turns), and cut into stages."""
         self.mock.new_requests()
+        cpu = children_cpu()
         proc = run_process(chain.argv, self.env, self.timeout, self.workdir)
+        cpu = children_cpu() - cpu  # the whole tree's: every process of it is reaped by then
         time.sleep(0.05)  # the mock logs a request after answering it
         records = self.mock.new_requests()
         check_structured(chain, proc)
         main = [r for r in records if r.get("kind") == "main"]
         check_turns(chain.label, main, CHAIN_TURNS)
         self.series.setdefault(chain.key, Series(chain.label)).samples.append(sample_from(proc, records))
-        self.segments.setdefault(chain.key, []).append(chain_segments(proc, main))
+        self.segments.setdefault(chain.key, []).append([*chain_segments(proc, main), cpu])
 
     def schema_chain_steps(self) -> list[Callable[[], None]]:
         return [functools.partial(self.run_schema_chain, chain) for chain in self.schema_chains]
@@ -1243,6 +1245,7 @@ CHAIN_SEGMENTS = (
     "middle's answer -> root's 2nd request",
     "root's answer -> exit",
 )
+CHAIN_CPU = "CPU of the whole tree (user + system)"  # after the stages in each run's row
 
 
 def schema_answer(level: str) -> dict[str, Any]:
@@ -1340,9 +1343,9 @@ def print_schema_chain(bench: Bench) -> None:
     keys = [c.key for c in bench.schema_chains if c.key in bench.segments]
     if "bare_schema_chain" not in keys:
         return
-    med = {k: [median([seg[i] for seg in bench.segments[k]]) for i in range(len(CHAIN_SEGMENTS))] for k in keys}
+    med = {k: [median([seg[i] for seg in bench.segments[k]]) for i in range(len(CHAIN_SEGMENTS) + 1)] for k in keys}
     rows = []
-    for i, name in enumerate(CHAIN_SEGMENTS):
+    for i, name in enumerate([*CHAIN_SEGMENTS, CHAIN_CPU]):
         rows.append(
             [
                 name,
@@ -1907,7 +1910,7 @@ def schema_chain_main(args: argparse.Namespace) -> int:
                     k: {"label": v.label, "median_s": median(v.values(lambda x: x.seconds)), "samples": [vars(x) for x in v.samples]}
                     for k, v in bench.series.items()
                 },
-                "schema_chain_segments": {"stages": CHAIN_SEGMENTS, **bench.segments},
+                "schema_chain_segments": {"stages": [*CHAIN_SEGMENTS, CHAIN_CPU], **bench.segments},
                 "targets": [{**vars(t), "met": t.met} for t in targets],
                 "uv": asdict(uv),
             }
