@@ -1834,7 +1834,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {"targets": []} if args.only_waitperf else report(bench, waits, args, time.monotonic() - started, fan=fan, memory=memory)
             )
             summary["uv"] = asdict(uv)
-            summary["schema_chain_segments"] = {"stages": CHAIN_SEGMENTS, **bench.segments}
+            summary["schema_chain_segments"] = {"stages": [*CHAIN_SEGMENTS, CHAIN_CPU], **bench.segments}
             if args.dag_rounds > 0 and not args.only_waitperf:
                 summary["dag"] = dag_overhead(warm_env, workdir, args.timeout, args.dag_rounds)
             if mcp is not None:
