@@ -54,6 +54,7 @@ MODULES = (
     "errors",
     "forkstate",
     "records",
+    "schemafast",
     "core",
     "protocol",
     "processes",
