@@ -59,6 +59,7 @@ MODULES = (
     "protocol",
     "processes",
     "agents",
+    "delegates",
     "channel",
     "resolving",
     "running",

@@ -37,9 +37,9 @@ from .constants import (
     TOOL_ALIASES,
 )
 from .errors import UnknownToolError, UsageError, did_you_mean
-from .schemafast import output_surely_valid, schema_surely_valid
 from .protocol import META, REFUSED_DIR, SCRATCH_DIR, SESSION_LOCK, parse_json
 from .records import AgentMeta, Trace
+from .schemafast import output_surely_valid, schema_surely_valid
 
 # ---------------------------------------------------------------- pure core --
 
