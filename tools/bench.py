@@ -57,6 +57,15 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    rounds, beside this one's (issue 32: old against new, within 5%).
    ``--only-chains`` runs P1 and P1b alone.
 
+7. P1s (issue 35): the depth-3 chain as users start it, every level
+   ``uv run spawn.py ... --schema findings``, against bare ``claude -p
+   --json-schema`` with the schema spawn.py gives the CLI; every level answers
+   through StructuredOutput. Both chains' wall time is also cut at the model
+   requests the mock logs (launch -> root's first request, root's Bash ->
+   middle's first request, ...), so the stages compare side by side.
+   ``--only-schema-chain`` runs it alone (with ``--compare``, the other
+   script's uv chain too).
+
 Measurements 1 and 2 run interleaved, ``--repeat`` rounds (default 5; each round reverses
 the order of the previous one so drift hits both sides alike); medians are
 reported. Nothing fails by default: each target is printed with whether it
@@ -72,7 +81,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -429,6 +440,10 @@ class Bench:
     series: dict[str, Series] = field(default_factory=dict)
     only_chains: bool = False
     """Rounds run the P1 chains only (--only-chains)."""
+    schema_chains: list[SchemaChain] = field(default_factory=list)
+    """P1s's chains, run in every round (schema_chain_steps)."""
+    segments: dict[str, list[list[float]]] = field(default_factory=dict)
+    """P1s: each run's wall time cut at its model requests (chain_segments), by series key."""
 
     def run(
         self,
@@ -469,7 +484,31 @@ class Bench:
             steps.insert(
                 1, lambda: self.run("compare_chain", "--compare spawn.py depth-3 chain", other, expected="root-result", turns=CHAIN_TURNS)
             )
+        steps += self.schema_chain_steps()
         steps += [] if self.only_chains else self.other_steps()
+        for step in steps if index % 2 == 0 else reversed(steps):
+            step()
+
+    def run_schema_chain(self, chain: SchemaChain) -> None:
+        """One P1s chain: checked like P1's (answer, 5 model turns), and cut into stages."""
+        self.mock.new_requests()
+        cpu = children_cpu()
+        proc = run_process(chain.argv, self.env, self.timeout, self.workdir)
+        cpu = children_cpu() - cpu  # the whole tree's: every process of it is reaped by then
+        time.sleep(0.05)  # the mock logs a request after answering it
+        records = self.mock.new_requests()
+        check_structured(chain, proc)
+        main = [r for r in records if r.get("kind") == "main"]
+        check_turns(chain.label, main, CHAIN_TURNS)
+        self.series.setdefault(chain.key, Series(chain.label)).samples.append(sample_from(proc, records))
+        self.segments.setdefault(chain.key, []).append([*chain_segments(proc, main), cpu])
+
+    def schema_chain_steps(self) -> list[Callable[[], None]]:
+        return [functools.partial(self.run_schema_chain, chain) for chain in self.schema_chains]
+
+    def schema_round(self, index: int) -> None:
+        """A round of P1s alone (--only-schema-chain), reversed every other round like round()."""
+        steps = self.schema_chain_steps()
         for step in steps if index % 2 == 0 else reversed(steps):
             step()
 
@@ -1191,6 +1230,7 @@ def report(
     targets = [
         Target("depth-3 chain, every level `uv run spawn.py`", uv_chain_ratio, TARGET_CHAIN_RATIO, "x", "P1", short(c.uv_chain)),
         Target('depth-3 chain, every level "$SPAWN_PYTHON" "$SPAWN_PY"', chain_ratio, TARGET_CHAIN_RATIO, "x", "P1", short(c.spawn_chain)),
+        *schema_chain_targets(bench),
         *compare_chain,
         *fanout_targets(fan),
         *compare_fan,
@@ -1226,6 +1266,7 @@ def report(
         print(f"  claude CLI start                          {med('cli_version'):.3f} s  (--version)")
     if bench.env.get("PYTHONDONTWRITEBYTECODE") and args.pycache == "inherit":
         print("  note: PYTHONDONTWRITEBYTECODE is set: every Python start compiles the SDK from source (--pycache private: warm cache)")
+    print_schema_chain(bench)
     print()
     print("Targets (issue #14; ratios against bare claude -p on the same scripted model, side by side in this run)")
     rows_out = [
@@ -1261,6 +1302,139 @@ def report(
         "compare": compared,
         "total_s": total_s,
     }
+
+
+# ---------------------------------------------- P1s: as users start a tree --
+
+# Issue 35: P1 the way users start a tree. Every level is `uv run spawn.py
+# ... --schema NAME`, against bare `claude -p --json-schema` given the schema
+# as spawn.py gives it to the CLI, so both sides pay the CLI's structured
+# output and spawn.py also its own validation. Every level answers through the
+# StructuredOutput tool, which ends a CLI's run at once: 5 model turns, as P1.
+SCHEMA_CHAIN_SCHEMA = "findings"  # a shipped schema, by name, as users give it
+# The chain's wall time cut at the model requests the mock logs (in order:
+# root, middle, leaf, middle, root), so the two sides compare stage by stage.
+CHAIN_SEGMENTS = (
+    "launch -> root's 1st request",
+    "root's Bash -> middle's 1st request",
+    "middle's Bash -> leaf's request",
+    "leaf's answer -> middle's 2nd request",
+    "middle's answer -> root's 2nd request",
+    "root's answer -> exit",
+)
+CHAIN_CPU = "CPU of the whole tree (user + system)"  # after the stages in each run's row
+
+
+def schema_answer(level: str) -> dict[str, Any]:
+    """What a level of the schema chain answers (valid under SCHEMA_CHAIN_SCHEMA)."""
+    return {"summary": f"{level}-result", "findings": []}
+
+
+@dataclass(frozen=True)
+class SchemaChain:
+    """One side of P1s: the root's command line, and where its stdout carries the answer."""
+
+    key: str
+    label: str
+    argv: list[str]
+    answer_field: str
+    """"output" in spawn.py's result, "structured_output" in claude -p's."""
+
+
+def schema_chains(cli: Path, compare: Path | None) -> list[SchemaChain]:
+    """P1s's chains: uv run spawn.py --schema at every level, bare claude -p --json-schema, and the --compare script's."""
+
+    def uv_level(script: Path, task: str, tools: str, *extra: str) -> list[str]:
+        return ["uv", "run", str(script), "--task", task, "--tools", tools, *extra, "--schema", SCHEMA_CHAIN_SCHEMA]
+
+    def chain(level: Callable[[str, str], list[str]], *root_extra: str) -> list[str]:
+        leaf = mock_task("bench schema chain leaf", [{"structured": schema_answer("leaf")}])
+        mid_steps: list[dict[str, Any]] = [{"bash": shlex.join(level(leaf, "Read"))}, {"structured": schema_answer("middle")}]
+        mid = mock_task("bench schema chain middle", mid_steps)
+        root_steps: list[dict[str, Any]] = [{"bash": shlex.join(level(mid, "Bash,Read"))}, {"structured": schema_answer("root")}]
+        return [*level(mock_task("bench schema chain root", root_steps), "Bash,Read"), *root_extra]
+
+    schema = spawn.schema_for_cli(json.loads((SPAWN.parent / "schemas" / f"{SCHEMA_CHAIN_SCHEMA}.json").read_text()))
+
+    def bare(task: str, tools: str) -> list[str]:
+        return [*bare_argv(cli, task, tools), "--json-schema", json.dumps(schema)]
+
+    chains = [
+        SchemaChain(
+            "uv_schema_chain",
+            "uv run spawn.py --schema depth-3 chain",
+            chain(lambda task, tools: uv_level(SPAWN, task, tools), "--max-depth", "3"),
+            "output",
+        ),
+        SchemaChain("bare_schema_chain", "claude -p --json-schema depth-3 chain", chain(bare), "structured_output"),
+    ]
+    if compare is not None:
+        other = chain(lambda task, tools: uv_level(compare, task, tools), "--max-depth", "3")
+        chains.insert(1, SchemaChain("compare_uv_schema_chain", "--compare: uv run spawn.py --schema chain", other, "output"))
+    return chains
+
+
+def check_structured(chain: SchemaChain, proc: Proc) -> None:
+    """A chain counts only if the root exited 0 with the root's structured answer."""
+    if proc.returncode != 0:
+        raise BenchError(f"{chain.label} exited {proc.returncode}; stderr: {proc.stderr[-800:]}")
+    got = last_json_line(proc.stdout).get(chain.answer_field)
+    if got != schema_answer("root"):
+        raise BenchError(f"{chain.label} answered {got!r}, expected {schema_answer('root')!r}; stdout: {proc.stdout[-500:]}")
+
+
+def chain_segments(proc: Proc, main: Sequence[Mapping[str, Any]]) -> list[float]:
+    """The run's wall time cut at its model requests (CHAIN_SEGMENTS), in seconds; a CLI's retry is not a cut."""
+    times = sorted(float(r["time"]) for r in main if not (r.get("retry") or 0))
+    marks = [proc.started, *times, proc.ended]
+    return [b - a for a, b in itertools.pairwise(marks)]
+
+
+def schema_chain_targets(bench: Bench) -> list[Target]:
+    """P1s's row, and with --compare this spawn.py's chain against the other's."""
+    s = bench.series
+    if "uv_schema_chain" not in s or "bare_schema_chain" not in s:
+        return [Target("depth-3 chain, every level `uv run spawn.py --schema` (not run)", math.nan, TARGET_CHAIN_RATIO, "x", "P1s")]
+    this, bare = s["uv_schema_chain"].values(lambda x: x.seconds), s["bare_schema_chain"].values(lambda x: x.seconds)
+    each = ", ".join(f"{t / b:.2f}x" for t, b in zip(this, bare, strict=True))
+    chains = {c.key: c for c in bench.schema_chains}
+    rows = [
+        Target(
+            f"depth-3 chain, every level `uv run spawn.py --schema {SCHEMA_CHAIN_SCHEMA}`, against `claude -p --json-schema` "
+            f"({fmt(median(this), 's')} vs {fmt(median(bare), 's')}, +{median(this) - median(bare):.3f} s; rounds {each})",
+            median(this) / median(bare),
+            TARGET_CHAIN_RATIO,
+            "x",
+            "P1s",
+            f"{short(chains['uv_schema_chain'].argv)}  vs  {short(chains['bare_schema_chain'].argv)}",
+        )
+    ]
+    if "compare_uv_schema_chain" in s:
+        rounds = list(zip(this, s["compare_uv_schema_chain"].values(lambda x: x.seconds), strict=True))
+        rows.append(compare_target("P1s", "uv run --schema chain", rounds, f"--compare: {short(chains['compare_uv_schema_chain'].argv)}"))
+    return rows
+
+
+def print_schema_chain(bench: Bench) -> None:
+    """Where P1s's time goes: each stage's median on each side, and the difference."""
+    keys = [c.key for c in bench.schema_chains if c.key in bench.segments]
+    if "bare_schema_chain" not in keys:
+        return
+    med = {k: [median([seg[i] for seg in bench.segments[k]]) for i in range(len(CHAIN_SEGMENTS) + 1)] for k in keys}
+    rows = []
+    for i, name in enumerate([*CHAIN_SEGMENTS, CHAIN_CPU]):
+        rows.append(
+            [
+                name,
+                *(fmt(med[k][i], "s") for k in keys),
+                *(f"{med[k][i] - med['bare_schema_chain'][i]:+.3f} s" for k in keys if k != "bare_schema_chain"),
+            ]
+        )
+    labels = {c.key: c.label.split(" depth-3")[0].split(" chain")[0] for c in bench.schema_chains}
+    print()
+    print("P1s: where the chain's time goes (medians of rounds; cut at the model requests the mock logs)")
+    header = ["stage", *(labels[k] for k in keys), *(f"{labels[k]} - bare" for k in keys if k != "bare_schema_chain")]
+    print(table(rows, header))
 
 
 # ------------------------------------------------------------ dag overhead --
@@ -1662,6 +1836,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--inprocess-rounds", type=int, default=3, metavar="N", help="P10: interleaved rounds of the in-process chain (default 3; 0 skips)"
     )
     p.add_argument("--only-inprocess", action="store_true", help="only P10: the in-process chain against native subagents")
+    p.add_argument(
+        "--only-schema-chain",
+        action="store_true",
+        help="only P1s: the depth-3 chain with every level `uv run spawn.py --schema`, against claude -p --json-schema (and --compare's)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (sessions, mock log) and print its path")
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
     add_waitperf_args(p)
@@ -1686,6 +1865,7 @@ def measure_all(
     workdir = bench.workdir
     if not args.only_waitperf:
         bench.warm_up()
+        schema_chain_warm_up(bench, args.compare)
     for i in range(0 if args.only_waitperf else args.repeat):
         print(f"round {i + 1}/{args.repeat} ...", flush=True)
         bench.round(i)
@@ -1716,6 +1896,7 @@ def measure_all(
         memory["SPAWN_NO_FORKSERVER=1"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S, no_server, bare=False, pss=True)
     summary = {"targets": []} if args.only_waitperf else report(bench, waits, args, time.monotonic() - started, fan=fan, memory=memory)
     summary["uv"] = asdict(uv)
+    summary["schema_chain_segments"] = {"stages": [*CHAIN_SEGMENTS, CHAIN_CPU], **bench.segments}
     if args.dag_rounds > 0 and not args.only_waitperf:
         summary["dag"] = dag_overhead(warm_env, workdir, args.timeout, args.dag_rounds)
     if mcp is not None:
@@ -1733,6 +1914,8 @@ def measure_all(
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.only_schema_chain:
+        return schema_chain_main(args)
     try:
         cli = spawn.find_cli({})  # the bundled CLI, as the spawned agents use it (SPAWN_CLI is not passed on)
     except spawn.UsageError as exc:
@@ -1746,6 +1929,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             warm_env = {**env, **private_pycache(workdir)}
             commands = Commands.build(cli, args.compare)
             bench = Bench(cli, env, warm_env, workdir, mock, args.timeout, commands, only_chains=args.only_chains)
+            bench.schema_chains = schema_chains(cli, args.compare)
             print(f"spawn.py bench: {sys.executable}, CLI {cli}, mock {mock.url}", flush=True)
             print(uv.describe(), flush=True)
             if args.compare is not None:
@@ -1770,6 +1954,71 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check and not all(t["met"] for t in summary["targets"]):
         return 1
     return 0
+
+
+def schema_chain_warm_up(bench: Bench, compare: Path | None) -> None:
+    """uv's environment for each script, and its compiled copy (made by a run from source): one-time costs, not measured."""
+    for script in (SPAWN, *([compare] if compare else [])):
+        argv = ["uv", "run", str(script), "--task", mock_task("warm", LEAF_STEPS), "--tools", "Read", "--schema", SCHEMA_CHAIN_SCHEMA]
+        run_process(argv, bench.env, bench.timeout, bench.workdir)
+    bench.mock.new_requests()
+
+
+def schema_chain_main(args: argparse.Namespace) -> int:
+    """--only-schema-chain: P1s's interleaved rounds and its report, nothing else."""
+    try:
+        cli = spawn.find_cli({})
+    except spawn.UsageError as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="spawn-bench-"))
+    started = time.monotonic()
+    try:
+        with serve(workdir) as mock:
+            uv, env = find_uv(bench_environment(os.environ, workdir, mock.url, args.pycache), workdir)
+            bench = Bench(cli, env, {**env, **private_pycache(workdir)}, workdir, mock, args.timeout, Commands.build(cli, args.compare))
+            bench.schema_chains = schema_chains(cli, args.compare)
+            print(f"spawn.py bench, P1s only: {sys.executable}, CLI {cli}, mock {mock.url}", flush=True)
+            print(uv.describe(), flush=True)
+            print(f"load: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs", flush=True)
+            schema_chain_warm_up(bench, args.compare)
+            for i in range(args.repeat):
+                print(f"round {i + 1}/{args.repeat} ...", flush=True)
+                bench.schema_round(i)
+            print_schema_chain(bench)
+            targets = schema_chain_targets(bench)
+            print()
+            print(
+                table(
+                    [[t.id, t.name, fmt(t.value, t.unit), t.limit_text(), "met" if t.met else "NOT met"] for t in targets],
+                    ["id", "target", "value", "limit", "verdict"],
+                    left=2,
+                )
+            )
+            print("Commands:")
+            for t in targets:
+                print(f"  {t.id:<4} {t.command}")
+            print(f"\n(total {time.monotonic() - started:.0f} s, {args.repeat} rounds, load now {os.getloadavg()[0]:.2f})")
+            summary = {
+                "series": {
+                    k: {"label": v.label, "median_s": median(v.values(lambda x: x.seconds)), "samples": [vars(x) for x in v.samples]}
+                    for k, v in bench.series.items()
+                },
+                "schema_chain_segments": {"stages": [*CHAIN_SEGMENTS, CHAIN_CPU], **bench.segments},
+                "targets": [{**vars(t), "met": t.met} for t in targets],
+                "uv": asdict(uv),
+            }
+    except (BenchError, ServeError) as exc:
+        print(f"bench: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if args.keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+    return 1 if args.check and not all(t.met for t in targets) else 0
 
 
 if __name__ == "__main__":

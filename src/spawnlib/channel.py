@@ -78,7 +78,6 @@ class AnswerChannel:
     def __init__(self, session: Path, ask_id: str) -> None:
         self.session, self.ask_id = session, ask_id
         import socket  # only where an ask is made: every spawn.py start would pay for it
-
         import threading
 
         self.path = ask_socket_path(session, ask_id)

@@ -36,7 +36,6 @@ from .agents import (
     cli_permissions,
     decide,
     kept_by_spawn_py,
-    load_definitions,
     parse_definition,
     parse_rule,
     project_of,
@@ -60,6 +59,7 @@ from .core import (
     utc_now_iso,
     validate_output,
 )
+from .delegates import delegates_in
 from .errors import ExitCode, SpawnError
 from .inprocess import in_process_hooks, subagent_definitions, withheld_agent_tool
 from .output import note
@@ -395,8 +395,7 @@ def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str
     """The definitions an agent that may spawn can delegate to: (name, description)."""
     if meta.depth >= meta.max_depth or "Bash" not in meta.tools or any(r.startswith("Bash(") for r in meta.permissions.get("allow", [])):
         return []
-    definitions, _ = load_definitions(Path(meta.cwd), environ)
-    return [(d.name, d.description) for d in definitions.values()]
+    return delegates_in(Path(meta.cwd), environ)  # without YAML where it can (delegates)
 
 
 class PermissionGate:

@@ -46,6 +46,7 @@ from .constants import (
 )
 from .errors import UnknownToolError, UsageError, did_you_mean
 from .records import EXIT_FOR_STATUS, AgentMeta, Trace
+from .schemafast import output_surely_valid, schema_surely_valid
 
 # ---------------------------------------------------------------- pure core --
 
@@ -372,6 +373,8 @@ def truncate_for_stdout(output: Any, full_path: Path) -> tuple[Any, bool]:
 
 
 def validate_output(schema: Mapping[str, Any], output: Any) -> list[str]:
+    if output_surely_valid(schema, output):
+        return []  # no jsonschema to import (schemafast); any error is its to word
     import jsonschema
 
     validator = jsonschema.validators.validator_for(schema)(schema)
@@ -380,10 +383,12 @@ def validate_output(schema: Mapping[str, Any], output: Any) -> list[str]:
 
 
 def check_schema(schema: Any, source: str) -> dict[str, Any]:
-    import jsonschema
-
     if not isinstance(schema, dict):
         raise UsageError(f"schema {source} is not a JSON object; give a JSON Schema object")
+    if schema_surely_valid(schema):
+        return schema  # before the root's CLI starts: jsonschema's import would delay it (schemafast)
+    import jsonschema
+
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
