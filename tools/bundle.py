@@ -68,6 +68,7 @@ MODULES = (
     "verbs",
     "dag",
     "cli",
+    "api",
     "main",
 )
 BEGIN = "# " + "=" * 20 + " begin {path} " + "=" * 20 + "\n"
