@@ -36,11 +36,11 @@ class RunOptions(TypedDict, total=False):
 
     topic: str
     resume: str
-    tools: Sequence[str]
-    disallowed_tools: Sequence[str]
-    allow: Sequence[str]
-    deny: Sequence[str]
-    ask: Sequence[str]
+    tools: list[str]
+    disallowed_tools: list[str]
+    allow: list[str]
+    deny: list[str]
+    ask: list[str]
     model: str
     agent: str
     schema: str | Mapping[str, Any]
@@ -77,6 +77,7 @@ API_LEFT_OUT = {
     "traceback": "errors are exceptions already; the CLI's --traceback shows spawn.py's own",
 }
 # What a keyword takes at run time, beyond what its flag's argparse type takes.
+COMMA_LIST = "A,B"  # the metavar of the flags that take a comma-separated list (--tools)
 ENV_KEYWORD = "env"  # every call: the environment of the spawn.py it runs (default os.environ)
 
 
@@ -232,6 +233,8 @@ def options_argv(options: Mapping[str, Any]) -> list[str]:
             argv += [flag] if value else [] if isinstance(action, argparse._StoreTrueAction) else [f"--no-{flag[2:]}"]
         elif isinstance(action, argparse._AppendAction):
             argv += [part for item in option_list(key, value) for part in (flag, item)]
+        elif action.metavar == COMMA_LIST:
+            argv += [flag, ",".join(option_list(key, value))]
         else:
             argv += [flag, option_text(key, value)]
     return argv
@@ -246,7 +249,7 @@ def option_list(key: str, value: Any) -> list[str]:
 
 
 def option_text(key: str, value: Any) -> str:
-    """One keyword's value as its flag's text: lists comma-joined, a schema dict as JSON."""
+    """One keyword's value as its flag's text: a schema dict as JSON."""
     if key == "schema" and isinstance(value, Mapping):
         return json.dumps(value)
     if isinstance(value, os.PathLike):
@@ -255,8 +258,6 @@ def option_text(key: str, value: Any) -> str:
         raise UsageError(f"{key}={value!r} takes a value, not True or False")
     if isinstance(value, str | int | float):
         return str(value)
-    if key in ("tools", "disallowed_tools"):
-        return ",".join(option_list(key, value))
     raise UsageError(f"{key}={value!r} has the wrong type; see help(spawn.run)")
 
 

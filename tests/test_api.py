@@ -1,0 +1,355 @@
+"""The Python API (`import spawn`): spawn.run, start, wait, status, kill, send, budget and their async twins.
+
+End to end: every call runs the real spawn.py CLI, which runs the real bundled
+claude CLI against tools/mock_model.py; and from a fresh virtual environment
+that installed the project, the installed module is what runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import mock_model
+import pytest
+from conftest import ROOT, agent_dirs, alive, load, mock_task, run_spawn, wait_for_path, wait_until_gone
+
+import spawn
+
+EXAMPLE = ROOT / "docs" / "examples" / "review_table.py"
+ASLEEP: list[dict[str, Any]] = [{"sleep": 120}, {"text": "woke up"}]  # a model request that hangs: the agent runs until ended
+
+
+def run_flags() -> dict[str, argparse.Action]:
+    return {a.dest: a for a in spawn.build_run_parser()._actions if a.option_strings}
+
+
+# ---- options: the CLI's flags, one list ----
+
+
+def test_every_run_flag_is_a_keyword_or_left_out_with_a_reason() -> None:
+    keywords = set(spawn.RunOptions.__annotations__)
+    flags = set(run_flags())
+    assert keywords <= flags, f"keywords with no flag: {keywords - flags}"
+    unexplained = flags - keywords - set(spawn.API_LEFT_OUT)
+    assert not unexplained, f"flags with neither a keyword nor a reason: {unexplained}"
+    assert not keywords & set(spawn.API_LEFT_OUT)
+    assert all(len(why) > 10 for why in spawn.API_LEFT_OUT.values())
+
+
+def test_each_keyword_takes_what_its_flag_takes() -> None:
+    hints = typing.get_type_hints(spawn.RunOptions)
+    for dest, action in run_flags().items():
+        if dest not in hints:
+            continue
+        hint = hints[dest]
+        if action.choices is not None:
+            assert set(typing.get_args(hint)) == set(action.choices), dest
+        elif action.type in (int, float):
+            assert hint is action.type, f"{dest}: {hint} for a flag of type {action.type}"
+        elif isinstance(action, argparse._StoreTrueAction | argparse.BooleanOptionalAction):
+            assert hint is bool, dest
+        elif isinstance(action, argparse._AppendAction):
+            assert hint == list[str], dest
+
+
+def test_keywords_become_the_flags_the_cli_parses(tmp_path: Path) -> None:
+    options: dict[str, Any] = {
+        "topic": "api words",
+        "resume": "a0-123456",
+        "tools": ["Read", "Grep"],
+        "disallowed_tools": ["Bash"],
+        "allow": ["Bash(git diff:*)", "Read"],
+        "deny": ["Bash(rm:*)"],
+        "ask": ["Edit"],
+        "model": "low-tier",
+        "agent": "reviewer",
+        "schema": {"type": "object", "required": ["x"]},
+        "output": tmp_path / "out.json",
+        "system_prompt": "be brief",
+        "system_prompt_file": str(tmp_path / "prompt.md"),
+        "preset": "claude_code",
+        "sandbox": "off",
+        "cwd": tmp_path,
+        "max_depth": 3,
+        "timeout": 12.5,
+        "idle_timeout": 30.0,
+        "max_turns": 4,
+        "max_budget_usd": 0.25,
+        "max_agents": 9,
+        "max_concurrent": 2,
+        "confirm_over": 1.5,
+        "session": tmp_path / "sessions",
+        "parent_trace": "00-" + "1" * 32 + "-" + "2" * 16 + "-01",
+        "no_settings": True,
+    }
+    assert set(options) == set(spawn.RunOptions.__annotations__)  # every keyword, once
+    parsed = spawn.build_run_parser().parse_args(spawn.options_argv(options))
+    for key, value in options.items():
+        if key == "schema":
+            assert json.loads(parsed.schema) == value
+        elif key in ("tools", "disallowed_tools"):
+            assert getattr(parsed, key) == ",".join(value)
+        elif isinstance(value, Path):
+            assert getattr(parsed, key) == str(value)
+        else:
+            assert getattr(parsed, key) == value, key
+    assert spawn.options_argv({"tools": [], "max_turns": None}) == ["--tools", ""]  # None: as if not given
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"toolz": ["Read"]}, "unknown option toolz=['Read']; did you mean 'tools'?"),
+        ({"tools": "Read"}, "tools='Read' must be a list of strings"),
+        ({"allow": ["Read", 3]}, "must hold strings only"),
+        ({"timeout": True}, "timeout=True takes a value, not True or False"),
+        ({"no_settings": "yes"}, "no_settings='yes' must be True or False"),
+        ({"dry_run": True}, "dry_run is no option of the Python API"),
+        ({"timeout": [1]}, "timeout=[1] has the wrong type"),
+    ],
+)
+def test_a_bad_keyword_is_a_usage_error_and_starts_nothing(
+    options: dict[str, Any], words: str, base_env: dict[str, str], session_root: Path
+) -> None:
+    with pytest.raises(spawn.UsageError) as caught:
+        spawn.run("anything", env=base_env, **options)
+    assert caught.value.exit_code == spawn.ExitCode.USAGE and words in caught.value.message
+    assert not session_root.exists()
+
+
+def test_budget_takes_exactly_one_change() -> None:
+    with pytest.raises(spawn.UsageError, match="exactly one"):
+        spawn.budget("/nowhere")
+    with pytest.raises(spawn.UsageError, match="exactly one"):
+        spawn.budget("/nowhere", raise_usd=1.0, set_usd=2.0)
+
+
+# ---- end to end: the real CLI against the scripted model ----
+
+
+def test_run_returns_the_agents_result(env: dict[str, str], session_root: Path) -> None:
+    result = spawn.run(mock_task("say hi", [{"text": "hello from the agent"}]), env=env, tools=["Read"], timeout=120.0)
+    assert isinstance(result, spawn.Result)
+    assert result.status is spawn.Status.DONE and result.ok and result.exit_code == spawn.ExitCode.OK
+    assert result.output == "hello from the agent"
+    assert isinstance(result.cost_usd, float) and result.cost_usd > 0
+    (agent_dir,) = agent_dirs(session_root)
+    assert result.agent_dir == str(agent_dir) and result.id == agent_dir.name
+    outcome = result.read_outcome()
+    assert isinstance(outcome, spawn.Outcome)
+    assert (outcome.status, outcome.output, outcome.cost_usd) == ("done", result.output, result.cost_usd)
+    assert load(agent_dir / "meta.json")["tools"] == ["Read"]
+
+
+def test_a_schema_given_as_a_dict_validates_the_output(env: dict[str, str]) -> None:
+    schema = {"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}}
+    result = spawn.run(mock_task("count", [{"structured": {"n": 7}}]), env=env, tools=["Read"], schema=schema)
+    assert result.status is spawn.Status.DONE and result.output == {"n": 7}
+    bad = spawn.run(mock_task("count badly", [{"structured": {"n": "seven"}}]), env=env, tools=["Read"], schema=schema)
+    # An agent that failed is an answer, not an exception: its status says so.
+    assert bad.status is spawn.Status.FAILED and bad.exit_code == spawn.ExitCode.AGENT_FAILED and bad.validation_errors
+
+
+def cli_error(args: list[str], env: Mapping[str, str]) -> tuple[int, str]:
+    proc = run_spawn(args, env)
+    return proc.returncode, proc.stderr.strip().splitlines()[-1].removeprefix("spawn: error: ")
+
+
+def test_errors_are_the_clis_with_its_message_and_exit_code(env: dict[str, str], tmp_path: Path) -> None:
+    task = mock_task("never runs", [{"text": "no"}])
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    cases: list[tuple[type[spawn.SpawnError], dict[str, Any], list[str], dict[str, str]]] = [
+        (spawn.UsageError, {"tools": ["Nope"]}, ["--tools", "Nope"], env),
+        (spawn.UsageError, {"max_depth": -1}, ["--max-depth", "-1"], env),
+        (spawn.StateError, {"session": a_file / "sessions"}, ["--session", str(a_file / "sessions")], env),
+        # A depth limit: the refusal is recorded, and the API raises what the CLI reports.
+        (spawn.RefusedError, {}, [], {**env, "SPAWN_DEPTH": "2", "SPAWN_MAX_DEPTH": "2"}),
+    ]
+    for error_class, options, flags, call_env in cases:
+        tools = [] if "tools" in options else ["--tools", "Read"]
+        code, message = cli_error(["--task", task, *tools, *flags], call_env)
+        with pytest.raises(error_class) as caught:
+            spawn.run(task, env=call_env, **({"tools": ["Read"]} | options))
+        assert caught.value.exit_code == code == error_class.exit_code, (error_class, code)
+        if error_class is spawn.RefusedError:  # each refusal names its own agent directory
+            assert caught.value.message.startswith("refused: depth limit") and message.startswith("refused: depth limit")
+        else:
+            assert caught.value.message == message
+
+
+def test_start_wait_status_and_kill(env: dict[str, str], session_root: Path) -> None:
+    quick = spawn.start(mock_task("quick", [{"text": "quick done"}]), env=env, tools=["Read"])
+    sleeper = spawn.start(mock_task("sleeper", ASLEEP), env=env, tools=["Read"])
+    assert isinstance(quick, spawn.Agent) and quick.status is spawn.Status.RUNNING
+    assert Path(quick.agent_dir).is_dir() and quick.session != sleeper.session  # two roots, two sessions
+
+    first = spawn.wait([quick, sleeper], any=True, env=env)
+    assert first.status == "done" and [r.id for r in first.agents] == [quick.id] and first.agents[0].output == "quick done"
+    late = spawn.wait(sleeper, timeout=0.5, env=env)
+    assert (late.status, late.agents, late.pending) == ("timeout", [], [sleeper.id])
+
+    rows = spawn.status(sleeper, env=env)
+    assert [(r.id, r.state, r.depth, r.parent_id) for r in rows] == [(sleeper.id, spawn.Status.RUNNING, 0, None)]
+    assert all(isinstance(r, spawn.AgentRow) for r in rows)
+    runner = load(Path(sleeper.agent_dir) / "meta.json")["pid"]
+    assert alive([runner])
+
+    assert sleeper.kill() == [sleeper.id]
+    ended = sleeper.result(timeout=60)
+    assert ended.status is spawn.Status.KILLED and ended.exit_code == spawn.ExitCode.KILLED
+    assert wait_until_gone([runner], 30) == []
+    both = spawn.wait([quick.id, sleeper.agent_dir], env=env)  # an id or a directory names an agent too
+    assert both.status == "failed" and [r.status for r in both.agents] == [spawn.Status.DONE, spawn.Status.KILLED]
+    assert [r.state for r in spawn.status(env={**env, "SPAWN_SESSION_ROOT": str(session_root)})] == [spawn.Status.KILLED]
+
+
+def test_async_twins(env: dict[str, str]) -> None:
+    async def main() -> None:
+        tasks = [mock_task(f"async {n}", [{"text": f"answer {n}"}]) for n in range(3)]
+        results = await asyncio.gather(*(spawn.arun(task, env=env, tools=["Read"]) for task in tasks))
+        assert [r.output for r in results] == ["answer 0", "answer 1", "answer 2"]
+        agent = await spawn.astart(mock_task("async sleeper", ASLEEP), env=env, tools=["Read"])
+        rows = await spawn.astatus(agent, env=env)
+        assert [r.state for r in rows] == [spawn.Status.RUNNING]
+        assert await spawn.akill(agent, env=env) == [agent.id]
+        waited = await spawn.await_(agent, env=env)
+        assert [r.status for r in waited.agents] == [spawn.Status.KILLED]
+        with pytest.raises(spawn.UsageError):
+            await spawn.arun("x", env=env, tools=["Nope"])
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_arun_ends_its_agent_with_an_outcome(env: dict[str, str], session_root: Path) -> None:
+    async def main() -> None:
+        task = asyncio.ensure_future(spawn.arun(mock_task("to cancel", ASLEEP), env=env, tools=["Read"]))
+        limit = time.monotonic() + 60
+        while not list(session_root.glob("*/agents/*/heartbeat.json")):
+            assert time.monotonic() < limit, "the agent never started"
+            await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    (agent_dir,) = agent_dirs(session_root)
+    outcome = load(agent_dir / "outcome.json")  # written before arun gave up waiting: one outcome, not an orphan
+    assert outcome["status"] == "interrupted"
+    assert wait_until_gone([load(agent_dir / "meta.json")["pid"]], 30) == []
+
+
+def needs_steering_verbs(env: Mapping[str, str]) -> None:
+    if run_spawn(["send", "--help"], env).returncode != 0:
+        pytest.skip("needs the send/budget verbs")
+
+
+def test_send_reaches_a_running_agent(env: dict[str, str]) -> None:
+    needs_steering_verbs(env)
+    agent = spawn.start(mock_task("listen", [{"bash": "sleep 3"}, {"text": "heard"}]), env=env, tools=["Bash"])
+    wait_for_path(Path(agent.agent_dir) / "heartbeat.json", 60)
+    answer = agent.send("a word from python")
+    assert isinstance(answer, dict)
+    result = agent.result(timeout=120)
+    assert result.status is spawn.Status.DONE
+    assert "a word from python" in Path(result.transcript).read_text()
+
+
+def test_budget_raises_a_trees_budget(env: dict[str, str]) -> None:
+    needs_steering_verbs(env)
+    agent = spawn.start(mock_task("spend", ASLEEP), env=env, tools=["Read"], max_budget_usd=0.5)
+    try:
+        limits = agent.session / "limits.json"
+        wait_for_path(limits, 60)
+        assert isinstance(spawn.budget(agent.session, raise_usd=0.25, env=env), dict)
+        assert load(limits)["max_budget_usd"] == pytest.approx(0.75)
+        spawn.budget(agent.session, set_usd=2.0, env=env)
+        assert load(limits)["max_budget_usd"] == pytest.approx(2.0)
+    finally:
+        agent.kill()
+
+
+# ---- the installed distribution ----
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment where `uv pip install ROOT` installed the project, offline (from uv's cache)."""
+    uv = shutil.which("uv")
+    assert uv is not None, "uv is needed to install the project (nox uses it)"
+    venv = tmp_path_factory.mktemp("installed") / "venv"
+    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    proc = subprocess.run(
+        [uv, "pip", "install", "--offline", "--quiet", "--python", str(python), str(ROOT)], capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    return python
+
+
+def run_installed(python: Path, code: str, env: Mapping[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    # From a folder of its own: nothing beside it named spawn.py, and no PYTHONPATH.
+    clean = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    return subprocess.run([str(python), "-c", code], env=clean, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_spawn_run_from_a_fresh_venv_that_installed_the_project(installed: Path, env: dict[str, str], tmp_path: Path) -> None:
+    code = (
+        "import json, spawn\n"
+        f"result = spawn.run({mock_task('installed', [{'text': 'from site-packages'}])!r}, tools=['Read'])\n"
+        "print(json.dumps({'file': spawn.__file__, 'status': result.status, 'output': result.output}))\n"
+    )
+    proc = run_installed(installed, code, env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    site = Path(data["file"]).parent
+    assert site.parent.name == "site-packages" and Path(data["file"]).is_relative_to(installed.parent.parent)
+    assert (data["status"], data["output"]) == ("done", "from site-packages")
+    # The same file users copy, marked typed (PEP 561).
+    assert Path(data["file"]).read_bytes() == (ROOT / "spawn.py").read_bytes()
+    assert (site / "py.typed").exists()
+
+
+def test_the_example_prints_a_table_of_five_reviews(installed: Path, base_env: dict[str, str], tmp_path: Path) -> None:
+    aspects = ["correctness", "security", "performance", "tests", "readability"]
+    rules = [
+        {
+            "match": f"Review the {aspect} of",
+            "steps": [{"structured": {"verdict": "comment", "issues": [{"severity": "minor", "description": aspect}] * (n + 1)}}],
+        }
+        for n, aspect in enumerate(aspects)
+    ]
+    with mock_model.serve(tmp_path, {"rules": rules}) as model:
+        env = {**base_env, "ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "sk-ant-test-example"}
+        proc = subprocess.run(
+            [str(installed), str(EXAMPLE), "src/"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+        )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["aspect", "status", "verdict", "issues", "cost"]
+    table = {line.split()[0]: line.split() for line in lines[1:]}
+    assert list(table)[:5] == aspects and "total" in table
+    for n, aspect in enumerate(aspects):
+        assert table[aspect][1:4] == ["done", "comment", str(n + 1)]
+        assert table[aspect][4].startswith("$")
+
+
+def test_pyproject_installs_what_the_script_block_names() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    block = (ROOT / "spawn.py").read_text().split("# /// script\n", 1)[1].split("# ///\n", 1)[0]
+    script = tomllib.loads("\n".join(line.removeprefix("#").removeprefix(" ") for line in block.splitlines()))
+    assert project["project"]["dependencies"] == script["dependencies"]
+    assert project["project"]["requires-python"] == script["requires-python"]
+    assert "version" in project["project"]["dynamic"] and project["tool"]["hatch"]["version"]["path"] == "spawn.py"
+    assert project["project"]["scripts"]["spawn"] == "spawn:console_main" and callable(spawn.console_main)
