@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -250,6 +251,31 @@ def test_a_cancelled_arun_ends_its_agent_with_an_outcome(env: dict[str, str], se
     assert wait_until_gone([load(agent_dir / "meta.json")["pid"]], 30) == []
 
 
+def test_an_interrupted_run_ends_its_agent_with_an_outcome(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    # As a notebook's interrupt: SIGINT to the Python process alone, not to its spawn.py.
+    script = tmp_path / "notebook.py"
+    script.write_text(
+        "import sys, spawn\n"
+        "try:\n"
+        f"    spawn.run({mock_task('to interrupt', ASLEEP)!r}, tools=['Read'])\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    limit = time.monotonic() + 60
+    while not list(session_root.glob("*/agents/*/heartbeat.json")):
+        assert time.monotonic() < limit and proc.poll() is None, "the agent never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert out.strip() == "interrupted", err
+    (agent_dir,) = agent_dirs(session_root)
+    assert load(agent_dir / "outcome.json")["status"] == "interrupted"  # committed before run() gave up
+    assert wait_until_gone([load(agent_dir / "meta.json")["pid"]], 30) == []
+
+
 def needs_steering_verbs(env: Mapping[str, str]) -> None:
     if run_spawn(["send", "--help"], env).returncode != 0:
         pytest.skip("needs the send/budget verbs")
@@ -353,3 +379,9 @@ def test_pyproject_installs_what_the_script_block_names() -> None:
     assert project["project"]["requires-python"] == script["requires-python"]
     assert "version" in project["project"]["dynamic"] and project["tool"]["hatch"]["version"]["path"] == "spawn.py"
     assert project["project"]["scripts"]["spawn"] == "spawn:console_main" and callable(spawn.console_main)
+
+
+def test_the_docs_show_the_example_that_the_test_runs() -> None:
+    code = EXAMPLE.read_text()
+    body = code[code.index("import spawn\n") : code.index('\n\nif __name__ == "__main__":')]
+    assert body in (ROOT / "docs" / "python-api.md").read_text()
