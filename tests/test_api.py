@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import shutil
 import signal
@@ -21,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import mock_model
 import pytest
 from conftest import ROOT, agent_dirs, alive, load, mock_task, run_spawn, wait_for_path, wait_until_gone
@@ -136,6 +138,24 @@ def test_budget_takes_exactly_one_change() -> None:
         spawn.budget("/nowhere", raise_usd=1.0, set_usd=2.0)
 
 
+def schema_properties(name: str, *path: str) -> tuple[set[str], set[str]]:
+    schema = json.loads((ROOT / "schemas" / f"{name}.json").read_text())
+    for key in path:
+        schema = schema[key]
+    return set(schema["properties"]), set(schema["required"])
+
+
+@pytest.mark.parametrize(
+    ("record", "schema", "path"),
+    [(spawn.Result, "result", ()), (spawn.AgentRow, "status", ("properties", "agents", "items"))],
+)
+def test_the_records_mirror_their_schemas(record: type, schema: str, path: tuple[str, ...]) -> None:
+    properties, required = schema_properties(schema, *path)
+    fields = dataclasses.fields(record)
+    assert {f.name for f in fields} == properties
+    assert {f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING} == required
+
+
 # ---- end to end: the real CLI against the scripted model ----
 
 
@@ -204,6 +224,8 @@ def test_start_wait_status_and_kill(env: dict[str, str], session_root: Path) -> 
     rows = spawn.status(sleeper, env=env)
     assert [(r.id, r.state, r.depth, r.parent_id) for r in rows] == [(sleeper.id, spawn.Status.RUNNING, 0, None)]
     assert all(isinstance(r, spawn.AgentRow) for r in rows)
+    listed = run_spawn(["status", "--json", str(sleeper.session)], env)
+    jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / "status.json").read_text())).validate(json.loads(listed.stdout))
     runner = load(Path(sleeper.agent_dir) / "meta.json")["pid"]
     assert alive([runner])
 
