@@ -138,6 +138,15 @@ def test_budget_takes_exactly_one_change() -> None:
         spawn.budget("/nowhere", raise_usd=1.0, set_usd=2.0)
 
 
+def test_a_cli_run_never_executes_the_api() -> None:
+    # Every agent at every depth runs spawn.py as a script: the API's definitions
+    # come after the __main__ block that ends that process, so they cost it nothing.
+    text = (ROOT / "spawn.py").read_text()
+    ends = text.index('\nif __name__ == "__main__":\n    use_bytecode_cache(')
+    assert text.index("# ==================== begin src/spawnlib/api.py") > ends
+    assert "os._exit(" in text[ends : text.index("# ==================== begin src/spawnlib/api.py")]
+
+
 def schema_properties(name: str, *path: str) -> tuple[set[str], set[str]]:
     schema = json.loads((ROOT / "schemas" / f"{name}.json").read_text())
     for key in path:

@@ -68,8 +68,11 @@ MODULES = (
     "verbs",
     "dag",
     "cli",
-    "api",
     "main",
+    # After main's `if __name__ == "__main__":` block, which ends the process:
+    # a CLI run (every agent, at every depth) never executes the Python API's
+    # definitions; `import spawn` does.
+    "api",
 )
 BEGIN = "# " + "=" * 20 + " begin {path} " + "=" * 20 + "\n"
 END = "# " + "=" * 20 + " end {path} " + "=" * 20 + "\n"
