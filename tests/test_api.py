@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import shlex
 import shutil
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from typing import Any
 import jsonschema
 import mock_model
 import pytest
-from conftest import ROOT, agent_dirs, alive, load, mock_task, run_spawn, wait_for_path, wait_until_gone
+from conftest import ROOT, agent_dirs, alive, load, metas, mock_task, run_spawn, wait_for_path, wait_until_gone
 
 import spawn
 
@@ -280,6 +281,34 @@ def test_a_cancelled_arun_ends_its_agent_with_an_outcome(env: dict[str, str], se
     outcome = load(agent_dir / "outcome.json")  # written before arun gave up waiting: one outcome, not an orphan
     assert outcome["status"] == "interrupted"
     assert wait_until_gone([load(agent_dir / "meta.json")["pid"]], 30) == []
+
+
+def test_from_an_agents_bash_the_api_starts_children_within_its_limits(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    # A script an agent runs spawns through the API as the agent's Bash would through the CLI:
+    # its agents are that agent's children, and a limit refuses them just the same.
+    script = tmp_path / "fan_out.py"
+    script.write_text(
+        "import sys\n"
+        "import spawn\n"
+        "try:\n"
+        "    result = spawn.run(sys.argv[1], tools=['Bash', 'Read'])\n"
+        "    print('api-result', result.status, result.output)\n"
+        "except spawn.RefusedError as error:\n"
+        "    print('api-refused', int(error.exit_code), error.message)\n"
+    )
+    run_script = f'"$SPAWN_PYTHON" {script}'
+    too_deep = mock_task("too deep", [{"text": "must never run"}])
+    child = mock_task("child", [{"bash": f"{run_script} {shlex.quote(too_deep)}"}, {"text": "child-saw-refusal"}])
+    root = mock_task("root", [{"bash": f"{run_script} {shlex.quote(child)}"}, {"text": "root-done"}])
+    result = spawn.run(root, env={**env, "PYTHONPATH": str(ROOT)}, tools=["Bash", "Read"], max_depth=1)
+    assert (result.status, result.output) == (spawn.Status.DONE, "root-done")
+    by_depth = {m["depth"]: m for m in metas(session_root).values()}
+    assert sorted(by_depth) == [0, 1, 2] and by_depth[1]["parent_id"] == by_depth[0]["id"] == result.id
+    refused = next(session_root.glob(f"*/agents/{by_depth[2]['id']}"))
+    assert load(refused / "outcome.json")["status"] == "refused"
+    transcripts = {d: next(session_root.glob(f"*/agents/{by_depth[d]['id']}")).joinpath("transcript.jsonl").read_text() for d in (0, 1)}
+    assert "api-refused 4 refused: depth limit" in transcripts[1]
+    assert "api-result done child-saw-refusal" in transcripts[0]
 
 
 def test_an_interrupted_run_ends_its_agent_with_an_outcome(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
