@@ -445,3 +445,16 @@ def test_the_docs_show_the_example_that_the_test_runs() -> None:
     code = EXAMPLE.read_text()
     body = code[code.index("import spawn\n") : code.index('\n\nif __name__ == "__main__":')]
     assert body in (ROOT / "docs" / "python-api.md").read_text()
+
+
+def test_uv_run_spawn_py_ignores_the_project_beside_it() -> None:
+    # spawn.py is a PEP 723 script: with pyproject.toml beside it, uv still runs it
+    # from its own block (offline: from the cache nox filled), and makes no project venv.
+    uv = shutil.which("uv")
+    assert uv is not None
+    before = {p.name for p in ROOT.iterdir()}
+    argv = [uv, "run", "--offline", "spawn.py", "--version"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"spawn.py {spawn.__version__}"
+    assert {p.name for p in ROOT.iterdir()} - before == set()  # no .venv, no uv.lock
