@@ -108,7 +108,9 @@ def test_keywords_become_the_flags_the_cli_parses(tmp_path: Path) -> None:
             assert getattr(parsed, key) == str(value)
         else:
             assert getattr(parsed, key) == value, key
-    assert spawn.options_argv({"tools": [], "max_turns": None}) == ["--tools", ""]  # None: as if not given
+    assert spawn.options_argv({"tools": [], "max_turns": None}) == ["--tools="]  # None: as if not given
+    dashed = spawn.build_run_parser().parse_args(spawn.run_argv("- a task in a list", {"topic": "--not-a-flag", "deny": ["-x"]}, True))
+    assert (dashed.task, dashed.topic, dashed.deny, dashed.background) == ("- a task in a list", "--not-a-flag", ["-x"], True)
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,13 @@ from .records import Outcome, Status, record_from_json
 # `import spawn` in a script or a notebook: spawn.run(task, tools=[...]) and
 # friends. Every call runs this very file as the CLI, one process per agent
 # (`sys.executable spawn.py ...`), so an agent started from Python gets every
-# guarantee it gets from Bash: limits, containment, one outcome. Nothing here
-# runs at import beyond these definitions; asyncio is imported by the async
-# twins only, as every nesting level loads this file.
+# guarantee it gets from Bash: limits, containment, one outcome.
+#
+# This section comes after main's __main__ block (tools/bundle.py), so a CLI
+# run, which every agent at every depth is, never executes it. That is also
+# why its records (Result, Agent, Waited, AgentRow, mirroring schemas/) live
+# here and not in the records section: a dataclass costs milliseconds to define.
+# Flag values go as --flag=VALUE: a task or a topic may begin with a dash.
 
 
 class RunOptions(TypedDict, total=False):
@@ -232,11 +236,11 @@ def options_argv(options: Mapping[str, Any]) -> list[str]:
                 raise UsageError(f"{key}={value!r} must be True or False")
             argv += [flag] if value else [] if isinstance(action, argparse._StoreTrueAction) else [f"--no-{flag[2:]}"]
         elif isinstance(action, argparse._AppendAction):
-            argv += [part for item in option_list(key, value) for part in (flag, item)]
+            argv += [f"{flag}={item}" for item in option_list(key, value)]
         elif action.metavar == COMMA_LIST:
-            argv += [flag, ",".join(option_list(key, value))]
+            argv.append(f"{flag}={','.join(option_list(key, value))}")
         else:
-            argv += [flag, option_text(key, value)]
+            argv.append(f"{flag}={option_text(key, value)}")
     return argv
 
 
@@ -280,7 +284,7 @@ def agent_args(agents: AgentRef | Sequence[AgentRef]) -> list[str]:
 def run_argv(task: str, options: Mapping[str, Any], background: bool) -> list[str]:
     if not isinstance(task, str) or not task.strip():
         raise UsageError("the task is empty; pass the prompt as run's first argument")
-    return ["--task", task, *options_argv(options), *(["--background"] if background else [])]
+    return [f"--task={task}", *options_argv(options), *(["--background"] if background else [])]
 
 
 def budget_argv(session: str | os.PathLike[str], raise_usd: float | None, set_usd: float | None) -> list[str]:
