@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import inspect
 import json
 import shlex
 import shutil
@@ -132,6 +133,14 @@ def test_a_bad_keyword_is_a_usage_error_and_starts_nothing(
         spawn.run("anything", env=base_env, **options)
     assert caught.value.exit_code == spawn.ExitCode.USAGE and words in caught.value.message
     assert not session_root.exists()
+
+
+@pytest.mark.parametrize("name", ["run", "start", "wait", "status", "kill", "send", "budget"])
+def test_each_call_has_an_async_twin_that_takes_the_same_arguments(name: str) -> None:
+    call, twin = getattr(spawn, name), getattr(spawn, "await_" if name == "wait" else f"a{name}")
+    assert not inspect.iscoroutinefunction(call) and inspect.iscoroutinefunction(twin)
+    assert inspect.signature(call).parameters == inspect.signature(twin).parameters
+    assert typing.get_type_hints(call) == typing.get_type_hints(twin)
 
 
 def test_budget_takes_exactly_one_change() -> None:
