@@ -329,8 +329,26 @@ if TYPE_CHECKING:
 # __file__ would name the .pyc.
 SCRIPT_PATH = Path(sys._getframe(0).f_code.co_filename).resolve()
 SCRIPT_DIR = SCRIPT_PATH.parent
-SCHEMA_DIR = SCRIPT_DIR / "schemas"
-DEFAULT_SESSION_ROOT = SCRIPT_DIR / "sessions"
+
+
+def project_dir(script: Path) -> Path:
+    """Where the project's schemas/, workflows/ and sessions/ are: beside spawn.py.
+
+    Installed as the package spawn (pyproject.toml), the script is
+    site-packages/spawn/__init__.py, with no project beside it: the working
+    directory's then, as a copy of spawn.py is run from beside them.
+    """
+    if script.name != "__init__.py":
+        return script.parent
+    try:
+        return Path.cwd()
+    except OSError:  # a working directory deleted under us
+        return script.parent
+
+
+PROJECT_DIR = project_dir(SCRIPT_PATH)
+SCHEMA_DIR = PROJECT_DIR / "schemas"
+DEFAULT_SESSION_ROOT = PROJECT_DIR / "sessions"
 
 # Version of the on-disk records; bump when a field changes meaning.
 PROTOCOL_VERSION = 1
@@ -13475,7 +13493,7 @@ def resume_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 # Plan, build and explore: phases of one workflow DAG, sharing a state file.
-WORKFLOWS_DIR = SCRIPT_DIR / "workflows"
+WORKFLOWS_DIR = PROJECT_DIR / "workflows"
 DEFAULT_STATE_FILE = ".spawn-state.json"
 DEFAULT_ROTATE_MB = 10.0  # a state file past this is rotated to .1, .2, ...
 PHASES = ("plan", "build", "explore")
@@ -14336,6 +14354,7 @@ def cmd_reap(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
+
 # --------------------------------------------------------------------- main --
 
 
@@ -14418,7 +14437,8 @@ def use_bytecode_cache(environ: Mapping[str, str]) -> None:
         sys.pycache_prefix = str(cache)
 
 
-if __name__ == "__main__":
+def console_main() -> NoReturn:
+    """The CLI as a program: `python spawn.py ...`, and the `spawn` command of the installed package."""
     use_bytecode_cache(os.environ)
     install_fast_start(os.environ)
     code = main()
@@ -14427,6 +14447,10 @@ if __name__ == "__main__":
     # Skip interpreter teardown (tens of ms with the SDK loaded): every record
     # is already durable and every file closed, and a parent waits on us.
     os._exit(code)
+
+
+if __name__ == "__main__":
+    console_main()
 # ==================== end src/spawnlib/main.py ====================
 
 # ==================== begin src/spawnlib/api.py ====================

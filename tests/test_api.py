@@ -154,9 +154,8 @@ def test_a_cli_run_never_executes_the_api() -> None:
     # Every agent at every depth runs spawn.py as a script: the API's definitions
     # come after the __main__ block that ends that process, so they cost it nothing.
     text = (ROOT / "spawn.py").read_text()
-    ends = text.index('\nif __name__ == "__main__":\n    use_bytecode_cache(')
-    assert text.index("# ==================== begin src/spawnlib/api.py") > ends
-    assert "os._exit(" in text[ends : text.index("# ==================== begin src/spawnlib/api.py")]
+    assert text.index("# ==================== begin src/spawnlib/api.py") > text.index('\nif __name__ == "__main__":\n    console_main()\n')
+    assert "os._exit(" in inspect.getsource(spawn.console_main)  # the process ends there
 
 
 def schema_properties(name: str, *path: str) -> tuple[set[str], set[str]]:
@@ -416,6 +415,31 @@ def test_spawn_run_from_a_fresh_venv_that_installed_the_project(installed: Path,
     # The same file users copy, marked typed (PEP 561).
     assert Path(data["file"]).read_bytes() == (ROOT / "spawn.py").read_bytes()
     assert (site / "py.typed").exists()
+
+
+def test_the_installed_spawn_command_is_the_cli_and_sessions_go_to_the_working_directory(
+    installed: Path, env: dict[str, str], tmp_path: Path
+) -> None:
+    # No SPAWN_SESSION_ROOT: an installed spawn has no project beside it, so the run's
+    # session goes to sessions/ in the working directory, never into site-packages.
+    own = {k: v for k, v in env.items() if k != "SPAWN_SESSION_ROOT"}
+    command = installed.parent / "spawn"
+    version = subprocess.run([str(command), "--version"], env=own, capture_output=True, text=True, timeout=120, check=False)
+    assert (version.returncode, version.stdout.strip()) == (spawn.ExitCode.OK, f"spawn.py {spawn.__version__}")
+    proc = subprocess.run(
+        [str(command), "--task", mock_task("console", [{"text": "from the command"}]), "--tools", "Read"],
+        env=own, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["output"] == "from the command"
+    assert Path(result["agent_dir"]).is_relative_to(tmp_path / "sessions")
+    bad = subprocess.run(
+        [str(command), "--task", "x", "--max-depth", "-1"], env=own, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert bad.returncode == spawn.ExitCode.USAGE and bad.stderr.startswith("spawn: error: --max-depth")
+    site = installed.parent.parent / "lib"
+    assert not list(site.glob("python*/site-packages/spawn/sessions"))
 
 
 def test_the_example_prints_a_table_of_five_reviews(installed: Path, base_env: dict[str, str], tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict, Unpack
 
-from .cli import build_run_parser
 from .constants import SCRIPT_PATH
 from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError, did_you_mean
+from .options import build_run_parser
 from .protocol import AGENTS_DIR
 from .records import Outcome, Status, record_from_json
 
