@@ -14609,8 +14609,8 @@ class Agent:
     def kill(self) -> list[str]:
         return kill(self, env=self.env)
 
-    def send(self, text: str) -> dict[str, Any]:
-        return send(self, text, env=self.env)
+    def send(self, text: str, *, as_name: str | None = None) -> dict[str, Any]:
+        return send(self, text, as_name=as_name, env=self.env)
 
 
 @dataclass
@@ -14743,11 +14743,21 @@ def run_argv(task: str, options: Mapping[str, Any], background: bool) -> list[st
     return [f"--task={task}", *options_argv(options), *(["--background"] if background else [])]
 
 
-def budget_argv(session: str | os.PathLike[str], raise_usd: float | None, set_usd: float | None) -> list[str]:
+def budget_argv(session: AgentRef, raise_usd: float | None, set_usd: float | None, as_name: str | None) -> list[str]:
     if (raise_usd is None) == (set_usd is None):
         raise UsageError("pass raise_usd=USD or set_usd=USD, exactly one")
     flag, usd = ("--raise", raise_usd) if raise_usd is not None else ("--set", set_usd)
-    return ["budget", os.fspath(session), flag, option_text(flag[2:], usd)]
+    target = str(session_of(session.agent_dir)) if isinstance(session, Agent | Result | AgentRow) else os.fspath(session)
+    return ["budget", f"{flag}={option_text(flag[2:], usd)}", *as_argv(as_name), "--", target]
+
+
+def send_argv(agent: AgentRef, text: str, as_name: str | None) -> list[str]:
+    # After `--`, a message that begins with a dash is still the message.
+    return ["send", *as_argv(as_name), "--", agent_arg(agent), text]
+
+
+def as_argv(as_name: str | None) -> list[str]:
+    return [f"--as={as_name}"] if as_name is not None else []
 
 
 def status_argv(session: AgentRef | None) -> list[str]:
@@ -14917,20 +14927,27 @@ def kill(agents: AgentRef | Sequence[AgentRef], *, env: Mapping[str, str] | None
     return list(api_call(["kill", *agent_args(agents)], env).get("killed", []))
 
 
-def send(agent: AgentRef, text: str, *, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Deliver a message to a running agent (`spawn.py send ID TEXT`): it sees it at its next turn."""
-    return api_call(["send", agent_arg(agent), text], env)
+def send(agent: AgentRef, text: str, *, as_name: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Deliver a message to a running agent (`spawn.py send ID TEXT`): it sees it at its next turn.
+
+    as_name: who sends it, recorded with it (`--as NAME`).
+    """
+    return api_call(send_argv(agent, text, as_name), env)
 
 
 def budget(
-    session: str | os.PathLike[str],
+    session: AgentRef,
     *,
     raise_usd: float | None = None,
     set_usd: float | None = None,
+    as_name: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Raise or set a tree's budget (`spawn.py budget SESSION --raise|--set USD`); paused agents that now fit go on."""
-    return api_call(budget_argv(session, raise_usd, set_usd), env)
+    """Raise or set a tree's budget (`spawn.py budget SESSION --raise|--set USD`); paused agents that now fit go on.
+
+    session: a session directory or its name, or an agent of it; as_name: who changes it (`--as NAME`).
+    """
+    return api_call(budget_argv(session, raise_usd, set_usd, as_name), env)
 
 
 async def arun(task: str, *, env: Mapping[str, str] | None = None, **options: Unpack[RunOptions]) -> Result:
@@ -14964,18 +14981,19 @@ async def akill(agents: AgentRef | Sequence[AgentRef], *, env: Mapping[str, str]
     return list((await api_acall(["kill", *agent_args(agents)], env)).get("killed", []))
 
 
-async def asend(agent: AgentRef, text: str, *, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+async def asend(agent: AgentRef, text: str, *, as_name: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """send() for asyncio."""
-    return await api_acall(["send", agent_arg(agent), text], env)
+    return await api_acall(send_argv(agent, text, as_name), env)
 
 
 async def abudget(
-    session: str | os.PathLike[str],
+    session: AgentRef,
     *,
     raise_usd: float | None = None,
     set_usd: float | None = None,
+    as_name: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """budget() for asyncio."""
-    return await api_acall(budget_argv(session, raise_usd, set_usd), env)
+    return await api_acall(budget_argv(session, raise_usd, set_usd, as_name), env)
 # ==================== end src/spawnlib/api.py ====================

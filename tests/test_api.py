@@ -355,11 +355,11 @@ def test_send_reaches_a_running_agent(env: dict[str, str]) -> None:
     needs_steering_verbs(env)
     agent = spawn.start(mock_task("listen", [{"bash": "sleep 3"}, {"text": "heard"}]), env=env, tools=["Bash"])
     wait_for_path(Path(agent.agent_dir) / "heartbeat.json", 60)
-    answer = agent.send("a word from python")
-    assert isinstance(answer, dict)
+    answer = agent.send("- a word from python", as_name="notebook")  # a dash first: still the message
+    assert answer["sent"] is True
     result = agent.result(timeout=120)
     assert result.status is spawn.Status.DONE
-    assert "a word from python" in Path(result.transcript).read_text()
+    assert "- a word from python" in Path(result.transcript).read_text()
 
 
 def test_budget_raises_a_trees_budget(env: dict[str, str]) -> None:
