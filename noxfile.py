@@ -28,7 +28,9 @@ nox.options.reuse_venv = "yes"
 ROOT = Path(__file__).parent
 SCRIPTS = ["spawn.py", "noxfile.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tools").glob("*.py"))]
 PACKAGE = "src/spawnlib"  # spawn.py's source; never on a runtime path
-TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3"]
+# hatchling: pyproject.toml's build backend. tests/test_api.py installs the
+# project into a fresh venv offline, from uv's cache, where installing it here puts it.
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "hatchling>=1.26"]
 # Pinned so a new release can't turn a green main red overnight.
 RUFF = "ruff==0.17.5"
 MYPY = "mypy==2.4.1"
@@ -104,6 +106,24 @@ def typecheck(session: nox.Session) -> None:
     # Separately: the tests import spawn, conftest and tools/mock_model as top-level modules.
     tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py"))
     session.run("mypy", "--strict", *tests, env={"MYPYPATH": f"{ROOT}:{ROOT / 'tools'}"})
+    typecheck_installed(session)
+
+
+def typecheck_installed(session: nox.Session) -> None:
+    """The examples users copy (docs/examples), against the project as `uv pip install .` installs it.
+
+    In a venv of their own, checked from outside the checkout: mypy must find
+    the installed package spawn and its py.typed, not the spawn.py beside it.
+    """
+    work = Path(session.create_tmp())
+    python = work / "installed" / "bin" / "python"
+    session.run(
+        "uv", "venv", "--quiet", "--allow-existing", "--python", str(Path(session.bin) / "python"), str(python.parent.parent), external=True
+    )
+    session.run("uv", "pip", "install", "--quiet", "--reinstall-package", "spawn-py", "--python", str(python), str(ROOT), external=True)
+    examples = sorted(str(p) for p in (ROOT / "docs" / "examples").glob("*.py"))
+    with session.chdir(work):
+        session.run("mypy", "--strict", "--python-executable", str(python), *examples)
 
 
 @nox.session(venv_backend="none")

@@ -79,6 +79,10 @@ MODULES = (
     "dag",
     "cli",
     "main",
+    # After main's `if __name__ == "__main__":` block, which ends the process:
+    # a CLI run (every agent, at every depth) never executes the Python API's
+    # definitions; `import spawn` does.
+    "api",
 )
 # Programs passed as text (src/spawnlib/programs): each module-level
 # `NAME = program_text("name")` of a bundled module becomes NAME's literal

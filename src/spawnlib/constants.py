@@ -11,8 +11,26 @@ from pathlib import Path
 # __file__ would name the .pyc.
 SCRIPT_PATH = Path(sys._getframe(0).f_code.co_filename).resolve()
 SCRIPT_DIR = SCRIPT_PATH.parent
-SCHEMA_DIR = SCRIPT_DIR / "schemas"
-DEFAULT_SESSION_ROOT = SCRIPT_DIR / "sessions"
+
+
+def project_dir(script: Path) -> Path:
+    """Where the project's schemas/, workflows/ and sessions/ are: beside spawn.py.
+
+    Installed as the package spawn (pyproject.toml), the script is
+    site-packages/spawn/__init__.py, with no project beside it: the working
+    directory's then, as a copy of spawn.py is run from beside them.
+    """
+    if script.name != "__init__.py":
+        return script.parent
+    try:
+        return Path.cwd()
+    except OSError:  # a working directory deleted under us
+        return script.parent
+
+
+PROJECT_DIR = project_dir(SCRIPT_PATH)
+SCHEMA_DIR = PROJECT_DIR / "schemas"
+DEFAULT_SESSION_ROOT = PROJECT_DIR / "sessions"
 
 # Version of the on-disk records; bump when a field changes meaning.
 PROTOCOL_VERSION = 1

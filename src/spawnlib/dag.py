@@ -32,8 +32,8 @@ from .constants import (
     KNOWN_TOOLS,
     OUTCOME,
     PERMISSION_KINDS,
+    PROJECT_DIR,
     RECORD_MAX_BYTES,
-    SCRIPT_DIR,
     TRANSCRIPT,
 )
 from .core import estimate_agent, parse_json, secret_values, truncate_for_stdout, utc_now_iso
@@ -906,7 +906,7 @@ def resume_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 # Plan, build and explore: phases of one workflow DAG, sharing a state file.
-WORKFLOWS_DIR = SCRIPT_DIR / "workflows"
+WORKFLOWS_DIR = PROJECT_DIR / "workflows"
 DEFAULT_STATE_FILE = ".spawn-state.json"
 DEFAULT_ROTATE_MB = 10.0  # a state file past this is rotated to .1, .2, ...
 PHASES = ("plan", "build", "explore")

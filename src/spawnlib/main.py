@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import psutil
 
@@ -109,7 +110,8 @@ def use_bytecode_cache(environ: Mapping[str, str]) -> None:
         sys.pycache_prefix = str(cache)
 
 
-if __name__ == "__main__":
+def console_main() -> NoReturn:
+    """The CLI as a program: `python spawn.py ...`, and the `spawn` command of the installed package."""
     use_bytecode_cache(os.environ)
     install_fast_start(os.environ)
     code = main()
@@ -118,3 +120,7 @@ if __name__ == "__main__":
     # Skip interpreter teardown (tens of ms with the SDK loaded): every record
     # is already durable and every file closed, and a parent waits on us.
     os._exit(code)
+
+
+if __name__ == "__main__":
+    console_main()
