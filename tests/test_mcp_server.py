@@ -23,7 +23,7 @@ from mcp.client.stdio import StdioServerParameters  # noqa: E402
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent  # noqa: E402
 
 SERVER = ROOT / "tools" / "mcp_server.py"
-TOOLS = {"spawn_agent", "agent_wait", "agent_status", "agent_cancel", "agent_answer", "list_agents"}
+TOOLS = {"spawn_agent", "agent_wait", "agent_status", "agent_cancel", "agent_answer", "agent_send", "budget", "list_agents"}
 
 
 def server_params(env: dict[str, str], cwd: Path, *extra: str) -> StdioServerParameters:

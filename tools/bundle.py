@@ -59,6 +59,7 @@ MODULES = (
     "processes",
     "agents",
     "channel",
+    "steering",
     "resolving",
     "running",
     "cli_start",
@@ -68,6 +69,7 @@ MODULES = (
     "verbs",
     "dag",
     "cli",
+    "steering_verbs",
     "main",
 )
 BEGIN = "# " + "=" * 20 + " begin {path} " + "=" * 20 + "\n"
