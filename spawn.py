@@ -1663,6 +1663,7 @@ class Status(enum.StrEnum):
     LOST = "lost"  # no outcome, process gone; `reap` or `wait` records it
     STALLED = "stalled?"  # no outcome, idle over half its idle timeout; ended as stalled at the full one
     WAITING = "waiting"  # no outcome, blocked on its children, its --max-concurrent slot lent to them
+    PAUSED = "paused"  # no outcome, alive, waiting at its budget for a raise (--on-budget pause)
     CORRUPT = "corrupt"  # its meta.json can't be read; inspect or remove it
     DONE = "done"
     FAILED = "failed"
@@ -1741,6 +1742,8 @@ class AgentMeta:
     max_budget_usd: float | None = None
     idle_timeout_s: float | None = None
     """Seconds without a transcript event or CPU use before the agent counts as stalled."""
+    on_budget: str | None = None
+    """pause: wait at its budget for a raise (docs/steering.md); None or fail: fail there."""
     topic: str | None = None
     output_file: str | None = None
     background: bool = False
@@ -4361,6 +4364,7 @@ def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, A
         "deny": list(meta.permissions.get("deny", [])),
         "ask": list(meta.permissions.get("ask", [])),
         "mode": meta.permission_mode,
+        "on_budget": meta.on_budget,
         "model": meta.model,
         "traceparent": meta.traceparent,
     }
@@ -5907,6 +5911,9 @@ def send_answer(session: Path, ask_id: str, verdict: str, by: str, text: str | N
 
 
 
+
+
+
 # ----------------------------------------------------------------- steering --
 # Steering a running tree: a message to an agent while it works (`send`), and
 # a budget that pauses the tree instead of failing it (`--on-budget pause`,
@@ -6352,6 +6359,9 @@ def change_budget(session: Path, raise_usd: float | None, set_usd: float | None,
             )
         change = BudgetChange(utc_now_iso(), round_usd(new) or 0.0, round_usd(budget) or 0.0, by)
         append_jsonl(session / LEDGER, record_to_json(change), secrets_)
+        # limits.json follows, so that every reader of the cap (admission,
+        # status, the MCP server) sees it; the ledger line, first, is the record.
+        write_json_atomic(session / LIMITS, record_to_json(dataclasses.replace(limits, max_budget_usd=change.max_budget_usd)))
     return {
         "session": str(session),
         "max_budget_usd": change.max_budget_usd,
@@ -6569,9 +6579,141 @@ def narrow_on_budget(requested: str | None, inherited: Sequence[str | None]) -> 
     if ceiling is not None and ON_BUDGET_RANK[requested] > ON_BUDGET_RANK[ceiling]:
         return ceiling, f"--on-budget {requested} is wider than the parent's {ceiling}; using {ceiling}"
     return requested, None
+
+
+def ancestry_on_budget(ancestry: Mapping[str, Any]) -> str | None:
+    """The --on-budget of the agent this spawn runs under (its runner's meta.json): absent there is fail."""
+    runner = ancestry.get("runner")
+    return (runner.get("on_budget") or ON_BUDGET_DEFAULT) if isinstance(runner, Mapping) else None
+
+
+def paused_reason(session: Path, paused: Mapping[str, Any]) -> str:
+    return (
+        f"budget: the tree is paused at its budget (agent {paused.get('id')} needs ${paused.get('needed_usd')} more); "
+        f"raise it with 'spawn.py budget {session} --raise USD'"
+    )
+
+
+def wait_while_paused(session: Path, deadline: float | None, *, no_wait: bool) -> str | None:
+    """Before admission: wait while an agent of the tree is paused at its budget; the refusal, or None.
+
+    A paused tree is waiting for someone to pay: a new agent would draw on
+    what is left, or pause at once. With --no-wait it is refused now.
+    """
+    paused = paused_agents(session)
+    if not paused:
+        return None
+    why = paused_reason(session, paused[0])
+    if no_wait:
+        return f"{why}; --no-wait"
+    print(f"spawn: waiting for admission: {why}", file=sys.stderr, flush=True)
+    while paused_agents(session):
+        if deadline is not None and time.time() >= deadline:
+            return f"{why}; the deadline passed while waiting"
+        time.sleep(PAUSE_POLL_S)
+    return None
+
+
+# ------------------------------------------------------------- in the runner --
+
+
+async def open_steering(meta: AgentMeta, agent_dir: Path, state: Any, secrets_: Sequence[str], stop: Callable[[Status, str], None]) -> None:
+    """Before the run: a claude agent's inbox, and its budget pause under --on-budget pause (state: the RunState)."""
+    if meta.kind != "claude":
+        return  # a command takes no messages; an a2a node's remote task gets none yet
+    if meta.on_budget == "pause":
+        state.pause = BudgetPause(meta, agent_dir, secrets_)
+        state.pause.on_fail = lambda why: stop(Status.FAILED, why)
+    inbox = open_inbox(meta, agent_dir, secrets_)
+    if inbox is None:
+        return
+    await inbox.start()
+    pause = state.pause
+    if pause is not None:
+        inbox.before_reopen = lambda: pause.before_turn(state.turns.values())
+    state.inbox = inbox
+
+
+def close_steering(state: Any) -> None:
+    """The run is over: its inbox takes no more, and a pause ends with it."""
+    if state.inbox is not None:
+        state.inbox.close("has ended")
+    if state.pause is not None:
+        state.pause.close()
+
+
+def pause_hooks(sdk: Any, pause: BudgetPause | None) -> list[Any]:
+    """The PreToolUse matcher a paused agent waits in, with a timeout no pause reaches (PAUSE_HOOK_TIMEOUT_S)."""
+    if pause is None:
+        return []
+    return [sdk.HookMatcher(matcher=None, hooks=[pause.pre_tool_use], timeout=PAUSE_HOOK_TIMEOUT_S)]
+
+
+# ------------------------------------------------------------ what status shows --
+
+
+def read_paused(agent_dir: Path) -> dict[str, Any] | None:
+    """An agent's paused.json, or None (absent, or not a record)."""
+    with contextlib.suppress(OSError, ValueError, SpawnError):
+        data = parse_json(read_text(agent_dir / PAUSED))
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def paused_note(row: Mapping[str, Any]) -> str:
+    """`status`'s words for a paused agent: what it spent and what its next turn needs."""
+    paused = row.get("paused")
+    if not isinstance(paused, Mapping):
+        return ""
+    return f"  [paused: spent ${paused.get('spent_usd')}, needs ${paused.get('needed_usd')} more; spawn.py budget SESSION --raise USD]"
+
+
+class SentMessages:
+    """`status --watch`'s view of the messages sent to the tree's agents: what is new since its last look."""
+
+    RECENT = 5  # messages a terminal frame shows, newest last
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+        self.recent: list[str] = []
+
+    def read(self, rows: Iterable[Mapping[str, Any]]) -> list[str]:
+        """One line for each message (or refused one) recorded since the last call."""
+        new: list[str] = []
+        for row in rows:
+            path = Path(str(row.get("agent_dir", ""))) / TRANSCRIPT
+            with contextlib.suppress(OSError):
+                size = path.stat().st_size
+                start = self.offsets.get(str(path), 0)
+                if size <= start:
+                    continue
+                with path.open("rb") as fh:
+                    fh.seek(start)
+                    chunk = fh.read(size - start)
+                whole = chunk[: chunk.rfind(b"\n") + 1]  # a line being written is read next time
+                self.offsets[str(path)] = start + len(whole)
+                for line in whole.splitlines():
+                    if b'"UserSent"' in line or b'"SendRefused"' in line:
+                        new += self._describe(str(row.get("id")), line)
+        self.recent = [*self.recent, *new][-self.RECENT :]
+        return new
+
+    @staticmethod
+    def _describe(agent_id: str, line: bytes) -> list[str]:
+        with contextlib.suppress(ValueError, AttributeError):
+            record = parse_json(line.decode(errors="replace"))
+            message = record.get("message") or {}
+            if record.get("type") == SENT_LINE:
+                text = " ".join(str(message.get("text", "")).split())[:120]
+                return [f"message {message.get('seq')} to {agent_id} from {message.get('from')}: {text}"]
+            if record.get("type") == SEND_REFUSED_LINE:
+                return [f"message to {agent_id} from {message.get('from')} refused: {message.get('refused')}"]
+        return []
 # ==================== end src/spawnlib/steering.py ====================
 
 # ==================== begin src/spawnlib/resolving.py ====================
+
 
 
 
@@ -6843,7 +6985,7 @@ def read_task(args: argparse.Namespace) -> str:
 RECORD_SCHEMAS = frozenset(
     {
         "ask", "ask-answer", "ask-attempt", "dag-journal-line", "forkserver-line", "heartbeat", "kill", "ledger-line", "limits",
-        "meta", "native-line", "outcome", "session", "state", "status", "transcript-line",
+        "meta", "native-line", "outcome", "paused", "session", "state", "status", "transcript-line",
     }
 )  # fmt: skip
 
@@ -6927,6 +7069,8 @@ class Plan:
     """(pid, pipe) of the guard started for an agent this process runs."""
     rules: RuleSet = field(default_factory=RuleSet)
     """The effective rules, each with where it came from (for --dry-run)."""
+    no_wait: bool = False
+    """--no-wait: refused at once, not queued, when the tree is paused at its budget."""
 
 
 def positive(name: str, value: float | None, integer: bool = False) -> None:
@@ -7079,6 +7223,9 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     if dropped:
         warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
     budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
+    on_budget, on_budget_warning = narrow_on_budget(args.on_budget, [environ.get(ENV_ON_BUDGET), ancestry_on_budget(ancestry)])
+    if on_budget_warning:
+        warnings.append(on_budget_warning)
     now = time.time()
     if args.timeout is None and timeout is None and inh.depth < 0:
         timeout = DEFAULT_ROOT_TIMEOUT_S
@@ -7130,6 +7277,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         max_turns=max_turns,
         max_budget_usd=budget,
         idle_timeout_s=idle_timeout,
+        on_budget=on_budget if on_budget != ON_BUDGET_DEFAULT else None,
         # Redacted before slugify lowercases it out of the secret's shape.
         topic=slugify(redact(topic, secret_values(environ)), 32),
         output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
@@ -7159,7 +7307,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         )
     if session is not None and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
         warnings.append("--max-agents, --max-concurrent and --confirm-over apply to a whole tree and are set by its root; ignored here")
-    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules)
+    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules, no_wait=args.no_wait)
 
 
 def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, warnings: list[str]) -> Any:
@@ -7316,6 +7464,8 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
     if plan.refusal is None and not plan.new_session:
         plan.refusal = confirm_spawn(meta, session, plan.secrets)
+    if plan.refusal is None and not plan.new_session:
+        plan.refusal = wait_while_paused(session, meta.deadline, no_wait=plan.no_wait)
     with session_lock(session):
         if plan.refusal is None:
             plan.refusal = admit(meta, session)
@@ -7349,6 +7499,7 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
 # ==================== end src/spawnlib/resolving.py ====================
 
 # ==================== begin src/spawnlib/running.py ====================
+
 
 
 
@@ -7537,6 +7688,8 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         env[ENV_BUDGET] = str(meta.max_budget_usd)
     if meta.idle_timeout_s is not None:
         env[ENV_IDLE_TIMEOUT] = f"{meta.idle_timeout_s:g}"
+    if meta.on_budget is not None:
+        env[ENV_ON_BUDGET] = meta.on_budget
     if meta.sandbox == "inherited":
         env.update(proxied_loopback(os.environ))
     env.update(quiet_cli_environment(os.environ))
@@ -7638,6 +7791,10 @@ class RunState:
         """What a node of another kind than claude returned (see the executors section)."""
         self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
         """Run by the stop path before the node's process group is ended: an a2a node cancels its remote task."""
+        self.inbox: Any = None
+        """steering.Inbox: the messages `spawn.py send` gives it (None: it takes none)."""
+        self.pause: Any = None
+        """steering.BudgetPause, under --on-budget pause."""
         self.refusals_recorded = 0
         """A sandboxed leaf's refused spawns its runner recorded from the drop box (record_dropped_refusals)."""
 
@@ -8179,6 +8336,7 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
 
 
 
+
 # ------------------------------------------------------------ the CLI's start --
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
@@ -8539,7 +8697,8 @@ async def idle_watch(meta: AgentMeta, state: RunState, idle_timeout: float, stop
     last_cpu: float | None = None
     while True:
         await asyncio.sleep(check)
-        if state.cli_pid is None:  # queued for a slot, or the CLI is starting
+        if state.cli_pid is None or (state.pause is not None and state.pause.is_paused):
+            # Queued for a slot, the CLI starting, or paused at the budget: waiting, not stalled.
             state.last_activity = time.time()
             continue
         cpu = await asyncio.to_thread(cli_cpu_seconds, state.cli_pid)
@@ -8847,7 +9006,9 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         system_prompt=system_prompt,
         model=meta.model,
         max_turns=meta.max_turns,
-        max_budget_usd=meta.max_budget_usd,
+        # Under --on-budget pause the CLI gets no cap of its own: a running
+        # CLI's can't be raised, and the runner's check before each turn holds it.
+        max_budget_usd=None if meta.on_budget == "pause" else meta.max_budget_usd,
         effort=meta.effort if isinstance(meta.effort, str) else None,
         settings=settings,
         cwd=meta.cwd,
@@ -8917,7 +9078,10 @@ async def run_sdk(
     options = sdk.ClaudeAgentOptions(
         **plan.options,
         hooks={
-            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
+            "PreToolUse": [
+                sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60),
+                *pause_hooks(sdk, state.pause),
+            ],
             **native_subagent_hooks(sdk, agent_dir, secrets_),
         },
         stderr=on_stderr,
@@ -8929,7 +9093,12 @@ async def run_sdk(
     try:
         await consume_sdk(
             sdk,
-            sdk.query(prompt=plan.prompt, options=options, transport=CliPipes(sdk, started, on_stderr)),
+            # Streaming input while the agent takes messages (spawn.py send): its stdin stays open for them.
+            sdk.query(
+                prompt=state.inbox.prompts(plan.prompt) if state.inbox is not None else plan.prompt,
+                options=options,
+                transport=CliPipes(sdk, started, on_stderr),
+            ),
             meta=meta,
             transcript=agent_dir / TRANSCRIPT,
             state=state,
@@ -8970,13 +9139,20 @@ async def consume_sdk(
             if isinstance(message.usage, dict):
                 state.turns[message.message_id or f"turn{len(state.turns)}"] = (message.model or meta.model, message.usage)
             # A tool call means another turn follows; a final answer is let through.
-            if any(isinstance(b, ToolUseBlock) and b.name != "StructuredOutput" for b in message.content) and state.request_stop:
+            calls = [b.id for b in message.content if isinstance(b, ToolUseBlock) and b.name != "StructuredOutput"]
+            if calls and state.pause is not None:
+                state.pause.check_turn(calls, state.turns.values())  # under --on-budget pause: wait, not fail
+            elif calls and state.request_stop:
                 last = list(state.turns.values())[-1:]
                 why = over_hold(Path(meta.session), meta.id, estimate_cost(state.turns.values()), estimate_cost(last))
                 if why is not None:
                     state.request_stop(Status.FAILED, why)
         elif isinstance(message, ResultMessage):
+            if state.result is not None and isinstance(message.num_turns, int):
+                message.num_turns += state.result.num_turns or 0  # a reopened run's result counts its own turns only
             state.result = message
+            if state.inbox is not None:
+                state.inbox.result_seen()
         else:
             observe_system_message(state, getattr(message, "subtype", None), getattr(message, "data", None))
 
@@ -9166,6 +9342,8 @@ def run_agent(
         def stop(status: Status, detail: str) -> None:
             if state.stop_reason is None:
                 state.stop_reason, state.stop_detail = status, detail
+                if state.inbox is not None:
+                    state.inbox.close("is being stopped")
                 state.running_below = live_descendants(meta)
                 stopping.append(asyncio.ensure_future(shut_down()))
 
@@ -9226,6 +9404,7 @@ def run_agent(
         idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
         drops = asyncio.create_task(drop_box_loop(meta, state, secrets_)) if has_drop_box(meta) else None
         try:
+            await open_steering(meta, agent_dir, state, secrets_, stop)
             max_concurrent = read_limits(Path(meta.session)).max_concurrent
             if max_concurrent is not None:
                 # Waits with the deadline and signal handlers armed, so a queued
@@ -9250,6 +9429,7 @@ def run_agent(
             # -N: killed by signal N; 128+N: a shell's way of saying the same.
             state.cli_killed = getattr(exc, "exit_code", None) in (-signal.SIGTERM, -signal.SIGKILL, 143, 137)
         finally:
+            close_steering(state)
             beat.cancel()
             for watcher in (idle, drops):
                 if watcher is not None:
@@ -11491,6 +11671,7 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
 
 
 
+
 # -------------------------------------------------------------------- verbs --
 
 
@@ -12364,6 +12545,8 @@ def read_agent_rows(
         }
         if meta.resumed_from:
             row["resumed_from"] = meta.resumed_from
+        if state == Status.PAUSED and (paused := read_paused(Path(path))) is not None:
+            row["paused"] = paused
         natives = native_rows(path, meta, parent_ended=outcome is not None)
         # Cached: a finished agent whose records were settled before we read them,
         # keyed by the very files read, so a record replaced meanwhile is read
@@ -12458,6 +12641,8 @@ def unfinished_state(agent_dir: Path, meta: AgentMeta, *, queueing: bool) -> Sta
         return Status.LOST  # gone without an outcome
     if state != Status.RUNNING:
         return state
+    if (agent_dir / PAUSED).exists():
+        return Status.PAUSED
     if idle_for(agent_dir) is not None:
         return Status.STALLED
     if queueing and (agent_dir / SLOT_LENT).exists():
@@ -12558,17 +12743,24 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
         chain = f" ⟲ {row['resumed_from']}" if row.get("resumed_from") else ""  # continues that agent's conversation
         lines.append(
             f"{'  ' * row['level']}{row['id']}{chain}  d{row['depth']}  {row['state']:<11} "
-            f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}"
+            f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}{paused_note(row)}"
         )
         # What holds the tree (containment) is for status --json, not this view.
     return "\n".join(lines)
 
 
-def watch_frame(session: Path, rows: Sequence[Mapping[str, Any]], asks: Sequence[Mapping[str, Any]], size: tuple[int, int]) -> str:
+def watch_frame(
+    session: Path,
+    rows: Sequence[Mapping[str, Any]],
+    asks: Sequence[Mapping[str, Any]],
+    size: tuple[int, int],
+    messages: Sequence[str] = (),
+) -> str:
     """One screen of `status --watch`: the tree cut to the terminal, so nothing wraps or scrolls."""
     columns, lines = size
     text = format_tree(session, rows, session_summary(session)).splitlines()
     text += [f"ask {a['id']}: agent {a['agent_id']} wants {a['tool']}: {a['input']}; spawn.py approve|deny {a['id']}" for a in asks]
+    text += list(messages)
     if len(text) > lines - 1:
         text = [*text[: lines - 2], f"... {len(text) - lines + 2} more lines"]
     text.append(f"{time.strftime('%H:%M:%S')} watching; Ctrl-C stops watching, the agents keep running")
@@ -12582,7 +12774,7 @@ def watch_changes(previous: Mapping[str, str], rows: Sequence[Mapping[str, Any]]
     for row in rows:
         own = format_cost(row["cost_usd"], row["cost_known"] or row["state"] == Status.REFUSED)
         sub = format_cost(row["subtree_cost_usd"], row["subtree_cost_known"])
-        now[row["id"]] = f"{row['id']} d{row['depth']} {row['state']} own {own} tree {sub}"
+        now[row["id"]] = f"{row['id']} d{row['depth']} {row['state']} own {own} tree {sub}" + paused_note(row)
     for ask in asks:
         now[ask["id"]] = f"ask {ask['id']} pending: agent {ask['agent_id']} wants {ask['tool']}: {ask['input']}"
     for key in previous:
@@ -12597,16 +12789,20 @@ def watch_status(session: Path, out: Any) -> int:
 
     tty = out.isatty()
     seen: dict[str, str] = {}
+    messages = SentMessages()
     if tty:
         out.write("\x1b[2J")
     try:
         while True:
             rows = tree_rows(session)
             asks = pending_asks(session)
+            sent = messages.read(rows)
             if tty:
                 size = shutil.get_terminal_size()
-                out.write(watch_frame(session, rows, asks, (size.columns, size.lines)))
+                out.write(watch_frame(session, rows, asks, (size.columns, size.lines), messages.recent))
             else:
+                for line in sent:
+                    out.write(f"{time.strftime('%H:%M:%S')} {line}\n")
                 lines = watch_changes(seen, rows, asks)
                 for key, line in lines.items():
                     if seen.get(key) != line:
@@ -14087,6 +14283,12 @@ def build_run_parser() -> Parser:
     limits.add_argument(
         "--max-budget-usd", type=float, metavar="X", help="spending limit in USD; at the root, one budget for the whole tree"
     )
+    limits.add_argument(
+        "--on-budget",
+        choices=["fail", "pause"],
+        help="at its hold: fail (default), or pause until 'spawn.py budget SESSION --raise USD' (inherited; only narrows to fail)",
+    )
+    limits.add_argument("--no-wait", action="store_true", help="in a tree paused at its budget: be refused (exit 4) rather than wait")
     limits.add_argument("--max-agents", type=int, metavar="N", help="root only: agents the whole session may register")
     limits.add_argument("--max-concurrent", type=int, metavar="N", help="root only: agents running at once; more wait for a slot")
     limits.add_argument(
@@ -14242,7 +14444,22 @@ def build_verb_parser(verb: str) -> Parser:
 
 
 WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
-VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard")
+VERBS = (
+    "wait",
+    "status",
+    "kill",
+    "reap",
+    "approve",
+    "deny",
+    "send",
+    "budget",
+    "agents",
+    "dag",
+    "estimate",
+    *WORKFLOW_VERBS,
+    "_run",
+    "_guard",
+)
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -14680,6 +14897,7 @@ def cmd_budget(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
+
 # --------------------------------------------------------------------- main --
 
 
@@ -14691,7 +14909,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] in VERBS:
             verb = argv[0]
-            args = build_verb_parser(verb).parse_args(argv[1:])
+            parser = build_verb_parser(verb)
+            if verb in STEERING_VERBS:
+                add_steering_arguments(verb, parser)
+            args = parser.parse_args(argv[1:])
             args.verb = verb
             handler = {
                 "wait": cmd_wait,
@@ -14700,6 +14921,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "reap": cmd_reap,
                 "approve": cmd_answer,
                 "deny": cmd_answer,
+                "send": cmd_send,
+                "budget": cmd_budget,
                 "agents": cmd_agents,
                 "dag": cmd_dag,
                 "estimate": cmd_estimate,

@@ -675,7 +675,7 @@ function select(i) {
   detail.appendChild(rows({cost: a.cost, 'subtree cost': a.tree_cost, tokens: a.tokens, 'subtree tokens': a.tree_tokens}));
   detail.appendChild(el('h3', 'outcome')); detail.appendChild(rows(a.outcome));
   if (a.output !== null) detail.appendChild(el('pre', a.output));
-  if (a.marks.length) { detail.appendChild(el('h3', 'refusals, asks, messages and pauses')); detail.appendChild(el('pre', a.marks.join('\\n'))); }
+  if (a.marks.length) { detail.appendChild(el('h3', 'asks, refusals, messages')); detail.appendChild(el('pre', a.marks.join('\\n'))); }
   detail.appendChild(el('h3', 'meta')); detail.appendChild(rows(a.meta));
   detail.appendChild(el('h3', 'last transcript lines')); detail.appendChild(el('pre', a.tail.join('\\n') || '(none)'));
   detail.dataset.agent = a.id;

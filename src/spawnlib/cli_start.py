@@ -151,6 +151,7 @@ from .running import (
     stopped_by,
     take_start_slot,
 )
+from .steering import close_steering, open_steering, pause_hooks
 from .verbs import descendants_of, live_descendants, settle_descendants
 
 # ------------------------------------------------------------ the CLI's start --
@@ -513,7 +514,8 @@ async def idle_watch(meta: AgentMeta, state: RunState, idle_timeout: float, stop
     last_cpu: float | None = None
     while True:
         await asyncio.sleep(check)
-        if state.cli_pid is None:  # queued for a slot, or the CLI is starting
+        if state.cli_pid is None or (state.pause is not None and state.pause.is_paused):
+            # Queued for a slot, the CLI starting, or paused at the budget: waiting, not stalled.
             state.last_activity = time.time()
             continue
         cpu = await asyncio.to_thread(cli_cpu_seconds, state.cli_pid)
@@ -821,7 +823,9 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         system_prompt=system_prompt,
         model=meta.model,
         max_turns=meta.max_turns,
-        max_budget_usd=meta.max_budget_usd,
+        # Under --on-budget pause the CLI gets no cap of its own: a running
+        # CLI's can't be raised, and the runner's check before each turn holds it.
+        max_budget_usd=None if meta.on_budget == "pause" else meta.max_budget_usd,
         effort=meta.effort if isinstance(meta.effort, str) else None,
         settings=settings,
         cwd=meta.cwd,
@@ -891,7 +895,10 @@ async def run_sdk(
     options = sdk.ClaudeAgentOptions(
         **plan.options,
         hooks={
-            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
+            "PreToolUse": [
+                sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60),
+                *pause_hooks(sdk, state.pause),
+            ],
             **native_subagent_hooks(sdk, agent_dir, secrets_),
         },
         stderr=on_stderr,
@@ -903,7 +910,12 @@ async def run_sdk(
     try:
         await consume_sdk(
             sdk,
-            sdk.query(prompt=plan.prompt, options=options, transport=CliPipes(sdk, started, on_stderr)),
+            # Streaming input while the agent takes messages (spawn.py send): its stdin stays open for them.
+            sdk.query(
+                prompt=state.inbox.prompts(plan.prompt) if state.inbox is not None else plan.prompt,
+                options=options,
+                transport=CliPipes(sdk, started, on_stderr),
+            ),
             meta=meta,
             transcript=agent_dir / TRANSCRIPT,
             state=state,
@@ -944,13 +956,20 @@ async def consume_sdk(
             if isinstance(message.usage, dict):
                 state.turns[message.message_id or f"turn{len(state.turns)}"] = (message.model or meta.model, message.usage)
             # A tool call means another turn follows; a final answer is let through.
-            if any(isinstance(b, ToolUseBlock) and b.name != "StructuredOutput" for b in message.content) and state.request_stop:
+            calls = [b.id for b in message.content if isinstance(b, ToolUseBlock) and b.name != "StructuredOutput"]
+            if calls and state.pause is not None:
+                state.pause.check_turn(calls, state.turns.values())  # under --on-budget pause: wait, not fail
+            elif calls and state.request_stop:
                 last = list(state.turns.values())[-1:]
                 why = over_hold(Path(meta.session), meta.id, estimate_cost(state.turns.values()), estimate_cost(last))
                 if why is not None:
                     state.request_stop(Status.FAILED, why)
         elif isinstance(message, ResultMessage):
+            if state.result is not None and isinstance(message.num_turns, int):
+                message.num_turns += state.result.num_turns or 0  # a reopened run's result counts its own turns only
             state.result = message
+            if state.inbox is not None:
+                state.inbox.result_seen()
         else:
             observe_system_message(state, getattr(message, "subtype", None), getattr(message, "data", None))
 
@@ -1140,6 +1159,8 @@ def run_agent(
         def stop(status: Status, detail: str) -> None:
             if state.stop_reason is None:
                 state.stop_reason, state.stop_detail = status, detail
+                if state.inbox is not None:
+                    state.inbox.close("is being stopped")
                 state.running_below = live_descendants(meta)
                 stopping.append(asyncio.ensure_future(shut_down()))
 
@@ -1200,6 +1221,7 @@ def run_agent(
         idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
         drops = asyncio.create_task(drop_box_loop(meta, state, secrets_)) if has_drop_box(meta) else None
         try:
+            await open_steering(meta, agent_dir, state, secrets_, stop)
             max_concurrent = read_limits(Path(meta.session)).max_concurrent
             if max_concurrent is not None:
                 # Waits with the deadline and signal handlers armed, so a queued
@@ -1224,6 +1246,7 @@ def run_agent(
             # -N: killed by signal N; 128+N: a shell's way of saying the same.
             state.cli_killed = getattr(exc, "exit_code", None) in (-signal.SIGTERM, -signal.SIGKILL, 143, 137)
         finally:
+            close_steering(state)
             beat.cancel()
             for watcher in (idle, drops):
                 if watcher is not None:

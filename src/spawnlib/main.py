@@ -25,6 +25,7 @@ from .cli import (
 from .dag import cmd_dag, cmd_estimate, cmd_state, cmd_workflow
 from .errors import ExitCode, SpawnError, UnknownVerbError
 from .fast_start import install_fast_start
+from .steering_verbs import STEERING_VERBS, add_steering_arguments, cmd_budget, cmd_send
 
 # --------------------------------------------------------------------- main --
 
@@ -37,7 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] in VERBS:
             verb = argv[0]
-            args = build_verb_parser(verb).parse_args(argv[1:])
+            parser = build_verb_parser(verb)
+            if verb in STEERING_VERBS:
+                add_steering_arguments(verb, parser)
+            args = parser.parse_args(argv[1:])
             args.verb = verb
             handler = {
                 "wait": cmd_wait,
@@ -46,6 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "reap": cmd_reap,
                 "approve": cmd_answer,
                 "deny": cmd_answer,
+                "send": cmd_send,
+                "budget": cmd_budget,
                 "agents": cmd_agents,
                 "dag": cmd_dag,
                 "estimate": cmd_estimate,

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -20,6 +22,7 @@ from .processes import Supervised, calling_agents
 from .protocol import (
     AGENTS_DIR,
     LEDGER,
+    LIMITS,
     TRANSCRIPT,
     append_jsonl,
     append_transcript,
@@ -33,7 +36,7 @@ from .protocol import (
     session_lock,
     write_json_atomic,
 )
-from .records import AgentMeta, record_to_json
+from .records import AgentMeta, Status, record_to_json
 from .standin import unix_address
 
 # ----------------------------------------------------------------- steering --
@@ -481,6 +484,9 @@ def change_budget(session: Path, raise_usd: float | None, set_usd: float | None,
             )
         change = BudgetChange(utc_now_iso(), round_usd(new) or 0.0, round_usd(budget) or 0.0, by)
         append_jsonl(session / LEDGER, record_to_json(change), secrets_)
+        # limits.json follows, so that every reader of the cap (admission,
+        # status, the MCP server) sees it; the ledger line, first, is the record.
+        write_json_atomic(session / LIMITS, record_to_json(dataclasses.replace(limits, max_budget_usd=change.max_budget_usd)))
     return {
         "session": str(session),
         "max_budget_usd": change.max_budget_usd,
@@ -698,3 +704,134 @@ def narrow_on_budget(requested: str | None, inherited: Sequence[str | None]) -> 
     if ceiling is not None and ON_BUDGET_RANK[requested] > ON_BUDGET_RANK[ceiling]:
         return ceiling, f"--on-budget {requested} is wider than the parent's {ceiling}; using {ceiling}"
     return requested, None
+
+
+def ancestry_on_budget(ancestry: Mapping[str, Any]) -> str | None:
+    """The --on-budget of the agent this spawn runs under (its runner's meta.json): absent there is fail."""
+    runner = ancestry.get("runner")
+    return (runner.get("on_budget") or ON_BUDGET_DEFAULT) if isinstance(runner, Mapping) else None
+
+
+def paused_reason(session: Path, paused: Mapping[str, Any]) -> str:
+    return (
+        f"budget: the tree is paused at its budget (agent {paused.get('id')} needs ${paused.get('needed_usd')} more); "
+        f"raise it with 'spawn.py budget {session} --raise USD'"
+    )
+
+
+def wait_while_paused(session: Path, deadline: float | None, *, no_wait: bool) -> str | None:
+    """Before admission: wait while an agent of the tree is paused at its budget; the refusal, or None.
+
+    A paused tree is waiting for someone to pay: a new agent would draw on
+    what is left, or pause at once. With --no-wait it is refused now.
+    """
+    paused = paused_agents(session)
+    if not paused:
+        return None
+    why = paused_reason(session, paused[0])
+    if no_wait:
+        return f"{why}; --no-wait"
+    print(f"spawn: waiting for admission: {why}", file=sys.stderr, flush=True)
+    while paused_agents(session):
+        if deadline is not None and time.time() >= deadline:
+            return f"{why}; the deadline passed while waiting"
+        time.sleep(PAUSE_POLL_S)
+    return None
+
+
+# ------------------------------------------------------------- in the runner --
+
+
+async def open_steering(meta: AgentMeta, agent_dir: Path, state: Any, secrets_: Sequence[str], stop: Callable[[Status, str], None]) -> None:
+    """Before the run: a claude agent's inbox, and its budget pause under --on-budget pause (state: the RunState)."""
+    if meta.kind != "claude":
+        return  # a command takes no messages; an a2a node's remote task gets none yet
+    if meta.on_budget == "pause":
+        state.pause = BudgetPause(meta, agent_dir, secrets_)
+        state.pause.on_fail = lambda why: stop(Status.FAILED, why)
+    inbox = open_inbox(meta, agent_dir, secrets_)
+    if inbox is None:
+        return
+    await inbox.start()
+    pause = state.pause
+    if pause is not None:
+        inbox.before_reopen = lambda: pause.before_turn(state.turns.values())
+    state.inbox = inbox
+
+
+def close_steering(state: Any) -> None:
+    """The run is over: its inbox takes no more, and a pause ends with it."""
+    if state.inbox is not None:
+        state.inbox.close("has ended")
+    if state.pause is not None:
+        state.pause.close()
+
+
+def pause_hooks(sdk: Any, pause: BudgetPause | None) -> list[Any]:
+    """The PreToolUse matcher a paused agent waits in, with a timeout no pause reaches (PAUSE_HOOK_TIMEOUT_S)."""
+    if pause is None:
+        return []
+    return [sdk.HookMatcher(matcher=None, hooks=[pause.pre_tool_use], timeout=PAUSE_HOOK_TIMEOUT_S)]
+
+
+# ------------------------------------------------------------ what status shows --
+
+
+def read_paused(agent_dir: Path) -> dict[str, Any] | None:
+    """An agent's paused.json, or None (absent, or not a record)."""
+    with contextlib.suppress(OSError, ValueError, SpawnError):
+        data = parse_json(read_text(agent_dir / PAUSED))
+        if isinstance(data, dict):
+            return data
+    return None
+
+
+def paused_note(row: Mapping[str, Any]) -> str:
+    """`status`'s words for a paused agent: what it spent and what its next turn needs."""
+    paused = row.get("paused")
+    if not isinstance(paused, Mapping):
+        return ""
+    return f"  [paused: spent ${paused.get('spent_usd')}, needs ${paused.get('needed_usd')} more; spawn.py budget SESSION --raise USD]"
+
+
+class SentMessages:
+    """`status --watch`'s view of the messages sent to the tree's agents: what is new since its last look."""
+
+    RECENT = 5  # messages a terminal frame shows, newest last
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, int] = {}
+        self.recent: list[str] = []
+
+    def read(self, rows: Iterable[Mapping[str, Any]]) -> list[str]:
+        """One line for each message (or refused one) recorded since the last call."""
+        new: list[str] = []
+        for row in rows:
+            path = Path(str(row.get("agent_dir", ""))) / TRANSCRIPT
+            with contextlib.suppress(OSError):
+                size = path.stat().st_size
+                start = self.offsets.get(str(path), 0)
+                if size <= start:
+                    continue
+                with path.open("rb") as fh:
+                    fh.seek(start)
+                    chunk = fh.read(size - start)
+                whole = chunk[: chunk.rfind(b"\n") + 1]  # a line being written is read next time
+                self.offsets[str(path)] = start + len(whole)
+                for line in whole.splitlines():
+                    if b'"UserSent"' in line or b'"SendRefused"' in line:
+                        new += self._describe(str(row.get("id")), line)
+        self.recent = [*self.recent, *new][-self.RECENT :]
+        return new
+
+    @staticmethod
+    def _describe(agent_id: str, line: bytes) -> list[str]:
+        with contextlib.suppress(ValueError, AttributeError):
+            record = parse_json(line.decode(errors="replace"))
+            message = record.get("message") or {}
+            if record.get("type") == SENT_LINE:
+                text = " ".join(str(message.get("text", "")).split())[:120]
+                return [f"message {message.get('seq')} to {agent_id} from {message.get('from')}: {text}"]
+            if record.get("type") == SEND_REFUSED_LINE:
+                return [f"message to {agent_id} from {message.get('from')} refused: {message.get('refused')}"]
+        return []

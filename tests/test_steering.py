@@ -1,0 +1,225 @@
+"""Steering a running tree: `send` a message to an agent, `--on-budget pause` and `budget`.
+
+End to end: the real claude CLI through spawn.py against the scripted model.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import (
+    MockModel,
+    agent_dirs,
+    load,
+    mock_task,
+    run_spawn,
+    spawn_in_bash,
+    start_spawn,
+    stdout_json,
+    validate_records,
+    wait_until,
+)
+
+import spawn
+
+# One model turn the CLI prices at about $0.03 (10k input tokens, medium tier).
+TURN = {"input_tokens": 10_000, "output_tokens": 1}
+
+
+def transcript(agent_dir: Path) -> list[dict[str, Any]]:
+    path = agent_dir / "transcript.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def lines_of(agent_dir: Path, kind: str) -> list[dict[str, Any]]:
+    return [r["message"] for r in transcript(agent_dir) if r["type"] == kind]
+
+
+def only_agent(session_root: Path, timeout: float = 60) -> Path:
+    assert wait_until(lambda: any((d / "meta.json").exists() for d in agent_dirs(session_root)), timeout), "no agent registered"
+    (agent_dir,) = [d for d in agent_dirs(session_root) if (d / "meta.json").exists()]
+    return agent_dir
+
+
+def main_requests(mock_model: MockModel) -> list[dict[str, Any]]:
+    return [r for r in mock_model.requests() if r["kind"] == "main"]
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+# -------------------------------------------------------------------- send --
+
+
+def test_a_message_sent_mid_tool_call_reaches_the_next_request(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
+    task = mock_task("steered", [{"bash": "sleep 8; echo slept"}, {"text": "steered done"}])
+    proc = start_spawn(["--task", task, "--tools", "Bash"], env)
+    agent_dir = only_agent(session_root)
+    # The PreToolUse hook records the Bash call just before it runs: from there the tool is under way.
+    assert wait_until(lambda: bool(lines_of(agent_dir, "PermissionDecision")), 60), "the Bash call never started"
+    sent = run_spawn(["send", agent_dir.name, "STEER-7f3a: also check the tests"], env)
+    assert sent.returncode == spawn.ExitCode.OK, sent.stderr
+    assert stdout_json(sent) == {"sent": True, "id": agent_dir.name, "seq": 1, "delivery": "next request"}
+    code, _, err = finish(proc)
+    assert code == spawn.ExitCode.OK, err
+    requests = main_requests(mock_model)
+    assert [r["step_index"] for r in requests] == [0, 1]
+    assert not any("STEER-7f3a" in t for t in requests[0]["later_texts"])
+    assert any("STEER-7f3a: also check the tests" in t for t in requests[1]["later_texts"])
+    (record,) = lines_of(agent_dir, "UserSent")
+    assert record["seq"] == 1 and record["text"] == "STEER-7f3a: also check the tests" and record["delivery"] == "next request"
+    assert record["from"].startswith("pid ") and not record["from"].startswith("agent ")
+    assert not (agent_dir / "inbox.sock").exists()
+    validate_records(session_root)
+
+
+def test_a_send_from_the_agent_itself_or_its_subtree_is_refused(env: dict[str, str], session_root: Path) -> None:
+    report = "; echo exit=$?"
+    parent_of_me = (
+        '"$SPAWN_PYTHON" -c "import json,os; '
+        "print(json.load(open(os.environ['SPAWN_SESSION']+'/agents/'+os.environ['SPAWN_AGENT_ID']+'/meta.json'))['parent_id'])\""
+    )
+    child = mock_task("child", [{"bash": f'{spawn_in_bash("send")} "$({parent_of_me})" "child steers its parent"{report}'}, {"text": "c"}])
+    root = mock_task(
+        "root",
+        [
+            {"bash": f'{spawn_in_bash("send")} "$SPAWN_AGENT_ID" "root steers itself"{report}'},
+            {"bash": spawn_in_bash("--task", child, "--tools", "Bash")},
+            {"text": "root done"},
+        ],
+    )
+    proc = run_spawn(["--task", root, "--tools", "Bash"], env, timeout=180)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    by_depth = {load(d / "meta.json")["depth"]: d for d in agent_dirs(session_root)}
+    root_dir, child_dir = by_depth[0], by_depth[1]
+    refused = lines_of(root_dir, "SendRefused")
+    assert [r["refused"] for r in refused] == [
+        f"agent {root_dir.name} can't send a message to itself",
+        f"agent {child_dir.name} is in {root_dir.name}'s subtree and can't steer it; its parent, the person or a client outside can",
+    ]
+    assert not lines_of(root_dir, "UserSent")
+    results = [json.dumps(r) for r in transcript(root_dir) if r["type"] == "UserMessage"]
+    assert any(f"exit={int(spawn.ExitCode.REFUSED)}" in r for r in results)
+    child_results = [json.dumps(r) for r in transcript(child_dir) if r["type"] == "UserMessage"]
+    assert any(f"exit={int(spawn.ExitCode.REFUSED)}" in r for r in child_results)
+    validate_records(session_root)
+
+
+def test_a_send_to_a_finished_agent_is_exit_1_with_its_status(env: dict[str, str], session_root: Path) -> None:
+    done = run_spawn(["--task", mock_task("quick", [{"text": "quick done"}])], env)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr
+    agent_id = stdout_json(done)["id"]
+    sent = run_spawn(["send", agent_id, "too late"], env)
+    assert sent.returncode == spawn.ExitCode.AGENT_FAILED
+    assert sent.stdout == ""
+    assert f"spawn: error: agent {agent_id} has finished (done: " in sent.stderr
+    assert f"--resume {agent_id}" in sent.stderr
+
+
+def test_a_send_to_a_command_node_is_exit_2(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    exe = tmp_path / "slow-command"
+    exe.write_text("#!/bin/sh\nsleep 60\n")
+    exe.chmod(0o755)
+    started = stdout_json(run_spawn(["--background", "--agent", f"command:{exe}", "--task", "anything"], env))
+    try:
+        sent = run_spawn(["send", started["id"], "hello"], env)
+        assert sent.returncode == spawn.ExitCode.USAGE
+        assert "is a command node" in sent.stderr and sent.stdout == ""
+    finally:
+        run_spawn(["kill", started["id"]], env)
+
+
+@pytest.mark.parametrize(
+    ("args", "error"), [(["send", "a0-000000", "  "], "the message is empty"), (["send", "a0-000000", "hi"], "a0-000000")]
+)
+def test_send_bad_input_is_one_line(env: dict[str, str], session_root: Path, args: list[str], error: str) -> None:
+    proc = run_spawn(args, env)
+    assert proc.returncode == spawn.ExitCode.USAGE
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("spawn: error:") and error in line
+
+
+# ------------------------------------------------------------------- pause --
+
+
+def status_rows(env: dict[str, str]) -> list[dict[str, Any]]:
+    rows = stdout_json(run_spawn(["status", "--json"], env))["agents"]
+    assert isinstance(rows, list)
+    return rows
+
+
+def test_a_tree_pauses_at_its_budget_and_goes_on_when_it_is_raised(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
+    steps = [{"bash": "true", "usage": TURN}, {"text": "paid for", "usage": TURN}]
+    proc = start_spawn(["--task", mock_task("pauser", steps), "--tools", "Bash", "--max-budget-usd", "0.05", "--on-budget", "pause"], env)
+    agent_dir = only_agent(session_root)
+    assert wait_until((agent_dir / "paused.json").exists, 60), "it never paused"
+    (row,) = status_rows(env)
+    assert row["state"] == "paused"
+    assert row["paused"]["spent_usd"] == pytest.approx(0.03, abs=0.002) and row["paused"]["needed_usd"] == pytest.approx(0.01, abs=0.002)
+    # Paused: no request is made, the heartbeat goes on, the CLI stays alive.
+    before = len(main_requests(mock_model))
+    beat = load(agent_dir / "heartbeat.json")["updated_at"]
+    time.sleep(3)
+    assert len(main_requests(mock_model)) == before == 1
+    assert load(agent_dir / "heartbeat.json")["updated_at"] > beat
+    assert proc.poll() is None
+    raised = run_spawn(["budget", agent_dir.parent.parent.name, "--raise", "0.1"], env)
+    assert raised.returncode == spawn.ExitCode.OK, raised.stderr
+    change = stdout_json(raised)
+    assert change["max_budget_usd"] == pytest.approx(0.15) and change["previous_usd"] == pytest.approx(0.05)
+    assert [p["id"] for p in change["paused"]] == [agent_dir.name]
+    code, out, err = finish(proc)
+    assert code == spawn.ExitCode.OK, err
+    assert json.loads(out)["output"] == "paid for"
+    assert [r["step_index"] for r in main_requests(mock_model)] == [0, 1]
+    assert [m["paused_s"] > 2 for m in lines_of(agent_dir, "BudgetResumed")] == [True]
+    assert not (agent_dir / "paused.json").exists()
+    validate_records(session_root)
+
+
+def test_a_paused_agent_past_its_deadline_ends_timeout(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
+    steps = [{"bash": "true", "usage": TURN}, {"text": "never paid for", "usage": TURN}]
+    args = ["--task", mock_task("pauser", steps), "--tools", "Bash", "--max-budget-usd", "0.05", "--on-budget", "pause", "--timeout", "8"]
+    started = time.monotonic()
+    proc = run_spawn(args, env, timeout=120)
+    assert proc.returncode == spawn.ExitCode.TIMEOUT, proc.stderr
+    assert time.monotonic() - started < 60
+    assert stdout_json(proc)["status"] == "timeout"
+    (agent_dir,) = agent_dirs(session_root)
+    assert lines_of(agent_dir, "BudgetPaused") and not lines_of(agent_dir, "BudgetResumed")
+    assert [r["step_index"] for r in main_requests(mock_model)] == [0]
+    validate_records(session_root)
+
+
+def test_budget_from_inside_the_tree_is_refused(env: dict[str, str], session_root: Path) -> None:
+    root = mock_task("root", [{"bash": f'{spawn_in_bash("budget")} "$SPAWN_SESSION" --raise 5; echo exit=$?'}, {"text": "root done"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", "1"], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    (agent_dir,) = agent_dirs(session_root)
+    results = [json.dumps(r) for r in transcript(agent_dir) if r["type"] == "UserMessage"]
+    assert any(f"exit={int(spawn.ExitCode.REFUSED)}" in r for r in results)
+    session = agent_dir.parent.parent
+    assert "budget" not in (session / "ledger.jsonl").read_text()
+    (attempt,) = [json.loads(line) for line in (session / "budget.attempts.jsonl").read_text().splitlines()]
+    assert attempt["refused"].startswith(f"agent {agent_dir.name} (depth 0) runs in this tree")
+
+
+def test_budget_bad_input(env: dict[str, str], session_root: Path) -> None:
+    done = run_spawn(["--task", mock_task("quick", [{"text": "ok"}])], env)
+    session = Path(stdout_json(done)["agent_dir"]).parent.parent
+    for args, error in (
+        (["budget", str(session), "--raise", "1"], "has no budget"),
+        (["budget", "no-such-session", "--raise", "1"], "no session"),
+        (["budget", str(session), "--raise", "-1"], "non-negative"),
+    ):
+        proc = run_spawn(args, env)
+        assert proc.returncode == spawn.ExitCode.USAGE, (args, proc.stderr)
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith("spawn: error:") and error in line
