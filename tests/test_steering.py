@@ -223,3 +223,32 @@ def test_budget_bad_input(env: dict[str, str], session_root: Path) -> None:
         assert proc.returncode == spawn.ExitCode.USAGE, (args, proc.stderr)
         (line,) = proc.stderr.splitlines()
         assert line.startswith("spawn: error:") and error in line
+
+
+def test_spawns_into_a_paused_tree_wait_for_admission_or_are_refused_with_no_wait(
+    env: dict[str, str], session_root: Path, mock_model: MockModel
+) -> None:
+    steps = [{"bash": "true", "usage": TURN}, {"text": "paid for", "usage": TURN}]
+    root = start_spawn(["--task", mock_task("pauser", steps), "--tools", "Bash", "--max-budget-usd", "0.05", "--on-budget", "pause"], env)
+    root_dir = only_agent(session_root)
+    assert wait_until((root_dir / "paused.json").exists, 60), "the root never paused"
+    # Another agent of the same session, as the MCP server adds them.
+    session = root_dir.parent.parent
+    joined = {**env, "SPAWN_SESSION": str(session), "SPAWN_DEPTH": "-1"}
+    refused = run_spawn(["--no-wait", "--task", mock_task("late", [{"text": "late done"}])], joined)
+    assert refused.returncode == spawn.ExitCode.REFUSED, refused.stderr
+    result = stdout_json(refused)
+    assert result["status"] == "refused" and "paused at its budget" in result["reason"] and "--no-wait" in result["reason"]
+    waiter = start_spawn(["--task", mock_task("patient", [{"text": "patient done"}])], joined)
+    time.sleep(3)
+    assert waiter.poll() is None  # waiting for admission: not registered, no request made
+    assert len(agent_dirs(session_root)) == 2 and len(main_requests(mock_model)) == 1
+    raised = run_spawn(["budget", str(session), "--raise", "0.1"], env)
+    assert raised.returncode == spawn.ExitCode.OK, raised.stderr
+    code, out, err = finish(waiter)
+    assert code == spawn.ExitCode.OK, err
+    assert json.loads(out)["output"] == "patient done"
+    assert "waiting for admission: budget: the tree is paused at its budget" in err
+    code, _, err = finish(root)
+    assert code == spawn.ExitCode.OK, err
+    validate_records(session_root)

@@ -371,6 +371,11 @@ def send_message(agent_dir: Path, text: str, by: str | None) -> dict[str, Any]:
             f"agent {meta.id} is a command node: a command reads its one task on stdin and takes no messages; "
             "kill it and spawn another with the new task"
         )
+    if meta.kind == "a2a":
+        raise UsageError(
+            f"agent {meta.id} is an a2a node: its remote task takes a message only when it asks for one "
+            f"(input-required): answer that ask with 'spawn.py approve ASK --text TEXT'"
+        )
     path = agent_dir / INBOX_SOCKET
     limit = time.monotonic() + INBOX_WAIT_S
     while True:
