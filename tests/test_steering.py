@@ -252,3 +252,46 @@ def test_spawns_into_a_paused_tree_wait_for_admission_or_are_refused_with_no_wai
     code, _, err = finish(root)
     assert code == spawn.ExitCode.OK, err
     validate_records(session_root)
+
+
+# --------------------------------------------------------------- pure parts --
+
+
+def test_who_may_send() -> None:
+    session = Path("/s")
+    chains = {"a2-c": ["a1-b", "a0-a"], "a1-b": ["a0-a"], "a1-x": ["a0-a"], "a0-a": []}
+
+    def refusal(target: str, *callers: str) -> str | None:
+        return spawn.send_refusal(target, session, [("/s", c, len(chains[c])) for c in callers], chains.__getitem__)
+
+    assert refusal("a1-b") is None  # a person, a script
+    assert refusal("a1-b", "a0-a") is None  # its parent
+    assert refusal("a1-b", "a1-x", "a0-a") is None  # a sibling
+    assert refusal("a1-b", "a1-b", "a0-a") == "agent a1-b can't send a message to itself"
+    assert refusal("a1-b", "a2-c", "a1-b", "a0-a") is not None  # its child, by process ancestry
+    assert refusal("a1-b", "a2-c") is not None  # its child, by meta.json alone (escaped the process tree)
+    assert spawn.send_refusal("a1-b", session, [("/other", "a2-c", 2)], chains.__getitem__) is None  # another tree
+
+
+def test_on_budget_only_narrows() -> None:
+    assert spawn.narrow_on_budget(None, [None]) == ("fail", None)
+    assert spawn.narrow_on_budget("pause", [None]) == ("pause", None)
+    assert spawn.narrow_on_budget(None, ["pause"]) == ("pause", None)
+    assert spawn.narrow_on_budget("fail", ["pause"]) == ("fail", None)
+    mode, warning = spawn.narrow_on_budget("pause", ["pause", "fail"])
+    assert mode == "fail" and warning == "--on-budget pause is wider than the parent's fail; using fail"
+
+
+def test_budget_lines_fold_into_the_raise_pool() -> None:
+    lines = [
+        {"id": "a0", "time": "t", "kind": "reserve", "amount_usd": 0.05},
+        {"time": "t", "kind": "budget", "max_budget_usd": 0.15, "previous_usd": 0.05, "by": "budget"},
+        {"id": "a0", "time": "t", "kind": "reserve", "amount_usd": 0.06, "topped_up_usd": 0.01},
+        {"time": "t", "kind": "budget", "max_budget_usd": 0.12, "previous_usd": 0.15, "by": "ci"},
+        {"time": "t", "kind": "budget", "max_budget_usd": "lots", "previous_usd": 0.12, "by": "forged"},
+    ]
+    text = [json.dumps(line) for line in lines]
+    state = spawn.budget_state(text)
+    assert state.budget == 0.12 and state.raised == pytest.approx(0.07) and state.topped_up == pytest.approx(0.01)
+    ledger = spawn.ledger_state(text)
+    assert ledger.holds["a0"] == (None, 0.06) and not ledger.charges  # a budget line has no id: never a charge

@@ -196,10 +196,11 @@ def sender_name(pid: int, callers: Sequence[tuple[str, str, int]]) -> str:
     if callers:
         return f"agent {callers[0][1]}"
     try:
+        # Past the interpreter that runs spawn.py (and uv): the program that asked for it.
         proc = psutil.Process(pid)
-        while proc.name() in ("uv", "uvx", "python", "python3") and (up := proc.parent()) is not None and up.pid > 1:
+        while proc.name().startswith(("uv", "python")) and (up := proc.parent()) is not None and up.pid > 1:
             proc = up
-        return f"pid {pid} ({proc.name()})"
+        return f"pid {proc.pid} ({proc.name()})"
     except psutil.Error:
         return f"pid {pid}"
 
