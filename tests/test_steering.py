@@ -13,10 +13,12 @@ from typing import Any
 
 import pytest
 from conftest import (
+    ROOT,
     MockModel,
     agent_dirs,
     load,
     mock_task,
+    run_python,
     run_spawn,
     spawn_in_bash,
     start_spawn,
@@ -78,6 +80,14 @@ def test_a_message_sent_mid_tool_call_reaches_the_next_request(env: dict[str, st
     assert record["from"].startswith("pid ") and not record["from"].startswith("agent ")
     assert not (agent_dir / "inbox.sock").exists()
     validate_records(session_root)
+    # Who sent what, in `status --watch` (no terminal: one line per event) and on the timeline.
+    watched = run_spawn(["status", "--watch", str(agent_dir.parent.parent)], env)
+    assert watched.returncode == spawn.ExitCode.OK, watched.stderr
+    assert f"message 1 to {agent_dir.name} from {record['from']}: STEER-7f3a: also check the tests" in watched.stdout
+    page = agent_dir.parent.parent / "timeline.svg"
+    view = run_python([str(ROOT / "tools" / "view.py"), str(agent_dir.parent.parent), "--svg", "-o", str(page)], env)
+    assert view.returncode == 0, view.stderr
+    assert f"message 1 from {record['from']}: STEER-7f3a" in page.read_text() and 'class="mark message"' in page.read_text()
 
 
 def test_a_send_from_the_agent_itself_or_its_subtree_is_refused(env: dict[str, str], session_root: Path) -> None:
