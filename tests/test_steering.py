@@ -166,7 +166,9 @@ def status_rows(env: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def test_a_tree_pauses_at_its_budget_and_goes_on_when_it_is_raised(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
-    steps = [{"bash": "true", "usage": TURN}, {"text": "paid for", "usage": TURN}]
+    # $0.03 a turn on a $0.05 budget: it pauses before the second turn; after a $0.10 raise it
+    # draws from the raise a turn at a time (to $0.12 in all) without pausing again.
+    steps = [*({"bash": "true", "usage": TURN} for _ in range(3)), {"text": "paid for", "usage": TURN}]
     proc = start_spawn(["--task", mock_task("pauser", steps), "--tools", "Bash", "--max-budget-usd", "0.05", "--on-budget", "pause"], env)
     agent_dir = only_agent(session_root)
     assert wait_until((agent_dir / "paused.json").exists, 60), "it never paused"
@@ -188,8 +190,12 @@ def test_a_tree_pauses_at_its_budget_and_goes_on_when_it_is_raised(env: dict[str
     code, out, err = finish(proc)
     assert code == spawn.ExitCode.OK, err
     assert json.loads(out)["output"] == "paid for"
-    assert [r["step_index"] for r in main_requests(mock_model)] == [0, 1]
+    assert [r["step_index"] for r in main_requests(mock_model)] == [0, 1, 2, 3]
     assert [m["paused_s"] > 2 for m in lines_of(agent_dir, "BudgetResumed")] == [True]
+    ledger = [json.loads(line) for line in (agent_dir.parent.parent / "ledger.jsonl").read_text().splitlines()]
+    assert sum(line.get("topped_up_usd", 0) for line in ledger) <= 0.1
+    (charge,) = [line for line in ledger if line.get("kind") == "charge"]
+    assert charge["cost_usd"] <= 0.15
     assert not (agent_dir / "paused.json").exists()
     validate_records(session_root)
 

@@ -609,14 +609,22 @@ class BudgetPause:
 
     def check_turn(self, tool_use_ids: Iterable[str], turns: Iterable[tuple[str, dict[str, Any]]]) -> None:
         """After a turn that calls tools: pause if its hold can't pay for the next one."""
-        turns = list(turns)
-        own, last = estimate_cost(turns), estimate_cost(turns[-1:])
-        need = hold_need(self.session, self.meta.id, own, last)
-        if need is not None and not self.is_paused:
-            why = over_hold(self.session, self.meta.id, own, last) or "budget: its hold can't pay for its next turn"
-            self.pause(why.replace("stopped before another turn", "paused before another turn"), need, (own, last))
+        self.check(list(turns))
         self.checked.update(tool_use_ids)
         self.seen.set()
+
+    def check(self, turns: list[tuple[str, dict[str, Any]]]) -> None:
+        """Pause unless its hold pays for a turn like its last, or can grow from a raise to pay for it."""
+        if self.is_paused:
+            return
+        own, last = estimate_cost(turns), estimate_cost(turns[-1:])
+        need = hold_need(self.session, self.meta.id, own, last)
+        if need is not None and top_up_hold(self.session, self.meta.id, need[2], self.secrets) is not None:
+            # A raise made before it ran short is drawn at once, a turn at a time, without a pause.
+            need = hold_need(self.session, self.meta.id, own, last)
+        if need is not None:
+            why = over_hold(self.session, self.meta.id, own, last) or "budget: its hold can't pay for its next turn"
+            self.pause(why.replace("stopped before another turn", "paused before another turn"), need, (own, last))
 
     def pause(self, reason: str, need: tuple[float, float, float], spend: tuple[float, float]) -> None:
         import asyncio
@@ -688,12 +696,7 @@ class BudgetPause:
 
     async def before_turn(self, turns: Iterable[tuple[str, dict[str, Any]]]) -> None:
         """Before a message reopens a finished run: the same check, and wait while paused."""
-        turns = list(turns)
-        own, last = estimate_cost(turns), estimate_cost(turns[-1:])
-        need = hold_need(self.session, self.meta.id, own, last)
-        if need is not None and not self.is_paused:
-            why = over_hold(self.session, self.meta.id, own, last) or "budget: its hold can't pay for another turn"
-            self.pause(why.replace("stopped before another turn", "paused before another turn"), need, (own, last))
+        self.check(list(turns))
         await self.resumed.wait()
 
     def _line(self, kind: str, message: Mapping[str, Any]) -> None:
