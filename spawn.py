@@ -6719,6 +6719,19 @@ class SentMessages:
             if record.get("type") == SEND_REFUSED_LINE:
                 return [f"message to {agent_id} from {message.get('from')} refused: {message.get('refused')}"]
         return []
+
+
+def cli_budget_cap(meta: AgentMeta) -> float | None:
+    """The CLI's own max_budget_usd: the agent's hold, but none under --on-budget pause in a tree with a budget.
+
+    A running CLI's cap can't be raised, so after a raise it would still stop
+    at the old one; the runner's check before each turn (BudgetPause) holds the
+    agent to its hold instead. A tree without a budget has no holds to pause
+    on: there an agent's own --max-budget-usd stays the CLI's cap, as under fail.
+    """
+    if meta.on_budget == "pause" and read_limits(Path(meta.session)).max_budget_usd is not None:
+        return None
+    return meta.max_budget_usd
 # ==================== end src/spawnlib/steering.py ====================
 
 # ==================== begin src/spawnlib/resolving.py ====================
@@ -9015,9 +9028,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         system_prompt=system_prompt,
         model=meta.model,
         max_turns=meta.max_turns,
-        # Under --on-budget pause the CLI gets no cap of its own: a running
-        # CLI's can't be raised, and the runner's check before each turn holds it.
-        max_budget_usd=None if meta.on_budget == "pause" else meta.max_budget_usd,
+        max_budget_usd=cli_budget_cap(meta),
         effort=meta.effort if isinstance(meta.effort, str) else None,
         settings=settings,
         cwd=meta.cwd,

@@ -151,7 +151,7 @@ from .running import (
     stopped_by,
     take_start_slot,
 )
-from .steering import close_steering, open_steering, pause_hooks
+from .steering import cli_budget_cap, close_steering, open_steering, pause_hooks
 from .verbs import descendants_of, live_descendants, settle_descendants
 
 # ------------------------------------------------------------ the CLI's start --
@@ -823,9 +823,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         system_prompt=system_prompt,
         model=meta.model,
         max_turns=meta.max_turns,
-        # Under --on-budget pause the CLI gets no cap of its own: a running
-        # CLI's can't be raised, and the runner's check before each turn holds it.
-        max_budget_usd=None if meta.on_budget == "pause" else meta.max_budget_usd,
+        max_budget_usd=cli_budget_cap(meta),
         effort=meta.effort if isinstance(meta.effort, str) else None,
         settings=settings,
         cwd=meta.cwd,

@@ -844,3 +844,16 @@ class SentMessages:
             if record.get("type") == SEND_REFUSED_LINE:
                 return [f"message to {agent_id} from {message.get('from')} refused: {message.get('refused')}"]
         return []
+
+
+def cli_budget_cap(meta: AgentMeta) -> float | None:
+    """The CLI's own max_budget_usd: the agent's hold, but none under --on-budget pause in a tree with a budget.
+
+    A running CLI's cap can't be raised, so after a raise it would still stop
+    at the old one; the runner's check before each turn (BudgetPause) holds the
+    agent to its hold instead. A tree without a budget has no holds to pause
+    on: there an agent's own --max-budget-usd stays the CLI's cap, as under fail.
+    """
+    if meta.on_budget == "pause" and read_limits(Path(meta.session)).max_budget_usd is not None:
+        return None
+    return meta.max_budget_usd
