@@ -6,6 +6,7 @@ End to end: the real claude CLI through spawn.py against the scripted model.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -313,3 +314,34 @@ def test_budget_lines_fold_into_the_raise_pool() -> None:
     assert state.budget == 0.12 and state.raised == pytest.approx(0.07) and state.topped_up == pytest.approx(0.01)
     ledger = spawn.ledger_state(text)
     assert ledger.holds["a0"] == (None, 0.06) and not ledger.charges  # a budget line has no id: never a charge
+
+
+def test_the_inbox_refuses_what_is_not_a_message_and_goes_on(env: dict[str, str], session_root: Path) -> None:
+    import socket
+
+    proc = start_spawn(["--task", mock_task("steady", [{"bash": "sleep 4"}, {"text": "steady done"}]), "--tools", "Bash"], env)
+    agent_dir = only_agent(session_root)
+    assert wait_until((agent_dir / "inbox.sock").exists, 60), "no inbox"
+
+    def ask(data: bytes) -> dict[str, Any]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(40)
+            address, dir_fd = spawn.unix_address(str(agent_dir / "inbox.sock"))  # tmp paths outgrow sun_path
+            try:
+                client.connect(address)
+            finally:
+                if dir_fd is not None:
+                    os.close(dir_fd)
+            client.sendall(data)
+            reply = json.loads(client.makefile("rb").readline())
+            assert isinstance(reply, dict)
+            return reply
+
+    assert "not a message" in ask(b"garbage\n")["refused"]
+    assert "non-empty text" in ask(b'{"text": "  "}\n')["refused"]
+    assert "non-empty text" in ask(b'["a list"]\n')["refused"]
+    assert "not a message" in ask(b'{"text": "' + b"x" * (300 << 10) + b'"}\n')["refused"]
+    code, out, err = finish(proc)
+    assert code == spawn.ExitCode.OK, err
+    assert json.loads(out)["output"] == "steady done"
+    assert not lines_of(agent_dir, "UserSent")
