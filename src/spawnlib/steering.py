@@ -318,6 +318,7 @@ class Inbox:
         text, by = given.get("text") if isinstance(given, dict) else None, given.get("by") if isinstance(given, dict) else None
         if not isinstance(text, str) or not text.strip() or not isinstance(by, str | None):
             return {"refused": "not a message: send one JSON line with a non-empty text"}
+        by = by[:64] if by is not None else None  # a name, as `--as` takes it; the socket takes anything
         sock = writer.get_extra_info("socket")
         peer = peer_process(sock) if sock is not None else None
         callers = await asyncio.to_thread(calling_agents, peer) if peer is not None else []
