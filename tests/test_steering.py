@@ -345,3 +345,26 @@ def test_the_inbox_refuses_what_is_not_a_message_and_goes_on(env: dict[str, str]
     assert code == spawn.ExitCode.OK, err
     assert json.loads(out)["output"] == "steady done"
     assert not lines_of(agent_dir, "UserSent")
+
+
+def test_a_message_sent_during_the_last_request_gets_a_turn_of_its_own(
+    env: dict[str, str], session_root: Path, mock_model: MockModel
+) -> None:
+    # The model takes 10 s over what would be the last answer; a message sent meanwhile
+    # comes too late for that request, and the CLI runs one more turn for it.
+    steps = [{"text": "first answer", "sleep": 10}, {"text": "answer to the message"}]
+    proc = start_spawn(["--task", mock_task("finishing", steps)], env)
+    agent_dir = only_agent(session_root)
+    assert wait_until(lambda: any(r["type"] == "SystemMessage" for r in transcript(agent_dir)), 60), "the CLI never started"
+    time.sleep(3)  # the CLI asks at once after its init; the scripted model answers 10 s later
+    assert not main_requests(mock_model)  # (it logs a request as it answers)
+    sent = run_spawn(["send", agent_dir.name, "STEER-LATE-5c"], env)
+    assert sent.returncode == spawn.ExitCode.OK, sent.stderr
+    code, out, err = finish(proc)
+    assert code == spawn.ExitCode.OK, err
+    assert json.loads(out)["output"] == "answer to the message"
+    requests = main_requests(mock_model)
+    assert [r["step_index"] for r in requests] == [0, 1]
+    assert any("STEER-LATE-5c" in t for t in requests[1]["later_texts"])
+    outcome = load(agent_dir / "outcome.json")
+    assert outcome["turns"] == 2
