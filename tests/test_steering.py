@@ -352,7 +352,7 @@ def test_a_message_sent_during_the_last_request_gets_a_turn_of_its_own(
 ) -> None:
     # The model takes 10 s over what would be the last answer; a message sent meanwhile
     # comes too late for that request, and the CLI runs one more turn for it.
-    steps = [{"text": "first answer", "sleep": 10}, {"text": "answer to the message"}]
+    steps: list[dict[str, Any]] = [{"text": "first answer", "sleep": 10}, {"text": "answer to the message"}]
     proc = start_spawn(["--task", mock_task("finishing", steps)], env)
     agent_dir = only_agent(session_root)
     assert wait_until(lambda: any(r["type"] == "SystemMessage" for r in transcript(agent_dir)), 60), "the CLI never started"
