@@ -203,13 +203,14 @@ def test_a_tree_pauses_at_its_budget_and_goes_on_when_it_is_raised(env: dict[str
 
 def test_a_paused_agent_past_its_deadline_ends_timeout(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
     steps = [{"bash": "true", "usage": TURN}, {"text": "never paid for", "usage": TURN}]
-    # An idle timeout shorter than the pause: a pause is no stall, so the deadline ends it.
-    args = ["--task", mock_task("pauser", steps), "--tools", "Bash", "--max-budget-usd", "0.05", "--on-budget", "pause", "--timeout", "10"]
-    args += ["--idle-timeout", "3"]
+    # An idle timeout well shorter than the pause (but long enough for a loaded machine's CLI
+    # start): a pause is no stall, so the deadline ends it.
+    args = ["--task", mock_task("pauser", steps), "--tools", "Bash", "--max-budget-usd", "0.05", "--on-budget", "pause", "--timeout", "25"]
+    args += ["--idle-timeout", "8"]
     started = time.monotonic()
     proc = run_spawn(args, env, timeout=120)
     assert proc.returncode == spawn.ExitCode.TIMEOUT, proc.stderr
-    assert time.monotonic() - started < 60
+    assert time.monotonic() - started < 90
     assert stdout_json(proc)["status"] == "timeout"
     (agent_dir,) = agent_dirs(session_root)
     assert lines_of(agent_dir, "BudgetPaused") and not lines_of(agent_dir, "BudgetResumed")

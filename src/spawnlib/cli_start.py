@@ -151,7 +151,7 @@ from .running import (
     stopped_by,
     take_start_slot,
 )
-from .steering import cli_budget_cap, close_steering, open_steering, pause_hooks
+from .steering import cli_budget_cap, close_steering, open_steering, pause_hooks, stop_steering
 from .verbs import descendants_of, live_descendants, settle_descendants
 
 # ------------------------------------------------------------ the CLI's start --
@@ -1157,8 +1157,7 @@ def run_agent(
         def stop(status: Status, detail: str) -> None:
             if state.stop_reason is None:
                 state.stop_reason, state.stop_detail = status, detail
-                if state.inbox is not None:
-                    state.inbox.close("is being stopped")
+                stop_steering(state)
                 state.running_below = live_descendants(meta)
                 stopping.append(asyncio.ensure_future(shut_down()))
 

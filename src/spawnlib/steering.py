@@ -49,6 +49,7 @@ from .standin import unix_address
 INBOX_SOCKET = "inbox.sock"  # in the agent's directory, 0600, while its runner takes messages
 PAUSED = "paused.json"  # in the agent's directory while it is paused at its budget
 BUDGET_ATTEMPTS = "budget.attempts.jsonl"  # in the session: `budget` calls refused (from inside the tree)
+STOPPING = "is being stopped"  # why an inbox closed when its agent is stopped
 # A message is a prompt someone typed or a script wrote: 256 KiB is far above
 # that, and bounds what one caller makes the runner hold and record.
 SEND_MAX_BYTES = 256 << 10
@@ -268,8 +269,11 @@ class Inbox:
 
         self.server = await asyncio.start_unix_server(self._serve, sock=self.sock, limit=SEND_MAX_BYTES + 2)
 
-    def close(self, why: str) -> None:
-        """Take no more messages; the prompt stream ends once the queue is empty."""
+    def close(self, why: str, *, drop: bool = False) -> None:
+        """Take no more messages; the prompt stream ends once the queue is empty (at once with drop: a stop)."""
+        if drop:
+            self.queue.clear()  # an agent being stopped is handed nothing more
+            why = STOPPING
         if self.closed is None:
             self.closed = why
             with contextlib.suppress(OSError):
@@ -295,6 +299,8 @@ class Inbox:
                 return
             if self.turn_ended and self.before_reopen is not None:
                 await self.before_reopen()
+                if not self.queue or self.closed == STOPPING:
+                    return  # stopped while it waited
             self.turn_ended = False
             yield user_message(self.queue.popleft())
 
@@ -599,6 +605,8 @@ class BudgetPause:
         self.resumed.set()
         self.paused: PausedRecord | None = None
         self.paused_at = 0.0
+        self.stopping = False
+        """The run is being stopped: the hook is never answered again (the CLI would take a turn), only abandoned."""
         self.spend: tuple[float, float] = (0.0, 0.0)
         self.poller: Any = None
         self.on_fail: Callable[[str], None] | None = None
@@ -664,6 +672,8 @@ class BudgetPause:
             self.resume(topped)
 
     def resume(self, topped: float) -> None:
+        if self.stopping:
+            return
         paused_s = round(time.monotonic() - self.paused_at, 3)
         self.paused = None
         with contextlib.suppress(OSError):
@@ -671,6 +681,19 @@ class BudgetPause:
         ledger = read_ledger(self.session)
         hold = ledger.holds.get(self.meta.id, (None, 0.0))[1]
         self._line(RESUMED_LINE, {"paused_s": paused_s, "hold_usd": round_usd(hold), "topped_up_usd": round_usd(topped)})
+        self.resumed.set()
+
+    def freeze(self) -> None:
+        """The run is being stopped (deadline, kill, signal): every hook waiting here answers "stop".
+
+        Left unanswered, the hook fails once the CLI's stdin closes, and the
+        CLI (which handles its SIGTERM on its event loop) runs the tool and
+        makes the very request the pause held back (seen under load). A hook
+        output with continue false ends the CLI's turn instead.
+        """
+        self.stopping = True
+        if self.poller is not None:
+            self.poller.cancel()
         self.resumed.set()
 
     def close(self) -> None:
@@ -681,6 +704,7 @@ class BudgetPause:
             self.paused = None
             with contextlib.suppress(OSError):
                 (self.agent_dir / PAUSED).unlink()
+        self.stopping = True  # a hook asked from here on answers "stop" too
         self.resumed.set()
 
     async def pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
@@ -693,6 +717,8 @@ class BudgetPause:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.seen.wait(), max(0.0, limit - time.monotonic()))
         await self.resumed.wait()
+        if self.stopping:
+            return {"continue_": False, "stopReason": "spawn.py: the agent is being stopped (its deadline, a kill or a signal)"}
         return {}
 
     async def before_turn(self, turns: Iterable[tuple[str, dict[str, Any]]]) -> None:
@@ -767,6 +793,14 @@ async def open_steering(meta: AgentMeta, agent_dir: Path, state: Any, secrets_: 
     if pause is not None:
         inbox.before_reopen = lambda: pause.before_turn(state.turns.values())
     state.inbox = inbox
+
+
+def stop_steering(state: Any) -> None:
+    """The run is being stopped: no message is handed on, and a paused hook answers "stop"."""
+    if state.inbox is not None:
+        state.inbox.close(STOPPING, drop=True)
+    if state.pause is not None:
+        state.pause.freeze()
 
 
 def close_steering(state: Any) -> None:
