@@ -16,19 +16,16 @@ from typing import Any
 import psutil
 
 from .channel import peer_process, read_line
-from .core import estimate_cost, ledger_state, round_usd, utc_now_iso
+from .constants import LEDGER, LIMITS, PAUSED, TRANSCRIPT
+from .core import estimate_cost, ledger_state, parse_json, round_usd, utc_now_iso
 from .errors import RefusedError, SpawnError, StateError, UsageError
 from .processes import Supervised, calling_agents
 from .protocol import (
     AGENTS_DIR,
-    LEDGER,
-    LIMITS,
-    TRANSCRIPT,
     append_jsonl,
     append_transcript,
     load_meta,
     over_hold,
-    parse_json,
     read_ledger,
     read_limits,
     read_outcome,
@@ -47,7 +44,6 @@ from .standin import unix_address
 # a record that anything with Bash can write never decides for an agent.
 
 INBOX_SOCKET = "inbox.sock"  # in the agent's directory, 0600, while its runner takes messages
-PAUSED = "paused.json"  # in the agent's directory while it is paused at its budget
 BUDGET_ATTEMPTS = "budget.attempts.jsonl"  # in the session: `budget` calls refused (from inside the tree)
 STOPPING = "is being stopped"  # why an inbox closed when its agent is stopped
 # A message is a prompt someone typed or a script wrote: 256 KiB is far above
@@ -611,6 +607,8 @@ class BudgetPause:
         self.poller: Any = None
         self.on_fail: Callable[[str], None] | None = None
         """The run's stop path (failed): a pause that nears the hook's timeout ends the agent."""
+        self.stopped: Callable[[], bool] = lambda: False
+        """Whether the run is being stopped (its stop_reason is set): then nothing resumes."""
 
     @property
     def is_paused(self) -> bool:
@@ -672,7 +670,7 @@ class BudgetPause:
             self.resume(topped)
 
     def resume(self, topped: float) -> None:
-        if self.stopping:
+        if self.stopping or self.stopped():
             return
         paused_s = round(time.monotonic() - self.paused_at, 3)
         self.paused = None
@@ -717,7 +715,7 @@ class BudgetPause:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.seen.wait(), max(0.0, limit - time.monotonic()))
         await self.resumed.wait()
-        if self.stopping:
+        if self.stopping or self.stopped():
             return {"continue_": False, "stopReason": "spawn.py: the agent is being stopped (its deadline, a kill or a signal)"}
         return {}
 
@@ -778,13 +776,24 @@ def wait_while_paused(session: Path, deadline: float | None, *, no_wait: bool) -
 # ------------------------------------------------------------- in the runner --
 
 
-async def open_steering(meta: AgentMeta, agent_dir: Path, state: Any, secrets_: Sequence[str], stop: Callable[[Status, str], None]) -> None:
-    """Before the run: a claude agent's inbox, and its budget pause under --on-budget pause (state: the RunState)."""
+async def open_steering(meta: AgentMeta, agent_dir: Path, state: Any, secrets_: Sequence[str]) -> None:
+    """Before a claude agent's run: its inbox, and its budget pause under --on-budget pause (state: the RunState).
+
+    The run's stop path (state.request_stop, and its stop hooks, which run
+    while the CLI is frozen) closes the inbox and answers a paused hook "stop".
+    """
     if meta.kind != "claude":
-        return  # a command takes no messages; an a2a node's remote task gets none yet
+        return  # a command takes no messages; an a2a node's remote task only through its asks
     if meta.on_budget == "pause":
         state.pause = BudgetPause(meta, agent_dir, secrets_)
-        state.pause.on_fail = lambda why: stop(Status.FAILED, why)
+        state.pause.stopped = lambda: state.stop_reason is not None
+        if state.request_stop is not None:
+            state.pause.on_fail = lambda why: state.request_stop(Status.FAILED, why)
+
+    async def on_stop() -> None:
+        stop_steering(state)
+
+    state.stop_hooks.append(on_stop)
     inbox = open_inbox(meta, agent_dir, secrets_)
     if inbox is None:
         return
@@ -819,15 +828,6 @@ def pause_hooks(sdk: Any, pause: BudgetPause | None) -> list[Any]:
 
 
 # ------------------------------------------------------------ what status shows --
-
-
-def read_paused(agent_dir: Path) -> dict[str, Any] | None:
-    """An agent's paused.json, or None (absent, or not a record)."""
-    with contextlib.suppress(OSError, ValueError, SpawnError):
-        data = parse_json(read_text(agent_dir / PAUSED))
-        if isinstance(data, dict):
-            return data
-    return None
 
 
 def paused_note(row: Mapping[str, Any]) -> str:

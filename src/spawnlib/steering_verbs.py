@@ -6,9 +6,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from .cli import Parser, default_session, emit
+from .cli import default_session
 from .core import secret_values
 from .errors import ExitCode, RefusedError, UsageError
+from .options import Parser
+from .output import emit
 from .processes import calling_agents
 from .protocol import AGENTS_DIR, find_agent_dir, resolve_session_root
 from .steering import change_budget, check_name, record_budget_refusal, send_message, tree_caller_refusal
