@@ -181,7 +181,9 @@ def test_a_tree_pauses_at_its_budget_and_goes_on_when_it_is_raised(env: dict[str
     beat = load(agent_dir / "heartbeat.json")["updated_at"]
     time.sleep(3)
     assert len(main_requests(mock_model)) == before == 1
-    assert load(agent_dir / "heartbeat.json")["updated_at"] > beat
+    # The heartbeat is rewritten every 5 s: at least once more while it waits.
+    assert wait_until(lambda: load(agent_dir / "heartbeat.json")["updated_at"] > beat, 15), "the heartbeat stopped"
+    assert len(main_requests(mock_model)) == 1
     assert proc.poll() is None
     raised = run_spawn(["budget", agent_dir.parent.parent.name, "--raise", "0.1"], env)
     assert raised.returncode == spawn.ExitCode.OK, raised.stderr
