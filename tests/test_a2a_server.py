@@ -717,3 +717,29 @@ def test_a_remote_ask_denied_at_the_top_ends_the_remote_agent(
     [remote_outcome] = [load(p) for p in remote_root.glob("*/agents/*/outcome.json")]
     assert remote_outcome["status"] == "killed"
     validate_records(remote_root)
+
+
+def test_a_paused_subtree_is_input_required_until_its_budget_is_raised(
+    serve: Callable[..., Served], env: dict[str, str], session_root: Path
+) -> None:
+    """Every tree the server starts pauses at its budget (SPAWN_ON_BUDGET in its environment): the caller is told why."""
+    env["SPAWN_ON_BUDGET"] = "pause"  # the server's environment: the fixture starts it with this very dict
+    served = serve("--max-budget-usd", "0.05")
+    turn = {"input_tokens": 10_000, "output_tokens": 1}  # about $0.03 a turn: the second doesn't fit $0.05
+    task = mock_task("spend", [{"bash": "true", "usage": turn}, {"text": "paid for", "usage": turn}])
+
+    async def body() -> None:
+        paused = await send(served, f"{served.url}/agents/worker", user_message(task))
+        state, text, metadata = paused.last_status()
+        assert state == "TASK_STATE_INPUT_REQUIRED", (paused.states(), served.stderr.read_text())
+        agent_dir = agent_dir_of(paused, session_root)
+        assert f"agent {agent_dir.name} is paused at its budget" in text and "spawn.py budget" in text
+        assert metadata["spawn.paused"]["id"] == agent_dir.name and metadata["spawn.paused"]["needed_usd"] > 0
+        raised = run_spawn(["budget", str(agent_dir.parent.parent), "--raise", "0.1"], env)
+        assert raised.returncode == 0, raised.stderr
+        done = await send(served, served.url, user_message("go on", task_id=paused.task_id, context_id=paused.context_id))
+        assert done.last_status()[0] == "TASK_STATE_COMPLETED", done.states()
+        assert [p.text for p in done.artifacts()[0].parts] == ["paid for"]
+
+    run(body)
+    validate_records(session_root)

@@ -91,6 +91,8 @@ def test_keywords_become_the_flags_the_cli_parses(tmp_path: Path) -> None:
         "idle_timeout": 30.0,
         "max_turns": 4,
         "max_budget_usd": 0.25,
+        "on_budget": "pause",
+        "no_wait": True,
         "max_agents": 9,
         "max_concurrent": 2,
         "confirm_over": 1.5,

@@ -15,7 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, load, metas, mock_task, run_spawn, stdout_json, validate_records, wait_for_ask, wait_for_path, write_agent
+from conftest import (
+    ROOT,
+    MockModel,
+    load,
+    metas,
+    mock_task,
+    run_spawn,
+    stdout_json,
+    validate_records,
+    wait_for_ask,
+    wait_for_path,
+    write_agent,
+)
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client  # noqa: E402
@@ -23,7 +35,7 @@ from mcp.client.stdio import StdioServerParameters  # noqa: E402
 from mcp.types import CallToolResult, ElicitRequestParams, ElicitResult, TextContent  # noqa: E402
 
 SERVER = ROOT / "tools" / "mcp_server.py"
-TOOLS = {"spawn_agent", "agent_wait", "agent_status", "agent_cancel", "agent_answer", "list_agents"}
+TOOLS = {"spawn_agent", "agent_wait", "agent_status", "agent_cancel", "agent_answer", "agent_send", "budget", "list_agents"}
 
 
 def server_params(env: dict[str, str], cwd: Path, *extra: str) -> StdioServerParameters:
@@ -382,3 +394,36 @@ def test_concurrent_spawns_share_one_budget(env: dict[str, str], session_root: P
     (ledger,) = session_root.glob("*/ledger.jsonl")  # one ledger holds them all
     assert {json.loads(line)["id"] for line in ledger.read_text().splitlines()} == set(held)
     validate_records(session_root)
+
+
+def test_agent_send_and_budget(env: dict[str, str], session_root: Path, tmp_path: Path, mock_model: MockModel) -> None:
+    """agent_send reaches a running agent's next request; budget raises the server's session's budget."""
+
+    async def body() -> None:
+        async with Client(server_params(env, tmp_path, "--max-budget-usd", "1")) as client:
+            task = mock_task("busy", [{"bash": "sleep 6; echo slept"}, {"text": "busy done"}])
+            started = structured(await client.call_tool("spawn_agent", {"task": task, "tools": ["Bash"]}))
+            agent_dir = Path(started["agent_dir"])
+            transcript = agent_dir / "transcript.jsonl"
+            limit = time.monotonic() + 60
+            while not (transcript.exists() and '"PermissionDecision"' in transcript.read_text()):
+                assert time.monotonic() < limit, "the Bash call never started"
+                await asyncio.sleep(0.1)
+            sent = structured(await client.call_tool("agent_send", {"agent_id": started["agent_id"], "text": "MCP-STEER-91"}))
+            assert sent["seq"] == 1 and sent["delivery"] == "next request"
+            raised = structured(await client.call_tool("budget", {"raise_usd": 0.5}))
+            assert raised["max_budget_usd"] == 1.5 and raised["previous_usd"] == 1.0
+            both = await client.call_tool("budget", {"raise_usd": 0.5, "set_usd": 2})
+            assert both.is_error and "exactly one" in text(both)
+            waited = structured(await client.call_tool("agent_wait", {"timeout_s": 50}))
+            assert waited["status"] == "done", waited
+            late = await client.call_tool("agent_send", {"agent_id": started["agent_id"], "text": "too late"})
+            assert late.is_error and f"agent {started['agent_id']} has finished (done" in text(late)
+
+    run(body)
+    requests = [r for r in mock_model.requests() if r["kind"] == "main"]
+    assert any("MCP-STEER-91" in t for t in requests[-1]["later_texts"])
+    (transcript,) = session_root.glob("*/agents/*/transcript.jsonl")
+    records = [json.loads(line) for line in transcript.read_text().splitlines()]
+    (sent,) = [r["message"] for r in records if r["type"] == "UserSent"]
+    assert sent["text"] == "MCP-STEER-91" and sent["by"].startswith("mcp:")

@@ -22,8 +22,10 @@ A message starts
 ``spawn.py --agent SKILL --background`` with the message's text as the task, and
 the task's status follows the agent's session directory: working (transcript
 lines), input-required (an ask in its subtree; the caller's next message answers
-it), then completed with the output as an artifact, or failed, rejected or
-canceled. Cancelling the task ends the agent's subtree (``spawn.py kill``).
+it; or an agent of the subtree paused at its budget, until someone runs
+``spawn.py budget SESSION --raise USD`` here: any message then follows it on),
+then completed with the output as an artifact, or failed, rejected or canceled.
+Cancelling the task ends the agent's subtree (``spawn.py kill``).
 
 The caller's depth, max depth, deadline, budget and traceparent ride in the
 message metadata (``spawn.depth``, ``spawn.max_depth``, ``spawn.deadline``,
@@ -346,6 +348,14 @@ def describe_transcript_line(record: Mapping[str, Any]) -> str | None:
     return session_files.clip(" | ".join(parts), STATUS_TEXT_CHARS) if parts else None
 
 
+def paused_text(paused: Mapping[str, Any], session: Path) -> str:
+    return (
+        f"agent {paused.get('id')} is paused at its budget: spent ${paused.get('spent_usd')}, its next turn needs "
+        f"${paused.get('needed_usd')} more ({paused.get('reason')}); on this server run "
+        f"'spawn.py budget {session} --raise USD', then reply to go on"
+    )
+
+
 def ask_text(ask: Mapping[str, Any]) -> str:
     call = session_files.clip(json.dumps(ask.get("input"), ensure_ascii=False), 200)
     return f"agent {ask.get('agent_id')} asks to run {ask.get('tool')}: {call} (rule {ask.get('rule')}); reply allow or deny"
@@ -650,10 +660,17 @@ class SpawnExecutor(AgentExecutor):
                 if outcome is not None:
                     await self.finish(run, updater, outcome)
                     return
-                asks = session_files.pending_asks(run.session, session_files.subtree_ids(run.session, {run.agent_id}), oldest_first=True)
+                subtree = session_files.subtree_ids(run.session, {run.agent_id})
+                asks = session_files.pending_asks(run.session, subtree, oldest_first=True)
                 if asks:
                     run.asking = str(asks[0]["id"])
                     await self.publish(run, updater, TaskState.TASK_STATE_INPUT_REQUIRED, ask_text(asks[0]), {"spawn.ask": asks[0]})
+                    return
+                # A paused subtree waits for a person here: the caller is told why, and its next message follows on.
+                paused = session_files.paused_agents(run.session, subtree)
+                if paused:
+                    text = paused_text(paused[0], run.session)
+                    await self.publish(run, updater, TaskState.TASK_STATE_INPUT_REQUIRED, text, {"spawn.paused": paused[0]})
                     return
                 await self.spawner.watch(run)
                 await asyncio.sleep(FOLLOW_TICK_S)

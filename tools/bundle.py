@@ -67,6 +67,7 @@ MODULES = (
     "agents",
     "delegates",
     "channel",
+    "steering",
     "running",
     "inprocess",
     "claude",
@@ -78,6 +79,7 @@ MODULES = (
     "options",
     "dag",
     "cli",
+    "steering_verbs",
     "main",
     # After main's `if __name__ == "__main__":` block, which ends the process:
     # a CLI run (every agent, at every depth) never executes the Python API's

@@ -17,7 +17,7 @@ Run::
 It drives spawn.py only through its command line and the session directory
 (never by import), so it works with any copy of spawn.py (``--spawn PATH``) and
 any session root. Tools: spawn_agent, agent_wait, agent_status, agent_cancel,
-agent_answer, list_agents. The server's --max-depth, --max-budget-usd,
+agent_answer, agent_send, budget, list_agents. The server's --max-depth, --max-budget-usd,
 --max-agents and --max-concurrent bound everything started through it.
 """
 
@@ -106,6 +106,19 @@ class CancelResult(Result):
 class AnswerResult(Result):
     ask: str
     verdict: Literal["approve", "deny"]
+
+
+class SendResult(Result):
+    id: str = Field(description="the agent the message went to")
+    seq: int | None = Field(default=None, description="the message's number among those the agent was sent")
+    delivery: str | None = Field(default=None, description="next request, or reopens the run (its turn had ended)")
+
+
+class BudgetResult(Result):
+    session: str
+    max_budget_usd: float = Field(description="the tree's budget now")
+    previous_usd: float
+    paused: list[dict[str, Any]] = Field(description="agents paused at their hold when it changed (they go on once it fits)")
 
 
 class AgentsResult(Result):
@@ -297,16 +310,24 @@ class Spawner:
         self.session: Path | None = None
         """The one session every agent started here registers in (outside a tree), once the first made it."""
 
-    async def run(self, *args: str, cwd: str | None = None, extra_env: Mapping[str, str] | None = None) -> tuple[int, str, str]:
+    async def run(
+        self, *args: str, cwd: str | None = None, extra_env: Mapping[str, str] | None = None, stdin: str | None = None
+    ) -> tuple[int, str, str]:
         env = {**self.config.environ, **(extra_env or {})}
         if self.config.session_root is not None:
             env["SPAWN_SESSION_ROOT"] = self.config.session_root
-        return await session_files.run_cli(self.config.spawn, *args, env=env, cwd=cwd)
+        data = stdin.encode() if stdin is not None else None
+        return await session_files.run_cli(self.config.spawn, *args, env=env, cwd=cwd, stdin=data)
 
     async def run_json(
-        self, *args: str, ok: Sequence[int] = (0,), cwd: str | None = None, extra_env: Mapping[str, str] | None = None
+        self,
+        *args: str,
+        ok: Sequence[int] = (0,),
+        cwd: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+        stdin: str | None = None,
     ) -> dict[str, Any]:
-        code, out, err = await self.run(*args, cwd=cwd, extra_env=extra_env)
+        code, out, err = await self.run(*args, cwd=cwd, extra_env=extra_env, stdin=stdin)
         try:
             return session_files.cli_json(code, out, err, ok)
         except session_files.CliError as exc:
@@ -430,14 +451,17 @@ class Spawner:
                 return session / "agents" / agent_id
         raise ToolError(f"spawn: error: no agent {agent_id!r} under {root}; use an id that spawn_agent returned")
 
+    def as_client(self, client: str) -> list[str]:
+        """`--as mcp:CLIENT`: the record names the client; spawn.py accepts only these characters."""
+        return ["--as", "mcp:" + (re.sub(r"[^A-Za-z0-9_.:@\-]", "-", client)[:59] or "client")]
+
     async def answer(self, ask_id: str, decision: str, client: str) -> dict[str, Any]:
         if self._answer_as is None:
             _, out, _ = await self.run("approve", "--help")
             self._answer_as = "--as" in out
         argv = ["approve" if decision == "allow" else "deny", ask_id]
         if self._answer_as:
-            # The answer's `by` names the client; spawn.py accepts only these characters.
-            argv += ["--as", "mcp:" + (re.sub(r"[^A-Za-z0-9_.:@\-]", "-", client)[:59] or "client")]
+            argv += self.as_client(client)
         return await self.run_json(*argv)
 
 
@@ -635,6 +659,37 @@ def build_server(spawner: Spawner) -> MCPServer:
         """Answer a permission ask that agent_wait or agent_status listed: allow or deny the tool call."""
         data = await spawner.answer(ask_id, decision, client_name(ctx) if ctx else "client")
         return tool_result(f"ask {ask_id}: {data.get('verdict')}", data)
+
+    @server.tool()
+    @spawn_errors_as_results
+    async def agent_send(agent_id: str, text: str, ctx: Context | None = None) -> Annotated[CallToolResult, SendResult]:
+        """Give a running agent a user message: it reads it at its next model request. An agent that has
+        finished can't take one (its outcome is the error); a command node never can."""
+        session = spawner.find_dir(agent_id).parent.parent
+        client = client_name(ctx) if ctx else "client"
+        data = await spawner.run_json("send", agent_id, "-", "--session", str(session), *spawner.as_client(client), stdin=text)
+        return tool_result(f"message {data.get('seq')} to {agent_id}: {data.get('delivery')}", data)
+
+    @server.tool()
+    @spawn_errors_as_results
+    async def budget(
+        session: str | None = None, raise_usd: float | None = None, set_usd: float | None = None, ctx: Context | None = None
+    ) -> Annotated[CallToolResult, BudgetResult]:
+        """Raise (raise_usd) or set (set_usd) a tree's budget; agents paused at their hold go on once it fits.
+        session: the session directory (default: the one this server's agents run in)."""
+        if (raise_usd is None) == (set_usd is None):
+            raise ToolError("spawn: error: give exactly one of raise_usd and set_usd")
+        target = session or (str(spawner.session) if spawner.session else None)
+        if target is None and spawner.started:
+            target = str(list(spawner.started.values())[-1].agent_dir.parent.parent)
+        if target is None:
+            raise ToolError("spawn: error: no session yet; give session, or start an agent with spawn_agent first")
+        how = ["--raise", repr(float(raise_usd))] if raise_usd is not None else ["--set", repr(float(set_usd or 0.0))]
+        client = client_name(ctx) if ctx else "client"
+        data = await spawner.run_json("budget", target, *how, *spawner.as_client(client))
+        paused = data.get("paused") or []
+        text = f"budget of {data.get('session')}: ${data.get('max_budget_usd')} (was ${data.get('previous_usd')})"
+        return tool_result(text + (f"; {len(paused)} agent(s) paused" if paused else ""), data)
 
     @server.tool()
     @spawn_errors_as_results

@@ -520,7 +520,26 @@ def log_record(
         # sessions an agent that ran twice.
         "session": headers.get("x-claude-code-session-id"),
         "retry": int(retry) if retry is not None and retry.isdigit() else None,
+        # What reached the model after the task: a message sent mid-run shows here.
+        "later_texts": later_texts(messages if isinstance(messages, list) else []),
     }
+
+
+LATER_TEXT_CHARS = 300  # of each text block after the first message, in the log
+LATER_TEXTS_MAX = 20  # the log's last blocks: a long conversation keeps its newest
+
+
+def later_texts(messages: Sequence[Any]) -> list[str]:
+    """The text blocks (and plain-text contents) of every message after the first, clipped, newest last."""
+    texts: list[str] = []
+    for message in messages[1:]:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            texts.append(content[:LATER_TEXT_CHARS])
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, dict) and block.get("type") == "text":
+                texts.append(str(block.get("text", ""))[:LATER_TEXT_CHARS])
+    return texts[-LATER_TEXTS_MAX:]
 
 
 # ---------------------------------------------------------------- server

@@ -179,6 +179,17 @@ def pending_asks(session: Path, agents: set[str] | None = None, *, oldest_first:
     return found
 
 
+def paused_agents(session: Path, agents: set[str]) -> list[dict[str, Any]]:
+    """paused.json of each of `agents` that is paused at its budget now (no outcome yet), by id."""
+    found = []
+    for agent in sorted(agents):
+        agent_dir = session / "agents" / agent
+        paused = read_json(agent_dir / "paused.json")
+        if paused is not None and committed_outcome(agent_dir) is None:
+            found.append(paused)
+    return found
+
+
 def mtime(path: Path) -> float:
     try:
         return path.stat().st_mtime

@@ -16,6 +16,9 @@ font is fetched. The page shows
 - bars coloured by outcome (running agents end at their last heartbeat);
 - denied tool calls (red ticks) and asks (diamonds: pending, approved, denied)
   on the rows, from the transcripts' PermissionDecision lines and ``asks/``;
+- messages sent to an agent (``spawn.py send``: circles, with who sent them)
+  and its pauses at the budget (squares), from its UserSent, SendRefused,
+  BudgetPaused and BudgetResumed lines;
 - each agent's cost and tokens, and its subtree's totals;
 - on a click (or ``timeline.html#AGENT_ID``), the agent's meta, outcome and
   last transcript lines.
@@ -60,6 +63,11 @@ STATUS_COLOURS: dict[str, str] = {
 UNKNOWN_COLOUR = "#444444"
 ASK_COLOURS = {"pending": "#f2c230", "approve": "#2e9e5b", "deny": "#d64545"}
 DENIED_COLOUR = "#d64545"
+MESSAGE_COLOURS = {"sent": "#1f6fd1", "refused": "#d64545"}
+PAUSE_COLOURS = {"paused": "#e39b1b", "resumed": "#2e9e5b"}
+# The steering lines a transcript may hold (spawn.py send, --on-budget pause), and the mark each makes.
+STEERING_MARKS = {"UserSent": ("message", "sent"), "SendRefused": ("message", "refused")}
+STEERING_MARKS |= {"BudgetPaused": ("pause", "paused"), "BudgetResumed": ("pause", "resumed")}
 
 # Geometry of the picture, in pixels. A row is tall enough for 11 px text;
 # the label column fits an indented id and the task's first words, and the
@@ -99,12 +107,12 @@ class Mark:
     """Something that happened at a point in an agent's run."""
 
     kind: str
-    """denied (a tool call refused by a rule) or ask."""
+    """denied (a tool call refused by a rule), ask, message (spawn.py send) or pause (at the budget)."""
     at: float
     """Unix seconds."""
     label: str
     state: str = ""
-    """For an ask: pending, approve or deny."""
+    """For an ask: pending, approve or deny; a message: sent or refused; a pause: paused or resumed."""
 
 
 @dataclass
@@ -183,6 +191,14 @@ def describe_line(record: Mapping[str, Any]) -> str:
         parts.append(f"{message.get('subtype')}, {message.get('num_turns')} turns, ${message.get('total_cost_usd')}")
     elif kind == "SystemMessage":
         parts.append(str(message.get("subtype", "")))
+    elif kind == "UserSent":
+        parts.append(f"message {message.get('seq')} from {message.get('from')}: {message.get('text')}")
+    elif kind == "SendRefused":
+        parts.append(f"message from {message.get('from')} refused: {message.get('refused')}")
+    elif kind == "BudgetPaused":
+        parts.append(f"paused: spent ${message.get('spent_usd')}, needs ${message.get('needed_usd')} more ({message.get('reason')})")
+    elif kind == "BudgetResumed":
+        parts.append(f"resumed after {message.get('paused_s')} s, hold ${message.get('hold_usd')}")
     return clip(f"{when} {kind}: {' | '.join(parts)}", LINE_CHARS)
 
 
@@ -236,6 +252,7 @@ def read_agent(agent_dir: Path, now: float, asks: Mapping[str, list[Mark]]) -> A
             marks.append(Mark("ask", at, describe_line(record), "approve" if message.get("verdict") == "allow" else "deny"))
         elif message.get("verdict") == "deny" and message.get("by") == "rules":
             marks.append(Mark("denied", at, describe_line(record)))
+    marks += steering_marks(transcript)
     return Agent(
         id=str(meta["id"]),
         parent_id=meta.get("parent_id"),
@@ -251,6 +268,17 @@ def read_agent(agent_dir: Path, now: float, asks: Mapping[str, list[Mark]]) -> A
         tail=[describe_line(r) for r in tail_lines(transcript)[-TRANSCRIPT_TAIL_LINES:]],
         marks=sorted(marks, key=lambda m: m.at),
     )
+
+
+def steering_marks(transcript: Path) -> list[Mark]:
+    """Messages sent to the agent and its pauses at the budget, from their transcript lines."""
+    marks = []
+    for line_type, (kind, state) in STEERING_MARKS.items():
+        for record in iter_jsonl(transcript, f'"{line_type}"'.encode()):
+            at = parse_time(record.get("time"))
+            if at is not None and record.get("type") == line_type:
+                marks.append(Mark(kind, at, describe_line(record), state))
+    return marks
 
 
 def read_natives(agent_dir: Path, parent: Agent, now: float) -> list[Agent]:
@@ -418,6 +446,13 @@ def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
                 fill = ASK_COLOURS.get(mark.state, ASK_COLOURS["pending"])
                 shape = f"M0,{y + 1} l5,{ROW_H / 2 - 1} l-5,{ROW_H / 2 - 1} l-5,-{ROW_H / 2 - 1} z"
                 out.append(f'<path class="mark ask" {place} d="{shape}" fill="{fill}" stroke="#333">{tip}</path>')
+            elif mark.kind == "message":
+                fill = MESSAGE_COLOURS.get(mark.state, MESSAGE_COLOURS["sent"])
+                out.append(f'<circle class="mark message" {place} cy="{y + ROW_H / 2}" r="4" fill="{fill}" stroke="#123">{tip}</circle>')
+            elif mark.kind == "pause":
+                fill = PAUSE_COLOURS.get(mark.state, PAUSE_COLOURS["paused"])
+                square = f'x="-4" y="{y + 5}" width="8" height="8" fill="{fill}" stroke="#630"'
+                out.append(f'<rect class="mark pause" {place} {square}>{tip}</rect>')
             else:
                 shape = f"M-4,{y + 1} h8 l-4,{ROW_H - 3} z"
                 out.append(f'<path class="mark denied" {place} d="{shape}" fill="{DENIED_COLOUR}" stroke="#600">{tip}</path>')
@@ -455,7 +490,9 @@ def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
     # The legend wraps inside the label and cost columns, which the page
     # never scrolls away, so it is whole at any window width.
     legend_x, legend_y = 8.0, float(LEGEND_Y)
-    for status, colour in [*STATUS_COLOURS.items(), ("denied call", DENIED_COLOUR), ("ask", ASK_COLOURS["pending"])]:
+    marks = [("denied call", DENIED_COLOUR), ("ask", ASK_COLOURS["pending"]), ("message", MESSAGE_COLOURS["sent"])]
+    marks.append(("paused", PAUSE_COLOURS["paused"]))
+    for status, colour in [*STATUS_COLOURS.items(), *marks]:
         item_w = 20 + 7 * len(status)
         if legend_x + item_w > PLOT_X - 8:
             legend_x, legend_y = 8.0, legend_y + 16
@@ -535,7 +572,7 @@ const chart = document.getElementById('chart');
 const detail = document.getElementById('detail');
 const NS = 'http://www.w3.org/2000/svg';
 const bars = [...svg.querySelectorAll('rect.bar')];
-const marks = [...svg.querySelectorAll('path.mark')];
+const marks = [...svg.querySelectorAll('.mark')];
 const grid = document.getElementById('grid'), head = document.getElementById('head');
 const fixed = document.getElementById('fixed'), corner = document.getElementById('corner');
 const headBottom = head.lastElementChild;
@@ -638,7 +675,7 @@ function select(i) {
   detail.appendChild(rows({cost: a.cost, 'subtree cost': a.tree_cost, tokens: a.tokens, 'subtree tokens': a.tree_tokens}));
   detail.appendChild(el('h3', 'outcome')); detail.appendChild(rows(a.outcome));
   if (a.output !== null) detail.appendChild(el('pre', a.output));
-  if (a.marks.length) { detail.appendChild(el('h3', 'refusals and asks')); detail.appendChild(el('pre', a.marks.join('\\n'))); }
+  if (a.marks.length) { detail.appendChild(el('h3', 'asks, refusals, messages')); detail.appendChild(el('pre', a.marks.join('\\n'))); }
   detail.appendChild(el('h3', 'meta')); detail.appendChild(rows(a.meta));
   detail.appendChild(el('h3', 'last transcript lines')); detail.appendChild(el('pre', a.tail.join('\\n') || '(none)'));
   detail.dataset.agent = a.id;

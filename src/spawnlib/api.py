@@ -60,6 +60,8 @@ class RunOptions(TypedDict, total=False):
     idle_timeout: float
     max_turns: int
     max_budget_usd: float
+    on_budget: Literal["fail", "pause"]
+    no_wait: bool
     max_agents: int
     max_concurrent: int
     confirm_over: float

@@ -80,6 +80,7 @@ from .protocol import (
 )
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import RunState, SdkLoader, api_host, child_environment, import_sdk, message_record, spawn_command
+from .steering import cli_budget_cap, pause_hooks
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the
@@ -622,7 +623,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         system_prompt=system_prompt,
         model=meta.model,
         max_turns=meta.max_turns,
-        max_budget_usd=meta.max_budget_usd,
+        max_budget_usd=cli_budget_cap(meta),
         effort=meta.effort if isinstance(meta.effort, str) else None,
         settings=settings,
         cwd=meta.cwd,
@@ -697,6 +698,8 @@ async def run_sdk(
         }
     else:  # its subagents are its in-process children: governed, not only recorded
         hooks = in_process_hooks(sdk, state.in_process, plan.gate.pre_tool_use, timeout)
+    # --on-budget pause waits in a PreToolUse matcher of its own (its own timeout: a pause outlasts an ask).
+    hooks["PreToolUse"] = [*hooks.get("PreToolUse", []), *pause_hooks(sdk, state.pause)]
     options = sdk.ClaudeAgentOptions(**plan.options, hooks=hooks, stderr=on_stderr)
     if state.in_process is not None:
         options.agents = subagent_definitions(sdk, state.in_process)
@@ -707,7 +710,12 @@ async def run_sdk(
     try:
         await consume_sdk(
             sdk,
-            sdk.query(prompt=plan.prompt, options=options, transport=CliPipes(sdk, started, on_stderr)),
+            # Streaming input while the agent takes messages (spawn.py send): its stdin stays open for them.
+            sdk.query(
+                prompt=state.inbox.prompts(plan.prompt) if state.inbox is not None else plan.prompt,
+                options=options,
+                transport=CliPipes(sdk, started, on_stderr),
+            ),
             meta=meta,
             transcript=agent_dir / TRANSCRIPT,
             state=state,
@@ -748,13 +756,20 @@ async def consume_sdk(
             if isinstance(message.usage, dict):
                 state.turns[message.message_id or f"turn{len(state.turns)}"] = (message.model or meta.model, message.usage)
             # A tool call means another turn follows; a final answer is let through.
-            if any(isinstance(b, ToolUseBlock) and b.name != "StructuredOutput" for b in message.content) and state.request_stop:
+            calls = [b.id for b in message.content if isinstance(b, ToolUseBlock) and b.name != "StructuredOutput"]
+            if calls and state.pause is not None:
+                state.pause.check_turn(calls, state.turns.values())  # under --on-budget pause: wait, not fail
+            elif calls and state.request_stop:
                 last = list(state.turns.values())[-1:]
                 why = over_hold(Path(meta.session), meta.id, estimate_cost(state.turns.values()), estimate_cost(last))
                 if why is not None:
                     state.request_stop(Status.FAILED, why)
         elif isinstance(message, ResultMessage):
+            if state.result is not None and isinstance(message.num_turns, int):
+                message.num_turns += state.result.num_turns or 0  # a reopened run's result counts its own turns only
             state.result = message
+            if state.inbox is not None:
+                state.inbox.result_seen()
         else:
             observe_system_message(state, getattr(message, "subtype", None), getattr(message, "data", None))
 

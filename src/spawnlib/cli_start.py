@@ -168,7 +168,8 @@ async def idle_watch(meta: AgentMeta, state: RunState, idle_timeout: float, stop
     last_cpu: float | None = None
     while True:
         await asyncio.sleep(check)
-        if state.cli_pid is None:  # queued for a slot, or the CLI is starting
+        if state.cli_pid is None or (state.pause is not None and state.pause.is_paused):
+            # Queued for a slot, the CLI starting, or paused at the budget: waiting, not stalled.
             state.last_activity = time.time()
             continue
         cpu = await asyncio.to_thread(cli_cpu_seconds, state.cli_pid)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .constants import HEARTBEAT, HEARTBEAT_S, HEARTBEAT_STALE_BEATS, NATIVE_LOG, OUTCOME, SLOT_LENT, SLOT_MARKER
+from .constants import HEARTBEAT, HEARTBEAT_S, HEARTBEAT_STALE_BEATS, NATIVE_LOG, OUTCOME, PAUSED, SLOT_LENT, SLOT_MARKER
 from .core import native_usage, outcome_problem, parse_json, redacted_json, started_timestamp
 from .errors import CorruptRecordError, SpawnError
 from .processes import Supervised
@@ -121,6 +121,9 @@ def read_agent_rows(
         }
         if meta.resumed_from:
             row["resumed_from"] = meta.resumed_from
+        if state == Status.PAUSED:
+            with contextlib.suppress(OSError, SpawnError, ValueError):
+                row["paused"] = read_json(Path(path) / PAUSED)  # what it spent, what its next turn needs
         natives = native_rows(path, meta, parent_ended=outcome is not None)
         # Cached: a finished agent whose records were settled before we read them,
         # keyed by the very files read, so a record replaced meanwhile is read
@@ -138,6 +141,8 @@ def unfinished_state(agent_dir: Path, meta: AgentMeta, *, queueing: bool) -> Sta
         return Status.LOST  # gone without an outcome
     if state != Status.RUNNING:
         return state
+    if (agent_dir / PAUSED).exists():
+        return Status.PAUSED
     if idle_for(agent_dir) is not None:
         return Status.STALLED
     if queueing and (agent_dir / SLOT_LENT).exists():

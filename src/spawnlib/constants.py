@@ -354,6 +354,7 @@ ENV_LOG_MAX = "SPAWN_TRANSCRIPT_MAX_BYTES"
 TRUNCATED_LINE = "TranscriptTruncated"  # the transcript's last line once it reached the cap
 NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
 HEARTBEAT = "heartbeat.json"
+PAUSED = "paused.json"  # while an agent waits at its budget (--on-budget pause; docs/steering.md)
 # Written by `spawn.py kill` before its SIGTERM: the runner's outcome then
 # says who ended it, which a signal alone can't tell it.
 KILL_REQUEST = "kill.json"

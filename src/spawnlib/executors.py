@@ -23,6 +23,7 @@ from .output import note
 from .protocol import AGENTS_DIR, append_log_line, append_transcript, log_max_bytes, read_limits, with_estimated_cost
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import EarlyStop, RunState, SdkLoader, child_environment
+from .steering import close_steering, open_steering
 
 if TYPE_CHECKING:
     import socket  # annotations only
@@ -132,7 +133,11 @@ class ClaudeExecutor(Executor):
     async def run(
         self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
     ) -> None:
-        await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader, started=self.started)
+        await open_steering(meta, agent_dir, state, secrets_)  # spawn.py send's inbox; --on-budget pause
+        try:
+            await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader, started=self.started)
+        finally:
+            close_steering(state)
 
     def describe_error(self, exc: Exception, agent_dir: Path) -> str:
         return describe_sdk_error(exc, agent_dir / STDERR_LOG)

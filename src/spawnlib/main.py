@@ -27,6 +27,7 @@ from .dag import cmd_dag, cmd_estimate, cmd_state, cmd_workflow
 from .errors import ExitCode, SpawnError, UnknownVerbError
 from .fast_start import install_fast_start
 from .options import VERBS, WORKFLOW_VERBS
+from .steering_verbs import STEERING_VERBS, add_steering_arguments, cmd_budget, cmd_send
 
 # --------------------------------------------------------------------- main --
 
@@ -39,7 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] in VERBS:
             verb = argv[0]
-            args = build_verb_parser(verb).parse_args(argv[1:])
+            parser = build_verb_parser(verb)
+            if verb in STEERING_VERBS:
+                add_steering_arguments(verb, parser)
+            args = parser.parse_args(argv[1:])
             args.verb = verb
             handlers: dict[str, Callable[[argparse.Namespace, Mapping[str, str]], int]] = {
                 "wait": cmd_wait,
@@ -48,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "reap": cmd_reap,
                 "approve": cmd_answer,
                 "deny": cmd_answer,
+                "send": cmd_send,
+                "budget": cmd_budget,
                 "agents": cmd_agents,
                 "dag": cmd_dag,
                 "estimate": cmd_estimate,

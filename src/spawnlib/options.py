@@ -135,6 +135,12 @@ def build_run_parser() -> Parser:
     limits.add_argument(
         "--max-budget-usd", type=float, metavar="X", help="spending limit in USD; at the root, one budget for the whole tree"
     )
+    limits.add_argument(
+        "--on-budget",
+        choices=["fail", "pause"],
+        help="at its hold: fail (default), or pause until 'spawn.py budget SESSION --raise USD' (inherited; only narrows to fail)",
+    )
+    limits.add_argument("--no-wait", action="store_true", help="in a tree paused at its budget: be refused (exit 4) rather than wait")
     limits.add_argument("--max-agents", type=int, metavar="N", help="root only: agents the whole session may register")
     limits.add_argument("--max-concurrent", type=int, metavar="N", help="root only: agents running at once; more wait for a slot")
     limits.add_argument(
@@ -166,4 +172,8 @@ def build_run_parser() -> Parser:
 WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
 
 
-VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard")
+VERBS = (
+    *("wait", "status", "kill", "reap", "approve", "deny", "send", "budget", "agents", "dag", "estimate"),
+    *WORKFLOW_VERBS,
+    *("_run", "_guard"),
+)

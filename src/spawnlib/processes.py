@@ -751,6 +751,7 @@ def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, A
         "deny": list(meta.permissions.get("deny", [])),
         "ask": list(meta.permissions.get("ask", [])),
         "mode": meta.permission_mode,
+        "on_budget": meta.on_budget,
         "model": meta.model,
         "traceparent": meta.traceparent,
         "placement": (meta.placement or {}).get("policy"),

@@ -26,6 +26,7 @@ class Status(enum.StrEnum):
     LOST = "lost"  # no outcome, process gone; `reap` or `wait` records it
     STALLED = "stalled?"  # no outcome, idle over half its idle timeout; ended as stalled at the full one
     WAITING = "waiting"  # no outcome, blocked on its children, its --max-concurrent slot lent to them
+    PAUSED = "paused"  # no outcome, alive, waiting at its budget for a raise (--on-budget pause)
     CORRUPT = "corrupt"  # its meta.json can't be read; inspect or remove it
     DONE = "done"
     FAILED = "failed"
@@ -104,6 +105,8 @@ class AgentMeta:
     max_budget_usd: float | None = None
     idle_timeout_s: float | None = None
     """Seconds without a transcript event or CPU use before the agent counts as stalled."""
+    on_budget: str | None = None
+    """pause: wait at its budget for a raise (docs/steering.md); None or fail: fail there."""
     topic: str | None = None
     output_file: str | None = None
     background: bool = False

@@ -118,6 +118,7 @@ from .protocol import (
     write_json_atomic,
 )
 from .records import AgentMeta, Limits, SessionInfo, record_to_json
+from .steering import ENV_ON_BUDGET, ON_BUDGET_DEFAULT, ancestry_on_budget, narrow_on_budget, wait_while_paused
 
 # ---------------------------------------------------------------- resolving --
 
@@ -276,7 +277,7 @@ def read_task(args: argparse.Namespace) -> str:
 RECORD_SCHEMAS = frozenset(
     {
         "ask", "ask-answer", "ask-attempt", "dag-journal-line", "forkserver-line", "heartbeat", "kill", "ledger-line", "limits",
-        "meta", "native-line", "outcome", "session", "state", "status", "transcript-line",
+        "meta", "native-line", "outcome", "paused", "session", "state", "status", "transcript-line",
     }
 )  # fmt: skip
 
@@ -360,6 +361,8 @@ class Plan:
     """(pid, pipe) of the guard started for an agent this process runs."""
     rules: RuleSet = field(default_factory=RuleSet)
     """The effective rules, each with where it came from (for --dry-run)."""
+    no_wait: bool = False
+    """--no-wait: refused at once, not queued, when the tree is paused at its budget."""
 
 
 def positive(name: str, value: float | None, integer: bool = False) -> None:
@@ -512,6 +515,9 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     if dropped:
         warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
     budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
+    on_budget, on_budget_warning = narrow_on_budget(args.on_budget, [environ.get(ENV_ON_BUDGET), ancestry_on_budget(ancestry)])
+    if on_budget_warning:
+        warnings.append(on_budget_warning)
     now = time.time()
     if args.timeout is None and timeout is None and inh.depth < 0:
         timeout = DEFAULT_ROOT_TIMEOUT_S
@@ -563,6 +569,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         max_turns=max_turns,
         max_budget_usd=budget,
         idle_timeout_s=idle_timeout,
+        on_budget=on_budget if on_budget != ON_BUDGET_DEFAULT else None,
         # Redacted before slugify lowercases it out of the secret's shape.
         topic=slugify(redact(topic, secret_values(environ)), 32),
         output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
@@ -593,7 +600,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         )
     if session is not None and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
         warnings.append("--max-agents, --max-concurrent and --confirm-over apply to a whole tree and are set by its root; ignored here")
-    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules)
+    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules, no_wait=args.no_wait)
 
 
 def plan_placement(
@@ -784,6 +791,8 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
     if plan.refusal is None and not plan.new_session:
         plan.refusal = confirm_spawn(meta, session, plan.secrets)
+    if plan.refusal is None and not plan.new_session:
+        plan.refusal = wait_while_paused(session, meta.deadline, no_wait=plan.no_wait)
     with session_lock(session):
         if plan.refusal is None:
             plan.refusal = admit(meta, session)

@@ -44,6 +44,7 @@ from .forkstate import on_fork
 from .placement import ENV_PLACEMENT, ENV_SUBAGENT_DEPTH, IN_PROCESS_POLICIES, subagent_depth_limit
 from .protocol import kill_request_reason
 from .records import AgentMeta, Status
+from .steering import ENV_ON_BUDGET
 
 # ------------------------------------------------------------------ running --
 
@@ -101,6 +102,8 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         env[ENV_BUDGET] = str(meta.max_budget_usd)
     if meta.idle_timeout_s is not None:
         env[ENV_IDLE_TIMEOUT] = f"{meta.idle_timeout_s:g}"
+    if meta.on_budget is not None:
+        env[ENV_ON_BUDGET] = meta.on_budget
     if meta.sandbox == "inherited":
         env.update(proxied_loopback(os.environ))
     env.update(placement_environment(meta))
@@ -218,6 +221,10 @@ class RunState:
         """What a node of another kind than claude returned (see the executors section)."""
         self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
         """Run by the stop path before the node's process group is ended: an a2a node cancels its remote task."""
+        self.inbox: Any = None
+        """steering.Inbox: the messages `spawn.py send` gives it (None: it takes none)."""
+        self.pause: Any = None
+        """steering.BudgetPause, under --on-budget pause."""
         self.refusals_recorded = 0
         """A sandboxed leaf's refused spawns its runner recorded from the drop box (record_dropped_refusals)."""
 

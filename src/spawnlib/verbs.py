@@ -78,6 +78,7 @@ from .protocol import (
 )
 from .records import EXIT_FOR_STATUS, AgentMeta, R, Status, record_to_json
 from .standin import FORKSERVER_SOCKET
+from .steering import SentMessages, paused_note
 
 # -------------------------------------------------------------------- verbs --
 
@@ -719,17 +720,24 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
         chain = f" ⟲ {row['resumed_from']}" if row.get("resumed_from") else ""  # continues that agent's conversation
         lines.append(
             f"{'  ' * row['level']}{row['id']}{chain}  d{row['depth']}  {row['state']:<11} "
-            f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}"
+            f"{row['duration_s']:>7.1f}s  own {own}  tree {sub}  {row['task']}{paused_note(row)}"
         )
         # What holds the tree (containment) is for status --json, not this view.
     return "\n".join(lines)
 
 
-def watch_frame(session: Path, rows: Sequence[Mapping[str, Any]], asks: Sequence[Mapping[str, Any]], size: tuple[int, int]) -> str:
+def watch_frame(
+    session: Path,
+    rows: Sequence[Mapping[str, Any]],
+    asks: Sequence[Mapping[str, Any]],
+    size: tuple[int, int],
+    messages: Sequence[str] = (),
+) -> str:
     """One screen of `status --watch`: the tree cut to the terminal, so nothing wraps or scrolls."""
     columns, lines = size
     text = format_tree(session, rows, session_summary(session)).splitlines()
     text += [f"ask {a['id']}: agent {a['agent_id']} wants {a['tool']}: {a['input']}; spawn.py approve|deny {a['id']}" for a in asks]
+    text += list(messages)
     if len(text) > lines - 1:
         text = [*text[: lines - 2], f"... {len(text) - lines + 2} more lines"]
     text.append(f"{time.strftime('%H:%M:%S')} watching; Ctrl-C stops watching, the agents keep running")
@@ -743,7 +751,7 @@ def watch_changes(previous: Mapping[str, str], rows: Sequence[Mapping[str, Any]]
     for row in rows:
         own = format_cost(row["cost_usd"], row["cost_known"] or row["state"] == Status.REFUSED)
         sub = format_cost(row["subtree_cost_usd"], row["subtree_cost_known"])
-        now[row["id"]] = f"{row['id']} d{row['depth']} {row['state']} own {own} tree {sub}"
+        now[row["id"]] = f"{row['id']} d{row['depth']} {row['state']} own {own} tree {sub}" + paused_note(row)
     for ask in asks:
         now[ask["id"]] = f"ask {ask['id']} pending: agent {ask['agent_id']} wants {ask['tool']}: {ask['input']}"
     for key in previous:
@@ -758,16 +766,20 @@ def watch_status(session: Path, out: Any) -> int:
 
     tty = out.isatty()
     seen: dict[str, str] = {}
+    messages = SentMessages()
     if tty:
         out.write("\x1b[2J")
     try:
         while True:
             rows = tree_rows(session)
             asks = pending_asks(session)
+            sent = messages.read(rows)
             if tty:
                 size = shutil.get_terminal_size()
-                out.write(watch_frame(session, rows, asks, (size.columns, size.lines)))
+                out.write(watch_frame(session, rows, asks, (size.columns, size.lines), messages.recent))
             else:
+                for line in sent:
+                    out.write(f"{time.strftime('%H:%M:%S')} {line}\n")
                 lines = watch_changes(seen, rows, asks)
                 for key, line in lines.items():
                     if seen.get(key) != line:
