@@ -16796,6 +16796,8 @@ class RunOptions(TypedDict, total=False):
     max_turns: int
     max_budget_usd: float
     on_budget: Literal["fail", "pause"]
+    placement: str
+    """local, inprocess, auto or ray:ADDRESS (docs/inprocess.md)."""
     no_wait: bool
     max_agents: int
     max_concurrent: int
@@ -16937,6 +16939,8 @@ class AgentRow:
     transcript: str | None = None
     error: str | None = None
     """Why its records can't be read (state corrupt)."""
+    paused: dict[str, Any] | None = None
+    """State paused: its paused.json (spent_usd, needed_usd, hold_usd, reason, since)."""
 
     def __post_init__(self) -> None:
         self.state = Status(self.state)

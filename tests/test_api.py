@@ -92,6 +92,7 @@ def test_keywords_become_the_flags_the_cli_parses(tmp_path: Path) -> None:
         "max_turns": 4,
         "max_budget_usd": 0.25,
         "on_budget": "pause",
+        "placement": "auto",
         "no_wait": True,
         "max_agents": 9,
         "max_concurrent": 2,
