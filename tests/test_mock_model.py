@@ -527,10 +527,12 @@ def _advance(server: Server, seconds: float) -> int:
 
 def test_cache_writes_then_reads_the_prefix_up_to_each_breakpoint(server: Server) -> None:
     first = _usage(server, _cached_request(task="one"))
-    size = len(json.dumps(_cached_request(task="one")).encode())
+    # The prompt is its blocks (tools, system, messages), not the request's envelope.
+    size = mm.prefix_blocks(_cached_request(task="one"))[-1].end
+    assert size < len(json.dumps(_cached_request(task="one")).encode())
     assert first["cache_read_input_tokens"] == 0 and first["cache_creation_input_tokens"] > 100
     assert first["cache_creation"] == {"ephemeral_5m_input_tokens": first["cache_creation_input_tokens"], "ephemeral_1h_input_tokens": 0}
-    # The three add up to the request's bytes / 4 (each rounded down).
+    # The three add up to the prompt's bytes / 4 (each rounded down).
     total = first["input_tokens"] + first["cache_creation_input_tokens"] + first["cache_read_input_tokens"]
     assert size // 4 - 2 <= total <= size // 4
     # Another task after the same tools and system reads what the first wrote.
@@ -553,7 +555,7 @@ def test_cache_writes_then_reads_the_prefix_up_to_each_breakpoint(server: Server
     plain["system"] = [{"type": "text", "text": "header"}, {"type": "text", "text": "You are a cached system prompt. " * 20}]
     bare = _usage(server, plain)
     assert (bare["cache_read_input_tokens"], bare["cache_creation_input_tokens"]) == (0, 0)
-    assert bare["input_tokens"] == len(json.dumps(plain).encode()) // 4
+    assert bare["input_tokens"] == mm.prefix_blocks(plain)[-1].end // 4
     # A step that scripts its input count gets exactly that, cache or not.
     scripted = _cached_request(task='MOCK[{"text": "x", "usage": {"input_tokens": 7}}]MOCK')
     usage = _usage(server, scripted)

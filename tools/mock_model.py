@@ -54,10 +54,10 @@ the Messages API's prompt caching (see the "prompt cache" section): the
 per model with the 5-minute or 1-hour TTL, readable once the request that
 wrote it starts answering (so a burst of identical requests all miss), and
 ``cache_creation_input_tokens`` / ``cache_read_input_tokens`` beside
-``input_tokens`` (the three add up to the request's bytes / 4), in the
+``input_tokens`` (the three add up to the prompt blocks' bytes / 4), in the
 non-streamed answer and in the streamed message_start and message_delta.
-``--no-cache`` reports no cache reads or writes (the shape before caching was
-modelled); ``--cache-min-tokens N`` models the API's minimum cacheable length
+``--no-cache`` reports no cache reads or writes and counts the whole body
+(the shape before caching was modelled); ``--cache-min-tokens N`` models the API's minimum cacheable length
 (off by default). The cache's clock is the server's monotonic clock plus an
 offset that ``POST /_mock/clock {"advance": SECONDS}`` moves forward
 (``Served.advance_clock``), so tests see a TTL expire without waiting.
@@ -441,9 +441,11 @@ def estimate_tokens(size: int) -> int:
 # before; what it finds is read, what lies between it and the last breakpoint
 # is written, and what follows the last breakpoint is plain input. A prefix
 # becomes readable once the request that wrote it starts answering, so a
-# burst of identical requests all miss. Token counts are bytes / 4: the
-# request body's bytes split into read, written and plain input, each
-# divided by 4, so the three add up to what input_tokens alone said before.
+# burst of identical requests all miss. Token counts are bytes / 4 of the
+# prompt's blocks (each as compact JSON), split into read, written and plain
+# input; the request's envelope (model, metadata, max_tokens...) is not
+# prompt, and the API does not count it. With caching off, input_tokens is
+# the whole body's bytes / 4, as before caching was modelled.
 # The API's minimum cacheable length (1,024 to 4,096 tokens by model) is not
 # modelled unless --cache-min-tokens asks for it: scripted prompts are short.
 
@@ -480,6 +482,8 @@ class CachePlan:
     """Bytes up to the last breakpoint (read + written)."""
     read_key: str | None = None
     """The stored prefix read, which the read keeps alive."""
+    prompt: int = 0
+    """Bytes of all the prompt's blocks; 0: count the whole request body (caching off)."""
 
 
 NO_CACHE = CachePlan()
@@ -569,14 +573,14 @@ def plan_cache(blocks: Sequence[PrefixBlock], readable: Callable[[str], bool], m
         written[name] = written.get(name, 0) + block.end - start
         writes.append((block.key, ttl))
         start = block.end
-    return CachePlan(read, written, tuple(writes), start, blocks[hit].key if hit >= 0 else None)
+    return CachePlan(read, written, tuple(writes), start, blocks[hit].key if hit >= 0 else None, blocks[-1].end if blocks else 0)
 
 
 def cache_usage(request_bytes: int, plan: CachePlan) -> dict[str, Any]:
     """The input half of ``usage``: plain, written and read tokens (bytes / 4 each)."""
     written = {k: v // BYTES_PER_TOKEN for k, v in plan.written.items()}
     return {
-        "input_tokens": estimate_tokens(max(0, request_bytes - plan.cached_end)),
+        "input_tokens": estimate_tokens(max(0, (plan.prompt or request_bytes) - plan.cached_end)),
         "cache_creation_input_tokens": sum(written.values()),
         "cache_read_input_tokens": plan.read // BYTES_PER_TOKEN,
         "cache_creation": {
