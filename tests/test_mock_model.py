@@ -588,6 +588,7 @@ def test_cache_streams_usage_in_message_start_and_message_delta(server: Server) 
     assert delta["output_tokens"] >= 1
     log = _read_log(server.log)
     assert log[-1]["usage"]["cache_read_input_tokens"] == start["cache_read_input_tokens"]
+    assert log[-1]["head_tokens"] == start["cache_read_input_tokens"]  # the breakpoint ends the system prompt
     assert log[-1]["system_digest"] == log[0]["system_digest"] and log[-1]["tools_digest"] == log[0]["tools_digest"]
 
 

@@ -527,6 +527,13 @@ def _cacheable_blocks(request: Mapping[str, Any]) -> list[tuple[str, dict[str, A
     return blocks
 
 
+def _compact(block: Mapping[str, Any]) -> bytes:
+    """A block as the cache counts and compares it: compact JSON, without its marker
+    (the same block with or without cache_control is the same prefix)."""
+    content = {k: v for k, v in block.items() if k != "cache_control"}
+    return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def prefix_blocks(request: Mapping[str, Any]) -> list[PrefixBlock]:
     """The request's cacheable sequence with each prefix's key, size and TTL."""
     found = _cacheable_blocks(request)
@@ -535,9 +542,7 @@ def prefix_blocks(request: Mapping[str, Any]) -> list[PrefixBlock]:
     out: list[PrefixBlock] = []
     end = 0
     for n, (place, block) in enumerate(found):
-        # The marker is not content: the same block with or without it is the same prefix.
-        content = {k: v for k, v in block.items() if k != "cache_control"}
-        raw = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        raw = _compact(block)
         chain.update(place.encode() + b"\0" + raw + b"\0")
         end += len(raw)
         ttl = cache_ttl(block.get("cache_control"))
@@ -773,6 +778,8 @@ def log_record(
         # Whether two requests share their cacheable head, without logging it whole.
         "tools_digest": _digest(tools),
         "system_digest": _digest(system),
+        # Tokens of tools and system (the head siblings can share), as the cache counts them.
+        "head_tokens": sum(len(_compact(b)) for place, b in _cacheable_blocks(request) if place in ("tool", "system")) // BYTES_PER_TOKEN,
         "usage": dict(usage) if usage is not None else None,
     } | ({"body": dict(body)} if body is not None else {})
 
