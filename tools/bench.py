@@ -96,6 +96,7 @@ SPAWN = ROOT / "spawn.py"
 sys.path.insert(0, str(ROOT))  # spawn.py and the scripted model are imported, not copied
 sys.path.insert(0, str(ROOT / "tools"))
 
+from bench_cost import BASELINE_REF, CostBenchError, p8_figures  # noqa: E402
 from mock_model import Served, ServeError, mock_task, serve, spawn_in_bash  # noqa: E402
 
 import spawn  # noqa: E402
@@ -1543,6 +1544,36 @@ def add_waitperf_args(p: argparse.ArgumentParser) -> None:
 # ======================================================== end of waitperf ==
 
 
+# --------------------------------------------------------------- P8: cost --
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cost-leaves",
+        type=int,
+        default=16,
+        metavar="N",
+        help="P8: leaves of the fan-out priced (default 16; 0 skips)",
+    )
+    p.add_argument(
+        "--cost-baseline",
+        default=BASELINE_REF,
+        metavar="REF_OR_PATH",
+        help=f"P8: the spawn.py whose layout is the baseline, a path or a git revision (default {BASELINE_REF})",
+    )
+
+
+def cost_summary(args: argparse.Namespace, bench: Bench) -> dict[str, Any] | None:
+    """P8 (tools/bench_cost.py, docs/cost.md): the trees' input cost with the prompt cache modelled."""
+    if args.cost_leaves <= 0 or args.only_waitperf or args.only_chains:
+        return None
+    print(f"P8: input cost of a {args.cost_leaves}-leaf fan-out and the depth-3 chain, three ways ...", flush=True)
+    timeout = max(args.timeout, 300.0)
+    return p8_figures(
+        bench.cli, bench.env, bench.workdir, bench.mock, timeout=timeout, leaves=args.cost_leaves, baseline=args.cost_baseline
+    )
+
+
 # --------------------------------------------------------------------- main --
 
 
@@ -1583,6 +1614,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (sessions, mock log) and print its path")
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    add_cost_args(p)
     add_waitperf_args(p)
     args = p.parse_args(argv)
     if args.repeat < 1 or args.wait_samples < 0:
@@ -1651,6 +1683,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {"targets": []} if args.only_waitperf else report(bench, waits, args, time.monotonic() - started, fan=fan, memory=memory)
             )
             summary["uv"] = asdict(uv)
+            if (p8 := cost_summary(args, bench)) is not None:
+                summary["p8"] = p8
+                summary["targets"] += p8["targets"]
             if args.dag_rounds > 0 and not args.only_waitperf:
                 summary["dag"] = dag_overhead(warm_env, workdir, args.timeout, args.dag_rounds)
             if mcp is not None:
@@ -1663,7 +1698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.only_chains:
                 summary["waitperf"] = waitperf_report(env, workdir, args, waits, mcp)
                 summary["targets"] += summary["waitperf"]["targets"]
-    except (BenchError, ServeError) as exc:
+    except (BenchError, ServeError, CostBenchError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     finally:
