@@ -57,6 +57,10 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    rounds, beside this one's (issue 32: old against new, within 5%).
    ``--only-chains`` runs P1 and P1b alone.
 
+7. P8 (tools/bench_cost.py, read in docs/cost.md): the input cost at list prices of the
+   ``--cost-leaves`` fan-out and the depth-3 chain, with the prompt cache modelled, against
+   the ``--cost-baseline`` spawn.py's prompt layout and bare ``claude -p``.
+
 Measurements 1 and 2 run interleaved, ``--repeat`` rounds (default 5; each round reverses
 the order of the previous one so drift hits both sides alike); medians are
 reported. Nothing fails by default: each target is printed with whether it
