@@ -43,6 +43,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 # ==================== begin src/spawnlib/standin.py ====================
+# >>> stand-in: the fast-start hook runs from here to the end marker >>>
 
 
 # --------------------------------------------------- fork server: stand-in --
@@ -50,6 +51,8 @@ __version__ = "0.1.0"
 # fork server will run costs only what runs up to here (see "fork server").
 import os
 import sys
+
+
 
 
 FORKSERVER_SOCKET = "forkserver.sock"  # in the session directory, mode 0600
@@ -72,46 +75,60 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUS
 # takes its default action before the handlers are in place.
 # With no exit code (the agent died of a signal) it dies of the last signal
 # it passed on, as the agent did if that was what ended it, else of SIGKILL.
-# argv: socket fd, agent pid, what was already read (hex), signal numbers.
-# STAND_IN_WAIT is the loop itself, over fd, pid, got and signals; a short
-# stand-in runs it in-process.
-STAND_IN_WAIT = """
-last = [9]
-def forward(signum, frame):
-    last[0] = signum
-    try:
-        posix.kill(pid, signum)
-    except OSError:
-        pass
-for signum in signals:
-    _signal.signal(signum, forward)
-_signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)
-while b"\\n" not in got:
-    try:
-        chunk = posix.read(fd, 4096)
-    except OSError:
-        chunk = b""
-    if not chunk:
-        break
-    got += chunk
-line = got.partition(b"\\n")[0].replace(b" ", b"")
-if line.startswith(b'{"exit":') and line.endswith(b"}"):
-    try:
-        posix._exit(int(line[8:-1]))
-    except ValueError:
-        pass
-if last[0] != 9:
-    _signal.signal(last[0], _signal.SIG_DFL)
-posix.kill(posix.getpid(), last[0])
-posix.kill(posix.getpid(), 9)
-"""
-STAND_IN_LOOP = (
-    """
-import posix, _signal, sys
-fd, pid, got = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
-signals = [int(n) for n in sys.argv[4].split(",")]
-"""
-    + STAND_IN_WAIT
+# The loop is programs/stand_in_wait.py (argv: socket fd, agent pid, what was
+# already read (hex), signal numbers); a short stand-in runs it in-process.
+STAND_IN_WAIT = (  # src/spawnlib/programs/stand_in_wait.py, inlined by tools/bundle.py
+    '"""A stand-in\'s wait for the agent its fork server forked: run by `python -I -S -c`, or exec\'d in-pr'
+    'ocess.\n'
+    '\n'
+    'argv: socket fd, agent pid, what was already read (hex), signal numbers. It\n'
+    'passes those signals on to the agent and ends as the agent did: its exit\n'
+    'code, else the last signal it passed on, else SIGKILL.\n'
+    '"""\n'
+    '\n'
+    "import _signal  # type: ignore[import-not-found]  # signal's C half: builtin, unlike signal\n"
+    'import posix\n'
+    'import sys\n'
+    '\n'
+    '\n'
+    'def stand_in_wait(fd: int, pid: int, got: bytes, signals: "list[int]") -> None:\n'
+    '    """Pass signals on to pid until its exit code (a line of JSON) arrives on fd, then end as it did'
+    '."""\n'
+    '    last = [9]\n'
+    '\n'
+    '    def forward(signum: int, frame: object) -> None:\n'
+    '        last[0] = signum\n'
+    '        try:\n'
+    '            posix.kill(pid, signum)\n'
+    '        except OSError:\n'
+    '            pass\n'
+    '\n'
+    '    for signum in signals:\n'
+    '        _signal.signal(signum, forward)\n'
+    '    _signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)\n'
+    '    while b"\\n" not in got:\n'
+    '        try:\n'
+    '            chunk = posix.read(fd, 4096)\n'
+    '        except OSError:\n'
+    '            chunk = b""\n'
+    '        if not chunk:\n'
+    '            break\n'
+    '        got += chunk\n'
+    '    line = got.partition(b"\\n")[0].replace(b" ", b"")\n'
+    '    if line.startswith(b\'{"exit":\') and line.endswith(b"}"):\n'
+    '        try:\n'
+    '            posix._exit(int(line[8:-1]))\n'
+    '        except ValueError:\n'
+    '            pass\n'
+    '    if last[0] != 9:\n'
+    '        _signal.signal(last[0], _signal.SIG_DFL)\n'
+    '    posix.kill(posix.getpid(), last[0])\n'
+    '    posix.kill(posix.getpid(), 9)\n'
+    '\n'
+    '\n'
+    'if __name__ == "__main__":\n'
+    '    stand_in_wait(int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3]), [int(n) for n in s'
+    'ys.argv[4].split(",")])\n'
 )
 
 
@@ -245,25 +262,25 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
             sock.settimeout(None)  # blocking, as the loop reads it
             os.set_inheritable(sock.fileno(), True)
             loop = [str(sock.fileno()), str(pid), got.hex(), ",".join(map(str, signals))]
-            os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", STAND_IN_LOOP, *loop, *sys.argv], environ)
+            os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", STAND_IN_WAIT, *loop, *sys.argv], environ)
         except OSError:
             pass
 
     # Stand in from here, with the same loop.
-    import posix  # builtin: os's C half
-
     sock.settimeout(None)  # blocking, as the loop reads it
-    exec(STAND_IN_WAIT, {"posix": posix, "_signal": _signal, "fd": sock.fileno(), "pid": pid, "got": got, "signals": signals})
+    scope: dict[str, Any] = {"__name__": "stand_in_wait"}
+    exec(STAND_IN_WAIT, scope)
+    scope["stand_in_wait"](sock.fileno(), pid, got, signals)
     return None  # not reached: the loop ends the process with the agent's exit code or signal
 
 
+# <<< end of the stand-in: forkserver_stand_in(argv, environ) -> int | None <<<
 if __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:
     sys.stdout.flush()
     os._exit(_served)
 # ==================== end src/spawnlib/standin.py ====================
 
 # ==================== imports of every module ====================
-import __future__
 import argparse
 import contextlib
 import dataclasses
@@ -319,7 +336,7 @@ DEFAULT_SESSION_ROOT = SCRIPT_DIR / "sessions"
 PROTOCOL_VERSION = 1
 
 # Environment variables: the only channel from a parent agent to the children
-# its Bash starts. Documented in README.md ("Environment variables").
+# its Bash starts. Documented in docs/environment.md.
 ENV_SESSION_ROOT = "SPAWN_SESSION_ROOT"  # where root invocations create sessions
 ENV_SESSION = "SPAWN_SESSION"  # the session directory a tree shares
 ENV_AGENT_ID = "SPAWN_AGENT_ID"  # id of the agent whose Bash runs this command
@@ -402,7 +419,7 @@ KNOWN_TOOLS = frozenset(
 TOOL_ALIASES: dict[str, str] = {"Task": "Agent", "KillShell": "TaskStop"}
 
 # Claude Code's agent frontmatter (CLI 2.1.x), and what spawn.py adds to it
-# (README.md, "Agent definitions", has one row per field).
+# (docs/agents.md has one row per field).
 CLAUDE_AGENT_FIELDS = frozenset(
     {
         "name", "description", "tools", "disallowedTools", "model", "permissionMode", "mcpServers",
@@ -430,7 +447,7 @@ SANDBOX_CHOICES = ("on", "off", "auto")
 SANDBOX_PROGRAMS = ("bwrap", "socat")
 SANDBOX_INSTALL = "apt-get install bubblewrap socat"
 SANDBOX_MACOS_PROGRAM = "sandbox-exec"
-# What an agent's Bash loses when --sandbox auto can't sandbox it (README's
+# What an agent's Bash loses when --sandbox auto can't sandbox it (docs/guarantees.md
 # threat model): said once on the root's stderr and in each such meta.json.
 SANDBOX_LOST = (
     "their Bash runs as you, so it can write outside their allowed paths, "
@@ -611,7 +628,234 @@ SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECAS
 SECRET_PATTERN = re.compile(r"sk-ant-[A-Za-z0-9_\-]{8,}")
 SECRET_MIN_LEN = 8  # shorter values are too likely to match ordinary text
 REDACTED = "[REDACTED]"
+
+# ------------------------------------------------------- on-disk protocol --
+
+META = "meta.json"
+OUTCOME = "outcome.json"
+SCRATCH_DIR = "scratch"  # a sandboxed leaf's own writable directory, its records beside it read-only
+# refused/<leaf id>/: a sandboxed leaf's refused spawns, each <child id>.json,
+# until the leaf's runner, outside the sandbox, records them in agents/.
+REFUSED_DIR = "refused"
+# What a leaf's runner takes from its drop box: a hostile leaf gets no more
+# agent directories than this, nor bigger records, by writing there.
+DROPPED_REFUSALS_MAX = 64
+DROPPED_REFUSAL_MAX_BYTES = 256 * 1024
+DROP_BOX_POLL_S = 1.0  # a listing of a directory that is nearly always empty
+OUTCOME_KEPT = "outcome.kept.json"  # the runner's own, when outcome.json turned out not to be an outcome
+TRANSCRIPT = "transcript.jsonl"
+STDERR_LOG = "stderr.log"
+# An agent's transcript and stderr.log each stop growing at this size: a
+# flooding peer or process can't fill the disk (a remote A2A agent's endless
+# status updates wrote 379 MB in 20 s). Far above a long agent's transcript;
+# SPAWN_TRANSCRIPT_MAX_BYTES sets it lower, never higher.
+LOG_MAX_BYTES = 64 * 1024 * 1024
+ENV_LOG_MAX = "SPAWN_TRANSCRIPT_MAX_BYTES"
+TRUNCATED_LINE = "TranscriptTruncated"  # the transcript's last line once it reached the cap
+NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
+HEARTBEAT = "heartbeat.json"
+# Written by `spawn.py kill` before its SIGTERM: the runner's outcome then
+# says who ended it, which a signal alone can't tell it.
+KILL_REQUEST = "kill.json"
+RUNNER_LOG = "runner.log"
+SESSION_INFO = "session.json"
+LIMITS = "limits.json"
+LEDGER = "ledger.jsonl"
+SESSION_LOCK = ".lock"
+SLOT_MARKER = ".slot"
+
+
+# Deepest nesting of any JSON or YAML spawn.py parses. The parser recurses
+# once per level (RecursionError near 1,000, sooner on a deep stack), and so
+# does whatever walks the value after it (jsonschema, json.dumps): 64 is
+# deeper than any record, schema or task graph, and far from either limit.
+JSON_MAX_DEPTH = 64
+# Largest record read: an outcome's output or a transcript line is at most a
+# few MiB (SDK_MAX_MESSAGE); a bigger file is junk, and never read into memory.
+RECORD_MAX_BYTES = 64 << 20
+# Largest YAML or JSON input a user gives (a task graph, a schema, an agent's
+# frontmatter): hand-written files are KiBs.
+INPUT_MAX_BYTES = 4 << 20
+# YAML aliases share one node in the parsed document, but whatever walks it
+# (variables, json.dumps) meets every copy: "billion laughs" is a few lines
+# that expand to 10**9 nodes. A document may expand to this many at most.
+YAML_MAX_NODES = 1_000_000
+
+SLOT_LENT = ".slot-lent"
 # ==================== end src/spawnlib/constants.py ====================
+
+# ==================== begin src/spawnlib/programs/fast_start_hook.py ====================
+"""Written by spawn.py (docs/benchmarks.md: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
+
+Runs at every interpreter start in this environment, from _spawn_fast_start.pth.
+If the script on the command line has a compiled copy in spawn.py's cache,
+exec the same interpreter on that copy instead of compiling the source.
+Remove _spawn_fast_start.pth to remove it.
+"""
+
+# spawn.py runs this module's code too (bundled, as src/spawnlib/programs/fast_start_hook.py):
+# the cache's place, a copy's name and the trust in a copy are defined here
+# alone. Builtin modules only: for every other program in the environment it
+# costs a look at sys.argv, or for a .py file one read and a few stats.
+
+
+
+
+
+FAST_START_MODULE = "_spawn_fast_start"  # this file's name in site-packages, and its .pth's
+ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook
+# A copy is named by the source's path and bytes: the path because the code
+# finds schemas/ and sessions/ beside the file it was compiled from, so two
+# projects' identical copies must not share one.
+COMPILED_DIR = "compiled"
+COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache tag too
+# A copy is run or handed out only when copy_is_trusted: the cache folder and
+# the copy are the user's and nobody else's to replace, the copy is a regular
+# file, and its header says it was compiled from the source's own bytes (a
+# checked-hash pyc, PEP 552): the name alone is no proof, as any file can be
+# put at a name. The header is no signature either: what keeps a forged copy
+# out is that no contained agent can write the cache (docs/guarantees.md).
+COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace
+PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the source
+# spawn.py's own names for these, which this file can't import when it runs
+# as the hook (test_fast_start checks they agree).
+HOOK_ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # ENV_CACHE_DIR
+HOOK_ENV_SESSION = "SPAWN_SESSION"  # ENV_SESSION
+HOOK_ENV_NO_FORKSERVER = "SPAWN_NO_FORKSERVER"  # ENV_NO_FORKSERVER
+HOOK_FORKSERVER_SOCKET = "forkserver.sock"  # FORKSERVER_SOCKET
+# For a nested spawn, the hook runs spawn.py's stand-in itself, from the
+# script's own bytes: when the session's fork server takes the spawn, no second
+# interpreter starts to load the copy (~20 ms a level). tools/bundle.py writes
+# these two lines around the stand-in's code, which defines
+# forkserver_stand_in(argv, environ) -> exit code or None; a spawn.py without
+# them (another version's) is run as a copy only. A later version that changes
+# the contract changes the markers.
+STAND_IN_BEGIN = b"\n# >>> stand-in: the fast-start hook runs from here to the end marker >>>\n"
+STAND_IN_END = b"\n# <<< end of the stand-in: forkserver_stand_in(argv, environ) -> int | None <<<\n"
+ANNOTATIONS_FLAG = 0x1000000  # __future__.annotations.compiler_flag: the stand-in's own future import
+
+
+def cache_folder(environ: "dict[str, str] | os._Environ[str]") -> str:
+    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
+    if environ.get(HOOK_ENV_CACHE_DIR):
+        return os.path.expanduser(environ[HOOK_ENV_CACHE_DIR])
+    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.expanduser(base), "spawn")
+
+
+def compiled_name(path: "str | os.PathLike[str]", source: bytes) -> str:
+    """The file name of the compiled copy of the spawn.py at path (resolved) with these bytes."""
+    import _imp
+
+    digest = _imp.source_hash(COMPILED_HASH_KEY, os.fsencode(path) + b"\0" + source).hex()
+    return "spawn-" + digest + "." + str(sys.implementation.cache_tag) + ".pyc"
+
+
+def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[str]", source: bytes) -> bool:
+    """Ours, a regular file (not a link), nobody else's to replace, and compiled from source.
+
+    The copy is opened without following a link, and its owner and mode are
+    read from that open file, so what is checked is what was read."""
+    import _frozen_importlib_external as bootstrap
+    import _imp
+
+    try:
+        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        for st in (os.stat(folder), os.fstat(fd)):
+            if st.st_uid != os.getuid() or st.st_mode & COMPILED_MODE_FORBIDDEN:
+                return False
+        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    magic = bootstrap.MAGIC_NUMBER
+    return header == magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
+
+
+def compiled_copy(script: str, environ: "dict[str, str] | os._Environ[str]") -> "tuple[str, bytes] | None":
+    """The compiled copy to run for script, and the script's bytes; or None."""
+    if not script.endswith(".py") or environ.get(ENV_NO_FAST_START) == "1" or sys.flags.optimize:
+        return None
+    try:
+        path = os.path.realpath(script)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None  # a FIFO's bytes are the script's: Python must read them, not us
+        with open(path, "rb") as fh:
+            source = fh.read()
+        folder = os.path.join(cache_folder(environ), COMPILED_DIR)
+        copy = os.path.join(folder, compiled_name(path, source))
+    except (OSError, ValueError):
+        return None
+    # A planted or stale copy is never run: the source runs instead.
+    return (copy, source) if copy_is_trusted(folder, copy, source) else None
+
+
+def hook_stand_in(copy: str, source: bytes) -> None:
+    """Hand this spawn to its session's fork server from here, as the copy's
+    first lines would: the same code, compiled from the script's own bytes
+    (its stand-in, between the markers), minus an interpreter's start.
+    Returns only if the server doesn't take it (none, a refusal, a verb it
+    doesn't run): then the copy runs, and asks again itself.
+    """
+    start = source.find(STAND_IN_BEGIN)
+    end = source.find(STAND_IN_END, start)
+    if start < 0 or end < 0:
+        return
+    try:
+        # The file's own future import, and its own line numbers in a traceback.
+        code = compile(b"\n" * source.count(b"\n", 0, start) + source[start:end], sys.argv[0], "exec", ANNOTATIONS_FLAG, True)
+        scope: dict[str, object] = {"__name__": FAST_START_MODULE + ".stand_in", "__file__": copy}
+        exec(code, scope)
+        ask = scope["forkserver_stand_in"]
+    except Exception:
+        return
+    if not callable(ask):
+        return
+    try:
+        served = ask(sys.argv[1:], os.environ)
+    except BaseException:
+        # As an error in the copy's first lines ends it: never a second try
+        # at a spawn that may already be running.
+        import traceback
+
+        traceback.print_exc()
+        os._exit(1)
+    if isinstance(served, int):
+        os._exit(served)
+
+
+def hook_main() -> None:
+    argv = list(getattr(sys, "orig_argv", ()))
+    at = len(argv) - len(sys.argv)
+    # Only where exec keeps the pid: the process is its parent's child and an agent's stand-in.
+    if os.name != "posix" or not sys.argv or at < 1 or argv[at] != sys.argv[0] or not sys.executable:
+        return
+    found = compiled_copy(sys.argv[0], os.environ)
+    if found is None:
+        return
+    copy, source = found
+    session = os.environ.get(HOOK_ENV_SESSION)  # a nested spawn's; compile nothing for a root or a session with no server
+    if session and os.environ.get(HOOK_ENV_NO_FORKSERVER) != "1" and os.path.exists(os.path.join(session, HOOK_FORKSERVER_SOCKET)):
+        hook_stand_in(copy, source)
+    import _signal  # type: ignore[import-not-found,unused-ignore]  # signal's C half: builtin (spawn.py's stand-in imports it too)
+
+    # Python ignores these at start; the new interpreter does it again, and a
+    # failed exec puts them back as they were.
+    saved = [(n, _signal.signal(n, _signal.SIG_DFL)) for n in (_signal.SIGPIPE, _signal.SIGXFSZ)]
+    try:
+        os.execv(sys.executable, [*argv[:at], copy, *argv[at + 1 :]])
+    except OSError:
+        for n, handler in saved:
+            _signal.signal(n, handler)
+
+
+if __name__ == FAST_START_MODULE:  # as the hook; spawn.py only uses the functions above
+    hook_main()
+# ==================== end src/spawnlib/programs/fast_start_hook.py ====================
 
 # ==================== begin src/spawnlib/embedded.py ====================
 
@@ -1500,7 +1744,7 @@ BUILTIN_FILES: dict[str, str] = {
 
 @enum.unique
 class ExitCode(enum.IntEnum):
-    """Exit status of every spawn.py command; the table in README.md."""
+    """Exit status of every spawn.py command; the table in docs/exit-codes.md."""
 
     OK = 0  # the agent (or every waited agent) finished with status done
     AGENT_FAILED = 1  # an agent failed, including schema-invalid output
@@ -1593,6 +1837,35 @@ class InputError(UsageError):
         super().__init__(f"{source}:{line}: {why}; fix it" if line else f"{source}: {why}; fix it")
 # ==================== end src/spawnlib/errors.py ====================
 
+# ==================== begin src/spawnlib/output.py ====================
+"""What spawn.py says: data on stdout (a parent agent's Bash reads it), notes on stderr.
+
+Low in the layers because every layer above reports progress through note().
+"""
+
+
+
+
+
+
+
+
+
+def stdout_json_text(value: Any) -> str:
+    """JSON for stdout: indented for a person at a terminal; one line when piped,
+    as a parent agent's Bash and CI read it."""
+    return json.dumps(value, ensure_ascii=False, default=str, indent=2 if sys.stdout.isatty() else None)
+
+
+def emit(data: Mapping[str, Any]) -> None:
+    sys.stdout.write(stdout_json_text(data) + "\n")
+    sys.stdout.flush()
+
+
+def note(message: str) -> None:
+    print(f"spawn: {message}", file=sys.stderr, flush=True)
+# ==================== end src/spawnlib/output.py ====================
+
 # ==================== begin src/spawnlib/forkstate.py ====================
 
 
@@ -1603,9 +1876,10 @@ class InputError(UsageError):
 # a fork of the server: module-level state of the process forked from must not
 # leak into what runs there. Each piece is registered with how to put it back
 # as a fresh interpreter has it (on_fork), or named in KEPT_ACROSS_FORKS with
-# why a copy is right. tests/test_fork_state.py fails on a module-level
-# mutable, a class whose attributes are assigned at run time, or a cached
-# function that is in neither.
+# why a copy is right. tests/test_fork_state.py reads spawn.py and fails on
+# a module-level mutable that the code changes, a name a function rebinds
+# (`global`), a module-level object or class whose attributes are assigned at
+# run time, or a cached function, that is in neither.
 
 FORK_RESETS: dict[str, Callable[[], None]] = {}
 KEPT_ACROSS_FORKS: dict[str, str] = {
@@ -1970,6 +2244,13 @@ def _record_fields(cls: type) -> tuple[frozenset[str], frozenset[str]]:
 # ==================== end src/spawnlib/records.py ====================
 
 # ==================== begin src/spawnlib/core.py ====================
+
+
+
+
+
+
+
 
 
 
@@ -2535,6 +2816,92 @@ def cli_settings(**parts: Any) -> str | None:
     there is nothing to set, so the CLI reads no settings flag at all."""
     settings = {key: value for key, value in parts.items() if value}
     return json.dumps(settings) if settings else None
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+
+
+def parse_json(data: str | bytes, max_bytes: int = RECORD_MAX_BYTES) -> Any:
+    """json.loads, bounded in size and depth: ValueError (a JSONDecodeError, with
+    its line, where there is one) for whatever can't be parsed, never a RecursionError.
+
+    Every record reader parses through here: a record anything with Bash can
+    write must make that one record corrupt, not end its reader.
+    """
+    if len(data) > max_bytes:
+        raise json.JSONDecodeError(f"larger than {max_bytes} bytes", "", 0)
+    text = data.decode() if isinstance(data, bytes) else data  # UnicodeDecodeError is a ValueError
+    # Fewer openers can't nest deeper: no scan. Else the strings' text is cut
+    # out, then all but the brackets, in C: status parses 10,000s of lines.
+    if text.count("[") + text.count("{") > JSON_MAX_DEPTH:
+        brackets = _NOT_BRACKETS.sub("", _JSON_STRING.sub("", text))
+        if max(itertools.accumulate(1 if c in "[{" else -1 for c in brackets)) > JSON_MAX_DEPTH:
+            raise json.JSONDecodeError(f"nested deeper than {JSON_MAX_DEPTH} levels", text, too_deep_at(text))
+    try:
+        return json.loads(text)
+    except RecursionError:  # not expected past the scan; a deep stack of the caller's own
+        raise json.JSONDecodeError("nested too deep", text, 0) from None
+
+
+def too_deep_at(text: str) -> int:
+    """Where in JSON text a level past JSON_MAX_DEPTH opens (its index; 0 if none)."""
+    depth = 0
+    for match in re.finditer(rf"{_JSON_STRING.pattern}|[\[\]{{}}]", text):
+        if match.group() in ("[", "{"):
+            depth += 1
+            if depth > JSON_MAX_DEPTH:
+                return match.start()
+        elif match.group() in ("]", "}"):
+            depth -= 1
+    return 0
+
+
+def float_or_none(value: str | None) -> float | None:
+    # NaN and infinity are ignored like any malformed value: min() with a NaN
+    # first returns NaN, which would widen a deadline (env_number_warnings says so).
+    try:
+        number = float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+    return number if number is not None and is_finite(number) else None
+
+
+def native_usage(transcript: Path) -> dict[str, int]:
+    """Token totals of a native subagent, from the CLI's own transcript of it.
+
+    Read when asked, not at SubagentStop: the CLI writes the last lines after the hook.
+    """
+    totals: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for raw in transcript.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):  # a line that isn't a message
+                usage = (parse_json(raw).get("message") or {}).get("usage") or {}
+                for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+                    if isinstance(usage.get(key), int):
+                        totals[key] = totals.get(key, 0) + usage[key]
+    return totals
+
+
+def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
+    """Why a published outcome.json is not an outcome of agent_id, or None (pure)."""
+    if data.get("id") != agent_id:
+        return f"its id is {data.get('id')!r}"
+    if data.get("status") not in EXIT_FOR_STATUS:
+        return f"its status is {data.get('status')!r}"
+    for name in ("reason", "ended_at"):
+        if not isinstance(data.get(name), str):
+            return f"no {name}"
+    duration: Any = data.get("duration_s")
+    if type(data.get("exit_code")) is not int or type(duration) not in (int, float) or not is_finite(duration):
+        return "no exit_code or duration_s"
+    # Summed over the tree by status and the ledger: a string or NaN here would
+    # stop, or silently poison, every total above it.
+    if (cost := data.get("cost_usd")) is not None and (type(cost) not in (int, float) or not is_finite(cost)):
+        return f"its cost_usd is {cost!r}"
+    return None
 # ==================== end src/spawnlib/core.py ====================
 
 # ==================== begin src/spawnlib/protocol.py ====================
@@ -2579,41 +2946,18 @@ def cli_settings(**parts: Any) -> str | None:
 
 
 
-# ------------------------------------------------------- on-disk protocol --
 
-META = "meta.json"
-OUTCOME = "outcome.json"
-SCRATCH_DIR = "scratch"  # a sandboxed leaf's own writable directory, its records beside it read-only
-# refused/<leaf id>/: a sandboxed leaf's refused spawns, each <child id>.json,
-# until the leaf's runner, outside the sandbox, records them in agents/.
-REFUSED_DIR = "refused"
-# What a leaf's runner takes from its drop box: a hostile leaf gets no more
-# agent directories than this, nor bigger records, by writing there.
-DROPPED_REFUSALS_MAX = 64
-DROPPED_REFUSAL_MAX_BYTES = 256 * 1024
-DROP_BOX_POLL_S = 1.0  # a listing of a directory that is nearly always empty
-OUTCOME_KEPT = "outcome.kept.json"  # the runner's own, when outcome.json turned out not to be an outcome
-TRANSCRIPT = "transcript.jsonl"
-STDERR_LOG = "stderr.log"
-# An agent's transcript and stderr.log each stop growing at this size: a
-# flooding peer or process can't fill the disk (a remote A2A agent's endless
-# status updates wrote 379 MB in 20 s). Far above a long agent's transcript;
-# SPAWN_TRANSCRIPT_MAX_BYTES sets it lower, never higher.
-LOG_MAX_BYTES = 64 * 1024 * 1024
-ENV_LOG_MAX = "SPAWN_TRANSCRIPT_MAX_BYTES"
-TRUNCATED_LINE = "TranscriptTruncated"  # the transcript's last line once it reached the cap
-NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
-HEARTBEAT = "heartbeat.json"
-# Written by `spawn.py kill` before its SIGTERM: the runner's outcome then
-# says who ended it, which a signal alone can't tell it.
-KILL_REQUEST = "kill.json"
-RUNNER_LOG = "runner.log"
-SESSION_INFO = "session.json"
-LIMITS = "limits.json"
-LEDGER = "ledger.jsonl"
-SESSION_LOCK = ".lock"
-SLOT_MARKER = ".slot"
-SLOT_LENT = ".slot-lent"
+
+
+
+
+
+
+
+
+
+
+
 AGENTS_DIR = "agents"
 DONE_MARKER = ".done"
 FAIL_MARKER = ".fail"
@@ -2675,47 +3019,6 @@ def write_file_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-
-
-# Deepest nesting of any JSON or YAML spawn.py parses. The parser recurses
-# once per level (RecursionError near 1,000, sooner on a deep stack), and so
-# does whatever walks the value after it (jsonschema, json.dumps): 64 is
-# deeper than any record, schema or task graph, and far from either limit.
-JSON_MAX_DEPTH = 64
-# Largest record read: an outcome's output or a transcript line is at most a
-# few MiB (SDK_MAX_MESSAGE); a bigger file is junk, and never read into memory.
-RECORD_MAX_BYTES = 64 << 20
-# Largest YAML or JSON input a user gives (a task graph, a schema, an agent's
-# frontmatter): hand-written files are KiBs.
-INPUT_MAX_BYTES = 4 << 20
-# YAML aliases share one node in the parsed document, but whatever walks it
-# (variables, json.dumps) meets every copy: "billion laughs" is a few lines
-# that expand to 10**9 nodes. A document may expand to this many at most.
-YAML_MAX_NODES = 1_000_000
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
-
-
-def parse_json(data: str | bytes, max_bytes: int = RECORD_MAX_BYTES) -> Any:
-    """json.loads, bounded in size and depth: ValueError (a JSONDecodeError, with
-    its line, where there is one) for whatever can't be parsed, never a RecursionError.
-
-    Every record reader parses through here: a record anything with Bash can
-    write must make that one record corrupt, not end its reader.
-    """
-    if len(data) > max_bytes:
-        raise json.JSONDecodeError(f"larger than {max_bytes} bytes", "", 0)
-    text = data.decode() if isinstance(data, bytes) else data  # UnicodeDecodeError is a ValueError
-    # Fewer openers can't nest deeper: no scan. Else the strings' text is cut
-    # out, then all but the brackets, in C: status parses 10,000s of lines.
-    if text.count("[") + text.count("{") > JSON_MAX_DEPTH:
-        brackets = _NOT_BRACKETS.sub("", _JSON_STRING.sub("", text))
-        if max(itertools.accumulate(1 if c in "[{" else -1 for c in brackets)) > JSON_MAX_DEPTH:
-            raise json.JSONDecodeError(f"nested deeper than {JSON_MAX_DEPTH} levels", text, too_deep_at(text))
-    try:
-        return json.loads(text)
-    except RecursionError:  # not expected past the scan; a deep stack of the caller's own
-        raise json.JSONDecodeError("nested too deep", text, 0) from None
 
 
 def read_input(path: Path | str) -> str:
@@ -2807,19 +3110,6 @@ def bounded_yaml_loader() -> type[Any]:
             return node
 
     return BoundedLoader
-
-
-def too_deep_at(text: str) -> int:
-    """Where in JSON text a level past JSON_MAX_DEPTH opens (its index; 0 if none)."""
-    depth = 0
-    for match in re.finditer(rf"{_JSON_STRING.pattern}|[\[\]{{}}]", text):
-        if match.group() in ("[", "{"):
-            depth += 1
-            if depth > JSON_MAX_DEPTH:
-                return match.start()
-        elif match.group() in ("]", "}"):
-            depth -= 1
-    return 0
 
 
 def request_kill(agent_dir: Path, reason: str) -> None:
@@ -2965,23 +3255,6 @@ def marker_for(status: str) -> str:
     return DONE_MARKER if status == Status.DONE else FAIL_MARKER
 
 
-def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> bool:
-    """The one commit point of an agent. Returns False if another writer won.
-
-    Of the agent itself, its deadline, a parent's `wait`, `reap` or `kill`,
-    exactly one publishes outcome.json. The marker follows from the committed
-    outcome, so .done and .fail can't both exist.
-    """
-    data = redacted_json(record_to_json(outcome), secrets_, indent=2)
-    won = publish_once(agent_dir / OUTCOME, data.encode())
-    if won:
-        charge(agent_dir, outcome, secrets_)
-    ensure_marker(agent_dir)
-    if won:
-        index_status_row(agent_dir)
-    return won
-
-
 def charge(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> None:
     """The ledger line of a committed outcome: it releases the agent's budget hold."""
     if outcome.status == Status.REFUSED and outcome.transcript is None:
@@ -3080,19 +3353,6 @@ def with_estimated_cost(outcome: Outcome, agent_dir: Path, model: str) -> Outcom
     return outcome
 
 
-def counted_agents(session: Path) -> int:
-    """Registered agents that were not refused."""
-    count = 0
-    for d in iter_agent_dirs(session):
-        if (d / FAIL_MARKER).exists():
-            with contextlib.suppress(FileNotFoundError, SpawnError):
-                refused = read_json(d / OUTCOME)
-                if refused.get("status") == Status.REFUSED and not refused.get("transcript"):  # refused before it ran
-                    continue
-        count += 1
-    return count
-
-
 def budget_source(state: LedgerState, meta: AgentMeta) -> str | None:
     """Whose hold pays for a new agent: its parent's while that is live, else the tree's remainder."""
     return meta.parent_id if state.live(meta.parent_id) else None
@@ -3108,27 +3368,6 @@ def budget_left(session: Path, meta: AgentMeta, budget: float) -> tuple[float, s
         with contextlib.suppress(FileNotFoundError, SpawnError):
             own = transcript_spend(session / AGENTS_DIR / source, load_meta(session / AGENTS_DIR / source).model)
     return state.free(source, budget, own), source, state
-
-
-def admit(meta: AgentMeta, session: Path) -> str | None:
-    """Check the tree-wide caps (under the session lock); None admits the spawn.
-
-    An admitted agent's budget is lowered to what is unreserved where it
-    draws from; reserve_budget then holds it until the agent's charge.
-    """
-    limits = read_limits(session)
-    if limits.max_budget_usd is not None:
-        left, source, state = budget_left(session, meta, limits.max_budget_usd)
-        if left < MIN_HOLD_USD:
-            where = f"its parent {source}'s hold" if source else "the tree's remainder"
-            return (
-                f"budget: the tree has spent ${state.spent:.4f} of its ${limits.max_budget_usd:.4f} and running agents "
-                f"hold ${state.reserved:.4f}; nothing is left in {where} (wait for agents to end, or raise --max-budget-usd at the root)"
-            )
-        meta.max_budget_usd = left if meta.max_budget_usd is None else min(meta.max_budget_usd, left)
-    if limits.max_agents is not None and counted_agents(session) >= limits.max_agents:
-        return f"agents: the session already has {limits.max_agents} agents (--max-agents {limits.max_agents})"
-    return None
 
 
 def over_hold(session: Path, agent_id: str, own_spend: float, last_turn: float = 0.0) -> str | None:
@@ -3195,86 +3434,6 @@ def agent_history(session: Path) -> tuple[dict[str, list[tuple[float, float]]], 
             if outcome.get("status") != Status.REFUSED and isinstance(cost, int | float) and isinstance(duration, int | float):
                 ended.setdefault(price_family(meta.model), []).append((float(cost), float(duration)))
     return ended, running
-
-
-def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> str | None:
-    """Ask the root before a spawn that would take the tree past --confirm-over; None lets it go on.
-
-    Called before admission, without the session lock: the answer may take
-    minutes, and other spawns and outcome commits must not wait for it. Two
-    spawns racing under the threshold may both pass; the threshold is a
-    prompt for a person, --max-budget-usd is the hard cap.
-    """
-    threshold = read_limits(session).confirm_over_usd
-    if threshold is None:
-        return None
-    ended, running = agent_history(session)
-    estimate, _, basis = estimate_agent(meta.model, ended)
-    # A running agent's spend so far is in neither the ledger nor its estimate; the estimate stands for all of it.
-    projected = read_ledger(session).spent + sum(estimate_agent(m, ended)[0] for m in running) + estimate
-    if projected <= threshold:
-        return None
-    summary = (
-        f"start a {meta.model} agent, estimated ${estimate:.4f} ({basis}): the tree's projected spend "
-        f"${projected:.4f} passes --confirm-over ${threshold:g}; task: {summarize_input({'command': meta.task}, 120)}"
-    )
-    rule = f"--confirm-over {threshold:g}"
-    timeout = ask_timeout(os.environ)
-    if meta.deadline is not None:
-        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
-    if sys.stdin is not None and sys.stdin.isatty():
-        verdict, _ = prompt_person(meta, "Spawn", {"command": summary}, rule, timeout)
-        return None if verdict == "allow" else f"confirm: the person at the terminal did not approve ({summary})"
-    # The spawner asks: its parent's id (the root has none, but the root never passes through here).
-    asker = meta.parent_id or ""
-    channel = open_ask(meta, "Spawn", {"command": summary}, rule, timeout=timeout, secrets_=secrets_, asker=asker)
-    ask_id = channel.ask_id
-    note(f"spawn asks to {summary}: run 'spawn.py approve {ask_id}' or 'spawn.py deny {ask_id}' within {timeout:.0f} s")
-    answer = channel.wait(asker, timeout, secrets_)
-    if answer.get("verdict") == "approve":
-        return None
-    how = "timed out unanswered" if answer.get("by") == "timeout" else f"was denied by {answer.get('by')}"
-    return f"confirm: ask {ask_id} {how} (projected ${projected:.4f} > --confirm-over ${threshold:g})"
-
-
-def holds_slot(agent_dir: Path) -> bool:
-    if not (agent_dir / SLOT_MARKER).exists() or (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists():
-        return False
-    try:
-        meta = load_meta(agent_dir)
-    except (FileNotFoundError, SpawnError):
-        return False
-    return Supervised.of(meta).alive()
-
-
-def try_take_slot(agent_dir: Path, max_concurrent: int) -> bool:
-    """Take one of the session's --max-concurrent slots if one is free."""
-    session = agent_dir.parent.parent
-    with session_lock(session):
-        if sum(holds_slot(d) for d in iter_agent_dirs(session)) >= max_concurrent:
-            return False
-        with contextlib.suppress(FileExistsError):
-            write_new_file(agent_dir / SLOT_MARKER, b"")
-        return True
-
-
-def lend_slot(agent_dir: Path) -> bool:
-    """Give back a slot while its agent is blocked on children; False if it held none."""
-    with session_lock(agent_dir.parent.parent):
-        if not holds_slot(agent_dir):
-            return False
-        os.replace(agent_dir / SLOT_MARKER, agent_dir / SLOT_LENT)
-        return True
-
-
-def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> None:
-    """Wait for a slot again after lending it; stop if the agent ends meanwhile."""
-    while not try_take_slot(agent_dir, max_concurrent):
-        if (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists() or not Supervised.of(meta).alive():
-            break
-        time.sleep(SLOT_POLL_S)
-    with contextlib.suppress(FileNotFoundError):
-        (agent_dir / SLOT_LENT).unlink()
 
 
 def ensure_marker(agent_dir: Path | str, status: Any = None) -> None:
@@ -3471,9 +3630,449 @@ def load_meta_keyed(agent_dir: Path | str) -> tuple[AgentMeta, list[int]]:
     except (TypeError, ValueError, AttributeError) as exc:
         raise CorruptRecordError(Path(agent_dir) / META, str(exc)) from None
     return meta, keys
+
+
+def cache_dir(environ: Mapping[str, str]) -> Path:
+    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn (cache_folder: the fast-start hook's too)."""
+    return Path(cache_folder(dict(environ)))
+
+
+class MarkerEvents:
+    """Which agent directories got a .done/.fail marker: inotify (Linux), else unavailable.
+
+    (take_start_slot uses it too, to sleep until a slot file is closed:
+    watch(folder, IN_CLOSE), then drain() at each wake.)
+
+    A marker is the committer's last step (created O_EXCL after outcome.json
+    is published and charged), so its IN_CREATE says the outcome is whole.
+    Renames into place (IN_MOVED_TO) count too. Heartbeat refreshes also
+    wake the fd; they are read and dropped, never acted on.
+    """
+
+    IN_CLOSE = 0x08 | 0x10  # IN_CLOSE_WRITE | IN_CLOSE_NOWRITE
+    IN_MOVED_TO = 0x80
+    IN_CREATE = 0x100
+    IN_IGNORED = 0x8000  # the watch is gone (directory removed): poll it instead
+    IN_Q_OVERFLOW = 0x4000  # events were lost: look at everything
+    IN_ONLYDIR = 0x1000000
+    IN_NONBLOCK = 0o4000
+    IN_CLOEXEC = 0o2000000
+    HEADER = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.fd = -1
+        self.dirs: dict[int, Path] = {}
+        self.lost: set[Path] = set()
+        """Directories whose watch went away since the last read."""
+        self.overflow = False
+        if not enabled or not sys.platform.startswith("linux"):
+            return
+        import ctypes
+
+        try:
+            self.libc = ctypes.CDLL(None, use_errno=True)
+            self.fd = int(self.libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC))
+        except (OSError, AttributeError):
+            self.fd = -1
+
+    def watch(self, agent_dir: Path, events: int = IN_CREATE | IN_MOVED_TO) -> bool:
+        """Watch agent_dir; False if it can't be (no inotify, watch limit reached, no such dir)."""
+        if self.fd < 0:
+            return False
+        wd = int(self.libc.inotify_add_watch(self.fd, os.fsencode(agent_dir), events | self.IN_ONLYDIR))
+        if wd < 0:
+            return False
+        self.dirs[wd] = agent_dir
+        return True
+
+    def read(self) -> set[Path]:
+        """Directories with a new marker since the last read (sets overflow/lost as they happen)."""
+        import struct
+
+        found: set[Path] = set()
+        size = struct.calcsize(self.HEADER)
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return found
+            offset = 0
+            while offset + size <= len(data):
+                wd, mask, _, length = struct.unpack_from(self.HEADER, data, offset)
+                name = data[offset + size : offset + size + length].rstrip(b"\0")
+                offset += size + length
+                if mask & self.IN_Q_OVERFLOW:
+                    self.overflow = True
+                elif mask & self.IN_IGNORED and wd in self.dirs:
+                    self.lost.add(self.dirs.pop(wd))
+                elif name in (DONE_MARKER.encode(), FAIL_MARKER.encode()) and wd in self.dirs:
+                    found.add(self.dirs[wd])
+
+    def drain(self) -> None:
+        """Read and drop what has come (for a watch whose events all mean one thing: look again)."""
+        with contextlib.suppress(OSError):
+            while os.read(self.fd, 65536):
+                pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            # Closing an fd that still watches waits out an RCU grace period
+            # (7-17 ms measured); with its watches removed first, that wait
+            # is the kernel's, in the background (0.1 ms).
+            for wd in self.dirs:
+                self.libc.inotify_rm_watch(self.fd, wd)
+            os.close(self.fd)
+            self.fd = -1
 # ==================== end src/spawnlib/protocol.py ====================
 
+# ==================== begin src/spawnlib/fast_start.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ------------------------------------------------------------- fast start --
+
+# A script run as `python spawn.py` is compiled on every start (only imported
+# modules get cached bytecode): ~200 ms of this 9,000-line file, at every
+# level. So the first spawn.py of a tree compiles it once into the per-user
+# cache, and children, guards and runners run that copy. Where the copies go,
+# their names and when one is trusted: programs/fast_start_hook.py, which
+# both spawn.py and the hook run.
+# `uv run spawn.py`, as users and agents write it, would still compile the
+# source at every level. So a run from source puts a start-up hook into the
+# virtual environment running it (uv's own, for `uv run`): a .pth line that
+# site runs at every interpreter start there. When the script named on the
+# command line has a compiled copy, the hook execs the same interpreter on
+# that copy, with the same argv and pid; anything else starts as usual.
+FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tools/bundle.py
+    '"""Written by spawn.py (docs/benchmarks.md: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.\n'
+    '\n'
+    'Runs at every interpreter start in this environment, from _spawn_fast_start.pth.\n'
+    "If the script on the command line has a compiled copy in spawn.py's cache,\n"
+    'exec the same interpreter on that copy instead of compiling the source.\n'
+    'Remove _spawn_fast_start.pth to remove it.\n'
+    '"""\n'
+    '\n'
+    "# spawn.py runs this module's code too (bundled, as src/spawnlib/programs/fast_start_hook.py):\n"
+    "# the cache's place, a copy's name and the trust in a copy are defined here\n"
+    '# alone. Builtin modules only: for every other program in the environment it\n'
+    '# costs a look at sys.argv, or for a .py file one read and a few stats.\n'
+    '\n'
+    'import os\n'
+    'import stat\n'
+    'import sys\n'
+    '\n'
+    'FAST_START_MODULE = "_spawn_fast_start"  # this file\'s name in site-packages, and its .pth\'s\n'
+    'ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook\n'
+    "# A copy is named by the source's path and bytes: the path because the code\n"
+    '# finds schemas/ and sessions/ beside the file it was compiled from, so two\n'
+    "# projects' identical copies must not share one.\n"
+    'COMPILED_DIR = "compiled"\n'
+    'COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache tag too\n'
+    '# A copy is run or handed out only when copy_is_trusted: the cache folder and\n'
+    "# the copy are the user's and nobody else's to replace, the copy is a regular\n"
+    "# file, and its header says it was compiled from the source's own bytes (a\n"
+    '# checked-hash pyc, PEP 552): the name alone is no proof, as any file can be\n'
+    '# put at a name. The header is no signature either: what keeps a forged copy\n'
+    '# out is that no contained agent can write the cache (docs/guarantees.md).\n'
+    "COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace\n"
+    'PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the sourc'
+    'e\n'
+    "# spawn.py's own names for these, which this file can't import when it runs\n"
+    '# as the hook (test_fast_start checks they agree).\n'
+    'HOOK_ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # ENV_CACHE_DIR\n'
+    'HOOK_ENV_SESSION = "SPAWN_SESSION"  # ENV_SESSION\n'
+    'HOOK_ENV_NO_FORKSERVER = "SPAWN_NO_FORKSERVER"  # ENV_NO_FORKSERVER\n'
+    'HOOK_FORKSERVER_SOCKET = "forkserver.sock"  # FORKSERVER_SOCKET\n'
+    "# For a nested spawn, the hook runs spawn.py's stand-in itself, from the\n"
+    "# script's own bytes: when the session's fork server takes the spawn, no second\n"
+    '# interpreter starts to load the copy (~20 ms a level). tools/bundle.py writes\n'
+    "# these two lines around the stand-in's code, which defines\n"
+    '# forkserver_stand_in(argv, environ) -> exit code or None; a spawn.py without\n'
+    "# them (another version's) is run as a copy only. A later version that changes\n"
+    '# the contract changes the markers.\n'
+    'STAND_IN_BEGIN = b"\\n# >>> stand-in: the fast-start hook runs from here to the end marker >>>\\n"\n'
+    'STAND_IN_END = b"\\n# <<< end of the stand-in: forkserver_stand_in(argv, environ) -> int | None <<<\\n'
+    '"\n'
+    "ANNOTATIONS_FLAG = 0x1000000  # __future__.annotations.compiler_flag: the stand-in's own future impo"
+    'rt\n'
+    '\n'
+    '\n'
+    'def cache_folder(environ: "dict[str, str] | os._Environ[str]") -> str:\n'
+    '    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""\n'
+    '    if environ.get(HOOK_ENV_CACHE_DIR):\n'
+    '        return os.path.expanduser(environ[HOOK_ENV_CACHE_DIR])\n'
+    '    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("'
+    '~"), ".cache")\n'
+    '    return os.path.join(os.path.expanduser(base), "spawn")\n'
+    '\n'
+    '\n'
+    'def compiled_name(path: "str | os.PathLike[str]", source: bytes) -> str:\n'
+    '    """The file name of the compiled copy of the spawn.py at path (resolved) with these bytes."""\n'
+    '    import _imp\n'
+    '\n'
+    '    digest = _imp.source_hash(COMPILED_HASH_KEY, os.fsencode(path) + b"\\0" + source).hex()\n'
+    '    return "spawn-" + digest + "." + str(sys.implementation.cache_tag) + ".pyc"\n'
+    '\n'
+    '\n'
+    'def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[str]", source: bytes)'
+    ' -> bool:\n'
+    '    """Ours, a regular file (not a link), nobody else\'s to replace, and compiled from source.\n'
+    '\n'
+    '    The copy is opened without following a link, and its owner and mode are\n'
+    '    read from that open file, so what is checked is what was read."""\n'
+    '    import _frozen_importlib_external as bootstrap\n'
+    '    import _imp\n'
+    '\n'
+    '    try:\n'
+    '        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)\n'
+    '    except OSError:\n'
+    '        return False\n'
+    '    try:\n'
+    '        for st in (os.stat(folder), os.fstat(fd)):\n'
+    '            if st.st_uid != os.getuid() or st.st_mode & COMPILED_MODE_FORBIDDEN:\n'
+    '                return False\n'
+    '        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""\n'
+    '    except OSError:\n'
+    '        return False\n'
+    '    finally:\n'
+    '        os.close(fd)\n'
+    '    magic = bootstrap.MAGIC_NUMBER\n'
+    '    return header == magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), so'
+    'urce)\n'
+    '\n'
+    '\n'
+    'def compiled_copy(script: str, environ: "dict[str, str] | os._Environ[str]") -> "tuple[str, bytes] |'
+    ' None":\n'
+    '    """The compiled copy to run for script, and the script\'s bytes; or None."""\n'
+    '    if not script.endswith(".py") or environ.get(ENV_NO_FAST_START) == "1" or sys.flags.optimize:\n'
+    '        return None\n'
+    '    try:\n'
+    '        path = os.path.realpath(script)\n'
+    '        if not stat.S_ISREG(os.stat(path).st_mode):\n'
+    "            return None  # a FIFO's bytes are the script's: Python must read them, not us\n"
+    '        with open(path, "rb") as fh:\n'
+    '            source = fh.read()\n'
+    '        folder = os.path.join(cache_folder(environ), COMPILED_DIR)\n'
+    '        copy = os.path.join(folder, compiled_name(path, source))\n'
+    '    except (OSError, ValueError):\n'
+    '        return None\n'
+    '    # A planted or stale copy is never run: the source runs instead.\n'
+    '    return (copy, source) if copy_is_trusted(folder, copy, source) else None\n'
+    '\n'
+    '\n'
+    'def hook_stand_in(copy: str, source: bytes) -> None:\n'
+    '    """Hand this spawn to its session\'s fork server from here, as the copy\'s\n'
+    "    first lines would: the same code, compiled from the script's own bytes\n"
+    "    (its stand-in, between the markers), minus an interpreter's start.\n"
+    "    Returns only if the server doesn't take it (none, a refusal, a verb it\n"
+    "    doesn't run): then the copy runs, and asks again itself.\n"
+    '    """\n'
+    '    start = source.find(STAND_IN_BEGIN)\n'
+    '    end = source.find(STAND_IN_END, start)\n'
+    '    if start < 0 or end < 0:\n'
+    '        return\n'
+    '    try:\n'
+    "        # The file's own future import, and its own line numbers in a traceback.\n"
+    '        code = compile(b"\\n" * source.count(b"\\n", 0, start) + source[start:end], sys.argv[0], "exec'
+    '", ANNOTATIONS_FLAG, True)\n'
+    '        scope: dict[str, object] = {"__name__": FAST_START_MODULE + ".stand_in", "__file__": copy}\n'
+    '        exec(code, scope)\n'
+    '        ask = scope["forkserver_stand_in"]\n'
+    '    except Exception:\n'
+    '        return\n'
+    '    if not callable(ask):\n'
+    '        return\n'
+    '    try:\n'
+    '        served = ask(sys.argv[1:], os.environ)\n'
+    '    except BaseException:\n'
+    "        # As an error in the copy's first lines ends it: never a second try\n"
+    '        # at a spawn that may already be running.\n'
+    '        import traceback\n'
+    '\n'
+    '        traceback.print_exc()\n'
+    '        os._exit(1)\n'
+    '    if isinstance(served, int):\n'
+    '        os._exit(served)\n'
+    '\n'
+    '\n'
+    'def hook_main() -> None:\n'
+    '    argv = list(getattr(sys, "orig_argv", ()))\n'
+    '    at = len(argv) - len(sys.argv)\n'
+    "    # Only where exec keeps the pid: the process is its parent's child and an agent's stand-in.\n"
+    '    if os.name != "posix" or not sys.argv or at < 1 or argv[at] != sys.argv[0] or not sys.executable'
+    ':\n'
+    '        return\n'
+    '    found = compiled_copy(sys.argv[0], os.environ)\n'
+    '    if found is None:\n'
+    '        return\n'
+    '    copy, source = found\n'
+    "    session = os.environ.get(HOOK_ENV_SESSION)  # a nested spawn's; compile nothing for a root or a "
+    'session with no server\n'
+    '    if session and os.environ.get(HOOK_ENV_NO_FORKSERVER) != "1" and os.path.exists(os.path.join(ses'
+    'sion, HOOK_FORKSERVER_SOCKET)):\n'
+    '        hook_stand_in(copy, source)\n'
+    "    import _signal  # type: ignore[import-not-found,unused-ignore]  # signal's C half: builtin (spaw"
+    "n.py's stand-in imports it too)\n"
+    '\n'
+    '    # Python ignores these at start; the new interpreter does it again, and a\n'
+    '    # failed exec puts them back as they were.\n'
+    '    saved = [(n, _signal.signal(n, _signal.SIG_DFL)) for n in (_signal.SIGPIPE, _signal.SIGXFSZ)]\n'
+    '    try:\n'
+    '        os.execv(sys.executable, [*argv[:at], copy, *argv[at + 1 :]])\n'
+    '    except OSError:\n'
+    '        for n, handler in saved:\n'
+    '            _signal.signal(n, handler)\n'
+    '\n'
+    '\n'
+    'if __name__ == FAST_START_MODULE:  # as the hook; spawn.py only uses the functions above\n'
+    '    hook_main()\n'
+)
+
+
+def copy_fingerprint(path: Path) -> tuple[int, ...]:
+    """What changes when a file is written or replaced: a write moves its
+    ctime, which no user can set back; a rename brings another inode."""
+    st = os.lstat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def compile_copy(folder: Path, target: Path) -> None:
+    """Compile this spawn.py into target: under a fresh name first (py_compile
+    renames its own temporary file onto it), made writable by the user alone
+    whatever the source's mode, then renamed over whatever is at target, a
+    link included, which is replaced and never followed."""
+    import py_compile
+
+    fresh = folder / f".{target.name}.{os.getpid()}.tmp"
+    try:
+        py_compile.compile(
+            str(SCRIPT_PATH),
+            cfile=str(fresh),
+            dfile=str(SCRIPT_PATH),
+            doraise=True,
+            invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
+        )
+        os.chmod(fresh, 0o644)
+        os.replace(fresh, target)
+    except py_compile.PyCompileError as exc:
+        raise OSError(str(exc)) from None
+    finally:
+        with contextlib.suppress(OSError):
+            fresh.unlink()
+
+
+@functools.cache
+def verified_copy() -> tuple[Path, tuple[int, ...]] | None:
+    """The compiled copy to hand out and its fingerprint when checked, or None for the source.
+
+    A process already running a compiled copy hands on that same copy, so a
+    whole tree runs one version even if the source is edited meanwhile. Any
+    other copy is checked (copy_is_trusted), and one that fails is compiled
+    afresh. Any failure (a read-only cache, inside a sandbox) falls back to
+    the source.
+    """
+    try:
+        if Path(__file__).suffix == ".pyc":
+            own = Path(__file__).resolve()
+            return own, copy_fingerprint(own)
+        source = SCRIPT_PATH.read_bytes()
+        folder = cache_dir(os.environ) / COMPILED_DIR
+        target = folder / compiled_name(SCRIPT_PATH, source)
+        if not copy_is_trusted(folder, target, source):
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.lstat(folder)
+            if st.st_uid == os.getuid() and st.st_mode & COMPILED_MODE_FORBIDDEN:
+                # Made by an older spawn.py under a umask of 002: every copy in it is checked one by one.
+                os.chmod(folder, st.st_mode & ~COMPILED_MODE_FORBIDDEN)
+            compile_copy(folder, target)
+            if not copy_is_trusted(folder, target, source):
+                return None
+        return target, copy_fingerprint(target)
+    except OSError:
+        return None
+
+
+def compiled_script() -> Path:
+    """The file to execute for this spawn.py: its compiled copy, else its source.
+
+    Every call hands it out afresh (to a runner, a guard, the CLI's
+    environment, a briefing): a copy changed since it was checked is checked
+    again, and compiled again if it fails, rather than handed on.
+    """
+    found = verified_copy()
+    if found is None:
+        return SCRIPT_PATH
+    with contextlib.suppress(OSError):
+        if copy_fingerprint(found[0]) == found[1]:
+            return found[0]
+    if Path(__file__).suffix == ".pyc":
+        return SCRIPT_PATH  # the copy this process runs changed under it: never hand that on
+    verified_copy.cache_clear()
+    found = verified_copy()
+    return found[0] if found is not None else SCRIPT_PATH
+
+
+def fast_start_site() -> Path | None:
+    """The site-packages of the virtual environment running us, or None for a base interpreter."""
+    if sys.prefix == sys.base_prefix:
+        return None
+    import sysconfig
+
+    site = Path(sysconfig.get_path("purelib"))
+    return site if site.is_relative_to(sys.prefix) else None
+
+
+def install_fast_start(environ: Mapping[str, str]) -> None:
+    """Put the start-up hook (FAST_START_HOOK) into the virtual environment running this source.
+
+    Never into a base interpreter's site-packages, which every program on
+    the machine shares. The module goes first: a .pth line naming a missing
+    module would print an error at every start. Best effort: a read-only
+    environment (inside a sandbox) just keeps compiling.
+    """
+    if environ.get(ENV_NO_FAST_START) == "1" or Path(__file__).suffix != ".py":
+        return  # and a compiled copy never pays for the sysconfig import below
+    site = fast_start_site()
+    if site is None:
+        return
+    files = ((f"{FAST_START_MODULE}.py", FAST_START_HOOK), (f"{FAST_START_MODULE}.pth", f"import {FAST_START_MODULE}\n"))
+    for name, text in files:
+        path = site / name
+        # read_regular_file and write_file_atomic: a FIFO or a link planted
+        # at either name is neither waited on nor followed.
+        with contextlib.suppress(OSError, SpawnError):
+            if read_regular_file(path)[0] == text.encode():
+                continue
+        try:
+            write_file_atomic(path, text.encode())
+        except OSError:
+            return
+# ==================== end src/spawnlib/fast_start.py ====================
+
 # ==================== begin src/spawnlib/processes.py ====================
+
+
+
+
 
 
 
@@ -3910,11 +4509,23 @@ GUARD_SETTLED = b"settled\n"
 # way its command line names `_guard` and the script (is_guard).
 GUARD_SHELL = "/bin/sh"
 GUARD_SHELL_WAIT = 'read -r said && [ "$said" = settled ] && exit 0; exec "$0" "$@"'
-GUARD_BOOTSTRAP = (
-    "import os, sys\n"
-    f"if sys.stdin.buffer.read() == {GUARD_SETTLED!r}:\n"
-    "    os._exit(0)\n"
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+GUARD_BOOTSTRAP = (  # src/spawnlib/programs/guard_wait.py, inlined by tools/bundle.py
+    '"""An agent\'s guard where there is no /bin/sh: run by `python -I -S -c`, argv `spawn.py _guard DIR`.'
+    '\n'
+    '\n'
+    'The runner writes SETTLED (processes.GUARD_SETTLED) to our stdin right before\n'
+    'its exit when it left the guard nothing to do; otherwise (EOF: it died) the\n'
+    'full guard runs.\n'
+    '"""\n'
+    '\n'
+    'import os\n'
+    'import sys\n'
+    '\n'
+    'SETTLED = b"settled\\n"  # processes.GUARD_SETTLED: test_forkserver checks they agree\n'
+    '\n'
+    'if sys.stdin.buffer.read() == SETTLED:\n'
+    '    os._exit(0)\n'
+    'os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n'
 )
 
 
@@ -3963,85 +4574,98 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
 # (child agents' guards, which exit by themselves, or a straggler) is just
 # SIGKILLed. The runner gets SIGHUP if the guard dies (a SIGKILL of the pid
 # the user sees).
-GUARD_ABOVE_BOOTSTRAP = r"""
-import os, signal, sys
-script, pipe, runner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-passed = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-status = None
-while status is None:
-    try:
-        while status is None:
-            pid, st = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            if pid == runner:
-                status = st
-    except ChildProcessError:
-        break
-    if status is None:
-        info = signal.sigwaitinfo(passed | {signal.SIGCHLD})
-        if info.si_signo in passed and info.si_code != 0x80:  # 0x80, SI_KERNEL: the terminal's
-            try:
-                os.kill(runner, info.si_signo)
-            except OSError:
-                pass
-code = os.waitstatus_to_exitcode(status) if status is not None else 3  # ExitCode.STATE
-os.set_blocking(pipe, False)
-said = b""
-try:
-    while chunk := os.read(pipe, 65536):
-        said += chunk
-except BlockingIOError:
-    pass
-agent_dir, entry = (said.decode(errors="replace").splitlines() + ["", ""])[:2]
-if agent_dir and not os.path.exists(os.path.join(agent_dir, "outcome.json")):
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.execv(sys.executable, [sys.executable, script, "_guard", agent_dir, f"--above={code}"])
-
-
-def below():
-    parents = {}
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                fields = stat.read().rpartition(b")")[2].split()
-            parents.setdefault(int(fields[1]), []).append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = [], [os.getpid()]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
-for _ in range(100):  # orphans re-parent to us as their parents die
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        break
-    for pid in below():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    signal.sigtimedwait({signal.SIGCHLD}, 0.05)
-if entry:
-    try:
-        os.unlink(entry)
-    except OSError:
-        pass
-if code < 0 and -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL, signal.SIGPIPE):
-    if -code != signal.SIGKILL:
-        signal.signal(-code, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
-    os.kill(os.getpid(), -code)
-os._exit(code if code >= 0 else 128 - code)
-"""
+GUARD_ABOVE_BOOTSTRAP = (  # src/spawnlib/programs/guard_above.py, inlined by tools/bundle.py
+    '"""The guard above a root without a cgroup: run by `python -c` in the process the user started.\n'
+    '\n'
+    "argv: the script, the pipe's read end, the runner's pid (processes.fork_below_guard\n"
+    'says why). It passes the terminal signals on to the runner and exits as the\n'
+    'runner did; if the runner left no outcome, it becomes `spawn.py _guard --above`.\n'
+    '"""\n'
+    '\n'
+    'import os\n'
+    'import signal\n'
+    'import sys\n'
+    '\n'
+    'script, pipe, runner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])\n'
+    'passed = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}\n'
+    'status: int | None = None\n'
+    'while status is None:\n'
+    '    try:\n'
+    '        while status is None:\n'
+    '            pid, st = os.waitpid(-1, os.WNOHANG)\n'
+    '            if pid == 0:\n'
+    '                break\n'
+    '            if pid == runner:\n'
+    '                status = st\n'
+    '    except ChildProcessError:\n'
+    '        break\n'
+    '    if status is None:\n'
+    '        info = signal.sigwaitinfo(passed | {signal.SIGCHLD})\n'
+    "        if info.si_signo in passed and info.si_code != 0x80:  # 0x80, SI_KERNEL: the terminal's\n"
+    '            try:\n'
+    '                os.kill(runner, info.si_signo)\n'
+    '            except OSError:\n'
+    '                pass\n'
+    'code = os.waitstatus_to_exitcode(status) if status is not None else 3  # ExitCode.STATE\n'
+    'os.set_blocking(pipe, False)\n'
+    'said = b""\n'
+    'try:\n'
+    '    while chunk := os.read(pipe, 65536):\n'
+    '        said += chunk\n'
+    'except BlockingIOError:\n'
+    '    pass\n'
+    'agent_dir, entry = [*said.decode(errors="replace").splitlines(), "", ""][:2]\n'
+    'if agent_dir and not os.path.exists(os.path.join(agent_dir, "outcome.json")):\n'
+    '    null = os.open(os.devnull, os.O_RDWR)\n'
+    '    for fd in (0, 1, 2):\n'
+    '        os.dup2(null, fd)\n'
+    '    os.execv(sys.executable, [sys.executable, script, "_guard", agent_dir, f"--above={code}"])\n'
+    '\n'
+    '\n'
+    'def below() -> "list[int]":\n'
+    '    """Every process below us, from /proc."""\n'
+    '    parents: dict[int, list[int]] = {}\n'
+    '    for name in os.listdir("/proc"):\n'
+    '        try:\n'
+    '            with open(f"/proc/{name}/stat", "rb") as stat:\n'
+    '                fields = stat.read().rpartition(b")")[2].split()\n'
+    '            parents.setdefault(int(fields[1]), []).append(int(name))\n'
+    '        except (OSError, ValueError, IndexError):\n'
+    '            continue\n'
+    '    found: list[int] = []\n'
+    '    todo = [os.getpid()]\n'
+    '    while todo:\n'
+    '        kids = parents.get(todo.pop(), [])\n'
+    '        found += kids\n'
+    '        todo += kids\n'
+    '    return found\n'
+    '\n'
+    '\n'
+    'for _ in range(100):  # orphans re-parent to us as their parents die\n'
+    '    try:\n'
+    '        while os.waitpid(-1, os.WNOHANG)[0]:\n'
+    '            pass\n'
+    '    except ChildProcessError:\n'
+    '        break\n'
+    '    for pid in below():\n'
+    '        try:\n'
+    '            os.kill(pid, signal.SIGKILL)\n'
+    '        except OSError:\n'
+    '            pass\n'
+    '    signal.sigtimedwait({signal.SIGCHLD}, 0.05)\n'
+    'if entry:\n'
+    '    try:\n'
+    '        os.unlink(entry)\n'
+    '    except OSError:\n'
+    '        pass\n'
+    'if code < 0 and -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL, signal.SIGPI'
+    'PE):\n'
+    '    if -code != signal.SIGKILL:\n'
+    '        signal.signal(-code, signal.SIG_DFL)\n'
+    '        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})\n'
+    '    os.kill(os.getpid(), -code)\n'
+    'os._exit(code if code >= 0 else 128 - code)\n'
+)
 
 # Signals the guard above passes on to the runner (the bootstrap's `passed`).
 GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -4050,21 +4674,6 @@ GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # its agent adopts it: at most one, set in the runner by fork_below_guard.
 GUARDS_ABOVE: list[tuple[int, int]] = []
 on_fork("GUARDS_ABOVE", GUARDS_ABOVE.clear)  # the root's guard is the root's alone
-
-
-def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
-    """True for a run that will be a tree's root without a cgroup, on Linux.
-
-    Checked first thing, before any thread starts, so it is cheap where it
-    says no: a child's environment names its agent, and a cgroup is a quick look.
-    """
-    if environ.get(ENV_AGENT_ID) or not guard_above_possible():
-        return False
-    if {"--dry-run", "--background", "-h", "--help", "--version"} & set(argv):
-        return False
-    if choose_containment(True, "s", "a", environ, guard_above=False) != "subreaper":
-        return False
-    return inherited_context(environ, ancestry_context()).parent_id is None
 
 
 def guard_above_possible() -> bool:
@@ -4132,53 +4741,6 @@ def adopt_guard_above(agent_dir: Path) -> None:
     register_runner(pid, create_time, agent_dir)
     # The pipe stays open until we exit: the guard reads it once we are gone.
     os.write(pipe, f"{agent_dir}\n{_runner_entry(runner_index_dir(), pid, create_time)}\n".encode())
-
-
-def guard_above_ends_tree(agent_dir: Path | None, runner_exit: int, secrets_: Sequence[str]) -> int:
-    """The guard above a runner that died or left processes: end the tree, settle it, exit as the runner did.
-
-    Every process of the tree descends from the guard, since orphans only
-    re-parent up to the nearest living subreaper: what is below it now is the
-    whole tree, as a cgroup would hold it. The tree's live agents are asked to
-    end first, so each commits its own outcome; then everything below is
-    ended; only then is the root's outcome committed, so nothing the tree
-    started still runs when its marker appears.
-    """
-    meta = None
-    with contextlib.suppress(OSError, SpawnError):
-        meta = load_meta(agent_dir) if agent_dir is not None else None
-    try:
-        if meta is not None:
-            ask_tree_agents_to_end(meta)
-        end_everything_below()
-        if meta is not None and agent_dir is not None:
-            reap_agent(agent_dir, "guard", secrets_)
-    finally:
-        with contextlib.suppress(psutil.Error):
-            unregister_runner(os.getpid(), own_create_time())
-    return exit_as(runner_exit)
-
-
-def ask_tree_agents_to_end(meta: AgentMeta) -> None:
-    """SIGTERM every live spawn.py of the tree, and give them the time they need to settle.
-
-    Found by meta.json and by the runner index, which has an agent's entry
-    before its meta.json is published.
-    """
-    agents = Path(meta.session) / AGENTS_DIR
-    targets = []
-    for d in descendants_of(Path(meta.session), meta.id):
-        with contextlib.suppress(OSError, SpawnError):
-            if read_outcome(d) is None:
-                targets.append(Supervised.of(load_meta(d)))
-    with contextlib.suppress(OSError, SpawnError):
-        for path in runner_index_dir().glob("*.json"):
-            entry = _read_runner_entry(path)
-            if entry is not None and entry[2].parent == agents and entry[0] != os.getpid():
-                targets.append(Supervised(entry[0], entry[1], _entry_namespace(path)))
-    asked = [proc for target in targets if (proc := target.signal(signal.SIGTERM)) is not None]
-    # As settle_agents: a spawn.py ends its own subtree (up to KILL_GRACE_S) first.
-    wait_gone(asked, KILL_GRACE_S * 2)
 
 
 def end_everything_below(rounds: int = 10) -> None:
@@ -4459,18 +5021,688 @@ def _int_or_none(value: str | None) -> int | None:
         return None
 
 
-def float_or_none(value: str | None) -> float | None:
-    # NaN and infinity are ignored like any malformed value: min() with a NaN
-    # first returns NaN, which would widen a deadline (env_number_warnings says so).
-    try:
-        number = float(value) if value not in (None, "") else None
-    except ValueError:
+class ForkedFor:
+    """In a child of the fork server: the stand-in it runs a spawn for (set once, after the fork)."""
+
+    pid: int | None = None
+    create_time: float = 0.0
+    ancestry: dict[str, Any] | None = None
+    """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
+
+
+def ancestry_subject() -> psutil.Process:
+    """The process whose ancestry decides a spawn's parent agent and limits.
+
+    This process, except in a fork server's child: there it is the stand-in,
+    whose pid the kernel reported (SO_PEERCRED), since the child's own
+    ancestry is the server's. If the stand-in is gone the spawn is over; the
+    child must never go on as if it were a root.
+    """
+    if ForkedFor.pid is None:
+        return psutil.Process()
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(ForkedFor.pid)
+        if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
+            return proc
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+def sandbox_problem(platform: str = sys.platform) -> str | None:
+    """Why Claude Code's sandbox can't run here, and what would make it, or None.
+
+    On Linux the CLI needs bwrap and socat on PATH, and a kernel that lets
+    this user create namespaces; a one-shot bwrap tells (a few ms, only when
+    asked for). On macOS it uses Seatbelt's sandbox-exec, part of the system.
+    Elsewhere the CLI has no sandbox. (platform: for the tests of the others.)
+    """
+    import shutil
+
+    if platform == "darwin":
+        if shutil.which(SANDBOX_MACOS_PROGRAM) is None:
+            return f"{SANDBOX_MACOS_PROGRAM} not found on PATH; it ships with macOS in /usr/bin"
         return None
-    return number if number is not None and is_finite(number) else None
+    if not platform.startswith("linux"):
+        return f"Claude Code has a sandbox only on Linux and macOS, not on {platform}"
+    missing = [name for name in SANDBOX_PROGRAMS if shutil.which(name) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found on PATH; install them: `{SANDBOX_INSTALL}`, or your distribution's equivalent"
+    probe = ["bwrap", "--ro-bind", "/", "/", "--unshare-user", "--unshare-pid", "--unshare-net", "--proc", "/proc", "true"]
+    try:
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap can't run: {exc}"
+    if proc.returncode != 0:
+        first = (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[0]
+        return f"bwrap can't create namespaces: {first}; the kernel must let this user create user namespaces"
+    return None
+
+
+def unsandboxed_warning(problem: str) -> str:
+    """The one warning --sandbox auto gives when the sandbox it wanted can't run."""
+    return (
+        f"sandbox: Claude Code's sandbox can't run here ({problem}). "
+        f"Agents that --sandbox auto sandboxes (below the root, with Bash, that can't spawn) run unsandboxed: "
+        f"{SANDBOX_LOST}. Pass --sandbox on to refuse them instead."
+    )
+
+
+def inside_sandbox() -> bool:
+    """Whether this process runs inside a bubblewrap sandbox (a parent agent's Bash).
+
+    There bwrap is pid 1 of our own pid namespace, which an agent can't fake
+    without a namespace of its own. A sandbox can't nest (it refuses new
+    user namespaces), and everything started here is held by the outer one.
+    """
+    try:
+        first = Path("/proc/1/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return False
+    return os.path.basename(first) == b"bwrap"
+
+
+def sandbox_owner() -> Path | None:
+    """The agent whose sandbox this process runs in, from that sandbox's bwrap.
+
+    bwrap binds what the sandboxed agent may write: its agent directory if it
+    may spawn, else that directory's scratch/ (sandbox_writes). bwrap's
+    command line (pid 1 here, which nothing inside can replace) so names the
+    agent, and that agent's meta.json is not writable inside.
+    """
+    if not inside_sandbox():
+        return None
+    try:
+        args = Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for i in range(len(args) - 1):
+        flag, candidate = args[i], Path(args[i + 1])
+        if flag == "--bind" and candidate.name == SCRATCH_DIR:
+            candidate = candidate.parent
+        if flag == "--bind" and candidate.parent.name == AGENTS_DIR and (candidate / META).is_file():
+            return candidate
+    return None
 # ==================== end src/spawnlib/processes.py ====================
 
-# ==================== begin src/spawnlib/agents.py ====================
+# ==================== begin src/spawnlib/commit.py ====================
+"""The one commit point of an agent's outcome, and the status row it leaves in the session's index.
 
+Above supervision: a status row says whether an unfinished agent still
+lives, which only its process identity tells.
+"""
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
+    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
+    try:
+        beat = read_json(agent_dir / HEARTBEAT)
+        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
+    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+
+
+def idle_for(agent_dir: Path) -> float | None:
+    """Seconds a running agent has been idle, when that is over half its idle timeout."""
+    try:
+        beat = read_json(agent_dir / HEARTBEAT)
+        idle, limit = time.time() - float(beat["last_activity_at"]), float(beat["idle_timeout_s"])
+    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+    return idle if idle > limit / 2 else None
+
+
+def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
+    """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
+    if not Supervised.of(meta).alive():
+        return Status.FAILED
+    age = heartbeat_age(agent_dir)
+    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+        return Status.STALE
+    return Status.RUNNING
+
+
+def corrupt_row(agent_dir: Path, error: SpawnError, meta: AgentMeta | None = None) -> dict[str, Any]:
+    """A `status` row for an agent whose records can't be read."""
+    return {
+        "id": meta.id if meta else agent_dir.name,
+        "parent_id": meta.parent_id if meta else None,
+        "depth": meta.depth if meta else int(agent_dir.name[1:].split("-")[0]) if re.fullmatch(r"a\d+-\w+", agent_dir.name) else 0,
+        "state": Status.CORRUPT.value,
+        "task": "",
+        "duration_s": 0.0,
+        "cost_usd": None,
+        "cost_known": False,
+        "pid": meta.pid if meta else 0,
+        "agent_dir": str(agent_dir),
+        "error": error.message,
+    }
+
+
+def read_agent_rows(
+    agents: str, names: Sequence[str], *, queueing: bool, settled_before: float
+) -> list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]]:
+    """The status rows of each named agent directory (its own, then its native
+    subagents'; none while its meta.json isn't written), and its cache entry
+    when it is finished and settled."""
+    found: list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]] = []
+    for name in names:
+        path = f"{agents}/{name}"
+        try:
+            meta, meta_keys = load_meta_keyed(path)
+        except FileNotFoundError:
+            continue  # a background launch between mkdir and meta.json
+        except SpawnError as exc:
+            # One damaged record must not hide the rest of the tree.
+            found.append((name, ([corrupt_row(Path(path), exc)], None)))
+            continue
+        try:
+            outcome, outcome_keys = read_outcome_keyed(path)
+            if outcome is not None and (why := outcome_problem(outcome, name)):
+                raise CorruptRecordError(f"{path}/{OUTCOME}", f"not an outcome of {name}: {why}")
+        except SpawnError as exc:
+            found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
+            continue
+        state = outcome["status"] if outcome else unfinished_state(Path(path), meta, queueing=queueing).value
+        started = started_timestamp(meta)
+        row = {
+            "id": meta.id,
+            "parent_id": meta.parent_id,
+            "depth": meta.depth,
+            "state": state,
+            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
+            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
+            "cost_usd": outcome.get("cost_usd") if outcome else None,
+            "cost_known": bool(outcome and "cost_usd" in outcome),
+            "pid": meta.pid,
+            "agent_dir": path,
+            "containment": meta.containment,
+        }
+        if meta.resumed_from:
+            row["resumed_from"] = meta.resumed_from
+        natives = native_rows(path, meta, parent_ended=outcome is not None)
+        # Cached: a finished agent whose records were settled before we read them,
+        # keyed by the very files read, so a record replaced meanwhile is read
+        # again next time. Native subagents' rows come from a log: not cached.
+        keys = meta_keys + outcome_keys if outcome_keys is not None else None
+        settled = outcome is not None and keys is not None and not natives and max(keys[2::3]) < settled_before
+        found.append((name, ([row, *natives], [keys, row] if settled and meta.id == name else None)))
+    return found
+
+
+def unfinished_state(agent_dir: Path, meta: AgentMeta, *, queueing: bool) -> Status:
+    """What status shows for an agent without an outcome: running, or why not."""
+    state = liveness(agent_dir, meta)
+    if state == Status.FAILED:
+        return Status.LOST  # gone without an outcome
+    if state != Status.RUNNING:
+        return state
+    if idle_for(agent_dir) is not None:
+        return Status.STALLED
+    if queueing and (agent_dir / SLOT_LENT).exists():
+        return Status.WAITING
+    if queueing and not (agent_dir / SLOT_MARKER).exists():
+        return Status.QUEUED
+    return state
+
+
+def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -> list[dict[str, Any]]:
+    """Claude Code's own subagents of an agent (NATIVE_LOG), as child rows of kind `native`.
+
+    Their cost is part of the parent's (the CLI counts it in its total), so a
+    native row adds nothing to the subtree's cost and is never `unknown`.
+    """
+    nodes: dict[str, dict[str, Any]] = {}
+    log = f"{agent_dir}/{NATIVE_LOG}"
+    if not os.path.exists(log):  # most agents have none: a stat is cheaper than a failed open
+        return []
+    lines: list[str] = []
+    with contextlib.suppress(OSError, UnicodeDecodeError, CorruptRecordError):
+        lines = read_regular_file(log)[0].decode().splitlines()
+    for raw in lines:
+        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
+            line = parse_json(raw)
+            node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
+            node[line["event"]] = line
+    rows = []
+    for native_id, node in nodes.items():
+        start = node.get("start") or node.get("stop") or {}
+        stop = node.get("stop")
+        began = parse_iso(start.get("time")) or time.time()
+        ended = parse_iso(stop["time"]) if stop else None
+        transcript = stop.get("transcript_path") if stop else None
+        rows.append(
+            {
+                "id": f"n-{native_id}",
+                "parent_id": meta.id,
+                "depth": meta.depth + 1,
+                "kind": "native",
+                "agent_type": node["agent_type"],
+                # Without a stop, it was cut off when its parent's CLI ended.
+                "state": Status.DONE.value if stop else (Status.KILLED.value if parent_ended else Status.RUNNING.value),
+                "task": f"native {node['agent_type']} subagent",
+                "duration_s": round((ended or time.time()) - began, 1),
+                "cost_usd": None,
+                "cost_known": True,
+                "usage": native_usage(Path(transcript)) if transcript else {},
+                "transcript": transcript,
+                "pid": meta.pid,
+                "agent_dir": f"{agent_dir}/{NATIVE_LOG}#{native_id}",
+            }
+        )
+    return rows
+
+
+def parse_iso(value: Any) -> float | None:
+    try:
+        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def commit_outcome(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> bool:
+    """The one commit point of an agent. Returns False if another writer won.
+
+    Of the agent itself, its deadline, a parent's `wait`, `reap` or `kill`,
+    exactly one publishes outcome.json. The marker follows from the committed
+    outcome, so .done and .fail can't both exist.
+    """
+    data = redacted_json(record_to_json(outcome), secrets_, indent=2)
+    won = publish_once(agent_dir / OUTCOME, data.encode())
+    if won:
+        charge(agent_dir, outcome, secrets_)
+    ensure_marker(agent_dir)
+    if won:
+        index_status_row(agent_dir)
+    return won
+
+
+def index_status_row(agent_dir: Path) -> None:
+    """Append a just-committed agent's row to its session's STATUS_INDEX; best effort.
+
+    The entry status would cache for it (read_agent_rows, with nothing left
+    to settle): its row from the records as they are on disk, keyed by the
+    very files read. None for a damaged record, or an agent with Claude Code
+    subagents, whose rows come from a log.
+    """
+    try:
+        found = read_agent_rows(str(agent_dir.parent), [agent_dir.name], queueing=False, settled_before=float("inf"))
+        entry = found[0][1][1] if found else None
+        if entry is None:
+            return
+        keys, row = entry
+        row = {k: v for k, v in row.items() if k != "agent_dir"}  # status puts in its own spelling of the path
+        line = json.dumps({"name": agent_dir.name, "keys": keys, "row": row}, separators=(",", ":"), ensure_ascii=False) + "\n"
+        # O_APPEND keeps concurrent committers' lines whole; O_NOFOLLOW and
+        # open_regular: a link or a FIFO planted at the index is never written through.
+        fd, _ = open_regular(agent_dir.parent.parent / STATUS_INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
+    except Exception:  # a hint, after the commit: nothing in a record, however odd, may fail the commit
+        return
+    try:
+        os.write(fd, line.encode())
+    except OSError:
+        pass  # a full disk: status reads this agent's records instead
+    finally:
+        os.close(fd)
+# ==================== end src/spawnlib/commit.py ====================
+
+# ==================== begin src/spawnlib/admission.py ====================
+"""Admission: who may run now, both kinds in one place.
+
+- --max-concurrent: a slot marker in each running agent's directory, taken
+  under the session lock, lent while the agent waits on its children;
+- --max-agents and the tree's budget: admit(), under the session lock when
+  a spawn registers (resolving.register);
+- start slots: CLI start-ups take turns, a flock'ed file each in the session.
+
+Above supervision: a lent slot is taken back only while its agent lives.
+"""
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+def holds_slot(agent_dir: Path) -> bool:
+    if not (agent_dir / SLOT_MARKER).exists() or (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists():
+        return False
+    try:
+        meta = load_meta(agent_dir)
+    except (FileNotFoundError, SpawnError):
+        return False
+    return Supervised.of(meta).alive()
+
+
+def try_take_slot(agent_dir: Path, max_concurrent: int) -> bool:
+    """Take one of the session's --max-concurrent slots if one is free."""
+    session = agent_dir.parent.parent
+    with session_lock(session):
+        if sum(holds_slot(d) for d in iter_agent_dirs(session)) >= max_concurrent:
+            return False
+        with contextlib.suppress(FileExistsError):
+            write_new_file(agent_dir / SLOT_MARKER, b"")
+        return True
+
+
+def lend_slot(agent_dir: Path) -> bool:
+    """Give back a slot while its agent is blocked on children; False if it held none."""
+    with session_lock(agent_dir.parent.parent):
+        if not holds_slot(agent_dir):
+            return False
+        os.replace(agent_dir / SLOT_MARKER, agent_dir / SLOT_LENT)
+        return True
+
+
+def take_back_slot(agent_dir: Path, max_concurrent: int, meta: AgentMeta) -> None:
+    """Wait for a slot again after lending it; stop if the agent ends meanwhile."""
+    while not try_take_slot(agent_dir, max_concurrent):
+        if (agent_dir / DONE_MARKER).exists() or (agent_dir / FAIL_MARKER).exists() or not Supervised.of(meta).alive():
+            break
+        time.sleep(SLOT_POLL_S)
+    with contextlib.suppress(FileNotFoundError):
+        (agent_dir / SLOT_LENT).unlink()
+
+
+# CLI start-ups take turns in a session, as many at once as there are CPUs.
+# A CLI's start-up is most of what it costs when the model answers quickly
+# (~85% of a leaf's CPU comes before its first message), and start-ups that
+# all run at once compete: 16 bare `claude -p` on 2 cores took 15.8 s of CPU
+# and 8.0 s started together, 11.3 s and 5.7 s when each waited for a slot
+# until its first message (medians of 3 rounds, measured for issue 14).
+# A slot is a flock on a file in the session, so it is free again the moment
+# its holder releases it, exits or dies. It is held until the CLI goes quiet
+# (free_slot_when_quiet) and never longer than START_SLOT_HOLD_S, and a start that waited
+# START_SLOT_WAIT_S goes ahead without one: a frozen or hostile holder can
+# delay a spawn, never stop it. Anything odd about the slot files (a
+# read-only session, something planted there) means no turns, not an error.
+ENV_START_SLOTS = "SPAWN_START_SLOTS"  # how many CLI start-ups at once; 0: no turns
+START_SLOTS_DIR = "start-slots"  # in the session directory: one lock file a slot
+START_SLOT_HOLD_S = 3.0
+START_SLOT_QUIET_S = 0.1  # a holder's CPU is looked at this often
+START_SLOT_QUIET_SHARE = 0.3  # under this share of a core over that time, it is quiet
+START_SLOT_WAIT_S = 30.0
+START_SLOT_POLL_S = 0.02  # the first waiter, without inotify
+START_SLOT_RECHECK_S = 0.25  # the first waiter, with it, in case a close went unseen
+START_SLOT_QUEUE_POLL_S = 0.1  # the others
+START_SLOT_QUEUE = "queue"  # in start-slots/: flock'ed by the first waiter
+
+
+def start_slot_count(environ: Mapping[str, str]) -> int:
+    value = _int_or_none(environ.get(ENV_START_SLOTS))
+    return value if value is not None and value >= 0 else usable_cpus()
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may keep busy at once: its affinity (else the
+    machine's count), capped by its cgroups' CPU quota, rounded up."""
+    count = os.cpu_count() or 1
+    with contextlib.suppress(AttributeError, OSError):
+        count = len(os.sched_getaffinity(0))
+    limit = cgroup_cpu_limit(read_small_file("/proc/self/cgroup") or "", read_small_file("/proc/self/mountinfo") or "", read_small_file)
+    return max(1, min(count, int(-(-limit // 1)))) if limit is not None else count  # -(-x // 1): ceil, without math
+
+
+def read_small_file(path: str) -> str | None:
+    """A kernel file's text (/proc, /sys), or None if it can't be read."""
+    try:
+        with open(path, encoding="ascii") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def cgroup_cpu_limit(proc_cgroup: str, mountinfo: str, read: Callable[[str], str | None]) -> float | None:
+    """CPUs' worth of time this process's cgroups allow (the tightest quota on
+    its way up to the root), or None when no quota applies or none can be read.
+
+    proc_cgroup and mountinfo are /proc/self/cgroup's and /proc/self/mountinfo's
+    text; read(path) a file's text or None. A container limited to 2 CPUs on a
+    64-CPU host sees all 64 in its affinity: only the quota says how many it
+    may use at once.
+    """
+    unified, cpu = cgroup_mounts(mountinfo)
+    limits: list[float] = []
+    mounts: list[Path]
+    files: tuple[str, ...]
+    for line in proc_cgroup.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and not controllers:
+            mounts, files = unified, ("cpu.max",)
+        elif "cpu" in controllers.split(","):
+            mounts, files = cpu, ("cpu.cfs_quota_us", "cpu.cfs_period_us")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p and p not in (".", "..")]
+        for mount in mounts:
+            # From the process's own cgroup up to the mount's root. Inside a
+            # container the mount is often the container's cgroup itself, and
+            # the path above it isn't there: its root then holds the limit.
+            for depth in range(len(parts), -1, -1):
+                folder = "/".join([str(mount), *parts[:depth]])
+                texts = [read(f"{folder}/{name}") for name in files]
+                if any(t is None for t in texts):
+                    continue
+                words = " ".join(t or "" for t in texts).split()
+                if len(words) == 2 and words[0] not in ("max", "-1"):
+                    with contextlib.suppress(ValueError):
+                        quota, period = float(words[0]), float(words[1])
+                        if quota > 0 and period > 0:
+                            limits.append(quota / period)
+    return min(limits) if limits else None
+
+
+def open_start_slots(session: Path, count: int) -> list[int]:
+    """The session's slot files, opened (created if need be); those that can't be opened are left out."""
+    folder = session / START_SLOTS_DIR
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return []
+    return [fd for fd in (open_slot_file(folder / str(index)) for index in range(count)) if fd is not None]
+
+
+def open_slot_file(path: Path) -> int | None:
+    """One file of start-slots/, opened (created if need be), or None if it can't be."""
+    # O_NOFOLLOW, and regular files only: a planted symlink or FIFO is skipped, never followed or waited on.
+    with contextlib.suppress(OSError, CorruptRecordError):
+        return open_regular(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)[0]
+    return None
+
+
+def grab_start_slot(fds: Sequence[int]) -> int | None:
+    """One try at each slot: the fd whose flock now holds it, or None if all are taken (OSError: no locks here)."""
+    import fcntl
+
+    for fd in fds:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        return fd
+    return None
+
+
+async def take_start_slot(session: Path, count: int, wait_s: float = START_SLOT_WAIT_S) -> int | None:
+    """Wait for a start slot: the open fd whose flock holds it, or None (no turns, or waited too long).
+
+    The waiters of a session queue: the one holding the flock on
+    `start-slots/queue` is first, and sleeps until a slot file is closed
+    (inotify; a slot is let go by closing its file, or by its holder's death,
+    which closes it too), looking again then or every START_SLOT_RECHECK_S.
+    The others look every START_SLOT_QUEUE_POLL_S, for the queue or a slot.
+    So a fan-out's waiting runners cost few wakes (each ~0.1-0.3 ms of CPU on
+    a VM: 16 of them polling every 20 ms took ~2% of a core each), and a
+    session holds at most one inotify instance for them (a user has 128,
+    which their other programs' file watchers need too). Without the queue
+    file or inotify, a waiter polls every START_SLOT_POLL_S, as all once did.
+    """
+    fds = open_start_slots(session, count) if count > 0 else []
+    queue = open_slot_file(session / START_SLOTS_DIR / START_SLOT_QUEUE) if fds else None
+    held = None
+    first = queue is None  # no queue to take turns in: every waiter looks often
+    events: MarkerEvents | None = None
+    period = START_SLOT_POLL_S
+    try:
+        limit = time.monotonic() + wait_s
+        while fds and held is None and time.monotonic() < limit:
+            try:
+                held = grab_start_slot(fds)
+                if held is not None:
+                    break
+                if not first and queue is not None:
+                    first = grab_start_slot([queue]) is not None
+            except OSError:
+                return None  # flock refused (a file system without locks): no turns
+            if first and events is None:
+                events = MarkerEvents()
+                if events.watch(session / START_SLOTS_DIR, MarkerEvents.IN_CLOSE):
+                    period = START_SLOT_RECHECK_S
+                continue  # watched now: look once more, so a slot let go before the watch isn't missed
+            wait = min(period if first else START_SLOT_QUEUE_POLL_S, max(0.0, limit - time.monotonic()))
+            await readable(events.fd if events is not None else -1, wait)
+            if events is not None:
+                events.drain()
+        return held
+    finally:
+        if events is not None:
+            events.close()
+        if queue is not None:
+            os.close(queue)  # the next waiter is first now
+        for fd in fds:
+            if fd != held:
+                os.close(fd)
+
+
+async def readable(fd: int, timeout: float) -> None:
+    """Sleep until fd is readable or timeout has passed (fd < 0: just the timeout)."""
+    import asyncio
+
+    if fd < 0:
+        await asyncio.sleep(timeout)
+        return
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    loop.add_reader(fd, lambda: None if ready.done() else ready.set_result(None))
+    try:
+        await asyncio.wait([ready], timeout=timeout)
+    finally:
+        loop.remove_reader(fd)
+
+
+def cpu_demand_ns(pid: int) -> int | None:
+    """How long a process's main thread has run or waited to run, in ns; None if /proc can't tell.
+
+    Waiting counts: a start-up starved by others is not quiet, and a holder
+    that let go then would crowd the CPUs with one more start-up.
+    """
+    if not procfs_is_ours():
+        return None  # in a sandbox's pid namespace: the pid names another process there
+    fields = (read_small_file(f"/proc/{pid}/schedstat") or "").split()
+    try:
+        return int(fields[0]) + int(fields[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
+    """Without waiting: whether a CLI may start now, and the slot's fd it then holds (None: no turns here)."""
+    fds = open_start_slots(session, count) if count > 0 else []
+    try:
+        held = grab_start_slot(fds)
+    except OSError:
+        held, fds = None, []  # no locks on this file system: no turns
+    for fd in fds:
+        if fd != held:
+            os.close(fd)
+    return (held is not None or not fds), held
+
+
+def counted_agents(session: Path) -> int:
+    """Registered agents that were not refused."""
+    count = 0
+    for d in iter_agent_dirs(session):
+        if (d / FAIL_MARKER).exists():
+            with contextlib.suppress(FileNotFoundError, SpawnError):
+                refused = read_json(d / OUTCOME)
+                if refused.get("status") == Status.REFUSED and not refused.get("transcript"):  # refused before it ran
+                    continue
+        count += 1
+    return count
+
+
+def admit(meta: AgentMeta, session: Path) -> str | None:
+    """Check the tree-wide caps (under the session lock); None admits the spawn.
+
+    An admitted agent's budget is lowered to what is unreserved where it
+    draws from; reserve_budget then holds it until the agent's charge.
+    """
+    limits = read_limits(session)
+    if limits.max_budget_usd is not None:
+        left, source, state = budget_left(session, meta, limits.max_budget_usd)
+        if left < MIN_HOLD_USD:
+            where = f"its parent {source}'s hold" if source else "the tree's remainder"
+            return (
+                f"budget: the tree has spent ${state.spent:.4f} of its ${limits.max_budget_usd:.4f} and running agents "
+                f"hold ${state.reserved:.4f}; nothing is left in {where} (wait for agents to end, or raise --max-budget-usd at the root)"
+            )
+        meta.max_budget_usd = left if meta.max_budget_usd is None else min(meta.max_budget_usd, left)
+    if limits.max_agents is not None and counted_agents(session) >= limits.max_agents:
+        return f"agents: the session already has {limits.max_agents} agents (--max-agents {limits.max_agents})"
+    return None
+# ==================== end src/spawnlib/admission.py ====================
+
+# ==================== begin src/spawnlib/agents.py ====================
 
 
 
@@ -5356,6 +6588,35 @@ def parse_definition(
     if not isinstance(data.get("description", ""), str) or not data.get("description"):
         problem("description", "description is missing: routing and 'agents list' need it")
     d.description = str(data.get("description") or "")
+    _parse_tool_lists(data, d, problem, known_tools)
+    model = data.get("model")
+    if model is not None:
+        d.model = str(model)
+    mode = data.get("permissionMode")
+    if mode is not None:
+        if mode not in PERMISSION_RANK:
+            problem("permissionMode", f"unknown permissionMode {mode!r}; use one of {', '.join(PERMISSION_MODES)}")
+        else:
+            d.permission_mode = str(mode)
+    _parse_mcp_servers(data, d, problem)
+    _parse_schema_field(data, d, problem)
+    for key, attr, maximum, integer, zero_ok in DEFINITION_NUMBERS:
+        value = data.get(key)
+        if value is None:
+            continue
+        why = number_problem(key, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
+        if why is not None:
+            problem(key, why)
+        else:
+            setattr(d, attr, int(value) if integer else float(value))
+    _parse_claude_fields(data, d, problem)
+    parse_node_fields(data, d, problem)
+    _parse_permissions(data, d, problem)
+    return d, problems
+
+
+def _parse_tool_lists(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None], known_tools: frozenset[str]) -> None:
+    """tools, disallowedTools and skills: lists, the tools checked against the known ones."""
     for key, attr in (("tools", "tools"), ("disallowedTools", "disallowed_tools"), ("skills", "skills")):
         try:
             value = _as_list(data.get(key))
@@ -5384,15 +6645,10 @@ def parse_definition(
                 value = [v for v in value if v not in bad]
         if value is not None:
             setattr(d, attr, value)
-    model = data.get("model")
-    if model is not None:
-        d.model = str(model)
-    mode = data.get("permissionMode")
-    if mode is not None:
-        if mode not in PERMISSION_RANK:
-            problem("permissionMode", f"unknown permissionMode {mode!r}; use one of {', '.join(PERMISSION_MODES)}")
-        else:
-            d.permission_mode = str(mode)
+
+
+def _parse_mcp_servers(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """mcpServers, in Claude Code's mapping or list form."""
     servers = data.get("mcpServers")
     if servers is not None:
         if isinstance(servers, list):
@@ -5411,6 +6667,10 @@ def parse_definition(
                     problem("mcpServers", f"mcpServers.{server_name}: a stdio server needs a command")
         else:
             problem("mcpServers", "mcpServers must map server names to {command, args, env} or {type, url} objects")
+
+
+def _parse_schema_field(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """schema: a NAME from schemas/ (or built in), a path, or inline JSON."""
     schema = data.get("schema")
     if schema is not None:
         if not isinstance(schema, str):
@@ -5422,17 +6682,10 @@ def parse_definition(
                     problem("schema", f"schema {schema!r} is neither in {SCHEMA_DIR} nor built in")
             elif not schema.lstrip().startswith(("{", "[")) and not Path(schema).expanduser().is_file():
                 problem("schema", f"schema file {schema} does not exist")
-    for key, attr, maximum, integer, zero_ok in DEFINITION_NUMBERS:
-        value = data.get(key)
-        if value is None:
-            continue
-        why = number_problem(key, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
-        if why is not None:
-            problem(key, why)
-        else:
-            setattr(d, attr, int(value) if integer else float(value))
-    _parse_claude_fields(data, d, problem)
-    parse_node_fields(data, d, problem)
+
+
+def _parse_permissions(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """permissions: allow, deny and ask lists of rules."""
     perms = data.get("permissions")
     if perms is not None:
         if not isinstance(perms, dict):
@@ -5447,7 +6700,6 @@ def parse_definition(
                         getattr(d.permissions, kind).append(parse_rule(rule_text))
                     except RuleSyntaxError as exc:
                         problem(kind, exc.message)
-    return d, problems
 
 
 def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
@@ -5486,14 +6738,6 @@ def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: C
             d.hooks = {str(k): v for k, v in hooks.items()}
         else:
             problem("hooks", "hooks must map events (PreToolUse, ...) to lists of matchers, as in settings.json; ignored", "warning")
-
-
-def cache_dir(environ: Mapping[str, str]) -> Path:
-    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
-    if environ.get(ENV_CACHE_DIR):
-        return Path(environ[ENV_CACHE_DIR]).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
-    return Path(base).expanduser() / "spawn"
 
 
 def remember_cli_tools(init: Mapping[str, Any], environ: Mapping[str, str]) -> None:
@@ -5655,9 +6899,123 @@ model: sonnet
 You are the {name} agent. Describe its job, its method, and what a good answer
 contains. When an output schema is set, answer with the StructuredOutput tool.
 """
+
+
+# What a node can be; executors.EXECUTORS has one class for each, in this order.
+NODE_KINDS = ("claude", "a2a", "command")
+A2A_CARD_PATH = "/.well-known/agent-card.json"
+
+
+@dataclass(frozen=True)
+class Node:
+    """What runs a node: its kind and, for a2a and command, where it lives."""
+
+    kind: str
+    endpoint: str | None = None
+    """a2a: the agent card's URL; command: the command line."""
+
+
+@dataclass
+class NodeResult:
+    """What a node of another kind than claude came back with (RunState.node_result)."""
+
+    status: Status
+    reason: str
+    output: Any = None
+    text: str | None = None
+    cost_usd: float | None = None
+    """As the node reported it; None (unknown) otherwise."""
+
+
+class NodeReferenceError(UsageError):
+    def __init__(self, reference: str, why: str) -> None:
+        super().__init__(f"--agent {reference}: {why}")
+
+
+def parse_reference(value: str | None) -> Node | None:
+    """The node an --agent value names directly, or None for a definition NAME (pure).
+
+    a2a:URL (the agent's base URL, or its card's), an http(s) URL of an agent
+    card, or command:EXE [ARGS].
+    """
+    if not value:
+        return None
+    if value.startswith("command:"):
+        command = value.removeprefix("command:").strip()
+        command_argv(command, value)
+        return Node("command", command)
+    if value.startswith("a2a:"):
+        return Node("a2a", a2a_card_url(value.removeprefix("a2a:"), value))
+    if re.match(r"[A-Za-z][A-Za-z0-9+.\-]*://", value):
+        from urllib.parse import urlsplit
+
+        if not urlsplit(value).path.endswith(A2A_CARD_PATH):
+            raise NodeReferenceError(
+                value, f"a URL must be an A2A agent card (...{A2A_CARD_PATH}); or write a2a:URL for an agent's base URL"
+            )
+        return Node("a2a", a2a_card_url(value, value))
+    return None
+
+
+def a2a_card_url(url: str, reference: str) -> str:
+    """The agent card's URL: URL itself when it names a .json file, else URL + the well-known path (pure)."""
+    from urllib.parse import urlsplit
+
+    url = url.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise NodeReferenceError(reference, "an A2A agent is an http(s) URL, e.g. a2a:https://host/path")
+    return url if parts.path.endswith(".json") else url.rstrip("/") + A2A_CARD_PATH
+
+
+def command_argv(command: str, reference: str) -> list[str]:
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise NodeReferenceError(reference, f"can't split the command line ({exc}); check its quoting") from None
+    if not argv:
+        raise NodeReferenceError(reference, "give the executable, e.g. command:/path/to/exe")
+    return argv
+
+
+def parse_node_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """A definition's kind, with its url (a2a) or command (command)."""
+    kind = data.get("kind")
+    if kind is None:
+        for key in ("url", "command"):
+            if key in data:
+                problem(key, f"{key} needs 'kind: {'a2a' if key == 'url' else 'command'}'; ignored", "warning")
+        return
+    if kind not in NODE_KINDS:
+        problem("kind", f"kind must be one of {', '.join(NODE_KINDS)}, got {kind!r}")
+        d.kind = str(kind)  # an agent that can't run as what it says is not run as claude
+        return
+    d.kind = str(kind)
+    if d.kind == "claude":
+        return
+    key = "url" if d.kind == "a2a" else "command"
+    value = data.get(key)
+    if not isinstance(value, str) or not value.strip():
+        problem("kind", f"kind {kind} needs {key}: {'the agent URL' if key == 'url' else 'the executable and its arguments'}")
+        return
+    try:
+        d.endpoint = a2a_card_url(value, value) if key == "url" else " ".join(map(shlex.quote, command_argv(value, value)))
+    except NodeReferenceError as exc:
+        problem(key, exc.message.removeprefix(f"--agent {value}: "))
+
+
+def node_of_definition(definition: AgentDefinition | None) -> Node:
+    if definition is None or definition.kind == "claude":
+        return Node("claude")
+    if definition.kind not in NODE_KINDS or definition.endpoint is None:
+        raise UsageError(f"agent definition {definition.path} has a bad kind or no url/command; fix it (see 'spawn.py agents lint')")
+    return Node(definition.kind, definition.endpoint)
 # ==================== end src/spawnlib/agents.py ====================
 
 # ==================== begin src/spawnlib/channel.py ====================
+
+
+
 
 
 
@@ -5864,9 +7222,2095 @@ def send_answer(session: Path, ask_id: str, verdict: str, by: str, text: str | N
             os.close(dir_fd)
     if "refused" in said:
         raise RefusedError(f"refused: {said['refused']}; the attempt is recorded in {asks_dir(session) / f'{ask_id}.attempts.jsonl'}")
+
+
+def ask_timeout(environ: Mapping[str, str]) -> float:
+    value = float_or_none(environ.get(ENV_ASK_TIMEOUT))
+    return value if value is not None and value > 0 else ASK_TIMEOUT_S
+
+
+def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, timeout: float) -> tuple[str, str]:
+    """Ask the person at the root's terminal; no answer before timeout is a no."""
+    import select
+
+    sys.stderr.write(f"spawn: agent {meta.id} wants to use {tool}: {summarize_input(tool_input, 200)}\n  (rule {rule}) allow? [y/N] ")
+    sys.stderr.flush()
+    ready, _, _ = select.select([sys.stdin], [], [], timeout)
+    answer = sys.stdin.readline().strip().lower() if ready else ""
+    return ("allow" if answer in ("y", "yes") else "deny"), "terminal"
+
+
+def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> str | None:
+    """Ask the root before a spawn that would take the tree past --confirm-over; None lets it go on.
+
+    Called before admission, without the session lock: the answer may take
+    minutes, and other spawns and outcome commits must not wait for it. Two
+    spawns racing under the threshold may both pass; the threshold is a
+    prompt for a person, --max-budget-usd is the hard cap.
+    """
+    threshold = read_limits(session).confirm_over_usd
+    if threshold is None:
+        return None
+    ended, running = agent_history(session)
+    estimate, _, basis = estimate_agent(meta.model, ended)
+    # A running agent's spend so far is in neither the ledger nor its estimate; the estimate stands for all of it.
+    projected = read_ledger(session).spent + sum(estimate_agent(m, ended)[0] for m in running) + estimate
+    if projected <= threshold:
+        return None
+    summary = (
+        f"start a {meta.model} agent, estimated ${estimate:.4f} ({basis}): the tree's projected spend "
+        f"${projected:.4f} passes --confirm-over ${threshold:g}; task: {summarize_input({'command': meta.task}, 120)}"
+    )
+    rule = f"--confirm-over {threshold:g}"
+    timeout = ask_timeout(os.environ)
+    if meta.deadline is not None:
+        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
+    if sys.stdin is not None and sys.stdin.isatty():
+        verdict, _ = prompt_person(meta, "Spawn", {"command": summary}, rule, timeout)
+        return None if verdict == "allow" else f"confirm: the person at the terminal did not approve ({summary})"
+    # The spawner asks: its parent's id (the root has none, but the root never passes through here).
+    asker = meta.parent_id or ""
+    channel = open_ask(meta, "Spawn", {"command": summary}, rule, timeout=timeout, secrets_=secrets_, asker=asker)
+    ask_id = channel.ask_id
+    note(f"spawn asks to {summary}: run 'spawn.py approve {ask_id}' or 'spawn.py deny {ask_id}' within {timeout:.0f} s")
+    answer = channel.wait(asker, timeout, secrets_)
+    if answer.get("verdict") == "approve":
+        return None
+    how = "timed out unanswered" if answer.get("by") == "timeout" else f"was denied by {answer.get('by')}"
+    return f"confirm: ask {ask_id} {how} (projected ${projected:.4f} > --confirm-over ${threshold:g})"
 # ==================== end src/spawnlib/channel.py ====================
 
+# ==================== begin src/spawnlib/running.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ------------------------------------------------------------------ running --
+
+
+def spawn_command() -> str:
+    """How an agent's Bash should call spawn.py: the interpreter already resolved.
+
+    Skipping `uv run` below the root saves its resolution step at every level,
+    and the compiled script its compilation.
+    """
+    return f"{shlex.quote(sys.executable)} {shlex.quote(str(compiled_script()))}"
+
+
+def api_host(environ: Mapping[str, str]) -> str:
+    """The host the CLI sends model requests to."""
+    from urllib.parse import urlsplit
+
+    return urlsplit(environ.get("ANTHROPIC_BASE_URL", "")).hostname or DEFAULT_API_HOST
+
+
+def proxied_loopback(environ: Mapping[str, str]) -> dict[str, str]:
+    """Inside a sandbox, NO_PROXY without loopback: the sandbox has its own
+    empty loopback, so a model on the host's (the scripted one, a local
+    gateway) is only reachable through the sandbox's proxy, which lets
+    through only the hosts the sandbox settings allow."""
+    loopback = {"localhost", "127.0.0.1", "::1"}
+    env = {}
+    for name in ("NO_PROXY", "no_proxy"):
+        if name in environ:
+            env[name] = ",".join(h for h in environ[name].split(",") if h.strip() not in loopback)
+    return env
+
+
+def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
+    env = {
+        ENV_SESSION: meta.session,
+        ENV_AGENT_ID: meta.id,
+        ENV_DEPTH: str(meta.depth),
+        ENV_MAX_DEPTH: str(meta.max_depth),
+        ENV_TOOLS: ",".join(meta.tools),
+        ENV_TRACEPARENT: meta.traceparent,
+        "TRACEPARENT": meta.traceparent,
+        ENV_PYTHON: sys.executable,
+        ENV_SCRIPT: str(compiled_script()),
+        "BASH_DEFAULT_TIMEOUT_MS": os.environ.get("BASH_DEFAULT_TIMEOUT_MS", BASH_TIMEOUT_MS),
+        "BASH_MAX_TIMEOUT_MS": os.environ.get("BASH_MAX_TIMEOUT_MS", BASH_TIMEOUT_MS),
+    }
+    env[ENV_DENY] = json.dumps(meta.permissions.get("deny", []))
+    env[ENV_ASK] = json.dumps(meta.permissions.get("ask", []))
+    env[ENV_PERMISSION_MODE] = meta.permission_mode
+    env[ENV_MODEL] = meta.model
+    if meta.deadline is not None:
+        env[ENV_DEADLINE] = f"{meta.deadline:.3f}"
+    if meta.max_budget_usd is not None:
+        env[ENV_BUDGET] = str(meta.max_budget_usd)
+    if meta.idle_timeout_s is not None:
+        env[ENV_IDLE_TIMEOUT] = f"{meta.idle_timeout_s:g}"
+    if meta.sandbox == "inherited":
+        env.update(proxied_loopback(os.environ))
+    env.update(quiet_cli_environment(os.environ))
+    # Claude Code's minimal mode (CLAUDE_CODE_SIMPLE=1, what `claude --bare`
+    # sets) runs no hooks, not even the SDK's: PermissionGate would never see a
+    # tool call, so ask rules and the audit trail would be skipped without a
+    # word. Anything that can run Bash could set it for a child; it is off for
+    # every agent, whatever was inherited.
+    env["CLAUDE_CODE_SIMPLE"] = "0"
+    return env
+
+
+# Set for every agent's CLI unless the user set it (or the wider
+# CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC) either way: the CLI's telemetry is
+# ~0.2 s of CPU at every start (0.82 s against 1.08 s for a `claude -p`, 8
+# interleaved runs), paid by every agent of a tree on a machine the tree
+# shares. It changes nothing an agent does. DISABLE_AUTOUPDATER and
+# DISABLE_ERROR_REPORTING were measured too and saved nothing: not set.
+QUIET_CLI_ENV = {"DISABLE_TELEMETRY": "1"}
+
+
+def quiet_cli_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    if "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC" in environ:
+        return {}
+    return {k: v for k, v in QUIET_CLI_ENV.items() if k not in environ}
+
+
+STOP_SIGNALS = {signal.SIGTERM: Status.KILLED, signal.SIGHUP: Status.KILLED, signal.SIGINT: Status.INTERRUPTED}
+
+
+def stopped_by(signum: int, agent_dir: Path) -> tuple[Status, str]:
+    """The outcome a stop signal ends an agent with: its status and reason,
+    which names who asked when `spawn.py kill` sent it (its KILL_REQUEST)."""
+    status = STOP_SIGNALS[signal.Signals(signum)]
+    asked = kill_request_reason(agent_dir) if status == Status.KILLED else None
+    return status, asked or f"received {signal.Signals(signum).name}"
+
+
+class EarlyStop:
+    """A stop signal that came after registration but before run_agent's loop could serve it.
+
+    Without this, a runner ended in that window (a parent finishing while
+    its background child was still starting) died by the default action,
+    and its guard could only record "died without writing an outcome".
+    """
+
+    pending: int | None = None
+    """The first stop signal held, served (stopped_by) once the agent's loop runs."""
+
+    @classmethod
+    def arm(cls) -> None:
+        def hold(signum: int, _frame: Any) -> None:
+            if cls.pending is None:
+                cls.pending = signum
+
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, hold)
+
+    @classmethod
+    def forget(cls) -> None:
+        """A stop the process forked from got is that process's, not its fork's."""
+        cls.pending = None
+
+
+on_fork("EarlyStop", EarlyStop.forget)
+
+
+class RunState:
+    """What a running agent has seen so far; survives cancellation."""
+
+    def __init__(self) -> None:
+        self.last_text: str | None = None
+        self.last_structured_attempt: Any = None
+        self.result: Any = None  # the SDK's ResultMessage
+        self.cli_pid: int | None = None
+        self.cli_pgid: int | None = None
+        self.cli_started: Any = None
+        """An asyncio.Event that started_cli sets, made by whoever waits for the CLI (asyncio is imported late)."""
+        self.stop_reason: Status | None = None
+        self.stop_detail: str = ""
+        self.running_below: set[str] = set()
+        """Descendant agents running when the agent was stopped: it ended them."""
+        self.cli_killed = False
+        """The CLI was ended by a signal from outside: the agent was killed, it didn't fail."""
+        self.last_activity = time.time()
+        """Last transcript event or CPU use of the CLI (or the start, or a live child)."""
+        self.api_retries = 0
+        self.api_error_status: int | None = None
+        """The last API error the CLI retried (its api_retry messages): why a run stalled."""
+        self.mcp_failed: list[str] = []
+        """MCP servers the CLI's init message reports as not connected."""
+        self.denied_asks: list[str] = []
+        """This agent's asks that were answered no, as 'ask ID (rule R) denied by WHO': a failed run ended on one."""
+        self.turns: dict[str, tuple[str, dict[str, Any]]] = {}
+        """(model, usage) of each of its model turns so far, by message id: its own running spend."""
+        self.request_stop: Callable[[Status, str], None] | None = None
+        """run_agent's stop path, for run_sdk to end the agent between turns."""
+        self.node_result: NodeResult | None = None
+        """What a node of another kind than claude returned (see the executors section)."""
+        self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
+        """Run by the stop path before the node's process group is ended: an a2a node cancels its remote task."""
+        self.refusals_recorded = 0
+        """A sandboxed leaf's refused spawns its runner recorded from the drop box (record_dropped_refusals)."""
+
+    def started_cli(self, pid: int) -> None:
+        """The CLI (or a node's command) runs as pid, the leader of a group of its own."""
+        self.cli_pid = self.cli_pgid = pid
+        if self.cli_started is not None:
+            self.cli_started.set()
+
+
+def message_record(message: Any) -> dict[str, Any]:
+    data = dataclasses.asdict(message) if dataclasses.is_dataclass(message) and not isinstance(message, type) else {"repr": repr(message)}
+    return {"time": utc_now_iso(), "type": type(message).__name__, "message": data}
+
+
+class _AbsentModule(types.ModuleType):
+    """Stands in for a module of the mcp package: every name is an inert class."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        stand_in = type(name, (), {"__init__": _ignore, "__init_subclass__": classmethod(_ignore), "__class_getitem__": classmethod(_same)})
+        setattr(self, name, stand_in)
+        return stand_in
+
+
+def _ignore(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def _same(cls: Any, _item: Any) -> Any:
+    return cls
+
+
+class _AbsentMcpFinder:
+    """Serves _AbsentModule for mcp and mcp_types, which the SDK imports eagerly.
+
+    A meta path finder and loader by protocol; importlib.abc costs start-up.
+    """
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname.partition(".")[0] in ("mcp", "mcp_types"):
+            return importlib.machinery.ModuleSpec(fullname, cast("importlib.abc.Loader", self), is_package=True)
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        return _AbsentModule(spec.name)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__path__ = []
+
+
+def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
+    """Import claude_agent_sdk, skipping the mcp package it loads at import time.
+
+    The SDK imports mcp (with pydantic models and an HTTP server stack) only
+    to host in-process MCP servers, which spawn.py never creates; external
+    MCP servers are plain config for the CLI. That import is about 80% of a
+    nested level's start-up, paid again at every depth, so stand-ins serve
+    the mcp modules instead. If the SDK can't be imported that way, or
+    SPAWN_FULL_SDK_IMPORT=1, it is imported normally.
+    """
+    if "claude_agent_sdk" in sys.modules:
+        return sys.modules["claude_agent_sdk"]
+    _import_lazily("jsonschema")
+    # Imported by the SDK for the app name it derives, which spawn.py gives
+    # it (run_sdk): about 15 ms of reading email and zip modules.
+    _import_lazily("importlib.metadata")
+    # Imported by connect(), when installed, only to pass on an in-process
+    # span: spawn.py has none, and gives the CLI its TRACEPARENT itself
+    # (child_environment). Absent, it is the ImportError the SDK expects
+    # without the package: about 8 ms of every agent's start, before its CLI.
+    sys.modules.setdefault("opentelemetry.propagate", None)  # type: ignore[arg-type]
+    if environ.get(ENV_FULL_SDK_IMPORT) != "1" and not any(name.partition(".")[0] == "mcp" for name in sys.modules):
+        finder = _AbsentMcpFinder()
+        sys.meta_path.insert(0, finder)
+        try:
+            import claude_agent_sdk
+
+            return claude_agent_sdk
+        except Exception:
+            sys.meta_path.remove(finder)
+            for name in [n for n in sys.modules if n.partition(".")[0] in ("mcp", "mcp_types", "claude_agent_sdk")]:
+                del sys.modules[name]
+    import claude_agent_sdk
+
+    return claude_agent_sdk
+
+
+def _import_lazily(name: str) -> None:
+    """Put a stand-in for a module in sys.modules that imports it at first use.
+
+    The SDK imports jsonschema at import time only to validate the input of
+    in-process MCP tools, which spawn.py never creates: a large part of the
+    SDK's import, paid at every depth. (importlib's LazyLoader doesn't do:
+    `import` itself touches the module's __spec__, which loads it.)
+    """
+    if name not in sys.modules:
+        sys.modules[name] = module = _LazyModule(name)
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:  # `import a.b` finds b in sys.modules, then reads it as a's attribute
+            setattr(sys.modules[parent], child, module)
+
+
+class _LazyModule(types.ModuleType):
+    def __getattr__(self, attr: str) -> Any:
+        import importlib
+
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+class SdkLoader:
+    """Imports the SDK on a thread, once the agent's CLI has started (run_agent).
+
+    Not sooner: the import holds the GIL for most of its ~100 ms of CPU, so
+    started beside registration it only slowed that down, and the CLI,
+    which doesn't need it, started no earlier. After the CLI's start it runs
+    beside the CLI's own start-up, on another CPU.
+    """
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._module: types.ModuleType | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._load, args=(dict(environ),), name="sdk-import", daemon=True)
+
+    def start(self) -> None:
+        if self._thread.ident is None:
+            self._thread.start()
+
+    def _load(self, environ: Mapping[str, str]) -> None:
+        try:
+            self._module = import_sdk(environ)
+        except BaseException as exc:  # re-raised in the caller's thread by result()
+            self._error = exc
+
+    def result(self) -> types.ModuleType:
+        self.start()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._module is not None
+        return self._module
+# ==================== end src/spawnlib/running.py ====================
+
+# ==================== begin src/spawnlib/claude.py ====================
+"""The claude executor's engine: the bundled claude CLI started for an agent, its permission
+gate, the SDK conversation with it, and the outcome that conversation makes.
+
+Below the executors (ClaudeExecutor runs through it) and the runner (run_agent),
+above the running state it fills in.
+"""
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
+# transport (CliPipes). The SDK's own transport would start it only once the
+# SDK and asyncio are imported, about 100 ms of CPU at every agent that isn't
+# forked (a root above all), and the CLI's own start-up (~0.4 s) can't begin
+# before. So the command line and environment are built here exactly as the
+# SDK's SubprocessCLITransport builds them, for the options spawn.py sets
+# (test_cli_start checks both against the SDK's), and the CLI starts before
+# the SDK is imported when it can (run_agent), else as the run begins.
+SDK_CLIENT_APP_ENV = "CLAUDE_AGENT_SDK_CLIENT_APP"  # the caller names its app (the SDK's EXPLICIT_CLIENT_APP_ENV)
+
+
+SDK_DERIVED_CLIENT_APP_ENV = "CLAUDE_AGENT_SDK_DERIVED_CLIENT_APP"
+
+
+SDK_READS_SESSION_STATE_ENV = "CLAUDE_CODE_SDK_READS_SESSION_STATE"
+
+
+SDK_MAX_MESSAGE = 1 << 20  # the SDK's limit on one message from the CLI (_DEFAULT_MAX_BUFFER_SIZE)
+
+
+CLI_CLOSE_WAIT_S = 5.0  # as the SDK's close(): after stdin's end, then after SIGTERM
+
+
+def cli_argv(cli: str, options: Mapping[str, Any]) -> list[str]:
+    """The CLI's command line for these ClaudeAgentOptions fields, as the SDK's transport builds it (pure)."""
+    argv = [cli, "--output-format", "stream-json", "--verbose"]
+    prompt = options.get("system_prompt")
+    if prompt is None:
+        argv += ["--system-prompt", ""]
+    elif isinstance(prompt, str):
+        argv += ["--system-prompt", prompt]
+    elif prompt.get("type") == "preset" and "append" in prompt:
+        argv += ["--append-system-prompt", prompt["append"]]
+    tools = options.get("tools")
+    if tools is not None:
+        argv += ["--tools", ",".join(tools)]
+    allowed = list(options.get("allowed_tools") or [])
+    sources = options.get("setting_sources")
+    skills = options.get("skills")
+    if skills is not None:
+        # Skill names were checked as a definition was read (parse_agent_fields).
+        allowed += [rule for rule in (["Skill"] if skills == "all" else [f"Skill({name})" for name in skills]) if rule not in allowed]
+        sources = ["user", "project"] if sources is None else sources
+    if allowed:
+        argv += ["--allowedTools", ",".join(allowed)]
+    if options.get("max_turns"):
+        argv += ["--max-turns", str(options["max_turns"])]
+    if options.get("max_budget_usd") is not None:
+        argv += ["--max-budget-usd", str(options["max_budget_usd"])]
+    if options.get("disallowed_tools"):
+        argv += ["--disallowedTools", ",".join(options["disallowed_tools"])]
+    if options.get("model"):
+        argv += ["--model", options["model"]]
+    if options.get("permission_mode"):
+        argv += ["--permission-mode", options["permission_mode"]]
+    if options.get("resume"):
+        argv.append(f"--resume={options['resume']}")  # one token: a value never reads as a flag
+    if options.get("settings"):
+        argv += ["--settings", options["settings"]]
+    servers = options.get("mcp_servers")
+    if servers:
+        argv += ["--mcp-config", json.dumps({"mcpServers": dict(servers)})]
+    if options.get("strict_mcp_config"):
+        argv.append("--strict-mcp-config")
+    if sources is not None:
+        argv.append(f"--setting-sources={','.join(sources)}")
+    if options.get("effort") is not None:
+        argv += ["--effort", options["effort"]]
+    output_format = options.get("output_format")
+    if isinstance(output_format, dict) and output_format.get("type") == "json_schema" and output_format.get("schema") is not None:
+        argv += ["--json-schema", json.dumps(output_format["schema"])]
+    return [*argv, "--input-format", "stream-json"]
+
+
+def cli_environment(
+    environ: Mapping[str, str], env: Mapping[str, str], cwd: str | None, client_app: str | None, version: str
+) -> dict[str, str]:
+    """The CLI's environment, as the SDK's transport makes it (pure)."""
+    out = {k: v for k, v in environ.items() if k != "CLAUDECODE"}  # the CLI must not think it runs inside Claude Code
+    out["CLAUDE_CODE_ENTRYPOINT"] = "sdk-py"
+    out.update(env)
+    out["CLAUDE_AGENT_SDK_VERSION"] = version
+    out.pop(SDK_DERIVED_CLIENT_APP_ENV, None)
+    if client_app is not None:
+        out[SDK_CLIENT_APP_ENV] = client_app
+    # The query waits for the CLI's "idle" before it closes stdin; the CLI sends it only if asked.
+    if not any(k.upper() == SDK_READS_SESSION_STATE_ENV for k in out):
+        out[SDK_READS_SESSION_STATE_ENV] = "1"
+    if cwd:
+        out["PWD"] = cwd
+    return out
+
+
+@functools.cache
+def sdk_version() -> str:
+    """claude-agent-sdk's version, read from its _version.py without importing the package (about 1 s)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("claude_agent_sdk")
+    with contextlib.suppress(OSError, TypeError):
+        text = (Path(str(spec.origin)).parent / "_version.py").read_text() if spec else ""
+        if m := re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M):
+            return m.group(1)
+    return str(import_sdk(os.environ).__version__)
+
+
+class StartedCli:
+    """An agent's CLI, started by spawn.py (start_cli), and the start slot it holds until its first message."""
+
+    def __init__(self, plan: CliStart, process: subprocess.Popen[bytes], slot: int | None) -> None:
+        self.plan = plan
+        self.process = process
+        self.slot = slot
+        self.returncode: int | None = None
+        self.waiter: Any = None  # the task that reaps it
+
+    def free_slot(self) -> None:
+        if self.slot is not None:
+            os.close(self.slot)
+            self.slot = None
+
+    async def wait(self) -> int:
+        """Its exit status, as asyncio gives it (-N: signal N); one waiter however many ask."""
+        import asyncio
+
+        if self.waiter is None:
+            self.waiter = asyncio.ensure_future(self._wait())
+        return await asyncio.shield(self.waiter)
+
+    async def _wait(self) -> int:
+        import asyncio
+
+        pid = self.process.pid
+        pidfd = None
+        with contextlib.suppress(AttributeError, OSError):
+            pidfd = os.pidfd_open(pid)
+        if pidfd is not None:
+            # Readable when it exits: no thread, no poll.
+            try:
+                while child_running(pid):
+                    await readable(pidfd, 1.0)
+            finally:
+                os.close(pidfd)
+        else:
+            pause = 0.005
+            while child_running(pid):
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.1)
+        try:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        except ChildProcessError:
+            self.returncode = 255  # reaped by someone else: asyncio's answer for it
+        self.process.returncode = self.returncode  # so Popen doesn't reap or warn again
+        return self.returncode
+
+
+def start_cli(plan: CliStart, state: RunState, slot: int | None) -> StartedCli:
+    """Start the agent's CLI, in a session and process group of its own.
+
+    Ending an agent must reach everything its CLI started (Bash commands,
+    their children) without signalling spawn.py itself. On failure the slot
+    is let go and the SDK's error is raised.
+    """
+    try:
+        process = subprocess.Popen(
+            plan.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=plan.options["cwd"],
+            env=plan.env,
+            start_new_session=True,
+        )
+    except BaseException:
+        if slot is not None:
+            os.close(slot)
+        raise
+    state.started_cli(process.pid)
+    return StartedCli(plan, process, slot)
+
+
+class CliPipes:
+    """The SDK's transport to a CLI that spawn.py started: its stdin, stdout and stderr pipes.
+
+    It behaves as the SDK's SubprocessCLITransport once that has started the
+    CLI: the same messages, the same errors (the SDK's own classes) and the
+    same end: stdin closed, then SIGTERM after 5 s, SIGKILL after 5 more.
+    """
+
+    def __init__(self, sdk: Any, cli: StartedCli, on_stderr: Callable[[str], None]) -> None:
+        self.sdk = sdk
+        self.cli = cli
+        self.on_stderr = on_stderr
+        self.ready = False
+        self.stdout: Any = None
+        self.stdin: Any = None
+        self.relay: Any = None  # the task that copies stderr to on_stderr
+        self.pipes: list[Any] = []
+
+    async def connect(self) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        process = self.cli.process
+        self.stdout = asyncio.StreamReader(limit=SDK_MAX_MESSAGE + 1)
+        out, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.stdout), process.stdout)
+        stderr = asyncio.StreamReader()
+        err, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stderr), process.stderr)
+        # A StreamReaderProtocol gives the writer its flow control (drain), as asyncio's subprocesses have.
+        pipe, protocol = await loop.connect_write_pipe(lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()), process.stdin)
+        self.stdin = asyncio.StreamWriter(pipe, protocol, None, loop)
+        self.pipes = [out, err]
+        self.relay = asyncio.ensure_future(self._relay_stderr(stderr))
+        self.ready = True
+
+    async def _relay_stderr(self, stderr: Any) -> None:
+        while line := await stderr.readline():
+            text = line.decode(errors="replace").rstrip()
+            if text:
+                with contextlib.suppress(Exception):
+                    self.on_stderr(text)
+
+    def is_ready(self) -> bool:
+        return self.ready
+
+    async def write(self, data: str) -> None:
+        if not self.ready or self.stdin is None:
+            raise self.sdk.CLIConnectionError("ProcessTransport is not ready for writing")
+        if self.cli.returncode is not None:
+            raise self.sdk.CLIConnectionError(f"Cannot write to terminated process (exit code: {self.cli.returncode})")
+        try:
+            self.stdin.write(data.encode())
+            await self.stdin.drain()
+        except Exception as exc:
+            self.ready = False
+            raise self.sdk.CLIConnectionError(f"Failed to write to process stdin: {exc}") from exc
+
+    async def end_input(self) -> None:
+        if self.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.stdin.close()
+            self.stdin = None
+
+    def read_messages(self) -> AsyncIterator[dict[str, Any]]:
+        return self._read_messages()
+
+    async def _read_messages(self) -> AsyncIterator[dict[str, Any]]:
+        pending = b""
+        while chunk := await self.stdout.read(1 << 16):
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if (message := self._message(line)) is not None:
+                    yield message
+            if len(pending) > SDK_MAX_MESSAGE:
+                raise self.sdk.CLIJSONDecodeError(
+                    pending[:100].decode(errors="replace"), ValueError(f"message over {SDK_MAX_MESSAGE} bytes")
+                )
+        # The CLI ends every message with a newline: a tail without one was cut off.
+        tail = None
+        with contextlib.suppress(Exception):
+            tail = self._message(pending)
+        if tail is not None:
+            yield tail
+        code = await self.cli.wait()
+        if code != 0:
+            await self._drain_stderr()  # what it said last is the reason's second half (describe_sdk_error)
+            raise self.sdk.ProcessError(f"Command failed with exit code {code}", exit_code=code, stderr="Check stderr output for details")
+
+    def _message(self, line: bytes) -> dict[str, Any] | None:
+        text = line.decode(errors="replace").strip()
+        if not text.startswith("{"):
+            return None  # a blank line, or a CLI's debug line on stdout
+        try:
+            message = json.loads(text)
+        except ValueError as exc:
+            raise self.sdk.CLIJSONDecodeError(text[:100], exc) from exc
+        return message if isinstance(message, dict) else None
+
+    async def _drain_stderr(self, timeout: float = 1.0) -> None:
+        """Let the relay reach stderr's end (the CLI's last words), unless something the CLI started holds it open."""
+        import asyncio
+
+        if self.relay is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait([self.relay], timeout=timeout)
+
+    async def close(self) -> None:
+        import asyncio
+
+        self.ready = False
+        await self.end_input()
+        try:
+            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+                if sig is not None and self.cli.returncode is None:
+                    # os.kill, not Popen's send_signal: that would reap it, and the status would be lost to wait().
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(self.cli.process.pid, sig)
+                try:
+                    await asyncio.wait_for(asyncio.shield(self.cli.wait()), CLI_CLOSE_WAIT_S)
+                    break
+                except TimeoutError:
+                    continue
+            await self._drain_stderr(0.2)
+        finally:
+            if self.relay is not None:
+                self.relay.cancel()
+            for pipe in self.pipes:
+                pipe.close()
+
+
+def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The definitions an agent that may spawn can delegate to: (name, description)."""
+    if meta.depth >= meta.max_depth or "Bash" not in meta.tools or any(r.startswith("Bash(") for r in meta.permissions.get("allow", [])):
+        return []
+    definitions, _ = load_definitions(Path(meta.cwd), environ)
+    return [(d.name, d.description) for d in definitions.values()]
+
+
+class PermissionGate:
+    """spawn.py's own enforcement of permission rules, and their audit trail.
+
+    A PreToolUse hook sees every tool call, including those the CLI would
+    approve by itself. Deny and ask rules are decided here; allowed calls are
+    left to the CLI (so its permission mode still applies). Every decision is
+    appended to the transcript.
+    """
+
+    def __init__(self, meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str], denied_asks: list[str] | None = None) -> None:
+        self.meta = meta
+        self.agent_dir = agent_dir
+        self.secrets = secrets_
+        self.denied_asks = denied_asks if denied_asks is not None else []
+        """Appended to on every ask answered no (the run's RunState.denied_asks)."""
+        self.rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in PERMISSION_KINDS))
+        self.home = os.environ.get("HOME") or str(Path.home())
+        # Both spellings of each: tool_paths gives a path as written and as resolved.
+        folders = (meta.session, str(cache_dir(os.environ)))
+        self.kept = list(dict.fromkeys([*folders, *map(os.path.realpath, folders)]))
+        own = (str(agent_dir / SCRATCH_DIR), str(agent_dir / "worktree"))
+        self.own = list(dict.fromkeys([*own, *map(os.path.realpath, own)]))
+        # What the agent's Bash inherits: the CLI gets os.environ plus this.
+        self.shell_env = {**os.environ, **child_environment(meta, agent_dir)}
+
+    async def pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
+        tool = str(hook_input.get("tool_name", ""))
+        tool_input = hook_input.get("tool_input") or {}
+        kept = kept_by_spawn_py(tool, tool_input, self.meta.cwd, self.kept, self.own)
+        rule: str | None
+        if kept is not None:
+            verdict, rule = "deny", f"only spawn.py writes {kept}"
+        else:
+            verdict, rule = decide(tool, tool_input, self.rules, self.meta.tools, cwd=self.meta.cwd, home=self.home, environ=self.shell_env)
+        decided_by = "rules"
+        if verdict == "ask":
+            verdict, decided_by = await self.escalate(tool, tool_input, rule or "")
+        record = {
+            "tool": tool,
+            "input": summarize_input(tool_input),
+            "rule": rule,
+            "verdict": verdict,
+            "by": decided_by,
+            "tool_use_id": tool_use_id,
+        }
+        decision = {"time": utc_now_iso(), "type": "PermissionDecision", "message": record}
+        append_transcript(self.agent_dir / TRANSCRIPT, decision, self.secrets)
+        if verdict == "allow":
+            return {}
+        reason = f"denied by spawn.py ({decided_by}): {rule}"
+        return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny", "permissionDecisionReason": reason}}
+
+    async def escalate(self, tool: str, tool_input: Mapping[str, Any], rule: str) -> tuple[str, str]:
+        """(allow|deny, who decided) for a call an ask rule matched."""
+        import asyncio
+
+        timeout = ask_timeout(os.environ)
+        if self.meta.deadline is not None:
+            timeout = min(timeout, max(0.0, self.meta.deadline - time.time()))
+        if self.meta.depth == 0 and sys.stdin is not None and sys.stdin.isatty():
+            verdict, by = await asyncio.to_thread(prompt_person, self.meta, tool, tool_input, rule, timeout)
+            if verdict == "deny":
+                self.denied_asks.append(f"ask at the terminal (rule {rule}) denied by {by}")
+            return verdict, by
+        channel = open_ask(self.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
+        ask = channel.ask_id
+        what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
+        note(f"agent {self.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
+        try:
+            answer = await asyncio.to_thread(channel.wait, self.meta.id, timeout, self.secrets)
+        finally:
+            channel.close()  # a stop while waiting denies the ask, by timeout
+        verdict, by = ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
+        if verdict == "deny":
+            self.denied_asks.append(f"ask {ask} (rule {rule}) denied by {by}")
+        return verdict, by
+
+
+def native_subagent_hooks(sdk: Any, agent_dir: Path, secrets_: Sequence[str]) -> dict[str, list[Any]]:
+    """Record Claude Code's own subagents (the Agent tool) in NATIVE_LOG: one line at start, one at stop."""
+
+    async def record(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
+        event = str(hook_input.get("hook_event_name", ""))
+        line: dict[str, Any] = {
+            "time": utc_now_iso(),
+            "event": "start" if event == "SubagentStart" else "stop",
+            "agent_id": str(hook_input.get("agent_id", "")),
+            "agent_type": str(hook_input.get("agent_type", "")),
+        }
+        if event == "SubagentStop":
+            line["transcript_path"] = str(hook_input.get("agent_transcript_path", ""))
+            line["last_message"] = str(hook_input.get("last_assistant_message") or "")[:2000]
+        append_jsonl(agent_dir / NATIVE_LOG, line, secrets_)
+        return {}
+
+    return {name: [sdk.HookMatcher(matcher=None, hooks=[record])] for name in ("SubagentStart", "SubagentStop")}
+
+
+def memory_dir(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> Path:
+    """Claude Code's agent memory directories: user, project, or local (not committed)."""
+    name = meta.agent or definition_path.stem
+    if meta.memory == "user":
+        return Path(environ.get("HOME") or Path.home()).expanduser() / ".claude" / "agent-memory" / name
+    return project_of(str(definition_path)) / ".claude" / ("agent-memory-local" if meta.memory == "local" else "agent-memory") / name
+
+
+def memory_section(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> str:
+    """What Claude Code tells an agent with `memory:`: where its memory lives and
+    the head of its MEMORY.md, so what it learnt last time is in front of it."""
+    folder = memory_dir(meta, definition_path, environ)
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
+    try:
+        head = "\n".join((folder / "MEMORY.md").read_text().splitlines()[:MEMORY_HEAD_LINES])
+    except (OSError, UnicodeDecodeError):
+        head = "(empty)"
+    return (
+        f"# Agent memory\nYour persistent memory directory is {folder}. Keep notes worth keeping across runs "
+        f"in {folder / 'MEMORY.md'} (only its first {MEMORY_HEAD_LINES} lines are shown here).\n"
+        f"MEMORY.md now:\n{head}"
+    )
+
+
+def skill_sections(meta: AgentMeta, environ: Mapping[str, str]) -> list[str]:
+    """A definition's skills, preloaded whole into the system prompt, as Claude
+    Code does for a subagent's `skills:` (no settings files need loading)."""
+    project = project_of(meta.agent_source) if meta.agent_source else Path(meta.cwd)
+    sections = []
+    for name in meta.skills or []:
+        path = skill_file(name, project, environ)
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if path is not None:
+                sections.append(f"# Skill: {name}\n{path.read_text().strip()}")
+    return sections
+
+
+@dataclass
+class CliStart:
+    """What an agent's CLI is started with, worked out without the SDK (cli_start)."""
+
+    options: dict[str, Any]
+    """ClaudeAgentOptions' fields, but hooks and stderr (they need the SDK)."""
+    gate: PermissionGate
+    prompt: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> CliStart:
+    """The CLI's options, command line and environment for this agent."""
+    system_prompt: Any
+    brief = briefing(meta, spawn_command(), delegates_for(meta, os.environ))
+    if meta.preset == "claude_code":
+        system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
+    else:
+        system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
+    builtin = [t for t in meta.tools if not t.startswith("mcp__")]
+    mcp_servers: dict[str, Any] = {}
+    hooks: dict[str, Any] | None = None
+    if meta.agent_source and (meta.mcp_servers or meta.hooks):
+        # The servers' config (which may hold tokens) and the hooks' commands
+        # are read from the definition, never copied into meta.json.
+        definition, _ = parse_definition(Path(meta.agent_source).read_text(), meta.agent_source, "project")
+        if definition is not None:
+            resolve_mcp_refs(definition, os.environ)
+        mcp_servers = definition.mcp_servers if definition and meta.mcp_servers else {}
+        if definition and definition.hooks and meta.hooks:
+            # Claude Code's hooks format is a settings key: the CLI runs them.
+            hooks = definition.hooks
+    sandbox = None
+    if meta.sandbox == "on":
+        with contextlib.suppress(FileExistsError):
+            (agent_dir / SCRATCH_DIR).mkdir()  # bwrap binds only what exists
+        # The CLI holds its config dir's projects/ read-only in the sandbox,
+        # binding /dev/null there while it is absent; the CLI's own first
+        # transcript write makes it a directory, and a Bash whose bwrap line
+        # was built just before then fails ("Can't create file at
+        # .../projects: Is a directory"). Made now, it is a directory throughout.
+        with contextlib.suppress(OSError):
+            (claude_config_dir(os.environ) / "projects").mkdir(mode=0o700, parents=True, exist_ok=True)
+        session = Path(meta.session)
+        if meta.depth >= meta.max_depth:
+            # Made now if absent, so a leaf's sandbox can hold them read-only,
+            # and its drop box writable (sandbox_writes).
+            with contextlib.suppress(OSError):
+                asks_dir(session).mkdir(exist_ok=True)
+                # (An empty status cache is one status ignores, and replaces whole.)
+                for name in (LEDGER, STATUS_INDEX, STATUS_CACHE):
+                    os.close(open_regular(session / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)[0])
+            (session / REFUSED_DIR / meta.id).mkdir(parents=True, exist_ok=True)
+        boxes = os.listdir(session / REFUSED_DIR) if (session / REFUSED_DIR).is_dir() else []
+        writable, read_only = sandbox_writes(
+            meta.depth < meta.max_depth,
+            agent_dir,
+            meta.session,
+            runner_index_dir(),
+            session_entries=os.listdir(session),
+            drop_boxes=boxes,
+        )
+        # The compiled copies every tree runs: never the sandbox's to write, even inside its cwd.
+        read_only.append(os.path.realpath(cache_dir(os.environ)))
+        read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
+        domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
+        sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
+    settings = cli_settings(hooks=hooks, sandbox=sandbox)
+    sections = [memory_section(meta, Path(meta.agent_source), os.environ)] if meta.agent_source and meta.memory else []
+    sections += skill_sections(meta, os.environ)
+    if sections:
+        if isinstance(system_prompt, dict):
+            system_prompt["append"] += "\n\n" + "\n\n".join(sections)
+        else:
+            system_prompt += "\n\n" + "\n\n".join(sections)
+    gate = PermissionGate(meta, agent_dir, secrets_, state.denied_asks)
+    allowed, disallowed = cli_permissions(meta.tools, meta.disallowed_tools, gate.rules)
+    options: dict[str, Any] = dict(
+        tools=builtin,
+        allowed_tools=allowed,
+        mcp_servers=mcp_servers,
+        strict_mcp_config=True,
+        skills=meta.skills,
+        disallowed_tools=disallowed,
+        system_prompt=system_prompt,
+        model=meta.model,
+        max_turns=meta.max_turns,
+        max_budget_usd=meta.max_budget_usd,
+        effort=meta.effort if isinstance(meta.effort, str) else None,
+        settings=settings,
+        cwd=meta.cwd,
+        cli_path=str(cli),
+        env=child_environment(meta, agent_dir),
+        # dontAsk by default: nobody answers the CLI's prompts in a nested
+        # agent, so what the tool list doesn't grant is denied, not awaited.
+        permission_mode=meta.permission_mode,
+        # Without the preset, skip settings files: they add prompt bytes and
+        # project hooks at every depth. The preset keeps Claude Code's defaults.
+        setting_sources=None if meta.preset == "claude_code" else [],
+        output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
+        resume=resumed_sdk_session(meta),
+        # The app in the CLI's User-Agent, unless the caller named theirs.
+        client_app=None if os.environ.get(SDK_CLIENT_APP_ENV) else f"spawn.py/{__version__}",
+    )
+    # initialPrompt comes first, in the same user turn, so the task's own text
+    # (and any scripted MOCK[...]) stays part of the first message.
+    prompt = f"{meta.initial_prompt}\n\n{meta.task}" if meta.initial_prompt else meta.task
+    argv = cli_argv(str(cli), options)
+    env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
+    return CliStart(options, gate, prompt, argv, env)
+
+
+async def run_sdk(
+    meta: AgentMeta,
+    agent_dir: Path,
+    cli: Path,
+    state: RunState,
+    secrets_: Sequence[str],
+    *,
+    sdk_loader: SdkLoader | None,
+    started: StartedCli | None = None,
+) -> None:
+    """Run the agent's CLI through the SDK: the one started early (start_cli), else one started now."""
+    import asyncio
+
+    not_started: OSError | None = None
+    try:
+        if started is None:
+            plan = cli_start(meta, agent_dir, cli, state, secrets_)
+            slot = await take_start_slot(Path(meta.session), start_slot_count(os.environ))
+            try:
+                started = start_cli(plan, state, slot)
+            except OSError as exc:
+                not_started = exc
+        sdk = sdk_loader.result() if sdk_loader is not None else import_sdk(os.environ)
+    except BaseException:
+        if started is not None:
+            started.free_slot()
+        raise
+    if started is None:
+        # The SDK's own words for it, as when its transport started the CLI.
+        if not Path(meta.cwd).is_dir():
+            raise sdk.CLIConnectionError(f"Working directory does not exist: {meta.cwd}") from not_started
+        if isinstance(not_started, FileNotFoundError):
+            raise sdk.CLINotFoundError(f"Claude Code not found at: {cli}") from not_started
+        raise sdk.CLIConnectionError(f"Failed to start Claude Code: {not_started}") from not_started
+    stderr_path = agent_dir / STDERR_LOG
+
+    def on_stderr(line: str) -> None:
+        append_log_line(stderr_path, redact(line, secrets_))
+
+    plan = started.plan
+    # The same options as for the SDK's own transport: the query still reads
+    # its hooks, skills and env from them (the flags are already the CLI's).
+    options = sdk.ClaudeAgentOptions(
+        **plan.options,
+        hooks={
+            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
+            **native_subagent_hooks(sdk, agent_dir, secrets_),
+        },
+        stderr=on_stderr,
+    )
+    # Freed once the CLI goes quiet (or, where its CPU can't be read, at its
+    # first message), after START_SLOT_HOLD_S, or by whatever ends the run.
+    cpu_readable = procfs_is_ours()
+    release = asyncio.create_task(free_slot_when_quiet(started, START_SLOT_HOLD_S))
+    try:
+        await consume_sdk(
+            sdk,
+            sdk.query(prompt=plan.prompt, options=options, transport=CliPipes(sdk, started, on_stderr)),
+            meta=meta,
+            transcript=agent_dir / TRANSCRIPT,
+            state=state,
+            secrets_=secrets_,
+            first=(lambda: None) if cpu_readable else started.free_slot,
+        )
+    finally:
+        release.cancel()
+        started.free_slot()
+
+
+async def consume_sdk(
+    sdk: Any,
+    messages: AsyncIterator[Any],
+    *,
+    meta: AgentMeta,
+    transcript: Path,
+    state: RunState,
+    secrets_: Sequence[str],
+    first: Callable[[], None],
+) -> None:
+    """Record the CLI's messages as they come; `first` is called at each (it frees the start slot)."""
+    AssistantMessage, ResultMessage, TextBlock, ToolUseBlock = sdk.AssistantMessage, sdk.ResultMessage, sdk.TextBlock, sdk.ToolUseBlock
+    async for message in messages:
+        first()
+        state.last_activity = time.time()
+        # Past the cap a claude agent goes on unrecorded: its outcome says so.
+        append_transcript(transcript, message_record(message), secrets_)
+        if isinstance(message, sdk.SystemMessage) and message.subtype == "init":
+            remember_cli_tools(message.data, os.environ)
+        if isinstance(message, AssistantMessage):
+            texts = [b.text for b in message.content if isinstance(b, TextBlock) and b.text.strip()]
+            if texts:
+                state.last_text = "\n".join(texts)
+            for block in message.content:
+                if isinstance(block, ToolUseBlock) and block.name == "StructuredOutput":
+                    state.last_structured_attempt = block.input
+            if isinstance(message.usage, dict):
+                state.turns[message.message_id or f"turn{len(state.turns)}"] = (message.model or meta.model, message.usage)
+            # A tool call means another turn follows; a final answer is let through.
+            if any(isinstance(b, ToolUseBlock) and b.name != "StructuredOutput" for b in message.content) and state.request_stop:
+                last = list(state.turns.values())[-1:]
+                why = over_hold(Path(meta.session), meta.id, estimate_cost(state.turns.values()), estimate_cost(last))
+                if why is not None:
+                    state.request_stop(Status.FAILED, why)
+        elif isinstance(message, ResultMessage):
+            state.result = message
+        else:
+            observe_system_message(state, getattr(message, "subtype", None), getattr(message, "data", None))
+
+
+def observe_system_message(state: RunState, subtype: Any, data: Any) -> None:
+    """Keep what the CLI's system messages say about API retries and MCP servers."""
+    if not isinstance(data, dict):
+        return
+    if subtype == "api_retry":
+        state.api_retries = max(state.api_retries, int(data.get("attempt") or 0))
+        status = data.get("error_status")
+        state.api_error_status = status if isinstance(status, int) else state.api_error_status
+    elif subtype == "init":
+        servers = data.get("mcp_servers") or []
+        failed = [
+            f"{s.get('name')} ({s.get('status')})" for s in servers if isinstance(s, dict) and s.get("status") not in ("connected", None)
+        ]
+        for server in failed:
+            if server not in state.mcp_failed:
+                state.mcp_failed.append(server)
+                print(f"spawn: warning: MCP server {server} did not start", file=sys.stderr, flush=True)
+
+
+API_ERRORS = {
+    401: "rejected the credentials",
+    403: "refused access",
+    429: "rate limit reached",
+    500: "internal error",
+    529: "overloaded",
+}
+
+
+def describe_api_error(status: int, retries: int) -> str:
+    """`model API overloaded (529) after 3 retries`: what the user must know first."""
+    what = API_ERRORS.get(status, "error")
+    return f"model API {what} ({status})" + (f" after {retries} retries" if retries else "")
+
+
+def describe_sdk_error(exc: Exception, stderr_log: Path) -> str:
+    """One readable reason: the SDK's message plus what the CLI said on stderr."""
+    message = str(exc).split("\n")[0].strip()
+    try:
+        tail = [line.strip() for line in read_text(stderr_log).splitlines() if line.strip()][-3:]
+    except (OSError, SpawnError):
+        tail = []
+    reason = f"{type(exc).__name__}: {message}"
+    if tail:
+        reason += "; CLI stderr: " + " | ".join(tail)
+    return reason[:2000]
+
+
+def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
+    """Turn what the run saw into the outcome record (pure).
+
+    A run that would end `failed` after one of its own asks was answered no
+    ended on that answer: it is `refused` (exit 4), naming the ask. A failure
+    that isn't the agent's own (API error, CLI crash, no result) stays `failed`.
+    """
+    outcome = _outcome_from_run(meta, state, started, error)
+    api_failed = outcome.api_error_status is not None or state.api_error_status is not None
+    if outcome.status == Status.FAILED and state.denied_asks and state.result is not None and error is None and not api_failed:
+        outcome.status, outcome.exit_code = Status.REFUSED, ExitCode.REFUSED
+        outcome.reason = f"{state.denied_asks[-1]}, and the agent ended without a result ({outcome.reason})"[:2000]
+    return outcome
+
+
+def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
+    result = state.result
+    duration = round(time.time() - started, 3)
+    base: dict[str, Any] = {
+        "id": meta.id,
+        "ended_at": utc_now_iso(),
+        "duration_s": duration,
+        "text": state.last_text,
+        "transcript": str(Path(meta.session) / AGENTS_DIR / meta.id / TRANSCRIPT),
+    }
+    if result is not None:
+        base.update(
+            cost_usd=round_usd(result.total_cost_usd),
+            usage=result.usage,
+            turns=result.num_turns,
+            sdk_session_id=result.session_id,
+            api_error_status=getattr(result, "api_error_status", None),
+        )
+        if result.result and not state.last_text:
+            base["text"] = result.result
+    if state.mcp_failed:
+        base["warnings"] = [f"MCP server {server} did not start" for server in state.mcp_failed]
+    if state.stop_reason is not None:
+        status = state.stop_reason
+        reason = state.stop_detail
+        if state.api_error_status is not None and (result is None or result.is_error):
+            # A deadline that lands while the CLI retries a failing API: say so.
+            reason += f"; the {describe_api_error(state.api_error_status, state.api_retries)}"
+        return Outcome(status=status, reason=reason, exit_code=EXIT_FOR_STATUS[status], **base)
+    if result is not None and result.is_error:
+        # The CLI's own account (subtype, API status, errors) beats the SDK's
+        # exception, which only says that the CLI exited non-zero.
+        detail = "; ".join(getattr(result, "errors", None) or []) or (result.result or "")
+        api = getattr(result, "api_error_status", None)
+        if api:
+            reason = describe_api_error(api, state.api_retries)
+        else:
+            # "success" is the subtype of every run that ended with a turn; it says nothing.
+            reason = "agent failed" + (f" ({result.subtype})" if result.subtype and result.subtype != "success" else "")
+        reason += f": {detail}" if detail else ""
+        return Outcome(status=Status.FAILED, reason=reason[:2000], exit_code=ExitCode.AGENT_FAILED, **base)
+    if error is not None and state.cli_killed:
+        return Outcome(status=Status.KILLED, reason=f"the claude CLI was ended by a signal: {error}", exit_code=ExitCode.KILLED, **base)
+    if error is not None:
+        return Outcome(status=Status.FAILED, reason=error, exit_code=ExitCode.AGENT_FAILED, **base)
+    if result is None:
+        return Outcome(status=Status.FAILED, reason="the CLI ended without a result", exit_code=ExitCode.AGENT_FAILED, **base)
+    if meta.schema is not None:
+        output = result.structured_output
+        if output is None:
+            output = state.last_structured_attempt
+        if output is None:
+            return Outcome(
+                status=Status.FAILED,
+                reason="no structured output: the agent never called StructuredOutput",
+                exit_code=ExitCode.AGENT_FAILED,
+                validation_errors=["(root): no structured output was produced"],
+                **base,
+            )
+        errors = validate_output(meta.schema, output)
+        if errors:
+            return Outcome(
+                status=Status.FAILED,
+                reason=f"structured output does not match the schema ({len(errors)} error(s))",
+                exit_code=ExitCode.AGENT_FAILED,
+                output=output,
+                validation_errors=errors,
+                **base,
+            )
+        return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=output, **base)
+    return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=result.result or state.last_text or "", **base)
+
+
+async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
+    """Let go of the CLI's start slot once it goes quiet, and after hold_s at the latest.
+
+    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S,
+    as when it waits for the model. A start-up that lets go earlier, at its
+    first message, leaves a fifth of its CPU to compete with the next one's.
+    """
+    import asyncio
+
+    pid = started.process.pid
+    quiet_ns = START_SLOT_QUIET_SHARE * START_SLOT_QUIET_S * 1e9
+    limit = time.monotonic() + hold_s
+    if not procfs_is_ours():  # its CPU can't be read: its first message frees it (consume_sdk), else the limit
+        await asyncio.sleep(hold_s)
+    last = cpu_demand_ns(pid)  # None: it is gone already
+    while started.slot is not None and last is not None and time.monotonic() < limit:
+        await asyncio.sleep(min(START_SLOT_QUIET_S, max(0.0, limit - time.monotonic())))
+        demand = cpu_demand_ns(pid)
+        if demand is None or demand - last < quiet_ns:
+            break
+        last = demand
+    started.free_slot()
+# ==================== end src/spawnlib/claude.py ====================
+
+# ==================== begin src/spawnlib/executors.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ---------------------------------------------------------------- executors --
+# The seam between a node of the tree and what runs it. A reference (an
+# --agent value, or a definition's `kind:`) resolves to a Node; the Executor
+# of its kind checks it at resolve time and runs it. Everything else about a
+# node (meta, admission, deadline, signals, kill, guard, cgroup, the one
+# outcome) is run_agent's and the same for every kind. A new kind is one
+# Executor subclass in this section and its name in EXECUTORS. The kinds'
+# constants live here too, so that adding one touches this section only.
+
+# A card that takes longer than this to fetch counts as unreachable; a live
+# agent serves it in milliseconds, and a dead host should fail the spawn fast.
+A2A_CARD_TIMEOUT_S = 15.0
+# The bearer token a2a nodes send to the agent they call (tools/a2a_server.py
+# requires one): the path of a file holding it, so the token itself stays out
+# of argv, meta.json and the transcript.
+ENV_A2A_TOKEN_FILE = "SPAWN_A2A_TOKEN_FILE"
+# Without streaming, the remote task is polled this often: a short remote
+# task waits little, and the remote sees at most two requests a second.
+A2A_POLL_S = 0.5
+# The A2A transports this client speaks (gRPC would need a2a-sdk's grpc extra).
+A2A_BINDINGS = ("JSONRPC", "HTTP+JSON")
+# Message metadata that carries a tree's limits and trace across an A2A hop
+# (sessions/README.md, "Node kinds"); tools/a2a_server.py reads the same keys.
+A2A_META_DEPTH = "spawn.depth"
+A2A_META_MAX_DEPTH = "spawn.max_depth"
+A2A_META_DEADLINE = "spawn.deadline"
+A2A_META_BUDGET = "spawn.max_budget_usd"
+A2A_META_TRACEPARENT = "spawn.traceparent"
+A2A_META_COST = "spawn.cost_usd"
+# Remote task states (A2A's TaskState without its TASK_STATE_ prefix) and what
+# they end as; input-required and auth-required become asks; submitted and
+# working mean "not yet"; anything else is unknown and fails the node.
+A2A_FINAL_STATES: dict[str, Status] = {
+    "completed": Status.DONE,
+    "failed": Status.FAILED,
+    "rejected": Status.FAILED,
+    "canceled": Status.KILLED,
+}
+A2A_ASK_STATES = ("input-required", "auth-required")
+A2A_RUNNING_STATES = ("submitted", "working")
+# A command's stdout is one JSON result: bounded, so a runaway command can't
+# fill spawn.py's memory. 16 MiB is far above any result a parent reads.
+COMMAND_RESULT_LIMIT = 16 * 1024 * 1024
+
+
+class Executor:
+    """Runs one kind of node inside run_agent's supervision."""
+
+    kind = ""
+
+    def check(self, node: Node, deadline: float | None) -> None:
+        """At resolve time: UsageError (exit 2, nothing written) when the node can't be run.
+
+        It returns by the spawn's deadline (Unix seconds) whatever a remote does:
+        a check that runs out of time leaves the rest to the run, which records the timeout.
+        """
+
+    def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
+        """Before run's event loop (and the SDK's import): start what may start at once. Best effort: run starts the rest."""
+
+    async def run(
+        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
+    ) -> None:
+        """Run the task; leave what came back in state (a claude run: state.result; others: state.node_result)."""
+        raise NotImplementedError
+
+    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
+        """The reason of a failed outcome for an exception run raised."""
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:2000]
+
+    def outcome(self, meta: AgentMeta, agent_dir: Path, state: RunState, started: float, error: str | None) -> Outcome:
+        return node_outcome(meta, state, started, error)
+
+
+class ClaudeExecutor(Executor):
+    """Today's path: the claude CLI through the SDK (run_sdk)."""
+
+    kind = "claude"
+
+    def __init__(self) -> None:
+        self.started: StartedCli | None = None
+
+    def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
+        """Start the CLI while the SDK is still being imported, if nothing makes it wait.
+
+        A --max-concurrent slot or a start slot to wait for, or a stop
+        already asked for, leave it to run_sdk, whose loop can serve a stop
+        meanwhile; so does anything that fails here, which run_sdk then
+        meets again and reports.
+        """
+        if EarlyStop.pending is not None or read_limits(Path(meta.session)).max_concurrent is not None:
+            return
+        try:
+            plan = cli_start(meta, agent_dir, cli, state, secrets_)
+        except Exception:
+            return
+        free, slot = start_slot_now(Path(meta.session), start_slot_count(os.environ))
+        if free:
+            with contextlib.suppress(OSError):
+                self.started = start_cli(plan, state, slot)
+
+    async def run(
+        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
+    ) -> None:
+        await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader, started=self.started)
+
+    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
+        return describe_sdk_error(exc, agent_dir / STDERR_LOG)
+
+    def outcome(self, meta: AgentMeta, agent_dir: Path, state: RunState, started: float, error: str | None) -> Outcome:
+        # The CLI's usage prices a run it gave no total for; other kinds have no turns to price.
+        return with_estimated_cost(outcome_from_run(meta, state, started, error), agent_dir, meta.model)
+
+
+def node_outcome(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
+    """The outcome of a node of another kind than claude (pure).
+
+    As for a claude agent: a stop (kill, deadline, signal) wins; a failure
+    after one of the node's own asks was answered no is `refused`; the output
+    is validated against the schema (a JSON text is parsed first).
+    """
+    result = state.node_result
+    base: dict[str, Any] = {
+        "id": meta.id,
+        "ended_at": utc_now_iso(),
+        "duration_s": round(time.time() - started, 3),
+        "text": result.text if result else None,
+        "cost_usd": result.cost_usd if result else None,
+        "transcript": str(Path(meta.session) / AGENTS_DIR / meta.id / TRANSCRIPT),
+    }
+    if state.stop_reason is not None:
+        return Outcome(status=state.stop_reason, reason=state.stop_detail, exit_code=EXIT_FOR_STATUS[state.stop_reason], **base)
+    if error is None and result is None:
+        error = f"the {meta.kind} node ended without a result"
+    if error is not None or (result is not None and result.status != Status.DONE):
+        status, reason = (Status.FAILED, error or "") if error is not None or result is None else (result.status, result.reason)
+        if status == Status.FAILED and state.denied_asks:
+            status, reason = Status.REFUSED, f"{state.denied_asks[-1]}, and the node ended without a result ({reason})"
+        return Outcome(status=status, reason=reason[:2000], exit_code=EXIT_FOR_STATUS[status], **base)
+    assert result is not None
+    output = result.output
+    if meta.schema is not None:
+        if isinstance(output, str):
+            with contextlib.suppress(ValueError):
+                output = parse_json(output)
+        errors = validate_output(meta.schema, output)
+        if errors:
+            reason = f"output does not match the schema ({len(errors)} error(s))"
+            return Outcome(
+                status=Status.FAILED, reason=reason, exit_code=ExitCode.AGENT_FAILED, output=output, validation_errors=errors, **base
+            )
+    return Outcome(status=Status.DONE, reason=result.reason or "completed", exit_code=ExitCode.OK, output=output, **base)
+
+
+def node_line(agent_dir: Path, kind: str, message: Mapping[str, Any], secrets_: Sequence[str]) -> bool:
+    """One transcript line of a node of another kind: {time, type, message}; False once the transcript is truncated."""
+    return append_transcript(agent_dir / TRANSCRIPT, {"time": utc_now_iso(), "type": kind, "message": dict(message)}, secrets_)
+
+
+class CommandExecutor(Executor):
+    """An executable: one JSON task on stdin, one JSON result on stdout (sessions/README.md)."""
+
+    kind = "command"
+
+    def check(self, node: Node, deadline: float | None) -> None:
+        import shutil
+
+        argv = command_argv(node.endpoint or "", f"command:{node.endpoint}")
+        found = argv[0] if "/" in argv[0] else shutil.which(argv[0])
+        if found is None or not Path(found).is_file() or not os.access(found, os.X_OK):
+            raise NodeReferenceError(
+                f"command:{node.endpoint}", f"{argv[0]} is not an executable file; give its path, e.g. command:/path/to/exe"
+            )
+
+    async def run(
+        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
+    ) -> None:
+        import asyncio
+
+        argv = command_argv(meta.endpoint or "", f"command:{meta.endpoint}")
+        # Its own session and group: the stop path ends the group, never spawn.py.
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=meta.cwd,
+            env={**os.environ, **child_environment(meta, agent_dir)},
+            start_new_session=True,
+            limit=COMMAND_RESULT_LIMIT,
+        )
+        state.started_cli(proc.pid)
+        node_line(agent_dir, "CommandStart", {"argv": argv, "pid": proc.pid}, secrets_)
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        stderr_tail: list[str] = []
+
+        async def pump_stderr(stream: asyncio.StreamReader) -> None:
+            async for raw in stream:
+                line = redact(raw.decode(errors="replace").rstrip("\n"), secrets_)
+                if line.strip():
+                    del stderr_tail[:-2]
+                    stderr_tail.append(line)
+                state.last_activity = time.time()
+                append_log_line(agent_dir / STDERR_LOG, line)
+
+        async def feed(stdin: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a command may not read its task
+                stdin.write(json.dumps(command_task(meta, agent_dir)).encode() + b"\n")
+                await stdin.drain()
+            stdin.close()
+
+        _, out, _ = await asyncio.gather(feed(proc.stdin), proc.stdout.read(COMMAND_RESULT_LIMIT + 1), pump_stderr(proc.stderr))
+        if len(out) > COMMAND_RESULT_LIMIT:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
+        code = await proc.wait()
+        result = command_result(out, code, stderr_tail)
+        node_line(agent_dir, "CommandResult", {"exit_code": code, "status": result.status.value, "reason": result.reason}, secrets_)
+        state.node_result = result
+
+
+def command_task(meta: AgentMeta, agent_dir: Path) -> dict[str, Any]:
+    """The JSON a command node reads on stdin (sessions/README.md, "Node kinds")."""
+    task: dict[str, Any] = {
+        "task": meta.task,
+        "schema": meta.schema,
+        "depth": meta.depth,
+        "max_depth": meta.max_depth,
+        "deadline": meta.deadline,
+        "max_budget_usd": meta.max_budget_usd,
+        "session": meta.session,
+        "agent_id": meta.id,
+        "parent_id": meta.parent_id,
+        "agent_dir": str(agent_dir),
+        "cwd": meta.cwd,
+        "traceparent": meta.traceparent,
+        "protocol": PROTOCOL_VERSION,
+    }
+    return task
+
+
+def command_result(out: bytes, code: int, stderr_tail: Sequence[str]) -> NodeResult:
+    """What a command's exit status and stdout say (pure)."""
+    said = f"; stderr: {' | '.join(stderr_tail)}" if stderr_tail else ""
+    if len(out) > COMMAND_RESULT_LIMIT:  # checked first: spawn.py ended such a command itself
+        return NodeResult(Status.FAILED, f"the command's result is over {COMMAND_RESULT_LIMIT} bytes")
+    if code < 0:
+        name = next((sig.name for sig in signal.Signals if sig == -code), f"signal {-code}")
+        return NodeResult(Status.KILLED, f"the command was ended by {name}")
+    try:
+        result = parse_json(out)
+    except ValueError:
+        result = None
+    error = result.get("error") if isinstance(result, dict) else None
+    cost = result.get("cost_usd") if isinstance(result, dict) else None
+    cost = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) and is_finite(cost) and cost >= 0 else None
+    if code != 0:
+        return NodeResult(Status.FAILED, f"the command exited {code}" + (f": {error}" if error else said), cost_usd=cost)
+    if not isinstance(result, dict) or ("output" not in result and not error):
+        head = out[:200].decode(errors="replace").strip()
+        return NodeResult(
+            Status.FAILED, f'the command wrote no JSON result on stdout ({{"output": ...}}); it wrote {head!r}{said}', cost_usd=cost
+        )
+    if error:
+        return NodeResult(Status.FAILED, f"the command failed: {error}", output=result.get("output"), cost_usd=cost)
+    output = result["output"]
+    return NodeResult(Status.DONE, "completed", output=output, text=output if isinstance(output, str) else None, cost_usd=cost)
+
+
+def a2a_token(environ: Mapping[str, str]) -> str | None:
+    """The bearer token in $SPAWN_A2A_TOKEN_FILE, or None when it is unset."""
+    path = environ.get(ENV_A2A_TOKEN_FILE)
+    if not path:
+        return None
+    try:
+        token = Path(path).expanduser().read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        raise UsageError(f"can't read {ENV_A2A_TOKEN_FILE} {path}: {why}; point it at the token file") from None
+    if not token or not token.isprintable() or not token.isascii():
+        raise UsageError(f"{ENV_A2A_TOKEN_FILE} {path} holds no token (one line of ASCII); point it at the server's token file")
+    return token
+
+
+def read_url_by(url: str, until: float) -> bytes:
+    """GET url's body (at most COMMAND_RESULT_LIMIT bytes), all of it read by `until`
+    (Unix seconds), else TimeoutError.
+
+    urllib's own timeout bounds each socket call, so a peer that sends one byte
+    a second never trips it: here each read gets only the time left.
+    """
+    import http.client
+    import io
+    import urllib.request
+
+    class Reads(io.RawIOBase):
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock = sock
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, buffer: Any) -> int:
+            left = until - time.time()
+            if left <= 0:
+                raise TimeoutError("out of time")
+            self.sock.settimeout(left)
+            return self.sock.recv_into(buffer)
+
+        def close(self) -> None:
+            super().close()
+            self.sock.close()
+
+    class Bounded:
+        """The connection's socket as http.client uses it, every read bounded.
+
+        urllib closes the connection once the headers are read, leaving the
+        response's reader to close the socket: the reader owns it from then.
+        """
+
+        def __init__(self, sock: socket.socket) -> None:
+            self.sock = sock
+            self.reader: io.BufferedReader | None = None
+
+        def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
+            self.reader = io.BufferedReader(Reads(self.sock))
+            return self.reader
+
+        def close(self) -> None:
+            if self.reader is None:
+                self.sock.close()
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.sock, name)
+
+    class HTTPConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            super().connect()
+            self.sock = cast("socket.socket", Bounded(self.sock))
+
+    class HTTPSConnection(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            super().connect()  # the TLS handshake too, within the connect timeout
+            self.sock = cast("socket.socket", Bounded(self.sock))
+
+    class HTTP(urllib.request.HTTPHandler):
+        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(HTTPConnection, req)
+
+    class HTTPS(urllib.request.HTTPSHandler):
+        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+            return self.do_open(HTTPSConnection, req)
+
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.build_opener(HTTP, HTTPS).open(request, timeout=max(0.001, until - time.time())) as response:
+        return cast("bytes", response.read(COMMAND_RESULT_LIMIT))
+
+
+def fetch_agent_card(url: str, deadline: float | None = None) -> dict[str, Any] | None:
+    """The agent card at url, checked enough to be worth a client (resolve time; no SDK import).
+
+    It is read within A2A_CARD_TIMEOUT_S and by the deadline: None when the
+    deadline came first, so that the run records the timeout.
+    """
+    import urllib.error
+
+    until = time.time() + A2A_CARD_TIMEOUT_S
+    by_deadline = deadline is not None and deadline < until
+    try:
+        body = read_url_by(url, min(until, deadline) if deadline is not None else until)
+    except urllib.error.HTTPError as exc:
+        raise UsageError(f"no A2A agent card at {url} (HTTP {exc.code}); check the URL (is it an A2A agent?)") from None
+    except (urllib.error.URLError, OSError) as exc:
+        why = getattr(exc, "reason", exc)
+        if isinstance(why, TimeoutError):
+            if by_deadline:
+                return None
+            raise UsageError(f"the A2A agent at {url} sent no card within {A2A_CARD_TIMEOUT_S:.0f} s; check the host and port") from None
+        raise UsageError(f"can't reach the A2A agent at {url}: {why}; check the host and port") from None
+    try:
+        card = parse_json(body)
+    except ValueError:
+        raise UsageError(f"{url} is not an A2A agent card (not JSON); check the URL") from None
+    problem = a2a_card_problem(card)
+    if problem is not None:
+        raise UsageError(f"{url} is not a valid A2A agent card: {problem}")
+    return cast("dict[str, Any]", card)
+
+
+def a2a_card_problem(card: Any) -> str | None:
+    """What keeps this client from using a card, or None (pure)."""
+    if not isinstance(card, dict):
+        return "it is not a JSON object"
+    if not isinstance(card.get("name"), str) or not card.get("name"):
+        return "it has no name"
+    interfaces = card.get("supportedInterfaces")
+    if interfaces is None and isinstance(card.get("url"), str):  # a 0.3 card
+        interfaces = [{"url": card["url"], "protocolBinding": card.get("preferredTransport", "JSONRPC")}]
+        interfaces += [
+            {"url": i.get("url"), "protocolBinding": i.get("transport")}
+            for i in card.get("additionalInterfaces") or []
+            if isinstance(i, dict)
+        ]
+    if not isinstance(interfaces, list) or not interfaces:
+        return "it lists no interface (supportedInterfaces)"
+    usable = [i for i in interfaces if isinstance(i, dict) and i.get("protocolBinding") in A2A_BINDINGS and isinstance(i.get("url"), str)]
+    if not usable:
+        return f"none of its interfaces speaks {' or '.join(A2A_BINDINGS)}"
+    return None
+
+
+def a2a_metadata(meta: AgentMeta) -> dict[str, Any]:
+    """Message metadata: the node's depth, limits and trace, for the remote to narrow to."""
+    data: dict[str, Any] = {A2A_META_DEPTH: meta.depth, A2A_META_MAX_DEPTH: meta.max_depth, A2A_META_TRACEPARENT: meta.traceparent}
+    if meta.deadline is not None:
+        data[A2A_META_DEADLINE] = meta.deadline
+    if meta.max_budget_usd is not None:
+        data[A2A_META_BUDGET] = meta.max_budget_usd
+    return data
+
+
+def a2a_state_name(value: int, names: Mapping[int, str]) -> str:
+    """completed, input-required, ...: A2A's TaskState without its prefix; an unknown value as its number (pure)."""
+    name = names.get(value)
+    return name.removeprefix("TASK_STATE_").lower().replace("_", "-") if name else str(value)
+
+
+def whole_numbers(value: Any) -> Any:
+    """JSON from protobuf's Struct, whose numbers are all doubles: 3.0 back to 3 (pure)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    return value
+
+
+def parts_output(parts: Sequence[Mapping[str, Any]]) -> tuple[Any, str | None]:
+    """(output, text) of A2A parts as JSON (pure).
+
+    One data part alone is the output (so --schema can check it); text parts
+    are joined; both together are {"text", "data": [...]}. A file part counts
+    as data: {url or filename, media_type}.
+    """
+    texts = [str(p["text"]) for p in parts if "text" in p]
+    data = [whole_numbers(p["data"]) for p in parts if "data" in p]
+    data += [{k: p[k] for k in ("url", "filename", "mediaType") if k in p} for p in parts if "url" in p or "raw" in p]
+    text = "\n".join(texts) if texts else None
+    if not data:
+        return text, text
+    if text is None:
+        return (data[0] if len(data) == 1 else data), None
+    return {"text": text, "data": data}, text
+
+
+class A2ATask:
+    """What the client has seen of its remote task, from events or polls (JSON, as ProtoJSON)."""
+
+    def __init__(self, state_names: Mapping[int, str]) -> None:
+        self.names = state_names
+        self.task_id: str | None = None
+        self.context_id: str | None = None
+        self.state: str | None = None
+        self.status_parts: list[dict[str, Any]] = []
+        self.artifacts: dict[str, list[dict[str, Any]]] = {}
+        self.reply: list[dict[str, Any]] | None = None
+        """The parts of a direct Message reply: the remote answered without a task."""
+        self.cost_usd: float | None = None
+
+    def observe(self, event: Mapping[str, Any], raw_state: int | None) -> None:
+        """Take in one StreamResponse (or a polled Task as {"task": ...}); raw_state is its numeric state."""
+        if "message" in event:
+            self.reply = list(event["message"].get("parts") or [])
+            self.state = "completed"
+            return
+        body = event.get("task") or event.get("statusUpdate") or event.get("artifactUpdate") or {}
+        self.task_id = body.get("id") or body.get("taskId") or self.task_id
+        self.context_id = body.get("contextId") or self.context_id
+        self._cost(body.get("metadata"))
+        if "task" in event:
+            for artifact in body.get("artifacts") or []:
+                self.artifacts[str(artifact.get("artifactId"))] = list(artifact.get("parts") or [])
+        if "artifactUpdate" in event:
+            artifact = body.get("artifact") or {}
+            key = str(artifact.get("artifactId"))
+            parts = list(artifact.get("parts") or [])
+            self.artifacts[key] = [*self.artifacts.get(key, []), *parts] if body.get("append") else parts
+        if "task" in event or "statusUpdate" in event:
+            status = body.get("status") or {}
+            self.state = a2a_state_name(raw_state or 0, self.names)
+            message = status.get("message") or {}
+            self.status_parts = list(message.get("parts") or [])
+            self._cost(message.get("metadata"))
+
+    def _cost(self, metadata: Any) -> None:
+        cost = metadata.get(A2A_META_COST) if isinstance(metadata, dict) else None
+        if isinstance(cost, int | float) and not isinstance(cost, bool) and is_finite(cost) and cost >= 0:
+            self.cost_usd = float(cost)
+
+    def settled(self) -> bool:
+        """Past working: final, waiting for an answer, or in a state this client doesn't know."""
+        return self.state is not None and self.state not in A2A_RUNNING_STATES
+
+    def status_text(self) -> str:
+        return parts_output(self.status_parts)[1] or ""
+
+    def result(self) -> NodeResult:
+        state = self.state or "unknown"
+        status = A2A_FINAL_STATES.get(state)
+        said = self.status_text()
+        if status == Status.DONE:
+            parts = self.reply if self.reply is not None else [p for ps in self.artifacts.values() for p in ps]
+            output, text = parts_output(parts or self.status_parts)
+            return NodeResult(Status.DONE, "completed", output=output, text=text or said or None, cost_usd=self.cost_usd)
+        if status == Status.KILLED:
+            return NodeResult(
+                Status.KILLED,
+                "the remote agent canceled the task" + (f": {said}" if said else ""),
+                text=said or None,
+                cost_usd=self.cost_usd,
+            )
+        if status == Status.FAILED:
+            return NodeResult(
+                Status.FAILED, f"the remote agent's task {state}" + (f": {said}" if said else ""), text=said or None, cost_usd=self.cost_usd
+            )
+        return NodeResult(
+            Status.FAILED, f"the remote task is in a state this client doesn't know: {state!r}", text=said or None, cost_usd=self.cost_usd
+        )
+
+
+class A2AExecutor(Executor):
+    """A remote agent over A2A (a2a-sdk, imported only when an a2a node runs)."""
+
+    kind = "a2a"
+
+    def check(self, node: Node, deadline: float | None) -> None:
+        a2a_token(os.environ)  # an unreadable token file is exit 2, before anything is written
+        fetch_agent_card(node.endpoint or "", deadline)
+
+    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
+        return f"A2A: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:2000]
+
+    async def run(
+        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
+    ) -> None:
+        import asyncio
+        import uuid
+        from collections.abc import Generator
+        from urllib.parse import urlsplit
+
+        import httpx
+        from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
+        from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
+
+        # protobuf ships no type hints: its JSON codec is used untyped.
+        json_format: Any = importlib.import_module("google.protobuf.json_format")
+
+        class Flooded(Exception):
+            """The remote sent more than the transcript holds: a peer that floods is ended, not followed."""
+
+        def line(kind: str, message: Mapping[str, Any]) -> bool:
+            state.last_activity = time.time()
+            return node_line(agent_dir, kind, message, secrets_)
+
+        names = {int(v): n for n, v in TaskState.items()}
+        url = meta.endpoint or ""
+        parts = urlsplit(url)
+        token = a2a_token(os.environ)
+        card_origin = httpx.URL(url)
+
+        class Bearer(httpx.Auth):
+            """The token, to the card's own origin only: a card may name interfaces anywhere."""
+
+            def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+                there = request.url
+                if token is not None and (there.scheme, there.host, there.port) == (card_origin.scheme, card_origin.host, card_origin.port):
+                    request.headers["Authorization"] = f"Bearer {token}"
+                yield request
+
+        # No timeout of its own on a stream's reads: the deadline (run_agent's
+        # stop, which cancels this task) bounds the card, the send, the stream and every poll.
+        async with httpx.AsyncClient(timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=Bearer()) as http:
+            card = await A2ACardResolver(http, f"{parts.scheme}://{parts.netloc}", parts.path).get_agent_card()
+            streaming = bool(card.capabilities.streaming)
+            line("A2ACard", {"url": url, "name": card.name, "version": card.version, "streaming": streaming})
+            config = ClientConfig(
+                streaming=streaming, polling=not streaming, httpx_client=http, supported_protocol_bindings=list(A2A_BINDINGS)
+            )
+            client = ClientFactory(config).create(card)
+            task = A2ATask(names)
+
+            cancels: list[asyncio.Future[None]] = []
+
+            async def cancel() -> None:
+                if task.task_id is None or task.state in A2A_FINAL_STATES:
+                    line(
+                        "A2ACancel",
+                        {"task_id": task.task_id, "sent": False, "why": "no remote task yet" if task.task_id is None else task.state},
+                    )
+                    return
+                if cancels:  # the run's own cancel (an ask denied) and the stop path's can meet: one is sent
+                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
+                    return
+                done = asyncio.get_running_loop().create_future()
+                cancels.append(done)
+                try:
+                    answer = await client.cancel_task(CancelTaskRequest(id=task.task_id))
+                except Exception as exc:
+                    line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": f"{type(exc).__name__}: {exc}"[:500]})
+                    raise
+                finally:
+                    done.set_result(None)
+                line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, names)})
+
+            state.stop_hooks.append(cancel)
+            try:
+                text = meta.task
+                while True:
+                    message = Message(
+                        message_id=uuid.uuid4().hex,
+                        role=Role.ROLE_USER,
+                        parts=[Part(text=text)],
+                        metadata=a2a_metadata(meta),
+                        task_id=task.task_id or "",
+                        context_id=task.context_id or "",
+                    )
+                    line("A2ASend", json_format.MessageToDict(message))
+                    events = client.send_message(SendMessageRequest(message=message))
+                    try:
+                        async for event in events:
+                            raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
+                            event_json = json_format.MessageToDict(event)
+                            if not line("A2AEvent", event_json):
+                                raise Flooded(
+                                    f"the remote agent sent over {log_max_bytes(os.environ)} bytes of events ({ENV_LOG_MAX}); "
+                                    "its task was canceled"
+                                )
+                            task.observe(event_json, raw)
+                            if task.settled():
+                                break
+                    finally:
+                        close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
+                        if close is not None:
+                            await close()
+                    seen = task.state
+                    while not task.settled():
+                        if task.task_id is None:
+                            raise RuntimeError("the remote agent answered with neither a task nor a message")
+                        await asyncio.sleep(A2A_POLL_S)
+                        polled = await client.get_task(GetTaskRequest(id=task.task_id))
+                        task.observe({"task": json_format.MessageToDict(polled)}, polled.status.state)
+                        if task.state != seen:  # a poll that saw nothing new is no event
+                            line("A2ATask", json_format.MessageToDict(polled))
+                            seen = task.state
+                    if task.state not in A2A_ASK_STATES:
+                        break
+                    reply = await a2a_ask(meta, agent_dir, state, task, remote=card.name, secrets_=secrets_)
+                    if reply is None:
+                        await cancel()
+                        state.node_result = NodeResult(
+                            Status.FAILED, f"the remote agent's {task.state} was answered no", cost_usd=task.cost_usd
+                        )
+                        return
+                    text = reply
+                state.node_result = task.result()
+            except Flooded as exc:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(cancel(), KILL_GRACE_S)
+                state.node_result = NodeResult(Status.FAILED, str(exc), cost_usd=task.cost_usd)
+            finally:
+                # A remote that reports itself canceled ends the stream while the
+                # stop path's cancel still waits on this client for its reply:
+                # closing the client now would cut that reply (and its record) off.
+                if cancels:
+                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
+
+
+async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATask, *, remote: str, secrets_: Sequence[str]) -> str | None:
+    """Raise the remote's input-required/auth-required as an ask; the reply to send, or None when denied."""
+    import asyncio
+
+    timeout = ask_timeout(os.environ)
+    if meta.deadline is not None:
+        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
+    question = task.status_text() or f"the remote agent {remote} needs {task.state}"
+    rule = f"A2A {task.state} from {remote}"
+    channel = open_ask(meta, f"A2A:{task.state}", {"command": question}, rule, timeout=timeout, secrets_=secrets_)
+    ask = channel.ask_id
+    node_line(agent_dir, "A2AAsk", {"ask": ask, "state": task.state, "question": question}, secrets_)
+    how = f"run 'spawn.py approve {ask} --text REPLY' or 'spawn.py deny {ask}' within {timeout:.0f} s"
+    note(f"agent {meta.id}: {remote} asks: {question[:200]}; {how}")
+    try:
+        answer = await asyncio.to_thread(channel.wait, meta.id, timeout, secrets_)
+    finally:
+        channel.close()  # never left pending by a stop: denied, by timeout
+    verdict, by = str(answer.get("verdict")), str(answer.get("by", "?"))
+    node_line(agent_dir, "A2AAnswer", {"ask": ask, "verdict": verdict, "by": by}, secrets_)
+    if verdict != "approve":
+        state.denied_asks.append(f"ask {ask} ({rule}) denied by {by}")
+        return None
+    return str(answer.get("text") or "approved")
+
+
+def names_another_kind(argv: Sequence[str]) -> bool:
+    """Whether argv's --agent is an a2a or command reference: a run with nothing of the claude SDK to import."""
+    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--agent"]
+    values += [arg.removeprefix("--agent=") for arg in argv if arg.startswith("--agent=")]
+    try:
+        return any(node is not None and node.kind != "claude" for node in map(parse_reference, values))
+    except UsageError:
+        return False  # reported by the run's own resolution
+
+
+# One class per agents.NODE_KINDS, in its order (definitions check a kind against
+# that list, below this module).
+EXECUTORS: dict[str, type[Executor]] = {"claude": ClaudeExecutor, "a2a": A2AExecutor, "command": CommandExecutor}
+
+
+def executor_for(kind: str) -> Executor:
+    if kind not in EXECUTORS:
+        raise UsageError(f"unknown node kind {kind!r}; use one of {', '.join(EXECUTORS)} (this spawn.py is {__version__})")
+    return EXECUTORS[kind]()
+# ==================== end src/spawnlib/executors.py ====================
+
 # ==================== begin src/spawnlib/resolving.py ====================
+
+
+
+
+
+
 
 
 
@@ -6641,9 +10085,24 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
     data = redacted_json(record_to_json(meta), secrets_, indent=2)
     if not publish_once(agent_dir / META, data.encode()):
         raise StateError(f"{agent_dir / META} already exists; agent ids must be unique")
+
+
+def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """True for a run that will be a tree's root without a cgroup, on Linux.
+
+    Checked first thing, before any thread starts, so it is cheap where it
+    says no: a child's environment names its agent, and a cgroup is a quick look.
+    """
+    if environ.get(ENV_AGENT_ID) or not guard_above_possible():
+        return False
+    if {"--dry-run", "--background", "-h", "--help", "--version"} & set(argv):
+        return False
+    if choose_containment(True, "s", "a", environ, guard_above=False) != "subreaper":
+        return False
+    return inherited_context(environ, ancestry_context()).parent_id is None
 # ==================== end src/spawnlib/resolving.py ====================
 
-# ==================== begin src/spawnlib/running.py ====================
+# ==================== begin src/spawnlib/forkserver.py ====================
 
 
 
@@ -6680,643 +10139,528 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
 
 
 
+# ------------------------------------------------------------- fork server --
+
+# A session's fork server: one process, started by the root agent, that has
+# imported everything a spawn needs. A nested spawn.py hands its whole
+# invocation over the socket (forkserver_stand_in, at the top of this file)
+# and the server forks a child that runs it: no interpreter start, no
+# imports, and pages shared with the server. It is an accelerator only:
+# with no server, every spawn takes the normal path and every guarantee is
+# the same.
+FORKSERVER_LOG = "forkserver.jsonl"  # in the session directory: one line per fork
+FORKSERVER_NAME = "spawn-forksrv"  # its name in ps and top (/proc/PID/comm, at most 15 bytes)
+FORKSERVER_POLL_S = 1.0  # how often the server checks that its root is still alive
+# What a forked agent would otherwise import for itself, each a private copy
+# (~4 MiB of each agent's private memory): anyio's asyncio backend and the
+# streams the SDK opens at connect, and ctypes (prctl, the subreaper).
+# (Not opentelemetry, which the SDK would import at connect: import_sdk
+# keeps it out.)
+FORKSERVER_PRELOAD = (
+    "anyio._backends._asyncio",
+    "anyio._core._subprocesses",
+    "anyio.to_thread",
+    "anyio.streams.memory",
+    "anyio.streams.stapled",
+    "anyio.streams.tls",
+    "ctypes",
+    "queue",
+)
 
 
+# What a forked child runs: spawn.py's main(), which sits above every module.
+# The fork server is started from the runner, below the CLI, so main() hands
+# itself down (main -> cmd_run -> run_agent -> start_forkserver) instead of
+# the server importing up.
+Entry = Callable[[Sequence[str]], int]
 
 
+def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
+    """Only a root that can have children starts one; SPAWN_NO_FORKSERVER=1 turns it off.
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ------------------------------------------------------------------ running --
-
-
-def spawn_command() -> str:
-    """How an agent's Bash should call spawn.py: the interpreter already resolved.
-
-    Skipping `uv run` below the root saves its resolution step at every level,
-    and the compiled script its compilation.
+    Linux only: the server learns its peers from SO_PEERCRED.
     """
-    return f"{shlex.quote(sys.executable)} {shlex.quote(str(compiled_script()))}"
-
-
-def sandbox_problem(platform: str = sys.platform) -> str | None:
-    """Why Claude Code's sandbox can't run here, and what would make it, or None.
-
-    On Linux the CLI needs bwrap and socat on PATH, and a kernel that lets
-    this user create namespaces; a one-shot bwrap tells (a few ms, only when
-    asked for). On macOS it uses Seatbelt's sandbox-exec, part of the system.
-    Elsewhere the CLI has no sandbox. (platform: for the tests of the others.)
-    """
-    import shutil
-
-    if platform == "darwin":
-        if shutil.which(SANDBOX_MACOS_PROGRAM) is None:
-            return f"{SANDBOX_MACOS_PROGRAM} not found on PATH; it ships with macOS in /usr/bin"
-        return None
-    if not platform.startswith("linux"):
-        return f"Claude Code has a sandbox only on Linux and macOS, not on {platform}"
-    missing = [name for name in SANDBOX_PROGRAMS if shutil.which(name) is None]
-    if missing:
-        return f"{' and '.join(missing)} not found on PATH; install them: `{SANDBOX_INSTALL}`, or your distribution's equivalent"
-    probe = ["bwrap", "--ro-bind", "/", "/", "--unshare-user", "--unshare-pid", "--unshare-net", "--proc", "/proc", "true"]
-    try:
-        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bwrap can't run: {exc}"
-    if proc.returncode != 0:
-        first = (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[0]
-        return f"bwrap can't create namespaces: {first}; the kernel must let this user create user namespaces"
-    return None
-
-
-def unsandboxed_warning(problem: str) -> str:
-    """The one warning --sandbox auto gives when the sandbox it wanted can't run."""
     return (
-        f"sandbox: Claude Code's sandbox can't run here ({problem}). "
-        f"Agents that --sandbox auto sandboxes (below the root, with Bash, that can't spawn) run unsandboxed: "
-        f"{SANDBOX_LOST}. Pass --sandbox on to refuse them instead."
+        sys.platform.startswith("linux")
+        and meta.parent_id is None
+        and ForkedFor.pid is None
+        and meta.depth < meta.max_depth
+        and "Bash" in meta.tools
+        and environ.get(ENV_NO_FORKSERVER) != "1"
     )
 
 
-def inside_sandbox() -> bool:
-    """Whether this process runs inside a bubblewrap sandbox (a parent agent's Bash).
+def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None, entry: Entry) -> None:
+    """Fork the session's fork server from the root (in its cgroup, below its subreaper).
 
-    There bwrap is pid 1 of our own pid namespace, which an agent can't fake
-    without a namespace of its own. A sandbox can't nest (it refuses new
-    user namespaces), and everything started here is held by the outer one.
+    Forked, not started afresh: the root has imported nearly everything the
+    server needs, so the server costs a fork instead of an interpreter that
+    imports it all again (about 0.25 s of CPU, taken from the root's CLI
+    while it starts). The SDK's import thread is joined first: a fork keeps
+    only the calling thread, and an import lock held by another would stay
+    held in the child. The root's end takes the server down with the rest
+    of its subtree; it also exits by itself once the root's process is
+    gone. A server that fails to start costs nothing but speed.
     """
-    try:
-        first = Path("/proc/1/cmdline").read_bytes().split(b"\0")[0]
-    except OSError:
-        return False
-    return os.path.basename(first) == b"bwrap"
-
-
-def sandbox_owner() -> Path | None:
-    """The agent whose sandbox this process runs in, from that sandbox's bwrap.
-
-    bwrap binds what the sandboxed agent may write: its agent directory if it
-    may spawn, else that directory's scratch/ (sandbox_writes). bwrap's
-    command line (pid 1 here, which nothing inside can replace) so names the
-    agent, and that agent's meta.json is not writable inside.
-    """
-    if not inside_sandbox():
-        return None
-    try:
-        args = Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return None
-    for i in range(len(args) - 1):
-        flag, candidate = args[i], Path(args[i + 1])
-        if flag == "--bind" and candidate.name == SCRATCH_DIR:
-            candidate = candidate.parent
-        if flag == "--bind" and candidate.parent.name == AGENTS_DIR and (candidate / META).is_file():
-            return candidate
-    return None
-
-
-def api_host(environ: Mapping[str, str]) -> str:
-    """The host the CLI sends model requests to."""
-    from urllib.parse import urlsplit
-
-    return urlsplit(environ.get("ANTHROPIC_BASE_URL", "")).hostname or DEFAULT_API_HOST
-
-
-def proxied_loopback(environ: Mapping[str, str]) -> dict[str, str]:
-    """Inside a sandbox, NO_PROXY without loopback: the sandbox has its own
-    empty loopback, so a model on the host's (the scripted one, a local
-    gateway) is only reachable through the sandbox's proxy, which lets
-    through only the hosts the sandbox settings allow."""
-    loopback = {"localhost", "127.0.0.1", "::1"}
-    env = {}
-    for name in ("NO_PROXY", "no_proxy"):
-        if name in environ:
-            env[name] = ",".join(h for h in environ[name].split(",") if h.strip() not in loopback)
-    return env
-
-
-def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
-    env = {
-        ENV_SESSION: meta.session,
-        ENV_AGENT_ID: meta.id,
-        ENV_DEPTH: str(meta.depth),
-        ENV_MAX_DEPTH: str(meta.max_depth),
-        ENV_TOOLS: ",".join(meta.tools),
-        ENV_TRACEPARENT: meta.traceparent,
-        "TRACEPARENT": meta.traceparent,
-        ENV_PYTHON: sys.executable,
-        ENV_SCRIPT: str(compiled_script()),
-        "BASH_DEFAULT_TIMEOUT_MS": os.environ.get("BASH_DEFAULT_TIMEOUT_MS", BASH_TIMEOUT_MS),
-        "BASH_MAX_TIMEOUT_MS": os.environ.get("BASH_MAX_TIMEOUT_MS", BASH_TIMEOUT_MS),
-    }
-    env[ENV_DENY] = json.dumps(meta.permissions.get("deny", []))
-    env[ENV_ASK] = json.dumps(meta.permissions.get("ask", []))
-    env[ENV_PERMISSION_MODE] = meta.permission_mode
-    env[ENV_MODEL] = meta.model
-    if meta.deadline is not None:
-        env[ENV_DEADLINE] = f"{meta.deadline:.3f}"
-    if meta.max_budget_usd is not None:
-        env[ENV_BUDGET] = str(meta.max_budget_usd)
-    if meta.idle_timeout_s is not None:
-        env[ENV_IDLE_TIMEOUT] = f"{meta.idle_timeout_s:g}"
-    if meta.sandbox == "inherited":
-        env.update(proxied_loopback(os.environ))
-    env.update(quiet_cli_environment(os.environ))
-    # Claude Code's minimal mode (CLAUDE_CODE_SIMPLE=1, what `claude --bare`
-    # sets) runs no hooks, not even the SDK's: PermissionGate would never see a
-    # tool call, so ask rules and the audit trail would be skipped without a
-    # word. Anything that can run Bash could set it for a child; it is off for
-    # every agent, whatever was inherited.
-    env["CLAUDE_CODE_SIMPLE"] = "0"
-    return env
-
-
-# Set for every agent's CLI unless the user set it (or the wider
-# CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC) either way: the CLI's telemetry is
-# ~0.2 s of CPU at every start (0.82 s against 1.08 s for a `claude -p`, 8
-# interleaved runs), paid by every agent of a tree on a machine the tree
-# shares. It changes nothing an agent does. DISABLE_AUTOUPDATER and
-# DISABLE_ERROR_REPORTING were measured too and saved nothing: not set.
-QUIET_CLI_ENV = {"DISABLE_TELEMETRY": "1"}
-
-
-def quiet_cli_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    if "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC" in environ:
-        return {}
-    return {k: v for k, v in QUIET_CLI_ENV.items() if k not in environ}
-
-
-STOP_SIGNALS = {signal.SIGTERM: Status.KILLED, signal.SIGHUP: Status.KILLED, signal.SIGINT: Status.INTERRUPTED}
-
-
-def stopped_by(signum: int, agent_dir: Path) -> tuple[Status, str]:
-    """The outcome a stop signal ends an agent with: its status and reason,
-    which names who asked when `spawn.py kill` sent it (its KILL_REQUEST)."""
-    status = STOP_SIGNALS[signal.Signals(signum)]
-    asked = kill_request_reason(agent_dir) if status == Status.KILLED else None
-    return status, asked or f"received {signal.Signals(signum).name}"
-
-
-class EarlyStop:
-    """A stop signal that came after registration but before run_agent's loop could serve it.
-
-    Without this, a runner ended in that window (a parent finishing while
-    its background child was still starting) died by the default action,
-    and its guard could only record "died without writing an outcome".
-    """
-
-    pending: int | None = None
-    """The first stop signal held, served (stopped_by) once the agent's loop runs."""
-
-    @classmethod
-    def arm(cls) -> None:
-        def hold(signum: int, _frame: Any) -> None:
-            if cls.pending is None:
-                cls.pending = signum
-
-        for signum in STOP_SIGNALS:
-            signal.signal(signum, hold)
-
-    @classmethod
-    def forget(cls) -> None:
-        """A stop the process forked from got is that process's, not its fork's."""
-        cls.pending = None
-
-
-on_fork("EarlyStop", EarlyStop.forget)
-
-
-class RunState:
-    """What a running agent has seen so far; survives cancellation."""
-
-    def __init__(self) -> None:
-        self.last_text: str | None = None
-        self.last_structured_attempt: Any = None
-        self.result: Any = None  # the SDK's ResultMessage
-        self.cli_pid: int | None = None
-        self.cli_pgid: int | None = None
-        self.cli_started: Any = None
-        """An asyncio.Event that started_cli sets, made by whoever waits for the CLI (asyncio is imported late)."""
-        self.stop_reason: Status | None = None
-        self.stop_detail: str = ""
-        self.running_below: set[str] = set()
-        """Descendant agents running when the agent was stopped: it ended them."""
-        self.cli_killed = False
-        """The CLI was ended by a signal from outside: the agent was killed, it didn't fail."""
-        self.last_activity = time.time()
-        """Last transcript event or CPU use of the CLI (or the start, or a live child)."""
-        self.api_retries = 0
-        self.api_error_status: int | None = None
-        """The last API error the CLI retried (its api_retry messages): why a run stalled."""
-        self.mcp_failed: list[str] = []
-        """MCP servers the CLI's init message reports as not connected."""
-        self.denied_asks: list[str] = []
-        """This agent's asks that were answered no, as 'ask ID (rule R) denied by WHO': a failed run ended on one."""
-        self.turns: dict[str, tuple[str, dict[str, Any]]] = {}
-        """(model, usage) of each of its model turns so far, by message id: its own running spend."""
-        self.request_stop: Callable[[Status, str], None] | None = None
-        """run_agent's stop path, for run_sdk to end the agent between turns."""
-        self.node_result: NodeResult | None = None
-        """What a node of another kind than claude returned (see the executors section)."""
-        self.stop_hooks: list[Callable[[], Awaitable[None]]] = []
-        """Run by the stop path before the node's process group is ended: an a2a node cancels its remote task."""
-        self.refusals_recorded = 0
-        """A sandboxed leaf's refused spawns its runner recorded from the drop box (record_dropped_refusals)."""
-
-    def started_cli(self, pid: int) -> None:
-        """The CLI (or a node's command) runs as pid, the leader of a group of its own."""
-        self.cli_pid = self.cli_pgid = pid
-        if self.cli_started is not None:
-            self.cli_started.set()
-
-
-def message_record(message: Any) -> dict[str, Any]:
-    data = dataclasses.asdict(message) if dataclasses.is_dataclass(message) and not isinstance(message, type) else {"repr": repr(message)}
-    return {"time": utc_now_iso(), "type": type(message).__name__, "message": data}
-
-
-class _AbsentModule(types.ModuleType):
-    """Stands in for a module of the mcp package: every name is an inert class."""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        stand_in = type(name, (), {"__init__": _ignore, "__init_subclass__": classmethod(_ignore), "__class_getitem__": classmethod(_same)})
-        setattr(self, name, stand_in)
-        return stand_in
-
-
-def _ignore(*_args: Any, **_kwargs: Any) -> None:
-    return None
-
-
-def _same(cls: Any, _item: Any) -> Any:
-    return cls
-
-
-class _AbsentMcpFinder:
-    """Serves _AbsentModule for mcp and mcp_types, which the SDK imports eagerly.
-
-    A meta path finder and loader by protocol; importlib.abc costs start-up.
-    """
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname.partition(".")[0] in ("mcp", "mcp_types"):
-            return importlib.machinery.ModuleSpec(fullname, cast("importlib.abc.Loader", self), is_package=True)
-        return None
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        return _AbsentModule(spec.name)
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        module.__path__ = []
-
-
-def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
-    """Import claude_agent_sdk, skipping the mcp package it loads at import time.
-
-    The SDK imports mcp (with pydantic models and an HTTP server stack) only
-    to host in-process MCP servers, which spawn.py never creates; external
-    MCP servers are plain config for the CLI. That import is about 80% of a
-    nested level's start-up, paid again at every depth, so stand-ins serve
-    the mcp modules instead. If the SDK can't be imported that way, or
-    SPAWN_FULL_SDK_IMPORT=1, it is imported normally.
-    """
-    if "claude_agent_sdk" in sys.modules:
-        return sys.modules["claude_agent_sdk"]
-    _import_lazily("jsonschema")
-    # Imported by the SDK for the app name it derives, which spawn.py gives
-    # it (run_sdk): about 15 ms of reading email and zip modules.
-    _import_lazily("importlib.metadata")
-    # Imported by connect(), when installed, only to pass on an in-process
-    # span: spawn.py has none, and gives the CLI its TRACEPARENT itself
-    # (child_environment). Absent, it is the ImportError the SDK expects
-    # without the package: about 8 ms of every agent's start, before its CLI.
-    sys.modules.setdefault("opentelemetry.propagate", None)  # type: ignore[arg-type]
-    if environ.get(ENV_FULL_SDK_IMPORT) != "1" and not any(name.partition(".")[0] == "mcp" for name in sys.modules):
-        finder = _AbsentMcpFinder()
-        sys.meta_path.insert(0, finder)
+    if sdk_loader is not None:
         try:
-            import claude_agent_sdk
-
-            return claude_agent_sdk
-        except Exception:
-            sys.meta_path.remove(finder)
-            for name in [n for n in sys.modules if n.partition(".")[0] in ("mcp", "mcp_types", "claude_agent_sdk")]:
-                del sys.modules[name]
-    import claude_agent_sdk
-
-    return claude_agent_sdk
-
-
-def _import_lazily(name: str) -> None:
-    """Put a stand-in for a module in sys.modules that imports it at first use.
-
-    The SDK imports jsonschema at import time only to validate the input of
-    in-process MCP tools, which spawn.py never creates: a large part of the
-    SDK's import, paid at every depth. (importlib's LazyLoader doesn't do:
-    `import` itself touches the module's __spec__, which loads it.)
-    """
-    if name not in sys.modules:
-        sys.modules[name] = module = _LazyModule(name)
-        parent, _, child = name.rpartition(".")
-        if parent in sys.modules:  # `import a.b` finds b in sys.modules, then reads it as a's attribute
-            setattr(sys.modules[parent], child, module)
-
-
-class _LazyModule(types.ModuleType):
-    def __getattr__(self, attr: str) -> Any:
-        import importlib
-
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        return getattr(importlib.import_module(self.__name__), attr)
-
-
-class SdkLoader:
-    """Imports the SDK on a thread, once the agent's CLI has started (run_agent).
-
-    Not sooner: the import holds the GIL for most of its ~100 ms of CPU, so
-    started beside registration it only slowed that down, and the CLI,
-    which doesn't need it, started no earlier. After the CLI's start it runs
-    beside the CLI's own start-up, on another CPU.
-    """
-
-    def __init__(self, environ: Mapping[str, str]) -> None:
-        self._module: types.ModuleType | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._load, args=(dict(environ),), name="sdk-import", daemon=True)
-
-    def start(self) -> None:
-        if self._thread.ident is None:
-            self._thread.start()
-
-    def _load(self, environ: Mapping[str, str]) -> None:
-        try:
-            self._module = import_sdk(environ)
-        except BaseException as exc:  # re-raised in the caller's thread by result()
-            self._error = exc
-
-    def result(self) -> types.ModuleType:
-        self.start()
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._module is not None
-        return self._module
-
-
-# CLI start-ups take turns in a session, as many at once as there are CPUs.
-# A CLI's start-up is most of what it costs when the model answers quickly
-# (~85% of a leaf's CPU comes before its first message), and start-ups that
-# all run at once compete: 16 bare `claude -p` on 2 cores took 15.8 s of CPU
-# and 8.0 s started together, 11.3 s and 5.7 s when each waited for a slot
-# until its first message (medians of 3 rounds, measured for issue 14).
-# A slot is a flock on a file in the session, so it is free again the moment
-# its holder releases it, exits or dies. It is held until the CLI goes quiet
-# (free_slot_when_quiet) and never longer than START_SLOT_HOLD_S, and a start that waited
-# START_SLOT_WAIT_S goes ahead without one: a frozen or hostile holder can
-# delay a spawn, never stop it. Anything odd about the slot files (a
-# read-only session, something planted there) means no turns, not an error.
-ENV_START_SLOTS = "SPAWN_START_SLOTS"  # how many CLI start-ups at once; 0: no turns
-START_SLOTS_DIR = "start-slots"  # in the session directory: one lock file a slot
-START_SLOT_HOLD_S = 3.0
-START_SLOT_QUIET_S = 0.1  # a holder's CPU is looked at this often
-START_SLOT_QUIET_SHARE = 0.3  # under this share of a core over that time, it is quiet
-START_SLOT_WAIT_S = 30.0
-START_SLOT_POLL_S = 0.02  # the first waiter, without inotify
-START_SLOT_RECHECK_S = 0.25  # the first waiter, with it, in case a close went unseen
-START_SLOT_QUEUE_POLL_S = 0.1  # the others
-START_SLOT_QUEUE = "queue"  # in start-slots/: flock'ed by the first waiter
-
-
-def start_slot_count(environ: Mapping[str, str]) -> int:
-    value = _int_or_none(environ.get(ENV_START_SLOTS))
-    return value if value is not None and value >= 0 else usable_cpus()
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may keep busy at once: its affinity (else the
-    machine's count), capped by its cgroups' CPU quota, rounded up."""
-    count = os.cpu_count() or 1
-    with contextlib.suppress(AttributeError, OSError):
-        count = len(os.sched_getaffinity(0))
-    limit = cgroup_cpu_limit(read_small_file("/proc/self/cgroup") or "", read_small_file("/proc/self/mountinfo") or "", read_small_file)
-    return max(1, min(count, int(-(-limit // 1)))) if limit is not None else count  # -(-x // 1): ceil, without math
-
-
-def read_small_file(path: str) -> str | None:
-    """A kernel file's text (/proc, /sys), or None if it can't be read."""
+            sdk_loader.result()
+        except BaseException:
+            return  # run_sdk raises it where it is reported
+    if threading.active_count() > 1:
+        return  # another thread would be cut off mid-step in the child
     try:
-        with open(path, encoding="ascii") as fh:
-            return fh.read()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def cgroup_cpu_limit(proc_cgroup: str, mountinfo: str, read: Callable[[str], str | None]) -> float | None:
-    """CPUs' worth of time this process's cgroups allow (the tightest quota on
-    its way up to the root), or None when no quota applies or none can be read.
-
-    proc_cgroup and mountinfo are /proc/self/cgroup's and /proc/self/mountinfo's
-    text; read(path) a file's text or None. A container limited to 2 CPUs on a
-    64-CPU host sees all 64 in its affinity: only the quota says how many it
-    may use at once.
-    """
-    unified, cpu = cgroup_mounts(mountinfo)
-    limits: list[float] = []
-    mounts: list[Path]
-    files: tuple[str, ...]
-    for line in proc_cgroup.splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and not controllers:
-            mounts, files = unified, ("cpu.max",)
-        elif "cpu" in controllers.split(","):
-            mounts, files = cpu, ("cpu.cfs_quota_us", "cpu.cfs_period_us")
-        else:
-            continue
-        parts = [p for p in path.split("/") if p and p not in (".", "..")]
-        for mount in mounts:
-            # From the process's own cgroup up to the mount's root. Inside a
-            # container the mount is often the container's cgroup itself, and
-            # the path above it isn't there: its root then holds the limit.
-            for depth in range(len(parts), -1, -1):
-                folder = "/".join([str(mount), *parts[:depth]])
-                texts = [read(f"{folder}/{name}") for name in files]
-                if any(t is None for t in texts):
-                    continue
-                words = " ".join(t or "" for t in texts).split()
-                if len(words) == 2 and words[0] not in ("max", "-1"):
-                    with contextlib.suppress(ValueError):
-                        quota, period = float(words[0]), float(words[1])
-                        if quota > 0 and period > 0:
-                            limits.append(quota / period)
-    return min(limits) if limits else None
-
-
-def open_start_slots(session: Path, count: int) -> list[int]:
-    """The session's slot files, opened (created if need be); those that can't be opened are left out."""
-    folder = session / START_SLOTS_DIR
-    try:
-        folder.mkdir(mode=0o700, exist_ok=True)
+        log = os.open(Path(meta.session) / "forkserver.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
-        return []
-    return [fd for fd in (open_slot_file(folder / str(index)) for index in range(count)) if fd is not None]
-
-
-def open_slot_file(path: Path) -> int | None:
-    """One file of start-slots/, opened (created if need be), or None if it can't be."""
-    # O_NOFOLLOW, and regular files only: a planted symlink or FIFO is skipped, never followed or waited on.
-    with contextlib.suppress(OSError, CorruptRecordError):
-        return open_regular(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)[0]
-    return None
-
-
-def grab_start_slot(fds: Sequence[int]) -> int | None:
-    """One try at each slot: the fd whose flock now holds it, or None if all are taken (OSError: no locks here)."""
-    import fcntl
-
-    for fd in fds:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue
-        return fd
-    return None
-
-
-async def take_start_slot(session: Path, count: int, wait_s: float = START_SLOT_WAIT_S) -> int | None:
-    """Wait for a start slot: the open fd whose flock holds it, or None (no turns, or waited too long).
-
-    The waiters of a session queue: the one holding the flock on
-    `start-slots/queue` is first, and sleeps until a slot file is closed
-    (inotify; a slot is let go by closing its file, or by its holder's death,
-    which closes it too), looking again then or every START_SLOT_RECHECK_S.
-    The others look every START_SLOT_QUEUE_POLL_S, for the queue or a slot.
-    So a fan-out's waiting runners cost few wakes (each ~0.1-0.3 ms of CPU on
-    a VM: 16 of them polling every 20 ms took ~2% of a core each), and a
-    session holds at most one inotify instance for them (a user has 128,
-    which their other programs' file watchers need too). Without the queue
-    file or inotify, a waiter polls every START_SLOT_POLL_S, as all once did.
-    """
-    fds = open_start_slots(session, count) if count > 0 else []
-    queue = open_slot_file(session / START_SLOTS_DIR / START_SLOT_QUEUE) if fds else None
-    held = None
-    first = queue is None  # no queue to take turns in: every waiter looks often
-    events: MarkerEvents | None = None
-    period = START_SLOT_POLL_S
-    try:
-        limit = time.monotonic() + wait_s
-        while fds and held is None and time.monotonic() < limit:
-            try:
-                held = grab_start_slot(fds)
-                if held is not None:
-                    break
-                if not first and queue is not None:
-                    first = grab_start_slot([queue]) is not None
-            except OSError:
-                return None  # flock refused (a file system without locks): no turns
-            if first and events is None:
-                events = MarkerEvents()
-                if events.watch(session / START_SLOTS_DIR, MarkerEvents.IN_CLOSE):
-                    period = START_SLOT_RECHECK_S
-                continue  # watched now: look once more, so a slot let go before the watch isn't missed
-            wait = min(period if first else START_SLOT_QUEUE_POLL_S, max(0.0, limit - time.monotonic()))
-            await readable(events.fd if events is not None else -1, wait)
-            if events is not None:
-                events.drain()
-        return held
-    finally:
-        if events is not None:
-            events.close()
-        if queue is not None:
-            os.close(queue)  # the next waiter is first now
-        for fd in fds:
-            if fd != held:
-                os.close(fd)
-
-
-async def readable(fd: int, timeout: float) -> None:
-    """Sleep until fd is readable or timeout has passed (fd < 0: just the timeout)."""
-    import asyncio
-
-    if fd < 0:
-        await asyncio.sleep(timeout)
         return
-    loop = asyncio.get_running_loop()
-    ready = loop.create_future()
-    loop.add_reader(fd, lambda: None if ready.done() else ready.set_result(None))
+    with contextlib.suppress(OSError, ValueError):  # else the child would write the root's buffered output
+        sys.stdout.flush()
+        sys.stderr.flush()
     try:
-        await asyncio.wait([ready], timeout=timeout)
-    finally:
-        loop.remove_reader(fd)
-
-
-def cpu_demand_ns(pid: int) -> int | None:
-    """How long a process's main thread has run or waited to run, in ns; None if /proc can't tell.
-
-    Waiting counts: a start-up starved by others is not quiet, and a holder
-    that let go then would crowd the CPUs with one more start-up.
-    """
-    if not procfs_is_ours():
-        return None  # in a sandbox's pid namespace: the pid names another process there
-    fields = (read_small_file(f"/proc/{pid}/schedstat") or "").split()
-    try:
-        return int(fields[0]) + int(fields[1])
-    except (IndexError, ValueError):
-        return None
-
-
-async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
-    """Let go of the CLI's start slot once it goes quiet, and after hold_s at the latest.
-
-    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S,
-    as when it waits for the model. A start-up that lets go earlier, at its
-    first message, leaves a fifth of its CPU to compete with the next one's.
-    """
-    import asyncio
-
-    pid = started.process.pid
-    quiet_ns = START_SLOT_QUIET_SHARE * START_SLOT_QUIET_S * 1e9
-    limit = time.monotonic() + hold_s
-    if not procfs_is_ours():  # its CPU can't be read: its first message frees it (consume_sdk), else the limit
-        await asyncio.sleep(hold_s)
-    last = cpu_demand_ns(pid)  # None: it is gone already
-    while started.slot is not None and last is not None and time.monotonic() < limit:
-        await asyncio.sleep(min(START_SLOT_QUIET_S, max(0.0, limit - time.monotonic())))
-        demand = cpu_demand_ns(pid)
-        if demand is None or demand - last < quiet_ns:
-            break
-        last = demand
-    started.free_slot()
-
-
-def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
-    """Without waiting: whether a CLI may start now, and the slot's fd it then holds (None: no turns here)."""
-    fds = open_start_slots(session, count) if count > 0 else []
-    try:
-        held = grab_start_slot(fds)
+        pid = os.fork()
     except OSError:
-        held, fds = None, []  # no locks on this file system: no turns
+        pid = -1
+    if pid != 0:
+        os.close(log)
+        return
+    # From here this process is the server, and never returns to the root's code.
+    try:
+        become_forkserver(log)
+        serve_forks(meta, entry)
+    except SystemExit:
+        pass
+    except BaseException:  # into its log: the server is only ever an accelerator
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(0)
+
+
+def become_forkserver(log: int) -> None:
+    """In the root's fresh fork: let go of everything that is the root's.
+
+    Its own session (a Ctrl-C reaches the root, which ends it), no stdio of
+    the root's (a parent reading the root's stdout must see EOF when the
+    root exits), no other descriptor (the guard's pipe must close when the
+    root dies), default signal handling, and a name of its own in ps.
+    """
+    os.setsid()
+    # As a fresh interpreter has them (the root's hold stop signals for its outcome).
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    reset_after_fork()  # a stop the root got, its guard, its capped logs: the root's, not its forked agents'
+    # Gone with the root at once, even a SIGKILLed one (else within FORKSERVER_POLL_S).
+    set_parent_death_signal(signal.SIGTERM)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 4096))
     for fd in fds:
-        if fd != held:
+        if fd > 2:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as fh:
+        fh.write(FORKSERVER_NAME)
+    print(f"spawn.py fork server {os.getpid()}", flush=True)
+
+
+def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) -> str | None:
+    """Why this server must not run a request (then the stand-in takes the normal path)."""
+    if request.get("prefix") != sys.prefix:
+        return "another Python environment"
+    argv = request.get("argv")
+    # What a stand-in asks for, and nothing else: every other verb (approve,
+    # kill, ...) decides by its caller's ancestry, which a fork would hide.
+    if not (isinstance(argv, list) and argv and (argv[0].startswith("-") or argv[0] in FORKED_VERBS)):
+        return "not a spawn"
+    if request.get("detach") is True and not (len(argv) == 2 and argv[0] == "_run"):
+        return "only a background runner is forked detached"
+    path, size, mtime_ns = request["script"]  # its shape checked by request_problem
+    if path == str(compiled_script()):
+        return None
+    if path == str(SCRIPT_PATH) and (size, mtime_ns) == (script_stat.st_size, script_stat.st_mtime_ns):
+        return None
+    return "another spawn.py"
+
+
+# A request holds one spawn's argv and environment, which the kernel caps
+# together at ARG_MAX (2 MiB on Linux); anything much longer is no stand-in's.
+FORKSERVER_REQUEST_MAX = 8 << 20
+
+
+def request_problem(request: object) -> str | None:
+    """What makes a fork request malformed, or None (pure).
+
+    The socket is the user's only, but the server must outlive whatever
+    is sent to it: a field of the wrong type is refused here, not met as a
+    TypeError in the serving loop, which would end the server.
+    """
+    if not isinstance(request, dict):
+        return "not an object"
+    argv, env, script = request.get("argv"), request.get("env"), request.get("script")
+    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
+        return "argv"
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        return "env"
+    if not (isinstance(request.get("cwd"), str) and isinstance(request.get("prefix"), str)):
+        return "cwd or prefix"
+    if not (isinstance(script, list) and len(script) == 3 and isinstance(script[0], str) and all(type(n) is int for n in script[1:])):
+        return "script"
+    if not isinstance(request.get("detach", False), bool):
+        return "detach"
+    return None
+
+
+# A stand-in sends its whole request at once; a client still sending after
+# this many seconds is dropped (it takes the normal path, if it is one).
+FORKSERVER_REQUEST_S = 5.0
+# Requests read at once; a client past them is closed unanswered (the normal path).
+FORKSERVER_PENDING_MAX = 32
+
+
+class PendingRequest:
+    """A fork request being read: a 4-byte length, JSON, and the stdio fds (SCM_RIGHTS).
+
+    The server reads every client's as it comes, each until its own
+    deadline: one that trickles its bytes must not hold up another's spawn.
+    """
+
+    def __init__(self, conn: Any, client_pid: int) -> None:
+        self.conn, self.client_pid = conn, client_pid
+        self.deadline = time.monotonic() + FORKSERVER_REQUEST_S
+        self.data = bytearray()
+        self.fds: list[int] = []
+
+    def feed(self) -> bool:
+        """Take what has come; whether the request is whole. ValueError for one that never can be."""
+        import socket
+
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(self.conn, 1 << 16, 3)
+        except BlockingIOError:
+            return False
+        self.fds += fds
+        if len(self.fds) > 3:
+            raise ValueError("more fds than stdio")
+        if not data:
+            raise ValueError("request cut short")
+        self.data += data
+        if len(self.data) < 4:
+            return False
+        length = int.from_bytes(self.data[:4], "big")
+        if length > FORKSERVER_REQUEST_MAX or len(self.data) > 4 + length:
+            raise ValueError("no request's length")
+        return len(self.data) == 4 + length
+
+    def request(self) -> dict[str, Any]:
+        """The whole request, checked; ValueError for a malformed one (parse_json: deep is malformed)."""
+        request = parse_json(bytes(self.data[4:]), FORKSERVER_REQUEST_MAX)
+        if len(self.fds) != 3 or request_problem(request) is not None:
+            raise ValueError("malformed request")
+        return cast("dict[str, Any]", request)
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+        self.conn.close()
+
+
+def serve_forks(meta: AgentMeta, entry: Entry) -> None:
+    """The fork server's loop: accept, check the peer, fork; until the root is gone."""
+    import gc
+    import selectors
+    import socket
+    import struct
+
+    root = Supervised.of(meta)
+    path = Path(meta.session) / FORKSERVER_SOCKET
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address, dir_fd = unix_address(str(path))
+    mask = os.umask(0o177)  # the socket is created 0600: only this user may connect
+    try:
+        server.bind(address)
+    finally:
+        os.umask(mask)
+        if dir_fd is not None:
+            os.close(dir_fd)
+    bound = path.stat().st_ino
+    # Listening before the imports: a spawn that comes meanwhile waits in the
+    # backlog, no longer than its own imports would have taken it.
+    server.listen(64)
+    server.setblocking(False)
+
+    # Everything a spawn imports, once: the children share these pages. (The
+    # root, forked, has most of it: the SDK's and asyncio's imports are free.)
+    import asyncio  # noqa: F401
+
+    import jsonschema  # noqa: F401
+
+    import_sdk(os.environ)
+    import anyio  # noqa: F401
+
+    for name in FORKSERVER_PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    compiled_script()
+    # Out of the collector's reach: a child's collections then leave these
+    # pages alone, so they stay shared with the server instead of copied.
+    gc.freeze()
+    script_stat = SCRIPT_PATH.stat()
+    namespace = own_pid_namespace()
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise SystemExit(0)
+
+    # The spawns this server forked, by pid: the stand-in each runs for. A
+    # detached runner is forked only for one of them (its launcher), and for
+    # that launcher's caller, who is checked while it still lives.
+    launched: dict[int, tuple[int, float]] = {}
+
+    def reap(_signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ChildProcessError):
+            while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
+                launched.pop(pid, None)
+
+    signal.signal(signal.SIGCHLD, reap)
+    signal.signal(signal.SIGTERM, stop)
+    pending: dict[Any, PendingRequest] = {}
+    selector = selectors.DefaultSelector()
+    selector.register(server, selectors.EVENT_READ)
+
+    def drop(client: PendingRequest) -> None:
+        # Closed unanswered: that client takes the normal path.
+        selector.unregister(client.conn)
+        del pending[client.conn]
+        client.close()
+
+    def admit() -> None:
+        try:
+            conn, _ = server.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        client_pid, client_uid, _gid = struct.unpack("3i", creds)
+        # Another user's, or one inside an agent's sandbox (or unreadable),
+        # whatever it says: what it spawns must stay in there, not be forked out.
+        if client_uid != os.getuid() or pid_namespace_of(client_pid) != namespace or len(pending) >= FORKSERVER_PENDING_MAX:
+            conn.close()
+            return
+        conn.setblocking(False)
+        pending[conn] = PendingRequest(conn, client_pid)
+        selector.register(conn, selectors.EVENT_READ)
+
+    def serve(client: PendingRequest) -> None:
+        conn, fds, client_pid = client.conn, client.fds, client.client_pid
+        request = client.request()
+        conn.settimeout(5.0)  # the reply's send; the client waits for it
+        refusal = forkserver_refusal(request, script_stat)
+        client_time = psutil.Process(client_pid).create_time()
+        caller, ancestry = None, None
+        if refusal is None:
+            caller, refusal = caller_in_tree(client_pid, launched, meta.session, detach=request.get("detach") is True)
+        if refusal is None and caller is not None and request.get("detach") is True:
+            ancestry = ancestry_context(subject=caller)
+        if refusal is not None:
+            conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                server.close()
+                selector.close()
+                for other in pending.values():  # every other client is the server's to answer
+                    other.close()
+                if request.get("detach") is True:
+                    ForkedFor.ancestry = ancestry
+                    run_detached(conn, fds, request, entry)
+                run_forked(conn, fds, request, client_pid, client_time, entry=entry)
+            finally:
+                os._exit(ExitCode.STATE)
+        if request.get("detach") is not True:
+            launched[pid] = (client_pid, client_time)
+        line = {
+            "time": utc_now_iso(),
+            "pid": pid,
+            "client_pid": client_pid,
+            "verb": request["argv"][0] if request["argv"][:1] in (["_run"], ["wait"]) else "run",
+        }
+        if request.get("detach") is True:
+            line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
+        with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+    try:
+        while root.alive():
+            now = time.monotonic()
+            for client in [c for c in pending.values() if c.deadline <= now]:
+                drop(client)
+            wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in pending.values())])
+            for key, _events in selector.select(max(0.0, wait_s)):
+                if key.fileobj is server:
+                    admit()
+                    continue
+                client = pending[key.fileobj]
+                try:
+                    whole = client.feed()
+                except (OSError, ValueError):
+                    drop(client)
+                    continue
+                if whole:
+                    selector.unregister(client.conn)
+                    del pending[client.conn]
+                    with contextlib.suppress(OSError, ValueError, psutil.Error):
+                        serve(client)
+                    client.close()
+        # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
+        print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
+    finally:
+        with contextlib.suppress(OSError):
+            if path.stat().st_ino == bound:
+                path.unlink()
+
+
+def caller_in_tree(
+    client_pid: int, launched: Mapping[int, tuple[int, float]], session: str, *, detach: bool
+) -> tuple[psutil.Process | None, str | None]:
+    """(the process a request speaks for, None), or (None, why it is refused).
+
+    The kernel names the client (SO_PEERCRED); a spawn this server forked
+    speaks for the stand-in it runs for. The caller must run under a
+    registered runner of this server's own session: anything else (another
+    tree, a process that only sets SPAWN_SESSION) takes the normal path,
+    where its own ancestry decides. Only the server's own forked launchers
+    may ask for a detached runner.
+    """
+    if detach and client_pid not in launched:
+        return None, "only a launcher this server forked may ask for a detached runner"
+    caller_pid, caller_time = launched.get(client_pid, (client_pid, None))
+    try:
+        caller = psutil.Process(caller_pid)
+        if caller_time is not None and abs(caller.create_time() - caller_time) >= 0.05:
+            return None, "its caller is gone"
+    except psutil.Error:
+        return None, "its caller is gone"
+    for agent_dir in ancestor_agents(caller)[:1]:
+        with contextlib.suppress(OSError, SpawnError):
+            if load_meta(agent_dir).session == session:
+                return caller, None
+    return None, "not a process of this server's tree"
+
+
+def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> list[str]:
+    """In a forked child: take on the client's stdio, cwd, environment and argv, and send it our pid. The argv."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    reset_after_fork()
+    os.setsid()  # its own group, as a runner has: never in the server's
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        if fd != target:
             os.close(fd)
-    return (held is not None or not fds), held
-# ==================== end src/spawnlib/running.py ====================
+    os.chdir(str(request["cwd"]))
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
+    argv = [str(a) for a in request["argv"]]
+    sys.argv = [str(compiled_script()), *argv]
+    conn.settimeout(None)
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    return argv
+
+
+def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float, *, entry: Entry) -> NoReturn:
+    """In the forked child: become the spawn the stand-in would have run, then report its exit code."""
+    ForkedFor.pid, ForkedFor.create_time = client_pid, client_time
+    argv = adopt_request(conn, fds, request)
+    finished = threading.Event()
+
+    def watch_stand_in() -> None:
+        # The stand-in never writes: this returns when it closes or dies.
+        with contextlib.suppress(OSError):
+            conn.recv(1)
+        if not finished.is_set():
+            os.kill(os.getpid(), signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
+
+    watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
+    watcher.start()
+    try:
+        code = entry(argv)
+    except SystemExit as exc:  # what the process would have exited with
+        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    finished.set()
+    # Let go of the caller's pipes before the stand-in exits, as a process that ends would.
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps({"exit": int(code)}).encode() + b"\n")
+    watcher.join(FORKSERVER_REPLY_S)  # our pid stays ours while the stand-in may still signal it
+    os._exit(code)
+
+
+def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any], entry: Entry) -> NoReturn:
+    """In the forked child: a background agent's runner that a launcher (itself forked) asked for.
+
+    No stand-in: the launcher exits at once, and the runner's own pid is what
+    meta.json records, as for a runner the launcher would have started
+    itself; that would be one more interpreter and stand-in per agent (~50 ms
+    of CPU, ~3 MiB while the agent runs). In a session of its own, as then.
+    """
+    argv = adopt_request(conn, fds, request)
+    conn.close()
+    try:
+        code = entry(argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> int | None:
+    """From a launcher the fork server forked: have the server fork the agent's runner. Its pid, or None.
+
+    None (no server any more, a refusal, a timeout) means: start the runner
+    the normal way. The server forks before it answers, so after an answer
+    the runner exists; after no answer, none was forked for us (a server
+    that forks and then can't answer closes the socket, and a runner that
+    was never registered gives up by itself: cmd_background_runner).
+    """
+    if ForkedFor.pid is None:
+        return None  # not forked by a server: there may be none
+    stat = SCRIPT_PATH.stat()
+    request: dict[str, object] = {
+        "argv": ["_run", str(agent_dir)],
+        "detach": True,
+        "env": dict(os.environ),
+        "cwd": cwd,
+        "prefix": sys.prefix,
+        "script": [str(compiled_script()), stat.st_size, stat.st_mtime_ns],
+    }
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        served = forkserver_request(session, request, (null, log, log))
+    finally:
+        os.close(null)
+    if served is None:
+        return None
+    served[0].close()  # the runner is detached: nothing more comes on this socket
+    return served[1]
+# ==================== end src/spawnlib/forkserver.py ====================
 
 # ==================== begin src/spawnlib/cli_start.py ====================
 
@@ -7429,353 +10773,7 @@ def start_slot_now(session: Path, count: int) -> tuple[bool, int | None]:
 
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # ------------------------------------------------------------ the CLI's start --
-
-# spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
-# transport (CliPipes). The SDK's own transport would start it only once the
-# SDK and asyncio are imported, about 100 ms of CPU at every agent that isn't
-# forked (a root above all), and the CLI's own start-up (~0.4 s) can't begin
-# before. So the command line and environment are built here exactly as the
-# SDK's SubprocessCLITransport builds them, for the options spawn.py sets
-# (test_cli_start checks both against the SDK's), and the CLI starts before
-# the SDK is imported when it can (run_agent), else as the run begins.
-SDK_CLIENT_APP_ENV = "CLAUDE_AGENT_SDK_CLIENT_APP"  # the caller names its app (the SDK's EXPLICIT_CLIENT_APP_ENV)
-SDK_DERIVED_CLIENT_APP_ENV = "CLAUDE_AGENT_SDK_DERIVED_CLIENT_APP"
-SDK_READS_SESSION_STATE_ENV = "CLAUDE_CODE_SDK_READS_SESSION_STATE"
-SDK_MAX_MESSAGE = 1 << 20  # the SDK's limit on one message from the CLI (_DEFAULT_MAX_BUFFER_SIZE)
-CLI_CLOSE_WAIT_S = 5.0  # as the SDK's close(): after stdin's end, then after SIGTERM
-
-
-def cli_argv(cli: str, options: Mapping[str, Any]) -> list[str]:
-    """The CLI's command line for these ClaudeAgentOptions fields, as the SDK's transport builds it (pure)."""
-    argv = [cli, "--output-format", "stream-json", "--verbose"]
-    prompt = options.get("system_prompt")
-    if prompt is None:
-        argv += ["--system-prompt", ""]
-    elif isinstance(prompt, str):
-        argv += ["--system-prompt", prompt]
-    elif prompt.get("type") == "preset" and "append" in prompt:
-        argv += ["--append-system-prompt", prompt["append"]]
-    tools = options.get("tools")
-    if tools is not None:
-        argv += ["--tools", ",".join(tools)]
-    allowed = list(options.get("allowed_tools") or [])
-    sources = options.get("setting_sources")
-    skills = options.get("skills")
-    if skills is not None:
-        # Skill names were checked as a definition was read (parse_agent_fields).
-        allowed += [rule for rule in (["Skill"] if skills == "all" else [f"Skill({name})" for name in skills]) if rule not in allowed]
-        sources = ["user", "project"] if sources is None else sources
-    if allowed:
-        argv += ["--allowedTools", ",".join(allowed)]
-    if options.get("max_turns"):
-        argv += ["--max-turns", str(options["max_turns"])]
-    if options.get("max_budget_usd") is not None:
-        argv += ["--max-budget-usd", str(options["max_budget_usd"])]
-    if options.get("disallowed_tools"):
-        argv += ["--disallowedTools", ",".join(options["disallowed_tools"])]
-    if options.get("model"):
-        argv += ["--model", options["model"]]
-    if options.get("permission_mode"):
-        argv += ["--permission-mode", options["permission_mode"]]
-    if options.get("resume"):
-        argv.append(f"--resume={options['resume']}")  # one token: a value never reads as a flag
-    if options.get("settings"):
-        argv += ["--settings", options["settings"]]
-    servers = options.get("mcp_servers")
-    if servers:
-        argv += ["--mcp-config", json.dumps({"mcpServers": dict(servers)})]
-    if options.get("strict_mcp_config"):
-        argv.append("--strict-mcp-config")
-    if sources is not None:
-        argv.append(f"--setting-sources={','.join(sources)}")
-    if options.get("effort") is not None:
-        argv += ["--effort", options["effort"]]
-    output_format = options.get("output_format")
-    if isinstance(output_format, dict) and output_format.get("type") == "json_schema" and output_format.get("schema") is not None:
-        argv += ["--json-schema", json.dumps(output_format["schema"])]
-    return [*argv, "--input-format", "stream-json"]
-
-
-def cli_environment(
-    environ: Mapping[str, str], env: Mapping[str, str], cwd: str | None, client_app: str | None, version: str
-) -> dict[str, str]:
-    """The CLI's environment, as the SDK's transport makes it (pure)."""
-    out = {k: v for k, v in environ.items() if k != "CLAUDECODE"}  # the CLI must not think it runs inside Claude Code
-    out["CLAUDE_CODE_ENTRYPOINT"] = "sdk-py"
-    out.update(env)
-    out["CLAUDE_AGENT_SDK_VERSION"] = version
-    out.pop(SDK_DERIVED_CLIENT_APP_ENV, None)
-    if client_app is not None:
-        out[SDK_CLIENT_APP_ENV] = client_app
-    # The query waits for the CLI's "idle" before it closes stdin; the CLI sends it only if asked.
-    if not any(k.upper() == SDK_READS_SESSION_STATE_ENV for k in out):
-        out[SDK_READS_SESSION_STATE_ENV] = "1"
-    if cwd:
-        out["PWD"] = cwd
-    return out
-
-
-@functools.cache
-def sdk_version() -> str:
-    """claude-agent-sdk's version, read from its _version.py without importing the package (about 1 s)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("claude_agent_sdk")
-    with contextlib.suppress(OSError, TypeError):
-        text = (Path(str(spec.origin)).parent / "_version.py").read_text() if spec else ""
-        if m := re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M):
-            return m.group(1)
-    return str(import_sdk(os.environ).__version__)
-
-
-class StartedCli:
-    """An agent's CLI, started by spawn.py (start_cli), and the start slot it holds until its first message."""
-
-    def __init__(self, plan: CliStart, process: subprocess.Popen[bytes], slot: int | None) -> None:
-        self.plan = plan
-        self.process = process
-        self.slot = slot
-        self.returncode: int | None = None
-        self.waiter: Any = None  # the task that reaps it
-
-    def free_slot(self) -> None:
-        if self.slot is not None:
-            os.close(self.slot)
-            self.slot = None
-
-    async def wait(self) -> int:
-        """Its exit status, as asyncio gives it (-N: signal N); one waiter however many ask."""
-        import asyncio
-
-        if self.waiter is None:
-            self.waiter = asyncio.ensure_future(self._wait())
-        return await asyncio.shield(self.waiter)
-
-    async def _wait(self) -> int:
-        import asyncio
-
-        pid = self.process.pid
-        pidfd = None
-        with contextlib.suppress(AttributeError, OSError):
-            pidfd = os.pidfd_open(pid)
-        if pidfd is not None:
-            # Readable when it exits: no thread, no poll.
-            try:
-                while child_running(pid):
-                    await readable(pidfd, 1.0)
-            finally:
-                os.close(pidfd)
-        else:
-            pause = 0.005
-            while child_running(pid):
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 0.1)
-        try:
-            self.returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        except ChildProcessError:
-            self.returncode = 255  # reaped by someone else: asyncio's answer for it
-        self.process.returncode = self.returncode  # so Popen doesn't reap or warn again
-        return self.returncode
-
-
-def start_cli(plan: CliStart, state: RunState, slot: int | None) -> StartedCli:
-    """Start the agent's CLI, in a session and process group of its own.
-
-    Ending an agent must reach everything its CLI started (Bash commands,
-    their children) without signalling spawn.py itself. On failure the slot
-    is let go and the SDK's error is raised.
-    """
-    try:
-        process = subprocess.Popen(
-            plan.argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=plan.options["cwd"],
-            env=plan.env,
-            start_new_session=True,
-        )
-    except BaseException:
-        if slot is not None:
-            os.close(slot)
-        raise
-    state.started_cli(process.pid)
-    return StartedCli(plan, process, slot)
-
-
-class CliPipes:
-    """The SDK's transport to a CLI that spawn.py started: its stdin, stdout and stderr pipes.
-
-    It behaves as the SDK's SubprocessCLITransport once that has started the
-    CLI: the same messages, the same errors (the SDK's own classes) and the
-    same end: stdin closed, then SIGTERM after 5 s, SIGKILL after 5 more.
-    """
-
-    def __init__(self, sdk: Any, cli: StartedCli, on_stderr: Callable[[str], None]) -> None:
-        self.sdk = sdk
-        self.cli = cli
-        self.on_stderr = on_stderr
-        self.ready = False
-        self.stdout: Any = None
-        self.stdin: Any = None
-        self.relay: Any = None  # the task that copies stderr to on_stderr
-        self.pipes: list[Any] = []
-
-    async def connect(self) -> None:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        process = self.cli.process
-        self.stdout = asyncio.StreamReader(limit=SDK_MAX_MESSAGE + 1)
-        out, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(self.stdout), process.stdout)
-        stderr = asyncio.StreamReader()
-        err, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stderr), process.stderr)
-        # A StreamReaderProtocol gives the writer its flow control (drain), as asyncio's subprocesses have.
-        pipe, protocol = await loop.connect_write_pipe(lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()), process.stdin)
-        self.stdin = asyncio.StreamWriter(pipe, protocol, None, loop)
-        self.pipes = [out, err]
-        self.relay = asyncio.ensure_future(self._relay_stderr(stderr))
-        self.ready = True
-
-    async def _relay_stderr(self, stderr: Any) -> None:
-        while line := await stderr.readline():
-            text = line.decode(errors="replace").rstrip()
-            if text:
-                with contextlib.suppress(Exception):
-                    self.on_stderr(text)
-
-    def is_ready(self) -> bool:
-        return self.ready
-
-    async def write(self, data: str) -> None:
-        if not self.ready or self.stdin is None:
-            raise self.sdk.CLIConnectionError("ProcessTransport is not ready for writing")
-        if self.cli.returncode is not None:
-            raise self.sdk.CLIConnectionError(f"Cannot write to terminated process (exit code: {self.cli.returncode})")
-        try:
-            self.stdin.write(data.encode())
-            await self.stdin.drain()
-        except Exception as exc:
-            self.ready = False
-            raise self.sdk.CLIConnectionError(f"Failed to write to process stdin: {exc}") from exc
-
-    async def end_input(self) -> None:
-        if self.stdin is not None:
-            with contextlib.suppress(Exception):
-                self.stdin.close()
-            self.stdin = None
-
-    def read_messages(self) -> AsyncIterator[dict[str, Any]]:
-        return self._read_messages()
-
-    async def _read_messages(self) -> AsyncIterator[dict[str, Any]]:
-        pending = b""
-        while chunk := await self.stdout.read(1 << 16):
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                if (message := self._message(line)) is not None:
-                    yield message
-            if len(pending) > SDK_MAX_MESSAGE:
-                raise self.sdk.CLIJSONDecodeError(
-                    pending[:100].decode(errors="replace"), ValueError(f"message over {SDK_MAX_MESSAGE} bytes")
-                )
-        # The CLI ends every message with a newline: a tail without one was cut off.
-        tail = None
-        with contextlib.suppress(Exception):
-            tail = self._message(pending)
-        if tail is not None:
-            yield tail
-        code = await self.cli.wait()
-        if code != 0:
-            await self._drain_stderr()  # what it said last is the reason's second half (describe_sdk_error)
-            raise self.sdk.ProcessError(f"Command failed with exit code {code}", exit_code=code, stderr="Check stderr output for details")
-
-    def _message(self, line: bytes) -> dict[str, Any] | None:
-        text = line.decode(errors="replace").strip()
-        if not text.startswith("{"):
-            return None  # a blank line, or a CLI's debug line on stdout
-        try:
-            message = json.loads(text)
-        except ValueError as exc:
-            raise self.sdk.CLIJSONDecodeError(text[:100], exc) from exc
-        return message if isinstance(message, dict) else None
-
-    async def _drain_stderr(self, timeout: float = 1.0) -> None:
-        """Let the relay reach stderr's end (the CLI's last words), unless something the CLI started holds it open."""
-        import asyncio
-
-        if self.relay is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait([self.relay], timeout=timeout)
-
-    async def close(self) -> None:
-        import asyncio
-
-        self.ready = False
-        await self.end_input()
-        try:
-            for sig in (None, signal.SIGTERM, signal.SIGKILL):
-                if sig is not None and self.cli.returncode is None:
-                    # os.kill, not Popen's send_signal: that would reap it, and the status would be lost to wait().
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(self.cli.process.pid, sig)
-                try:
-                    await asyncio.wait_for(asyncio.shield(self.cli.wait()), CLI_CLOSE_WAIT_S)
-                    break
-                except TimeoutError:
-                    continue
-            await self._drain_stderr(0.2)
-        finally:
-            if self.relay is not None:
-                self.relay.cancel()
-            for pipe in self.pipes:
-                pipe.close()
 
 
 def heartbeat_interval(environ: Mapping[str, str]) -> float:
@@ -7850,184 +10848,8 @@ async def idle_watch(meta: AgentMeta, state: RunState, idle_timeout: float, stop
         return
 
 
-def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str, str]]:
-    """The definitions an agent that may spawn can delegate to: (name, description)."""
-    if meta.depth >= meta.max_depth or "Bash" not in meta.tools or any(r.startswith("Bash(") for r in meta.permissions.get("allow", [])):
-        return []
-    definitions, _ = load_definitions(Path(meta.cwd), environ)
-    return [(d.name, d.description) for d in definitions.values()]
-
-
-def ask_timeout(environ: Mapping[str, str]) -> float:
-    value = float_or_none(environ.get(ENV_ASK_TIMEOUT))
-    return value if value is not None and value > 0 else ASK_TIMEOUT_S
-
-
-class PermissionGate:
-    """spawn.py's own enforcement of permission rules, and their audit trail.
-
-    A PreToolUse hook sees every tool call, including those the CLI would
-    approve by itself. Deny and ask rules are decided here; allowed calls are
-    left to the CLI (so its permission mode still applies). Every decision is
-    appended to the transcript.
-    """
-
-    def __init__(self, meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str], denied_asks: list[str] | None = None) -> None:
-        self.meta = meta
-        self.agent_dir = agent_dir
-        self.secrets = secrets_
-        self.denied_asks = denied_asks if denied_asks is not None else []
-        """Appended to on every ask answered no (the run's RunState.denied_asks)."""
-        self.rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in PERMISSION_KINDS))
-        self.home = os.environ.get("HOME") or str(Path.home())
-        # Both spellings of each: tool_paths gives a path as written and as resolved.
-        folders = (meta.session, str(cache_dir(os.environ)))
-        self.kept = list(dict.fromkeys([*folders, *map(os.path.realpath, folders)]))
-        own = (str(agent_dir / SCRATCH_DIR), str(agent_dir / "worktree"))
-        self.own = list(dict.fromkeys([*own, *map(os.path.realpath, own)]))
-        # What the agent's Bash inherits: the CLI gets os.environ plus this.
-        self.shell_env = {**os.environ, **child_environment(meta, agent_dir)}
-
-    async def pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
-        tool = str(hook_input.get("tool_name", ""))
-        tool_input = hook_input.get("tool_input") or {}
-        kept = kept_by_spawn_py(tool, tool_input, self.meta.cwd, self.kept, self.own)
-        rule: str | None
-        if kept is not None:
-            verdict, rule = "deny", f"only spawn.py writes {kept}"
-        else:
-            verdict, rule = decide(tool, tool_input, self.rules, self.meta.tools, cwd=self.meta.cwd, home=self.home, environ=self.shell_env)
-        decided_by = "rules"
-        if verdict == "ask":
-            verdict, decided_by = await self.escalate(tool, tool_input, rule or "")
-        record = {
-            "tool": tool,
-            "input": summarize_input(tool_input),
-            "rule": rule,
-            "verdict": verdict,
-            "by": decided_by,
-            "tool_use_id": tool_use_id,
-        }
-        decision = {"time": utc_now_iso(), "type": "PermissionDecision", "message": record}
-        append_transcript(self.agent_dir / TRANSCRIPT, decision, self.secrets)
-        if verdict == "allow":
-            return {}
-        reason = f"denied by spawn.py ({decided_by}): {rule}"
-        return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny", "permissionDecisionReason": reason}}
-
-    async def escalate(self, tool: str, tool_input: Mapping[str, Any], rule: str) -> tuple[str, str]:
-        """(allow|deny, who decided) for a call an ask rule matched."""
-        import asyncio
-
-        timeout = ask_timeout(os.environ)
-        if self.meta.deadline is not None:
-            timeout = min(timeout, max(0.0, self.meta.deadline - time.time()))
-        if self.meta.depth == 0 and sys.stdin is not None and sys.stdin.isatty():
-            verdict, by = await asyncio.to_thread(prompt_person, self.meta, tool, tool_input, rule, timeout)
-            if verdict == "deny":
-                self.denied_asks.append(f"ask at the terminal (rule {rule}) denied by {by}")
-            return verdict, by
-        channel = open_ask(self.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
-        ask = channel.ask_id
-        what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
-        note(f"agent {self.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
-        try:
-            answer = await asyncio.to_thread(channel.wait, self.meta.id, timeout, self.secrets)
-        finally:
-            channel.close()  # a stop while waiting denies the ask, by timeout
-        verdict, by = ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
-        if verdict == "deny":
-            self.denied_asks.append(f"ask {ask} (rule {rule}) denied by {by}")
-        return verdict, by
-
-
-def native_subagent_hooks(sdk: Any, agent_dir: Path, secrets_: Sequence[str]) -> dict[str, list[Any]]:
-    """Record Claude Code's own subagents (the Agent tool) in NATIVE_LOG: one line at start, one at stop."""
-
-    async def record(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
-        event = str(hook_input.get("hook_event_name", ""))
-        line: dict[str, Any] = {
-            "time": utc_now_iso(),
-            "event": "start" if event == "SubagentStart" else "stop",
-            "agent_id": str(hook_input.get("agent_id", "")),
-            "agent_type": str(hook_input.get("agent_type", "")),
-        }
-        if event == "SubagentStop":
-            line["transcript_path"] = str(hook_input.get("agent_transcript_path", ""))
-            line["last_message"] = str(hook_input.get("last_assistant_message") or "")[:2000]
-        append_jsonl(agent_dir / NATIVE_LOG, line, secrets_)
-        return {}
-
-    return {name: [sdk.HookMatcher(matcher=None, hooks=[record])] for name in ("SubagentStart", "SubagentStop")}
-
-
-def native_usage(transcript: Path) -> dict[str, int]:
-    """Token totals of a native subagent, from the CLI's own transcript of it.
-
-    Read when asked, not at SubagentStop: the CLI writes the last lines after the hook.
-    """
-    totals: dict[str, int] = {}
-    with contextlib.suppress(OSError):
-        for raw in transcript.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, AttributeError):  # a line that isn't a message
-                usage = (parse_json(raw).get("message") or {}).get("usage") or {}
-                for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-                    if isinstance(usage.get(key), int):
-                        totals[key] = totals.get(key, 0) + usage[key]
-    return totals
-
-
-def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, timeout: float) -> tuple[str, str]:
-    """Ask the person at the root's terminal; no answer before timeout is a no."""
-    import select
-
-    sys.stderr.write(f"spawn: agent {meta.id} wants to use {tool}: {summarize_input(tool_input, 200)}\n  (rule {rule}) allow? [y/N] ")
-    sys.stderr.flush()
-    ready, _, _ = select.select([sys.stdin], [], [], timeout)
-    answer = sys.stdin.readline().strip().lower() if ready else ""
-    return ("allow" if answer in ("y", "yes") else "deny"), "terminal"
-
-
-def memory_dir(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> Path:
-    """Claude Code's agent memory directories: user, project, or local (not committed)."""
-    name = meta.agent or definition_path.stem
-    if meta.memory == "user":
-        return Path(environ.get("HOME") or Path.home()).expanduser() / ".claude" / "agent-memory" / name
-    return project_of(str(definition_path)) / ".claude" / ("agent-memory-local" if meta.memory == "local" else "agent-memory") / name
-
-
-def memory_section(meta: AgentMeta, definition_path: Path, environ: Mapping[str, str]) -> str:
-    """What Claude Code tells an agent with `memory:`: where its memory lives and
-    the head of its MEMORY.md, so what it learnt last time is in front of it."""
-    folder = memory_dir(meta, definition_path, environ)
-    with contextlib.suppress(OSError):
-        folder.mkdir(parents=True, exist_ok=True)
-    try:
-        head = "\n".join((folder / "MEMORY.md").read_text().splitlines()[:MEMORY_HEAD_LINES])
-    except (OSError, UnicodeDecodeError):
-        head = "(empty)"
-    return (
-        f"# Agent memory\nYour persistent memory directory is {folder}. Keep notes worth keeping across runs "
-        f"in {folder / 'MEMORY.md'} (only its first {MEMORY_HEAD_LINES} lines are shown here).\n"
-        f"MEMORY.md now:\n{head}"
-    )
-
-
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=False)
-
-
-def skill_sections(meta: AgentMeta, environ: Mapping[str, str]) -> list[str]:
-    """A definition's skills, preloaded whole into the system prompt, as Claude
-    Code does for a subagent's `skills:` (no settings files need loading)."""
-    project = project_of(meta.agent_source) if meta.agent_source else Path(meta.cwd)
-    sections = []
-    for name in meta.skills or []:
-        path = skill_file(name, project, environ)
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            if path is not None:
-                sections.append(f"# Skill: {name}\n{path.read_text().strip()}")
-    return sections
 
 
 def create_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> Path:
@@ -8054,363 +10876,6 @@ def settle_worktree(cwd: Path, agent_dir: Path, agent_id: str) -> str | None:
     return None
 
 
-@dataclass
-class CliStart:
-    """What an agent's CLI is started with, worked out without the SDK (cli_start)."""
-
-    options: dict[str, Any]
-    """ClaudeAgentOptions' fields, but hooks and stderr (they need the SDK)."""
-    gate: PermissionGate
-    prompt: str
-    argv: list[str]
-    env: dict[str, str]
-
-
-def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> CliStart:
-    """The CLI's options, command line and environment for this agent."""
-    system_prompt: Any
-    brief = briefing(meta, spawn_command(), delegates_for(meta, os.environ))
-    if meta.preset == "claude_code":
-        system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
-    else:
-        system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
-    builtin = [t for t in meta.tools if not t.startswith("mcp__")]
-    mcp_servers: dict[str, Any] = {}
-    hooks: dict[str, Any] | None = None
-    if meta.agent_source and (meta.mcp_servers or meta.hooks):
-        # The servers' config (which may hold tokens) and the hooks' commands
-        # are read from the definition, never copied into meta.json.
-        definition, _ = parse_definition(Path(meta.agent_source).read_text(), meta.agent_source, "project")
-        if definition is not None:
-            resolve_mcp_refs(definition, os.environ)
-        mcp_servers = definition.mcp_servers if definition and meta.mcp_servers else {}
-        if definition and definition.hooks and meta.hooks:
-            # Claude Code's hooks format is a settings key: the CLI runs them.
-            hooks = definition.hooks
-    sandbox = None
-    if meta.sandbox == "on":
-        with contextlib.suppress(FileExistsError):
-            (agent_dir / SCRATCH_DIR).mkdir()  # bwrap binds only what exists
-        # The CLI holds its config dir's projects/ read-only in the sandbox,
-        # binding /dev/null there while it is absent; the CLI's own first
-        # transcript write makes it a directory, and a Bash whose bwrap line
-        # was built just before then fails ("Can't create file at
-        # .../projects: Is a directory"). Made now, it is a directory throughout.
-        with contextlib.suppress(OSError):
-            (claude_config_dir(os.environ) / "projects").mkdir(mode=0o700, parents=True, exist_ok=True)
-        session = Path(meta.session)
-        if meta.depth >= meta.max_depth:
-            # Made now if absent, so a leaf's sandbox can hold them read-only,
-            # and its drop box writable (sandbox_writes).
-            with contextlib.suppress(OSError):
-                asks_dir(session).mkdir(exist_ok=True)
-                # (An empty status cache is one status ignores, and replaces whole.)
-                for name in (LEDGER, STATUS_INDEX, STATUS_CACHE):
-                    os.close(open_regular(session / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)[0])
-            (session / REFUSED_DIR / meta.id).mkdir(parents=True, exist_ok=True)
-        boxes = os.listdir(session / REFUSED_DIR) if (session / REFUSED_DIR).is_dir() else []
-        writable, read_only = sandbox_writes(
-            meta.depth < meta.max_depth,
-            agent_dir,
-            meta.session,
-            runner_index_dir(),
-            session_entries=os.listdir(session),
-            drop_boxes=boxes,
-        )
-        # The compiled copies every tree runs: never the sandbox's to write, even inside its cwd.
-        read_only.append(os.path.realpath(cache_dir(os.environ)))
-        read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
-        domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
-        sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
-    settings = cli_settings(hooks=hooks, sandbox=sandbox)
-    sections = [memory_section(meta, Path(meta.agent_source), os.environ)] if meta.agent_source and meta.memory else []
-    sections += skill_sections(meta, os.environ)
-    if sections:
-        if isinstance(system_prompt, dict):
-            system_prompt["append"] += "\n\n" + "\n\n".join(sections)
-        else:
-            system_prompt += "\n\n" + "\n\n".join(sections)
-    gate = PermissionGate(meta, agent_dir, secrets_, state.denied_asks)
-    allowed, disallowed = cli_permissions(meta.tools, meta.disallowed_tools, gate.rules)
-    options: dict[str, Any] = dict(
-        tools=builtin,
-        allowed_tools=allowed,
-        mcp_servers=mcp_servers,
-        strict_mcp_config=True,
-        skills=meta.skills,
-        disallowed_tools=disallowed,
-        system_prompt=system_prompt,
-        model=meta.model,
-        max_turns=meta.max_turns,
-        max_budget_usd=meta.max_budget_usd,
-        effort=meta.effort if isinstance(meta.effort, str) else None,
-        settings=settings,
-        cwd=meta.cwd,
-        cli_path=str(cli),
-        env=child_environment(meta, agent_dir),
-        # dontAsk by default: nobody answers the CLI's prompts in a nested
-        # agent, so what the tool list doesn't grant is denied, not awaited.
-        permission_mode=meta.permission_mode,
-        # Without the preset, skip settings files: they add prompt bytes and
-        # project hooks at every depth. The preset keeps Claude Code's defaults.
-        setting_sources=None if meta.preset == "claude_code" else [],
-        output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
-        resume=resumed_sdk_session(meta),
-        # The app in the CLI's User-Agent, unless the caller named theirs.
-        client_app=None if os.environ.get(SDK_CLIENT_APP_ENV) else f"spawn.py/{__version__}",
-    )
-    # initialPrompt comes first, in the same user turn, so the task's own text
-    # (and any scripted MOCK[...]) stays part of the first message.
-    prompt = f"{meta.initial_prompt}\n\n{meta.task}" if meta.initial_prompt else meta.task
-    argv = cli_argv(str(cli), options)
-    env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
-    return CliStart(options, gate, prompt, argv, env)
-
-
-async def run_sdk(
-    meta: AgentMeta,
-    agent_dir: Path,
-    cli: Path,
-    state: RunState,
-    secrets_: Sequence[str],
-    *,
-    sdk_loader: SdkLoader | None,
-    started: StartedCli | None = None,
-) -> None:
-    """Run the agent's CLI through the SDK: the one started early (start_cli), else one started now."""
-    import asyncio
-
-    not_started: OSError | None = None
-    try:
-        if started is None:
-            plan = cli_start(meta, agent_dir, cli, state, secrets_)
-            slot = await take_start_slot(Path(meta.session), start_slot_count(os.environ))
-            try:
-                started = start_cli(plan, state, slot)
-            except OSError as exc:
-                not_started = exc
-        sdk = sdk_loader.result() if sdk_loader is not None else import_sdk(os.environ)
-    except BaseException:
-        if started is not None:
-            started.free_slot()
-        raise
-    if started is None:
-        # The SDK's own words for it, as when its transport started the CLI.
-        if not Path(meta.cwd).is_dir():
-            raise sdk.CLIConnectionError(f"Working directory does not exist: {meta.cwd}") from not_started
-        if isinstance(not_started, FileNotFoundError):
-            raise sdk.CLINotFoundError(f"Claude Code not found at: {cli}") from not_started
-        raise sdk.CLIConnectionError(f"Failed to start Claude Code: {not_started}") from not_started
-    stderr_path = agent_dir / STDERR_LOG
-
-    def on_stderr(line: str) -> None:
-        append_log_line(stderr_path, redact(line, secrets_))
-
-    plan = started.plan
-    # The same options as for the SDK's own transport: the query still reads
-    # its hooks, skills and env from them (the flags are already the CLI's).
-    options = sdk.ClaudeAgentOptions(
-        **plan.options,
-        hooks={
-            "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=ask_timeout(os.environ) + 60)],
-            **native_subagent_hooks(sdk, agent_dir, secrets_),
-        },
-        stderr=on_stderr,
-    )
-    # Freed once the CLI goes quiet (or, where its CPU can't be read, at its
-    # first message), after START_SLOT_HOLD_S, or by whatever ends the run.
-    cpu_readable = procfs_is_ours()
-    release = asyncio.create_task(free_slot_when_quiet(started, START_SLOT_HOLD_S))
-    try:
-        await consume_sdk(
-            sdk,
-            sdk.query(prompt=plan.prompt, options=options, transport=CliPipes(sdk, started, on_stderr)),
-            meta=meta,
-            transcript=agent_dir / TRANSCRIPT,
-            state=state,
-            secrets_=secrets_,
-            first=(lambda: None) if cpu_readable else started.free_slot,
-        )
-    finally:
-        release.cancel()
-        started.free_slot()
-
-
-async def consume_sdk(
-    sdk: Any,
-    messages: AsyncIterator[Any],
-    *,
-    meta: AgentMeta,
-    transcript: Path,
-    state: RunState,
-    secrets_: Sequence[str],
-    first: Callable[[], None],
-) -> None:
-    """Record the CLI's messages as they come; `first` is called at each (it frees the start slot)."""
-    AssistantMessage, ResultMessage, TextBlock, ToolUseBlock = sdk.AssistantMessage, sdk.ResultMessage, sdk.TextBlock, sdk.ToolUseBlock
-    async for message in messages:
-        first()
-        state.last_activity = time.time()
-        # Past the cap a claude agent goes on unrecorded: its outcome says so.
-        append_transcript(transcript, message_record(message), secrets_)
-        if isinstance(message, sdk.SystemMessage) and message.subtype == "init":
-            remember_cli_tools(message.data, os.environ)
-        if isinstance(message, AssistantMessage):
-            texts = [b.text for b in message.content if isinstance(b, TextBlock) and b.text.strip()]
-            if texts:
-                state.last_text = "\n".join(texts)
-            for block in message.content:
-                if isinstance(block, ToolUseBlock) and block.name == "StructuredOutput":
-                    state.last_structured_attempt = block.input
-            if isinstance(message.usage, dict):
-                state.turns[message.message_id or f"turn{len(state.turns)}"] = (message.model or meta.model, message.usage)
-            # A tool call means another turn follows; a final answer is let through.
-            if any(isinstance(b, ToolUseBlock) and b.name != "StructuredOutput" for b in message.content) and state.request_stop:
-                last = list(state.turns.values())[-1:]
-                why = over_hold(Path(meta.session), meta.id, estimate_cost(state.turns.values()), estimate_cost(last))
-                if why is not None:
-                    state.request_stop(Status.FAILED, why)
-        elif isinstance(message, ResultMessage):
-            state.result = message
-        else:
-            observe_system_message(state, getattr(message, "subtype", None), getattr(message, "data", None))
-
-
-def observe_system_message(state: RunState, subtype: Any, data: Any) -> None:
-    """Keep what the CLI's system messages say about API retries and MCP servers."""
-    if not isinstance(data, dict):
-        return
-    if subtype == "api_retry":
-        state.api_retries = max(state.api_retries, int(data.get("attempt") or 0))
-        status = data.get("error_status")
-        state.api_error_status = status if isinstance(status, int) else state.api_error_status
-    elif subtype == "init":
-        servers = data.get("mcp_servers") or []
-        failed = [
-            f"{s.get('name')} ({s.get('status')})" for s in servers if isinstance(s, dict) and s.get("status") not in ("connected", None)
-        ]
-        for server in failed:
-            if server not in state.mcp_failed:
-                state.mcp_failed.append(server)
-                print(f"spawn: warning: MCP server {server} did not start", file=sys.stderr, flush=True)
-
-
-API_ERRORS = {
-    401: "rejected the credentials",
-    403: "refused access",
-    429: "rate limit reached",
-    500: "internal error",
-    529: "overloaded",
-}
-
-
-def describe_api_error(status: int, retries: int) -> str:
-    """`model API overloaded (529) after 3 retries`: what the user must know first."""
-    what = API_ERRORS.get(status, "error")
-    return f"model API {what} ({status})" + (f" after {retries} retries" if retries else "")
-
-
-def describe_sdk_error(exc: Exception, stderr_log: Path) -> str:
-    """One readable reason: the SDK's message plus what the CLI said on stderr."""
-    message = str(exc).split("\n")[0].strip()
-    try:
-        tail = [line.strip() for line in read_text(stderr_log).splitlines() if line.strip()][-3:]
-    except (OSError, SpawnError):
-        tail = []
-    reason = f"{type(exc).__name__}: {message}"
-    if tail:
-        reason += "; CLI stderr: " + " | ".join(tail)
-    return reason[:2000]
-
-
-def outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
-    """Turn what the run saw into the outcome record (pure).
-
-    A run that would end `failed` after one of its own asks was answered no
-    ended on that answer: it is `refused` (exit 4), naming the ask. A failure
-    that isn't the agent's own (API error, CLI crash, no result) stays `failed`.
-    """
-    outcome = _outcome_from_run(meta, state, started, error)
-    api_failed = outcome.api_error_status is not None or state.api_error_status is not None
-    if outcome.status == Status.FAILED and state.denied_asks and state.result is not None and error is None and not api_failed:
-        outcome.status, outcome.exit_code = Status.REFUSED, ExitCode.REFUSED
-        outcome.reason = f"{state.denied_asks[-1]}, and the agent ended without a result ({outcome.reason})"[:2000]
-    return outcome
-
-
-def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
-    result = state.result
-    duration = round(time.time() - started, 3)
-    base: dict[str, Any] = {
-        "id": meta.id,
-        "ended_at": utc_now_iso(),
-        "duration_s": duration,
-        "text": state.last_text,
-        "transcript": str(Path(meta.session) / AGENTS_DIR / meta.id / TRANSCRIPT),
-    }
-    if result is not None:
-        base.update(
-            cost_usd=round_usd(result.total_cost_usd),
-            usage=result.usage,
-            turns=result.num_turns,
-            sdk_session_id=result.session_id,
-            api_error_status=getattr(result, "api_error_status", None),
-        )
-        if result.result and not state.last_text:
-            base["text"] = result.result
-    if state.mcp_failed:
-        base["warnings"] = [f"MCP server {server} did not start" for server in state.mcp_failed]
-    if state.stop_reason is not None:
-        status = state.stop_reason
-        reason = state.stop_detail
-        if state.api_error_status is not None and (result is None or result.is_error):
-            # A deadline that lands while the CLI retries a failing API: say so.
-            reason += f"; the {describe_api_error(state.api_error_status, state.api_retries)}"
-        return Outcome(status=status, reason=reason, exit_code=EXIT_FOR_STATUS[status], **base)
-    if result is not None and result.is_error:
-        # The CLI's own account (subtype, API status, errors) beats the SDK's
-        # exception, which only says that the CLI exited non-zero.
-        detail = "; ".join(getattr(result, "errors", None) or []) or (result.result or "")
-        api = getattr(result, "api_error_status", None)
-        if api:
-            reason = describe_api_error(api, state.api_retries)
-        else:
-            # "success" is the subtype of every run that ended with a turn; it says nothing.
-            reason = "agent failed" + (f" ({result.subtype})" if result.subtype and result.subtype != "success" else "")
-        reason += f": {detail}" if detail else ""
-        return Outcome(status=Status.FAILED, reason=reason[:2000], exit_code=ExitCode.AGENT_FAILED, **base)
-    if error is not None and state.cli_killed:
-        return Outcome(status=Status.KILLED, reason=f"the claude CLI was ended by a signal: {error}", exit_code=ExitCode.KILLED, **base)
-    if error is not None:
-        return Outcome(status=Status.FAILED, reason=error, exit_code=ExitCode.AGENT_FAILED, **base)
-    if result is None:
-        return Outcome(status=Status.FAILED, reason="the CLI ended without a result", exit_code=ExitCode.AGENT_FAILED, **base)
-    if meta.schema is not None:
-        output = result.structured_output
-        if output is None:
-            output = state.last_structured_attempt
-        if output is None:
-            return Outcome(
-                status=Status.FAILED,
-                reason="no structured output: the agent never called StructuredOutput",
-                exit_code=ExitCode.AGENT_FAILED,
-                validation_errors=["(root): no structured output was produced"],
-                **base,
-            )
-        errors = validate_output(meta.schema, output)
-        if errors:
-            return Outcome(
-                status=Status.FAILED,
-                reason=f"structured output does not match the schema ({len(errors)} error(s))",
-                exit_code=ExitCode.AGENT_FAILED,
-                output=output,
-                validation_errors=errors,
-                **base,
-            )
-        return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=output, **base)
-    return Outcome(status=Status.DONE, reason="completed", exit_code=ExitCode.OK, output=result.result or state.last_text or "", **base)
-
-
 def run_agent(
     agent_dir: Path,
     cli: Path,
@@ -8419,6 +10884,7 @@ def run_agent(
     guard: tuple[int, int] | None = None,
     *,
     admitted: AgentMeta | None = None,
+    entry: Entry,
 ) -> Outcome:
     """Run a registered agent to its one committed outcome.
 
@@ -8450,7 +10916,7 @@ def run_agent(
     if sdk_loader is not None:
         sdk_loader.start()
     if forkserver_wanted(meta, os.environ):
-        start_forkserver(meta, sdk_loader)  # after entering the cgroup: it ends with the tree
+        start_forkserver(meta, sdk_loader, entry)  # after entering the cgroup: it ends with the tree
 
     async def main_task() -> None:
         nonlocal error
@@ -8628,25 +11094,6 @@ def outcome_committed_instead(
     return None, StateError(
         f"{agent_dir / OUTCOME} was published by something other than spawn.py ({why}); {own.id}'s own outcome ({own.status}) {where}"
     )
-
-
-def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
-    """Why a published outcome.json is not an outcome of agent_id, or None (pure)."""
-    if data.get("id") != agent_id:
-        return f"its id is {data.get('id')!r}"
-    if data.get("status") not in EXIT_FOR_STATUS:
-        return f"its status is {data.get('status')!r}"
-    for name in ("reason", "ended_at"):
-        if not isinstance(data.get(name), str):
-            return f"no {name}"
-    duration: Any = data.get("duration_s")
-    if type(data.get("exit_code")) is not int or type(duration) not in (int, float) or not is_finite(duration):
-        return "no exit_code or duration_s"
-    # Summed over the tree by status and the ledger: a string or NaN here would
-    # stop, or silently poison, every total above it.
-    if (cost := data.get("cost_usd")) is not None and (type(cost) not in (int, float) or not is_finite(cost)):
-        return f"its cost_usd is {cost!r}"
-    return None
 
 
 def write_output_file(path: Path, output: Any) -> None:
@@ -8913,1909 +11360,6 @@ async def drop_box_loop(leaf: AgentMeta, state: RunState, secrets_: Sequence[str
     while True:
         await asyncio.sleep(DROP_BOX_POLL_S)
         state.refusals_recorded += record_dropped_refusals(leaf, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded)
-# ==================== end src/spawnlib/cli_start.py ====================
-
-# ==================== begin src/spawnlib/executors.py ====================
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------- executors --
-# The seam between a node of the tree and what runs it. A reference (an
-# --agent value, or a definition's `kind:`) resolves to a Node; the Executor
-# of its kind checks it at resolve time and runs it. Everything else about a
-# node (meta, admission, deadline, signals, kill, guard, cgroup, the one
-# outcome) is run_agent's and the same for every kind. A new kind is one
-# Executor subclass in this section and its name in EXECUTORS. The kinds'
-# constants live here too, so that adding one touches this section only.
-
-A2A_CARD_PATH = "/.well-known/agent-card.json"
-# A card that takes longer than this to fetch counts as unreachable; a live
-# agent serves it in milliseconds, and a dead host should fail the spawn fast.
-A2A_CARD_TIMEOUT_S = 15.0
-# The bearer token a2a nodes send to the agent they call (tools/a2a_server.py
-# requires one): the path of a file holding it, so the token itself stays out
-# of argv, meta.json and the transcript.
-ENV_A2A_TOKEN_FILE = "SPAWN_A2A_TOKEN_FILE"
-# Without streaming, the remote task is polled this often: a short remote
-# task waits little, and the remote sees at most two requests a second.
-A2A_POLL_S = 0.5
-# The A2A transports this client speaks (gRPC would need a2a-sdk's grpc extra).
-A2A_BINDINGS = ("JSONRPC", "HTTP+JSON")
-# Message metadata that carries a tree's limits and trace across an A2A hop
-# (sessions/README.md, "Node kinds"); tools/a2a_server.py reads the same keys.
-A2A_META_DEPTH = "spawn.depth"
-A2A_META_MAX_DEPTH = "spawn.max_depth"
-A2A_META_DEADLINE = "spawn.deadline"
-A2A_META_BUDGET = "spawn.max_budget_usd"
-A2A_META_TRACEPARENT = "spawn.traceparent"
-A2A_META_COST = "spawn.cost_usd"
-# Remote task states (A2A's TaskState without its TASK_STATE_ prefix) and what
-# they end as; input-required and auth-required become asks; submitted and
-# working mean "not yet"; anything else is unknown and fails the node.
-A2A_FINAL_STATES: dict[str, Status] = {
-    "completed": Status.DONE,
-    "failed": Status.FAILED,
-    "rejected": Status.FAILED,
-    "canceled": Status.KILLED,
-}
-A2A_ASK_STATES = ("input-required", "auth-required")
-A2A_RUNNING_STATES = ("submitted", "working")
-# A command's stdout is one JSON result: bounded, so a runaway command can't
-# fill spawn.py's memory. 16 MiB is far above any result a parent reads.
-COMMAND_RESULT_LIMIT = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Node:
-    """What runs a node: its kind and, for a2a and command, where it lives."""
-
-    kind: str
-    endpoint: str | None = None
-    """a2a: the agent card's URL; command: the command line."""
-
-
-@dataclass
-class NodeResult:
-    """What a node of another kind than claude came back with (RunState.node_result)."""
-
-    status: Status
-    reason: str
-    output: Any = None
-    text: str | None = None
-    cost_usd: float | None = None
-    """As the node reported it; None (unknown) otherwise."""
-
-
-class NodeReferenceError(UsageError):
-    def __init__(self, reference: str, why: str) -> None:
-        super().__init__(f"--agent {reference}: {why}")
-
-
-def parse_reference(value: str | None) -> Node | None:
-    """The node an --agent value names directly, or None for a definition NAME (pure).
-
-    a2a:URL (the agent's base URL, or its card's), an http(s) URL of an agent
-    card, or command:EXE [ARGS].
-    """
-    if not value:
-        return None
-    if value.startswith("command:"):
-        command = value.removeprefix("command:").strip()
-        command_argv(command, value)
-        return Node("command", command)
-    if value.startswith("a2a:"):
-        return Node("a2a", a2a_card_url(value.removeprefix("a2a:"), value))
-    if re.match(r"[A-Za-z][A-Za-z0-9+.\-]*://", value):
-        from urllib.parse import urlsplit
-
-        if not urlsplit(value).path.endswith(A2A_CARD_PATH):
-            raise NodeReferenceError(
-                value, f"a URL must be an A2A agent card (...{A2A_CARD_PATH}); or write a2a:URL for an agent's base URL"
-            )
-        return Node("a2a", a2a_card_url(value, value))
-    return None
-
-
-def a2a_card_url(url: str, reference: str) -> str:
-    """The agent card's URL: URL itself when it names a .json file, else URL + the well-known path (pure)."""
-    from urllib.parse import urlsplit
-
-    url = url.strip()
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise NodeReferenceError(reference, "an A2A agent is an http(s) URL, e.g. a2a:https://host/path")
-    return url if parts.path.endswith(".json") else url.rstrip("/") + A2A_CARD_PATH
-
-
-def command_argv(command: str, reference: str) -> list[str]:
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise NodeReferenceError(reference, f"can't split the command line ({exc}); check its quoting") from None
-    if not argv:
-        raise NodeReferenceError(reference, "give the executable, e.g. command:/path/to/exe")
-    return argv
-
-
-def parse_node_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
-    """A definition's kind, with its url (a2a) or command (command)."""
-    kind = data.get("kind")
-    if kind is None:
-        for key in ("url", "command"):
-            if key in data:
-                problem(key, f"{key} needs 'kind: {'a2a' if key == 'url' else 'command'}'; ignored", "warning")
-        return
-    if kind not in EXECUTORS:
-        problem("kind", f"kind must be one of {', '.join(EXECUTORS)}, got {kind!r}")
-        d.kind = str(kind)  # an agent that can't run as what it says is not run as claude
-        return
-    d.kind = str(kind)
-    if d.kind == "claude":
-        return
-    key = "url" if d.kind == "a2a" else "command"
-    value = data.get(key)
-    if not isinstance(value, str) or not value.strip():
-        problem("kind", f"kind {kind} needs {key}: {'the agent URL' if key == 'url' else 'the executable and its arguments'}")
-        return
-    try:
-        d.endpoint = a2a_card_url(value, value) if key == "url" else " ".join(map(shlex.quote, command_argv(value, value)))
-    except NodeReferenceError as exc:
-        problem(key, exc.message.removeprefix(f"--agent {value}: "))
-
-
-def node_of_definition(definition: AgentDefinition | None) -> Node:
-    if definition is None or definition.kind == "claude":
-        return Node("claude")
-    if definition.kind not in EXECUTORS or definition.endpoint is None:
-        raise UsageError(f"agent definition {definition.path} has a bad kind or no url/command; fix it (see 'spawn.py agents lint')")
-    return Node(definition.kind, definition.endpoint)
-
-
-class Executor:
-    """Runs one kind of node inside run_agent's supervision."""
-
-    kind = ""
-
-    def check(self, node: Node, deadline: float | None) -> None:
-        """At resolve time: UsageError (exit 2, nothing written) when the node can't be run.
-
-        It returns by the spawn's deadline (Unix seconds) whatever a remote does:
-        a check that runs out of time leaves the rest to the run, which records the timeout.
-        """
-
-    def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
-        """Before run's event loop (and the SDK's import): start what may start at once. Best effort: run starts the rest."""
-
-    async def run(
-        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
-    ) -> None:
-        """Run the task; leave what came back in state (a claude run: state.result; others: state.node_result)."""
-        raise NotImplementedError
-
-    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
-        """The reason of a failed outcome for an exception run raised."""
-        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:2000]
-
-    def outcome(self, meta: AgentMeta, agent_dir: Path, state: RunState, started: float, error: str | None) -> Outcome:
-        return node_outcome(meta, state, started, error)
-
-
-class ClaudeExecutor(Executor):
-    """Today's path: the claude CLI through the SDK (run_sdk)."""
-
-    kind = "claude"
-
-    def __init__(self) -> None:
-        self.started: StartedCli | None = None
-
-    def start(self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> None:
-        """Start the CLI while the SDK is still being imported, if nothing makes it wait.
-
-        A --max-concurrent slot or a start slot to wait for, or a stop
-        already asked for, leave it to run_sdk, whose loop can serve a stop
-        meanwhile; so does anything that fails here, which run_sdk then
-        meets again and reports.
-        """
-        if EarlyStop.pending is not None or read_limits(Path(meta.session)).max_concurrent is not None:
-            return
-        try:
-            plan = cli_start(meta, agent_dir, cli, state, secrets_)
-        except Exception:
-            return
-        free, slot = start_slot_now(Path(meta.session), start_slot_count(os.environ))
-        if free:
-            with contextlib.suppress(OSError):
-                self.started = start_cli(plan, state, slot)
-
-    async def run(
-        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
-    ) -> None:
-        await run_sdk(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader, started=self.started)
-
-    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
-        return describe_sdk_error(exc, agent_dir / STDERR_LOG)
-
-    def outcome(self, meta: AgentMeta, agent_dir: Path, state: RunState, started: float, error: str | None) -> Outcome:
-        # The CLI's usage prices a run it gave no total for; other kinds have no turns to price.
-        return with_estimated_cost(outcome_from_run(meta, state, started, error), agent_dir, meta.model)
-
-
-def node_outcome(meta: AgentMeta, state: RunState, started: float, error: str | None) -> Outcome:
-    """The outcome of a node of another kind than claude (pure).
-
-    As for a claude agent: a stop (kill, deadline, signal) wins; a failure
-    after one of the node's own asks was answered no is `refused`; the output
-    is validated against the schema (a JSON text is parsed first).
-    """
-    result = state.node_result
-    base: dict[str, Any] = {
-        "id": meta.id,
-        "ended_at": utc_now_iso(),
-        "duration_s": round(time.time() - started, 3),
-        "text": result.text if result else None,
-        "cost_usd": result.cost_usd if result else None,
-        "transcript": str(Path(meta.session) / AGENTS_DIR / meta.id / TRANSCRIPT),
-    }
-    if state.stop_reason is not None:
-        return Outcome(status=state.stop_reason, reason=state.stop_detail, exit_code=EXIT_FOR_STATUS[state.stop_reason], **base)
-    if error is None and result is None:
-        error = f"the {meta.kind} node ended without a result"
-    if error is not None or (result is not None and result.status != Status.DONE):
-        status, reason = (Status.FAILED, error or "") if error is not None or result is None else (result.status, result.reason)
-        if status == Status.FAILED and state.denied_asks:
-            status, reason = Status.REFUSED, f"{state.denied_asks[-1]}, and the node ended without a result ({reason})"
-        return Outcome(status=status, reason=reason[:2000], exit_code=EXIT_FOR_STATUS[status], **base)
-    assert result is not None
-    output = result.output
-    if meta.schema is not None:
-        if isinstance(output, str):
-            with contextlib.suppress(ValueError):
-                output = parse_json(output)
-        errors = validate_output(meta.schema, output)
-        if errors:
-            reason = f"output does not match the schema ({len(errors)} error(s))"
-            return Outcome(
-                status=Status.FAILED, reason=reason, exit_code=ExitCode.AGENT_FAILED, output=output, validation_errors=errors, **base
-            )
-    return Outcome(status=Status.DONE, reason=result.reason or "completed", exit_code=ExitCode.OK, output=output, **base)
-
-
-def node_line(agent_dir: Path, kind: str, message: Mapping[str, Any], secrets_: Sequence[str]) -> bool:
-    """One transcript line of a node of another kind: {time, type, message}; False once the transcript is truncated."""
-    return append_transcript(agent_dir / TRANSCRIPT, {"time": utc_now_iso(), "type": kind, "message": dict(message)}, secrets_)
-
-
-class CommandExecutor(Executor):
-    """An executable: one JSON task on stdin, one JSON result on stdout (sessions/README.md)."""
-
-    kind = "command"
-
-    def check(self, node: Node, deadline: float | None) -> None:
-        import shutil
-
-        argv = command_argv(node.endpoint or "", f"command:{node.endpoint}")
-        found = argv[0] if "/" in argv[0] else shutil.which(argv[0])
-        if found is None or not Path(found).is_file() or not os.access(found, os.X_OK):
-            raise NodeReferenceError(
-                f"command:{node.endpoint}", f"{argv[0]} is not an executable file; give its path, e.g. command:/path/to/exe"
-            )
-
-    async def run(
-        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
-    ) -> None:
-        import asyncio
-
-        argv = command_argv(meta.endpoint or "", f"command:{meta.endpoint}")
-        # Its own session and group: the stop path ends the group, never spawn.py.
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=meta.cwd,
-            env={**os.environ, **child_environment(meta, agent_dir)},
-            start_new_session=True,
-            limit=COMMAND_RESULT_LIMIT,
-        )
-        state.started_cli(proc.pid)
-        node_line(agent_dir, "CommandStart", {"argv": argv, "pid": proc.pid}, secrets_)
-        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-        stderr_tail: list[str] = []
-
-        async def pump_stderr(stream: asyncio.StreamReader) -> None:
-            async for raw in stream:
-                line = redact(raw.decode(errors="replace").rstrip("\n"), secrets_)
-                if line.strip():
-                    del stderr_tail[:-2]
-                    stderr_tail.append(line)
-                state.last_activity = time.time()
-                append_log_line(agent_dir / STDERR_LOG, line)
-
-        async def feed(stdin: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a command may not read its task
-                stdin.write(json.dumps(command_task(meta, agent_dir)).encode() + b"\n")
-                await stdin.drain()
-            stdin.close()
-
-        _, out, _ = await asyncio.gather(feed(proc.stdin), proc.stdout.read(COMMAND_RESULT_LIMIT + 1), pump_stderr(proc.stderr))
-        if len(out) > COMMAND_RESULT_LIMIT:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
-        code = await proc.wait()
-        result = command_result(out, code, stderr_tail)
-        node_line(agent_dir, "CommandResult", {"exit_code": code, "status": result.status.value, "reason": result.reason}, secrets_)
-        state.node_result = result
-
-
-def command_task(meta: AgentMeta, agent_dir: Path) -> dict[str, Any]:
-    """The JSON a command node reads on stdin (sessions/README.md, "Node kinds")."""
-    task: dict[str, Any] = {
-        "task": meta.task,
-        "schema": meta.schema,
-        "depth": meta.depth,
-        "max_depth": meta.max_depth,
-        "deadline": meta.deadline,
-        "max_budget_usd": meta.max_budget_usd,
-        "session": meta.session,
-        "agent_id": meta.id,
-        "parent_id": meta.parent_id,
-        "agent_dir": str(agent_dir),
-        "cwd": meta.cwd,
-        "traceparent": meta.traceparent,
-        "protocol": PROTOCOL_VERSION,
-    }
-    return task
-
-
-def command_result(out: bytes, code: int, stderr_tail: Sequence[str]) -> NodeResult:
-    """What a command's exit status and stdout say (pure)."""
-    said = f"; stderr: {' | '.join(stderr_tail)}" if stderr_tail else ""
-    if len(out) > COMMAND_RESULT_LIMIT:  # checked first: spawn.py ended such a command itself
-        return NodeResult(Status.FAILED, f"the command's result is over {COMMAND_RESULT_LIMIT} bytes")
-    if code < 0:
-        name = next((sig.name for sig in signal.Signals if sig == -code), f"signal {-code}")
-        return NodeResult(Status.KILLED, f"the command was ended by {name}")
-    try:
-        result = parse_json(out)
-    except ValueError:
-        result = None
-    error = result.get("error") if isinstance(result, dict) else None
-    cost = result.get("cost_usd") if isinstance(result, dict) else None
-    cost = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) and is_finite(cost) and cost >= 0 else None
-    if code != 0:
-        return NodeResult(Status.FAILED, f"the command exited {code}" + (f": {error}" if error else said), cost_usd=cost)
-    if not isinstance(result, dict) or ("output" not in result and not error):
-        head = out[:200].decode(errors="replace").strip()
-        return NodeResult(
-            Status.FAILED, f'the command wrote no JSON result on stdout ({{"output": ...}}); it wrote {head!r}{said}', cost_usd=cost
-        )
-    if error:
-        return NodeResult(Status.FAILED, f"the command failed: {error}", output=result.get("output"), cost_usd=cost)
-    output = result["output"]
-    return NodeResult(Status.DONE, "completed", output=output, text=output if isinstance(output, str) else None, cost_usd=cost)
-
-
-def a2a_token(environ: Mapping[str, str]) -> str | None:
-    """The bearer token in $SPAWN_A2A_TOKEN_FILE, or None when it is unset."""
-    path = environ.get(ENV_A2A_TOKEN_FILE)
-    if not path:
-        return None
-    try:
-        token = Path(path).expanduser().read_text().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        why = getattr(exc, "strerror", None) or exc
-        raise UsageError(f"can't read {ENV_A2A_TOKEN_FILE} {path}: {why}; point it at the token file") from None
-    if not token or not token.isprintable() or not token.isascii():
-        raise UsageError(f"{ENV_A2A_TOKEN_FILE} {path} holds no token (one line of ASCII); point it at the server's token file")
-    return token
-
-
-def read_url_by(url: str, until: float) -> bytes:
-    """GET url's body (at most COMMAND_RESULT_LIMIT bytes), all of it read by `until`
-    (Unix seconds), else TimeoutError.
-
-    urllib's own timeout bounds each socket call, so a peer that sends one byte
-    a second never trips it: here each read gets only the time left.
-    """
-    import http.client
-    import io
-    import urllib.request
-
-    class Reads(io.RawIOBase):
-        def __init__(self, sock: socket.socket) -> None:
-            self.sock = sock
-
-        def readable(self) -> bool:
-            return True
-
-        def readinto(self, buffer: Any) -> int:
-            left = until - time.time()
-            if left <= 0:
-                raise TimeoutError("out of time")
-            self.sock.settimeout(left)
-            return self.sock.recv_into(buffer)
-
-        def close(self) -> None:
-            super().close()
-            self.sock.close()
-
-    class Bounded:
-        """The connection's socket as http.client uses it, every read bounded.
-
-        urllib closes the connection once the headers are read, leaving the
-        response's reader to close the socket: the reader owns it from then.
-        """
-
-        def __init__(self, sock: socket.socket) -> None:
-            self.sock = sock
-            self.reader: io.BufferedReader | None = None
-
-        def makefile(self, mode: str, *args: Any, **kwargs: Any) -> io.BufferedReader:
-            self.reader = io.BufferedReader(Reads(self.sock))
-            return self.reader
-
-        def close(self) -> None:
-            if self.reader is None:
-                self.sock.close()
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.sock, name)
-
-    class HTTPConnection(http.client.HTTPConnection):
-        def connect(self) -> None:
-            super().connect()
-            self.sock = cast("socket.socket", Bounded(self.sock))
-
-    class HTTPSConnection(http.client.HTTPSConnection):
-        def connect(self) -> None:
-            super().connect()  # the TLS handshake too, within the connect timeout
-            self.sock = cast("socket.socket", Bounded(self.sock))
-
-    class HTTP(urllib.request.HTTPHandler):
-        def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-            return self.do_open(HTTPConnection, req)
-
-    class HTTPS(urllib.request.HTTPSHandler):
-        def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-            return self.do_open(HTTPSConnection, req)
-
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    with urllib.request.build_opener(HTTP, HTTPS).open(request, timeout=max(0.001, until - time.time())) as response:
-        return cast("bytes", response.read(COMMAND_RESULT_LIMIT))
-
-
-def fetch_agent_card(url: str, deadline: float | None = None) -> dict[str, Any] | None:
-    """The agent card at url, checked enough to be worth a client (resolve time; no SDK import).
-
-    It is read within A2A_CARD_TIMEOUT_S and by the deadline: None when the
-    deadline came first, so that the run records the timeout.
-    """
-    import urllib.error
-
-    until = time.time() + A2A_CARD_TIMEOUT_S
-    by_deadline = deadline is not None and deadline < until
-    try:
-        body = read_url_by(url, min(until, deadline) if deadline is not None else until)
-    except urllib.error.HTTPError as exc:
-        raise UsageError(f"no A2A agent card at {url} (HTTP {exc.code}); check the URL (is it an A2A agent?)") from None
-    except (urllib.error.URLError, OSError) as exc:
-        why = getattr(exc, "reason", exc)
-        if isinstance(why, TimeoutError):
-            if by_deadline:
-                return None
-            raise UsageError(f"the A2A agent at {url} sent no card within {A2A_CARD_TIMEOUT_S:.0f} s; check the host and port") from None
-        raise UsageError(f"can't reach the A2A agent at {url}: {why}; check the host and port") from None
-    try:
-        card = parse_json(body)
-    except ValueError:
-        raise UsageError(f"{url} is not an A2A agent card (not JSON); check the URL") from None
-    problem = a2a_card_problem(card)
-    if problem is not None:
-        raise UsageError(f"{url} is not a valid A2A agent card: {problem}")
-    return cast("dict[str, Any]", card)
-
-
-def a2a_card_problem(card: Any) -> str | None:
-    """What keeps this client from using a card, or None (pure)."""
-    if not isinstance(card, dict):
-        return "it is not a JSON object"
-    if not isinstance(card.get("name"), str) or not card.get("name"):
-        return "it has no name"
-    interfaces = card.get("supportedInterfaces")
-    if interfaces is None and isinstance(card.get("url"), str):  # a 0.3 card
-        interfaces = [{"url": card["url"], "protocolBinding": card.get("preferredTransport", "JSONRPC")}]
-        interfaces += [
-            {"url": i.get("url"), "protocolBinding": i.get("transport")}
-            for i in card.get("additionalInterfaces") or []
-            if isinstance(i, dict)
-        ]
-    if not isinstance(interfaces, list) or not interfaces:
-        return "it lists no interface (supportedInterfaces)"
-    usable = [i for i in interfaces if isinstance(i, dict) and i.get("protocolBinding") in A2A_BINDINGS and isinstance(i.get("url"), str)]
-    if not usable:
-        return f"none of its interfaces speaks {' or '.join(A2A_BINDINGS)}"
-    return None
-
-
-def a2a_metadata(meta: AgentMeta) -> dict[str, Any]:
-    """Message metadata: the node's depth, limits and trace, for the remote to narrow to."""
-    data: dict[str, Any] = {A2A_META_DEPTH: meta.depth, A2A_META_MAX_DEPTH: meta.max_depth, A2A_META_TRACEPARENT: meta.traceparent}
-    if meta.deadline is not None:
-        data[A2A_META_DEADLINE] = meta.deadline
-    if meta.max_budget_usd is not None:
-        data[A2A_META_BUDGET] = meta.max_budget_usd
-    return data
-
-
-def a2a_state_name(value: int, names: Mapping[int, str]) -> str:
-    """completed, input-required, ...: A2A's TaskState without its prefix; an unknown value as its number (pure)."""
-    name = names.get(value)
-    return name.removeprefix("TASK_STATE_").lower().replace("_", "-") if name else str(value)
-
-
-def whole_numbers(value: Any) -> Any:
-    """JSON from protobuf's Struct, whose numbers are all doubles: 3.0 back to 3 (pure)."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list):
-        return [whole_numbers(v) for v in value]
-    if isinstance(value, dict):
-        return {k: whole_numbers(v) for k, v in value.items()}
-    return value
-
-
-def parts_output(parts: Sequence[Mapping[str, Any]]) -> tuple[Any, str | None]:
-    """(output, text) of A2A parts as JSON (pure).
-
-    One data part alone is the output (so --schema can check it); text parts
-    are joined; both together are {"text", "data": [...]}. A file part counts
-    as data: {url or filename, media_type}.
-    """
-    texts = [str(p["text"]) for p in parts if "text" in p]
-    data = [whole_numbers(p["data"]) for p in parts if "data" in p]
-    data += [{k: p[k] for k in ("url", "filename", "mediaType") if k in p} for p in parts if "url" in p or "raw" in p]
-    text = "\n".join(texts) if texts else None
-    if not data:
-        return text, text
-    if text is None:
-        return (data[0] if len(data) == 1 else data), None
-    return {"text": text, "data": data}, text
-
-
-class A2ATask:
-    """What the client has seen of its remote task, from events or polls (JSON, as ProtoJSON)."""
-
-    def __init__(self, state_names: Mapping[int, str]) -> None:
-        self.names = state_names
-        self.task_id: str | None = None
-        self.context_id: str | None = None
-        self.state: str | None = None
-        self.status_parts: list[dict[str, Any]] = []
-        self.artifacts: dict[str, list[dict[str, Any]]] = {}
-        self.reply: list[dict[str, Any]] | None = None
-        """The parts of a direct Message reply: the remote answered without a task."""
-        self.cost_usd: float | None = None
-
-    def observe(self, event: Mapping[str, Any], raw_state: int | None) -> None:
-        """Take in one StreamResponse (or a polled Task as {"task": ...}); raw_state is its numeric state."""
-        if "message" in event:
-            self.reply = list(event["message"].get("parts") or [])
-            self.state = "completed"
-            return
-        body = event.get("task") or event.get("statusUpdate") or event.get("artifactUpdate") or {}
-        self.task_id = body.get("id") or body.get("taskId") or self.task_id
-        self.context_id = body.get("contextId") or self.context_id
-        self._cost(body.get("metadata"))
-        if "task" in event:
-            for artifact in body.get("artifacts") or []:
-                self.artifacts[str(artifact.get("artifactId"))] = list(artifact.get("parts") or [])
-        if "artifactUpdate" in event:
-            artifact = body.get("artifact") or {}
-            key = str(artifact.get("artifactId"))
-            parts = list(artifact.get("parts") or [])
-            self.artifacts[key] = [*self.artifacts.get(key, []), *parts] if body.get("append") else parts
-        if "task" in event or "statusUpdate" in event:
-            status = body.get("status") or {}
-            self.state = a2a_state_name(raw_state or 0, self.names)
-            message = status.get("message") or {}
-            self.status_parts = list(message.get("parts") or [])
-            self._cost(message.get("metadata"))
-
-    def _cost(self, metadata: Any) -> None:
-        cost = metadata.get(A2A_META_COST) if isinstance(metadata, dict) else None
-        if isinstance(cost, int | float) and not isinstance(cost, bool) and is_finite(cost) and cost >= 0:
-            self.cost_usd = float(cost)
-
-    def settled(self) -> bool:
-        """Past working: final, waiting for an answer, or in a state this client doesn't know."""
-        return self.state is not None and self.state not in A2A_RUNNING_STATES
-
-    def status_text(self) -> str:
-        return parts_output(self.status_parts)[1] or ""
-
-    def result(self) -> NodeResult:
-        state = self.state or "unknown"
-        status = A2A_FINAL_STATES.get(state)
-        said = self.status_text()
-        if status == Status.DONE:
-            parts = self.reply if self.reply is not None else [p for ps in self.artifacts.values() for p in ps]
-            output, text = parts_output(parts or self.status_parts)
-            return NodeResult(Status.DONE, "completed", output=output, text=text or said or None, cost_usd=self.cost_usd)
-        if status == Status.KILLED:
-            return NodeResult(
-                Status.KILLED,
-                "the remote agent canceled the task" + (f": {said}" if said else ""),
-                text=said or None,
-                cost_usd=self.cost_usd,
-            )
-        if status == Status.FAILED:
-            return NodeResult(
-                Status.FAILED, f"the remote agent's task {state}" + (f": {said}" if said else ""), text=said or None, cost_usd=self.cost_usd
-            )
-        return NodeResult(
-            Status.FAILED, f"the remote task is in a state this client doesn't know: {state!r}", text=said or None, cost_usd=self.cost_usd
-        )
-
-
-class A2AExecutor(Executor):
-    """A remote agent over A2A (a2a-sdk, imported only when an a2a node runs)."""
-
-    kind = "a2a"
-
-    def check(self, node: Node, deadline: float | None) -> None:
-        a2a_token(os.environ)  # an unreadable token file is exit 2, before anything is written
-        fetch_agent_card(node.endpoint or "", deadline)
-
-    def describe_error(self, exc: Exception, agent_dir: Path) -> str:
-        return f"A2A: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"[:2000]
-
-    async def run(
-        self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
-    ) -> None:
-        import asyncio
-        import uuid
-        from collections.abc import Generator
-        from urllib.parse import urlsplit
-
-        import httpx
-        from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
-        from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
-
-        # protobuf ships no type hints: its JSON codec is used untyped.
-        json_format: Any = importlib.import_module("google.protobuf.json_format")
-
-        class Flooded(Exception):
-            """The remote sent more than the transcript holds: a peer that floods is ended, not followed."""
-
-        def line(kind: str, message: Mapping[str, Any]) -> bool:
-            state.last_activity = time.time()
-            return node_line(agent_dir, kind, message, secrets_)
-
-        names = {int(v): n for n, v in TaskState.items()}
-        url = meta.endpoint or ""
-        parts = urlsplit(url)
-        token = a2a_token(os.environ)
-        card_origin = httpx.URL(url)
-
-        class Bearer(httpx.Auth):
-            """The token, to the card's own origin only: a card may name interfaces anywhere."""
-
-            def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-                there = request.url
-                if token is not None and (there.scheme, there.host, there.port) == (card_origin.scheme, card_origin.host, card_origin.port):
-                    request.headers["Authorization"] = f"Bearer {token}"
-                yield request
-
-        # No timeout of its own on a stream's reads: the deadline (run_agent's
-        # stop, which cancels this task) bounds the card, the send, the stream and every poll.
-        async with httpx.AsyncClient(timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=Bearer()) as http:
-            card = await A2ACardResolver(http, f"{parts.scheme}://{parts.netloc}", parts.path).get_agent_card()
-            streaming = bool(card.capabilities.streaming)
-            line("A2ACard", {"url": url, "name": card.name, "version": card.version, "streaming": streaming})
-            config = ClientConfig(
-                streaming=streaming, polling=not streaming, httpx_client=http, supported_protocol_bindings=list(A2A_BINDINGS)
-            )
-            client = ClientFactory(config).create(card)
-            task = A2ATask(names)
-
-            cancels: list[asyncio.Future[None]] = []
-
-            async def cancel() -> None:
-                if task.task_id is None or task.state in A2A_FINAL_STATES:
-                    line(
-                        "A2ACancel",
-                        {"task_id": task.task_id, "sent": False, "why": "no remote task yet" if task.task_id is None else task.state},
-                    )
-                    return
-                if cancels:  # the run's own cancel (an ask denied) and the stop path's can meet: one is sent
-                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
-                    return
-                done = asyncio.get_running_loop().create_future()
-                cancels.append(done)
-                try:
-                    answer = await client.cancel_task(CancelTaskRequest(id=task.task_id))
-                except Exception as exc:
-                    line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": f"{type(exc).__name__}: {exc}"[:500]})
-                    raise
-                finally:
-                    done.set_result(None)
-                line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, names)})
-
-            state.stop_hooks.append(cancel)
-            try:
-                text = meta.task
-                while True:
-                    message = Message(
-                        message_id=uuid.uuid4().hex,
-                        role=Role.ROLE_USER,
-                        parts=[Part(text=text)],
-                        metadata=a2a_metadata(meta),
-                        task_id=task.task_id or "",
-                        context_id=task.context_id or "",
-                    )
-                    line("A2ASend", json_format.MessageToDict(message))
-                    events = client.send_message(SendMessageRequest(message=message))
-                    try:
-                        async for event in events:
-                            raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
-                            event_json = json_format.MessageToDict(event)
-                            if not line("A2AEvent", event_json):
-                                raise Flooded(
-                                    f"the remote agent sent over {log_max_bytes(os.environ)} bytes of events ({ENV_LOG_MAX}); "
-                                    "its task was canceled"
-                                )
-                            task.observe(event_json, raw)
-                            if task.settled():
-                                break
-                    finally:
-                        close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
-                        if close is not None:
-                            await close()
-                    seen = task.state
-                    while not task.settled():
-                        if task.task_id is None:
-                            raise RuntimeError("the remote agent answered with neither a task nor a message")
-                        await asyncio.sleep(A2A_POLL_S)
-                        polled = await client.get_task(GetTaskRequest(id=task.task_id))
-                        task.observe({"task": json_format.MessageToDict(polled)}, polled.status.state)
-                        if task.state != seen:  # a poll that saw nothing new is no event
-                            line("A2ATask", json_format.MessageToDict(polled))
-                            seen = task.state
-                    if task.state not in A2A_ASK_STATES:
-                        break
-                    reply = await a2a_ask(meta, agent_dir, state, task, remote=card.name, secrets_=secrets_)
-                    if reply is None:
-                        await cancel()
-                        state.node_result = NodeResult(
-                            Status.FAILED, f"the remote agent's {task.state} was answered no", cost_usd=task.cost_usd
-                        )
-                        return
-                    text = reply
-                state.node_result = task.result()
-            except Flooded as exc:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(cancel(), KILL_GRACE_S)
-                state.node_result = NodeResult(Status.FAILED, str(exc), cost_usd=task.cost_usd)
-            finally:
-                # A remote that reports itself canceled ends the stream while the
-                # stop path's cancel still waits on this client for its reply:
-                # closing the client now would cut that reply (and its record) off.
-                if cancels:
-                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
-
-
-async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATask, *, remote: str, secrets_: Sequence[str]) -> str | None:
-    """Raise the remote's input-required/auth-required as an ask; the reply to send, or None when denied."""
-    import asyncio
-
-    timeout = ask_timeout(os.environ)
-    if meta.deadline is not None:
-        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
-    question = task.status_text() or f"the remote agent {remote} needs {task.state}"
-    rule = f"A2A {task.state} from {remote}"
-    channel = open_ask(meta, f"A2A:{task.state}", {"command": question}, rule, timeout=timeout, secrets_=secrets_)
-    ask = channel.ask_id
-    node_line(agent_dir, "A2AAsk", {"ask": ask, "state": task.state, "question": question}, secrets_)
-    how = f"run 'spawn.py approve {ask} --text REPLY' or 'spawn.py deny {ask}' within {timeout:.0f} s"
-    note(f"agent {meta.id}: {remote} asks: {question[:200]}; {how}")
-    try:
-        answer = await asyncio.to_thread(channel.wait, meta.id, timeout, secrets_)
-    finally:
-        channel.close()  # never left pending by a stop: denied, by timeout
-    verdict, by = str(answer.get("verdict")), str(answer.get("by", "?"))
-    node_line(agent_dir, "A2AAnswer", {"ask": ask, "verdict": verdict, "by": by}, secrets_)
-    if verdict != "approve":
-        state.denied_asks.append(f"ask {ask} ({rule}) denied by {by}")
-        return None
-    return str(answer.get("text") or "approved")
-
-
-def names_another_kind(argv: Sequence[str]) -> bool:
-    """Whether argv's --agent is an a2a or command reference: a run with nothing of the claude SDK to import."""
-    values = [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--agent"]
-    values += [arg.removeprefix("--agent=") for arg in argv if arg.startswith("--agent=")]
-    try:
-        return any(node is not None and node.kind != "claude" for node in map(parse_reference, values))
-    except UsageError:
-        return False  # reported by the run's own resolution
-
-
-EXECUTORS: dict[str, type[Executor]] = {"claude": ClaudeExecutor, "a2a": A2AExecutor, "command": CommandExecutor}
-
-
-def executor_for(kind: str) -> Executor:
-    if kind not in EXECUTORS:
-        raise UsageError(f"unknown node kind {kind!r}; use one of {', '.join(EXECUTORS)} (this spawn.py is {__version__})")
-    return EXECUTORS[kind]()
-# ==================== end src/spawnlib/executors.py ====================
-
-# ==================== begin src/spawnlib/fast_start.py ====================
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ------------------------------------------------------------- fast start --
-
-# A script run as `python spawn.py` is compiled on every start (only imported
-# modules get cached bytecode): ~200 ms of this 9,000-line file, at every
-# level. So the first spawn.py of a tree compiles it once into the per-user
-# cache, and children, guards and runners run that copy. A copy is named by
-# the source's path and bytes: the path because the code finds schemas/ and
-# sessions/ beside the file it was compiled from, so two projects' identical
-# copies must not share one.
-COMPILED_DIR = "compiled"
-COMPILED_HASH_KEY = 0x7370_6177_6E  # any fixed key: the name carries the cache tag too
-# A copy is run or handed out only when copy_is_trusted: the cache folder and
-# the copy are the user's and nobody else's to replace, the copy is a regular
-# file, and its header says it was compiled from the source's own bytes (a
-# checked-hash pyc, PEP 552): the name alone is no proof, as any file can be
-# put at a name. The header is no signature either: what keeps a forged copy
-# out is that no contained agent can write the cache (README: "Guarantees").
-COMPILED_MODE_FORBIDDEN = 0o022  # group- or other-writable: another user's to replace
-PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # PEP 552 flags: hash-based, checked against the source
-# `uv run spawn.py`, as users and agents write it, would still compile the
-# source at every level. So a run from source puts a start-up hook into the
-# virtual environment running it (uv's own, for `uv run`): a .pth line that
-# site runs at every interpreter start there. When the script named on the
-# command line has a compiled copy, the hook execs the same interpreter on
-# that copy, with the same argv and pid; anything else starts as usual.
-ENV_NO_FAST_START = "SPAWN_NO_FAST_START"  # 1: neither install nor use the hook
-FAST_START_MODULE = "_spawn_fast_start"
-# For a nested spawn, the hook also runs the stand-in (the first section of
-# this file) itself, from the script's own bytes: when the session's fork
-# server takes the spawn, no second interpreter starts to load the copy
-# (~20 ms a level). The section runs from its banner up to the line that
-# calls it, and only if that line calls it as the hook does (another
-# version's may not); test_fast_start checks both are found, once each.
-STAND_IN_START = "\n# " + "-" * 51 + " fork server: stand-in --\n"
-STAND_IN_END = '\nif __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:\n'
-ANNOTATIONS_FLAG = __future__.annotations.compiler_flag  # the section's own `from __future__ import annotations`
-# The hook's own code, written beside the .pth. It repeats cache_dir and
-# compiled_name (test_fast_start checks they agree): it runs before any of
-# this file is read. Builtin modules only; for every other program it costs
-# a look at sys.argv, or for a .py file one read and a few stats.
-FAST_START_HOOK = f'''"""Written by spawn.py (README: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.
-
-Runs at every interpreter start in this environment, from {FAST_START_MODULE}.pth.
-If the script on the command line has a compiled copy in spawn.py's cache,
-exec the same interpreter on that copy instead of compiling the source.
-Remove {FAST_START_MODULE}.pth to remove it.
-"""
-
-import os
-import stat
-import sys
-
-
-def cache_dir(environ):
-    if environ.get("SPAWN_CACHE_DIR"):
-        return os.path.expanduser(environ["SPAWN_CACHE_DIR"])
-    base = environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache")
-    return os.path.join(os.path.expanduser(base), "spawn")
-
-
-def compiled_name(path, source):
-    import _imp
-
-    digest = _imp.source_hash({COMPILED_HASH_KEY:#x}, os.fsencode(path) + b"\\0" + source).hex()
-    return "spawn-" + digest + "." + sys.implementation.cache_tag + ".pyc"
-
-
-def copy_is_trusted(folder, copy, source):
-    """Ours, a regular file (not a link), nobody else's to replace, and compiled from source."""
-    import _frozen_importlib_external as bootstrap
-    import _imp
-
-    try:
-        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        for st in (os.stat(folder), os.fstat(fd)):
-            if st.st_uid != os.getuid() or st.st_mode & {COMPILED_MODE_FORBIDDEN:#o}:
-                return False
-        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    expected = bootstrap.MAGIC_NUMBER + {PYC_CHECKED_HASH!r} + _imp.source_hash(bootstrap._RAW_MAGIC_NUMBER, source)
-    return header == expected
-
-
-def compiled_copy(script, environ):
-    """The compiled copy to run for script, and the script's bytes; or None."""
-    if not script.endswith(".py") or environ.get("{ENV_NO_FAST_START}") == "1" or sys.flags.optimize:
-        return None
-    try:
-        path = os.path.realpath(script)
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return None  # a FIFO's bytes are the script's: Python must read them, not us
-        with open(path, "rb") as fh:
-            source = fh.read()
-        folder = os.path.join(cache_dir(environ), "{COMPILED_DIR}")
-        copy = os.path.join(folder, compiled_name(path, source))
-    except (OSError, ValueError):
-        return None
-    # A planted or stale copy is never run: the source runs instead.
-    return (copy, source) if copy_is_trusted(folder, copy, source) else None
-
-
-def stand_in(copy, source):
-    """Hand this spawn to its session's fork server from here, as the copy's
-    first lines would: the same code, compiled from the script's own bytes
-    (its stand-in section), minus an interpreter's start. Returns only if
-    the server doesn't take it (none, a refusal, a verb it doesn't run):
-    then the copy runs, and asks again itself.
-    """
-    start = source.find({STAND_IN_START.encode()!r})
-    end = source.find({STAND_IN_END.encode()!r}, start)
-    if start < 0 or end < 0:
-        return
-    try:
-        # The file's own future import, and its own line numbers in a traceback.
-        code = compile(b"\\n" * source.count(b"\\n", 0, start) + source[start:end], sys.argv[0], "exec", {ANNOTATIONS_FLAG:#x}, True)
-        scope = {{"__name__": "{FAST_START_MODULE}.stand_in", "__file__": copy}}
-        exec(code, scope)
-        ask = scope["forkserver_stand_in"]
-    except Exception:
-        return
-    try:
-        served = ask(sys.argv[1:], os.environ)
-    except BaseException:
-        # As an error in the copy's first lines ends it: never a second try
-        # at a spawn that may already be running.
-        import traceback
-
-        traceback.print_exc()
-        os._exit(1)
-    if served is not None:
-        os._exit(served)
-
-
-def main():
-    argv = list(getattr(sys, "orig_argv", ()))
-    at = len(argv) - len(sys.argv)
-    # Only where exec keeps the pid: the process is its parent's child and an agent's stand-in.
-    if os.name != "posix" or not sys.argv or at < 1 or argv[at] != sys.argv[0] or not sys.executable:
-        return
-    found = compiled_copy(sys.argv[0], os.environ)
-    if found is None:
-        return
-    copy, source = found
-    session = os.environ.get("{ENV_SESSION}")  # a nested spawn's; compile nothing for a root or a session with no server
-    if session and os.environ.get("{ENV_NO_FORKSERVER}") != "1" and os.path.exists(os.path.join(session, "{FORKSERVER_SOCKET}")):
-        stand_in(copy, source)
-    import _signal
-
-    # Python ignores these at start; the new interpreter does it again, and a
-    # failed exec puts them back as they were.
-    saved = [(n, _signal.signal(n, _signal.SIG_DFL)) for n in (_signal.SIGPIPE, _signal.SIGXFSZ)]
-    try:
-        os.execv(sys.executable, argv[:at] + [copy] + argv[at + 1 :])
-    except OSError:
-        for n, handler in saved:
-            _signal.signal(n, handler)
-
-
-main()
-'''
-
-
-def compiled_name(source_path: Path, source: bytes) -> str:
-    """The file name of the compiled copy of the spawn.py at source_path (resolved) with these bytes."""
-    import _imp
-
-    digest = _imp.source_hash(COMPILED_HASH_KEY, os.fsencode(source_path) + b"\0" + source).hex()
-    return f"spawn-{digest}.{sys.implementation.cache_tag}.pyc"
-
-
-def copy_is_trusted(folder: Path, copy: Path, source: bytes) -> bool:
-    """Whether copy (in folder) may run for a spawn.py with these bytes: the
-    hook's check of the same name, line for line (test_fast_start compares
-    them). The copy is opened without following a link, and its owner and
-    mode are read from that open file, so what is checked is what was read."""
-    import _imp
-    import importlib.util
-    import stat
-
-    try:
-        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    try:
-        for st in (os.stat(folder), os.fstat(fd)):
-            if st.st_uid != os.getuid() or st.st_mode & COMPILED_MODE_FORBIDDEN:
-                return False
-        header = os.read(fd, 16) if stat.S_ISREG(st.st_mode) else b""
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    raw_magic = int.from_bytes(importlib.util.MAGIC_NUMBER, "little")
-    return header == importlib.util.MAGIC_NUMBER + PYC_CHECKED_HASH + _imp.source_hash(raw_magic, source)
-
-
-def copy_fingerprint(path: Path) -> tuple[int, ...]:
-    """What changes when a file is written or replaced: a write moves its
-    ctime, which no user can set back; a rename brings another inode."""
-    st = os.lstat(path)
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
-def compile_copy(folder: Path, target: Path) -> None:
-    """Compile this spawn.py into target: under a fresh name first (py_compile
-    renames its own temporary file onto it), made writable by the user alone
-    whatever the source's mode, then renamed over whatever is at target, a
-    link included, which is replaced and never followed."""
-    import py_compile
-
-    fresh = folder / f".{target.name}.{os.getpid()}.tmp"
-    try:
-        py_compile.compile(
-            str(SCRIPT_PATH),
-            cfile=str(fresh),
-            dfile=str(SCRIPT_PATH),
-            doraise=True,
-            invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH,
-        )
-        os.chmod(fresh, 0o644)
-        os.replace(fresh, target)
-    except py_compile.PyCompileError as exc:
-        raise OSError(str(exc)) from None
-    finally:
-        with contextlib.suppress(OSError):
-            fresh.unlink()
-
-
-@functools.cache
-def verified_copy() -> tuple[Path, tuple[int, ...]] | None:
-    """The compiled copy to hand out and its fingerprint when checked, or None for the source.
-
-    A process already running a compiled copy hands on that same copy, so a
-    whole tree runs one version even if the source is edited meanwhile. Any
-    other copy is checked (copy_is_trusted), and one that fails is compiled
-    afresh. Any failure (a read-only cache, inside a sandbox) falls back to
-    the source.
-    """
-    try:
-        if Path(__file__).suffix == ".pyc":
-            own = Path(__file__).resolve()
-            return own, copy_fingerprint(own)
-        source = SCRIPT_PATH.read_bytes()
-        folder = cache_dir(os.environ) / COMPILED_DIR
-        target = folder / compiled_name(SCRIPT_PATH, source)
-        if not copy_is_trusted(folder, target, source):
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = os.lstat(folder)
-            if st.st_uid == os.getuid() and st.st_mode & COMPILED_MODE_FORBIDDEN:
-                # Made by an older spawn.py under a umask of 002: every copy in it is checked one by one.
-                os.chmod(folder, st.st_mode & ~COMPILED_MODE_FORBIDDEN)
-            compile_copy(folder, target)
-            if not copy_is_trusted(folder, target, source):
-                return None
-        return target, copy_fingerprint(target)
-    except OSError:
-        return None
-
-
-def compiled_script() -> Path:
-    """The file to execute for this spawn.py: its compiled copy, else its source.
-
-    Every call hands it out afresh (to a runner, a guard, the CLI's
-    environment, a briefing): a copy changed since it was checked is checked
-    again, and compiled again if it fails, rather than handed on.
-    """
-    found = verified_copy()
-    if found is None:
-        return SCRIPT_PATH
-    with contextlib.suppress(OSError):
-        if copy_fingerprint(found[0]) == found[1]:
-            return found[0]
-    if Path(__file__).suffix == ".pyc":
-        return SCRIPT_PATH  # the copy this process runs changed under it: never hand that on
-    verified_copy.cache_clear()
-    found = verified_copy()
-    return found[0] if found is not None else SCRIPT_PATH
-
-
-def fast_start_site() -> Path | None:
-    """The site-packages of the virtual environment running us, or None for a base interpreter."""
-    if sys.prefix == sys.base_prefix:
-        return None
-    import sysconfig
-
-    site = Path(sysconfig.get_path("purelib"))
-    return site if site.is_relative_to(sys.prefix) else None
-
-
-def install_fast_start(environ: Mapping[str, str]) -> None:
-    """Put the start-up hook (FAST_START_HOOK) into the virtual environment running this source.
-
-    Never into a base interpreter's site-packages, which every program on
-    the machine shares. The module goes first: a .pth line naming a missing
-    module would print an error at every start. Best effort: a read-only
-    environment (inside a sandbox) just keeps compiling.
-    """
-    if environ.get(ENV_NO_FAST_START) == "1" or Path(__file__).suffix != ".py":
-        return  # and a compiled copy never pays for the sysconfig import below
-    site = fast_start_site()
-    if site is None:
-        return
-    files = ((f"{FAST_START_MODULE}.py", FAST_START_HOOK), (f"{FAST_START_MODULE}.pth", f"import {FAST_START_MODULE}\n"))
-    for name, text in files:
-        path = site / name
-        # read_regular_file and write_file_atomic: a FIFO or a link planted
-        # at either name is neither waited on nor followed.
-        with contextlib.suppress(OSError, SpawnError):
-            if read_regular_file(path)[0] == text.encode():
-                continue
-        try:
-            write_file_atomic(path, text.encode())
-        except OSError:
-            return
-# ==================== end src/spawnlib/fast_start.py ====================
-
-# ==================== begin src/spawnlib/forkserver.py ====================
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ------------------------------------------------------------- fork server --
-
-# A session's fork server: one process, started by the root agent, that has
-# imported everything a spawn needs. A nested spawn.py hands its whole
-# invocation over the socket (forkserver_stand_in, at the top of this file)
-# and the server forks a child that runs it: no interpreter start, no
-# imports, and pages shared with the server. It is an accelerator only:
-# with no server, every spawn takes the normal path and every guarantee is
-# the same.
-FORKSERVER_LOG = "forkserver.jsonl"  # in the session directory: one line per fork
-FORKSERVER_NAME = "spawn-forksrv"  # its name in ps and top (/proc/PID/comm, at most 15 bytes)
-FORKSERVER_POLL_S = 1.0  # how often the server checks that its root is still alive
-# What a forked agent would otherwise import for itself, each a private copy
-# (~4 MiB of each agent's private memory): anyio's asyncio backend and the
-# streams the SDK opens at connect, and ctypes (prctl, the subreaper).
-# (Not opentelemetry, which the SDK would import at connect: import_sdk
-# keeps it out.)
-FORKSERVER_PRELOAD = (
-    "anyio._backends._asyncio",
-    "anyio._core._subprocesses",
-    "anyio.to_thread",
-    "anyio.streams.memory",
-    "anyio.streams.stapled",
-    "anyio.streams.tls",
-    "ctypes",
-    "queue",
-)
-
-
-class ForkedFor:
-    """In a child of the fork server: the stand-in it runs a spawn for (set once, after the fork)."""
-
-    pid: int | None = None
-    create_time: float = 0.0
-    ancestry: dict[str, Any] | None = None
-    """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
-
-
-def ancestry_subject() -> psutil.Process:
-    """The process whose ancestry decides a spawn's parent agent and limits.
-
-    This process, except in a fork server's child: there it is the stand-in,
-    whose pid the kernel reported (SO_PEERCRED), since the child's own
-    ancestry is the server's. If the stand-in is gone the spawn is over; the
-    child must never go on as if it were a root.
-    """
-    if ForkedFor.pid is None:
-        return psutil.Process()
-    with contextlib.suppress(psutil.Error):
-        proc = psutil.Process(ForkedFor.pid)
-        if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
-            return proc
-    os.kill(os.getpid(), signal.SIGKILL)
-    raise AssertionError("unreachable")
-
-
-def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
-    """Only a root that can have children starts one; SPAWN_NO_FORKSERVER=1 turns it off.
-
-    Linux only: the server learns its peers from SO_PEERCRED.
-    """
-    return (
-        sys.platform.startswith("linux")
-        and meta.parent_id is None
-        and ForkedFor.pid is None
-        and meta.depth < meta.max_depth
-        and "Bash" in meta.tools
-        and environ.get(ENV_NO_FORKSERVER) != "1"
-    )
-
-
-def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None) -> None:
-    """Fork the session's fork server from the root (in its cgroup, below its subreaper).
-
-    Forked, not started afresh: the root has imported nearly everything the
-    server needs, so the server costs a fork instead of an interpreter that
-    imports it all again (about 0.25 s of CPU, taken from the root's CLI
-    while it starts). The SDK's import thread is joined first: a fork keeps
-    only the calling thread, and an import lock held by another would stay
-    held in the child. The root's end takes the server down with the rest
-    of its subtree; it also exits by itself once the root's process is
-    gone. A server that fails to start costs nothing but speed.
-    """
-    if sdk_loader is not None:
-        try:
-            sdk_loader.result()
-        except BaseException:
-            return  # run_sdk raises it where it is reported
-    if threading.active_count() > 1:
-        return  # another thread would be cut off mid-step in the child
-    try:
-        log = os.open(Path(meta.session) / "forkserver.log", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError:
-        return
-    with contextlib.suppress(OSError, ValueError):  # else the child would write the root's buffered output
-        sys.stdout.flush()
-        sys.stderr.flush()
-    try:
-        pid = os.fork()
-    except OSError:
-        pid = -1
-    if pid != 0:
-        os.close(log)
-        return
-    # From here this process is the server, and never returns to the root's code.
-    try:
-        become_forkserver(log)
-        serve_forks(meta)
-    except SystemExit:
-        pass
-    except BaseException:  # into its log: the server is only ever an accelerator
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(0)
-
-
-def become_forkserver(log: int) -> None:
-    """In the root's fresh fork: let go of everything that is the root's.
-
-    Its own session (a Ctrl-C reaches the root, which ends it), no stdio of
-    the root's (a parent reading the root's stdout must see EOF when the
-    root exits), no other descriptor (the guard's pipe must close when the
-    root dies), default signal handling, and a name of its own in ps.
-    """
-    os.setsid()
-    # As a fresh interpreter has them (the root's hold stop signals for its outcome).
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    reset_after_fork()  # a stop the root got, its guard, its capped logs: the root's, not its forked agents'
-    # Gone with the root at once, even a SIGKILLed one (else within FORKSERVER_POLL_S).
-    set_parent_death_signal(signal.SIGTERM)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        fds = list(range(3, 4096))
-    for fd in fds:
-        if fd > 2:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-    with contextlib.suppress(OSError), open("/proc/self/comm", "w") as fh:
-        fh.write(FORKSERVER_NAME)
-    print(f"spawn.py fork server {os.getpid()}", flush=True)
-
-
-def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) -> str | None:
-    """Why this server must not run a request (then the stand-in takes the normal path)."""
-    if request.get("prefix") != sys.prefix:
-        return "another Python environment"
-    argv = request.get("argv")
-    # What a stand-in asks for, and nothing else: every other verb (approve,
-    # kill, ...) decides by its caller's ancestry, which a fork would hide.
-    if not (isinstance(argv, list) and argv and (argv[0].startswith("-") or argv[0] in FORKED_VERBS)):
-        return "not a spawn"
-    if request.get("detach") is True and not (len(argv) == 2 and argv[0] == "_run"):
-        return "only a background runner is forked detached"
-    path, size, mtime_ns = request["script"]  # its shape checked by request_problem
-    if path == str(compiled_script()):
-        return None
-    if path == str(SCRIPT_PATH) and (size, mtime_ns) == (script_stat.st_size, script_stat.st_mtime_ns):
-        return None
-    return "another spawn.py"
-
-
-# A request holds one spawn's argv and environment, which the kernel caps
-# together at ARG_MAX (2 MiB on Linux); anything much longer is no stand-in's.
-FORKSERVER_REQUEST_MAX = 8 << 20
-
-
-def request_problem(request: object) -> str | None:
-    """What makes a fork request malformed, or None (pure).
-
-    The socket is the user's only, but the server must outlive whatever
-    is sent to it: a field of the wrong type is refused here, not met as a
-    TypeError in the serving loop, which would end the server.
-    """
-    if not isinstance(request, dict):
-        return "not an object"
-    argv, env, script = request.get("argv"), request.get("env"), request.get("script")
-    if not (isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)):
-        return "argv"
-    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-        return "env"
-    if not (isinstance(request.get("cwd"), str) and isinstance(request.get("prefix"), str)):
-        return "cwd or prefix"
-    if not (isinstance(script, list) and len(script) == 3 and isinstance(script[0], str) and all(type(n) is int for n in script[1:])):
-        return "script"
-    if not isinstance(request.get("detach", False), bool):
-        return "detach"
-    return None
-
-
-# A stand-in sends its whole request at once; a client still sending after
-# this many seconds is dropped (it takes the normal path, if it is one).
-FORKSERVER_REQUEST_S = 5.0
-# Requests read at once; a client past them is closed unanswered (the normal path).
-FORKSERVER_PENDING_MAX = 32
-
-
-class PendingRequest:
-    """A fork request being read: a 4-byte length, JSON, and the stdio fds (SCM_RIGHTS).
-
-    The server reads every client's as it comes, each until its own
-    deadline: one that trickles its bytes must not hold up another's spawn.
-    """
-
-    def __init__(self, conn: Any, client_pid: int) -> None:
-        self.conn, self.client_pid = conn, client_pid
-        self.deadline = time.monotonic() + FORKSERVER_REQUEST_S
-        self.data = bytearray()
-        self.fds: list[int] = []
-
-    def feed(self) -> bool:
-        """Take what has come; whether the request is whole. ValueError for one that never can be."""
-        import socket
-
-        try:
-            data, fds, _flags, _addr = socket.recv_fds(self.conn, 1 << 16, 3)
-        except BlockingIOError:
-            return False
-        self.fds += fds
-        if len(self.fds) > 3:
-            raise ValueError("more fds than stdio")
-        if not data:
-            raise ValueError("request cut short")
-        self.data += data
-        if len(self.data) < 4:
-            return False
-        length = int.from_bytes(self.data[:4], "big")
-        if length > FORKSERVER_REQUEST_MAX or len(self.data) > 4 + length:
-            raise ValueError("no request's length")
-        return len(self.data) == 4 + length
-
-    def request(self) -> dict[str, Any]:
-        """The whole request, checked; ValueError for a malformed one (parse_json: deep is malformed)."""
-        request = parse_json(bytes(self.data[4:]), FORKSERVER_REQUEST_MAX)
-        if len(self.fds) != 3 or request_problem(request) is not None:
-            raise ValueError("malformed request")
-        return cast("dict[str, Any]", request)
-
-    def close(self) -> None:
-        for fd in self.fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds = []
-        self.conn.close()
-
-
-def serve_forks(meta: AgentMeta) -> None:
-    """The fork server's loop: accept, check the peer, fork; until the root is gone."""
-    import gc
-    import selectors
-    import socket
-    import struct
-
-    root = Supervised.of(meta)
-    path = Path(meta.session) / FORKSERVER_SOCKET
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    address, dir_fd = unix_address(str(path))
-    mask = os.umask(0o177)  # the socket is created 0600: only this user may connect
-    try:
-        server.bind(address)
-    finally:
-        os.umask(mask)
-        if dir_fd is not None:
-            os.close(dir_fd)
-    bound = path.stat().st_ino
-    # Listening before the imports: a spawn that comes meanwhile waits in the
-    # backlog, no longer than its own imports would have taken it.
-    server.listen(64)
-    server.setblocking(False)
-
-    # Everything a spawn imports, once: the children share these pages. (The
-    # root, forked, has most of it: the SDK's and asyncio's imports are free.)
-    import asyncio  # noqa: F401
-
-    import jsonschema  # noqa: F401
-
-    import_sdk(os.environ)
-    import anyio  # noqa: F401
-
-    for name in FORKSERVER_PRELOAD:
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name)
-    compiled_script()
-    # Out of the collector's reach: a child's collections then leave these
-    # pages alone, so they stay shared with the server instead of copied.
-    gc.freeze()
-    script_stat = SCRIPT_PATH.stat()
-    namespace = own_pid_namespace()
-
-    def stop(_signum: int, _frame: Any) -> None:
-        raise SystemExit(0)
-
-    # The spawns this server forked, by pid: the stand-in each runs for. A
-    # detached runner is forked only for one of them (its launcher), and for
-    # that launcher's caller, who is checked while it still lives.
-    launched: dict[int, tuple[int, float]] = {}
-
-    def reap(_signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ChildProcessError):
-            while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
-                launched.pop(pid, None)
-
-    signal.signal(signal.SIGCHLD, reap)
-    signal.signal(signal.SIGTERM, stop)
-    pending: dict[Any, PendingRequest] = {}
-    selector = selectors.DefaultSelector()
-    selector.register(server, selectors.EVENT_READ)
-
-    def drop(client: PendingRequest) -> None:
-        # Closed unanswered: that client takes the normal path.
-        selector.unregister(client.conn)
-        del pending[client.conn]
-        client.close()
-
-    def admit() -> None:
-        try:
-            conn, _ = server.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        client_pid, client_uid, _gid = struct.unpack("3i", creds)
-        # Another user's, or one inside an agent's sandbox (or unreadable),
-        # whatever it says: what it spawns must stay in there, not be forked out.
-        if client_uid != os.getuid() or pid_namespace_of(client_pid) != namespace or len(pending) >= FORKSERVER_PENDING_MAX:
-            conn.close()
-            return
-        conn.setblocking(False)
-        pending[conn] = PendingRequest(conn, client_pid)
-        selector.register(conn, selectors.EVENT_READ)
-
-    def serve(client: PendingRequest) -> None:
-        conn, fds, client_pid = client.conn, client.fds, client.client_pid
-        request = client.request()
-        conn.settimeout(5.0)  # the reply's send; the client waits for it
-        refusal = forkserver_refusal(request, script_stat)
-        client_time = psutil.Process(client_pid).create_time()
-        caller, ancestry = None, None
-        if refusal is None:
-            caller, refusal = caller_in_tree(client_pid, launched, meta.session, detach=request.get("detach") is True)
-        if refusal is None and caller is not None and request.get("detach") is True:
-            ancestry = ancestry_context(subject=caller)
-        if refusal is not None:
-            conn.sendall(json.dumps({"refused": refusal}).encode() + b"\n")
-            return
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                server.close()
-                selector.close()
-                for other in pending.values():  # every other client is the server's to answer
-                    other.close()
-                if request.get("detach") is True:
-                    ForkedFor.ancestry = ancestry
-                    run_detached(conn, fds, request)
-                run_forked(conn, fds, request, client_pid, client_time)
-            finally:
-                os._exit(ExitCode.STATE)
-        if request.get("detach") is not True:
-            launched[pid] = (client_pid, client_time)
-        line = {
-            "time": utc_now_iso(),
-            "pid": pid,
-            "client_pid": client_pid,
-            "verb": request["argv"][0] if request["argv"][:1] in (["_run"], ["wait"]) else "run",
-        }
-        if request.get("detach") is True:
-            line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
-        with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
-            fh.write(json.dumps(line) + "\n")
-
-    try:
-        while root.alive():
-            now = time.monotonic()
-            for client in [c for c in pending.values() if c.deadline <= now]:
-                drop(client)
-            wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in pending.values())])
-            for key, _events in selector.select(max(0.0, wait_s)):
-                if key.fileobj is server:
-                    admit()
-                    continue
-                client = pending[key.fileobj]
-                try:
-                    whole = client.feed()
-                except (OSError, ValueError):
-                    drop(client)
-                    continue
-                if whole:
-                    selector.unregister(client.conn)
-                    del pending[client.conn]
-                    with contextlib.suppress(OSError, ValueError, psutil.Error):
-                        serve(client)
-                    client.close()
-        # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
-        print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
-    finally:
-        with contextlib.suppress(OSError):
-            if path.stat().st_ino == bound:
-                path.unlink()
-
-
-def caller_in_tree(
-    client_pid: int, launched: Mapping[int, tuple[int, float]], session: str, *, detach: bool
-) -> tuple[psutil.Process | None, str | None]:
-    """(the process a request speaks for, None), or (None, why it is refused).
-
-    The kernel names the client (SO_PEERCRED); a spawn this server forked
-    speaks for the stand-in it runs for. The caller must run under a
-    registered runner of this server's own session: anything else (another
-    tree, a process that only sets SPAWN_SESSION) takes the normal path,
-    where its own ancestry decides. Only the server's own forked launchers
-    may ask for a detached runner.
-    """
-    if detach and client_pid not in launched:
-        return None, "only a launcher this server forked may ask for a detached runner"
-    caller_pid, caller_time = launched.get(client_pid, (client_pid, None))
-    try:
-        caller = psutil.Process(caller_pid)
-        if caller_time is not None and abs(caller.create_time() - caller_time) >= 0.05:
-            return None, "its caller is gone"
-    except psutil.Error:
-        return None, "its caller is gone"
-    for agent_dir in ancestor_agents(caller)[:1]:
-        with contextlib.suppress(OSError, SpawnError):
-            if load_meta(agent_dir).session == session:
-                return caller, None
-    return None, "not a process of this server's tree"
-
-
-def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> list[str]:
-    """In a forked child: take on the client's stdio, cwd, environment and argv, and send it our pid. The argv."""
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    reset_after_fork()
-    os.setsid()  # its own group, as a runner has: never in the server's
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        if fd != target:
-            os.close(fd)
-    os.chdir(str(request["cwd"]))
-    os.environ.clear()
-    os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
-    argv = [str(a) for a in request["argv"]]
-    sys.argv = [str(compiled_script()), *argv]
-    conn.settimeout(None)
-    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
-    return argv
-
-
-def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float) -> NoReturn:
-    """In the forked child: become the spawn the stand-in would have run, then report its exit code."""
-    ForkedFor.pid, ForkedFor.create_time = client_pid, client_time
-    argv = adopt_request(conn, fds, request)
-    finished = threading.Event()
-
-    def watch_stand_in() -> None:
-        # The stand-in never writes: this returns when it closes or dies.
-        with contextlib.suppress(OSError):
-            conn.recv(1)
-        if not finished.is_set():
-            os.kill(os.getpid(), signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
-
-    watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
-    watcher.start()
-    try:
-        code = main(argv)
-    except SystemExit as exc:  # what the process would have exited with
-        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
-    sys.stdout.flush()
-    sys.stderr.flush()
-    finished.set()
-    # Let go of the caller's pipes before the stand-in exits, as a process that ends would.
-    null = os.open(os.devnull, os.O_RDWR)
-    for target in (0, 1, 2):
-        os.dup2(null, target)
-    with contextlib.suppress(OSError):
-        conn.sendall(json.dumps({"exit": int(code)}).encode() + b"\n")
-    watcher.join(FORKSERVER_REPLY_S)  # our pid stays ours while the stand-in may still signal it
-    os._exit(code)
-
-
-def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> NoReturn:
-    """In the forked child: a background agent's runner that a launcher (itself forked) asked for.
-
-    No stand-in: the launcher exits at once, and the runner's own pid is what
-    meta.json records, as for a runner the launcher would have started
-    itself; that would be one more interpreter and stand-in per agent (~50 ms
-    of CPU, ~3 MiB while the agent runs). In a session of its own, as then.
-    """
-    argv = adopt_request(conn, fds, request)
-    conn.close()
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> int | None:
-    """From a launcher the fork server forked: have the server fork the agent's runner. Its pid, or None.
-
-    None (no server any more, a refusal, a timeout) means: start the runner
-    the normal way. The server forks before it answers, so after an answer
-    the runner exists; after no answer, none was forked for us (a server
-    that forks and then can't answer closes the socket, and a runner that
-    was never registered gives up by itself: cmd_background_runner).
-    """
-    if ForkedFor.pid is None:
-        return None  # not forked by a server: there may be none
-    stat = SCRIPT_PATH.stat()
-    request: dict[str, object] = {
-        "argv": ["_run", str(agent_dir)],
-        "detach": True,
-        "env": dict(os.environ),
-        "cwd": cwd,
-        "prefix": sys.prefix,
-        "script": [str(compiled_script()), stat.st_size, stat.st_mtime_ns],
-    }
-    null = os.open(os.devnull, os.O_RDONLY)
-    try:
-        served = forkserver_request(session, request, (null, log, log))
-    finally:
-        os.close(null)
-    if served is None:
-        return None
-    served[0].close()  # the runner is detached: nothing more comes on this socket
-    return served[1]
-# ==================== end src/spawnlib/forkserver.py ====================
-
-# ==================== begin src/spawnlib/verbs.py ====================
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# -------------------------------------------------------------------- verbs --
-
-
-def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
-    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
-
-
-def idle_for(agent_dir: Path) -> float | None:
-    """Seconds a running agent has been idle, when that is over half its idle timeout."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        idle, limit = time.time() - float(beat["last_activity_at"]), float(beat["idle_timeout_s"])
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
-    return idle if idle > limit / 2 else None
-
-
-def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
-    """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
-    if not Supervised.of(meta).alive():
-        return Status.FAILED
-    age = heartbeat_age(agent_dir)
-    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
-        return Status.STALE
-    return Status.RUNNING
 
 
 def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Process], list[int]]:
@@ -10927,18 +11471,6 @@ def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets
     return [meta.id for _, meta, _, _ in pending]
 
 
-def parent_gone(session: Path, meta: AgentMeta) -> bool:
-    """True if a live agent's parent agent has ended or died: it escaped its tree."""
-    if meta.parent_id is None:
-        return False
-    parent_dir = session / AGENTS_DIR / meta.parent_id
-    try:
-        parent = load_meta(parent_dir)
-    except (FileNotFoundError, SpawnError):
-        return False
-    return read_outcome(parent_dir) is not None or not Supervised.of(parent).alive()
-
-
 def live_descendants(meta: AgentMeta) -> set[str]:
     """Ids of the agents below meta whose process is running and have no outcome."""
     live = set()
@@ -10971,6 +11503,128 @@ def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]
             else:
                 verdicts.append((d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})"))
     settle_agents(verdicts, "parent", secrets_)
+
+
+def descendants_of(session: Path, agent_id: str) -> list[Path]:
+    """Agent directories below agent_id, deepest first."""
+    parents: dict[str, tuple[str | None, int, Path]] = {}
+    own = id_depth(agent_id)
+    for d in iter_agent_dirs(session):
+        # Every agent calls this as it ends: in a fan-out of N leaves, reading
+        # every record each time was N x N reads. An id carries its depth
+        # (new_agent_id), and nothing at or above an agent's depth is below it.
+        # A directory named otherwise is read, whatever it claims.
+        if own is not None and (depth := id_depth(d.name)) is not None and depth <= own:
+            continue
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            meta = load_meta(d)
+            parents[meta.id] = (meta.parent_id, meta.depth, d)
+    found = []
+    for aid, (_, depth, d) in parents.items():
+        cursor: str | None = aid
+        while cursor is not None and cursor in parents:
+            cursor = parents[cursor][0]
+            if cursor == agent_id:
+                found.append((depth, d))
+                break
+    return [d for _, d in sorted(found, key=lambda x: -x[0])]
+# ==================== end src/spawnlib/cli_start.py ====================
+
+# ==================== begin src/spawnlib/verbs.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# -------------------------------------------------------------------- verbs --
+
+
+def parent_gone(session: Path, meta: AgentMeta) -> bool:
+    """True if a live agent's parent agent has ended or died: it escaped its tree."""
+    if meta.parent_id is None:
+        return False
+    parent_dir = session / AGENTS_DIR / meta.parent_id
+    try:
+        parent = load_meta(parent_dir)
+    except (FileNotFoundError, SpawnError):
+        return False
+    return read_outcome(parent_dir) is not None or not Supervised.of(parent).alive()
 
 
 def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
@@ -11089,94 +11743,6 @@ class WaitResult:
     stale: list[Path]
     finished: bool
     """False when wait's own --timeout ran out first."""
-
-
-class MarkerEvents:
-    """Which agent directories got a .done/.fail marker: inotify (Linux), else unavailable.
-
-    (take_start_slot uses it too, to sleep until a slot file is closed:
-    watch(folder, IN_CLOSE), then drain() at each wake.)
-
-    A marker is the committer's last step (created O_EXCL after outcome.json
-    is published and charged), so its IN_CREATE says the outcome is whole.
-    Renames into place (IN_MOVED_TO) count too. Heartbeat refreshes also
-    wake the fd; they are read and dropped, never acted on.
-    """
-
-    IN_CLOSE = 0x08 | 0x10  # IN_CLOSE_WRITE | IN_CLOSE_NOWRITE
-    IN_MOVED_TO = 0x80
-    IN_CREATE = 0x100
-    IN_IGNORED = 0x8000  # the watch is gone (directory removed): poll it instead
-    IN_Q_OVERFLOW = 0x4000  # events were lost: look at everything
-    IN_ONLYDIR = 0x1000000
-    IN_NONBLOCK = 0o4000
-    IN_CLOEXEC = 0o2000000
-    HEADER = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name
-
-    def __init__(self, *, enabled: bool = True) -> None:
-        self.fd = -1
-        self.dirs: dict[int, Path] = {}
-        self.lost: set[Path] = set()
-        """Directories whose watch went away since the last read."""
-        self.overflow = False
-        if not enabled or not sys.platform.startswith("linux"):
-            return
-        import ctypes
-
-        try:
-            self.libc = ctypes.CDLL(None, use_errno=True)
-            self.fd = int(self.libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC))
-        except (OSError, AttributeError):
-            self.fd = -1
-
-    def watch(self, agent_dir: Path, events: int = IN_CREATE | IN_MOVED_TO) -> bool:
-        """Watch agent_dir; False if it can't be (no inotify, watch limit reached, no such dir)."""
-        if self.fd < 0:
-            return False
-        wd = int(self.libc.inotify_add_watch(self.fd, os.fsencode(agent_dir), events | self.IN_ONLYDIR))
-        if wd < 0:
-            return False
-        self.dirs[wd] = agent_dir
-        return True
-
-    def read(self) -> set[Path]:
-        """Directories with a new marker since the last read (sets overflow/lost as they happen)."""
-        import struct
-
-        found: set[Path] = set()
-        size = struct.calcsize(self.HEADER)
-        while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except BlockingIOError:
-                return found
-            offset = 0
-            while offset + size <= len(data):
-                wd, mask, _, length = struct.unpack_from(self.HEADER, data, offset)
-                name = data[offset + size : offset + size + length].rstrip(b"\0")
-                offset += size + length
-                if mask & self.IN_Q_OVERFLOW:
-                    self.overflow = True
-                elif mask & self.IN_IGNORED and wd in self.dirs:
-                    self.lost.add(self.dirs.pop(wd))
-                elif name in (DONE_MARKER.encode(), FAIL_MARKER.encode()) and wd in self.dirs:
-                    found.add(self.dirs[wd])
-
-    def drain(self) -> None:
-        """Read and drop what has come (for a watch whose events all mean one thing: look again)."""
-        with contextlib.suppress(OSError):
-            while os.read(self.fd, 65536):
-                pass
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            # Closing an fd that still watches waits out an RCU grace period
-            # (7-17 ms measured); with its watches removed first, that wait
-            # is the kernel's, in the background (0.1 ms).
-            for wd in self.dirs:
-                self.libc.inotify_rm_watch(self.fd, wd)
-            os.close(self.fd)
-            self.fd = -1
 
 
 def exit_fd(meta: AgentMeta) -> int | None:
@@ -11364,23 +11930,6 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
     return result
 
 
-def corrupt_row(agent_dir: Path, error: SpawnError, meta: AgentMeta | None = None) -> dict[str, Any]:
-    """A `status` row for an agent whose records can't be read."""
-    return {
-        "id": meta.id if meta else agent_dir.name,
-        "parent_id": meta.parent_id if meta else None,
-        "depth": meta.depth if meta else int(agent_dir.name[1:].split("-")[0]) if re.fullmatch(r"a\d+-\w+", agent_dir.name) else 0,
-        "state": Status.CORRUPT.value,
-        "task": "",
-        "duration_s": 0.0,
-        "cost_usd": None,
-        "cost_known": False,
-        "pid": meta.pid if meta else 0,
-        "agent_dir": str(agent_dir),
-        "error": error.message,
-    }
-
-
 # A finished agent's status row never changes: its meta.json and outcome.json
 # are final. `status` keeps those rows in STATUS_CACHE, each with the identity
 # (inode, size, mtime) of the two records, so a later `status` of a large
@@ -11448,35 +11997,6 @@ def load_status_cache(session: Path) -> tuple[dict[str, Any], list[int]]:
 # be missing, and status answers the same.
 
 STATUS_INDEX_MAX_BYTES = 64 << 20  # a bigger index (junk appended to it) is not read: the records are
-
-
-def index_status_row(agent_dir: Path) -> None:
-    """Append a just-committed agent's row to its session's STATUS_INDEX; best effort.
-
-    The entry status would cache for it (read_agent_rows, with nothing left
-    to settle): its row from the records as they are on disk, keyed by the
-    very files read. None for a damaged record, or an agent with Claude Code
-    subagents, whose rows come from a log.
-    """
-    try:
-        found = read_agent_rows(str(agent_dir.parent), [agent_dir.name], queueing=False, settled_before=float("inf"))
-        entry = found[0][1][1] if found else None
-        if entry is None:
-            return
-        keys, row = entry
-        row = {k: v for k, v in row.items() if k != "agent_dir"}  # status puts in its own spelling of the path
-        line = json.dumps({"name": agent_dir.name, "keys": keys, "row": row}, separators=(",", ":"), ensure_ascii=False) + "\n"
-        # O_APPEND keeps concurrent committers' lines whole; O_NOFOLLOW and
-        # open_regular: a link or a FIFO planted at the index is never written through.
-        fd, _ = open_regular(agent_dir.parent.parent / STATUS_INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
-    except Exception:  # a hint, after the commit: nothing in a record, however odd, may fail the commit
-        return
-    try:
-        os.write(fd, line.encode())
-    except OSError:
-        pass  # a full disk: status reads this agent's records instead
-    finally:
-        os.close(fd)
 
 
 def read_status_index(session: Path, mark: Sequence[int], settled_before: float) -> tuple[dict[str, list[Any]], list[int]]:
@@ -11618,57 +12138,6 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
     return ordered
 
 
-def read_agent_rows(
-    agents: str, names: Sequence[str], *, queueing: bool, settled_before: float
-) -> list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]]:
-    """The status rows of each named agent directory (its own, then its native
-    subagents'; none while its meta.json isn't written), and its cache entry
-    when it is finished and settled."""
-    found: list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]] = []
-    for name in names:
-        path = f"{agents}/{name}"
-        try:
-            meta, meta_keys = load_meta_keyed(path)
-        except FileNotFoundError:
-            continue  # a background launch between mkdir and meta.json
-        except SpawnError as exc:
-            # One damaged record must not hide the rest of the tree.
-            found.append((name, ([corrupt_row(Path(path), exc)], None)))
-            continue
-        try:
-            outcome, outcome_keys = read_outcome_keyed(path)
-            if outcome is not None and (why := outcome_problem(outcome, name)):
-                raise CorruptRecordError(f"{path}/{OUTCOME}", f"not an outcome of {name}: {why}")
-        except SpawnError as exc:
-            found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
-            continue
-        state = outcome["status"] if outcome else unfinished_state(Path(path), meta, queueing=queueing).value
-        started = started_timestamp(meta)
-        row = {
-            "id": meta.id,
-            "parent_id": meta.parent_id,
-            "depth": meta.depth,
-            "state": state,
-            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
-            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
-            "cost_usd": outcome.get("cost_usd") if outcome else None,
-            "cost_known": bool(outcome and "cost_usd" in outcome),
-            "pid": meta.pid,
-            "agent_dir": path,
-            "containment": meta.containment,
-        }
-        if meta.resumed_from:
-            row["resumed_from"] = meta.resumed_from
-        natives = native_rows(path, meta, parent_ended=outcome is not None)
-        # Cached: a finished agent whose records were settled before we read them,
-        # keyed by the very files read, so a record replaced meanwhile is read
-        # again next time. Native subagents' rows come from a log: not cached.
-        keys = meta_keys + outcome_keys if outcome_keys is not None else None
-        settled = outcome is not None and keys is not None and not natives and max(keys[2::3]) < settled_before
-        found.append((name, ([row, *natives], [keys, row] if settled and meta.id == name else None)))
-    return found
-
-
 STATUS_PARALLEL_MIN = 2_000  # records to read before status spreads the reading over the CPUs
 
 
@@ -11744,76 +12213,6 @@ def fork_worker(fn: Callable[[Sequence[str]], Any], part: Sequence[str]) -> tupl
             os._exit(code)
     os.close(write_end)
     return pid, read_end
-
-
-def unfinished_state(agent_dir: Path, meta: AgentMeta, *, queueing: bool) -> Status:
-    """What status shows for an agent without an outcome: running, or why not."""
-    state = liveness(agent_dir, meta)
-    if state == Status.FAILED:
-        return Status.LOST  # gone without an outcome
-    if state != Status.RUNNING:
-        return state
-    if idle_for(agent_dir) is not None:
-        return Status.STALLED
-    if queueing and (agent_dir / SLOT_LENT).exists():
-        return Status.WAITING
-    if queueing and not (agent_dir / SLOT_MARKER).exists():
-        return Status.QUEUED
-    return state
-
-
-def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -> list[dict[str, Any]]:
-    """Claude Code's own subagents of an agent (NATIVE_LOG), as child rows of kind `native`.
-
-    Their cost is part of the parent's (the CLI counts it in its total), so a
-    native row adds nothing to the subtree's cost and is never `unknown`.
-    """
-    nodes: dict[str, dict[str, Any]] = {}
-    log = f"{agent_dir}/{NATIVE_LOG}"
-    if not os.path.exists(log):  # most agents have none: a stat is cheaper than a failed open
-        return []
-    lines: list[str] = []
-    with contextlib.suppress(OSError, UnicodeDecodeError, CorruptRecordError):
-        lines = read_regular_file(log)[0].decode().splitlines()
-    for raw in lines:
-        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
-            line = parse_json(raw)
-            node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
-            node[line["event"]] = line
-    rows = []
-    for native_id, node in nodes.items():
-        start = node.get("start") or node.get("stop") or {}
-        stop = node.get("stop")
-        began = parse_iso(start.get("time")) or time.time()
-        ended = parse_iso(stop["time"]) if stop else None
-        transcript = stop.get("transcript_path") if stop else None
-        rows.append(
-            {
-                "id": f"n-{native_id}",
-                "parent_id": meta.id,
-                "depth": meta.depth + 1,
-                "kind": "native",
-                "agent_type": node["agent_type"],
-                # Without a stop, it was cut off when its parent's CLI ended.
-                "state": Status.DONE.value if stop else (Status.KILLED.value if parent_ended else Status.RUNNING.value),
-                "task": f"native {node['agent_type']} subagent",
-                "duration_s": round((ended or time.time()) - began, 1),
-                "cost_usd": None,
-                "cost_known": True,
-                "usage": native_usage(Path(transcript)) if transcript else {},
-                "transcript": transcript,
-                "pid": meta.pid,
-                "agent_dir": f"{agent_dir}/{NATIVE_LOG}#{native_id}",
-            }
-        )
-    return rows
-
-
-def parse_iso(value: Any) -> float | None:
-    try:
-        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def format_cost(value: float | None, known: bool) -> str:
@@ -11916,31 +12315,6 @@ def watch_status(session: Path, out: Any) -> int:
         return ExitCode.OK
 
 
-def descendants_of(session: Path, agent_id: str) -> list[Path]:
-    """Agent directories below agent_id, deepest first."""
-    parents: dict[str, tuple[str | None, int, Path]] = {}
-    own = id_depth(agent_id)
-    for d in iter_agent_dirs(session):
-        # Every agent calls this as it ends: in a fan-out of N leaves, reading
-        # every record each time was N x N reads. An id carries its depth
-        # (new_agent_id), and nothing at or above an agent's depth is below it.
-        # A directory named otherwise is read, whatever it claims.
-        if own is not None and (depth := id_depth(d.name)) is not None and depth <= own:
-            continue
-        with contextlib.suppress(FileNotFoundError, SpawnError):
-            meta = load_meta(d)
-            parents[meta.id] = (meta.parent_id, meta.depth, d)
-    found = []
-    for aid, (_, depth, d) in parents.items():
-        cursor: str | None = aid
-        while cursor is not None and cursor in parents:
-            cursor = parents[cursor][0]
-            if cursor == agent_id:
-                found.append((depth, d))
-                break
-    return [d for _, d in sorted(found, key=lambda x: -x[0])]
-
-
 def kill_agent(agent_dir: Path, secrets_: Sequence[str], caller: str | None = None) -> list[str]:
     """End an agent and its descendants, deepest first; record `killed`.
 
@@ -11973,7 +12347,220 @@ def kill_caller(environ: Mapping[str, str]) -> str:
     except psutil.Error:
         described = f"pid {os.getppid()}"
     return f"a terminal, {described}" if sys.stdin is not None and sys.stdin.isatty() else described
+
+
+def guard_above_ends_tree(agent_dir: Path | None, runner_exit: int, secrets_: Sequence[str]) -> int:
+    """The guard above a runner that died or left processes: end the tree, settle it, exit as the runner did.
+
+    Every process of the tree descends from the guard, since orphans only
+    re-parent up to the nearest living subreaper: what is below it now is the
+    whole tree, as a cgroup would hold it. The tree's live agents are asked to
+    end first, so each commits its own outcome; then everything below is
+    ended; only then is the root's outcome committed, so nothing the tree
+    started still runs when its marker appears.
+    """
+    meta = None
+    with contextlib.suppress(OSError, SpawnError):
+        meta = load_meta(agent_dir) if agent_dir is not None else None
+    try:
+        if meta is not None:
+            ask_tree_agents_to_end(meta)
+        end_everything_below()
+        if meta is not None and agent_dir is not None:
+            reap_agent(agent_dir, "guard", secrets_)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            unregister_runner(os.getpid(), own_create_time())
+    return exit_as(runner_exit)
+
+
+def ask_tree_agents_to_end(meta: AgentMeta) -> None:
+    """SIGTERM every live spawn.py of the tree, and give them the time they need to settle.
+
+    Found by meta.json and by the runner index, which has an agent's entry
+    before its meta.json is published.
+    """
+    agents = Path(meta.session) / AGENTS_DIR
+    targets = []
+    for d in descendants_of(Path(meta.session), meta.id):
+        with contextlib.suppress(OSError, SpawnError):
+            if read_outcome(d) is None:
+                targets.append(Supervised.of(load_meta(d)))
+    with contextlib.suppress(OSError, SpawnError):
+        for path in runner_index_dir().glob("*.json"):
+            entry = _read_runner_entry(path)
+            if entry is not None and entry[2].parent == agents and entry[0] != os.getpid():
+                targets.append(Supervised(entry[0], entry[1], _entry_namespace(path)))
+    asked = [proc for target in targets if (proc := target.signal(signal.SIGTERM)) is not None]
+    # As settle_agents: a spawn.py ends its own subtree (up to KILL_GRACE_S) first.
+    wait_gone(asked, KILL_GRACE_S * 2)
 # ==================== end src/spawnlib/verbs.py ====================
+
+# ==================== begin src/spawnlib/options.py ====================
+"""The run command's options: the argument parser of `spawn.py [flags] TASK`.
+
+Below dag, whose task graphs' nodes take the same flags, and the CLI.
+"""
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with spawn's error format and exit code."""
+
+    def error(self, message: str) -> NoReturn:
+        hint = self.suggestion(message)
+        raise UsageError(f"{message}{hint}{' ' if hint else '; '}see '{self.prog} --help'")
+
+    def suggestion(self, message: str) -> str:
+        """The close match to a mistyped flag or choice, as did_you_mean words it."""
+        if message.startswith("unrecognized arguments: "):
+            flags = [a.split("=", 1)[0] for a in message.removeprefix("unrecognized arguments: ").split() if a.startswith("--")]
+            return did_you_mean(flags[0], self.long_flags()) if flags else ""
+        if m := re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message):
+            return did_you_mean(m[1], re.findall(r"'(.*?)'", m[2]))
+        return ""
+
+    def long_flags(self) -> list[str]:
+        """Every --flag of this parser and of its sub-commands' (argparse reports theirs here)."""
+        flags = [f for f in self._option_string_actions if f.startswith("--")]
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                flags += [f for sub in action.choices.values() for f in sub._option_string_actions if f.startswith("--")]
+        return flags
+
+
+EXIT_TABLE = """\
+exit codes:
+  0    success (every agent waited for is done)
+  1    an agent failed (including schema-invalid output)
+  2    bad usage or input; nothing was written
+  3    session/state error (unwritable root, corrupt record)
+  4    refused by a limit (depth, deadline, tools); recorded in the session
+  124  timeout; the agent's subtree was ended
+  130  interrupted (SIGINT); the subtree was ended
+  143  killed (SIGTERM/SIGHUP or 'spawn.py kill'); the subtree was ended"""
+
+
+def build_run_parser() -> Parser:
+    p = Parser(
+        prog="spawn.py",
+        description=(
+            "Run a Claude agent that can spawn child agents to any depth. "
+            f"Verbs: {', '.join(v for v in VERBS if not v.startswith('_'))} (spawn.py VERB --help)."
+        ),
+        epilog=EXIT_TABLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"spawn.py {__version__}")
+    task = p.add_argument_group("task")
+    task.add_argument("--task", metavar="TEXT", help="the prompt")
+    task.add_argument("--task-file", metavar="PATH", help="read the prompt from PATH ('-' for stdin)")
+    task.add_argument("--topic", metavar="WORDS", help="names the session directory (default: the task's first words)")
+    task.add_argument("--resume", metavar="AGENT_ID", help="continue a finished agent's conversation with --task, as a new agent beside it")
+    agent = p.add_argument_group("agent")
+    agent.add_argument(
+        "--tools", metavar="A,B", help=f"tools the agent sees, auto-approved (default {','.join(DEFAULT_TOOLS)}; a child: its parent's)"
+    )
+    agent.add_argument("--disallowed-tools", metavar="A,B", help="tools removed from the agent, as in Claude Code")
+    for kind, what in (
+        ("allow", "allow calls matching RULE"),
+        ("deny", "deny calls matching RULE"),
+        ("ask", "ask before calls matching RULE"),
+    ):
+        agent.add_argument(f"--{kind}", action="append", metavar="RULE", help=f"{what}, e.g. 'Bash(git diff:*)' (repeatable)")
+    agent.add_argument(
+        "--model",
+        metavar="TIER|ID",
+        help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})",
+    )
+    agent.add_argument(
+        "--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user, then built in); auto routes by description"
+    )
+    agent.add_argument(
+        "--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json (else built in), a file, or inline JSON"
+    )
+    agent.add_argument("--output", metavar="FILE", help="also write the validated output (or final text) to FILE")
+    agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
+    agent.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from PATH")
+    agent.add_argument("--preset", choices=["claude_code"], help="use Claude Code's full system prompt and settings (costly at depth)")
+    agent.add_argument(
+        "--sandbox",
+        choices=SANDBOX_CHOICES,
+        default="auto",
+        help="run the agent's Bash in Claude Code's sandbox (auto: for agents below the root that have Bash)",
+    )
+    agent.add_argument("--cwd", metavar="DIR", help="working directory of the agent")
+    limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
+    limits.add_argument(
+        "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"
+    )
+    limits.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"deadline for this agent and its subtree (root default {DEFAULT_ROOT_TIMEOUT_S:g}; 0: none)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"end the agent as stalled after this long with no transcript event and no CPU use (default {IDLE_TIMEOUT_S:g})",
+    )
+    limits.add_argument("--max-turns", type=int, metavar="N", help="maximum agent turns")
+    limits.add_argument(
+        "--max-budget-usd", type=float, metavar="X", help="spending limit in USD; at the root, one budget for the whole tree"
+    )
+    limits.add_argument("--max-agents", type=int, metavar="N", help="root only: agents the whole session may register")
+    limits.add_argument("--max-concurrent", type=int, metavar="N", help="root only: agents running at once; more wait for a slot")
+    limits.add_argument(
+        "--confirm-over",
+        type=float,
+        metavar="USD",
+        help="root only: a spawn that would take the tree's projected spend past USD asks first (spawn.py approve|deny)",
+    )
+    where = p.add_argument_group("session")
+    where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
+    where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
+    mode = p.add_argument_group("mode")
+    mode.add_argument(
+        "--background",
+        action=argparse.BooleanOptionalAction,
+        help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
+    )
+    mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
+    mode.add_argument(
+        "--print",
+        choices=["id", "status", "output", "agent_dir", "outcome"],
+        help="print only this field of the result, as plain text (e.g. A=$(spawn.py --background --print id ...))",
+    )
+    mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
+    mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
+    return p
+
+
+WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
+
+
+VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard")
+# ==================== end src/spawnlib/options.py ====================
 
 # ==================== begin src/spawnlib/dag.py ====================
 
@@ -13266,148 +13853,7 @@ def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
-
-
-
-
-
-
-
 # ---------------------------------------------------------------------- CLI --
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with spawn's error format and exit code."""
-
-    def error(self, message: str) -> NoReturn:
-        hint = self.suggestion(message)
-        raise UsageError(f"{message}{hint}{' ' if hint else '; '}see '{self.prog} --help'")
-
-    def suggestion(self, message: str) -> str:
-        """The close match to a mistyped flag or choice, as did_you_mean words it."""
-        if message.startswith("unrecognized arguments: "):
-            flags = [a.split("=", 1)[0] for a in message.removeprefix("unrecognized arguments: ").split() if a.startswith("--")]
-            return did_you_mean(flags[0], self.long_flags()) if flags else ""
-        if m := re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message):
-            return did_you_mean(m[1], re.findall(r"'(.*?)'", m[2]))
-        return ""
-
-    def long_flags(self) -> list[str]:
-        """Every --flag of this parser and of its sub-commands' (argparse reports theirs here)."""
-        flags = [f for f in self._option_string_actions if f.startswith("--")]
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                flags += [f for sub in action.choices.values() for f in sub._option_string_actions if f.startswith("--")]
-        return flags
-
-
-EXIT_TABLE = """\
-exit codes:
-  0    success (every agent waited for is done)
-  1    an agent failed (including schema-invalid output)
-  2    bad usage or input; nothing was written
-  3    session/state error (unwritable root, corrupt record)
-  4    refused by a limit (depth, deadline, tools); recorded in the session
-  124  timeout; the agent's subtree was ended
-  130  interrupted (SIGINT); the subtree was ended
-  143  killed (SIGTERM/SIGHUP or 'spawn.py kill'); the subtree was ended"""
-
-
-def build_run_parser() -> Parser:
-    p = Parser(
-        prog="spawn.py",
-        description=(
-            "Run a Claude agent that can spawn child agents to any depth. "
-            f"Verbs: {', '.join(v for v in VERBS if not v.startswith('_'))} (spawn.py VERB --help)."
-        ),
-        epilog=EXIT_TABLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--version", action="version", version=f"spawn.py {__version__}")
-    task = p.add_argument_group("task")
-    task.add_argument("--task", metavar="TEXT", help="the prompt")
-    task.add_argument("--task-file", metavar="PATH", help="read the prompt from PATH ('-' for stdin)")
-    task.add_argument("--topic", metavar="WORDS", help="names the session directory (default: the task's first words)")
-    task.add_argument("--resume", metavar="AGENT_ID", help="continue a finished agent's conversation with --task, as a new agent beside it")
-    agent = p.add_argument_group("agent")
-    agent.add_argument(
-        "--tools", metavar="A,B", help=f"tools the agent sees, auto-approved (default {','.join(DEFAULT_TOOLS)}; a child: its parent's)"
-    )
-    agent.add_argument("--disallowed-tools", metavar="A,B", help="tools removed from the agent, as in Claude Code")
-    for kind, what in (
-        ("allow", "allow calls matching RULE"),
-        ("deny", "deny calls matching RULE"),
-        ("ask", "ask before calls matching RULE"),
-    ):
-        agent.add_argument(f"--{kind}", action="append", metavar="RULE", help=f"{what}, e.g. 'Bash(git diff:*)' (repeatable)")
-    agent.add_argument(
-        "--model",
-        metavar="TIER|ID",
-        help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})",
-    )
-    agent.add_argument(
-        "--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user, then built in); auto routes by description"
-    )
-    agent.add_argument(
-        "--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json (else built in), a file, or inline JSON"
-    )
-    agent.add_argument("--output", metavar="FILE", help="also write the validated output (or final text) to FILE")
-    agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
-    agent.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from PATH")
-    agent.add_argument("--preset", choices=["claude_code"], help="use Claude Code's full system prompt and settings (costly at depth)")
-    agent.add_argument(
-        "--sandbox",
-        choices=SANDBOX_CHOICES,
-        default="auto",
-        help="run the agent's Bash in Claude Code's sandbox (auto: for agents below the root that have Bash)",
-    )
-    agent.add_argument("--cwd", metavar="DIR", help="working directory of the agent")
-    limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
-    limits.add_argument(
-        "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"
-    )
-    limits.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        help=f"deadline for this agent and its subtree (root default {DEFAULT_ROOT_TIMEOUT_S:g}; 0: none)",
-    )
-    limits.add_argument(
-        "--idle-timeout",
-        type=float,
-        metavar="SECONDS",
-        help=f"end the agent as stalled after this long with no transcript event and no CPU use (default {IDLE_TIMEOUT_S:g})",
-    )
-    limits.add_argument("--max-turns", type=int, metavar="N", help="maximum agent turns")
-    limits.add_argument(
-        "--max-budget-usd", type=float, metavar="X", help="spending limit in USD; at the root, one budget for the whole tree"
-    )
-    limits.add_argument("--max-agents", type=int, metavar="N", help="root only: agents the whole session may register")
-    limits.add_argument("--max-concurrent", type=int, metavar="N", help="root only: agents running at once; more wait for a slot")
-    limits.add_argument(
-        "--confirm-over",
-        type=float,
-        metavar="USD",
-        help="root only: a spawn that would take the tree's projected spend past USD asks first (spawn.py approve|deny)",
-    )
-    where = p.add_argument_group("session")
-    where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
-    where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
-    mode = p.add_argument_group("mode")
-    mode.add_argument(
-        "--background",
-        action=argparse.BooleanOptionalAction,
-        help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
-    )
-    mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
-    mode.add_argument(
-        "--print",
-        choices=["id", "status", "output", "agent_dir", "outcome"],
-        help="print only this field of the result, as plain text (e.g. A=$(spawn.py --background --print id ...))",
-    )
-    mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
-    mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
-    return p
 
 
 def build_verb_parser(verb: str) -> Parser:
@@ -13446,48 +13892,9 @@ def build_verb_parser(verb: str) -> Parser:
         if verb == "approve":
             p.add_argument("--text", metavar="TEXT", help="the reply to an a2a node's input-required ask, sent to the remote agent")
     elif verb == "agents":
-        p.description = (
-            "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory), ~/.claude/agents,"
-            " then the built-in defaults, which a file of the same name overrides."
-        )
-        sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
-        listing = sub.add_parser("list", help="name, source, tools and description of every definition")
-        listing.add_argument("--json", action="store_true")
-        lint = sub.add_parser("lint", help="check definitions: fields, tools, schemas, duplicates, YAML (exit 2 on errors)")
-        lint.add_argument("paths", nargs="*", metavar="PATH")
-        new = sub.add_parser("new", help="write a commented template to .claude/agents/NAME.md")
-        new.add_argument("name", metavar="NAME")
-        routing = sub.add_parser("route", help="which definition --agent auto would pick for TASK, and why; runs nothing")
-        routing.add_argument("task", metavar="TASK")
-        routing.add_argument("--json", action="store_true", help="the decision as JSON on stdout")
+        add_agents_actions(p)
     elif verb == "dag":
-        p.description = "Run a task graph (YAML or JSON): each task starts when its blockedBy are done, as a child of the runner."
-        sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
-        for action, what in (
-            ("run", "run the graph; stdout is one JSON object with every task's status and output"),
-            ("validate", "check the file (cycles, unknown ids and options, undefined vars) without running"),
-            ("show", "print the graph's levels"),
-            ("resume", "run again what has no .done in a session's DAG journal (FILE is the session directory)"),
-        ):
-            a = sub.add_parser(action, help=what, description=what, epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-            a.add_argument("file", metavar="SESSION" if action == "resume" else "FILE")
-            a.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
-            a.add_argument("--session", metavar="DIR", help="session root for the runner")
-            a.add_argument("--max-concurrent", type=int, metavar="N", help="tasks running at once (default: no limit)")
-            a.add_argument("--timeout", type=float, metavar="S", help="deadline for the whole graph")
-            a.add_argument("--max-budget-usd", type=float, metavar="X", help="budget for the whole graph")
-            a.add_argument(
-                "--fail-fast", action="store_true", help="stop everything at the first failure (= --on-fail abort): running tasks are ended"
-            )
-            a.add_argument(
-                "--on-fail",
-                choices=ON_FAIL,
-                help="a task failed (after its retries): ask at the terminal (retry, skip or abort), skip it and start its dependents "
-                "anyway, or abort the run (default: its dependents are skipped, the rest goes on)",
-            )
-            a.add_argument("--retries", type=int, metavar="N", help="start a failed task again up to N times (for tasks without retries:)")
-            a.add_argument("--dry-run", action="store_true", help="print the resolved tasks; start nothing")
-            a.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+        add_dag_actions(p)
     elif verb == "estimate":
         p.description = (
             "Projected cost and critical-path time of a task graph, running nothing. Per task: the median of ended agents "
@@ -13497,38 +13904,7 @@ def build_verb_parser(verb: str) -> Parser:
         p.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
         p.add_argument("--text", action="store_true", help="one line of text instead of JSON")
     elif verb in WORKFLOW_VERBS:
-        p.description = {
-            "plan": "Plan a change with the plan agent; the plan goes to the state file.",
-            "build": "Carry out the state file's plan with the build agent; it asks before creating/deleting files or changing manifests.",
-            "explore": "Explore the codebase with the read-only explore agent; findings go to the state file.",
-            "run-plan-build": "plan, then build (workflows/plan-build.yaml); build does not start when plan failed.",
-            "run-all": "plan, build, explore (workflows/plan-build-explore.yaml); stops at the first failure. At a terminal it asks "
-            "before each phase after plan, and whether to retry, skip or abort a failed one.",
-            "state": "Show or clear the state file.",
-        }[verb]
-        if verb == "state":
-            p.add_argument("action", choices=["show", "clear"])
-        else:
-            p.add_argument("task", nargs="?" if verb in ("explore", "build") else None, metavar="TASK")
-        p.add_argument("--state-file", default=DEFAULT_STATE_FILE, metavar="PATH", help=f"shared state (default {DEFAULT_STATE_FILE})")
-        p.add_argument(
-            "--rotate-mb", type=float, default=DEFAULT_ROTATE_MB, metavar="MB", help="rotate the state file to .1, .2... past MB"
-        )
-        p.add_argument("--verbose", action="store_true", help="report phase transitions on stderr")
-        if verb != "state":
-            p.add_argument(
-                "--on-fail",
-                choices=ON_FAIL,
-                help="a phase failed (after --retries): ask (the default at a terminal: retry, skip or abort), skip it "
-                "and go on, or abort (the default otherwise)",
-            )
-            p.add_argument("--retries", type=int, metavar="N", help="start a failed phase again up to N times first")
-        if verb == "plan":
-            p.add_argument("--prd", action="store_true", help="also write a short PRD")
-        if verb == "build":
-            p.add_argument("--dry-run", action="store_true", help="preview the plan's steps and files; write nothing")
-        if verb == "explore":
-            p.add_argument("--depth", choices=["shallow", "deep"], default="deep")
+        add_workflow_options(p, verb)
     elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
         if verb == "_guard":  # the runner's exit status, for the guard above a root (GUARD_ABOVE_BOOTSTRAP)
@@ -13536,8 +13912,87 @@ def build_verb_parser(verb: str) -> Parser:
     return p
 
 
-WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
-VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard")
+def add_agents_actions(p: Parser) -> None:
+    """`agents list|lint|new|route`."""
+    p.description = (
+        "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory), ~/.claude/agents,"
+        " then the built-in defaults, which a file of the same name overrides."
+    )
+    sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
+    listing = sub.add_parser("list", help="name, source, tools and description of every definition")
+    listing.add_argument("--json", action="store_true")
+    lint = sub.add_parser("lint", help="check definitions: fields, tools, schemas, duplicates, YAML (exit 2 on errors)")
+    lint.add_argument("paths", nargs="*", metavar="PATH")
+    new = sub.add_parser("new", help="write a commented template to .claude/agents/NAME.md")
+    new.add_argument("name", metavar="NAME")
+    routing = sub.add_parser("route", help="which definition --agent auto would pick for TASK, and why; runs nothing")
+    routing.add_argument("task", metavar="TASK")
+    routing.add_argument("--json", action="store_true", help="the decision as JSON on stdout")
+
+
+def add_dag_actions(p: Parser) -> None:
+    """`dag run|validate|show|resume FILE` and their options."""
+    p.description = "Run a task graph (YAML or JSON): each task starts when its blockedBy are done, as a child of the runner."
+    sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
+    for action, what in (
+        ("run", "run the graph; stdout is one JSON object with every task's status and output"),
+        ("validate", "check the file (cycles, unknown ids and options, undefined vars) without running"),
+        ("show", "print the graph's levels"),
+        ("resume", "run again what has no .done in a session's DAG journal (FILE is the session directory)"),
+    ):
+        a = sub.add_parser(action, help=what, description=what, epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+        a.add_argument("file", metavar="SESSION" if action == "resume" else "FILE")
+        a.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
+        a.add_argument("--session", metavar="DIR", help="session root for the runner")
+        a.add_argument("--max-concurrent", type=int, metavar="N", help="tasks running at once (default: no limit)")
+        a.add_argument("--timeout", type=float, metavar="S", help="deadline for the whole graph")
+        a.add_argument("--max-budget-usd", type=float, metavar="X", help="budget for the whole graph")
+        a.add_argument(
+            "--fail-fast", action="store_true", help="stop everything at the first failure (= --on-fail abort): running tasks are ended"
+        )
+        a.add_argument(
+            "--on-fail",
+            choices=ON_FAIL,
+            help="a task failed (after its retries): ask at the terminal (retry, skip or abort), skip it and start its dependents "
+            "anyway, or abort the run (default: its dependents are skipped, the rest goes on)",
+        )
+        a.add_argument("--retries", type=int, metavar="N", help="start a failed task again up to N times (for tasks without retries:)")
+        a.add_argument("--dry-run", action="store_true", help="print the resolved tasks; start nothing")
+        a.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+
+
+def add_workflow_options(p: Parser, verb: str) -> None:
+    """A workflow verb's task, state file and failure options."""
+    p.description = {
+        "plan": "Plan a change with the plan agent; the plan goes to the state file.",
+        "build": "Carry out the state file's plan with the build agent; it asks before creating/deleting files or changing manifests.",
+        "explore": "Explore the codebase with the read-only explore agent; findings go to the state file.",
+        "run-plan-build": "plan, then build (workflows/plan-build.yaml); build does not start when plan failed.",
+        "run-all": "plan, build, explore (workflows/plan-build-explore.yaml); stops at the first failure. At a terminal it asks "
+        "before each phase after plan, and whether to retry, skip or abort a failed one.",
+        "state": "Show or clear the state file.",
+    }[verb]
+    if verb == "state":
+        p.add_argument("action", choices=["show", "clear"])
+    else:
+        p.add_argument("task", nargs="?" if verb in ("explore", "build") else None, metavar="TASK")
+    p.add_argument("--state-file", default=DEFAULT_STATE_FILE, metavar="PATH", help=f"shared state (default {DEFAULT_STATE_FILE})")
+    p.add_argument("--rotate-mb", type=float, default=DEFAULT_ROTATE_MB, metavar="MB", help="rotate the state file to .1, .2... past MB")
+    p.add_argument("--verbose", action="store_true", help="report phase transitions on stderr")
+    if verb != "state":
+        p.add_argument(
+            "--on-fail",
+            choices=ON_FAIL,
+            help="a phase failed (after --retries): ask (the default at a terminal: retry, skip or abort), skip it "
+            "and go on, or abort (the default otherwise)",
+        )
+        p.add_argument("--retries", type=int, metavar="N", help="start a failed phase again up to N times first")
+    if verb == "plan":
+        p.add_argument("--prd", action="store_true", help="also write a short PRD")
+    if verb == "build":
+        p.add_argument("--dry-run", action="store_true", help="preview the plan's steps and files; write nothing")
+    if verb == "explore":
+        p.add_argument("--depth", choices=["shallow", "deep"], default="deep")
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -13546,17 +14001,6 @@ def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Pat
     if environ.get(ENV_SESSION):
         return Path(environ[ENV_SESSION])
     return latest_session(resolve_session_root(None, environ))
-
-
-def stdout_json_text(value: Any) -> str:
-    """JSON for stdout: indented for a person at a terminal; one line when piped,
-    as a parent agent's Bash and CI read it."""
-    return json.dumps(value, ensure_ascii=False, default=str, indent=2 if sys.stdout.isatty() else None)
-
-
-def emit(data: Mapping[str, Any]) -> None:
-    sys.stdout.write(stdout_json_text(data) + "\n")
-    sys.stdout.flush()
 
 
 def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
@@ -13570,11 +14014,7 @@ def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def note(message: str) -> None:
-    print(f"spawn: {message}", file=sys.stderr, flush=True)
-
-
-def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> int:
     if wants_guard_above(argv, environ):
         fork_below_guard()  # before any thread: from here on this process is the runner
     # The SDK is imported once the agent's CLI has started (SdkLoader).
@@ -13624,7 +14064,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     try:
         # A foreground child blocks its parent's Bash: the parent's slot is lent to it.
         with slot_lent_by_caller(environ):
-            outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard)
+            outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard, entry=entry)
     finally:
         unregister_runner(plan.meta.pid, plan.meta.create_time)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
@@ -13633,7 +14073,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     return outcome.exit_code
 
 
-def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], entry: Entry) -> int:
     agent_dir = Path(args.agent_dir)
     EarlyStop.arm()
     guard = start_guard(agent_dir)  # first: a runner killed while starting is still settled
@@ -13663,7 +14103,7 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
     if ForkedFor.pid is not None:
         register_runner(pid, create_time, agent_dir)  # the launcher registered the stand-in; the agent runs here
     try:
-        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta)
+        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta, entry=entry)
     finally:
         unregister_runner(pid, create_time)
     emit(summary(agent_dir, record_to_json(outcome)))
@@ -13891,6 +14331,7 @@ def cmd_reap(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
+
 # --------------------------------------------------------------------- main --
 
 
@@ -13904,7 +14345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             verb = argv[0]
             args = build_verb_parser(verb).parse_args(argv[1:])
             args.verb = verb
-            handler = {
+            handlers: dict[str, Callable[[argparse.Namespace, Mapping[str, str]], int]] = {
                 "wait": cmd_wait,
                 "status": cmd_status,
                 "kill": cmd_kill,
@@ -13916,14 +14357,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "estimate": cmd_estimate,
                 **{v: cmd_workflow for v in WORKFLOW_VERBS},
                 "state": cmd_state,
-                "_run": cmd_background_runner,
+                "_run": functools.partial(cmd_background_runner, entry=main),
                 "_guard": cmd_guard,
-            }[verb]
+            }
+            handler = handlers[verb]
             return handler(args, environ)
         if argv and not argv[0].startswith("-"):
             # The run path takes flags only: a first word is a mistyped verb or a bare task.
             raise UnknownVerbError(argv[0], [v for v in VERBS if not v.startswith("_")])
-        return cmd_run(argv, environ)
+        return cmd_run(argv, environ, main)
     except SpawnError as exc:
         if traceback:
             raise

@@ -5,7 +5,10 @@ changes a module, so the checkout's own files are never touched.
 """
 
 from __future__ import annotations
+import __future__
 
+import ast
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -111,9 +114,11 @@ def test_a_module_the_bundler_does_not_list_is_refused(tmp_path: Path) -> None:
 
 
 def test_every_line_maps_back_to_its_module() -> None:
-    """A module's line N is spawn.py's line at its offset, or a blank line where the module imports."""
+    """A module's line N is spawn.py's line at its offset, or a blank line where the module imports;
+    an inlined program's line N starts a literal of it."""
     lines = (ROOT / "spawn.py").read_text().splitlines()
-    numbers = range(1, len(lines) + 1, 7)
+    program = lines.index("STAND_IN_WAIT = (  # src/spawnlib/programs/stand_in_wait.py, inlined by tools/bundle.py") + 1
+    numbers = sorted({*range(1, len(lines) + 1, 7), *range(program, program + 60)})
     answers = bundler(ROOT, "--where", *map(str, numbers)).stdout.splitlines()
     assert len(answers) == len(numbers)
     for number, where in zip(numbers, answers, strict=True):
@@ -121,7 +126,9 @@ def test_every_line_maps_back_to_its_module() -> None:
         if path == "spawn.py":
             continue  # the header, the banners and the combined imports are the bundler's own
         source = (ROOT / path).read_text().splitlines()[int(line) - 1]
-        if lines[number - 1] != source:
+        if lines[number - 1] != source and "/programs/" in path and lines[number - 1].startswith(("    '", '    "')):
+            assert (source + "\n").startswith(ast.literal_eval(lines[number - 1].strip())), where  # an inlined program's line
+        elif lines[number - 1] != source:
             assert lines[number - 1] == "", (number, where)
             assert source.lstrip().startswith(("import ", "from ", ")", "if TYPE_CHECKING")) or source.startswith("    "), where
 
@@ -136,3 +143,85 @@ def test_a_traceback_names_the_modules() -> None:
     path, line = proc.stdout.split('"')[1], int(proc.stdout.split("line ")[1].split(",")[0])
     assert path.startswith("src/spawnlib/")
     assert (ROOT / path).read_text().splitlines()[line - 1].startswith("def cmd_wait(")
+
+
+PROGRAM_TEXTS = {
+    "stand_in_wait": spawn.STAND_IN_WAIT,
+    "guard_wait": spawn.GUARD_BOOTSTRAP,
+    "guard_above": spawn.GUARD_ABOVE_BOOTSTRAP,
+    "fast_start_hook": spawn.FAST_START_HOOK,
+}
+
+
+def test_each_program_is_inlined_as_its_module_s_source() -> None:
+    for name, text in PROGRAM_TEXTS.items():
+        assert text == (PACKAGE / "programs" / f"{name}.py").read_text(), name
+    # No program is left behind as a call: spawn.py never reads the package.
+    assert "program_text(" not in (ROOT / "spawn.py").read_text()
+
+
+def test_the_programs_under_python_I_S_import_builtin_modules_only() -> None:
+    """The stand-in's wait runs as `python -I -S -c` for every agent the fork server runs: a stdlib .py would cost its import.
+    (The guard's wait, which runs only where there is no /bin/sh, imports os.)"""
+    loaded = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", "import sys; print(*sys.modules)"], capture_output=True, text=True, check=True
+    )
+    bare = set(sys.builtin_module_names) | set(loaded.stdout.split())
+    for name in ("stand_in_wait",):
+        tree = ast.parse(PROGRAM_TEXTS[name])
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert imported <= bare, name
+    for name, text in PROGRAM_TEXTS.items():
+        # A future import is a real import at run time too: __future__.py, at every spawn or interpreter start.
+        assert "from __future__" not in text, name
+
+
+def constants_of(text: str) -> dict[str, object]:
+    """A program's module-level NAME = literal assignments."""
+    found: dict[str, object] = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            with contextlib.suppress(ValueError):
+                found[node.targets[0].id] = ast.literal_eval(node.value)
+    return found
+
+
+def test_what_a_program_repeats_of_spawn_py_agrees_with_it() -> None:
+    """A program can't import spawn.py's names when it runs on its own: its copies must agree."""
+    assert constants_of(spawn.GUARD_BOOTSTRAP)["SETTLED"] == spawn.GUARD_SETTLED
+    hook = constants_of(spawn.FAST_START_HOOK)
+    assert hook["HOOK_ENV_CACHE_DIR"] == spawn.ENV_CACHE_DIR
+    assert hook["HOOK_ENV_SESSION"] == spawn.ENV_SESSION
+    assert hook["HOOK_ENV_NO_FORKSERVER"] == spawn.ENV_NO_FORKSERVER
+    assert hook["HOOK_FORKSERVER_SOCKET"] == spawn.FORKSERVER_SOCKET
+    assert hook["ANNOTATIONS_FLAG"] == __future__.annotations.compiler_flag
+    assert ast.parse(spawn.GUARD_ABOVE_BOOTSTRAP)  # and it parses
+
+
+def test_the_markers_enclose_the_stand_in_once_and_nothing_else() -> None:
+    source = (ROOT / "spawn.py").read_bytes()
+    begin, end = source.index(spawn.STAND_IN_BEGIN), source.index(spawn.STAND_IN_END)
+    assert (source.count(spawn.STAND_IN_BEGIN), source.count(spawn.STAND_IN_END)) == (1, 1)
+    assert source[:begin].endswith(b" begin src/spawnlib/standin.py " + b"=" * 20)
+    section = source[begin:end].decode()
+    assert "def forkserver_stand_in(" in section and "\nimport argparse" not in section
+    assert source[end + len(spawn.STAND_IN_END) :].startswith(b'if __name__ == "__main__" and (_served := forkserver_stand_in(')
+
+
+def test_a_program_used_other_than_as_a_constant_is_refused(tmp_path: Path) -> None:
+    root = copy_of_the_project(tmp_path)
+    with (root / "src" / "spawnlib" / "dag.py").open("a") as fh:
+        fh.write('\n\ndef later() -> str:\n    return program_text("guard_wait")\n')
+    proc = bundler(root)
+    assert proc.returncode == 2
+    assert "src/spawnlib/dag.py" in proc.stderr and "program_text is only for `NAME = program_text(...)`" in proc.stderr
+    assert (root / "spawn.py").read_bytes() == (ROOT / "spawn.py").read_bytes()
+
+
+def test_an_unlisted_program_is_refused(tmp_path: Path) -> None:
+    root = copy_of_the_project(tmp_path)
+    (root / "src" / "spawnlib" / "programs" / "extra.py").write_text("X = 1\n")
+    proc = bundler(root)
+    assert proc.returncode == 2
+    assert "programs/extra" in proc.stderr

@@ -4,6 +4,7 @@ and never runs a copy that isn't the source's own and the user's."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -65,14 +66,20 @@ def user_env(base_env: dict[str, str], tmp_path: Path) -> dict[str, str]:
     return {**base_env, spawn.ENV_CACHE_DIR: str(tmp_path / "cache"), "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def hook_functions() -> dict[str, object]:
-    hook: dict[str, object] = {}
-    exec(spawn.FAST_START_HOOK.rsplit("\nmain()", 1)[0], hook)  # its functions, without running it
+# The hook that spawn.py installed before its markers (the version at commit
+# 69401ab): environments keep it until a spawn.py runs there from source.
+OLD_HOOK = ROOT / "tests" / "data" / "fast_start_hook_69401ab.txt"
+
+
+def hook_functions(text: str = spawn.FAST_START_HOOK) -> dict[str, object]:
+    hook: dict[str, object] = {"__name__": "hook_under_test"}  # not FAST_START_MODULE: its functions, without running it
+    exec(text.replace("\nmain()\n", "\n"), hook)  # the old hook ends in an unguarded main()
     return hook
 
 
 def test_the_hook_names_copies_and_finds_the_cache_as_spawn_py_does(tmp_path: Path) -> None:
     hook = hook_functions()
+    old = hook_functions(OLD_HOOK.read_text())
     for environ in (
         {spawn.ENV_CACHE_DIR: str(tmp_path / "c")},
         {spawn.ENV_CACHE_DIR: "~/c/", "HOME": str(tmp_path)},
@@ -80,9 +87,11 @@ def test_the_hook_names_copies_and_finds_the_cache_as_spawn_py_does(tmp_path: Pa
         {"HOME": str(tmp_path / "h")},
         {"XDG_CACHE_HOME": "", "HOME": str(tmp_path / "h")},
     ):
-        assert Path(hook["cache_dir"](environ)) == spawn.cache_dir(environ)  # type: ignore[operator]
+        assert Path(hook["cache_folder"](environ)) == spawn.cache_dir(environ)  # type: ignore[operator]
+        assert old["cache_dir"](environ) == hook["cache_folder"](environ)  # type: ignore[operator]  # installed hooks find the same copies
     for path, data in ((Path("/a/spawn.py"), b"x = 1\n"), (Path("/b/spawn.py"), b"x = 1\n"), (Path("/a/spawn.py"), b"x = 2\n")):
         assert hook["compiled_name"](str(path), data) == spawn.compiled_name(path, data)  # type: ignore[operator]
+        assert old["compiled_name"](str(path), data) == spawn.compiled_name(path, data)  # type: ignore[operator]
     # The same bytes in two projects are two copies: each finds its own schemas/.
     assert spawn.compiled_name(Path("/a/spawn.py"), b"x") != spawn.compiled_name(Path("/b/spawn.py"), b"x")
 
@@ -113,6 +122,22 @@ def test_a_source_run_installs_the_hook_and_later_runs_take_the_compiled_copy(
 
     off = run(venv, ["spawn.py", "--version"], {**user_env, spawn.ENV_NO_FAST_START: "1"}, project)
     assert off.stdout.strip() == VERSION_LINE
+
+
+def test_a_hook_an_earlier_spawn_py_installed_runs_this_versions_copy_until_a_source_run_replaces_it(
+    venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path
+) -> None:
+    site = site_of(venv)
+    (site / f"{spawn.FAST_START_MODULE}.py").write_text(OLD_HOOK.read_text())
+    (site / f"{spawn.FAST_START_MODULE}.pth").write_text(f"import {spawn.FAST_START_MODULE}\n")
+    copy = copy_path(tmp_path / "cache", project / "spawn.py")
+    plant(copy, project / "spawn.py")
+    hooked = run(venv, ["spawn.py", "--version"], user_env, project)
+    assert (hooked.returncode, hooked.stdout.strip(), hooked.stderr) == (0, "copy ran ['--version']", "")
+    copy.unlink()  # no copy: the source runs, and puts its own hook in place
+    first = run(venv, ["spawn.py", "--version"], user_env, project)
+    assert (first.returncode, first.stdout.strip()) == (ExitCode.OK, VERSION_LINE), first.stderr
+    assert (site / f"{spawn.FAST_START_MODULE}.py").read_text() == spawn.FAST_START_HOOK
 
 
 @pytest.mark.parametrize("planted", ["fifo", "symlink"])
@@ -198,7 +223,7 @@ def test_a_copy_that_isnt_the_sources_own_and_the_users_is_never_run(
 
 @pytest.mark.parametrize("damage", ["genuine", *DAMAGES])
 def test_the_hook_trusts_a_copy_exactly_as_spawn_py_does(tmp_path: Path, project: Path, damage: str) -> None:
-    """Unit test of the two copies of copy_is_trusted (the hook's text and spawn.py's)."""
+    """Unit test: the hook's text as spawn.py writes it, and as earlier versions installed it, trust what spawn.py trusts."""
     script = project / "spawn.py"
     cache = tmp_path / "cache"
     target = copy_path(cache, script) if damage == "genuine" else damage_copy(damage, cache, script, tmp_path)
@@ -206,8 +231,10 @@ def test_the_hook_trusts_a_copy_exactly_as_spawn_py_does(tmp_path: Path, project
         plant(target, script)
     source = script.read_bytes()
     hook = hook_functions()["copy_is_trusted"]
+    old = hook_functions(OLD_HOOK.read_text())["copy_is_trusted"]
     trusted = spawn.copy_is_trusted(target.parent, target, source)
     assert hook(str(target.parent), str(target), source) == trusted == (damage == "genuine")  # type: ignore[operator]
+    assert old(str(target.parent), str(target), source) == trusted  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("damage", DAMAGES)
@@ -250,10 +277,10 @@ def test_the_hook_finds_the_stand_in_section_once_and_it_runs_on_its_own(tmp_pat
     """The hook compiles the stand-in from the script's own bytes: the section
     must be there exactly once, and need nothing from the rest of the file."""
     source = spawn.SCRIPT_PATH.read_bytes()
-    start, end = spawn.STAND_IN_START.encode(), spawn.STAND_IN_END.encode()
+    start, end = spawn.STAND_IN_BEGIN, spawn.STAND_IN_END
     assert (source.count(start), source.count(end)) == (1, 1)
     assert source.index(start) < source.index(end) < source.index(b"\nimport argparse\n")
-    stand_in = hook_functions()["stand_in"]
+    stand_in = hook_functions()["hook_stand_in"]
     # A session with no server: it returns (the copy runs next), having run
     # the section's code as it is in the file.
     monkeypatch.setenv(spawn.ENV_SESSION, str(tmp_path))
@@ -265,13 +292,25 @@ def test_the_hook_finds_the_stand_in_section_once_and_it_runs_on_its_own(tmp_pat
     assert stand_in(str(spawn.SCRIPT_PATH), broken) is None  # type: ignore[operator]
 
 
+def test_the_stand_in_still_has_what_hooks_of_earlier_versions_look_for_unit() -> None:
+    """The hook of 69401ab finds the stand-in by its banner and its closing call: both are still there, once,
+    around the same code, so such a hook keeps handing nested spawns to the fork server."""
+    finds = [n for n in ast.walk(ast.parse(OLD_HOOK.read_text())) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "find"]
+    old_start, old_end = (ast.literal_eval(call.args[0]) for call in finds[:2])
+    source = spawn.SCRIPT_PATH.read_bytes()
+    assert (source.count(old_start), source.count(old_end)) == (1, 1)
+    assert source.index(spawn.STAND_IN_BEGIN) < source.index(old_start) < source.index(spawn.STAND_IN_END) < source.index(old_end)
+
+
+@pytest.mark.parametrize("hook", ["current", "installed-by-69401ab"])
 def test_the_hook_hands_a_nested_spawn_to_the_fork_server_without_loading_the_copy(
-    venv: Path, project: Path, env: dict[str, str], tmp_path: Path, session_root: Path
+    venv: Path, project: Path, env: dict[str, str], tmp_path: Path, session_root: Path, *, hook: str
 ) -> None:
     """A nested `python spawn.py` (what `uv run spawn.py` runs) is served from
     the hook: the compiled copy is replaced by one that only prints, before
     the child starts, and the child is still a real agent that the session's
-    fork server ran."""
+    fork server ran. A hook an earlier spawn.py installed, put back after the
+    root (a source run) installed today's, still finds the stand-in."""
     env = {**env, spawn.ENV_CACHE_DIR: str(tmp_path / "cache")}
     python = shlex.quote(str(venv / "bin" / "python"))
     script = project / "spawn.py"
@@ -286,6 +325,9 @@ def test_the_hook_hands_a_nested_spawn_to_the_fork_server_without_loading_the_co
     # it after the root exits, to end the tree's cgroup (a planted copy would
     # leave that cgroup behind on the machine).
     bash = f"{wait_for_server}; cp -p {copy} {copy}.real && {replace_copy} && {child}; mv {copy}.real {copy}"
+    if hook != "current":
+        installed = shlex.quote(str(site_of(venv) / f"{spawn.FAST_START_MODULE}.py"))
+        bash = f"cp {shlex.quote(str(OLD_HOOK))} {installed} && {bash}"
     task = mock_task("hooked root", [{"bash": bash}, {"text": "root-result"}])
     proc = run(venv, ["spawn.py", "--task", task, "--tools", "Bash,Read", "--max-depth", "1"], env, project)
     assert proc.returncode == ExitCode.OK, proc.stderr

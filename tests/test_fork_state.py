@@ -1,6 +1,8 @@
 """Process-wide state a fork must reset lives in one registry (forkstate.py), and nothing escapes it.
 
-Unit tests: the package's modules are read as text (ast), never run.
+Unit tests: the checker reads spawn.py, the product, as text (ast): every
+module of the package as it runs, and none of the programs that run in
+processes of their own (they are string constants there).
 """
 
 from __future__ import annotations
@@ -9,11 +11,11 @@ import ast
 import signal
 from pathlib import Path
 
+import pytest
 from conftest import ROOT
 
 import spawn
 
-PACKAGE = ROOT / "src" / "spawnlib"
 MUTABLE_CALLS = {"list", "dict", "set", "deque", "defaultdict", "OrderedDict", "Counter", "bytearray"}
 CACHES = {"cache", "lru_cache", "cached_property"}
 
@@ -61,6 +63,11 @@ def process_state(source: str, mutated: set[str] | None = None) -> set[str]:
                 target = decorator.func if isinstance(decorator, ast.Call) else decorator
                 if getattr(target, "attr", getattr(target, "id", None)) in CACHES:
                     found.add(node.name)
+    found |= rebound_globals(tree) & module_level_names(tree)
+    objects = {
+        t.id for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) for t in n.targets if isinstance(t, ast.Name)
+    }
+    found |= objects & assigned_class_attributes(tree) - set(classes)
     for name, klass in classes.items():
         # cls.attr = ... in the class's own methods: a class used as process state.
         for inner in ast.walk(klass):
@@ -68,6 +75,27 @@ def process_state(source: str, mutated: set[str] | None = None) -> set[str]:
                 isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "cls" for t in inner.targets
             ):
                 found.add(name)
+    return found
+
+
+def module_level_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
+        names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+def rebound_globals(tree: ast.AST) -> set[str]:
+    """Names a function declares `global` and binds: a module-level value that the code replaces."""
+    found: set[str] = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        declared = {name for node in ast.walk(function) if isinstance(node, ast.Global) for name in node.names}
+        for node in ast.walk(function):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del) and node.id in declared:
+                found.add(node.id)
     return found
 
 
@@ -82,23 +110,64 @@ def assigned_class_attributes(tree: ast.AST) -> set[str]:
     }
 
 
-def package_state() -> dict[str, set[str]]:
-    """Each module's process-wide state, judged against what the whole package changes."""
-    trees = {path: ast.parse(path.read_text()) for path in sorted(PACKAGE.glob("*.py"))}
-    mutated = set().union(*(mutated_names(tree) for tree in trees.values()))
-    assigned = set().union(*(assigned_class_attributes(tree) for tree in trees.values()))
-    state = {}
-    for path, tree in trees.items():
-        classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
-        state[str(path.relative_to(ROOT))] = process_state(path.read_text(), mutated) | (classes & assigned)
-    return state
+def spawn_state(source: str) -> set[str]:
+    """spawn.py's process-wide state (source: its text): each module's, judged against what the whole file changes."""
+    tree = ast.parse(source)
+    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    return process_state(source, mutated_names(tree)) | (classes & assigned_class_attributes(tree))
+
+
+def unregistered(source: str) -> set[str]:
+    return spawn_state(source) - set(spawn.FORK_RESETS) - set(spawn.KEPT_ACROSS_FORKS)
+
+
+SPAWN_PY = ROOT / "spawn.py"
 
 
 def test_every_piece_of_process_state_is_reset_on_fork_or_kept_for_a_reason_unit() -> None:
-    known = set(spawn.FORK_RESETS) | set(spawn.KEPT_ACROSS_FORKS)
-    unlisted = {f"{module}: {name}" for module, names in package_state().items() for name in names - known}
-    assert not unlisted, "register a reset with on_fork(NAME, RESET), or say in KEPT_ACROSS_FORKS why a fork may keep it"
+    missing = unregistered(SPAWN_PY.read_text())
+    assert not missing, f"{sorted(missing)}: register a reset with on_fork(NAME, RESET), or say in KEPT_ACROSS_FORKS why a fork may keep it"
     assert not set(spawn.FORK_RESETS) & set(spawn.KEPT_ACROSS_FORKS)
+    # What the checker reads is what runs: every name it finds, and every name registered, is one of spawn's.
+    stale = (spawn_state(SPAWN_PY.read_text()) | set(spawn.FORK_RESETS) | set(spawn.KEPT_ACROSS_FORKS)) - set(vars(spawn))
+    assert not stale, f"{sorted(stale)}: registered or found, but spawn has no such name"
+
+
+PLANTED = {
+    "a cache filled in place": ("_cache: dict[str, int] = {}\n\n\ndef remember(key: str) -> None:\n    _cache[key] = 1\n", "_cache"),
+    "a list grown": ("_seen = []\n\n\ndef see(x: int) -> None:\n    _seen.append(x)\n", "_seen"),
+    "a flag rebound": ("_armed = False\n\n\ndef arm() -> None:\n    global _armed\n    _armed = True\n", "_armed"),
+    "a counter added to": ("_count = 0\n\n\ndef bump() -> None:\n    global _count\n    _count += 1\n", "_count"),
+    "an object changed": ("class Holder:\n    pass\n\n\nHELD = Holder()\n\n\ndef hold() -> None:\n    HELD.value = 1\n", "HELD"),
+}
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_state_planted_in_spawn_py_fails_the_check_until_registered_unit(planted: str) -> None:
+    """The check above, on spawn.py with one more module at its end, as a new module would be bundled."""
+    code, name = PLANTED[planted]
+    source = SPAWN_PY.read_text() + "\n\n" + code
+    assert unregistered(source) == {name}
+    spawn.KEPT_ACROSS_FORKS[name] = "registered by this test"
+    try:
+        assert not unregistered(source)
+    finally:
+        del spawn.KEPT_ACROSS_FORKS[name]
+
+
+def test_each_registered_reset_empties_what_it_resets_unit() -> None:
+    """Every container registered with on_fork, filled as a parent process would, is empty after reset_after_fork."""
+    containers = {name: getattr(spawn, name) for name in spawn.FORK_RESETS if isinstance(getattr(spawn, name), list | set | dict)}
+    assert containers  # GUARDS_ABOVE and LOGS_TRUNCATED at least
+    for value in containers.values():
+        if isinstance(value, list):
+            value.append(object())
+        elif isinstance(value, set):
+            value.add(object())
+        else:
+            value[object()] = object()
+    spawn.reset_after_fork()
+    assert {name: value for name, value in containers.items() if value} == {}
 
 
 def test_the_checker_sees_new_state_of_each_kind_unit() -> None:

@@ -507,7 +507,7 @@ def test_a_server_whose_root_is_gone_stops_by_its_own_look(env: dict[str, str], 
     proc = run_spawn(["--task", mock_task("root", [{"text": "done"}]), "--tools", "Read"], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     (root_dir,) = agent_dirs(session_root)
-    serve = "import sys, pathlib, spawn; spawn.serve_forks(spawn.load_meta(pathlib.Path(sys.argv[1])))"
+    serve = "import sys, pathlib, spawn; spawn.serve_forks(spawn.load_meta(pathlib.Path(sys.argv[1])), spawn.main)"
     done = run_python(["-c", serve, str(root_dir)], env, cwd=spawn.SCRIPT_PATH.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.endswith(": its root is gone\n"), done.stdout

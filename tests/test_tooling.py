@@ -111,10 +111,11 @@ def test_print_id_needs_no_jq(base_env: dict[str, str]) -> None:
     assert "--print id" in (ROOT / "README.md").read_text() and "jq -r" not in (ROOT / "README.md").read_text()
 
 
-def test_readme_documents_stale_runner_log_and_credential() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert '"stale"' in readme and "runner.log" in readme and "*CREDENTIAL*" in readme
-    assert "model: sonnet" in readme and "model: sonnet" in spawn.AGENT_TEMPLATE
+def test_docs_document_stale_runner_log_and_credential() -> None:
+    cli, sessions, environment = ((ROOT / "docs" / page).read_text() for page in ("cli.md", "sessions.md", "environment.md"))
+    assert '"stale"' in cli and "runner.log" in sessions and "*CREDENTIAL*" in environment
+    agents = (ROOT / "docs" / "agents.md").read_text()
+    assert "model: sonnet" in agents and "model: sonnet" in spawn.AGENT_TEMPLATE
 
 
 def test_demo_honours_the_session_root_variable() -> None:

@@ -50,26 +50,44 @@ EMBEDDED = "embedded"  # ends in the placeholder the bundler fills
 MODULES = (
     STAND_IN,
     "constants",
+    "programs/fast_start_hook",  # both: spawn.py runs its functions, and writes its text as the hook
     EMBEDDED,
     "errors",
+    "output",
     "forkstate",
     "records",
     "core",
     "protocol",
+    "fast_start",
     "processes",
+    "commit",
+    "admission",
     "agents",
     "channel",
-    "resolving",
     "running",
-    "cli_start",
+    "claude",
     "executors",
-    "fast_start",
+    "resolving",
     "forkserver",
+    "cli_start",
     "verbs",
+    "options",
     "dag",
     "cli",
     "main",
 )
+# Programs passed as text (src/spawnlib/programs): each module-level
+# `NAME = program_text("name")` of a bundled module becomes NAME's literal
+# source, so ruff and mypy check the program and spawn.py never reads a file.
+PROGRAMS_FOLDER = "programs"
+PROGRAMS = ("stand_in_wait", "guard_wait", "guard_above", "fast_start_hook")
+PROGRAM_ACCESSOR = "program_text"
+# The fast-start hook runs the stand-in's code from spawn.py's own bytes,
+# found between two marker lines that it defines and the bundler writes: the
+# first before the stand-in module's first line, the second before its last
+# statement, the `if __name__ == "__main__"` that calls it.
+HOOK = "programs/fast_start_hook"
+MARKERS = ("STAND_IN_BEGIN", "STAND_IN_END")
 BEGIN = "# " + "=" * 20 + " begin {path} " + "=" * 20 + "\n"
 END = "# " + "=" * 20 + " end {path} " + "=" * 20 + "\n"
 IMPORTS_BANNER = "# " + "=" * 20 + " imports of every module " + "=" * 20 + "\n"
@@ -111,6 +129,10 @@ class Module:
     lines: list[str]  # with line ends
     blank: set[int]  # 0-based lines that become blank in spawn.py
     defines: set[str]
+    # 0-based line -> (module lines it replaces, the lines spawn.py has instead): inlined programs, markers
+    edits: dict[int, tuple[int, list[str]]] = field(default_factory=dict)
+    # 0-based line of an edit -> (a program, and for each of its lines the index of its first literal line there)
+    inlined: dict[int, tuple[Module, list[int]]] = field(default_factory=dict)
 
 
 def relative(path: Path) -> str:
@@ -182,6 +204,101 @@ def load(name: str, imports: Imports, keep_imports: bool) -> Module:
         if isinstance(inner, ast.ImportFrom) and inner.level and inner not in tree.body:
             raise BundleError(f"{relative(path)}:{inner.lineno}: a relative import must be at the top level")
     return Module(name, path, lines, blank, defined_names(tree.body))
+
+
+def program_literal(name: str, target: str) -> tuple[list[str], Module, list[int]]:
+    """`target = (...)`: the program's source as implicitly joined literals, one or more a line;
+    the program, and where each of its lines starts among those lines (for --where)."""
+    path = PACKAGE / PROGRAMS_FOLDER / f"{name}.py"
+    text = path.read_text()
+    program = Module(f"{PROGRAMS_FOLDER}/{name}", path, text.splitlines(keepends=True), set(), set())
+    out = [f"{target} = (  # {relative(path)}, inlined by tools/bundle.py\n"]
+    starts: list[int] = []
+    for line in program.lines:
+        starts.append(len(out))
+        out += [f"    {chunk!r}\n" for chunk in split_chunks(line)]
+    return [*out, ")\n"], program, starts
+
+
+def inline_programs(module: Module) -> None:
+    """Each module-level `NAME = program_text("name")` becomes NAME's literal; any other use is refused."""
+    tree = ast.parse("".join(module.lines))
+    inlined: set[int] = set()  # the accessor's own Name nodes in the calls replaced
+    for node in tree.body:
+        call = node.value if isinstance(node, ast.Assign) else None
+        if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == PROGRAM_ACCESSOR):
+            continue
+        assert isinstance(node, ast.Assign) and node.end_lineno is not None
+        args = [a.value for a in call.args if isinstance(a, ast.Constant)]
+        where = f"{relative(module.path)}:{node.lineno}"
+        if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name) or len(args) != 1 or call.keywords:
+            raise BundleError(f'{where}: a program is inlined as `NAME = {PROGRAM_ACCESSOR}("program")`')
+        if args[0] not in PROGRAMS:
+            raise BundleError(f"{where}: no program {args[0]!r} in PROGRAMS of tools/bundle.py")
+        lines, program, starts = program_literal(str(args[0]), node.targets[0].id)
+        module.edits[node.lineno - 1] = (node.end_lineno - node.lineno + 1, lines)
+        module.inlined[node.lineno - 1] = (program, starts)
+        inlined.add(id(call.func))
+    for inner in ast.walk(tree):
+        if isinstance(inner, ast.Name) and inner.id == PROGRAM_ACCESSOR and id(inner) not in inlined:
+            raise BundleError(
+                f"{relative(module.path)}:{inner.lineno}: {PROGRAM_ACCESSOR} is only for `NAME = {PROGRAM_ACCESSOR}(...)` at the top level"
+            )
+
+
+def hook_markers() -> tuple[str, str]:
+    """The hook's STAND_IN_BEGIN and STAND_IN_END: bytes literals of one line each, between newlines."""
+    path = PACKAGE / f"{HOOK}.py"
+    found: dict[str, object] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and getattr(node.targets[0], "id", None) in MARKERS:
+            found[getattr(node.targets[0], "id", "")] = ast.literal_eval(node.value)
+    markers: list[str] = []
+    for name in MARKERS:
+        marker = found.get(name)
+        if not (isinstance(marker, bytes) and marker.startswith(b"\n#") and marker.endswith(b"\n") and marker.count(b"\n") == 2):
+            raise BundleError(f"{relative(path)}: {name} must be a bytes literal of one comment line between newlines")
+        markers.append(marker.decode()[1:])
+    return markers[0], markers[1]
+
+
+def mark_stand_in(module: Module) -> None:
+    """Write the hook's markers around the stand-in's code: before its first line and its closing call."""
+    begin, end = hook_markers()
+    last = ast.parse("".join(module.lines)).body[-1]
+    test = last.test if isinstance(last, ast.If) else None
+    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} if test is not None else set()
+    if not {"__name__", "forkserver_stand_in"} <= names:
+        raise BundleError(f'{relative(module.path)} must end with `if __name__ == "__main__" and ... forkserver_stand_in(...)`')
+    module.edits[0] = (0, [begin])
+    module.edits[last.lineno - 1] = (0, [end])
+
+
+def module_lines(module: Module, kept: int, first: int) -> tuple[list[str], list[tuple[int, int, Module, int]]]:
+    """The module's first kept lines as spawn.py has them from line first, and the spans that map back."""
+    out: list[str] = []
+    spans: list[tuple[int, int, Module, int]] = []
+    start = i = 0
+
+    def close() -> None:
+        if i > start:
+            spans.append((first + len(out) - (i - start), i - start, module, start + 1))
+
+    while i < kept:
+        if i in module.edits:
+            close()
+            skip, lines = module.edits[i]
+            program, starts = module.inlined.get(i, (None, []))
+            spans += [(first + len(out) + at, 1, program, n) for n, at in enumerate(starts, 1) if program is not None]
+            out += lines
+            i += skip
+            start = i
+            if skip:
+                continue
+        out.append("\n" if i in module.blank else module.lines[i])
+        i += 1
+    close()
+    return out, spans
 
 
 def sort_key(name: str) -> tuple[int, str]:
@@ -286,16 +403,23 @@ def split_chunks(line: str) -> list[str]:
 @dataclass
 class Bundle:
     text: str
-    spans: list[tuple[int, int, Module]]  # (first spawn.py line, 1-based; line count; module)
+    spans: list[tuple[int, int, Module, int]]  # (first spawn.py line, 1-based; line count; module; its first line there)
 
 
 def bundle() -> Bundle:
     header = (PACKAGE / "__init__.py").read_text()
-    on_disk = sorted(p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
-    if sorted(MODULES) != on_disk:
-        raise BundleError(f"MODULES in tools/bundle.py and the files in src/spawnlib differ: {sorted(set(MODULES) ^ set(on_disk))}")
+    on_disk = sorted(
+        [p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+        + [f"{PROGRAMS_FOLDER}/{p.stem}" for p in (PACKAGE / PROGRAMS_FOLDER).glob("*.py") if p.name != "__init__.py"]
+    )
+    listed = set(MODULES) | {f"{PROGRAMS_FOLDER}/{name}" for name in PROGRAMS}
+    if sorted(listed) != on_disk:
+        raise BundleError(f"MODULES and PROGRAMS in tools/bundle.py and the files in src/spawnlib differ: {sorted(listed ^ set(on_disk))}")
     imports = Imports()
     modules = [load(name, imports, keep_imports=name == STAND_IN) for name in MODULES]
+    for module in modules:
+        inline_programs(module)
+    mark_stand_in(modules[0])
     owners: dict[str, str] = {}
     for module in modules:
         for name in sorted(module.defines):
@@ -307,7 +431,7 @@ def bundle() -> Bundle:
     already = {a.asname or a.name.split(".")[0] for n in stand_in_tree.body if isinstance(n, ast.Import) for a in n.names}
 
     out: list[str] = [header]
-    spans: list[tuple[int, int, Module]] = []
+    spans: list[tuple[int, int, Module, int]] = []
     for module in modules:
         if module.name == MODULES[1]:
             out += ["\n", IMPORTS_BANNER, *import_block(imports, already)]
@@ -316,8 +440,9 @@ def bundle() -> Bundle:
         first = sum(chunk.count("\n") for chunk in out) + 1
         # The embedded module's placeholder is filled: its text is the bundler's own.
         kept = placeholder_line(module) if module.name == EMBEDDED else len(module.lines)
-        out += ["\n" if i in module.blank else line for i, line in enumerate(module.lines[:kept])]
-        spans.append((first, kept, module))
+        lines, module_spans = module_lines(module, kept, first)
+        out += lines
+        spans += module_spans
         if module.name == EMBEDDED:
             out += embedded_literal(embedded_files(record_schemas(modules)))
         out.append(END.format(path=path))
@@ -326,9 +451,9 @@ def bundle() -> Bundle:
 
 
 def where(made: Bundle, line: int) -> str:
-    for first, count, module in made.spans:
+    for first, count, module, module_first in made.spans:
         if first <= line < first + count:
-            return f"{relative(module.path)}:{line - first + 1}"
+            return f"{relative(module.path)}:{line - first + module_first}"
     return f"spawn.py:{line}"
 
 

@@ -15,7 +15,6 @@ from .constants import (
     DEFAULT_PERMISSION_MODE,
     EDIT_TOOLS,
     EFFORT_LEVELS,
-    ENV_CACHE_DIR,
     KNOWN_TOOLS,
     MEMORY_SCOPES,
     PERMISSION_KINDS,
@@ -30,11 +29,11 @@ from .constants import (
     SCHEMA_DIR,
     SPAWN_AGENT_FIELDS,
 )
-from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, claude_config_dir, number_problem
+from .core import DEFINITION_NUMBERS, MCP_SERVER_TYPES, canonical_tool, claude_config_dir, number_problem, parse_json
 from .embedded import builtin_files, builtin_label
 from .errors import InputError, UsageError, did_you_mean
-from .executors import parse_node_fields
-from .protocol import load_input, parse_json, read_input, write_file_atomic
+from .protocol import cache_dir, load_input, read_input, write_file_atomic
+from .records import Status
 
 # ------------------------------------------------- agents and permissions --
 
@@ -884,6 +883,35 @@ def parse_definition(
     if not isinstance(data.get("description", ""), str) or not data.get("description"):
         problem("description", "description is missing: routing and 'agents list' need it")
     d.description = str(data.get("description") or "")
+    _parse_tool_lists(data, d, problem, known_tools)
+    model = data.get("model")
+    if model is not None:
+        d.model = str(model)
+    mode = data.get("permissionMode")
+    if mode is not None:
+        if mode not in PERMISSION_RANK:
+            problem("permissionMode", f"unknown permissionMode {mode!r}; use one of {', '.join(PERMISSION_MODES)}")
+        else:
+            d.permission_mode = str(mode)
+    _parse_mcp_servers(data, d, problem)
+    _parse_schema_field(data, d, problem)
+    for key, attr, maximum, integer, zero_ok in DEFINITION_NUMBERS:
+        value = data.get(key)
+        if value is None:
+            continue
+        why = number_problem(key, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
+        if why is not None:
+            problem(key, why)
+        else:
+            setattr(d, attr, int(value) if integer else float(value))
+    _parse_claude_fields(data, d, problem)
+    parse_node_fields(data, d, problem)
+    _parse_permissions(data, d, problem)
+    return d, problems
+
+
+def _parse_tool_lists(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None], known_tools: frozenset[str]) -> None:
+    """tools, disallowedTools and skills: lists, the tools checked against the known ones."""
     for key, attr in (("tools", "tools"), ("disallowedTools", "disallowed_tools"), ("skills", "skills")):
         try:
             value = _as_list(data.get(key))
@@ -912,15 +940,10 @@ def parse_definition(
                 value = [v for v in value if v not in bad]
         if value is not None:
             setattr(d, attr, value)
-    model = data.get("model")
-    if model is not None:
-        d.model = str(model)
-    mode = data.get("permissionMode")
-    if mode is not None:
-        if mode not in PERMISSION_RANK:
-            problem("permissionMode", f"unknown permissionMode {mode!r}; use one of {', '.join(PERMISSION_MODES)}")
-        else:
-            d.permission_mode = str(mode)
+
+
+def _parse_mcp_servers(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """mcpServers, in Claude Code's mapping or list form."""
     servers = data.get("mcpServers")
     if servers is not None:
         if isinstance(servers, list):
@@ -939,6 +962,10 @@ def parse_definition(
                     problem("mcpServers", f"mcpServers.{server_name}: a stdio server needs a command")
         else:
             problem("mcpServers", "mcpServers must map server names to {command, args, env} or {type, url} objects")
+
+
+def _parse_schema_field(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """schema: a NAME from schemas/ (or built in), a path, or inline JSON."""
     schema = data.get("schema")
     if schema is not None:
         if not isinstance(schema, str):
@@ -950,17 +977,10 @@ def parse_definition(
                     problem("schema", f"schema {schema!r} is neither in {SCHEMA_DIR} nor built in")
             elif not schema.lstrip().startswith(("{", "[")) and not Path(schema).expanduser().is_file():
                 problem("schema", f"schema file {schema} does not exist")
-    for key, attr, maximum, integer, zero_ok in DEFINITION_NUMBERS:
-        value = data.get(key)
-        if value is None:
-            continue
-        why = number_problem(key, value, maximum=maximum, integer=integer, zero_ok=zero_ok)
-        if why is not None:
-            problem(key, why)
-        else:
-            setattr(d, attr, int(value) if integer else float(value))
-    _parse_claude_fields(data, d, problem)
-    parse_node_fields(data, d, problem)
+
+
+def _parse_permissions(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """permissions: allow, deny and ask lists of rules."""
     perms = data.get("permissions")
     if perms is not None:
         if not isinstance(perms, dict):
@@ -975,7 +995,6 @@ def parse_definition(
                         getattr(d.permissions, kind).append(parse_rule(rule_text))
                     except RuleSyntaxError as exc:
                         problem(kind, exc.message)
-    return d, problems
 
 
 def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
@@ -1014,14 +1033,6 @@ def _parse_claude_fields(data: Mapping[str, Any], d: AgentDefinition, problem: C
             d.hooks = {str(k): v for k, v in hooks.items()}
         else:
             problem("hooks", "hooks must map events (PreToolUse, ...) to lists of matchers, as in settings.json; ignored", "warning")
-
-
-def cache_dir(environ: Mapping[str, str]) -> Path:
-    """The per-user cache: $SPAWN_CACHE_DIR, else $XDG_CACHE_HOME/spawn, else ~/.cache/spawn."""
-    if environ.get(ENV_CACHE_DIR):
-        return Path(environ[ENV_CACHE_DIR]).expanduser()
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".cache")
-    return Path(base).expanduser() / "spawn"
 
 
 def remember_cli_tools(init: Mapping[str, Any], environ: Mapping[str, str]) -> None:
@@ -1183,3 +1194,114 @@ model: sonnet
 You are the {name} agent. Describe its job, its method, and what a good answer
 contains. When an output schema is set, answer with the StructuredOutput tool.
 """
+
+
+# What a node can be; executors.EXECUTORS has one class for each, in this order.
+NODE_KINDS = ("claude", "a2a", "command")
+A2A_CARD_PATH = "/.well-known/agent-card.json"
+
+
+@dataclass(frozen=True)
+class Node:
+    """What runs a node: its kind and, for a2a and command, where it lives."""
+
+    kind: str
+    endpoint: str | None = None
+    """a2a: the agent card's URL; command: the command line."""
+
+
+@dataclass
+class NodeResult:
+    """What a node of another kind than claude came back with (RunState.node_result)."""
+
+    status: Status
+    reason: str
+    output: Any = None
+    text: str | None = None
+    cost_usd: float | None = None
+    """As the node reported it; None (unknown) otherwise."""
+
+
+class NodeReferenceError(UsageError):
+    def __init__(self, reference: str, why: str) -> None:
+        super().__init__(f"--agent {reference}: {why}")
+
+
+def parse_reference(value: str | None) -> Node | None:
+    """The node an --agent value names directly, or None for a definition NAME (pure).
+
+    a2a:URL (the agent's base URL, or its card's), an http(s) URL of an agent
+    card, or command:EXE [ARGS].
+    """
+    if not value:
+        return None
+    if value.startswith("command:"):
+        command = value.removeprefix("command:").strip()
+        command_argv(command, value)
+        return Node("command", command)
+    if value.startswith("a2a:"):
+        return Node("a2a", a2a_card_url(value.removeprefix("a2a:"), value))
+    if re.match(r"[A-Za-z][A-Za-z0-9+.\-]*://", value):
+        from urllib.parse import urlsplit
+
+        if not urlsplit(value).path.endswith(A2A_CARD_PATH):
+            raise NodeReferenceError(
+                value, f"a URL must be an A2A agent card (...{A2A_CARD_PATH}); or write a2a:URL for an agent's base URL"
+            )
+        return Node("a2a", a2a_card_url(value, value))
+    return None
+
+
+def a2a_card_url(url: str, reference: str) -> str:
+    """The agent card's URL: URL itself when it names a .json file, else URL + the well-known path (pure)."""
+    from urllib.parse import urlsplit
+
+    url = url.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise NodeReferenceError(reference, "an A2A agent is an http(s) URL, e.g. a2a:https://host/path")
+    return url if parts.path.endswith(".json") else url.rstrip("/") + A2A_CARD_PATH
+
+
+def command_argv(command: str, reference: str) -> list[str]:
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        raise NodeReferenceError(reference, f"can't split the command line ({exc}); check its quoting") from None
+    if not argv:
+        raise NodeReferenceError(reference, "give the executable, e.g. command:/path/to/exe")
+    return argv
+
+
+def parse_node_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
+    """A definition's kind, with its url (a2a) or command (command)."""
+    kind = data.get("kind")
+    if kind is None:
+        for key in ("url", "command"):
+            if key in data:
+                problem(key, f"{key} needs 'kind: {'a2a' if key == 'url' else 'command'}'; ignored", "warning")
+        return
+    if kind not in NODE_KINDS:
+        problem("kind", f"kind must be one of {', '.join(NODE_KINDS)}, got {kind!r}")
+        d.kind = str(kind)  # an agent that can't run as what it says is not run as claude
+        return
+    d.kind = str(kind)
+    if d.kind == "claude":
+        return
+    key = "url" if d.kind == "a2a" else "command"
+    value = data.get(key)
+    if not isinstance(value, str) or not value.strip():
+        problem("kind", f"kind {kind} needs {key}: {'the agent URL' if key == 'url' else 'the executable and its arguments'}")
+        return
+    try:
+        d.endpoint = a2a_card_url(value, value) if key == "url" else " ".join(map(shlex.quote, command_argv(value, value)))
+    except NodeReferenceError as exc:
+        problem(key, exc.message.removeprefix(f"--agent {value}: "))
+
+
+def node_of_definition(definition: AgentDefinition | None) -> Node:
+    if definition is None or definition.kind == "claude":
+        return Node("claude")
+    if definition.kind not in NODE_KINDS or definition.endpoint is None:
+        raise UsageError(f"agent definition {definition.path} has a bad kind or no url/command; fix it (see 'spawn.py agents lint')")
+    return Node(definition.kind, definition.endpoint)

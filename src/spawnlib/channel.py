@@ -3,6 +3,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -11,16 +12,18 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from .agents import summarize_input
-from .constants import ASK_POLL_S
-from .core import redacted_json, self_answer_refusal, token_hex, utc_now_iso
+from .constants import ASK_POLL_S, ASK_TIMEOUT_S, ENV_ASK_TIMEOUT
+from .core import estimate_agent, float_or_none, parse_json, redacted_json, self_answer_refusal, token_hex, utc_now_iso
 from .errors import RefusedError, StateError
+from .output import note
 from .processes import calling_agents
-from .protocol import append_jsonl, asks_dir, parse_json, publish_once, write_json_atomic
+from .protocol import agent_history, append_jsonl, asks_dir, publish_once, read_ledger, read_limits, write_json_atomic
 from .records import AgentMeta, AskAnswer, AskAttempt, AskRecord, record_to_json
 from .standin import unix_address
 
 if TYPE_CHECKING:
     import socket
+
 
 # ------------------------------------------------------- who is calling --
 # A record anyone can write is believed by no one. What decides for an agent
@@ -204,3 +207,59 @@ def send_answer(session: Path, ask_id: str, verdict: str, by: str, text: str | N
             os.close(dir_fd)
     if "refused" in said:
         raise RefusedError(f"refused: {said['refused']}; the attempt is recorded in {asks_dir(session) / f'{ask_id}.attempts.jsonl'}")
+
+
+def ask_timeout(environ: Mapping[str, str]) -> float:
+    value = float_or_none(environ.get(ENV_ASK_TIMEOUT))
+    return value if value is not None and value > 0 else ASK_TIMEOUT_S
+
+
+def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, timeout: float) -> tuple[str, str]:
+    """Ask the person at the root's terminal; no answer before timeout is a no."""
+    import select
+
+    sys.stderr.write(f"spawn: agent {meta.id} wants to use {tool}: {summarize_input(tool_input, 200)}\n  (rule {rule}) allow? [y/N] ")
+    sys.stderr.flush()
+    ready, _, _ = select.select([sys.stdin], [], [], timeout)
+    answer = sys.stdin.readline().strip().lower() if ready else ""
+    return ("allow" if answer in ("y", "yes") else "deny"), "terminal"
+
+
+def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> str | None:
+    """Ask the root before a spawn that would take the tree past --confirm-over; None lets it go on.
+
+    Called before admission, without the session lock: the answer may take
+    minutes, and other spawns and outcome commits must not wait for it. Two
+    spawns racing under the threshold may both pass; the threshold is a
+    prompt for a person, --max-budget-usd is the hard cap.
+    """
+    threshold = read_limits(session).confirm_over_usd
+    if threshold is None:
+        return None
+    ended, running = agent_history(session)
+    estimate, _, basis = estimate_agent(meta.model, ended)
+    # A running agent's spend so far is in neither the ledger nor its estimate; the estimate stands for all of it.
+    projected = read_ledger(session).spent + sum(estimate_agent(m, ended)[0] for m in running) + estimate
+    if projected <= threshold:
+        return None
+    summary = (
+        f"start a {meta.model} agent, estimated ${estimate:.4f} ({basis}): the tree's projected spend "
+        f"${projected:.4f} passes --confirm-over ${threshold:g}; task: {summarize_input({'command': meta.task}, 120)}"
+    )
+    rule = f"--confirm-over {threshold:g}"
+    timeout = ask_timeout(os.environ)
+    if meta.deadline is not None:
+        timeout = min(timeout, max(0.0, meta.deadline - time.time()))
+    if sys.stdin is not None and sys.stdin.isatty():
+        verdict, _ = prompt_person(meta, "Spawn", {"command": summary}, rule, timeout)
+        return None if verdict == "allow" else f"confirm: the person at the terminal did not approve ({summary})"
+    # The spawner asks: its parent's id (the root has none, but the root never passes through here).
+    asker = meta.parent_id or ""
+    channel = open_ask(meta, "Spawn", {"command": summary}, rule, timeout=timeout, secrets_=secrets_, asker=asker)
+    ask_id = channel.ask_id
+    note(f"spawn asks to {summary}: run 'spawn.py approve {ask_id}' or 'spawn.py deny {ask_id}' within {timeout:.0f} s")
+    answer = channel.wait(asker, timeout, secrets_)
+    if answer.get("verdict") == "approve":
+        return None
+    how = "timed out unanswered" if answer.get("by") == "timeout" else f"was denied by {answer.get('by')}"
+    return f"confirm: ask {ask_id} {how} (projected ${projected:.4f} > --confirm-over ${threshold:g})"

@@ -2,16 +2,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from . import __version__
 from .agents import (
     AGENT_TEMPLATE,
     Problem,
@@ -24,45 +22,39 @@ from .agents import (
     route,
 )
 from .channel import ask_socket_path, send_answer
-from .cli_start import delegates_for, drop_refusal, export_trace, launch_background, record_refusal, refusal_outcome, run_agent, summary
+from .claude import delegates_for
+from .cli_start import drop_refusal, export_trace, launch_background, record_refusal, refusal_outcome, run_agent, summary
+from .commit import commit_outcome
 from .constants import (
-    DEFAULT_MAX_DEPTH,
-    DEFAULT_MODEL,
-    DEFAULT_ROOT_TIMEOUT_S,
-    DEFAULT_TOOLS,
-    ENV_MODEL_TIERS,
     ENV_SESSION,
-    ENV_SESSION_ROOT,
-    IDLE_TIMEOUT_S,
     KILL_GRACE_S,
+    META,
     REGISTER_WAIT_S,
-    SANDBOX_CHOICES,
 )
 from .core import briefing, secret_values
 from .dag import DEFAULT_ROTATE_MB, DEFAULT_STATE_FILE, ON_FAIL
-from .errors import ExitCode, RefusedError, StateError, UsageError, did_you_mean
+from .errors import ExitCode, RefusedError, StateError, UsageError
 from .executors import names_another_kind
-from .forkserver import ForkedFor
+from .forkserver import Entry
+from .options import EXIT_TABLE, WORKFLOW_VERBS, Parser, build_run_parser
+from .output import emit, note, stdout_json_text
 from .processes import (
     GUARD_SETTLED,
+    ForkedFor,
     Supervised,
     ancestor_agents,
     ancestry_context,
     choose_containment,
     fork_below_guard,
-    guard_above_ends_tree,
     guard_above_possible,
     own_identity,
     register_runner,
     start_guard,
     unregister_runner,
-    wants_guard_above,
 )
 from .protocol import (
     AGENTS_DIR,
-    META,
     asks_dir,
-    commit_outcome,
     find_agent_dir,
     latest_session,
     load_meta,
@@ -72,12 +64,13 @@ from .protocol import (
     write_new_file,
 )
 from .records import Status, record_to_json
-from .resolving import admission_problem, find_cli, inherited_context, place_resumed, plan_run, register, resolve_resume
+from .resolving import admission_problem, find_cli, inherited_context, place_resumed, plan_run, register, resolve_resume, wants_guard_above
 from .running import EarlyStop, SdkLoader, spawn_command
 from .verbs import (
     corrupt_agents,
     end_tree,
     format_tree,
+    guard_above_ends_tree,
     kill_agent,
     kill_caller,
     reap_agent,
@@ -90,140 +83,6 @@ from .verbs import (
 )
 
 # ---------------------------------------------------------------------- CLI --
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with spawn's error format and exit code."""
-
-    def error(self, message: str) -> NoReturn:
-        hint = self.suggestion(message)
-        raise UsageError(f"{message}{hint}{' ' if hint else '; '}see '{self.prog} --help'")
-
-    def suggestion(self, message: str) -> str:
-        """The close match to a mistyped flag or choice, as did_you_mean words it."""
-        if message.startswith("unrecognized arguments: "):
-            flags = [a.split("=", 1)[0] for a in message.removeprefix("unrecognized arguments: ").split() if a.startswith("--")]
-            return did_you_mean(flags[0], self.long_flags()) if flags else ""
-        if m := re.search(r"invalid choice: '(.*?)' \(choose from (.*)\)$", message):
-            return did_you_mean(m[1], re.findall(r"'(.*?)'", m[2]))
-        return ""
-
-    def long_flags(self) -> list[str]:
-        """Every --flag of this parser and of its sub-commands' (argparse reports theirs here)."""
-        flags = [f for f in self._option_string_actions if f.startswith("--")]
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                flags += [f for sub in action.choices.values() for f in sub._option_string_actions if f.startswith("--")]
-        return flags
-
-
-EXIT_TABLE = """\
-exit codes:
-  0    success (every agent waited for is done)
-  1    an agent failed (including schema-invalid output)
-  2    bad usage or input; nothing was written
-  3    session/state error (unwritable root, corrupt record)
-  4    refused by a limit (depth, deadline, tools); recorded in the session
-  124  timeout; the agent's subtree was ended
-  130  interrupted (SIGINT); the subtree was ended
-  143  killed (SIGTERM/SIGHUP or 'spawn.py kill'); the subtree was ended"""
-
-
-def build_run_parser() -> Parser:
-    p = Parser(
-        prog="spawn.py",
-        description=(
-            "Run a Claude agent that can spawn child agents to any depth. "
-            f"Verbs: {', '.join(v for v in VERBS if not v.startswith('_'))} (spawn.py VERB --help)."
-        ),
-        epilog=EXIT_TABLE,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--version", action="version", version=f"spawn.py {__version__}")
-    task = p.add_argument_group("task")
-    task.add_argument("--task", metavar="TEXT", help="the prompt")
-    task.add_argument("--task-file", metavar="PATH", help="read the prompt from PATH ('-' for stdin)")
-    task.add_argument("--topic", metavar="WORDS", help="names the session directory (default: the task's first words)")
-    task.add_argument("--resume", metavar="AGENT_ID", help="continue a finished agent's conversation with --task, as a new agent beside it")
-    agent = p.add_argument_group("agent")
-    agent.add_argument(
-        "--tools", metavar="A,B", help=f"tools the agent sees, auto-approved (default {','.join(DEFAULT_TOOLS)}; a child: its parent's)"
-    )
-    agent.add_argument("--disallowed-tools", metavar="A,B", help="tools removed from the agent, as in Claude Code")
-    for kind, what in (
-        ("allow", "allow calls matching RULE"),
-        ("deny", "deny calls matching RULE"),
-        ("ask", "ask before calls matching RULE"),
-    ):
-        agent.add_argument(f"--{kind}", action="append", metavar="RULE", help=f"{what}, e.g. 'Bash(git diff:*)' (repeatable)")
-    agent.add_argument(
-        "--model",
-        metavar="TIER|ID",
-        help=f"high-tier, medium-tier, low-tier or a model id (default {DEFAULT_MODEL}; tiers: ${ENV_MODEL_TIERS})",
-    )
-    agent.add_argument(
-        "--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user, then built in); auto routes by description"
-    )
-    agent.add_argument(
-        "--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json (else built in), a file, or inline JSON"
-    )
-    agent.add_argument("--output", metavar="FILE", help="also write the validated output (or final text) to FILE")
-    agent.add_argument("--system-prompt", metavar="TEXT", help="replace the default short system prompt")
-    agent.add_argument("--system-prompt-file", metavar="PATH", help="read the system prompt from PATH")
-    agent.add_argument("--preset", choices=["claude_code"], help="use Claude Code's full system prompt and settings (costly at depth)")
-    agent.add_argument(
-        "--sandbox",
-        choices=SANDBOX_CHOICES,
-        default="auto",
-        help="run the agent's Bash in Claude Code's sandbox (auto: for agents below the root that have Bash)",
-    )
-    agent.add_argument("--cwd", metavar="DIR", help="working directory of the agent")
-    limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
-    limits.add_argument(
-        "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"
-    )
-    limits.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
-        help=f"deadline for this agent and its subtree (root default {DEFAULT_ROOT_TIMEOUT_S:g}; 0: none)",
-    )
-    limits.add_argument(
-        "--idle-timeout",
-        type=float,
-        metavar="SECONDS",
-        help=f"end the agent as stalled after this long with no transcript event and no CPU use (default {IDLE_TIMEOUT_S:g})",
-    )
-    limits.add_argument("--max-turns", type=int, metavar="N", help="maximum agent turns")
-    limits.add_argument(
-        "--max-budget-usd", type=float, metavar="X", help="spending limit in USD; at the root, one budget for the whole tree"
-    )
-    limits.add_argument("--max-agents", type=int, metavar="N", help="root only: agents the whole session may register")
-    limits.add_argument("--max-concurrent", type=int, metavar="N", help="root only: agents running at once; more wait for a slot")
-    limits.add_argument(
-        "--confirm-over",
-        type=float,
-        metavar="USD",
-        help="root only: a spawn that would take the tree's projected spend past USD asks first (spawn.py approve|deny)",
-    )
-    where = p.add_argument_group("session")
-    where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
-    where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
-    mode = p.add_argument_group("mode")
-    mode.add_argument(
-        "--background",
-        action=argparse.BooleanOptionalAction,
-        help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
-    )
-    mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
-    mode.add_argument(
-        "--print",
-        choices=["id", "status", "output", "agent_dir", "outcome"],
-        help="print only this field of the result, as plain text (e.g. A=$(spawn.py --background --print id ...))",
-    )
-    mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
-    mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
-    return p
 
 
 def build_verb_parser(verb: str) -> Parser:
@@ -262,48 +121,9 @@ def build_verb_parser(verb: str) -> Parser:
         if verb == "approve":
             p.add_argument("--text", metavar="TEXT", help="the reply to an a2a node's input-required ask, sent to the remote agent")
     elif verb == "agents":
-        p.description = (
-            "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory), ~/.claude/agents,"
-            " then the built-in defaults, which a file of the same name overrides."
-        )
-        sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
-        listing = sub.add_parser("list", help="name, source, tools and description of every definition")
-        listing.add_argument("--json", action="store_true")
-        lint = sub.add_parser("lint", help="check definitions: fields, tools, schemas, duplicates, YAML (exit 2 on errors)")
-        lint.add_argument("paths", nargs="*", metavar="PATH")
-        new = sub.add_parser("new", help="write a commented template to .claude/agents/NAME.md")
-        new.add_argument("name", metavar="NAME")
-        routing = sub.add_parser("route", help="which definition --agent auto would pick for TASK, and why; runs nothing")
-        routing.add_argument("task", metavar="TASK")
-        routing.add_argument("--json", action="store_true", help="the decision as JSON on stdout")
+        add_agents_actions(p)
     elif verb == "dag":
-        p.description = "Run a task graph (YAML or JSON): each task starts when its blockedBy are done, as a child of the runner."
-        sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
-        for action, what in (
-            ("run", "run the graph; stdout is one JSON object with every task's status and output"),
-            ("validate", "check the file (cycles, unknown ids and options, undefined vars) without running"),
-            ("show", "print the graph's levels"),
-            ("resume", "run again what has no .done in a session's DAG journal (FILE is the session directory)"),
-        ):
-            a = sub.add_parser(action, help=what, description=what, epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-            a.add_argument("file", metavar="SESSION" if action == "resume" else "FILE")
-            a.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
-            a.add_argument("--session", metavar="DIR", help="session root for the runner")
-            a.add_argument("--max-concurrent", type=int, metavar="N", help="tasks running at once (default: no limit)")
-            a.add_argument("--timeout", type=float, metavar="S", help="deadline for the whole graph")
-            a.add_argument("--max-budget-usd", type=float, metavar="X", help="budget for the whole graph")
-            a.add_argument(
-                "--fail-fast", action="store_true", help="stop everything at the first failure (= --on-fail abort): running tasks are ended"
-            )
-            a.add_argument(
-                "--on-fail",
-                choices=ON_FAIL,
-                help="a task failed (after its retries): ask at the terminal (retry, skip or abort), skip it and start its dependents "
-                "anyway, or abort the run (default: its dependents are skipped, the rest goes on)",
-            )
-            a.add_argument("--retries", type=int, metavar="N", help="start a failed task again up to N times (for tasks without retries:)")
-            a.add_argument("--dry-run", action="store_true", help="print the resolved tasks; start nothing")
-            a.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+        add_dag_actions(p)
     elif verb == "estimate":
         p.description = (
             "Projected cost and critical-path time of a task graph, running nothing. Per task: the median of ended agents "
@@ -313,38 +133,7 @@ def build_verb_parser(verb: str) -> Parser:
         p.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
         p.add_argument("--text", action="store_true", help="one line of text instead of JSON")
     elif verb in WORKFLOW_VERBS:
-        p.description = {
-            "plan": "Plan a change with the plan agent; the plan goes to the state file.",
-            "build": "Carry out the state file's plan with the build agent; it asks before creating/deleting files or changing manifests.",
-            "explore": "Explore the codebase with the read-only explore agent; findings go to the state file.",
-            "run-plan-build": "plan, then build (workflows/plan-build.yaml); build does not start when plan failed.",
-            "run-all": "plan, build, explore (workflows/plan-build-explore.yaml); stops at the first failure. At a terminal it asks "
-            "before each phase after plan, and whether to retry, skip or abort a failed one.",
-            "state": "Show or clear the state file.",
-        }[verb]
-        if verb == "state":
-            p.add_argument("action", choices=["show", "clear"])
-        else:
-            p.add_argument("task", nargs="?" if verb in ("explore", "build") else None, metavar="TASK")
-        p.add_argument("--state-file", default=DEFAULT_STATE_FILE, metavar="PATH", help=f"shared state (default {DEFAULT_STATE_FILE})")
-        p.add_argument(
-            "--rotate-mb", type=float, default=DEFAULT_ROTATE_MB, metavar="MB", help="rotate the state file to .1, .2... past MB"
-        )
-        p.add_argument("--verbose", action="store_true", help="report phase transitions on stderr")
-        if verb != "state":
-            p.add_argument(
-                "--on-fail",
-                choices=ON_FAIL,
-                help="a phase failed (after --retries): ask (the default at a terminal: retry, skip or abort), skip it "
-                "and go on, or abort (the default otherwise)",
-            )
-            p.add_argument("--retries", type=int, metavar="N", help="start a failed phase again up to N times first")
-        if verb == "plan":
-            p.add_argument("--prd", action="store_true", help="also write a short PRD")
-        if verb == "build":
-            p.add_argument("--dry-run", action="store_true", help="preview the plan's steps and files; write nothing")
-        if verb == "explore":
-            p.add_argument("--depth", choices=["shallow", "deep"], default="deep")
+        add_workflow_options(p, verb)
     elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
         if verb == "_guard":  # the runner's exit status, for the guard above a root (GUARD_ABOVE_BOOTSTRAP)
@@ -352,8 +141,87 @@ def build_verb_parser(verb: str) -> Parser:
     return p
 
 
-WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
-VERBS = ("wait", "status", "kill", "reap", "approve", "deny", "agents", "dag", "estimate", *WORKFLOW_VERBS, "_run", "_guard")
+def add_agents_actions(p: Parser) -> None:
+    """`agents list|lint|new|route`."""
+    p.description = (
+        "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory), ~/.claude/agents,"
+        " then the built-in defaults, which a file of the same name overrides."
+    )
+    sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
+    listing = sub.add_parser("list", help="name, source, tools and description of every definition")
+    listing.add_argument("--json", action="store_true")
+    lint = sub.add_parser("lint", help="check definitions: fields, tools, schemas, duplicates, YAML (exit 2 on errors)")
+    lint.add_argument("paths", nargs="*", metavar="PATH")
+    new = sub.add_parser("new", help="write a commented template to .claude/agents/NAME.md")
+    new.add_argument("name", metavar="NAME")
+    routing = sub.add_parser("route", help="which definition --agent auto would pick for TASK, and why; runs nothing")
+    routing.add_argument("task", metavar="TASK")
+    routing.add_argument("--json", action="store_true", help="the decision as JSON on stdout")
+
+
+def add_dag_actions(p: Parser) -> None:
+    """`dag run|validate|show|resume FILE` and their options."""
+    p.description = "Run a task graph (YAML or JSON): each task starts when its blockedBy are done, as a child of the runner."
+    sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
+    for action, what in (
+        ("run", "run the graph; stdout is one JSON object with every task's status and output"),
+        ("validate", "check the file (cycles, unknown ids and options, undefined vars) without running"),
+        ("show", "print the graph's levels"),
+        ("resume", "run again what has no .done in a session's DAG journal (FILE is the session directory)"),
+    ):
+        a = sub.add_parser(action, help=what, description=what, epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+        a.add_argument("file", metavar="SESSION" if action == "resume" else "FILE")
+        a.add_argument("--var", action="append", metavar="KEY=VALUE", help="set {{var.KEY}} (repeatable)")
+        a.add_argument("--session", metavar="DIR", help="session root for the runner")
+        a.add_argument("--max-concurrent", type=int, metavar="N", help="tasks running at once (default: no limit)")
+        a.add_argument("--timeout", type=float, metavar="S", help="deadline for the whole graph")
+        a.add_argument("--max-budget-usd", type=float, metavar="X", help="budget for the whole graph")
+        a.add_argument(
+            "--fail-fast", action="store_true", help="stop everything at the first failure (= --on-fail abort): running tasks are ended"
+        )
+        a.add_argument(
+            "--on-fail",
+            choices=ON_FAIL,
+            help="a task failed (after its retries): ask at the terminal (retry, skip or abort), skip it and start its dependents "
+            "anyway, or abort the run (default: its dependents are skipped, the rest goes on)",
+        )
+        a.add_argument("--retries", type=int, metavar="N", help="start a failed task again up to N times (for tasks without retries:)")
+        a.add_argument("--dry-run", action="store_true", help="print the resolved tasks; start nothing")
+        a.add_argument("--traceback", action="store_true", help=argparse.SUPPRESS)
+
+
+def add_workflow_options(p: Parser, verb: str) -> None:
+    """A workflow verb's task, state file and failure options."""
+    p.description = {
+        "plan": "Plan a change with the plan agent; the plan goes to the state file.",
+        "build": "Carry out the state file's plan with the build agent; it asks before creating/deleting files or changing manifests.",
+        "explore": "Explore the codebase with the read-only explore agent; findings go to the state file.",
+        "run-plan-build": "plan, then build (workflows/plan-build.yaml); build does not start when plan failed.",
+        "run-all": "plan, build, explore (workflows/plan-build-explore.yaml); stops at the first failure. At a terminal it asks "
+        "before each phase after plan, and whether to retry, skip or abort a failed one.",
+        "state": "Show or clear the state file.",
+    }[verb]
+    if verb == "state":
+        p.add_argument("action", choices=["show", "clear"])
+    else:
+        p.add_argument("task", nargs="?" if verb in ("explore", "build") else None, metavar="TASK")
+    p.add_argument("--state-file", default=DEFAULT_STATE_FILE, metavar="PATH", help=f"shared state (default {DEFAULT_STATE_FILE})")
+    p.add_argument("--rotate-mb", type=float, default=DEFAULT_ROTATE_MB, metavar="MB", help="rotate the state file to .1, .2... past MB")
+    p.add_argument("--verbose", action="store_true", help="report phase transitions on stderr")
+    if verb != "state":
+        p.add_argument(
+            "--on-fail",
+            choices=ON_FAIL,
+            help="a phase failed (after --retries): ask (the default at a terminal: retry, skip or abort), skip it "
+            "and go on, or abort (the default otherwise)",
+        )
+        p.add_argument("--retries", type=int, metavar="N", help="start a failed phase again up to N times first")
+    if verb == "plan":
+        p.add_argument("--prd", action="store_true", help="also write a short PRD")
+    if verb == "build":
+        p.add_argument("--dry-run", action="store_true", help="preview the plan's steps and files; write nothing")
+    if verb == "explore":
+        p.add_argument("--depth", choices=["shallow", "deep"], default="deep")
 
 
 def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Path | None:
@@ -362,17 +230,6 @@ def default_session(args: argparse.Namespace, environ: Mapping[str, str]) -> Pat
     if environ.get(ENV_SESSION):
         return Path(environ[ENV_SESSION])
     return latest_session(resolve_session_root(None, environ))
-
-
-def stdout_json_text(value: Any) -> str:
-    """JSON for stdout: indented for a person at a terminal; one line when piped,
-    as a parent agent's Bash and CI read it."""
-    return json.dumps(value, ensure_ascii=False, default=str, indent=2 if sys.stdout.isatty() else None)
-
-
-def emit(data: Mapping[str, Any]) -> None:
-    sys.stdout.write(stdout_json_text(data) + "\n")
-    sys.stdout.flush()
 
 
 def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
@@ -386,11 +243,7 @@ def emit_result(args: argparse.Namespace, data: Mapping[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def note(message: str) -> None:
-    print(f"spawn: {message}", file=sys.stderr, flush=True)
-
-
-def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> int:
     if wants_guard_above(argv, environ):
         fork_below_guard()  # before any thread: from here on this process is the runner
     # The SDK is imported once the agent's CLI has started (SdkLoader).
@@ -440,7 +293,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     try:
         # A foreground child blocks its parent's Bash: the parent's slot is lent to it.
         with slot_lent_by_caller(environ):
-            outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard)
+            outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard, entry=entry)
     finally:
         unregister_runner(plan.meta.pid, plan.meta.create_time)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
@@ -449,7 +302,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     return outcome.exit_code
 
 
-def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], entry: Entry) -> int:
     agent_dir = Path(args.agent_dir)
     EarlyStop.arm()
     guard = start_guard(agent_dir)  # first: a runner killed while starting is still settled
@@ -479,7 +332,7 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str]) 
     if ForkedFor.pid is not None:
         register_runner(pid, create_time, agent_dir)  # the launcher registered the stand-in; the agent runs here
     try:
-        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta)
+        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta, entry=entry)
     finally:
         unregister_runner(pid, create_time)
     emit(summary(agent_dir, record_to_json(outcome)))

@@ -18,7 +18,7 @@ DEFAULT_SESSION_ROOT = SCRIPT_DIR / "sessions"
 PROTOCOL_VERSION = 1
 
 # Environment variables: the only channel from a parent agent to the children
-# its Bash starts. Documented in README.md ("Environment variables").
+# its Bash starts. Documented in docs/environment.md.
 ENV_SESSION_ROOT = "SPAWN_SESSION_ROOT"  # where root invocations create sessions
 ENV_SESSION = "SPAWN_SESSION"  # the session directory a tree shares
 ENV_AGENT_ID = "SPAWN_AGENT_ID"  # id of the agent whose Bash runs this command
@@ -101,7 +101,7 @@ KNOWN_TOOLS = frozenset(
 TOOL_ALIASES: dict[str, str] = {"Task": "Agent", "KillShell": "TaskStop"}
 
 # Claude Code's agent frontmatter (CLI 2.1.x), and what spawn.py adds to it
-# (README.md, "Agent definitions", has one row per field).
+# (docs/agents.md has one row per field).
 CLAUDE_AGENT_FIELDS = frozenset(
     {
         "name", "description", "tools", "disallowedTools", "model", "permissionMode", "mcpServers",
@@ -129,7 +129,7 @@ SANDBOX_CHOICES = ("on", "off", "auto")
 SANDBOX_PROGRAMS = ("bwrap", "socat")
 SANDBOX_INSTALL = "apt-get install bubblewrap socat"
 SANDBOX_MACOS_PROGRAM = "sandbox-exec"
-# What an agent's Bash loses when --sandbox auto can't sandbox it (README's
+# What an agent's Bash loses when --sandbox auto can't sandbox it (docs/guarantees.md
 # threat model): said once on the root's stderr and in each such meta.json.
 SANDBOX_LOST = (
     "their Bash runs as you, so it can write outside their allowed paths, "
@@ -310,3 +310,57 @@ SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.IGNORECAS
 SECRET_PATTERN = re.compile(r"sk-ant-[A-Za-z0-9_\-]{8,}")
 SECRET_MIN_LEN = 8  # shorter values are too likely to match ordinary text
 REDACTED = "[REDACTED]"
+
+# ------------------------------------------------------- on-disk protocol --
+
+META = "meta.json"
+OUTCOME = "outcome.json"
+SCRATCH_DIR = "scratch"  # a sandboxed leaf's own writable directory, its records beside it read-only
+# refused/<leaf id>/: a sandboxed leaf's refused spawns, each <child id>.json,
+# until the leaf's runner, outside the sandbox, records them in agents/.
+REFUSED_DIR = "refused"
+# What a leaf's runner takes from its drop box: a hostile leaf gets no more
+# agent directories than this, nor bigger records, by writing there.
+DROPPED_REFUSALS_MAX = 64
+DROPPED_REFUSAL_MAX_BYTES = 256 * 1024
+DROP_BOX_POLL_S = 1.0  # a listing of a directory that is nearly always empty
+OUTCOME_KEPT = "outcome.kept.json"  # the runner's own, when outcome.json turned out not to be an outcome
+TRANSCRIPT = "transcript.jsonl"
+STDERR_LOG = "stderr.log"
+# An agent's transcript and stderr.log each stop growing at this size: a
+# flooding peer or process can't fill the disk (a remote A2A agent's endless
+# status updates wrote 379 MB in 20 s). Far above a long agent's transcript;
+# SPAWN_TRANSCRIPT_MAX_BYTES sets it lower, never higher.
+LOG_MAX_BYTES = 64 * 1024 * 1024
+ENV_LOG_MAX = "SPAWN_TRANSCRIPT_MAX_BYTES"
+TRUNCATED_LINE = "TranscriptTruncated"  # the transcript's last line once it reached the cap
+NATIVE_LOG = "native.jsonl"  # Claude Code's own subagents (the Agent tool) started by this agent
+HEARTBEAT = "heartbeat.json"
+# Written by `spawn.py kill` before its SIGTERM: the runner's outcome then
+# says who ended it, which a signal alone can't tell it.
+KILL_REQUEST = "kill.json"
+RUNNER_LOG = "runner.log"
+SESSION_INFO = "session.json"
+LIMITS = "limits.json"
+LEDGER = "ledger.jsonl"
+SESSION_LOCK = ".lock"
+SLOT_MARKER = ".slot"
+
+
+# Deepest nesting of any JSON or YAML spawn.py parses. The parser recurses
+# once per level (RecursionError near 1,000, sooner on a deep stack), and so
+# does whatever walks the value after it (jsonschema, json.dumps): 64 is
+# deeper than any record, schema or task graph, and far from either limit.
+JSON_MAX_DEPTH = 64
+# Largest record read: an outcome's output or a transcript line is at most a
+# few MiB (SDK_MAX_MESSAGE); a bigger file is junk, and never read into memory.
+RECORD_MAX_BYTES = 64 << 20
+# Largest YAML or JSON input a user gives (a task graph, a schema, an agent's
+# frontmatter): hand-written files are KiBs.
+INPUT_MAX_BYTES = 4 << 20
+# YAML aliases share one node in the parsed document, but whatever walks it
+# (variables, json.dumps) meets every copy: "billion laughs" is a few lines
+# that expand to 10**9 nodes. A document may expand to this many at most.
+YAML_MAX_NODES = 1_000_000
+
+SLOT_LENT = ".slot-lent"

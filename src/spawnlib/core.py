@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import itertools
 import json
 import os
 import re
@@ -19,6 +21,7 @@ from .constants import (
     DEFAULT_MODEL_TIERS,
     ENV_MODEL_TIERS,
     FALLBACK_PRICE_FAMILY,
+    JSON_MAX_DEPTH,
     KNOWN_TOOLS,
     MAX_BUDGET_USD,
     MAX_CONCURRENT,
@@ -26,19 +29,23 @@ from .constants import (
     MAX_DEPTH_LIMIT,
     MAX_SECONDS,
     MAX_TOKENS,
+    META,
     MODEL_ID_PATTERN,
     MODEL_PRICES_USD_PER_MTOK,
     PARENT_GRACE_S,
+    RECORD_MAX_BYTES,
     REDACTED,
+    REFUSED_DIR,
+    SCRATCH_DIR,
     SECRET_MIN_LEN,
     SECRET_NAME,
     SECRET_PATTERN,
+    SESSION_LOCK,
     STDOUT_OUTPUT_LIMIT,
     TOOL_ALIASES,
 )
 from .errors import UnknownToolError, UsageError, did_you_mean
-from .protocol import META, REFUSED_DIR, SCRATCH_DIR, SESSION_LOCK, parse_json
-from .records import AgentMeta, Trace
+from .records import EXIT_FOR_STATUS, AgentMeta, Trace
 
 # ---------------------------------------------------------------- pure core --
 
@@ -563,3 +570,89 @@ def cli_settings(**parts: Any) -> str | None:
     there is nothing to set, so the CLI reads no settings flag at all."""
     settings = {key: value for key, value in parts.items() if value}
     return json.dumps(settings) if settings else None
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+_NOT_BRACKETS = re.compile(r"[^\[\]{}]+")
+
+
+def parse_json(data: str | bytes, max_bytes: int = RECORD_MAX_BYTES) -> Any:
+    """json.loads, bounded in size and depth: ValueError (a JSONDecodeError, with
+    its line, where there is one) for whatever can't be parsed, never a RecursionError.
+
+    Every record reader parses through here: a record anything with Bash can
+    write must make that one record corrupt, not end its reader.
+    """
+    if len(data) > max_bytes:
+        raise json.JSONDecodeError(f"larger than {max_bytes} bytes", "", 0)
+    text = data.decode() if isinstance(data, bytes) else data  # UnicodeDecodeError is a ValueError
+    # Fewer openers can't nest deeper: no scan. Else the strings' text is cut
+    # out, then all but the brackets, in C: status parses 10,000s of lines.
+    if text.count("[") + text.count("{") > JSON_MAX_DEPTH:
+        brackets = _NOT_BRACKETS.sub("", _JSON_STRING.sub("", text))
+        if max(itertools.accumulate(1 if c in "[{" else -1 for c in brackets)) > JSON_MAX_DEPTH:
+            raise json.JSONDecodeError(f"nested deeper than {JSON_MAX_DEPTH} levels", text, too_deep_at(text))
+    try:
+        return json.loads(text)
+    except RecursionError:  # not expected past the scan; a deep stack of the caller's own
+        raise json.JSONDecodeError("nested too deep", text, 0) from None
+
+
+def too_deep_at(text: str) -> int:
+    """Where in JSON text a level past JSON_MAX_DEPTH opens (its index; 0 if none)."""
+    depth = 0
+    for match in re.finditer(rf"{_JSON_STRING.pattern}|[\[\]{{}}]", text):
+        if match.group() in ("[", "{"):
+            depth += 1
+            if depth > JSON_MAX_DEPTH:
+                return match.start()
+        elif match.group() in ("]", "}"):
+            depth -= 1
+    return 0
+
+
+def float_or_none(value: str | None) -> float | None:
+    # NaN and infinity are ignored like any malformed value: min() with a NaN
+    # first returns NaN, which would widen a deadline (env_number_warnings says so).
+    try:
+        number = float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+    return number if number is not None and is_finite(number) else None
+
+
+def native_usage(transcript: Path) -> dict[str, int]:
+    """Token totals of a native subagent, from the CLI's own transcript of it.
+
+    Read when asked, not at SubagentStop: the CLI writes the last lines after the hook.
+    """
+    totals: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for raw in transcript.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):  # a line that isn't a message
+                usage = (parse_json(raw).get("message") or {}).get("usage") or {}
+                for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
+                    if isinstance(usage.get(key), int):
+                        totals[key] = totals.get(key, 0) + usage[key]
+    return totals
+
+
+def outcome_problem(data: Mapping[str, Any], agent_id: str) -> str | None:
+    """Why a published outcome.json is not an outcome of agent_id, or None (pure)."""
+    if data.get("id") != agent_id:
+        return f"its id is {data.get('id')!r}"
+    if data.get("status") not in EXIT_FOR_STATUS:
+        return f"its status is {data.get('status')!r}"
+    for name in ("reason", "ended_at"):
+        if not isinstance(data.get(name), str):
+            return f"no {name}"
+    duration: Any = data.get("duration_s")
+    if type(data.get("exit_code")) is not int or type(duration) not in (int, float) or not is_finite(duration):
+        return "no exit_code or duration_s"
+    # Summed over the tree by status and the ledger: a string or NaN here would
+    # stop, or silently poison, every total above it.
+    if (cost := data.get("cost_usd")) is not None and (type(cost) not in (int, float) or not is_finite(cost)):
+        return f"its cost_usd is {cost!r}"
+    return None

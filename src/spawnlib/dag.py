@@ -19,8 +19,8 @@ from typing import Any, cast
 
 from . import __version__
 from .channel import send_answer
-from .cli import build_run_parser, emit, note
 from .cli_start import drop_refusal, record_refusal
+from .commit import commit_outcome
 from .constants import (
     ASK_POLL_S,
     DEFAULT_MODEL,
@@ -30,29 +30,29 @@ from .constants import (
     ENV_DEPTH,
     ENV_SESSION,
     KNOWN_TOOLS,
+    OUTCOME,
     PERMISSION_KINDS,
+    RECORD_MAX_BYTES,
     SCRIPT_DIR,
+    TRANSCRIPT,
 )
-from .core import estimate_agent, secret_values, truncate_for_stdout, utc_now_iso
+from .core import estimate_agent, parse_json, secret_values, truncate_for_stdout, utc_now_iso
 from .embedded import builtin_files, builtin_label
 from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError, close_match
 from .fast_start import compiled_script
+from .options import build_run_parser
+from .output import emit, note
 from .processes import ancestry_context, own_identity, unregister_runner
 from .protocol import (
     AGENTS_DIR,
-    OUTCOME,
-    RECORD_MAX_BYTES,
-    TRANSCRIPT,
     agent_history,
     append_jsonl,
     asks_dir,
     bounded_yaml_loader,
-    commit_outcome,
     fsync_dir,
     latest_session,
     load_input,
     load_meta,
-    parse_json,
     pending_asks,
     read_input,
     read_json,

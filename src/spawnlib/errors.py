@@ -11,7 +11,7 @@ from .constants import KNOWN_TOOLS
 
 @enum.unique
 class ExitCode(enum.IntEnum):
-    """Exit status of every spawn.py command; the table in README.md."""
+    """Exit status of every spawn.py command; the table in docs/exit-codes.md."""
 
     OK = 0  # the agent (or every waited agent) finished with status done
     AGENT_FAILED = 1  # an agent failed, including schema-invalid output

@@ -5,40 +5,28 @@ import importlib
 import importlib.machinery
 import json
 import os
-import re
-import shlex
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from . import __version__
-from .agents import AgentDefinition
-from .channel import open_ask
-from .cli import note
-from .cli_start import StartedCli, ask_timeout, cli_start, describe_sdk_error, outcome_from_run, run_sdk, start_cli
-from .constants import KILL_GRACE_S, PROTOCOL_VERSION
-from .core import is_finite, redact, utc_now_iso, validate_output
+from .admission import start_slot_count, start_slot_now
+from .agents import Node, NodeReferenceError, NodeResult, command_argv, parse_reference
+from .channel import ask_timeout, open_ask
+from .claude import StartedCli, cli_start, describe_sdk_error, outcome_from_run, run_sdk, start_cli
+from .constants import ENV_LOG_MAX, KILL_GRACE_S, PROTOCOL_VERSION, STDERR_LOG, TRANSCRIPT
+from .core import is_finite, parse_json, redact, utc_now_iso, validate_output
 from .errors import ExitCode, UsageError
-from .protocol import (
-    AGENTS_DIR,
-    ENV_LOG_MAX,
-    STDERR_LOG,
-    TRANSCRIPT,
-    append_log_line,
-    append_transcript,
-    log_max_bytes,
-    parse_json,
-    read_limits,
-    with_estimated_cost,
-)
+from .output import note
+from .protocol import AGENTS_DIR, append_log_line, append_transcript, log_max_bytes, read_limits, with_estimated_cost
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
-from .running import EarlyStop, RunState, SdkLoader, child_environment, start_slot_count, start_slot_now
+from .running import EarlyStop, RunState, SdkLoader, child_environment
 
 if TYPE_CHECKING:
     import socket  # annotations only
+
 
 # ---------------------------------------------------------------- executors --
 # The seam between a node of the tree and what runs it. A reference (an
@@ -49,7 +37,6 @@ if TYPE_CHECKING:
 # Executor subclass in this section and its name in EXECUTORS. The kinds'
 # constants live here too, so that adding one touches this section only.
 
-A2A_CARD_PATH = "/.well-known/agent-card.json"
 # A card that takes longer than this to fetch counts as unreachable; a live
 # agent serves it in milliseconds, and a dead host should fail the spawn fast.
 A2A_CARD_TIMEOUT_S = 15.0
@@ -84,112 +71,6 @@ A2A_RUNNING_STATES = ("submitted", "working")
 # A command's stdout is one JSON result: bounded, so a runaway command can't
 # fill spawn.py's memory. 16 MiB is far above any result a parent reads.
 COMMAND_RESULT_LIMIT = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Node:
-    """What runs a node: its kind and, for a2a and command, where it lives."""
-
-    kind: str
-    endpoint: str | None = None
-    """a2a: the agent card's URL; command: the command line."""
-
-
-@dataclass
-class NodeResult:
-    """What a node of another kind than claude came back with (RunState.node_result)."""
-
-    status: Status
-    reason: str
-    output: Any = None
-    text: str | None = None
-    cost_usd: float | None = None
-    """As the node reported it; None (unknown) otherwise."""
-
-
-class NodeReferenceError(UsageError):
-    def __init__(self, reference: str, why: str) -> None:
-        super().__init__(f"--agent {reference}: {why}")
-
-
-def parse_reference(value: str | None) -> Node | None:
-    """The node an --agent value names directly, or None for a definition NAME (pure).
-
-    a2a:URL (the agent's base URL, or its card's), an http(s) URL of an agent
-    card, or command:EXE [ARGS].
-    """
-    if not value:
-        return None
-    if value.startswith("command:"):
-        command = value.removeprefix("command:").strip()
-        command_argv(command, value)
-        return Node("command", command)
-    if value.startswith("a2a:"):
-        return Node("a2a", a2a_card_url(value.removeprefix("a2a:"), value))
-    if re.match(r"[A-Za-z][A-Za-z0-9+.\-]*://", value):
-        from urllib.parse import urlsplit
-
-        if not urlsplit(value).path.endswith(A2A_CARD_PATH):
-            raise NodeReferenceError(
-                value, f"a URL must be an A2A agent card (...{A2A_CARD_PATH}); or write a2a:URL for an agent's base URL"
-            )
-        return Node("a2a", a2a_card_url(value, value))
-    return None
-
-
-def a2a_card_url(url: str, reference: str) -> str:
-    """The agent card's URL: URL itself when it names a .json file, else URL + the well-known path (pure)."""
-    from urllib.parse import urlsplit
-
-    url = url.strip()
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise NodeReferenceError(reference, "an A2A agent is an http(s) URL, e.g. a2a:https://host/path")
-    return url if parts.path.endswith(".json") else url.rstrip("/") + A2A_CARD_PATH
-
-
-def command_argv(command: str, reference: str) -> list[str]:
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise NodeReferenceError(reference, f"can't split the command line ({exc}); check its quoting") from None
-    if not argv:
-        raise NodeReferenceError(reference, "give the executable, e.g. command:/path/to/exe")
-    return argv
-
-
-def parse_node_fields(data: Mapping[str, Any], d: AgentDefinition, problem: Callable[..., None]) -> None:
-    """A definition's kind, with its url (a2a) or command (command)."""
-    kind = data.get("kind")
-    if kind is None:
-        for key in ("url", "command"):
-            if key in data:
-                problem(key, f"{key} needs 'kind: {'a2a' if key == 'url' else 'command'}'; ignored", "warning")
-        return
-    if kind not in EXECUTORS:
-        problem("kind", f"kind must be one of {', '.join(EXECUTORS)}, got {kind!r}")
-        d.kind = str(kind)  # an agent that can't run as what it says is not run as claude
-        return
-    d.kind = str(kind)
-    if d.kind == "claude":
-        return
-    key = "url" if d.kind == "a2a" else "command"
-    value = data.get(key)
-    if not isinstance(value, str) or not value.strip():
-        problem("kind", f"kind {kind} needs {key}: {'the agent URL' if key == 'url' else 'the executable and its arguments'}")
-        return
-    try:
-        d.endpoint = a2a_card_url(value, value) if key == "url" else " ".join(map(shlex.quote, command_argv(value, value)))
-    except NodeReferenceError as exc:
-        problem(key, exc.message.removeprefix(f"--agent {value}: "))
-
-
-def node_of_definition(definition: AgentDefinition | None) -> Node:
-    if definition is None or definition.kind == "claude":
-        return Node("claude")
-    if definition.kind not in EXECUTORS or definition.endpoint is None:
-        raise UsageError(f"agent definition {definition.path} has a bad kind or no url/command; fix it (see 'spawn.py agents lint')")
-    return Node(definition.kind, definition.endpoint)
 
 
 class Executor:
@@ -861,6 +742,8 @@ def names_another_kind(argv: Sequence[str]) -> bool:
         return False  # reported by the run's own resolution
 
 
+# One class per agents.NODE_KINDS, in its order (definitions check a kind against
+# that list, below this module).
 EXECUTORS: dict[str, type[Executor]] = {"claude": ClaudeExecutor, "a2a": A2AExecutor, "command": CommandExecutor}
 
 

@@ -9,20 +9,27 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
 import psutil
 
 from .constants import SCRIPT_PATH
-from .core import utc_now_iso
+from .core import parse_json, utc_now_iso
 from .errors import ExitCode, SpawnError
 from .fast_start import compiled_script
 from .forkstate import reset_after_fork
-from .main import main
-from .processes import Supervised, ancestor_agents, ancestry_context, own_pid_namespace, pid_namespace_of, set_parent_death_signal
-from .protocol import load_meta, parse_json
+from .processes import (
+    ForkedFor,
+    Supervised,
+    ancestor_agents,
+    ancestry_context,
+    own_pid_namespace,
+    pid_namespace_of,
+    set_parent_death_signal,
+)
+from .protocol import load_meta
 from .records import AgentMeta
 from .running import STOP_SIGNALS, SdkLoader, import_sdk
 from .standin import ENV_NO_FORKSERVER, FORKED_VERBS, FORKSERVER_REPLY_S, FORKSERVER_SOCKET, forkserver_request, unix_address
@@ -56,31 +63,11 @@ FORKSERVER_PRELOAD = (
 )
 
 
-class ForkedFor:
-    """In a child of the fork server: the stand-in it runs a spawn for (set once, after the fork)."""
-
-    pid: int | None = None
-    create_time: float = 0.0
-    ancestry: dict[str, Any] | None = None
-    """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
-
-
-def ancestry_subject() -> psutil.Process:
-    """The process whose ancestry decides a spawn's parent agent and limits.
-
-    This process, except in a fork server's child: there it is the stand-in,
-    whose pid the kernel reported (SO_PEERCRED), since the child's own
-    ancestry is the server's. If the stand-in is gone the spawn is over; the
-    child must never go on as if it were a root.
-    """
-    if ForkedFor.pid is None:
-        return psutil.Process()
-    with contextlib.suppress(psutil.Error):
-        proc = psutil.Process(ForkedFor.pid)
-        if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
-            return proc
-    os.kill(os.getpid(), signal.SIGKILL)
-    raise AssertionError("unreachable")
+# What a forked child runs: spawn.py's main(), which sits above every module.
+# The fork server is started from the runner, below the CLI, so main() hands
+# itself down (main -> cmd_run -> run_agent -> start_forkserver) instead of
+# the server importing up.
+Entry = Callable[[Sequence[str]], int]
 
 
 def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
@@ -98,7 +85,7 @@ def forkserver_wanted(meta: AgentMeta, environ: Mapping[str, str]) -> bool:
     )
 
 
-def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None) -> None:
+def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None, entry: Entry) -> None:
     """Fork the session's fork server from the root (in its cgroup, below its subreaper).
 
     Forked, not started afresh: the root has imported nearly everything the
@@ -134,7 +121,7 @@ def start_forkserver(meta: AgentMeta, sdk_loader: SdkLoader | None) -> None:
     # From here this process is the server, and never returns to the root's code.
     try:
         become_forkserver(log)
-        serve_forks(meta)
+        serve_forks(meta, entry)
     except SystemExit:
         pass
     except BaseException:  # into its log: the server is only ever an accelerator
@@ -284,7 +271,7 @@ class PendingRequest:
         self.conn.close()
 
 
-def serve_forks(meta: AgentMeta) -> None:
+def serve_forks(meta: AgentMeta, entry: Entry) -> None:
     """The fork server's loop: accept, check the peer, fork; until the root is gone."""
     import gc
     import selectors
@@ -393,8 +380,8 @@ def serve_forks(meta: AgentMeta) -> None:
                     other.close()
                 if request.get("detach") is True:
                     ForkedFor.ancestry = ancestry
-                    run_detached(conn, fds, request)
-                run_forked(conn, fds, request, client_pid, client_time)
+                    run_detached(conn, fds, request, entry)
+                run_forked(conn, fds, request, client_pid, client_time, entry=entry)
             finally:
                 os._exit(ExitCode.STATE)
         if request.get("detach") is not True:
@@ -488,7 +475,7 @@ def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> 
     return argv
 
 
-def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float) -> NoReturn:
+def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client_pid: int, client_time: float, *, entry: Entry) -> NoReturn:
     """In the forked child: become the spawn the stand-in would have run, then report its exit code."""
     ForkedFor.pid, ForkedFor.create_time = client_pid, client_time
     argv = adopt_request(conn, fds, request)
@@ -504,7 +491,7 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
     watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
     watcher.start()
     try:
-        code = main(argv)
+        code = entry(argv)
     except SystemExit as exc:  # what the process would have exited with
         code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
     sys.stdout.flush()
@@ -520,7 +507,7 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
     os._exit(code)
 
 
-def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> NoReturn:
+def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any], entry: Entry) -> NoReturn:
     """In the forked child: a background agent's runner that a launcher (itself forked) asked for.
 
     No stand-in: the launcher exits at once, and the runner's own pid is what
@@ -531,7 +518,7 @@ def run_detached(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> N
     argv = adopt_request(conn, fds, request)
     conn.close()
     try:
-        code = main(argv)
+        code = entry(argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else ExitCode.USAGE
     sys.stdout.flush()

@@ -7,9 +7,10 @@ from collections.abc import Callable
 # a fork of the server: module-level state of the process forked from must not
 # leak into what runs there. Each piece is registered with how to put it back
 # as a fresh interpreter has it (on_fork), or named in KEPT_ACROSS_FORKS with
-# why a copy is right. tests/test_fork_state.py fails on a module-level
-# mutable, a class whose attributes are assigned at run time, or a cached
-# function that is in neither.
+# why a copy is right. tests/test_fork_state.py reads spawn.py and fails on
+# a module-level mutable that the code changes, a name a function rebinds
+# (`global`), a module-level object or class whose attributes are assigned at
+# run time, or a cached function, that is in neither.
 
 FORK_RESETS: dict[str, Callable[[], None]] = {}
 KEPT_ACROSS_FORKS: dict[str, str] = {

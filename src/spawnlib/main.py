@@ -1,16 +1,16 @@
 from __future__ import annotations
 
+import argparse
 import contextlib
+import functools
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
 
 from .cli import (
-    VERBS,
-    WORKFLOW_VERBS,
     build_verb_parser,
     cmd_agents,
     cmd_answer,
@@ -25,6 +25,7 @@ from .cli import (
 from .dag import cmd_dag, cmd_estimate, cmd_state, cmd_workflow
 from .errors import ExitCode, SpawnError, UnknownVerbError
 from .fast_start import install_fast_start
+from .options import VERBS, WORKFLOW_VERBS
 
 # --------------------------------------------------------------------- main --
 
@@ -39,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             verb = argv[0]
             args = build_verb_parser(verb).parse_args(argv[1:])
             args.verb = verb
-            handler = {
+            handlers: dict[str, Callable[[argparse.Namespace, Mapping[str, str]], int]] = {
                 "wait": cmd_wait,
                 "status": cmd_status,
                 "kill": cmd_kill,
@@ -51,14 +52,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "estimate": cmd_estimate,
                 **{v: cmd_workflow for v in WORKFLOW_VERBS},
                 "state": cmd_state,
-                "_run": cmd_background_runner,
+                "_run": functools.partial(cmd_background_runner, entry=main),
                 "_guard": cmd_guard,
-            }[verb]
+            }
+            handler = handlers[verb]
             return handler(args, environ)
         if argv and not argv[0].startswith("-"):
             # The run path takes flags only: a first word is a mistyped verb or a bare task.
             raise UnknownVerbError(argv[0], [v for v in VERBS if not v.startswith("_")])
-        return cmd_run(argv, environ)
+        return cmd_run(argv, environ, main)
     except SpawnError as exc:
         if traceback:
             raise

@@ -6,14 +6,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import psutil  # cheap to import; jsonschema and the SDK are imported lazily
 
-from .cli import note
 from .constants import (
     CGROUP_EMPTY_WAIT_S,
     CGROUP_PREFIX,
@@ -28,23 +27,28 @@ from .constants import (
     ENV_PERMISSION_MODE,
     ENV_SESSION,
     ENV_TOOLS,
+    HEARTBEAT,
     HEARTBEAT_S,
     HEARTBEAT_STALE_BEATS,
     KILL_GRACE_S,
     LEFTOVER_GRACE_S,
+    META,
     PERMISSION_RANK,
+    SANDBOX_INSTALL,
+    SANDBOX_LOST,
+    SANDBOX_MACOS_PROGRAM,
+    SANDBOX_PROGRAMS,
+    SCRATCH_DIR,
     SCRIPT_PATH,
 )
-from .core import is_finite
+from .core import float_or_none, parse_json
 from .errors import ExitCode, RefusedError, SpawnError, StateError
 from .fast_start import compiled_script
-from .forkserver import ancestry_subject
 from .forkstate import on_fork
-from .protocol import AGENTS_DIR, HEARTBEAT, load_meta, parse_json, read_outcome, read_text, write_json_atomic
+from .output import note
+from .programs import program_text
+from .protocol import AGENTS_DIR, load_meta, read_text, write_json_atomic
 from .records import AgentMeta
-from .resolving import inherited_context
-from .running import inside_sandbox, sandbox_owner
-from .verbs import descendants_of, reap_agent
 
 # ---------------------------------------------------------------- processes --
 
@@ -434,12 +438,7 @@ GUARD_SETTLED = b"settled\n"
 # way its command line names `_guard` and the script (is_guard).
 GUARD_SHELL = "/bin/sh"
 GUARD_SHELL_WAIT = 'read -r said && [ "$said" = settled ] && exit 0; exec "$0" "$@"'
-GUARD_BOOTSTRAP = (
-    "import os, sys\n"
-    f"if sys.stdin.buffer.read() == {GUARD_SETTLED!r}:\n"
-    "    os._exit(0)\n"
-    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
-)
+GUARD_BOOTSTRAP = program_text("guard_wait")  # reads GUARD_SETTLED as SETTLED
 
 
 def start_guard(agent_dir: Path) -> tuple[int, int]:
@@ -487,85 +486,7 @@ def start_guard(agent_dir: Path) -> tuple[int, int]:
 # (child agents' guards, which exit by themselves, or a straggler) is just
 # SIGKILLed. The runner gets SIGHUP if the guard dies (a SIGKILL of the pid
 # the user sees).
-GUARD_ABOVE_BOOTSTRAP = r"""
-import os, signal, sys
-script, pipe, runner = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-passed = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-status = None
-while status is None:
-    try:
-        while status is None:
-            pid, st = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            if pid == runner:
-                status = st
-    except ChildProcessError:
-        break
-    if status is None:
-        info = signal.sigwaitinfo(passed | {signal.SIGCHLD})
-        if info.si_signo in passed and info.si_code != 0x80:  # 0x80, SI_KERNEL: the terminal's
-            try:
-                os.kill(runner, info.si_signo)
-            except OSError:
-                pass
-code = os.waitstatus_to_exitcode(status) if status is not None else 3  # ExitCode.STATE
-os.set_blocking(pipe, False)
-said = b""
-try:
-    while chunk := os.read(pipe, 65536):
-        said += chunk
-except BlockingIOError:
-    pass
-agent_dir, entry = (said.decode(errors="replace").splitlines() + ["", ""])[:2]
-if agent_dir and not os.path.exists(os.path.join(agent_dir, "outcome.json")):
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.execv(sys.executable, [sys.executable, script, "_guard", agent_dir, f"--above={code}"])
-
-
-def below():
-    parents = {}
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat", "rb") as stat:
-                fields = stat.read().rpartition(b")")[2].split()
-            parents.setdefault(int(fields[1]), []).append(int(name))
-        except (OSError, ValueError, IndexError):
-            continue
-    found, todo = [], [os.getpid()]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
-
-
-for _ in range(100):  # orphans re-parent to us as their parents die
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
-    except ChildProcessError:
-        break
-    for pid in below():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    signal.sigtimedwait({signal.SIGCHLD}, 0.05)
-if entry:
-    try:
-        os.unlink(entry)
-    except OSError:
-        pass
-if code < 0 and -code in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL, signal.SIGPIPE):
-    if -code != signal.SIGKILL:
-        signal.signal(-code, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {-code})
-    os.kill(os.getpid(), -code)
-os._exit(code if code >= 0 else 128 - code)
-"""
+GUARD_ABOVE_BOOTSTRAP = program_text("guard_above")
 
 # Signals the guard above passes on to the runner (the bootstrap's `passed`).
 GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -574,21 +495,6 @@ GUARD_ABOVE_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # its agent adopts it: at most one, set in the runner by fork_below_guard.
 GUARDS_ABOVE: list[tuple[int, int]] = []
 on_fork("GUARDS_ABOVE", GUARDS_ABOVE.clear)  # the root's guard is the root's alone
-
-
-def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
-    """True for a run that will be a tree's root without a cgroup, on Linux.
-
-    Checked first thing, before any thread starts, so it is cheap where it
-    says no: a child's environment names its agent, and a cgroup is a quick look.
-    """
-    if environ.get(ENV_AGENT_ID) or not guard_above_possible():
-        return False
-    if {"--dry-run", "--background", "-h", "--help", "--version"} & set(argv):
-        return False
-    if choose_containment(True, "s", "a", environ, guard_above=False) != "subreaper":
-        return False
-    return inherited_context(environ, ancestry_context()).parent_id is None
 
 
 def guard_above_possible() -> bool:
@@ -656,53 +562,6 @@ def adopt_guard_above(agent_dir: Path) -> None:
     register_runner(pid, create_time, agent_dir)
     # The pipe stays open until we exit: the guard reads it once we are gone.
     os.write(pipe, f"{agent_dir}\n{_runner_entry(runner_index_dir(), pid, create_time)}\n".encode())
-
-
-def guard_above_ends_tree(agent_dir: Path | None, runner_exit: int, secrets_: Sequence[str]) -> int:
-    """The guard above a runner that died or left processes: end the tree, settle it, exit as the runner did.
-
-    Every process of the tree descends from the guard, since orphans only
-    re-parent up to the nearest living subreaper: what is below it now is the
-    whole tree, as a cgroup would hold it. The tree's live agents are asked to
-    end first, so each commits its own outcome; then everything below is
-    ended; only then is the root's outcome committed, so nothing the tree
-    started still runs when its marker appears.
-    """
-    meta = None
-    with contextlib.suppress(OSError, SpawnError):
-        meta = load_meta(agent_dir) if agent_dir is not None else None
-    try:
-        if meta is not None:
-            ask_tree_agents_to_end(meta)
-        end_everything_below()
-        if meta is not None and agent_dir is not None:
-            reap_agent(agent_dir, "guard", secrets_)
-    finally:
-        with contextlib.suppress(psutil.Error):
-            unregister_runner(os.getpid(), own_create_time())
-    return exit_as(runner_exit)
-
-
-def ask_tree_agents_to_end(meta: AgentMeta) -> None:
-    """SIGTERM every live spawn.py of the tree, and give them the time they need to settle.
-
-    Found by meta.json and by the runner index, which has an agent's entry
-    before its meta.json is published.
-    """
-    agents = Path(meta.session) / AGENTS_DIR
-    targets = []
-    for d in descendants_of(Path(meta.session), meta.id):
-        with contextlib.suppress(OSError, SpawnError):
-            if read_outcome(d) is None:
-                targets.append(Supervised.of(load_meta(d)))
-    with contextlib.suppress(OSError, SpawnError):
-        for path in runner_index_dir().glob("*.json"):
-            entry = _read_runner_entry(path)
-            if entry is not None and entry[2].parent == agents and entry[0] != os.getpid():
-                targets.append(Supervised(entry[0], entry[1], _entry_namespace(path)))
-    asked = [proc for target in targets if (proc := target.signal(signal.SIGTERM)) is not None]
-    # As settle_agents: a spawn.py ends its own subtree (up to KILL_GRACE_S) first.
-    wait_gone(asked, KILL_GRACE_S * 2)
 
 
 def end_everything_below(rounds: int = 10) -> None:
@@ -983,11 +842,104 @@ def _int_or_none(value: str | None) -> int | None:
         return None
 
 
-def float_or_none(value: str | None) -> float | None:
-    # NaN and infinity are ignored like any malformed value: min() with a NaN
-    # first returns NaN, which would widen a deadline (env_number_warnings says so).
-    try:
-        number = float(value) if value not in (None, "") else None
-    except ValueError:
+class ForkedFor:
+    """In a child of the fork server: the stand-in it runs a spawn for (set once, after the fork)."""
+
+    pid: int | None = None
+    create_time: float = 0.0
+    ancestry: dict[str, Any] | None = None
+    """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
+
+
+def ancestry_subject() -> psutil.Process:
+    """The process whose ancestry decides a spawn's parent agent and limits.
+
+    This process, except in a fork server's child: there it is the stand-in,
+    whose pid the kernel reported (SO_PEERCRED), since the child's own
+    ancestry is the server's. If the stand-in is gone the spawn is over; the
+    child must never go on as if it were a root.
+    """
+    if ForkedFor.pid is None:
+        return psutil.Process()
+    with contextlib.suppress(psutil.Error):
+        proc = psutil.Process(ForkedFor.pid)
+        if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
+            return proc
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("unreachable")
+
+
+def sandbox_problem(platform: str = sys.platform) -> str | None:
+    """Why Claude Code's sandbox can't run here, and what would make it, or None.
+
+    On Linux the CLI needs bwrap and socat on PATH, and a kernel that lets
+    this user create namespaces; a one-shot bwrap tells (a few ms, only when
+    asked for). On macOS it uses Seatbelt's sandbox-exec, part of the system.
+    Elsewhere the CLI has no sandbox. (platform: for the tests of the others.)
+    """
+    import shutil
+
+    if platform == "darwin":
+        if shutil.which(SANDBOX_MACOS_PROGRAM) is None:
+            return f"{SANDBOX_MACOS_PROGRAM} not found on PATH; it ships with macOS in /usr/bin"
         return None
-    return number if number is not None and is_finite(number) else None
+    if not platform.startswith("linux"):
+        return f"Claude Code has a sandbox only on Linux and macOS, not on {platform}"
+    missing = [name for name in SANDBOX_PROGRAMS if shutil.which(name) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found on PATH; install them: `{SANDBOX_INSTALL}`, or your distribution's equivalent"
+    probe = ["bwrap", "--ro-bind", "/", "/", "--unshare-user", "--unshare-pid", "--unshare-net", "--proc", "/proc", "true"]
+    try:
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap can't run: {exc}"
+    if proc.returncode != 0:
+        first = (proc.stderr.strip().splitlines() or ["exit " + str(proc.returncode)])[0]
+        return f"bwrap can't create namespaces: {first}; the kernel must let this user create user namespaces"
+    return None
+
+
+def unsandboxed_warning(problem: str) -> str:
+    """The one warning --sandbox auto gives when the sandbox it wanted can't run."""
+    return (
+        f"sandbox: Claude Code's sandbox can't run here ({problem}). "
+        f"Agents that --sandbox auto sandboxes (below the root, with Bash, that can't spawn) run unsandboxed: "
+        f"{SANDBOX_LOST}. Pass --sandbox on to refuse them instead."
+    )
+
+
+def inside_sandbox() -> bool:
+    """Whether this process runs inside a bubblewrap sandbox (a parent agent's Bash).
+
+    There bwrap is pid 1 of our own pid namespace, which an agent can't fake
+    without a namespace of its own. A sandbox can't nest (it refuses new
+    user namespaces), and everything started here is held by the outer one.
+    """
+    try:
+        first = Path("/proc/1/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return False
+    return os.path.basename(first) == b"bwrap"
+
+
+def sandbox_owner() -> Path | None:
+    """The agent whose sandbox this process runs in, from that sandbox's bwrap.
+
+    bwrap binds what the sandboxed agent may write: its agent directory if it
+    may spawn, else that directory's scratch/ (sandbox_writes). bwrap's
+    command line (pid 1 here, which nothing inside can replace) so names the
+    agent, and that agent's meta.json is not writable inside.
+    """
+    if not inside_sandbox():
+        return None
+    try:
+        args = Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for i in range(len(args) - 1):
+        flag, candidate = args[i], Path(args[i + 1])
+        if flag == "--bind" and candidate.name == SCRATCH_DIR:
+            candidate = candidate.parent
+        if flag == "--bind" and candidate.parent.name == AGENTS_DIR and (candidate / META).is_file():
+            return candidate
+    return None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .admission import admit
 from .agents import (
     AgentDefinition,
     Rule,
@@ -22,9 +23,12 @@ from .agents import (
     load_definitions,
     load_settings_rules,
     narrow_mode,
+    node_of_definition,
+    parse_reference,
     parse_rule,
     route,
 )
+from .channel import confirm_spawn
 from .constants import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MODEL,
@@ -48,11 +52,14 @@ from .constants import (
     ENV_TRACEPARENT,
     IDLE_TIMEOUT_S,
     KNOWN_TOOLS,
+    LIMITS,
     MAX_COUNT,
     MAX_SECONDS,
+    META,
     PERMISSION_KINDS,
     PERMISSION_RANK,
     SCHEMA_DIR,
+    SESSION_INFO,
 )
 from .core import (
     DEFINITION_NUMBERS,
@@ -61,6 +68,7 @@ from .core import (
     child_deadline,
     claude_config_dir,
     env_number_warnings,
+    float_or_none,
     narrow_tools,
     new_trace,
     number_problem,
@@ -78,25 +86,24 @@ from .core import (
 )
 from .embedded import builtin_files, builtin_label
 from .errors import RefusedError, SpawnError, StateError, UsageError
-from .executors import executor_for, node_of_definition, parse_reference
+from .executors import executor_for
 from .processes import (
     _int_or_none,
     _json_list,
+    ancestry_context,
     choose_containment,
-    float_or_none,
+    guard_above_possible,
+    inside_sandbox,
     own_identity,
     own_pid_namespace,
     register_runner,
     runner_index_dir,
+    sandbox_problem,
     start_guard,
+    unsandboxed_warning,
 )
 from .protocol import (
     AGENTS_DIR,
-    LIMITS,
-    META,
-    SESSION_INFO,
-    admit,
-    confirm_spawn,
     create_agent_dir,
     create_session_dir,
     find_agent_dir,
@@ -110,7 +117,6 @@ from .protocol import (
     write_json_atomic,
 )
 from .records import AgentMeta, Limits, SessionInfo, record_to_json
-from .running import inside_sandbox, sandbox_problem, unsandboxed_warning
 
 # ---------------------------------------------------------------- resolving --
 
@@ -772,3 +778,18 @@ def write_meta(agent_dir: Path, meta: AgentMeta, secrets_: Sequence[str]) -> Non
     data = redacted_json(record_to_json(meta), secrets_, indent=2)
     if not publish_once(agent_dir / META, data.encode()):
         raise StateError(f"{agent_dir / META} already exists; agent ids must be unique")
+
+
+def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
+    """True for a run that will be a tree's root without a cgroup, on Linux.
+
+    Checked first thing, before any thread starts, so it is cheap where it
+    says no: a child's environment names its agent, and a cgroup is a quick look.
+    """
+    if environ.get(ENV_AGENT_ID) or not guard_above_possible():
+        return False
+    if {"--dry-run", "--background", "-h", "--help", "--version"} & set(argv):
+        return False
+    if choose_containment(True, "s", "a", environ, guard_above=False) != "subreaper":
+        return False
+    return inherited_context(environ, ancestry_context()).parent_id is None

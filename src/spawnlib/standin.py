@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from .programs import program_text
+
 FORKSERVER_SOCKET = "forkserver.sock"  # in the session directory, mode 0600
 ENV_NO_FORKSERVER = "SPAWN_NO_FORKSERVER"  # 1: never use the session's fork server
 # Seconds a stand-in waits for the server to fork; past it, the normal path.
@@ -27,47 +29,9 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUS
 # takes its default action before the handlers are in place.
 # With no exit code (the agent died of a signal) it dies of the last signal
 # it passed on, as the agent did if that was what ended it, else of SIGKILL.
-# argv: socket fd, agent pid, what was already read (hex), signal numbers.
-# STAND_IN_WAIT is the loop itself, over fd, pid, got and signals; a short
-# stand-in runs it in-process.
-STAND_IN_WAIT = """
-last = [9]
-def forward(signum, frame):
-    last[0] = signum
-    try:
-        posix.kill(pid, signum)
-    except OSError:
-        pass
-for signum in signals:
-    _signal.signal(signum, forward)
-_signal.pthread_sigmask(_signal.SIG_UNBLOCK, signals)
-while b"\\n" not in got:
-    try:
-        chunk = posix.read(fd, 4096)
-    except OSError:
-        chunk = b""
-    if not chunk:
-        break
-    got += chunk
-line = got.partition(b"\\n")[0].replace(b" ", b"")
-if line.startswith(b'{"exit":') and line.endswith(b"}"):
-    try:
-        posix._exit(int(line[8:-1]))
-    except ValueError:
-        pass
-if last[0] != 9:
-    _signal.signal(last[0], _signal.SIG_DFL)
-posix.kill(posix.getpid(), last[0])
-posix.kill(posix.getpid(), 9)
-"""
-STAND_IN_LOOP = (
-    """
-import posix, _signal, sys
-fd, pid, got = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
-signals = [int(n) for n in sys.argv[4].split(",")]
-"""
-    + STAND_IN_WAIT
-)
+# The loop is programs/stand_in_wait.py (argv: socket fd, agent pid, what was
+# already read (hex), signal numbers); a short stand-in runs it in-process.
+STAND_IN_WAIT = program_text("stand_in_wait")
 
 
 def unix_address(path: str) -> tuple[str, int | None]:
@@ -200,15 +164,15 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
             sock.settimeout(None)  # blocking, as the loop reads it
             os.set_inheritable(sock.fileno(), True)
             loop = [str(sock.fileno()), str(pid), got.hex(), ",".join(map(str, signals))]
-            os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", STAND_IN_LOOP, *loop, *sys.argv], environ)
+            os.execve(sys.executable, [sys.executable, "-I", "-S", "-c", STAND_IN_WAIT, *loop, *sys.argv], environ)
         except OSError:
             pass
 
     # Stand in from here, with the same loop.
-    import posix  # builtin: os's C half
-
     sock.settimeout(None)  # blocking, as the loop reads it
-    exec(STAND_IN_WAIT, {"posix": posix, "_signal": _signal, "fd": sock.fileno(), "pid": pid, "got": got, "signals": signals})
+    scope: dict[str, Any] = {"__name__": "stand_in_wait"}
+    exec(STAND_IN_WAIT, scope)
+    scope["stand_in_wait"](sock.fileno(), pid, got, signals)
     return None  # not reached: the loop ends the process with the agent's exit code or signal
 
 

@@ -1,12 +1,10 @@
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import json
 import marshal  # builtin, loaded with the interpreter: status's forked workers answer in it
 import os
-import re
 import signal
 import stat
 import sys
@@ -19,17 +17,19 @@ from typing import Any
 
 import psutil
 
-from .cli import note
-from .cli_start import has_drop_box, native_usage, outcome_problem, record_dropped_refusals
+from .admission import lend_slot, take_back_slot, usable_cpus
+from .cli_start import descendants_of, settle_agents
+from .commit import heartbeat_age, liveness, read_agent_rows
 from .constants import (
     ENV_AGENT_ID,
     ENV_SESSION,
     HEARTBEAT_S,
     HEARTBEAT_STALE_BEATS,
     KILL_GRACE_S,
-    LEFTOVER_GRACE_S,
     LIVENESS_POLL_MAX_S,
     LIVENESS_POLL_S,
+    META,
+    OUTCOME,
     PROTOCOL_VERSION,
     SCRIPT_PATH,
     WAIT_NOISE_HOLDOFF_S,
@@ -41,187 +41,45 @@ from .constants import (
     WAIT_RESCAN_S,
     WATCH_REFRESH_S,
 )
-from .core import id_depth, started_timestamp, token_hex, utc_now_iso
-from .errors import CorruptRecordError, ExitCode, SpawnError
-from .forkserver import ancestry_subject
-from .processes import Supervised, end_tree_cgroup, is_guard, wait_gone
+from .core import parse_json, token_hex
+from .errors import ExitCode, SpawnError
+from .output import note
+from .processes import (
+    Supervised,
+    _entry_namespace,
+    _read_runner_entry,
+    ancestry_subject,
+    end_everything_below,
+    end_tree_cgroup,
+    exit_as,
+    own_create_time,
+    runner_index_dir,
+    unregister_runner,
+    wait_gone,
+)
 from .protocol import (
     AGENTS_DIR,
     DONE_MARKER,
     FAIL_MARKER,
-    HEARTBEAT,
-    META,
-    NATIVE_LOG,
-    OUTCOME,
-    SLOT_LENT,
-    SLOT_MARKER,
     STATUS_CACHE,
     STATUS_INDEX,
-    TRANSCRIPT,
+    MarkerEvents,
     agent_dir_names,
-    commit_outcome,
     iter_agent_dirs,
-    lend_slot,
     load_meta,
-    load_meta_keyed,
     open_regular,
-    parse_json,
     pending_asks,
     read_json,
     read_ledger,
     read_limits,
     read_outcome,
-    read_outcome_keyed,
-    read_regular_file,
-    read_text,
     remove_stray_marker,
     request_kill,
-    take_back_slot,
-    with_estimated_cost,
 )
-from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, R, Status, record_to_json
-from .running import usable_cpus
+from .records import EXIT_FOR_STATUS, AgentMeta, R, Status, record_to_json
 from .standin import FORKSERVER_SOCKET
 
 # -------------------------------------------------------------------- verbs --
-
-
-def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
-    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
-
-
-def idle_for(agent_dir: Path) -> float | None:
-    """Seconds a running agent has been idle, when that is over half its idle timeout."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        idle, limit = time.time() - float(beat["last_activity_at"]), float(beat["idle_timeout_s"])
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
-    return idle if idle > limit / 2 else None
-
-
-def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
-    """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
-    if not Supervised.of(meta).alive():
-        return Status.FAILED
-    age = heartbeat_age(agent_dir)
-    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
-        return Status.STALE
-    return Status.RUNNING
-
-
-def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Process], list[int]]:
-    """What is left of an agent: its spawn.py, its CLI, the CLI's descendants and group."""
-    procs: list[psutil.Process] = []
-    groups: list[int] = []
-    if spawn_py := Supervised.of(meta).process():
-        procs.append(spawn_py)
-    with contextlib.suppress(FileNotFoundError, SpawnError, KeyError, TypeError, ValueError, psutil.Error):
-        beat = read_json(agent_dir / HEARTBEAT)
-        cli = Supervised(int(beat["cli_pid"]), float(beat["cli_create_time"])).process()
-        if cli is not None:
-            procs += [*reversed(cli.children(recursive=True)), cli]
-            groups.append(int(beat["cli_pgid"]))
-    seen = {p.pid for p in procs}
-    procs += [p for p in processes_started_for(meta) if p.pid not in seen]
-    return procs, groups
-
-
-def processes_started_for(meta: AgentMeta) -> list[psutil.Process]:
-    """Processes carrying the environment spawn.py gave this agent's CLI.
-
-    Finds the CLI and what it started even when no heartbeat names it yet
-    (spawn.py killed just as the CLI started) or their parent links are
-    gone. Guards are left alone: each settles its own agent.
-    """
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid == os.getpid():
-            continue
-        try:
-            env = proc.environ()
-        except psutil.Error:
-            continue
-        if env.get(ENV_AGENT_ID) == meta.id and env.get(ENV_SESSION) == meta.session and not is_guard(proc):
-            found.append(proc)
-    return found
-
-
-def last_text_in_transcript(agent_dir: Path) -> str | None:
-    """The agent's last assistant text, so an outcome committed for it keeps it."""
-    try:
-        lines = read_text(agent_dir / TRANSCRIPT).splitlines()  # a child's file, read by whoever settles it
-    except (OSError, SpawnError):
-        return None
-    for line in reversed(lines):
-        with contextlib.suppress(ValueError, AttributeError):
-            record = parse_json(line)
-            if record.get("type") == "AssistantMessage":
-                texts = [b["text"] for b in record["message"].get("content", []) if isinstance(b, dict) and b.get("text")]
-                if texts:
-                    return "\n".join(texts)
-    return None
-
-
-def settle_agents(verdicts: Sequence[tuple[Path, Status, str]], by: str, secrets_: Sequence[str]) -> list[str]:
-    """End what is left of several agents at once, and commit an outcome for each without one.
-
-    Live spawn.py processes are asked first (SIGTERM), all together: each ends
-    its own subtree and commits its own outcome, keeping everything it knows.
-    After the grace, what remains of them is killed and the outcome given
-    here (agent dir, status, reason) is committed for agents that still have
-    none. Returns the ids that had no outcome when called.
-    """
-    pending = [(d, load_meta(d), status, reason) for d, status, reason in verdicts if read_outcome(d) is None]
-    asked = []
-    for _, meta, _, _ in pending:
-        if proc := Supervised.of(meta).signal(signal.SIGTERM):
-            asked.append(proc)
-    # spawn.py answers SIGTERM by ending its own subtree (up to KILL_GRACE_S)
-    # and settling it; give it that twice over before taking its place.
-    wait_gone(asked, KILL_GRACE_S * 2)
-    still_running = {meta.id for _, meta, _, _ in pending if Supervised.of(meta).alive()}
-
-    def commit(which: Callable[[AgentMeta], bool]) -> None:
-        for d, meta, status, reason in pending:
-            if not which(meta):
-                continue
-            started = started_timestamp(meta)
-            outcome = Outcome(
-                id=meta.id,
-                status=status,
-                reason=reason,
-                exit_code=EXIT_FOR_STATUS[status],
-                ended_at=utc_now_iso(),
-                duration_s=round(max(0.0, time.time() - started), 3),
-                text=last_text_in_transcript(d),
-                transcript=str(d / TRANSCRIPT),
-                committed_by=by,
-            )
-            if has_drop_box(meta) and meta.id not in still_running:
-                record_dropped_refusals(meta, secrets_, final=True)  # its runner is gone, and whatever it ran
-            commit_outcome(d, with_estimated_cost(outcome, d, meta.model), secrets_)
-
-    # A spawn.py about to be SIGKILLed gets its outcome first, so its guard
-    # finds it rather than recording the kill as a crash. The others are
-    # committed after their leftovers are gone, so an outcome is never seen
-    # while what the agent left still runs.
-    commit(lambda meta: meta.id in still_running)
-    procs: list[psutil.Process] = []
-    groups: list[int] = []
-    for d, meta, _, _ in pending:
-        more_procs, more_groups = agent_leftovers(d, meta)
-        procs += more_procs
-        groups += more_groups
-    if procs or groups:
-        Supervised.stop(procs, groups, grace=LEFTOVER_GRACE_S)
-    commit(lambda meta: meta.id not in still_running)
-    return [meta.id for _, meta, _, _ in pending]
 
 
 def parent_gone(session: Path, meta: AgentMeta) -> bool:
@@ -234,40 +92,6 @@ def parent_gone(session: Path, meta: AgentMeta) -> bool:
     except (FileNotFoundError, SpawnError):
         return False
     return read_outcome(parent_dir) is not None or not Supervised.of(parent).alive()
-
-
-def live_descendants(meta: AgentMeta) -> set[str]:
-    """Ids of the agents below meta whose process is running and have no outcome."""
-    live = set()
-    for d in descendants_of(Path(meta.session), meta.id):
-        if (d / OUTCOME).exists():  # one stat: most children of an ending agent have finished
-            continue
-        with contextlib.suppress(FileNotFoundError, SpawnError):
-            child = load_meta(d)
-            if Supervised.of(child).alive():
-                live.add(child.id)
-    return live
-
-
-def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]) -> None:
-    """Before an agent commits, every agent below it has an outcome too.
-
-    Its subtree has been ended; what has no outcome yet was ended by it
-    before recording one (those in `ended`, alive when it began), died
-    unseen, or escaped the process tree. So a parent's marker means its
-    whole subtree is settled, and no child's result is left hanging.
-    """
-    verdicts = []
-    for d in descendants_of(Path(meta.session), meta.id):
-        if (d / OUTCOME).exists():  # settled already: no need to look at its process
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            child = load_meta(d)
-            if Supervised.of(child).alive() or child.id in ended:
-                verdicts.append((d, Status.KILLED, f"ended with its ancestor {meta.id}"))
-            else:
-                verdicts.append((d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})"))
-    settle_agents(verdicts, "parent", secrets_)
 
 
 def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
@@ -386,94 +210,6 @@ class WaitResult:
     stale: list[Path]
     finished: bool
     """False when wait's own --timeout ran out first."""
-
-
-class MarkerEvents:
-    """Which agent directories got a .done/.fail marker: inotify (Linux), else unavailable.
-
-    (take_start_slot uses it too, to sleep until a slot file is closed:
-    watch(folder, IN_CLOSE), then drain() at each wake.)
-
-    A marker is the committer's last step (created O_EXCL after outcome.json
-    is published and charged), so its IN_CREATE says the outcome is whole.
-    Renames into place (IN_MOVED_TO) count too. Heartbeat refreshes also
-    wake the fd; they are read and dropped, never acted on.
-    """
-
-    IN_CLOSE = 0x08 | 0x10  # IN_CLOSE_WRITE | IN_CLOSE_NOWRITE
-    IN_MOVED_TO = 0x80
-    IN_CREATE = 0x100
-    IN_IGNORED = 0x8000  # the watch is gone (directory removed): poll it instead
-    IN_Q_OVERFLOW = 0x4000  # events were lost: look at everything
-    IN_ONLYDIR = 0x1000000
-    IN_NONBLOCK = 0o4000
-    IN_CLOEXEC = 0o2000000
-    HEADER = "iIII"  # struct inotify_event: wd, mask, cookie, len; then the name
-
-    def __init__(self, *, enabled: bool = True) -> None:
-        self.fd = -1
-        self.dirs: dict[int, Path] = {}
-        self.lost: set[Path] = set()
-        """Directories whose watch went away since the last read."""
-        self.overflow = False
-        if not enabled or not sys.platform.startswith("linux"):
-            return
-        import ctypes
-
-        try:
-            self.libc = ctypes.CDLL(None, use_errno=True)
-            self.fd = int(self.libc.inotify_init1(self.IN_NONBLOCK | self.IN_CLOEXEC))
-        except (OSError, AttributeError):
-            self.fd = -1
-
-    def watch(self, agent_dir: Path, events: int = IN_CREATE | IN_MOVED_TO) -> bool:
-        """Watch agent_dir; False if it can't be (no inotify, watch limit reached, no such dir)."""
-        if self.fd < 0:
-            return False
-        wd = int(self.libc.inotify_add_watch(self.fd, os.fsencode(agent_dir), events | self.IN_ONLYDIR))
-        if wd < 0:
-            return False
-        self.dirs[wd] = agent_dir
-        return True
-
-    def read(self) -> set[Path]:
-        """Directories with a new marker since the last read (sets overflow/lost as they happen)."""
-        import struct
-
-        found: set[Path] = set()
-        size = struct.calcsize(self.HEADER)
-        while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except BlockingIOError:
-                return found
-            offset = 0
-            while offset + size <= len(data):
-                wd, mask, _, length = struct.unpack_from(self.HEADER, data, offset)
-                name = data[offset + size : offset + size + length].rstrip(b"\0")
-                offset += size + length
-                if mask & self.IN_Q_OVERFLOW:
-                    self.overflow = True
-                elif mask & self.IN_IGNORED and wd in self.dirs:
-                    self.lost.add(self.dirs.pop(wd))
-                elif name in (DONE_MARKER.encode(), FAIL_MARKER.encode()) and wd in self.dirs:
-                    found.add(self.dirs[wd])
-
-    def drain(self) -> None:
-        """Read and drop what has come (for a watch whose events all mean one thing: look again)."""
-        with contextlib.suppress(OSError):
-            while os.read(self.fd, 65536):
-                pass
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            # Closing an fd that still watches waits out an RCU grace period
-            # (7-17 ms measured); with its watches removed first, that wait
-            # is the kernel's, in the background (0.1 ms).
-            for wd in self.dirs:
-                self.libc.inotify_rm_watch(self.fd, wd)
-            os.close(self.fd)
-            self.fd = -1
 
 
 def exit_fd(meta: AgentMeta) -> int | None:
@@ -661,23 +397,6 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
     return result
 
 
-def corrupt_row(agent_dir: Path, error: SpawnError, meta: AgentMeta | None = None) -> dict[str, Any]:
-    """A `status` row for an agent whose records can't be read."""
-    return {
-        "id": meta.id if meta else agent_dir.name,
-        "parent_id": meta.parent_id if meta else None,
-        "depth": meta.depth if meta else int(agent_dir.name[1:].split("-")[0]) if re.fullmatch(r"a\d+-\w+", agent_dir.name) else 0,
-        "state": Status.CORRUPT.value,
-        "task": "",
-        "duration_s": 0.0,
-        "cost_usd": None,
-        "cost_known": False,
-        "pid": meta.pid if meta else 0,
-        "agent_dir": str(agent_dir),
-        "error": error.message,
-    }
-
-
 # A finished agent's status row never changes: its meta.json and outcome.json
 # are final. `status` keeps those rows in STATUS_CACHE, each with the identity
 # (inode, size, mtime) of the two records, so a later `status` of a large
@@ -745,35 +464,6 @@ def load_status_cache(session: Path) -> tuple[dict[str, Any], list[int]]:
 # be missing, and status answers the same.
 
 STATUS_INDEX_MAX_BYTES = 64 << 20  # a bigger index (junk appended to it) is not read: the records are
-
-
-def index_status_row(agent_dir: Path) -> None:
-    """Append a just-committed agent's row to its session's STATUS_INDEX; best effort.
-
-    The entry status would cache for it (read_agent_rows, with nothing left
-    to settle): its row from the records as they are on disk, keyed by the
-    very files read. None for a damaged record, or an agent with Claude Code
-    subagents, whose rows come from a log.
-    """
-    try:
-        found = read_agent_rows(str(agent_dir.parent), [agent_dir.name], queueing=False, settled_before=float("inf"))
-        entry = found[0][1][1] if found else None
-        if entry is None:
-            return
-        keys, row = entry
-        row = {k: v for k, v in row.items() if k != "agent_dir"}  # status puts in its own spelling of the path
-        line = json.dumps({"name": agent_dir.name, "keys": keys, "row": row}, separators=(",", ":"), ensure_ascii=False) + "\n"
-        # O_APPEND keeps concurrent committers' lines whole; O_NOFOLLOW and
-        # open_regular: a link or a FIFO planted at the index is never written through.
-        fd, _ = open_regular(agent_dir.parent.parent / STATUS_INDEX, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)
-    except Exception:  # a hint, after the commit: nothing in a record, however odd, may fail the commit
-        return
-    try:
-        os.write(fd, line.encode())
-    except OSError:
-        pass  # a full disk: status reads this agent's records instead
-    finally:
-        os.close(fd)
 
 
 def read_status_index(session: Path, mark: Sequence[int], settled_before: float) -> tuple[dict[str, list[Any]], list[int]]:
@@ -915,57 +605,6 @@ def tree_rows(session: Path) -> list[dict[str, Any]]:
     return ordered
 
 
-def read_agent_rows(
-    agents: str, names: Sequence[str], *, queueing: bool, settled_before: float
-) -> list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]]:
-    """The status rows of each named agent directory (its own, then its native
-    subagents'; none while its meta.json isn't written), and its cache entry
-    when it is finished and settled."""
-    found: list[tuple[str, tuple[list[dict[str, Any]], list[Any] | None]]] = []
-    for name in names:
-        path = f"{agents}/{name}"
-        try:
-            meta, meta_keys = load_meta_keyed(path)
-        except FileNotFoundError:
-            continue  # a background launch between mkdir and meta.json
-        except SpawnError as exc:
-            # One damaged record must not hide the rest of the tree.
-            found.append((name, ([corrupt_row(Path(path), exc)], None)))
-            continue
-        try:
-            outcome, outcome_keys = read_outcome_keyed(path)
-            if outcome is not None and (why := outcome_problem(outcome, name)):
-                raise CorruptRecordError(f"{path}/{OUTCOME}", f"not an outcome of {name}: {why}")
-        except SpawnError as exc:
-            found.append((name, ([corrupt_row(Path(path), exc, meta)], None)))
-            continue
-        state = outcome["status"] if outcome else unfinished_state(Path(path), meta, queueing=queueing).value
-        started = started_timestamp(meta)
-        row = {
-            "id": meta.id,
-            "parent_id": meta.parent_id,
-            "depth": meta.depth,
-            "state": state,
-            "task": meta.task.strip().splitlines()[0][:60] if meta.task.strip() else "",
-            "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
-            "cost_usd": outcome.get("cost_usd") if outcome else None,
-            "cost_known": bool(outcome and "cost_usd" in outcome),
-            "pid": meta.pid,
-            "agent_dir": path,
-            "containment": meta.containment,
-        }
-        if meta.resumed_from:
-            row["resumed_from"] = meta.resumed_from
-        natives = native_rows(path, meta, parent_ended=outcome is not None)
-        # Cached: a finished agent whose records were settled before we read them,
-        # keyed by the very files read, so a record replaced meanwhile is read
-        # again next time. Native subagents' rows come from a log: not cached.
-        keys = meta_keys + outcome_keys if outcome_keys is not None else None
-        settled = outcome is not None and keys is not None and not natives and max(keys[2::3]) < settled_before
-        found.append((name, ([row, *natives], [keys, row] if settled and meta.id == name else None)))
-    return found
-
-
 STATUS_PARALLEL_MIN = 2_000  # records to read before status spreads the reading over the CPUs
 
 
@@ -1041,76 +680,6 @@ def fork_worker(fn: Callable[[Sequence[str]], Any], part: Sequence[str]) -> tupl
             os._exit(code)
     os.close(write_end)
     return pid, read_end
-
-
-def unfinished_state(agent_dir: Path, meta: AgentMeta, *, queueing: bool) -> Status:
-    """What status shows for an agent without an outcome: running, or why not."""
-    state = liveness(agent_dir, meta)
-    if state == Status.FAILED:
-        return Status.LOST  # gone without an outcome
-    if state != Status.RUNNING:
-        return state
-    if idle_for(agent_dir) is not None:
-        return Status.STALLED
-    if queueing and (agent_dir / SLOT_LENT).exists():
-        return Status.WAITING
-    if queueing and not (agent_dir / SLOT_MARKER).exists():
-        return Status.QUEUED
-    return state
-
-
-def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -> list[dict[str, Any]]:
-    """Claude Code's own subagents of an agent (NATIVE_LOG), as child rows of kind `native`.
-
-    Their cost is part of the parent's (the CLI counts it in its total), so a
-    native row adds nothing to the subtree's cost and is never `unknown`.
-    """
-    nodes: dict[str, dict[str, Any]] = {}
-    log = f"{agent_dir}/{NATIVE_LOG}"
-    if not os.path.exists(log):  # most agents have none: a stat is cheaper than a failed open
-        return []
-    lines: list[str] = []
-    with contextlib.suppress(OSError, UnicodeDecodeError, CorruptRecordError):
-        lines = read_regular_file(log)[0].decode().splitlines()
-    for raw in lines:
-        with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
-            line = parse_json(raw)
-            node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
-            node[line["event"]] = line
-    rows = []
-    for native_id, node in nodes.items():
-        start = node.get("start") or node.get("stop") or {}
-        stop = node.get("stop")
-        began = parse_iso(start.get("time")) or time.time()
-        ended = parse_iso(stop["time"]) if stop else None
-        transcript = stop.get("transcript_path") if stop else None
-        rows.append(
-            {
-                "id": f"n-{native_id}",
-                "parent_id": meta.id,
-                "depth": meta.depth + 1,
-                "kind": "native",
-                "agent_type": node["agent_type"],
-                # Without a stop, it was cut off when its parent's CLI ended.
-                "state": Status.DONE.value if stop else (Status.KILLED.value if parent_ended else Status.RUNNING.value),
-                "task": f"native {node['agent_type']} subagent",
-                "duration_s": round((ended or time.time()) - began, 1),
-                "cost_usd": None,
-                "cost_known": True,
-                "usage": native_usage(Path(transcript)) if transcript else {},
-                "transcript": transcript,
-                "pid": meta.pid,
-                "agent_dir": f"{agent_dir}/{NATIVE_LOG}#{native_id}",
-            }
-        )
-    return rows
-
-
-def parse_iso(value: Any) -> float | None:
-    try:
-        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def format_cost(value: float | None, known: bool) -> str:
@@ -1213,31 +782,6 @@ def watch_status(session: Path, out: Any) -> int:
         return ExitCode.OK
 
 
-def descendants_of(session: Path, agent_id: str) -> list[Path]:
-    """Agent directories below agent_id, deepest first."""
-    parents: dict[str, tuple[str | None, int, Path]] = {}
-    own = id_depth(agent_id)
-    for d in iter_agent_dirs(session):
-        # Every agent calls this as it ends: in a fan-out of N leaves, reading
-        # every record each time was N x N reads. An id carries its depth
-        # (new_agent_id), and nothing at or above an agent's depth is below it.
-        # A directory named otherwise is read, whatever it claims.
-        if own is not None and (depth := id_depth(d.name)) is not None and depth <= own:
-            continue
-        with contextlib.suppress(FileNotFoundError, SpawnError):
-            meta = load_meta(d)
-            parents[meta.id] = (meta.parent_id, meta.depth, d)
-    found = []
-    for aid, (_, depth, d) in parents.items():
-        cursor: str | None = aid
-        while cursor is not None and cursor in parents:
-            cursor = parents[cursor][0]
-            if cursor == agent_id:
-                found.append((depth, d))
-                break
-    return [d for _, d in sorted(found, key=lambda x: -x[0])]
-
-
 def kill_agent(agent_dir: Path, secrets_: Sequence[str], caller: str | None = None) -> list[str]:
     """End an agent and its descendants, deepest first; record `killed`.
 
@@ -1270,3 +814,50 @@ def kill_caller(environ: Mapping[str, str]) -> str:
     except psutil.Error:
         described = f"pid {os.getppid()}"
     return f"a terminal, {described}" if sys.stdin is not None and sys.stdin.isatty() else described
+
+
+def guard_above_ends_tree(agent_dir: Path | None, runner_exit: int, secrets_: Sequence[str]) -> int:
+    """The guard above a runner that died or left processes: end the tree, settle it, exit as the runner did.
+
+    Every process of the tree descends from the guard, since orphans only
+    re-parent up to the nearest living subreaper: what is below it now is the
+    whole tree, as a cgroup would hold it. The tree's live agents are asked to
+    end first, so each commits its own outcome; then everything below is
+    ended; only then is the root's outcome committed, so nothing the tree
+    started still runs when its marker appears.
+    """
+    meta = None
+    with contextlib.suppress(OSError, SpawnError):
+        meta = load_meta(agent_dir) if agent_dir is not None else None
+    try:
+        if meta is not None:
+            ask_tree_agents_to_end(meta)
+        end_everything_below()
+        if meta is not None and agent_dir is not None:
+            reap_agent(agent_dir, "guard", secrets_)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            unregister_runner(os.getpid(), own_create_time())
+    return exit_as(runner_exit)
+
+
+def ask_tree_agents_to_end(meta: AgentMeta) -> None:
+    """SIGTERM every live spawn.py of the tree, and give them the time they need to settle.
+
+    Found by meta.json and by the runner index, which has an agent's entry
+    before its meta.json is published.
+    """
+    agents = Path(meta.session) / AGENTS_DIR
+    targets = []
+    for d in descendants_of(Path(meta.session), meta.id):
+        with contextlib.suppress(OSError, SpawnError):
+            if read_outcome(d) is None:
+                targets.append(Supervised.of(load_meta(d)))
+    with contextlib.suppress(OSError, SpawnError):
+        for path in runner_index_dir().glob("*.json"):
+            entry = _read_runner_entry(path)
+            if entry is not None and entry[2].parent == agents and entry[0] != os.getpid():
+                targets.append(Supervised(entry[0], entry[1], _entry_namespace(path)))
+    asked = [proc for target in targets if (proc := target.signal(signal.SIGTERM)) is not None]
+    # As settle_agents: a spawn.py ends its own subtree (up to KILL_GRACE_S) first.
+    wait_gone(asked, KILL_GRACE_S * 2)
