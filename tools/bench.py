@@ -57,7 +57,7 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    rounds, beside this one's (issue 32: old against new, within 5%).
    ``--only-chains`` runs P1 and P1b alone.
 
-7. P8 (tools/bench_cost.py, read in docs/cost.md): the input cost at list prices of the
+7. P8 (tools/bench_cost.py, read in docs/prompt-cache.md): the input cost at list prices of the
    ``--cost-leaves`` fan-out and the depth-3 chain, with the prompt cache modelled, against
    the ``--cost-baseline`` spawn.py's prompt layout and bare ``claude -p``.
 
@@ -1568,7 +1568,7 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
 
 
 def cost_summary(args: argparse.Namespace, bench: Bench) -> dict[str, Any] | None:
-    """P8 (tools/bench_cost.py, docs/cost.md): the trees' input cost with the prompt cache modelled."""
+    """P8 (tools/bench_cost.py, docs/prompt-cache.md): the trees' input cost with the prompt cache modelled."""
     if args.cost_leaves <= 0 or args.only_waitperf or args.only_chains:
         return None
     print(f"P8: input cost of a {args.cost_leaves}-leaf fan-out and the depth-3 chain, three ways ...", flush=True)

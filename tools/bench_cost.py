@@ -30,7 +30,7 @@ For each: how many leaves read the shared head (tools and system prompt)
 from the cache on their first request, the input cost of every agent's first
 request, and of all their requests. Targets (fan-out): at least 12 of 16
 leaves read the head; the tree's first-request input cost is at most half the
-baseline's. docs/cost.md explains how to read the table.
+baseline's. docs/prompt-cache.md explains how to read the table.
 
 Run alone (few rounds; the interpreter needs spawn.py's dependencies)::
 
