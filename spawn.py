@@ -610,6 +610,25 @@ MODEL_PRICES_USD_PER_MTOK: dict[str, tuple[float, float]] = {
 FALLBACK_PRICE_FAMILY = "sonnet"
 CACHE_READ_FACTOR = 0.1
 CACHE_WRITE_FACTOR = 1.25
+CACHE_WRITE_1H_FACTOR = 2.0  # a write kept for an hour (cache_control ttl "1h")
+# The token counts usage records carry (outcome, ledger, status), each priced differently.
+USAGE_COUNTS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+
+# The header above an agent's own facts (id, deadline, time left, budget) in its
+# first message, after its task. They differ from sibling to sibling, so they stay
+# out of the system prompt: tools and system prompt are the head the CLI marks for
+# the prompt cache, which siblings then share byte for byte. tools/mock_model.py
+# keys its scripted retries on the text before this header.
+AGENT_FACTS_HEADER = "## spawn.py: this agent"
+# `estimate`: tokens of the head (tool definitions, system prompt, briefing) that
+# the tasks of one fan-out share in the prompt cache. Roughly Claude Code's
+# definitions of a few tools plus spawn.py's system prompt; the first task of the
+# level writes it (1.25x), the others read it (0.1x). Applied to default
+# estimates only: a median of ended agents already holds what their reads saved.
+FANOUT_HEAD_TOKENS = 3_000
+# Task options that change neither tools nor system prompt: tasks of a level
+# that differ only in these send the same head.
+HEAD_NEUTRAL_OPTIONS = frozenset({"timeout", "max_budget_usd", "topic", "output", "idle_timeout"})
 
 # What one agent is expected to cost, by price family, when the session has no
 # ended agent of that family to take a median from (--confirm-over, `estimate`).
@@ -2183,6 +2202,8 @@ class LedgerEntry:
     """reserve: the agent's cap, held until its charge."""
     drawn_from: str | None = None
     """reserve: id of the ancestor whose hold pays for it; absent: the tree's remainder."""
+    usage: dict[str, int] | None = None
+    """charge: its token counts (USAGE_COUNTS), cache reads and writes beside input and output."""
 
 
 @dataclass
@@ -2567,6 +2588,9 @@ def _number_matches(key: str, rule: Any, value: float) -> bool:
 
 
 
+
+
+
 # ---------------------------------------------------------------- pure core --
 
 
@@ -2807,7 +2831,10 @@ def estimate_cost(turns: Iterable[tuple[str, Mapping[str, Any]]]) -> float:
     for model, usage in turns:
         price_in, price_out = price_per_mtok(model)
         read_in = tokens(usage, "input_tokens") + CACHE_READ_FACTOR * tokens(usage, "cache_read_input_tokens")
-        read_in += CACHE_WRITE_FACTOR * tokens(usage, "cache_creation_input_tokens")
+        written, split = tokens(usage, "cache_creation_input_tokens"), usage.get("cache_creation")
+        # Of the writes, those kept for an hour cost more (the CLI says which in cache_creation).
+        one_hour = min(tokens(split, "ephemeral_1h_input_tokens"), written) if isinstance(split, Mapping) else 0.0
+        read_in += CACHE_WRITE_FACTOR * (written - one_hour) + CACHE_WRITE_1H_FACTOR * one_hour
         total += (read_in * price_in + tokens(usage, "output_tokens") * price_out) / 1e6
     return round(total, 6)
 
@@ -2975,19 +3002,15 @@ def redacted_json(value: Any, secrets_: Sequence[str], **dumps: Any) -> str:
 
 
 def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str]] = ()) -> str:
-    """What every agent is told at start, whatever its system prompt."""
+    """What every agent is told at start, whatever its system prompt: the part of it
+    (after that prompt) that is the same for agents of the same tools, definition and
+    depth, so siblings share it in the prompt cache. Its own facts are agent_facts."""
     remaining = meta.max_depth - meta.depth
     lines = [
         "## spawn.py briefing",
-        f"You are agent {meta.id} at depth {meta.depth} (max depth {meta.max_depth}).",
+        f"You are an agent at depth {meta.depth} (max depth {meta.max_depth}); your id and limits follow your task.",
         f"Your tools: {', '.join(meta.tools) or 'none'}.",
     ]
-    if meta.deadline is not None:
-        left = max(0, int(meta.deadline - time.time()))
-        deadline_iso = dt.datetime.fromtimestamp(meta.deadline, dt.UTC).isoformat(timespec="seconds")
-        lines.append(f"Deadline: {deadline_iso} ({left} s from now); finish before it.")
-    if meta.max_budget_usd is not None:
-        lines.append(f"Budget: ${meta.max_budget_usd:.4f} for you and any children.")
     policy = (meta.placement or {}).get("policy")
     if remaining <= 0:
         lines.append("You cannot start child agents: the depth limit is reached.")
@@ -3020,6 +3043,44 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
     lines.append(f"Your rights: permission mode {meta.permission_mode}" + (f"; rules: {'; '.join(rules)}" if rules else "") + ".")
     lines.append("A denied tool call is final: do not retry it another way.")
     return "\n".join(lines)
+
+
+def agent_facts(meta: AgentMeta, now: float | None = None) -> str:
+    """What differs between an agent and its siblings: it follows the task in its first
+    message (a resumed agent's, in its new one), outside the cached head (pure but for the clock)."""
+    lines = [AGENT_FACTS_HEADER, f"You are agent {meta.id}."]
+    if meta.deadline is not None:
+        left = max(0, int(meta.deadline - (time.time() if now is None else now)))
+        deadline_iso = dt.datetime.fromtimestamp(meta.deadline, dt.UTC).isoformat(timespec="seconds")
+        lines.append(f"Deadline: {deadline_iso} ({left} s from now); finish before it.")
+    if meta.max_budget_usd is not None:
+        lines.append(f"Budget: ${meta.max_budget_usd:.4f} for you and any children.")
+    return "\n".join(lines)
+
+
+def first_message(meta: AgentMeta, now: float | None = None) -> str:
+    """The agent's first user message: its definition's initialPrompt, its task, then its facts."""
+    parts = [meta.initial_prompt, meta.task, agent_facts(meta, now)]
+    return "\n\n".join(p for p in parts if p)
+
+
+def prompt_layout(meta: AgentMeta) -> dict[str, list[str]]:
+    """Where each part of what the agent is told goes (cli_start), as --dry-run shows it (pure)."""
+    system = ["claude_code preset"] if meta.preset == "claude_code" else []
+    system += ["system_prompt", "briefing"]
+    system += ["memory"] if meta.agent_source and meta.memory else []
+    system += ["skills"] if meta.skills else []
+    first = ["initial_prompt"] if meta.initial_prompt else []
+    return {"system": system, "first_message": [*first, "task", "agent_facts"]}
+
+
+def token_counts(usage: Any) -> dict[str, int]:
+    """The four token counts of a usage record (USAGE_COUNTS), 0 for what is missing (pure)."""
+    found = usage if isinstance(usage, Mapping) else {}
+    return {
+        key: int(value) if isinstance(value := found.get(key), int | float) and not isinstance(value, bool) and value > 0 else 0
+        for key in USAGE_COUNTS
+    }
 
 
 def round_usd(value: float | None) -> float | None:
@@ -3436,6 +3497,7 @@ def subagent_depth_limit(depth: int, max_depth: int) -> int:
 
 
 
+
 AGENTS_DIR = "agents"
 DONE_MARKER = ".done"
 FAIL_MARKER = ".fail"
@@ -3738,8 +3800,9 @@ def charge(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> None:
     if outcome.status == Status.REFUSED and outcome.transcript is None:
         return  # refused before it ran: it held and spent nothing
     entry = LedgerEntry(
-        id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated
-    )
+        id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated,
+        usage=token_counts(outcome.usage) if outcome.usage else None,
+    )  # fmt: skip
     try:
         with session_lock(agent_dir.parent.parent):
             append_jsonl(agent_dir.parent.parent / LEDGER, record_to_json(entry), secrets_)
@@ -5731,6 +5794,7 @@ def read_agent_rows(
             "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
             "cost_usd": outcome.get("cost_usd") if outcome else None,
             "cost_known": bool(outcome and "cost_usd" in outcome),
+            "usage": token_counts(outcome["usage"]) if outcome and isinstance(outcome.get("usage"), dict) else None,
             "pid": meta.pid,
             "agent_dir": path,
             "containment": meta.containment,
@@ -9815,6 +9879,7 @@ above the running state it fills in.
 
 
 
+
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the
 # SDK and asyncio are imported, about 100 ms of CPU at every agent that isn't
@@ -10374,8 +10439,9 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         client_app=None if os.environ.get(SDK_CLIENT_APP_ENV) else f"spawn.py/{__version__}",
     )
     # initialPrompt comes first, in the same user turn, so the task's own text
-    # (and any scripted MOCK[...]) stays part of the first message.
-    prompt = f"{meta.initial_prompt}\n\n{meta.task}" if meta.initial_prompt else meta.task
+    # (and any scripted MOCK[...]) stays part of the first message; the agent's
+    # own facts follow it, after the head siblings share in the prompt cache.
+    prompt = first_message(meta)
     argv = cli_argv(str(cli), options)
     env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
     return CliStart(options, gate, prompt, argv, env)
@@ -14133,6 +14199,7 @@ ROW_TYPES: dict[str, tuple[type, ...]] = {
     "pid": (int,),
     "agent_dir": (str,),
     "containment": (str, type(None)),
+    "usage": (dict, type(None)),
 }
 
 
@@ -14417,6 +14484,24 @@ def session_summary(session: Path) -> dict[str, Any]:
     return data
 
 
+def tree_tokens(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The tree's token counts by kind, summed over its agents' own usage (a native
+    subagent's row repeats what its parent's CLI counted)."""
+    totals = token_counts(None)
+    for row in rows:
+        if row.get("kind") != "native":
+            for key, count in token_counts(row.get("usage")).items():
+                totals[key] += count
+    return totals
+
+
+def format_tokens(tokens: Mapping[str, int]) -> str:
+    """'tokens: input 1,200, output 80, cache read 26,000, cache write 3,100' (reads cost 0.1x input, writes 1.25x)."""
+    names = {"input_tokens": "input", "output_tokens": "output", "cache_read_input_tokens": "cache read"}
+    names["cache_creation_input_tokens"] = "cache write"
+    return "tokens: " + ", ".join(f"{name} {tokens.get(key, 0):,}" for key, name in names.items())
+
+
 def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mapping[str, Any]) -> str:
     spent = f"${totals['spent_usd']:.4f}" + (
         f" + {totals['agents_with_unknown_cost']} unknown" if totals["agents_with_unknown_cost"] else ""
@@ -14428,6 +14513,8 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
     caps = [f"budget ${totals['max_budget_usd']:.4f}"] if "max_budget_usd" in totals else []
     caps += [f"{k.removeprefix('max_').replace('_', ' ')} <= {totals[k]}" for k in ("max_agents", "max_concurrent") if k in totals]
     lines = [f"session {session}", f"spent {spent}" + (f" ({', '.join(caps)})" if caps else "")]
+    if any((tokens := tree_tokens(rows)).values()):
+        lines.append(format_tokens(tokens))
     for row in rows:
         own = format_cost(row["cost_usd"], row["cost_known"] or row["state"] == Status.REFUSED)
         sub = format_cost(row["subtree_cost_usd"], row["subtree_cost_known"])
@@ -14839,6 +14926,10 @@ VERBS = (
 
 
 
+
+
+
+
 # ------------------------------------------------ task graphs and workflows --
 # `dag run FILE` registers itself as an agent node ("dag") and starts every
 # task as a background child of that node, through spawn.py's own CLI, so
@@ -15126,6 +15217,7 @@ def dag_estimate(tasks: Sequence[DagTask], history: Mapping[str, Sequence[tuple[
             per_task[tid] = {"model": model, "cost_usd": round(cost, 6), "seconds": round(seconds, 3), "basis": basis}
             prior = via[tid] = max(t.blocked_by, key=lambda b: finish[b], default=None)
             finish[tid] = seconds + (finish[prior] if prior is not None else 0.0)
+    cache = fanout_cache(tasks, per_task)
     last: str | None = max(finish, key=lambda k: finish[k])
     path: list[str] = []
     while last is not None:
@@ -15137,7 +15229,32 @@ def dag_estimate(tasks: Sequence[DagTask], history: Mapping[str, Sequence[tuple[
         "critical_path_s": round(max(finish.values()), 3),
         "critical_path": path[::-1],
         "per_task": per_task,
+        "cache": cache,
     }
+
+
+def fanout_cache(tasks: Sequence[DagTask], per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Price each level's fan-outs with the prompt cache: tasks with the same model and
+    head-shaping options send the same tools and system prompt, so the first writes that
+    head and the others read it. Lowers the readers' default estimates in per_task."""
+    by_id = {t.id: t for t in tasks}
+    groups: dict[tuple[int, str], list[str]] = {}
+    for n, level in enumerate(dag_levels(tasks)):
+        for tid in level:
+            shaping = {k: v for k, v in by_id[tid].options.items() if k not in HEAD_NEUTRAL_OPTIONS}
+            groups.setdefault((n, json.dumps({**shaping, "model": per_task[tid]["model"]}, sort_keys=True)), []).append(tid)
+    saved, shared = 0.0, 0
+    for writer, *readers in groups.values():
+        if not readers or not str(per_task[writer]["basis"]).startswith("default"):
+            continue
+        shared += 1
+        each = FANOUT_HEAD_TOKENS * (CACHE_WRITE_FACTOR - CACHE_READ_FACTOR) * price_per_mtok(per_task[writer]["model"])[0] / 1e6
+        per_task[writer]["cache"] = "writes the head its siblings read"
+        for reader in readers:
+            per_task[reader]["cost_usd"] = round(max(0.0, per_task[reader]["cost_usd"] - each), 6)
+            per_task[reader]["cache"] = f"reads the head {writer} writes"
+            saved += each
+    return {"shared_heads": shared, "head_tokens": FANOUT_HEAD_TOKENS, "saved_usd": round(saved, 6)}
 
 
 def dag_argv(t: DagTask, prompt: str) -> list[str]:
@@ -15476,8 +15593,11 @@ def cmd_estimate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if not args.text:
         emit(report)
         return ExitCode.OK
+    saved = report["cache"]["saved_usd"]
     print(
-        f"{report['tasks']} tasks, about ${report['cost_usd']:.4f}; critical path {report['critical_path_s']:.0f} s: "
+        f"{report['tasks']} tasks, about ${report['cost_usd']:.4f}"
+        + (f" (fan-outs reading their shared head from the cache: -${saved:.4f})" if saved else "")
+        + f"; critical path {report['critical_path_s']:.0f} s: "
         + " -> ".join(report["critical_path"])
     )
     return ExitCode.OK
@@ -16062,6 +16182,7 @@ def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
+
 # ---------------------------------------------------------------------- CLI --
 
 
@@ -16245,6 +16366,8 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
         resolved.update(refusal=plan.refusal, cli=str(plan.cli), session_root=str(plan.session_root))
         resolved["rules"] = describe_rules(plan.rules, plan.meta.tools, plan.meta.disallowed_tools)
         resolved["briefing"] = briefing(plan.meta, spawn_command(), delegates_for(plan.meta, environ))
+        resolved["agent_facts"] = agent_facts(plan.meta)
+        resolved["prompt_layout"] = prompt_layout(plan.meta)
         emit_result(args, resolved)
         if plan.refusal is not None:
             raise RefusedError(f"refused: {plan.refusal} (dry run; nothing recorded)")
@@ -16387,7 +16510,7 @@ def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     rows = tree_rows(session)
     asks = pending_asks(session)
     if args.json:
-        emit({"session": str(session), **session_summary(session), "agents": rows, "pending_asks": asks})
+        emit({"session": str(session), **session_summary(session), "tokens": tree_tokens(rows), "agents": rows, "pending_asks": asks})
     else:
         print(format_tree(session, rows, session_summary(session)))
         for ask in asks:

@@ -45,6 +45,9 @@ def test_estimate_prices_each_turn_by_family() -> None:
     assert spawn.estimate_cost(turns) == 1.0 + 25.0
     # A model the table doesn't know is priced as medium-tier; cache reads at a tenth.
     assert spawn.estimate_cost([("some-new-model", {"cache_read_input_tokens": 1_000_000})]) == 0.3
+    # Cache writes at 1.25 times the input price, those kept for an hour at twice it (the CLI splits them).
+    written = {"cache_creation_input_tokens": 2_000_000, "cache_creation": {"ephemeral_1h_input_tokens": 1_000_000}}
+    assert spawn.estimate_cost([("sonnet", written)]) == 3.0 * 1.25 + 3.0 * 2
 
 
 def test_concurrent_children_cannot_overspend_the_tree(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:

@@ -112,6 +112,26 @@ def test_estimate_of_a_diamond_sums_costs_and_follows_the_longest_path() -> None
     assert spawn.dag_estimate(tasks, fast_deep)["critical_path"] == ["survey", "quick", "report"]
 
 
+def test_estimate_prices_a_fan_out_with_the_prompt_cache() -> None:
+    """Tasks of one level with the same model and tools send the same head: the first writes it, the others read it."""
+    fan = {"tasks": [{"id": f"leaf{i}", "task": f"part {i}", "tools": "Read", "timeout": 60 + i} for i in range(4)]}
+    fan["tasks"].append({"id": "other", "task": "odd one", "tools": "Read,Grep"})
+    report = spawn.dag_estimate(spawn.parse_dag(fan, {}, "fan"), {})
+    default = spawn.DEFAULT_AGENT_COST_USD["sonnet"]
+    each = spawn.FANOUT_HEAD_TOKENS * (spawn.CACHE_WRITE_FACTOR - spawn.CACHE_READ_FACTOR) * spawn.price_per_mtok("sonnet")[0] / 1e6
+    assert (
+        report["per_task"]["leaf0"]["cost_usd"] == default and report["per_task"]["leaf0"]["cache"] == "writes the head its siblings read"
+    )
+    assert report["per_task"]["leaf3"]["cost_usd"] == pytest.approx(default - each)
+    assert report["per_task"]["leaf3"]["cache"] == "reads the head leaf0 writes"
+    assert "cache" not in report["per_task"]["other"]  # other tools: another head
+    assert report["cache"] == {"shared_heads": 1, "head_tokens": spawn.FANOUT_HEAD_TOKENS, "saved_usd": pytest.approx(3 * each)}
+    assert report["cost_usd"] == pytest.approx(5 * default - 3 * each)
+    # A median of ended agents already holds what their cache reads saved.
+    seen = spawn.dag_estimate(spawn.parse_dag(fan, {}, "fan"), {"sonnet": [(0.05, 10.0)]})
+    assert seen["cost_usd"] == pytest.approx(5 * 0.05) and seen["cache"]["saved_usd"] == 0
+
+
 def test_estimate_verb_prints_one_json_object_and_refuses_a_bad_file(base_env: dict[str, str], tmp_path: Path) -> None:
     graph = tmp_path / "diamond.json"
     graph.write_text(json.dumps(DIAMOND))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -185,12 +186,35 @@ def test_briefing_tells_the_spawn_command_and_limits() -> None:
         cwd="/", started_at="", session="/s", system_prompt="", deadline=None, max_budget_usd=0.5,
     )  # fmt: skip
     text = spawn.briefing(meta, "python spawn.py")
-    assert "agent a1-abc at depth 1 (max depth 3)" in text
+    assert "at depth 1 (max depth 3)" in text
     assert "python spawn.py --task" in text
     assert "wait ID1 ID2 --all" in text
-    assert "$0.5000" in text
     meta.depth = 3
     assert "cannot start child agents" in spawn.briefing(meta, "x")
+
+
+def test_agent_facts_follow_the_task_and_stay_out_of_the_shared_briefing() -> None:
+    """Its id, deadline, time left and budget differ from its siblings': they go in its first message, after the task."""
+    meta = spawn.AgentMeta(
+        id="a1-abc", parent_id="a0-x", depth=1, max_depth=3, pid=1, create_time=0, pgid=1, trace_id="0" * 32,
+        span_id="1" * 16, traceparent="", task="the task", tools=["Bash", "Read"], disallowed_tools=[], model="m",
+        cwd="/", started_at="", session="/s", system_prompt="", deadline=1_000_600.0, max_budget_usd=0.5,
+    )  # fmt: skip
+    facts = spawn.agent_facts(meta, now=1_000_000.0)
+    assert facts.splitlines() == [
+        spawn.AGENT_FACTS_HEADER,
+        "You are agent a1-abc.",
+        "Deadline: 1970-01-12T13:56:40+00:00 (600 s from now); finish before it.",
+        "Budget: $0.5000 for you and any children.",
+    ]
+    briefing = spawn.briefing(meta, "python spawn.py")
+    assert "a1-abc" not in briefing and "Deadline" not in briefing and "$0.5000" not in briefing
+    sibling = dataclasses.replace(meta, id="a1-def", deadline=1_000_500.0, max_budget_usd=0.25)
+    assert spawn.briefing(sibling, "python spawn.py") == briefing
+    assert spawn.first_message(meta, now=1_000_000.0) == f"the task\n\n{facts}"
+    meta.initial_prompt = "Read the notes first."
+    assert spawn.first_message(meta, now=1_000_000.0).startswith("Read the notes first.\n\nthe task\n\n## spawn.py")
+    assert spawn.prompt_layout(meta)["first_message"] == ["initial_prompt", "task", "agent_facts"]
 
 
 def test_supervised_needs_pid_and_create_time() -> None:

@@ -22,7 +22,7 @@ DOCS = ROOT / "docs"
 README_MAX_BYTES = 20_000  # a front page that reads in minutes
 # The package, the runtime siblings that drive it and the scripted model: what users run.
 # (Development tools, bench, soak, demo and bundle, document their flags in their docstrings.)
-DEV_TOOLS = {"bench.py", "soak.py", "demo.py", "bundle.py"}
+DEV_TOOLS = {"bench.py", "bench_cost.py", "soak.py", "demo.py", "bundle.py"}
 SOURCES = [
     *sorted((ROOT / "src" / "spawnlib").glob("*.py")),
     *sorted(p for p in (ROOT / "tools").glob("*.py") if p.name not in DEV_TOOLS),

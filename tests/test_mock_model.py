@@ -45,7 +45,7 @@ def _read_log(path: Path) -> list[dict[str, Any]]:
 
 
 class Server:
-    def __init__(self, tmp: Path, scenario: dict[str, Any] | None = None) -> None:
+    def __init__(self, tmp: Path, scenario: dict[str, Any] | None = None, flags: tuple[str, ...] = ()) -> None:
         self.log = tmp / "requests.jsonl"
         args = [
             sys.executable,
@@ -56,6 +56,7 @@ class Server:
             str(self.log),
             "--port-file",
             str(tmp / "port"),
+            *flags,
         ]
         if scenario is not None:
             path = tmp / "scenario.json"
@@ -493,3 +494,194 @@ def test_sdk_query_ignores_title_side_request(server: Server, tmp_path: Path) ->
         (1, "text"),
     ]
     assert sum(r["first"] for r in log) == 1
+
+
+# ---------------------------------------------------------------- prompt cache
+
+CACHED = {"type": "ephemeral"}
+
+
+def _cached_request(system: str = "You are a cached system prompt. " * 20, task: str = "task", **extra: Any) -> dict[str, Any]:
+    """A main-loop request shaped as the CLI sends it: tools, then system blocks with a breakpoint."""
+    return {
+        "model": "m-cache",
+        "max_tokens": 10,
+        "tools": [{"name": "Bash", "description": "run a command " * 30, "input_schema": {"type": "object"}}],
+        "system": [{"type": "text", "text": "header"}, {"type": "text", "text": system, "cache_control": CACHED}],
+        "messages": [_user(task)],
+        **extra,
+    }
+
+
+def _usage(server: Server, payload: dict[str, Any]) -> dict[str, Any]:
+    status, body = server.post("/v1/messages", payload)
+    assert status == 200, body
+    usage: dict[str, Any] = json.loads(body)["usage"]
+    return usage
+
+
+def _advance(server: Server, seconds: float) -> int:
+    status, _ = server.post(mm.CLOCK_ROUTE, {"advance": seconds})
+    return status
+
+
+def test_cache_writes_then_reads_the_prefix_up_to_each_breakpoint(server: Server) -> None:
+    first = _usage(server, _cached_request(task="one"))
+    # The prompt is its blocks (tools, system, messages), not the request's envelope.
+    size = mm.prefix_blocks(_cached_request(task="one"))[-1].end
+    assert size < len(json.dumps(_cached_request(task="one")).encode())
+    assert first["cache_read_input_tokens"] == 0 and first["cache_creation_input_tokens"] > 100
+    assert first["cache_creation"] == {"ephemeral_5m_input_tokens": first["cache_creation_input_tokens"], "ephemeral_1h_input_tokens": 0}
+    # The three add up to the prompt's bytes / 4 (each rounded down).
+    total = first["input_tokens"] + first["cache_creation_input_tokens"] + first["cache_read_input_tokens"]
+    assert size // 4 - 2 <= total <= size // 4
+    # Another task after the same tools and system reads what the first wrote.
+    second = _usage(server, _cached_request(task="two, a longer task"))
+    assert second["cache_read_input_tokens"] == first["cache_creation_input_tokens"]
+    assert second["cache_creation_input_tokens"] == 0 and second["input_tokens"] > first["input_tokens"]
+    # A breakpoint on the last message: reads the system prefix, writes the rest up to it.
+    turn = _cached_request(task="two, a longer task")
+    turn["messages"] = [
+        _user("two, a longer task"),
+        {"role": "assistant", "content": [{"type": "text", "text": "ok", "cache_control": CACHED}]},
+    ]
+    third = _usage(server, turn)
+    assert third["cache_read_input_tokens"] == first["cache_creation_input_tokens"] and third["cache_creation_input_tokens"] > 0
+    # A byte changed in the system prompt, or another model: nothing to read.
+    assert _usage(server, _cached_request(system="You are another system prompt. " * 20))["cache_read_input_tokens"] == 0
+    assert _usage(server, {**_cached_request(), "model": "m-other"})["cache_read_input_tokens"] == 0
+    # No breakpoint, no caching: all of it is input.
+    plain = _cached_request()
+    plain["system"] = [{"type": "text", "text": "header"}, {"type": "text", "text": "You are a cached system prompt. " * 20}]
+    bare = _usage(server, plain)
+    assert (bare["cache_read_input_tokens"], bare["cache_creation_input_tokens"]) == (0, 0)
+    assert bare["input_tokens"] == mm.prefix_blocks(plain)[-1].end // 4
+    # A step that scripts its input count gets exactly that, cache or not.
+    scripted = _cached_request(task='MOCK[{"text": "x", "usage": {"input_tokens": 7}}]MOCK')
+    usage = _usage(server, scripted)
+    assert (usage["input_tokens"], usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]) == (7, 0, 0)
+
+
+def test_cache_looks_back_from_a_later_breakpoint_and_honours_a_top_level_one(server: Server) -> None:
+    prefix = _usage(server, _cached_request(task="first"))["cache_creation_input_tokens"]
+    # The breakpoint moved to the message: the system prefix 1 block before it is found and read.
+    moved = _cached_request(task="first")
+    moved["system"][1].pop("cache_control")
+    moved["cache_control"] = CACHED  # automatic: the last block is the breakpoint
+    usage = _usage(server, moved)
+    assert usage["cache_read_input_tokens"] == prefix and usage["cache_creation_input_tokens"] > 0
+    again = _usage(server, moved)
+    assert again["cache_read_input_tokens"] == prefix + usage["cache_creation_input_tokens"]
+    assert again["cache_creation_input_tokens"] == 0
+
+
+def test_cache_streams_usage_in_message_start_and_message_delta(server: Server) -> None:
+    _usage(server, _cached_request())
+    status, body = server.post("/v1/messages", {**_cached_request(), "stream": True})
+    assert status == 200
+    events = dict(_parse_sse(body))
+    start, delta = events["message_start"]["message"]["usage"], events["message_delta"]["usage"]
+    assert start["cache_read_input_tokens"] > 0 and start["output_tokens"] == 1
+    # message_delta's counts are cumulative, as the API's are: the same input side again.
+    for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
+        assert delta[key] == start[key]
+    assert delta["output_tokens"] >= 1
+    log = _read_log(server.log)
+    assert log[-1]["usage"]["cache_read_input_tokens"] == start["cache_read_input_tokens"]
+    assert log[-1]["head_tokens"] == start["cache_read_input_tokens"]  # the breakpoint ends the system prompt
+    assert log[-1]["system_digest"] == log[0]["system_digest"] and log[-1]["tools_digest"] == log[0]["tools_digest"]
+
+
+def test_cache_ttl_expires_on_the_controlled_clock_and_reads_refresh_it(server: Server) -> None:
+    _usage(server, _cached_request())
+    assert _advance(server, 290) == 200
+    assert _usage(server, _cached_request())["cache_read_input_tokens"] > 0  # and refreshed for 5 minutes more
+    assert _advance(server, 290) == 200
+    assert _usage(server, _cached_request())["cache_read_input_tokens"] > 0
+    assert _advance(server, 301) == 200
+    expired = _usage(server, _cached_request())
+    assert expired["cache_read_input_tokens"] == 0 and expired["cache_creation_input_tokens"] > 0
+    # A 1-hour breakpoint outlives the 5-minute one and is priced as such.
+    hour = _cached_request(system="A prompt kept for an hour. " * 20)
+    hour["system"][1]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    written = _usage(server, hour)
+    assert written["cache_creation"]["ephemeral_1h_input_tokens"] == written["cache_creation_input_tokens"] > 0
+    assert _advance(server, 3000) == 200
+    assert _usage(server, hour)["cache_read_input_tokens"] == written["cache_creation_input_tokens"]
+    assert _advance(server, 3601) == 200
+    assert _usage(server, hour)["cache_read_input_tokens"] == 0
+    assert _advance(server, -1) == 400  # the clock only moves forward
+
+
+def test_cache_burst_of_identical_requests_all_miss(server: Server) -> None:
+    """A prefix is readable once the request that wrote it starts answering: requests sent meanwhile miss."""
+    import threading
+
+    slow = _cached_request(task='burst MOCK[{"sleep": 2, "text": "late"}]MOCK')
+    answers: list[dict[str, Any]] = []
+    threads = [threading.Thread(target=lambda: answers.append(_usage(server, slow))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == 3
+    assert [a["cache_read_input_tokens"] for a in answers] == [0, 0, 0]
+    assert len({a["cache_creation_input_tokens"] for a in answers}) == 1
+    # Once one has answered, the next reads it.
+    assert _usage(server, _cached_request(task="after"))["cache_read_input_tokens"] > 0
+
+
+def test_cache_refuses_a_fifth_breakpoint_and_a_bad_ttl(server: Server) -> None:
+    many = _cached_request()
+    many["messages"] = [{"role": "user", "content": [{"type": "text", "text": str(i), "cache_control": CACHED} for i in range(4)]}]
+    status, body = server.post("/v1/messages", many)
+    assert status == 400 and "A maximum of 4 blocks with cache_control" in json.loads(body)["error"]["message"]
+    bad = _cached_request()
+    bad["system"][1]["cache_control"] = {"type": "ephemeral", "ttl": "2h"}
+    status, body = server.post("/v1/messages", bad)
+    assert status == 400 and "ttl" in json.loads(body)["error"]["message"]
+
+
+def test_cache_min_tokens_models_the_minimum_cacheable_length(tmp_path: Path) -> None:
+    server = Server(tmp_path, flags=("--cache-min-tokens", "100000"))
+    try:
+        usage = _usage(server, _cached_request())
+        assert (usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]) == (0, 0)
+    finally:
+        server.stop()
+
+
+def test_cache_off_reports_the_old_shape(tmp_path: Path) -> None:
+    server = Server(tmp_path, flags=("--no-cache",))
+    try:
+        for _ in range(2):
+            usage = _usage(server, _cached_request())
+            assert (usage["cache_read_input_tokens"], usage["cache_creation_input_tokens"]) == (0, 0)
+            assert usage["input_tokens"] == len(json.dumps(_cached_request()).encode()) // 4
+        assert _advance(server, 10) == 409
+    finally:
+        server.stop()
+
+
+def test_serve_passes_flags_and_moves_the_clock(tmp_path: Path) -> None:
+    with mm.serve(tmp_path) as served:
+        assert served.advance_clock(30) == 30.0
+        assert served.advance_clock(30) == 60.0
+    with mm.serve(tmp_path, flags=["--no-cache"]) as served, pytest.raises(urllib.error.HTTPError):
+        served.advance_clock(1)
+
+
+def test_scripted_attempts_count_per_task_whatever_facts_follow_it(server: Server) -> None:
+    """A task started again (a dag retry) carries a new id and deadline after it: its "times" count on."""
+    task = 'flaky MOCK[{"error": 500, "times": 1, "text": "recovered"}]MOCK'
+    facts = f"\n\n{mm.AGENT_FACTS_HEADER}\nYou are agent a1-{{}} at depth 1.\nDeadline: in {{}} s."
+    base = {"model": "m", "max_tokens": 10, "tools": [{"name": "Bash"}]}
+    status, _ = server.post("/v1/messages", {**base, "messages": [_user(task + facts.format("aaaa", 60))]})
+    assert status == 500
+    status, body = server.post("/v1/messages", {**base, "messages": [_user(task + facts.format("bbbb", 58))]})
+    assert status == 200 and json.loads(body)["content"][0]["text"] == "recovered"
+    assert mm.script_key(task + facts) == mm.script_key(task) != mm.script_key("other " + task)
+    # Without an inline script, the key ends at the facts' header.
+    assert mm.script_key("plain task" + facts.format("a", 1)) == mm.script_key("plain task") != mm.script_key("plain")
+    log = _read_log(server.log)
+    assert log[0]["task_digest"] != log[1]["task_digest"]  # still one digest per agent

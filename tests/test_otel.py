@@ -119,6 +119,10 @@ def test_depth3_tree_is_one_trace_with_one_span_per_agent(
         assert attrs["spawn.tools"] == meta["tools"] and attrs["spawn.turns"] >= 1
         assert attrs["spawn.cost_usd"] == load(Path(meta["session"]) / "agents" / meta["id"] / "outcome.json")["cost_usd"]
         assert attrs["spawn.usage.input_tokens"] > 0
+        # Cache writes and reads beside them (the scripted model prices caching): each agent
+        # writes its prompt's head; one with a second turn reads it back.
+        assert attrs["spawn.usage.cache_creation_input_tokens"] > 0
+        assert attrs["spawn.usage.cache_read_input_tokens"] > 0 or attrs["spawn.turns"] == 1
     leaf_meta = next(m for m in by_id.values() if m["depth"] == 3)
     leaf_span = next(s for s in collector.spans if s.span_id.hex() == leaf_meta["span_id"])
     events = [(e.name, {kv.key: kv.value.string_value for kv in e.attributes}) for e in leaf_span.events]

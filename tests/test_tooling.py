@@ -42,7 +42,7 @@ def test_tests_are_type_checked() -> None:
 
 def spawn_importers() -> list[Path]:
     """The files that may import spawn as a module: the tests and the dev tools."""
-    return sorted((ROOT / "tests").glob("*.py")) + [ROOT / "tools" / f"{name}.py" for name in ("bench", "soak", "demo")]
+    return sorted((ROOT / "tests").glob("*.py")) + [ROOT / "tools" / f"{name}.py" for name in ("bench", "bench_cost", "soak", "demo")]
 
 
 def test_import_spawn_is_the_generated_file_and_nothing_imports_the_package() -> None:
@@ -150,6 +150,32 @@ def test_bench_compare_row_is_the_ratio_of_medians_held_to_five_percent() -> Non
     assert not slower.met
     skipped = bench.compare_target("P1b", "fan-out", [], "")
     assert not skipped.measured and skipped.met
+
+
+def test_bench_cost_prices_cache_reads_and_writes_and_counts_leaves_reading_the_head() -> None:
+    """P8's arithmetic: reads at a tenth of the input price, writes at 1.25 (2 for an hour);
+    a leaf reads the head when its first request read at least that much."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import bench_cost as cost
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    price = spawn.price_per_mtok("sonnet")[0]
+    million = 1_000_000
+    assert cost.input_usd("sonnet", {"input_tokens": million, "output_tokens": million}) == pytest.approx(price)
+    assert cost.input_usd("sonnet", {"cache_read_input_tokens": million}) == pytest.approx(price * spawn.CACHE_READ_FACTOR)
+    assert cost.input_usd("sonnet", {"cache_creation_input_tokens": million}) == pytest.approx(price * spawn.CACHE_WRITE_FACTOR)
+    hour = {"cache_creation_input_tokens": million, "cache_creation": {"ephemeral_1h_input_tokens": million}}
+    assert cost.input_usd("sonnet", hour) == pytest.approx(price * 2)
+    reader = cost.Agent("a1-r", 1, [("sonnet", {"cache_read_input_tokens": 900, "input_tokens": 10})], head_tokens=900)
+    writer = cost.Agent("a1-w", 1, [("sonnet", {"cache_creation_input_tokens": 900, "input_tokens": 10})], head_tokens=900)
+    root = cost.Agent("a0-x", 0, [("sonnet", {"input_tokens": 100}), ("sonnet", {"cache_read_input_tokens": 100})], head_tokens=500)
+    tree = cost.tree_cost("fan-out", "", [root, reader, writer], leaf_depth=1)
+    assert (tree.agents, tree.leaves, tree.leaves_reading_head) == (3, 2, 1)
+    assert tree.tokens == {"input": 120, "cache read": 1000, "cache write": 900}
+    first = cost.input_usd("sonnet", {"input_tokens": 100 + 10 + 10, "cache_read_input_tokens": 900, "cache_creation_input_tokens": 900})
+    assert tree.first_input_usd == pytest.approx(first)
+    assert tree.input_usd == pytest.approx(first + cost.input_usd("sonnet", {"cache_read_input_tokens": 100}))
 
 
 def test_bench_counts_a_clis_retry_as_the_same_turn_and_names_an_agent_run_twice() -> None:

@@ -282,11 +282,19 @@ def test_subtree_totals_and_unknown_cost(tmp_path: Path) -> None:
     outcome = load(outcome_path)
     del outcome["cost_usd"]
     outcome_path.write_text(json.dumps(outcome))
+    # The second child read most of its prompt from the cache: the panel splits its tokens by kind.
+    cached_path = session / "agents" / "a1-000002" / "outcome.json"
+    cached = load(cached_path)
+    cached["usage"] = {"input_tokens": 100, "output_tokens": 100, "cache_read_input_tokens": 2600, "cache_creation_input_tokens": 300}
+    cached_path.write_text(json.dumps(cached))
     timeline = view.load_timeline(session)
     by_id = {a.id: a for a in timeline.agents}
     root = timeline.agents[0]
     assert root.id == "a0-000000" and [a.level for a in timeline.agents[:2]] == [0, 1]
-    assert root.subtree_tokens == 1100 * sum(1 for a in timeline.agents if a.status != "refused")
+    priced = sum(1 for a in timeline.agents if a.status != "refused")
+    assert root.subtree_tokens == 1100 * (priced - 1) + 3100
+    assert root.subtree_usage == {"input": 1000 * (priced - 1) + 100, "output": 100 * priced, "cache read": 2600, "cache write": 300}
+    assert view.agent_detail(by_id["a1-000002"])["usage"] == "input 100, output 100, cache read 2.6k, cache write 300"
     assert not root.subtree_cost_known and by_id["a1-000002"].subtree_cost_known
     assert view.format_cost(root.subtree_cost_usd, root.subtree_cost_known).startswith(">=$")
 

@@ -65,6 +65,9 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    middle's first request, ...), so the stages compare side by side.
    ``--only-schema-chain`` runs it alone (with ``--compare``, the other
    script's uv chain too).
+8. P8 (tools/bench_cost.py, read in docs/prompt-cache.md): the input cost at list prices of the
+   ``--cost-leaves`` fan-out and the depth-3 chain, with the prompt cache modelled, against
+   the ``--cost-baseline`` spawn.py's prompt layout and bare ``claude -p``.
 
 Measurements 1 and 2 run interleaved, ``--repeat`` rounds (default 5; each round reverses
 the order of the previous one so drift hits both sides alike); medians are
@@ -107,6 +110,7 @@ SPAWN = ROOT / "spawn.py"
 sys.path.insert(0, str(ROOT))  # spawn.py and the scripted model are imported, not copied
 sys.path.insert(0, str(ROOT / "tools"))
 
+from bench_cost import BASELINE_REF, CostBenchError, p8_figures  # noqa: E402
 from mock_model import Served, ServeError, mock_task, serve, spawn_in_bash  # noqa: E402
 
 import spawn  # noqa: E402
@@ -1794,6 +1798,36 @@ def add_waitperf_args(p: argparse.ArgumentParser) -> None:
 # ======================================================== end of waitperf ==
 
 
+# --------------------------------------------------------------- P8: cost --
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--cost-leaves",
+        type=int,
+        default=16,
+        metavar="N",
+        help="P8: leaves of the fan-out priced (default 16; 0 skips)",
+    )
+    p.add_argument(
+        "--cost-baseline",
+        default=BASELINE_REF,
+        metavar="REF_OR_PATH",
+        help=f"P8: the spawn.py whose layout is the baseline, a path or a git revision (default {BASELINE_REF})",
+    )
+
+
+def cost_summary(args: argparse.Namespace, bench: Bench) -> dict[str, Any] | None:
+    """P8 (tools/bench_cost.py, docs/prompt-cache.md): the trees' input cost with the prompt cache modelled."""
+    if args.cost_leaves <= 0 or args.only_waitperf or args.only_chains:
+        return None
+    print(f"P8: input cost of a {args.cost_leaves}-leaf fan-out and the depth-3 chain, three ways ...", flush=True)
+    timeout = max(args.timeout, 300.0)
+    return p8_figures(
+        bench.cli, bench.env, bench.workdir, bench.mock, timeout=timeout, leaves=args.cost_leaves, baseline=args.cost_baseline
+    )
+
+
 # --------------------------------------------------------------------- main --
 
 
@@ -1843,6 +1877,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--keep", action="store_true", help="keep the temp dir (sessions, mock log) and print its path")
     p.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    add_cost_args(p)
     add_waitperf_args(p)
     args = p.parse_args(argv)
     if args.repeat < 1 or args.wait_samples < 0:
@@ -1896,6 +1931,9 @@ def measure_all(
         memory["SPAWN_NO_FORKSERVER=1"] = fanout(bench, args.memory_agents, MEMORY_LEAF_SLEEP_S, no_server, bare=False, pss=True)
     summary = {"targets": []} if args.only_waitperf else report(bench, waits, args, time.monotonic() - started, fan=fan, memory=memory)
     summary["uv"] = asdict(uv)
+    if (p8 := cost_summary(args, bench)) is not None:
+        summary["p8"] = p8
+        summary["targets"] += p8["targets"]
     summary["schema_chain_segments"] = {"stages": [*CHAIN_SEGMENTS, CHAIN_CPU], **bench.segments}
     if args.dag_rounds > 0 and not args.only_waitperf:
         summary["dag"] = dag_overhead(warm_env, workdir, args.timeout, args.dag_rounds)
@@ -1941,7 +1979,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 target = p10.pop("target")
                 summary["p10"] = p10
                 summary["targets"].append({**vars(target), "met": target.met})
-    except (BenchError, ServeError) as exc:
+    except (BenchError, ServeError, CostBenchError) as exc:
         print(f"bench: error: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -43,6 +43,25 @@ so the server keeps no conversation state. Past the last step it answers
   it answers ``"slept"``) and ``"usage": {"input_tokens": N,
   "output_tokens": M}``.
 
+Attempts of a ``"times"`` step are counted per task and step, where the task
+is the text up to the end of its inline script (or up to spawn.py's
+``## spawn.py: this agent`` facts): an agent started again for the same task
+counts on, whatever id or deadline it was given.
+
+Usage and the prompt cache: ``usage`` reports tokens as bytes / 4, and models
+the Messages API's prompt caching (see the "prompt cache" section): the
+``cache_control`` breakpoints in tools, system and messages, a prefix cache
+per model with the 5-minute or 1-hour TTL, readable once the request that
+wrote it starts answering (so a burst of identical requests all miss), and
+``cache_creation_input_tokens`` / ``cache_read_input_tokens`` beside
+``input_tokens`` (the three add up to the prompt blocks' bytes / 4), in the
+non-streamed answer and in the streamed message_start and message_delta.
+``--no-cache`` reports no cache reads or writes and counts the whole body
+(the shape before caching was modelled); ``--cache-min-tokens N`` models the API's minimum cacheable length
+(off by default). The cache's clock is the server's monotonic clock plus an
+offset that ``POST /_mock/clock {"advance": SECONDS}`` moves forward
+(``Served.advance_clock``), so tests see a TTL expire without waiting.
+
 Observed CLI 2.1.330 behaviour worth knowing when writing scripts:
 a StructuredOutput tool_use ends the run at once (no follow-up request);
 errors are retried with backoff of about 0.5s, 1s, 2s, 4s... (count set by
@@ -59,7 +78,8 @@ Run::
 
 It prints ``mock_model listening on http://127.0.0.1:PORT`` once listening and
 exits 0 on SIGTERM/SIGINT. With ``--log`` every request appends one JSON line
-(see ``log_record``) for tests and benchmarks to inspect.
+(see ``log_record``: sizes, digests of tools and system, the usage answered)
+for tests and benchmarks to inspect; ``--log-bodies`` adds each whole body.
 
 From Python (the tests, bench, soak and demo)::
 
@@ -85,7 +105,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -95,6 +116,9 @@ from typing import Any, cast
 # ---------------------------------------------------------------- constants
 
 MARKER = "MOCK["
+# The header spawn.py puts above an agent's own facts, after its task in the
+# first user message (tests check it is spawn.py's): see script_key.
+AGENT_FACTS_HEADER = "## spawn.py: this agent"
 DEFAULT_STEPS: list[dict[str, Any]] = [{"text": "ok"}]
 PAST_END_TEXT = "done"
 SLEPT_TEXT = "slept"
@@ -173,6 +197,8 @@ class Reply:
     body: dict[str, Any]
     summary: str
     headers: tuple[tuple[str, str], ...] = ()
+    cache_writes: tuple[tuple[str, float], ...] = ()
+    """(prefix key, TTL seconds) the prompt cache stores once the answer starts."""
 
 
 # ---------------------------------------------------------------- pure core
@@ -198,6 +224,24 @@ def task_text(messages: Sequence[Any]) -> str:
 
 def task_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def script_key(text: str) -> str:
+    """What scripted errors count their attempts by: the task, without what differs between its runs.
+
+    spawn.py follows the task with the agent's own facts (its id, deadline,
+    time left, budget), so an agent started again for the same task (a dag
+    retry) sends other text. The key is the text up to the end of its inline
+    script, or else up to the facts' header, so the run after a failure
+    counts on from the run before, as ``"times"`` means.
+    """
+    start = text.find(MARKER)
+    if start >= 0:
+        with contextlib.suppress(json.JSONDecodeError):
+            _, end = json.JSONDecoder().raw_decode(text, start + len(MARKER) - 1)
+            return task_digest(text[:end])
+    facts = text.find(AGENT_FACTS_HEADER)
+    return task_digest(text if facts < 0 else text[:facts].rstrip())
 
 
 def extract_inline_script(text: str) -> list[dict[str, Any]] | None:
@@ -383,10 +427,214 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 
 def estimate_tokens(size: int) -> int:
-    return max(1, size // 4)
+    return max(1, size // BYTES_PER_TOKEN)
 
 
-def build_message(step: Step, model: str, message_id: str, tool_id: str, request_bytes: int) -> dict[str, Any]:
+# ---------------------------------------------------------------- prompt cache
+# The Messages API's prompt caching, as its documentation describes it. A
+# request is one sequence of blocks: its tools, then its system blocks, then
+# its messages' content blocks. A block carrying ``cache_control`` (at most
+# four; a top-level ``cache_control`` marks the last block) is a breakpoint:
+# the prefix up to and including it is stored, per model, for its TTL
+# ("5m", the default, or "1h"), refreshed by every read. At each breakpoint
+# the API looks for the longest stored prefix ending there or up to 20 blocks
+# before; what it finds is read, what lies between it and the last breakpoint
+# is written, and what follows the last breakpoint is plain input. A prefix
+# becomes readable once the request that wrote it starts answering, so a
+# burst of identical requests all miss. Token counts are bytes / 4 of the
+# prompt's blocks (each as compact JSON), split into read, written and plain
+# input; the request's envelope (model, metadata, max_tokens...) is not
+# prompt, and the API does not count it. With caching off, input_tokens is
+# the whole body's bytes / 4, as before caching was modelled.
+# The API's minimum cacheable length (1,024 to 4,096 tokens by model) is not
+# modelled unless --cache-min-tokens asks for it: scripted prompts are short.
+
+BYTES_PER_TOKEN = 4
+INPUT_USAGE_KEYS = frozenset({"input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"})
+CACHE_TTL_S: dict[str, float] = {"5m": 300.0, "1h": 3600.0}
+MAX_BREAKPOINTS = 4  # the API answers 400 to a fifth cache_control
+LOOKBACK_BLOCKS = 20  # how far before a breakpoint the API looks for a stored prefix
+CLOCK_ROUTE = "/_mock/clock"  # tests move the cache's clock: POST {"advance": seconds}
+
+
+@dataclass(frozen=True)
+class PrefixBlock:
+    """One block of a request's cacheable sequence (tools, system, messages)."""
+
+    key: str
+    """Digest of the model and every block up to and including this one."""
+    end: int
+    """Bytes of the prefix through this block."""
+    ttl: float | None
+    """Seconds this prefix is kept, when the block is a breakpoint."""
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """What one request reads from and writes to the prompt cache, in bytes."""
+
+    read: int = 0
+    written: dict[str, int] = field(default_factory=dict)
+    """Bytes written per TTL name ("5m", "1h")."""
+    writes: tuple[tuple[str, float], ...] = ()
+    """(prefix key, TTL seconds) to store once the answer starts."""
+    cached_end: int = 0
+    """Bytes up to the last breakpoint (read + written)."""
+    read_key: str | None = None
+    """The stored prefix read, which the read keeps alive."""
+    prompt: int = 0
+    """Bytes of all the prompt's blocks; 0: count the whole request body (caching off)."""
+
+
+NO_CACHE = CachePlan()
+
+
+def cache_ttl(control: object) -> float | None:
+    """The TTL a ``cache_control`` value asks for, None when there is none."""
+    if control is None:
+        return None
+    if not isinstance(control, dict) or control.get("type") != "ephemeral":
+        raise ScriptError(f"cache_control must be {{'type': 'ephemeral'}}, got {control!r}")
+    ttl = control.get("ttl", "5m")
+    if ttl not in CACHE_TTL_S:
+        raise ScriptError(f"cache_control ttl must be one of {sorted(CACHE_TTL_S)}, got {ttl!r}")
+    return CACHE_TTL_S[str(ttl)]
+
+
+def _cacheable_blocks(request: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(place, block) for every block of the cached sequence, in the API's order."""
+    blocks: list[tuple[str, dict[str, Any]]] = []
+    tools = request.get("tools")
+    for tool in tools if isinstance(tools, list) else []:
+        if isinstance(tool, dict):
+            blocks.append(("tool", tool))
+    system = request.get("system")
+    if isinstance(system, str):
+        blocks.append(("system", {"type": "text", "text": system}))
+    elif isinstance(system, list):
+        blocks += [("system", b) for b in system if isinstance(b, dict)]
+    messages = request.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else []):
+        if not isinstance(message, dict):
+            continue
+        content = message.get("content")
+        # The place names the message, so moving a block across a turn boundary changes the prefix.
+        place = f"message {i} {message.get('role')}"
+        if isinstance(content, str):
+            blocks.append((place, {"type": "text", "text": content}))
+        elif isinstance(content, list):
+            blocks += [(place, b) for b in content if isinstance(b, dict)]
+    return blocks
+
+
+def _compact(block: Mapping[str, Any]) -> bytes:
+    """A block as the cache counts and compares it: compact JSON, without its marker
+    (the same block with or without cache_control is the same prefix)."""
+    content = {k: v for k, v in block.items() if k != "cache_control"}
+    return json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def prefix_blocks(request: Mapping[str, Any]) -> list[PrefixBlock]:
+    """The request's cacheable sequence with each prefix's key, size and TTL."""
+    found = _cacheable_blocks(request)
+    automatic = cache_ttl(request.get("cache_control"))
+    chain = hashlib.sha256(str(request.get("model", "")).encode())
+    out: list[PrefixBlock] = []
+    end = 0
+    for n, (place, block) in enumerate(found):
+        raw = _compact(block)
+        chain.update(place.encode() + b"\0" + raw + b"\0")
+        end += len(raw)
+        ttl = cache_ttl(block.get("cache_control"))
+        if ttl is None and automatic is not None and n == len(found) - 1:
+            ttl = automatic
+        out.append(PrefixBlock(chain.hexdigest()[:32], end, ttl))
+    return out
+
+
+def plan_cache(blocks: Sequence[PrefixBlock], readable: Callable[[str], bool], min_tokens: int = 0) -> CachePlan:
+    """What a request with these blocks reads and writes, given what the cache holds."""
+    points = [i for i, b in enumerate(blocks) if b.ttl is not None]
+    if len(points) > MAX_BREAKPOINTS:
+        raise ScriptError(f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(points)}.")
+    hit = -1
+    for point in points:
+        for i in range(point, max(-1, point - LOOKBACK_BLOCKS - 1), -1):
+            if i <= hit:
+                break
+            if readable(blocks[i].key):
+                hit = i
+                break
+    read = blocks[hit].end if hit >= 0 else 0
+    written: dict[str, int] = {}
+    writes: list[tuple[str, float]] = []
+    start = read
+    for point in points:
+        block = blocks[point]
+        if point <= hit or block.end // BYTES_PER_TOKEN < min_tokens:
+            continue
+        ttl = block.ttl or CACHE_TTL_S["5m"]
+        name = next(k for k, v in CACHE_TTL_S.items() if v == ttl)
+        written[name] = written.get(name, 0) + block.end - start
+        writes.append((block.key, ttl))
+        start = block.end
+    return CachePlan(read, written, tuple(writes), start, blocks[hit].key if hit >= 0 else None, blocks[-1].end if blocks else 0)
+
+
+def cache_usage(request_bytes: int, plan: CachePlan) -> dict[str, Any]:
+    """The input half of ``usage``: plain, written and read tokens (bytes / 4 each)."""
+    written = {k: v // BYTES_PER_TOKEN for k, v in plan.written.items()}
+    return {
+        "input_tokens": estimate_tokens(max(0, (plan.prompt or request_bytes) - plan.cached_end)),
+        "cache_creation_input_tokens": sum(written.values()),
+        "cache_read_input_tokens": plan.read // BYTES_PER_TOKEN,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": written.get("5m", 0),
+            "ephemeral_1h_input_tokens": written.get("1h", 0),
+        },
+    }
+
+
+class PromptCache:
+    """Stored prefixes per model (the key holds the model), on a clock tests can move."""
+
+    def __init__(self, min_tokens: int = 0) -> None:
+        self.min_tokens = min_tokens
+        self.lock = threading.Lock()
+        self.entries: dict[str, tuple[float, float]] = {}
+        """key -> (expiry on this clock, TTL seconds)."""
+        self.offset = 0.0
+
+    def now(self) -> float:
+        return time.monotonic() + self.offset
+
+    def advance(self, seconds: float) -> float:
+        with self.lock:
+            self.offset += seconds
+            return self.offset
+
+    def plan(self, request: Mapping[str, Any]) -> CachePlan:
+        """Look the request up; a hit refreshes the prefix it read."""
+        blocks = prefix_blocks(request)
+        with self.lock:
+            now = self.now()
+            plan = plan_cache(blocks, lambda key: self.entries.get(key, (0.0, 0.0))[0] > now, self.min_tokens)
+            if plan.read_key is not None:
+                ttl = self.entries[plan.read_key][1]
+                self.entries[plan.read_key] = (now + ttl, ttl)
+            return plan
+
+    def store(self, writes: Sequence[tuple[str, float]]) -> None:
+        """Make the writes readable: called when their request starts answering."""
+        with self.lock:
+            now = self.now()
+            for key, ttl in writes:
+                self.entries[key] = (now + ttl, ttl)
+
+
+def build_message(
+    step: Step, model: str, message_id: str, tool_id: str, request_bytes: int, *, cache: CachePlan | None = None
+) -> dict[str, Any]:
     """The non-streaming Messages API response for a (non-error) step."""
     content: list[dict[str, Any]] = []
     text = step.text
@@ -404,13 +652,14 @@ def build_message(step: Step, model: str, message_id: str, tool_id: str, request
             }
         )
     output_chars = len(text or "") + (len(json.dumps(step.tool_input)) if step.tool is not None else 0)
-    usage: dict[str, int] = {
-        "input_tokens": estimate_tokens(request_bytes),
-        "output_tokens": estimate_tokens(output_chars),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
-    }
-    usage.update(step.usage or {})
+    scripted = step.usage or {}
+    usage: dict[str, Any] = cache_usage(request_bytes, cache or NO_CACHE)
+    if set(scripted) & INPUT_USAGE_KEYS:
+        # A step that scripts any input count scripts the whole input side:
+        # {"input_tokens": N} costs N input tokens, whatever the cache did.
+        usage = cache_usage(0, NO_CACHE) | {"input_tokens": 0}
+    usage["output_tokens"] = estimate_tokens(output_chars)
+    usage.update(scripted)
     return {
         "id": message_id,
         "type": "message",
@@ -421,6 +670,9 @@ def build_message(step: Step, model: str, message_id: str, tool_id: str, request
         "stop_sequence": None,
         "usage": usage,
     }
+
+
+DELTA_USAGE_KEYS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens", "output_tokens")
 
 
 def sse_frame(event: str, data: dict[str, Any]) -> bytes:
@@ -465,7 +717,8 @@ def sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                "usage": {"output_tokens": usage["output_tokens"]},
+                # Cumulative counts, as the API sends them (the input side is known at the start).
+                "usage": {k: usage[k] for k in DELTA_USAGE_KEYS if k in usage},
             },
         )
     )
@@ -490,6 +743,8 @@ def log_record(
     reply: str,
     user_agent: str | None = None,
     headers: Mapping[str, str] | None = None,
+    usage: Mapping[str, Any] | None = None,
+    body: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     tools = request.get("tools")
     headers = headers or {}  # names in lower case
@@ -522,7 +777,19 @@ def log_record(
         "retry": int(retry) if retry is not None and retry.isdigit() else None,
         # What reached the model after the task: a message sent mid-run shows here.
         "later_texts": later_texts(messages if isinstance(messages, list) else []),
-    }
+        # Whether two requests share their cacheable head, without logging it whole.
+        "tools_digest": _digest(tools),
+        "system_digest": _digest(system),
+        # Tokens of tools and system (the head siblings can share), as the cache counts them.
+        "head_tokens": sum(len(_compact(b)) for place, b in _cacheable_blocks(request) if place in ("tool", "system")) // BYTES_PER_TOKEN,
+        "usage": dict(usage) if usage is not None else None,
+    } | ({"body": dict(body)} if body is not None else {})
+
+
+def _digest(value: object) -> str | None:
+    if value is None:
+        return None
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 LATER_TEXT_CHARS = 300  # of each text block after the first message, in the log
@@ -548,8 +815,11 @@ def later_texts(messages: Sequence[Any]) -> list[str]:
 class MockState:
     """Everything the handlers share; counters are per server process."""
 
-    def __init__(self, scenario: Scenario, log_path: Path | None) -> None:
+    def __init__(self, scenario: Scenario, log_path: Path | None, *, cache: PromptCache | None = None, log_bodies: bool = False) -> None:
         self.scenario = scenario
+        self.cache = cache
+        """None: caching off, every usage reports no cache reads or writes."""
+        self.log_bodies = log_bodies
         self.lock = threading.Lock()
         self.attempts: dict[tuple[str, int], int] = {}
         self.ids = itertools.count(1)
@@ -565,10 +835,18 @@ class MockState:
             return next(self.ids)
 
     def attempt(self, key: tuple[str, int]) -> int:
-        """1-based attempt number for this (task, step)."""
+        """1-based attempt number for this (script key, step)."""
         with self.lock:
             self.attempts[key] = self.attempts.get(key, 0) + 1
             return self.attempts[key]
+
+    def cache_plan(self, request: Mapping[str, Any]) -> CachePlan:
+        return NO_CACHE if self.cache is None else self.cache.plan(request)
+
+    def answering(self, reply: Reply) -> None:
+        """The reply starts: what it wrote to the prompt cache becomes readable."""
+        if self.cache is not None and reply.cache_writes:
+            self.cache.store(reply.cache_writes)
 
     def log(self, record: dict[str, Any]) -> None:
         if self.log_fd is not None:
@@ -590,8 +868,12 @@ class MockState:
         message_id, tool_id = f"msg_mock{n:08d}", f"toolu_mock{n:08d}"
         if not is_main_request(request):
             step = Step(text=side_text(request))
-            message = build_message(step, model, message_id, tool_id, body_bytes)
-            return Reply(200, message, "side"), "side", digest, None, 0.0
+            try:
+                plan = self.cache_plan(request)
+            except ScriptError as exc:
+                return Reply(400, error_body(400, f"mock_model: {exc}"), "cache_error"), "side", digest, None, 0.0
+            message = build_message(step, model, message_id, tool_id, body_bytes, cache=plan)
+            return Reply(200, message, "side", cache_writes=plan.writes), "side", digest, None, 0.0
         index = step_index(messages)
         try:
             steps = select_script(text, self.scenario)
@@ -609,7 +891,7 @@ class MockState:
                 0.0,
             )
         if step.error is not None:
-            attempt = self.attempt((digest, index))
+            attempt = self.attempt((script_key(text), index))
             if step.times is None or attempt <= step.times:
                 headers: tuple[tuple[str, str], ...] = ()
                 if step.retry_after is not None:
@@ -622,10 +904,14 @@ class MockState:
                     index,
                     step.sleep,
                 )
-        message = build_message(step, model, message_id, tool_id, body_bytes)
+        try:
+            plan = self.cache_plan(request)
+        except ScriptError as exc:
+            return Reply(400, error_body(400, f"mock_model: {exc}"), "cache_error"), "main", digest, index, 0.0
+        message = build_message(step, model, message_id, tool_id, body_bytes, cache=plan)
         if not summary:
             summary = f"tool:{step.tool}" if step.tool is not None else "text"
-        return Reply(200, message, summary), "main", digest, index, step.sleep
+        return Reply(200, message, summary, cache_writes=plan.writes), "main", digest, index, step.sleep
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -710,9 +996,25 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._other(0)
 
+    def _clock(self, raw: bytes) -> None:
+        """Moves the prompt cache's clock, so tests see TTLs expire without waiting."""
+        try:
+            advance = json.loads(raw or b"{}").get("advance", 0)
+        except (json.JSONDecodeError, AttributeError):
+            advance = None
+        if isinstance(advance, bool) or not isinstance(advance, (int, float)) or advance < 0:
+            self._send_json(400, error_body(400, 'mock_model: POST {"advance": SECONDS} (>= 0)'))
+        elif self.state.cache is None:
+            self._send_json(409, error_body(409, "mock_model: caching is off (--no-cache)"))
+        else:
+            self._send_json(200, {"offset": self.state.cache.advance(float(advance))})
+
     def do_POST(self) -> None:
         raw = self._read_body()
         route = self.path.split("?", 1)[0].rstrip("/")
+        if route == CLOCK_ROUTE:
+            self._clock(raw)
+            return
         if route not in ("/v1/messages", "/v1/messages/count_tokens"):
             self._other(len(raw))
             return
@@ -750,6 +1052,8 @@ class Handler(BaseHTTPRequestHandler):
                 kind=kind, digest=digest, index=index, status=status, reply=summary,
                 user_agent=self.headers.get("User-Agent"),
                 headers=self._lower_headers(),
+                usage=reply.body.get("usage") if status == 200 else None,
+                body=request if self.state.log_bodies else None,
             )  # fmt: skip
             self.state.log(record)
 
@@ -759,6 +1063,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         # Logged before it is sent: whoever has read the answer finds it in the log.
         log(reply.status, reply.summary)
+        self.state.answering(reply)
         if reply.status == 200 and request.get("stream"):
             self._send(200, sse_body(reply.body), "text/event-stream", reply.headers)
         else:
@@ -864,6 +1169,12 @@ class Served:
         end = data.rfind(b"\n") + 1  # only whole lines: the server may be mid-write
         return [json.loads(line) for line in data[:end].decode().splitlines() if line.strip()], offset + end
 
+    def advance_clock(self, seconds: float) -> float:
+        """Moves the prompt cache's clock forward; returns the total offset."""
+        request = urllib.request.Request(self.url + CLOCK_ROUTE, data=json.dumps({"advance": seconds}).encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return float(json.load(answer)["offset"])
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it lingers; safe to call twice."""
         if self.process.poll() is None:
@@ -876,7 +1187,7 @@ class Served:
 
 
 @contextlib.contextmanager
-def serve(workdir: Path, scenario: Mapping[str, Any] | None = None) -> Iterator[Served]:
+def serve(workdir: Path, scenario: Mapping[str, Any] | None = None, *, flags: Sequence[str] = ()) -> Iterator[Served]:
     """Run the scripted model on a free loopback port until the block ends.
 
     It runs as its own process, as the CLI's real API would: a test that
@@ -885,7 +1196,7 @@ def serve(workdir: Path, scenario: Mapping[str, Any] | None = None) -> Iterator[
     """
     home = Path(tempfile.mkdtemp(prefix="mock-model-", dir=workdir))
     port_file, log, stderr_log = home / "port", home / "requests.jsonl", home / "stderr.log"
-    argv = [sys.executable, str(Path(__file__).resolve()), "--port", "0", "--port-file", str(port_file), "--log", str(log)]
+    argv = [sys.executable, str(Path(__file__).resolve()), "--port", "0", "--port-file", str(port_file), "--log", str(log), *flags]
     if scenario is not None:
         (home / "scenario.json").write_text(json.dumps(scenario, indent=2))
         argv += ["--scenario", str(home / "scenario.json")]
@@ -922,6 +1233,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--port-file", type=Path, help="write the bound port here")
     parser.add_argument("--scenario", type=Path, help="JSON scenario file")
     parser.add_argument("--log", type=Path, help="append one JSON line per request")
+    parser.add_argument("--log-bodies", action="store_true", help="log each request's whole body too (large)")
+    parser.add_argument("--no-cache", action="store_true", help="model no prompt caching: usage reports no cache reads or writes")
+    parser.add_argument(
+        "--cache-min-tokens", type=int, default=0, metavar="N", help="shortest prefix the cache stores, in tokens (default 0: any)"
+    )
     return parser.parse_args(argv)
 
 
@@ -941,7 +1257,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             return fail(f"cannot load scenario {args.scenario}: {exc}")
     try:
-        state = MockState(scenario, args.log)
+        cache = None if args.no_cache else PromptCache(args.cache_min_tokens)
+        state = MockState(scenario, args.log, cache=cache, log_bodies=args.log_bodies)
         server = make_server(args.host, args.port, state)
     except OSError as exc:
         return fail(str(exc))

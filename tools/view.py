@@ -19,7 +19,10 @@ font is fetched. The page shows
 - messages sent to an agent (``spawn.py send``: circles, with who sent them)
   and its pauses at the budget (squares), from its UserSent, SendRefused,
   BudgetPaused and BudgetResumed lines;
-- each agent's cost and tokens, and its subtree's totals;
+- each agent's cost and tokens, and its subtree's totals; the detail panel
+  splits tokens into input, output, cache reads and cache writes (reads cost
+  a tenth of input, writes a quarter more: a tree whose agents share their
+  prompt's head reads it);
 - on a click (or ``timeline.html#AGENT_ID``), the agent's meta, outcome and
   last transcript lines.
 
@@ -130,12 +133,15 @@ class Agent:
     outcome: dict[str, Any] | None
     cost_usd: float | None
     tokens: int
+    usage: dict[str, int] = field(default_factory=dict)
+    """Own tokens by kind (USAGE_KINDS), from the outcome's usage."""
     tail: list[str] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     level: int = 0
     subtree_cost_usd: float = 0.0
     subtree_cost_known: bool = True
     subtree_tokens: int = 0
+    subtree_usage: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -202,11 +208,31 @@ def describe_line(record: Mapping[str, Any]) -> str:
     return clip(f"{when} {kind}: {' | '.join(parts)}", LINE_CHARS)
 
 
+# The kinds of tokens a turn's usage counts, each priced differently, by the name the panel shows.
+USAGE_KINDS = {
+    "input": "input_tokens",
+    "output": "output_tokens",
+    "cache read": "cache_read_input_tokens",
+    "cache write": "cache_creation_input_tokens",
+}
+
+
 def token_count(usage: Any) -> int:
-    if not isinstance(usage, dict):
-        return 0
-    keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-    return sum(int(usage[k]) for k in keys if isinstance(usage.get(k), int | float))
+    return sum(usage_by_kind(usage).values())
+
+
+def usage_by_kind(usage: Any) -> dict[str, int]:
+    """A usage record's tokens by kind (USAGE_KINDS); what isn't a count is 0."""
+    found = usage if isinstance(usage, dict) else {}
+
+    def count(value: Any) -> int:
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+    return {kind: count(found.get(key)) for kind, key in USAGE_KINDS.items()}
+
+
+def add_usage(*parts: Mapping[str, int]) -> dict[str, int]:
+    return {kind: sum(p.get(kind, 0) for p in parts) for kind in USAGE_KINDS}
 
 
 def read_asks(session: Path) -> dict[str, list[Mark]]:
@@ -265,6 +291,7 @@ def read_agent(agent_dir: Path, now: float, asks: Mapping[str, list[Mark]]) -> A
         outcome=outcome,
         cost_usd=float(cost) if isinstance(cost, int | float) else None,
         tokens=token_count(outcome.get("usage") if outcome else None),
+        usage=usage_by_kind(outcome.get("usage") if outcome else None),
         tail=[describe_line(r) for r in tail_lines(transcript)[-TRANSCRIPT_TAIL_LINES:]],
         marks=sorted(marks, key=lambda m: m.at),
     )
@@ -310,6 +337,7 @@ def read_natives(agent_dir: Path, parent: Agent, now: float) -> list[Agent]:
                 outcome={"reason": "SubagentStop", "output": stop.get("last_message")} if stop else None,
                 cost_usd=0.0,
                 tokens=sum(token_count(u) for u in usage),
+                usage=add_usage(*(usage_by_kind(u) for u in usage)),
                 tail=[clip(str(stop.get("last_message", "")), LINE_CHARS)] if stop else [],
             )
         )
@@ -349,10 +377,13 @@ def order_tree(agents: Mapping[str, Agent]) -> list[Agent]:
         agent.level = level
         ordered.append(agent)
         cost, known, tokens = agent.cost_usd or 0.0, agent.cost_usd is not None or agent.status == "refused", agent.tokens
+        usage = add_usage(agent.usage)
         for child in children.get(agent.id, []):
             walk(child, level + 1)
             cost, known, tokens = cost + child.subtree_cost_usd, known and child.subtree_cost_known, tokens + child.subtree_tokens
+            usage = add_usage(usage, child.subtree_usage)
         agent.subtree_cost_usd, agent.subtree_cost_known, agent.subtree_tokens = round(cost, 6), known, tokens
+        agent.subtree_usage = usage
 
     for root in children.get(None, []):
         walk(root, 0)
@@ -370,6 +401,11 @@ def format_cost(value: float | None, known: bool = True) -> str:
 
 def format_tokens(n: int) -> str:
     return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
+
+
+def format_usage(usage: Mapping[str, int]) -> str:
+    """Tokens by kind, as the detail panel shows them: "input 1.2k, output 80, cache read 2.6k, cache write 0"."""
+    return ", ".join(f"{kind} {format_tokens(usage.get(kind, 0))}" for kind in USAGE_KINDS)
 
 
 def tick_step(span: float, width: float) -> float:
@@ -534,6 +570,8 @@ def agent_detail(a: Agent) -> dict[str, Any]:
         "tree_cost": format_cost(a.subtree_cost_usd, a.subtree_cost_known),
         "tokens": a.tokens,
         "tree_tokens": a.subtree_tokens,
+        "usage": format_usage(a.usage),
+        "tree_usage": format_usage(a.subtree_usage),
         "marks": [m.label for m in a.marks],
         "tail": a.tail,
     }
@@ -672,7 +710,7 @@ function select(i) {
   s.style.background = colours[a.status] || '#444'; h.appendChild(s); detail.appendChild(h);
   detail.appendChild(el('p', a.task));
   detail.appendChild(rows(a.times));
-  detail.appendChild(rows({cost: a.cost, 'subtree cost': a.tree_cost, tokens: a.tokens, 'subtree tokens': a.tree_tokens}));
+  detail.appendChild(rows({cost: a.cost, 'subtree cost': a.tree_cost, tokens: a.usage, 'subtree tokens': a.tree_usage}));
   detail.appendChild(el('h3', 'outcome')); detail.appendChild(rows(a.outcome));
   if (a.output !== null) detail.appendChild(el('pre', a.output));
   if (a.marks.length) { detail.appendChild(el('h3', 'asks, refusals, messages')); detail.appendChild(el('pre', a.marks.join('\\n'))); }

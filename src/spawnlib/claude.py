@@ -51,6 +51,7 @@ from .core import (
     claude_config_dir,
     cli_settings,
     estimate_cost,
+    first_message,
     redact,
     round_usd,
     sandbox_settings,
@@ -641,8 +642,9 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         client_app=None if os.environ.get(SDK_CLIENT_APP_ENV) else f"spawn.py/{__version__}",
     )
     # initialPrompt comes first, in the same user turn, so the task's own text
-    # (and any scripted MOCK[...]) stays part of the first message.
-    prompt = f"{meta.initial_prompt}\n\n{meta.task}" if meta.initial_prompt else meta.task
+    # (and any scripted MOCK[...]) stays part of the first message; the agent's
+    # own facts follow it, after the head siblings share in the prompt cache.
+    prompt = first_message(meta)
     argv = cli_argv(str(cli), options)
     env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
     return CliStart(options, gate, prompt, argv, env)

@@ -31,7 +31,7 @@ from .constants import (
     META,
     REGISTER_WAIT_S,
 )
-from .core import briefing, secret_values
+from .core import agent_facts, briefing, prompt_layout, secret_values
 from .dag import DEFAULT_ROTATE_MB, DEFAULT_STATE_FILE, ON_FAIL
 from .errors import ExitCode, RefusedError, StateError, UsageError
 from .executors import names_another_kind
@@ -78,6 +78,7 @@ from .verbs import (
     session_summary,
     slot_lent_by_caller,
     tree_rows,
+    tree_tokens,
     wait_for_outcomes,
     watch_status,
 )
@@ -265,6 +266,8 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
         resolved.update(refusal=plan.refusal, cli=str(plan.cli), session_root=str(plan.session_root))
         resolved["rules"] = describe_rules(plan.rules, plan.meta.tools, plan.meta.disallowed_tools)
         resolved["briefing"] = briefing(plan.meta, spawn_command(), delegates_for(plan.meta, environ))
+        resolved["agent_facts"] = agent_facts(plan.meta)
+        resolved["prompt_layout"] = prompt_layout(plan.meta)
         emit_result(args, resolved)
         if plan.refusal is not None:
             raise RefusedError(f"refused: {plan.refusal} (dry run; nothing recorded)")
@@ -407,7 +410,7 @@ def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     rows = tree_rows(session)
     asks = pending_asks(session)
     if args.json:
-        emit({"session": str(session), **session_summary(session), "agents": rows, "pending_asks": asks})
+        emit({"session": str(session), **session_summary(session), "tokens": tree_tokens(rows), "agents": rows, "pending_asks": asks})
     else:
         print(format_tree(session, rows, session_summary(session)))
         for ask in asks:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .constants import HEARTBEAT, HEARTBEAT_S, HEARTBEAT_STALE_BEATS, NATIVE_LOG, OUTCOME, PAUSED, SLOT_LENT, SLOT_MARKER
-from .core import native_usage, outcome_problem, parse_json, redacted_json, started_timestamp
+from .core import native_usage, outcome_problem, parse_json, redacted_json, started_timestamp, token_counts
 from .errors import CorruptRecordError, SpawnError
 from .processes import Supervised
 from .protocol import (
@@ -115,6 +115,7 @@ def read_agent_rows(
             "duration_s": outcome.get("duration_s") if outcome else round(time.time() - started, 1),
             "cost_usd": outcome.get("cost_usd") if outcome else None,
             "cost_known": bool(outcome and "cost_usd" in outcome),
+            "usage": token_counts(outcome["usage"]) if outcome and isinstance(outcome.get("usage"), dict) else None,
             "pid": meta.pid,
             "agent_dir": path,
             "containment": meta.containment,

@@ -288,6 +288,25 @@ MODEL_PRICES_USD_PER_MTOK: dict[str, tuple[float, float]] = {
 FALLBACK_PRICE_FAMILY = "sonnet"
 CACHE_READ_FACTOR = 0.1
 CACHE_WRITE_FACTOR = 1.25
+CACHE_WRITE_1H_FACTOR = 2.0  # a write kept for an hour (cache_control ttl "1h")
+# The token counts usage records carry (outcome, ledger, status), each priced differently.
+USAGE_COUNTS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+
+# The header above an agent's own facts (id, deadline, time left, budget) in its
+# first message, after its task. They differ from sibling to sibling, so they stay
+# out of the system prompt: tools and system prompt are the head the CLI marks for
+# the prompt cache, which siblings then share byte for byte. tools/mock_model.py
+# keys its scripted retries on the text before this header.
+AGENT_FACTS_HEADER = "## spawn.py: this agent"
+# `estimate`: tokens of the head (tool definitions, system prompt, briefing) that
+# the tasks of one fan-out share in the prompt cache. Roughly Claude Code's
+# definitions of a few tools plus spawn.py's system prompt; the first task of the
+# level writes it (1.25x), the others read it (0.1x). Applied to default
+# estimates only: a median of ended agents already holds what their reads saved.
+FANOUT_HEAD_TOKENS = 3_000
+# Task options that change neither tools nor system prompt: tasks of a level
+# that differ only in these send the same head.
+HEAD_NEUTRAL_OPTIONS = frozenset({"timeout", "max_budget_usd", "topic", "output", "idle_timeout"})
 
 # What one agent is expected to cost, by price family, when the session has no
 # ended agent of that family to take a median from (--confirm-over, `estimate`).

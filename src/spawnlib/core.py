@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from .constants import (
+    AGENT_FACTS_HEADER,
     CACHE_READ_FACTOR,
+    CACHE_WRITE_1H_FACTOR,
     CACHE_WRITE_FACTOR,
     CLI_MODEL_ALIASES,
     DEFAULT_AGENT_COST_USD,
@@ -43,6 +45,7 @@ from .constants import (
     SESSION_LOCK,
     STDOUT_OUTPUT_LIMIT,
     TOOL_ALIASES,
+    USAGE_COUNTS,
 )
 from .errors import UnknownToolError, UsageError, did_you_mean
 from .records import EXIT_FOR_STATUS, AgentMeta, Trace
@@ -288,7 +291,10 @@ def estimate_cost(turns: Iterable[tuple[str, Mapping[str, Any]]]) -> float:
     for model, usage in turns:
         price_in, price_out = price_per_mtok(model)
         read_in = tokens(usage, "input_tokens") + CACHE_READ_FACTOR * tokens(usage, "cache_read_input_tokens")
-        read_in += CACHE_WRITE_FACTOR * tokens(usage, "cache_creation_input_tokens")
+        written, split = tokens(usage, "cache_creation_input_tokens"), usage.get("cache_creation")
+        # Of the writes, those kept for an hour cost more (the CLI says which in cache_creation).
+        one_hour = min(tokens(split, "ephemeral_1h_input_tokens"), written) if isinstance(split, Mapping) else 0.0
+        read_in += CACHE_WRITE_FACTOR * (written - one_hour) + CACHE_WRITE_1H_FACTOR * one_hour
         total += (read_in * price_in + tokens(usage, "output_tokens") * price_out) / 1e6
     return round(total, 6)
 
@@ -456,19 +462,15 @@ def redacted_json(value: Any, secrets_: Sequence[str], **dumps: Any) -> str:
 
 
 def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str]] = ()) -> str:
-    """What every agent is told at start, whatever its system prompt."""
+    """What every agent is told at start, whatever its system prompt: the part of it
+    (after that prompt) that is the same for agents of the same tools, definition and
+    depth, so siblings share it in the prompt cache. Its own facts are agent_facts."""
     remaining = meta.max_depth - meta.depth
     lines = [
         "## spawn.py briefing",
-        f"You are agent {meta.id} at depth {meta.depth} (max depth {meta.max_depth}).",
+        f"You are an agent at depth {meta.depth} (max depth {meta.max_depth}); your id and limits follow your task.",
         f"Your tools: {', '.join(meta.tools) or 'none'}.",
     ]
-    if meta.deadline is not None:
-        left = max(0, int(meta.deadline - time.time()))
-        deadline_iso = dt.datetime.fromtimestamp(meta.deadline, dt.UTC).isoformat(timespec="seconds")
-        lines.append(f"Deadline: {deadline_iso} ({left} s from now); finish before it.")
-    if meta.max_budget_usd is not None:
-        lines.append(f"Budget: ${meta.max_budget_usd:.4f} for you and any children.")
     policy = (meta.placement or {}).get("policy")
     if remaining <= 0:
         lines.append("You cannot start child agents: the depth limit is reached.")
@@ -501,6 +503,44 @@ def briefing(meta: AgentMeta, spawn_cmd: str, delegates: Sequence[tuple[str, str
     lines.append(f"Your rights: permission mode {meta.permission_mode}" + (f"; rules: {'; '.join(rules)}" if rules else "") + ".")
     lines.append("A denied tool call is final: do not retry it another way.")
     return "\n".join(lines)
+
+
+def agent_facts(meta: AgentMeta, now: float | None = None) -> str:
+    """What differs between an agent and its siblings: it follows the task in its first
+    message (a resumed agent's, in its new one), outside the cached head (pure but for the clock)."""
+    lines = [AGENT_FACTS_HEADER, f"You are agent {meta.id}."]
+    if meta.deadline is not None:
+        left = max(0, int(meta.deadline - (time.time() if now is None else now)))
+        deadline_iso = dt.datetime.fromtimestamp(meta.deadline, dt.UTC).isoformat(timespec="seconds")
+        lines.append(f"Deadline: {deadline_iso} ({left} s from now); finish before it.")
+    if meta.max_budget_usd is not None:
+        lines.append(f"Budget: ${meta.max_budget_usd:.4f} for you and any children.")
+    return "\n".join(lines)
+
+
+def first_message(meta: AgentMeta, now: float | None = None) -> str:
+    """The agent's first user message: its definition's initialPrompt, its task, then its facts."""
+    parts = [meta.initial_prompt, meta.task, agent_facts(meta, now)]
+    return "\n\n".join(p for p in parts if p)
+
+
+def prompt_layout(meta: AgentMeta) -> dict[str, list[str]]:
+    """Where each part of what the agent is told goes (cli_start), as --dry-run shows it (pure)."""
+    system = ["claude_code preset"] if meta.preset == "claude_code" else []
+    system += ["system_prompt", "briefing"]
+    system += ["memory"] if meta.agent_source and meta.memory else []
+    system += ["skills"] if meta.skills else []
+    first = ["initial_prompt"] if meta.initial_prompt else []
+    return {"system": system, "first_message": [*first, "task", "agent_facts"]}
+
+
+def token_counts(usage: Any) -> dict[str, int]:
+    """The four token counts of a usage record (USAGE_COUNTS), 0 for what is missing (pure)."""
+    found = usage if isinstance(usage, Mapping) else {}
+    return {
+        key: int(value) if isinstance(value := found.get(key), int | float) and not isinstance(value, bool) and value > 0 else 0
+        for key in USAGE_COUNTS
+    }
 
 
 def round_usd(value: float | None) -> float | None:

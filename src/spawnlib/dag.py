@@ -23,12 +23,16 @@ from .cli_start import drop_refusal, record_refusal
 from .commit import commit_outcome
 from .constants import (
     ASK_POLL_S,
+    CACHE_READ_FACTOR,
+    CACHE_WRITE_FACTOR,
     DEFAULT_MODEL,
     DEFAULT_TOOLS,
     EDIT_TOOLS,
     ENV_AGENT_ID,
     ENV_DEPTH,
     ENV_SESSION,
+    FANOUT_HEAD_TOKENS,
+    HEAD_NEUTRAL_OPTIONS,
     KNOWN_TOOLS,
     OUTCOME,
     PERMISSION_KINDS,
@@ -36,7 +40,7 @@ from .constants import (
     RECORD_MAX_BYTES,
     TRANSCRIPT,
 )
-from .core import estimate_agent, parse_json, secret_values, truncate_for_stdout, utc_now_iso
+from .core import estimate_agent, parse_json, price_per_mtok, secret_values, truncate_for_stdout, utc_now_iso
 from .embedded import builtin_files, builtin_label
 from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError, close_match
 from .fast_start import compiled_script
@@ -352,6 +356,7 @@ def dag_estimate(tasks: Sequence[DagTask], history: Mapping[str, Sequence[tuple[
             per_task[tid] = {"model": model, "cost_usd": round(cost, 6), "seconds": round(seconds, 3), "basis": basis}
             prior = via[tid] = max(t.blocked_by, key=lambda b: finish[b], default=None)
             finish[tid] = seconds + (finish[prior] if prior is not None else 0.0)
+    cache = fanout_cache(tasks, per_task)
     last: str | None = max(finish, key=lambda k: finish[k])
     path: list[str] = []
     while last is not None:
@@ -363,7 +368,32 @@ def dag_estimate(tasks: Sequence[DagTask], history: Mapping[str, Sequence[tuple[
         "critical_path_s": round(max(finish.values()), 3),
         "critical_path": path[::-1],
         "per_task": per_task,
+        "cache": cache,
     }
+
+
+def fanout_cache(tasks: Sequence[DagTask], per_task: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Price each level's fan-outs with the prompt cache: tasks with the same model and
+    head-shaping options send the same tools and system prompt, so the first writes that
+    head and the others read it. Lowers the readers' default estimates in per_task."""
+    by_id = {t.id: t for t in tasks}
+    groups: dict[tuple[int, str], list[str]] = {}
+    for n, level in enumerate(dag_levels(tasks)):
+        for tid in level:
+            shaping = {k: v for k, v in by_id[tid].options.items() if k not in HEAD_NEUTRAL_OPTIONS}
+            groups.setdefault((n, json.dumps({**shaping, "model": per_task[tid]["model"]}, sort_keys=True)), []).append(tid)
+    saved, shared = 0.0, 0
+    for writer, *readers in groups.values():
+        if not readers or not str(per_task[writer]["basis"]).startswith("default"):
+            continue
+        shared += 1
+        each = FANOUT_HEAD_TOKENS * (CACHE_WRITE_FACTOR - CACHE_READ_FACTOR) * price_per_mtok(per_task[writer]["model"])[0] / 1e6
+        per_task[writer]["cache"] = "writes the head its siblings read"
+        for reader in readers:
+            per_task[reader]["cost_usd"] = round(max(0.0, per_task[reader]["cost_usd"] - each), 6)
+            per_task[reader]["cache"] = f"reads the head {writer} writes"
+            saved += each
+    return {"shared_heads": shared, "head_tokens": FANOUT_HEAD_TOKENS, "saved_usd": round(saved, 6)}
 
 
 def dag_argv(t: DagTask, prompt: str) -> list[str]:
@@ -702,8 +732,11 @@ def cmd_estimate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if not args.text:
         emit(report)
         return ExitCode.OK
+    saved = report["cache"]["saved_usd"]
     print(
-        f"{report['tasks']} tasks, about ${report['cost_usd']:.4f}; critical path {report['critical_path_s']:.0f} s: "
+        f"{report['tasks']} tasks, about ${report['cost_usd']:.4f}"
+        + (f" (fan-outs reading their shared head from the cache: -${saved:.4f})" if saved else "")
+        + f"; critical path {report['critical_path_s']:.0f} s: "
         + " -> ".join(report["critical_path"])
     )
     return ExitCode.OK

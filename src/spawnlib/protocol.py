@@ -42,6 +42,7 @@ from .core import (
     redacted_json,
     slugify,
     started_timestamp,
+    token_counts,
     token_hex,
     utc_now_iso,
 )
@@ -353,8 +354,9 @@ def charge(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> None:
     if outcome.status == Status.REFUSED and outcome.transcript is None:
         return  # refused before it ran: it held and spent nothing
     entry = LedgerEntry(
-        id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated
-    )
+        id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated,
+        usage=token_counts(outcome.usage) if outcome.usage else None,
+    )  # fmt: skip
     try:
         with session_lock(agent_dir.parent.parent):
             append_jsonl(agent_dir.parent.parent / LEDGER, record_to_json(entry), secrets_)

@@ -247,6 +247,8 @@ class LedgerEntry:
     """reserve: the agent's cap, held until its charge."""
     drawn_from: str | None = None
     """reserve: id of the ancestor whose hold pays for it; absent: the tree's remainder."""
+    usage: dict[str, int] | None = None
+    """charge: its token counts (USAGE_COUNTS), cache reads and writes beside input and output."""
 
 
 @dataclass

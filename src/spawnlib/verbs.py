@@ -41,7 +41,7 @@ from .constants import (
     WAIT_RESCAN_S,
     WATCH_REFRESH_S,
 )
-from .core import parse_json, token_hex
+from .core import parse_json, token_counts, token_hex
 from .errors import ExitCode, SpawnError
 from .output import note
 from .processes import (
@@ -419,6 +419,7 @@ ROW_TYPES: dict[str, tuple[type, ...]] = {
     "pid": (int,),
     "agent_dir": (str,),
     "containment": (str, type(None)),
+    "usage": (dict, type(None)),
 }
 
 
@@ -703,6 +704,24 @@ def session_summary(session: Path) -> dict[str, Any]:
     return data
 
 
+def tree_tokens(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """The tree's token counts by kind, summed over its agents' own usage (a native
+    subagent's row repeats what its parent's CLI counted)."""
+    totals = token_counts(None)
+    for row in rows:
+        if row.get("kind") != "native":
+            for key, count in token_counts(row.get("usage")).items():
+                totals[key] += count
+    return totals
+
+
+def format_tokens(tokens: Mapping[str, int]) -> str:
+    """'tokens: input 1,200, output 80, cache read 26,000, cache write 3,100' (reads cost 0.1x input, writes 1.25x)."""
+    names = {"input_tokens": "input", "output_tokens": "output", "cache_read_input_tokens": "cache read"}
+    names["cache_creation_input_tokens"] = "cache write"
+    return "tokens: " + ", ".join(f"{name} {tokens.get(key, 0):,}" for key, name in names.items())
+
+
 def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mapping[str, Any]) -> str:
     spent = f"${totals['spent_usd']:.4f}" + (
         f" + {totals['agents_with_unknown_cost']} unknown" if totals["agents_with_unknown_cost"] else ""
@@ -714,6 +733,8 @@ def format_tree(session: Path, rows: Sequence[Mapping[str, Any]], totals: Mappin
     caps = [f"budget ${totals['max_budget_usd']:.4f}"] if "max_budget_usd" in totals else []
     caps += [f"{k.removeprefix('max_').replace('_', ' ')} <= {totals[k]}" for k in ("max_agents", "max_concurrent") if k in totals]
     lines = [f"session {session}", f"spent {spent}" + (f" ({', '.join(caps)})" if caps else "")]
+    if any((tokens := tree_tokens(rows)).values()):
+        lines.append(format_tokens(tokens))
     for row in rows:
         own = format_cost(row["cost_usd"], row["cost_known"] or row["state"] == Status.REFUSED)
         sub = format_cost(row["subtree_cost_usd"], row["subtree_cost_known"])
