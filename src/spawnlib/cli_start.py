@@ -263,49 +263,9 @@ def run_agent(
             if state.stop_reason is None:
                 state.stop_reason, state.stop_detail = status, detail
                 state.running_below = live_descendants(meta)
-                stopping.append(asyncio.ensure_future(shut_down()))
+                stopping.append(asyncio.ensure_future(shut_down_agent(meta, state, task)))
 
         state.request_stop = stop
-
-        async def shut_down() -> None:
-            """Child agents first, so they can record their own outcome; then our CLI.
-
-            The CLI is frozen meanwhile, so the agent takes no further turn.
-
-            The CLI kills its Bash commands hard when it is ended, and a child
-            agent's spawn.py runs inside one. Cancelled without this, the SDK
-            would also give the CLI 5 s to exit on its own, and a stopped agent
-            must be gone well within its parent's grace.
-            """
-            try:
-                # Freeze the CLI (not its group, where child agents run): it
-                # must not start another model turn while the children end.
-                if state.cli_pid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(state.cli_pid, signal.SIGSTOP)
-                children = []
-                for d in descendants_of(Path(meta.session), meta.id):
-                    with contextlib.suppress(FileNotFoundError, SpawnError):
-                        child_meta = load_meta(d)
-                        child = Supervised.of(child_meta)
-                        if child_meta.id in state.running_below and child.signal(signal.SIGTERM):
-                            children.append(child)
-                # The SIGKILL half of the stop path comes after the CLI's end,
-                # in end_own_subtree; until then the loop keeps serving signals.
-                limit = loop.time() + KILL_GRACE_S
-                while loop.time() < limit and any(c.alive() for c in children):
-                    await asyncio.sleep(0.05)
-                for hook in state.stop_hooks:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(hook(), KILL_GRACE_S)
-                if state.cli_pgid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(state.cli_pgid, signal.SIGTERM)
-            finally:
-                if state.cli_pid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
-                task.cancel()
 
         stopping: list[asyncio.Future[None]] = []
 
@@ -322,15 +282,7 @@ def run_agent(
         idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
         drops = asyncio.create_task(drop_box_loop(meta, state, secrets_)) if has_drop_box(meta) else None
         try:
-            max_concurrent = read_limits(Path(meta.session)).max_concurrent
-            if max_concurrent is not None:
-                # Waits with the deadline and signal handlers armed, so a queued
-                # agent can still be killed or time out with an outcome.
-                limit = time.monotonic() + SLOT_WAIT_S
-                while not try_take_slot(agent_dir, max_concurrent):
-                    if meta.deadline is None and time.monotonic() > limit:
-                        stop(Status.TIMEOUT, f"no --max-concurrent slot within {SLOT_WAIT_S:.0f} s")
-                    await asyncio.sleep(SLOT_POLL_S)
+            await wait_for_slot(meta, agent_dir, stop)
             if error is None:
                 await executor.run(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader)
             # A node that ended while being stopped (a remote task that reports
@@ -391,6 +343,65 @@ def run_agent(
     if meta.output_file and outcome.status == Status.DONE:
         write_output_file(Path(meta.output_file), outcome.output)
     return outcome
+
+
+async def shut_down_agent(meta: AgentMeta, state: RunState, task: Any) -> None:
+    """Stop a running agent: child agents first, so they can record their own outcome; then our CLI.
+
+    The CLI is frozen meanwhile, so the agent takes no further turn.
+
+    The CLI kills its Bash commands hard when it is ended, and a child
+    agent's spawn.py runs inside one. Cancelled without this, the SDK
+    would also give the CLI 5 s to exit on its own, and a stopped agent
+    must be gone well within its parent's grace.
+    """
+    import asyncio
+
+    try:
+        # Freeze the CLI (not its group, where child agents run): it
+        # must not start another model turn while the children end.
+        if state.cli_pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(state.cli_pid, signal.SIGSTOP)
+        children = []
+        for d in descendants_of(Path(meta.session), meta.id):
+            with contextlib.suppress(FileNotFoundError, SpawnError):
+                child_meta = load_meta(d)
+                child = Supervised.of(child_meta)
+                if child_meta.id in state.running_below and child.signal(signal.SIGTERM):
+                    children.append(child)
+        # The SIGKILL half of the stop path comes after the CLI's end,
+        # in end_own_subtree; until then the loop keeps serving signals.
+        loop = asyncio.get_running_loop()
+        limit = loop.time() + KILL_GRACE_S
+        while loop.time() < limit and any(c.alive() for c in children):
+            await asyncio.sleep(0.05)
+        for hook in state.stop_hooks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(hook(), KILL_GRACE_S)
+        if state.cli_pgid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(state.cli_pgid, signal.SIGTERM)
+    finally:
+        if state.cli_pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
+        task.cancel()
+
+
+async def wait_for_slot(meta: AgentMeta, agent_dir: Path, stop: Callable[[Status, str], None]) -> None:
+    """Take a --max-concurrent slot, if the session has that limit."""
+    import asyncio
+
+    max_concurrent = read_limits(Path(meta.session)).max_concurrent
+    if max_concurrent is not None:
+        # Waits with the deadline and signal handlers armed, so a queued
+        # agent can still be killed or time out with an outcome.
+        limit = time.monotonic() + SLOT_WAIT_S
+        while not try_take_slot(agent_dir, max_concurrent):
+            if meta.deadline is None and time.monotonic() > limit:
+                stop(Status.TIMEOUT, f"no --max-concurrent slot within {SLOT_WAIT_S:.0f} s")
+            await asyncio.sleep(SLOT_POLL_S)
 
 
 def outcome_committed_instead(
