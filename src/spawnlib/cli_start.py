@@ -57,7 +57,7 @@ from .core import (
     validate_output,
 )
 from .errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, StateError
-from .executors import executor_for
+from .executors import Executor, executor_for
 from .fast_start import compiled_script
 from .forkserver import Entry, fork_detached_runner, forkserver_wanted, start_forkserver
 from .output import note
@@ -230,28 +230,10 @@ def run_agent(
     executor = executor_for(meta.kind)
     state = RunState()
     started = time.time()
-    become_subreaper()
-    guard_pid, guard_pipe = guard or start_guard(agent_dir)
-    enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
-    error: str | None = None
-    home_cwd = Path(meta.cwd)
-    if meta.isolation == "worktree":
-        try:
-            meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
-        except StateError as exc:
-            error = exc.message
-    if error is None:
-        executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
-    # Not at the top of the file (the verbs and --dry-run don't need it), and
-    # not before the CLI's start: ~30 ms that a root's CLI would wait for.
-    # Before the SDK's import thread, which then finds it loaded, and before
-    # the fork server, which inherits it (and ssl with it) ready to serve.
-    import asyncio
-
-    if sdk_loader is not None:
-        sdk_loader.start()
-    if forkserver_wanted(meta, os.environ):
-        start_forkserver(meta, sdk_loader, entry)  # after entering the cgroup: it ends with the tree
+    guard_pid, guard_pipe, error, home_cwd = start_agent_run(
+        meta, agent_dir, cli=cli, executor=executor, state=state, secrets_=secrets_, sdk_loader=sdk_loader, guard=guard, entry=entry
+    )
+    import asyncio  # loaded by now (start_agent_run)
 
     async def main_task() -> None:
         nonlocal error
@@ -313,6 +295,74 @@ def run_agent(
     finally:
         EarlyStop.arm()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    return finish_agent_run(
+        meta,
+        agent_dir,
+        executor=executor,
+        state=state,
+        started=started,
+        error=error,
+        home_cwd=home_cwd,
+        guard=(guard_pid, guard_pipe),
+        secrets_=secrets_,
+    )
+
+
+def start_agent_run(
+    meta: AgentMeta,
+    agent_dir: Path,
+    *,
+    cli: Path,
+    executor: Executor,
+    state: RunState,
+    secrets_: Sequence[str],
+    sdk_loader: SdkLoader | None,
+    guard: tuple[int, int] | None,
+    entry: Entry,
+) -> tuple[int, int, str | None, Path]:
+    """run_agent's start: the guard, the cgroup, the worktree, the node's start, the SDK's import, the fork server.
+
+    (guard pid, guard pipe, the error that ends the run before it starts or None, the project's own cwd).
+    """
+    become_subreaper()
+    guard_pid, guard_pipe = guard or start_guard(agent_dir)
+    enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
+    error: str | None = None
+    home_cwd = Path(meta.cwd)
+    if meta.isolation == "worktree":
+        try:
+            meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
+        except StateError as exc:
+            error = exc.message
+    if error is None:
+        executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
+    # Not at the top of the file (the verbs and --dry-run don't need it), and
+    # not before the CLI's start: ~30 ms that a root's CLI would wait for.
+    # Before the SDK's import thread, which then finds it loaded, and before
+    # the fork server, which inherits it (and ssl with it) ready to serve.
+    import asyncio  # noqa: F401
+
+    if sdk_loader is not None:
+        sdk_loader.start()
+    if forkserver_wanted(meta, os.environ):
+        start_forkserver(meta, sdk_loader, entry)  # after entering the cgroup: it ends with the tree
+    return guard_pid, guard_pipe, error, home_cwd
+
+
+def finish_agent_run(
+    meta: AgentMeta,
+    agent_dir: Path,
+    *,
+    executor: Executor,
+    state: RunState,
+    started: float,
+    error: str | None,
+    home_cwd: Path,
+    guard: tuple[int, int],
+    secrets_: Sequence[str],
+) -> Outcome:
+    """run_agent's end: end what the agent left, settle its descendants, commit its outcome, release the guard."""
+    guard_pid, guard_pipe = guard
     # Whatever happened, nothing the agent started may outlive it.
     groups = [g for g in (state.cli_pgid,) if g]
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
