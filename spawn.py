@@ -4167,12 +4167,10 @@ class Supervised:
     def alive(self) -> bool:
         if not self.foreign():
             return self.process() is not None
-        try:
-            beat = parse_json(read_text(self.heartbeat or "/nonexistent"))
-            age, interval = time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-        except (OSError, SpawnError, ValueError, KeyError, TypeError):
-            age, interval = time.time() - self.create_time, HEARTBEAT_S  # not due yet
-        return age < HEARTBEAT_STALE_BEATS * interval
+        age = heartbeat_age(self.heartbeat) if self.heartbeat is not None else None
+        if age is None:
+            age = time.time() - self.create_time, HEARTBEAT_S  # not due yet
+        return stale_in(age) > 0
 
     def signal(self, sig: int) -> psutil.Process | None:
         """Send sig if it is still the same process; that process (to wait on), or None.
@@ -4189,6 +4187,38 @@ class Supervised:
             return None
         return proc
 
+    # The stop path's raw signals: every signal spawn.py sends to a process
+    # goes through Supervised (tests/test_stop_path.py fails on any other).
+    # These take a pid or group whose identity the caller holds otherwise
+    # than by (pid, create_time): see each.
+
+    @staticmethod
+    def signal_pid(pid: int, sig: int) -> bool:
+        """Signal a pid that can't have been reused: our own child not yet
+        reaped, or a member of a cgroup we own, listed just now. False if it
+        is gone (or not ours to signal)."""
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    @staticmethod
+    def signal_group(pgid: int, sig: int) -> bool:
+        """Signal a process group spawn.py made (a CLI's, a command's); sig 0
+        only asks whether it has a member left. False if it has none."""
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    @staticmethod
+    def signal_self(sig: int) -> None:
+        """End (or stop) this very process by sig, as a signal from outside
+        would: its guard and parent then see the same death."""
+        os.kill(os.getpid(), sig)
+
     @staticmethod
     def stop(procs: Iterable[psutil.Process], groups: Iterable[int], grace: float) -> None:
         """The one stop path: SIGTERM, up to grace to exit, then SIGKILL what is left.
@@ -4201,8 +4231,7 @@ class Supervised:
         groups = [g for g in set(groups) if g > 1 and g != os.getpgid(0)]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pgid in groups:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, sig)
+                Supervised.signal_group(pgid, sig)
             for proc in procs:
                 with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                     proc.send_signal(sig)
@@ -4211,6 +4240,22 @@ class Supervised:
                 if not procs and not any(group_alive(g) for g in groups):
                     return
         wait_gone(procs, 1.0)
+
+
+def heartbeat_age(beat: Path) -> tuple[float, float] | None:
+    """(seconds since the last beat, the beat interval) from a heartbeat file, or None without a readable one."""
+    try:
+        data = parse_json(read_text(beat))
+        return time.time() - float(data["updated_at"]), float(data.get("interval_s", HEARTBEAT_S))
+    except (OSError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+
+
+def stale_in(age: tuple[float, float]) -> float:
+    """Seconds until an agent whose last beat is age[0] old, beating every age[1] s, is stale:
+    HEARTBEAT_STALE_BEATS beats missed. Below 0: stale now. The one rule for a stuck agent,
+    for every reader (status, wait, an agent in another pid namespace)."""
+    return HEARTBEAT_STALE_BEATS * age[1] - age[0]
 
 
 def own_pid_namespace() -> str | None:
@@ -4401,8 +4446,7 @@ def end_tree_cgroup(meta: AgentMeta) -> bool:
         for cgroup in cgroup_tree(path):
             with contextlib.suppress(OSError, ValueError):
                 for pid in (cgroup / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(int(pid), signal.SIGKILL)
+                    Supervised.signal_pid(int(pid), signal.SIGKILL)
     limit = time.monotonic() + CGROUP_EMPTY_WAIT_S
     while cgroup_populated(path) and time.monotonic() < limit:
         time.sleep(0.01)
@@ -4468,11 +4512,7 @@ def _still_running(proc: psutil.Process) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    return Supervised.signal_group(pgid, 0)
 
 
 def end_own_subtree(extra_groups: Iterable[int] = (), grace: float = KILL_GRACE_S, spare: Iterable[int] = ()) -> None:
@@ -4704,7 +4744,7 @@ def fork_below_guard() -> None:
         # tree and record `killed`, as for any SIGHUP, since nobody else will.
         set_parent_death_signal(signal.SIGHUP)
         if os.getppid() != guard:  # it died before the line above: we are on our own
-            os.kill(os.getpid(), signal.SIGHUP)
+            Supervised.signal_self(signal.SIGHUP)
         GUARDS_ABOVE.append((guard, write_end))
         return
     become_subreaper()  # the runner will be one too, for what it starts while it lives
@@ -4770,7 +4810,7 @@ def exit_as(code: int) -> int:
         if sig != signal.SIGKILL:
             signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
-        os.kill(os.getpid(), sig)
+        Supervised.signal_self(sig)
     return 128 + sig
 
 
@@ -5044,7 +5084,7 @@ def ancestry_subject() -> psutil.Process:
         proc = psutil.Process(ForkedFor.pid)
         if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
             return proc
-    os.kill(os.getpid(), signal.SIGKILL)
+    Supervised.signal_self(signal.SIGKILL)
     raise AssertionError("unreachable")
 
 
@@ -5161,15 +5201,6 @@ lives, which only its process identity tells.
 
 
 
-def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
-    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
-
-
 def idle_for(agent_dir: Path) -> float | None:
     """Seconds a running agent has been idle, when that is over half its idle timeout."""
     try:
@@ -5184,8 +5215,8 @@ def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
     """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
     if not Supervised.of(meta).alive():
         return Status.FAILED
-    age = heartbeat_age(agent_dir)
-    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+    age = heartbeat_age(agent_dir / HEARTBEAT)
+    if age is not None and stale_in(age) < 0:
         return Status.STALE
     return Status.RUNNING
 
@@ -8007,9 +8038,8 @@ class CliPipes:
         try:
             for sig in (None, signal.SIGTERM, signal.SIGKILL):
                 if sig is not None and self.cli.returncode is None:
-                    # os.kill, not Popen's send_signal: that would reap it, and the status would be lost to wait().
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(self.cli.process.pid, sig)
+                    # By pid, not Popen's send_signal: that would reap it, and the status would be lost to wait().
+                    Supervised.signal_pid(self.cli.process.pid, sig)
                 try:
                     await asyncio.wait_for(asyncio.shield(self.cli.wait()), CLI_CLOSE_WAIT_S)
                     break
@@ -8579,6 +8609,7 @@ async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
 
 
 
+
 # ---------------------------------------------------------------- executors --
 # The seam between a node of the tree and what runs it. A reference (an
 # --agent value, or a definition's `kind:`) resolves to a Node; the Executor
@@ -8792,8 +8823,7 @@ class CommandExecutor(Executor):
 
         _, out, _ = await asyncio.gather(feed(proc.stdin), proc.stdout.read(COMMAND_RESULT_LIMIT + 1), pump_stderr(proc.stderr))
         if len(out) > COMMAND_RESULT_LIMIT:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
+            Supervised.signal_group(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
         code = await proc.wait()
         result = command_result(out, code, stderr_tail)
         node_line(agent_dir, "CommandResult", {"exit_code": code, "status": result.status.value, "reason": result.reason}, secrets_)
@@ -10766,7 +10796,7 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
         with contextlib.suppress(OSError):
             conn.recv(1)
         if not finished.is_set():
-            os.kill(os.getpid(), signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
+            Supervised.signal_self(signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
 
     watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
     watcher.start()
@@ -11251,8 +11281,7 @@ async def shut_down_agent(meta: AgentMeta, state: RunState, task: Any) -> None:
         # Freeze the CLI (not its group, where child agents run): it
         # must not start another model turn while the children end.
         if state.cli_pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(state.cli_pid, signal.SIGSTOP)
+            Supervised.signal_pid(state.cli_pid, signal.SIGSTOP)
         children = []
         for d in descendants_of(Path(meta.session), meta.id):
             with contextlib.suppress(FileNotFoundError, SpawnError):
@@ -11270,12 +11299,10 @@ async def shut_down_agent(meta: AgentMeta, state: RunState, task: Any) -> None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(hook(), KILL_GRACE_S)
         if state.cli_pgid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(state.cli_pgid, signal.SIGTERM)
+            Supervised.signal_group(state.cli_pgid, signal.SIGTERM)
     finally:
         if state.cli_pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
+            Supervised.signal_pid(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
         task.cancel()
 
 
@@ -11848,6 +11875,8 @@ def descendants_of(session: Path, agent_id: str) -> list[Path]:
 
 
 
+
+
 # -------------------------------------------------------------------- verbs --
 
 
@@ -12143,13 +12172,13 @@ class OutcomeWait:
             _, _, d = heapq.heappop(stale_checks)
             if d not in self.pending or d in self.exit_polled:
                 continue  # settled; or its liveness poll reads the heartbeat anyway
-            age = heartbeat_age(d)
-            if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+            age = heartbeat_age(d / HEARTBEAT)
+            if age is not None and stale_in(age) < 0:
                 self.result.stale.append(d)
                 self.settled(d)
                 continue
             # It can't go stale before its last beat is that old; none yet: not stale until it has one.
-            after = HEARTBEAT_S if age is None else HEARTBEAT_STALE_BEATS * age[1] - age[0]
+            after = HEARTBEAT_S if age is None else stale_in(age)
             heapq.heappush(stale_checks, (now + max(LIVENESS_POLL_S, after), str(d), d))
 
     def sleep_until_woken(self, now: float) -> None:
@@ -12436,8 +12465,7 @@ def forked_map(fn: Callable[[Sequence[str]], R], items: Sequence[str], minimum: 
     finally:
         for child in pending:  # left only by an exception here: end them (ours, by pid)
             if child is not None:
-                with contextlib.suppress(OSError):
-                    os.kill(child[0], signal.SIGKILL)
+                Supervised.signal_pid(child[0], signal.SIGKILL)
                 join_worker(child)
     return results
 

@@ -411,8 +411,7 @@ async def shut_down_agent(meta: AgentMeta, state: RunState, task: Any) -> None:
         # Freeze the CLI (not its group, where child agents run): it
         # must not start another model turn while the children end.
         if state.cli_pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(state.cli_pid, signal.SIGSTOP)
+            Supervised.signal_pid(state.cli_pid, signal.SIGSTOP)
         children = []
         for d in descendants_of(Path(meta.session), meta.id):
             with contextlib.suppress(FileNotFoundError, SpawnError):
@@ -430,12 +429,10 @@ async def shut_down_agent(meta: AgentMeta, state: RunState, task: Any) -> None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(hook(), KILL_GRACE_S)
         if state.cli_pgid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(state.cli_pgid, signal.SIGTERM)
+            Supervised.signal_group(state.cli_pgid, signal.SIGTERM)
     finally:
         if state.cli_pid:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
+            Supervised.signal_pid(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
         task.cancel()
 
 

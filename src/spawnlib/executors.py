@@ -20,6 +20,7 @@ from .constants import ENV_LOG_MAX, KILL_GRACE_S, PROTOCOL_VERSION, STDERR_LOG, 
 from .core import is_finite, parse_json, redact, utc_now_iso, validate_output
 from .errors import ExitCode, UsageError
 from .output import note
+from .processes import Supervised
 from .protocol import AGENTS_DIR, append_log_line, append_transcript, log_max_bytes, read_limits, with_estimated_cost
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import EarlyStop, RunState, SdkLoader, child_environment
@@ -241,8 +242,7 @@ class CommandExecutor(Executor):
 
         _, out, _ = await asyncio.gather(feed(proc.stdin), proc.stdout.read(COMMAND_RESULT_LIMIT + 1), pump_stderr(proc.stderr))
         if len(out) > COMMAND_RESULT_LIMIT:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
+            Supervised.signal_group(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
         code = await proc.wait()
         result = command_result(out, code, stderr_tail)
         node_line(agent_dir, "CommandResult", {"exit_code": code, "status": result.status.value, "reason": result.reason}, secrets_)

@@ -514,7 +514,7 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
         with contextlib.suppress(OSError):
             conn.recv(1)
         if not finished.is_set():
-            os.kill(os.getpid(), signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
+            Supervised.signal_self(signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
 
     watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
     watcher.start()

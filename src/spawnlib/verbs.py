@@ -19,12 +19,12 @@ import psutil
 
 from .admission import lend_slot, take_back_slot, usable_cpus
 from .cli_start import descendants_of, settle_agents
-from .commit import heartbeat_age, liveness, read_agent_rows
+from .commit import liveness, read_agent_rows
 from .constants import (
     ENV_AGENT_ID,
     ENV_SESSION,
+    HEARTBEAT,
     HEARTBEAT_S,
-    HEARTBEAT_STALE_BEATS,
     KILL_GRACE_S,
     LIVENESS_POLL_MAX_S,
     LIVENESS_POLL_S,
@@ -52,8 +52,10 @@ from .processes import (
     end_everything_below,
     end_tree_cgroup,
     exit_as,
+    heartbeat_age,
     own_create_time,
     runner_index_dir,
+    stale_in,
     unregister_runner,
     wait_gone,
 )
@@ -374,13 +376,13 @@ class OutcomeWait:
             _, _, d = heapq.heappop(stale_checks)
             if d not in self.pending or d in self.exit_polled:
                 continue  # settled; or its liveness poll reads the heartbeat anyway
-            age = heartbeat_age(d)
-            if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+            age = heartbeat_age(d / HEARTBEAT)
+            if age is not None and stale_in(age) < 0:
                 self.result.stale.append(d)
                 self.settled(d)
                 continue
             # It can't go stale before its last beat is that old; none yet: not stale until it has one.
-            after = HEARTBEAT_S if age is None else HEARTBEAT_STALE_BEATS * age[1] - age[0]
+            after = HEARTBEAT_S if age is None else stale_in(age)
             heapq.heappush(stale_checks, (now + max(LIVENESS_POLL_S, after), str(d), d))
 
     def sleep_until_woken(self, now: float) -> None:
@@ -667,8 +669,7 @@ def forked_map(fn: Callable[[Sequence[str]], R], items: Sequence[str], minimum: 
     finally:
         for child in pending:  # left only by an exception here: end them (ours, by pid)
             if child is not None:
-                with contextlib.suppress(OSError):
-                    os.kill(child[0], signal.SIGKILL)
+                Supervised.signal_pid(child[0], signal.SIGKILL)
                 join_worker(child)
     return results
 
