@@ -13366,8 +13366,7 @@ def run_dag(
     retry, skip or abort. go_on(task), if given, is asked before a task whose
     blockers all ended: False declines it, and the run stops there.
     """
-    run = DagRun(tasks, runner_dir, journal, done_before, environ)
-    run.max_concurrent, run.on_fail, run.on_idle, run.choose, run.go_on = max_concurrent, on_fail, on_idle, choose, go_on
+    run = DagRun(tasks, runner_dir, journal, done_before, environ, rules=DagRules(max_concurrent, on_fail, on_idle, choose, go_on))
 
     def on_signal(signum: int, _frame: Any) -> None:
         raise DagStopped(signal.Signals(signum).name)
@@ -13390,14 +13389,19 @@ def run_dag(
     return run.results
 
 
-class DagRun:
-    """run_dag's state: the results so far, the tasks running, the attempts; and each step it takes (see there)."""
+@dataclass
+class DagRules:
+    """How a run goes on (run_dag's keyword arguments, see there)."""
 
     max_concurrent: int | None = None
     on_fail: str | None = None
     on_idle: Callable[[], None] | None = None
     choose: Callable[[DagTask, Mapping[str, Any]], str] | None = None
     go_on: Callable[[DagTask], bool] | None = None
+
+
+class DagRun:
+    """run_dag's state: the results so far, the tasks running, the attempts; and each step it takes (see there)."""
 
     def __init__(
         self,
@@ -13406,6 +13410,8 @@ class DagRun:
         journal: Path,
         done_before: Mapping[str, Mapping[str, Any]],
         environ: Mapping[str, str],
+        *,
+        rules: DagRules,
     ) -> None:
         self.tasks, self.runner_dir, self.journal, self.environ = tasks, runner_dir, journal, environ
         self.runner = load_meta(runner_dir)
@@ -13420,6 +13426,7 @@ class DagRun:
                 self.attempts[r["task"]] += 1
         self.retried: dict[str, int] = {t.id: 0 for t in tasks}
         self.stop: dict[str, str] = {}  # set by an abort or a decline: why nothing more starts
+        self.rules = rules
 
     def record(self, tid: str, **fields: Any) -> None:
         entry = {"event": "task", "task": tid, "time": utc_now_iso(), **fields}
@@ -13440,10 +13447,10 @@ class DagRun:
         """(retry|skip|abort|fail, who chose) for a task that did not end done; fail is the graph's rule."""
         if self.retried[t.id] < (t.retries or 0):
             return "retry", f"retries: {t.retries}"
-        if self.on_fail == "ask" and self.choose is not None:
-            return self.choose(t, self.results[t.id]), "terminal"
-        if self.on_fail in ("skip", "abort"):
-            return self.on_fail, f"--on-fail {self.on_fail}"
+        if self.rules.on_fail == "ask" and self.rules.choose is not None:
+            return self.rules.choose(t, self.results[t.id]), "terminal"
+        if self.rules.on_fail in ("skip", "abort"):
+            return self.rules.on_fail, f"--on-fail {self.rules.on_fail}"
         return "fail", "the graph"
 
     def failed(self, t: DagTask) -> None:
@@ -13482,9 +13489,11 @@ class DagRun:
         if bad:
             self.record(t.id, status="skipped", reason=f"blocked by {bad[0]}, which {results[bad[0]]['status']}")
             return
-        if any(b not in results for b in t.blocked_by) or (self.max_concurrent is not None and len(running) >= self.max_concurrent):
+        if any(b not in results for b in t.blocked_by) or (
+            self.rules.max_concurrent is not None and len(running) >= self.rules.max_concurrent
+        ):
             return
-        if self.go_on is not None and t.blocked_by and not self.go_on(t):
+        if self.rules.go_on is not None and t.blocked_by and not self.rules.go_on(t):
             stop["reason"] = f"declined at the terminal: not going on to {t.id}"
             self.record(t.id, status="skipped", reason=stop["reason"], declined_by="terminal")
             return
@@ -13501,9 +13510,9 @@ class DagRun:
     def collect(self) -> None:
         """Wait for any running task to end (or for on_idle's period) and record what ended."""
         running = self.running
-        waited = wait_for_outcomes(list(running.values()), "any", None if self.on_idle is None else ASK_POLL_S * 5, self.secrets)
-        if self.on_idle is not None:
-            self.on_idle()
+        waited = wait_for_outcomes(list(running.values()), "any", None if self.rules.on_idle is None else ASK_POLL_S * 5, self.secrets)
+        if self.rules.on_idle is not None:
+            self.rules.on_idle()
         for tid, d in list(running.items()):
             if tid not in running:
                 continue  # ended by an abort earlier in this pass
