@@ -4717,12 +4717,10 @@ class Supervised:
     def alive(self) -> bool:
         if not self.foreign():
             return self._same_process() is not None
-        try:
-            beat = parse_json(read_text(self.heartbeat or "/nonexistent"))
-            age, interval = time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-        except (OSError, SpawnError, ValueError, KeyError, TypeError):
-            age, interval = time.time() - self.create_time, HEARTBEAT_S  # not due yet
-        return age < HEARTBEAT_STALE_BEATS * interval
+        age = heartbeat_age(self.heartbeat) if self.heartbeat is not None else None
+        if age is None:
+            age = time.time() - self.create_time, HEARTBEAT_S  # not due yet
+        return stale_in(age) > 0
 
     def signal(self, sig: int) -> psutil.Process | None:
         """Send sig if it is still the same process; that process (to wait on), or None.
@@ -4739,6 +4737,38 @@ class Supervised:
             return None
         return proc
 
+    # The stop path's raw signals: every signal spawn.py sends to a process
+    # goes through Supervised (tests/test_stop_path.py fails on any other).
+    # These take a pid or group whose identity the caller holds otherwise
+    # than by (pid, create_time): see each.
+
+    @staticmethod
+    def signal_pid(pid: int, sig: int) -> bool:
+        """Signal a pid that can't have been reused: our own child not yet
+        reaped, or a member of a cgroup we own, listed just now. False if it
+        is gone (or not ours to signal)."""
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    @staticmethod
+    def signal_group(pgid: int, sig: int) -> bool:
+        """Signal a process group spawn.py made (a CLI's, a command's); sig 0
+        only asks whether it has a member left. False if it has none."""
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    @staticmethod
+    def signal_self(sig: int) -> None:
+        """End (or stop) this very process by sig, as a signal from outside
+        would: its guard and parent then see the same death."""
+        os.kill(os.getpid(), sig)
+
     @staticmethod
     def stop(procs: Iterable[psutil.Process], groups: Iterable[int], grace: float) -> None:
         """The one stop path: SIGTERM, up to grace to exit, then SIGKILL what is left.
@@ -4751,8 +4781,7 @@ class Supervised:
         groups = [g for g in set(groups) if g > 1 and g != os.getpgid(0)]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pgid in groups:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, sig)
+                Supervised.signal_group(pgid, sig)
             for proc in procs:
                 with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                     proc.send_signal(sig)
@@ -4761,6 +4790,22 @@ class Supervised:
                 if not procs and not any(group_alive(g) for g in groups):
                     return
         wait_gone(procs, 1.0)
+
+
+def heartbeat_age(beat: Path) -> tuple[float, float] | None:
+    """(seconds since the last beat, the beat interval) from a heartbeat file, or None without a readable one."""
+    try:
+        data = parse_json(read_text(beat))
+        return time.time() - float(data["updated_at"]), float(data.get("interval_s", HEARTBEAT_S))
+    except (OSError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+
+
+def stale_in(age: tuple[float, float]) -> float:
+    """Seconds until an agent whose last beat is age[0] old, beating every age[1] s, is stale:
+    HEARTBEAT_STALE_BEATS beats missed. Below 0: stale now. The one rule for a stuck agent,
+    for every reader (status, wait, an agent in another pid namespace)."""
+    return HEARTBEAT_STALE_BEATS * age[1] - age[0]
 
 
 def own_pid_namespace() -> str | None:
@@ -4951,8 +4996,7 @@ def end_tree_cgroup(meta: AgentMeta) -> bool:
         for cgroup in cgroup_tree(path):
             with contextlib.suppress(OSError, ValueError):
                 for pid in (cgroup / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(int(pid), signal.SIGKILL)
+                    Supervised.signal_pid(int(pid), signal.SIGKILL)
     limit = time.monotonic() + CGROUP_EMPTY_WAIT_S
     while cgroup_populated(path) and time.monotonic() < limit:
         time.sleep(0.01)
@@ -5018,11 +5062,7 @@ def _still_running(proc: psutil.Process) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    return Supervised.signal_group(pgid, 0)
 
 
 def end_own_subtree(extra_groups: Iterable[int] = (), grace: float = KILL_GRACE_S, spare: Iterable[int] = ()) -> None:
@@ -5254,7 +5294,7 @@ def fork_below_guard() -> None:
         # tree and record `killed`, as for any SIGHUP, since nobody else will.
         set_parent_death_signal(signal.SIGHUP)
         if os.getppid() != guard:  # it died before the line above: we are on our own
-            os.kill(os.getpid(), signal.SIGHUP)
+            Supervised.signal_self(signal.SIGHUP)
         GUARDS_ABOVE.append((guard, write_end))
         return
     become_subreaper()  # the runner will be one too, for what it starts while it lives
@@ -5320,7 +5360,7 @@ def exit_as(code: int) -> int:
         if sig != signal.SIGKILL:
             signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
-        os.kill(os.getpid(), sig)
+        Supervised.signal_self(sig)
     return 128 + sig
 
 
@@ -5596,7 +5636,7 @@ def ancestry_subject() -> psutil.Process:
         proc = psutil.Process(ForkedFor.pid)
         if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
             return proc
-    os.kill(os.getpid(), signal.SIGKILL)
+    Supervised.signal_self(signal.SIGKILL)
     raise AssertionError("unreachable")
 
 
@@ -5713,15 +5753,6 @@ lives, which only its process identity tells.
 
 
 
-def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
-    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
-
-
 def idle_for(agent_dir: Path) -> float | None:
     """Seconds a running agent has been idle, when that is over half its idle timeout."""
     try:
@@ -5736,8 +5767,8 @@ def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
     """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
     if not Supervised.of(meta).alive():
         return Status.FAILED
-    age = heartbeat_age(agent_dir)
-    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+    age = heartbeat_age(agent_dir / HEARTBEAT)
+    if age is not None and stale_in(age) < 0:
         return Status.STALE
     return Status.RUNNING
 
@@ -10174,9 +10205,8 @@ class CliPipes:
         try:
             for sig in (None, signal.SIGTERM, signal.SIGKILL):
                 if sig is not None and self.cli.returncode is None:
-                    # os.kill, not Popen's send_signal: that would reap it, and the status would be lost to wait().
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(self.cli.process.pid, sig)
+                    # By pid, not Popen's send_signal: that would reap it, and the status would be lost to wait().
+                    Supervised.signal_pid(self.cli.process.pid, sig)
                 try:
                     await asyncio.wait_for(asyncio.shield(self.cli.wait()), CLI_CLOSE_WAIT_S)
                     break
@@ -10764,6 +10794,7 @@ async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
 
 
 
+
 # ---------------------------------------------------------------- executors --
 # The seam between a node of the tree and what runs it. A reference (an
 # --agent value, or a definition's `kind:`) resolves to a Node; the Executor
@@ -10984,8 +11015,7 @@ class CommandExecutor(Executor):
 
         _, out, _ = await asyncio.gather(feed(proc.stdin), proc.stdout.read(COMMAND_RESULT_LIMIT + 1), pump_stderr(proc.stderr))
         if len(out) > COMMAND_RESULT_LIMIT:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
+            Supervised.signal_group(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
         code = await proc.wait()
         result = command_result(out, code, stderr_tail)
         node_line(agent_dir, "CommandResult", {"exit_code": code, "status": result.status.value, "reason": result.reason}, secrets_)
@@ -11318,135 +11348,171 @@ class A2AExecutor(Executor):
         self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
     ) -> None:
         import asyncio
-        import uuid
-        from collections.abc import Generator
         from urllib.parse import urlsplit
 
         import httpx
         from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
-        from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
 
-        # protobuf ships no type hints: its JSON codec is used untyped.
-        json_format: Any = importlib.import_module("google.protobuf.json_format")
-
-        class Flooded(Exception):
-            """The remote sent more than the transcript holds: a peer that floods is ended, not followed."""
-
-        def line(kind: str, message: Mapping[str, Any]) -> bool:
-            state.last_activity = time.time()
-            return node_line(agent_dir, kind, message, secrets_)
-
-        names = {int(v): n for n, v in TaskState.items()}
         url = meta.endpoint or ""
         parts = urlsplit(url)
-        token = a2a_token(os.environ)
-        card_origin = httpx.URL(url)
-
-        class Bearer(httpx.Auth):
-            """The token, to the card's own origin only: a card may name interfaces anywhere."""
-
-            def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-                there = request.url
-                if token is not None and (there.scheme, there.host, there.port) == (card_origin.scheme, card_origin.host, card_origin.port):
-                    request.headers["Authorization"] = f"Bearer {token}"
-                yield request
-
         # No timeout of its own on a stream's reads: the deadline (run_agent's
         # stop, which cancels this task) bounds the card, the send, the stream and every poll.
-        async with httpx.AsyncClient(timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=Bearer()) as http:
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=a2a_bearer(url, a2a_token(os.environ))
+        ) as http:
             card = await A2ACardResolver(http, f"{parts.scheme}://{parts.netloc}", parts.path).get_agent_card()
             streaming = bool(card.capabilities.streaming)
-            line("A2ACard", {"url": url, "name": card.name, "version": card.version, "streaming": streaming})
+            conversation = A2AConversation(meta, agent_dir, state, secrets_)
+            conversation.line("A2ACard", {"url": url, "name": card.name, "version": card.version, "streaming": streaming})
             config = ClientConfig(
                 streaming=streaming, polling=not streaming, httpx_client=http, supported_protocol_bindings=list(A2A_BINDINGS)
             )
-            client = ClientFactory(config).create(card)
-            task = A2ATask(names)
-
-            cancels: list[asyncio.Future[None]] = []
-
-            async def cancel() -> None:
-                if task.task_id is None or task.state in A2A_FINAL_STATES:
-                    line(
-                        "A2ACancel",
-                        {"task_id": task.task_id, "sent": False, "why": "no remote task yet" if task.task_id is None else task.state},
-                    )
-                    return
-                if cancels:  # the run's own cancel (an ask denied) and the stop path's can meet: one is sent
-                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
-                    return
-                done = asyncio.get_running_loop().create_future()
-                cancels.append(done)
-                try:
-                    answer = await client.cancel_task(CancelTaskRequest(id=task.task_id))
-                except Exception as exc:
-                    line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": f"{type(exc).__name__}: {exc}"[:500]})
-                    raise
-                finally:
-                    done.set_result(None)
-                line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, names)})
-
-            state.stop_hooks.append(cancel)
+            conversation.client = ClientFactory(config).create(card)
+            task = conversation.task
+            state.stop_hooks.append(conversation.cancel)
             try:
-                text = meta.task
-                while True:
-                    message = Message(
-                        message_id=uuid.uuid4().hex,
-                        role=Role.ROLE_USER,
-                        parts=[Part(text=text)],
-                        metadata=a2a_metadata(meta),
-                        task_id=task.task_id or "",
-                        context_id=task.context_id or "",
-                    )
-                    line("A2ASend", json_format.MessageToDict(message))
-                    events = client.send_message(SendMessageRequest(message=message))
-                    try:
-                        async for event in events:
-                            raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
-                            event_json = json_format.MessageToDict(event)
-                            if not line("A2AEvent", event_json):
-                                raise Flooded(
-                                    f"the remote agent sent over {log_max_bytes(os.environ)} bytes of events ({ENV_LOG_MAX}); "
-                                    "its task was canceled"
-                                )
-                            task.observe(event_json, raw)
-                            if task.settled():
-                                break
-                    finally:
-                        close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
-                        if close is not None:
-                            await close()
-                    seen = task.state
-                    while not task.settled():
-                        if task.task_id is None:
-                            raise RuntimeError("the remote agent answered with neither a task nor a message")
-                        await asyncio.sleep(A2A_POLL_S)
-                        polled = await client.get_task(GetTaskRequest(id=task.task_id))
-                        task.observe({"task": json_format.MessageToDict(polled)}, polled.status.state)
-                        if task.state != seen:  # a poll that saw nothing new is no event
-                            line("A2ATask", json_format.MessageToDict(polled))
-                            seen = task.state
-                    if task.state not in A2A_ASK_STATES:
-                        break
-                    reply = await a2a_ask(meta, agent_dir, state, task, remote=card.name, secrets_=secrets_)
-                    if reply is None:
-                        await cancel()
-                        state.node_result = NodeResult(
-                            Status.FAILED, f"the remote agent's {task.state} was answered no", cost_usd=task.cost_usd
-                        )
-                        return
-                    text = reply
-                state.node_result = task.result()
-            except Flooded as exc:
+                state.node_result = await conversation.converse(remote=card.name)
+            except A2AFlooded as exc:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(cancel(), KILL_GRACE_S)
+                    await asyncio.wait_for(conversation.cancel(), KILL_GRACE_S)
                 state.node_result = NodeResult(Status.FAILED, str(exc), cost_usd=task.cost_usd)
             finally:
                 # A remote that reports itself canceled ends the stream while the
                 # stop path's cancel still waits on this client for its reply:
                 # closing the client now would cut that reply (and its record) off.
-                if cancels:
-                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
+                if conversation.cancels:
+                    await asyncio.wait(conversation.cancels, timeout=KILL_GRACE_S)
+
+
+def a2a_bearer(url: str, token: str | None) -> Any:
+    """An httpx.Auth that sends the token to the card's own origin only: a card may name interfaces anywhere."""
+    from collections.abc import Generator
+
+    import httpx
+
+    card_origin = httpx.URL(url)
+
+    class Bearer(httpx.Auth):
+        def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+            there = request.url
+            if token is not None and (there.scheme, there.host, there.port) == (card_origin.scheme, card_origin.host, card_origin.port):
+                request.headers["Authorization"] = f"Bearer {token}"
+            yield request
+
+    return Bearer()
+
+
+class A2AFlooded(Exception):
+    """The remote sent more than the transcript holds: a peer that floods is ended, not followed."""
+
+
+class A2AConversation:
+    """One a2a node's exchange with its remote: send, follow the task to a settled state, answer its asks, cancel."""
+
+    def __init__(self, meta: AgentMeta, agent_dir: Path, state: RunState, secrets_: Sequence[str]) -> None:
+        import asyncio
+
+        from a2a.types import TaskState
+
+        self.meta, self.agent_dir, self.state, self.secrets = meta, agent_dir, state, secrets_
+        # protobuf ships no type hints: its JSON codec is used untyped.
+        self.json_format: Any = importlib.import_module("google.protobuf.json_format")
+        self.names = {int(v): n for n, v in TaskState.items()}
+        self.task = A2ATask(self.names)
+        self.client: Any = None
+        self.cancels: list[asyncio.Future[None]] = []
+
+    def line(self, kind: str, message: Mapping[str, Any]) -> bool:
+        self.state.last_activity = time.time()
+        return node_line(self.agent_dir, kind, message, self.secrets)
+
+    async def cancel(self) -> None:
+        import asyncio
+
+        from a2a.types import CancelTaskRequest
+
+        task, cancels, line = self.task, self.cancels, self.line
+        if task.task_id is None or task.state in A2A_FINAL_STATES:
+            line(
+                "A2ACancel",
+                {"task_id": task.task_id, "sent": False, "why": "no remote task yet" if task.task_id is None else task.state},
+            )
+            return
+        if cancels:  # the run's own cancel (an ask denied) and the stop path's can meet: one is sent
+            await asyncio.wait(cancels, timeout=KILL_GRACE_S)
+            return
+        done = asyncio.get_running_loop().create_future()
+        cancels.append(done)
+        try:
+            answer = await self.client.cancel_task(CancelTaskRequest(id=task.task_id))
+        except Exception as exc:
+            line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            raise
+        finally:
+            done.set_result(None)
+        line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, self.names)})
+
+    async def converse(self, *, remote: str) -> NodeResult:
+        """Send the task, then each answer to the remote's asks, until the task settles; its result."""
+        import uuid
+
+        from a2a.types import Message, Part, Role
+
+        meta, task = self.meta, self.task
+        text = meta.task
+        while True:
+            message = Message(
+                message_id=uuid.uuid4().hex,
+                role=Role.ROLE_USER,
+                parts=[Part(text=text)],
+                metadata=a2a_metadata(meta),
+                task_id=task.task_id or "",
+                context_id=task.context_id or "",
+            )
+            await self.follow(message)
+            if task.state not in A2A_ASK_STATES:
+                break
+            reply = await a2a_ask(meta, self.agent_dir, self.state, task, remote=remote, secrets_=self.secrets)
+            if reply is None:
+                await self.cancel()
+                return NodeResult(Status.FAILED, f"the remote agent's {task.state} was answered no", cost_usd=task.cost_usd)
+            text = reply
+        return task.result()
+
+    async def follow(self, message: Any) -> None:
+        """Send one message; follow its stream, then poll, until the task settles."""
+        import asyncio
+
+        from a2a.types import GetTaskRequest, SendMessageRequest
+
+        task, line, json_format = self.task, self.line, self.json_format
+        line("A2ASend", json_format.MessageToDict(message))
+        events = self.client.send_message(SendMessageRequest(message=message))
+        try:
+            async for event in events:
+                raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
+                event_json = json_format.MessageToDict(event)
+                if not line("A2AEvent", event_json):
+                    raise A2AFlooded(
+                        f"the remote agent sent over {log_max_bytes(os.environ)} bytes of events ({ENV_LOG_MAX}); its task was canceled"
+                    )
+                task.observe(event_json, raw)
+                if task.settled():
+                    break
+        finally:
+            close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
+            if close is not None:
+                await close()
+        seen = task.state
+        while not task.settled():
+            if task.task_id is None:
+                raise RuntimeError("the remote agent answered with neither a task nor a message")
+            await asyncio.sleep(A2A_POLL_S)
+            polled = await self.client.get_task(GetTaskRequest(id=task.task_id))
+            task.observe({"task": json_format.MessageToDict(polled)}, polled.status.state)
+            if task.state != seen:  # a poll that saw nothing new is no event
+                line("A2ATask", json_format.MessageToDict(polled))
+                seen = task.state
 
 
 async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATask, *, remote: str, secrets_: Sequence[str]) -> str | None:
@@ -11917,20 +11983,12 @@ def check_output_path(value: str) -> None:
 
 
 def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Plan:
+    """Flags, environment and this process's ancestry -> the Plan that register and run_agent follow; nothing is written."""
     task = read_task(args)
-    catalogue = known_tools(environ) if args.tools or args.disallowed_tools else KNOWN_TOOLS  # with what the CLI reported
-    requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
-    disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
+    asked = asked_by_flags(args, environ)
     flag_rules = RuleSet(*([parse_rule(r, f"--{kind}") for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
     input_warnings = check_run_input(args, environ)
-    if args.system_prompt is not None and args.system_prompt_file is not None:
-        raise UsageError("give --system-prompt or --system-prompt-file, not both")
-    system_prompt = args.system_prompt
-    if args.system_prompt_file is not None:
-        try:
-            system_prompt = Path(args.system_prompt_file).read_text()
-        except OSError as exc:
-            raise UsageError(f"can't read --system-prompt-file {args.system_prompt_file}: {exc.strerror}") from None
+    asked.system_prompt = read_system_prompt(args)
     cwd = Path(args.cwd).expanduser().resolve() if args.cwd else Path.cwd()
     if not cwd.is_dir():
         raise UsageError(f"--cwd {args.cwd} is not a directory")
@@ -11942,103 +12000,39 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     inh = inherited_context(environ, ancestry)
     warnings: list[str] = input_warnings
     depth = inh.depth + 1
-    # The flags' limits, narrowed by a definition below; args stays as parsed.
-    max_depth_arg: int | None = args.max_depth
-    timeout: float | None = args.timeout or None  # --timeout 0: no deadline of its own, explicitly
-    budget_arg: float | None = args.max_budget_usd
-    max_turns: int | None = args.max_turns
-    background: bool | None = args.background
     definition, routing, yaml_problems = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None, [])
     warnings += yaml_problems
     node = node or node_of_definition(definition)
     if not args.dry_run and node.kind == "claude":
         check_credentials(environ)  # only the claude kind calls the model from here
-    if definition is not None:
-        # A definition's settings are defaults the flags override, but the
-        # flags can't widen what it allows: tools, depth, time, budget, rules.
-        system_prompt = system_prompt if system_prompt is not None else definition.prompt
-        if definition.tools is not None:
-            if requested_tools is not None:
-                dropped = [t for t in requested_tools if t not in definition.tools]
-                if dropped:
-                    warnings.append(f"tools not in the {definition.name} definition were dropped: {','.join(dropped)}")
-                requested_tools = [t for t in requested_tools if t in definition.tools]
-            else:
-                requested_tools = list(definition.tools)
-        disallowed = list(dict.fromkeys([*definition.disallowed_tools, *disallowed]))
-        max_depth_arg = min_known(max_depth_arg, definition.max_depth)
-        timeout = min_known(timeout, definition.timeout)
-        budget_arg = min_known(budget_arg, definition.max_budget_usd)
-        max_turns = min_known(max_turns, definition.max_turns)
-        if background is None:
-            background = definition.background
-        if isinstance(definition.effort, int):
-            warnings.append(f"numeric effort {definition.effort} is not passed: the SDK takes low, medium, high, xhigh or max")
-        if flag_rules.allow and definition.permissions.allow:
-            warnings.append(f"--allow can't widen the {definition.name} definition's allow rules; ignored")
-            flag_rules.allow = []
-    model_name = args.model if args.model is not None else (definition.model if definition and definition.model else DEFAULT_MODEL)
-    if model_name == "inherit":
-        model_name = inh.model or DEFAULT_MODEL
-    model_source = "--model" if args.model is not None else (f"the model of {definition.path}" if definition else "the model")
-    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), model_source)
+    asked = narrow_by_definition(definition, asked, flag_rules, warnings)
+    system_prompt, requested_tools, disallowed = asked.system_prompt, asked.tools, asked.disallowed
+    max_depth_arg, timeout, budget_arg = asked.max_depth, asked.timeout, asked.budget
+    max_turns, background = asked.max_turns, asked.background
+    model = choose_model(args, environ, definition, inh)
     schema_arg = args.schema or (definition.schema if definition else None)
     schema, schema_source = load_schema(schema_arg) if schema_arg else (None, None)
-    own = definition.permissions if definition else RuleSet()
-    if definition is not None:
-        own = RuleSet(*([dataclasses.replace(r, source=definition.path) for r in getattr(own, k)] for k in PERMISSION_KINDS))
-    # A user's settings files bind the whole tree: its first agent on this
-    # machine reads them (a root, or one served to a caller elsewhere, which
-    # arrives with the caller's depth but no parent here), and their deny and
-    # ask rules reach every child as inherited rules.
-    first_here = inh.parent_id is None
-    user = load_settings_rules(cwd, environ) if first_here and not args.no_settings else RuleSet()
-    if args.no_settings and not first_here:
-        warnings.append("--no-settings applies at the root only; the tree's rules still hold")
-    inherited = [[parse_rule(t, "inherited from the parent") for t in texts] for texts in (inh.deny, inh.ask)]
-    rules = RuleSet(
-        allow=[*own.allow, *flag_rules.allow, *user.allow],
-        deny=unique_rules([*own.deny, *flag_rules.deny, *user.deny, *inherited[0]]),
-        ask=unique_rules([*own.ask, *flag_rules.ask, *user.ask, *inherited[1]]),
-    )
-    mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
-    if mode_warning:
-        warnings.append(mode_warning)
+    rules = tree_rules(args, environ, cwd, inh=inh, definition=definition, flag_rules=flag_rules, warnings=warnings)
+    mode = tree_mode(definition, inh, warnings)
     max_depth = narrow_to_inherited("--max-depth", max_depth_arg, inh.max_depth, "the tree's", warnings)
     max_depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
-    tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
-    if definition is not None:
-        # A definition's MCP servers are granted whole unless it names their tools.
-        tools += [f"mcp__{s}" for s in definition.mcp_servers if not any(t.startswith(f"mcp__{s}") for t in tools)]
-    tools, dropped = narrow_tools(tools, inh.tools)
-    if dropped:
-        warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
+    tools = tree_tools(requested_tools, definition, inh, warnings)
     budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
     on_budget, on_budget_warning = narrow_on_budget(args.on_budget, [environ.get(ENV_ON_BUDGET), ancestry_on_budget(ancestry)])
     if on_budget_warning:
         warnings.append(on_budget_warning)
     now = time.time()
-    if args.timeout is None and timeout is None and inh.depth < 0:
-        timeout = DEFAULT_ROOT_TIMEOUT_S
-    deadline = child_deadline(timeout, inh.deadline, now)
+    deadline = child_deadline(own_timeout(args, timeout, inh), inh.deadline, now)
     # A bad reference is exit 2 before anything is written; the check's time
     # (an A2A card's fetch) counts against the deadline.
     executor_for(node.kind).check(node, deadline)
     idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
 
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
-    # Inside a parent's sandbox an agent is held by it, whatever it asks.
-    sandbox = "inherited" if inside_sandbox() else "off"
-    if sandbox == "off" and node.kind == "claude":
-        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
-        refusal = refusal or sandbox_refusal
+    sandbox, sandbox_refusal = choose_sandbox(args, node.kind, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
+    refusal = refusal or sandbox_refusal
 
-    session_root = resolve_session_root(args.session, environ)
-    # A child stays in its tree's session, whatever --session says: there it
-    # shares the tree's limits file and ledger, and `kill` finds it.
-    session = inh.session
-    if session is not None and args.session:
-        warnings.append(f"--session {args.session} ignored: this agent is registered in its tree's session {session}")
+    session_root, session = choose_session(args, environ, inh, warnings)
     trace = new_trace(args.parent_trace or inh.traceparent)
     topic = args.topic or task
     meta = AgentMeta(
@@ -12073,33 +12067,127 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         topic=slugify(redact(topic, secret_values(environ)), 32),
         output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
         background=bool(background),
-        agent=definition.name if definition else None,
-        agent_source=definition.path if definition else None,
         routing=routing,
         permissions=rules.texts(),
         permission_mode=mode,
-        mcp_servers=sorted(definition.mcp_servers) if definition else [],
-        skills=definition.skills if definition else None,
-        effort=definition.effort if definition else None,
-        initial_prompt=definition.initial_prompt if definition else None,
-        isolation=definition.isolation if definition else None,
-        memory=definition.memory if definition else None,
-        hooks=sorted(definition.hooks or {}) if definition else [],
         sandbox=sandbox,
         warnings=warnings,
         kind=node.kind,
         endpoint=node.endpoint,
     )
     meta.placement = plan_placement(args, environ, ancestry, is_root=inh.depth < 0, kind=node.kind, warnings=warnings).as_record()
+    if definition is not None:
+        take_definition_settings(meta, definition)
     limits = Limits(budget_arg, args.max_agents, args.max_concurrent, args.confirm_over)
-    if session is None and args.max_concurrent is not None and args.max_concurrent <= max_depth:
+    warn_about_tree_limits(args, session is None, max_depth, warnings)
+    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules, no_wait=args.no_wait)
+
+
+def read_system_prompt(args: argparse.Namespace) -> str | None:
+    """--system-prompt, or --system-prompt-file's text; None for neither."""
+    system_prompt: str | None
+    if args.system_prompt is not None and args.system_prompt_file is not None:
+        raise UsageError("give --system-prompt or --system-prompt-file, not both")
+    system_prompt = args.system_prompt
+    if args.system_prompt_file is not None:
+        try:
+            system_prompt = Path(args.system_prompt_file).read_text()
+        except OSError as exc:
+            raise UsageError(f"can't read --system-prompt-file {args.system_prompt_file}: {exc.strerror}") from None
+    return system_prompt
+
+
+@dataclass
+class AskedLimits:
+    """What the flags ask for, before the tree narrows it: a definition's settings narrow these first."""
+
+    system_prompt: str | None
+    tools: list[str] | None
+    disallowed: list[str]
+    max_depth: int | None
+    timeout: float | None
+    budget: float | None
+    max_turns: int | None
+    background: bool | None
+
+
+def narrow_by_definition(definition: AgentDefinition | None, asked: AskedLimits, flag_rules: RuleSet, warnings: list[str]) -> AskedLimits:
+    """The flags' values as a definition narrows them (it can't be widened by them); flag_rules may lose its allow rules."""
+    system_prompt, requested_tools, disallowed = asked.system_prompt, asked.tools, asked.disallowed
+    max_depth_arg, timeout, budget_arg, max_turns, background = (
+        asked.max_depth,
+        asked.timeout,
+        asked.budget,
+        asked.max_turns,
+        asked.background,
+    )
+    if definition is not None:
+        # A definition's settings are defaults the flags override, but the
+        # flags can't widen what it allows: tools, depth, time, budget, rules.
+        system_prompt = system_prompt if system_prompt is not None else definition.prompt
+        if definition.tools is not None:
+            if requested_tools is not None:
+                dropped = [t for t in requested_tools if t not in definition.tools]
+                if dropped:
+                    warnings.append(f"tools not in the {definition.name} definition were dropped: {','.join(dropped)}")
+                requested_tools = [t for t in requested_tools if t in definition.tools]
+            else:
+                requested_tools = list(definition.tools)
+        disallowed = list(dict.fromkeys([*definition.disallowed_tools, *disallowed]))
+        max_depth_arg = min_known(max_depth_arg, definition.max_depth)
+        timeout = min_known(timeout, definition.timeout)
+        budget_arg = min_known(budget_arg, definition.max_budget_usd)
+        max_turns = min_known(max_turns, definition.max_turns)
+        if background is None:
+            background = definition.background
+        if isinstance(definition.effort, int):
+            warnings.append(f"numeric effort {definition.effort} is not passed: the SDK takes low, medium, high, xhigh or max")
+        if flag_rules.allow and definition.permissions.allow:
+            warnings.append(f"--allow can't widen the {definition.name} definition's allow rules; ignored")
+            flag_rules.allow = []
+    return AskedLimits(system_prompt, requested_tools, disallowed, max_depth_arg, timeout, budget_arg, max_turns, background)
+
+
+def tree_rules(
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    cwd: Path,
+    *,
+    inh: Inherited,
+    definition: AgentDefinition | None,
+    flag_rules: RuleSet,
+    warnings: list[str],
+) -> RuleSet:
+    """The agent's permission rules: its definition's, the flags', the user's settings and the tree's inherited ones."""
+    own = definition.permissions if definition else RuleSet()
+    if definition is not None:
+        own = RuleSet(*([dataclasses.replace(r, source=definition.path) for r in getattr(own, k)] for k in PERMISSION_KINDS))
+    # A user's settings files bind the whole tree: its first agent on this
+    # machine reads them (a root, or one served to a caller elsewhere, which
+    # arrives with the caller's depth but no parent here), and their deny and
+    # ask rules reach every child as inherited rules.
+    first_here = inh.parent_id is None
+    user = load_settings_rules(cwd, environ) if first_here and not args.no_settings else RuleSet()
+    if args.no_settings and not first_here:
+        warnings.append("--no-settings applies at the root only; the tree's rules still hold")
+    inherited = [[parse_rule(t, "inherited from the parent") for t in texts] for texts in (inh.deny, inh.ask)]
+    rules = RuleSet(
+        allow=[*own.allow, *flag_rules.allow, *user.allow],
+        deny=unique_rules([*own.deny, *flag_rules.deny, *user.deny, *inherited[0]]),
+        ask=unique_rules([*own.ask, *flag_rules.ask, *user.ask, *inherited[1]]),
+    )
+    return rules
+
+
+def warn_about_tree_limits(args: argparse.Namespace, is_root: bool, max_depth: int, warnings: list[str]) -> None:
+    """The tree-wide limits' warnings: too few slots for the depth, or set below the root where they don't apply."""
+    if is_root and args.max_concurrent is not None and args.max_concurrent <= max_depth:
         warnings.append(
             f"--max-concurrent {args.max_concurrent} is fewer than the {max_depth + 1} levels --max-depth {max_depth} allows: "
             "a parent lends its slot only while blocked in a foreground spawn or 'spawn.py wait'"
         )
-    if session is not None and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
+    if not is_root and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
         warnings.append("--max-agents, --max-concurrent and --confirm-over apply to a whole tree and are set by its root; ignored here")
-    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules, no_wait=args.no_wait)
 
 
 def plan_placement(
@@ -12134,6 +12222,95 @@ def plan_placement(
     if not args.dry_run:
         check_runnable(decision)
     return decision
+
+
+def asked_by_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> AskedLimits:
+    """What the flags ask for; args stays as parsed. (The system prompt is read after the other flags' checks.)"""
+    requested_tools, disallowed = read_tool_flags(args, environ)
+    # --timeout 0: no deadline of its own, explicitly.
+    timeout: float | None = args.timeout or None
+    return AskedLimits(None, requested_tools, disallowed, args.max_depth, timeout, args.max_budget_usd, args.max_turns, args.background)
+
+
+def own_timeout(args: argparse.Namespace, timeout: float | None, inh: Inherited) -> float | None:
+    """The agent's own timeout: a root given none gets the default; --timeout 0 keeps none."""
+    if args.timeout is None and timeout is None and inh.depth < 0:
+        return DEFAULT_ROOT_TIMEOUT_S
+    return timeout
+
+
+def choose_session(args: argparse.Namespace, environ: Mapping[str, str], inh: Inherited, warnings: list[str]) -> tuple[Path, Path | None]:
+    """(where a new session goes, the tree's session if this agent has one)."""
+    session_root = resolve_session_root(args.session, environ)
+    # A child stays in its tree's session, whatever --session says: there it
+    # shares the tree's limits file and ledger, and `kill` finds it.
+    session = inh.session
+    if session is not None and args.session:
+        warnings.append(f"--session {args.session} ignored: this agent is registered in its tree's session {session}")
+    return session_root, session
+
+
+def read_tool_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[list[str] | None, list[str]]:
+    """(--tools, None for not given; --disallowed-tools), checked against the tools known."""
+    catalogue = known_tools(environ) if args.tools or args.disallowed_tools else KNOWN_TOOLS  # with what the CLI reported
+    requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
+    disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
+    return requested_tools, disallowed
+
+
+def choose_model(args: argparse.Namespace, environ: Mapping[str, str], definition: AgentDefinition | None, inh: Inherited) -> str:
+    """--model, else the definition's, else the default; "inherit" is the parent's; a tier name resolved."""
+    model_name = args.model if args.model is not None else (definition.model if definition and definition.model else DEFAULT_MODEL)
+    if model_name == "inherit":
+        model_name = inh.model or DEFAULT_MODEL
+    model_source = "--model" if args.model is not None else (f"the model of {definition.path}" if definition else "the model")
+    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), model_source)
+    return model
+
+
+def tree_tools(requested_tools: list[str] | None, definition: AgentDefinition | None, inh: Inherited, warnings: list[str]) -> list[str]:
+    """The agent's tools: those asked for (or the parent's), with its definition's MCP servers, within the parent's."""
+    tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
+    if definition is not None:
+        # A definition's MCP servers are granted whole unless it names their tools.
+        tools += [f"mcp__{s}" for s in definition.mcp_servers if not any(t.startswith(f"mcp__{s}") for t in tools)]
+    tools, dropped = narrow_tools(tools, inh.tools)
+    if dropped:
+        warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
+    return tools
+
+
+def choose_sandbox(
+    args: argparse.Namespace, kind: str, depth: int, max_depth: int, tools: list[str], *, is_root: bool, warnings: list[str]
+) -> tuple[str, str | None]:
+    """(the sandbox, a refusal or None)."""
+    sandbox_refusal = None
+    # Inside a parent's sandbox an agent is held by it, whatever it asks.
+    sandbox = "inherited" if inside_sandbox() else "off"
+    if sandbox == "off" and kind == "claude":
+        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=is_root, warnings=warnings)
+    return sandbox, sandbox_refusal
+
+
+def take_definition_settings(meta: AgentMeta, definition: AgentDefinition) -> None:
+    """The settings a definition gives its agent as they are (its limits are narrowed with the flags', in plan_run)."""
+    meta.agent = definition.name
+    meta.agent_source = definition.path
+    meta.mcp_servers = sorted(definition.mcp_servers)
+    meta.skills = definition.skills
+    meta.effort = definition.effort
+    meta.initial_prompt = definition.initial_prompt
+    meta.isolation = definition.isolation
+    meta.memory = definition.memory
+    meta.hooks = sorted(definition.hooks or {})
+
+
+def tree_mode(definition: AgentDefinition | None, inh: Inherited, warnings: list[str]) -> str:
+    """The permission mode: the definition's, within the tree's."""
+    mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
+    if mode_warning:
+        warnings.append(mode_warning)
+    return mode
 
 
 def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, warnings: list[str]) -> Any:
@@ -12615,13 +12792,35 @@ class PendingRequest:
 
 def serve_forks(meta: AgentMeta, entry: Entry) -> None:
     """The fork server's loop: accept, check the peer, fork; until the root is gone."""
-    import gc
-    import selectors
-    import socket
-    import struct
-
-    root = Supervised.of(meta)
     path = Path(meta.session) / FORKSERVER_SOCKET
+    server = bind_forkserver_socket(path)
+    bound = path.stat().st_ino
+    # Listening before the imports: a spawn that comes meanwhile waits in the
+    # backlog, no longer than its own imports would have taken it.
+    server.listen(64)
+    server.setblocking(False)
+    preload_for_forks()
+    loop = ForkServerLoop(meta, entry, server)
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGCHLD, loop.reap)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        loop.run()
+        # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
+        print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
+    finally:
+        with contextlib.suppress(OSError):
+            if path.stat().st_ino == bound:
+                path.unlink()
+
+
+def bind_forkserver_socket(path: Path) -> Any:
+    """The server's socket, bound at path, 0600."""
+    import socket
+
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     address, dir_fd = unix_address(str(path))
     mask = os.umask(0o177)  # the socket is created 0600: only this user may connect
@@ -12631,15 +12830,16 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
         os.umask(mask)
         if dir_fd is not None:
             os.close(dir_fd)
-    bound = path.stat().st_ino
-    # Listening before the imports: a spawn that comes meanwhile waits in the
-    # backlog, no longer than its own imports would have taken it.
-    server.listen(64)
-    server.setblocking(False)
+    return server
 
-    # Everything a spawn imports, once: the children share these pages. (The
-    # root, forked, has most of it: the SDK's and asyncio's imports are free.)
+
+def preload_for_forks() -> None:
+    """Everything a spawn imports, once: the children share these pages.
+
+    (The root, forked, has most of it: the SDK's and asyncio's imports are free.)
+    """
     import asyncio  # noqa: F401
+    import gc
 
     import jsonschema  # noqa: F401
 
@@ -12653,59 +12853,93 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
     # Out of the collector's reach: a child's collections then leave these
     # pages alone, so they stay shared with the server instead of copied.
     gc.freeze()
-    script_stat = SCRIPT_PATH.stat()
-    namespace = own_pid_namespace()
 
-    def stop(_signum: int, _frame: Any) -> None:
-        raise SystemExit(0)
 
-    # The spawns this server forked, by pid: the stand-in each runs for. A
-    # detached runner is forked only for one of them (its launcher), and for
-    # that launcher's caller, who is checked while it still lives.
-    launched: dict[int, tuple[int, float]] = {}
+class ForkServerLoop:
+    """The server's state between polls: the clients whose requests are still coming, the spawns it forked."""
 
-    def reap(_signum: int, _frame: Any) -> None:
+    def __init__(self, meta: AgentMeta, entry: Entry, server: Any) -> None:
+        import selectors
+
+        self.meta, self.entry, self.server = meta, entry, server
+        self.root = Supervised.of(meta)
+        self.script_stat = SCRIPT_PATH.stat()
+        self.namespace = own_pid_namespace()
+        # The spawns this server forked, by pid: the stand-in each runs for. A
+        # detached runner is forked only for one of them (its launcher), and for
+        # that launcher's caller, who is checked while it still lives.
+        self.launched: dict[int, tuple[int, float]] = {}
+        self.pending: dict[Any, PendingRequest] = {}
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(server, selectors.EVENT_READ)
+
+    def reap(self, _signum: int, _frame: Any) -> None:
         with contextlib.suppress(ChildProcessError):
             while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
-                launched.pop(pid, None)
+                self.launched.pop(pid, None)
 
-    signal.signal(signal.SIGCHLD, reap)
-    signal.signal(signal.SIGTERM, stop)
-    pending: dict[Any, PendingRequest] = {}
-    selector = selectors.DefaultSelector()
-    selector.register(server, selectors.EVENT_READ)
+    def run(self) -> None:
+        """Poll until the root is gone."""
+        while self.root.alive():
+            now = time.monotonic()
+            for client in [c for c in self.pending.values() if c.deadline <= now]:
+                self.drop(client)
+            wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in self.pending.values())])
+            for key, _events in self.selector.select(max(0.0, wait_s)):
+                if key.fileobj is self.server:
+                    self.admit()
+                else:
+                    self.read_from(self.pending[key.fileobj])
 
-    def drop(client: PendingRequest) -> None:
+    def read_from(self, client: PendingRequest) -> None:
+        try:
+            whole = client.feed()
+        except (OSError, ValueError):
+            self.drop(client)
+            return
+        if whole:
+            self.selector.unregister(client.conn)
+            del self.pending[client.conn]
+            with contextlib.suppress(OSError, ValueError, psutil.Error):
+                self.serve(client)
+            client.close()
+
+    def drop(self, client: PendingRequest) -> None:
         # Closed unanswered: that client takes the normal path.
-        selector.unregister(client.conn)
-        del pending[client.conn]
+        self.selector.unregister(client.conn)
+        del self.pending[client.conn]
         client.close()
 
-    def admit() -> None:
+    def admit(self) -> None:
+        import selectors
+        import socket
+        import struct
+
         try:
-            conn, _ = server.accept()
+            conn, _ = self.server.accept()
         except (BlockingIOError, InterruptedError):
             return
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         client_pid, client_uid, _gid = struct.unpack("3i", creds)
         # Another user's, or one inside an agent's sandbox (or unreadable),
         # whatever it says: what it spawns must stay in there, not be forked out.
-        if client_uid != os.getuid() or pid_namespace_of(client_pid) != namespace or len(pending) >= FORKSERVER_PENDING_MAX:
+        if client_uid != os.getuid() or pid_namespace_of(client_pid) != self.namespace or len(self.pending) >= FORKSERVER_PENDING_MAX:
             conn.close()
             return
         conn.setblocking(False)
-        pending[conn] = PendingRequest(conn, client_pid)
-        selector.register(conn, selectors.EVENT_READ)
+        self.pending[conn] = PendingRequest(conn, client_pid)
+        self.selector.register(conn, selectors.EVENT_READ)
 
-    def serve(client: PendingRequest) -> None:
+    def serve(self, client: PendingRequest) -> None:
+        meta, entry = self.meta, self.entry
         conn, fds, client_pid = client.conn, client.fds, client.client_pid
         request = client.request()
         conn.settimeout(5.0)  # the reply's send; the client waits for it
-        refusal = forkserver_refusal(request, script_stat)
+        refusal = forkserver_refusal(request, self.script_stat)
         client_time = psutil.Process(client_pid).create_time()
         caller, ancestry = None, None
         if refusal is None:
-            caller, refusal = caller_in_tree(client_pid, launched, meta.session, detach=request.get("detach") is True)
+            caller, refusal = caller_in_tree(client_pid, self.launched, meta.session, detach=request.get("detach") is True)
         if refusal is None and caller is not None and request.get("detach") is True:
             ancestry = ancestry_context(subject=caller)
         if refusal is not None:
@@ -12716,9 +12950,9 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
         pid = os.fork()
         if pid == 0:
             try:
-                server.close()
-                selector.close()
-                for other in pending.values():  # every other client is the server's to answer
+                self.server.close()
+                self.selector.close()
+                for other in self.pending.values():  # every other client is the server's to answer
                     other.close()
                 if request.get("detach") is True:
                     ForkedFor.ancestry = ancestry
@@ -12727,7 +12961,7 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
             finally:
                 os._exit(ExitCode.STATE)
         if request.get("detach") is not True:
-            launched[pid] = (client_pid, client_time)
+            self.launched[pid] = (client_pid, client_time)
         line = {
             "time": utc_now_iso(),
             "pid": pid,
@@ -12738,35 +12972,6 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
             line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
         with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
             fh.write(json.dumps(line) + "\n")
-
-    try:
-        while root.alive():
-            now = time.monotonic()
-            for client in [c for c in pending.values() if c.deadline <= now]:
-                drop(client)
-            wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in pending.values())])
-            for key, _events in selector.select(max(0.0, wait_s)):
-                if key.fileobj is server:
-                    admit()
-                    continue
-                client = pending[key.fileobj]
-                try:
-                    whole = client.feed()
-                except (OSError, ValueError):
-                    drop(client)
-                    continue
-                if whole:
-                    selector.unregister(client.conn)
-                    del pending[client.conn]
-                    with contextlib.suppress(OSError, ValueError, psutil.Error):
-                        serve(client)
-                    client.close()
-        # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
-        print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
-    finally:
-        with contextlib.suppress(OSError):
-            if path.stat().st_ino == bound:
-                path.unlink()
 
 
 def caller_in_tree(
@@ -12828,7 +13033,7 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
         with contextlib.suppress(OSError):
             conn.recv(1)
         if not finished.is_set():
-            os.kill(os.getpid(), signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
+            Supervised.signal_self(signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
 
     watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
     watcher.start()
@@ -13134,28 +13339,10 @@ def run_agent(
     executor = executor_for(meta.kind)
     state = RunState(in_process_tree(meta, agent_dir, secrets_, load_schema))
     started = time.time()
-    become_subreaper()
-    guard_pid, guard_pipe = guard or start_guard(agent_dir)
-    enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
-    error: str | None = None
-    home_cwd = Path(meta.cwd)
-    if meta.isolation == "worktree":
-        try:
-            meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
-        except StateError as exc:
-            error = exc.message
-    if error is None:
-        executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
-    # Not at the top of the file (the verbs and --dry-run don't need it), and
-    # not before the CLI's start: ~30 ms that a root's CLI would wait for.
-    # Before the SDK's import thread, which then finds it loaded, and before
-    # the fork server, which inherits it (and ssl with it) ready to serve.
-    import asyncio
-
-    if sdk_loader is not None:
-        sdk_loader.start()
-    if forkserver_wanted(meta, os.environ):
-        start_forkserver(meta, sdk_loader, entry)  # after entering the cgroup: it ends with the tree
+    guard_pid, guard_pipe, error, home_cwd = start_agent_run(
+        meta, agent_dir, cli=cli, executor=executor, state=state, secrets_=secrets_, sdk_loader=sdk_loader, guard=guard, entry=entry
+    )
+    import asyncio  # loaded by now (start_agent_run)
 
     async def main_task() -> None:
         nonlocal error
@@ -13167,49 +13354,9 @@ def run_agent(
             if state.stop_reason is None:
                 state.stop_reason, state.stop_detail = status, detail
                 state.running_below = live_descendants(meta)
-                stopping.append(asyncio.ensure_future(shut_down()))
+                stopping.append(asyncio.ensure_future(shut_down_agent(meta, state, task)))
 
         state.request_stop = stop
-
-        async def shut_down() -> None:
-            """Child agents first, so they can record their own outcome; then our CLI.
-
-            The CLI is frozen meanwhile, so the agent takes no further turn.
-
-            The CLI kills its Bash commands hard when it is ended, and a child
-            agent's spawn.py runs inside one. Cancelled without this, the SDK
-            would also give the CLI 5 s to exit on its own, and a stopped agent
-            must be gone well within its parent's grace.
-            """
-            try:
-                # Freeze the CLI (not its group, where child agents run): it
-                # must not start another model turn while the children end.
-                if state.cli_pid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(state.cli_pid, signal.SIGSTOP)
-                children = []
-                for d in descendants_of(Path(meta.session), meta.id):
-                    with contextlib.suppress(FileNotFoundError, SpawnError):
-                        child_meta = load_meta(d)
-                        child = Supervised.of(child_meta)
-                        if child_meta.id in state.running_below and child.signal(signal.SIGTERM):
-                            children.append(child)
-                # The SIGKILL half of the stop path comes after the CLI's end,
-                # in end_own_subtree; until then the loop keeps serving signals.
-                limit = loop.time() + KILL_GRACE_S
-                while loop.time() < limit and any(c.alive() for c in children):
-                    await asyncio.sleep(0.05)
-                for hook in state.stop_hooks:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(hook(), KILL_GRACE_S)
-                if state.cli_pgid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(state.cli_pgid, signal.SIGTERM)
-            finally:
-                if state.cli_pid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
-                task.cancel()
 
         stopping: list[asyncio.Future[None]] = []
 
@@ -13226,15 +13373,7 @@ def run_agent(
         idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
         drops = asyncio.create_task(drop_box_loop(meta, state, secrets_)) if has_drop_box(meta) else None
         try:
-            max_concurrent = read_limits(Path(meta.session)).max_concurrent
-            if max_concurrent is not None:
-                # Waits with the deadline and signal handlers armed, so a queued
-                # agent can still be killed or time out with an outcome.
-                limit = time.monotonic() + SLOT_WAIT_S
-                while not try_take_slot(agent_dir, max_concurrent):
-                    if meta.deadline is None and time.monotonic() > limit:
-                        stop(Status.TIMEOUT, f"no --max-concurrent slot within {SLOT_WAIT_S:.0f} s")
-                    await asyncio.sleep(SLOT_POLL_S)
+            await wait_for_slot(meta, agent_dir, stop)
             if error is None:
                 await executor.run(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader)
             # A node that ended while being stopped (a remote task that reports
@@ -13265,6 +13404,74 @@ def run_agent(
     finally:
         EarlyStop.arm()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    return finish_agent_run(
+        meta,
+        agent_dir,
+        executor=executor,
+        state=state,
+        started=started,
+        error=error,
+        home_cwd=home_cwd,
+        guard=(guard_pid, guard_pipe),
+        secrets_=secrets_,
+    )
+
+
+def start_agent_run(
+    meta: AgentMeta,
+    agent_dir: Path,
+    *,
+    cli: Path,
+    executor: Executor,
+    state: RunState,
+    secrets_: Sequence[str],
+    sdk_loader: SdkLoader | None,
+    guard: tuple[int, int] | None,
+    entry: Entry,
+) -> tuple[int, int, str | None, Path]:
+    """run_agent's start: the guard, the cgroup, the worktree, the node's start, the SDK's import, the fork server.
+
+    (guard pid, guard pipe, the error that ends the run before it starts or None, the project's own cwd).
+    """
+    become_subreaper()
+    guard_pid, guard_pipe = guard or start_guard(agent_dir)
+    enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
+    error: str | None = None
+    home_cwd = Path(meta.cwd)
+    if meta.isolation == "worktree":
+        try:
+            meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
+        except StateError as exc:
+            error = exc.message
+    if error is None:
+        executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
+    # Not at the top of the file (the verbs and --dry-run don't need it), and
+    # not before the CLI's start: ~30 ms that a root's CLI would wait for.
+    # Before the SDK's import thread, which then finds it loaded, and before
+    # the fork server, which inherits it (and ssl with it) ready to serve.
+    import asyncio  # noqa: F401
+
+    if sdk_loader is not None:
+        sdk_loader.start()
+    if forkserver_wanted(meta, os.environ):
+        start_forkserver(meta, sdk_loader, entry)  # after entering the cgroup: it ends with the tree
+    return guard_pid, guard_pipe, error, home_cwd
+
+
+def finish_agent_run(
+    meta: AgentMeta,
+    agent_dir: Path,
+    *,
+    executor: Executor,
+    state: RunState,
+    started: float,
+    error: str | None,
+    home_cwd: Path,
+    guard: tuple[int, int],
+    secrets_: Sequence[str],
+) -> Outcome:
+    """run_agent's end: end what the agent left, settle its descendants, commit its outcome, release the guard."""
+    guard_pid, guard_pipe = guard
     # Whatever happened, nothing the agent started may outlive it.
     groups = [g for g in (state.cli_pgid,) if g]
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
@@ -13303,6 +13510,62 @@ def settle_below(meta: AgentMeta, state: RunState, secrets_: Sequence[str], runn
     if state.in_process is not None:
         state.in_process.settle(state.stop_reason, state.stop_detail)
     settle_descendants(meta, secrets_, running_below)
+
+
+async def shut_down_agent(meta: AgentMeta, state: RunState, task: Any) -> None:
+    """Stop a running agent: child agents first, so they can record their own outcome; then our CLI.
+
+    The CLI is frozen meanwhile, so the agent takes no further turn.
+
+    The CLI kills its Bash commands hard when it is ended, and a child
+    agent's spawn.py runs inside one. Cancelled without this, the SDK
+    would also give the CLI 5 s to exit on its own, and a stopped agent
+    must be gone well within its parent's grace.
+    """
+    import asyncio
+
+    try:
+        # Freeze the CLI (not its group, where child agents run): it
+        # must not start another model turn while the children end.
+        if state.cli_pid:
+            Supervised.signal_pid(state.cli_pid, signal.SIGSTOP)
+        children = []
+        for d in descendants_of(Path(meta.session), meta.id):
+            with contextlib.suppress(FileNotFoundError, SpawnError):
+                child_meta = load_meta(d)
+                child = Supervised.of(child_meta)
+                if child_meta.id in state.running_below and child.signal(signal.SIGTERM):
+                    children.append(child)
+        # The SIGKILL half of the stop path comes after the CLI's end,
+        # in end_own_subtree; until then the loop keeps serving signals.
+        loop = asyncio.get_running_loop()
+        limit = loop.time() + KILL_GRACE_S
+        while loop.time() < limit and any(c.alive() for c in children):
+            await asyncio.sleep(0.05)
+        for hook in state.stop_hooks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(hook(), KILL_GRACE_S)
+        if state.cli_pgid:
+            Supervised.signal_group(state.cli_pgid, signal.SIGTERM)
+    finally:
+        if state.cli_pid:
+            Supervised.signal_pid(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
+        task.cancel()
+
+
+async def wait_for_slot(meta: AgentMeta, agent_dir: Path, stop: Callable[[Status, str], None]) -> None:
+    """Take a --max-concurrent slot, if the session has that limit."""
+    import asyncio
+
+    max_concurrent = read_limits(Path(meta.session)).max_concurrent
+    if max_concurrent is not None:
+        # Waits with the deadline and signal handlers armed, so a queued
+        # agent can still be killed or time out with an outcome.
+        limit = time.monotonic() + SLOT_WAIT_S
+        while not try_take_slot(agent_dir, max_concurrent):
+            if meta.deadline is None and time.monotonic() > limit:
+                stop(Status.TIMEOUT, f"no --max-concurrent slot within {SLOT_WAIT_S:.0f} s")
+            await asyncio.sleep(SLOT_POLL_S)
 
 
 def outcome_committed_instead(
@@ -13860,6 +14123,8 @@ def descendants_of(session: Path, agent_id: str) -> list[Path]:
 
 
 
+
+
 # -------------------------------------------------------------------- verbs --
 
 
@@ -14040,142 +14305,176 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
     (stale heartbeat) is reported rather than waited for; its heartbeat is
     read again only when it could first have gone stale.
     """
-    import heapq
-    import select
-
-    pending = dict.fromkeys(agent_dirs)  # an ordered set
-    result = WaitResult({}, [], True)
-    metas = {d: load_meta(d) for d in pending}
-    deadline = None if timeout is None else time.monotonic() + timeout
-    events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH)
-    allow_open_files(len(pending) + 64)
-    # epoll: a wake costs what is ready, where poll() would scan every pidfd each time.
-    epoll = hasattr(select, "epoll")
-    poller: Any = select.epoll() if epoll else select.poll()
-    if events.fd >= 0:
-        poller.register(events.fd, select.POLLIN)
-    unwatched = {d for d in pending if not events.watch(d)}  # outcomes polled
-    exits: dict[int, Path] = {}
-    exit_polled: set[Path] = set()  # no pidfd: liveness polled
-    for d in pending:
-        fd = exit_fd(metas[d])
-        if fd is None:
-            exit_polled.add(d)
-        else:
-            exits[fd] = d
-            poller.register(fd, select.POLLIN)
-    # Watches are set before this first look, so nothing committed between is missed.
-    to_read: set[Path] = set(pending)
-    # Polls and marker events only read an outcome whose marker is there: the
-    # marker is the committer's last step, after the ledger charge, and a
-    # wait that wrote it first (read_outcome does) would fsync it on its own
-    # path to exit. An outcome left without one (its writer died) is read by
-    # the exit event and rescans, which write the marker.
-    to_peek: set[Path] = set()
-    # A peek is two stats of paths built once (not pathlib): a poll of a few
-    # agents runs every few ms for as long as they run, and pathlib's joins
-    # were most of its CPU. A marker that can't be stat'ed is read by a rescan.
-    markers = {d: (os.path.join(d, DONE_MARKER), os.path.join(d, FAIL_MARKER)) for d in pending}
-    to_check: set[Path] = set(exit_polled)  # look at the process now: gone, or not watchable
-    stale_checks = [(0.0, str(d), d) for d in pending]  # a heap: when each heartbeat is next worth reading
-    now = time.monotonic()
-    rescan_every, next_rescan = WAIT_RESCAN_S, now + WAIT_RESCAN_S
-    next_poll = now + WAIT_POLL_S
-    next_liveness = now + LIVENESS_POLL_S
-
-    def liveness_period(count: int) -> float:
-        return min(LIVENESS_POLL_MAX_S, LIVENESS_POLL_S * max(1.0, count / WAIT_POLL_BATCH))
-
-    def settled(d: Path) -> None:
-        pending.pop(d, None)
-        unwatched.discard(d)
-        exit_polled.discard(d)
-
+    wait = OutcomeWait(agent_dirs, mode, timeout, secrets_)
     try:
-        while pending:
-            to_peek -= to_read
-            for d in to_peek:
-                if d in pending and (os.path.exists(markers[d][0]) or os.path.exists(markers[d][1])):
-                    to_read.add(d)
-            for d in [d for d in to_read if d in pending]:
-                outcome = read_outcome(d)
-                if outcome is not None:
-                    result.outcomes[d] = outcome
-                    settled(d)
-            to_read.clear()
-            to_peek.clear()
-            if not pending or (mode == "any" and result.outcomes):
-                break
-            now = time.monotonic()
-            for d in [d for d in to_check if d in pending]:
-                state = liveness(d, metas[d])
-                if state == Status.FAILED:
-                    reap_agent(d, "wait", secrets_)
-                    to_read.add(d)
-                elif state == Status.STALE:
-                    result.stale.append(d)
-                    settled(d)
-            to_check.clear()
-            while stale_checks and stale_checks[0][0] <= now:
-                _, _, d = heapq.heappop(stale_checks)
-                if d not in pending or d in exit_polled:
-                    continue  # settled; or its liveness poll reads the heartbeat anyway
-                age = heartbeat_age(d)
-                if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
-                    result.stale.append(d)
-                    settled(d)
-                    continue
-                # It can't go stale before its last beat is that old; none yet: not stale until it has one.
-                after = HEARTBEAT_S if age is None else HEARTBEAT_STALE_BEATS * age[1] - age[0]
-                heapq.heappush(stale_checks, (now + max(LIVENESS_POLL_S, after), str(d), d))
-            if to_read:
-                continue  # a reaped agent's outcome is read before anything else
-            if not pending:
-                break
-            if deadline is not None and now >= deadline:
-                result.finished = False
-                break
-            wake = [next_rescan]
-            wake += [stale_checks[0][0]] if stale_checks else []
-            wake += [next_liveness] if exit_polled else []
-            wake += [next_poll] if unwatched else []
-            wake += [deadline] if deadline is not None else []
-            ms = max(0, int((min(wake) - now) * 1000) + 1)
-            ready = poller.poll(ms / 1000 if epoll else ms)
-            before = len(to_read) + len(to_peek)
-            for fd, _ in ready:
-                if fd == events.fd:
-                    to_peek |= events.read()
-                elif fd in exits:
-                    poller.unregister(fd)
-                    os.close(fd)
-                    gone = exits.pop(fd)
-                    to_read.add(gone)  # it most likely committed on its way out
-                    to_check.add(gone)
-            if ready and len(to_read) + len(to_peek) == before and not (events.overflow or events.lost):
-                time.sleep(WAIT_NOISE_HOLDOFF_S)  # only noise woke us
-            if events.overflow or events.lost:
-                to_read |= set(pending)
-                unwatched |= events.lost & set(pending)
-                events.overflow, events.lost = False, set()
-            now = time.monotonic()
-            if unwatched and now >= next_poll:
-                to_peek |= unwatched
-                next_poll = now + min(WAIT_POLL_MAX_S, max(WAIT_POLL_S, WAIT_POLL_PER_AGENT_S * len(unwatched)))
-            if exit_polled and now >= next_liveness:
-                to_check |= exit_polled
-                next_liveness = now + liveness_period(len(exit_polled))
-            if now >= next_rescan:
-                to_read |= set(pending)
-                rescan_every = min(rescan_every * 2, WAIT_RESCAN_MAX_S)
-                next_rescan = now + rescan_every
+        wait.run()
     finally:
-        events.close()
-        for fd in exits:
+        wait.close()
+    return wait.result
+
+
+class OutcomeWait:
+    """wait_for_outcomes' state: what is still pending, and how each agent is watched (see there)."""
+
+    def __init__(self, agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> None:
+        import select
+
+        self.mode, self.secrets = mode, secrets_
+        self.pending = dict.fromkeys(agent_dirs)  # an ordered set
+        pending = self.pending
+        self.result = WaitResult({}, [], True)
+        self.metas = {d: load_meta(d) for d in pending}
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH)
+        allow_open_files(len(pending) + 64)
+        # epoll: a wake costs what is ready, where poll() would scan every pidfd each time.
+        self.epoll = hasattr(select, "epoll")
+        self.poller: Any = select.epoll() if self.epoll else select.poll()
+        if self.events.fd >= 0:
+            self.poller.register(self.events.fd, select.POLLIN)
+        self.unwatched = {d for d in pending if not self.events.watch(d)}  # outcomes polled
+        self.exits: dict[int, Path] = {}
+        self.exit_polled: set[Path] = set()  # no pidfd: liveness polled
+        for d in pending:
+            fd = exit_fd(self.metas[d])
+            if fd is None:
+                self.exit_polled.add(d)
+            else:
+                self.exits[fd] = d
+                self.poller.register(fd, select.POLLIN)
+        # Watches are set before this first look, so nothing committed between is missed.
+        self.to_read: set[Path] = set(pending)
+        # Polls and marker events only read an outcome whose marker is there: the
+        # marker is the committer's last step, after the ledger charge, and a
+        # wait that wrote it first (read_outcome does) would fsync it on its own
+        # path to exit. An outcome left without one (its writer died) is read by
+        # the exit event and rescans, which write the marker.
+        self.to_peek: set[Path] = set()
+        # A peek is two stats of paths built once (not pathlib): a poll of a few
+        # agents runs every few ms for as long as they run, and pathlib's joins
+        # were most of its CPU. A marker that can't be stat'ed is read by a rescan.
+        self.markers = {d: (os.path.join(d, DONE_MARKER), os.path.join(d, FAIL_MARKER)) for d in pending}
+        self.to_check: set[Path] = set(self.exit_polled)  # look at the process now: gone, or not watchable
+        self.stale_checks = [(0.0, str(d), d) for d in pending]  # a heap: when each heartbeat is next worth reading
+        now = time.monotonic()
+        self.rescan_every, self.next_rescan = WAIT_RESCAN_S, now + WAIT_RESCAN_S
+        self.next_poll = now + WAIT_POLL_S
+        self.next_liveness = now + LIVENESS_POLL_S
+
+    def settled(self, d: Path) -> None:
+        self.pending.pop(d, None)
+        self.unwatched.discard(d)
+        self.exit_polled.discard(d)
+
+    def run(self) -> None:
+        while self.pending:
+            self.read_outcomes()
+            if not self.pending or (self.mode == "any" and self.result.outcomes):
+                break
+            now = time.monotonic()
+            self.check_processes()
+            self.check_heartbeats(now)
+            if self.to_read:
+                continue  # a reaped agent's outcome is read before anything else
+            if not self.pending:
+                break
+            if self.deadline is not None and now >= self.deadline:
+                self.result.finished = False
+                break
+            self.sleep_until_woken(now)
+            self.schedule_polls(time.monotonic())
+
+    def read_outcomes(self) -> None:
+        """Read the outcomes there is reason to read: peeked markers, exits, rescans."""
+        pending, to_read, to_peek, markers = self.pending, self.to_read, self.to_peek, self.markers
+        to_peek -= to_read
+        for d in to_peek:
+            if d in pending and (os.path.exists(markers[d][0]) or os.path.exists(markers[d][1])):
+                to_read.add(d)
+        for d in [d for d in to_read if d in pending]:
+            outcome = read_outcome(d)
+            if outcome is not None:
+                self.result.outcomes[d] = outcome
+                self.settled(d)
+        to_read.clear()
+        to_peek.clear()
+
+    def check_processes(self) -> None:
+        """Look at the processes due a look: a dead one is reaped, a stuck one reported."""
+        for d in [d for d in self.to_check if d in self.pending]:
+            state = liveness(d, self.metas[d])
+            if state == Status.FAILED:
+                reap_agent(d, "wait", self.secrets)
+                self.to_read.add(d)
+            elif state == Status.STALE:
+                self.result.stale.append(d)
+                self.settled(d)
+        self.to_check.clear()
+
+    def check_heartbeats(self, now: float) -> None:
+        """Read the heartbeats that could have gone stale by now."""
+        import heapq
+
+        stale_checks = self.stale_checks
+        while stale_checks and stale_checks[0][0] <= now:
+            _, _, d = heapq.heappop(stale_checks)
+            if d not in self.pending or d in self.exit_polled:
+                continue  # settled; or its liveness poll reads the heartbeat anyway
+            age = heartbeat_age(d / HEARTBEAT)
+            if age is not None and stale_in(age) < 0:
+                self.result.stale.append(d)
+                self.settled(d)
+                continue
+            # It can't go stale before its last beat is that old; none yet: not stale until it has one.
+            after = HEARTBEAT_S if age is None else stale_in(age)
+            heapq.heappush(stale_checks, (now + max(LIVENESS_POLL_S, after), str(d), d))
+
+    def sleep_until_woken(self, now: float) -> None:
+        """Block until an event, or the next poll, heartbeat, rescan or the deadline is due."""
+        events, exits, poller = self.events, self.exits, self.poller
+        wake = [self.next_rescan]
+        wake += [self.stale_checks[0][0]] if self.stale_checks else []
+        wake += [self.next_liveness] if self.exit_polled else []
+        wake += [self.next_poll] if self.unwatched else []
+        wake += [self.deadline] if self.deadline is not None else []
+        ms = max(0, int((min(wake) - now) * 1000) + 1)
+        ready = poller.poll(ms / 1000 if self.epoll else ms)
+        before = len(self.to_read) + len(self.to_peek)
+        for fd, _ in ready:
+            if fd == events.fd:
+                self.to_peek |= events.read()
+            elif fd in exits:
+                poller.unregister(fd)
+                os.close(fd)
+                gone = exits.pop(fd)
+                self.to_read.add(gone)  # it most likely committed on its way out
+                self.to_check.add(gone)
+        if ready and len(self.to_read) + len(self.to_peek) == before and not (events.overflow or events.lost):
+            time.sleep(WAIT_NOISE_HOLDOFF_S)  # only noise woke us
+        if events.overflow or events.lost:
+            self.to_read |= set(self.pending)
+            self.unwatched |= events.lost & set(self.pending)
+            events.overflow, events.lost = False, set()
+
+    def schedule_polls(self, now: float) -> None:
+        """Queue what the polls owe by now: unwatched outcomes, unwatched processes, a rescan."""
+        if self.unwatched and now >= self.next_poll:
+            self.to_peek |= self.unwatched
+            self.next_poll = now + min(WAIT_POLL_MAX_S, max(WAIT_POLL_S, WAIT_POLL_PER_AGENT_S * len(self.unwatched)))
+        if self.exit_polled and now >= self.next_liveness:
+            self.to_check |= self.exit_polled
+            self.next_liveness = now + min(LIVENESS_POLL_MAX_S, LIVENESS_POLL_S * max(1.0, len(self.exit_polled) / WAIT_POLL_BATCH))
+        if now >= self.next_rescan:
+            self.to_read |= set(self.pending)
+            self.rescan_every = min(self.rescan_every * 2, WAIT_RESCAN_MAX_S)
+            self.next_rescan = now + self.rescan_every
+
+    def close(self) -> None:
+        self.events.close()
+        for fd in self.exits:
             os.close(fd)
-        if epoll:
-            poller.close()
-    return result
+        if self.epoll:
+            self.poller.close()
 
 
 # A finished agent's status row never changes: its meta.json and outcome.json
@@ -14415,8 +14714,7 @@ def forked_map(fn: Callable[[Sequence[str]], R], items: Sequence[str], minimum: 
     finally:
         for child in pending:  # left only by an exception here: end them (ours, by pid)
             if child is not None:
-                with contextlib.suppress(OSError):
-                    os.kill(child[0], signal.SIGKILL)
+                Supervised.signal_pid(child[0], signal.SIGKILL)
                 join_worker(child)
     return results
 
@@ -15394,133 +15692,177 @@ def run_dag(
     retry, skip or abort. go_on(task), if given, is asked before a task whose
     blockers all ended: False declines it, and the run stops there.
     """
-    runner = load_meta(runner_dir)
-    secrets_ = secret_values(environ)
-    by_id = {t.id: t for t in tasks}
-    results: dict[str, dict[str, Any]] = {k: dict(v) for k, v in done_before.items()}
-    running: dict[str, Path] = {}
-    # Attempts count across resumes (the journal has every start); retries are per runner.
-    attempts: dict[str, int] = {t.id: 0 for t in tasks}
-    for r in read_journal(journal):
-        if r.get("event") == "task" and r.get("status") == "started" and r.get("task") in attempts:
-            attempts[r["task"]] += 1
-    retried: dict[str, int] = {t.id: 0 for t in tasks}
-    stop: dict[str, str] = {}  # set by an abort or a decline: why nothing more starts
-
-    def record(tid: str, **fields: Any) -> None:
-        entry = {"event": "task", "task": tid, "time": utc_now_iso(), **fields}
-        append_jsonl(journal, entry, secrets_)
-        if fields["status"] != "started":
-            results[tid] = {k: v for k, v in fields.items() if k != "agent_dir"}
-
-    def ended(tid: str, d: Path, outcome: Mapping[str, Any], **why: str) -> None:
-        """Record a task's agent outcome; why (reason, aborted_by) overrides a failure's own reason."""
-        if outcome.get("status") == Status.DONE:
-            out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
-            record(tid, status="done", agent_id=d.name, output=out, outcome=str(d / OUTCOME), attempt=attempts[tid])
-        else:
-            fields = {"reason": outcome.get("reason") or "", **why}
-            record(tid, status=outcome.get("status") or "failed", agent_id=d.name, attempt=attempts[tid], **fields)
-
-    def decide(t: DagTask) -> tuple[str, str]:
-        """(retry|skip|abort|fail, who chose) for a task that did not end done; fail is the graph's rule."""
-        if retried[t.id] < (t.retries or 0):
-            return "retry", f"retries: {t.retries}"
-        if on_fail == "ask" and choose is not None:
-            return choose(t, results[t.id]), "terminal"
-        if on_fail in ("skip", "abort"):
-            return on_fail, f"--on-fail {on_fail}"
-        return "fail", "the graph"
-
-    def failed(t: DagTask) -> None:
-        """The last record of t is a failure: retry it, skip it, abort the run, or let it stand."""
-        result = results[t.id]
-        choice, by = decide(t)
-        if choice == "fail":
-            return
-        append_jsonl(
-            journal,
-            {"event": "decision", "task": t.id, "time": utc_now_iso(), "choice": choice, "by": by, "attempt": attempts[t.id]},
-            secrets_,
-        )
-        if choice == "retry":
-            retried[t.id] += 1
-            del results[t.id]  # pending again: the next pass starts it
-        elif choice == "skip":
-            why = f"{result['status']} ({result.get('reason') or 'no reason'}); skipped by {by}, its dependents go on"
-            record(t.id, status="skipped", agent_id=result.get("agent_id"), reason=why, skipped_by=by, attempt=attempts[t.id])
-        else:
-            stop["reason"] = f"aborted by {by}: {t.id} {result['status']}"
-            for tid, d in list(running.items()):
-                kill_agent(d, secrets_)  # a sibling that ended meanwhile keeps its own outcome
-                del running[tid]
-                ended(tid, d, read_outcome(d) or {"status": "killed"}, reason=stop["reason"], aborted_by=t.id)
+    run = DagRun(tasks, runner_dir, journal, done_before, environ, rules=DagRules(max_concurrent, on_fail, on_idle, choose, go_on))
 
     def on_signal(signum: int, _frame: Any) -> None:
         raise DagStopped(signal.Signals(signum).name)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        while len(results) < len(tasks):
+        while len(run.results) < len(tasks):
             for t in tasks:
-                if t.id in results or t.id in running:
-                    continue
-                if stop:
-                    record(t.id, status="skipped", reason=stop["reason"])
-                    continue
-                bad = [b for b in t.blocked_by if b in results and not went_on_without(results[b])]
-                if bad:
-                    record(t.id, status="skipped", reason=f"blocked by {bad[0]}, which {results[bad[0]]['status']}")
-                    continue
-                if any(b not in results for b in t.blocked_by) or (max_concurrent is not None and len(running) >= max_concurrent):
-                    continue
-                if go_on is not None and t.blocked_by and not go_on(t):
-                    stop["reason"] = f"declined at the terminal: not going on to {t.id}"
-                    record(t.id, status="skipped", reason=stop["reason"], declined_by="terminal")
-                    continue
-                attempts[t.id] += 1
-                launched = start_dag_task(t, dag_prompt(t, results), runner, runner_dir, environ)
-                if "agent_dir" in launched:
-                    running[t.id] = Path(launched["agent_dir"])
-                    record(t.id, status="started", agent_id=launched["id"], agent_dir=launched["agent_dir"], attempt=attempts[t.id])
-                else:
-                    status, agent_id, reason = launched["status"], launched.get("agent_id"), launched["reason"]
-                    record(t.id, status=status, agent_id=agent_id, reason=reason, attempt=attempts[t.id])
-                    failed(t)
-            if not running:
-                continue
-            waited = wait_for_outcomes(list(running.values()), "any", None if on_idle is None else ASK_POLL_S * 5, secrets_)
-            if on_idle is not None:
-                on_idle()
-            for tid, d in list(running.items()):
-                if tid not in running:
-                    continue  # ended by an abort earlier in this pass
-                outcome = waited.outcomes.get(d) if d in waited.outcomes else None
-                if outcome is None and d in waited.stale:
-                    kill_agent(d, secrets_)
-                    outcome = read_outcome(d)
-                if outcome is None:
-                    continue
-                del running[tid]
-                ended(tid, d, outcome)
-                if results[tid]["status"] != "done":
-                    failed(by_id[tid])
+                run.consider(t)
+            if run.running:
+                run.collect()
     except DagStopped as stopped:
-        note(f"dag: {stopped}: ending {len(running)} running task(s)")
+        note(f"dag: {stopped}: ending {len(run.running)} running task(s)")
     finally:
         for s in old:
             signal.signal(s, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
-        for tid, d in running.items():
-            kill_agent(d, secrets_)  # a stopped runner leaves no task behind
-            outcome = read_outcome(d) or {}
-            status = outcome.get("status") or "killed"
-            record(tid, status=status, agent_id=d.name, reason="the DAG runner was stopped", attempt=attempts[tid])
-        for t in tasks:
-            if t.id not in results:
-                record(t.id, status="skipped", reason="the DAG runner was stopped")
+        run.stopped()
         for s, handler in old.items():
             signal.signal(s, handler)
-    return results
+    return run.results
+
+
+@dataclass
+class DagRules:
+    """How a run goes on (run_dag's keyword arguments, see there)."""
+
+    max_concurrent: int | None = None
+    on_fail: str | None = None
+    on_idle: Callable[[], None] | None = None
+    choose: Callable[[DagTask, Mapping[str, Any]], str] | None = None
+    go_on: Callable[[DagTask], bool] | None = None
+
+
+class DagRun:
+    """run_dag's state: the results so far, the tasks running, the attempts; and each step it takes (see there)."""
+
+    def __init__(
+        self,
+        tasks: Sequence[DagTask],
+        runner_dir: Path,
+        journal: Path,
+        done_before: Mapping[str, Mapping[str, Any]],
+        environ: Mapping[str, str],
+        *,
+        rules: DagRules,
+    ) -> None:
+        self.tasks, self.runner_dir, self.journal, self.environ = tasks, runner_dir, journal, environ
+        self.runner = load_meta(runner_dir)
+        self.secrets = secret_values(environ)
+        self.by_id = {t.id: t for t in tasks}
+        self.results: dict[str, dict[str, Any]] = {k: dict(v) for k, v in done_before.items()}
+        self.running: dict[str, Path] = {}
+        # Attempts count across resumes (the journal has every start); retries are per runner.
+        self.attempts: dict[str, int] = {t.id: 0 for t in tasks}
+        for r in read_journal(journal):
+            if r.get("event") == "task" and r.get("status") == "started" and r.get("task") in self.attempts:
+                self.attempts[r["task"]] += 1
+        self.retried: dict[str, int] = {t.id: 0 for t in tasks}
+        self.stop: dict[str, str] = {}  # set by an abort or a decline: why nothing more starts
+        self.rules = rules
+
+    def record(self, tid: str, **fields: Any) -> None:
+        entry = {"event": "task", "task": tid, "time": utc_now_iso(), **fields}
+        append_jsonl(self.journal, entry, self.secrets)
+        if fields["status"] != "started":
+            self.results[tid] = {k: v for k, v in fields.items() if k != "agent_dir"}
+
+    def ended(self, tid: str, d: Path, outcome: Mapping[str, Any], **why: str) -> None:
+        """Record a task's agent outcome; why (reason, aborted_by) overrides a failure's own reason."""
+        if outcome.get("status") == Status.DONE:
+            out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
+            self.record(tid, status="done", agent_id=d.name, output=out, outcome=str(d / OUTCOME), attempt=self.attempts[tid])
+        else:
+            fields = {"reason": outcome.get("reason") or "", **why}
+            self.record(tid, status=outcome.get("status") or "failed", agent_id=d.name, attempt=self.attempts[tid], **fields)
+
+    def decide(self, t: DagTask) -> tuple[str, str]:
+        """(retry|skip|abort|fail, who chose) for a task that did not end done; fail is the graph's rule."""
+        if self.retried[t.id] < (t.retries or 0):
+            return "retry", f"retries: {t.retries}"
+        if self.rules.on_fail == "ask" and self.rules.choose is not None:
+            return self.rules.choose(t, self.results[t.id]), "terminal"
+        if self.rules.on_fail in ("skip", "abort"):
+            return self.rules.on_fail, f"--on-fail {self.rules.on_fail}"
+        return "fail", "the graph"
+
+    def failed(self, t: DagTask) -> None:
+        """The last record of t is a failure: retry it, skip it, abort the run, or let it stand."""
+        result = self.results[t.id]
+        choice, by = self.decide(t)
+        if choice == "fail":
+            return
+        append_jsonl(
+            self.journal,
+            {"event": "decision", "task": t.id, "time": utc_now_iso(), "choice": choice, "by": by, "attempt": self.attempts[t.id]},
+            self.secrets,
+        )
+        if choice == "retry":
+            self.retried[t.id] += 1
+            del self.results[t.id]  # pending again: the next pass starts it
+        elif choice == "skip":
+            why = f"{result['status']} ({result.get('reason') or 'no reason'}); skipped by {by}, its dependents go on"
+            self.record(t.id, status="skipped", agent_id=result.get("agent_id"), reason=why, skipped_by=by, attempt=self.attempts[t.id])
+        else:
+            self.stop["reason"] = f"aborted by {by}: {t.id} {result['status']}"
+            for tid, d in list(self.running.items()):
+                kill_agent(d, self.secrets)  # a sibling that ended meanwhile keeps its own outcome
+                del self.running[tid]
+                self.ended(tid, d, read_outcome(d) or {"status": "killed"}, reason=self.stop["reason"], aborted_by=t.id)
+
+    def consider(self, t: DagTask) -> None:
+        """One pass's look at a task: skip it, leave it waiting, or start it."""
+        results, running, stop = self.results, self.running, self.stop
+        if t.id in results or t.id in running:
+            return
+        if stop:
+            self.record(t.id, status="skipped", reason=stop["reason"])
+            return
+        bad = [b for b in t.blocked_by if b in results and not went_on_without(results[b])]
+        if bad:
+            self.record(t.id, status="skipped", reason=f"blocked by {bad[0]}, which {results[bad[0]]['status']}")
+            return
+        if any(b not in results for b in t.blocked_by) or (
+            self.rules.max_concurrent is not None and len(running) >= self.rules.max_concurrent
+        ):
+            return
+        if self.rules.go_on is not None and t.blocked_by and not self.rules.go_on(t):
+            stop["reason"] = f"declined at the terminal: not going on to {t.id}"
+            self.record(t.id, status="skipped", reason=stop["reason"], declined_by="terminal")
+            return
+        self.attempts[t.id] += 1
+        launched = start_dag_task(t, dag_prompt(t, results), self.runner, self.runner_dir, self.environ)
+        if "agent_dir" in launched:
+            running[t.id] = Path(launched["agent_dir"])
+            self.record(t.id, status="started", agent_id=launched["id"], agent_dir=launched["agent_dir"], attempt=self.attempts[t.id])
+        else:
+            status, agent_id, reason = launched["status"], launched.get("agent_id"), launched["reason"]
+            self.record(t.id, status=status, agent_id=agent_id, reason=reason, attempt=self.attempts[t.id])
+            self.failed(t)
+
+    def collect(self) -> None:
+        """Wait for any running task to end (or for on_idle's period) and record what ended."""
+        running = self.running
+        waited = wait_for_outcomes(list(running.values()), "any", None if self.rules.on_idle is None else ASK_POLL_S * 5, self.secrets)
+        if self.rules.on_idle is not None:
+            self.rules.on_idle()
+        for tid, d in list(running.items()):
+            if tid not in running:
+                continue  # ended by an abort earlier in this pass
+            outcome = waited.outcomes.get(d) if d in waited.outcomes else None
+            if outcome is None and d in waited.stale:
+                kill_agent(d, self.secrets)
+                outcome = read_outcome(d)
+            if outcome is None:
+                continue
+            del running[tid]
+            self.ended(tid, d, outcome)
+            if self.results[tid]["status"] != "done":
+                self.failed(self.by_id[tid])
+
+    def stopped(self) -> None:
+        """The run ends: what still runs is killed, what never started is skipped."""
+        for tid, d in self.running.items():
+            kill_agent(d, self.secrets)  # a stopped runner leaves no task behind
+            outcome = read_outcome(d) or {}
+            status = outcome.get("status") or "killed"
+            self.record(tid, status=status, agent_id=d.name, reason="the DAG runner was stopped", attempt=self.attempts[tid])
+        for t in self.tasks:
+            if t.id not in self.results:
+                self.record(t.id, status="skipped", reason="the DAG runner was stopped")
 
 
 def register_dag_runner(

@@ -660,6 +660,15 @@ def build_server(spawner: Spawner) -> MCPServer:
         data = await spawner.answer(ask_id, decision, client_name(ctx) if ctx else "client")
         return tool_result(f"ask {ask_id}: {data.get('verdict')}", data)
 
+    add_steering_tools(server, spawner)
+    add_catalogue_tool(server, spawner)
+
+    return server
+
+
+def add_steering_tools(server: MCPServer, spawner: Spawner) -> None:
+    """agent_send and budget: steering a running tree (docs/steering.md)."""
+
     @server.tool()
     @spawn_errors_as_results
     async def agent_send(agent_id: str, text: str, ctx: Context | None = None) -> Annotated[CallToolResult, SendResult]:
@@ -691,6 +700,10 @@ def build_server(spawner: Spawner) -> MCPServer:
         text = f"budget of {data.get('session')}: ${data.get('max_budget_usd')} (was ${data.get('previous_usd')})"
         return tool_result(text + (f"; {len(paused)} agent(s) paused" if paused else ""), data)
 
+
+def add_catalogue_tool(server: MCPServer, spawner: Spawner) -> None:
+    """list_agents: what spawn_agent's `agent` can name."""
+
     @server.tool()
     @spawn_errors_as_results
     async def list_agents() -> Annotated[CallToolResult, AgentsResult]:
@@ -698,8 +711,6 @@ def build_server(spawner: Spawner) -> MCPServer:
         data = await spawner.run_json("agents", "list", "--json")
         names = ", ".join(a.get("name", "?") for a in data.get("agents", []))
         return tool_result(f"{len(data.get('agents', []))} agent definitions: {names or 'none'}", data)
-
-    return server
 
 
 class NeedsInput(Exception):

@@ -64,7 +64,7 @@ from .delegates import delegates_in
 from .errors import ExitCode, SpawnError
 from .inprocess import in_process_hooks, subagent_definitions, withheld_agent_tool
 from .output import note
-from .processes import child_running, procfs_is_ours, runner_index_dir
+from .processes import Supervised, child_running, procfs_is_ours, runner_index_dir
 from .protocol import (
     AGENTS_DIR,
     STATUS_CACHE,
@@ -377,9 +377,8 @@ class CliPipes:
         try:
             for sig in (None, signal.SIGTERM, signal.SIGKILL):
                 if sig is not None and self.cli.returncode is None:
-                    # os.kill, not Popen's send_signal: that would reap it, and the status would be lost to wait().
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(self.cli.process.pid, sig)
+                    # By pid, not Popen's send_signal: that would reap it, and the status would be lost to wait().
+                    Supervised.signal_pid(self.cli.process.pid, sig)
                 try:
                     await asyncio.wait_for(asyncio.shield(self.cli.wait()), CLI_CLOSE_WAIT_S)
                     break

@@ -57,7 +57,7 @@ from .core import (
     validate_output,
 )
 from .errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, StateError
-from .executors import executor_for
+from .executors import Executor, executor_for
 from .fast_start import compiled_script
 from .forkserver import Entry, fork_detached_runner, forkserver_wanted, start_forkserver
 from .inprocess import in_process_tree
@@ -232,28 +232,10 @@ def run_agent(
     executor = executor_for(meta.kind)
     state = RunState(in_process_tree(meta, agent_dir, secrets_, load_schema))
     started = time.time()
-    become_subreaper()
-    guard_pid, guard_pipe = guard or start_guard(agent_dir)
-    enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
-    error: str | None = None
-    home_cwd = Path(meta.cwd)
-    if meta.isolation == "worktree":
-        try:
-            meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
-        except StateError as exc:
-            error = exc.message
-    if error is None:
-        executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
-    # Not at the top of the file (the verbs and --dry-run don't need it), and
-    # not before the CLI's start: ~30 ms that a root's CLI would wait for.
-    # Before the SDK's import thread, which then finds it loaded, and before
-    # the fork server, which inherits it (and ssl with it) ready to serve.
-    import asyncio
-
-    if sdk_loader is not None:
-        sdk_loader.start()
-    if forkserver_wanted(meta, os.environ):
-        start_forkserver(meta, sdk_loader, entry)  # after entering the cgroup: it ends with the tree
+    guard_pid, guard_pipe, error, home_cwd = start_agent_run(
+        meta, agent_dir, cli=cli, executor=executor, state=state, secrets_=secrets_, sdk_loader=sdk_loader, guard=guard, entry=entry
+    )
+    import asyncio  # loaded by now (start_agent_run)
 
     async def main_task() -> None:
         nonlocal error
@@ -265,49 +247,9 @@ def run_agent(
             if state.stop_reason is None:
                 state.stop_reason, state.stop_detail = status, detail
                 state.running_below = live_descendants(meta)
-                stopping.append(asyncio.ensure_future(shut_down()))
+                stopping.append(asyncio.ensure_future(shut_down_agent(meta, state, task)))
 
         state.request_stop = stop
-
-        async def shut_down() -> None:
-            """Child agents first, so they can record their own outcome; then our CLI.
-
-            The CLI is frozen meanwhile, so the agent takes no further turn.
-
-            The CLI kills its Bash commands hard when it is ended, and a child
-            agent's spawn.py runs inside one. Cancelled without this, the SDK
-            would also give the CLI 5 s to exit on its own, and a stopped agent
-            must be gone well within its parent's grace.
-            """
-            try:
-                # Freeze the CLI (not its group, where child agents run): it
-                # must not start another model turn while the children end.
-                if state.cli_pid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(state.cli_pid, signal.SIGSTOP)
-                children = []
-                for d in descendants_of(Path(meta.session), meta.id):
-                    with contextlib.suppress(FileNotFoundError, SpawnError):
-                        child_meta = load_meta(d)
-                        child = Supervised.of(child_meta)
-                        if child_meta.id in state.running_below and child.signal(signal.SIGTERM):
-                            children.append(child)
-                # The SIGKILL half of the stop path comes after the CLI's end,
-                # in end_own_subtree; until then the loop keeps serving signals.
-                limit = loop.time() + KILL_GRACE_S
-                while loop.time() < limit and any(c.alive() for c in children):
-                    await asyncio.sleep(0.05)
-                for hook in state.stop_hooks:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(hook(), KILL_GRACE_S)
-                if state.cli_pgid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(state.cli_pgid, signal.SIGTERM)
-            finally:
-                if state.cli_pid:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
-                task.cancel()
 
         stopping: list[asyncio.Future[None]] = []
 
@@ -324,15 +266,7 @@ def run_agent(
         idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
         drops = asyncio.create_task(drop_box_loop(meta, state, secrets_)) if has_drop_box(meta) else None
         try:
-            max_concurrent = read_limits(Path(meta.session)).max_concurrent
-            if max_concurrent is not None:
-                # Waits with the deadline and signal handlers armed, so a queued
-                # agent can still be killed or time out with an outcome.
-                limit = time.monotonic() + SLOT_WAIT_S
-                while not try_take_slot(agent_dir, max_concurrent):
-                    if meta.deadline is None and time.monotonic() > limit:
-                        stop(Status.TIMEOUT, f"no --max-concurrent slot within {SLOT_WAIT_S:.0f} s")
-                    await asyncio.sleep(SLOT_POLL_S)
+            await wait_for_slot(meta, agent_dir, stop)
             if error is None:
                 await executor.run(meta, agent_dir, cli, state, secrets_, sdk_loader=sdk_loader)
             # A node that ended while being stopped (a remote task that reports
@@ -363,6 +297,74 @@ def run_agent(
     finally:
         EarlyStop.arm()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    return finish_agent_run(
+        meta,
+        agent_dir,
+        executor=executor,
+        state=state,
+        started=started,
+        error=error,
+        home_cwd=home_cwd,
+        guard=(guard_pid, guard_pipe),
+        secrets_=secrets_,
+    )
+
+
+def start_agent_run(
+    meta: AgentMeta,
+    agent_dir: Path,
+    *,
+    cli: Path,
+    executor: Executor,
+    state: RunState,
+    secrets_: Sequence[str],
+    sdk_loader: SdkLoader | None,
+    guard: tuple[int, int] | None,
+    entry: Entry,
+) -> tuple[int, int, str | None, Path]:
+    """run_agent's start: the guard, the cgroup, the worktree, the node's start, the SDK's import, the fork server.
+
+    (guard pid, guard pipe, the error that ends the run before it starts or None, the project's own cwd).
+    """
+    become_subreaper()
+    guard_pid, guard_pipe = guard or start_guard(agent_dir)
+    enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
+    error: str | None = None
+    home_cwd = Path(meta.cwd)
+    if meta.isolation == "worktree":
+        try:
+            meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
+        except StateError as exc:
+            error = exc.message
+    if error is None:
+        executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
+    # Not at the top of the file (the verbs and --dry-run don't need it), and
+    # not before the CLI's start: ~30 ms that a root's CLI would wait for.
+    # Before the SDK's import thread, which then finds it loaded, and before
+    # the fork server, which inherits it (and ssl with it) ready to serve.
+    import asyncio  # noqa: F401
+
+    if sdk_loader is not None:
+        sdk_loader.start()
+    if forkserver_wanted(meta, os.environ):
+        start_forkserver(meta, sdk_loader, entry)  # after entering the cgroup: it ends with the tree
+    return guard_pid, guard_pipe, error, home_cwd
+
+
+def finish_agent_run(
+    meta: AgentMeta,
+    agent_dir: Path,
+    *,
+    executor: Executor,
+    state: RunState,
+    started: float,
+    error: str | None,
+    home_cwd: Path,
+    guard: tuple[int, int],
+    secrets_: Sequence[str],
+) -> Outcome:
+    """run_agent's end: end what the agent left, settle its descendants, commit its outcome, release the guard."""
+    guard_pid, guard_pipe = guard
     # Whatever happened, nothing the agent started may outlive it.
     groups = [g for g in (state.cli_pgid,) if g]
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
@@ -401,6 +403,62 @@ def settle_below(meta: AgentMeta, state: RunState, secrets_: Sequence[str], runn
     if state.in_process is not None:
         state.in_process.settle(state.stop_reason, state.stop_detail)
     settle_descendants(meta, secrets_, running_below)
+
+
+async def shut_down_agent(meta: AgentMeta, state: RunState, task: Any) -> None:
+    """Stop a running agent: child agents first, so they can record their own outcome; then our CLI.
+
+    The CLI is frozen meanwhile, so the agent takes no further turn.
+
+    The CLI kills its Bash commands hard when it is ended, and a child
+    agent's spawn.py runs inside one. Cancelled without this, the SDK
+    would also give the CLI 5 s to exit on its own, and a stopped agent
+    must be gone well within its parent's grace.
+    """
+    import asyncio
+
+    try:
+        # Freeze the CLI (not its group, where child agents run): it
+        # must not start another model turn while the children end.
+        if state.cli_pid:
+            Supervised.signal_pid(state.cli_pid, signal.SIGSTOP)
+        children = []
+        for d in descendants_of(Path(meta.session), meta.id):
+            with contextlib.suppress(FileNotFoundError, SpawnError):
+                child_meta = load_meta(d)
+                child = Supervised.of(child_meta)
+                if child_meta.id in state.running_below and child.signal(signal.SIGTERM):
+                    children.append(child)
+        # The SIGKILL half of the stop path comes after the CLI's end,
+        # in end_own_subtree; until then the loop keeps serving signals.
+        loop = asyncio.get_running_loop()
+        limit = loop.time() + KILL_GRACE_S
+        while loop.time() < limit and any(c.alive() for c in children):
+            await asyncio.sleep(0.05)
+        for hook in state.stop_hooks:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(hook(), KILL_GRACE_S)
+        if state.cli_pgid:
+            Supervised.signal_group(state.cli_pgid, signal.SIGTERM)
+    finally:
+        if state.cli_pid:
+            Supervised.signal_pid(state.cli_pid, signal.SIGCONT)  # so it can act on the SIGTERM
+        task.cancel()
+
+
+async def wait_for_slot(meta: AgentMeta, agent_dir: Path, stop: Callable[[Status, str], None]) -> None:
+    """Take a --max-concurrent slot, if the session has that limit."""
+    import asyncio
+
+    max_concurrent = read_limits(Path(meta.session)).max_concurrent
+    if max_concurrent is not None:
+        # Waits with the deadline and signal handlers armed, so a queued
+        # agent can still be killed or time out with an outcome.
+        limit = time.monotonic() + SLOT_WAIT_S
+        while not try_take_slot(agent_dir, max_concurrent):
+            if meta.deadline is None and time.monotonic() > limit:
+                stop(Status.TIMEOUT, f"no --max-concurrent slot within {SLOT_WAIT_S:.0f} s")
+            await asyncio.sleep(SLOT_POLL_S)
 
 
 def outcome_committed_instead(

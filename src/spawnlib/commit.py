@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .constants import HEARTBEAT, HEARTBEAT_S, HEARTBEAT_STALE_BEATS, NATIVE_LOG, OUTCOME, PAUSED, SLOT_LENT, SLOT_MARKER
+from .constants import HEARTBEAT, NATIVE_LOG, OUTCOME, PAUSED, SLOT_LENT, SLOT_MARKER
 from .core import native_usage, outcome_problem, parse_json, redacted_json, started_timestamp, token_counts
 from .errors import CorruptRecordError, SpawnError
-from .processes import Supervised
+from .processes import Supervised, heartbeat_age, stale_in
 from .protocol import (
     STATUS_INDEX,
     charge,
@@ -32,15 +32,6 @@ from .protocol import (
     read_regular_file,
 )
 from .records import AgentMeta, Outcome, Status, record_to_json
-
-
-def heartbeat_age(agent_dir: Path) -> tuple[float, float] | None:
-    """(seconds since the last beat, the beat interval), or None without a heartbeat."""
-    try:
-        beat = read_json(agent_dir / HEARTBEAT)
-        return time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-    except (FileNotFoundError, SpawnError, KeyError, TypeError, ValueError):
-        return None
 
 
 def idle_for(agent_dir: Path) -> float | None:
@@ -57,8 +48,8 @@ def liveness(agent_dir: Path, meta: AgentMeta) -> Status:
     """RUNNING, STALE or FAILED (gone) for an agent that has no outcome yet."""
     if not Supervised.of(meta).alive():
         return Status.FAILED
-    age = heartbeat_age(agent_dir)
-    if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
+    age = heartbeat_age(agent_dir / HEARTBEAT)
+    if age is not None and stale_in(age) < 0:
         return Status.STALE
     return Status.RUNNING
 

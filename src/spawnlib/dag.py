@@ -533,133 +533,177 @@ def run_dag(
     retry, skip or abort. go_on(task), if given, is asked before a task whose
     blockers all ended: False declines it, and the run stops there.
     """
-    runner = load_meta(runner_dir)
-    secrets_ = secret_values(environ)
-    by_id = {t.id: t for t in tasks}
-    results: dict[str, dict[str, Any]] = {k: dict(v) for k, v in done_before.items()}
-    running: dict[str, Path] = {}
-    # Attempts count across resumes (the journal has every start); retries are per runner.
-    attempts: dict[str, int] = {t.id: 0 for t in tasks}
-    for r in read_journal(journal):
-        if r.get("event") == "task" and r.get("status") == "started" and r.get("task") in attempts:
-            attempts[r["task"]] += 1
-    retried: dict[str, int] = {t.id: 0 for t in tasks}
-    stop: dict[str, str] = {}  # set by an abort or a decline: why nothing more starts
-
-    def record(tid: str, **fields: Any) -> None:
-        entry = {"event": "task", "task": tid, "time": utc_now_iso(), **fields}
-        append_jsonl(journal, entry, secrets_)
-        if fields["status"] != "started":
-            results[tid] = {k: v for k, v in fields.items() if k != "agent_dir"}
-
-    def ended(tid: str, d: Path, outcome: Mapping[str, Any], **why: str) -> None:
-        """Record a task's agent outcome; why (reason, aborted_by) overrides a failure's own reason."""
-        if outcome.get("status") == Status.DONE:
-            out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
-            record(tid, status="done", agent_id=d.name, output=out, outcome=str(d / OUTCOME), attempt=attempts[tid])
-        else:
-            fields = {"reason": outcome.get("reason") or "", **why}
-            record(tid, status=outcome.get("status") or "failed", agent_id=d.name, attempt=attempts[tid], **fields)
-
-    def decide(t: DagTask) -> tuple[str, str]:
-        """(retry|skip|abort|fail, who chose) for a task that did not end done; fail is the graph's rule."""
-        if retried[t.id] < (t.retries or 0):
-            return "retry", f"retries: {t.retries}"
-        if on_fail == "ask" and choose is not None:
-            return choose(t, results[t.id]), "terminal"
-        if on_fail in ("skip", "abort"):
-            return on_fail, f"--on-fail {on_fail}"
-        return "fail", "the graph"
-
-    def failed(t: DagTask) -> None:
-        """The last record of t is a failure: retry it, skip it, abort the run, or let it stand."""
-        result = results[t.id]
-        choice, by = decide(t)
-        if choice == "fail":
-            return
-        append_jsonl(
-            journal,
-            {"event": "decision", "task": t.id, "time": utc_now_iso(), "choice": choice, "by": by, "attempt": attempts[t.id]},
-            secrets_,
-        )
-        if choice == "retry":
-            retried[t.id] += 1
-            del results[t.id]  # pending again: the next pass starts it
-        elif choice == "skip":
-            why = f"{result['status']} ({result.get('reason') or 'no reason'}); skipped by {by}, its dependents go on"
-            record(t.id, status="skipped", agent_id=result.get("agent_id"), reason=why, skipped_by=by, attempt=attempts[t.id])
-        else:
-            stop["reason"] = f"aborted by {by}: {t.id} {result['status']}"
-            for tid, d in list(running.items()):
-                kill_agent(d, secrets_)  # a sibling that ended meanwhile keeps its own outcome
-                del running[tid]
-                ended(tid, d, read_outcome(d) or {"status": "killed"}, reason=stop["reason"], aborted_by=t.id)
+    run = DagRun(tasks, runner_dir, journal, done_before, environ, rules=DagRules(max_concurrent, on_fail, on_idle, choose, go_on))
 
     def on_signal(signum: int, _frame: Any) -> None:
         raise DagStopped(signal.Signals(signum).name)
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        while len(results) < len(tasks):
+        while len(run.results) < len(tasks):
             for t in tasks:
-                if t.id in results or t.id in running:
-                    continue
-                if stop:
-                    record(t.id, status="skipped", reason=stop["reason"])
-                    continue
-                bad = [b for b in t.blocked_by if b in results and not went_on_without(results[b])]
-                if bad:
-                    record(t.id, status="skipped", reason=f"blocked by {bad[0]}, which {results[bad[0]]['status']}")
-                    continue
-                if any(b not in results for b in t.blocked_by) or (max_concurrent is not None and len(running) >= max_concurrent):
-                    continue
-                if go_on is not None and t.blocked_by and not go_on(t):
-                    stop["reason"] = f"declined at the terminal: not going on to {t.id}"
-                    record(t.id, status="skipped", reason=stop["reason"], declined_by="terminal")
-                    continue
-                attempts[t.id] += 1
-                launched = start_dag_task(t, dag_prompt(t, results), runner, runner_dir, environ)
-                if "agent_dir" in launched:
-                    running[t.id] = Path(launched["agent_dir"])
-                    record(t.id, status="started", agent_id=launched["id"], agent_dir=launched["agent_dir"], attempt=attempts[t.id])
-                else:
-                    status, agent_id, reason = launched["status"], launched.get("agent_id"), launched["reason"]
-                    record(t.id, status=status, agent_id=agent_id, reason=reason, attempt=attempts[t.id])
-                    failed(t)
-            if not running:
-                continue
-            waited = wait_for_outcomes(list(running.values()), "any", None if on_idle is None else ASK_POLL_S * 5, secrets_)
-            if on_idle is not None:
-                on_idle()
-            for tid, d in list(running.items()):
-                if tid not in running:
-                    continue  # ended by an abort earlier in this pass
-                outcome = waited.outcomes.get(d) if d in waited.outcomes else None
-                if outcome is None and d in waited.stale:
-                    kill_agent(d, secrets_)
-                    outcome = read_outcome(d)
-                if outcome is None:
-                    continue
-                del running[tid]
-                ended(tid, d, outcome)
-                if results[tid]["status"] != "done":
-                    failed(by_id[tid])
+                run.consider(t)
+            if run.running:
+                run.collect()
     except DagStopped as stopped:
-        note(f"dag: {stopped}: ending {len(running)} running task(s)")
+        note(f"dag: {stopped}: ending {len(run.running)} running task(s)")
     finally:
         for s in old:
             signal.signal(s, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
-        for tid, d in running.items():
-            kill_agent(d, secrets_)  # a stopped runner leaves no task behind
-            outcome = read_outcome(d) or {}
-            status = outcome.get("status") or "killed"
-            record(tid, status=status, agent_id=d.name, reason="the DAG runner was stopped", attempt=attempts[tid])
-        for t in tasks:
-            if t.id not in results:
-                record(t.id, status="skipped", reason="the DAG runner was stopped")
+        run.stopped()
         for s, handler in old.items():
             signal.signal(s, handler)
-    return results
+    return run.results
+
+
+@dataclass
+class DagRules:
+    """How a run goes on (run_dag's keyword arguments, see there)."""
+
+    max_concurrent: int | None = None
+    on_fail: str | None = None
+    on_idle: Callable[[], None] | None = None
+    choose: Callable[[DagTask, Mapping[str, Any]], str] | None = None
+    go_on: Callable[[DagTask], bool] | None = None
+
+
+class DagRun:
+    """run_dag's state: the results so far, the tasks running, the attempts; and each step it takes (see there)."""
+
+    def __init__(
+        self,
+        tasks: Sequence[DagTask],
+        runner_dir: Path,
+        journal: Path,
+        done_before: Mapping[str, Mapping[str, Any]],
+        environ: Mapping[str, str],
+        *,
+        rules: DagRules,
+    ) -> None:
+        self.tasks, self.runner_dir, self.journal, self.environ = tasks, runner_dir, journal, environ
+        self.runner = load_meta(runner_dir)
+        self.secrets = secret_values(environ)
+        self.by_id = {t.id: t for t in tasks}
+        self.results: dict[str, dict[str, Any]] = {k: dict(v) for k, v in done_before.items()}
+        self.running: dict[str, Path] = {}
+        # Attempts count across resumes (the journal has every start); retries are per runner.
+        self.attempts: dict[str, int] = {t.id: 0 for t in tasks}
+        for r in read_journal(journal):
+            if r.get("event") == "task" and r.get("status") == "started" and r.get("task") in self.attempts:
+                self.attempts[r["task"]] += 1
+        self.retried: dict[str, int] = {t.id: 0 for t in tasks}
+        self.stop: dict[str, str] = {}  # set by an abort or a decline: why nothing more starts
+        self.rules = rules
+
+    def record(self, tid: str, **fields: Any) -> None:
+        entry = {"event": "task", "task": tid, "time": utc_now_iso(), **fields}
+        append_jsonl(self.journal, entry, self.secrets)
+        if fields["status"] != "started":
+            self.results[tid] = {k: v for k, v in fields.items() if k != "agent_dir"}
+
+    def ended(self, tid: str, d: Path, outcome: Mapping[str, Any], **why: str) -> None:
+        """Record a task's agent outcome; why (reason, aborted_by) overrides a failure's own reason."""
+        if outcome.get("status") == Status.DONE:
+            out, _ = truncate_for_stdout(outcome.get("output"), d / OUTCOME)
+            self.record(tid, status="done", agent_id=d.name, output=out, outcome=str(d / OUTCOME), attempt=self.attempts[tid])
+        else:
+            fields = {"reason": outcome.get("reason") or "", **why}
+            self.record(tid, status=outcome.get("status") or "failed", agent_id=d.name, attempt=self.attempts[tid], **fields)
+
+    def decide(self, t: DagTask) -> tuple[str, str]:
+        """(retry|skip|abort|fail, who chose) for a task that did not end done; fail is the graph's rule."""
+        if self.retried[t.id] < (t.retries or 0):
+            return "retry", f"retries: {t.retries}"
+        if self.rules.on_fail == "ask" and self.rules.choose is not None:
+            return self.rules.choose(t, self.results[t.id]), "terminal"
+        if self.rules.on_fail in ("skip", "abort"):
+            return self.rules.on_fail, f"--on-fail {self.rules.on_fail}"
+        return "fail", "the graph"
+
+    def failed(self, t: DagTask) -> None:
+        """The last record of t is a failure: retry it, skip it, abort the run, or let it stand."""
+        result = self.results[t.id]
+        choice, by = self.decide(t)
+        if choice == "fail":
+            return
+        append_jsonl(
+            self.journal,
+            {"event": "decision", "task": t.id, "time": utc_now_iso(), "choice": choice, "by": by, "attempt": self.attempts[t.id]},
+            self.secrets,
+        )
+        if choice == "retry":
+            self.retried[t.id] += 1
+            del self.results[t.id]  # pending again: the next pass starts it
+        elif choice == "skip":
+            why = f"{result['status']} ({result.get('reason') or 'no reason'}); skipped by {by}, its dependents go on"
+            self.record(t.id, status="skipped", agent_id=result.get("agent_id"), reason=why, skipped_by=by, attempt=self.attempts[t.id])
+        else:
+            self.stop["reason"] = f"aborted by {by}: {t.id} {result['status']}"
+            for tid, d in list(self.running.items()):
+                kill_agent(d, self.secrets)  # a sibling that ended meanwhile keeps its own outcome
+                del self.running[tid]
+                self.ended(tid, d, read_outcome(d) or {"status": "killed"}, reason=self.stop["reason"], aborted_by=t.id)
+
+    def consider(self, t: DagTask) -> None:
+        """One pass's look at a task: skip it, leave it waiting, or start it."""
+        results, running, stop = self.results, self.running, self.stop
+        if t.id in results or t.id in running:
+            return
+        if stop:
+            self.record(t.id, status="skipped", reason=stop["reason"])
+            return
+        bad = [b for b in t.blocked_by if b in results and not went_on_without(results[b])]
+        if bad:
+            self.record(t.id, status="skipped", reason=f"blocked by {bad[0]}, which {results[bad[0]]['status']}")
+            return
+        if any(b not in results for b in t.blocked_by) or (
+            self.rules.max_concurrent is not None and len(running) >= self.rules.max_concurrent
+        ):
+            return
+        if self.rules.go_on is not None and t.blocked_by and not self.rules.go_on(t):
+            stop["reason"] = f"declined at the terminal: not going on to {t.id}"
+            self.record(t.id, status="skipped", reason=stop["reason"], declined_by="terminal")
+            return
+        self.attempts[t.id] += 1
+        launched = start_dag_task(t, dag_prompt(t, results), self.runner, self.runner_dir, self.environ)
+        if "agent_dir" in launched:
+            running[t.id] = Path(launched["agent_dir"])
+            self.record(t.id, status="started", agent_id=launched["id"], agent_dir=launched["agent_dir"], attempt=self.attempts[t.id])
+        else:
+            status, agent_id, reason = launched["status"], launched.get("agent_id"), launched["reason"]
+            self.record(t.id, status=status, agent_id=agent_id, reason=reason, attempt=self.attempts[t.id])
+            self.failed(t)
+
+    def collect(self) -> None:
+        """Wait for any running task to end (or for on_idle's period) and record what ended."""
+        running = self.running
+        waited = wait_for_outcomes(list(running.values()), "any", None if self.rules.on_idle is None else ASK_POLL_S * 5, self.secrets)
+        if self.rules.on_idle is not None:
+            self.rules.on_idle()
+        for tid, d in list(running.items()):
+            if tid not in running:
+                continue  # ended by an abort earlier in this pass
+            outcome = waited.outcomes.get(d) if d in waited.outcomes else None
+            if outcome is None and d in waited.stale:
+                kill_agent(d, self.secrets)
+                outcome = read_outcome(d)
+            if outcome is None:
+                continue
+            del running[tid]
+            self.ended(tid, d, outcome)
+            if self.results[tid]["status"] != "done":
+                self.failed(self.by_id[tid])
+
+    def stopped(self) -> None:
+        """The run ends: what still runs is killed, what never started is skipped."""
+        for tid, d in self.running.items():
+            kill_agent(d, self.secrets)  # a stopped runner leaves no task behind
+            outcome = read_outcome(d) or {}
+            status = outcome.get("status") or "killed"
+            self.record(tid, status=status, agent_id=d.name, reason="the DAG runner was stopped", attempt=self.attempts[tid])
+        for t in self.tasks:
+            if t.id not in self.results:
+                self.record(t.id, status="skipped", reason="the DAG runner was stopped")
 
 
 def register_dag_runner(

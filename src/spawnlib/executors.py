@@ -20,6 +20,7 @@ from .constants import ENV_LOG_MAX, KILL_GRACE_S, PROTOCOL_VERSION, STDERR_LOG, 
 from .core import is_finite, parse_json, redact, utc_now_iso, validate_output
 from .errors import ExitCode, UsageError
 from .output import note
+from .processes import Supervised
 from .protocol import AGENTS_DIR, append_log_line, append_transcript, log_max_bytes, read_limits, with_estimated_cost
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import EarlyStop, RunState, SdkLoader, child_environment
@@ -249,8 +250,7 @@ class CommandExecutor(Executor):
 
         _, out, _ = await asyncio.gather(feed(proc.stdin), proc.stdout.read(COMMAND_RESULT_LIMIT + 1), pump_stderr(proc.stderr))
         if len(out) > COMMAND_RESULT_LIMIT:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
+            Supervised.signal_group(proc.pid, signal.SIGKILL)  # it would block on a pipe nobody reads
         code = await proc.wait()
         result = command_result(out, code, stderr_tail)
         node_line(agent_dir, "CommandResult", {"exit_code": code, "status": result.status.value, "reason": result.reason}, secrets_)
@@ -583,135 +583,171 @@ class A2AExecutor(Executor):
         self, meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str], *, sdk_loader: SdkLoader | None
     ) -> None:
         import asyncio
-        import uuid
-        from collections.abc import Generator
         from urllib.parse import urlsplit
 
         import httpx
         from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
-        from a2a.types import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
 
-        # protobuf ships no type hints: its JSON codec is used untyped.
-        json_format: Any = importlib.import_module("google.protobuf.json_format")
-
-        class Flooded(Exception):
-            """The remote sent more than the transcript holds: a peer that floods is ended, not followed."""
-
-        def line(kind: str, message: Mapping[str, Any]) -> bool:
-            state.last_activity = time.time()
-            return node_line(agent_dir, kind, message, secrets_)
-
-        names = {int(v): n for n, v in TaskState.items()}
         url = meta.endpoint or ""
         parts = urlsplit(url)
-        token = a2a_token(os.environ)
-        card_origin = httpx.URL(url)
-
-        class Bearer(httpx.Auth):
-            """The token, to the card's own origin only: a card may name interfaces anywhere."""
-
-            def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-                there = request.url
-                if token is not None and (there.scheme, there.host, there.port) == (card_origin.scheme, card_origin.host, card_origin.port):
-                    request.headers["Authorization"] = f"Bearer {token}"
-                yield request
-
         # No timeout of its own on a stream's reads: the deadline (run_agent's
         # stop, which cancels this task) bounds the card, the send, the stream and every poll.
-        async with httpx.AsyncClient(timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=Bearer()) as http:
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=a2a_bearer(url, a2a_token(os.environ))
+        ) as http:
             card = await A2ACardResolver(http, f"{parts.scheme}://{parts.netloc}", parts.path).get_agent_card()
             streaming = bool(card.capabilities.streaming)
-            line("A2ACard", {"url": url, "name": card.name, "version": card.version, "streaming": streaming})
+            conversation = A2AConversation(meta, agent_dir, state, secrets_)
+            conversation.line("A2ACard", {"url": url, "name": card.name, "version": card.version, "streaming": streaming})
             config = ClientConfig(
                 streaming=streaming, polling=not streaming, httpx_client=http, supported_protocol_bindings=list(A2A_BINDINGS)
             )
-            client = ClientFactory(config).create(card)
-            task = A2ATask(names)
-
-            cancels: list[asyncio.Future[None]] = []
-
-            async def cancel() -> None:
-                if task.task_id is None or task.state in A2A_FINAL_STATES:
-                    line(
-                        "A2ACancel",
-                        {"task_id": task.task_id, "sent": False, "why": "no remote task yet" if task.task_id is None else task.state},
-                    )
-                    return
-                if cancels:  # the run's own cancel (an ask denied) and the stop path's can meet: one is sent
-                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
-                    return
-                done = asyncio.get_running_loop().create_future()
-                cancels.append(done)
-                try:
-                    answer = await client.cancel_task(CancelTaskRequest(id=task.task_id))
-                except Exception as exc:
-                    line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": f"{type(exc).__name__}: {exc}"[:500]})
-                    raise
-                finally:
-                    done.set_result(None)
-                line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, names)})
-
-            state.stop_hooks.append(cancel)
+            conversation.client = ClientFactory(config).create(card)
+            task = conversation.task
+            state.stop_hooks.append(conversation.cancel)
             try:
-                text = meta.task
-                while True:
-                    message = Message(
-                        message_id=uuid.uuid4().hex,
-                        role=Role.ROLE_USER,
-                        parts=[Part(text=text)],
-                        metadata=a2a_metadata(meta),
-                        task_id=task.task_id or "",
-                        context_id=task.context_id or "",
-                    )
-                    line("A2ASend", json_format.MessageToDict(message))
-                    events = client.send_message(SendMessageRequest(message=message))
-                    try:
-                        async for event in events:
-                            raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
-                            event_json = json_format.MessageToDict(event)
-                            if not line("A2AEvent", event_json):
-                                raise Flooded(
-                                    f"the remote agent sent over {log_max_bytes(os.environ)} bytes of events ({ENV_LOG_MAX}); "
-                                    "its task was canceled"
-                                )
-                            task.observe(event_json, raw)
-                            if task.settled():
-                                break
-                    finally:
-                        close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
-                        if close is not None:
-                            await close()
-                    seen = task.state
-                    while not task.settled():
-                        if task.task_id is None:
-                            raise RuntimeError("the remote agent answered with neither a task nor a message")
-                        await asyncio.sleep(A2A_POLL_S)
-                        polled = await client.get_task(GetTaskRequest(id=task.task_id))
-                        task.observe({"task": json_format.MessageToDict(polled)}, polled.status.state)
-                        if task.state != seen:  # a poll that saw nothing new is no event
-                            line("A2ATask", json_format.MessageToDict(polled))
-                            seen = task.state
-                    if task.state not in A2A_ASK_STATES:
-                        break
-                    reply = await a2a_ask(meta, agent_dir, state, task, remote=card.name, secrets_=secrets_)
-                    if reply is None:
-                        await cancel()
-                        state.node_result = NodeResult(
-                            Status.FAILED, f"the remote agent's {task.state} was answered no", cost_usd=task.cost_usd
-                        )
-                        return
-                    text = reply
-                state.node_result = task.result()
-            except Flooded as exc:
+                state.node_result = await conversation.converse(remote=card.name)
+            except A2AFlooded as exc:
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(cancel(), KILL_GRACE_S)
+                    await asyncio.wait_for(conversation.cancel(), KILL_GRACE_S)
                 state.node_result = NodeResult(Status.FAILED, str(exc), cost_usd=task.cost_usd)
             finally:
                 # A remote that reports itself canceled ends the stream while the
                 # stop path's cancel still waits on this client for its reply:
                 # closing the client now would cut that reply (and its record) off.
-                if cancels:
-                    await asyncio.wait(cancels, timeout=KILL_GRACE_S)
+                if conversation.cancels:
+                    await asyncio.wait(conversation.cancels, timeout=KILL_GRACE_S)
+
+
+def a2a_bearer(url: str, token: str | None) -> Any:
+    """An httpx.Auth that sends the token to the card's own origin only: a card may name interfaces anywhere."""
+    from collections.abc import Generator
+
+    import httpx
+
+    card_origin = httpx.URL(url)
+
+    class Bearer(httpx.Auth):
+        def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+            there = request.url
+            if token is not None and (there.scheme, there.host, there.port) == (card_origin.scheme, card_origin.host, card_origin.port):
+                request.headers["Authorization"] = f"Bearer {token}"
+            yield request
+
+    return Bearer()
+
+
+class A2AFlooded(Exception):
+    """The remote sent more than the transcript holds: a peer that floods is ended, not followed."""
+
+
+class A2AConversation:
+    """One a2a node's exchange with its remote: send, follow the task to a settled state, answer its asks, cancel."""
+
+    def __init__(self, meta: AgentMeta, agent_dir: Path, state: RunState, secrets_: Sequence[str]) -> None:
+        import asyncio
+
+        from a2a.types import TaskState
+
+        self.meta, self.agent_dir, self.state, self.secrets = meta, agent_dir, state, secrets_
+        # protobuf ships no type hints: its JSON codec is used untyped.
+        self.json_format: Any = importlib.import_module("google.protobuf.json_format")
+        self.names = {int(v): n for n, v in TaskState.items()}
+        self.task = A2ATask(self.names)
+        self.client: Any = None
+        self.cancels: list[asyncio.Future[None]] = []
+
+    def line(self, kind: str, message: Mapping[str, Any]) -> bool:
+        self.state.last_activity = time.time()
+        return node_line(self.agent_dir, kind, message, self.secrets)
+
+    async def cancel(self) -> None:
+        import asyncio
+
+        from a2a.types import CancelTaskRequest
+
+        task, cancels, line = self.task, self.cancels, self.line
+        if task.task_id is None or task.state in A2A_FINAL_STATES:
+            line(
+                "A2ACancel",
+                {"task_id": task.task_id, "sent": False, "why": "no remote task yet" if task.task_id is None else task.state},
+            )
+            return
+        if cancels:  # the run's own cancel (an ask denied) and the stop path's can meet: one is sent
+            await asyncio.wait(cancels, timeout=KILL_GRACE_S)
+            return
+        done = asyncio.get_running_loop().create_future()
+        cancels.append(done)
+        try:
+            answer = await self.client.cancel_task(CancelTaskRequest(id=task.task_id))
+        except Exception as exc:
+            line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            raise
+        finally:
+            done.set_result(None)
+        line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, self.names)})
+
+    async def converse(self, *, remote: str) -> NodeResult:
+        """Send the task, then each answer to the remote's asks, until the task settles; its result."""
+        import uuid
+
+        from a2a.types import Message, Part, Role
+
+        meta, task = self.meta, self.task
+        text = meta.task
+        while True:
+            message = Message(
+                message_id=uuid.uuid4().hex,
+                role=Role.ROLE_USER,
+                parts=[Part(text=text)],
+                metadata=a2a_metadata(meta),
+                task_id=task.task_id or "",
+                context_id=task.context_id or "",
+            )
+            await self.follow(message)
+            if task.state not in A2A_ASK_STATES:
+                break
+            reply = await a2a_ask(meta, self.agent_dir, self.state, task, remote=remote, secrets_=self.secrets)
+            if reply is None:
+                await self.cancel()
+                return NodeResult(Status.FAILED, f"the remote agent's {task.state} was answered no", cost_usd=task.cost_usd)
+            text = reply
+        return task.result()
+
+    async def follow(self, message: Any) -> None:
+        """Send one message; follow its stream, then poll, until the task settles."""
+        import asyncio
+
+        from a2a.types import GetTaskRequest, SendMessageRequest
+
+        task, line, json_format = self.task, self.line, self.json_format
+        line("A2ASend", json_format.MessageToDict(message))
+        events = self.client.send_message(SendMessageRequest(message=message))
+        try:
+            async for event in events:
+                raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
+                event_json = json_format.MessageToDict(event)
+                if not line("A2AEvent", event_json):
+                    raise A2AFlooded(
+                        f"the remote agent sent over {log_max_bytes(os.environ)} bytes of events ({ENV_LOG_MAX}); its task was canceled"
+                    )
+                task.observe(event_json, raw)
+                if task.settled():
+                    break
+        finally:
+            close = getattr(events, "aclose", None)  # the stream's connection, now, not at collection
+            if close is not None:
+                await close()
+        seen = task.state
+        while not task.settled():
+            if task.task_id is None:
+                raise RuntimeError("the remote agent answered with neither a task nor a message")
+            await asyncio.sleep(A2A_POLL_S)
+            polled = await self.client.get_task(GetTaskRequest(id=task.task_id))
+            task.observe({"task": json_format.MessageToDict(polled)}, polled.status.state)
+            if task.state != seen:  # a poll that saw nothing new is no event
+                line("A2ATask", json_format.MessageToDict(polled))
+                seen = task.state
 
 
 async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATask, *, remote: str, secrets_: Sequence[str]) -> str | None:

@@ -273,13 +273,35 @@ class PendingRequest:
 
 def serve_forks(meta: AgentMeta, entry: Entry) -> None:
     """The fork server's loop: accept, check the peer, fork; until the root is gone."""
-    import gc
-    import selectors
-    import socket
-    import struct
-
-    root = Supervised.of(meta)
     path = Path(meta.session) / FORKSERVER_SOCKET
+    server = bind_forkserver_socket(path)
+    bound = path.stat().st_ino
+    # Listening before the imports: a spawn that comes meanwhile waits in the
+    # backlog, no longer than its own imports would have taken it.
+    server.listen(64)
+    server.setblocking(False)
+    preload_for_forks()
+    loop = ForkServerLoop(meta, entry, server)
+
+    def stop(_signum: int, _frame: Any) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGCHLD, loop.reap)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        loop.run()
+        # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
+        print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
+    finally:
+        with contextlib.suppress(OSError):
+            if path.stat().st_ino == bound:
+                path.unlink()
+
+
+def bind_forkserver_socket(path: Path) -> Any:
+    """The server's socket, bound at path, 0600."""
+    import socket
+
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     address, dir_fd = unix_address(str(path))
     mask = os.umask(0o177)  # the socket is created 0600: only this user may connect
@@ -289,15 +311,16 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
         os.umask(mask)
         if dir_fd is not None:
             os.close(dir_fd)
-    bound = path.stat().st_ino
-    # Listening before the imports: a spawn that comes meanwhile waits in the
-    # backlog, no longer than its own imports would have taken it.
-    server.listen(64)
-    server.setblocking(False)
+    return server
 
-    # Everything a spawn imports, once: the children share these pages. (The
-    # root, forked, has most of it: the SDK's and asyncio's imports are free.)
+
+def preload_for_forks() -> None:
+    """Everything a spawn imports, once: the children share these pages.
+
+    (The root, forked, has most of it: the SDK's and asyncio's imports are free.)
+    """
     import asyncio  # noqa: F401
+    import gc
 
     import jsonschema  # noqa: F401
 
@@ -311,59 +334,93 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
     # Out of the collector's reach: a child's collections then leave these
     # pages alone, so they stay shared with the server instead of copied.
     gc.freeze()
-    script_stat = SCRIPT_PATH.stat()
-    namespace = own_pid_namespace()
 
-    def stop(_signum: int, _frame: Any) -> None:
-        raise SystemExit(0)
 
-    # The spawns this server forked, by pid: the stand-in each runs for. A
-    # detached runner is forked only for one of them (its launcher), and for
-    # that launcher's caller, who is checked while it still lives.
-    launched: dict[int, tuple[int, float]] = {}
+class ForkServerLoop:
+    """The server's state between polls: the clients whose requests are still coming, the spawns it forked."""
 
-    def reap(_signum: int, _frame: Any) -> None:
+    def __init__(self, meta: AgentMeta, entry: Entry, server: Any) -> None:
+        import selectors
+
+        self.meta, self.entry, self.server = meta, entry, server
+        self.root = Supervised.of(meta)
+        self.script_stat = SCRIPT_PATH.stat()
+        self.namespace = own_pid_namespace()
+        # The spawns this server forked, by pid: the stand-in each runs for. A
+        # detached runner is forked only for one of them (its launcher), and for
+        # that launcher's caller, who is checked while it still lives.
+        self.launched: dict[int, tuple[int, float]] = {}
+        self.pending: dict[Any, PendingRequest] = {}
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(server, selectors.EVENT_READ)
+
+    def reap(self, _signum: int, _frame: Any) -> None:
         with contextlib.suppress(ChildProcessError):
             while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
-                launched.pop(pid, None)
+                self.launched.pop(pid, None)
 
-    signal.signal(signal.SIGCHLD, reap)
-    signal.signal(signal.SIGTERM, stop)
-    pending: dict[Any, PendingRequest] = {}
-    selector = selectors.DefaultSelector()
-    selector.register(server, selectors.EVENT_READ)
+    def run(self) -> None:
+        """Poll until the root is gone."""
+        while self.root.alive():
+            now = time.monotonic()
+            for client in [c for c in self.pending.values() if c.deadline <= now]:
+                self.drop(client)
+            wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in self.pending.values())])
+            for key, _events in self.selector.select(max(0.0, wait_s)):
+                if key.fileobj is self.server:
+                    self.admit()
+                else:
+                    self.read_from(self.pending[key.fileobj])
 
-    def drop(client: PendingRequest) -> None:
+    def read_from(self, client: PendingRequest) -> None:
+        try:
+            whole = client.feed()
+        except (OSError, ValueError):
+            self.drop(client)
+            return
+        if whole:
+            self.selector.unregister(client.conn)
+            del self.pending[client.conn]
+            with contextlib.suppress(OSError, ValueError, psutil.Error):
+                self.serve(client)
+            client.close()
+
+    def drop(self, client: PendingRequest) -> None:
         # Closed unanswered: that client takes the normal path.
-        selector.unregister(client.conn)
-        del pending[client.conn]
+        self.selector.unregister(client.conn)
+        del self.pending[client.conn]
         client.close()
 
-    def admit() -> None:
+    def admit(self) -> None:
+        import selectors
+        import socket
+        import struct
+
         try:
-            conn, _ = server.accept()
+            conn, _ = self.server.accept()
         except (BlockingIOError, InterruptedError):
             return
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         client_pid, client_uid, _gid = struct.unpack("3i", creds)
         # Another user's, or one inside an agent's sandbox (or unreadable),
         # whatever it says: what it spawns must stay in there, not be forked out.
-        if client_uid != os.getuid() or pid_namespace_of(client_pid) != namespace or len(pending) >= FORKSERVER_PENDING_MAX:
+        if client_uid != os.getuid() or pid_namespace_of(client_pid) != self.namespace or len(self.pending) >= FORKSERVER_PENDING_MAX:
             conn.close()
             return
         conn.setblocking(False)
-        pending[conn] = PendingRequest(conn, client_pid)
-        selector.register(conn, selectors.EVENT_READ)
+        self.pending[conn] = PendingRequest(conn, client_pid)
+        self.selector.register(conn, selectors.EVENT_READ)
 
-    def serve(client: PendingRequest) -> None:
+    def serve(self, client: PendingRequest) -> None:
+        meta, entry = self.meta, self.entry
         conn, fds, client_pid = client.conn, client.fds, client.client_pid
         request = client.request()
         conn.settimeout(5.0)  # the reply's send; the client waits for it
-        refusal = forkserver_refusal(request, script_stat)
+        refusal = forkserver_refusal(request, self.script_stat)
         client_time = psutil.Process(client_pid).create_time()
         caller, ancestry = None, None
         if refusal is None:
-            caller, refusal = caller_in_tree(client_pid, launched, meta.session, detach=request.get("detach") is True)
+            caller, refusal = caller_in_tree(client_pid, self.launched, meta.session, detach=request.get("detach") is True)
         if refusal is None and caller is not None and request.get("detach") is True:
             ancestry = ancestry_context(subject=caller)
         if refusal is not None:
@@ -374,9 +431,9 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
         pid = os.fork()
         if pid == 0:
             try:
-                server.close()
-                selector.close()
-                for other in pending.values():  # every other client is the server's to answer
+                self.server.close()
+                self.selector.close()
+                for other in self.pending.values():  # every other client is the server's to answer
                     other.close()
                 if request.get("detach") is True:
                     ForkedFor.ancestry = ancestry
@@ -385,7 +442,7 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
             finally:
                 os._exit(ExitCode.STATE)
         if request.get("detach") is not True:
-            launched[pid] = (client_pid, client_time)
+            self.launched[pid] = (client_pid, client_time)
         line = {
             "time": utc_now_iso(),
             "pid": pid,
@@ -396,35 +453,6 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
             line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
         with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
             fh.write(json.dumps(line) + "\n")
-
-    try:
-        while root.alive():
-            now = time.monotonic()
-            for client in [c for c in pending.values() if c.deadline <= now]:
-                drop(client)
-            wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in pending.values())])
-            for key, _events in selector.select(max(0.0, wait_s)):
-                if key.fileobj is server:
-                    admit()
-                    continue
-                client = pending[key.fileobj]
-                try:
-                    whole = client.feed()
-                except (OSError, ValueError):
-                    drop(client)
-                    continue
-                if whole:
-                    selector.unregister(client.conn)
-                    del pending[client.conn]
-                    with contextlib.suppress(OSError, ValueError, psutil.Error):
-                        serve(client)
-                    client.close()
-        # Only the poll gets here; the root's death signal (SIGTERM) ends the server before.
-        print(f"spawn.py fork server {os.getpid()}: its root is gone", flush=True)
-    finally:
-        with contextlib.suppress(OSError):
-            if path.stat().st_ino == bound:
-                path.unlink()
 
 
 def caller_in_tree(
@@ -486,7 +514,7 @@ def run_forked(conn: Any, fds: Sequence[int], request: Mapping[str, Any], client
         with contextlib.suppress(OSError):
             conn.recv(1)
         if not finished.is_set():
-            os.kill(os.getpid(), signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
+            Supervised.signal_self(signal.SIGKILL)  # as if our own spawn.py was SIGKILLed: the guard settles
 
     watcher = threading.Thread(target=watch_stand_in, name="stand-in", daemon=True)
     watcher.start()

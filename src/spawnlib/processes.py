@@ -105,12 +105,10 @@ class Supervised:
     def alive(self) -> bool:
         if not self.foreign():
             return self._same_process() is not None
-        try:
-            beat = parse_json(read_text(self.heartbeat or "/nonexistent"))
-            age, interval = time.time() - float(beat["updated_at"]), float(beat.get("interval_s", HEARTBEAT_S))
-        except (OSError, SpawnError, ValueError, KeyError, TypeError):
-            age, interval = time.time() - self.create_time, HEARTBEAT_S  # not due yet
-        return age < HEARTBEAT_STALE_BEATS * interval
+        age = heartbeat_age(self.heartbeat) if self.heartbeat is not None else None
+        if age is None:
+            age = time.time() - self.create_time, HEARTBEAT_S  # not due yet
+        return stale_in(age) > 0
 
     def signal(self, sig: int) -> psutil.Process | None:
         """Send sig if it is still the same process; that process (to wait on), or None.
@@ -127,6 +125,38 @@ class Supervised:
             return None
         return proc
 
+    # The stop path's raw signals: every signal spawn.py sends to a process
+    # goes through Supervised (tests/test_stop_path.py fails on any other).
+    # These take a pid or group whose identity the caller holds otherwise
+    # than by (pid, create_time): see each.
+
+    @staticmethod
+    def signal_pid(pid: int, sig: int) -> bool:
+        """Signal a pid that can't have been reused: our own child not yet
+        reaped, or a member of a cgroup we own, listed just now. False if it
+        is gone (or not ours to signal)."""
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    @staticmethod
+    def signal_group(pgid: int, sig: int) -> bool:
+        """Signal a process group spawn.py made (a CLI's, a command's); sig 0
+        only asks whether it has a member left. False if it has none."""
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    @staticmethod
+    def signal_self(sig: int) -> None:
+        """End (or stop) this very process by sig, as a signal from outside
+        would: its guard and parent then see the same death."""
+        os.kill(os.getpid(), sig)
+
     @staticmethod
     def stop(procs: Iterable[psutil.Process], groups: Iterable[int], grace: float) -> None:
         """The one stop path: SIGTERM, up to grace to exit, then SIGKILL what is left.
@@ -139,8 +169,7 @@ class Supervised:
         groups = [g for g in set(groups) if g > 1 and g != os.getpgid(0)]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pgid in groups:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, sig)
+                Supervised.signal_group(pgid, sig)
             for proc in procs:
                 with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                     proc.send_signal(sig)
@@ -149,6 +178,22 @@ class Supervised:
                 if not procs and not any(group_alive(g) for g in groups):
                     return
         wait_gone(procs, 1.0)
+
+
+def heartbeat_age(beat: Path) -> tuple[float, float] | None:
+    """(seconds since the last beat, the beat interval) from a heartbeat file, or None without a readable one."""
+    try:
+        data = parse_json(read_text(beat))
+        return time.time() - float(data["updated_at"]), float(data.get("interval_s", HEARTBEAT_S))
+    except (OSError, SpawnError, KeyError, TypeError, ValueError):
+        return None
+
+
+def stale_in(age: tuple[float, float]) -> float:
+    """Seconds until an agent whose last beat is age[0] old, beating every age[1] s, is stale:
+    HEARTBEAT_STALE_BEATS beats missed. Below 0: stale now. The one rule for a stuck agent,
+    for every reader (status, wait, an agent in another pid namespace)."""
+    return HEARTBEAT_STALE_BEATS * age[1] - age[0]
 
 
 def own_pid_namespace() -> str | None:
@@ -339,8 +384,7 @@ def end_tree_cgroup(meta: AgentMeta) -> bool:
         for cgroup in cgroup_tree(path):
             with contextlib.suppress(OSError, ValueError):
                 for pid in (cgroup / "cgroup.procs").read_text().split():
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(int(pid), signal.SIGKILL)
+                    Supervised.signal_pid(int(pid), signal.SIGKILL)
     limit = time.monotonic() + CGROUP_EMPTY_WAIT_S
     while cgroup_populated(path) and time.monotonic() < limit:
         time.sleep(0.01)
@@ -406,11 +450,7 @@ def _still_running(proc: psutil.Process) -> bool:
 
 
 def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    return Supervised.signal_group(pgid, 0)
 
 
 def end_own_subtree(extra_groups: Iterable[int] = (), grace: float = KILL_GRACE_S, spare: Iterable[int] = ()) -> None:
@@ -534,7 +574,7 @@ def fork_below_guard() -> None:
         # tree and record `killed`, as for any SIGHUP, since nobody else will.
         set_parent_death_signal(signal.SIGHUP)
         if os.getppid() != guard:  # it died before the line above: we are on our own
-            os.kill(os.getpid(), signal.SIGHUP)
+            Supervised.signal_self(signal.SIGHUP)
         GUARDS_ABOVE.append((guard, write_end))
         return
     become_subreaper()  # the runner will be one too, for what it starts while it lives
@@ -600,7 +640,7 @@ def exit_as(code: int) -> int:
         if sig != signal.SIGKILL:
             signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
-        os.kill(os.getpid(), sig)
+        Supervised.signal_self(sig)
     return 128 + sig
 
 
@@ -876,7 +916,7 @@ def ancestry_subject() -> psutil.Process:
         proc = psutil.Process(ForkedFor.pid)
         if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
             return proc
-    os.kill(os.getpid(), signal.SIGKILL)
+    Supervised.signal_self(signal.SIGKILL)
     raise AssertionError("unreachable")
 
 

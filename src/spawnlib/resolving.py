@@ -418,20 +418,12 @@ def check_output_path(value: str) -> None:
 
 
 def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Plan:
+    """Flags, environment and this process's ancestry -> the Plan that register and run_agent follow; nothing is written."""
     task = read_task(args)
-    catalogue = known_tools(environ) if args.tools or args.disallowed_tools else KNOWN_TOOLS  # with what the CLI reported
-    requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
-    disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
+    asked = asked_by_flags(args, environ)
     flag_rules = RuleSet(*([parse_rule(r, f"--{kind}") for r in getattr(args, kind) or []] for kind in PERMISSION_KINDS))
     input_warnings = check_run_input(args, environ)
-    if args.system_prompt is not None and args.system_prompt_file is not None:
-        raise UsageError("give --system-prompt or --system-prompt-file, not both")
-    system_prompt = args.system_prompt
-    if args.system_prompt_file is not None:
-        try:
-            system_prompt = Path(args.system_prompt_file).read_text()
-        except OSError as exc:
-            raise UsageError(f"can't read --system-prompt-file {args.system_prompt_file}: {exc.strerror}") from None
+    asked.system_prompt = read_system_prompt(args)
     cwd = Path(args.cwd).expanduser().resolve() if args.cwd else Path.cwd()
     if not cwd.is_dir():
         raise UsageError(f"--cwd {args.cwd} is not a directory")
@@ -443,103 +435,39 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     inh = inherited_context(environ, ancestry)
     warnings: list[str] = input_warnings
     depth = inh.depth + 1
-    # The flags' limits, narrowed by a definition below; args stays as parsed.
-    max_depth_arg: int | None = args.max_depth
-    timeout: float | None = args.timeout or None  # --timeout 0: no deadline of its own, explicitly
-    budget_arg: float | None = args.max_budget_usd
-    max_turns: int | None = args.max_turns
-    background: bool | None = args.background
     definition, routing, yaml_problems = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None, [])
     warnings += yaml_problems
     node = node or node_of_definition(definition)
     if not args.dry_run and node.kind == "claude":
         check_credentials(environ)  # only the claude kind calls the model from here
-    if definition is not None:
-        # A definition's settings are defaults the flags override, but the
-        # flags can't widen what it allows: tools, depth, time, budget, rules.
-        system_prompt = system_prompt if system_prompt is not None else definition.prompt
-        if definition.tools is not None:
-            if requested_tools is not None:
-                dropped = [t for t in requested_tools if t not in definition.tools]
-                if dropped:
-                    warnings.append(f"tools not in the {definition.name} definition were dropped: {','.join(dropped)}")
-                requested_tools = [t for t in requested_tools if t in definition.tools]
-            else:
-                requested_tools = list(definition.tools)
-        disallowed = list(dict.fromkeys([*definition.disallowed_tools, *disallowed]))
-        max_depth_arg = min_known(max_depth_arg, definition.max_depth)
-        timeout = min_known(timeout, definition.timeout)
-        budget_arg = min_known(budget_arg, definition.max_budget_usd)
-        max_turns = min_known(max_turns, definition.max_turns)
-        if background is None:
-            background = definition.background
-        if isinstance(definition.effort, int):
-            warnings.append(f"numeric effort {definition.effort} is not passed: the SDK takes low, medium, high, xhigh or max")
-        if flag_rules.allow and definition.permissions.allow:
-            warnings.append(f"--allow can't widen the {definition.name} definition's allow rules; ignored")
-            flag_rules.allow = []
-    model_name = args.model if args.model is not None else (definition.model if definition and definition.model else DEFAULT_MODEL)
-    if model_name == "inherit":
-        model_name = inh.model or DEFAULT_MODEL
-    model_source = "--model" if args.model is not None else (f"the model of {definition.path}" if definition else "the model")
-    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), model_source)
+    asked = narrow_by_definition(definition, asked, flag_rules, warnings)
+    system_prompt, requested_tools, disallowed = asked.system_prompt, asked.tools, asked.disallowed
+    max_depth_arg, timeout, budget_arg = asked.max_depth, asked.timeout, asked.budget
+    max_turns, background = asked.max_turns, asked.background
+    model = choose_model(args, environ, definition, inh)
     schema_arg = args.schema or (definition.schema if definition else None)
     schema, schema_source = load_schema(schema_arg) if schema_arg else (None, None)
-    own = definition.permissions if definition else RuleSet()
-    if definition is not None:
-        own = RuleSet(*([dataclasses.replace(r, source=definition.path) for r in getattr(own, k)] for k in PERMISSION_KINDS))
-    # A user's settings files bind the whole tree: its first agent on this
-    # machine reads them (a root, or one served to a caller elsewhere, which
-    # arrives with the caller's depth but no parent here), and their deny and
-    # ask rules reach every child as inherited rules.
-    first_here = inh.parent_id is None
-    user = load_settings_rules(cwd, environ) if first_here and not args.no_settings else RuleSet()
-    if args.no_settings and not first_here:
-        warnings.append("--no-settings applies at the root only; the tree's rules still hold")
-    inherited = [[parse_rule(t, "inherited from the parent") for t in texts] for texts in (inh.deny, inh.ask)]
-    rules = RuleSet(
-        allow=[*own.allow, *flag_rules.allow, *user.allow],
-        deny=unique_rules([*own.deny, *flag_rules.deny, *user.deny, *inherited[0]]),
-        ask=unique_rules([*own.ask, *flag_rules.ask, *user.ask, *inherited[1]]),
-    )
-    mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
-    if mode_warning:
-        warnings.append(mode_warning)
+    rules = tree_rules(args, environ, cwd, inh=inh, definition=definition, flag_rules=flag_rules, warnings=warnings)
+    mode = tree_mode(definition, inh, warnings)
     max_depth = narrow_to_inherited("--max-depth", max_depth_arg, inh.max_depth, "the tree's", warnings)
     max_depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
-    tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
-    if definition is not None:
-        # A definition's MCP servers are granted whole unless it names their tools.
-        tools += [f"mcp__{s}" for s in definition.mcp_servers if not any(t.startswith(f"mcp__{s}") for t in tools)]
-    tools, dropped = narrow_tools(tools, inh.tools)
-    if dropped:
-        warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
+    tools = tree_tools(requested_tools, definition, inh, warnings)
     budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
     on_budget, on_budget_warning = narrow_on_budget(args.on_budget, [environ.get(ENV_ON_BUDGET), ancestry_on_budget(ancestry)])
     if on_budget_warning:
         warnings.append(on_budget_warning)
     now = time.time()
-    if args.timeout is None and timeout is None and inh.depth < 0:
-        timeout = DEFAULT_ROOT_TIMEOUT_S
-    deadline = child_deadline(timeout, inh.deadline, now)
+    deadline = child_deadline(own_timeout(args, timeout, inh), inh.deadline, now)
     # A bad reference is exit 2 before anything is written; the check's time
     # (an A2A card's fetch) counts against the deadline.
     executor_for(node.kind).check(node, deadline)
     idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
 
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
-    # Inside a parent's sandbox an agent is held by it, whatever it asks.
-    sandbox = "inherited" if inside_sandbox() else "off"
-    if sandbox == "off" and node.kind == "claude":
-        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
-        refusal = refusal or sandbox_refusal
+    sandbox, sandbox_refusal = choose_sandbox(args, node.kind, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
+    refusal = refusal or sandbox_refusal
 
-    session_root = resolve_session_root(args.session, environ)
-    # A child stays in its tree's session, whatever --session says: there it
-    # shares the tree's limits file and ledger, and `kill` finds it.
-    session = inh.session
-    if session is not None and args.session:
-        warnings.append(f"--session {args.session} ignored: this agent is registered in its tree's session {session}")
+    session_root, session = choose_session(args, environ, inh, warnings)
     trace = new_trace(args.parent_trace or inh.traceparent)
     topic = args.topic or task
     meta = AgentMeta(
@@ -574,33 +502,127 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
         topic=slugify(redact(topic, secret_values(environ)), 32),
         output_file=str(Path(args.output).expanduser().resolve()) if args.output else None,
         background=bool(background),
-        agent=definition.name if definition else None,
-        agent_source=definition.path if definition else None,
         routing=routing,
         permissions=rules.texts(),
         permission_mode=mode,
-        mcp_servers=sorted(definition.mcp_servers) if definition else [],
-        skills=definition.skills if definition else None,
-        effort=definition.effort if definition else None,
-        initial_prompt=definition.initial_prompt if definition else None,
-        isolation=definition.isolation if definition else None,
-        memory=definition.memory if definition else None,
-        hooks=sorted(definition.hooks or {}) if definition else [],
         sandbox=sandbox,
         warnings=warnings,
         kind=node.kind,
         endpoint=node.endpoint,
     )
     meta.placement = plan_placement(args, environ, ancestry, is_root=inh.depth < 0, kind=node.kind, warnings=warnings).as_record()
+    if definition is not None:
+        take_definition_settings(meta, definition)
     limits = Limits(budget_arg, args.max_agents, args.max_concurrent, args.confirm_over)
-    if session is None and args.max_concurrent is not None and args.max_concurrent <= max_depth:
+    warn_about_tree_limits(args, session is None, max_depth, warnings)
+    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules, no_wait=args.no_wait)
+
+
+def read_system_prompt(args: argparse.Namespace) -> str | None:
+    """--system-prompt, or --system-prompt-file's text; None for neither."""
+    system_prompt: str | None
+    if args.system_prompt is not None and args.system_prompt_file is not None:
+        raise UsageError("give --system-prompt or --system-prompt-file, not both")
+    system_prompt = args.system_prompt
+    if args.system_prompt_file is not None:
+        try:
+            system_prompt = Path(args.system_prompt_file).read_text()
+        except OSError as exc:
+            raise UsageError(f"can't read --system-prompt-file {args.system_prompt_file}: {exc.strerror}") from None
+    return system_prompt
+
+
+@dataclass
+class AskedLimits:
+    """What the flags ask for, before the tree narrows it: a definition's settings narrow these first."""
+
+    system_prompt: str | None
+    tools: list[str] | None
+    disallowed: list[str]
+    max_depth: int | None
+    timeout: float | None
+    budget: float | None
+    max_turns: int | None
+    background: bool | None
+
+
+def narrow_by_definition(definition: AgentDefinition | None, asked: AskedLimits, flag_rules: RuleSet, warnings: list[str]) -> AskedLimits:
+    """The flags' values as a definition narrows them (it can't be widened by them); flag_rules may lose its allow rules."""
+    system_prompt, requested_tools, disallowed = asked.system_prompt, asked.tools, asked.disallowed
+    max_depth_arg, timeout, budget_arg, max_turns, background = (
+        asked.max_depth,
+        asked.timeout,
+        asked.budget,
+        asked.max_turns,
+        asked.background,
+    )
+    if definition is not None:
+        # A definition's settings are defaults the flags override, but the
+        # flags can't widen what it allows: tools, depth, time, budget, rules.
+        system_prompt = system_prompt if system_prompt is not None else definition.prompt
+        if definition.tools is not None:
+            if requested_tools is not None:
+                dropped = [t for t in requested_tools if t not in definition.tools]
+                if dropped:
+                    warnings.append(f"tools not in the {definition.name} definition were dropped: {','.join(dropped)}")
+                requested_tools = [t for t in requested_tools if t in definition.tools]
+            else:
+                requested_tools = list(definition.tools)
+        disallowed = list(dict.fromkeys([*definition.disallowed_tools, *disallowed]))
+        max_depth_arg = min_known(max_depth_arg, definition.max_depth)
+        timeout = min_known(timeout, definition.timeout)
+        budget_arg = min_known(budget_arg, definition.max_budget_usd)
+        max_turns = min_known(max_turns, definition.max_turns)
+        if background is None:
+            background = definition.background
+        if isinstance(definition.effort, int):
+            warnings.append(f"numeric effort {definition.effort} is not passed: the SDK takes low, medium, high, xhigh or max")
+        if flag_rules.allow and definition.permissions.allow:
+            warnings.append(f"--allow can't widen the {definition.name} definition's allow rules; ignored")
+            flag_rules.allow = []
+    return AskedLimits(system_prompt, requested_tools, disallowed, max_depth_arg, timeout, budget_arg, max_turns, background)
+
+
+def tree_rules(
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    cwd: Path,
+    *,
+    inh: Inherited,
+    definition: AgentDefinition | None,
+    flag_rules: RuleSet,
+    warnings: list[str],
+) -> RuleSet:
+    """The agent's permission rules: its definition's, the flags', the user's settings and the tree's inherited ones."""
+    own = definition.permissions if definition else RuleSet()
+    if definition is not None:
+        own = RuleSet(*([dataclasses.replace(r, source=definition.path) for r in getattr(own, k)] for k in PERMISSION_KINDS))
+    # A user's settings files bind the whole tree: its first agent on this
+    # machine reads them (a root, or one served to a caller elsewhere, which
+    # arrives with the caller's depth but no parent here), and their deny and
+    # ask rules reach every child as inherited rules.
+    first_here = inh.parent_id is None
+    user = load_settings_rules(cwd, environ) if first_here and not args.no_settings else RuleSet()
+    if args.no_settings and not first_here:
+        warnings.append("--no-settings applies at the root only; the tree's rules still hold")
+    inherited = [[parse_rule(t, "inherited from the parent") for t in texts] for texts in (inh.deny, inh.ask)]
+    rules = RuleSet(
+        allow=[*own.allow, *flag_rules.allow, *user.allow],
+        deny=unique_rules([*own.deny, *flag_rules.deny, *user.deny, *inherited[0]]),
+        ask=unique_rules([*own.ask, *flag_rules.ask, *user.ask, *inherited[1]]),
+    )
+    return rules
+
+
+def warn_about_tree_limits(args: argparse.Namespace, is_root: bool, max_depth: int, warnings: list[str]) -> None:
+    """The tree-wide limits' warnings: too few slots for the depth, or set below the root where they don't apply."""
+    if is_root and args.max_concurrent is not None and args.max_concurrent <= max_depth:
         warnings.append(
             f"--max-concurrent {args.max_concurrent} is fewer than the {max_depth + 1} levels --max-depth {max_depth} allows: "
             "a parent lends its slot only while blocked in a foreground spawn or 'spawn.py wait'"
         )
-    if session is not None and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
+    if not is_root and (args.max_agents is not None or args.max_concurrent is not None or args.confirm_over is not None):
         warnings.append("--max-agents, --max-concurrent and --confirm-over apply to a whole tree and are set by its root; ignored here")
-    return Plan(meta, inh, refusal, session_root, session is None, cli, secret_values(environ), limits, rules=rules, no_wait=args.no_wait)
 
 
 def plan_placement(
@@ -635,6 +657,95 @@ def plan_placement(
     if not args.dry_run:
         check_runnable(decision)
     return decision
+
+
+def asked_by_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> AskedLimits:
+    """What the flags ask for; args stays as parsed. (The system prompt is read after the other flags' checks.)"""
+    requested_tools, disallowed = read_tool_flags(args, environ)
+    # --timeout 0: no deadline of its own, explicitly.
+    timeout: float | None = args.timeout or None
+    return AskedLimits(None, requested_tools, disallowed, args.max_depth, timeout, args.max_budget_usd, args.max_turns, args.background)
+
+
+def own_timeout(args: argparse.Namespace, timeout: float | None, inh: Inherited) -> float | None:
+    """The agent's own timeout: a root given none gets the default; --timeout 0 keeps none."""
+    if args.timeout is None and timeout is None and inh.depth < 0:
+        return DEFAULT_ROOT_TIMEOUT_S
+    return timeout
+
+
+def choose_session(args: argparse.Namespace, environ: Mapping[str, str], inh: Inherited, warnings: list[str]) -> tuple[Path, Path | None]:
+    """(where a new session goes, the tree's session if this agent has one)."""
+    session_root = resolve_session_root(args.session, environ)
+    # A child stays in its tree's session, whatever --session says: there it
+    # shares the tree's limits file and ledger, and `kill` finds it.
+    session = inh.session
+    if session is not None and args.session:
+        warnings.append(f"--session {args.session} ignored: this agent is registered in its tree's session {session}")
+    return session_root, session
+
+
+def read_tool_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[list[str] | None, list[str]]:
+    """(--tools, None for not given; --disallowed-tools), checked against the tools known."""
+    catalogue = known_tools(environ) if args.tools or args.disallowed_tools else KNOWN_TOOLS  # with what the CLI reported
+    requested_tools = parse_tools(args.tools, catalogue) if args.tools is not None else None
+    disallowed = parse_tools(args.disallowed_tools, catalogue) if args.disallowed_tools else []
+    return requested_tools, disallowed
+
+
+def choose_model(args: argparse.Namespace, environ: Mapping[str, str], definition: AgentDefinition | None, inh: Inherited) -> str:
+    """--model, else the definition's, else the default; "inherit" is the parent's; a tier name resolved."""
+    model_name = args.model if args.model is not None else (definition.model if definition and definition.model else DEFAULT_MODEL)
+    if model_name == "inherit":
+        model_name = inh.model or DEFAULT_MODEL
+    model_source = "--model" if args.model is not None else (f"the model of {definition.path}" if definition else "the model")
+    model = resolve_model(model_name, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), model_source)
+    return model
+
+
+def tree_tools(requested_tools: list[str] | None, definition: AgentDefinition | None, inh: Inherited, warnings: list[str]) -> list[str]:
+    """The agent's tools: those asked for (or the parent's), with its definition's MCP servers, within the parent's."""
+    tools = list(requested_tools) if requested_tools is not None else list(inh.tools or DEFAULT_TOOLS)
+    if definition is not None:
+        # A definition's MCP servers are granted whole unless it names their tools.
+        tools += [f"mcp__{s}" for s in definition.mcp_servers if not any(t.startswith(f"mcp__{s}") for t in tools)]
+    tools, dropped = narrow_tools(tools, inh.tools)
+    if dropped:
+        warnings.append(f"tools not held by the parent were dropped: {','.join(dropped)}")
+    return tools
+
+
+def choose_sandbox(
+    args: argparse.Namespace, kind: str, depth: int, max_depth: int, tools: list[str], *, is_root: bool, warnings: list[str]
+) -> tuple[str, str | None]:
+    """(the sandbox, a refusal or None)."""
+    sandbox_refusal = None
+    # Inside a parent's sandbox an agent is held by it, whatever it asks.
+    sandbox = "inherited" if inside_sandbox() else "off"
+    if sandbox == "off" and kind == "claude":
+        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=is_root, warnings=warnings)
+    return sandbox, sandbox_refusal
+
+
+def take_definition_settings(meta: AgentMeta, definition: AgentDefinition) -> None:
+    """The settings a definition gives its agent as they are (its limits are narrowed with the flags', in plan_run)."""
+    meta.agent = definition.name
+    meta.agent_source = definition.path
+    meta.mcp_servers = sorted(definition.mcp_servers)
+    meta.skills = definition.skills
+    meta.effort = definition.effort
+    meta.initial_prompt = definition.initial_prompt
+    meta.isolation = definition.isolation
+    meta.memory = definition.memory
+    meta.hooks = sorted(definition.hooks or {})
+
+
+def tree_mode(definition: AgentDefinition | None, inh: Inherited, warnings: list[str]) -> str:
+    """The permission mode: the definition's, within the tree's."""
+    mode, mode_warning = narrow_mode(definition.permission_mode if definition else None, inh.permission_mode, is_root=inh.depth < 0)
+    if mode_warning:
+        warnings.append(mode_warning)
+    return mode
 
 
 def narrow_to_inherited(flag: str, requested: Any, inherited: Any, whose: str, warnings: list[str]) -> Any:

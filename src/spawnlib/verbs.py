@@ -19,12 +19,12 @@ import psutil
 
 from .admission import lend_slot, take_back_slot, usable_cpus
 from .cli_start import descendants_of, settle_agents
-from .commit import heartbeat_age, liveness, read_agent_rows
+from .commit import liveness, read_agent_rows
 from .constants import (
     ENV_AGENT_ID,
     ENV_SESSION,
+    HEARTBEAT,
     HEARTBEAT_S,
-    HEARTBEAT_STALE_BEATS,
     KILL_GRACE_S,
     LIVENESS_POLL_MAX_S,
     LIVENESS_POLL_S,
@@ -52,8 +52,10 @@ from .processes import (
     end_everything_below,
     end_tree_cgroup,
     exit_as,
+    heartbeat_age,
     own_create_time,
     runner_index_dir,
+    stale_in,
     unregister_runner,
     wait_gone,
 )
@@ -260,142 +262,176 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
     (stale heartbeat) is reported rather than waited for; its heartbeat is
     read again only when it could first have gone stale.
     """
-    import heapq
-    import select
-
-    pending = dict.fromkeys(agent_dirs)  # an ordered set
-    result = WaitResult({}, [], True)
-    metas = {d: load_meta(d) for d in pending}
-    deadline = None if timeout is None else time.monotonic() + timeout
-    events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH)
-    allow_open_files(len(pending) + 64)
-    # epoll: a wake costs what is ready, where poll() would scan every pidfd each time.
-    epoll = hasattr(select, "epoll")
-    poller: Any = select.epoll() if epoll else select.poll()
-    if events.fd >= 0:
-        poller.register(events.fd, select.POLLIN)
-    unwatched = {d for d in pending if not events.watch(d)}  # outcomes polled
-    exits: dict[int, Path] = {}
-    exit_polled: set[Path] = set()  # no pidfd: liveness polled
-    for d in pending:
-        fd = exit_fd(metas[d])
-        if fd is None:
-            exit_polled.add(d)
-        else:
-            exits[fd] = d
-            poller.register(fd, select.POLLIN)
-    # Watches are set before this first look, so nothing committed between is missed.
-    to_read: set[Path] = set(pending)
-    # Polls and marker events only read an outcome whose marker is there: the
-    # marker is the committer's last step, after the ledger charge, and a
-    # wait that wrote it first (read_outcome does) would fsync it on its own
-    # path to exit. An outcome left without one (its writer died) is read by
-    # the exit event and rescans, which write the marker.
-    to_peek: set[Path] = set()
-    # A peek is two stats of paths built once (not pathlib): a poll of a few
-    # agents runs every few ms for as long as they run, and pathlib's joins
-    # were most of its CPU. A marker that can't be stat'ed is read by a rescan.
-    markers = {d: (os.path.join(d, DONE_MARKER), os.path.join(d, FAIL_MARKER)) for d in pending}
-    to_check: set[Path] = set(exit_polled)  # look at the process now: gone, or not watchable
-    stale_checks = [(0.0, str(d), d) for d in pending]  # a heap: when each heartbeat is next worth reading
-    now = time.monotonic()
-    rescan_every, next_rescan = WAIT_RESCAN_S, now + WAIT_RESCAN_S
-    next_poll = now + WAIT_POLL_S
-    next_liveness = now + LIVENESS_POLL_S
-
-    def liveness_period(count: int) -> float:
-        return min(LIVENESS_POLL_MAX_S, LIVENESS_POLL_S * max(1.0, count / WAIT_POLL_BATCH))
-
-    def settled(d: Path) -> None:
-        pending.pop(d, None)
-        unwatched.discard(d)
-        exit_polled.discard(d)
-
+    wait = OutcomeWait(agent_dirs, mode, timeout, secrets_)
     try:
-        while pending:
-            to_peek -= to_read
-            for d in to_peek:
-                if d in pending and (os.path.exists(markers[d][0]) or os.path.exists(markers[d][1])):
-                    to_read.add(d)
-            for d in [d for d in to_read if d in pending]:
-                outcome = read_outcome(d)
-                if outcome is not None:
-                    result.outcomes[d] = outcome
-                    settled(d)
-            to_read.clear()
-            to_peek.clear()
-            if not pending or (mode == "any" and result.outcomes):
-                break
-            now = time.monotonic()
-            for d in [d for d in to_check if d in pending]:
-                state = liveness(d, metas[d])
-                if state == Status.FAILED:
-                    reap_agent(d, "wait", secrets_)
-                    to_read.add(d)
-                elif state == Status.STALE:
-                    result.stale.append(d)
-                    settled(d)
-            to_check.clear()
-            while stale_checks and stale_checks[0][0] <= now:
-                _, _, d = heapq.heappop(stale_checks)
-                if d not in pending or d in exit_polled:
-                    continue  # settled; or its liveness poll reads the heartbeat anyway
-                age = heartbeat_age(d)
-                if age is not None and age[0] > HEARTBEAT_STALE_BEATS * age[1]:
-                    result.stale.append(d)
-                    settled(d)
-                    continue
-                # It can't go stale before its last beat is that old; none yet: not stale until it has one.
-                after = HEARTBEAT_S if age is None else HEARTBEAT_STALE_BEATS * age[1] - age[0]
-                heapq.heappush(stale_checks, (now + max(LIVENESS_POLL_S, after), str(d), d))
-            if to_read:
-                continue  # a reaped agent's outcome is read before anything else
-            if not pending:
-                break
-            if deadline is not None and now >= deadline:
-                result.finished = False
-                break
-            wake = [next_rescan]
-            wake += [stale_checks[0][0]] if stale_checks else []
-            wake += [next_liveness] if exit_polled else []
-            wake += [next_poll] if unwatched else []
-            wake += [deadline] if deadline is not None else []
-            ms = max(0, int((min(wake) - now) * 1000) + 1)
-            ready = poller.poll(ms / 1000 if epoll else ms)
-            before = len(to_read) + len(to_peek)
-            for fd, _ in ready:
-                if fd == events.fd:
-                    to_peek |= events.read()
-                elif fd in exits:
-                    poller.unregister(fd)
-                    os.close(fd)
-                    gone = exits.pop(fd)
-                    to_read.add(gone)  # it most likely committed on its way out
-                    to_check.add(gone)
-            if ready and len(to_read) + len(to_peek) == before and not (events.overflow or events.lost):
-                time.sleep(WAIT_NOISE_HOLDOFF_S)  # only noise woke us
-            if events.overflow or events.lost:
-                to_read |= set(pending)
-                unwatched |= events.lost & set(pending)
-                events.overflow, events.lost = False, set()
-            now = time.monotonic()
-            if unwatched and now >= next_poll:
-                to_peek |= unwatched
-                next_poll = now + min(WAIT_POLL_MAX_S, max(WAIT_POLL_S, WAIT_POLL_PER_AGENT_S * len(unwatched)))
-            if exit_polled and now >= next_liveness:
-                to_check |= exit_polled
-                next_liveness = now + liveness_period(len(exit_polled))
-            if now >= next_rescan:
-                to_read |= set(pending)
-                rescan_every = min(rescan_every * 2, WAIT_RESCAN_MAX_S)
-                next_rescan = now + rescan_every
+        wait.run()
     finally:
-        events.close()
-        for fd in exits:
+        wait.close()
+    return wait.result
+
+
+class OutcomeWait:
+    """wait_for_outcomes' state: what is still pending, and how each agent is watched (see there)."""
+
+    def __init__(self, agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> None:
+        import select
+
+        self.mode, self.secrets = mode, secrets_
+        self.pending = dict.fromkeys(agent_dirs)  # an ordered set
+        pending = self.pending
+        self.result = WaitResult({}, [], True)
+        self.metas = {d: load_meta(d) for d in pending}
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH)
+        allow_open_files(len(pending) + 64)
+        # epoll: a wake costs what is ready, where poll() would scan every pidfd each time.
+        self.epoll = hasattr(select, "epoll")
+        self.poller: Any = select.epoll() if self.epoll else select.poll()
+        if self.events.fd >= 0:
+            self.poller.register(self.events.fd, select.POLLIN)
+        self.unwatched = {d for d in pending if not self.events.watch(d)}  # outcomes polled
+        self.exits: dict[int, Path] = {}
+        self.exit_polled: set[Path] = set()  # no pidfd: liveness polled
+        for d in pending:
+            fd = exit_fd(self.metas[d])
+            if fd is None:
+                self.exit_polled.add(d)
+            else:
+                self.exits[fd] = d
+                self.poller.register(fd, select.POLLIN)
+        # Watches are set before this first look, so nothing committed between is missed.
+        self.to_read: set[Path] = set(pending)
+        # Polls and marker events only read an outcome whose marker is there: the
+        # marker is the committer's last step, after the ledger charge, and a
+        # wait that wrote it first (read_outcome does) would fsync it on its own
+        # path to exit. An outcome left without one (its writer died) is read by
+        # the exit event and rescans, which write the marker.
+        self.to_peek: set[Path] = set()
+        # A peek is two stats of paths built once (not pathlib): a poll of a few
+        # agents runs every few ms for as long as they run, and pathlib's joins
+        # were most of its CPU. A marker that can't be stat'ed is read by a rescan.
+        self.markers = {d: (os.path.join(d, DONE_MARKER), os.path.join(d, FAIL_MARKER)) for d in pending}
+        self.to_check: set[Path] = set(self.exit_polled)  # look at the process now: gone, or not watchable
+        self.stale_checks = [(0.0, str(d), d) for d in pending]  # a heap: when each heartbeat is next worth reading
+        now = time.monotonic()
+        self.rescan_every, self.next_rescan = WAIT_RESCAN_S, now + WAIT_RESCAN_S
+        self.next_poll = now + WAIT_POLL_S
+        self.next_liveness = now + LIVENESS_POLL_S
+
+    def settled(self, d: Path) -> None:
+        self.pending.pop(d, None)
+        self.unwatched.discard(d)
+        self.exit_polled.discard(d)
+
+    def run(self) -> None:
+        while self.pending:
+            self.read_outcomes()
+            if not self.pending or (self.mode == "any" and self.result.outcomes):
+                break
+            now = time.monotonic()
+            self.check_processes()
+            self.check_heartbeats(now)
+            if self.to_read:
+                continue  # a reaped agent's outcome is read before anything else
+            if not self.pending:
+                break
+            if self.deadline is not None and now >= self.deadline:
+                self.result.finished = False
+                break
+            self.sleep_until_woken(now)
+            self.schedule_polls(time.monotonic())
+
+    def read_outcomes(self) -> None:
+        """Read the outcomes there is reason to read: peeked markers, exits, rescans."""
+        pending, to_read, to_peek, markers = self.pending, self.to_read, self.to_peek, self.markers
+        to_peek -= to_read
+        for d in to_peek:
+            if d in pending and (os.path.exists(markers[d][0]) or os.path.exists(markers[d][1])):
+                to_read.add(d)
+        for d in [d for d in to_read if d in pending]:
+            outcome = read_outcome(d)
+            if outcome is not None:
+                self.result.outcomes[d] = outcome
+                self.settled(d)
+        to_read.clear()
+        to_peek.clear()
+
+    def check_processes(self) -> None:
+        """Look at the processes due a look: a dead one is reaped, a stuck one reported."""
+        for d in [d for d in self.to_check if d in self.pending]:
+            state = liveness(d, self.metas[d])
+            if state == Status.FAILED:
+                reap_agent(d, "wait", self.secrets)
+                self.to_read.add(d)
+            elif state == Status.STALE:
+                self.result.stale.append(d)
+                self.settled(d)
+        self.to_check.clear()
+
+    def check_heartbeats(self, now: float) -> None:
+        """Read the heartbeats that could have gone stale by now."""
+        import heapq
+
+        stale_checks = self.stale_checks
+        while stale_checks and stale_checks[0][0] <= now:
+            _, _, d = heapq.heappop(stale_checks)
+            if d not in self.pending or d in self.exit_polled:
+                continue  # settled; or its liveness poll reads the heartbeat anyway
+            age = heartbeat_age(d / HEARTBEAT)
+            if age is not None and stale_in(age) < 0:
+                self.result.stale.append(d)
+                self.settled(d)
+                continue
+            # It can't go stale before its last beat is that old; none yet: not stale until it has one.
+            after = HEARTBEAT_S if age is None else stale_in(age)
+            heapq.heappush(stale_checks, (now + max(LIVENESS_POLL_S, after), str(d), d))
+
+    def sleep_until_woken(self, now: float) -> None:
+        """Block until an event, or the next poll, heartbeat, rescan or the deadline is due."""
+        events, exits, poller = self.events, self.exits, self.poller
+        wake = [self.next_rescan]
+        wake += [self.stale_checks[0][0]] if self.stale_checks else []
+        wake += [self.next_liveness] if self.exit_polled else []
+        wake += [self.next_poll] if self.unwatched else []
+        wake += [self.deadline] if self.deadline is not None else []
+        ms = max(0, int((min(wake) - now) * 1000) + 1)
+        ready = poller.poll(ms / 1000 if self.epoll else ms)
+        before = len(self.to_read) + len(self.to_peek)
+        for fd, _ in ready:
+            if fd == events.fd:
+                self.to_peek |= events.read()
+            elif fd in exits:
+                poller.unregister(fd)
+                os.close(fd)
+                gone = exits.pop(fd)
+                self.to_read.add(gone)  # it most likely committed on its way out
+                self.to_check.add(gone)
+        if ready and len(self.to_read) + len(self.to_peek) == before and not (events.overflow or events.lost):
+            time.sleep(WAIT_NOISE_HOLDOFF_S)  # only noise woke us
+        if events.overflow or events.lost:
+            self.to_read |= set(self.pending)
+            self.unwatched |= events.lost & set(self.pending)
+            events.overflow, events.lost = False, set()
+
+    def schedule_polls(self, now: float) -> None:
+        """Queue what the polls owe by now: unwatched outcomes, unwatched processes, a rescan."""
+        if self.unwatched and now >= self.next_poll:
+            self.to_peek |= self.unwatched
+            self.next_poll = now + min(WAIT_POLL_MAX_S, max(WAIT_POLL_S, WAIT_POLL_PER_AGENT_S * len(self.unwatched)))
+        if self.exit_polled and now >= self.next_liveness:
+            self.to_check |= self.exit_polled
+            self.next_liveness = now + min(LIVENESS_POLL_MAX_S, LIVENESS_POLL_S * max(1.0, len(self.exit_polled) / WAIT_POLL_BATCH))
+        if now >= self.next_rescan:
+            self.to_read |= set(self.pending)
+            self.rescan_every = min(self.rescan_every * 2, WAIT_RESCAN_MAX_S)
+            self.next_rescan = now + self.rescan_every
+
+    def close(self) -> None:
+        self.events.close()
+        for fd in self.exits:
             os.close(fd)
-        if epoll:
-            poller.close()
-    return result
+        if self.epoll:
+            self.poller.close()
 
 
 # A finished agent's status row never changes: its meta.json and outcome.json
@@ -635,8 +671,7 @@ def forked_map(fn: Callable[[Sequence[str]], R], items: Sequence[str], minimum: 
     finally:
         for child in pending:  # left only by an exception here: end them (ours, by pid)
             if child is not None:
-                with contextlib.suppress(OSError):
-                    os.kill(child[0], signal.SIGKILL)
+                Supervised.signal_pid(child[0], signal.SIGKILL)
                 join_worker(child)
     return results
 
