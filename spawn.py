@@ -1937,6 +1937,7 @@ KEPT_ACROSS_FORKS: dict[str, str] = {
     "sdk_version": "the installed SDK's version: the same in every process of one environment",
     "verified_copy": "the compiled copy as checked; compiled_script checks the file again when it changes",
     "bounded_yaml_loader": "a loader class: no state of its own",
+    "builtin_delegates": "the built-in definitions' names and descriptions, embedded in spawn.py: the same in every process",
     "WORKFLOW_FOR": "a table filled in two statements at import: the same in every process",
 }
 
@@ -15092,6 +15093,29 @@ def build_run_parser() -> Parser:
         help="where children run: own processes (local), inside the CLI as its subagents (inprocess), spawn.py's choice (auto); "
         "inherited, only narrows (default $SPAWN_PLACEMENT, else local)",
     )
+    add_limit_flags(p)
+    where = p.add_argument_group("session")
+    where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
+    where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
+    mode = p.add_argument_group("mode")
+    mode.add_argument(
+        "--background",
+        action=argparse.BooleanOptionalAction,
+        help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
+    )
+    mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
+    mode.add_argument(
+        "--print",
+        choices=["id", "status", "output", "agent_dir", "outcome"],
+        help="print only this field of the result, as plain text (e.g. A=$(spawn.py --background --print id ...))",
+    )
+    mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
+    mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
+    return p
+
+
+def add_limit_flags(p: Parser) -> None:
+    """The limits group: what a child never gets more of than its parent has left."""
     limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
     limits.add_argument(
         "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"
@@ -15126,24 +15150,6 @@ def build_run_parser() -> Parser:
         metavar="USD",
         help="root only: a spawn that would take the tree's projected spend past USD asks first (spawn.py approve|deny)",
     )
-    where = p.add_argument_group("session")
-    where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
-    where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
-    mode = p.add_argument_group("mode")
-    mode.add_argument(
-        "--background",
-        action=argparse.BooleanOptionalAction,
-        help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
-    )
-    mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
-    mode.add_argument(
-        "--print",
-        choices=["id", "status", "output", "agent_dir", "outcome"],
-        help="print only this field of the result, as plain text (e.g. A=$(spawn.py --background --print id ...))",
-    )
-    mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
-    mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
-    return p
 
 
 WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
@@ -17218,6 +17224,7 @@ if __name__ == "__main__":
 
 
 
+
 # --------------------------------------------------------------- python API --
 # `import spawn` in a script or a notebook: spawn.run(task, tools=[...]) and
 # friends. Every call runs this very file as the CLI, one process per agent
@@ -17593,7 +17600,7 @@ def api_call(argv: Sequence[str], env: Mapping[str, str] | None, *, outcome_ok: 
         try:
             stdout, stderr = proc.communicate()
         except BaseException:
-            proc.send_signal(signal.SIGINT)
+            Supervised.signal_pid(proc.pid, signal.SIGINT)  # our own child, not yet reaped
             proc.communicate()
             raise
     return cli_data(proc.returncode, stdout, stderr, outcome_ok=outcome_ok)
@@ -17610,7 +17617,7 @@ async def api_acall(argv: Sequence[str], env: Mapping[str, str] | None, *, outco
         out, err = await proc.communicate()
     except BaseException:
         if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
+            Supervised.signal_pid(proc.pid, signal.SIGINT)  # our own child, not yet reaped
         await asyncio.shield(proc.wait())
         raise
     assert proc.returncode is not None  # communicate() waited for it

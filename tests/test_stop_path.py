@@ -25,18 +25,28 @@ def modules() -> list[Path]:
 def signals_outside(source: str, allowed_class: str | None) -> list[tuple[int, str]]:
     """(line, call) of each signalling call not inside class allowed_class."""
     found: list[tuple[int, str]] = []
+    tree = ast.parse(source)
+    # A bare name signals only when it is os's or signal's (`from os import killpg`);
+    # a function of the package's own that happens to be called kill does not.
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module in ("os", "signal")
+        for alias in node.names
+    }
 
     def visit(node: ast.AST, inside: bool) -> None:
         for child in ast.iter_child_nodes(node):
             here = inside or (isinstance(child, ast.ClassDef) and child.name == allowed_class)
             if isinstance(child, ast.Call) and not here:
                 func = child.func
-                name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+                bare = func.id if isinstance(func, ast.Name) and func.id in imported else None
+                name = func.attr if isinstance(func, ast.Attribute) else bare
                 if name in SIGNALLING:
                     found.append((child.lineno, ast.unparse(func)))
             visit(child, here)
 
-    visit(ast.parse(source), False)
+    visit(tree, False)
     return found
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypedDict, Unpack
 from .constants import SCRIPT_PATH
 from .errors import ExitCode, RefusedError, SpawnError, StateError, UsageError, did_you_mean
 from .options import build_run_parser
+from .processes import Supervised
 from .protocol import AGENTS_DIR
 from .records import Outcome, Status, record_from_json
 
@@ -393,7 +394,7 @@ def api_call(argv: Sequence[str], env: Mapping[str, str] | None, *, outcome_ok: 
         try:
             stdout, stderr = proc.communicate()
         except BaseException:
-            proc.send_signal(signal.SIGINT)
+            Supervised.signal_pid(proc.pid, signal.SIGINT)  # our own child, not yet reaped
             proc.communicate()
             raise
     return cli_data(proc.returncode, stdout, stderr, outcome_ok=outcome_ok)
@@ -410,7 +411,7 @@ async def api_acall(argv: Sequence[str], env: Mapping[str, str] | None, *, outco
         out, err = await proc.communicate()
     except BaseException:
         if proc.returncode is None:
-            proc.send_signal(signal.SIGINT)
+            Supervised.signal_pid(proc.pid, signal.SIGINT)  # our own child, not yet reaped
         await asyncio.shield(proc.wait())
         raise
     assert proc.returncode is not None  # communicate() waited for it

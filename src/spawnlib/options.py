@@ -115,6 +115,29 @@ def build_run_parser() -> Parser:
         help="where children run: own processes (local), inside the CLI as its subagents (inprocess), spawn.py's choice (auto); "
         "inherited, only narrows (default $SPAWN_PLACEMENT, else local)",
     )
+    add_limit_flags(p)
+    where = p.add_argument_group("session")
+    where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
+    where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
+    mode = p.add_argument_group("mode")
+    mode.add_argument(
+        "--background",
+        action=argparse.BooleanOptionalAction,
+        help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
+    )
+    mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
+    mode.add_argument(
+        "--print",
+        choices=["id", "status", "output", "agent_dir", "outcome"],
+        help="print only this field of the result, as plain text (e.g. A=$(spawn.py --background --print id ...))",
+    )
+    mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
+    mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
+    return p
+
+
+def add_limit_flags(p: Parser) -> None:
+    """The limits group: what a child never gets more of than its parent has left."""
     limits = p.add_argument_group("limits (a child never gets more than its parent has left)")
     limits.add_argument(
         "--max-depth", type=int, metavar="N", help=f"deepest depth the tree may reach; root is 0 (default {DEFAULT_MAX_DEPTH})"
@@ -149,24 +172,6 @@ def build_run_parser() -> Parser:
         metavar="USD",
         help="root only: a spawn that would take the tree's projected spend past USD asks first (spawn.py approve|deny)",
     )
-    where = p.add_argument_group("session")
-    where.add_argument("--session", metavar="DIR", help=f"session root (default ${ENV_SESSION_ROOT}, else sessions/ beside spawn.py)")
-    where.add_argument("--parent-trace", metavar="TRACEPARENT", help="W3C traceparent to join (default $TRACEPARENT)")
-    mode = p.add_argument_group("mode")
-    mode.add_argument(
-        "--background",
-        action=argparse.BooleanOptionalAction,
-        help="register, start detached, print the id and outcome paths, exit 0 (default: the definition's background)",
-    )
-    mode.add_argument("--no-settings", action="store_true", help="at the root: ignore the permission rules of Claude Code's settings files")
-    mode.add_argument(
-        "--print",
-        choices=["id", "status", "output", "agent_dir", "outcome"],
-        help="print only this field of the result, as plain text (e.g. A=$(spawn.py --background --print id ...))",
-    )
-    mode.add_argument("--dry-run", action="store_true", help="print the resolved options as JSON; call nothing, write nothing")
-    mode.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
-    return p
 
 
 WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "state")
