@@ -69,6 +69,7 @@ MODULES = (
     "executors",
     "resolving",
     "forkserver",
+    "broker",
     "cli_start",
     "verbs",
     "options",

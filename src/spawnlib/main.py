@@ -10,6 +10,7 @@ from pathlib import Path
 
 import psutil
 
+from .broker import brokered
 from .cli import (
     build_verb_parser,
     cmd_agents,
@@ -36,6 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     environ = dict(os.environ)
     traceback = "--traceback" in argv
     try:
+        # Inside a sandboxed spawner, its runner runs spawns and kills (the broker).
+        if (code := brokered(argv, VERBS)) is not None:
+            return code
         if argv and argv[0] in VERBS:
             verb = argv[0]
             args = build_verb_parser(verb).parse_args(argv[1:])

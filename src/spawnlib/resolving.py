@@ -138,6 +138,8 @@ class Inherited:
     permission_mode: str | None = None
     model: str | None = None
     idle_timeout: float | None = None
+    sandboxed: bool = False
+    """The parent runs sandboxed: its children's requests come through its broker."""
 
 
 def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
@@ -183,6 +185,7 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
     modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
     inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
     inh.model = environ.get(ENV_MODEL) or runner.get("model")
+    inh.sandboxed = runner.get("sandbox") in ("on", "inherited")
     idle = float_or_none(environ.get(ENV_IDLE_TIMEOUT))
     inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
     return inh
@@ -524,7 +527,12 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     # Inside a parent's sandbox an agent is held by it, whatever it asks.
     sandbox = "inherited" if inside_sandbox() else "off"
     if sandbox == "off" and node.kind == "claude":
-        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
+        requested_sandbox = args.sandbox
+        if requested_sandbox == "off" and inh.sandboxed:
+            # A sandboxed parent's children come out of its sandbox only by its runner: never less held than auto.
+            requested_sandbox = "auto"
+            warnings.append("--sandbox off raised to auto: the parent runs sandboxed")
+        sandbox, sandbox_refusal = sandbox_choice(requested_sandbox, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
         refusal = refusal or sandbox_refusal
 
     session_root = resolve_session_root(args.session, environ)
