@@ -10071,7 +10071,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
             raise StateError(f"session {session} does not exist; unset {ENV_SESSION} or pass --session DIR")
     meta.session = str(session)
     if plan.refusal is not None and not plan.new_session and not os.access(session / AGENTS_DIR, os.W_OK):
-        # A sandboxed agent that can't spawn sees agents/ read-only (sandbox_writes).
+        # A sandboxed agent sees agents/ read-only (sandbox_writes); a spawner's spawns go through its runner instead.
         raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
     if plan.refusal is None and not plan.new_session:
         plan.refusal = confirm_spawn(meta, session, plan.secrets)
