@@ -10842,6 +10842,7 @@ class Broker:
         self.agent_dir = agent_dir
         self.box = Path(meta.session) / REQUESTS_DIR / meta.id
         self.served = 0
+        self.stuck: set[str] = set()  # names in the box that could not be taken out
         self.running: dict[str, Any] = {}  # request id: the task that runs it
 
     def take(self) -> list[tuple[str, bytes | None]]:
@@ -10852,8 +10853,8 @@ class Broker:
             return []
         taken: list[tuple[str, bytes | None]] = []
         for name in names:
-            if name.startswith(".") or name.endswith(REPLY_SUFFIX):
-                continue  # a writer's temp file, or a reply the agent has yet to read
+            if name.startswith(".") or name.endswith(REPLY_SUFFIX) or name in self.stuck:
+                continue  # a writer's temp file, a reply the agent has yet to read, or one already answered
             if len(self.running) + len(taken) >= BROKER_RUNNING_MAX:
                 break
             path = self.box / name
@@ -10869,6 +10870,8 @@ class Broker:
                     os.rmdir(path)
                 else:
                     path.unlink()
+            if os.path.lexists(path):
+                self.stuck.add(name)  # a full directory the agent left there: answered once, never again
             match = REQUEST_NAME.fullmatch(name)
             if match is None:
                 note(f"warning: {self.meta.id}'s request box held {name[:80]!r}, not a request; removed")

@@ -125,6 +125,11 @@ def test_forged_and_hostile_requests_are_narrowed_or_refused_and_the_runner_goes
     huge += 'for i in $(seq 300); do [ -f "$BOX/8888888888888888.reply.json" ] && break; sleep 0.1; done; '
     huge += 'cat "$BOX/8888888888888888.reply.json"'
     steps.append({"bash": huge})
+    # A directory, with something in it, where a request belongs: answered once, and the runner goes on.
+    stuck = 'BOX="$SPAWN_SESSION/requests/$SPAWN_AGENT_ID"; mkdir "$BOX/9999999999999999.json"; touch "$BOX/9999999999999999.json/x"; '
+    stuck += 'for i in $(seq 300); do [ -f "$BOX/9999999999999999.reply.json" ] && break; sleep 0.1; done; '
+    stuck += 'echo "reply 9999999999999999:"; cat "$BOX/9999999999999999.reply.json"; echo'
+    steps.append({"bash": stuck})
     steps.append({"bash": spawn_in_bash("--task", later, "--tools", "Read")})
     spawner = mock_task("spawner", [*steps, {"text": "spawner done"}])
     root = mock_task("root", [{"bash": spawn_in_bash("--task", spawner, "--tools", "Bash,Read", "--sandbox", "on")}, {"text": "root done"}])
@@ -149,6 +154,7 @@ def test_forged_and_hostile_requests_are_narrowed_or_refused_and_the_runner_goes
         ("5555555555555555", "--agent takes a definition"),
         ("6666666666666666", "outside the agent"),
         ("7777777777777777", "not below"),
+        ("9999999999999999", "not a readable request"),
     ):
         reply = text.split(f"reply {name}:")[-1][:1500]
         assert 'exit_code\\": 4' in reply and why in reply, (name, reply)
