@@ -123,7 +123,7 @@ def test_forged_and_hostile_requests_are_narrowed_or_refused_and_the_runner_goes
     steps.append({"bash": deep})
     huge = 'BOX="$SPAWN_SESSION/requests/$SPAWN_AGENT_ID"; head -c 400000 /dev/zero | tr "\\0" x > "$BOX/8888888888888888.json"; '
     huge += 'for i in $(seq 300); do [ -f "$BOX/8888888888888888.reply.json" ] && break; sleep 0.1; done; '
-    huge += 'cat "$BOX/8888888888888888.reply.json"'
+    huge += 'echo "reply 8888888888888888:"; cat "$BOX/8888888888888888.reply.json"; echo'
     steps.append({"bash": huge})
     # A directory, with something in it, where a request belongs: answered once, and the runner goes on.
     stuck = 'BOX="$SPAWN_SESSION/requests/$SPAWN_AGENT_ID"; mkdir "$BOX/9999999999999999.json"; touch "$BOX/9999999999999999.json/x"; '
@@ -154,11 +154,11 @@ def test_forged_and_hostile_requests_are_narrowed_or_refused_and_the_runner_goes
         ("5555555555555555", "--agent takes a definition"),
         ("6666666666666666", "outside the agent"),
         ("7777777777777777", "not below"),
+        ("8888888888888888", "of at most 262144 bytes"),
         ("9999999999999999", "not a readable request"),
     ):
         reply = text.split(f"reply {name}:")[-1][:1500]
         assert 'exit_code\\": 4' in reply and why in reply, (name, reply)
-    assert "bytes" in text.split("8888888888888888")[-1][:2000]
     assert not (tmp_path / "escaped.txt").exists() and not Path("/tmp/pwned").exists()
     # The runner served its agent to the end: a spawn after them all ran.
     assert load(dirs["later"] / "outcome.json")["output"] == "later done"
