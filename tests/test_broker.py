@@ -174,7 +174,10 @@ def test_kill_through_the_broker_ends_only_the_agents_own_subtree(env: dict[str,
         f'ID=$({launch} | python3 -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"); echo "child $ID"; '
         'for other in $(ls "$SPAWN_SESSION/agents" | grep -v "$SPAWN_AGENT_ID" | grep -v "$ID"); do '
         '"$SPAWN_PYTHON" "$SPAWN_PY" kill "$other"; echo "kill $other rc=$?"; done; '
-        '"$SPAWN_PYTHON" "$SPAWN_PY" kill "$ID"; echo "kill child rc=$?"'
+        '"$SPAWN_PYTHON" "$SPAWN_PY" kill "$ID"; echo "kill child rc=$?"; '
+        # status and wait read the session, which is readable in the sandbox.
+        '"$SPAWN_PYTHON" "$SPAWN_PY" status --json > /dev/null; echo "status rc=$?"; '
+        '"$SPAWN_PYTHON" "$SPAWN_PY" wait "$ID" | grep -c killed; echo "wait rc=$?"'
     )
     spawner = mock_task("spawner", [{"bash": kill}, {"text": "spawner done"}])
     root = mock_task(
@@ -182,7 +185,7 @@ def test_kill_through_the_broker_ends_only_the_agents_own_subtree(env: dict[str,
         [
             {"bash": spawn_in_bash("--task", sibling, "--tools", "Bash", "--background")},
             {"bash": spawn_in_bash("--task", spawner, "--tools", "Bash", "--sandbox", "on")},
-            {"bash": '"$SPAWN_PYTHON" "$SPAWN_PY" wait --all'},
+            {"bash": '"$SPAWN_PYTHON" "$SPAWN_PY" wait $(ls "$SPAWN_SESSION/agents" | grep ^a1-)'},
             {"text": "root done"},
         ],
     )
@@ -195,7 +198,7 @@ def test_kill_through_the_broker_ends_only_the_agents_own_subtree(env: dict[str,
         outcome = load(dirs[task] / "outcome.json")
         assert outcome.get("output") == f"{task} done", outcome
     text = transcript_text(dirs["spawner"])
-    assert "kill child rc=0" in text, text[-3000:]
+    assert "kill child rc=0" in text and "status rc=0" in text and "wait rc=0" in text, text[-3000:]
     for task in ("sibling", "root"):
         assert f"kill {dirs[task].name} rc=4" in text and f"kill: {dirs[task].name} not below {dirs['spawner'].name}" in text
     validate_records(session_root)
