@@ -306,7 +306,7 @@ import threading
 import time
 import types
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -678,6 +678,10 @@ SCRATCH_DIR = "scratch"  # a sandboxed leaf's own writable directory, its record
 # refused/<leaf id>/: a sandboxed leaf's refused spawns, each <child id>.json,
 # until the leaf's runner, outside the sandbox, records them in agents/.
 REFUSED_DIR = "refused"
+# requests/<agent id>/: a sandboxed spawner's drop box. The spawn.py in its
+# Bash leaves each spawn or kill there as a request; its runner, outside the
+# sandbox, runs it as its own agent's and writes the reply beside it (broker).
+REQUESTS_DIR = "requests"
 # What a leaf's runner takes from its drop box: a hostile leaf gets no more
 # agent directories than this, nor bigger records, by writing there.
 DROPPED_REFUSALS_MAX = 64
@@ -3098,13 +3102,12 @@ def claude_config_dir(environ: Mapping[str, str]) -> Path:
 def sandbox_wanted(requested: str, depth: int, max_depth: int, tools: Sequence[str]) -> bool:
     """Whether --sandbox (on, off, auto) puts this agent's Bash in the sandbox.
 
-    auto: agents below the root that have Bash and can't spawn. An agent
-    that may still spawn stays out under auto: inside a sandbox, process
-    ancestry is blind (own pid namespace, other processes' environments
-    unreadable), so its children's limits would rest on weaker evidence.
+    auto: every agent below the root that has Bash, spawners too. A
+    sandboxed spawner's spawns go through its runner (the broker), outside
+    the sandbox, whose process identity vouches for them.
     """
     if requested == "auto":
-        return depth >= 1 and max_depth <= depth and "Bash" in tools
+        return depth >= 1 and "Bash" in tools
     return requested == "on"
 
 
@@ -3113,31 +3116,30 @@ def sandbox_writes(
 ) -> tuple[list[str], list[str]]:
     """Where a sandboxed agent's Bash may write beyond its cwd, and what stays read-only in there (pure).
 
-    One that may spawn runs its children's spawn.py in here, and they
-    register: its agent directory, the session directory and the runner index
-    are writable, so its descendants share its reach over the session's
-    records. Its own meta.json stays read-only: a spawn inside takes its
-    limits from it.
+    It may write only its drop box and its scratch/. A spawner's drop box is
+    requests/<its id>/, where the spawn.py in its Bash leaves its spawns and
+    kills for its runner to run outside the sandbox (the broker); a leaf's
+    is refused/<its id>/, where its refused spawns wait for its runner to
+    record them (record_dropped_refusals). drop_boxes: the boxes there are,
+    each as folder/name.
 
-    A leaf may write only its drop box, refused/<its id>/, where its refused
-    spawns wait for its runner to record them (record_dropped_refusals).
     Every other entry of the session (all of agents/, so its own, its
     ancestors' and its siblings' records, even those made after it started;
-    the ledger, limits, asks, the fork server's socket, the other leaves'
+    the ledger, limits, asks, the fork server's socket, the other agents'
     drop boxes) is read-only, as is the runner index, even where they lie
     inside its cwd (sessions/ beside spawn.py, in a project). So a hostile
-    leaf can't publish an outcome before the runner that owns it. Its
-    scratch/ is bound too, only to name the agent on bwrap's command line
-    (sandbox_owner); inside its read-only agent directory it stays read-only.
+    agent can't publish an outcome before the runner that owns it, nor
+    register a child of its own choosing. Its scratch/ also names the agent
+    on bwrap's command line (sandbox_owner); inside its read-only agent
+    directory it stays writable.
     The caller keeps only paths that exist: for a file not there yet the CLI
     would hold an empty placeholder at its path on the host while each
     command runs, and an empty .done is an outcome to every reader.
     """
-    if may_spawn:
-        return [str(agent_dir), session, str(runner_index)], [str(agent_dir / META)]
-    others = [f"{session}/{name}" for name in session_entries if name not in (REFUSED_DIR, SESSION_LOCK)]
-    boxes = [f"{session}/{REFUSED_DIR}/{name}" for name in drop_boxes if name != agent_dir.name]
-    writable = [f"{session}/{REFUSED_DIR}/{agent_dir.name}", str(agent_dir / SCRATCH_DIR)]
+    own_box = f"{REQUESTS_DIR if may_spawn else REFUSED_DIR}/{agent_dir.name}"
+    others = [f"{session}/{name}" for name in session_entries if name not in (REFUSED_DIR, REQUESTS_DIR, SESSION_LOCK)]
+    boxes = [f"{session}/{box}" for box in drop_boxes if box != own_box]
+    writable = [f"{session}/{own_box}", str(agent_dir / SCRATCH_DIR)]
     return writable, [str(agent_dir), *others, *boxes, str(runner_index)]
 
 
@@ -5516,6 +5518,7 @@ def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, A
         "model": meta.model,
         "traceparent": meta.traceparent,
         "placement": (meta.placement or {}).get("policy"),
+        "sandbox": meta.sandbox,
     }
 
 
@@ -5675,7 +5678,7 @@ def unsandboxed_warning(problem: str) -> str:
     """The one warning --sandbox auto gives when the sandbox it wanted can't run."""
     return (
         f"sandbox: Claude Code's sandbox can't run here ({problem}). "
-        f"Agents that --sandbox auto sandboxes (below the root, with Bash, that can't spawn) run unsandboxed: "
+        f"Agents that --sandbox auto sandboxes (every agent below the root that has Bash) run unsandboxed: "
         f"{SANDBOX_LOST}. Pass --sandbox on to refuse them instead."
     )
 
@@ -5697,8 +5700,8 @@ def inside_sandbox() -> bool:
 def sandbox_owner() -> Path | None:
     """The agent whose sandbox this process runs in, from that sandbox's bwrap.
 
-    bwrap binds what the sandboxed agent may write: its agent directory if it
-    may spawn, else that directory's scratch/ (sandbox_writes). bwrap's
+    bwrap binds what the sandboxed agent may write: its agent directory's
+    scratch/ among them (sandbox_writes). bwrap's
     command line (pid 1 here, which nothing inside can replace) so names the
     agent, and that agent's meta.json is not writable inside.
     """
@@ -9912,6 +9915,16 @@ above the running state it fills in.
 
 
 
+
+
+
+
+
+
+
+
+
+
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the
 # SDK and asyncio are imported, about 100 ms of CPU at every agent that isn't
@@ -10409,16 +10422,15 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         with contextlib.suppress(OSError):
             (claude_config_dir(os.environ) / "projects").mkdir(mode=0o700, parents=True, exist_ok=True)
         session = Path(meta.session)
-        if meta.depth >= meta.max_depth:
-            # Made now if absent, so a leaf's sandbox can hold them read-only,
-            # and its drop box writable (sandbox_writes).
-            with contextlib.suppress(OSError):
-                asks_dir(session).mkdir(exist_ok=True)
-                # (An empty status cache is one status ignores, and replaces whole.)
-                for name in (LEDGER, STATUS_INDEX, STATUS_CACHE):
-                    os.close(open_regular(session / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)[0])
-            (session / REFUSED_DIR / meta.id).mkdir(parents=True, exist_ok=True)
-        boxes = os.listdir(session / REFUSED_DIR) if (session / REFUSED_DIR).is_dir() else []
+        # Made now if absent, so the sandbox can hold them read-only (sandbox_writes).
+        with contextlib.suppress(OSError):
+            asks_dir(session).mkdir(exist_ok=True)
+            # (An empty status cache is one status ignores, and replaces whole.)
+            for name in (LEDGER, STATUS_INDEX, STATUS_CACHE):
+                os.close(open_regular(session / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)[0])
+        # Its drop box: made now, since bwrap binds only what exists (sandbox_writes).
+        (session / (REFUSED_DIR if meta.depth >= meta.max_depth else REQUESTS_DIR) / meta.id).mkdir(parents=True, exist_ok=True)
+        boxes = [f"{f}/{n}" for f in (REFUSED_DIR, REQUESTS_DIR) if (session / f).is_dir() for n in os.listdir(session / f)]
         writable, read_only = sandbox_writes(
             meta.depth < meta.max_depth,
             agent_dir,
@@ -11706,6 +11718,8 @@ class Inherited:
     permission_mode: str | None = None
     model: str | None = None
     idle_timeout: float | None = None
+    sandboxed: bool = False
+    """The parent runs sandboxed: its children's requests come through its broker."""
 
 
 def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
@@ -11751,6 +11765,7 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
     modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
     inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
     inh.model = environ.get(ENV_MODEL) or runner.get("model")
+    inh.sandboxed = runner.get("sandbox") in ("on", "inherited")
     idle = float_or_none(environ.get(ENV_IDLE_TIMEOUT))
     inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
     return inh
@@ -12030,7 +12045,9 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
 
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
-    sandbox, sandbox_refusal = choose_sandbox(args, node.kind, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
+    sandbox, sandbox_refusal = choose_sandbox(
+        args, node.kind, depth, max_depth, tools, is_root=inh.depth < 0, parent_sandboxed=inh.sandboxed, warnings=warnings
+    )
     refusal = refusal or sandbox_refusal
 
     session_root, session = choose_session(args, environ, inh, warnings)
@@ -12282,14 +12299,27 @@ def tree_tools(requested_tools: list[str] | None, definition: AgentDefinition | 
 
 
 def choose_sandbox(
-    args: argparse.Namespace, kind: str, depth: int, max_depth: int, tools: list[str], *, is_root: bool, warnings: list[str]
+    args: argparse.Namespace,
+    kind: str,
+    depth: int,
+    max_depth: int,
+    tools: list[str],
+    *,
+    is_root: bool,
+    parent_sandboxed: bool,
+    warnings: list[str],
 ) -> tuple[str, str | None]:
     """(the sandbox, a refusal or None)."""
     sandbox_refusal = None
     # Inside a parent's sandbox an agent is held by it, whatever it asks.
     sandbox = "inherited" if inside_sandbox() else "off"
     if sandbox == "off" and kind == "claude":
-        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=is_root, warnings=warnings)
+        requested = args.sandbox
+        if requested == "off" and parent_sandboxed:
+            # A sandboxed parent's children come out of its sandbox only by its runner: never less held than auto.
+            requested = "auto"
+            warnings.append("--sandbox off raised to auto: the parent runs sandboxed")
+        sandbox, sandbox_refusal = sandbox_choice(requested, depth, max_depth, tools, is_root=is_root, warnings=warnings)
     return sandbox, sandbox_refusal
 
 
@@ -12464,7 +12494,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
             raise StateError(f"session {session} does not exist; unset {ENV_SESSION} or pass --session DIR")
     meta.session = str(session)
     if plan.refusal is not None and not plan.new_session and not os.access(session / AGENTS_DIR, os.W_OK):
-        # A sandboxed agent that can't spawn sees agents/ read-only (sandbox_writes).
+        # A sandboxed agent sees agents/ read-only (sandbox_writes); a spawner's spawns go through its runner instead.
         raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
     if plan.refusal is None and not plan.new_session:
         plan.refusal = confirm_spawn(meta, session, plan.secrets)
@@ -13105,7 +13135,372 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
     return served[1]
 # ==================== end src/spawnlib/forkserver.py ====================
 
+# ==================== begin src/spawnlib/broker.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ------------------------------------------------------------------ broker --
+
+# A sandboxed spawner's Bash sees the session read-only, so the spawn.py it
+# runs can't register a child. It leaves the spawn in its drop box instead,
+# requests/<agent id>/ (the one place of the session it may write), as a
+# request: the argv it was given and its cwd. The agent's runner, outside the
+# sandbox, runs that argv as a spawn.py of its own, with its own agent's
+# environment (child_environment, from the runner's memory): the child's
+# process ancestry is then the runner, a registered runner of the agent, so
+# the child is admitted as that agent's child by the one admission path, with
+# limits from the runner index and the runner's memory, never from the
+# request. The request is the agent's by construction (whose box it sits
+# in). The runner writes the reply beside it: the child spawn.py's stdout,
+# stderr and exit code.
+#
+# Claude Code's Linux sandbox blocks AF_UNIX sockets (seccomp), so the box is
+# files, as refused spawns of a sandboxed leaf already are (refused/).
+
+BROKER_POLL_S = 0.1  # how often a runner looks into its agent's box; a spawn waits this long at most
+BROKER_REQUEST_MAX_BYTES = 256 * 1024  # a request: argv (the task inline) and cwd
+BROKER_ARGV_MAX = 200  # words in a request's argv
+BROKER_RUNNING_MAX = 16  # requests a runner runs at once; more wait in the box
+BROKER_REQUESTS_MAX = 1000  # requests a runner serves over its life; later ones are refused
+BROKER_STDOUT_MAX_BYTES = 1024 * 1024  # what a reply carries of the child's stdout
+BROKER_STDERR_MAX_BYTES = 64 * 1024  # and of its stderr (the end of it)
+BROKER_CLIENT_POLL_S = 0.05  # how often the spawn.py in the sandbox looks for its reply
+REQUEST_NAME = re.compile(r"([0-9a-f]{16})\.json")
+REPLY_SUFFIX = ".reply.json"
+
+# The run path's flags a brokered spawn may pass, and whether each takes a
+# value. Left out: what would let the child, running outside the sandbox,
+# write or run where the agent's Bash can't (--output FILE, --cwd, --session,
+# --resume, --no-settings, a definition or schema by path: the spawn.py in
+# the sandbox inlines the files it reads), and root-only flags.
+BROKER_FLAGS: Mapping[str, bool] = {
+    "--task": True,
+    "--topic": True,
+    "--tools": True,
+    "--disallowed-tools": True,
+    "--model": True,
+    "--agent": True,
+    "--schema": True,
+    "--system-prompt": True,
+    "--preset": True,
+    "--sandbox": True,
+    "--max-depth": True,
+    "--timeout": True,
+    "--idle-timeout": True,
+    "--max-turns": True,
+    "--max-budget-usd": True,
+    "--confirm-over": True,
+    "--parent-trace": True,
+    "--background": False,
+    "--print": False,
+    "--traceback": False,
+}
+# Files the sandboxed spawn.py reads itself and passes inline: the runner
+# must never read a path for the agent (it may read what the sandbox hides).
+INLINED_FILES = {"--task-file": "--task", "--system-prompt-file": "--system-prompt"}
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def split_flag(word: str) -> tuple[str, str | None]:
+    name, eq, value = word.partition("=")
+    return name, (value if eq else None)
+
+
+def checked_run_argv(argv: Sequence[str]) -> list[str] | str:
+    """A brokered spawn's argv as the runner will run it, or why it is refused (pure).
+
+    Only BROKER_FLAGS pass; --sandbox off becomes auto (the child of a
+    sandboxed agent is never less held). Every limit is narrowed again by
+    the child's own admission: this only keeps the child from doing, outside
+    the sandbox, what the agent's Bash can't.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = split_flag(argv[i])
+        takes = BROKER_FLAGS.get(name)
+        if not name.startswith("--") or takes is None:
+            return f"{name[:80]!r} is not served to a sandboxed agent (allowed: {', '.join(sorted(BROKER_FLAGS))})"
+        if takes and value is None:
+            if i + 1 >= len(argv):
+                return f"{name} needs a value"
+            i += 1
+            value = argv[i]
+        if not takes and value is not None:
+            return f"{name} takes no value"
+        if name == "--agent" and value != "auto" and not PLAIN_NAME.fullmatch(value or ""):
+            return "--agent takes a definition's name here, never a path or a node reference"
+        if name == "--schema" and not (PLAIN_NAME.fullmatch(value or "") or (value or "").lstrip().startswith("{")):
+            return "--schema takes a schema's name or inline JSON here"
+        if name == "--sandbox" and value == "off":
+            value = "auto"
+        out += [name] if value is None else [name, value]
+        i += 1
+    return out
+
+
+def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], str] | str:
+    """(argv to run, cwd) from a request in meta's agent's box, or why it is refused (pure but for the cwd's realpath).
+
+    The cwd must be within the agent's own cwd or its scratch: the child's
+    project (its definitions, its settings) is one the agent already works in.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("argv"), list) or not isinstance(data.get("cwd"), str):
+        return "not a request: want an object with argv (a list of strings) and cwd"
+    argv = data["argv"]
+    if len(argv) > BROKER_ARGV_MAX or not all(isinstance(a, str) and "\0" not in a for a in argv):
+        return f"argv must be at most {BROKER_ARGV_MAX} strings"
+    cwd = os.path.realpath(data["cwd"]) if "\0" not in data["cwd"] else ""
+    homes = [os.path.realpath(meta.cwd), os.path.realpath(Path(meta.session) / AGENTS_DIR / meta.id / SCRATCH_DIR)]
+    if not any(cwd == h or cwd.startswith(h.rstrip("/") + "/") for h in homes) or not os.path.isdir(cwd):
+        return f"cwd {data['cwd'][:200]!r} is outside the agent's working directory {meta.cwd}"
+    if argv[:1] == ["kill"]:
+        ids = argv[1:]
+        if not ids or not all(AGENT_ID.fullmatch(i) for i in ids):
+            return "kill takes agent ids here (a1-0123ab...)"
+        return ["kill", *ids], cwd
+    checked = checked_run_argv(argv)
+    return (checked, cwd) if isinstance(checked, list) else checked
+
+
+# --------------------------------------------------------------- the server --
+
+
+class Broker:
+    """A runner's service to its sandboxed agent: the requests in its box, run as its own spawns."""
+
+    def __init__(self, meta: AgentMeta, agent_dir: Path, descendants: Callable[[Path, str], Sequence[Path]]) -> None:
+        """descendants: the agent directories below an agent, deepest first (cli_start's descendants_of, above this module)."""
+        self.descendants = descendants
+        self.meta = meta
+        self.agent_dir = agent_dir
+        self.box = Path(meta.session) / REQUESTS_DIR / meta.id
+        self.served = 0
+        self.stuck: set[str] = set()  # names in the box that could not be taken out
+        self.running: dict[str, Any] = {}  # request id: the task that runs it
+
+    def take(self) -> list[tuple[str, bytes | None]]:
+        """The requests waiting in the box, each taken out (never read twice): (request id, its bytes or None if unreadable)."""
+        try:
+            names = sorted(os.listdir(self.box))
+        except OSError:
+            return []
+        taken: list[tuple[str, bytes | None]] = []
+        for name in names:
+            if name.startswith(".") or name.endswith(REPLY_SUFFIX) or name in self.stuck:
+                continue  # a writer's temp file, a reply the agent has yet to read, or one already answered
+            if len(self.running) + len(taken) >= BROKER_RUNNING_MAX:
+                break
+            path = self.box / name
+            raw: bytes | None = None
+            with contextlib.suppress(OSError, SpawnError, ValueError):
+                fd, _ = open_regular(path, os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    raw = os.read(fd, BROKER_REQUEST_MAX_BYTES + 1)
+                finally:
+                    os.close(fd)
+            with contextlib.suppress(OSError):
+                if path.is_dir() and not path.is_symlink():
+                    os.rmdir(path)
+                else:
+                    path.unlink()
+            if os.path.lexists(path):
+                self.stuck.add(name)  # a full directory the agent left there: answered once, never again
+            match = REQUEST_NAME.fullmatch(name)
+            if match is None:
+                note(f"warning: {self.meta.id}'s request box held {name[:80]!r}, not a request; removed")
+                continue
+            taken.append((match[1], raw))
+        return taken
+
+    def reply(self, request_id: str, exit_code: int, stdout: bytes = b"", stderr: bytes = b"") -> None:
+        import json
+
+        data = {
+            "exit_code": int(exit_code),
+            "stdout": stdout[:BROKER_STDOUT_MAX_BYTES].decode(errors="replace"),
+            "stderr": stderr[-BROKER_STDERR_MAX_BYTES:].decode(errors="replace"),
+        }
+        # A fresh temp file (O_EXCL) then a rename: a link the agent planted at either name is replaced, never written through.
+        with contextlib.suppress(OSError):
+            write_file_atomic(self.box / f"{request_id}{REPLY_SUFFIX}", json.dumps(data).encode())
+
+    def refuse(self, request_id: str, why: str) -> None:
+        """Reply with a refusal, and say so on the runner's stderr."""
+        note(f"warning: {self.meta.id}'s request {request_id} refused: {why}")
+        self.reply(request_id, ExitCode.REFUSED, stderr=f"spawn: error: refused by the agent's runner: {why}\n".encode())
+
+    def checked(self, request_id: str, raw: bytes | None) -> tuple[list[str], str] | None:
+        """One request's argv and cwd, or None once it is refused (with a reply)."""
+        self.served += 1
+        if self.served > BROKER_REQUESTS_MAX:
+            self.refuse(request_id, f"more than {BROKER_REQUESTS_MAX} requests from one agent")
+            return None
+        if raw is None or len(raw) > BROKER_REQUEST_MAX_BYTES:
+            self.refuse(request_id, f"not a readable request of at most {BROKER_REQUEST_MAX_BYTES} bytes")
+            return None
+        try:
+            data = parse_json(raw, BROKER_REQUEST_MAX_BYTES)
+        except ValueError as exc:
+            self.refuse(request_id, f"not JSON: {str(exc)[:200]}")
+            return None
+        checked = checked_request(data, self.meta)
+        if isinstance(checked, str):
+            self.refuse(request_id, checked)
+            return None
+        if checked[0][0] == "kill":
+            below = {d.name for d in self.descendants(Path(self.meta.session), self.meta.id)}
+            if outside := [i for i in checked[0][1:] if i not in below]:
+                self.refuse(request_id, f"kill: {', '.join(outside)} not below {self.meta.id}")
+                return None
+        return checked
+
+    async def run(self, request_id: str, argv: Sequence[str], cwd: str) -> None:
+        """Run one request as a spawn.py of this runner's, with its agent's environment, and reply when it ends."""
+        import asyncio
+
+        env = {**os.environ, **child_environment(self.meta, self.agent_dir)}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                env[ENV_PYTHON],
+                env[ENV_SCRIPT],
+                *argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own group, as a runner has
+            )
+        except OSError as exc:
+            self.refuse(request_id, f"could not start spawn.py: {exc.strerror or exc}")
+            return
+        stdout, stderr = await proc.communicate()
+        self.reply(request_id, proc.returncode if proc.returncode is not None else ExitCode.STATE, stdout, stderr)
+
+    def done(self, request_id: str, _task: Any) -> None:
+        self.running.pop(request_id, None)
+
+    async def serve(self) -> None:
+        """While the agent runs: take its requests as they come, and reply to each when its spawn.py ends."""
+        import asyncio
+
+        try:
+            while True:
+                for request_id, raw in self.take():
+                    if (checked := self.checked(request_id, raw)) is not None:
+                        task = asyncio.create_task(self.run(request_id, *checked))
+                        self.running[request_id] = task
+                        task.add_done_callback(functools.partial(self.done, request_id))
+                await asyncio.sleep(BROKER_POLL_S)
+        finally:
+            for task in list(self.running.values()):
+                task.cancel()
+
+
+def has_broker(meta: AgentMeta) -> bool:
+    return meta.sandbox == "on" and meta.depth < meta.max_depth
+
+
+# --------------------------------------------------------------- the client --
+
+
+def broker_box() -> Path | None:
+    """Our sandbox's agent's request box, if we run inside a sandbox that has one we may write."""
+    if not inside_sandbox():
+        return None
+    owner = sandbox_owner()
+    if owner is None:
+        return None
+    try:
+        session = load_meta(owner).session
+    except (OSError, SpawnError, ValueError):
+        return None
+    box = Path(session) / REQUESTS_DIR / owner.name
+    return box if os.access(box, os.W_OK) else None
+
+
+def inlined_argv(argv: Sequence[str]) -> list[str]:
+    """argv with the files it names read here, in the sandbox, and passed inline (INLINED_FILES, --schema PATH)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = split_flag(argv[i])
+        if name in (*INLINED_FILES, "--schema") and value is None and i + 1 < len(argv):
+            i += 1
+            value = argv[i]
+        if name in INLINED_FILES and value is not None:
+            try:
+                text = sys.stdin.read() if value == "-" else Path(value).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise RefusedError(f"can't read {name} {value}: {exc}; check the path") from None
+            out += [INLINED_FILES[name], text]
+        elif name == "--schema" and value is not None and not value.lstrip().startswith("{") and os.path.isfile(value):
+            out += [name, Path(value).read_text()]
+        else:
+            out += [argv[i]] if value is None or "=" in argv[i] else [name, value]
+        i += 1
+    return out
+
+
+def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
+    """Inside a sandboxed spawner: hand a spawn or a kill to its runner, print its reply, and return its exit code.
+
+    None where this spawn.py runs as usual: outside a sandbox, in one
+    without a request box (a leaf's), and for everything but a spawn or a
+    kill (status and wait read the session, which is readable here).
+    """
+    if not argv or (argv[0] in verbs and argv[0] != "kill"):
+        return None
+    if argv[0] not in verbs and {"--dry-run", "-h", "--help", "--version"} & set(argv):
+        return None
+    box = broker_box()
+    if box is None:
+        return None
+    import json
+
+    request_id = token_hex(8)
+    data = json.dumps({"argv": inlined_argv(argv), "cwd": os.getcwd()}).encode()
+    tmp = box / f".{request_id}.tmp"
+    with open(tmp, "xb") as f:
+        f.write(data)
+    os.rename(tmp, box / f"{request_id}.json")
+    reply_path = box / f"{request_id}{REPLY_SUFFIX}"
+    owner = box.parents[1] / AGENTS_DIR / box.name
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            reply = parse_json(reply_path.read_bytes(), BROKER_STDOUT_MAX_BYTES * 8)
+            with contextlib.suppress(OSError):
+                reply_path.unlink()
+            sys.stdout.write(str(reply.get("stdout", "")))
+            sys.stderr.write(str(reply.get("stderr", "")))
+            return int(reply.get("exit_code", ExitCode.STATE))
+        if read_outcome(owner) is not None:
+            raise StateError(f"the runner of {box.name} ended before it answered request {request_id}")
+        time.sleep(BROKER_CLIENT_POLL_S)
+# ==================== end src/spawnlib/broker.py ====================
+
 # ==================== begin src/spawnlib/cli_start.py ====================
+
 
 
 
@@ -13372,7 +13767,7 @@ def run_agent(
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
         beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ), meta.idle_timeout_s))
         idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
-        drops = asyncio.create_task(drop_box_loop(meta, state, secrets_)) if has_drop_box(meta) else None
+        drops = asyncio.create_task(service) if (service := drop_box_service(meta, agent_dir, state, secrets_)) else None
         try:
             await wait_for_slot(meta, agent_dir, stop)
             if error is None:
@@ -13862,6 +14257,15 @@ def record_dropped_refusals(leaf: AgentMeta, secrets_: Sequence[str], room: int 
         with contextlib.suppress(OSError):
             box.rmdir()
     return recorded
+
+
+def drop_box_service(meta: AgentMeta, agent_dir: Path, state: RunState, secrets_: Sequence[str]) -> Coroutine[Any, Any, None] | None:
+    """What serves a sandboxed agent's drop box while it runs: a leaf's refused spawns, a spawner's requests (the broker)."""
+    if has_drop_box(meta):
+        return drop_box_loop(meta, state, secrets_)
+    if has_broker(meta):
+        return Broker(meta, agent_dir, descendants_of).serve()
+    return None
 
 
 async def drop_box_loop(leaf: AgentMeta, state: RunState, secrets_: Sequence[str]) -> None:
@@ -17100,6 +17504,7 @@ def cmd_budget(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
+
 # --------------------------------------------------------------------- main --
 
 
@@ -17109,6 +17514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     environ = dict(os.environ)
     traceback = "--traceback" in argv
     try:
+        # Inside a sandboxed spawner, its runner runs spawns and kills (the broker).
+        if (code := brokered(argv, VERBS)) is not None:
+            return code
         if argv and argv[0] in VERBS:
             verb = argv[0]
             parser = build_verb_parser(verb)

@@ -32,7 +32,7 @@ def test_auto_sandboxes_agents_below_the_root_that_have_bash() -> None:
     assert spawn.sandbox_wanted("auto", 1, 1, ["Bash", "Read"])
     assert not spawn.sandbox_wanted("auto", 0, 0, ["Bash"])  # the root: the user's call
     assert not spawn.sandbox_wanted("auto", 2, 2, ["Read"])  # nothing to contain
-    assert not spawn.sandbox_wanted("auto", 1, 3, ["Bash"])  # may still spawn: its children need ancestry
+    assert spawn.sandbox_wanted("auto", 1, 3, ["Bash"])  # a spawner too: its runner spawns for it (the broker)
     assert spawn.sandbox_wanted("on", 0, 3, ["Bash"])
     assert not spawn.sandbox_wanted("off", 3, 3, ["Bash"])
 
@@ -40,15 +40,18 @@ def test_auto_sandboxes_agents_below_the_root_that_have_bash() -> None:
 def test_a_leaf_writes_only_its_drop_box_and_every_record_stays_read_only(tmp_path: Path) -> None:
     session, index = tmp_path / "s", tmp_path / "runners"
     me = session / "agents" / "a2-000002"
-    entries = ["agents", ".lock", "ledger.jsonl", "limits.json", "asks", "refused"]
-    writable, read_only = spawn.sandbox_writes(
-        False, me, str(session), index, session_entries=entries, drop_boxes=["a2-000002", "a2-000003"]
-    )
+    entries = ["agents", ".lock", "ledger.jsonl", "limits.json", "asks", "refused", "requests"]
+    boxes = ["refused/a2-000002", "refused/a2-000003", "requests/a1-000001"]
+    writable, read_only = spawn.sandbox_writes(False, me, str(session), index, session_entries=entries, drop_boxes=boxes)
     assert writable == [f"{session}/refused/a2-000002", str(me / "scratch")]  # its refused spawns go there
     others = [f"{session}/{n}" for n in ("agents", "ledger.jsonl", "limits.json", "asks")]
-    assert read_only == [str(me), *others, f"{session}/refused/a2-000003", str(index)]  # all of agents/: its siblings too
-    writable, read_only = spawn.sandbox_writes(True, me, str(session), index, session_entries=entries, drop_boxes=[])
-    assert writable == [str(me), str(session), str(index)] and read_only == [str(me / "meta.json")]
+    others_boxes = [f"{session}/refused/a2-000003", f"{session}/requests/a1-000001"]
+    assert read_only == [str(me), *others, *others_boxes, str(index)]  # all of agents/: its siblings too
+    # A spawner writes only its request box (the broker) and its scratch: never the session, nor the runner index.
+    spawner = session / "agents" / "a1-000001"
+    writable, read_only = spawn.sandbox_writes(True, spawner, str(session), index, session_entries=entries, drop_boxes=boxes)
+    assert writable == [f"{session}/requests/a1-000001", str(spawner / "scratch")]
+    assert read_only == [str(spawner), *others, f"{session}/refused/a2-000002", f"{session}/refused/a2-000003", str(index)]
 
 
 def leaf_meta(**fields: Any) -> spawn.AgentMeta:
@@ -164,7 +167,9 @@ def test_nested_spawn_works_inside_the_sandbox_and_stays_contained(env: dict[str
     proc = run_spawn(["--task", parent_task, "--tools", "Bash", "--sandbox", "on", "--cwd", str(work)], env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     by_depth = {m["depth"]: m for m in metas(session_root).values()}
-    assert by_depth[0]["sandbox"] == "on" and by_depth[1]["sandbox"] == "inherited"
+    # The child is its parent's runner's, outside the parent's sandbox, and sandboxed itself.
+    assert by_depth[0]["sandbox"] == "on" and by_depth[1]["sandbox"] == "on"
+    assert by_depth[1]["parent_id"] == by_depth[0]["id"]
     child_dir = Path(by_depth[1]["session"]) / "agents" / by_depth[1]["id"]
     assert load(child_dir / "outcome.json")["status"] == "done", load(child_dir / "outcome.json")
     assert (work / "child.txt").read_text() == "child\n"

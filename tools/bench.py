@@ -362,7 +362,10 @@ class Commands:
         s_mid = mock_task("bench chain middle", [{"bash": spawn_in_bash("--task", s_leaf, "--tools", "Read")}, {"text": "middle-result"}])
         s_root = mock_task("bench chain root", [{"bash": spawn_in_bash("--task", s_mid, "--tools", "Bash,Read")}, {"text": "root-result"}])
         u_mid = mock_task("bench chain middle", [{"bash": spawn_with_uv("--task", s_leaf, "--tools", "Read")}, {"text": "middle-result"}])
-        u_root = mock_task("bench chain root", [{"bash": spawn_with_uv("--task", u_mid, "--tools", "Bash,Read")}, {"text": "root-result"}])
+        # The middle unsandboxed: in a sandbox `uv run` can't take its cache's lock (read-only there, as
+        # it must be: every tree runs that environment), so sandboxed Bash calls "$SPAWN_PYTHON" "$SPAWN_PY".
+        u_spawn = spawn_with_uv("--task", u_mid, "--tools", "Bash,Read", "--sandbox", "off")
+        u_root = mock_task("bench chain root", [{"bash": u_spawn}, {"text": "root-result"}])
         b_leaf = mock_task("bench chain leaf", LEAF_STEPS)
         b_mid = mock_task("bench chain middle", [{"bash": shlex.join(bare_argv(cli, b_leaf, "Read"))}, {"text": "middle-result"}])
         b_root = mock_task("bench chain root", [{"bash": shlex.join(bare_argv(cli, b_mid, "Bash,Read"))}, {"text": "root-result"}])

@@ -74,6 +74,7 @@ MODULES = (
     "executors",
     "resolving",
     "forkserver",
+    "broker",
     "cli_start",
     "verbs",
     "options",

@@ -45,7 +45,17 @@ from .agents import (
     summarize_input,
 )
 from .channel import ask_timeout, open_ask, prompt_person
-from .constants import LEDGER, MEMORY_HEAD_LINES, NATIVE_LOG, PERMISSION_KINDS, REFUSED_DIR, SCRATCH_DIR, STDERR_LOG, TRANSCRIPT
+from .constants import (
+    LEDGER,
+    MEMORY_HEAD_LINES,
+    NATIVE_LOG,
+    PERMISSION_KINDS,
+    REFUSED_DIR,
+    REQUESTS_DIR,
+    SCRATCH_DIR,
+    STDERR_LOG,
+    TRANSCRIPT,
+)
 from .core import (
     briefing,
     claude_config_dir,
@@ -580,16 +590,15 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         with contextlib.suppress(OSError):
             (claude_config_dir(os.environ) / "projects").mkdir(mode=0o700, parents=True, exist_ok=True)
         session = Path(meta.session)
-        if meta.depth >= meta.max_depth:
-            # Made now if absent, so a leaf's sandbox can hold them read-only,
-            # and its drop box writable (sandbox_writes).
-            with contextlib.suppress(OSError):
-                asks_dir(session).mkdir(exist_ok=True)
-                # (An empty status cache is one status ignores, and replaces whole.)
-                for name in (LEDGER, STATUS_INDEX, STATUS_CACHE):
-                    os.close(open_regular(session / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)[0])
-            (session / REFUSED_DIR / meta.id).mkdir(parents=True, exist_ok=True)
-        boxes = os.listdir(session / REFUSED_DIR) if (session / REFUSED_DIR).is_dir() else []
+        # Made now if absent, so the sandbox can hold them read-only (sandbox_writes).
+        with contextlib.suppress(OSError):
+            asks_dir(session).mkdir(exist_ok=True)
+            # (An empty status cache is one status ignores, and replaces whole.)
+            for name in (LEDGER, STATUS_INDEX, STATUS_CACHE):
+                os.close(open_regular(session / name, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW)[0])
+        # Its drop box: made now, since bwrap binds only what exists (sandbox_writes).
+        (session / (REFUSED_DIR if meta.depth >= meta.max_depth else REQUESTS_DIR) / meta.id).mkdir(parents=True, exist_ok=True)
+        boxes = [f"{f}/{n}" for f in (REFUSED_DIR, REQUESTS_DIR) if (session / f).is_dir() for n in os.listdir(session / f)]
         writable, read_only = sandbox_writes(
             meta.depth < meta.max_depth,
             agent_dir,

@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from .admission import try_take_slot
+from .broker import Broker, has_broker
 from .commit import commit_outcome
 from .constants import (
     DROP_BOX_POLL_S,
@@ -264,7 +265,7 @@ def run_agent(
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
         beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ), meta.idle_timeout_s))
         idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
-        drops = asyncio.create_task(drop_box_loop(meta, state, secrets_)) if has_drop_box(meta) else None
+        drops = asyncio.create_task(service) if (service := drop_box_service(meta, agent_dir, state, secrets_)) else None
         try:
             await wait_for_slot(meta, agent_dir, stop)
             if error is None:
@@ -754,6 +755,15 @@ def record_dropped_refusals(leaf: AgentMeta, secrets_: Sequence[str], room: int 
         with contextlib.suppress(OSError):
             box.rmdir()
     return recorded
+
+
+def drop_box_service(meta: AgentMeta, agent_dir: Path, state: RunState, secrets_: Sequence[str]) -> Coroutine[Any, Any, None] | None:
+    """What serves a sandboxed agent's drop box while it runs: a leaf's refused spawns, a spawner's requests (the broker)."""
+    if has_drop_box(meta):
+        return drop_box_loop(meta, state, secrets_)
+    if has_broker(meta):
+        return Broker(meta, agent_dir, descendants_of).serve()
+    return None
 
 
 async def drop_box_loop(leaf: AgentMeta, state: RunState, secrets_: Sequence[str]) -> None:

@@ -356,6 +356,10 @@ SCRATCH_DIR = "scratch"  # a sandboxed leaf's own writable directory, its record
 # refused/<leaf id>/: a sandboxed leaf's refused spawns, each <child id>.json,
 # until the leaf's runner, outside the sandbox, records them in agents/.
 REFUSED_DIR = "refused"
+# requests/<agent id>/: a sandboxed spawner's drop box. The spawn.py in its
+# Bash leaves each spawn or kill there as a request; its runner, outside the
+# sandbox, runs it as its own agent's and writes the reply beside it (broker).
+REQUESTS_DIR = "requests"
 # What a leaf's runner takes from its drop box: a hostile leaf gets no more
 # agent directories than this, nor bigger records, by writing there.
 DROPPED_REFUSALS_MAX = 64

@@ -31,13 +31,13 @@ from .constants import (
     MAX_DEPTH_LIMIT,
     MAX_SECONDS,
     MAX_TOKENS,
-    META,
     MODEL_ID_PATTERN,
     MODEL_PRICES_USD_PER_MTOK,
     PARENT_GRACE_S,
     RECORD_MAX_BYTES,
     REDACTED,
     REFUSED_DIR,
+    REQUESTS_DIR,
     SCRATCH_DIR,
     SECRET_MIN_LEN,
     SECRET_NAME,
@@ -557,13 +557,12 @@ def claude_config_dir(environ: Mapping[str, str]) -> Path:
 def sandbox_wanted(requested: str, depth: int, max_depth: int, tools: Sequence[str]) -> bool:
     """Whether --sandbox (on, off, auto) puts this agent's Bash in the sandbox.
 
-    auto: agents below the root that have Bash and can't spawn. An agent
-    that may still spawn stays out under auto: inside a sandbox, process
-    ancestry is blind (own pid namespace, other processes' environments
-    unreadable), so its children's limits would rest on weaker evidence.
+    auto: every agent below the root that has Bash, spawners too. A
+    sandboxed spawner's spawns go through its runner (the broker), outside
+    the sandbox, whose process identity vouches for them.
     """
     if requested == "auto":
-        return depth >= 1 and max_depth <= depth and "Bash" in tools
+        return depth >= 1 and "Bash" in tools
     return requested == "on"
 
 
@@ -572,31 +571,30 @@ def sandbox_writes(
 ) -> tuple[list[str], list[str]]:
     """Where a sandboxed agent's Bash may write beyond its cwd, and what stays read-only in there (pure).
 
-    One that may spawn runs its children's spawn.py in here, and they
-    register: its agent directory, the session directory and the runner index
-    are writable, so its descendants share its reach over the session's
-    records. Its own meta.json stays read-only: a spawn inside takes its
-    limits from it.
+    It may write only its drop box and its scratch/. A spawner's drop box is
+    requests/<its id>/, where the spawn.py in its Bash leaves its spawns and
+    kills for its runner to run outside the sandbox (the broker); a leaf's
+    is refused/<its id>/, where its refused spawns wait for its runner to
+    record them (record_dropped_refusals). drop_boxes: the boxes there are,
+    each as folder/name.
 
-    A leaf may write only its drop box, refused/<its id>/, where its refused
-    spawns wait for its runner to record them (record_dropped_refusals).
     Every other entry of the session (all of agents/, so its own, its
     ancestors' and its siblings' records, even those made after it started;
-    the ledger, limits, asks, the fork server's socket, the other leaves'
+    the ledger, limits, asks, the fork server's socket, the other agents'
     drop boxes) is read-only, as is the runner index, even where they lie
     inside its cwd (sessions/ beside spawn.py, in a project). So a hostile
-    leaf can't publish an outcome before the runner that owns it. Its
-    scratch/ is bound too, only to name the agent on bwrap's command line
-    (sandbox_owner); inside its read-only agent directory it stays read-only.
+    agent can't publish an outcome before the runner that owns it, nor
+    register a child of its own choosing. Its scratch/ also names the agent
+    on bwrap's command line (sandbox_owner); inside its read-only agent
+    directory it stays writable.
     The caller keeps only paths that exist: for a file not there yet the CLI
     would hold an empty placeholder at its path on the host while each
     command runs, and an empty .done is an outcome to every reader.
     """
-    if may_spawn:
-        return [str(agent_dir), session, str(runner_index)], [str(agent_dir / META)]
-    others = [f"{session}/{name}" for name in session_entries if name not in (REFUSED_DIR, SESSION_LOCK)]
-    boxes = [f"{session}/{REFUSED_DIR}/{name}" for name in drop_boxes if name != agent_dir.name]
-    writable = [f"{session}/{REFUSED_DIR}/{agent_dir.name}", str(agent_dir / SCRATCH_DIR)]
+    own_box = f"{REQUESTS_DIR if may_spawn else REFUSED_DIR}/{agent_dir.name}"
+    others = [f"{session}/{name}" for name in session_entries if name not in (REFUSED_DIR, REQUESTS_DIR, SESSION_LOCK)]
+    boxes = [f"{session}/{box}" for box in drop_boxes if box != own_box]
+    writable = [f"{session}/{own_box}", str(agent_dir / SCRATCH_DIR)]
     return writable, [str(agent_dir), *others, *boxes, str(runner_index)]
 
 

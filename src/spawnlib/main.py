@@ -11,6 +11,7 @@ from typing import NoReturn
 
 import psutil
 
+from .broker import brokered
 from .cli import (
     build_verb_parser,
     cmd_agents,
@@ -38,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     environ = dict(os.environ)
     traceback = "--traceback" in argv
     try:
+        # Inside a sandboxed spawner, its runner runs spawns and kills (the broker).
+        if (code := brokered(argv, VERBS)) is not None:
+            return code
         if argv and argv[0] in VERBS:
             verb = argv[0]
             parser = build_verb_parser(verb)

@@ -795,6 +795,7 @@ def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, A
         "model": meta.model,
         "traceparent": meta.traceparent,
         "placement": (meta.placement or {}).get("policy"),
+        "sandbox": meta.sandbox,
     }
 
 
@@ -954,7 +955,7 @@ def unsandboxed_warning(problem: str) -> str:
     """The one warning --sandbox auto gives when the sandbox it wanted can't run."""
     return (
         f"sandbox: Claude Code's sandbox can't run here ({problem}). "
-        f"Agents that --sandbox auto sandboxes (below the root, with Bash, that can't spawn) run unsandboxed: "
+        f"Agents that --sandbox auto sandboxes (every agent below the root that has Bash) run unsandboxed: "
         f"{SANDBOX_LOST}. Pass --sandbox on to refuse them instead."
     )
 
@@ -976,8 +977,8 @@ def inside_sandbox() -> bool:
 def sandbox_owner() -> Path | None:
     """The agent whose sandbox this process runs in, from that sandbox's bwrap.
 
-    bwrap binds what the sandboxed agent may write: its agent directory if it
-    may spawn, else that directory's scratch/ (sandbox_writes). bwrap's
+    bwrap binds what the sandboxed agent may write: its agent directory's
+    scratch/ among them (sandbox_writes). bwrap's
     command line (pid 1 here, which nothing inside can replace) so names the
     agent, and that agent's meta.json is not writable inside.
     """

@@ -140,6 +140,8 @@ class Inherited:
     permission_mode: str | None = None
     model: str | None = None
     idle_timeout: float | None = None
+    sandboxed: bool = False
+    """The parent runs sandboxed: its children's requests come through its broker."""
 
 
 def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
@@ -185,6 +187,7 @@ def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -
     modes = [m for m in (environ.get(ENV_PERMISSION_MODE), ancestry.get("mode"), runner.get("mode")) if m in PERMISSION_RANK]
     inh.permission_mode = min(modes, key=lambda m: PERMISSION_RANK[m]) if modes else None
     inh.model = environ.get(ENV_MODEL) or runner.get("model")
+    inh.sandboxed = runner.get("sandbox") in ("on", "inherited")
     idle = float_or_none(environ.get(ENV_IDLE_TIMEOUT))
     inh.idle_timeout = idle if idle is not None and 0 < idle < float("inf") else None
     return inh
@@ -464,7 +467,9 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
 
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
-    sandbox, sandbox_refusal = choose_sandbox(args, node.kind, depth, max_depth, tools, is_root=inh.depth < 0, warnings=warnings)
+    sandbox, sandbox_refusal = choose_sandbox(
+        args, node.kind, depth, max_depth, tools, is_root=inh.depth < 0, parent_sandboxed=inh.sandboxed, warnings=warnings
+    )
     refusal = refusal or sandbox_refusal
 
     session_root, session = choose_session(args, environ, inh, warnings)
@@ -716,14 +721,27 @@ def tree_tools(requested_tools: list[str] | None, definition: AgentDefinition | 
 
 
 def choose_sandbox(
-    args: argparse.Namespace, kind: str, depth: int, max_depth: int, tools: list[str], *, is_root: bool, warnings: list[str]
+    args: argparse.Namespace,
+    kind: str,
+    depth: int,
+    max_depth: int,
+    tools: list[str],
+    *,
+    is_root: bool,
+    parent_sandboxed: bool,
+    warnings: list[str],
 ) -> tuple[str, str | None]:
     """(the sandbox, a refusal or None)."""
     sandbox_refusal = None
     # Inside a parent's sandbox an agent is held by it, whatever it asks.
     sandbox = "inherited" if inside_sandbox() else "off"
     if sandbox == "off" and kind == "claude":
-        sandbox, sandbox_refusal = sandbox_choice(args.sandbox, depth, max_depth, tools, is_root=is_root, warnings=warnings)
+        requested = args.sandbox
+        if requested == "off" and parent_sandboxed:
+            # A sandboxed parent's children come out of its sandbox only by its runner: never less held than auto.
+            requested = "auto"
+            warnings.append("--sandbox off raised to auto: the parent runs sandboxed")
+        sandbox, sandbox_refusal = sandbox_choice(requested, depth, max_depth, tools, is_root=is_root, warnings=warnings)
     return sandbox, sandbox_refusal
 
 
@@ -898,7 +916,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
             raise StateError(f"session {session} does not exist; unset {ENV_SESSION} or pass --session DIR")
     meta.session = str(session)
     if plan.refusal is not None and not plan.new_session and not os.access(session / AGENTS_DIR, os.W_OK):
-        # A sandboxed agent that can't spawn sees agents/ read-only (sandbox_writes).
+        # A sandboxed agent sees agents/ read-only (sandbox_writes); a spawner's spawns go through its runner instead.
         raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
     if plan.refusal is None and not plan.new_session:
         plan.refusal = confirm_spawn(meta, session, plan.secrets)

@@ -1,0 +1,224 @@
+"""The broker: a sandboxed agent spawns through its runner, outside the sandbox.
+
+End to end: the real bundled claude CLI through spawn.py against the scripted
+model, with Claude Code's sandbox (bubblewrap and socat, which `.ci/run`
+installs). A sandboxed spawner's Bash sees the session read-only; its spawns
+and kills go to its request box, and its runner runs them as its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
+
+import spawn
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None or shutil.which("socat") is None, reason=f"Claude Code's sandbox needs them: {spawn.SANDBOX_INSTALL}"
+)
+
+
+def transcript_text(agent_dir: Path) -> str:
+    return (agent_dir / "transcript.jsonl").read_text()
+
+
+def by_task(session_root: Path) -> dict[str, Path]:
+    return {load(d / "meta.json")["task"].split(" ")[0]: d for d in agent_dirs(session_root)}
+
+
+def plant_request(name: str, text: str) -> str:
+    """Bash that puts a request file straight into the agent's box (as a hostile agent would), then prints its reply."""
+    return (
+        'BOX="$SPAWN_SESSION/requests/$SPAWN_AGENT_ID"; '
+        f"cat > \"$BOX/.{name}\" <<'REQUEST_END'\n{text}\nREQUEST_END\n"
+        f'mv "$BOX/.{name}" "$BOX/{name}.json"; '
+        f'for i in $(seq 300); do [ -f "$BOX/{name}.reply.json" ] && break; sleep 0.1; done; '
+        f'echo "reply {name}:"; cat "$BOX/{name}.reply.json"; echo'
+    )
+
+
+def test_a_sandboxed_spawner_spawns_through_its_runner_and_can_not_write_a_record(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    # The session lies inside the spawner's writable cwd, as sessions/ beside spawn.py in a project does.
+    forge = (
+        'A="$SPAWN_SESSION/agents"; '
+        """echo FORGED > "$A/$SPAWN_AGENT_ID/meta.json"; echo "own meta rc=$?"; """
+        """for d in "$A"/*; do echo '{"status": "done", "output": "FORGED"}' > "$d/outcome.json"; touch "$d/.done"; done; """
+        """echo '{"FORGED": 1}' >> "$SPAWN_SESSION/ledger.jsonl"; echo "ledger rc=$?"; """
+        'mkdir "$A/a2-abcdef"; echo "mkdir rc=$?"; echo ok > ok.txt'
+    )
+    child = mock_task("child", [{"text": "child done"}])
+    spawner = mock_task(
+        "spawner",
+        [
+            {"bash": forge},
+            {"bash": spawn_in_bash("--task", child, "--tools", "Bash,Read", "--max-depth", "5")},
+            {"text": "spawner done"},
+        ],
+    )
+    sibling = mock_task("sibling", [{"text": "sibling done"}])
+    steps = [{"bash": spawn_in_bash("--task", t, "--tools", "Bash,Read", "--sandbox", "on")} for t in (sibling, spawner)]
+    root = mock_task("root", [*steps, {"text": "root done"}])
+    args = ["--task", root, "--tools", "Bash,Read", "--max-depth", "2", "--sandbox", "off", "--cwd", str(tmp_path)]
+    proc = run_spawn([*args, "--max-budget-usd", "5"], env, timeout=240)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert stdout_json(proc)["output"] == "root done"
+    dirs = by_task(session_root)
+    assert sorted(dirs) == ["child", "root", "sibling", "spawner"]  # no a2-abcdef
+    spawner_dir, child_dir = dirs["spawner"], dirs["child"]
+    spawner_meta, child_meta = load(spawner_dir / "meta.json"), load(child_dir / "meta.json")
+    assert spawner_meta["sandbox"] == "on" and spawner_meta["depth"] == 1 and spawner_meta["max_depth"] == 2
+    # The child is the spawner's, registered by its runner, its limits narrowed from the spawner's.
+    assert (child_meta["parent_id"], child_meta["depth"], child_meta["max_depth"]) == (spawner_dir.name, 2, 2)
+    assert child_meta["max_budget_usd"] is not None and child_meta["max_budget_usd"] <= spawner_meta["max_budget_usd"]
+    assert child_meta["sandbox"] == "on"  # a leaf with Bash, under auto
+    assert any("--max-depth 5 lowered" in w for w in child_meta["warnings"]), child_meta["warnings"]
+    assert load(child_dir / "outcome.json")["output"] == "child done"
+    # The spawner got the child's JSON on its stdout, as from any spawn.
+    text = transcript_text(spawner_dir)
+    assert '\\"output\\": \\"child done\\"' in text or '"output": "child done"' in text, text[-3000:]
+    # Its Bash wrote none of the records: its own meta, its siblings', the ledger, a .done, an agent directory.
+    for name in ("own meta rc=1", "ledger rc=1", "mkdir rc=1"):
+        assert name in text, text[-3000:]
+    assert text.count("Read-only file system") >= 5
+    for task, output in (("root", "root done"), ("sibling", "sibling done"), ("spawner", "spawner done"), ("child", "child done")):
+        outcome = load(dirs[task] / "outcome.json")
+        assert (outcome["output"], outcome["committed_by"]) == (output, "self")
+    assert "FORGED" not in (spawner_dir.parent.parent / "ledger.jsonl").read_text()
+    assert (tmp_path / "ok.txt").read_text() == "ok\n"  # the rest of its cwd stays writable
+    validate_records(session_root)
+
+
+def test_forged_and_hostile_requests_are_narrowed_or_refused_and_the_runner_goes_on(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    wide = mock_task("wide", [{"text": "wide done"}])
+    later = mock_task("later", [{"text": "later done"}])
+    cwd = str(tmp_path)
+    forged = {
+        "argv": [
+            *("--task", wide, "--max-depth", "9", "--max-budget-usd", "1000"),
+            *("--tools", "Bash,Read,Write,WebFetch", "--timeout", "999999", "--sandbox", "off"),
+        ],
+        "cwd": cwd,
+    }
+    hostile = {
+        "1111111111111111": json.dumps(forged),
+        "2222222222222222": "not json {{{",
+        "4444444444444444": json.dumps({"argv": ["--task", "x", "--output", str(tmp_path / "escaped.txt")], "cwd": cwd}),
+        "5555555555555555": json.dumps({"argv": ["--task", "x", "--agent", "command:touch /tmp/pwned"], "cwd": cwd}),
+        "6666666666666666": json.dumps({"argv": ["--task", "x"], "cwd": "/"}),
+        "7777777777777777": json.dumps({"argv": ["kill", "a0-000000"], "cwd": cwd}),
+    }
+    steps = [{"bash": plant_request(name, text)} for name, text in hostile.items()]
+    deep = 'BOX="$SPAWN_SESSION/requests/$SPAWN_AGENT_ID"; python3 -c "print(\'[\' * 100000 + \']\' * 100000)" > "$BOX/.d"; '
+    deep += 'mv "$BOX/.d" "$BOX/3333333333333333.json"; '
+    deep += 'for i in $(seq 300); do [ -f "$BOX/3333333333333333.reply.json" ] && break; sleep 0.1; done; '
+    deep += 'echo "reply 3333333333333333:"; cat "$BOX/3333333333333333.reply.json"; echo'
+    steps.append({"bash": deep})
+    huge = 'BOX="$SPAWN_SESSION/requests/$SPAWN_AGENT_ID"; head -c 400000 /dev/zero | tr "\\0" x > "$BOX/8888888888888888.json"; '
+    huge += 'for i in $(seq 300); do [ -f "$BOX/8888888888888888.reply.json" ] && break; sleep 0.1; done; '
+    huge += 'echo "reply 8888888888888888:"; cat "$BOX/8888888888888888.reply.json"; echo'
+    steps.append({"bash": huge})
+    # A directory, with something in it, where a request belongs: answered once, and the runner goes on.
+    stuck = 'BOX="$SPAWN_SESSION/requests/$SPAWN_AGENT_ID"; mkdir "$BOX/9999999999999999.json"; touch "$BOX/9999999999999999.json/x"; '
+    stuck += 'for i in $(seq 300); do [ -f "$BOX/9999999999999999.reply.json" ] && break; sleep 0.1; done; '
+    stuck += 'echo "reply 9999999999999999:"; cat "$BOX/9999999999999999.reply.json"; echo'
+    steps.append({"bash": stuck})
+    steps.append({"bash": spawn_in_bash("--task", later, "--tools", "Read")})
+    spawner = mock_task("spawner", [*steps, {"text": "spawner done"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", spawner, "--tools", "Bash,Read", "--sandbox", "on")}, {"text": "root done"}])
+    args = ["--task", root, "--tools", "Bash,Read", "--max-depth", "2", "--sandbox", "off", "--cwd", cwd, "--max-budget-usd", "5"]
+    proc = run_spawn([*args, "--timeout", "600"], env, timeout=300)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    dirs = by_task(session_root)
+    assert sorted(dirs) == ["later", "root", "spawner", "wide"]  # nothing else ran
+    spawner_meta, wide_meta = load(dirs["spawner"] / "meta.json"), load(dirs["wide"] / "meta.json")
+    # The forged request ran, as a spawn of the spawner's, every limit narrowed to the spawner's.
+    assert (wide_meta["parent_id"], wide_meta["depth"], wide_meta["max_depth"]) == (dirs["spawner"].name, 2, 2)
+    assert wide_meta["max_budget_usd"] <= spawner_meta["max_budget_usd"] <= 5
+    assert set(wide_meta["tools"]) <= {"Bash", "Read"}
+    assert wide_meta["deadline"] <= spawner_meta["deadline"]
+    assert wide_meta["sandbox"] == "on"
+    assert any("lowered" in w for w in wide_meta["warnings"]) and any("dropped" in w for w in wide_meta["warnings"])
+    text = transcript_text(dirs["spawner"])
+    for name, why in (
+        ("2222222222222222", "not JSON"),
+        ("3333333333333333", "not JSON"),
+        ("4444444444444444", "--output"),
+        ("5555555555555555", "--agent takes a definition"),
+        ("6666666666666666", "outside the agent"),
+        ("7777777777777777", "not below"),
+        ("8888888888888888", "of at most 262144 bytes"),
+        ("9999999999999999", "not a readable request"),
+    ):
+        reply = text.split(f"reply {name}:")[-1][:1500]
+        assert 'exit_code\\": 4' in reply and why in reply, (name, reply)
+    assert not (tmp_path / "escaped.txt").exists() and not Path("/tmp/pwned").exists()
+    # The runner served its agent to the end: a spawn after them all ran.
+    assert load(dirs["later"] / "outcome.json")["output"] == "later done"
+    assert load(dirs["root"] / "outcome.json")["output"] == "root done"
+    validate_records(session_root)
+
+
+def test_kill_through_the_broker_ends_only_the_agents_own_subtree(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    sleeper = mock_task("sleeper", [{"bash": "sleep 60"}, {"text": "sleeper done"}])
+    sibling = mock_task("sibling", [{"bash": "sleep 8"}, {"text": "sibling done"}])
+    launch = spawn_in_bash("--task", sleeper, "--tools", "Bash", "--background")
+    kill = (
+        f'ID=$({launch} | python3 -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"); echo "child $ID"; '
+        'for other in $(ls "$SPAWN_SESSION/agents" | grep -v "$SPAWN_AGENT_ID" | grep -v "$ID"); do '
+        '"$SPAWN_PYTHON" "$SPAWN_PY" kill "$other"; echo "kill $other rc=$?"; done; '
+        '"$SPAWN_PYTHON" "$SPAWN_PY" kill "$ID"; echo "kill child rc=$?"; '
+        # status and wait read the session, which is readable in the sandbox.
+        '"$SPAWN_PYTHON" "$SPAWN_PY" status --json > /dev/null; echo "status rc=$?"; '
+        '"$SPAWN_PYTHON" "$SPAWN_PY" wait "$ID" | grep -c killed; echo "wait rc=$?"'
+    )
+    spawner = mock_task("spawner", [{"bash": kill}, {"text": "spawner done"}])
+    root = mock_task(
+        "root",
+        [
+            {"bash": spawn_in_bash("--task", sibling, "--tools", "Bash", "--background")},
+            {"bash": spawn_in_bash("--task", spawner, "--tools", "Bash", "--sandbox", "on")},
+            {"bash": '"$SPAWN_PYTHON" "$SPAWN_PY" wait $(ls "$SPAWN_SESSION/agents" | grep ^a1-)'},
+            {"text": "root done"},
+        ],
+    )
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-depth", "2", "--sandbox", "off", "--cwd", str(tmp_path)], env, timeout=240)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    dirs = by_task(session_root)
+    assert load(dirs["sleeper"] / "outcome.json")["status"] == "killed"
+    assert f"agent {dirs['spawner'].name}" in load(dirs["sleeper"] / "outcome.json")["reason"]
+    for task in ("sibling", "root"):
+        outcome = load(dirs[task] / "outcome.json")
+        assert outcome.get("output") == f"{task} done", outcome
+    text = transcript_text(dirs["spawner"])
+    assert "kill child rc=0" in text and "status rc=0" in text and "wait rc=0" in text, text[-3000:]
+    for task in ("sibling", "root"):
+        assert f"kill {dirs[task].name} rc=4" in text and f"kill: {dirs[task].name} not below {dirs['spawner'].name}" in text
+    validate_records(session_root)
+
+
+def test_a_chain_of_depth_three_under_auto_sandboxes_every_agent_below_the_root(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    task = mock_task("a3", [{"bash": "echo deep > deep.txt"}, {"text": "a3 done"}])
+    for name in ("a2", "a1", "a0"):
+        task = mock_task(name, [{"bash": spawn_in_bash("--task", task, "--tools", "Bash")}, {"text": f"{name} done"}])
+    proc = run_spawn(["--task", task, "--tools", "Bash", "--max-depth", "3", "--cwd", str(tmp_path)], env, timeout=300)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    by_depth = {m["depth"]: m for m in metas(session_root).values()}
+    assert sorted(by_depth) == [0, 1, 2, 3]
+    assert [by_depth[d]["sandbox"] for d in range(4)] == ["off", "on", "on", "on"]
+    for depth in (1, 2, 3):
+        assert by_depth[depth]["parent_id"] == by_depth[depth - 1]["id"]
+    dirs = by_task(session_root)
+    assert load(dirs["a3"] / "outcome.json")["output"] == "a3 done"
+    assert (tmp_path / "deep.txt").read_text() == "deep\n"
+    assert '\\"output\\": \\"a2 done\\"' in transcript_text(dirs["a1"])
+    validate_records(session_root)
