@@ -60,6 +60,7 @@ MODULES = (
     "protocol",
     "fast_start",
     "processes",
+    "cluster",
     "commit",
     "admission",
     "agents",

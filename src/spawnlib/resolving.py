@@ -95,10 +95,10 @@ from .processes import (
     guard_above_possible,
     inside_sandbox,
     own_identity,
-    own_pid_namespace,
     register_runner,
     runner_index_dir,
     sandbox_problem,
+    stamp_where,
     start_guard,
     unsandboxed_warning,
 )
@@ -759,7 +759,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         pid_info = own_identity()
     if pid_info is not None:
         meta.pid, meta.create_time, meta.pgid = pid_info
-        meta.pid_namespace = own_pid_namespace()
+        stamp_where(meta)
     if plan.new_session:
         info = SessionInfo(id=session.name, created_at=meta.started_at, topic=meta.topic or "", root_agent=meta.id)
         write_json_atomic(session / SESSION_INFO, redact_values(record_to_json(info), plan.secrets))
