@@ -69,7 +69,9 @@ def install_tool_deps(session: nox.Session, only: str | None = None) -> None:
             external=True,
         )  # fmt: skip
         if any(line.strip() and not line.startswith("#") for line in requirements.read_text().splitlines()):
-            session.install("-r", str(requirements))
+            # Bytecode up front for a heavy sibling: a Ray node's agents import it at
+            # start, and the raylet gives up on an agent that takes over 15 s.
+            session.install("-r", str(requirements), env={"UV_COMPILE_BYTECODE": "1"} if only else None)
 
 
 def run_pytest(session: nox.Session, marks: str, timeout: int) -> None:

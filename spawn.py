@@ -11334,8 +11334,9 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
         create_time = time.time()
     plan.meta.pid, plan.meta.create_time, plan.meta.pgid = pid, create_time, pid
     stamp_where(plan.meta)
-    # Before meta.json, which the runner waits for before it starts the agent.
-    register_runner(pid, create_time, agent_dir)
+    if address is None:  # a stand-in is no agent's process: the runner it starts on a node registers itself there
+        # Before meta.json, which the runner waits for before it starts the agent.
+        register_runner(pid, create_time, agent_dir)
     write_meta(agent_dir, plan.meta, plan.secrets)
     return {
         "id": plan.meta.id,
