@@ -87,6 +87,11 @@ def die_with_parent() -> None:
 def claim_environment(claim: spawn_claims.Claim, environ: dict[str, str]) -> dict[str, str]:
     """The runner's environment with the parent's limits taken from the verified claim, never from what was sent."""
     env = dict(environ)
+    if claim.parent is None:  # a root: no parent limits to take from anywhere
+        for name in ("SPAWN_DEPTH", "SPAWN_MAX_DEPTH", "SPAWN_PERMISSION_MODE", "SPAWN_DENY", "SPAWN_ASK", "SPAWN_DEADLINE"):
+            env.pop(name, None)
+        env.pop("SPAWN_MAX_BUDGET_USD", None)
+        return env
     env["SPAWN_DEPTH"] = str(claim.depth - 1)
     env["SPAWN_MAX_DEPTH"] = str(claim.max_depth)
     env["SPAWN_PERMISSION_MODE"] = claim.permission_mode
