@@ -164,34 +164,6 @@ def test_a_kill_mid_run_records_killed_and_leaves_nothing(cluster: Cluster, env:
     assert len(agent_dirs(session_root)) == 1  # nothing admitted after the kill
 
 
-def raylet_of(node_id: str) -> psutil.Process:
-    for proc in psutil.process_iter():
-        try:
-            if proc.name() == "raylet" and any(node_id in arg for arg in proc.cmdline()):
-                return proc
-        except psutil.Error:
-            continue
-    raise AssertionError(f"no raylet for node {node_id}")
-
-
-def test_a_raylet_killed_mid_run_fails_the_agent_naming_the_node(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
-    placed = cluster.env(env)
-    task = mock_task("doomed", [{"bash": "echo busy; sleep 120"}, {"text": "never"}])
-    root = start_spawn(["--task", task, "--tools", "Bash"], placed)
-    assert wait_until(lambda: any(p.get("node_id") for p in placements(session_root).values()), HANG_S)
-    (agent_dir,) = agent_dirs(session_root)
-    node_id = placements(session_root)[agent_dir.name]["node_id"]
-    assert wait_until(lambda: sleeping(agent_dir), HANG_S)
-    raylet_of(node_id).kill()
-    out, err = root.communicate(timeout=HANG_S)
-    summary = json.loads(out)  # still one JSON object on the root's stdout
-    assert summary["status"] == "failed", (summary, err)
-    outcome = load(agent_dir / "outcome.json")
-    assert outcome["status"] == "failed"
-    assert wait_until(lambda: not processes_of(agent_dir.name), 60)
-    # The raylet's node is gone for good: the next tests would be placed on the two left.
-
-
 CLAIM_DRIVER = r"""
 import json, sys, os
 sys.path.insert(0, sys.argv[2])
@@ -237,3 +209,32 @@ def test_a_node_refuses_missing_tampered_and_replayed_claims(cluster: Cluster, t
     assert results["good"] == {"exit_code": 0}
     assert "replayed" in results["replayed"]["refused"] or "already" in results["replayed"]["refused"]
     assert (agent_dir / "started").exists()
+
+
+def raylet_of(node_id: str) -> psutil.Process:
+    for proc in psutil.process_iter():
+        try:
+            if proc.name() == "raylet" and any(node_id in arg for arg in proc.cmdline()):
+                return proc
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no raylet for node {node_id}")
+
+
+def test_a_raylet_killed_mid_run_fails_the_agent_naming_the_node(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
+    placed = cluster.env(env)
+    task = mock_task("doomed", [{"bash": "echo busy; sleep 120"}, {"text": "never"}])
+    root = start_spawn(["--task", task, "--tools", "Bash"], placed)
+    assert wait_until(lambda: any(p.get("node_id") for p in placements(session_root).values()), HANG_S)
+    (agent_dir,) = agent_dirs(session_root)
+    node_id = placements(session_root)[agent_dir.name]["node_id"]
+    assert wait_until(lambda: sleeping(agent_dir), HANG_S)
+    raylet_of(node_id).kill()
+    out, err = root.communicate(timeout=HANG_S)
+    summary = json.loads(out)  # still one JSON object on the root's stdout
+    assert summary["status"] == "failed", (summary, err)
+    outcome = load(agent_dir / "outcome.json")
+    assert outcome["status"] == "failed"
+    assert node_id in outcome["reason"], outcome["reason"]  # whoever settles it (wait, the guard) names the node
+    assert wait_until(lambda: not processes_of(agent_dir.name), 60)
+    # Last in the file: the killed node is gone for good, and Ray may place on it until its heartbeats time out.
