@@ -90,21 +90,21 @@ def run_side(env: dict[str, str], leaves: int, session_root: Path) -> dict[str, 
 
     threading.Thread(target=sample, daemon=True).start()
     started = time.monotonic()
-    ids = []
-    session = None
+    launched = []  # (session, id): each leaf is a root of its own session
     for i in range(leaves):
         args = ["--task", mock_model.mock_task(f"leaf {i}", [{"text": f"leaf {i}"}]), "--tools", "Read", "--background"]
-        if session is not None:
-            args += ["--session", session]
         out = json.loads(subprocess.run([sys.executable, str(SPAWN), *args], env=env, capture_output=True, text=True, check=True).stdout)
-        ids.append(out["id"])
-        session = session or str(Path(out["agent_dir"]).parent.parent)
-    waited = subprocess.run(
-        [sys.executable, str(SPAWN), "wait", "--session", str(session), "--all", *ids], env=env, capture_output=True, text=True, check=False
-    )
+        launched.append((str(Path(out["agent_dir"]).parent.parent), str(out["id"])))
+    statuses = []
+    for session, agent in launched:  # they run side by side; waiting in turn ends with the last outcome
+        waited = subprocess.run(
+            [sys.executable, str(SPAWN), "wait", "--session", session, agent], env=env, capture_output=True, text=True, check=False
+        )
+        if not waited.stdout.strip():
+            raise SystemExit(f"bench_ray: error: spawn.py wait gave nothing (exit {waited.returncode}): {waited.stderr.strip()}")
+        statuses += [a["status"] for a in json.loads(waited.stdout)["agents"]]
     wall = time.monotonic() - started
     done.set()
-    statuses = [a["status"] for a in json.loads(waited.stdout)["agents"]]
     return {
         "leaves": leaves,
         "wall_s": round(wall, 1),
