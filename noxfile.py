@@ -48,15 +48,22 @@ def install_spawn_deps(session: nox.Session) -> None:
     session.install("-r", str(requirements), env={"UV_COMPILE_BYTECODE": "1"})
 
 
-def install_tool_deps(session: nox.Session) -> None:
+# Siblings too heavy for every venv (Ray is ~100 MB): only their own nox session installs them.
+HEAVY_SIBLINGS = {"ray_place.py": "ray"}
+
+
+def install_tool_deps(session: nox.Session, only: str | None = None) -> None:
     """The runtime siblings' dependencies (tools/X.py with a lock), as their locks pin them.
 
     The tests need them too: tests/test_otel.py decodes spans with opentelemetry-proto,
     which the OTLP exporter depends on, the MCP server's tests use the mcp package, and
-    the A2A server's tests drive it with a2a-sdk's own client.
+    the A2A server's tests drive it with a2a-sdk's own client. A heavy sibling
+    (HEAVY_SIBLINGS) is installed only when `only` names it.
     """
     for script in sorted((ROOT / "tools").glob("*.py")):
         if not script.with_name(script.name + ".lock").exists():
+            continue
+        if (script.name in HEAVY_SIBLINGS) != (only == script.name):
             continue
         requirements = Path(session.create_tmp()) / f"{script.stem}-requirements.txt"
         session.run_install(
@@ -64,7 +71,9 @@ def install_tool_deps(session: nox.Session) -> None:
             external=True,
         )  # fmt: skip
         if any(line.strip() and not line.startswith("#") for line in requirements.read_text().splitlines()):
-            session.install("-r", str(requirements))
+            # Bytecode up front for a heavy sibling: a Ray node's agents import it at
+            # start, and the raylet gives up on an agent that takes over 15 s.
+            session.install("-r", str(requirements), env={"UV_COMPILE_BYTECODE": "1"} if only else None)
 
 
 def run_pytest(session: nox.Session, marks: str, timeout: int) -> None:
@@ -78,7 +87,18 @@ def run_pytest(session: nox.Session, marks: str, timeout: int) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit and end-to-end tests (the real bundled claude CLI against tools/mock_model.py)."""
-    run_pytest(session, "not slow", 300)
+    run_pytest(session, "not slow and not ray", 300)
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """Cluster tests (marked ray): a local 3-node Ray cluster runs placed agents. `uvx nox -s ray`."""
+    install_spawn_deps(session)
+    install_tool_deps(session)
+    install_tool_deps(session, only="ray_place.py")
+    session.install(*TEST_DEPS)
+    cluster_tests = sorted(str(p) for p in (ROOT / "tests").glob("test_ray*.py"))
+    session.run("pytest", *(session.posargs or ["-q", "--timeout=900", "-m", "ray", *cluster_tests]))
 
 
 @nox.session

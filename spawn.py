@@ -297,6 +297,7 @@ import json
 import marshal  # builtin, loaded with the interpreter: status's forked workers answer in it
 import math
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -382,6 +383,15 @@ ENV_FULL_SDK_IMPORT = "SPAWN_FULL_SDK_IMPORT"  # 1: import the SDK with its mcp 
 ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # per-user cache (CLI tool lists); default $XDG_CACHE_HOME/spawn
 ENV_NO_CGROUP = "SPAWN_NO_CGROUP"  # 1: don't put trees in cgroups; fall back to the subreaper
 ENV_IDLE_TIMEOUT = "SPAWN_IDLE_TIMEOUT_S"  # that agent's idle timeout; children get no longer
+ENV_WAIT_POLL = "SPAWN_WAIT_POLL"  # 1: wait polls outcomes (a session directory other hosts write)
+ENV_SPAWN_PLACEMENT = "SPAWN_PLACEMENT"  # ray:ADDRESS places agents on a Ray cluster (docs/cluster.md)
+ENV_RAY_SIBLING = "SPAWN_RAY_SIBLING"  # path of tools/ray_place.py when it is not beside spawn.py
+ENV_RAY_PYTHON = "SPAWN_RAY_PYTHON"  # a python with the sibling's lock installed (else `uv run --script`)
+ENV_RAY_STANDIN = "SPAWN_RAY_STANDIN"  # set by the host actor: the stand-in pid a placed runner's meta.json names
+RAY_SIBLING = "ray_place.py"
+# Connecting to a cluster and starting an actor's worker takes seconds (a
+# fresh worker imports Ray); past this the agent is not placed at all.
+RAY_PLACE_TIMEOUT_S = 120.0
 # OpenTelemetry's own variables: set, the root exports the tree's spans when it ends.
 ENV_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
@@ -1942,6 +1952,7 @@ KEPT_ACROSS_FORKS: dict[str, str] = {
     "verified_copy": "the compiled copy as checked; compiled_script checks the file again when it changes",
     "bounded_yaml_loader": "a loader class: no state of its own",
     "builtin_delegates": "the built-in definitions' names and descriptions, embedded in spawn.py: the same in every process",
+    "_BOOT_ID": "this boot's id: the same in every process of one boot",
     "WORKFLOW_FOR": "a table filled in two statements at import: the same in every process",
 }
 
@@ -2098,6 +2109,12 @@ class AgentMeta:
     pid_namespace: str | None = None
     """The pid namespace pid is valid in (readlink /proc/self/ns/pid). An
     agent started inside a parent's sandbox has a pid only that sandbox knows."""
+    host: str | None = None
+    """The host name pid runs on (os.uname().nodename)."""
+    boot_id: str | None = None
+    """That host's boot (/proc/sys/kernel/random/boot_id). With host, it says
+    whether pid can be looked up here at all: pid namespaces have the same
+    inode on every host, so only these tell another machine's pid apart."""
     sandbox: str = "off"
     """on: the agent's Bash runs inside Claude Code's sandbox (writes only in
     cwd, the agent and session directories; network only to allowed hosts).
@@ -2113,7 +2130,9 @@ class AgentMeta:
     placement: dict[str, Any] | None = None
     """Where it runs and why (placement.PlacementDecision): backend local, inprocess
     (a Claude Code subagent inside its parent's CLI) or ray; reason; policy (what
-    its children inherit). Absent in records written before placements."""
+    its children inherit); on Ray also node_id, host and boot_id of the node its
+    runner runs on (pid, host and boot_id above are the stand-in's, on the
+    launcher's host). Absent in records written before placements."""
     spawn_version: str = __version__
     protocol: int = PROTOCOL_VERSION
 
@@ -3426,14 +3445,6 @@ def decide_placement(policy: PlacementPolicy, needs: Sequence[str], *, by_agent_
     return PlacementDecision("local", "placement local", str(policy))
 
 
-def check_runnable(decision: PlacementDecision) -> None:
-    """Refuse a backend spawn.py has no executor for yet (pure)."""
-    if decision.backend == "ray":
-        raise PlacementError(
-            f"placement {decision.policy}: spawn.py can't run agents on a Ray cluster yet; use --placement local, auto or inprocess"
-        )
-
-
 def subagent_depth_limit(depth: int, max_depth: int) -> int:
     """How many levels of subagents an agent's CLI may nest below it (pure).
 
@@ -4156,6 +4167,8 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "background": (bool,),
     "resumed_from": (str, _NONE),
     "pid_namespace": (str, _NONE),
+    "host": (str, _NONE),
+    "boot_id": (str, _NONE),
     "sandbox": (str,),
     "containment": (str, _NONE),
     "kind": (str,),
@@ -4689,15 +4702,30 @@ class Supervised:
     hosted: bool = False
     """An in-process agent: pid is its host's runner, alive while it runs,
     and never a process to signal or stop on its behalf."""
+    host: str | None = None
+    boot_id: str | None = None
+    """Where pid is valid at all: another host's or another boot's pid is never looked up or signalled here."""
 
     @classmethod
     def of(cls, meta: AgentMeta) -> Supervised:
         """An agent's spawn.py (an in-process agent's: its host's, which it lives in)."""
         hosted = (meta.placement or {}).get("backend") == "inprocess"
-        return cls(meta.pid, meta.create_time, meta.pid_namespace, Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT, hosted)
+        heartbeat = Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT
+        return cls(meta.pid, meta.create_time, meta.pid_namespace, heartbeat, hosted, meta.host, meta.boot_id)
+
+    def elsewhere(self) -> bool:
+        """Whether pid belongs to another host or another boot of this one.
+
+        Checked before the pid namespace: the initial namespace has the same
+        inode on every Linux host, so on a shared session directory it can't
+        tell host A's pid 1234 from host B's.
+        """
+        return (self.boot_id is not None and self.boot_id != own_boot_id()) or (self.host is not None and self.host != own_host())
 
     def foreign(self) -> bool:
-        """Whether pid can't be looked up here: another namespace's, or /proc isn't ours."""
+        """Whether pid can't be looked up here: another host's or boot's, another namespace's, or /proc isn't ours."""
+        if self.elsewhere():
+            return True
         return (self.pid_namespace is not None and self.pid_namespace != own_pid_namespace()) or not procfs_is_ours()
 
     def process(self) -> psutil.Process | None:
@@ -4813,6 +4841,29 @@ def stale_in(age: tuple[float, float]) -> float:
 
 def own_pid_namespace() -> str | None:
     return pid_namespace_of("self")
+
+
+_BOOT_ID: list[str | None] = []  # one read per process: a boot never changes under it
+
+
+def own_boot_id() -> str | None:
+    """This boot's id (Linux), or None where there is none (macOS): then the host alone tells."""
+    if not _BOOT_ID:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as fh:
+                _BOOT_ID.append(fh.read().strip() or None)
+        except OSError:
+            _BOOT_ID.append(None)
+    return _BOOT_ID[0]
+
+
+def own_host() -> str:
+    return os.uname().nodename
+
+
+def stamp_where(meta: AgentMeta) -> None:
+    """Record where meta.pid is valid: pid namespace, host and boot."""
+    meta.pid_namespace, meta.host, meta.boot_id = own_pid_namespace(), own_host(), own_boot_id()
 
 
 def pid_namespace_of(pid: int | str) -> str | None:
@@ -5422,6 +5473,7 @@ def register_runner(pid: int, create_time: float, agent_dir: Path) -> None:
     index = runner_index_dir()
     namespace = own_pid_namespace()
     data = {"pid": pid, "create_time": create_time, "agent_dir": str(agent_dir), "pid_namespace": namespace}
+    data |= {"host": own_host(), "boot_id": own_boot_id()}  # the cache may be on a home shared by hosts
     write_json_atomic(_runner_entry(index, pid, create_time), data)
     for stale in index.glob("*.json"):  # crashed runners' entries: keep the index small
         entry = _read_runner_entry(stale)
@@ -5438,8 +5490,12 @@ def unregister_runner(pid: int, create_time: float) -> None:
 
 
 def _entry_namespace(path: Path) -> str | None:
+    """The entry's pid namespace; one no process here is in when it names another host or boot."""
     with contextlib.suppress(OSError, SpawnError, ValueError, AttributeError):
-        return cast("str | None", parse_json(read_text(path)).get("pid_namespace"))
+        data = parse_json(read_text(path))
+        if Supervised(0, 0.0, host=data.get("host"), boot_id=data.get("boot_id")).elsewhere():
+            return f"elsewhere: {data.get('host')} boot {data.get('boot_id')}"
+        return cast("str | None", data.get("pid_namespace"))
     return None
 
 
@@ -5719,6 +5775,115 @@ def sandbox_owner() -> Path | None:
             return candidate
     return None
 # ==================== end src/spawnlib/processes.py ====================
+
+# ==================== begin src/spawnlib/cluster.py ====================
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+# ------------------------------------------------------------------ cluster --
+#
+# The Ray backend's seam in spawn.py: Ray itself lives in the sibling
+# tools/ray_place.py (its own lock), which spawn.py runs, never imports. For
+# an agent placed on Ray, the launcher starts the sibling instead of its own
+# runner; the sibling (the stand-in) is the agent's process here, and the
+# runner it has started on a node names it (SPAWN_RAY_STANDIN).
+
+
+def ray_address(meta: AgentMeta, environ: Mapping[str, str]) -> str | None:
+    """The Ray cluster an agent is placed on, or None (local).
+
+    From meta.json's placement when the resolver set one (backend ray, policy
+    ray:ADDRESS), else from SPAWN_PLACEMENT.
+    """
+    placement = meta.placement or {}
+    if placement.get("backend") not in (None, "ray"):
+        return None
+    policy = str(placement.get("policy") or environ.get(ENV_SPAWN_PLACEMENT, ""))
+    name, _, address = policy.strip().partition(":")
+    return address.strip() or None if name == "ray" else None
+
+
+def ray_sibling_command(environ: Mapping[str, str]) -> list[str]:
+    """How to run tools/ray_place.py: SPAWN_RAY_SIBLING (path), else tools/ beside spawn.py;
+    with SPAWN_RAY_PYTHON (its venv's python), else `uv run --script` (its own lock)."""
+    sibling = Path(environ.get(ENV_RAY_SIBLING) or SCRIPT_DIR / "tools" / RAY_SIBLING)
+    if not sibling.is_file():
+        raise UsageError(
+            f"placement ray: {sibling} is not there; copy tools/{RAY_SIBLING} (and tools/spawn_claims.py) beside spawn.py, "
+            f"or set {ENV_RAY_SIBLING}"
+        )
+    python = environ.get(ENV_RAY_PYTHON)
+    return [python, str(sibling)] if python else ["uv", "run", "--quiet", "--script", str(sibling)]
+
+
+def launch_on_ray(agent_dir: Path, address: str, runner: list[str], log_fd: int) -> tuple[int, dict[str, Any]]:
+    """Start the stand-in for agent_dir; its pid and where Ray placed the agent (node_id, host, boot_id).
+
+    The stand-in reports one JSON line on a pipe, then points its own stdout
+    at the runner log: nothing Ray prints reaches ours.
+    """
+    argv = [*ray_sibling_command(os.environ), "run", "--address", address, "--spawn", *runner, "--", str(agent_dir)]
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd, start_new_session=True)
+    assert proc.stdout is not None
+    line = b""
+    limit = time.monotonic() + RAY_PLACE_TIMEOUT_S
+    while not line.endswith(b"\n") and time.monotonic() < limit and proc.poll() is None:
+        if select.select([proc.stdout], [], [], 0.2)[0]:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            line += chunk
+    proc.stdout.close()
+    try:
+        where = json.loads(line)
+        if not isinstance(where, dict) or "node_id" not in where:
+            raise ValueError(where.get("error") if isinstance(where, dict) else "no placement")
+    except ValueError as exc:
+        if proc.poll() is None:
+            Supervised.signal_pid(proc.pid, signal.SIGKILL)  # our own child, not yet reaped
+        raise StateError(f"placement ray:{address}: the agent was not placed ({exc}); see {agent_dir}/runner.log") from None
+    return proc.pid, {"backend": "ray", "node_id": str(where["node_id"]), "host": where.get("host"), "boot_id": where.get("boot_id")}
+
+
+def ray_standin(meta: AgentMeta, environ: Mapping[str, str]) -> int | None:
+    """The stand-in pid a placed runner may run under: meta.json names it, not the runner."""
+    if (meta.placement or {}).get("backend") != "ray":
+        return None
+    try:
+        return int(environ.get(ENV_RAY_STANDIN, ""))
+    except ValueError:
+        return None
+
+
+def node_lost_reason(meta: AgentMeta) -> str | None:
+    """Why a placed agent's stand-in ended without an outcome: its node, named."""
+    placement = meta.placement or {}
+    if placement.get("backend") != "ray":
+        return None
+    return f"the Ray node {placement.get('node_id')} (host {placement.get('host')}) running it was lost, or its runner died"
+# ==================== end src/spawnlib/cluster.py ====================
 
 # ==================== begin src/spawnlib/commit.py ====================
 """The one commit point of an agent's outcome, and the status row it leaves in the session's index.
@@ -11698,6 +11863,7 @@ def executor_for(kind: str) -> Executor:
 
 
 
+
 # ---------------------------------------------------------------- resolving --
 
 
@@ -12034,9 +12200,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     max_depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
     tools = tree_tools(requested_tools, definition, inh, warnings)
     budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
-    on_budget, on_budget_warning = narrow_on_budget(args.on_budget, [environ.get(ENV_ON_BUDGET), ancestry_on_budget(ancestry)])
-    if on_budget_warning:
-        warnings.append(on_budget_warning)
+    on_budget = choose_on_budget(args, environ, ancestry, warnings)
     now = time.time()
     deadline = child_deadline(own_timeout(args, timeout, inh), inh.deadline, now)
     # A bad reference is exit 2 before anything is written; the check's time
@@ -12237,9 +12401,17 @@ def plan_placement(
         cluster=policy.name == "ray",
     )
     decision = decide_placement(policy, needs, by_agent_tool=False, is_root=is_root)
-    if not args.dry_run:
-        check_runnable(decision)
+    if not args.dry_run and decision.backend == "ray":
+        ray_sibling_command(environ)  # a missing Ray sibling is exit 2 before anything is written
     return decision
+
+
+def choose_on_budget(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any], warnings: list[str]) -> str:
+    """--on-budget, narrowed by what the tree runs under (pause may become fail, never the other way)."""
+    on_budget, on_budget_warning = narrow_on_budget(args.on_budget, [environ.get(ENV_ON_BUDGET), ancestry_on_budget(ancestry)])
+    if on_budget_warning:
+        warnings.append(on_budget_warning)
+    return on_budget
 
 
 def asked_by_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> AskedLimits:
@@ -12511,7 +12683,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         pid_info = own_identity()
     if pid_info is not None:
         meta.pid, meta.create_time, meta.pgid = pid_info
-        meta.pid_namespace = own_pid_namespace()
+        stamp_where(meta)
     if plan.new_session:
         info = SessionInfo(id=session.name, created_at=meta.started_at, topic=meta.topic or "", root_agent=meta.id)
         write_json_atomic(session / SESSION_INFO, redact_values(record_to_json(info), plan.secrets))
@@ -13612,6 +13784,8 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
 
 
 
+
+
 # ------------------------------------------------------------ the CLI's start --
 
 
@@ -14041,9 +14215,16 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     """Start the runner detached; it is registered under its own pid."""
     # A session of its own: the launcher's caller (a Bash tool call, a CI
     # step) may end its process group as soon as the launcher returns.
+    address = ray_address(plan.meta, os.environ)
+    pid: int | None
     with open(agent_dir / RUNNER_LOG, "ab") as log:
-        # Forked by the session's fork server if this launcher was too.
-        pid = fork_detached_runner(agent_dir, plan.meta.session, plan.meta.cwd, log.fileno())
+        if address is not None:  # the stand-in (tools/ray_place.py) is the runner here; the agent runs on a node
+            runner = [sys.executable, str(compiled_script())]
+            pid, where = launch_on_ray(agent_dir, address, runner, log.fileno())
+            plan.meta.placement = {**(plan.meta.placement or {"reason": f"placement ray:{address}", "policy": f"ray:{address}"}), **where}
+        else:
+            # Forked by the session's fork server if this launcher was too.
+            pid = fork_detached_runner(agent_dir, plan.meta.session, plan.meta.cwd, log.fileno())
         if pid is None:
             pid = subprocess.Popen(
                 [sys.executable, str(compiled_script()), "_run", str(agent_dir)],
@@ -14058,9 +14239,10 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     except psutil.Error:
         create_time = time.time()
     plan.meta.pid, plan.meta.create_time, plan.meta.pgid = pid, create_time, pid
-    plan.meta.pid_namespace = own_pid_namespace()
-    # Before meta.json, which the runner waits for before it starts the agent.
-    register_runner(pid, create_time, agent_dir)
+    stamp_where(plan.meta)
+    if address is None:  # a stand-in is no agent's process: the runner it starts on a node registers itself there
+        # Before meta.json, which the runner waits for before it starts the agent.
+        register_runner(pid, create_time, agent_dir)
     write_meta(agent_dir, plan.meta, plan.secrets)
     return {
         "id": plan.meta.id,
@@ -14150,7 +14332,7 @@ def drop_refusal(plan: Plan) -> tuple[Path, Outcome, str] | None:
         raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
     meta.id = new_agent_id(meta.depth)
     meta.pid, meta.create_time, meta.pgid = own_identity()
-    meta.pid_namespace = own_pid_namespace()
+    stamp_where(meta)
     reason = plan.refusal or "refused"
     data = redacted_json({"meta": record_to_json(meta), "reason": reason}, plan.secrets)
     if not publish_once(box / f"{meta.id}.json", data.encode()):
@@ -14281,6 +14463,8 @@ def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Proce
     """What is left of an agent: its spawn.py, its CLI, the CLI's descendants and group."""
     procs: list[psutil.Process] = []
     groups: list[int] = []
+    if Supervised.of(meta).elsewhere():
+        return procs, groups  # its pids, groups and environments name other processes here, or none
     if spawn_py := Supervised.of(meta).process():
         procs.append(spawn_py)
     with contextlib.suppress(FileNotFoundError, SpawnError, KeyError, TypeError, ValueError, psutil.Error):
@@ -14530,6 +14714,8 @@ def descendants_of(session: Path, agent_id: str) -> list[Path]:
 
 
 
+
+
 # -------------------------------------------------------------------- verbs --
 
 
@@ -14561,6 +14747,8 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
         status, reason = Status.KILLED, f"process {meta.pid} ended with its parent agent {meta.parent_id} (found by {by})"
     else:
         status, reason = Status.FAILED, f"process {meta.pid} died without writing an outcome (found by {by})"
+        if lost := node_lost_reason(meta):
+            reason = f"{lost}: {reason}"
     below = [(child, Status.KILLED, f"ancestor {meta.id} ended without it (found by {by})") for child in descendants_of(session, meta.id)]
     settled = meta.id in settle_agents([*below, (agent_dir, status, reason)], by, secrets_)
     # Its spawn.py is gone now; if its guard died too, the tree's cgroup is ours to end.
@@ -14694,6 +14882,11 @@ def allow_open_files(count: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (count if hard == resource.RLIM_INFINITY else min(count, hard), hard))
 
 
+def wait_polls(environ: Mapping[str, str]) -> bool:
+    """Whether wait must poll outcomes, not watch them: the user says inotify can't see the writers."""
+    return environ.get(ENV_WAIT_POLL, "") not in ("", "0")
+
+
 def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> WaitResult:
     """Block until outcomes exist (all, or any).
 
@@ -14730,7 +14923,10 @@ class OutcomeWait:
         self.result = WaitResult({}, [], True)
         self.metas = {d: load_meta(d) for d in pending}
         self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH)
+        # inotify sees only this host's writes: an agent running elsewhere, or a
+        # session directory on NFS (SPAWN_WAIT_POLL=1), is polled instead.
+        elsewhere = any(Supervised.of(m).elsewhere() for m in self.metas.values())
+        self.events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH and not elsewhere and not wait_polls(os.environ))
         allow_open_files(len(pending) + 64)
         # epoll: a wake costs what is ready, where poll() would scan every pidfd each time.
         self.epoll = hasattr(select, "epoll")
@@ -16935,6 +17131,8 @@ def cmd_state(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
+
+
 # ---------------------------------------------------------------------- CLI --
 
 
@@ -17126,7 +17324,9 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
         return ExitCode.OK
     for warning in plan.meta.warnings:
         note(f"warning: {warning}")
-
+    # Placed on Ray, the agent runs on a node: this process launches it and waits, as for --background + wait.
+    waits_on_ray = not plan.meta.background and ray_address(plan.meta, environ) is not None
+    plan.meta.background = plan.meta.background or waits_on_ray
     if not plan.meta.background:
         EarlyStop.arm()  # from the moment it is registered, a stop signal ends in an outcome
     if plan.refusal is not None and not plan.new_session and (dropped := drop_refusal(plan)) is not None:
@@ -17139,8 +17339,15 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
         emit_result(args, summary(agent_dir, record_to_json(outcome)))
         raise RefusedError(f"refused: {plan.refusal}; recorded in {agent_dir}")
     if plan.meta.background:
-        emit_result(args, launch_background(agent_dir, plan))
-        return ExitCode.OK
+        launched = launch_background(agent_dir, plan)
+        if not waits_on_ray:
+            emit_result(args, launched)
+            return ExitCode.OK
+        # A stale heartbeat returns early; a placed agent's own deadline (or its node's loss) still ends it.
+        while (outcome_data := wait_for_outcomes([agent_dir], "all", None, plan.secrets).outcomes.get(agent_dir)) is None:
+            time.sleep(LIVENESS_POLL_S)
+        emit_result(args, summary(agent_dir, outcome_data))
+        return int(outcome_data.get("exit_code", ExitCode.AGENT_FAILED))
     note(f"agent {plan.meta.id} started in {agent_dir}")
     if not plan.new_session:
         # Agents that died unseen are settled by the next spawn in their session.
@@ -17168,7 +17375,8 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], 
             raise StateError(f"{agent_dir} was never registered; nothing to run")
         time.sleep(0.01)
     meta = load_meta(agent_dir)
-    if (named := meta.pid) not in (os.getpid(), ForkedFor.pid):
+    standin = ray_standin(meta, environ)  # placed on Ray: meta.json names the stand-in on the launcher's host
+    if (named := meta.pid) not in (os.getpid(), ForkedFor.pid, standin):
         # meta.json names another runner: the one its launcher started. A
         # second runner (a launcher that took a fork server's late answer for
         # none) runs nothing; its guard has nothing to settle.
@@ -17184,7 +17392,7 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], 
         commit_outcome(agent_dir, refusal_outcome(meta, f"not admitted: {problem}"), secret_values(environ))
         raise RefusedError(f"{agent_dir} was not admitted: {problem}; start agents with spawn.py --task, never _run")
     pid, create_time, _ = own_identity()
-    if ForkedFor.pid is not None:
+    if ForkedFor.pid is not None or standin is not None:
         register_runner(pid, create_time, agent_dir)  # the launcher registered the stand-in; the agent runs here
     try:
         outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta, entry=entry)

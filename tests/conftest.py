@@ -48,6 +48,7 @@ READ_ID = mock_model_module.READ_ID
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: soak-style; left out of `nox -s tests`, run by `nox -s slow`")
+    config.addinivalue_line("markers", "ray: needs a local Ray cluster (tools/ray_place.py); run by `nox -s ray` only")
 
 
 @pytest.fixture

@@ -743,3 +743,40 @@ def test_a_paused_subtree_is_input_required_until_its_budget_is_raised(
 
     run(body)
     validate_records(session_root)
+
+
+def test_require_claim_refuses_missing_changed_and_replayed_claims(
+    serve: Callable[..., Served], session_root: Path, tmp_path: Path
+) -> None:
+    """--require-claim: only a caller with a fresh claim signed by the tree's key gets an agent, and no more than it holds."""
+    spawn_claims = pytest.importorskip("spawn_claims")
+    key = spawn_claims.new_tree_key()
+    public = tmp_path / "tree.pub"
+    public.write_text(spawn_claims.public_key_text(key))
+    served = serve("--require-claim", str(public), "--claim-audience", "a2a-test")
+    claim = spawn_claims.Claim(
+        session="s", parent="a1-000001", child="a2-000002", audience="a2a-test", depth=2, max_depth=4, deadline=None,
+        budget_hold_usd=0.5, tools=("Read",), deny=(), ask=(), permission_mode="dontAsk",
+    )  # fmt: skip
+    text, sig = spawn_claims.sign_claim(claim, key)
+    tampered = text.replace('"budget_hold_usd":0.5', '"budget_hold_usd":50.0')
+
+    async def body() -> None:
+        for metadata, why in (
+            ({}, "no claim"),
+            ({"spawn.claim": tampered, "spawn.claim_sig": sig}, "signature"),
+        ):
+            refused = await send(served, f"{served.url}/agents/greeter", user_message("hello", metadata))
+            state, said, _ = refused.last_status()
+            assert state == "TASK_STATE_REJECTED" and said.startswith("a2a_server: error: refused:") and why in said, said
+        assert list(session_root.glob("*/agents/*")) == []
+        good = {"spawn.claim": text, "spawn.claim_sig": sig}
+        done = await send(served, f"{served.url}/agents/greeter", user_message(mock_task("claimed", [{"text": "hi"}]), good))
+        assert done.last_status()[0] == "TASK_STATE_COMPLETED", (done.states(), served.stderr.read_text())
+        limits = load(agent_dir_of(done, session_root) / "meta.json")
+        assert (limits["depth"], limits["max_depth"]) == (2, 4)
+        replayed = await send(served, f"{served.url}/agents/greeter", user_message("hello", good))
+        state, said, _ = replayed.last_status()
+        assert state == "TASK_STATE_REJECTED" and "replayed" in said, said
+
+    run(body)

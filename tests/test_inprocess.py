@@ -311,8 +311,9 @@ def test_auto_gives_a_child_with_its_own_sandbox_a_process(env: dict[str, str], 
 def test_placement_flags_refused_with_what_to_do(env: dict[str, str], session_root: Path) -> None:
     bad = run_spawn(["--task", "x", "--placement", "cloud"], env)
     assert bad.returncode == spawn.ExitCode.USAGE and bad.stderr.startswith("spawn: error: --placement 'cloud' is not a placement")
-    ray = run_spawn(["--task", "x", "--placement", "ray:127.0.0.1:6379"], env)
-    assert ray.returncode == spawn.ExitCode.USAGE and "Ray cluster yet" in ray.stderr
+    # Without the Ray sibling (spawn.py copied alone), a ray placement says what to copy.
+    ray = run_spawn(["--task", "x", "--placement", "ray:127.0.0.1:6379"], {**env, "SPAWN_RAY_SIBLING": "/nonexistent/ray_place.py"})
+    assert ray.returncode == spawn.ExitCode.USAGE and "ray_place.py is not there" in ray.stderr
     assert not session_root.exists() or not agent_dirs(session_root)
     moved = run_spawn(["--task", "x", "--placement", "ray:b:1", "--dry-run"], {**env, **AS_CHILD, "SPAWN_PLACEMENT": "ray:a:1"})
     assert moved.returncode == spawn.ExitCode.USAGE and "never move to another" in moved.stderr

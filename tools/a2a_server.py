@@ -1,7 +1,7 @@
 #!/usr/bin/env -S uv run --script
 # /// script
 # requires-python = ">=3.11"
-# dependencies = ["a2a-sdk[http-server]>=1.3,<2", "uvicorn>=0.30,<1"]
+# dependencies = ["a2a-sdk[http-server]>=1.3,<2", "uvicorn>=0.30,<1", "cryptography>=44"]
 #
 # [tool.uv]
 # exclude-newer = "2026-11-20T00:00:00Z"
@@ -122,6 +122,9 @@ META_DEADLINE = "spawn.deadline"
 META_BUDGET = "spawn.max_budget_usd"
 META_TRACEPARENT = "spawn.traceparent"
 META_DECISION = "spawn.decision"
+# A signed claim of the caller's limits (tools/spawn_claims.py), and its signature.
+META_CLAIM = "spawn.claim"
+META_CLAIM_SIG = "spawn.claim_sig"
 ALLOW_WORDS = {"allow", "approve", "approved", "yes", "y", "ok"}
 DENY_WORDS = {"deny", "denied", "reject", "no", "n"}
 
@@ -157,6 +160,46 @@ class CallerContext:
     """Absolute, Unix seconds."""
     max_budget_usd: float | None = None
     traceparent: str | None = None
+
+
+@dataclass
+class ClaimCheck:
+    """--require-claim: the tree's public key, this server's audience name, the nonces seen."""
+
+    public_key: Any
+    """An Ed25519PublicKey (cryptography is imported only when claims are required)."""
+    audience: str
+    replay: Any
+    """spawn_claims.ReplayCache."""
+
+    @classmethod
+    def load(cls, key_file: str, audience: str) -> ClaimCheck:
+        import spawn_claims
+
+        try:
+            return cls(spawn_claims.load_public_key(key_file), audience, spawn_claims.ReplayCache())
+        except (OSError, ValueError) as exc:
+            raise BadFlag(f"--require-claim {key_file}: {exc}; give the tree's Ed25519 public key (PEM)") from None
+
+    def narrow(self, metadata: Mapping[str, Any], caller: CallerContext) -> None:
+        """Check the message's claim and narrow caller to it; BadMetadata says why a claim is refused."""
+        import spawn_claims
+
+        text, sig = metadata.get(META_CLAIM), metadata.get(META_CLAIM_SIG)
+        try:
+            claim = spawn_claims.verify_claim(
+                text if isinstance(text, str) else None,
+                sig if isinstance(sig, str) else None,
+                self.public_key,
+                audience=self.audience,
+                replay=self.replay,
+            )
+        except spawn_claims.ClaimError as exc:
+            raise BadMetadata(f"refused: {exc} (metadata {META_CLAIM} and {META_CLAIM_SIG})") from None
+        caller.depth = max(caller.depth or 0, claim.depth - 1)  # the served agent runs at the claim's depth
+        caller.max_depth = int(session_files.min_known(caller.max_depth, claim.max_depth) or 0)
+        caller.deadline = session_files.min_known(caller.deadline, claim.deadline)
+        caller.max_budget_usd = session_files.min_known(caller.max_budget_usd, claim.budget_hold_usd)
 
 
 @dataclass
@@ -425,6 +468,8 @@ class Config:
     default_agent: str
     """--agent: a skill name, or auto."""
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    claims: ClaimCheck | None = None
+    """--require-claim: callers without a valid claim are refused."""
 
 
 class Spawner:
@@ -608,7 +653,10 @@ class SpawnExecutor(AgentExecutor):
         """Start the agent; publish `rejected` (and return None) when the message or a limit refuses it."""
         text = message_text(context.message)
         try:
-            caller = caller_context(message_metadata(context))
+            metadata = message_metadata(context)
+            caller = caller_context(metadata)
+            if self.spawner.config.claims is not None:
+                self.spawner.config.claims.narrow(metadata, caller)
             if not text.strip():
                 raise BadMetadata("the message has no text: send the task as a text part")
             requested = context.call_context.state.get("skill") or caller.agent or self.spawner.config.default_agent
@@ -888,6 +936,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TIMEOUT_S,
         help=f"seconds each served agent may take (default {DEFAULT_TIMEOUT_S:g}); 0: none of its own",
     )
+    p.add_argument(
+        "--require-claim",
+        metavar="PUBKEY",
+        help="refuse callers without a claim (metadata spawn.claim, spawn.claim_sig) signed by this Ed25519 public key (PEM file)",
+    )
+    p.add_argument("--claim-audience", metavar="NAME", help="the audience claims must name (default: the card's base URL)")
     return p
 
 
@@ -1023,6 +1077,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default_agent=args.agent,
         environ=environ,
     )
+    if args.require_claim:
+        try:
+            config.claims = ClaimCheck.load(args.require_claim, args.claim_audience or base_url)
+        except BadFlag as exc:
+            sock.close()
+            print(f"a2a_server: error: {exc}", file=sys.stderr)
+            return 2
     executor = SpawnExecutor(Spawner(config))
     try:
         # Once before serving: a spawn.py that can't run here is a startup error, not a failed task.

@@ -62,6 +62,7 @@ MODULES = (
     "protocol",
     "fast_start",
     "processes",
+    "cluster",
     "commit",
     "admission",
     "agents",

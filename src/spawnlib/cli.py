@@ -24,10 +24,12 @@ from .agents import (
 from .channel import ask_socket_path, send_answer
 from .claude import delegates_for
 from .cli_start import drop_refusal, export_trace, launch_background, record_refusal, refusal_outcome, run_agent, summary
+from .cluster import ray_address, ray_standin
 from .commit import commit_outcome
 from .constants import (
     ENV_SESSION,
     KILL_GRACE_S,
+    LIVENESS_POLL_S,
     META,
     REGISTER_WAIT_S,
 )
@@ -274,7 +276,9 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
         return ExitCode.OK
     for warning in plan.meta.warnings:
         note(f"warning: {warning}")
-
+    # Placed on Ray, the agent runs on a node: this process launches it and waits, as for --background + wait.
+    waits_on_ray = not plan.meta.background and ray_address(plan.meta, environ) is not None
+    plan.meta.background = plan.meta.background or waits_on_ray
     if not plan.meta.background:
         EarlyStop.arm()  # from the moment it is registered, a stop signal ends in an outcome
     if plan.refusal is not None and not plan.new_session and (dropped := drop_refusal(plan)) is not None:
@@ -287,8 +291,15 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
         emit_result(args, summary(agent_dir, record_to_json(outcome)))
         raise RefusedError(f"refused: {plan.refusal}; recorded in {agent_dir}")
     if plan.meta.background:
-        emit_result(args, launch_background(agent_dir, plan))
-        return ExitCode.OK
+        launched = launch_background(agent_dir, plan)
+        if not waits_on_ray:
+            emit_result(args, launched)
+            return ExitCode.OK
+        # A stale heartbeat returns early; a placed agent's own deadline (or its node's loss) still ends it.
+        while (outcome_data := wait_for_outcomes([agent_dir], "all", None, plan.secrets).outcomes.get(agent_dir)) is None:
+            time.sleep(LIVENESS_POLL_S)
+        emit_result(args, summary(agent_dir, outcome_data))
+        return int(outcome_data.get("exit_code", ExitCode.AGENT_FAILED))
     note(f"agent {plan.meta.id} started in {agent_dir}")
     if not plan.new_session:
         # Agents that died unseen are settled by the next spawn in their session.
@@ -316,7 +327,8 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], 
             raise StateError(f"{agent_dir} was never registered; nothing to run")
         time.sleep(0.01)
     meta = load_meta(agent_dir)
-    if (named := meta.pid) not in (os.getpid(), ForkedFor.pid):
+    standin = ray_standin(meta, environ)  # placed on Ray: meta.json names the stand-in on the launcher's host
+    if (named := meta.pid) not in (os.getpid(), ForkedFor.pid, standin):
         # meta.json names another runner: the one its launcher started. A
         # second runner (a launcher that took a fork server's late answer for
         # none) runs nothing; its guard has nothing to settle.
@@ -332,7 +344,7 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], 
         commit_outcome(agent_dir, refusal_outcome(meta, f"not admitted: {problem}"), secret_values(environ))
         raise RefusedError(f"{agent_dir} was not admitted: {problem}; start agents with spawn.py --task, never _run")
     pid, create_time, _ = own_identity()
-    if ForkedFor.pid is not None:
+    if ForkedFor.pid is not None or standin is not None:
         register_runner(pid, create_time, agent_dir)  # the launcher registered the stand-in; the agent runs here
     try:
         outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta, entry=entry)

@@ -17,6 +17,7 @@ import psutil
 
 from .admission import try_take_slot
 from .broker import Broker, has_broker
+from .cluster import launch_on_ray, ray_address
 from .commit import commit_outcome
 from .constants import (
     DROP_BOX_POLL_S,
@@ -78,6 +79,7 @@ from .processes import (
     procfs_is_ours,
     register_runner,
     sandbox_owner,
+    stamp_where,
     start_guard,
     wait_gone,
 )
@@ -539,9 +541,16 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     """Start the runner detached; it is registered under its own pid."""
     # A session of its own: the launcher's caller (a Bash tool call, a CI
     # step) may end its process group as soon as the launcher returns.
+    address = ray_address(plan.meta, os.environ)
+    pid: int | None
     with open(agent_dir / RUNNER_LOG, "ab") as log:
-        # Forked by the session's fork server if this launcher was too.
-        pid = fork_detached_runner(agent_dir, plan.meta.session, plan.meta.cwd, log.fileno())
+        if address is not None:  # the stand-in (tools/ray_place.py) is the runner here; the agent runs on a node
+            runner = [sys.executable, str(compiled_script())]
+            pid, where = launch_on_ray(agent_dir, address, runner, log.fileno())
+            plan.meta.placement = {**(plan.meta.placement or {"reason": f"placement ray:{address}", "policy": f"ray:{address}"}), **where}
+        else:
+            # Forked by the session's fork server if this launcher was too.
+            pid = fork_detached_runner(agent_dir, plan.meta.session, plan.meta.cwd, log.fileno())
         if pid is None:
             pid = subprocess.Popen(
                 [sys.executable, str(compiled_script()), "_run", str(agent_dir)],
@@ -556,9 +565,10 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     except psutil.Error:
         create_time = time.time()
     plan.meta.pid, plan.meta.create_time, plan.meta.pgid = pid, create_time, pid
-    plan.meta.pid_namespace = own_pid_namespace()
-    # Before meta.json, which the runner waits for before it starts the agent.
-    register_runner(pid, create_time, agent_dir)
+    stamp_where(plan.meta)
+    if address is None:  # a stand-in is no agent's process: the runner it starts on a node registers itself there
+        # Before meta.json, which the runner waits for before it starts the agent.
+        register_runner(pid, create_time, agent_dir)
     write_meta(agent_dir, plan.meta, plan.secrets)
     return {
         "id": plan.meta.id,
@@ -648,7 +658,7 @@ def drop_refusal(plan: Plan) -> tuple[Path, Outcome, str] | None:
         raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
     meta.id = new_agent_id(meta.depth)
     meta.pid, meta.create_time, meta.pgid = own_identity()
-    meta.pid_namespace = own_pid_namespace()
+    stamp_where(meta)
     reason = plan.refusal or "refused"
     data = redacted_json({"meta": record_to_json(meta), "reason": reason}, plan.secrets)
     if not publish_once(box / f"{meta.id}.json", data.encode()):
@@ -779,6 +789,8 @@ def agent_leftovers(agent_dir: Path, meta: AgentMeta) -> tuple[list[psutil.Proce
     """What is left of an agent: its spawn.py, its CLI, the CLI's descendants and group."""
     procs: list[psutil.Process] = []
     groups: list[int] = []
+    if Supervised.of(meta).elsewhere():
+        return procs, groups  # its pids, groups and environments name other processes here, or none
     if spawn_py := Supervised.of(meta).process():
         procs.append(spawn_py)
     with contextlib.suppress(FileNotFoundError, SpawnError, KeyError, TypeError, ValueError, psutil.Error):

@@ -60,6 +60,15 @@ ENV_FULL_SDK_IMPORT = "SPAWN_FULL_SDK_IMPORT"  # 1: import the SDK with its mcp 
 ENV_CACHE_DIR = "SPAWN_CACHE_DIR"  # per-user cache (CLI tool lists); default $XDG_CACHE_HOME/spawn
 ENV_NO_CGROUP = "SPAWN_NO_CGROUP"  # 1: don't put trees in cgroups; fall back to the subreaper
 ENV_IDLE_TIMEOUT = "SPAWN_IDLE_TIMEOUT_S"  # that agent's idle timeout; children get no longer
+ENV_WAIT_POLL = "SPAWN_WAIT_POLL"  # 1: wait polls outcomes (a session directory other hosts write)
+ENV_SPAWN_PLACEMENT = "SPAWN_PLACEMENT"  # ray:ADDRESS places agents on a Ray cluster (docs/cluster.md)
+ENV_RAY_SIBLING = "SPAWN_RAY_SIBLING"  # path of tools/ray_place.py when it is not beside spawn.py
+ENV_RAY_PYTHON = "SPAWN_RAY_PYTHON"  # a python with the sibling's lock installed (else `uv run --script`)
+ENV_RAY_STANDIN = "SPAWN_RAY_STANDIN"  # set by the host actor: the stand-in pid a placed runner's meta.json names
+RAY_SIBLING = "ray_place.py"
+# Connecting to a cluster and starting an actor's worker takes seconds (a
+# fresh worker imports Ray); past this the agent is not placed at all.
+RAY_PLACE_TIMEOUT_S = 120.0
 # OpenTelemetry's own variables: set, the root exports the tree's spans when it ends.
 ENV_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 

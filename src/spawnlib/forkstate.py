@@ -23,6 +23,7 @@ KEPT_ACROSS_FORKS: dict[str, str] = {
     "verified_copy": "the compiled copy as checked; compiled_script checks the file again when it changes",
     "bounded_yaml_loader": "a loader class: no state of its own",
     "builtin_delegates": "the built-in definitions' names and descriptions, embedded in spawn.py: the same in every process",
+    "_BOOT_ID": "this boot's id: the same in every process of one boot",
     "WORKFLOW_FOR": "a table filled in two statements at import: the same in every process",
 }
 

@@ -166,14 +166,6 @@ def decide_placement(policy: PlacementPolicy, needs: Sequence[str], *, by_agent_
     return PlacementDecision("local", "placement local", str(policy))
 
 
-def check_runnable(decision: PlacementDecision) -> None:
-    """Refuse a backend spawn.py has no executor for yet (pure)."""
-    if decision.backend == "ray":
-        raise PlacementError(
-            f"placement {decision.policy}: spawn.py can't run agents on a Ray cluster yet; use --placement local, auto or inprocess"
-        )
-
-
 def subagent_depth_limit(depth: int, max_depth: int) -> int:
     """How many levels of subagents an agent's CLI may nest below it (pure).
 

@@ -74,15 +74,30 @@ class Supervised:
     hosted: bool = False
     """An in-process agent: pid is its host's runner, alive while it runs,
     and never a process to signal or stop on its behalf."""
+    host: str | None = None
+    boot_id: str | None = None
+    """Where pid is valid at all: another host's or another boot's pid is never looked up or signalled here."""
 
     @classmethod
     def of(cls, meta: AgentMeta) -> Supervised:
         """An agent's spawn.py (an in-process agent's: its host's, which it lives in)."""
         hosted = (meta.placement or {}).get("backend") == "inprocess"
-        return cls(meta.pid, meta.create_time, meta.pid_namespace, Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT, hosted)
+        heartbeat = Path(meta.session) / AGENTS_DIR / meta.id / HEARTBEAT
+        return cls(meta.pid, meta.create_time, meta.pid_namespace, heartbeat, hosted, meta.host, meta.boot_id)
+
+    def elsewhere(self) -> bool:
+        """Whether pid belongs to another host or another boot of this one.
+
+        Checked before the pid namespace: the initial namespace has the same
+        inode on every Linux host, so on a shared session directory it can't
+        tell host A's pid 1234 from host B's.
+        """
+        return (self.boot_id is not None and self.boot_id != own_boot_id()) or (self.host is not None and self.host != own_host())
 
     def foreign(self) -> bool:
-        """Whether pid can't be looked up here: another namespace's, or /proc isn't ours."""
+        """Whether pid can't be looked up here: another host's or boot's, another namespace's, or /proc isn't ours."""
+        if self.elsewhere():
+            return True
         return (self.pid_namespace is not None and self.pid_namespace != own_pid_namespace()) or not procfs_is_ours()
 
     def process(self) -> psutil.Process | None:
@@ -198,6 +213,29 @@ def stale_in(age: tuple[float, float]) -> float:
 
 def own_pid_namespace() -> str | None:
     return pid_namespace_of("self")
+
+
+_BOOT_ID: list[str | None] = []  # one read per process: a boot never changes under it
+
+
+def own_boot_id() -> str | None:
+    """This boot's id (Linux), or None where there is none (macOS): then the host alone tells."""
+    if not _BOOT_ID:
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as fh:
+                _BOOT_ID.append(fh.read().strip() or None)
+        except OSError:
+            _BOOT_ID.append(None)
+    return _BOOT_ID[0]
+
+
+def own_host() -> str:
+    return os.uname().nodename
+
+
+def stamp_where(meta: AgentMeta) -> None:
+    """Record where meta.pid is valid: pid namespace, host and boot."""
+    meta.pid_namespace, meta.host, meta.boot_id = own_pid_namespace(), own_host(), own_boot_id()
 
 
 def pid_namespace_of(pid: int | str) -> str | None:
@@ -699,6 +737,7 @@ def register_runner(pid: int, create_time: float, agent_dir: Path) -> None:
     index = runner_index_dir()
     namespace = own_pid_namespace()
     data = {"pid": pid, "create_time": create_time, "agent_dir": str(agent_dir), "pid_namespace": namespace}
+    data |= {"host": own_host(), "boot_id": own_boot_id()}  # the cache may be on a home shared by hosts
     write_json_atomic(_runner_entry(index, pid, create_time), data)
     for stale in index.glob("*.json"):  # crashed runners' entries: keep the index small
         entry = _read_runner_entry(stale)
@@ -715,8 +754,12 @@ def unregister_runner(pid: int, create_time: float) -> None:
 
 
 def _entry_namespace(path: Path) -> str | None:
+    """The entry's pid namespace; one no process here is in when it names another host or boot."""
     with contextlib.suppress(OSError, SpawnError, ValueError, AttributeError):
-        return cast("str | None", parse_json(read_text(path)).get("pid_namespace"))
+        data = parse_json(read_text(path))
+        if Supervised(0, 0.0, host=data.get("host"), boot_id=data.get("boot_id")).elsewhere():
+            return f"elsewhere: {data.get('host')} boot {data.get('boot_id')}"
+        return cast("str | None", data.get("pid_namespace"))
     return None
 
 

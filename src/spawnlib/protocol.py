@@ -707,6 +707,8 @@ META_TYPES: dict[str, tuple[type, ...]] = {
     "background": (bool,),
     "resumed_from": (str, _NONE),
     "pid_namespace": (str, _NONE),
+    "host": (str, _NONE),
+    "boot_id": (str, _NONE),
     "sandbox": (str,),
     "containment": (str, _NONE),
     "kind": (str,),

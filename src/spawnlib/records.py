@@ -138,6 +138,12 @@ class AgentMeta:
     pid_namespace: str | None = None
     """The pid namespace pid is valid in (readlink /proc/self/ns/pid). An
     agent started inside a parent's sandbox has a pid only that sandbox knows."""
+    host: str | None = None
+    """The host name pid runs on (os.uname().nodename)."""
+    boot_id: str | None = None
+    """That host's boot (/proc/sys/kernel/random/boot_id). With host, it says
+    whether pid can be looked up here at all: pid namespaces have the same
+    inode on every host, so only these tell another machine's pid apart."""
     sandbox: str = "off"
     """on: the agent's Bash runs inside Claude Code's sandbox (writes only in
     cwd, the agent and session directories; network only to allowed hosts).
@@ -153,7 +159,9 @@ class AgentMeta:
     placement: dict[str, Any] | None = None
     """Where it runs and why (placement.PlacementDecision): backend local, inprocess
     (a Claude Code subagent inside its parent's CLI) or ray; reason; policy (what
-    its children inherit). Absent in records written before placements."""
+    its children inherit); on Ray also node_id, host and boot_id of the node its
+    runner runs on (pid, host and boot_id above are the stand-in's, on the
+    launcher's host). Absent in records written before placements."""
     spawn_version: str = __version__
     protocol: int = PROTOCOL_VERSION
 

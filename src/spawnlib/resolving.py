@@ -29,6 +29,7 @@ from .agents import (
     route,
 )
 from .channel import confirm_spawn
+from .cluster import ray_sibling_command
 from .constants import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MODEL,
@@ -87,7 +88,7 @@ from .core import (
 from .embedded import builtin_files, builtin_label
 from .errors import RefusedError, SpawnError, StateError, UsageError
 from .executors import executor_for
-from .placement import ENV_PLACEMENT, PlacementDecision, check_runnable, decide_placement, narrow_policy, parse_policy, process_needs
+from .placement import ENV_PLACEMENT, PlacementDecision, decide_placement, narrow_policy, parse_policy, process_needs
 from .processes import (
     _int_or_none,
     _json_list,
@@ -96,10 +97,10 @@ from .processes import (
     guard_above_possible,
     inside_sandbox,
     own_identity,
-    own_pid_namespace,
     register_runner,
     runner_index_dir,
     sandbox_problem,
+    stamp_where,
     start_guard,
     unsandboxed_warning,
 )
@@ -456,9 +457,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     max_depth = DEFAULT_MAX_DEPTH if max_depth is None else max_depth
     tools = tree_tools(requested_tools, definition, inh, warnings)
     budget = narrow_to_inherited("--max-budget-usd", budget_arg, inh.budget, "the parent's", warnings)
-    on_budget, on_budget_warning = narrow_on_budget(args.on_budget, [environ.get(ENV_ON_BUDGET), ancestry_on_budget(ancestry)])
-    if on_budget_warning:
-        warnings.append(on_budget_warning)
+    on_budget = choose_on_budget(args, environ, ancestry, warnings)
     now = time.time()
     deadline = child_deadline(own_timeout(args, timeout, inh), inh.deadline, now)
     # A bad reference is exit 2 before anything is written; the check's time
@@ -659,9 +658,17 @@ def plan_placement(
         cluster=policy.name == "ray",
     )
     decision = decide_placement(policy, needs, by_agent_tool=False, is_root=is_root)
-    if not args.dry_run:
-        check_runnable(decision)
+    if not args.dry_run and decision.backend == "ray":
+        ray_sibling_command(environ)  # a missing Ray sibling is exit 2 before anything is written
     return decision
+
+
+def choose_on_budget(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Mapping[str, Any], warnings: list[str]) -> str:
+    """--on-budget, narrowed by what the tree runs under (pause may become fail, never the other way)."""
+    on_budget, on_budget_warning = narrow_on_budget(args.on_budget, [environ.get(ENV_ON_BUDGET), ancestry_on_budget(ancestry)])
+    if on_budget_warning:
+        warnings.append(on_budget_warning)
+    return on_budget
 
 
 def asked_by_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> AskedLimits:
@@ -933,7 +940,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         pid_info = own_identity()
     if pid_info is not None:
         meta.pid, meta.create_time, meta.pgid = pid_info
-        meta.pid_namespace = own_pid_namespace()
+        stamp_where(meta)
     if plan.new_session:
         info = SessionInfo(id=session.name, created_at=meta.started_at, topic=meta.topic or "", root_agent=meta.id)
         write_json_atomic(session / SESSION_INFO, redact_values(record_to_json(info), plan.secrets))

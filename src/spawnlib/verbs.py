@@ -19,10 +19,12 @@ import psutil
 
 from .admission import lend_slot, take_back_slot, usable_cpus
 from .cli_start import descendants_of, settle_agents
+from .cluster import node_lost_reason
 from .commit import liveness, read_agent_rows
 from .constants import (
     ENV_AGENT_ID,
     ENV_SESSION,
+    ENV_WAIT_POLL,
     HEARTBEAT,
     HEARTBEAT_S,
     KILL_GRACE_S,
@@ -113,6 +115,8 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
         status, reason = Status.KILLED, f"process {meta.pid} ended with its parent agent {meta.parent_id} (found by {by})"
     else:
         status, reason = Status.FAILED, f"process {meta.pid} died without writing an outcome (found by {by})"
+        if lost := node_lost_reason(meta):
+            reason = f"{lost}: {reason}"
     below = [(child, Status.KILLED, f"ancestor {meta.id} ended without it (found by {by})") for child in descendants_of(session, meta.id)]
     settled = meta.id in settle_agents([*below, (agent_dir, status, reason)], by, secrets_)
     # Its spawn.py is gone now; if its guard died too, the tree's cgroup is ours to end.
@@ -246,6 +250,11 @@ def allow_open_files(count: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (count if hard == resource.RLIM_INFINITY else min(count, hard), hard))
 
 
+def wait_polls(environ: Mapping[str, str]) -> bool:
+    """Whether wait must poll outcomes, not watch them: the user says inotify can't see the writers."""
+    return environ.get(ENV_WAIT_POLL, "") not in ("", "0")
+
+
 def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> WaitResult:
     """Block until outcomes exist (all, or any).
 
@@ -282,7 +291,10 @@ class OutcomeWait:
         self.result = WaitResult({}, [], True)
         self.metas = {d: load_meta(d) for d in pending}
         self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH)
+        # inotify sees only this host's writes: an agent running elsewhere, or a
+        # session directory on NFS (SPAWN_WAIT_POLL=1), is polled instead.
+        elsewhere = any(Supervised.of(m).elsewhere() for m in self.metas.values())
+        self.events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH and not elsewhere and not wait_polls(os.environ))
         allow_open_files(len(pending) + 64)
         # epoll: a wake costs what is ready, where poll() would scan every pidfd each time.
         self.epoll = hasattr(select, "epoll")

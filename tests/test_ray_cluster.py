@@ -1,0 +1,240 @@
+"""Agents placed on a local 3-node Ray cluster (`uvx nox -s ray`; marked ray, never in the default suite).
+
+A head and two workers, each `ray start --block` in a process group of its
+own, started one after the other; stopped by SIGTERM to each `ray start`,
+then SIGKILL of its group. Never `ray stop`: it ends every Ray cluster on the
+machine, found by process name.
+
+The agents are real: the bundled claude CLI against the scripted model,
+started by spawn.py's own runner on the node the host actor landed on.
+Outside nox, point RAY_PLACE_PYTHON at a python with tools/ray_place.py.lock
+installed (its `ray` executable is used to start the nodes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from conftest import ROOT, agent_dirs, load, mock_task, run_spawn, start_spawn, stdout_json, wait_until
+
+import spawn
+
+pytestmark = pytest.mark.ray
+
+RAY_PYTHON = os.environ.get("RAY_PLACE_PYTHON") or sys.executable  # not SPAWN_*: conftest clears those
+RAY_CLI = str(Path(RAY_PYTHON).parent / "ray")
+NODE_START_S = 300
+HANG_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Cluster:
+    address: str
+    nodes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: Path | None = None
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        return {**base, "SPAWN_PLACEMENT": f"ray:{self.address}", "SPAWN_RAY_PYTHON": RAY_PYTHON}
+
+    def alive_nodes(self) -> int:
+        try:
+            out = subprocess.run([RAY_CLI, "status", "--address", self.address], capture_output=True, text=True, timeout=60, check=False)
+        except subprocess.TimeoutExpired:
+            return 0
+        active = out.stdout.split("Active:", 1)[-1].split("Pending:", 1)[0]
+        return len(re.findall(r"^\s*1 node_", active, re.MULTILINE))
+
+
+def start_node(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        # A loaded machine starts a node's Python agents slowly: the raylet would give up on their port files.
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_agent_register_timeout_ms": "600000"}
+        env["RAY_raylet_start_wait_time_s"] = "300"
+        return subprocess.Popen([RAY_CLI, "start", "--block", *argv], stdout=out, stderr=out, start_new_session=True, env=env)
+
+
+def stop_node(node: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to `ray start`, a moment to stop its children, then SIGKILL of its whole group."""
+    if node.poll() is None:
+        node.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.wait(timeout=15)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(node.pid, signal.SIGKILL)
+    node.wait()
+
+
+def node_ports() -> list[str]:
+    """Fixed ports for a node's agents: with dynamic ones the raylet waits for the metrics agent's port
+    file, which a loaded 2-core machine may not write before the raylet's startup check gives up."""
+    names = ("metrics-export-port", "dashboard-agent-grpc-port", "dashboard-agent-listen-port", "runtime-env-agent-port")
+    return [f"--{name}={free_port()}" for name in names]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    if not Path(RAY_CLI).exists():
+        pytest.skip("no ray here: run `uvx nox -s ray`, or set RAY_PLACE_PYTHON")
+    logs = tmp_path_factory.mktemp("ray-logs")
+    port = free_port()
+    cluster = Cluster(f"127.0.0.1:{port}", logs=logs)
+    common = ["--num-cpus=1", "--memory=2000000000", "--object-store-memory=80000000", "--disable-usage-stats"]
+    try:
+        head = ["--head", f"--port={port}", "--include-dashboard=false", *common, *node_ports()]
+        cluster.nodes.append(start_node(head, logs / "head.log"))
+        # The head binds the host's address, which workers and drivers must use.
+        assert wait_until(lambda: "Local node IP" in (logs / "head.log").read_text(), NODE_START_S)
+        ip = re.search(r"Local node IP\S*: \S*?(\d+\.\d+\.\d+\.\d+)", (logs / "head.log").read_text())
+        cluster.address = f"{ip.group(1) if ip else '127.0.0.1'}:{port}"
+        assert wait_until(lambda: cluster.alive_nodes() >= 1, NODE_START_S), (logs / "head.log").read_text()
+        for n in (1, 2):  # one after the other: two joining at once race for the head's ports
+            cluster.nodes.append(start_node([f"--address={cluster.address}", *common, *node_ports()], logs / f"w{n}.log"))
+            assert wait_until(lambda: cluster.alive_nodes() >= len(cluster.nodes), NODE_START_S), (logs / f"w{n}.log").read_text()
+        yield cluster
+    finally:
+        for node in reversed(cluster.nodes):
+            stop_node(node)
+
+
+def placements(session_root: Path) -> dict[str, dict[str, Any]]:
+    """Each agent's placement, once its meta.json is published (the launcher writes it after the stand-in reports)."""
+    return {d.name: load(d / "meta.json").get("placement") or {} for d in agent_dirs(session_root) if (d / "meta.json").exists()}
+
+
+def processes_of(agent_id: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("SPAWN_AGENT_ID") == agent_id:
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_fan_out_spreads_over_nodes(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
+    placed = cluster.env(env)
+    started = [start_spawn(["--task", mock_task(f"leaf {i}", [{"text": f"leaf {i} done"}]), "--tools", "Read"], placed) for i in range(4)]
+    results = []
+    for proc in started:
+        out, err = proc.communicate(timeout=HANG_S)
+        assert proc.returncode == spawn.ExitCode.OK, err
+        results.append(json.loads(out))  # one JSON object: nothing of Ray's on stdout
+    assert sorted(r["output"] for r in results) == [f"leaf {i} done" for i in range(4)]
+    where = placements(session_root)
+    assert all(p.get("backend") == "ray" and p.get("node_id") for p in where.values()), where
+    assert len({p["node_id"] for p in where.values()}) >= 2, where
+
+
+def sleeping(agent_dir: Path) -> bool:
+    """Whether the agent's Bash runs its `sleep 120` (the CLI gave it the agent's environment): it is mid-run."""
+    return any("sleep" in " ".join(p.cmdline()) for p in processes_of(agent_dir.name) if p.is_running())
+
+
+def test_a_kill_mid_run_records_killed_and_leaves_nothing(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
+    placed = cluster.env(env)
+    task = mock_task("sleeper", [{"bash": "echo busy; sleep 120"}, {"text": "woke"}])
+    launched = stdout_json(run_spawn(["--task", task, "--tools", "Bash", "--background"], placed, timeout=HANG_S))
+    agent_dir = Path(launched["agent_dir"])
+    assert wait_until(lambda: sleeping(agent_dir), HANG_S)
+    killed = run_spawn(["kill", "--session", str(agent_dir.parent.parent), agent_dir.name], env, timeout=HANG_S)
+    assert killed.returncode == spawn.ExitCode.OK, killed.stderr
+    assert wait_until((agent_dir / "outcome.json").exists, HANG_S)
+    assert load(agent_dir / "outcome.json")["status"] == "killed"
+    assert wait_until(lambda: not processes_of(agent_dir.name), 60), processes_of(agent_dir.name)
+    assert len(agent_dirs(session_root)) == 1  # nothing admitted after the kill
+
+
+CLAIM_DRIVER = r"""
+import json, sys, os
+sys.path.insert(0, sys.argv[2])
+os.environ["RAY_task_oom_retries"] = "0"
+import ray, ray_place, spawn_claims
+ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": sys.argv[2]}})
+agent_dir = sys.argv[3]
+key = spawn_claims.new_tree_key()
+host = ray.remote(ray_place.AgentHost).options(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4).remote(
+    spawn_claims.public_key_text(key))
+node = ray.get(host.where.remote())["node_id"]
+claim = spawn_claims.Claim(session="s", parent=None, child=os.path.basename(agent_dir), audience=node, depth=1, max_depth=2,
+    deadline=None, budget_hold_usd=None, tools=("Read",), deny=(), ask=(), permission_mode="dontAsk")
+text, sig = spawn_claims.sign_claim(claim, key)
+marker = os.path.join(agent_dir, "started")
+argv = ["/bin/sh", "-c", "touch " + marker]
+results = {
+    "missing": ray.get(host.run.remote(None, None, argv, {}, agent_dir)),
+    "tampered": ray.get(host.run.remote(text.replace('"max_depth":2', '"max_depth":9'), sig, argv, {}, agent_dir)),
+    "good": ray.get(host.run.remote(text, sig, argv, {}, agent_dir)),
+    "replayed": ray.get(host.run.remote(text, sig, argv, {}, agent_dir)),
+}
+open(sys.argv[4], "w").write(json.dumps(results))
+"""
+
+
+def test_a_node_refuses_missing_tampered_and_replayed_claims(cluster: Cluster, tmp_path: Path) -> None:
+    agent_dir = tmp_path / "a1-00c1a1"
+    agent_dir.mkdir()
+    report = tmp_path / "results.json"  # not stdout: a driver's stdout is Ray's too
+    proc = subprocess.run(
+        [RAY_PYTHON, "-c", CLAIM_DRIVER, cluster.address, str(ROOT / "tools"), str(agent_dir), str(report)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=HANG_S,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    raw = report.read_text()
+    results = json.loads(raw)
+    assert "no claim" in results["missing"]["refused"]
+    assert "signature" in results["tampered"]["refused"]
+    assert results["good"] == {"exit_code": 0}
+    assert "replayed" in results["replayed"]["refused"] or "already" in results["replayed"]["refused"]
+    assert (agent_dir / "started").exists()
+
+
+def raylet_of(node_id: str) -> psutil.Process:
+    for proc in psutil.process_iter():
+        try:
+            if proc.name() == "raylet" and any(node_id in arg for arg in proc.cmdline()):
+                return proc
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no raylet for node {node_id}")
+
+
+def test_a_raylet_killed_mid_run_fails_the_agent_naming_the_node(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
+    placed = cluster.env(env)
+    task = mock_task("doomed", [{"bash": "echo busy; sleep 120"}, {"text": "never"}])
+    root = start_spawn(["--task", task, "--tools", "Bash"], placed)
+    assert wait_until(lambda: any(p.get("node_id") for p in placements(session_root).values()), HANG_S)
+    (agent_dir,) = agent_dirs(session_root)
+    node_id = placements(session_root)[agent_dir.name]["node_id"]
+    assert wait_until(lambda: sleeping(agent_dir), HANG_S)
+    raylet_of(node_id).kill()
+    out, err = root.communicate(timeout=HANG_S)
+    summary = json.loads(out)  # still one JSON object on the root's stdout
+    assert summary["status"] == "failed", (summary, err)
+    outcome = load(agent_dir / "outcome.json")
+    assert outcome["status"] == "failed"
+    assert node_id in outcome["reason"], outcome["reason"]  # whoever settles it (wait, the guard) names the node
+    assert wait_until(lambda: not processes_of(agent_dir.name), 60)
+    # Last in the file: the killed node is gone for good, and Ray may place on it until its heartbeats time out.
