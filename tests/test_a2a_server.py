@@ -667,7 +667,8 @@ def test_a_remote_ask_is_answered_at_the_top(serve: Callable[..., Served], env: 
     """The served agent's ask becomes input-required, the a2a node's ask here; approving it here lets the remote agent go on."""
     remote_root = tmp_path / "remote-sessions"
     served = serve("--session", str(remote_root))
-    target = tmp_path / "made-over-there"
+    # In the served agent's project: arriving with the caller's depth, it runs sandboxed, writing only there.
+    target = tmp_path / "project" / "made-over-there"
     top = start_spawn(
         ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])],
         token_env(env, served),
@@ -694,7 +695,7 @@ def test_a_remote_ask_denied_at_the_top_ends_the_remote_agent(
 ) -> None:
     remote_root = tmp_path / "remote-sessions"
     served = serve("--session", str(remote_root))
-    target = tmp_path / "never-made"
+    target = tmp_path / "project" / "never-made"  # where it could write (its project), had it been allowed
     top = start_spawn(
         ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])],
         token_env(env, served),

@@ -243,3 +243,19 @@ def test_a_definition_the_agent_could_have_written_runs_no_hooks_outside_its_san
     assert spawn.writable_definition_problem(["--task", "x"], str(cwd), homes, env) is None
     # The same file outside what the agent may write (another project) is the user's own: allowed.
     assert spawn.writable_definition_problem(["--agent", "escape", "--task", "x"], str(cwd), [str(tmp_path / "elsewhere")], env) is None
+
+
+def test_a_brokered_wait_takes_ids_and_its_own_flags_only() -> None:
+    """Unit: wait is brokered (it lends the agent's slot while it blocks); nothing but ids, --all/--any and --timeout passes."""
+    asked = ["a1-0123ab", "a1-4567cd", "--any", "--timeout", "30"]
+    assert spawn.checked_wait_argv(asked) == asked
+    assert spawn.checked_wait_argv(["--timeout=2.5", "a2-0123ab"]) == ["--timeout", "2.5", "a2-0123ab"]
+    bad_ones = (
+        ["--session", "/tmp", "a1-0123ab"],
+        ["a1-0123ab", "--timeout", "soon"],
+        ["--all"],
+        ["../a1-0123ab"],
+        ["a1-0123ab", "--timeout"],
+    )
+    for bad in bad_ones:
+        assert isinstance(spawn.checked_wait_argv(bad), str), bad

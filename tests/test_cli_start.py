@@ -74,7 +74,10 @@ def test_an_agents_cli_starts_with_the_sdks_command_line(tmp_path: Path, fields:
     meta = meta_for(tmp_path, **fields)
     plan = spawn.cli_start(meta, tmp_path, Path(CLI), spawn.RunState(), [])
     assert plan.argv == sdk_command(plan.options)
-    assert plan.options["cwd"] == meta.cwd and plan.prompt == meta.task
+    # The first message is the task, then the facts that differ between siblings (outside the cached head).
+    # (Its time left is read from the clock: compared up to the id.)
+    facts = f"{spawn.AGENT_FACTS_HEADER}\nYou are agent {meta.id}."
+    assert plan.options["cwd"] == meta.cwd and plan.prompt.startswith(f"{meta.task}\n\n{facts}")
 
 
 def sdk_environment(options: dict[str, Any]) -> dict[str, str]:

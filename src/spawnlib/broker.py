@@ -39,6 +39,8 @@ from .running import child_environment
 # Claude Code's Linux sandbox blocks AF_UNIX sockets (seccomp), so the box is
 # files, as refused spawns of a sandboxed leaf already are (refused/).
 
+BROKERED_VERBS = ("kill", "wait")  # the verbs a sandboxed spawner hands to its runner, beside a spawn
+NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 BROKER_POLL_S = 0.1  # how often a runner looks into its agent's box; a spawn waits this long at most
 BROKER_REQUEST_MAX_BYTES = 256 * 1024  # a request: argv (the task inline) and cwd
 BROKER_ARGV_MAX = 200  # words in a request's argv
@@ -141,11 +143,43 @@ def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], str] | str:
         if not ids or not all(AGENT_ID.fullmatch(i) for i in ids):
             return "kill takes agent ids here (a1-0123ab...)"
         return ["kill", *ids], cwd
+    if argv[:1] == ["wait"]:
+        waited = checked_wait_argv(argv[1:])
+        return (["wait", *waited], cwd) if isinstance(waited, list) else waited
     checked = checked_run_argv(argv)
     if isinstance(checked, str):
         return checked
     problem = writable_definition_problem(checked, cwd, homes, os.environ)
     return problem if problem is not None else (checked, cwd)
+
+
+def checked_wait_argv(argv: Sequence[str]) -> list[str] | str:
+    """A brokered wait's arguments (ids, --all or --any, --timeout S), or why it is refused (pure).
+
+    wait is brokered because it lends the agent's --max-concurrent slot while
+    it blocks, a marker in the agent's directory that its Bash can't write.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = split_flag(argv[i])
+        if name in ("--all", "--any") and value is None:
+            out.append(name)
+        elif name == "--timeout":
+            if value is None:
+                i += 1
+                value = argv[i] if i < len(argv) else None
+            if value is None or not NUMBER.fullmatch(value):
+                return "wait --timeout takes seconds here"
+            out += [name, value]
+        elif AGENT_ID.fullmatch(argv[i]):
+            out.append(argv[i])
+        else:
+            return f"wait takes agent ids, --all, --any and --timeout S here, not {argv[i][:80]!r}"
+        i += 1
+    if not any(AGENT_ID.fullmatch(word) for word in out):
+        return "wait takes agent ids here (a1-0123ab...)"
+    return out
 
 
 def writable_definition_problem(argv: Sequence[str], cwd: str, homes: Sequence[str], environ: Mapping[str, str]) -> str | None:
@@ -256,10 +290,11 @@ class Broker:
         if isinstance(checked, str):
             self.refuse(request_id, checked)
             return None
-        if checked[0][0] == "kill":
+        if checked[0][0] in ("kill", "wait"):
             below = {d.name for d in self.descendants(Path(self.meta.session), self.meta.id)}
-            if outside := [i for i in checked[0][1:] if i not in below]:
-                self.refuse(request_id, f"kill: {', '.join(outside)} not below {self.meta.id}")
+            ids = [word for word in checked[0][1:] if AGENT_ID.fullmatch(word)]
+            if outside := [i for i in ids if i not in below]:
+                self.refuse(request_id, f"{checked[0][0]}: {', '.join(outside)} not below {self.meta.id}")
                 return None
         return checked
 
@@ -352,13 +387,14 @@ def inlined_argv(argv: Sequence[str]) -> list[str]:
 
 
 def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
-    """Inside a sandboxed spawner: hand a spawn or a kill to its runner, print its reply, and return its exit code.
+    """Inside a sandboxed spawner: hand a spawn, a kill or a wait to its runner, print its reply, and return its exit code.
 
     None where this spawn.py runs as usual: outside a sandbox, in one
-    without a request box (a leaf's), and for everything but a spawn or a
-    kill (status and wait read the session, which is readable here).
+    without a request box (a leaf's), and for every other verb (status and
+    the like read the session, which is readable here). wait goes to the
+    runner for the slot it lends while it blocks (--max-concurrent).
     """
-    if not argv or (argv[0] in verbs and argv[0] != "kill"):
+    if not argv or (argv[0] in verbs and argv[0] not in BROKERED_VERBS):
         return None
     if argv[0] not in verbs and {"--dry-run", "-h", "--help", "--version"} & set(argv):
         return None
