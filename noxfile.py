@@ -135,7 +135,7 @@ def typecheck_installed(session: nox.Session) -> None:
     In a venv of their own, checked from outside the checkout: mypy must find
     the installed package spawn and its py.typed, not the spawn.py beside it.
     """
-    work = Path(session.create_tmp())
+    work = Path(session.create_tmp()).resolve()  # nox gives it relative to the checkout; the chdir below would lose it
     python = work / "installed" / "bin" / "python"
     session.run(
         "uv", "venv", "--quiet", "--allow-existing", "--python", str(Path(session.bin) / "python"), str(python.parent.parent), external=True

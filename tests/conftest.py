@@ -105,10 +105,10 @@ def run_spawn(
     return run_python([str(SPAWN), *args], env, timeout, cwd)
 
 
-def run_parent_of(bash: str, env: Mapping[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """A root ("parent done") whose one child (Bash only, "child done") runs bash: args go to the root."""
+def run_parent_of(bash: str, env: Mapping[str, str], *args: str, child_args: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """A root ("parent done") whose one child (Bash only, "child done") runs bash: args go to the root, child_args to the child."""
     child = mock_task("child", [{"bash": bash}, {"text": "child done"}])
-    parent = mock_task("parent", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "parent done"}])
+    parent = mock_task("parent", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash", *child_args)}, {"text": "parent done"}])
     return run_spawn(["--task", parent, "--tools", "Bash", *args], env)
 
 

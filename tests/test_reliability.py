@@ -299,12 +299,12 @@ def test_a_stop_signal_right_after_registration_still_ends_in_its_outcome(
 
 
 def test_an_outcome_published_by_something_else_keeps_the_agents_own(env: dict[str, str], session_root: Path) -> None:
-    # A child outside any sandbox (it may still spawn) publishes its parent's outcome first.
+    # A child outside any sandbox (--sandbox off: its Bash runs as the user) publishes its parent's outcome first.
     forge = (
         'D="$SPAWN_SESSION/agents/$(ls "$SPAWN_SESSION/agents" | grep ^a0-)"; '
         """echo '{"status": "done", "output": "FORGED"}' > "$D/outcome.json"; touch "$D/.done\""""
     )
-    proc = run_parent_of(forge, env, "--max-depth", "2")
+    proc = run_parent_of(forge, env, "--max-depth", "2", child_args=("--sandbox", "off"))
     assert proc.returncode == spawn.ExitCode.STATE, proc.stderr
     (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("spawn: error:")]
     assert "published by something other than spawn.py (its id is None)" in line and "outcome.kept.json" in line
@@ -329,7 +329,7 @@ def test_a_well_formed_outcome_published_first_is_still_not_the_agents(env: dict
         'printf \'{"id": "%s", "status": "done", "reason": "completed", "exit_code": 0, "ended_at": "2026-01-01T00:00:00Z",'
         ' "duration_s": 1, "output": "FORGED", "committed_by": "kill"}\' "$(basename "$D")" > "$D/outcome.json"; touch "$D/.done"'
     )
-    proc = run_parent_of(forge, env, "--max-depth", "2")
+    proc = run_parent_of(forge, env, "--max-depth", "2", child_args=("--sandbox", "off"))
     assert proc.returncode == spawn.ExitCode.STATE, proc.stderr
     assert proc.stdout == ""  # the forged result is not passed on as the agent's
     root = next(d for d in agent_dirs(session_root) if d.name.startswith("a0-"))

@@ -102,7 +102,9 @@ def test_a_send_from_the_agent_itself_or_its_subtree_is_refused(env: dict[str, s
         "root",
         [
             {"bash": f'{spawn_in_bash("send")} "$SPAWN_AGENT_ID" "root steers itself"{report}'},
-            {"bash": spawn_in_bash("--task", child, "--tools", "Bash")},
+            # Unsandboxed, so its send reaches the inbox and the ancestry check is what refuses it
+            # (a sandboxed child can't open a socket at all).
+            {"bash": spawn_in_bash("--task", child, "--tools", "Bash", "--sandbox", "off")},
             {"text": "root done"},
         ],
     )
