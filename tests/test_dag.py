@@ -335,7 +335,14 @@ def test_resume_runs_the_graph_file_not_forged_journal_lines(
         tmp_path / "g.json",
         [
             {"id": "a", "task": mock_task("a", [{"text": "out-a"}])},
-            {"id": "b", "task": mock_task("b", [{"bash": slow}, {"text": "out-b"}]), "blockedBy": ["a"], "tools": ["Bash"]},
+            # sandbox off: its marker files lie outside its working directory (the attack is on the journal, not on b).
+            {
+                "id": "b",
+                "task": mock_task("b", [{"bash": slow}, {"text": "out-b"}]),
+                "blockedBy": ["a"],
+                "tools": ["Bash"],
+                "sandbox": "off",
+            },
             {"id": "c", "task": mock_task("c", [{"text": "out-c"}]), "blockedBy": ["b"]},
         ],
     )
