@@ -7902,12 +7902,27 @@ def ask_socket_path(session: Path, ask_id: str) -> Path:
     return asks_dir(session) / ASK_SOCKET.format(ask_id=ask_id)
 
 
+def bind_private_socket(path: Path) -> Any:
+    """A Unix stream socket bound at path, mode 0600: only this user may connect (an ask's, an inbox's)."""
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address, dir_fd = unix_address(str(path))
+    mask = os.umask(0o177)
+    try:
+        sock.bind(address)
+    finally:
+        os.umask(mask)
+        if dir_fd is not None:
+            os.close(dir_fd)
+    return sock
+
+
 class AnswerChannel:
     """The socket an asking runner takes its ask's answer on: bound before the ask is published."""
 
     def __init__(self, session: Path, ask_id: str) -> None:
         self.session, self.ask_id = session, ask_id
-        import socket  # only where an ask is made: every spawn.py start would pay for it
         import threading
 
         self.path = ask_socket_path(session, ask_id)
@@ -7917,15 +7932,7 @@ class AnswerChannel:
         # answered before its process exits (the waiting thread may never run again).
         self.lock = threading.Lock()
         self.answer: dict[str, Any] | None = None
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        address, dir_fd = unix_address(str(self.path))
-        mask = os.umask(0o177)  # 0600: only this user may connect
-        try:
-            self.server.bind(address)
-        finally:
-            os.umask(mask)
-            if dir_fd is not None:
-                os.close(dir_fd)
+        self.server = bind_private_socket(self.path)
         self.server.listen(8)
         self.server.settimeout(ASK_POLL_S)  # how soon close() is seen
 
@@ -8347,7 +8354,6 @@ class Inbox:
 
     def __init__(self, meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str]) -> None:
         import asyncio
-        import socket
 
         self.meta, self.agent_dir, self.secrets = meta, agent_dir, secrets_
         self.queue: deque[str] = deque()
@@ -8360,17 +8366,9 @@ class Inbox:
         """Awaited before a message reopens a finished turn (the budget pause's gate)."""
         self.path = agent_dir / INBOX_SOCKET
         self.server: Any = None
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # a runner that died left it: nothing listens there
-        address, dir_fd = unix_address(str(self.path))
-        mask = os.umask(0o177)  # 0600: only this user may connect
-        try:
-            self.sock.bind(address)
-        finally:
-            os.umask(mask)
-            if dir_fd is not None:
-                os.close(dir_fd)
+        self.sock = bind_private_socket(self.path)
         self.sock.listen(16)
         self.sock.setblocking(False)
 

@@ -72,12 +72,27 @@ def ask_socket_path(session: Path, ask_id: str) -> Path:
     return asks_dir(session) / ASK_SOCKET.format(ask_id=ask_id)
 
 
+def bind_private_socket(path: Path) -> Any:
+    """A Unix stream socket bound at path, mode 0600: only this user may connect (an ask's, an inbox's)."""
+    import socket
+
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address, dir_fd = unix_address(str(path))
+    mask = os.umask(0o177)
+    try:
+        sock.bind(address)
+    finally:
+        os.umask(mask)
+        if dir_fd is not None:
+            os.close(dir_fd)
+    return sock
+
+
 class AnswerChannel:
     """The socket an asking runner takes its ask's answer on: bound before the ask is published."""
 
     def __init__(self, session: Path, ask_id: str) -> None:
         self.session, self.ask_id = session, ask_id
-        import socket  # only where an ask is made: every spawn.py start would pay for it
         import threading
 
         self.path = ask_socket_path(session, ask_id)
@@ -87,15 +102,7 @@ class AnswerChannel:
         # answered before its process exits (the waiting thread may never run again).
         self.lock = threading.Lock()
         self.answer: dict[str, Any] | None = None
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        address, dir_fd = unix_address(str(self.path))
-        mask = os.umask(0o177)  # 0600: only this user may connect
-        try:
-            self.server.bind(address)
-        finally:
-            os.umask(mask)
-            if dir_fd is not None:
-                os.close(dir_fd)
+        self.server = bind_private_socket(self.path)
         self.server.listen(8)
         self.server.settimeout(ASK_POLL_S)  # how soon close() is seen
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from .channel import peer_process, read_line
+from .channel import bind_private_socket, peer_process, read_line
 from .constants import LEDGER, LIMITS, PAUSED, TRANSCRIPT
 from .core import estimate_cost, ledger_state, parse_json, round_usd, utc_now_iso
 from .errors import RefusedError, SpawnError, StateError, UsageError
@@ -233,7 +233,6 @@ class Inbox:
 
     def __init__(self, meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str]) -> None:
         import asyncio
-        import socket
 
         self.meta, self.agent_dir, self.secrets = meta, agent_dir, secrets_
         self.queue: deque[str] = deque()
@@ -246,17 +245,9 @@ class Inbox:
         """Awaited before a message reopens a finished turn (the budget pause's gate)."""
         self.path = agent_dir / INBOX_SOCKET
         self.server: Any = None
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # a runner that died left it: nothing listens there
-        address, dir_fd = unix_address(str(self.path))
-        mask = os.umask(0o177)  # 0600: only this user may connect
-        try:
-            self.sock.bind(address)
-        finally:
-            os.umask(mask)
-            if dir_fd is not None:
-                os.close(dir_fd)
+        self.sock = bind_private_socket(self.path)
         self.sock.listen(16)
         self.sock.setblocking(False)
 
