@@ -94,6 +94,11 @@ DEFAULT_PORT = 9999  # the port the A2A samples use, so examples line up
 DEFAULT_TIMEOUT_S = 3600.0
 # How often a task re-reads its agent's directory (transcript, asks, markers).
 FOLLOW_TICK_S = 0.2
+# After the caller's next message on a task paused at its budget, the same
+# pause is not reported again for this long: the runner looks for a raise
+# every half second (PAUSE_POLL_S in spawn.py), so a message sent right after
+# `budget --raise` would otherwise meet the paused.json it is about to remove.
+RESUME_GRACE_S = 3.0
 # After the liveness watcher (spawn.py wait) ends without an outcome (a stale
 # agent), wait this long before asking again.
 WATCH_RETRY_S = 5.0
@@ -224,6 +229,10 @@ class Run:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     watcher: asyncio.subprocess.Process | None = None
     watcher_ended_at: float | None = None
+    pause_reported: tuple[str, str] | None = None
+    """The paused agent (id, since) the task's input-required is about."""
+    resumed_at: float | None = None
+    """When the caller's last message on a paused task came (time.monotonic())."""
 
     @property
     def session(self) -> Path:
@@ -647,6 +656,8 @@ class SpawnExecutor(AgentExecutor):
             and not await self.answer(run, context, updater)
         ):
             return
+        elif context.current_task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            run.resumed_at = time.monotonic()  # the caller says go on: a pause it has seen gets a moment to lift
         await self.follow(run, updater)
 
     async def start(self, context: RequestContext, updater: TaskUpdater) -> Run | None:
@@ -716,7 +727,8 @@ class SpawnExecutor(AgentExecutor):
                     return
                 # A paused subtree waits for a person here: the caller is told why, and its next message follows on.
                 paused = session_files.paused_agents(run.session, subtree)
-                if paused:
+                if paused and not self.lifting(run, paused[0]):
+                    run.pause_reported = (str(paused[0].get("id")), str(paused[0].get("since")))
                     text = paused_text(paused[0], run.session)
                     await self.publish(run, updater, TaskState.TASK_STATE_INPUT_REQUIRED, text, {"spawn.paused": paused[0]})
                     return
@@ -725,6 +737,12 @@ class SpawnExecutor(AgentExecutor):
         finally:
             if run.final:
                 await self.spawner.unwatch(run)
+
+    @staticmethod
+    def lifting(run: Run, paused: Mapping[str, Any]) -> bool:
+        """The pause the caller was told of, just after its next message: its runner may not have seen the raise yet."""
+        seen = run.pause_reported == (str(paused.get("id")), str(paused.get("since")))
+        return seen and run.resumed_at is not None and time.monotonic() - run.resumed_at < RESUME_GRACE_S
 
     async def finish(self, run: Run, updater: TaskUpdater, outcome: Mapping[str, Any]) -> None:
         status = str(outcome.get("status"))
