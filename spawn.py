@@ -12021,8 +12021,8 @@ def read_task(args: argparse.Namespace) -> str:
 # so neither listed as such nor built into spawn.py (tools/bundle.py reads this).
 RECORD_SCHEMAS = frozenset(
     {
-        "ask", "ask-answer", "ask-attempt", "dag-journal-line", "forkserver-line", "heartbeat", "kill", "ledger-line", "limits",
-        "meta", "native-line", "outcome", "paused", "session", "state", "status", "transcript-line",
+        "ask", "ask-answer", "ask-attempt", "broker-reply", "broker-request", "dag-journal-line", "forkserver-line", "heartbeat",
+        "kill", "ledger-line", "limits", "meta", "native-line", "outcome", "paused", "session", "state", "status", "transcript-line",
     }
 )  # fmt: skip
 
@@ -13329,6 +13329,7 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
 
 
 
+
 # ------------------------------------------------------------------ broker --
 
 # A sandboxed spawner's Bash sees the session read-only, so the spawn.py it
@@ -13347,7 +13348,17 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
 # Claude Code's Linux sandbox blocks AF_UNIX sockets (seccomp), so the box is
 # files, as refused spawns of a sandboxed leaf already are (refused/).
 
-BROKERED_VERBS = ("kill", "wait")  # the verbs a sandboxed spawner hands to its runner, beside a spawn
+# The verbs a sandboxed spawner hands to its runner, beside a spawn: each
+# acts on agents below it, through a channel its sandbox blocks (the inbox
+# socket) or a record it can't write (wait's lent slot). approve and deny are
+# not among them: an ask is answered by the person or the root, never by an
+# agent of the tree, sandboxed or not.
+BROKERED_VERBS = ("kill", "wait", "send")
+# Verbs that write the session and have no runner to go through: inside a
+# sandbox they are refused, at once and in a line, not left to fail on the
+# first record they write (`dag validate` and `dag show` only read).
+UNBROKERED_WRITERS = ("reap", "plan", "build", "explore", "run-plan-build", "run-all")
+UNBROKERED_DAG_ACTIONS = ("run", "resume")
 NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
 BROKER_POLL_S = 0.1  # how often a runner looks into its agent's box; a spawn waits this long at most
 BROKER_REQUEST_MAX_BYTES = 256 * 1024  # a request: argv (the task inline) and cwd
@@ -13357,6 +13368,8 @@ BROKER_REQUESTS_MAX = 1000  # requests a runner serves over its life; later ones
 BROKER_STDOUT_MAX_BYTES = 1024 * 1024  # what a reply carries of the child's stdout
 BROKER_STDERR_MAX_BYTES = 64 * 1024  # and of its stderr (the end of it)
 BROKER_CLIENT_POLL_S = 0.05  # how often the spawn.py in the sandbox looks for its reply
+BROKER_TEMP_MAX_AGE_S = 60.0  # a writer's temp file older than this was abandoned: removed
+BROKER_SEND_MAX_CHARS = 100_000  # a brokered message's text
 REQUEST_NAME = re.compile(r"([0-9a-f]{16})\.json")
 REPLY_SUFFIX = ".reply.json"
 
@@ -13370,6 +13383,10 @@ BROKER_FLAGS: Mapping[str, bool] = {
     "--topic": True,
     "--tools": True,
     "--disallowed-tools": True,
+    # Rules only narrow below a parent's (deny over ask over allow, the parent's kept).
+    "--allow": True,
+    "--deny": True,
+    "--ask": True,
     "--model": True,
     "--agent": True,
     "--schema": True,
@@ -13382,6 +13399,8 @@ BROKER_FLAGS: Mapping[str, bool] = {
     "--max-turns": True,
     "--max-budget-usd": True,
     "--confirm-over": True,
+    "--on-budget": True,
+    "--no-wait": False,
     "--parent-trace": True,
     "--background": False,
     "--print": False,
@@ -13454,6 +13473,9 @@ def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], str] | str:
     if argv[:1] == ["wait"]:
         waited = checked_wait_argv(argv[1:])
         return (["wait", *waited], cwd) if isinstance(waited, list) else waited
+    if argv[:1] == ["send"]:
+        steered = checked_send_argv(argv[1:])
+        return (["send", *steered], cwd) if isinstance(steered, list) else steered
     checked = checked_run_argv(argv)
     if isinstance(checked, str):
         return checked
@@ -13488,6 +13510,37 @@ def checked_wait_argv(argv: Sequence[str]) -> list[str] | str:
     if not any(AGENT_ID.fullmatch(word) for word in out):
         return "wait takes agent ids here (a1-0123ab...)"
     return out
+
+
+def checked_send_argv(argv: Sequence[str]) -> list[str] | str:
+    """A brokered send's arguments (ID TEXT, --as NAME), or why it is refused (pure).
+
+    Whether the id is below the agent is the runner's check (Broker.checked);
+    whether the sender may send is decided again by the inbox that accepts
+    it, from the kernel's ancestry: the runner of the sandboxed agent's.
+    """
+    positional: list[str] = []
+    flags: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = split_flag(argv[i])
+        if name == "--as":
+            if value is None:
+                i += 1
+                value = argv[i] if i < len(argv) else None
+            if value is None or not PLAIN_NAME.fullmatch(value):
+                return "send --as takes a plain name here"
+            flags += [name, value]
+        elif argv[i].startswith("--"):
+            return f"send takes an agent id, its text and --as NAME here, not {argv[i][:80]!r}"
+        else:
+            positional.append(argv[i])
+        i += 1
+    if len(positional) != 2 or not AGENT_ID.fullmatch(positional[0]):
+        return "send takes an agent id and the text here (spawn.py send a2-0123ab... TEXT)"
+    if not positional[1].strip() or len(positional[1]) > BROKER_SEND_MAX_CHARS:
+        return f"send's text must be 1 to {BROKER_SEND_MAX_CHARS} characters"
+    return [*positional, *flags]
 
 
 def writable_definition_problem(argv: Sequence[str], cwd: str, homes: Sequence[str], environ: Mapping[str, str]) -> str | None:
@@ -13537,8 +13590,11 @@ class Broker:
             return []
         taken: list[tuple[str, bytes | None]] = []
         for name in names:
-            if name.startswith(".") or name.endswith(REPLY_SUFFIX) or name in self.stuck:
-                continue  # a writer's temp file, a reply the agent has yet to read, or one already answered
+            if name.startswith("."):
+                self.drop_abandoned(self.box / name)
+                continue  # a writer's temp file
+            if name.endswith(REPLY_SUFFIX) or name in self.stuck:
+                continue  # a reply the agent has yet to read, or one already answered
             if len(self.running) + len(taken) >= BROKER_RUNNING_MAX:
                 break
             path = self.box / name
@@ -13562,6 +13618,16 @@ class Broker:
                 continue
             taken.append((match[1], raw))
         return taken
+
+    @staticmethod
+    def drop_abandoned(path: Path) -> None:
+        """A temp file its writer left (a client writes, then renames, at once): removed once it is old."""
+        with contextlib.suppress(OSError):
+            if time.time() - path.lstat().st_mtime > BROKER_TEMP_MAX_AGE_S:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
 
     def reply(self, request_id: str, exit_code: int, stdout: bytes = b"", stderr: bytes = b"") -> None:
         import json
@@ -13598,11 +13664,12 @@ class Broker:
         if isinstance(checked, str):
             self.refuse(request_id, checked)
             return None
-        if checked[0][0] in ("kill", "wait"):
+        verb = checked[0][0]
+        if verb in BROKERED_VERBS:
             below = {d.name for d in self.descendants(Path(self.meta.session), self.meta.id)}
-            ids = [word for word in checked[0][1:] if AGENT_ID.fullmatch(word)]
+            ids = [word for word in checked[0][1 : 2 if verb == "send" else None] if AGENT_ID.fullmatch(word)]
             if outside := [i for i in ids if i not in below]:
-                self.refuse(request_id, f"{checked[0][0]}: {', '.join(outside)} not below {self.meta.id}")
+                self.refuse(request_id, f"{verb}: {', '.join(outside)} not below {self.meta.id}")
                 return None
         return checked
 
@@ -13647,6 +13714,10 @@ class Broker:
         finally:
             for task in list(self.running.values()):
                 task.cancel()
+            # The agent is done with its box: what it left there (unread
+            # replies, temp files, junk) goes with it. rmtree works by file
+            # descriptor here, so a link planted inside is removed, never followed.
+            shutil.rmtree(self.box, ignore_errors=True)
 
 
 def has_broker(meta: AgentMeta) -> bool:
@@ -13694,6 +13765,39 @@ def inlined_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def refuse_session_writer(argv: Sequence[str]) -> None:
+    """A verb that writes the session, inside a sandbox that holds the session read-only: RefusedError, before it starts."""
+    owner = sandbox_owner()
+    if owner is None or os.access(owner.parent, os.W_OK):
+        return  # not an agent's sandbox, or one that may write the session: the verb runs as usual
+    verb = " ".join(argv[:2]) if argv[0] == "dag" else argv[0]
+    if verb in ("approve", "deny"):
+        raise RefusedError(
+            f"'spawn.py {verb}' can't run in a sandbox: an ask is answered by the person or by the root, never by an agent "
+            "below it, and the ask's socket is closed to a sandbox"
+        )
+    raise RefusedError(
+        f"'spawn.py {verb}' writes the session, which this sandboxed agent sees read-only; a sandboxed agent spawns, waits, "
+        "kills, sends and answers asks through its runner: run the tasks as spawns, or give this agent --sandbox off"
+    )
+
+
+def steering_argv(argv: Sequence[str]) -> list[str]:
+    """A brokered verb's argv as its runner takes it: --session dropped (the runner's is the agent's), send's '-' read here."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = split_flag(argv[i])
+        if name == "--session":
+            i += 1 if value is not None else 2
+            continue
+        out.append(argv[i])
+        i += 1
+    if out[:1] == ["send"] and "-" in out[2:]:
+        out[out.index("-", 2)] = sys.stdin.read()
+    return out
+
+
 def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
     """Inside a sandboxed spawner: hand a spawn, a kill or a wait to its runner, print its reply, and return its exit code.
 
@@ -13702,9 +13806,14 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
     the like read the session, which is readable here). wait goes to the
     runner for the slot it lends while it blocks (--max-concurrent).
     """
-    if not argv or (argv[0] in verbs and argv[0] not in BROKERED_VERBS):
+    if not argv or {"-h", "--help", "--version"} & set(argv):
         return None
-    if argv[0] not in verbs and {"--dry-run", "-h", "--help", "--version"} & set(argv):
+    if argv[0] in verbs and argv[0] not in BROKERED_VERBS:
+        writes = argv[0] in UNBROKERED_WRITERS or (argv[0] == "dag" and len(argv) > 1 and argv[1] in UNBROKERED_DAG_ACTIONS)
+        if (writes and "--dry-run" not in argv) or argv[0] in ("approve", "deny"):
+            refuse_session_writer(argv)
+        return None
+    if argv[0] not in verbs and "--dry-run" in argv:
         return None
     box = broker_box()
     if box is None:
@@ -13712,7 +13821,7 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
     import json
 
     request_id = token_hex(8)
-    data = json.dumps({"argv": inlined_argv(argv), "cwd": os.getcwd()}).encode()
+    data = json.dumps({"argv": inlined_argv(argv) if argv[0] not in verbs else steering_argv(argv), "cwd": os.getcwd()}).encode()
     tmp = box / f".{request_id}.tmp"
     with open(tmp, "xb") as f:
         f.write(data)

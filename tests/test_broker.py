@@ -259,3 +259,76 @@ def test_a_brokered_wait_takes_ids_and_its_own_flags_only() -> None:
     )
     for bad in bad_ones:
         assert isinstance(spawn.checked_wait_argv(bad), str), bad
+
+
+def test_a_sandboxed_spawner_steers_its_child_through_its_runner(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """send goes through the runner (a sandbox closes the inbox socket); writers and answers are refused in a line."""
+    child = mock_task("child", [{"bash": "sleep 3"}, {"text": "child done"}])
+    launch = spawn_in_bash("--task", child, "--tools", "Bash", "--ask", "Bash(touch:*)", "--background")
+    (tmp_path / "g.yaml").write_text("tasks:\n  - id: a\n    task: anything\n")
+    steer = (
+        'S="$SPAWN_PYTHON $SPAWN_PY"; '
+        f'ID=$({launch} | python3 -c "import json,sys; print(json.load(sys.stdin)[\'id\'])"); echo "child $ID"; '
+        '$S send "$ID" "steered from above"; echo "send rc=$?"; '
+        '$S send "$SPAWN_AGENT_ID" "to myself"; echo "self send rc=$?"; '
+        '$S approve q-0a1b2c; echo "approve rc=$?"; '
+        '$S wait "$ID" > /dev/null; echo "wait rc=$?"; '
+        '$S dag run g.yaml; echo "dag rc=$?"; '
+        '$S reap; echo "reap rc=$?"; '
+        '$S dag validate g.yaml > /dev/null; echo "validate rc=$?"; '
+        'BOX="$SPAWN_SESSION/requests/$SPAWN_AGENT_ID"; touch "$BOX/.left-behind" "$BOX/0123456789abcdef.reply.json"; ls -a "$BOX"'
+    )
+    spawner = mock_task("spawner", [{"bash": steer}, {"text": "spawner done"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", spawner, "--tools", "Bash", "--sandbox", "on")}, {"text": "root done"}])
+    args = ["--task", root, "--tools", "Bash", "--max-depth", "2", "--sandbox", "off", "--cwd", str(tmp_path)]
+    proc = run_spawn([*args, "--max-budget-usd", "5"], env, timeout=240)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    dirs = by_task(session_root)
+    text = transcript_text(dirs["spawner"])
+    for line in ("send rc=0", "wait rc=0", "validate rc=0", "dag rc=4", "reap rc=4", "self send rc=4", "approve rc=4", ".left-behind"):
+        assert line in text, (line, text[-4000:])
+    assert "spawn: error: 'spawn.py dag run' writes the session" in text and "spawn: error: 'spawn.py reap' writes the session" in text
+    assert "an ask is answered by the person or by the root" in text
+    assert f"send: {dirs['spawner'].name} not below {dirs['spawner'].name}" in text
+    # The child took the message from above, sent by the spawner (its runner, by the kernel's ancestry).
+    child_lines = [json.loads(line) for line in (dirs["child"] / "transcript.jsonl").read_text().splitlines()]
+    [sent] = [r["message"] for r in child_lines if r.get("type") == spawn.SENT_LINE]
+    assert sent["text"] == "steered from above" and sent["from"] == f"agent {dirs['spawner'].name}"
+    assert load(dirs["child"] / "outcome.json")["output"] == "child done"
+    # The spawner's box went with it: the temp file and the unread reply it left are gone.
+    assert not (dirs["spawner"].parent.parent / "requests" / dirs["spawner"].name).exists()
+    validate_records(session_root)
+
+
+def test_a_brokered_send_takes_an_id_its_text_and_as_only() -> None:
+    """Unit: send takes an agent id and its text, and --as a plain name; nothing else passes."""
+    assert spawn.checked_send_argv(["a2-0123ab", "hello", "--as", "lead"]) == ["a2-0123ab", "hello", "--as", "lead"]
+    assert spawn.checked_send_argv(["--as=lead", "a2-0123ab", "hi"]) == ["a2-0123ab", "hi", "--as", "lead"]
+    bad_ones = (
+        ["a2-0123ab"],
+        ["../a2-0123ab", "hi"],
+        ["a2-0123ab", "  "],
+        ["a2-0123ab", "hi", "--session", "/tmp"],
+        ["a2-0123ab", "hi", "--as", "a b/c"],
+        ["a2-0123ab", "hi", "more"],
+    )
+    for bad in bad_ones:
+        assert isinstance(spawn.checked_send_argv(bad), str), bad
+
+
+def test_requests_and_replies_match_their_schemas(tmp_path: Path) -> None:
+    """Unit: what the spawn.py inside writes, and what the runner answers, are the records schemas/ describes."""
+    import jsonschema
+
+    schemas = Path(spawn.__file__).parent / "schemas"
+    task_file = tmp_path / "task.md"
+    task_file.write_text("review the diff")
+    request = {"argv": spawn.inlined_argv(["--task-file", str(task_file), "--tools", "Read"]), "cwd": str(tmp_path)}
+    assert request["argv"] == ["--task", "review the diff", "--tools", "Read"]
+    jsonschema.validate(request, json.loads((schemas / "broker-request.json").read_text()))
+    broker = spawn.Broker.__new__(spawn.Broker)
+    broker.box = tmp_path
+    broker.reply("0123456789abcdef", spawn.ExitCode.REFUSED, b"", "spawn: error: refused\n".encode() * 10_000)
+    reply = load(tmp_path / "0123456789abcdef.reply.json")
+    jsonschema.validate(reply, json.loads((schemas / "broker-reply.json").read_text()))
+    assert reply["exit_code"] == spawn.ExitCode.REFUSED and len(reply["stderr"]) == spawn.BROKER_STDERR_MAX_BYTES
