@@ -7012,7 +7012,12 @@ def load_settings_rules(cwd: Path, environ: Mapping[str, str]) -> RuleSet:
     found = RuleSet()
     for path in settings_files(cwd, environ):
         try:
-            data = load_input(read_input(path), str(path), "JSON")
+            text = read_input(path)
+            # Empty is no settings, as Claude Code reads it. Its own sandbox
+            # makes one: bwrap binds /dev/null over a settings file that is
+            # absent (so the sandboxed Bash can't create it), and the empty
+            # mount point it leaves on the host lives as long as that Bash.
+            data = load_input(text, str(path), "JSON") if text.strip() else {}
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as exc:

@@ -328,7 +328,7 @@ def test_requests_and_replies_match_their_schemas(tmp_path: Path) -> None:
     jsonschema.validate(request, json.loads((schemas / "broker-request.json").read_text()))
     broker = spawn.Broker.__new__(spawn.Broker)
     broker.box = tmp_path
-    broker.reply("0123456789abcdef", spawn.ExitCode.REFUSED, b"", "spawn: error: refused\n".encode() * 10_000)
+    broker.reply("0123456789abcdef", spawn.ExitCode.REFUSED, b"", b"spawn: error: refused\n" * 10_000)
     reply = load(tmp_path / "0123456789abcdef.reply.json")
     jsonschema.validate(reply, json.loads((schemas / "broker-reply.json").read_text()))
     assert reply["exit_code"] == spawn.ExitCode.REFUSED and len(reply["stderr"]) == spawn.BROKER_STDERR_MAX_BYTES

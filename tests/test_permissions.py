@@ -321,6 +321,20 @@ def test_bad_settings_file_exits_usage_and_starts_nothing(env: dict[str, str], s
     assert not session_root.exists() or not any(session_root.iterdir())
 
 
+def test_an_empty_settings_file_is_no_settings(env: dict[str, str], tmp_path: Path) -> None:
+    """Claude Code's sandbox leaves an empty settings.json on the host while a sandboxed Bash runs (its mount point)."""
+    project = tmp_path / "project"
+    (project / ".claude").mkdir(parents=True)
+    (project / ".claude" / "settings.json").write_text("")
+    write_settings(project / ".claude" / "settings.local.json", deny=["Read(./secret/**)"])
+    proc = run_spawn(["--task", "x", "--dry-run", "--cwd", str(project)], env)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert [(r["kind"], r["rule"]) for r in stdout_json(proc)["rules"]] == [("deny", "Read(./secret/**)")]
+    (project / ".claude" / "settings.json").write_text("{")  # not empty: still an error that says what to do
+    proc = run_spawn(["--task", "x", "--dry-run", "--cwd", str(project)], env)
+    assert proc.returncode == spawn.ExitCode.USAGE and "fix it or pass --no-settings" in proc.stderr
+
+
 def test_settings_deny_binds_children_whatever_they_ask_for(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
