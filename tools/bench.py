@@ -111,6 +111,7 @@ sys.path.insert(0, str(ROOT))  # spawn.py and the scripted model are imported, n
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench_cost import BASELINE_REF, CostBenchError, p8_figures  # noqa: E402
+from bench_cost import environment as bench_cost_environment  # noqa: E402
 from mock_model import Served, ServeError, mock_task, serve, spawn_in_bash  # noqa: E402
 
 import spawn  # noqa: E402
@@ -137,9 +138,6 @@ WAIT_MIN_HEAD_START_S = 1.0
 # is alive at once while memory is sampled (start-up of 32 CLIs on a small
 # machine takes several seconds).
 MEMORY_LEAF_SLEEP_S = 4.0
-
-# A dummy key: the mock accepts anything, and it must not look like a real one.
-FAKE_API_KEY = "bench-not-a-real-key"
 
 LEAF_TEXT = "leaf-result"
 # Model turns of the depth-3 chain: root and middle 2 each (Bash, then answer), leaf 1.
@@ -223,19 +221,9 @@ def last_json_line(text: str) -> dict[str, Any]:
 
 
 def bench_environment(base: Mapping[str, str], workdir: Path, url: str, pycache: str) -> dict[str, str]:
-    """A user's shell pointed at the mock: private HOME and session root, nothing inherited that steers spawn.py or the CLI."""
-    env = {k: v for k, v in base.items() if not k.startswith(("SPAWN_", "ANTHROPIC_", "CLAUDE")) and k != "TRACEPARENT"}
-    home = workdir / "home"
-    home.mkdir(exist_ok=True)
-    env.update(
-        HOME=str(home),
-        CLAUDE_CONFIG_DIR=str(home / ".claude"),
-        SPAWN_SESSION_ROOT=str(workdir / "sessions"),
-        ANTHROPIC_BASE_URL=url,
-        ANTHROPIC_API_KEY=FAKE_API_KEY,
-        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
-        PYTHONUNBUFFERED="1",
-    )
+    """A user's shell pointed at the mock (bench_cost.environment), with uv's own cache and Python unbuffered."""
+    env = bench_cost_environment(base, workdir, url)
+    env["PYTHONUNBUFFERED"] = "1"
     # uv keeps its cache (the script's environment) under HOME: the real one,
     # or every `uv run spawn.py` would build the environment again.
     env["UV_CACHE_DIR"] = base.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv")
