@@ -4503,6 +4503,100 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     'if __name__ == FAST_START_MODULE:  # as the hook; spawn.py only uses the functions above\n'
     '    hook_main()\n'
 )
+# `uv` on a sandboxed agent's PATH (programs/uv_shim.py says why): the
+# program, and the sh that runs it with the tree's Python, in a folder of
+# the cache named by their hash. The cache is read-only in every sandbox.
+UV_SHIM = (  # src/spawnlib/programs/uv_shim.py, inlined by tools/bundle.py
+    '"""`uv` in a sandboxed agent\'s Bash: `uv run [options] PATH/spawn.py ARGS` runs the tree\'s own spawn'
+    '.py.\n'
+    '\n'
+    "uv can't open its cache in a sandbox: the cache is read-only there, as it\n"
+    'must be (an agent that could write it would run its code outside the\n'
+    'sandbox at the next `uv run`). Yet `uv run spawn.py ...` is how users and\n'
+    'agents start a child, and what uv would run is the environment the tree\n'
+    'already runs: $SPAWN_PYTHON on $SPAWN_PY. Anything else goes to the next\n'
+    "uv on PATH, which says for itself what it can't do. Run as `python -I -S`\n"
+    "from its folder's `uv` (a two-line sh): builtin modules only.\n"
+    '"""\n'
+    '\n'
+    'import os\n'
+    'import sys\n'
+    '\n'
+    '# `uv run` options that come before the script: those that take a value\n'
+    "# (uv run --help), and those that don't. Any other option is left to uv.\n"
+    'VALUED = (\n'
+    '    "--python", "-p", "--with", "--with-editable", "--with-requirements", "--directory", "--project"'
+    ', "--cache-dir",\n'
+    '    "--env-file", "--index", "--default-index", "--index-url", "--extra-index-url", "--find-links", '
+    '"-f", "--exclude-newer",\n'
+    '    "--config-file", "--color", "--python-preference", "--index-strategy", "--resolution", "--prerel'
+    'ease", "--link-mode",\n'
+    ')  # fmt: skip\n'
+    'FLAGS = (\n'
+    '    "--script", "-s", "-q", "--quiet", "-v", "--verbose", "--no-project", "--frozen", "--locked", "-'
+    '-offline", "--no-sync",\n'
+    '    "--isolated", "--no-config", "--no-progress", "--native-tls", "--no-cache", "-n", "--active", "-'
+    '-no-env-file",\n'
+    '    "--exact", "--all-extras", "--no-dev", "--compile-bytecode", "--refresh", "--managed-python", "-'
+    '-no-managed-python",\n'
+    ')  # fmt: skip\n'
+    'SCRIPT_NAME = "spawn.py"\n'
+    '\n'
+    '\n'
+    'def spawn_arguments(argv: "list[str]") -> "list[str] | None":\n'
+    '    """The arguments after spawn.py when argv is `run [options] [--] PATH/spawn.py ARGS`; None for a'
+    'nything else."""\n'
+    '    if argv[:1] != ["run"]:\n'
+    '        return None\n'
+    '    i = 1\n'
+    '    while i < len(argv):\n'
+    '        word = argv[i]\n'
+    '        if word == "--":\n'
+    '            i += 1\n'
+    '            break\n'
+    '        if not word.startswith("-"):\n'
+    '            break\n'
+    '        if word in VALUED:\n'
+    '            i += 2\n'
+    '        elif word in FLAGS or (word.startswith("--") and "=" in word and word.split("=", 1)[0] in VA'
+    'LUED):\n'
+    '            i += 1\n'
+    '        else:\n'
+    '            return None\n'
+    '    if i < len(argv) and os.path.basename(argv[i]) == SCRIPT_NAME:\n'
+    '        return argv[i + 1 :]\n'
+    '    return None\n'
+    '\n'
+    '\n'
+    'def real_uv(here: str) -> "str | None":\n'
+    '    """The next uv on PATH after this one\'s folder."""\n'
+    '    for folder in os.environ.get("PATH", "").split(os.pathsep):\n'
+    '        if not folder or os.path.realpath(folder) == here:\n'
+    '            continue\n'
+    '        candidate = os.path.join(folder, "uv")\n'
+    '        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):\n'
+    '            return candidate\n'
+    '    return None\n'
+    '\n'
+    '\n'
+    'def main() -> None:\n'
+    '    argv = sys.argv[1:]\n'
+    '    here = os.path.realpath(os.path.dirname(os.path.abspath(sys.argv[0])))\n'
+    '    rest = spawn_arguments(argv)\n'
+    '    python, script = os.environ.get("SPAWN_PYTHON"), os.environ.get("SPAWN_PY")\n'
+    '    if rest is not None and python and script:\n'
+    '        os.execv(python, [python, script, *rest])\n'
+    '    uv = real_uv(here)\n'
+    '    if uv is None:\n'
+    '        sys.stderr.write("uv: command not found\\n")\n'
+    '        sys.exit(127)\n'
+    '    os.execv(uv, [uv, *argv])\n'
+    '\n'
+    '\n'
+    'if __name__ == "__main__":\n'
+    '    main()\n'
+)
+UV_SHIM_SH = '#!/bin/sh\nexec "${SPAWN_PYTHON:-python3}" -I -S "$(dirname -- "$0")/uv_shim.py" "$@"\n'
 
 
 def copy_fingerprint(path: Path) -> tuple[int, ...]:
@@ -4586,6 +4680,30 @@ def compiled_script() -> Path:
     verified_copy.cache_clear()
     found = verified_copy()
     return found[0] if found is not None else SCRIPT_PATH
+
+
+def uv_shim_folder(environ: Mapping[str, str]) -> Path | None:
+    """The cache's folder holding the `uv` shim, written if absent or not ours as it should be; None where it can't be."""
+    import hashlib
+
+    files = {"uv_shim.py": (UV_SHIM.encode(), 0o644), "uv": (UV_SHIM_SH.encode(), 0o755)}
+    digest = hashlib.sha256(UV_SHIM.encode() + UV_SHIM_SH.encode()).hexdigest()[:16]
+    folder = cache_dir(environ) / f"uv-shim-{digest}"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for name, (body, mode) in files.items():
+            path = folder / name
+            with contextlib.suppress(OSError, SpawnError):
+                st = os.lstat(path)
+                ours = st.st_uid == os.getuid() and not st.st_mode & COMPILED_MODE_FORBIDDEN and st.st_mode & 0o777 == mode
+                if ours and read_regular_file(path, len(body) + 1)[0] == body:
+                    continue
+            write_file_atomic(path, body)
+            os.chmod(path, mode)
+        st = os.lstat(folder)
+        return folder if st.st_uid == os.getuid() and not st.st_mode & COMPILED_MODE_FORBIDDEN else None
+    except OSError:
+        return None
 
 
 def fast_start_site() -> Path | None:
@@ -10093,6 +10211,7 @@ above the running state it fills in.
 
 
 
+
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the
 # SDK and asyncio are imported, about 100 ms of CPU at every agent that isn't
@@ -10557,6 +10676,13 @@ class CliStart:
     env: dict[str, str]
 
 
+def sandbox_path(meta: AgentMeta, environ: Mapping[str, str]) -> dict[str, str]:
+    """A sandboxed agent's PATH, the `uv` shim first: `uv run spawn.py` in its Bash runs the tree's spawn.py
+    (uv itself can't open its cache there, read-only); {} for an agent outside a sandbox."""
+    shim = uv_shim_folder(environ) if meta.sandbox == "on" else None
+    return {"PATH": os.pathsep.join([str(shim), environ.get("PATH", os.defpath)])} if shim is not None else {}
+
+
 def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> CliStart:
     """The CLI's options, command line and environment for this agent."""
     system_prompt: Any
@@ -10653,6 +10779,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     # (and any scripted MOCK[...]) stays part of the first message; the agent's
     # own facts follow it, after the head siblings share in the prompt cache.
     prompt = first_message(meta)
+    options["env"].update(sandbox_path(meta, os.environ))
     argv = cli_argv(str(cli), options)
     env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
     return CliStart(options, gate, prompt, argv, env)

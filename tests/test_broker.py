@@ -9,6 +9,7 @@ and kills go to its request box, and its runner runs them as its own.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -332,3 +333,38 @@ def test_requests_and_replies_match_their_schemas(tmp_path: Path) -> None:
     reply = load(tmp_path / "0123456789abcdef.reply.json")
     jsonschema.validate(reply, json.loads((schemas / "broker-reply.json").read_text()))
     assert reply["exit_code"] == spawn.ExitCode.REFUSED and len(reply["stderr"]) == spawn.BROKER_STDERR_MAX_BYTES
+
+
+def test_uv_run_spawn_py_in_a_sandboxed_spawner_runs_the_trees_spawn_py(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """uv can't open its read-only cache in a sandbox: the `uv` on a sandboxed agent's PATH runs the tree's spawn.py instead."""
+    child = mock_task("child", [{"text": "child done"}])
+    script = str(Path(spawn.__file__).resolve())
+    steps = (
+        f'uv run --quiet {shlex.quote(script)} --task {shlex.quote(child)} --tools Bash; echo "uv run rc=$?"',
+        'uv --version > /dev/null 2>&1; echo "uv version rc=$?"; command -v uv',
+    )
+    spawner = mock_task("spawner", [*({"bash": step} for step in steps), {"text": "spawner done"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", spawner, "--tools", "Bash", "--sandbox", "on")}, {"text": "root done"}])
+    args = ["--task", root, "--tools", "Bash", "--max-depth", "2", "--sandbox", "off", "--cwd", str(tmp_path)]
+    proc = run_spawn(args, env, timeout=240)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    dirs = by_task(session_root)
+    assert sorted(dirs) == ["child", "root", "spawner"]
+    assert load(dirs["child"] / "meta.json")["parent_id"] == dirs["spawner"].name
+    text = transcript_text(dirs["spawner"])
+    assert "uv run rc=0" in text and '\\"output\\": \\"child done\\"' in text, text[-3000:]
+    # Anything but spawn.py goes on to the real uv, whatever it makes of the sandbox.
+    assert "uv version rc=" in text and "uv-shim-" in text
+
+
+def test_the_uv_shim_finds_spawn_py_past_uvs_own_options() -> None:
+    """Unit: `uv run [options] [--] PATH/spawn.py ARGS` is the tree's spawn.py; anything else is uv's."""
+    namespace: dict[str, object] = {"__name__": "uv_shim"}
+    exec(spawn.UV_SHIM, namespace)  # the program's text, as spawn.py writes it
+    arguments = namespace["spawn_arguments"]
+    assert callable(arguments)
+    assert arguments(["run", "spawn.py", "--task", "x"]) == ["--task", "x"]
+    assert arguments(["run", "--script", "-q", "--python", "3.12", "../tools/spawn.py", "status"]) == ["status"]
+    assert arguments(["run", "--with=rich", "--", "/a/b/spawn.py"]) == []
+    for other in (["run", "other.py"], ["pip", "install", "spawn.py"], ["run", "--weird-flag", "spawn.py"], ["run"], []):
+        assert arguments(other) is None, other

@@ -92,7 +92,7 @@ MODULES = (
 # `NAME = program_text("name")` of a bundled module becomes NAME's literal
 # source, so ruff and mypy check the program and spawn.py never reads a file.
 PROGRAMS_FOLDER = "programs"
-PROGRAMS = ("stand_in_wait", "guard_wait", "guard_above", "fast_start_hook")
+PROGRAMS = ("stand_in_wait", "guard_wait", "guard_above", "fast_start_hook", "uv_shim")
 PROGRAM_ACCESSOR = "program_text"
 # The fast-start hook runs the stand-in's code from spawn.py's own bytes,
 # found between two marker lines that it defines and the bundler writes: the

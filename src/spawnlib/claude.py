@@ -72,6 +72,7 @@ from .core import (
 )
 from .delegates import delegates_in
 from .errors import ExitCode, SpawnError
+from .fast_start import uv_shim_folder
 from .inprocess import in_process_hooks, subagent_definitions, withheld_agent_tool
 from .output import note
 from .processes import Supervised, child_running, procfs_is_ours, runner_index_dir
@@ -557,6 +558,13 @@ class CliStart:
     env: dict[str, str]
 
 
+def sandbox_path(meta: AgentMeta, environ: Mapping[str, str]) -> dict[str, str]:
+    """A sandboxed agent's PATH, the `uv` shim first: `uv run spawn.py` in its Bash runs the tree's spawn.py
+    (uv itself can't open its cache there, read-only); {} for an agent outside a sandbox."""
+    shim = uv_shim_folder(environ) if meta.sandbox == "on" else None
+    return {"PATH": os.pathsep.join([str(shim), environ.get("PATH", os.defpath)])} if shim is not None else {}
+
+
 def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> CliStart:
     """The CLI's options, command line and environment for this agent."""
     system_prompt: Any
@@ -653,6 +661,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     # (and any scripted MOCK[...]) stays part of the first message; the agent's
     # own facts follow it, after the head siblings share in the prompt cache.
     prompt = first_message(meta)
+    options["env"].update(sandbox_path(meta, os.environ))
     argv = cli_argv(str(cli), options)
     env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
     return CliStart(options, gate, prompt, argv, env)

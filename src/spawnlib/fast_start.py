@@ -35,6 +35,11 @@ from .protocol import cache_dir, read_regular_file, write_file_atomic
 # command line has a compiled copy, the hook execs the same interpreter on
 # that copy, with the same argv and pid; anything else starts as usual.
 FAST_START_HOOK = program_text("fast_start_hook")
+# `uv` on a sandboxed agent's PATH (programs/uv_shim.py says why): the
+# program, and the sh that runs it with the tree's Python, in a folder of
+# the cache named by their hash. The cache is read-only in every sandbox.
+UV_SHIM = program_text("uv_shim")
+UV_SHIM_SH = '#!/bin/sh\nexec "${SPAWN_PYTHON:-python3}" -I -S "$(dirname -- "$0")/uv_shim.py" "$@"\n'
 
 
 def copy_fingerprint(path: Path) -> tuple[int, ...]:
@@ -118,6 +123,30 @@ def compiled_script() -> Path:
     verified_copy.cache_clear()
     found = verified_copy()
     return found[0] if found is not None else SCRIPT_PATH
+
+
+def uv_shim_folder(environ: Mapping[str, str]) -> Path | None:
+    """The cache's folder holding the `uv` shim, written if absent or not ours as it should be; None where it can't be."""
+    import hashlib
+
+    files = {"uv_shim.py": (UV_SHIM.encode(), 0o644), "uv": (UV_SHIM_SH.encode(), 0o755)}
+    digest = hashlib.sha256(UV_SHIM.encode() + UV_SHIM_SH.encode()).hexdigest()[:16]
+    folder = cache_dir(environ) / f"uv-shim-{digest}"
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for name, (body, mode) in files.items():
+            path = folder / name
+            with contextlib.suppress(OSError, SpawnError):
+                st = os.lstat(path)
+                ours = st.st_uid == os.getuid() and not st.st_mode & COMPILED_MODE_FORBIDDEN and st.st_mode & 0o777 == mode
+                if ours and read_regular_file(path, len(body) + 1)[0] == body:
+                    continue
+            write_file_atomic(path, body)
+            os.chmod(path, mode)
+        st = os.lstat(folder)
+        return folder if st.st_uid == os.getuid() and not st.st_mode & COMPILED_MODE_FORBIDDEN else None
+    except OSError:
+        return None
 
 
 def fast_start_site() -> Path | None:
