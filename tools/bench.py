@@ -350,8 +350,8 @@ class Commands:
         s_mid = mock_task("bench chain middle", [{"bash": spawn_in_bash("--task", s_leaf, "--tools", "Read")}, {"text": "middle-result"}])
         s_root = mock_task("bench chain root", [{"bash": spawn_in_bash("--task", s_mid, "--tools", "Bash,Read")}, {"text": "root-result"}])
         u_mid = mock_task("bench chain middle", [{"bash": spawn_with_uv("--task", s_leaf, "--tools", "Read")}, {"text": "middle-result"}])
-        # The middle unsandboxed: in a sandbox `uv run` can't take its cache's lock (read-only there, as
-        # it must be: every tree runs that environment), so sandboxed Bash calls "$SPAWN_PYTHON" "$SPAWN_PY".
+        # The middle unsandboxed, so that uv itself starts every level: in a sandbox `uv` is spawn.py's
+        # shim (uv can't open its read-only cache there), which runs "$SPAWN_PYTHON" "$SPAWN_PY" at once.
         u_spawn = spawn_with_uv("--task", u_mid, "--tools", "Bash,Read", "--sandbox", "off")
         u_root = mock_task("bench chain root", [{"bash": u_spawn}, {"text": "root-result"}])
         b_leaf = mock_task("bench chain leaf", LEAF_STEPS)
