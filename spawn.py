@@ -6346,6 +6346,7 @@ START_SLOTS_DIR = "start-slots"  # in the session directory: one lock file a slo
 START_SLOT_HOLD_S = 3.0
 START_SLOT_QUIET_S = 0.1  # a holder's CPU is looked at this often
 START_SLOT_QUIET_SHARE = 0.3  # under this share of a core over that time, it is quiet
+START_SLOT_QUIET_LOOKS = 2  # at this many looks in a row
 START_SLOT_WAIT_S = 30.0
 START_SLOT_POLL_S = 0.02  # the first waiter, without inotify
 START_SLOT_RECHECK_S = 0.25  # the first waiter, with it, in case a close went unseen
@@ -10212,6 +10213,7 @@ above the running state it fills in.
 
 
 
+
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the
 # SDK and asyncio are imported, about 100 ms of CPU at every agent that isn't
@@ -11049,7 +11051,7 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
 async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
     """Let go of the CLI's start slot once it goes quiet, and after hold_s at the latest.
 
-    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S,
+    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S, START_SLOT_QUIET_LOOKS times in a row,
     as when it waits for the model. A start-up that lets go earlier, at its
     first message, leaves a fifth of its CPU to compete with the next one's.
     """
@@ -11061,10 +11063,17 @@ async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
     if not procfs_is_ours():  # its CPU can't be read: its first message frees it (consume_sdk), else the limit
         await asyncio.sleep(hold_s)
     last = cpu_demand_ns(pid)  # None: it is gone already
+    quiet_looks = 0
     while started.slot is not None and last is not None and time.monotonic() < limit:
         await asyncio.sleep(min(START_SLOT_QUIET_S, max(0.0, limit - time.monotonic())))
         demand = cpu_demand_ns(pid)
-        if demand is None or demand - last < quiet_ns:
+        if demand is None:
+            break
+        # Quiet at START_SLOT_QUIET_LOOKS looks in a row: a look alone can fall
+        # in a stretch where the whole machine was held back (a CPU quota's
+        # throttling, a hypervisor's steal), which the run queue doesn't count.
+        quiet_looks = quiet_looks + 1 if demand - last < quiet_ns else 0
+        if quiet_looks >= START_SLOT_QUIET_LOOKS:
             break
         last = demand
     started.free_slot()

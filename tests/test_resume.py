@@ -53,12 +53,17 @@ def test_resume_refuses_unknown_running_and_sessionless(env: dict[str, str], ses
     assert "still running" in busy.stderr
     assert len(list(session_root.glob("*/agents/*"))) == 1  # nothing written
 
-    # Killed before its first result: the outcome has no SDK session to continue.
     assert run_spawn(["kill", str(started["id"])], env).returncode == spawn.ExitCode.OK
-    nosession = run_spawn(["--resume", str(started["id"]), "--task", "more"], env)
+
+    # Refused, it never ran: its outcome has no SDK session to continue. (A killed agent may
+    # or may not have one: the CLI can report its session as it is stopped.)
+    refused = run_spawn(["--task", "anything"], {**env, "SPAWN_DEPTH": "2", "SPAWN_MAX_DEPTH": "2"})
+    assert refused.returncode == spawn.ExitCode.REFUSED, refused.stderr
+    refused_id = str(json.loads(refused.stdout)["id"])
+    nosession = run_spawn(["--resume", refused_id, "--task", "more"], env)
     assert nosession.returncode == spawn.ExitCode.USAGE, nosession.stderr
-    assert "no SDK session" in nosession.stderr
-    assert len(list(session_root.glob("*/agents/*"))) == 1
+    assert "no SDK session" in nosession.stderr and "status refused" in nosession.stderr
+    assert len(list(session_root.glob("*/agents/*"))) == 2  # the two above, nothing more
 
 
 def stdout_json_text(text: str) -> dict[str, object]:

@@ -93,6 +93,7 @@ START_SLOTS_DIR = "start-slots"  # in the session directory: one lock file a slo
 START_SLOT_HOLD_S = 3.0
 START_SLOT_QUIET_S = 0.1  # a holder's CPU is looked at this often
 START_SLOT_QUIET_SHARE = 0.3  # under this share of a core over that time, it is quiet
+START_SLOT_QUIET_LOOKS = 2  # at this many looks in a row
 START_SLOT_WAIT_S = 30.0
 START_SLOT_POLL_S = 0.02  # the first waiter, without inotify
 START_SLOT_RECHECK_S = 0.25  # the first waiter, with it, in case a close went unseen

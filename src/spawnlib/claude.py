@@ -24,6 +24,7 @@ from typing import Any
 from . import __version__
 from .admission import (
     START_SLOT_HOLD_S,
+    START_SLOT_QUIET_LOOKS,
     START_SLOT_QUIET_S,
     START_SLOT_QUIET_SHARE,
     cpu_demand_ns,
@@ -931,7 +932,7 @@ def _outcome_from_run(meta: AgentMeta, state: RunState, started: float, error: s
 async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
     """Let go of the CLI's start slot once it goes quiet, and after hold_s at the latest.
 
-    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S,
+    Quiet: under START_SLOT_QUIET_SHARE of a core over START_SLOT_QUIET_S, START_SLOT_QUIET_LOOKS times in a row,
     as when it waits for the model. A start-up that lets go earlier, at its
     first message, leaves a fifth of its CPU to compete with the next one's.
     """
@@ -943,10 +944,17 @@ async def free_slot_when_quiet(started: StartedCli, hold_s: float) -> None:
     if not procfs_is_ours():  # its CPU can't be read: its first message frees it (consume_sdk), else the limit
         await asyncio.sleep(hold_s)
     last = cpu_demand_ns(pid)  # None: it is gone already
+    quiet_looks = 0
     while started.slot is not None and last is not None and time.monotonic() < limit:
         await asyncio.sleep(min(START_SLOT_QUIET_S, max(0.0, limit - time.monotonic())))
         demand = cpu_demand_ns(pid)
-        if demand is None or demand - last < quiet_ns:
+        if demand is None:
+            break
+        # Quiet at START_SLOT_QUIET_LOOKS looks in a row: a look alone can fall
+        # in a stretch where the whole machine was held back (a CPU quota's
+        # throttling, a hypervisor's steal), which the run queue doesn't count.
+        quiet_looks = quiet_looks + 1 if demand - last < quiet_ns else 0
+        if quiet_looks >= START_SLOT_QUIET_LOOKS:
             break
         last = demand
     started.free_slot()
