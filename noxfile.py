@@ -30,7 +30,10 @@ SCRIPTS = ["spawn.py", "noxfile.py", *sorted(str(p.relative_to(ROOT)) for p in (
 PACKAGE = "src/spawnlib"  # spawn.py's source; never on a runtime path
 # hatchling: pyproject.toml's build backend. tests/test_api.py installs the
 # project into a fresh venv offline, from uv's cache, where installing it here puts it.
-TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "hatchling>=1.26"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "hatchling>=1.26"]
+# The end-to-end tests mostly wait on the CLI and the scripted model (a test
+# file keeps one core under half busy), so four workers share two cores well.
+TEST_WORKERS = "4"
 # Pinned so a new release can't turn a green main red overnight.
 RUFF = "ruff==0.17.5"
 MYPY = "mypy==2.4.1"
@@ -81,7 +84,7 @@ def run_pytest(session: nox.Session, marks: str, timeout: int) -> None:
     install_tool_deps(session)
     session.install(*TEST_DEPS)
     # A hung test fails after `timeout` seconds instead of eating the CI budget.
-    session.run("pytest", *(session.posargs or ["-q", f"--timeout={timeout}", "--durations=15", "-m", marks, "tests"]))
+    session.run("pytest", *(session.posargs or ["-q", "-n", TEST_WORKERS, f"--timeout={timeout}", "--durations=40", "-m", marks, "tests"]))
 
 
 @nox.session
