@@ -13558,6 +13558,14 @@ def split_flag(word: str) -> tuple[str, str | None]:
     return name, (value if eq else None)
 
 
+def flag_value(argv: Sequence[str], i: int, value: str | None) -> tuple[str | None, int]:
+    """argv[i]'s value: after its '=', else the next word (None past the end); and the index of the word it came from."""
+    if value is None:
+        i += 1
+        value = argv[i] if i < len(argv) else None
+    return value, i
+
+
 def checked_run_argv(argv: Sequence[str]) -> list[str] | str:
     """A brokered spawn's argv as the runner will run it, or why it is refused (pure).
 
@@ -13637,9 +13645,7 @@ def checked_wait_argv(argv: Sequence[str]) -> list[str] | str:
         if name in ("--all", "--any") and value is None:
             out.append(name)
         elif name == "--timeout":
-            if value is None:
-                i += 1
-                value = argv[i] if i < len(argv) else None
+            value, i = flag_value(argv, i, value)
             if value is None or not NUMBER.fullmatch(value):
                 return "wait --timeout takes seconds here"
             out += [name, value]
@@ -13666,9 +13672,7 @@ def checked_send_argv(argv: Sequence[str]) -> list[str] | str:
     while i < len(argv):
         name, value = split_flag(argv[i])
         if name == "--as":
-            if value is None:
-                i += 1
-                value = argv[i] if i < len(argv) else None
+            value, i = flag_value(argv, i, value)
             if value is None or not PLAIN_NAME.fullmatch(value):
                 return "send --as takes a plain name here"
             flags += [name, value]
