@@ -521,7 +521,10 @@ def test_a_deep_request_is_refused_and_the_server_serves_on(env: dict[str, str],
         assert send_raw(sock, len(deep).to_bytes(4, "big") + deep) == b""  # closed unanswered
         assert servers(session_root)
         good = json.dumps({"argv": ["--task", "x"], "env": {}, "cwd": "/", "prefix": sys.prefix, "script": ["", 0, 0]}).encode()
-        assert b"refused" in send_raw(sock, len(good).to_bytes(4, "big") + good)  # still serving: not our script
+        # Still serving (the reply refuses it: not our script). A loaded machine may see the server drop a
+        # request it couldn't read within its 5 s, as it drops any slow client: one more try then.
+        answers = [send_raw(sock, len(good).to_bytes(4, "big") + good) for _ in range(2)]
+        assert any(b"refused" in answer for answer in answers), answers
 
 
 def test_a_trickling_client_does_not_hold_up_a_nested_spawn(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:

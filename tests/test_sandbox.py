@@ -386,3 +386,24 @@ def test_a_sandboxed_leaf_can_not_replace_the_compiled_copy_its_tree_runs(env: d
     (next_dir,) = [d for d in agent_dirs(session_root) if d != leaf_dir]
     text = transcript_text(next_dir)
     assert f"spawn.py {spawn.__version__}" in text and "copy ran" not in text
+
+
+@needs_bwrap
+def test_the_projects_claude_folder_is_held_read_only_whole_so_no_placeholder_is_made(env: dict[str, str], tmp_path: Path) -> None:
+    """Claude Code's sandbox makes empty placeholders for the protected files of .claude/ that are absent; two
+    sandboxed agents in one folder race for them. Held read-only as one folder, it needs none."""
+    project = tmp_path / "project"
+    project.mkdir()
+    task = mock_task("leaf", [{"bash": "sleep 2; echo made > made.txt"}, {"text": "leaf done"}])
+    proc = start_spawn(["--task", task, "--tools", "Bash", "--sandbox", "on", "--cwd", str(project)], env)
+    seen: set[str] = set()
+    while proc.poll() is None:
+        if (project / ".claude").is_dir():
+            seen.update(p.name for p in (project / ".claude").iterdir())
+        time.sleep(0.02)
+    out, err = proc.communicate()
+    assert proc.returncode == spawn.ExitCode.OK, err
+    assert json.loads(out)["output"] == "leaf done"
+    # Only the CLI's own bookkeeping, never settings.json, agents, launch.json and the like.
+    assert seen <= {".cc-writes"}, seen
+    assert (project / "made.txt").read_text() == "made\n"

@@ -559,6 +559,23 @@ class CliStart:
     env: dict[str, str]
 
 
+def project_claude_dir(cwd: str) -> str:
+    """The working directory's .claude/, made if absent: held read-only in a sandbox as one existing folder.
+
+    Claude Code's sandbox protects files there (settings, agents, commands,
+    launch.json, ...); for each one that doesn't exist it makes an empty
+    placeholder on the host while a Bash runs, and removes it after. Two
+    sandboxed agents in one folder then race for the same placeholders
+    ("bwrap: Can't bind mount .../.claude/launch.json"). The folder held
+    read-only whole needs none. (The CLI makes .claude/ itself, for its own
+    .cc-writes, so making it adds nothing to the project.)
+    """
+    folder = os.path.join(os.path.realpath(cwd), ".claude")
+    with contextlib.suppress(OSError):
+        os.mkdir(folder)
+    return folder
+
+
 def sandbox_path(meta: AgentMeta, environ: Mapping[str, str]) -> dict[str, str]:
     """A sandboxed agent's PATH, the `uv` shim first: `uv run spawn.py` in its Bash runs the tree's spawn.py
     (uv itself can't open its cache there, read-only); {} for an agent outside a sandbox."""
@@ -616,8 +633,8 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
             session_entries=os.listdir(session),
             drop_boxes=boxes,
         )
-        # The compiled copies every tree runs: never the sandbox's to write, even inside its cwd.
-        read_only.append(os.path.realpath(cache_dir(os.environ)))
+        # The compiled copies every tree runs, never the sandbox's to write, even inside its cwd; its project's .claude/.
+        read_only += [os.path.realpath(cache_dir(os.environ)), project_claude_dir(meta.cwd)]
         read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
         sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
