@@ -1340,7 +1340,10 @@ def schema_chains(cli: Path, compare: Path | None) -> list[SchemaChain]:
     """P1s's chains: uv run spawn.py --schema at every level, bare claude -p --json-schema, and the --compare script's."""
 
     def uv_level(script: Path, task: str, tools: str, *extra: str) -> list[str]:
-        return ["uv", "run", str(script), "--task", task, "--tools", tools, *extra, "--schema", SCHEMA_CHAIN_SCHEMA]
+        # Unsandboxed like the bare side, so uv itself starts every level (in a sandbox `uv` is
+        # spawn.py's shim), and a sandbox's start-up (bwrap, its proxy) is not counted as spawn.py's.
+        argv = ["uv", "run", str(script), "--task", task, "--tools", tools, *extra, "--schema", SCHEMA_CHAIN_SCHEMA]
+        return [*argv, "--sandbox", "off"]
 
     def chain(level: Callable[[str, str], list[str]], *root_extra: str) -> list[str]:
         leaf = mock_task("bench schema chain leaf", [{"structured": schema_answer("leaf")}])
