@@ -12912,6 +12912,7 @@ def wants_guard_above(argv: Sequence[str], environ: Mapping[str, str]) -> bool:
 
 
 
+
 # ------------------------------------------------------------- fork server --
 
 # A session's fork server: one process, started by the root agent, that has
@@ -13152,7 +13153,7 @@ class PendingRequest:
 def serve_forks(meta: AgentMeta, entry: Entry) -> None:
     """The fork server's loop: accept, check the peer, fork; until the root is gone."""
     path = Path(meta.session) / FORKSERVER_SOCKET
-    server = bind_forkserver_socket(path)
+    server = bind_private_socket(path)  # 0600: only this user may connect
     bound = path.stat().st_ino
     # Listening before the imports: a spawn that comes meanwhile waits in the
     # backlog, no longer than its own imports would have taken it.
@@ -13174,22 +13175,6 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
         with contextlib.suppress(OSError):
             if path.stat().st_ino == bound:
                 path.unlink()
-
-
-def bind_forkserver_socket(path: Path) -> Any:
-    """The server's socket, bound at path, 0600."""
-    import socket
-
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    address, dir_fd = unix_address(str(path))
-    mask = os.umask(0o177)  # the socket is created 0600: only this user may connect
-    try:
-        server.bind(address)
-    finally:
-        os.umask(mask)
-        if dir_fd is not None:
-            os.close(dir_fd)
-    return server
 
 
 def preload_for_forks() -> None:
@@ -13598,12 +13583,11 @@ def checked_run_argv(argv: Sequence[str]) -> list[str] | str:
         takes = BROKER_FLAGS.get(name)
         if not name.startswith("--") or takes is None:
             return f"{name[:80]!r} is not served to a sandboxed agent (allowed: {', '.join(sorted(BROKER_FLAGS))})"
-        if takes and value is None:
-            if i + 1 >= len(argv):
+        if takes:
+            value, i = flag_value(argv, i, value)
+            if value is None:
                 return f"{name} needs a value"
-            i += 1
-            value = argv[i]
-        if not takes and value is not None:
+        elif value is not None:
             return f"{name} takes no value"
         if name == "--agent" and value != "auto" and not PLAIN_NAME.fullmatch(value or ""):
             return "--agent takes a definition's name here, never a path or a node reference"
@@ -13961,7 +13945,7 @@ def steering_argv(argv: Sequence[str]) -> list[str]:
 
 
 def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
-    """Inside a sandboxed spawner: hand a spawn, a kill or a wait to its runner, print its reply, and return its exit code.
+    """Inside a sandboxed spawner: hand a spawn, a kill, a wait or a send to its runner, print its reply, and return its exit code.
 
     None where this spawn.py runs as usual: outside a sandbox, in one
     without a request box (a leaf's), and for every other verb (status and

@@ -132,12 +132,11 @@ def checked_run_argv(argv: Sequence[str]) -> list[str] | str:
         takes = BROKER_FLAGS.get(name)
         if not name.startswith("--") or takes is None:
             return f"{name[:80]!r} is not served to a sandboxed agent (allowed: {', '.join(sorted(BROKER_FLAGS))})"
-        if takes and value is None:
-            if i + 1 >= len(argv):
+        if takes:
+            value, i = flag_value(argv, i, value)
+            if value is None:
                 return f"{name} needs a value"
-            i += 1
-            value = argv[i]
-        if not takes and value is not None:
+        elif value is not None:
             return f"{name} takes no value"
         if name == "--agent" and value != "auto" and not PLAIN_NAME.fullmatch(value or ""):
             return "--agent takes a definition's name here, never a path or a node reference"
@@ -495,7 +494,7 @@ def steering_argv(argv: Sequence[str]) -> list[str]:
 
 
 def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
-    """Inside a sandboxed spawner: hand a spawn, a kill or a wait to its runner, print its reply, and return its exit code.
+    """Inside a sandboxed spawner: hand a spawn, a kill, a wait or a send to its runner, print its reply, and return its exit code.
 
     None where this spawn.py runs as usual: outside a sandbox, in one
     without a request box (a leaf's), and for every other verb (status and

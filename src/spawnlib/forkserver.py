@@ -15,6 +15,7 @@ from typing import Any, NoReturn, cast
 
 import psutil
 
+from .channel import bind_private_socket
 from .constants import SCRIPT_PATH
 from .core import parse_json, utc_now_iso
 from .errors import ExitCode, SpawnError
@@ -32,7 +33,7 @@ from .processes import (
 from .protocol import load_meta
 from .records import AgentMeta
 from .running import STOP_SIGNALS, SdkLoader, import_sdk
-from .standin import ENV_NO_FORKSERVER, FORKED_VERBS, FORKSERVER_REPLY_S, FORKSERVER_SOCKET, forkserver_request, unix_address
+from .standin import ENV_NO_FORKSERVER, FORKED_VERBS, FORKSERVER_REPLY_S, FORKSERVER_SOCKET, forkserver_request
 
 # ------------------------------------------------------------- fork server --
 
@@ -274,7 +275,7 @@ class PendingRequest:
 def serve_forks(meta: AgentMeta, entry: Entry) -> None:
     """The fork server's loop: accept, check the peer, fork; until the root is gone."""
     path = Path(meta.session) / FORKSERVER_SOCKET
-    server = bind_forkserver_socket(path)
+    server = bind_private_socket(path)  # 0600: only this user may connect
     bound = path.stat().st_ino
     # Listening before the imports: a spawn that comes meanwhile waits in the
     # backlog, no longer than its own imports would have taken it.
@@ -296,22 +297,6 @@ def serve_forks(meta: AgentMeta, entry: Entry) -> None:
         with contextlib.suppress(OSError):
             if path.stat().st_ino == bound:
                 path.unlink()
-
-
-def bind_forkserver_socket(path: Path) -> Any:
-    """The server's socket, bound at path, 0600."""
-    import socket
-
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    address, dir_fd = unix_address(str(path))
-    mask = os.umask(0o177)  # the socket is created 0600: only this user may connect
-    try:
-        server.bind(address)
-    finally:
-        os.umask(mask)
-        if dir_fd is not None:
-            os.close(dir_fd)
-    return server
 
 
 def preload_for_forks() -> None:
