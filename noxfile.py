@@ -104,6 +104,15 @@ def ray(session: nox.Session) -> None:
     session.run("pytest", *(session.posargs or ["-q", "--timeout=900", "-m", "ray", *cluster_tests]))
 
 
+@nox.session(name="ray_bench")
+def ray_bench(session: nox.Session) -> None:
+    """40 leaves on a local 3-node Ray cluster against the same 40 placed locally: `uvx nox -s ray_bench`."""
+    install_spawn_deps(session)
+    install_tool_deps(session)
+    install_tool_deps(session, only="ray_place.py")
+    session.run("python", "tools/bench_ray.py", *session.posargs)
+
+
 @nox.session
 def slow(session: nox.Session) -> None:
     """The soak-style tests (marked slow) that `tests` leaves out: `uvx nox -s slow`."""

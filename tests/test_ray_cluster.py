@@ -1,9 +1,7 @@
 """Agents placed on a local 3-node Ray cluster (`uvx nox -s ray`; marked ray, never in the default suite).
 
-A head and two workers, each `ray start --block` in a process group of its
-own, started one after the other; stopped by SIGTERM to each `ray start`,
-then SIGKILL of its group. Never `ray stop`: it ends every Ray cluster on the
-machine, found by process name.
+A head and two workers, started and stopped by pid by tools/local_ray.py
+(never `ray stop`: it ends every Ray cluster on the machine).
 
 The agents are real: the bundled claude CLI against the scripted model,
 started by spawn.py's own runner on the node the host actor landed on.
@@ -13,19 +11,16 @@ installed (its `ray` executable is used to start the nodes).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import re
-import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import local_ray
 import psutil
 import pytest
 from conftest import ROOT, agent_dirs, load, mock_task, run_spawn, start_spawn, stdout_json, wait_until
@@ -36,83 +31,33 @@ pytestmark = pytest.mark.ray
 
 RAY_PYTHON = os.environ.get("RAY_PLACE_PYTHON") or sys.executable  # not SPAWN_*: conftest clears those
 RAY_CLI = str(Path(RAY_PYTHON).parent / "ray")
-NODE_START_S = 300
 HANG_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
 class Cluster:
-    address: str
-    nodes: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    logs: Path | None = None
+    """A started local cluster, and how a test's spawn.py is pointed at it."""
+
+    local: local_ray.LocalCluster
+
+    @property
+    def address(self) -> str:
+        return self.local.address
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         return {**base, "SPAWN_PLACEMENT": f"ray:{self.address}", "SPAWN_RAY_PYTHON": RAY_PYTHON}
-
-    def alive_nodes(self) -> int:
-        try:
-            out = subprocess.run([RAY_CLI, "status", "--address", self.address], capture_output=True, text=True, timeout=60, check=False)
-        except subprocess.TimeoutExpired:
-            return 0
-        active = out.stdout.split("Active:", 1)[-1].split("Pending:", 1)[0]
-        return len(re.findall(r"^\s*1 node_", active, re.MULTILINE))
-
-
-def start_node(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "ab") as out:
-        # A loaded machine starts a node's Python agents slowly: the raylet would give up on their port files.
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_agent_register_timeout_ms": "600000"}
-        env["RAY_raylet_start_wait_time_s"] = "300"
-        return subprocess.Popen([RAY_CLI, "start", "--block", *argv], stdout=out, stderr=out, start_new_session=True, env=env)
-
-
-def stop_node(node: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to `ray start`, a moment to stop its children, then SIGKILL of its whole group."""
-    if node.poll() is None:
-        node.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            node.wait(timeout=15)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(node.pid, signal.SIGKILL)
-    node.wait()
-
-
-def node_ports() -> list[str]:
-    """Fixed ports for a node's agents: with dynamic ones the raylet waits for the metrics agent's port
-    file, which a loaded 2-core machine may not write before the raylet's startup check gives up."""
-    names = ("metrics-export-port", "dashboard-agent-grpc-port", "dashboard-agent-listen-port", "runtime-env-agent-port")
-    return [f"--{name}={free_port()}" for name in names]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     if not Path(RAY_CLI).exists():
         pytest.skip("no ray here: run `uvx nox -s ray`, or set RAY_PLACE_PYTHON")
-    logs = tmp_path_factory.mktemp("ray-logs")
-    port = free_port()
-    cluster = Cluster(f"127.0.0.1:{port}", logs=logs)
-    common = ["--num-cpus=1", "--memory=2000000000", "--object-store-memory=80000000", "--disable-usage-stats"]
+    local = local_ray.LocalCluster(RAY_CLI, tmp_path_factory.mktemp("ray-logs"))
     try:
-        head = ["--head", f"--port={port}", "--include-dashboard=false", *common, *node_ports()]
-        cluster.nodes.append(start_node(head, logs / "head.log"))
-        # The head binds the host's address, which workers and drivers must use.
-        assert wait_until(lambda: "Local node IP" in (logs / "head.log").read_text(), NODE_START_S)
-        ip = re.search(r"Local node IP\S*: \S*?(\d+\.\d+\.\d+\.\d+)", (logs / "head.log").read_text())
-        cluster.address = f"{ip.group(1) if ip else '127.0.0.1'}:{port}"
-        assert wait_until(lambda: cluster.alive_nodes() >= 1, NODE_START_S), (logs / "head.log").read_text()
-        for n in (1, 2):  # one after the other: two joining at once race for the head's ports
-            cluster.nodes.append(start_node([f"--address={cluster.address}", *common, *node_ports()], logs / f"w{n}.log"))
-            assert wait_until(lambda: cluster.alive_nodes() >= len(cluster.nodes), NODE_START_S), (logs / f"w{n}.log").read_text()
-        yield cluster
+        local.start(workers=2)
+        yield Cluster(local)
     finally:
-        for node in reversed(cluster.nodes):
-            stop_node(node)
+        local.stop()
 
 
 def placements(session_root: Path) -> dict[str, dict[str, Any]]:

@@ -3,18 +3,14 @@
 Dev tool (imports tools/mock_model.py): ``RAY_PLACE_PYTHON=PY python tools/bench_ray.py --leaves 40``,
 where PY has tools/ray_place.py.lock installed. Prints one JSON object: wall time from the first launch
 to the last outcome, and the machine's peak memory in use above the baseline, for each side.
-The cluster is started and stopped as the cluster tests do (never `ray stop`).
+The cluster is tools/local_ray.py's, as in the cluster tests. `uvx nox -s ray_bench` runs it.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import re
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,60 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import local_ray
 import mock_model
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 SPAWN = ROOT / "spawn.py"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def start_cluster(ray_cli: str, logs: Path) -> tuple[str, list[subprocess.Popen[bytes]]]:
-    port, nodes, address = free_port(), [], ""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"} | {"RAY_USAGE_STATS_ENABLED": "0"}
-    common = ["--num-cpus=1", "--memory=4000000000", "--object-store-memory=80000000", "--disable-usage-stats"]
-    for n in range(3):
-        ports = [
-            f"--{p}={free_port()}"
-            for p in ("metrics-export-port", "dashboard-agent-grpc-port", "dashboard-agent-listen-port", "runtime-env-agent-port")
-        ]
-        where = ["--head", f"--port={port}", "--include-dashboard=false"] if n == 0 else [f"--address={address}"]
-        with open(logs / f"node{n}.log", "ab") as out:
-            nodes.append(
-                subprocess.Popen(
-                    [ray_cli, "start", "--block", *where, *common, *ports], stdout=out, stderr=out, start_new_session=True, env=env
-                )
-            )
-        if n == 0:
-            while not (ip := re.search(r"Local node IP\S*: \S*?(\d+\.\d+\.\d+\.\d+)", (logs / "node0.log").read_text())):
-                time.sleep(0.5)
-            address = f"{ip.group(1)}:{port}"
-        while alive_nodes(ray_cli, address) < n + 1:
-            time.sleep(1)
-    return address, nodes
-
-
-def alive_nodes(ray_cli: str, address: str) -> int:
-    try:
-        out = subprocess.run([ray_cli, "status", "--address", address], capture_output=True, text=True, timeout=60, check=False).stdout
-    except subprocess.TimeoutExpired:
-        return 0
-    return len(re.findall(r"^\s*1 node_", out.split("Active:", 1)[-1].split("Pending:", 1)[0], re.MULTILINE))
-
-
-def stop_cluster(nodes: list[subprocess.Popen[bytes]]) -> None:
-    for node in reversed(nodes):
-        node.send_signal(signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            node.wait(timeout=15)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(node.pid, signal.SIGKILL)
-        node.wait()
 
 
 def run_side(env: dict[str, str], leaves: int, session_root: Path) -> dict[str, Any]:
@@ -131,12 +79,13 @@ def main() -> int:
         }
         base |= {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
         local = run_side({**base, "SPAWN_SESSION_ROOT": f"{tmp}/local"}, args.leaves, Path(tmp) / "local")
-        address, nodes = start_cluster(str(Path(ray_python).parent / "ray"), Path(tmp))
+        cluster = local_ray.LocalCluster(str(Path(ray_python).parent / "ray"), Path(tmp))
         try:
-            placed_env = {**base, "SPAWN_SESSION_ROOT": f"{tmp}/ray", "SPAWN_PLACEMENT": f"ray:{address}", "SPAWN_RAY_PYTHON": ray_python}
-            placed = run_side(placed_env, args.leaves, Path(tmp) / "ray")
+            cluster.start(workers=2, memory=4_000_000_000)
+            where = {"SPAWN_PLACEMENT": f"ray:{cluster.address}", "SPAWN_RAY_PYTHON": ray_python}
+            placed = run_side({**base, "SPAWN_SESSION_ROOT": f"{tmp}/ray", **where}, args.leaves, Path(tmp) / "ray")
         finally:
-            stop_cluster(nodes)
+            cluster.stop()
     print(json.dumps({"local": local, "ray_3_nodes_one_machine": placed}))
     return 0
 
