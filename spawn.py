@@ -8309,6 +8309,9 @@ FINISHED_WAIT_S = 60.0
 # Transcript lines (sessions/README.md, "Steering"):
 SENT_LINE = "UserSent"  # {seq, text, from, by, pid, delivery}
 SEND_REFUSED_LINE = "SendRefused"  # {from, by, pid, refused, chars}
+# An a2a node's messages become the next messages of its remote task, marked as
+# steering (A2A metadata spawn.steer) so a spawn.py A2A server never takes one as an answer.
+REMOTE_DELIVERY = "next message of its remote task"
 PAUSED_LINE = "BudgetPaused"  # {reason, spent_usd, hold_usd, needed_usd}
 RESUMED_LINE = "BudgetResumed"  # {paused_s, hold_usd, topped_up_usd}
 
@@ -8488,6 +8491,8 @@ class Inbox:
         """The CLI's last turn has a result: a message now reopens the run."""
         self.before_reopen: Callable[[], Any] | None = None
         """Awaited before a message reopens a finished turn (the budget pause's gate)."""
+        self.delivery = REMOTE_DELIVERY if meta.kind == "a2a" else None
+        """What every accepted message becomes, where it isn't the CLI's next request (an a2a node's remote task)."""
         self.path = agent_dir / INBOX_SOCKET
         self.server: Any = None
         with contextlib.suppress(FileNotFoundError):
@@ -8571,7 +8576,7 @@ class Inbox:
         if self.closed is not None:
             return {"finished": self.closed}
         self.seq += 1
-        delivery = "reopens the run" if self.turn_ended else "next request"
+        delivery = self.delivery or ("reopens the run" if self.turn_ended else "next request")
         self._line(SENT_LINE, {"seq": self.seq, "text": text, "from": sender, "by": by, "pid": pid, "delivery": delivery})
         self.queue.append(text)
         self.wake.set()
@@ -8610,11 +8615,6 @@ def send_message(agent_dir: Path, text: str, by: str | None) -> dict[str, Any]:
         raise UsageError(
             f"agent {meta.id} is a command node: a command reads its one task on stdin and takes no messages; "
             "kill it and spawn another with the new task"
-        )
-    if meta.kind == "a2a":
-        raise UsageError(
-            f"agent {meta.id} is an a2a node: its remote task takes a message only when it asks for one "
-            f"(input-required): answer that ask with 'spawn.py approve ASK --text TEXT'"
         )
     path = agent_dir / INBOX_SOCKET
     limit = time.monotonic() + INBOX_WAIT_S
@@ -9013,14 +9013,15 @@ def wait_while_paused(session: Path, deadline: float | None, *, no_wait: bool) -
 
 
 async def open_steering(meta: AgentMeta, agent_dir: Path, state: Any, secrets_: Sequence[str]) -> None:
-    """Before a claude agent's run: its inbox, and its budget pause under --on-budget pause (state: the RunState).
+    """Before a claude agent's or an a2a node's run: its inbox, and a claude agent's pause under --on-budget pause (state: the RunState).
 
     The run's stop path (state.request_stop, and its stop hooks, which run
     while the CLI is frozen) closes the inbox and answers a paused hook "stop".
     """
-    if meta.kind != "claude":
-        return  # a command takes no messages; an a2a node's remote task only through its asks
-    if meta.on_budget == "pause":
+    if meta.kind not in ("claude", "a2a"):
+        return  # a command reads its one task on stdin and takes no messages
+    # An a2a node's messages go on to its remote task (A2AConversation.forward); its remote pauses on its own.
+    if meta.on_budget == "pause" and meta.kind == "claude":
         state.pause = BudgetPause(meta, agent_dir, secrets_)
         state.pause.stopped = lambda: state.stop_reason is not None
         if state.request_stop is not None:
@@ -11158,6 +11159,10 @@ A2A_META_DEADLINE = "spawn.deadline"
 A2A_META_BUDGET = "spawn.max_budget_usd"
 A2A_META_TRACEPARENT = "spawn.traceparent"
 A2A_META_COST = "spawn.cost_usd"
+# A message `spawn.py send` gave an a2a node, sent on to its remote task: a steer,
+# never an answer (tools/a2a_server.py hands it to the served agent's inbox).
+A2A_META_STEER = "spawn.steer"
+A2A_META_SENT_BY = "spawn.sent_by"
 # Remote task states (A2A's TaskState without its TASK_STATE_ prefix) and what
 # they end as; input-required and auth-required become asks; submitted and
 # working mean "not yet"; anything else is unknown and fails the node.
@@ -11704,6 +11709,8 @@ class A2AExecutor(Executor):
             conversation.client = ClientFactory(config).create(card)
             task = conversation.task
             state.stop_hooks.append(conversation.cancel)
+            await open_steering(meta, agent_dir, state, secrets_)  # spawn.py send's inbox
+            forwarding = asyncio.ensure_future(conversation.forward(state.inbox)) if state.inbox is not None else None
             try:
                 state.node_result = await conversation.converse(remote=card.name)
             except A2AFlooded as exc:
@@ -11711,6 +11718,10 @@ class A2AExecutor(Executor):
                     await asyncio.wait_for(conversation.cancel(), KILL_GRACE_S)
                 state.node_result = NodeResult(Status.FAILED, str(exc), cost_usd=task.cost_usd)
             finally:
+                close_steering(state)
+                if forwarding is not None:  # what was accepted before the close is sent, or recorded as not sent
+                    await asyncio.wait([forwarding], timeout=KILL_GRACE_S)
+                    forwarding.cancel()
                 # A remote that reports itself canceled ends the stream while the
                 # stop path's cancel still waits on this client for its reply:
                 # closing the client now would cut that reply (and its record) off.
@@ -11785,6 +11796,45 @@ class A2AConversation:
         finally:
             done.set_result(None)
         line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, self.names)})
+
+    async def forward(self, inbox: Any) -> None:
+        """Each message the inbox accepted, in order, as the next message of the remote task (an A2ASteer line each)."""
+        import asyncio
+        import uuid
+
+        from a2a.types import Message, Part, Role, SendMessageConfiguration, SendMessageRequest
+
+        task, seq = self.task, 0
+        while True:
+            while not inbox.queue and inbox.closed is None:
+                inbox.wake.clear()
+                await inbox.wake.wait()
+            if not inbox.queue:
+                return
+            text, seq = inbox.queue.popleft(), seq + 1
+            while task.task_id is None and task.state not in A2A_FINAL_STATES:
+                await asyncio.sleep(0.1)  # the remote has not named its task yet
+            if task.state in A2A_FINAL_STATES:
+                self.line("A2ASteer", {"seq": seq, "sent": False, "why": f"the remote task is {task.state}"})
+                continue
+            metadata = {**a2a_metadata(self.meta), A2A_META_STEER: True, A2A_META_SENT_BY: f"spawn:{self.meta.id}"}
+            message = Message(
+                message_id=uuid.uuid4().hex, role=Role.ROLE_USER, parts=[Part(text=text)], metadata=metadata,
+                task_id=task.task_id or "", context_id=task.context_id or "",
+            )  # fmt: skip
+            request = SendMessageRequest(message=message, configuration=SendMessageConfiguration(return_immediately=True))
+            try:
+                events = self.client.send_message(request)
+                async for event in events:  # the first event says it was taken; the task's progress is follow()'s
+                    said = event.task.status if event.HasField("task") else event.status_update.status
+                    state = a2a_state_name(said.state, self.names)
+                    self.line("A2ASteer", {"seq": seq, "sent": True, "task_id": task.task_id, "state": state})
+                    break
+                close = getattr(events, "aclose", None)
+                if close is not None:
+                    await close()
+            except Exception as exc:  # a remote that refuses it: recorded, and the node goes on
+                self.line("A2ASteer", {"seq": seq, "sent": False, "error": f"{type(exc).__name__}: {exc}"[:500]})
 
     async def converse(self, *, remote: str) -> NodeResult:
         """Send the task, then each answer to the remote's asks, until the task settles; its result."""
@@ -17941,7 +17991,8 @@ def add_steering_arguments(verb: str, p: Parser) -> None:
     if verb == "send":
         p.description = (
             "Give a running agent a user message: it reads it at its next model request (or a turn reopened for it). "
-            "Not from the agent itself or its subtree (exit 4); a finished agent: exit 1; a command or a2a node: exit 2."
+            "An a2a node sends it on as the next message of its remote task. "
+            "Not from the agent itself or its subtree (exit 4); a finished agent: exit 1; a command node: exit 2."
         )
         p.add_argument("id", metavar="ID")
         p.add_argument("text", metavar="TEXT", help="the message; '-' reads it from stdin")

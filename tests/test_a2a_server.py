@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from conftest import (
     ROOT,
+    MockModel,
     load,
     metas,
     mock_task,
@@ -718,6 +719,59 @@ def test_a_remote_ask_denied_at_the_top_ends_the_remote_agent(
     [remote_outcome] = [load(p) for p in remote_root.glob("*/agents/*/outcome.json")]
     assert remote_outcome["status"] == "killed"
     validate_records(remote_root)
+
+
+@needs_a2a_client
+def test_a_send_to_an_a2a_node_steers_the_remote_agent_and_never_answers_its_ask(
+    serve: Callable[..., Served], env: dict[str, str], session_root: Path, tmp_path: Path, mock_model: MockModel
+) -> None:
+    """spawn.py send ID to an a2a node: the next message of its remote task, which the server hands to the served
+    agent's inbox. Sent while the remote asks (input-required), a "yes" is a message for the agent, not the answer."""
+    remote_root = tmp_path / "remote-sessions"
+    served = serve("--session", str(remote_root))
+    target = tmp_path / "project" / "made-after-the-steer"
+    steps = [{"bash": f"touch {target}"}, {"text": "made"}]
+    top = start_spawn(["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", steps)], token_env(env, served))
+    try:
+        local_ask = wait_for_ask(session_root, timeout=STREAM_TIMEOUT_S)
+        [node] = metas(session_root).values()
+        sent = run_spawn(["send", node["id"], "yes"], env)
+        assert sent.returncode == 0, sent.stderr
+        assert stdout_json(sent) == {"sent": True, "id": node["id"], "seq": 1, "delivery": "next message of its remote task"}
+        node_dir = Path(node["session"]) / "agents" / node["id"]
+        limit = time.monotonic() + STREAM_TIMEOUT_S
+        while not [r for r in transcript_lines(node_dir, "A2ASteer") if r.get("sent")]:
+            assert time.monotonic() < limit, transcript_lines(node_dir, "A2ASteer")
+            time.sleep(0.1)
+        [remote] = remote_agents(remote_root).values()
+        remote_dir = Path(remote["session"]) / "agents" / remote["id"]
+        [received] = transcript_lines(remote_dir, "UserSent")
+        assert received["text"] == "yes" and received["by"].startswith("a2a:")
+        # The ask is still the caller's: pending here and there, the file not made.
+        assert not list(remote_root.glob("*/asks/q-*.answer.json")) and not list(session_root.glob("*/asks/q-*.answer.json"))
+        assert not target.exists()
+        approved = run_spawn(["approve", local_ask["id"], "--session", str(next(session_root.iterdir()))], env)
+        assert approved.returncode == 0, approved.stderr
+        out, err = top.communicate(timeout=STREAM_TIMEOUT_S)
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.communicate()
+    assert json.loads(out)["status"] == "done", err
+    assert target.exists()
+    # The remote agent's request after its tool call holds the message: it reached the model.
+    said = {r["step_index"]: any(re.search(r"\byes\b", t) for t in r["later_texts"]) for r in mock_model.requests() if r["kind"] == "main"}
+    assert said == {0: False, 1: True}, said
+    [local_sent] = transcript_lines(node_dir, "UserSent")
+    assert local_sent["from"].startswith("pid ") and local_sent["delivery"] == "next message of its remote task"
+    validate_records(session_root)
+    validate_records(remote_root)
+
+
+def transcript_lines(agent_dir: Path, kind: str) -> list[dict[str, Any]]:
+    path = agent_dir / "transcript.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [r["message"] for r in lines if r.get("type") == kind]
 
 
 def test_a_paused_subtree_is_input_required_until_its_budget_is_raised(

@@ -50,7 +50,7 @@ import shlex
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -60,7 +60,7 @@ import uvicorn
 from a2a.helpers.proto_helpers import new_data_part, new_task_from_user_message, new_text_part
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.context import ServerCallContext
-from a2a.server.events import EventQueue
+from a2a.server.events import Event, EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.request_handlers.response_helpers import agent_card_to_dict
 from a2a.server.routes import DefaultServerCallContextBuilder, create_agent_card_routes, create_jsonrpc_routes
@@ -70,12 +70,16 @@ from a2a.types import (
     AgentCard,
     AgentInterface,
     AgentSkill,
+    GetTaskRequest,
     HTTPAuthSecurityScheme,
     Message,
     SecurityRequirement,
     SecurityScheme,
+    SendMessageRequest,
+    Task,
     TaskState,
 )
+from a2a.utils.errors import InvalidParamsError
 from google.protobuf import json_format
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -127,6 +131,8 @@ META_DEADLINE = "spawn.deadline"
 META_BUDGET = "spawn.max_budget_usd"
 META_TRACEPARENT = "spawn.traceparent"
 META_DECISION = "spawn.decision"
+# A steer: a message for the served agent's inbox (`spawn.py send`), never an answer to an ask.
+META_STEER = "spawn.steer"
 # A signed claim of the caller's limits (tools/spawn_claims.py), and its signature.
 META_CLAIM = "spawn.claim"
 META_CLAIM_SIG = "spawn.claim_sig"
@@ -549,6 +555,11 @@ class Spawner:
         with contextlib.suppress(session_files.CliError):  # already ended: nothing to kill
             await self.run_json("kill", run.agent_id, "--session", str(run.session))
 
+    async def send(self, run: Run, text: str) -> None:
+        """A caller's steer, to the served agent's inbox: `spawn.py send`, from here, outside its tree."""
+        by = f"a2a:{run.task_id[:40]}"
+        await self.run_json("send", run.agent_id, "-", "--session", str(run.session), "--as", by, stdin=text.encode())
+
     async def answer(self, run: Run, ask_id: str, decision: str) -> None:
         verb = "approve" if decision == "allow" else "deny"
         await self.run_json(verb, ask_id, "--session", str(run.session), "--as", f"a2a:{run.task_id[:40]}")
@@ -837,10 +848,54 @@ def build_card(base_url: str, skills: list[dict[str, Any]], token: bool, name: s
     return card
 
 
+class SteeringHandler(DefaultRequestHandler):
+    """a2a-sdk's handler, except that a steer (message metadata spawn.steer) goes straight to the agent's inbox.
+
+    a2a-sdk runs a task's messages one after another: a message to a working task
+    waits until execute() returns, at an ask or at the end, and a message that
+    meets an ask is taken as its answer. A steer must do neither, so it never
+    reaches execute(): it is handed to `spawn.py send` at once, and the task as
+    it stands is the reply. Any other message, and a steer to a task this server
+    doesn't follow (or has ended), takes a2a-sdk's own path.
+    """
+
+    def __init__(self, executor: SpawnExecutor, **kwargs: Any) -> None:
+        super().__init__(agent_executor=executor, **kwargs)
+        self.spawn_executor = executor
+
+    async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
+        steered = await self.steered(params, context)
+        return steered if steered is not None else await super().on_message_send(params, context)
+
+    async def on_message_send_stream(self, params: SendMessageRequest, context: ServerCallContext) -> AsyncGenerator[Event, None]:
+        steered = await self.steered(params, context)
+        if steered is not None:
+            yield steered
+            return
+        async for event in super().on_message_send_stream(params, context):
+            yield event
+
+    async def steered(self, params: SendMessageRequest, context: ServerCallContext) -> Task | None:
+        message = params.message
+        metadata = json_format.MessageToDict(message.metadata) if message.HasField("metadata") else {}
+        run = self.spawn_executor.runs.get(message.task_id) if metadata.get(META_STEER) is True else None
+        if run is None or run.final:
+            return None
+        text = message_text(message)
+        if not text.strip():
+            raise InvalidParamsError(message="a steer needs text: send it as a text part")
+        try:
+            await self.spawn_executor.spawner.send(run, text)
+        except session_files.CliError as exc:  # it has ended meanwhile, or refused the sender
+            raise InvalidParamsError(message=str(exc)[:500]) from None
+        task: Task | None = await self.on_get_task(GetTaskRequest(id=message.task_id), context)
+        return task
+
+
 def build_app(executor: SpawnExecutor, base_url: str, token: str | None, skills: list[dict[str, Any]], hosts: set[str]) -> ASGIApp:
     spawner = executor.spawner
     root_card = build_card(f"{base_url}/", skills, token is not None, "spawn", "spawn.py agents on this machine")
-    handler = DefaultRequestHandler(agent_executor=executor, task_store=InMemoryTaskStore(), agent_card=root_card)
+    handler = SteeringHandler(executor, task_store=InMemoryTaskStore(), agent_card=root_card)
     context_builder = SkillContextBuilder()
 
     async def current_card(card: AgentCard) -> AgentCard:

@@ -59,6 +59,10 @@ A2A_META_DEADLINE = "spawn.deadline"
 A2A_META_BUDGET = "spawn.max_budget_usd"
 A2A_META_TRACEPARENT = "spawn.traceparent"
 A2A_META_COST = "spawn.cost_usd"
+# A message `spawn.py send` gave an a2a node, sent on to its remote task: a steer,
+# never an answer (tools/a2a_server.py hands it to the served agent's inbox).
+A2A_META_STEER = "spawn.steer"
+A2A_META_SENT_BY = "spawn.sent_by"
 # Remote task states (A2A's TaskState without its TASK_STATE_ prefix) and what
 # they end as; input-required and auth-required become asks; submitted and
 # working mean "not yet"; anything else is unknown and fails the node.
@@ -605,6 +609,8 @@ class A2AExecutor(Executor):
             conversation.client = ClientFactory(config).create(card)
             task = conversation.task
             state.stop_hooks.append(conversation.cancel)
+            await open_steering(meta, agent_dir, state, secrets_)  # spawn.py send's inbox
+            forwarding = asyncio.ensure_future(conversation.forward(state.inbox)) if state.inbox is not None else None
             try:
                 state.node_result = await conversation.converse(remote=card.name)
             except A2AFlooded as exc:
@@ -612,6 +618,10 @@ class A2AExecutor(Executor):
                     await asyncio.wait_for(conversation.cancel(), KILL_GRACE_S)
                 state.node_result = NodeResult(Status.FAILED, str(exc), cost_usd=task.cost_usd)
             finally:
+                close_steering(state)
+                if forwarding is not None:  # what was accepted before the close is sent, or recorded as not sent
+                    await asyncio.wait([forwarding], timeout=KILL_GRACE_S)
+                    forwarding.cancel()
                 # A remote that reports itself canceled ends the stream while the
                 # stop path's cancel still waits on this client for its reply:
                 # closing the client now would cut that reply (and its record) off.
@@ -686,6 +696,45 @@ class A2AConversation:
         finally:
             done.set_result(None)
         line("A2ACancel", {"task_id": task.task_id, "sent": True, "state": a2a_state_name(answer.status.state, self.names)})
+
+    async def forward(self, inbox: Any) -> None:
+        """Each message the inbox accepted, in order, as the next message of the remote task (an A2ASteer line each)."""
+        import asyncio
+        import uuid
+
+        from a2a.types import Message, Part, Role, SendMessageConfiguration, SendMessageRequest
+
+        task, seq = self.task, 0
+        while True:
+            while not inbox.queue and inbox.closed is None:
+                inbox.wake.clear()
+                await inbox.wake.wait()
+            if not inbox.queue:
+                return
+            text, seq = inbox.queue.popleft(), seq + 1
+            while task.task_id is None and task.state not in A2A_FINAL_STATES:
+                await asyncio.sleep(0.1)  # the remote has not named its task yet
+            if task.state in A2A_FINAL_STATES:
+                self.line("A2ASteer", {"seq": seq, "sent": False, "why": f"the remote task is {task.state}"})
+                continue
+            metadata = {**a2a_metadata(self.meta), A2A_META_STEER: True, A2A_META_SENT_BY: f"spawn:{self.meta.id}"}
+            message = Message(
+                message_id=uuid.uuid4().hex, role=Role.ROLE_USER, parts=[Part(text=text)], metadata=metadata,
+                task_id=task.task_id or "", context_id=task.context_id or "",
+            )  # fmt: skip
+            request = SendMessageRequest(message=message, configuration=SendMessageConfiguration(return_immediately=True))
+            try:
+                events = self.client.send_message(request)
+                async for event in events:  # the first event says it was taken; the task's progress is follow()'s
+                    said = event.task.status if event.HasField("task") else event.status_update.status
+                    state = a2a_state_name(said.state, self.names)
+                    self.line("A2ASteer", {"seq": seq, "sent": True, "task_id": task.task_id, "state": state})
+                    break
+                close = getattr(events, "aclose", None)
+                if close is not None:
+                    await close()
+            except Exception as exc:  # a remote that refuses it: recorded, and the node goes on
+                self.line("A2ASteer", {"seq": seq, "sent": False, "error": f"{type(exc).__name__}: {exc}"[:500]})
 
     async def converse(self, *, remote: str) -> NodeResult:
         """Send the task, then each answer to the remote's asks, until the task settles; its result."""

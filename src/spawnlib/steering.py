@@ -64,6 +64,9 @@ FINISHED_WAIT_S = 60.0
 # Transcript lines (sessions/README.md, "Steering"):
 SENT_LINE = "UserSent"  # {seq, text, from, by, pid, delivery}
 SEND_REFUSED_LINE = "SendRefused"  # {from, by, pid, refused, chars}
+# An a2a node's messages become the next messages of its remote task, marked as
+# steering (A2A metadata spawn.steer) so a spawn.py A2A server never takes one as an answer.
+REMOTE_DELIVERY = "next message of its remote task"
 PAUSED_LINE = "BudgetPaused"  # {reason, spent_usd, hold_usd, needed_usd}
 RESUMED_LINE = "BudgetResumed"  # {paused_s, hold_usd, topped_up_usd}
 
@@ -243,6 +246,8 @@ class Inbox:
         """The CLI's last turn has a result: a message now reopens the run."""
         self.before_reopen: Callable[[], Any] | None = None
         """Awaited before a message reopens a finished turn (the budget pause's gate)."""
+        self.delivery = REMOTE_DELIVERY if meta.kind == "a2a" else None
+        """What every accepted message becomes, where it isn't the CLI's next request (an a2a node's remote task)."""
         self.path = agent_dir / INBOX_SOCKET
         self.server: Any = None
         with contextlib.suppress(FileNotFoundError):
@@ -326,7 +331,7 @@ class Inbox:
         if self.closed is not None:
             return {"finished": self.closed}
         self.seq += 1
-        delivery = "reopens the run" if self.turn_ended else "next request"
+        delivery = self.delivery or ("reopens the run" if self.turn_ended else "next request")
         self._line(SENT_LINE, {"seq": self.seq, "text": text, "from": sender, "by": by, "pid": pid, "delivery": delivery})
         self.queue.append(text)
         self.wake.set()
@@ -365,11 +370,6 @@ def send_message(agent_dir: Path, text: str, by: str | None) -> dict[str, Any]:
         raise UsageError(
             f"agent {meta.id} is a command node: a command reads its one task on stdin and takes no messages; "
             "kill it and spawn another with the new task"
-        )
-    if meta.kind == "a2a":
-        raise UsageError(
-            f"agent {meta.id} is an a2a node: its remote task takes a message only when it asks for one "
-            f"(input-required): answer that ask with 'spawn.py approve ASK --text TEXT'"
         )
     path = agent_dir / INBOX_SOCKET
     limit = time.monotonic() + INBOX_WAIT_S
@@ -768,14 +768,15 @@ def wait_while_paused(session: Path, deadline: float | None, *, no_wait: bool) -
 
 
 async def open_steering(meta: AgentMeta, agent_dir: Path, state: Any, secrets_: Sequence[str]) -> None:
-    """Before a claude agent's run: its inbox, and its budget pause under --on-budget pause (state: the RunState).
+    """Before a claude agent's or an a2a node's run: its inbox, and a claude agent's pause under --on-budget pause (state: the RunState).
 
     The run's stop path (state.request_stop, and its stop hooks, which run
     while the CLI is frozen) closes the inbox and answers a paused hook "stop".
     """
-    if meta.kind != "claude":
-        return  # a command takes no messages; an a2a node's remote task only through its asks
-    if meta.on_budget == "pause":
+    if meta.kind not in ("claude", "a2a"):
+        return  # a command reads its one task on stdin and takes no messages
+    # An a2a node's messages go on to its remote task (A2AConversation.forward); its remote pauses on its own.
+    if meta.on_budget == "pause" and meta.kind == "claude":
         state.pause = BudgetPause(meta, agent_dir, secrets_)
         state.pause.stopped = lambda: state.stop_reason is not None
         if state.request_stop is not None:
