@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -172,9 +173,24 @@ class Runner:
         return steps
 
     def end(self) -> None:
+        """SIGTERM to each step's group, then SIGKILL to what is left: a `uv run` pair was seen outliving SIGTERM."""
         for group in self.groups:
             with contextlib.suppress(ProcessLookupError):  # it ended with its step
                 os.killpg(group, signal.SIGTERM)
+        limit = time.monotonic() + 5
+        while self.groups and time.monotonic() < limit and any(group_alive(g) for g in self.groups):
+            time.sleep(0.1)
+        for group in self.groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+
+
+def group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def by_name(steps: list[Step]) -> dict[str, Step]:

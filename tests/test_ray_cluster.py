@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -107,6 +108,21 @@ def test_a_kill_mid_run_records_killed_and_leaves_nothing(cluster: Cluster, env:
     assert load(agent_dir / "outcome.json")["status"] == "killed"
     assert wait_until(lambda: not processes_of(agent_dir.name), 60), processes_of(agent_dir.name)
     assert len(agent_dirs(session_root)) == 1  # nothing admitted after the kill
+
+
+def test_ctrl_c_on_a_foreground_placed_agent_interrupts_it_on_its_node(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
+    """A terminal's Ctrl-C reaches the foreground spawn.py alone (the stand-in has a session of its own): it is passed on."""
+    task = mock_task("sleeper", [{"bash": "echo busy; sleep 120"}, {"text": "woke"}])
+    proc = start_spawn(["--task", task, "--tools", "Bash"], cluster.env(env))
+    assert wait_until(lambda: any(p.get("node_id") for p in placements(session_root).values()), HANG_S)
+    (agent_dir,) = agent_dirs(session_root)
+    assert wait_until(lambda: sleeping(agent_dir), HANG_S)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=HANG_S)
+    assert proc.returncode == spawn.ExitCode.INTERRUPTED, err
+    assert json.loads(out)["status"] == "interrupted"
+    assert load(agent_dir / "outcome.json")["status"] == "interrupted"
+    assert wait_until(lambda: not processes_of(agent_dir.name), 60), processes_of(agent_dir.name)
 
 
 CLAIM_DRIVER = r"""

@@ -79,9 +79,14 @@ def boot_id() -> str | None:
 
 
 def die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the thread that started it (the actor's) ends."""
+    """In the child before exec: SIGKILL when the thread that started it (the actor's) ends; no signal blocked.
+
+    A Ray worker's threads may block signals, and a child inherits its
+    thread's mask across exec: the runner must see the SIGINT of an interrupt.
+    """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
 def claim_environment(claim: spawn_claims.Claim, environ: dict[str, str]) -> dict[str, str]:
@@ -180,6 +185,14 @@ class AgentHost:
             return -1
         return done.returncode
 
+    def interrupt(self) -> bool:
+        """SIGINT to the runner, as a terminal's Ctrl-C to a local agent: it ends its subtree and records `interrupted`."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.proc.pid, signal.SIGINT)
+        return True
+
     def end_group(self, sig: int) -> None:
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -267,13 +280,24 @@ def run_standin(address: str, agent_dir: Path, spawn_argv: list[str]) -> int:
     os.write(report, (json.dumps({"backend": "ray", **where}) + "\n").encode())
     os.close(report)  # the launcher reads one line; from here on, nothing of ours reaches its stdout
     meta = wait_for_meta(agent_dir, time.monotonic() + PLACE_TIMEOUT_S)
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    stopping = Stopping()
+    signal.signal(signal.SIGTERM, stopping.set)
+    signal.signal(signal.SIGINT, stopping.set)
     environ = {**os.environ, ENV_STANDIN: str(os.getpid())}
     claim_text, signature = spawn_claims.sign_claim(claim_for(meta, str(where["node_id"])), key)
     ref = host.run.remote(claim_text, signature, [*spawn_argv, "_run", str(agent_dir)], environ, str(agent_dir))
     return follow(Placed(ray, host, ref, meta, spawn_argv, environ, where), stopping)
+
+
+class Stopping(threading.Event):
+    """Set by a stop signal; the first one is kept: SIGINT interrupts the agent, SIGTERM kills it."""
+
+    signum: int | None = None
+
+    def set(self, signum: int | None = None, _frame: Any = None) -> None:  # type: ignore[override]
+        if self.signum is None:
+            self.signum = signum
+        super().set()
 
 
 @dataclass
@@ -291,7 +315,7 @@ class Placed:
     where: dict[str, Any]
 
 
-def follow(placed: Placed, stopping: threading.Event) -> int:
+def follow(placed: Placed, stopping: Stopping) -> int:
     """Wait for the placed runner; a kill, a dead node or a deadline each ends it one way only."""
     ray, meta, where = placed.ray, placed.meta, placed.where
     deadline = meta.get("deadline")
@@ -311,15 +335,20 @@ def follow(placed: Placed, stopping: threading.Event) -> int:
         late = deadline is not None and time.time() > float(deadline) + DEADLINE_BACKSTOP_S
         if stopping.is_set() or late:
             # The kill path: `spawn.py kill` on the node (the runner records
-            # `killed` and ends its subtree), then a forced end of the actor.
-            kill = placed.host.kill.remote(placed.spawn_argv, placed.environ, str(meta["id"]), str(meta["session"]))
+            # `killed` and ends its subtree), or a SIGINT passed on (`interrupted`),
+            # then a forced end of the actor.
+            interrupted = stopping.signum == signal.SIGINT
+            if interrupted:
+                stop = placed.host.interrupt.remote()
+            else:
+                stop = placed.host.kill.remote(placed.spawn_argv, placed.environ, str(meta["id"]), str(meta["session"]))
             with contextlib.suppress(Exception):
-                ray.get(kill, timeout=KILL_GRACE_S)
+                ray.get(stop, timeout=KILL_GRACE_S)
             ready, _ = ray.wait([placed.ref], timeout=KILL_GRACE_S)
             if not ready:
                 with contextlib.suppress(Exception):
                     ray.kill(placed.host, no_restart=True)
-            return 143 if stopping.is_set() else EXIT_LOST
+            return (130 if interrupted else 143) if stopping.is_set() else EXIT_LOST
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,6 +4,7 @@ import argparse
 import contextlib
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -279,7 +280,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
     # Placed on Ray, the agent runs on a node: this process launches it and waits, as for --background + wait.
     waits_on_ray = not plan.meta.background and ray_address(plan.meta, environ) is not None
     plan.meta.background = plan.meta.background or waits_on_ray
-    if not plan.meta.background:
+    if not plan.meta.background or waits_on_ray:
         EarlyStop.arm()  # from the moment it is registered, a stop signal ends in an outcome
     if plan.refusal is not None and not plan.new_session and (dropped := drop_refusal(plan)) is not None:
         agent_dir, outcome, leaf = dropped
@@ -295,9 +296,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
         if not waits_on_ray:
             emit_result(args, launched)
             return ExitCode.OK
-        # A stale heartbeat returns early; a placed agent's own deadline (or its node's loss) still ends it.
-        while (outcome_data := wait_for_outcomes([agent_dir], "all", None, plan.secrets).outcomes.get(agent_dir)) is None:
-            time.sleep(LIVENESS_POLL_S)
+        outcome_data = wait_for_placed(agent_dir, launched["pid"], plan.secrets)
         emit_result(args, summary(agent_dir, outcome_data))
         return int(outcome_data.get("exit_code", ExitCode.AGENT_FAILED))
     note(f"agent {plan.meta.id} started in {agent_dir}")
@@ -314,6 +313,22 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
     emit_result(args, summary(agent_dir, record_to_json(outcome)))
     export_trace(plan.meta, environ)
     return outcome.exit_code
+
+
+def wait_for_placed(agent_dir: Path, standin: int, secrets_: Sequence[str]) -> dict[str, Any]:
+    """A foreground agent placed on Ray: its outcome, waited for here; a stop signal (Ctrl-C) goes to its stand-in.
+
+    The stand-in lives in a session of its own, so a terminal's Ctrl-C reaches
+    only this process: passed on, SIGINT ends the agent `interrupted` on its
+    node, SIGTERM or SIGHUP `killed`, as they would a local foreground agent.
+    """
+    passed: int | None = None
+    # A stale heartbeat returns early; a placed agent's own deadline (or its node's loss) still ends it.
+    while (outcome := wait_for_outcomes([agent_dir], "all", LIVENESS_POLL_S, secrets_).outcomes.get(agent_dir)) is None:
+        if EarlyStop.pending is not None and EarlyStop.pending != passed:
+            passed = EarlyStop.pending
+            Supervised.signal_pid(standin, signal.SIGINT if passed == signal.SIGINT else signal.SIGTERM)
+    return outcome
 
 
 def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], entry: Entry) -> int:
