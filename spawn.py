@@ -3755,6 +3755,45 @@ def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str])
         os.close(fd)
 
 
+# --------------------------------------------------------------- the ledger --
+# ledger.jsonl is shared by every host of a tree placed on a cluster. O_APPEND is
+# atomic on one host only: an NFS client appends at the file size it has cached.
+# So each line is written under a POSIX lock of the ledger itself (fcntl; NFSv4
+# keeps such locks on the server): taking it makes the Linux NFS client fetch
+# the file's current size, and releasing it (at close) flushes the line first.
+# Readers take it shared, so they see every line written before.
+
+
+def append_ledger(session: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
+    """One ledger line, under the ledger's exclusive POSIX lock (callers hold the session lock too)."""
+    import fcntl
+
+    line = redacted_json(record, secrets_) + "\n"
+    fd, _ = open_regular(session / LEDGER, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        with contextlib.suppress(OSError):  # a file system without locks (NFS mounted nolock): O_APPEND alone
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)  # releases the lock, after the line is flushed
+
+
+def ledger_text(session: Path) -> str:
+    """The ledger, read whole under its shared POSIX lock; FileNotFoundError when nothing was written yet."""
+    import fcntl
+
+    fd, _ = open_regular(session / LEDGER, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.lockf(fd, fcntl.LOCK_SH)
+        chunks = []
+        while chunk := os.read(fd, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
 # The agent logs this process stopped writing at the cap: each gets its one
 # truncation line, and the outcome names them (only an agent's runner writes its logs).
 LOGS_TRUNCATED: set[Path] = set()
@@ -3819,7 +3858,7 @@ def charge(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> None:
     )  # fmt: skip
     try:
         with session_lock(agent_dir.parent.parent):
-            append_jsonl(agent_dir.parent.parent / LEDGER, record_to_json(entry), secrets_)
+            append_ledger(agent_dir.parent.parent, record_to_json(entry), secrets_)
     except CorruptRecordError as exc:
         # Something replaced the ledger (a FIFO, a directory): the outcome
         # is committed and must still get its marker and be reported.
@@ -3865,7 +3904,7 @@ def read_limits(session: Path) -> Limits:
 
 def read_ledger(session: Path) -> LedgerState:
     try:
-        return ledger_state(read_text(session / LEDGER).splitlines())
+        return ledger_state(ledger_text(session).splitlines())
     except FileNotFoundError:
         return LedgerState()
 
@@ -3966,7 +4005,7 @@ def reserve_budget(session: Path, meta: AgentMeta, secrets_: Sequence[str]) -> N
         amount_usd=meta.max_budget_usd,
         drawn_from=budget_source(read_ledger(session), meta),
     )
-    append_jsonl(session / LEDGER, record_to_json(entry), secrets_)
+    append_ledger(session, record_to_json(entry), secrets_)
 
 
 def agent_history(session: Path) -> tuple[dict[str, list[tuple[float, float]]], list[str]]:
@@ -8281,6 +8320,8 @@ def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> st
 
 
 
+
+
 # ----------------------------------------------------------------- steering --
 # Steering a running tree: a message to an agent while it works (`send`), and
 # a budget that pauses the tree instead of failing it (`--on-budget pause`,
@@ -8699,7 +8740,7 @@ def _finite(value: Any) -> bool:
 
 def read_budget_state(session: Path) -> BudgetState:
     try:
-        return budget_state(read_text(session / LEDGER).splitlines())
+        return budget_state(ledger_text(session).splitlines())
     except FileNotFoundError:
         return BudgetState()
 
@@ -8728,7 +8769,7 @@ def change_budget(session: Path, raise_usd: float | None, set_usd: float | None,
                 f"--set {new:g} is below what the tree has spent and holds (${floor:.4f}); set at least that, or wait for agents to end"
             )
         change = BudgetChange(utc_now_iso(), round_usd(new) or 0.0, round_usd(budget) or 0.0, by)
-        append_jsonl(session / LEDGER, record_to_json(change), secrets_)
+        append_ledger(session, record_to_json(change), secrets_)
         # limits.json follows, so that every reader of the cap (admission,
         # status, the MCP server) sees it; the ledger line, first, is the record.
         write_json_atomic(session / LIMITS, record_to_json(dataclasses.replace(limits, max_budget_usd=change.max_budget_usd)))
@@ -8777,7 +8818,7 @@ def top_up_hold(session: Path, agent_id: str, needed: float, secrets_: Sequence[
     agents that need it, a turn at a time, and never more than was raised.
     """
     with session_lock(session):
-        text = read_text(session / LEDGER) if (session / LEDGER).exists() else ""
+        text = ledger_text(session) if (session / LEDGER).exists() else ""
         lines = text.splitlines()
         ledger, changes = ledger_state(lines), budget_state(lines)
         budget = changes.budget if changes.budget is not None else read_limits(session).max_budget_usd
@@ -8794,7 +8835,7 @@ def top_up_hold(session: Path, agent_id: str, needed: float, secrets_: Sequence[
                 line["drawn_from"] = source
             if n == 0:
                 line["topped_up_usd"] = round_usd(needed)
-            append_jsonl(session / LEDGER, line, secrets_)
+            append_ledger(session, line, secrets_)
         return float(round_usd(ledger.holds[agent_id][1] + needed) or 0.0)
 
 

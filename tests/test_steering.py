@@ -373,3 +373,25 @@ def test_a_message_sent_during_the_last_request_gets_a_turn_of_its_own(
     assert any("STEER-LATE-5c" in t for t in requests[1]["later_texts"])
     outcome = load(agent_dir / "outcome.json")
     assert outcome["turns"] == 2
+
+
+def test_ledger_lines_are_written_under_the_ledgers_posix_lock(env: dict[str, str], session_root: Path) -> None:
+    """The lock that holds across NFS clients (docs/cluster.md): a holder elsewhere makes a ledger write wait for it."""
+    import fcntl
+
+    done = run_spawn(["--task", mock_task("quick", [{"text": "ok"}]), "--max-budget-usd", "1"], env)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr
+    session = Path(stdout_json(done)["agent_dir"]).parent.parent
+    ledger = session / "ledger.jsonl"
+    before = ledger.read_text()
+    with open(ledger, "a") as held:
+        fcntl.lockf(held, fcntl.LOCK_EX)  # as another host's writer would hold it
+        raising = start_spawn(["budget", str(session), "--raise", "2"], env)
+        with pytest.raises(subprocess.TimeoutExpired):
+            raising.communicate(timeout=3)
+        assert ledger.read_text() == before
+        fcntl.lockf(held, fcntl.LOCK_UN)
+    _, err = raising.communicate(timeout=60)
+    assert raising.returncode == spawn.ExitCode.OK, err
+    change = json.loads(ledger.read_text().splitlines()[-1])
+    assert change["kind"] == "budget" and change["max_budget_usd"] == 3

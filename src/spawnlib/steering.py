@@ -23,7 +23,9 @@ from .processes import Supervised, calling_agents
 from .protocol import (
     AGENTS_DIR,
     append_jsonl,
+    append_ledger,
     append_transcript,
+    ledger_text,
     load_meta,
     over_hold,
     read_ledger,
@@ -454,7 +456,7 @@ def _finite(value: Any) -> bool:
 
 def read_budget_state(session: Path) -> BudgetState:
     try:
-        return budget_state(read_text(session / LEDGER).splitlines())
+        return budget_state(ledger_text(session).splitlines())
     except FileNotFoundError:
         return BudgetState()
 
@@ -483,7 +485,7 @@ def change_budget(session: Path, raise_usd: float | None, set_usd: float | None,
                 f"--set {new:g} is below what the tree has spent and holds (${floor:.4f}); set at least that, or wait for agents to end"
             )
         change = BudgetChange(utc_now_iso(), round_usd(new) or 0.0, round_usd(budget) or 0.0, by)
-        append_jsonl(session / LEDGER, record_to_json(change), secrets_)
+        append_ledger(session, record_to_json(change), secrets_)
         # limits.json follows, so that every reader of the cap (admission,
         # status, the MCP server) sees it; the ledger line, first, is the record.
         write_json_atomic(session / LIMITS, record_to_json(dataclasses.replace(limits, max_budget_usd=change.max_budget_usd)))
@@ -532,7 +534,7 @@ def top_up_hold(session: Path, agent_id: str, needed: float, secrets_: Sequence[
     agents that need it, a turn at a time, and never more than was raised.
     """
     with session_lock(session):
-        text = read_text(session / LEDGER) if (session / LEDGER).exists() else ""
+        text = ledger_text(session) if (session / LEDGER).exists() else ""
         lines = text.splitlines()
         ledger, changes = ledger_state(lines), budget_state(lines)
         budget = changes.budget if changes.budget is not None else read_limits(session).max_budget_usd
@@ -549,7 +551,7 @@ def top_up_hold(session: Path, agent_id: str, needed: float, secrets_: Sequence[
                 line["drawn_from"] = source
             if n == 0:
                 line["topped_up_usd"] = round_usd(needed)
-            append_jsonl(session / LEDGER, line, secrets_)
+            append_ledger(session, line, secrets_)
         return float(round_usd(ledger.holds[agent_id][1] + needed) or 0.0)
 
 
