@@ -294,7 +294,7 @@ class Stopping(threading.Event):
 
     signum: int | None = None
 
-    def set(self, signum: int | None = None, _frame: Any = None) -> None:  # type: ignore[override]
+    def set(self, signum: int | None = None, _frame: Any = None) -> None:
         if self.signum is None:
             self.signum = signum
         super().set()
