@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.ray
 RAY_PYTHON = os.environ.get("RAY_PLACE_PYTHON") or sys.executable  # not SPAWN_*: conftest clears those
 RAY_CLI = str(Path(RAY_PYTHON).parent / "ray")
 HANG_S = 240
+CAN_UNSHARE = os.geteuid() == 0 and shutil.which("unshare") is not None
 
 
 @dataclass
@@ -55,7 +57,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         pytest.skip("no ray here: run `uvx nox -s ray`, or set RAY_PLACE_PYTHON")
     local = local_ray.LocalCluster(RAY_CLI, tmp_path_factory.mktemp("ray-logs"))
     try:
-        local.start(workers=2)
+        # The second worker in a pid namespace of its own where that can be made (root, unshare).
+        local.start(workers=2, own_pid_namespace=CAN_UNSHARE)
         yield Cluster(local)
     finally:
         local.stop()
@@ -123,6 +126,44 @@ def test_ctrl_c_on_a_foreground_placed_agent_interrupts_it_on_its_node(cluster: 
     assert json.loads(out)["status"] == "interrupted"
     assert load(agent_dir / "outcome.json")["status"] == "interrupted"
     assert wait_until(lambda: not processes_of(agent_dir.name), 60), processes_of(agent_dir.name)
+
+
+def pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+@pytest.mark.skipif(not CAN_UNSHARE, reason="a node in its own pid namespace needs root and unshare")
+def test_a_leaf_in_another_pid_namespace_is_watched_and_killed_from_here(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
+    """Its runner's pids mean nothing here: status, wait and kill go through its stand-in, its actor and its heartbeat."""
+    placed, ours = cluster.env(env), pid_namespace(os.getpid())
+    task = mock_task("sleeper", [{"bash": "echo busy; sleep 120"}, {"text": "woke"}])
+    launched: list[Path] = []
+
+    def runs_elsewhere(agent_dir: Path) -> bool:
+        return any(pid_namespace(p.pid) not in (None, ours) for p in processes_of(agent_dir.name))
+
+    isolated = None
+    for _ in range(6):  # SPREAD goes round the three nodes: one of the first few lands on the isolated one
+        started = run_spawn(["--task", task, "--tools", "Bash", "--background"], placed, timeout=HANG_S)
+        launched.append(Path(stdout_json(started)["agent_dir"]))
+        assert wait_until(lambda: sleeping(launched[-1]), HANG_S)
+        if runs_elsewhere(launched[-1]):
+            isolated = launched[-1]
+            break
+    assert isolated is not None, "no leaf was placed on the node in its own pid namespace"
+    status = stdout_json(run_spawn(["status", "--json", str(isolated.parent.parent)], env))
+    assert status["agents"][0]["state"] == "running", status
+    killed = run_spawn(["kill", "--session", str(isolated.parent.parent), isolated.name], env, timeout=HANG_S)
+    assert killed.returncode == spawn.ExitCode.OK, killed.stderr
+    assert wait_until((isolated / "outcome.json").exists, HANG_S)
+    assert load(isolated / "outcome.json")["status"] == "killed"
+    assert wait_until(lambda: not processes_of(isolated.name), 60), processes_of(isolated.name)
+    for other in launched[:-1]:
+        run_spawn(["kill", "--session", str(other.parent.parent), other.name], env, timeout=HANG_S)
+    assert wait_until(lambda: not any(processes_of(d.name) for d in launched), 60)
 
 
 CLAIM_DRIVER = r"""

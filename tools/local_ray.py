@@ -17,7 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -56,8 +56,13 @@ class LocalCluster:
         active = out.stdout.split("Active:", 1)[-1].split("Pending:", 1)[0]
         return len(re.findall(r"^\s*1 node_", active, re.MULTILINE))
 
-    def start(self, workers: int = 2, *, memory: int = 2_000_000_000) -> None:
-        """The head, then each worker once the cluster counts the one before; RuntimeError naming the log if one doesn't join."""
+    def start(self, workers: int = 2, *, memory: int = 2_000_000_000, own_pid_namespace: bool = False) -> None:
+        """The head, then each worker once the cluster counts the one before; RuntimeError naming the log if one doesn't join.
+
+        own_pid_namespace: the last worker runs in a pid namespace of its own
+        (`unshare --pid`, which needs root), as a node of another host or
+        container would: its pids mean nothing here.
+        """
         # Ray refuses a temp dir inside a virtualenv (nox puts TMPDIR there), and its
         # socket paths must stay under the 108-byte limit: a short folder in /tmp.
         self.temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
@@ -71,17 +76,18 @@ class LocalCluster:
         self.address = f"{ip.group(1)}:{port}"
         self._wait(lambda: self.alive_nodes() >= 1 or None, "head.log")
         for n in range(1, workers + 1):
-            self._node([f"--address={self.address}", *common], self.logs / f"w{n}.log")
+            isolated = own_pid_namespace and n == workers
+            wrapper = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child=SIGTERM"] if isolated else []
+            self._node([f"--address={self.address}", *common], self.logs / f"w{n}.log", wrapper)
             self._wait(lambda: self.alive_nodes() >= len(self.nodes) or None, f"w{n}.log")
 
-    def _node(self, argv: list[str], log: Path) -> None:
+    def _node(self, argv: list[str], log: Path, wrapper: Sequence[str] = ()) -> None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env |= {"RAY_USAGE_STATS_ENABLED": "0", "RAY_agent_register_timeout_ms": "600000", "RAY_raylet_start_wait_time_s": "300"}
         ports = [f"--{name}={free_port()}" for name in AGENT_PORTS]
         with open(log, "ab") as out:
-            self.nodes.append(
-                subprocess.Popen([self.ray_cli, "start", "--block", *argv, *ports], stdout=out, stderr=out, start_new_session=True, env=env)
-            )
+            argv = [*wrapper, self.ray_cli, "start", "--block", *argv, *ports]
+            self.nodes.append(subprocess.Popen(argv, stdout=out, stderr=out, start_new_session=True, env=env))
 
     def _wait(self, ready: Callable[[], T | None], log: str) -> T:
         limit = time.monotonic() + NODE_START_S
