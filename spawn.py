@@ -5959,6 +5959,7 @@ def sandbox_owner() -> Path | None:
 
 
 
+
 # ------------------------------------------------------------------ cluster --
 #
 # The Ray backend's seam in spawn.py: Ray itself lives in the sibling
@@ -5995,15 +5996,19 @@ def ray_sibling_command(environ: Mapping[str, str]) -> list[str]:
     return [python, str(sibling)] if python else ["uv", "run", "--quiet", "--script", str(sibling)]
 
 
-def launch_on_ray(agent_dir: Path, address: str, runner: list[str], log_fd: int) -> tuple[int, dict[str, Any]]:
+def launch_on_ray(agent_dir: Path, address: str, runner: list[str], log_fd: int, asked: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     """Start the stand-in for agent_dir; its pid and where Ray placed the agent (node_id, host, boot_id).
 
+    asked (the agent's meta.json to be) goes to the stand-in on stdin: under a
+    placed parent, the stand-in asks the parent's host actor for its claim with
+    it while this launcher, a descendant of the parent's runner, still waits.
     The stand-in reports one JSON line on a pipe, then points its own stdout
     at the runner log: nothing Ray prints reaches ours.
     """
     argv = [*ray_sibling_command(os.environ), "run", "--address", address, "--spawn", *runner, "--", str(agent_dir)]
-    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_fd, start_new_session=True)
-    assert proc.stdout is not None
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, start_new_session=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    feed_stdin(proc.stdin, json.dumps(dict(asked)).encode())
     line = b""
     limit = time.monotonic() + RAY_PLACE_TIMEOUT_S
     while not line.endswith(b"\n") and time.monotonic() < limit and proc.poll() is None:
@@ -6022,6 +6027,19 @@ def launch_on_ray(agent_dir: Path, address: str, runner: list[str], log_fd: int)
             Supervised.signal_pid(proc.pid, signal.SIGKILL)  # our own child, not yet reaped
         raise StateError(f"placement ray:{address}: the agent was not placed ({exc}); see {agent_dir}/runner.log") from None
     return proc.pid, {"backend": "ray", "node_id": str(where["node_id"]), "host": where.get("host"), "boot_id": where.get("boot_id")}
+
+
+def feed_stdin(pipe: Any, data: bytes) -> None:
+    """Write data to a child's stdin and close it, from a thread: a big task must not block the placement line."""
+    import threading
+
+    def feed() -> None:
+        with contextlib.suppress(OSError):  # a stand-in that died at once: its missing line says so
+            pipe.write(data)
+        with contextlib.suppress(OSError):
+            pipe.close()
+
+    threading.Thread(target=feed, name="stand-in stdin", daemon=True).start()
 
 
 def ray_standin(meta: AgentMeta, environ: Mapping[str, str]) -> int | None:
@@ -14627,7 +14645,7 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     with open(agent_dir / RUNNER_LOG, "ab") as log:
         if address is not None:  # the stand-in (tools/ray_place.py) is the runner here; the agent runs on a node
             runner = [sys.executable, str(compiled_script())]
-            pid, where = launch_on_ray(agent_dir, address, runner, log.fileno())
+            pid, where = launch_on_ray(agent_dir, address, runner, log.fileno(), record_to_json(plan.meta))
             plan.meta.placement = {**(plan.meta.placement or {"reason": f"placement ray:{address}", "policy": f"ray:{address}"}), **where}
         else:
             # Forked by the session's fork server if this launcher was too.

@@ -1,7 +1,7 @@
 """spawn.py's side of a Ray placement, without Ray: a stand-in program plays tools/ray_place.py.
 
 The stand-in does what the sibling's contract says (sessions and docs/cluster.md):
-it prints one JSON line naming the node, then runs spawn.py's own runner with
+it reads the agent's meta.json-to-be on stdin, prints one JSON line naming the node, then runs spawn.py's own runner with
 SPAWN_RAY_STANDIN set to its pid, as the host actor would on a node. The agent
 is real (the bundled CLI against the scripted model); only Ray is left out.
 The cluster itself is tested by `uvx nox -s ray` (tests/test_ray_cluster.py).
@@ -22,6 +22,8 @@ import json, os, subprocess, sys, time
 args = sys.argv[1:]
 spawn_argv = args[args.index("--spawn") + 1 : args.index("--")]
 agent_dir = args[args.index("--") + 1]
+asked = json.loads(sys.stdin.read())  # the launcher's meta.json-to-be, for the claim
+assert asked["id"] == os.path.basename(agent_dir), asked
 boot = open("/proc/sys/kernel/random/boot_id").read().strip()
 print(json.dumps({"backend": "ray", "node_id": "node-under-test", "host": os.uname().nodename, "boot_id": boot}), flush=True)
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # as the sibling: nothing more reaches the launcher's stdout

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from typing import Any
 import local_ray
 import psutil
 import pytest
-from conftest import ROOT, agent_dirs, load, mock_task, run_spawn, start_spawn, stdout_json, wait_until
+from conftest import ROOT, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, wait_until
 
 import spawn
 
@@ -164,6 +165,33 @@ def test_a_leaf_in_another_pid_namespace_is_watched_and_killed_from_here(cluster
     for other in launched[:-1]:
         run_spawn(["kill", "--session", str(other.parent.parent), other.name], env, timeout=HANG_S)
     assert wait_until(lambda: not any(processes_of(d.name) for d in launched), 60)
+
+
+def test_a_placed_agents_child_gets_its_claim_from_the_parents_host_actor(
+    cluster: Cluster, env: dict[str, str], session_root: Path
+) -> None:
+    """The tree's key stays in the host actors: a child's claim is minted by its parent's actor, for its process tree only."""
+    child = mock_task("child", [{"text": "child done"}])
+    steps = [{"bash": spawn_in_bash("--task", child, "--tools", "Read")}, {"bash": "echo waiting; sleep 120"}, {"text": "never"}]
+    launched = stdout_json(run_spawn(["--task", mock_task("parent", steps), "--tools", "Bash,Read", "--background"], cluster.env(env)))
+    parent = Path(launched["agent_dir"])
+    assert wait_until(lambda: sleeping(parent), HANG_S)
+    [kid] = [d for d in agent_dirs(session_root) if d != parent]
+    assert load(kid / "outcome.json")["status"] == "done"
+    assert load(kid / "meta.json")["placement"]["backend"] == "ray"
+    assert "claim was minted by its parent's host actor" in (kid / "runner.log").read_text()
+    # The parent's mint socket, from its runner's environment: a process outside its tree gets nothing.
+    [mint] = {p.environ()["SPAWN_RAY_MINT"] for p in processes_of(parent.name) if "SPAWN_RAY_MINT" in p.environ()}
+    asked = {"asked": {"id": "a9-000000", "parent_id": parent.name, "max_depth": 50}, "audience": "any", "actor": "any"}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(30)
+        client.connect(mint)
+        client.sendall(json.dumps(asked).encode() + b"\n")
+        answer = json.loads(client.makefile("rb").readline())
+    assert "not in agent" in answer["refused"], answer
+    killed = run_spawn(["kill", "--session", str(parent.parent.parent), parent.name], env, timeout=HANG_S)
+    assert killed.returncode == spawn.ExitCode.OK, killed.stderr
+    assert wait_until(lambda: not processes_of(parent.name), 60)
 
 
 CLAIM_DRIVER = r"""

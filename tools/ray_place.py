@@ -17,9 +17,11 @@ This process (the *stand-in*) is the agent's process on the launcher's host:
 meta.json names it, so status, wait and kill there watch and stop it as any
 runner. It connects to the cluster as a Ray driver, has Ray place one *host
 actor* for the agent (about one claude CLI's memory, spread over nodes, never
-retried or restarted), reports where it landed (one JSON line on its stdout,
-which the launcher writes into meta.json's ``placement``), signs the agent's
-limits as a claim for that node, and hands it to the actor. The actor checks
+retried or restarted), gets the agent's limits signed as a claim for that node
+(it signs them itself at a tree's first placed level, with the tree's key,
+which it gives the actor; below a placed agent, that agent's actor mints the
+claim: run_standin), and reports where it landed (one JSON line on its stdout,
+which the launcher writes into meta.json's ``placement``). The actor checks
 the claim and starts spawn.py's own runner (``spawn.py _run AGENT_DIR``) on
 its node, in a session of its own, with a death signal tied to the actor;
 that runner does everything a local one does (deadline, heartbeat, outcome)
@@ -66,6 +68,9 @@ KILL_GRACE_S = 20.0
 PR_SET_PDEATHSIG = 1
 EXIT_REFUSED = 4  # spawn.py's ExitCode.REFUSED: limits refused, no model request made
 EXIT_LOST = 1
+ENV_MINT = "SPAWN_RAY_MINT"  # the host actor's mint socket, in its agent's runner's environment
+NAMESPACE = "spawn"  # Ray's namespace for spawn.py's actors
+MINT_READ_S = 10.0
 ENV_STANDIN = "SPAWN_RAY_STANDIN"  # the stand-in's pid, which the placed runner's meta.json names
 META = "meta.json"
 RUNNER_LOG = "runner.log"
@@ -110,6 +115,97 @@ def claim_environment(claim: spawn_claims.Claim, environ: dict[str, str]) -> dic
     return env
 
 
+def ancestors(pid: int) -> list[int]:
+    """pid and the pids above it, read from /proc (this node's, where the peer runs)."""
+    chain = []
+    while pid > 1 and pid not in chain:
+        chain.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return chain
+
+
+def asked_limits(meta: dict[str, Any]) -> dict[str, Any]:
+    """What a child's meta.json asks for, in narrow_claim's terms."""
+    permissions = meta.get("permissions") or {}
+    asked: dict[str, Any] = {
+        "tools": tuple(meta.get("tools") or ()),
+        "deny": tuple(permissions.get("deny") or ()),
+        "ask": tuple(permissions.get("ask") or ()),
+        "permission_mode": str(meta.get("permission_mode") or "dontAsk"),
+        "max_depth": int(meta.get("max_depth") or 0),
+    }
+    for key, name in (("deadline", "deadline"), ("max_budget_usd", "budget_hold_usd")):
+        if meta.get(key) is not None:
+            asked[name] = float(meta[key])
+    return asked
+
+
+class Minting:
+    """A host actor's mint socket: a private Unix socket its agent's stand-ins ask for their claims on.
+
+    The kernel names the asking process (SO_PEERCRED); the actor mints only for
+    a process in its own agent's process tree (AgentHost.mint).
+    """
+
+    def __init__(self, host: AgentHost) -> None:
+        import socket
+        import tempfile
+
+        self.host = host
+        self.folder = tempfile.mkdtemp(prefix="spawn-mint-")  # 0700: only this user reaches the socket
+        self.path = Path(self.folder) / "mint.sock"
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.path))
+        self.sock.listen(16)
+        self.open = True
+        threading.Thread(target=self.serve, name="spawn-mint", daemon=True).start()
+
+    def serve(self) -> None:
+        import socket
+        import struct
+
+        while self.open:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                try:
+                    conn.settimeout(MINT_READ_S)
+                    peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
+                    line = conn.makefile("rb").readline(1 << 20)
+                    request = json.loads(line)
+                    reply = self.host.mint(peer, request) if isinstance(request, dict) else {"refused": "not a request"}
+                except (OSError, ValueError) as exc:
+                    reply = {"refused": f"not a request: {exc}"[:300]}
+                with contextlib.suppress(OSError):
+                    conn.sendall((json.dumps(reply) + "\n").encode())
+
+    def close(self) -> None:
+        self.open = False
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def ask_for_claim(socket_path: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The parent's host actor's answer to a stand-in's request for its agent's claim."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(PLACE_TIMEOUT_S)
+        client.connect(socket_path)
+        client.sendall((json.dumps(request) + "\n").encode())
+        answer = json.loads(client.makefile("rb").readline(1 << 20) or b"null")
+    return answer if isinstance(answer, dict) else {"refused": "no answer"}
+
+
 class AgentHost:
     """The Ray actor that runs one placed agent's spawn.py runner on its node.
 
@@ -118,14 +214,37 @@ class AgentHost:
     it is refused, and its replay cache refuses a nonce seen twice.
     """
 
-    def __init__(self, public_pem: str) -> None:
+    def __init__(self, public_pem: str | None) -> None:
         from cryptography.hazmat.primitives import serialization
 
-        key = serialization.load_pem_public_key(public_pem.encode())
-        self.public_key: Any = key
+        self.public_key: Any = serialization.load_pem_public_key(public_pem.encode()) if public_pem else None
+        self.tree_key: Any = None
+        """The tree's signing key, in this actor's memory only: it mints the claims of its agent's children."""
+        self.adopted: spawn_claims.Claim | None = None
+        """The claim a parent's actor minted for this one's agent (adopt), checked on arrival."""
+        self.claim: spawn_claims.Claim | None = None
         self.replay = spawn_claims.ReplayCache()
         self.proc: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()
+
+    def hold_key(self, raw_key: bytes) -> None:
+        """Take the tree's signing key (from the stand-in that made it): this actor's agent may have children."""
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        self.tree_key = Ed25519PrivateKey.from_private_bytes(raw_key)
+        self.public_key = self.tree_key.public_key()
+
+    def adopt(self, raw_key: bytes, claim_text: str, signature: str) -> dict[str, Any]:
+        """A parent's actor hands over the tree key and the claim it minted for this actor's agent: checked here, kept."""
+        import ray  # type: ignore[import-not-found, unused-ignore]
+
+        self.hold_key(raw_key)
+        node = ray.get_runtime_context().get_node_id()
+        try:
+            self.adopted = spawn_claims.verify_claim(claim_text, signature, self.public_key, audience=node, replay=self.replay)
+        except spawn_claims.ClaimError as exc:
+            return {"refused": str(exc)}
+        return {"adopted": self.adopted.child}
 
     def where(self) -> dict[str, Any]:
         import ray  # type: ignore[import-not-found, unused-ignore]
@@ -140,20 +259,31 @@ class AgentHost:
 
         node = ray.get_runtime_context().get_node_id()
         try:
-            claim = spawn_claims.verify_claim(claim_text, signature, self.public_key, audience=node, replay=self.replay)
+            if claim_text is None and self.adopted is not None:
+                claim = self.adopted  # verified (and its nonce spent) when it was adopted
+            elif self.public_key is None:
+                raise spawn_claims.ClaimError("no claim: no key to check one with, and none was adopted")
+            else:
+                claim = spawn_claims.verify_claim(claim_text, signature, self.public_key, audience=node, replay=self.replay)
             if claim.child != Path(agent_dir).name:
                 raise spawn_claims.ClaimError(f"the claim is for agent {claim.child}, not {Path(agent_dir).name}")
         except spawn_claims.ClaimError as exc:
             return {"refused": str(exc)}
+        self.claim = claim
         with self.lock:
             if self.proc is not None:
                 return {"refused": "this host actor runs an agent already (a claim replayed)"}
+            env = claim_environment(claim, environ)
+            env.pop(ENV_MINT, None)  # the parent's: this agent's children ask this actor
+            minting = Minting(self) if self.tree_key is not None else None
+            if minting is not None:
+                env[ENV_MINT] = str(minting.path)
             with open(Path(agent_dir) / RUNNER_LOG, "ab") as log:
                 # Started from this thread, which waits below for as long as the
                 # runner lives: the death signal follows the thread, not the process.
                 self.proc = subprocess.Popen(
                     argv,
-                    env=claim_environment(claim, environ),
+                    env=env,
                     cwd=environ.get("PWD") if environ.get("PWD") and Path(environ["PWD"]).is_dir() else None,
                     stdin=subprocess.DEVNULL,
                     stdout=log,
@@ -162,12 +292,47 @@ class AgentHost:
                     preexec_fn=die_with_parent,  # noqa: PLW1509 (prctl only; no locks taken between fork and exec)
                 )
         deadline = claim.deadline
-        while True:
-            try:
-                return {"exit_code": self.proc.wait(timeout=1.0)}
-            except subprocess.TimeoutExpired:
-                if deadline is not None and time.time() > deadline + DEADLINE_BACKSTOP_S:
-                    self.end_group(signal.SIGKILL)  # spawn.py's own deadline code did not end it
+        try:
+            while True:
+                try:
+                    return {"exit_code": self.proc.wait(timeout=1.0)}
+                except subprocess.TimeoutExpired:
+                    if deadline is not None and time.time() > deadline + DEADLINE_BACKSTOP_S:
+                        self.end_group(signal.SIGKILL)  # spawn.py's own deadline code did not end it
+        finally:
+            if minting is not None:
+                minting.close()
+
+    def mint(self, peer: int, request: dict[str, Any]) -> dict[str, Any]:
+        """A child's claim, for a stand-in in this actor's agent's process tree: the least of this claim and what is asked.
+
+        It goes to the child's own host actor (named in the request) with the
+        tree key; the stand-in gets the claim's text only, to log.
+        """
+        import ray  # type: ignore[import-not-found, unused-ignore]
+
+        parent, proc = self.claim, self.proc
+        if parent is None or proc is None or self.tree_key is None:
+            return {"refused": "this host actor runs no agent"}
+        if proc.pid not in ancestors(peer):
+            return {"refused": f"process {peer} is not in agent {parent.child}'s process tree"}
+        asked = request.get("asked")
+        if not isinstance(asked, dict) or asked.get("parent_id") != parent.child:
+            return {"refused": f"the child asked for is not agent {parent.child}'s"}
+        try:
+            claim = spawn_claims.narrow_claim(
+                parent, child=str(asked.get("id")), audience=str(request.get("audience")), asked=asked_limits(asked)
+            )
+        except spawn_claims.ClaimError as exc:
+            return {"refused": str(exc)}
+        text, signature = spawn_claims.sign_claim(claim, self.tree_key)
+        raw = raw_key(self.tree_key)
+        try:
+            child_host = ray.get_actor(str(request.get("actor")), namespace=NAMESPACE)
+            adopted = ray.get(child_host.adopt.remote(raw, text, signature), timeout=PLACE_TIMEOUT_S)
+        except Exception as exc:  # no such actor, or it died
+            return {"refused": f"the child's host actor can't take its claim: {type(exc).__name__}: {exc}"[:500]}
+        return {"claim": text} if "adopted" in adopted else adopted
 
     def kill(self, spawn_argv: list[str], environ: dict[str, str], agent_id: str, session: str) -> int:
         """`spawn.py kill` for the agent, on this node: its runner records `killed` and ends its subtree."""
@@ -256,24 +421,38 @@ def claim_for(meta: dict[str, Any], node_id: str) -> spawn_claims.Claim:
     )
 
 
-def run_standin(address: str, agent_dir: Path, spawn_argv: list[str]) -> int:
-    """The stand-in: place the host actor, report where, sign, run, and turn a SIGTERM into the kill path."""
+def run_standin(address: str, agent_dir: Path, spawn_argv: list[str], asked: dict[str, Any] | None) -> int:
+    """The stand-in: place the host actor, get its claim, report where, run, and turn a SIGTERM into the kill path.
+
+    The first placed level of a tree makes the tree's key (in memory only),
+    signs its agent's claim, and gives the key to its host actor. Below a placed
+    agent ($SPAWN_RAY_MINT in the environment), that agent's host actor mints
+    the claim, the least of its own and what is asked, and hands it with the key
+    to this agent's actor: asked while this stand-in's launcher, in the parent's
+    process tree, still waits for the placement line.
+    """
     report = quiet_stdout(agent_dir)
     connect(address)
+    import secrets
+
     import ray  # type: ignore[import-not-found, unused-ignore]
 
-    key = spawn_claims.new_tree_key()  # in this process's memory only; the actor gets the public half
-    host_cls = ray.remote(AgentHost)
-    host = host_cls.options(
-        num_cpus=0,
-        memory=AGENT_MEMORY_BYTES,
-        scheduling_strategy="SPREAD",
-        max_restarts=0,
-        max_task_retries=0,
-        max_concurrency=4,
-    ).remote(spawn_claims.public_key_text(key))
+    mint = os.environ.get(ENV_MINT)
+    key = None if mint else spawn_claims.new_tree_key()
+    name = f"host-{agent_dir.name}-{secrets.token_hex(4)}"
+    options = {"num_cpus": 0, "memory": AGENT_MEMORY_BYTES, "scheduling_strategy": "SPREAD", "max_concurrency": 4}
+    options |= {"name": name, "max_restarts": 0, "max_task_retries": 0}  # running an agent again is spawn.py's decision
+    host = ray.remote(AgentHost).options(**options).remote(None if key is None else spawn_claims.public_key_text(key))
     try:
         where = ray.get(host.where.remote(), timeout=PLACE_TIMEOUT_S)
+        if key is not None:
+            ray.get(host.hold_key.remote(raw_key(key)), timeout=PLACE_TIMEOUT_S)
+        elif asked is not None and mint is not None:
+            minted = ask_for_claim(mint, {"asked": asked, "audience": where["node_id"], "actor": name})
+            if "refused" in minted:  # the actor has no claim, so the node refuses the agent (exit 4)
+                print(f"ray_place: no claim for agent {agent_dir.name}: {minted['refused']}", file=sys.stderr)
+            else:
+                print(f"ray_place: agent {agent_dir.name}'s claim was minted by its parent's host actor", file=sys.stderr)
     except Exception as exc:  # a placement that never happens: GetTimeoutError, a dead actor
         os.write(report, (json.dumps({"error": f"not placed on {address}: {type(exc).__name__}: {exc}"}) + "\n").encode())
         return EXIT_LOST
@@ -284,9 +463,16 @@ def run_standin(address: str, agent_dir: Path, spawn_argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, stopping.set)
     signal.signal(signal.SIGINT, stopping.set)
     environ = {**os.environ, ENV_STANDIN: str(os.getpid())}
-    claim_text, signature = spawn_claims.sign_claim(claim_for(meta, str(where["node_id"])), key)
+    claim_text, signature = spawn_claims.sign_claim(claim_for(meta, str(where["node_id"])), key) if key is not None else (None, None)
     ref = host.run.remote(claim_text, signature, [*spawn_argv, "_run", str(agent_dir)], environ, str(agent_dir))
     return follow(Placed(ray, host, ref, meta, spawn_argv, environ, where), stopping)
+
+
+def raw_key(key: Any) -> bytes:
+    """The private key's 32 bytes, to hand to a host actor over Ray (never written anywhere)."""
+    from cryptography.hazmat.primitives import serialization
+
+    return bytes(key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()))
 
 
 class Stopping(threading.Event):
@@ -363,7 +549,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not agent_dir.is_dir():
         print(f"ray_place: error: {agent_dir} is not an agent directory", file=sys.stderr)
         return 2
-    return run_standin(args.address, agent_dir, list(args.spawn))
+    # The launcher writes the agent's meta.json-to-be on stdin, and closes it.
+    text = "" if sys.stdin is None or sys.stdin.isatty() else sys.stdin.read()
+    try:
+        asked = json.loads(text) if text.strip() else None
+    except ValueError:
+        asked = None
+    return run_standin(args.address, agent_dir, list(args.spawn), asked if isinstance(asked, dict) else None)
 
 
 if __name__ == "__main__":

@@ -546,7 +546,7 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     with open(agent_dir / RUNNER_LOG, "ab") as log:
         if address is not None:  # the stand-in (tools/ray_place.py) is the runner here; the agent runs on a node
             runner = [sys.executable, str(compiled_script())]
-            pid, where = launch_on_ray(agent_dir, address, runner, log.fileno())
+            pid, where = launch_on_ray(agent_dir, address, runner, log.fileno(), record_to_json(plan.meta))
             plan.meta.placement = {**(plan.meta.placement or {"reason": f"placement ray:{address}", "policy": f"ray:{address}"}), **where}
         else:
             # Forked by the session's fork server if this launcher was too.
