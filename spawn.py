@@ -8584,14 +8584,18 @@ class Inbox:
         if not self.queue:
             self.close("finished its turn")
 
+    async def wait_for_message(self) -> bool:
+        """Until a message is queued (True), or the inbox is closed with none left (False)."""
+        while not self.queue and self.closed is None:
+            self.wake.clear()
+            await self.wake.wait()
+        return bool(self.queue)
+
     async def prompts(self, first: str) -> AsyncIterator[dict[str, Any]]:
         """The SDK's streaming input: the task, then each accepted message."""
         yield user_message(first)
         while True:
-            while not self.queue and self.closed is None:
-                self.wake.clear()
-                await self.wake.wait()
-            if not self.queue:
+            if not await self.wait_for_message():
                 return
             if self.turn_ended and self.before_reopen is not None:
                 await self.before_reopen()
@@ -11864,12 +11868,7 @@ class A2AConversation:
         from a2a.types import Message, Part, Role, SendMessageConfiguration, SendMessageRequest
 
         task, seq = self.task, 0
-        while True:
-            while not inbox.queue and inbox.closed is None:
-                inbox.wake.clear()
-                await inbox.wake.wait()
-            if not inbox.queue:
-                return
+        while await inbox.wait_for_message():
             text, seq = inbox.queue.popleft(), seq + 1
             while task.task_id is None and task.state not in A2A_FINAL_STATES:
                 await asyncio.sleep(0.1)  # the remote has not named its task yet

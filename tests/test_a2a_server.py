@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import signal
@@ -674,16 +675,11 @@ def test_a_remote_ask_is_answered_at_the_top(serve: Callable[..., Served], env: 
         ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])],
         token_env(env, served),
     )
-    try:
+    with ended_at_exit(top):
         local_ask = wait_for_ask(session_root, timeout=STREAM_TIMEOUT_S)
         assert "touch" in json.dumps(local_ask["input"])
-        approved = run_spawn(["approve", local_ask["id"], "--session", str(next(session_root.iterdir()))], env)
-        assert approved.returncode == 0, approved.stderr
+        answer_ask("approve", local_ask, session_root, env)
         out, err = top.communicate(timeout=STREAM_TIMEOUT_S)
-    finally:
-        if top.poll() is None:
-            top.kill()
-            top.communicate()
     assert json.loads(out)["status"] == "done", err
     assert target.exists()
     [remote_answer] = [load(p) for p in remote_root.glob("*/asks/q-*.answer.json")]
@@ -701,15 +697,10 @@ def test_a_remote_ask_denied_at_the_top_ends_the_remote_agent(
         ["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", [{"bash": f"touch {target}"}, {"text": "made"}])],
         token_env(env, served),
     )
-    try:
+    with ended_at_exit(top):
         local_ask = wait_for_ask(session_root, timeout=STREAM_TIMEOUT_S)
-        denied = run_spawn(["deny", local_ask["id"], "--session", str(next(session_root.iterdir()))], env)
-        assert denied.returncode == 0, denied.stderr
+        answer_ask("deny", local_ask, session_root, env)
         out, err = top.communicate(timeout=STREAM_TIMEOUT_S)
-    finally:
-        if top.poll() is None:
-            top.kill()
-            top.communicate()
     assert json.loads(out)["status"] == "refused", err
     assert not target.exists()
     [remote_answer] = [load(p) for p in remote_root.glob("*/asks/q-*.answer.json")]
@@ -732,7 +723,7 @@ def test_a_send_to_an_a2a_node_steers_the_remote_agent_and_never_answers_its_ask
     target = tmp_path / "project" / "made-after-the-steer"
     steps = [{"bash": f"touch {target}"}, {"text": "made"}]
     top = start_spawn(["--agent", f"a2a:{served.url}/agents/toucher", "--task", mock_task("make", steps)], token_env(env, served))
-    try:
+    with ended_at_exit(top):
         local_ask = wait_for_ask(session_root, timeout=STREAM_TIMEOUT_S)
         [node] = metas(session_root).values()
         sent = run_spawn(["send", node["id"], "yes"], env)
@@ -750,13 +741,8 @@ def test_a_send_to_an_a2a_node_steers_the_remote_agent_and_never_answers_its_ask
         # The ask is still the caller's: pending here and there, the file not made.
         assert not list(remote_root.glob("*/asks/q-*.answer.json")) and not list(session_root.glob("*/asks/q-*.answer.json"))
         assert not target.exists()
-        approved = run_spawn(["approve", local_ask["id"], "--session", str(next(session_root.iterdir()))], env)
-        assert approved.returncode == 0, approved.stderr
+        answer_ask("approve", local_ask, session_root, env)
         out, err = top.communicate(timeout=STREAM_TIMEOUT_S)
-    finally:
-        if top.poll() is None:
-            top.kill()
-            top.communicate()
     assert json.loads(out)["status"] == "done", err
     assert target.exists()
     # The remote agent's request after its tool call holds the message: it reached the model.
@@ -766,6 +752,23 @@ def test_a_send_to_an_a2a_node_steers_the_remote_agent_and_never_answers_its_ask
     assert local_sent["from"].startswith("pid ") and local_sent["delivery"] == "next message of its remote task"
     validate_records(session_root)
     validate_records(remote_root)
+
+
+@contextlib.contextmanager
+def ended_at_exit(proc: subprocess.Popen[str]) -> Iterator[subprocess.Popen[str]]:
+    """The test's spawn.py, killed and reaped if the test left it running."""
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+def answer_ask(verb: str, ask: dict[str, Any], session_root: Path, env: dict[str, str]) -> None:
+    """approve or deny an ask of the (one) session here, from outside its tree."""
+    done = run_spawn([verb, ask["id"], "--session", str(next(session_root.iterdir()))], env)
+    assert done.returncode == 0, done.stderr
 
 
 def transcript_lines(agent_dir: Path, kind: str) -> list[dict[str, Any]]:

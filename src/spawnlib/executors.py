@@ -705,12 +705,7 @@ class A2AConversation:
         from a2a.types import Message, Part, Role, SendMessageConfiguration, SendMessageRequest
 
         task, seq = self.task, 0
-        while True:
-            while not inbox.queue and inbox.closed is None:
-                inbox.wake.clear()
-                await inbox.wake.wait()
-            if not inbox.queue:
-                return
+        while await inbox.wait_for_message():
             text, seq = inbox.queue.popleft(), seq + 1
             while task.task_id is None and task.state not in A2A_FINAL_STATES:
                 await asyncio.sleep(0.1)  # the remote has not named its task yet

@@ -282,14 +282,18 @@ class Inbox:
         if not self.queue:
             self.close("finished its turn")
 
+    async def wait_for_message(self) -> bool:
+        """Until a message is queued (True), or the inbox is closed with none left (False)."""
+        while not self.queue and self.closed is None:
+            self.wake.clear()
+            await self.wake.wait()
+        return bool(self.queue)
+
     async def prompts(self, first: str) -> AsyncIterator[dict[str, Any]]:
         """The SDK's streaming input: the task, then each accepted message."""
         yield user_message(first)
         while True:
-            while not self.queue and self.closed is None:
-                self.wake.clear()
-                await self.wake.wait()
-            if not self.queue:
+            if not await self.wait_for_message():
                 return
             if self.turn_ended and self.before_reopen is not None:
                 await self.before_reopen()
