@@ -3701,9 +3701,9 @@ def read_record(path: Path | str) -> tuple[dict[str, Any], list[int]]:
     return data, [st.st_ino, st.st_size, st.st_mtime_ns]
 
 
-def read_text(path: Path | str) -> str:
+def read_text(path: Path | str, *, shared_lock: bool = False) -> str:
     """A file's text, read as records are (read_regular_file): CorruptRecordError, never a hang."""
-    return read_regular_file(path)[0].decode(errors="replace")
+    return read_regular_file(path, shared_lock=shared_lock)[0].decode(errors="replace")
 
 
 def open_regular(path: Path | str, flags: int, mode: int = 0o644) -> tuple[int, os.stat_result]:
@@ -3725,13 +3725,16 @@ def open_regular(path: Path | str, flags: int, mode: int = 0o644) -> tuple[int, 
     return fd, st
 
 
-def read_regular_file(path: Path | str, max_bytes: int | None = None) -> tuple[bytes, os.stat_result]:
+def read_regular_file(path: Path | str, max_bytes: int | None = None, *, shared_lock: bool = False) -> tuple[bytes, os.stat_result]:
     """A file's bytes and its stat: one open, one fstat and one sized read (open_regular).
 
     With max_bytes, a bigger file is a CorruptRecordError, not read into memory.
+    With shared_lock, it is read under a shared POSIX lock of the file (the ledger's; see there).
     """
     fd, st = open_regular(path, os.O_RDONLY)
     try:
+        if shared_lock:
+            posix_lock(fd, shared=True)
         if max_bytes is not None and st.st_size > max_bytes:
             raise CorruptRecordError(path, f"larger than {max_bytes} bytes")
         raw = os.read(fd, st.st_size + 1)  # sized: os.read allocates all it is asked for
@@ -3743,16 +3746,27 @@ def read_regular_file(path: Path | str, max_bytes: int | None = None) -> tuple[b
     return raw, st
 
 
-def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
-    # O_APPEND keeps concurrent writers' lines whole; no lock needed. A FIFO
-    # in a log's place must not hang its writer, the session's committers
-    # above all (open_regular).
+def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str], *, locked: bool = False) -> None:
+    # O_APPEND keeps concurrent writers' lines whole on one host; locked adds
+    # the file's exclusive POSIX lock, which holds across NFS clients (the
+    # ledger's; see there). A FIFO in a log's place must not hang its writer,
+    # the session's committers above all (open_regular).
     line = redacted_json(record, secrets_) + "\n"
     fd, _ = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
+        if locked:
+            posix_lock(fd, shared=False)
         os.write(fd, line.encode())
     finally:
-        os.close(fd)
+        os.close(fd)  # releases a lock, after the line is flushed
+
+
+def posix_lock(fd: int, *, shared: bool) -> None:
+    """A POSIX (fcntl) lock of the whole file, held until fd is closed; none on a file system without locks (NFS nolock)."""
+    import fcntl
+
+    with contextlib.suppress(OSError):
+        fcntl.lockf(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
 
 
 # --------------------------------------------------------------- the ledger --
@@ -3766,32 +3780,12 @@ def append_jsonl(path: Path, record: Mapping[str, Any], secrets_: Sequence[str])
 
 def append_ledger(session: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
     """One ledger line, under the ledger's exclusive POSIX lock (callers hold the session lock too)."""
-    import fcntl
-
-    line = redacted_json(record, secrets_) + "\n"
-    fd, _ = open_regular(session / LEDGER, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        with contextlib.suppress(OSError):  # a file system without locks (NFS mounted nolock): O_APPEND alone
-            fcntl.lockf(fd, fcntl.LOCK_EX)
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)  # releases the lock, after the line is flushed
+    append_jsonl(session / LEDGER, record, secrets_, locked=True)
 
 
 def ledger_text(session: Path) -> str:
     """The ledger, read whole under its shared POSIX lock; FileNotFoundError when nothing was written yet."""
-    import fcntl
-
-    fd, _ = open_regular(session / LEDGER, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):
-            fcntl.lockf(fd, fcntl.LOCK_SH)
-        chunks = []
-        while chunk := os.read(fd, 1 << 16):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode(errors="replace")
+    return read_text(session / LEDGER, shared_lock=True)
 
 
 # The agent logs this process stopped writing at the cap: each gets its one
