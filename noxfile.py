@@ -93,12 +93,17 @@ def tests(session: nox.Session) -> None:
     run_pytest(session, "not slow and not ray", 300)
 
 
-@nox.session
-def ray(session: nox.Session) -> None:
-    """Cluster tests (marked ray): a local 3-node Ray cluster runs placed agents. `uvx nox -s ray`."""
+def install_ray_deps(session: nox.Session) -> None:
+    """spawn.py's, the siblings', and the Ray sibling's own: what a local cluster's nodes and drivers run."""
     install_spawn_deps(session)
     install_tool_deps(session)
     install_tool_deps(session, only="ray_place.py")
+
+
+@nox.session
+def ray(session: nox.Session) -> None:
+    """Cluster tests (marked ray): a local 3-node Ray cluster runs placed agents. `uvx nox -s ray`."""
+    install_ray_deps(session)
     session.install(*TEST_DEPS)
     cluster_tests = sorted(str(p) for p in (ROOT / "tests").glob("test_ray*.py"))
     session.run("pytest", *(session.posargs or ["-q", "--timeout=900", "-m", "ray", *cluster_tests]))
@@ -107,9 +112,7 @@ def ray(session: nox.Session) -> None:
 @nox.session(name="ray_bench")
 def ray_bench(session: nox.Session) -> None:
     """40 leaves on a local 3-node Ray cluster against the same 40 placed locally: `uvx nox -s ray_bench`."""
-    install_spawn_deps(session)
-    install_tool_deps(session)
-    install_tool_deps(session, only="ray_place.py")
+    install_ray_deps(session)
     session.run("python", "tools/bench_ray.py", *session.posargs)
 
 

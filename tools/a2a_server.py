@@ -244,6 +244,11 @@ class Run:
     def session(self) -> Path:
         return self.agent_dir.parent.parent
 
+    @property
+    def caller(self) -> str:
+        """Who answers and steers for the task, as spawn.py's --as records it."""
+        return f"a2a:{self.task_id[:40]}"
+
 
 # ---------------------------------------------------------------- pure core --
 
@@ -557,12 +562,11 @@ class Spawner:
 
     async def send(self, run: Run, text: str) -> None:
         """A caller's steer, to the served agent's inbox: `spawn.py send`, from here, outside its tree."""
-        by = f"a2a:{run.task_id[:40]}"
-        await self.run_json("send", run.agent_id, "-", "--session", str(run.session), "--as", by, stdin=text.encode())
+        await self.run_json("send", run.agent_id, "-", "--session", str(run.session), "--as", run.caller, stdin=text.encode())
 
     async def answer(self, run: Run, ask_id: str, decision: str) -> None:
         verb = "approve" if decision == "allow" else "deny"
-        await self.run_json(verb, ask_id, "--session", str(run.session), "--as", f"a2a:{run.task_id[:40]}")
+        await self.run_json(verb, ask_id, "--session", str(run.session), "--as", run.caller)
 
     async def watch(self, run: Run) -> None:
         """Keep a `spawn.py wait` on the agent: it is what notices an agent that died without an outcome."""

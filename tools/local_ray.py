@@ -68,7 +68,6 @@ class LocalCluster:
         self.temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
         port = free_port()
         common = ["--num-cpus=1", f"--memory={memory}", "--object-store-memory=80000000", "--disable-usage-stats"]
-        self.address = f"127.0.0.1:{port}"
         head = ["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={self.temp_dir}"]
         self._node([*head, *common], self.logs / "head.log")
         # The head binds the host's address, which workers and drivers must use.

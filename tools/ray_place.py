@@ -269,10 +269,10 @@ class AgentHost:
                 raise spawn_claims.ClaimError(f"the claim is for agent {claim.child}, not {Path(agent_dir).name}")
         except spawn_claims.ClaimError as exc:
             return {"refused": str(exc)}
-        self.claim = claim
         with self.lock:
             if self.proc is not None:
                 return {"refused": "this host actor runs an agent already (a claim replayed)"}
+            self.claim = claim  # what its children's claims are narrowed from (mint)
             env = claim_environment(claim, environ)
             env.pop(ENV_MINT, None)  # the parent's: this agent's children ask this actor
             minting = Minting(self) if self.tree_key is not None else None
@@ -404,21 +404,10 @@ def wait_for_meta(agent_dir: Path, limit: float) -> dict[str, Any]:
 
 
 def claim_for(meta: dict[str, Any], node_id: str) -> spawn_claims.Claim:
-    permissions = meta.get("permissions") or {}
-    return spawn_claims.Claim(
-        session=Path(str(meta["session"])).name,
-        parent=meta.get("parent_id"),
-        child=str(meta["id"]),
-        audience=node_id,
-        depth=int(meta["depth"]),
-        max_depth=int(meta["max_depth"]),
-        deadline=meta.get("deadline"),
-        budget_hold_usd=meta.get("max_budget_usd"),
-        tools=tuple(meta.get("tools") or ()),
-        deny=tuple(permissions.get("deny") or ()),
-        ask=tuple(permissions.get("ask") or ()),
-        permission_mode=str(meta.get("permission_mode") or "dontAsk"),
-    )
+    """A tree's first placed agent's claim: the limits its meta.json holds (asked_limits), for its node."""
+    limits = {"deadline": None, "budget_hold_usd": None, **asked_limits(meta)}
+    session, parent, child, depth = Path(str(meta["session"])).name, meta.get("parent_id"), str(meta["id"]), int(meta["depth"])
+    return spawn_claims.Claim(session=session, parent=parent, child=child, audience=node_id, depth=depth, **limits)
 
 
 def run_standin(address: str, agent_dir: Path, spawn_argv: list[str], asked: dict[str, Any] | None) -> int:
