@@ -51,6 +51,7 @@ __version__ = "0.1.0"
 # fork server will run costs only what runs up to here (see "fork server").
 import os
 import sys
+import types
 
 
 
@@ -278,6 +279,39 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
 if __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:
     sys.stdout.flush()
     os._exit(_served)
+
+
+class _ImportedAtFirstUse(types.ModuleType):
+    """A placeholder in sys.modules that imports the real module when one of its names is first read."""
+
+    def __getattr__(self, attr: str) -> object:
+        import importlib
+
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def import_at_first_use(name: str) -> None:
+    """Put a placeholder for a module in sys.modules that imports it at first use.
+
+    `import name` then binds the placeholder, and reading any name of it imports
+    the module. (importlib's LazyLoader doesn't do: `import` itself touches
+    the module's __spec__, which loads it.)
+    """
+    if name not in sys.modules:
+        sys.modules[name] = module = _ImportedAtFirstUse(name)
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:  # `import a.b` finds b in sys.modules, then reads it as a's attribute
+            setattr(sys.modules[parent], child, module)
+
+
+# ------------------------------------------------------- imports at first use --
+# After the stand-in, before the combined imports: a spawn that goes on from
+# here binds psutil to a placeholder, and imports it at first use. It reads the
+# /proc files it needs before its CLI starts itself (processes.py: "/proc, as
+# psutil reads it"), so a root's CLI starts ~20 ms sooner.
+import_at_first_use("psutil")
 # ==================== end src/spawnlib/standin.py ====================
 
 # ==================== imports of every module ====================
@@ -305,15 +339,14 @@ import stat
 import subprocess
 import threading
 import time
-import types
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, TypedDict, Unpack, cast
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeAlias, TypeVar, TypedDict, Unpack, cast
 
-import psutil  # cheap to import; jsonschema and the SDK are imported lazily
+import psutil  # imported at its first use (spawnlib/__init__.py); jsonschema and the SDK lazily too
 
 if TYPE_CHECKING:
     import importlib.abc
@@ -4898,7 +4931,7 @@ class Supervised:
 
     def alive(self) -> bool:
         if not self.foreign():
-            return self._same_process() is not None
+            return running_here(self.pid, self.create_time)  # _same_process's answer, without psutil on Linux
         age = heartbeat_age(self.heartbeat) if self.heartbeat is not None else None
         if age is None:
             age = time.time() - self.create_time, HEARTBEAT_S  # not due yet
@@ -5062,12 +5095,116 @@ def own_create_time() -> float:
     outer pid namespace, so /proc/<getpid()> is another process, or none.
     """
     try:
-        with open("/proc/self/stat", "rb") as fh:
-            stat = fh.read()
+        return proc_stat("self").since_boot_s + boot_time()
     except OSError:  # no procfs (macOS): psutil asks the kernel by pid
         return psutil.Process().create_time()
-    ticks = int(stat[stat.rindex(b")") + 2 :].split()[19])  # field 22, starttime, counted after "pid (comm)"
-    return ticks / os.sysconf("SC_CLK_TCK") + psutil.boot_time()
+
+
+# ------------------------------------------------- /proc, as psutil reads it --
+# Every spawn walks its process ancestry (ancestry_context) and checks the
+# runner index before its CLI starts. psutil's import is ~20 ms of that
+# start, so on Linux these read /proc themselves, exactly as psutil 7's
+# Linux code does (the same fields, the same create time, the same parent
+# check), and psutil is imported at its first use: for a root, beside its
+# CLI's own start. Their errors are OSError (FileNotFoundError: no such
+# process); elsewhere psutil answers.
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    state: str
+    """'Z' for a zombie (psutil's STATUS_ZOMBIE)."""
+    ppid: int
+    since_boot_s: float
+    """Its start, in seconds after boot; psutil's create_time() adds boot_time()."""
+
+
+def proc_stat(pid: int | str) -> ProcStat:
+    """What /proc/PID/stat says of a process ("self": this one). OSError if there is none."""
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        stat = fh.read()
+    fields = stat[stat.rindex(b")") + 2 :].split()  # from field 3 on: the name in (...) may hold spaces
+    return ProcStat(fields[0].decode(), int(fields[1]), int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+
+
+def boot_time() -> float:
+    """/proc/stat's btime, read each time as psutil does: a clock step moves it."""
+    with open("/proc/stat", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"btime"):
+                return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+class ProcfsProcess:
+    """The part of psutil.Process the ancestry walk uses, from /proc (see above)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._since_boot_s = proc_stat(pid).since_boot_s  # its identity, as psutil.Process(pid) pins it
+
+    def create_time(self) -> float:
+        return self._since_boot_s + boot_time()
+
+    def parent(self) -> ProcfsProcess | None:
+        """psutil's parent(): None at pid 1 (lowest in every namespace: /proc lists no 0), for
+        a parent gone, or for a pid reused by a process younger than this one."""
+        if self.pid == 1:
+            return None
+        ppid = proc_stat(self.pid).ppid
+        created = ProcfsProcess(self.pid).create_time()
+        try:
+            parent = ProcfsProcess(ppid)
+        except FileNotFoundError:
+            return None
+        return parent if parent.create_time() <= created else None
+
+    def parents(self) -> list[ProcfsProcess]:
+        found: list[ProcfsProcess] = []
+        proc = self.parent()
+        while proc is not None:
+            found.append(proc)
+            proc = proc.parent()
+        return found
+
+    def environ(self) -> dict[str, str]:
+        """The environment it was started with, parsed as psutil's parse_environ_block does."""
+        with open(f"/proc/{self.pid}/environ", "rb") as fh:
+            data = fh.read().decode(sys.getfilesystemencoding(), sys.getfilesystemencodeerrors())
+        found: dict[str, str] = {}
+        pos = 0
+        while (end := data.find("\0", pos)) > pos:  # a NUL first, or two in a row, ends it
+            equal = data.find("=", pos, end)
+            if equal > pos:
+                found[data[pos:equal]] = data[equal + 1 : end]
+            pos = end + 1
+        return found
+
+
+# A process whose ancestry is walked: this one's (from /proc where it can
+# be), or the one a server was handed on a socket (psutil's). A string: the
+# alias itself must not import psutil.
+Subject: TypeAlias = "psutil.Process | ProcfsProcess"
+
+
+def procfs_readable() -> bool:
+    """Whether this system has Linux's /proc to read (psutil answers where it hasn't)."""
+    return os.path.exists("/proc/self/stat")
+
+
+def running_here(pid: int, create_time: float) -> bool:
+    """Whether pid is that process, started at create_time and not a zombie, by /proc where it can tell."""
+    if not procfs_readable():
+        try:
+            proc = psutil.Process(pid)
+            return abs(proc.create_time() - create_time) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+    try:
+        stat = proc_stat(pid)
+        return abs(stat.since_boot_s + boot_time() - create_time) < 0.05 and stat.state != "Z"
+    except OSError:
+        return False
 
 
 def become_subreaper() -> bool:
@@ -5659,7 +5796,7 @@ def _read_runner_entry(path: Path) -> tuple[int, float, Path] | None:
         return None
 
 
-def ancestor_agents(subject: psutil.Process | None = None) -> list[Path]:
+def ancestor_agents(subject: Subject | None = None) -> list[Path]:
     """Agent directories of the registered runners among our ancestors (or subject's), nearest first.
 
     The chain is psutil's parents, as the kernel has them now: a double-forked
@@ -5669,7 +5806,9 @@ def ancestor_agents(subject: psutil.Process | None = None) -> list[Path]:
     try:
         index = runner_index_dir()
         chain = (subject or ancestry_subject()).parents()
-    except (psutil.Error, OSError):
+    except OSError:  # first, so a ProcfsProcess's error doesn't import psutil to be matched
+        return []
+    except psutil.Error:
         return []
     entries: dict[int, list[tuple[float, Path]]] = {}
     for path in index.glob("*.json"):
@@ -5689,13 +5828,13 @@ def ancestor_agents(subject: psutil.Process | None = None) -> list[Path]:
     return found
 
 
-def nearest_ancestor_agent(subject: psutil.Process | None = None) -> Path | None:
+def nearest_ancestor_agent(subject: Subject | None = None) -> Path | None:
     """The directory of the nearest agent whose runner is among our ancestors (or subject's)."""
     found = ancestor_agents(subject)
     return found[0] if found else None
 
 
-def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, Any] | None:
+def ancestor_agent_context(subject: Subject | None = None) -> dict[str, Any] | None:
     """The nearest ancestor agent's limits, from its meta.json: the authority.
 
     None when no registered runner is among our ancestors (a root). An
@@ -5729,7 +5868,7 @@ def ancestor_agent_context(subject: psutil.Process | None = None) -> dict[str, A
     }
 
 
-def calling_agents(subject: psutil.Process | None = None) -> list[tuple[str, str, int]]:
+def calling_agents(subject: Subject | None = None) -> list[tuple[str, str, int]]:
     """(session, agent id, depth) of every agent this process (or subject) runs under.
 
     By process identity (the runner index) first, then by the environment
@@ -5740,9 +5879,9 @@ def calling_agents(subject: psutil.Process | None = None) -> list[tuple[str, str
         with contextlib.suppress(OSError, SpawnError):
             meta = load_meta(agent_dir)
             found.append((meta.session, meta.id, meta.depth))
-    with contextlib.suppress(psutil.Error):
+    with contextlib.suppress(OSError, psutil.Error):
         for proc in (subject or ancestry_subject()).parents():
-            with contextlib.suppress(psutil.Error):
+            with contextlib.suppress(OSError, psutil.Error):
                 env = proc.environ()
                 depth = _int_or_none(env.get(ENV_DEPTH))
                 if env.get(ENV_SESSION) and env.get(ENV_AGENT_ID) and depth is not None:
@@ -5750,7 +5889,7 @@ def calling_agents(subject: psutil.Process | None = None) -> list[tuple[str, str
     return found
 
 
-def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = None, subject: psutil.Process | None = None) -> dict[str, Any]:
+def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = None, subject: Subject | None = None) -> dict[str, Any]:
     """Depth limits as the process ancestry tells them, whatever our own env says.
 
     An agent controls its own Bash, so it can unset or rewrite SPAWN_* in the
@@ -5767,8 +5906,13 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
     runner = ancestor_agent_context(subject)
     if runner is not None:
         found["runner"] = runner
+    # OSError first in each handler: a ProcfsProcess's errors (a root's
+    # own walk) are matched without importing psutil.
+    proc: Subject | None
     try:
         proc = (subject or ancestry_subject()).parent()
+    except OSError:
+        return found
     except psutil.Error:
         return found
     # Inside a parent's sandbox, pid 1 is its bwrap, whose environment the
@@ -5777,6 +5921,8 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
     while proc is not None and (proc.pid > 1 or (proc.pid == 1 and in_sandbox)):
         try:
             env = environ_of(proc) if environ_of else proc.environ()
+        except OSError:  # another user's process, or gone
+            env = {}
         except psutil.Error:
             env = {}
         depth = _int_or_none(env.get(ENV_DEPTH))
@@ -5804,6 +5950,8 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
             found["mode"] = mode
         try:
             proc = proc.parent()
+        except OSError:
+            break
         except psutil.Error:
             break
     return found
@@ -5833,7 +5981,7 @@ class ForkedFor:
     """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
 
 
-def ancestry_subject() -> psutil.Process:
+def ancestry_subject() -> Subject:
     """The process whose ancestry decides a spawn's parent agent and limits.
 
     This process, except in a fork server's child: there it is the stand-in,
@@ -5842,7 +5990,7 @@ def ancestry_subject() -> psutil.Process:
     child must never go on as if it were a root.
     """
     if ForkedFor.pid is None:
-        return psutil.Process()
+        return ProcfsProcess(os.getpid()) if procfs_readable() else psutil.Process()
     with contextlib.suppress(psutil.Error):
         proc = psutil.Process(ForkedFor.pid)
         if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
@@ -9237,6 +9385,7 @@ def cli_budget_cap(meta: AgentMeta) -> float | None:
 
 
 
+
 # ------------------------------------------------------------------ running --
 
 
@@ -9480,10 +9629,13 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     """
     if "claude_agent_sdk" in sys.modules:
         return sys.modules["claude_agent_sdk"]
-    _import_lazily("jsonschema")
+    # The SDK imports jsonschema at import time only to validate the input of
+    # in-process MCP tools, which spawn.py never creates: a large part of the
+    # SDK's import, paid at every depth.
+    import_at_first_use("jsonschema")
     # Imported by the SDK for the app name it derives, which spawn.py gives
     # it (run_sdk): about 15 ms of reading email and zip modules.
-    _import_lazily("importlib.metadata")
+    import_at_first_use("importlib.metadata")
     # Imported by connect(), when installed, only to pass on an in-process
     # span: spawn.py has none, and gives the CLI its TRACEPARENT itself
     # (child_environment). Absent, it is the ImportError the SDK expects
@@ -9503,30 +9655,6 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     import claude_agent_sdk
 
     return claude_agent_sdk
-
-
-def _import_lazily(name: str) -> None:
-    """Put a stand-in for a module in sys.modules that imports it at first use.
-
-    The SDK imports jsonschema at import time only to validate the input of
-    in-process MCP tools, which spawn.py never creates: a large part of the
-    SDK's import, paid at every depth. (importlib's LazyLoader doesn't do:
-    `import` itself touches the module's __spec__, which loads it.)
-    """
-    if name not in sys.modules:
-        sys.modules[name] = module = _LazyModule(name)
-        parent, _, child = name.rpartition(".")
-        if parent in sys.modules:  # `import a.b` finds b in sys.modules, then reads it as a's attribute
-            setattr(sys.modules[parent], child, module)
-
-
-class _LazyModule(types.ModuleType):
-    def __getattr__(self, attr: str) -> Any:
-        import importlib
-
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        return getattr(importlib.import_module(self.__name__), attr)
 
 
 class SdkLoader:
@@ -13292,6 +13420,8 @@ def preload_for_forks() -> None:
     import_sdk(os.environ)
     import anyio  # noqa: F401
 
+    psutil.Process  # noqa: B018  # imported at first use (spawnlib/__init__.py): here, once for every child
+
     for name in FORKSERVER_PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
@@ -15223,7 +15353,7 @@ def calling_agent(environ: Mapping[str, str]) -> tuple[Path, AgentMeta] | None:
     except (FileNotFoundError, SpawnError, psutil.Error, OSError):
         return None
     for proc in ancestors:
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(OSError, psutil.Error):
             if proc.pid == meta.pid and abs(proc.create_time() - meta.create_time) < 0.05:
                 return agent_dir, meta
     return None
@@ -18146,7 +18276,6 @@ def cmd_budget(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 
-
 # --------------------------------------------------------------------- main --
 
 
@@ -18228,7 +18357,12 @@ def use_bytecode_cache(environ: Mapping[str, str]) -> None:
     per-user cache directory takes it.
     """
     sys.dont_write_bytecode = False
-    site = Path(psutil.__file__).parent.parent  # the environment the SDK is installed in
+    # The environment the SDK is installed in, beside psutil: found, not
+    # imported (psutil is imported at first use, after the CLI's start).
+    spec = importlib.machinery.PathFinder.find_spec("psutil")
+    if spec is None or spec.origin is None:
+        return
+    site = Path(spec.origin).parent.parent
     if os.access(site, os.W_OK):
         return
     with contextlib.suppress(OSError, RuntimeError):

@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -298,3 +299,84 @@ def test_agent_cannot_approve_its_own_ask(env: dict[str, str], session_root: Pat
     assert victim.read_text() == "keep me"
     assert load(ask_path.with_name(f"{ask_path.stem}.answer.json"))["by"] == "ci-bot"
     validate_records(session_root)
+
+
+# ----------------------------------------------- /proc, as psutil reads it --
+# A spawn walks its ancestry from /proc before its CLI starts, without
+# psutil (processes.py). These hold it to psutil's answers, the authority it
+# replaces there.
+
+needs_procfs = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc")
+
+
+@needs_procfs
+def test_the_procfs_walk_gives_psutils_ancestry_create_times_and_environments(tmp_path: Path) -> None:
+    # A chain of three shells below this test, the last one asleep, with an
+    # odd environment: a name with spaces, an empty value, a value with '='.
+    env = {"PATH": "/usr/bin:/bin", "SPAWN_TEST_ODD NAME": "a=b=c", "SPAWN_TEST_EMPTY": ""}
+    leaf = subprocess.Popen(["sh", "-c", "sh -c 'sleep 30; :'; :"], env=env)
+    try:
+        deadline = time.time() + 10
+        while not (kids := psutil.Process(leaf.pid).children(recursive=True)) and time.time() < deadline:
+            time.sleep(0.02)
+        sleeper = max(kids, key=lambda p: p.create_time()) if kids else psutil.Process(leaf.pid)
+        ours, theirs = spawn.ProcfsProcess(sleeper.pid), psutil.Process(sleeper.pid)
+        assert [p.pid for p in ours.parents()] == [p.pid for p in theirs.parents()]
+        assert abs(ours.create_time() - theirs.create_time()) < 1e-6
+        for mine, real in zip(ours.parents(), theirs.parents(), strict=True):
+            assert abs(mine.create_time() - real.create_time()) < 1e-6
+        assert ours.environ() == theirs.environ()
+        outer = spawn.ProcfsProcess(leaf.pid).environ()  # exec'd with env as given (a shell drops odd names for its children)
+        assert outer == psutil.Process(leaf.pid).environ() and outer["SPAWN_TEST_ODD NAME"] == "a=b=c" and outer["SPAWN_TEST_EMPTY"] == ""
+        assert spawn.ProcfsProcess(1).parent() is None and psutil.Process(1).parent() is None
+    finally:
+        for kid in psutil.Process(leaf.pid).children(recursive=True):
+            kid.kill()
+        leaf.kill()
+        leaf.wait()
+
+
+@needs_procfs
+def test_running_here_answers_as_psutil_for_live_reused_zombie_and_gone_pids() -> None:
+    zombie = subprocess.Popen(["true"])
+    deadline = time.time() + 10
+    while psutil.Process(zombie.pid).status() != psutil.STATUS_ZOMBIE and time.time() < deadline:
+        time.sleep(0.01)
+    try:
+        me = psutil.Process()
+        zombie_created = psutil.Process(zombie.pid).create_time()
+        cases = {
+            "this process": (me.pid, me.create_time(), True),
+            "this pid, another start (a reused pid)": (me.pid, me.create_time() - 5, False),
+            "a zombie": (zombie.pid, zombie_created, False),
+        }
+        for what, (pid, started, expected) in cases.items():
+            assert spawn.running_here(pid, started) is expected, what
+            assert (spawn.Supervised(pid, started)._same_process() is not None) is expected, what
+        assert spawn.own_create_time() == pytest.approx(me.create_time(), abs=1e-6)
+    finally:
+        zombie.wait()
+    assert spawn.running_here(zombie.pid, zombie_created) is False  # reaped: gone
+
+
+def test_a_root_starts_its_cli_before_importing_psutil(env: dict[str, str], tmp_path: Path) -> None:
+    """psutil is imported at first use (spawnlib/__init__.py): a root's ancestry walk and the
+    runner index's checks read /proc, so its CLI starts first. The real CLI, against the scripted model."""
+    probe = (
+        "import runpy, subprocess, sys\n"
+        "real = subprocess.Popen.__init__\n"
+        "def popen(self, args, *a, **k):\n"
+        "    if any(str(x).endswith('/claude') for x in args):\n"
+        "        print('psutil imported at the CLI start:', 'psutil._common' in sys.modules, file=sys.stderr)\n"
+        "    return real(self, args, *a, **k)\n"
+        "subprocess.Popen.__init__ = popen\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    task = mock_task("psutil probe", [{"text": "probed"}])
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(SPAWN), "--task", task, "--tools", "Read"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert "psutil imported at the CLI start: False" in proc.stderr

@@ -277,11 +277,16 @@ def hook_markers() -> tuple[str, str]:
 def mark_stand_in(module: Module) -> None:
     """Write the hook's markers around the stand-in's code: before its first line and its closing call."""
     begin, end = hook_markers()
-    last = ast.parse("".join(module.lines)).body[-1]
-    test = last.test if isinstance(last, ast.If) else None
-    names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)} if test is not None else set()
-    if not {"__name__", "forkserver_stand_in"} <= names:
-        raise BundleError(f'{relative(module.path)} must end with `if __name__ == "__main__" and ... forkserver_stand_in(...)`')
+
+    def closing(node: ast.stmt) -> bool:
+        names = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)} if isinstance(node, ast.If) else set()
+        return {"__name__", "forkserver_stand_in"} <= names
+
+    # What follows the closing call (the imports at first use) runs in a spawn
+    # that goes on, and is not the hook's.
+    last = next((node for node in ast.parse("".join(module.lines)).body if closing(node)), None)
+    if last is None:
+        raise BundleError(f'{relative(module.path)} must close with `if __name__ == "__main__" and ... forkserver_stand_in(...)`')
     module.edits[0] = (0, [begin])
     module.edits[last.lineno - 1] = (0, [end])
 

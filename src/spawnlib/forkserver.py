@@ -312,6 +312,8 @@ def preload_for_forks() -> None:
     import_sdk(os.environ)
     import anyio  # noqa: F401
 
+    psutil.Process  # noqa: B018  # imported at first use (spawnlib/__init__.py): here, once for every child
+
     for name in FORKSERVER_PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)

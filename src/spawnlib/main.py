@@ -3,13 +3,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.machinery
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
-
-import psutil
 
 from .broker import brokered
 from .cli import (
@@ -111,7 +110,12 @@ def use_bytecode_cache(environ: Mapping[str, str]) -> None:
     per-user cache directory takes it.
     """
     sys.dont_write_bytecode = False
-    site = Path(psutil.__file__).parent.parent  # the environment the SDK is installed in
+    # The environment the SDK is installed in, beside psutil: found, not
+    # imported (psutil is imported at first use, after the CLI's start).
+    spec = importlib.machinery.PathFinder.find_spec("psutil")
+    if spec is None or spec.origin is None:
+        return
+    site = Path(spec.origin).parent.parent
     if os.access(site, os.W_OK):
         return
     with contextlib.suppress(OSError, RuntimeError):

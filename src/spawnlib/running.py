@@ -44,6 +44,7 @@ from .forkstate import on_fork
 from .placement import ENV_PLACEMENT, ENV_SUBAGENT_DEPTH, IN_PROCESS_POLICIES, subagent_depth_limit
 from .protocol import kill_request_reason
 from .records import AgentMeta, Status
+from .standin import import_at_first_use
 from .steering import ENV_ON_BUDGET
 
 # ------------------------------------------------------------------ running --
@@ -289,10 +290,13 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     """
     if "claude_agent_sdk" in sys.modules:
         return sys.modules["claude_agent_sdk"]
-    _import_lazily("jsonschema")
+    # The SDK imports jsonschema at import time only to validate the input of
+    # in-process MCP tools, which spawn.py never creates: a large part of the
+    # SDK's import, paid at every depth.
+    import_at_first_use("jsonschema")
     # Imported by the SDK for the app name it derives, which spawn.py gives
     # it (run_sdk): about 15 ms of reading email and zip modules.
-    _import_lazily("importlib.metadata")
+    import_at_first_use("importlib.metadata")
     # Imported by connect(), when installed, only to pass on an in-process
     # span: spawn.py has none, and gives the CLI its TRACEPARENT itself
     # (child_environment). Absent, it is the ImportError the SDK expects
@@ -312,30 +316,6 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     import claude_agent_sdk
 
     return claude_agent_sdk
-
-
-def _import_lazily(name: str) -> None:
-    """Put a stand-in for a module in sys.modules that imports it at first use.
-
-    The SDK imports jsonschema at import time only to validate the input of
-    in-process MCP tools, which spawn.py never creates: a large part of the
-    SDK's import, paid at every depth. (importlib's LazyLoader doesn't do:
-    `import` itself touches the module's __spec__, which loads it.)
-    """
-    if name not in sys.modules:
-        sys.modules[name] = module = _LazyModule(name)
-        parent, _, child = name.rpartition(".")
-        if parent in sys.modules:  # `import a.b` finds b in sys.modules, then reads it as a's attribute
-            setattr(sys.modules[parent], child, module)
-
-
-class _LazyModule(types.ModuleType):
-    def __getattr__(self, attr: str) -> Any:
-        import importlib
-
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        return getattr(importlib.import_module(self.__name__), attr)
 
 
 class SdkLoader:

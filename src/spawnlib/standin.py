@@ -5,6 +5,7 @@ from __future__ import annotations
 # fork server will run costs only what runs up to here (see "fork server").
 import os
 import sys
+import types
 from typing import Any
 
 from .programs import program_text
@@ -179,3 +180,36 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
 if __name__ == "__main__" and (_served := forkserver_stand_in(sys.argv[1:], os.environ)) is not None:
     sys.stdout.flush()
     os._exit(_served)
+
+
+class _ImportedAtFirstUse(types.ModuleType):
+    """A placeholder in sys.modules that imports the real module when one of its names is first read."""
+
+    def __getattr__(self, attr: str) -> object:
+        import importlib
+
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def import_at_first_use(name: str) -> None:
+    """Put a placeholder for a module in sys.modules that imports it at first use.
+
+    `import name` then binds the placeholder, and reading any name of it imports
+    the module. (importlib's LazyLoader doesn't do: `import` itself touches
+    the module's __spec__, which loads it.)
+    """
+    if name not in sys.modules:
+        sys.modules[name] = module = _ImportedAtFirstUse(name)
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:  # `import a.b` finds b in sys.modules, then reads it as a's attribute
+            setattr(sys.modules[parent], child, module)
+
+
+# ------------------------------------------------------- imports at first use --
+# After the stand-in, before the combined imports: a spawn that goes on from
+# here binds psutil to a placeholder, and imports it at first use. It reads the
+# /proc files it needs before its CLI starts itself (processes.py: "/proc, as
+# psutil reads it"), so a root's CLI starts ~20 ms sooner.
+import_at_first_use("psutil")

@@ -173,7 +173,7 @@ def calling_agent(environ: Mapping[str, str]) -> tuple[Path, AgentMeta] | None:
     except (FileNotFoundError, SpawnError, psutil.Error, OSError):
         return None
     for proc in ancestors:
-        with contextlib.suppress(psutil.Error):
+        with contextlib.suppress(OSError, psutil.Error):
             if proc.pid == meta.pid and abs(proc.create_time() - meta.create_time) < 0.05:
                 return agent_dir, meta
     return None
