@@ -1861,7 +1861,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="only P1's chains and P1b's fan-out: skip the start-up profile, P2, P3 wait samples, MCP, P5, P6, P7 and dag",
     )
     p.add_argument(
-        "--inprocess-rounds", type=int, default=3, metavar="N", help="P10: interleaved rounds of the in-process chain (default 3; 0 skips)"
+        "--inprocess-rounds", type=int, default=9, metavar="N", help="P10: interleaved rounds of the in-process chain (default 9; 0 skips)"
     )
     p.add_argument("--only-inprocess", action="store_true", help="only P10: the in-process chain against native subagents")
     p.add_argument(
