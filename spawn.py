@@ -346,7 +346,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeAlias, TypeVar, TypedDict, Unpack, cast
 
-import psutil  # imported at its first use (spawnlib/__init__.py); jsonschema and the SDK lazily too
+import psutil  # imported at its first use (standin.py); jsonschema and the SDK lazily too
 
 if TYPE_CHECKING:
     import importlib.abc
@@ -13420,7 +13420,7 @@ def preload_for_forks() -> None:
     import_sdk(os.environ)
     import anyio  # noqa: F401
 
-    psutil.Process  # noqa: B018  # imported at first use (spawnlib/__init__.py): here, once for every child
+    psutil.Process  # noqa: B018  # imported at first use (standin.py): here, once for every child
 
     for name in FORKSERVER_PRELOAD:
         with contextlib.suppress(ImportError):

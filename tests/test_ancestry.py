@@ -360,7 +360,7 @@ def test_running_here_answers_as_psutil_for_live_reused_zombie_and_gone_pids() -
 
 
 def test_a_root_starts_its_cli_before_importing_psutil(env: dict[str, str], tmp_path: Path) -> None:
-    """psutil is imported at first use (spawnlib/__init__.py): a root's ancestry walk and the
+    """psutil is imported at first use (standin.py): a root's ancestry walk and the
     runner index's checks read /proc, so its CLI starts first. The real CLI, against the scripted model."""
     probe = (
         "import runpy, subprocess, sys\n"

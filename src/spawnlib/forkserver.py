@@ -312,7 +312,7 @@ def preload_for_forks() -> None:
     import_sdk(os.environ)
     import anyio  # noqa: F401
 
-    psutil.Process  # noqa: B018  # imported at first use (spawnlib/__init__.py): here, once for every child
+    psutil.Process  # noqa: B018  # imported at first use (standin.py): here, once for every child
 
     for name in FORKSERVER_PRELOAD:
         with contextlib.suppress(ImportError):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias, cast
 
-import psutil  # imported at its first use (spawnlib/__init__.py); jsonschema and the SDK lazily too
+import psutil  # imported at its first use (standin.py); jsonschema and the SDK lazily too
 
 from .constants import (
     CGROUP_EMPTY_WAIT_S,
