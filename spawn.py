@@ -4371,6 +4371,7 @@ class MarkerEvents:
 
 
 
+
 # ------------------------------------------------------------- fast start --
 
 # A script run as `python spawn.py` is compiled on every start (only imported
@@ -4573,16 +4574,25 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
 # program, and the sh that runs it with the tree's Python, in a folder of
 # the cache named by their hash. The cache is read-only in every sandbox.
 UV_SHIM = (  # src/spawnlib/programs/uv_shim.py, inlined by tools/bundle.py
-    '"""`uv` in a sandboxed agent\'s Bash: `uv run [options] PATH/spawn.py ARGS` runs the tree\'s own spawn'
-    '.py.\n'
+    '"""`uv` in an agent\'s Bash: `uv run [options] PATH/spawn.py ARGS` without uv, where uv adds nothing.'
     '\n'
-    "uv can't open its cache in a sandbox: the cache is read-only there, as it\n"
-    'must be (an agent that could write it would run its code outside the\n'
-    'sandbox at the next `uv run`). Yet `uv run spawn.py ...` is how users and\n'
-    'agents start a child, and what uv would run is the environment the tree\n'
-    'already runs: $SPAWN_PYTHON on $SPAWN_PY. Anything else goes to the next\n'
-    "uv on PATH, which says for itself what it can't do. Run as `python -I -S`\n"
-    "from its folder's `uv` (a two-line sh): builtin modules only.\n"
+    '\n'
+    '`uv run spawn.py ...` is how users, skills and scripts start a child. uv\n'
+    "would resolve the script's environment again at every level (0.15 to 0.3 s),\n"
+    'and find the one the tree already runs: $SPAWN_PYTHON.\n'
+    '\n'
+    "- Outside a sandbox, when the script has the very bytes the tree's spawn.py\n"
+    "  has (the checked hash in $SPAWN_PY's header, PEP 552: the same PEP 723\n"
+    '  block, so the same environment) and no option but INERT ones is given,\n'
+    "  the tree's interpreter runs that script. Anything else is uv's.\n"
+    "- Inside a sandbox uv can't open its cache: the cache is read-only there, as\n"
+    '  it must be (an agent that could write it would run its code outside the\n'
+    '  sandbox at the next `uv run`). So `uv run [options] PATH/spawn.py` runs the\n'
+    "  tree's own spawn.py, $SPAWN_PY, whatever the options.\n"
+    '\n'
+    'Anything else goes to the next uv on PATH, which says for itself what it\n'
+    "can't do. Run as `python -I -S` from its folder's `uv` (a two-line sh):\n"
+    'builtin modules only.\n'
     '"""\n'
     '\n'
     'import os\n'
@@ -4606,12 +4616,18 @@ UV_SHIM = (  # src/spawnlib/programs/uv_shim.py, inlined by tools/bundle.py
     '    "--exact", "--all-extras", "--no-dev", "--compile-bytecode", "--refresh", "--managed-python", "-'
     '-no-managed-python",\n'
     ')  # fmt: skip\n'
+    '# Options that change nothing about what runs, nor where: with any other,\n'
+    '# outside a sandbox, uv runs it.\n'
+    'INERT = ("--script", "-s", "-q", "--quiet", "--no-progress", "--offline", "--frozen", "--no-project"'
+    ')\n'
     'SCRIPT_NAME = "spawn.py"\n'
+    'PYC_CHECKED_HASH = (3).to_bytes(4, "little")  # fast_start_hook\'s: a hash-based pyc, checked against'
+    ' its source\n'
     '\n'
     '\n'
-    'def spawn_arguments(argv: "list[str]") -> "list[str] | None":\n'
-    '    """The arguments after spawn.py when argv is `run [options] [--] PATH/spawn.py ARGS`; None for a'
-    'nything else."""\n'
+    'def spawn_run(argv: "list[str]") -> "tuple[list[str], str, list[str]] | None":\n'
+    '    """(uv\'s options, PATH/spawn.py, the arguments after it) when argv is\n'
+    '    `run [options] [--] PATH/spawn.py ARGS`; None for anything else."""\n'
     '    if argv[:1] != ["run"]:\n'
     '        return None\n'
     '    i = 1\n'
@@ -4630,7 +4646,51 @@ UV_SHIM = (  # src/spawnlib/programs/uv_shim.py, inlined by tools/bundle.py
     '        else:\n'
     '            return None\n'
     '    if i < len(argv) and os.path.basename(argv[i]) == SCRIPT_NAME:\n'
-    '        return argv[i + 1 :]\n'
+    '        return [w for w in argv[1:i] if w != "--"], argv[i], argv[i + 1 :]\n'
+    '    return None\n'
+    '\n'
+    '\n'
+    'def same_bytes(script: str, copy: str) -> bool:\n'
+    '    """Whether script holds the bytes the tree\'s spawn.py has: copy\'s, or those its header\'s checked'
+    ' hash was taken of."""\n'
+    '    import _frozen_importlib_external as bootstrap\n'
+    '    import _imp\n'
+    '\n'
+    '    try:\n'
+    '        with open(script, "rb") as fh:\n'
+    '            source = fh.read()\n'
+    '        with open(copy, "rb") as fh:\n'
+    '            header = fh.read(16) if copy.endswith(".pyc") else fh.read()\n'
+    '    except OSError:\n'
+    '        return False\n'
+    '    if not copy.endswith(".pyc"):  # the tree runs its source: no copy was made\n'
+    '        return header == source\n'
+    '    magic = bootstrap.MAGIC_NUMBER\n'
+    '    return header == magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), so'
+    'urce)\n'
+    '\n'
+    '\n'
+    'def inside_sandbox() -> bool:\n'
+    '    """bwrap is pid 1 of a sandbox\'s own pid namespace (processes.inside_sandbox)."""\n'
+    '    try:\n'
+    '        with open("/proc/1/cmdline", "rb") as fh:\n'
+    '            return os.path.basename(fh.read().split(b"\\0")[0]) == b"bwrap"\n'
+    '    except OSError:\n'
+    '        return False\n'
+    '\n'
+    '\n'
+    'def tree_command(argv: "list[str]", environ: "dict[str, str] | os._Environ[str]", sandboxed: bool) -'
+    '> "list[str] | None":\n'
+    '    """What runs `uv argv` with the tree\'s interpreter instead; None: uv\'s to run."""\n'
+    '    found = spawn_run(argv)\n'
+    '    python, copy = environ.get("SPAWN_PYTHON"), environ.get("SPAWN_PY")\n'
+    '    if found is None or not python or not copy:\n'
+    '        return None\n'
+    '    options, script, rest = found\n'
+    '    if sandboxed:\n'
+    '        return [python, copy, *rest]\n'
+    '    if all(option in INERT for option in options) and same_bytes(script, copy):\n'
+    '        return [python, script, *rest]  # its own path: schemas/ beside it, its own compiled copy\n'
     '    return None\n'
     '\n'
     '\n'
@@ -4648,10 +4708,9 @@ UV_SHIM = (  # src/spawnlib/programs/uv_shim.py, inlined by tools/bundle.py
     'def main() -> None:\n'
     '    argv = sys.argv[1:]\n'
     '    here = os.path.realpath(os.path.dirname(os.path.abspath(sys.argv[0])))\n'
-    '    rest = spawn_arguments(argv)\n'
-    '    python, script = os.environ.get("SPAWN_PYTHON"), os.environ.get("SPAWN_PY")\n'
-    '    if rest is not None and python and script:\n'
-    '        os.execv(python, [python, script, *rest])\n'
+    '    command = tree_command(argv, os.environ, inside_sandbox())\n'
+    '    if command is not None:\n'
+    '        os.execv(command[0], command)\n'
     '    uv = real_uv(here)\n'
     '    if uv is None:\n'
     '        sys.stderr.write("uv: command not found\\n")\n'
@@ -4750,10 +4809,10 @@ def compiled_script() -> Path:
 
 def uv_shim_folder(environ: Mapping[str, str]) -> Path | None:
     """The cache's folder holding the `uv` shim, written if absent or not ours as it should be; None where it can't be."""
-    import hashlib
+    import _imp  # builtin: every agent's start writes or checks the shim, and hashlib's import is ~4 ms of it
 
     files = {"uv_shim.py": (UV_SHIM.encode(), 0o644), "uv": (UV_SHIM_SH.encode(), 0o755)}
-    digest = hashlib.sha256(UV_SHIM.encode() + UV_SHIM_SH.encode()).hexdigest()[:16]
+    digest = _imp.source_hash(COMPILED_HASH_KEY, UV_SHIM.encode() + UV_SHIM_SH.encode()).hex()
     folder = cache_dir(environ) / f"uv-shim-{digest}"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -10881,10 +10940,10 @@ def project_claude_dir(cwd: str) -> str:
     return folder
 
 
-def sandbox_path(meta: AgentMeta, environ: Mapping[str, str]) -> dict[str, str]:
-    """A sandboxed agent's PATH, the `uv` shim first: `uv run spawn.py` in its Bash runs the tree's spawn.py
-    (uv itself can't open its cache there, read-only); {} for an agent outside a sandbox."""
-    shim = uv_shim_folder(environ) if meta.sandbox == "on" else None
+def uv_shim_path(environ: Mapping[str, str]) -> dict[str, str]:
+    """An agent's PATH, the `uv` shim first: `uv run spawn.py` in its Bash runs the tree's spawn.py without
+    uv's resolution, the same environment again (programs/uv_shim.py says when); {} where it can't be written."""
+    shim = uv_shim_folder(environ)
     return {"PATH": os.pathsep.join([str(shim), environ.get("PATH", os.defpath)])} if shim is not None else {}
 
 
@@ -10984,7 +11043,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     # (and any scripted MOCK[...]) stays part of the first message; the agent's
     # own facts follow it, after the head siblings share in the prompt cache.
     prompt = first_message(meta)
-    options["env"].update(sandbox_path(meta, os.environ))
+    options["env"].update(uv_shim_path(os.environ))
     argv = cli_argv(str(cli), options)
     env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
     return CliStart(options, gate, prompt, argv, env)

@@ -9,9 +9,11 @@ and kills go to its request box, and its runner runs them as its own.
 from __future__ import annotations
 
 import json
+import py_compile
 import shlex
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
@@ -357,14 +359,71 @@ def test_uv_run_spawn_py_in_a_sandboxed_spawner_runs_the_trees_spawn_py(env: dic
     assert "uv version rc=" in text and "uv-shim-" in text
 
 
-def test_the_uv_shim_finds_spawn_py_past_uvs_own_options() -> None:
-    """Unit: `uv run [options] [--] PATH/spawn.py ARGS` is the tree's spawn.py; anything else is uv's."""
-    namespace: dict[str, object] = {"__name__": "uv_shim"}
+def uv_shim() -> dict[str, Any]:
+    namespace: dict[str, Any] = {"__name__": "uv_shim"}
     exec(spawn.UV_SHIM, namespace)  # the program's text, as spawn.py writes it
-    arguments = namespace["spawn_arguments"]
-    assert callable(arguments)
-    assert arguments(["run", "spawn.py", "--task", "x"]) == ["--task", "x"]
-    assert arguments(["run", "--script", "-q", "--python", "3.12", "../tools/spawn.py", "status"]) == ["status"]
-    assert arguments(["run", "--with=rich", "--", "/a/b/spawn.py"]) == []
+    return namespace
+
+
+def test_the_uv_shim_finds_spawn_py_past_uvs_own_options() -> None:
+    """Unit: `uv run [options] [--] PATH/spawn.py ARGS` is a spawn.py run; anything else is uv's."""
+    run = uv_shim()["spawn_run"]
+    assert run(["run", "spawn.py", "--task", "x"]) == ([], "spawn.py", ["--task", "x"])
+    assert run(["run", "--script", "-q", "--python", "3.12", "../tools/spawn.py", "status"]) == (
+        ["--script", "-q", "--python", "3.12"], "../tools/spawn.py", ["status"],
+    )  # fmt: skip
+    assert run(["run", "--with=rich", "--", "/a/b/spawn.py"]) == (["--with=rich"], "/a/b/spawn.py", [])
     for other in (["run", "other.py"], ["pip", "install", "spawn.py"], ["run", "--weird-flag", "spawn.py"], ["run"], []):
-        assert arguments(other) is None, other
+        assert run(other) is None, other
+
+
+def test_the_uv_shim_runs_the_trees_spawn_py_only_where_uv_would_run_the_same(tmp_path: Path) -> None:
+    """Unit: outside a sandbox, the tree's interpreter takes `uv run [inert options] PATH/spawn.py` only when
+    PATH holds the bytes of the tree's spawn.py (so the same PEP 723 environment); in a sandbox, always."""
+    command = uv_shim()["tree_command"]
+    source = b"# /// script\n# dependencies = []\n# ///\nprint('x')\n"
+    script, other = tmp_path / "spawn.py", tmp_path / "other" / "spawn.py"
+    other.parent.mkdir()
+    script.write_bytes(source)
+    other.write_bytes(source + b"# another version\n")
+    copy = tmp_path / "cache" / "spawn-x.pyc"
+    copy.parent.mkdir()
+    py_compile.compile(str(script), cfile=str(copy), doraise=True, invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    env = {"SPAWN_PYTHON": "/tree/python", "SPAWN_PY": str(copy)}
+    assert command(["run", "-q", str(script), "--task", "t"], env, False) == ["/tree/python", str(script), "--task", "t"]
+    assert command(["run", str(other), "status"], env, False) is None  # other bytes: another environment, uv's
+    assert command(["run", "--with", "rich", str(script)], env, False) is None  # an option that changes what runs
+    assert command(["run", "--directory", "/x", str(script)], env, False) is None
+    assert command(["run", str(script)], {"SPAWN_PY": str(copy)}, False) is None  # no tree here
+    assert command(["run", "--with", "rich", str(other), "status"], env, True) == ["/tree/python", str(copy), "status"]
+    source_env = {"SPAWN_PYTHON": "/tree/python", "SPAWN_PY": str(script)}  # a tree that runs its source (no copy)
+    assert command(["run", str(script)], source_env, False) == ["/tree/python", str(script)]
+    assert command(["run", str(other)], source_env, False) is None
+
+
+def test_uv_run_of_the_trees_spawn_py_takes_the_trees_interpreter_and_anything_else_goes_to_uv(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    """Outside a sandbox too, an agent's `uv run spawn.py` skips uv's resolution when the script is the
+    tree's own. uv is kept from resolving anything here (offline, an empty cache), so only the shim can
+    start the child; a copy with other bytes goes to uv, which can't."""
+    script = str(Path(spawn.__file__).resolve())
+    other = tmp_path / "other" / "spawn.py"
+    other.parent.mkdir()
+    other.write_bytes(Path(script).read_bytes() + b"# another version\n")
+    child = mock_task("child", [{"text": "child done"}])
+    no_uv = 'export UV_OFFLINE=1 UV_CACHE_DIR="$(mktemp -d)"; '
+    steps = (
+        f'{no_uv}uv run --quiet {shlex.quote(script)} --task {shlex.quote(child)} --tools Read; echo "tree rc=$?"',
+        f'{no_uv}uv run --quiet {shlex.quote(str(other))} --task {shlex.quote(child)} --tools Read; echo "other rc=$?"',
+    )
+    root = mock_task("root", [*({"bash": step} for step in steps), {"text": "root done"}])
+    args = ["--task", root, "--tools", "Bash,Read", "--max-depth", "2", "--sandbox", "off", "--cwd", str(tmp_path)]
+    proc = run_spawn(args, env, timeout=240)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    dirs = by_task(session_root)
+    assert sorted(dirs) == ["child", "root"]  # the other copy started nothing
+    assert load(dirs["child"] / "outcome.json")["status"] == "done"
+    text = transcript_text(dirs["root"])
+    assert "tree rc=0" in text and '\\"output\\": \\"child done\\"' in text, text[-3000:]
+    assert "other rc=0" not in text and "other rc=" in text, text[-3000:]

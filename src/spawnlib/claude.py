@@ -576,10 +576,10 @@ def project_claude_dir(cwd: str) -> str:
     return folder
 
 
-def sandbox_path(meta: AgentMeta, environ: Mapping[str, str]) -> dict[str, str]:
-    """A sandboxed agent's PATH, the `uv` shim first: `uv run spawn.py` in its Bash runs the tree's spawn.py
-    (uv itself can't open its cache there, read-only); {} for an agent outside a sandbox."""
-    shim = uv_shim_folder(environ) if meta.sandbox == "on" else None
+def uv_shim_path(environ: Mapping[str, str]) -> dict[str, str]:
+    """An agent's PATH, the `uv` shim first: `uv run spawn.py` in its Bash runs the tree's spawn.py without
+    uv's resolution, the same environment again (programs/uv_shim.py says when); {} where it can't be written."""
+    shim = uv_shim_folder(environ)
     return {"PATH": os.pathsep.join([str(shim), environ.get("PATH", os.defpath)])} if shim is not None else {}
 
 
@@ -679,7 +679,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     # (and any scripted MOCK[...]) stays part of the first message; the agent's
     # own facts follow it, after the head siblings share in the prompt cache.
     prompt = first_message(meta)
-    options["env"].update(sandbox_path(meta, os.environ))
+    options["env"].update(uv_shim_path(os.environ))
     argv = cli_argv(str(cli), options)
     env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
     return CliStart(options, gate, prompt, argv, env)

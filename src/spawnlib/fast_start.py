@@ -12,6 +12,7 @@ from .errors import SpawnError
 from .programs import program_text
 from .programs.fast_start_hook import (
     COMPILED_DIR,
+    COMPILED_HASH_KEY,
     COMPILED_MODE_FORBIDDEN,
     ENV_NO_FAST_START,
     FAST_START_MODULE,
@@ -127,10 +128,10 @@ def compiled_script() -> Path:
 
 def uv_shim_folder(environ: Mapping[str, str]) -> Path | None:
     """The cache's folder holding the `uv` shim, written if absent or not ours as it should be; None where it can't be."""
-    import hashlib
+    import _imp  # builtin: every agent's start writes or checks the shim, and hashlib's import is ~4 ms of it
 
     files = {"uv_shim.py": (UV_SHIM.encode(), 0o644), "uv": (UV_SHIM_SH.encode(), 0o755)}
-    digest = hashlib.sha256(UV_SHIM.encode() + UV_SHIM_SH.encode()).hexdigest()[:16]
+    digest = _imp.source_hash(COMPILED_HASH_KEY, UV_SHIM.encode() + UV_SHIM_SH.encode()).hex()
     folder = cache_dir(environ) / f"uv-shim-{digest}"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
