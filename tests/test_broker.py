@@ -12,6 +12,8 @@ import json
 import py_compile
 import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -427,3 +429,21 @@ def test_uv_run_of_the_trees_spawn_py_takes_the_trees_interpreter_and_anything_e
     text = transcript_text(dirs["root"])
     assert "tree rc=0" in text and '\\"output\\": \\"child done\\"' in text, text[-3000:]
     assert "other rc=0" not in text and "other rc=" in text, text[-3000:]
+
+
+def test_the_uv_shims_sh_passes_other_commands_to_the_next_uv_without_python(tmp_path: Path) -> None:
+    """The shim's sh: a command naming no spawn.py goes straight to the next uv on PATH (no interpreter),
+    one naming a spawn.py to the program, which gives it to that uv too when no tree is around; no uv: 127."""
+    shim = spawn.uv_shim_folder({"SPAWN_CACHE_DIR": str(tmp_path / "cache")})
+    assert shim is not None
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "uv").write_text('#!/bin/sh\necho "real uv: $*"\n')
+    (real / "uv").chmod(0o755)
+    env = {"PATH": f"{shim}:{real}:/usr/bin:/bin", "SPAWN_PYTHON": sys.executable}
+    for argv in (["pip", "list"], ["run", "--with", "x", "other/spawn.py", "status"]):
+        out = subprocess.run([str(shim / "uv"), *argv], env=env, capture_output=True, text=True, check=False)
+        assert (out.returncode, out.stdout) == (0, f"real uv: {' '.join(argv)}\n"), out.stderr
+    alone = {"PATH": f"{shim}:/nonexistent"}
+    none = subprocess.run([str(shim / "uv"), "pip", "list"], env=alone, capture_output=True, text=True, check=False)
+    assert (none.returncode, none.stderr) == (127, "uv: command not found\n")
