@@ -5004,7 +5004,8 @@ class Supervised:
 
     def alive(self) -> bool:
         if not self.foreign():
-            return running_here(self.pid, self.create_time)  # _same_process's answer, without psutil on Linux
+            # _same_process's answer, without psutil where /proc can give it.
+            return running_here(self.pid, self.create_time) if procfs_readable() else self._same_process() is not None
         age = heartbeat_age(self.heartbeat) if self.heartbeat is not None else None
         if age is None:
             age = time.time() - self.create_time, HEARTBEAT_S  # not due yet
@@ -5224,8 +5225,8 @@ class ProcfsProcess:
         a parent gone, or for a pid reused by a process younger than this one."""
         if self.pid == 1:
             return None
-        ppid = proc_stat(self.pid).ppid
-        created = ProcfsProcess(self.pid).create_time()
+        own = proc_stat(self.pid)  # read afresh, as psutil does: its ppid, and its start to check the parent's against
+        ppid, created = own.ppid, own.since_boot_s + boot_time()
         try:
             parent = ProcfsProcess(ppid)
         except FileNotFoundError:
@@ -5266,13 +5267,8 @@ def procfs_readable() -> bool:
 
 
 def running_here(pid: int, create_time: float) -> bool:
-    """Whether pid is that process, started at create_time and not a zombie, by /proc where it can tell."""
-    if not procfs_readable():
-        try:
-            proc = psutil.Process(pid)
-            return abs(proc.create_time() - create_time) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
+    """Supervised._same_process's check, from /proc (procfs_readable): pid is that process,
+    started at create_time, and not a zombie."""
     try:
         stat = proc_stat(pid)
         return abs(stat.since_boot_s + boot_time() - create_time) < 0.05 and stat.state != "Z"
