@@ -172,7 +172,7 @@ def test_forged_and_hostile_requests_are_narrowed_or_refused_and_the_runner_goes
 
 
 def test_kill_through_the_broker_ends_only_the_agents_own_subtree(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
-    sleeper = mock_task("sleeper", [{"bash": "sleep 60"}, {"text": "sleeper done"}])
+    sleeper = mock_task("sleeper", [{"bash": "echo busy; sleep 60"}, {"text": "sleeper done"}])
     sibling = mock_task("sibling", [{"bash": "sleep 8"}, {"text": "sibling done"}])
     launch = spawn_in_bash("--task", sleeper, "--tools", "Bash", "--background")
     kill = (

@@ -164,7 +164,7 @@ def test_paths_are_refused_as_agent_ids(env: dict[str, str], session_root: Path,
 def test_cancel_ends_the_agent(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     async def body() -> None:
         async with Client(server_params(env, tmp_path)) as client:
-            task = mock_task("sleep", [{"bash": "sleep 60"}, {"text": "never"}])
+            task = mock_task("sleep", [{"bash": "echo busy; sleep 60"}, {"text": "never"}])
             started = structured(await client.call_tool("spawn_agent", {"task": task, "tools": ["Bash"]}))
             agent_dir = Path(started["agent_dir"])
             wait_for_path(agent_dir / "heartbeat.json")

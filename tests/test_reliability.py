@@ -394,7 +394,7 @@ def test_own_create_time_is_psutils() -> None:
 
 def test_a_killed_agents_reason_names_the_kill_and_who_asked(env: dict[str, str], session_root: Path) -> None:
     """Issue 36 item 4: a `spawn.py kill` left the reason `received SIGTERM`, saying neither kill nor who."""
-    child = mock_task("stall", [{"bash": "sleep 60"}, {"text": "never"}])
+    child = mock_task("stall", [{"bash": "echo busy; sleep 60"}, {"text": "never"}])
     launched = stdout_json(run_spawn(["--background", "--task", child, "--tools", "Bash"], env))
     wait_for_path(Path(launched["agent_dir"]) / "heartbeat.json")
     proc = run_spawn(["kill", launched["id"]], env)
@@ -407,7 +407,7 @@ def test_a_killed_agents_reason_names_the_kill_and_who_asked(env: dict[str, str]
 
 
 def test_an_agent_killing_its_child_is_named_in_the_childs_reason(env: dict[str, str], session_root: Path) -> None:
-    child = mock_task("stall", [{"bash": "sleep 60"}, {"text": "never"}])
+    child = mock_task("stall", [{"bash": "echo busy; sleep 60"}, {"text": "never"}])
     launch = spawn_in_bash("--task", child, "--tools", "Bash", "--background", "--print", "id")
     kill = f'ID=$({launch}) && until [ -e "$SPAWN_SESSION/agents/$ID/heartbeat.json" ]; do sleep 0.1; done && {spawn_in_bash("kill")} "$ID"'
     parent = mock_task("parent", [{"bash": kill}, {"text": "parent done"}])

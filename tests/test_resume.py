@@ -45,7 +45,7 @@ def test_resume_refuses_unknown_running_and_sessionless(env: dict[str, str], ses
     assert "a0-nosuch" in unknown.stderr
     assert not session_root.exists() or not list(session_root.glob("*/agents/*"))
 
-    running = start_spawn(["--background", "--tools", "Bash", "--task", mock_task("wait", [{"bash": "sleep 30"}])], env)
+    running = start_spawn(["--background", "--tools", "Bash", "--task", mock_task("wait", [{"bash": "echo busy; sleep 30"}])], env)
     started = stdout_json_text(running.communicate(timeout=60)[0])
     wait_for_path(Path(str(started["agent_dir"])) / "meta.json")
     busy = run_spawn(["--resume", str(started["id"]), "--task", "more"], env)
