@@ -312,6 +312,8 @@ def import_at_first_use(name: str) -> None:
 # /proc files it needs before its CLI starts itself (processes.py: "/proc, as
 # psutil reads it"), so a root's CLI starts ~20 ms sooner.
 import_at_first_use("psutil")
+for _name in ("inspect", "hashlib"):
+    import_at_first_use(_name)
 # ==================== end src/spawnlib/standin.py ====================
 
 # ==================== imports of every module ====================
@@ -5186,6 +5188,8 @@ def own_create_time() -> float:
 
 @dataclass(frozen=True)
 class ProcStat:
+    """The fields of /proc/PID/stat that spawn.py reads."""
+
     state: str
     """'Z' for a zombie (psutil's STATUS_ZOMBIE)."""
     ppid: int
@@ -6901,6 +6905,8 @@ class Rule:
 
 @dataclass
 class RuleSet:
+    """An agent's permission rules, parsed, by kind."""
+
     allow: list[Rule] = field(default_factory=list)
     deny: list[Rule] = field(default_factory=list)
     ask: list[Rule] = field(default_factory=list)
@@ -15462,6 +15468,8 @@ def corrupt_agents(session: Path) -> list[dict[str, str]]:
 
 @dataclass
 class WaitResult:
+    """What `wait` saw: the outcomes read, the agents gone without one, and whether all ended."""
+
     outcomes: dict[Path, dict[str, Any]]
     stale: list[Path]
     finished: bool

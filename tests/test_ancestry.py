@@ -359,15 +359,18 @@ def test_running_here_answers_as_psutil_for_live_reused_zombie_and_gone_pids() -
     assert spawn.running_here(zombie.pid, zombie_created) is False  # reaped: gone
 
 
-def test_a_root_starts_its_cli_before_importing_psutil(env: dict[str, str], tmp_path: Path) -> None:
-    """psutil is imported at first use (standin.py): a root's ancestry walk and the
-    runner index's checks read /proc, so its CLI starts first. The real CLI, against the scripted model."""
+def test_a_root_starts_its_cli_before_importing_psutil_inspect_or_hashlib(env: dict[str, str], tmp_path: Path) -> None:
+    """psutil, inspect and hashlib are imported at first use (standin.py): a root's ancestry
+    walk and the runner index's checks read /proc, every dataclass has a docstring (or
+    dataclasses asks inspect for its signature), and only task graphs hash. So its CLI
+    starts first. The real CLI, against the scripted model."""
     probe = (
         "import runpy, subprocess, sys\n"
         "real = subprocess.Popen.__init__\n"
         "def popen(self, args, *a, **k):\n"
         "    if any(str(x).endswith('/claude') for x in args):\n"
-        "        print('psutil imported at the CLI start:', 'psutil._common' in sys.modules, file=sys.stderr)\n"
+        "        found = [m for m in ('psutil._common', 'ast', '_hashlib') if m in sys.modules]\n"
+        "        print('imported at the CLI start:', found, file=sys.stderr)\n"
         "    return real(self, args, *a, **k)\n"
         "subprocess.Popen.__init__ = popen\n"
         "sys.argv = sys.argv[1:]\n"
@@ -379,4 +382,4 @@ def test_a_root_starts_its_cli_before_importing_psutil(env: dict[str, str], tmp_
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
-    assert "psutil imported at the CLI start: False" in proc.stderr
+    assert "imported at the CLI start: []" in proc.stderr  # inspect imports ast

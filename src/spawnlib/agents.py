@@ -51,6 +51,8 @@ class Rule:
 
 @dataclass
 class RuleSet:
+    """An agent's permission rules, parsed, by kind."""
+
     allow: list[Rule] = field(default_factory=list)
     deny: list[Rule] = field(default_factory=list)
     ask: list[Rule] = field(default_factory=list)

@@ -301,6 +301,8 @@ def own_create_time() -> float:
 
 @dataclass(frozen=True)
 class ProcStat:
+    """The fields of /proc/PID/stat that spawn.py reads."""
+
     state: str
     """'Z' for a zombie (psutil's STATUS_ZOMBIE)."""
     ppid: int

@@ -213,6 +213,8 @@ def corrupt_agents(session: Path) -> list[dict[str, str]]:
 
 @dataclass
 class WaitResult:
+    """What `wait` saw: the outcomes read, the agents gone without one, and whether all ended."""
+
     outcomes: dict[Path, dict[str, Any]]
     stale: list[Path]
     finished: bool
