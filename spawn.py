@@ -780,7 +780,8 @@ SLOT_LENT = ".slot-lent"
 
 Runs at every interpreter start in this environment, from _spawn_fast_start.pth.
 If the script on the command line has a compiled copy in spawn.py's cache,
-exec the same interpreter on that copy instead of compiling the source.
+run that copy instead of compiling the source: in this interpreter once site
+has finished, else by exec'ing the same interpreter on it.
 Remove _spawn_fast_start.pth to remove it.
 """
 
@@ -919,6 +920,100 @@ def hook_stand_in(copy: str, source: bytes) -> None:
         os._exit(served)
 
 
+def run_at_file_start(copy: str, source: bytes) -> bool:
+    """Have this interpreter run the copy where it would run the script; False
+    where that can't be arranged, and the caller execs the copy instead.
+
+    Python raises the audit event cpython.run_file once it has started up
+    (site done: every .pth file, sitecustomize) and holds no import lock: the
+    hook runs the copy there and exits, so no second interpreter starts (~20
+    ms a spawn). Not for -i, which wants the interpreter after the script.
+    """
+    if sys.flags.inspect or sys.flags.interactive or "__main__" not in sys.modules:
+        return False
+    import _frozen_importlib_external as bootstrap
+    import _imp
+
+    magic = bootstrap.MAGIC_NUMBER
+    header = magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
+    pending = [copy]
+
+    def at_event(event: str, args: tuple[object, ...]) -> None:
+        if event == "cpython.run_file" and pending:
+            run_copy(pending.pop(), header)  # returns only if the copy changed since: the script runs instead
+
+    sys.addaudithook(at_event)  # for the process's life, as every audit hook: one comparison an event
+    return True
+
+
+def run_copy(copy: str, header: bytes) -> None:
+    """Run the copy as `python COPY ARGS` would, then exit as it would: never
+    returns, unless the copy's header is no longer the one that was trusted."""
+    import marshal
+
+    try:
+        with open(copy, "rb") as fh:
+            data = fh.read()
+        if data[:16] != header:
+            return
+        code = marshal.loads(memoryview(data)[16:])
+    except (OSError, ValueError, EOFError, TypeError):
+        return
+    sys.argv[0] = copy
+    if not sys.flags.safe_path and sys.path:
+        # The copy's folder, as `python COPY` has it, not the script's: a
+        # project's own mcp/ or anyio/ beside spawn.py never shadows a dependency.
+        sys.path[0] = os.path.dirname(copy)
+    import _frozen_importlib_external as bootstrap
+
+    scope = sys.modules["__main__"].__dict__
+    scope.update(__file__=copy, __cached__=None, __loader__=bootstrap.SourcelessFileLoader("__main__", copy))
+    status = 0
+    try:
+        exec(code, scope)
+    except SystemExit as exc:
+        status = exit_status(exc.code)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        status = -2  # as Python ends on one: by SIGINT
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    finish(status)
+
+
+def exit_status(code: object) -> int:
+    """SystemExit's code as Python's exit status: None 0, an int itself, anything else printed and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def finish(status: int) -> None:
+    """End as the interpreter would after the script: threads joined, atexit
+    run, streams flushed; a KeyboardInterrupt's end is by SIGINT."""
+    import atexit
+
+    if "threading" in sys.modules:
+        sys.modules["threading"]._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            continue
+    if status == -2:
+        import _signal  # type: ignore[import-not-found,unused-ignore]
+
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        os.kill(os.getpid(), _signal.SIGINT)
+        status = 130
+    os._exit(status & 0xFF)
+
+
 def hook_main() -> None:
     argv = list(getattr(sys, "orig_argv", ()))
     at = len(argv) - len(sys.argv)
@@ -932,6 +1027,8 @@ def hook_main() -> None:
     session = os.environ.get(HOOK_ENV_SESSION)  # a nested spawn's; compile nothing for a root or a session with no server
     if session and os.environ.get(HOOK_ENV_NO_FORKSERVER) != "1" and os.path.exists(os.path.join(session, HOOK_FORKSERVER_SOCKET)):
         hook_stand_in(copy, source)
+    if run_at_file_start(copy, source):
+        return
     import _signal  # type: ignore[import-not-found,unused-ignore]  # signal's C half: builtin (spawn.py's stand-in imports it too)
 
     # Python ignores these at start; the new interpreter does it again, and a
@@ -4386,14 +4483,16 @@ class MarkerEvents:
 # source at every level. So a run from source puts a start-up hook into the
 # virtual environment running it (uv's own, for `uv run`): a .pth line that
 # site runs at every interpreter start there. When the script named on the
-# command line has a compiled copy, the hook execs the same interpreter on
-# that copy, with the same argv and pid; anything else starts as usual.
+# command line has a compiled copy, the hook runs that copy, with the same
+# argv and pid, in the same interpreter once site has finished; anything
+# else starts as usual.
 FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tools/bundle.py
     '"""Written by spawn.py (docs/benchmarks.md: "Fast start"); SPAWN_NO_FAST_START=1 turns it off.\n'
     '\n'
     'Runs at every interpreter start in this environment, from _spawn_fast_start.pth.\n'
     "If the script on the command line has a compiled copy in spawn.py's cache,\n"
-    'exec the same interpreter on that copy instead of compiling the source.\n'
+    'run that copy instead of compiling the source: in this interpreter once site\n'
+    "has finished, else by exec'ing the same interpreter on it.\n"
     'Remove _spawn_fast_start.pth to remove it.\n'
     '"""\n'
     '\n'
@@ -4540,6 +4639,104 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     '        os._exit(served)\n'
     '\n'
     '\n'
+    'def run_at_file_start(copy: str, source: bytes) -> bool:\n'
+    '    """Have this interpreter run the copy where it would run the script; False\n'
+    "    where that can't be arranged, and the caller execs the copy instead.\n"
+    '\n'
+    '    Python raises the audit event cpython.run_file once it has started up\n'
+    '    (site done: every .pth file, sitecustomize) and holds no import lock: the\n'
+    '    hook runs the copy there and exits, so no second interpreter starts (~20\n'
+    '    ms a spawn). Not for -i, which wants the interpreter after the script.\n'
+    '    """\n'
+    '    if sys.flags.inspect or sys.flags.interactive or "__main__" not in sys.modules:\n'
+    '        return False\n'
+    '    import _frozen_importlib_external as bootstrap\n'
+    '    import _imp\n'
+    '\n'
+    '    magic = bootstrap.MAGIC_NUMBER\n'
+    '    header = magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)\n'
+    '    pending = [copy]\n'
+    '\n'
+    '    def at_event(event: str, args: tuple[object, ...]) -> None:\n'
+    '        if event == "cpython.run_file" and pending:\n'
+    '            run_copy(pending.pop(), header)  # returns only if the copy changed since: the script ru'
+    'ns instead\n'
+    '\n'
+    "    sys.addaudithook(at_event)  # for the process's life, as every audit hook: one comparison an eve"
+    'nt\n'
+    '    return True\n'
+    '\n'
+    '\n'
+    'def run_copy(copy: str, header: bytes) -> None:\n'
+    '    """Run the copy as `python COPY ARGS` would, then exit as it would: never\n'
+    '    returns, unless the copy\'s header is no longer the one that was trusted."""\n'
+    '    import marshal\n'
+    '\n'
+    '    try:\n'
+    '        with open(copy, "rb") as fh:\n'
+    '            data = fh.read()\n'
+    '        if data[:16] != header:\n'
+    '            return\n'
+    '        code = marshal.loads(memoryview(data)[16:])\n'
+    '    except (OSError, ValueError, EOFError, TypeError):\n'
+    '        return\n'
+    '    sys.argv[0] = copy\n'
+    '    if not sys.flags.safe_path and sys.path:\n'
+    "        # The copy's folder, as `python COPY` has it, not the script's: a\n"
+    "        # project's own mcp/ or anyio/ beside spawn.py never shadows a dependency.\n"
+    '        sys.path[0] = os.path.dirname(copy)\n'
+    '    import _frozen_importlib_external as bootstrap\n'
+    '\n'
+    '    scope = sys.modules["__main__"].__dict__\n'
+    '    scope.update(__file__=copy, __cached__=None, __loader__=bootstrap.SourcelessFileLoader("__main__'
+    '", copy))\n'
+    '    status = 0\n'
+    '    try:\n'
+    '        exec(code, scope)\n'
+    '    except SystemExit as exc:\n'
+    '        status = exit_status(exc.code)\n'
+    '    except KeyboardInterrupt:\n'
+    '        sys.excepthook(*sys.exc_info())\n'
+    '        status = -2  # as Python ends on one: by SIGINT\n'
+    '    except BaseException:\n'
+    '        sys.excepthook(*sys.exc_info())\n'
+    '        status = 1\n'
+    '    finish(status)\n'
+    '\n'
+    '\n'
+    'def exit_status(code: object) -> int:\n'
+    '    """SystemExit\'s code as Python\'s exit status: None 0, an int itself, anything else printed and 1'
+    '."""\n'
+    '    if code is None:\n'
+    '        return 0\n'
+    '    if isinstance(code, int):\n'
+    '        return code\n'
+    '    print(code, file=sys.stderr)\n'
+    '    return 1\n'
+    '\n'
+    '\n'
+    'def finish(status: int) -> None:\n'
+    '    """End as the interpreter would after the script: threads joined, atexit\n'
+    '    run, streams flushed; a KeyboardInterrupt\'s end is by SIGINT."""\n'
+    '    import atexit\n'
+    '\n'
+    '    if "threading" in sys.modules:\n'
+    '        sys.modules["threading"]._shutdown()\n'
+    '    atexit._run_exitfuncs()\n'
+    '    for stream in (sys.stdout, sys.stderr):\n'
+    '        try:\n'
+    '            stream.flush()\n'
+    '        except (AttributeError, OSError, ValueError):\n'
+    '            continue\n'
+    '    if status == -2:\n'
+    '        import _signal  # type: ignore[import-not-found,unused-ignore]\n'
+    '\n'
+    '        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)\n'
+    '        os.kill(os.getpid(), _signal.SIGINT)\n'
+    '        status = 130\n'
+    '    os._exit(status & 0xFF)\n'
+    '\n'
+    '\n'
     'def hook_main() -> None:\n'
     '    argv = list(getattr(sys, "orig_argv", ()))\n'
     '    at = len(argv) - len(sys.argv)\n'
@@ -4556,6 +4753,8 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     '    if session and os.environ.get(HOOK_ENV_NO_FORKSERVER) != "1" and os.path.exists(os.path.join(ses'
     'sion, HOOK_FORKSERVER_SOCKET)):\n'
     '        hook_stand_in(copy, source)\n'
+    '    if run_at_file_start(copy, source):\n'
+    '        return\n'
     "    import _signal  # type: ignore[import-not-found,unused-ignore]  # signal's C half: builtin (spaw"
     "n.py's stand-in imports it too)\n"
     '\n'

@@ -124,6 +124,27 @@ def test_a_source_run_installs_the_hook_and_later_runs_take_the_compiled_copy(
     assert off.stdout.strip() == VERSION_LINE
 
 
+def test_the_copy_runs_in_the_interpreter_the_hook_ran_in_once_site_has_finished(
+    venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path
+) -> None:
+    """No second interpreter's start: the copy runs in the process the user started,
+    after the .pth files that follow the hook's (deps.pth here) and sitecustomize,
+    with the copy as argv[0] and __file__, and its exit status."""
+    (site_of(venv) / "sitecustomize.py").write_text("import os\nos.environ['SITECUSTOMIZED'] = 'yes'\n")
+    assert run(venv, ["spawn.py", "--version"], user_env, project).returncode == ExitCode.OK  # installs the hook
+    probe = (
+        "import os, sys\n"
+        "import jsonschema  # found through deps.pth, which site reads after the hook's .pth\n"
+        "cmdline = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
+        "print(os.environ.get('SITECUSTOMIZED'), __file__ == sys.argv[0], sys.argv[1:], os.path.basename(cmdline[1]).decode())\n"
+        "raise SystemExit(3)\n"
+    )
+    plant(copy_path(tmp_path / "cache", project / "spawn.py"), project / "spawn.py", probe)
+    hooked = run(venv, ["spawn.py", "status", "--json"], user_env, project)
+    # The process's command line still names the script: nothing exec'd the copy.
+    assert (hooked.returncode, hooked.stdout.strip(), hooked.stderr) == (3, "yes True ['status', '--json'] spawn.py", "")
+
+
 def test_a_hook_an_earlier_spawn_py_installed_runs_this_versions_copy_until_a_source_run_replaces_it(
     venv: Path, project: Path, user_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -33,8 +33,9 @@ from .protocol import cache_dir, read_regular_file, write_file_atomic
 # source at every level. So a run from source puts a start-up hook into the
 # virtual environment running it (uv's own, for `uv run`): a .pth line that
 # site runs at every interpreter start there. When the script named on the
-# command line has a compiled copy, the hook execs the same interpreter on
-# that copy, with the same argv and pid; anything else starts as usual.
+# command line has a compiled copy, the hook runs that copy, with the same
+# argv and pid, in the same interpreter once site has finished; anything
+# else starts as usual.
 FAST_START_HOOK = program_text("fast_start_hook")
 # `uv` on a sandboxed agent's PATH (programs/uv_shim.py says why): the
 # program, and the sh that runs it with the tree's Python, in a folder of

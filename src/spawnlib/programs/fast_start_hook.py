@@ -2,7 +2,8 @@
 
 Runs at every interpreter start in this environment, from _spawn_fast_start.pth.
 If the script on the command line has a compiled copy in spawn.py's cache,
-exec the same interpreter on that copy instead of compiling the source.
+run that copy instead of compiling the source: in this interpreter once site
+has finished, else by exec'ing the same interpreter on it.
 Remove _spawn_fast_start.pth to remove it.
 """
 
@@ -141,6 +142,100 @@ def hook_stand_in(copy: str, source: bytes) -> None:
         os._exit(served)
 
 
+def run_at_file_start(copy: str, source: bytes) -> bool:
+    """Have this interpreter run the copy where it would run the script; False
+    where that can't be arranged, and the caller execs the copy instead.
+
+    Python raises the audit event cpython.run_file once it has started up
+    (site done: every .pth file, sitecustomize) and holds no import lock: the
+    hook runs the copy there and exits, so no second interpreter starts (~20
+    ms a spawn). Not for -i, which wants the interpreter after the script.
+    """
+    if sys.flags.inspect or sys.flags.interactive or "__main__" not in sys.modules:
+        return False
+    import _frozen_importlib_external as bootstrap
+    import _imp
+
+    magic = bootstrap.MAGIC_NUMBER
+    header = magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
+    pending = [copy]
+
+    def at_event(event: str, args: tuple[object, ...]) -> None:
+        if event == "cpython.run_file" and pending:
+            run_copy(pending.pop(), header)  # returns only if the copy changed since: the script runs instead
+
+    sys.addaudithook(at_event)  # for the process's life, as every audit hook: one comparison an event
+    return True
+
+
+def run_copy(copy: str, header: bytes) -> None:
+    """Run the copy as `python COPY ARGS` would, then exit as it would: never
+    returns, unless the copy's header is no longer the one that was trusted."""
+    import marshal
+
+    try:
+        with open(copy, "rb") as fh:
+            data = fh.read()
+        if data[:16] != header:
+            return
+        code = marshal.loads(memoryview(data)[16:])
+    except (OSError, ValueError, EOFError, TypeError):
+        return
+    sys.argv[0] = copy
+    if not sys.flags.safe_path and sys.path:
+        # The copy's folder, as `python COPY` has it, not the script's: a
+        # project's own mcp/ or anyio/ beside spawn.py never shadows a dependency.
+        sys.path[0] = os.path.dirname(copy)
+    import _frozen_importlib_external as bootstrap
+
+    scope = sys.modules["__main__"].__dict__
+    scope.update(__file__=copy, __cached__=None, __loader__=bootstrap.SourcelessFileLoader("__main__", copy))
+    status = 0
+    try:
+        exec(code, scope)
+    except SystemExit as exc:
+        status = exit_status(exc.code)
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())
+        status = -2  # as Python ends on one: by SIGINT
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    finish(status)
+
+
+def exit_status(code: object) -> int:
+    """SystemExit's code as Python's exit status: None 0, an int itself, anything else printed and 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def finish(status: int) -> None:
+    """End as the interpreter would after the script: threads joined, atexit
+    run, streams flushed; a KeyboardInterrupt's end is by SIGINT."""
+    import atexit
+
+    if "threading" in sys.modules:
+        sys.modules["threading"]._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            continue
+    if status == -2:
+        import _signal  # type: ignore[import-not-found,unused-ignore]
+
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        os.kill(os.getpid(), _signal.SIGINT)
+        status = 130
+    os._exit(status & 0xFF)
+
+
 def hook_main() -> None:
     argv = list(getattr(sys, "orig_argv", ()))
     at = len(argv) - len(sys.argv)
@@ -154,6 +249,8 @@ def hook_main() -> None:
     session = os.environ.get(HOOK_ENV_SESSION)  # a nested spawn's; compile nothing for a root or a session with no server
     if session and os.environ.get(HOOK_ENV_NO_FORKSERVER) != "1" and os.path.exists(os.path.join(session, HOOK_FORKSERVER_SOCKET)):
         hook_stand_in(copy, source)
+    if run_at_file_start(copy, source):
+        return
     import _signal  # type: ignore[import-not-found,unused-ignore]  # signal's C half: builtin (spawn.py's stand-in imports it too)
 
     # Python ignores these at start; the new interpreter does it again, and a
