@@ -9891,6 +9891,17 @@ class _AbsentMcpFinder:
         module.__path__ = []
 
 
+def imported_modules(*packages: str) -> list[str]:
+    """The names in sys.modules of these top-level packages and their modules.
+
+    import_sdk runs on the SDK-import thread while the runner's own thread
+    may import too (psutil at its first use), so sys.modules is copied by
+    list(), one C call under the GIL, never iterated while it can change
+    size ("dictionary changed size during iteration" failed a root).
+    """
+    return [name for name in list(sys.modules) if name.partition(".")[0] in packages]
+
+
 def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     """Import claude_agent_sdk, skipping the mcp package it loads at import time.
 
@@ -9915,7 +9926,7 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
     # (child_environment). Absent, it is the ImportError the SDK expects
     # without the package: about 8 ms of every agent's start, before its CLI.
     sys.modules.setdefault("opentelemetry.propagate", None)  # type: ignore[arg-type]
-    if environ.get(ENV_FULL_SDK_IMPORT) != "1" and not any(name.partition(".")[0] == "mcp" for name in sys.modules):
+    if environ.get(ENV_FULL_SDK_IMPORT) != "1" and not imported_modules("mcp"):
         finder = _AbsentMcpFinder()
         sys.meta_path.insert(0, finder)
         try:
@@ -9924,7 +9935,7 @@ def import_sdk(environ: Mapping[str, str]) -> types.ModuleType:
             return claude_agent_sdk
         except Exception:
             sys.meta_path.remove(finder)
-            for name in [n for n in sys.modules if n.partition(".")[0] in ("mcp", "mcp_types", "claude_agent_sdk")]:
+            for name in imported_modules("mcp", "mcp_types", "claude_agent_sdk"):
                 del sys.modules[name]
     import claude_agent_sdk
 

@@ -267,3 +267,30 @@ def test_wait_gone_reaps_a_child_of_its_own_and_returns_what_still_runs() -> Non
     finally:
         running.kill()
         running.wait()
+
+
+def test_the_sdk_import_thread_reads_sys_modules_while_another_thread_imports_unit() -> None:
+    """import_sdk runs on its own thread beside the runner's imports: its look at
+    sys.modules must never fail with "dictionary changed size during iteration"."""
+    stop = threading.Event()
+
+    def churn() -> None:  # what an import on another thread does to sys.modules
+        while not stop.is_set():
+            for i in range(50):
+                sys.modules[f"_spawn_test_churn_{i}"] = sys
+            for i in range(50):
+                sys.modules.pop(f"_spawn_test_churn_{i}", None)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        for _ in range(2000):
+            assert "mcp.types" not in spawn.imported_modules("_spawn_test_none")
+            assert "sys" not in spawn.imported_modules("_spawn_test_churn_0")
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert spawn.imported_modules("json") == [n for n in sys.modules if n.partition(".")[0] == "json"]
