@@ -189,7 +189,9 @@ class _ImportedAtFirstUse(types.ModuleType):
         import importlib
 
         if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
+            # pop, not del: another thread's first use may have taken it out
+            # since the line above (the SDK imports on a thread of its own).
+            sys.modules.pop(self.__name__, None)
         return getattr(importlib.import_module(self.__name__), attr)
 
 
