@@ -126,7 +126,9 @@ def test_forged_and_hostile_requests_are_narrowed_or_refused_and_the_runner_goes
     deep += 'for i in $(seq 300); do [ -f "$BOX/3333333333333333.reply.json" ] && break; sleep 0.1; done; '
     deep += 'echo "reply 3333333333333333:"; cat "$BOX/3333333333333333.reply.json"; echo'
     steps.append({"bash": deep})
-    huge = 'BOX="$SPAWN_SESSION/requests/$SPAWN_AGENT_ID"; head -c 400000 /dev/zero | tr "\\0" x > "$BOX/8888888888888888.json"; '
+    # Written whole under a client's temp name, then renamed in: read half-written, it would be "not JSON".
+    huge = 'BOX="$SPAWN_SESSION/requests/$SPAWN_AGENT_ID"; head -c 400000 /dev/zero | tr "\\0" x > "$BOX/.8888888888888888.tmp"; '
+    huge += 'mv "$BOX/.8888888888888888.tmp" "$BOX/8888888888888888.json"; '
     huge += 'for i in $(seq 300); do [ -f "$BOX/8888888888888888.reply.json" ] && break; sleep 0.1; done; '
     huge += 'echo "reply 8888888888888888:"; cat "$BOX/8888888888888888.reply.json"; echo'
     steps.append({"bash": huge})

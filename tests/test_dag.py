@@ -277,6 +277,7 @@ def test_kill_of_the_runner_ends_every_running_task(env: dict[str, str], session
         (session,) = [] or _wait_session(session_root)
         journal_dir = session / "dags"
         wait_for_path(journal_dir, timeout=30)
+        _wait(lambda: any(journal_dir.glob("*.jsonl")))  # the folder comes a moment before the journal in it
         (journal,) = journal_dir.glob("*.jsonl")
         for t in ("t1", "t2"):
             _wait(lambda t=t: journal_has(journal, t, "started"))
