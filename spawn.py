@@ -970,18 +970,18 @@ def run_copy(copy: str, header: bytes) -> None:
 
     scope = sys.modules["__main__"].__dict__
     scope.update(__file__=copy, __cached__=None, __loader__=bootstrap.SourcelessFileLoader("__main__", copy))
-    status = 0
+    status, interrupted = 0, False
     try:
         exec(code, scope)
     except SystemExit as exc:
         status = exit_status(exc.code)
     except KeyboardInterrupt:
         sys.excepthook(*sys.exc_info())
-        status = -2  # as Python ends on one: by SIGINT
+        status, interrupted = 130, True
     except BaseException:
         sys.excepthook(*sys.exc_info())
         status = 1
-    finish(status)
+    finish(status, interrupted)
 
 
 def exit_status(code: object) -> int:
@@ -994,7 +994,7 @@ def exit_status(code: object) -> int:
     return 1
 
 
-def finish(status: int) -> None:
+def finish(status: int, interrupted: bool) -> None:
     """End as the interpreter would after the script: threads joined, atexit
     run, streams flushed; a KeyboardInterrupt's end is by SIGINT."""
     import atexit
@@ -1007,12 +1007,11 @@ def finish(status: int) -> None:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             continue
-    if status == -2:
+    if interrupted:  # as Python ends on an uncaught one: by SIGINT
         import _signal  # type: ignore[import-not-found,unused-ignore]
 
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         os.kill(os.getpid(), _signal.SIGINT)
-        status = 130
     os._exit(status & 0xFF)
 
 
@@ -4692,18 +4691,18 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     '    scope = sys.modules["__main__"].__dict__\n'
     '    scope.update(__file__=copy, __cached__=None, __loader__=bootstrap.SourcelessFileLoader("__main__'
     '", copy))\n'
-    '    status = 0\n'
+    '    status, interrupted = 0, False\n'
     '    try:\n'
     '        exec(code, scope)\n'
     '    except SystemExit as exc:\n'
     '        status = exit_status(exc.code)\n'
     '    except KeyboardInterrupt:\n'
     '        sys.excepthook(*sys.exc_info())\n'
-    '        status = -2  # as Python ends on one: by SIGINT\n'
+    '        status, interrupted = 130, True\n'
     '    except BaseException:\n'
     '        sys.excepthook(*sys.exc_info())\n'
     '        status = 1\n'
-    '    finish(status)\n'
+    '    finish(status, interrupted)\n'
     '\n'
     '\n'
     'def exit_status(code: object) -> int:\n'
@@ -4717,7 +4716,7 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     '    return 1\n'
     '\n'
     '\n'
-    'def finish(status: int) -> None:\n'
+    'def finish(status: int, interrupted: bool) -> None:\n'
     '    """End as the interpreter would after the script: threads joined, atexit\n'
     '    run, streams flushed; a KeyboardInterrupt\'s end is by SIGINT."""\n'
     '    import atexit\n'
@@ -4730,12 +4729,11 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     '            stream.flush()\n'
     '        except (AttributeError, OSError, ValueError):\n'
     '            continue\n'
-    '    if status == -2:\n'
+    '    if interrupted:  # as Python ends on an uncaught one: by SIGINT\n'
     '        import _signal  # type: ignore[import-not-found,unused-ignore]\n'
     '\n'
     '        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)\n'
     '        os.kill(os.getpid(), _signal.SIGINT)\n'
-    '        status = 130\n'
     '    os._exit(status & 0xFF)\n'
     '\n'
     '\n'

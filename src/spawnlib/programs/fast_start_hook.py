@@ -190,18 +190,18 @@ def run_copy(copy: str, header: bytes) -> None:
 
     scope = sys.modules["__main__"].__dict__
     scope.update(__file__=copy, __cached__=None, __loader__=bootstrap.SourcelessFileLoader("__main__", copy))
-    status = 0
+    status, interrupted = 0, False
     try:
         exec(code, scope)
     except SystemExit as exc:
         status = exit_status(exc.code)
     except KeyboardInterrupt:
         sys.excepthook(*sys.exc_info())
-        status = -2  # as Python ends on one: by SIGINT
+        status, interrupted = 130, True
     except BaseException:
         sys.excepthook(*sys.exc_info())
         status = 1
-    finish(status)
+    finish(status, interrupted)
 
 
 def exit_status(code: object) -> int:
@@ -214,7 +214,7 @@ def exit_status(code: object) -> int:
     return 1
 
 
-def finish(status: int) -> None:
+def finish(status: int, interrupted: bool) -> None:
     """End as the interpreter would after the script: threads joined, atexit
     run, streams flushed; a KeyboardInterrupt's end is by SIGINT."""
     import atexit
@@ -227,12 +227,11 @@ def finish(status: int) -> None:
             stream.flush()
         except (AttributeError, OSError, ValueError):
             continue
-    if status == -2:
+    if interrupted:  # as Python ends on an uncaught one: by SIGINT
         import _signal  # type: ignore[import-not-found,unused-ignore]
 
         _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
         os.kill(os.getpid(), _signal.SIGINT)
-        status = 130
     os._exit(status & 0xFF)
 
 
