@@ -321,6 +321,15 @@ def still_serving(sock: Path, payload: bytes) -> bool:
     return False
 
 
+def open_fds(pid: int) -> dict[int, str]:
+    """What each of a process's fds points to; one it closes between the listing and the look is left out."""
+    fds = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(FileNotFoundError):
+            fds[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+    return fds
+
+
 def send_raw(sock: Path, payload: bytes) -> bytes:
     """Send bytes (with our stdio fds) to a fork server as this process; what it answers before closing."""
     fd = os.open(sock.parent, os.O_PATH | os.O_DIRECTORY)
@@ -484,7 +493,7 @@ def test_the_server_is_the_roots_fork_and_holds_nothing_of_the_roots(env: dict[s
             return len(polls) <= 1 and all(t.startswith("socket:") for t in fds.values() if t not in polls)
 
         while True:
-            fds = {int(fd): os.readlink(f"/proc/{server.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{server.pid}/fd")}
+            fds = open_fds(server.pid)
             assert fds.pop(0) == os.devnull and fds.pop(1) == log and fds.pop(2) == log
             if only_its_own(fds) or time.monotonic() > limit:
                 break
