@@ -314,8 +314,8 @@ def import_at_first_use(name: str) -> None:
 # /proc files it needs before its CLI starts itself (processes.py: "/proc, as
 # psutil reads it"), so a root's CLI starts ~20 ms sooner.
 import_at_first_use("psutil")
-for _name in ("inspect", "hashlib"):
-    import_at_first_use(_name)
+import_at_first_use("inspect")  # for dataclasses, which ask it only for a class with no docstring
+import_at_first_use("hashlib")  # task graphs alone hash
 # ==================== end src/spawnlib/standin.py ====================
 
 # ==================== imports of every module ====================
@@ -845,14 +845,20 @@ def compiled_name(path: "str | os.PathLike[str]", source: bytes) -> str:
     return "spawn-" + digest + "." + str(sys.implementation.cache_tag) + ".pyc"
 
 
+def pyc_header(source: bytes) -> bytes:
+    """The 16-byte header of a copy compiled from source: magic, checked-hash flags, the source's hash."""
+    import _frozen_importlib_external as bootstrap
+    import _imp
+
+    magic = bootstrap.MAGIC_NUMBER
+    return magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
+
+
 def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[str]", source: bytes) -> bool:
     """Ours, a regular file (not a link), nobody else's to replace, and compiled from source.
 
     The copy is opened without following a link, and its owner and mode are
     read from that open file, so what is checked is what was read."""
-    import _frozen_importlib_external as bootstrap
-    import _imp
-
     try:
         fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -866,8 +872,7 @@ def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[s
         return False
     finally:
         os.close(fd)
-    magic = bootstrap.MAGIC_NUMBER
-    return header == magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
+    return header == pyc_header(source)
 
 
 def compiled_copy(script: str, environ: "dict[str, str] | os._Environ[str]") -> "tuple[str, bytes] | None":
@@ -933,11 +938,7 @@ def run_at_file_start(copy: str, source: bytes) -> bool:
     """
     if sys.flags.inspect or sys.flags.interactive or "__main__" not in sys.modules:
         return False
-    import _frozen_importlib_external as bootstrap
-    import _imp
-
-    magic = bootstrap.MAGIC_NUMBER
-    header = magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
+    header = pyc_header(source)
     pending = [copy]
 
     def at_event(event: str, args: tuple[object, ...]) -> None:
@@ -4559,15 +4560,22 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     '    return "spawn-" + digest + "." + str(sys.implementation.cache_tag) + ".pyc"\n'
     '\n'
     '\n'
+    'def pyc_header(source: bytes) -> bytes:\n'
+    '    """The 16-byte header of a copy compiled from source: magic, checked-hash flags, the source\'s ha'
+    'sh."""\n'
+    '    import _frozen_importlib_external as bootstrap\n'
+    '    import _imp\n'
+    '\n'
+    '    magic = bootstrap.MAGIC_NUMBER\n'
+    '    return magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)\n'
+    '\n'
+    '\n'
     'def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[str]", source: bytes)'
     ' -> bool:\n'
     '    """Ours, a regular file (not a link), nobody else\'s to replace, and compiled from source.\n'
     '\n'
     '    The copy is opened without following a link, and its owner and mode are\n'
     '    read from that open file, so what is checked is what was read."""\n'
-    '    import _frozen_importlib_external as bootstrap\n'
-    '    import _imp\n'
-    '\n'
     '    try:\n'
     '        fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)\n'
     '    except OSError:\n'
@@ -4581,9 +4589,7 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     '        return False\n'
     '    finally:\n'
     '        os.close(fd)\n'
-    '    magic = bootstrap.MAGIC_NUMBER\n'
-    '    return header == magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), so'
-    'urce)\n'
+    '    return header == pyc_header(source)\n'
     '\n'
     '\n'
     'def compiled_copy(script: str, environ: "dict[str, str] | os._Environ[str]") -> "tuple[str, bytes] |'
@@ -4651,11 +4657,7 @@ FAST_START_HOOK = (  # src/spawnlib/programs/fast_start_hook.py, inlined by tool
     '    """\n'
     '    if sys.flags.inspect or sys.flags.interactive or "__main__" not in sys.modules:\n'
     '        return False\n'
-    '    import _frozen_importlib_external as bootstrap\n'
-    '    import _imp\n'
-    '\n'
-    '    magic = bootstrap.MAGIC_NUMBER\n'
-    '    header = magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)\n'
+    '    header = pyc_header(source)\n'
     '    pending = [copy]\n'
     '\n'
     '    def at_event(event: str, args: tuple[object, ...]) -> None:\n'

@@ -215,5 +215,5 @@ def import_at_first_use(name: str) -> None:
 # /proc files it needs before its CLI starts itself (processes.py: "/proc, as
 # psutil reads it"), so a root's CLI starts ~20 ms sooner.
 import_at_first_use("psutil")
-for _name in ("inspect", "hashlib"):
-    import_at_first_use(_name)
+import_at_first_use("inspect")  # for dataclasses, which ask it only for a class with no docstring
+import_at_first_use("hashlib")  # task graphs alone hash

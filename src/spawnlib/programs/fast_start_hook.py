@@ -65,14 +65,20 @@ def compiled_name(path: "str | os.PathLike[str]", source: bytes) -> str:
     return "spawn-" + digest + "." + str(sys.implementation.cache_tag) + ".pyc"
 
 
+def pyc_header(source: bytes) -> bytes:
+    """The 16-byte header of a copy compiled from source: magic, checked-hash flags, the source's hash."""
+    import _frozen_importlib_external as bootstrap
+    import _imp
+
+    magic = bootstrap.MAGIC_NUMBER
+    return magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
+
+
 def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[str]", source: bytes) -> bool:
     """Ours, a regular file (not a link), nobody else's to replace, and compiled from source.
 
     The copy is opened without following a link, and its owner and mode are
     read from that open file, so what is checked is what was read."""
-    import _frozen_importlib_external as bootstrap
-    import _imp
-
     try:
         fd = os.open(copy, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -86,8 +92,7 @@ def copy_is_trusted(folder: "str | os.PathLike[str]", copy: "str | os.PathLike[s
         return False
     finally:
         os.close(fd)
-    magic = bootstrap.MAGIC_NUMBER
-    return header == magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
+    return header == pyc_header(source)
 
 
 def compiled_copy(script: str, environ: "dict[str, str] | os._Environ[str]") -> "tuple[str, bytes] | None":
@@ -153,11 +158,7 @@ def run_at_file_start(copy: str, source: bytes) -> bool:
     """
     if sys.flags.inspect or sys.flags.interactive or "__main__" not in sys.modules:
         return False
-    import _frozen_importlib_external as bootstrap
-    import _imp
-
-    magic = bootstrap.MAGIC_NUMBER
-    header = magic + PYC_CHECKED_HASH + _imp.source_hash(int.from_bytes(magic, "little"), source)
+    header = pyc_header(source)
     pending = [copy]
 
     def at_event(event: str, args: tuple[object, ...]) -> None:
