@@ -6,7 +6,9 @@ through spawn.py, against tools/mock_model.py. Nothing is stubbed.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import importlib
 import importlib.util
 import json
 import os
@@ -15,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,12 +32,64 @@ for _name in [n for n in os.environ if n.startswith("SPAWN_") or n == "TRACEPARE
     del os.environ[_name]
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests import spawn.py as a module
-sys.path.append(str(ROOT / "tools"))  # and the scripted model's helpers
-SPAWN = ROOT / "spawn.py"
+sys.path.insert(0, str(ROOT / "src"))  # unit tests import the package: the file you test is the file you edit
+sys.path.append(str(ROOT / "tools"))  # and the scripted model's helpers, and the bundler
+SPAWN = ROOT / "spawn.py"  # what end-to-end tests run: generated afresh before any test (pytest_configure)
 SCHEMAS = ROOT / "schemas"
 
-import mock_model as mock_model_module  # noqa: E402  (needs tools/ on the path)
+import bundle as bundler  # noqa: E402  (needs tools/ on the path)
+import mock_model as mock_model_module  # noqa: E402
+
+
+def source_namespace() -> types.ModuleType:
+    """`spawn` as the tests import it: the package's own modules, as one namespace.
+
+    spawn.py is one namespace laid out from the modules in tools/bundle.py's
+    MODULES order; this is the same names, bound to the objects of
+    src/spawnlib's modules as Python imports them. So a test of a function
+    tests the source a maintainer edits, with no bundle step in between, and
+    a traceback names the module's own file and line. The built-in files
+    are filled in as the bundler fills them into spawn.py.
+    """
+    import spawnlib
+
+    namespace = types.ModuleType("spawn", spawnlib.__doc__)
+    namespace.__version__ = spawnlib.__version__  # type: ignore[attr-defined]
+    modules = []
+    for name in bundler.MODULES:
+        module = importlib.import_module(f"spawnlib.{name.replace('/', '.')}")
+        modules.append(module)
+        tree = ast.parse(Path(str(module.__file__)).read_text(encoding="utf-8"))
+        for defined in bundler.defined_names(tree.body):
+            if hasattr(module, defined):  # not what only runs as __main__ (the stand-in's walrus)
+                setattr(namespace, defined, getattr(module, defined))
+    namespace.__dict__["package_modules"] = tuple(modules)
+    spawnlib.embedded.BUILTIN_FILES.update(bundler.embedded_files(namespace.RECORD_SCHEMAS))  # type: ignore[attr-defined]
+    return namespace
+
+
+sys.modules["spawn"] = source_namespace()
+
+
+def patch_name(monkeypatch: pytest.MonkeyPatch, name: str, value: object) -> None:
+    """monkeypatch.setattr(spawn, name, value) with one namespace's meaning: every module
+    of the package that binds the same object (its own, or imported) gets value too."""
+    spawn = sys.modules["spawn"]
+    old = getattr(spawn, name)
+    monkeypatch.setattr(spawn, name, value)
+    for module in spawn.package_modules:
+        if name in vars(module) and vars(module)[name] is old:
+            monkeypatch.setattr(module, name, value)
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """End-to-end tests run spawn.py: generate it from the package first, so that
+    editing src/ and running one test file tests the edit (xdist's workers see the
+    file their controller wrote: this runs before they start)."""
+    if hasattr(session.config, "workerinput"):
+        return
+    bundler.write(bundler.bundle())
+
 
 # Fake but secret-looking: tests assert it never lands in a record.
 FAKE_API_KEY = "sk-ant-test-DO-NOT-LEAK-0123456789"

@@ -18,6 +18,7 @@ from conftest import (
     SPAWN,
     MockModel,
     mock_task,
+    patch_name,
     run_spawn,
     spawn_in_bash,
     stdout_json,
@@ -487,7 +488,7 @@ def test_descendants_are_read_only_below_the_agents_depth(session_root: Path, mo
         read.append(agent_dir.name)
         return load_meta(agent_dir)
 
-    monkeypatch.setattr(spawn, "load_meta", counting)
+    patch_name(monkeypatch, "load_meta", counting)
     assert [d.name for d in spawn.descendants_of(session, "a1-111111")] == ["a3-444444", "x9-handmade", "a2-333333"]
     assert read == ["a2-333333", "a2-555555", "a3-444444", "x9-handmade"]
     read.clear()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
+from conftest import ROOT, SPAWN, agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
 
 import spawn
 
@@ -327,7 +327,7 @@ def test_requests_and_replies_match_their_schemas(tmp_path: Path) -> None:
     """Unit: what the spawn.py inside writes, and what the runner answers, are the records schemas/ describes."""
     import jsonschema
 
-    schemas = Path(spawn.__file__).parent / "schemas"
+    schemas = ROOT / "schemas"
     task_file = tmp_path / "task.md"
     task_file.write_text("review the diff")
     request = {"argv": spawn.inlined_argv(["--task-file", str(task_file), "--tools", "Read"]), "cwd": str(tmp_path)}
@@ -344,7 +344,7 @@ def test_requests_and_replies_match_their_schemas(tmp_path: Path) -> None:
 def test_uv_run_spawn_py_in_a_sandboxed_spawner_runs_the_trees_spawn_py(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     """uv can't open its read-only cache in a sandbox: the `uv` on a sandboxed agent's PATH runs the tree's spawn.py instead."""
     child = mock_task("child", [{"text": "child done"}])
-    script = str(Path(spawn.__file__).resolve())
+    script = str(SPAWN.resolve())
     steps = (
         f'uv run --quiet {shlex.quote(script)} --task {shlex.quote(child)} --tools Bash; echo "uv run rc=$?"',
         'uv --version > /dev/null 2>&1; echo "uv version rc=$?"; command -v uv',
@@ -411,7 +411,7 @@ def test_uv_run_of_the_trees_spawn_py_takes_the_trees_interpreter_and_anything_e
     """Outside a sandbox too, an agent's `uv run spawn.py` skips uv's resolution when the script is the
     tree's own. uv is kept from resolving anything here (offline, an empty cache), so only the shim can
     start the child; a copy with other bytes goes to uv, which can't."""
-    script = str(Path(spawn.__file__).resolve())
+    script = str(SPAWN.resolve())
     other = tmp_path / "other" / "spawn.py"
     other.parent.mkdir()
     other.write_bytes(Path(script).read_bytes() + b"# another version\n")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, patch_name
 
 import spawn
 
@@ -187,7 +187,8 @@ def test_records_written_just_now_are_not_cached(tmp_path: Path) -> None:
     # A record changed twice within one mtime tick would look unchanged:
     # until it has settled, status reads it every time.
     session = write_session(tmp_path, AGENTS)
-    now = time.time()
+    # Ahead of the clock: still "just now" however long a loaded machine takes to start status.
+    now = time.time() + 10 * spawn.STATUS_CACHE_SETTLE_S
     for d in (session / spawn.AGENTS_DIR).iterdir():
         os.utime(d / spawn.OUTCOME, (now, now))
     rows(session)
@@ -221,8 +222,8 @@ def records_read(session: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[d
         read.extend(names)
         return real(agents, names, **kwargs)
 
-    monkeypatch.setattr(spawn, "read_agent_rows", counting)
-    monkeypatch.setattr(spawn, "STATUS_PARALLEL_MIN", 10**9)
+    patch_name(monkeypatch, "read_agent_rows", counting)
+    patch_name(monkeypatch, "STATUS_PARALLEL_MIN", 10**9)
     return spawn.tree_rows(session), read
 
 
@@ -278,7 +279,7 @@ def damaged_session(tmp_path: Path) -> Path:
 
 
 def read_rows(session: Path, monkeypatch: pytest.MonkeyPatch, *, parallel: bool) -> list[dict[str, Any]]:
-    monkeypatch.setattr(spawn, "STATUS_PARALLEL_MIN", 8 if parallel else 10**9)
+    patch_name(monkeypatch, "STATUS_PARALLEL_MIN", 8 if parallel else 10**9)
     (session / spawn.STATUS_CACHE).unlink(missing_ok=True)
     (session / spawn.STATUS_INDEX).unlink(missing_ok=True)
     found = spawn.tree_rows(session)
@@ -301,7 +302,7 @@ def forks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         return pid
 
     monkeypatch.setattr(os, "fork", fork)
-    monkeypatch.setattr(spawn, "usable_cpus", lambda: 4)  # whatever this machine's CPUs and cgroup quota
+    patch_name(monkeypatch, "usable_cpus", lambda: 4)  # whatever this machine's CPUs and cgroup quota
     monkeypatch.setattr(threading, "active_count", lambda: 1)
     return forked
 
@@ -431,7 +432,7 @@ def test_a_damaged_or_forged_index_never_changes_the_answer(
         index.unlink()
         index.symlink_to(elsewhere)
     elif damage == "oversized":
-        monkeypatch.setattr(spawn, "STATUS_INDEX_MAX_BYTES", len(original) - 1)
+        patch_name(monkeypatch, "STATUS_INDEX_MAX_BYTES", len(original) - 1)
     try:
         if damage != "oversized":  # (a limit set here, in-process only)
             assert rows(session) == truth  # the real verb: nothing hangs, nothing differs

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records, wait_until
+from conftest import SPAWN, load, metas, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records, wait_until
 from test_containment import MARK, escape_script, marked
 
 import spawn
@@ -221,7 +221,7 @@ def test_dry_run_says_guard_for_a_root_and_subreaper_in_the_background(no_cgroup
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux")
 def test_exit_as_dies_by_the_runners_signal() -> None:
     code = "import spawn, sys; sys.exit(spawn.exit_as(int(sys.argv[1])))"
-    env = {**os.environ, "PYTHONPATH": str(Path(spawn.__file__).parent)}
+    env = {**os.environ, "PYTHONPATH": str(SPAWN.parent)}
     for status, expected in ((0, 0), (143, 143), (-signal.SIGTERM, -signal.SIGTERM), (-signal.SIGKILL, -signal.SIGKILL)):
         assert subprocess.run([sys.executable, "-c", code, str(status)], env=env, check=False).returncode == expected
     assert subprocess.run([sys.executable, "-c", code, str(-signal.SIGSEGV)], env=env, check=False).returncode == 128 + signal.SIGSEGV
@@ -241,7 +241,7 @@ os.write(pipe, f"{{agent_dir}}\\n\\n".encode())
 subprocess.run(["setsid", "-f", "sleep", "1003"], env={{**os.environ, "{MARK}": "{mark}"}}, check=True)
 os._exit(7)
 """
-    env = {**os.environ, "PYTHONPATH": str(Path(spawn.__file__).parent)}
+    env = {**os.environ, "PYTHONPATH": str(SPAWN.parent)}
     proc = subprocess.run([sys.executable, "-c", runner, str(tmp_path)], env=env, timeout=60, check=False)
     try:
         assert proc.returncode == 7

@@ -19,7 +19,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import run_spawn, start_spawn, stdout_json
+from conftest import patch_name, run_spawn, start_spawn, stdout_json
 
 import spawn
 
@@ -193,7 +193,7 @@ def test_a_corrupt_outcome_ends_wait_with_one_error_line(
 def no_events(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a system without inotify or pidfd: every outcome and process is polled."""
     monkeypatch.setattr(spawn.MarkerEvents, "watch", lambda self, agent_dir: False)
-    monkeypatch.setattr(spawn, "exit_fd", lambda meta: None)
+    patch_name(monkeypatch, "exit_fd", lambda meta: None)
 
 
 def wait_in_thread(dirs: list[Path], mode: str, timeout: float | None) -> tuple[threading.Thread, list[spawn.WaitResult]]:

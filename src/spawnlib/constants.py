@@ -9,7 +9,11 @@ from pathlib import Path
 # The source file, also when the interpreter runs the compiled copy children
 # get (compiled_script): the code's own file name survives compilation,
 # __file__ would name the .pyc.
-SCRIPT_PATH = Path(sys._getframe(0).f_code.co_filename).resolve()
+_CODE_FILE = Path(sys._getframe(0).f_code.co_filename).resolve()
+# Imported as the package spawnlib (the unit tests, the type checker), the
+# runnable form is the spawn.py that tools/bundle.py generates beside src/:
+# what an agent's children run. In spawn.py itself the code's file is the script.
+SCRIPT_PATH = _CODE_FILE.parents[__name__.count(".") + 1] / "spawn.py" if __name__.startswith("spawnlib.") else _CODE_FILE
 SCRIPT_DIR = SCRIPT_PATH.parent
 
 
