@@ -43,10 +43,10 @@ def agent_dirs(root: Path) -> Iterator[Path]:
         yield from sorted((root / name / spawn.AGENTS_DIR).iterdir())
 
 
-def or_none(read: Callable[[], Any]) -> Any:
-    """What spawn.py's reader found, None where it raised for a record that is absent or unreadable."""
+def or_none(read: Callable[[Path], Any], path: Path) -> Any:
+    """What spawn.py's reader found at path, None where it raised for a record that is absent or unreadable."""
     try:
-        return read()
+        return read(path)
     except (OSError, spawn.SpawnError):
         return None
 
@@ -98,15 +98,15 @@ def test_read_json_reads_every_record_as_spawn_py_does(sessions: Path) -> None:
     records = sorted(p for p in sessions.rglob("*.json"))
     assert len(records) > 30
     for path in [*records, sessions / "finished" / "missing.json", sessions / "finished" / "agents"]:
-        assert session_files.read_json(path) == or_none(lambda path=path: spawn.read_json(path)), path
+        assert session_files.read_json(path) == or_none(spawn.read_json, path), path
     fifo = sessions / "corrupt" / "agents" / "a1-dddddd" / spawn.OUTCOME
     os.mkfifo(fifo)  # neither may block on it
-    assert session_files.read_json(fifo) is None and or_none(lambda: spawn.read_json(fifo)) is None
+    assert session_files.read_json(fifo) is None and or_none(spawn.read_json, fifo) is None
 
 
 def test_an_outcome_is_committed_for_both_readers_alike(sessions: Path) -> None:
     for agent_dir in agent_dirs(sessions):
-        assert session_files.committed_outcome(agent_dir) == or_none(lambda d=agent_dir: spawn.read_outcome(d)), agent_dir.name
+        assert session_files.committed_outcome(agent_dir) == or_none(spawn.read_outcome, agent_dir), agent_dir.name
 
 
 def test_a_torn_commit_a_sibling_waits_for_spawn_py_completes(sessions: Path) -> None:
@@ -136,7 +136,7 @@ def test_pending_asks_are_spawn_pys(sessions: Path) -> None:
 def test_native_subagents_are_spawn_pys_native_rows(sessions: Path) -> None:
     """The same subagents, and the same ones stopped (spawn.py: state done)."""
     for agent_dir in agent_dirs(sessions):
-        meta = or_none(lambda d=agent_dir: spawn.load_meta(d))
+        meta = or_none(spawn.load_meta, agent_dir)
         if meta is None:
             continue
         rows = spawn.native_rows(agent_dir, meta, parent_ended=True)
