@@ -28,7 +28,7 @@ from .environment import UvFound, bench_environment, find_uv, private_pycache
 from .fanout import FanOut, fanout, fanout_rounds
 from .inprocess import inprocess_chain_rounds
 from .mcp_wait import mcp_samples
-from .report import print_schema_chain, report, schema_chain_targets
+from .report import print_schema_chain, report, schema_chain_targets, series_json
 from .runs import Bench
 from .schema_chain import CHAIN_CPU, CHAIN_SEGMENTS, SCHEMA_CHAIN_SCHEMA, schema_chains
 from .waitperf import add_waitperf_args, waitperf_report
@@ -269,10 +269,7 @@ def schema_chain_main(args: argparse.Namespace) -> int:
                 print(f"  {t.id:<4} {t.command}")
             print(f"\n(total {time.monotonic() - started:.0f} s, {args.repeat} rounds, load now {os.getloadavg()[0]:.2f})")
             summary = {
-                "series": {
-                    k: {"label": v.label, "median_s": median(v.values(lambda x: x.seconds)), "samples": [vars(x) for x in v.samples]}
-                    for k, v in bench.series.items()
-                },
+                "series": series_json(bench.series),
                 "schema_chain_segments": {"stages": [*CHAIN_SEGMENTS, CHAIN_CPU], **bench.segments},
                 "targets": [{**vars(t), "met": t.met} for t in targets],
                 "uv": asdict(uv),
