@@ -26,7 +26,9 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_venv = "yes"
 
 ROOT = Path(__file__).parent
-SCRIPTS = ["spawn.py", "noxfile.py", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tools").glob("*.py"))]
+# tools/benchlib: the bench's modules (tools/bench.py is their entry).
+TOOLS = [*(ROOT / "tools").glob("*.py"), *(ROOT / "tools" / "benchlib").glob("*.py")]
+SCRIPTS = ["spawn.py", "noxfile.py", *sorted(str(p.relative_to(ROOT)) for p in TOOLS)]
 PACKAGE = "src/spawnlib"  # spawn.py's source; never on a runtime path
 # hatchling: pyproject.toml's build backend. tests/test_api.py installs the
 # project into a fresh venv offline, from uv's cache, where installing it here puts it.

@@ -1,6 +1,12 @@
-"""tools/session_files.py, the session protocol as the runtime siblings read it: unit tests of its pure readers.
+"""tools/session_files.py, the session protocol as the runtime siblings read it.
 
-The siblings' own test files drive them end to end over the same functions.
+The siblings never import spawn.py, so session_files copies what spawn.py's own
+readers do. The conformance tests here keep the copy honest: they read the
+fixture sessions (tests/fixtures/sessions: a finished tree, a running agent,
+corrupt records) with both session_files and spawn.py's readers, compare what
+each finds, and compare session_files' bounds and record names with spawn.py's
+constants. The unit tests after them pin the behaviour only session_files has;
+the siblings' own test files drive them end to end over the same functions.
 """
 
 from __future__ import annotations
@@ -8,25 +14,147 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import session_files  # from tools/, which conftest.py (loaded first) puts on sys.path
 from conftest import ROOT
 
+import spawn
 
-def test_parse_json_keeps_spawn_pys_bounds() -> None:
-    assert session_files.JSON_MAX_DEPTH == 64 and session_files.RECORD_MAX_BYTES == 64 << 20  # as src/spawnlib/protocol.py
-    deepest = "[" * 64 + "]" * 64
-    assert session_files.parse_json(deepest) == json.loads(deepest)
-    with pytest.raises(ValueError, match="nested deeper than 64"):
-        session_files.parse_json("[" * 65 + "]" * 65)
-    with pytest.raises(ValueError, match="nested deeper than 64"):
-        session_files.parse_json("[" * 100_000)  # json.loads: RecursionError
-    brackets_in_a_string = json.dumps({"text": "[" * 1000})
-    assert session_files.parse_json(brackets_in_a_string) == {"text": "[" * 1000}
+FIXTURES = ROOT / "tests" / "fixtures" / "sessions"
+SESSIONS = ("finished", "running", "corrupt")
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Path:
+    """A copy of the fixture sessions: spawn.py's outcome reader may complete a commit it finds torn."""
+    shutil.copytree(FIXTURES, tmp_path / "sessions")
+    return tmp_path / "sessions"
+
+
+def agent_dirs(root: Path) -> Iterator[Path]:
+    for name in SESSIONS:
+        yield from sorted((root / name / spawn.AGENTS_DIR).iterdir())
+
+
+def or_none(read: Callable[[Path], Any], path: Path) -> Any:
+    """What spawn.py's reader found at path, None where it raised for a record that is absent or unreadable."""
+    try:
+        return read(path)
+    except (OSError, spawn.SpawnError):
+        return None
+
+
+def test_bounds_and_record_names_are_spawn_pys() -> None:
+    assert session_files.RECORD_MAX_BYTES == spawn.RECORD_MAX_BYTES
+    assert session_files.JSON_MAX_DEPTH == spawn.JSON_MAX_DEPTH
+    assert session_files.MARKERS == (spawn.DONE_MARKER, spawn.FAIL_MARKER)
+    names = ("AGENTS_DIR", "META", "OUTCOME", "PAUSED", "NATIVE_LOG")
+    assert {n: getattr(session_files, n) for n in names} == {n: getattr(spawn, n) for n in names}
+    assert spawn.asks_dir(Path("session")).name == session_files.ASKS_DIR
+
+
+def test_fixtures_hold_what_the_comparisons_need(sessions: Path) -> None:
+    """Every case below is there: a test that compares nothing would pass whatever the readers did."""
+    outcomes = {d.name: session_files.committed_outcome(d) for d in agent_dirs(sessions)}
+    assert [a for a, o in outcomes.items() if o is not None] == ["a0-65cdde", "a1-840a7f", "a2-0d80e2", "a1-bbbbbb", "a2-ffffff"]
+    assert not (sessions / "running" / "agents" / "a0-17c099" / spawn.OUTCOME).exists()
+    assert len(session_files.pending_asks(sessions / "finished")) == 2 and len(session_files.pending_asks(sessions / "corrupt")) == 1
+    assert set(session_files.native_subagents(sessions / "finished" / "agents" / "a1-840a7f")) == {"n-explore-1", "n-general-2"}
+
+
+def json_texts(root: Path) -> list[str | bytes]:
+    """Every record and JSONL line of the fixtures, and texts at the bounds."""
+    texts: list[str | bytes] = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        texts += data.splitlines() if path.suffix == ".jsonl" else [data]
+    deepest = "[" * spawn.JSON_MAX_DEPTH + "]" * spawn.JSON_MAX_DEPTH
+    texts += [deepest, f"[{deepest}]", "[" * 100_000, json.dumps({"text": "[" * 1000}), b"\xff\xfe{}", "", "{", "[1]"]
+    texts.append(" " * spawn.RECORD_MAX_BYTES + "{}")
+    return texts
+
+
+def parsed(parse: Callable[[str | bytes], Any], text: str | bytes) -> tuple[str, Any]:
+    """What a parser made of text: its value, or that it refused it (a ValueError, never a RecursionError)."""
+    try:
+        return "value", parse(text)
+    except ValueError:
+        return "refused", None
+
+
+def test_parse_json_agrees_with_spawn_pys(sessions: Path) -> None:
+    for text in json_texts(sessions):
+        assert parsed(session_files.parse_json, text) == parsed(spawn.parse_json, text), text[:200]
+
+
+def test_read_json_reads_every_record_as_spawn_py_does(sessions: Path) -> None:
+    records = sorted(p for p in sessions.rglob("*.json"))
+    assert len(records) > 30
+    for path in [*records, sessions / "finished" / "missing.json", sessions / "finished" / "agents"]:
+        assert session_files.read_json(path) == or_none(spawn.read_json, path), path
+    fifo = sessions / "corrupt" / "agents" / "a1-dddddd" / spawn.OUTCOME
+    os.mkfifo(fifo)  # neither may block on it
+    assert session_files.read_json(fifo) is None and or_none(spawn.read_json, fifo) is None
+
+
+def test_an_outcome_is_committed_for_both_readers_alike(sessions: Path) -> None:
+    for agent_dir in agent_dirs(sessions):
+        assert session_files.committed_outcome(agent_dir) == or_none(spawn.read_outcome, agent_dir), agent_dir.name
+
+
+def test_a_torn_commit_a_sibling_waits_for_spawn_py_completes(sessions: Path) -> None:
+    """outcome.json published, its marker not yet (the committer died between): spawn.py's reader writes
+    the marker, which is the commit's last step; a sibling waits for it, then reads the same outcome."""
+    agent_dir = sessions / "finished" / "agents" / "a2-0d80e2"
+    (agent_dir / spawn.DONE_MARKER).unlink()
+    assert session_files.committed_outcome(agent_dir) is None
+    outcome = spawn.read_outcome(agent_dir)
+    assert outcome is not None and (agent_dir / spawn.DONE_MARKER).exists()
+    assert session_files.committed_outcome(agent_dir) == outcome
+
+
+def test_a_subtree_is_the_agent_and_spawn_pys_descendants(sessions: Path) -> None:
+    for agent_dir in agent_dirs(sessions):
+        session, agent = agent_dir.parent.parent, agent_dir.name
+        below = {d.name for d in spawn.descendants_of(session, agent)}
+        assert session_files.subtree_ids(session, {agent}) == {agent} | below, agent
+    assert session_files.subtree_ids(sessions / "finished", {"a1-840a7f"}) == {"a1-840a7f", "a2-0d80e2"}
+
+
+def test_pending_asks_are_spawn_pys(sessions: Path) -> None:
+    for name in SESSIONS:
+        assert session_files.pending_asks(sessions / name) == spawn.pending_asks(sessions / name), name
+
+
+def test_native_subagents_are_spawn_pys_native_rows(sessions: Path) -> None:
+    """The same subagents, and the same ones stopped (spawn.py: state done)."""
+    for agent_dir in agent_dirs(sessions):
+        meta = or_none(spawn.load_meta, agent_dir)
+        if meta is None:
+            continue
+        rows = spawn.native_rows(agent_dir, meta, parent_ended=True)
+        nodes = session_files.native_subagents(agent_dir)
+        assert {f"n-{i}" for i in nodes} == {r["id"] for r in rows}, agent_dir.name
+        stopped = {f"n-{i}" for i, events in nodes.items() if "stop" in events}
+        assert stopped == {r["id"] for r in rows if r["state"] == spawn.Status.DONE.value}, agent_dir.name
+
+
+def test_times_and_limits_read_as_spawn_py_reads_them(sessions: Path) -> None:
+    values: list[Any] = [None, 3, "", "yesterday", "2026-11-29T07:31:13.700Z", "2026-11-29T07:31:13+02:00"]
+    for path in sessions.rglob("*.json"):
+        record = session_files.read_json(path) or {}
+        values += [v for k, v in record.items() if k.endswith("_at") or k in ("since", "time")]
+    for value in values:
+        assert session_files.parse_time(value) == spawn.parse_iso(value), value
+    for limits in [(), (None,), (3.0, None, 1.5), (None, 2.0)]:
+        assert session_files.min_known(*limits) == spawn.min_known(*limits)
 
 
 def test_read_json_is_none_for_whatever_is_no_whole_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

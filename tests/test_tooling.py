@@ -42,7 +42,8 @@ def test_tests_are_type_checked() -> None:
 
 def spawn_importers() -> list[Path]:
     """The files that may import spawn as a module: the tests and the dev tools."""
-    return sorted((ROOT / "tests").glob("*.py")) + [ROOT / "tools" / f"{name}.py" for name in ("bench", "bench_cost", "soak", "demo")]
+    tools = [ROOT / "tools" / f"{name}.py" for name in ("bench", "bench_cost", "soak", "demo")]
+    return sorted((ROOT / "tests").glob("*.py")) + tools + sorted((ROOT / "tools" / "benchlib").glob("*.py"))
 
 
 def test_import_spawn_in_the_tests_is_the_source_under_src() -> None:
@@ -132,12 +133,13 @@ def test_demo_honours_the_session_root_variable() -> None:
 
 
 def import_bench() -> Any:
+    """The bench's shared pieces (tools/benchlib/core.py: targets, checks of a run)."""
     sys.path.insert(0, str(ROOT / "tools"))
     try:
-        import bench
+        from benchlib import core
     finally:
         sys.path.remove(str(ROOT / "tools"))
-    return bench
+    return core
 
 
 def test_bench_a_row_only_reported_is_never_a_miss() -> None:

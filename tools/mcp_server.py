@@ -514,10 +514,21 @@ def spawn_errors_as_results(fn: Callable[..., Awaitable[Any]]) -> Callable[..., 
 
 
 def build_server(spawner: Spawner) -> MCPServer:
+    """The MCP server and its tools, in the order tools/list gives them."""
     server: MCPServer = MCPServer(
         "spawn",
         instructions="Start Claude agents that can start their own children to any depth, wait for them, answer their asks.",
     )
+    add_spawn_tool(server, spawner)
+    add_wait_tool(server, spawner)
+    add_tree_tools(server, spawner)
+    add_steering_tools(server, spawner)
+    add_catalogue_tool(server, spawner)
+    return server
+
+
+def add_spawn_tool(server: MCPServer, spawner: Spawner) -> None:
+    """spawn_agent: start an agent in the background."""
 
     @server.tool()
     @spawn_errors_as_results
@@ -546,6 +557,10 @@ def build_server(spawner: Spawner) -> MCPServer:
             raise ToolError("spawn: error: give task (the prompt)")
         data = await spawner.spawn_agent(args, connection_of(ctx) if ctx else "stdio")
         return tool_result(f"agent {data['agent_id']} {data['status']} in {data['agent_dir']}", data)
+
+
+def add_wait_tool(server: MCPServer, spawner: Spawner) -> None:
+    """agent_wait: block until agents have outcomes, answering their asks by elicitation on the way."""
 
     @server.tool()
     @spawn_errors_as_results
@@ -624,6 +639,10 @@ def build_server(spawner: Spawner) -> MCPServer:
             text += "; asks pending: " + ", ".join(f"{a['id']} ({a['agent_id']} wants {a['tool']})" for a in asks)
         return tool_result(text, data)
 
+
+def add_tree_tools(server: MCPServer, spawner: Spawner) -> None:
+    """agent_status, agent_cancel and agent_answer: looking at a tree, ending part of it, answering its asks."""
+
     @server.tool()
     @spawn_errors_as_results
     async def agent_status(agent_id: str | None = None, session: str | None = None) -> Annotated[CallToolResult, StatusResult]:
@@ -659,11 +678,6 @@ def build_server(spawner: Spawner) -> MCPServer:
         """Answer a permission ask that agent_wait or agent_status listed: allow or deny the tool call."""
         data = await spawner.answer(ask_id, decision, client_name(ctx) if ctx else "client")
         return tool_result(f"ask {ask_id}: {data.get('verdict')}", data)
-
-    add_steering_tools(server, spawner)
-    add_catalogue_tool(server, spawner)
-
-    return server
 
 
 def add_steering_tools(server: MCPServer, spawner: Spawner) -> None:

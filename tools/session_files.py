@@ -29,13 +29,23 @@ from typing import IO, Any
 
 # Exactly one of these appears once outcome.json is whole (the commit protocol).
 MARKERS = (".done", ".fail")
+# The names sessions/README.md gives the records read here (spawn.py's AGENTS_DIR, META,
+# OUTCOME, PAUSED and NATIVE_LOG; asks/ is its asks_dir).
+AGENTS_DIR = "agents"
+META = "meta.json"
+OUTCOME = "outcome.json"
+PAUSED = "paused.json"
+NATIVE_LOG = "native.jsonl"
+ASKS_DIR = "asks"
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 # spawn.py's bounds on what its record readers parse (RECORD_MAX_BYTES and
-# JSON_MAX_DEPTH in src/spawnlib/protocol.py), kept equal here by hand because
-# a sibling never imports spawn.py. Anything with Bash can write a session
-# file: a huge or deeply nested one must make that record unreadable, not
-# exhaust or crash (RecursionError) the sibling that reads it.
+# JSON_MAX_DEPTH in src/spawnlib/constants.py), copied because a sibling never
+# imports spawn.py: tests/test_session_files.py holds these bounds and names
+# equal to spawn.py's, and reads fixture sessions with both readers. Anything
+# with Bash can write a session file: a huge or deeply nested one must make
+# that record unreadable, not exhaust or crash (RecursionError) the sibling
+# that reads it.
 RECORD_MAX_BYTES = 64 << 20
 JSON_MAX_DEPTH = 64
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
@@ -140,13 +150,13 @@ def committed_outcome(agent_dir: Path) -> dict[str, Any] | None:
     """The agent's outcome once its marker says it is committed; None before."""
     if not any((agent_dir / m).exists() for m in MARKERS):
         return None
-    return read_json(agent_dir / "outcome.json")
+    return read_json(agent_dir / OUTCOME)
 
 
 def subtree_ids(session: Path, roots: set[str]) -> set[str]:
     """The agents in `roots` and all their descendants, from meta.json parent_id."""
     parents: dict[str, str | None] = {}
-    for meta_path in (session / "agents").glob("*/meta.json"):
+    for meta_path in (session / AGENTS_DIR).glob(f"*/{META}"):
         meta = read_json(meta_path) or {}
         parents[meta_path.parent.name] = meta.get("parent_id")
     found = set(roots)
@@ -162,7 +172,7 @@ def subtree_ids(session: Path, roots: set[str]) -> set[str]:
 
 def ask_paths(session: Path) -> list[Path]:
     """The session's asks (asks/q-ID.json, not their answers), by name."""
-    folder = session / "asks"
+    folder = session / ASKS_DIR
     return [p for p in sorted(folder.glob("q-*.json")) if not p.name.endswith(".answer.json")] if folder.is_dir() else []
 
 
@@ -183,8 +193,8 @@ def paused_agents(session: Path, agents: set[str]) -> list[dict[str, Any]]:
     """paused.json of each of `agents` that is paused at its budget now (no outcome yet), by id."""
     found = []
     for agent in sorted(agents):
-        agent_dir = session / "agents" / agent
-        paused = read_json(agent_dir / "paused.json")
+        agent_dir = session / AGENTS_DIR / agent
+        paused = read_json(agent_dir / PAUSED)
         if paused is not None and committed_outcome(agent_dir) is None:
             found.append(paused)
     return found
@@ -200,7 +210,7 @@ def mtime(path: Path) -> float:
 def native_subagents(agent_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
     """Claude Code's own subagents from native.jsonl: by the CLI's agent id, each event's line (start, stop)."""
     nodes: dict[str, dict[str, dict[str, Any]]] = {}
-    for line in iter_jsonl(agent_dir / "native.jsonl"):
+    for line in iter_jsonl(agent_dir / NATIVE_LOG):
         if "agent_id" in line and "event" in line:
             nodes.setdefault(str(line["agent_id"]), {})[str(line["event"])] = line
     return nodes

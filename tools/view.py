@@ -419,6 +419,24 @@ def iso_time(unix: float) -> str:
     return dt.datetime.fromtimestamp(unix, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+@dataclass(frozen=True)
+class Plot:
+    """Where the picture puts a moment: the time axis's origin, span and width in pixels, and the rows' height."""
+
+    t0: float
+    span: float
+    width: float
+    height: float
+
+    def x_of(self, t: float) -> float:
+        return PLOT_X + (t - self.t0) / self.span * self.width
+
+    def ticks(self) -> list[float]:
+        """Seconds since t0 of the axis's ticks."""
+        step = tick_step(self.span, self.width)
+        return [i * step for i in range(int(self.span / step + 1e-9) + 1)]
+
+
 def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
     """The whole picture: one rect.bar per agent, with data-i = its row.
 
@@ -427,23 +445,40 @@ def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
     window and zoom. The groups #fixed (labels and costs), #head (time axis)
     and #corner (title and legend) are the ones the page pins while scrolling.
     """
-    esc = html.escape
     agents = timeline.agents
-    plot_w = max(200, width - PLOT_X - 20)
     span = max(timeline.t1 - timeline.t0, 0.001)
-    height = HEADER_H + ROW_H * len(agents) + 10
+    plot = Plot(timeline.t0, span, max(200, width - PLOT_X - 20), HEADER_H + ROW_H * len(agents) + 10)
+    out = svg_background(width, plot.height, len(agents))
+    out += ['<g id="grid">']
+    for tick in plot.ticks():
+        x = plot.x_of(timeline.t0 + tick)
+        out.append(f'<line x1="{x:.1f}" y1="{HEADER_H - 14}" x2="{x:.1f}" y2="{plot.height - 10}" stroke="#dde2e8"/>')
+    out.append("</g>")
+    out += svg_bars(plot, agents)
+    out += svg_columns(agents, plot.height)
+    out.append(f'<g id="head"><rect width="100%" height="{HEADER_H}" fill="#ffffff"/>')
+    for tick in plot.ticks():
+        out.append(f'<text x="{plot.x_of(timeline.t0 + tick) + 2:.1f}" y="{HEADER_H - 4}" fill="#555">{tick:g}s</text>')
+    out.append(f'<line x1="0" y1="{HEADER_H - 0.5}" x2="100%" y2="{HEADER_H - 0.5}" stroke="#ccd"/></g>')
+    out += svg_corner(timeline.session.name, tree_summary(agents, span))
+    out.append("</svg>")
+    return "\n".join(out)
 
-    def x_of(t: float) -> float:
-        return PLOT_X + (t - timeline.t0) / span * plot_w
 
+def tree_summary(agents: Sequence[Agent], span: float) -> str:
+    """The title's second line: how many agents, what they spent, how many of each status, how long."""
     spent = sum(a.cost_usd or 0.0 for a in agents)
     unknown = sum(1 for a in agents if a.cost_usd is None and a.status != "refused")
     counts: dict[str, int] = {}
     for a in agents:
         counts[a.status] = counts.get(a.status, 0) + 1
     summary = f"{len(agents)} agents, spent {format_cost(spent)}" + (f" + {unknown} unknown" if unknown else "")
-    summary += ", " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f", {span:.1f} s"
-    out = [
+    return summary + ", " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f", {span:.1f} s"
+
+
+def svg_background(width: int, height: float, rows: int) -> list[str]:
+    """The svg element, its shared definitions (row stripes, the columns' clip) and the background."""
+    return [
         f'<svg xmlns="http://www.w3.org/2000/svg" id="timeline" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans Mono, Menlo, Consolas, monospace" font-size="11">',
         "<defs>",
@@ -453,51 +488,58 @@ def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
         f'<clipPath id="columns"><rect width="{PLOT_X}" height="{height}"/></clipPath>',
         "</defs>",
         f'<rect width="100%" height="{height}" fill="#ffffff"/>',
-        f'<rect y="{HEADER_H}" width="100%" height="{ROW_H * len(agents)}" fill="url(#stripes)"/>',
+        f'<rect y="{HEADER_H}" width="100%" height="{ROW_H * rows}" fill="url(#stripes)"/>',
     ]
-    step = tick_step(span, plot_w)
-    ticks = [i * step for i in range(int(span / step + 1e-9) + 1)]
-    out.append('<g id="grid">')
-    for tick in ticks:
-        x = x_of(timeline.t0 + tick)
-        out.append(f'<line x1="{x:.1f}" y1="{HEADER_H - 14}" x2="{x:.1f}" y2="{height - 10}" stroke="#dde2e8"/>')
-    out.append("</g>")
-    out.append('<g id="bars">')
+
+
+def svg_bars(plot: Plot, agents: Sequence[Agent]) -> list[str]:
+    """#bars: each agent's bar in its row, and its marks on it."""
+    esc = html.escape
+    out = ['<g id="bars">']
     for i, a in enumerate(agents):
         y = HEADER_H + i * ROW_H
         colour = STATUS_COLOURS.get(a.status, UNKNOWN_COLOUR)
         own = format_cost(a.cost_usd) if a.status != "refused" else "$0"
-        x0, x1 = x_of(a.start), x_of(a.end)
+        x0, x1 = plot.x_of(a.start), plot.x_of(a.end)
         title = f"{a.id} {a.status} {a.end - a.start:.1f}s {own}: {clip(a.task, 200)}"
         out.append(
             f'<rect class="bar" data-i="{i}" data-id="{esc(a.id)}" data-status="{esc(a.status)}" '
-            f'data-t0="{a.start - timeline.t0:.3f}" data-t1="{a.end - timeline.t0:.3f}" x="{x0:.1f}" y="{y + 3}" '
+            f'data-t0="{a.start - plot.t0:.3f}" data-t1="{a.end - plot.t0:.3f}" x="{x0:.1f}" y="{y + 3}" '
             f'width="{max(MIN_BAR_W, x1 - x0):.1f}" height="{ROW_H - 6}" rx="2" fill="{colour}"><title>{esc(title)}</title></rect>'
         )
-        for mark in a.marks:
-            # Drawn around x=0 and moved by a transform, so the page moves one number.
-            place = f'data-t="{mark.at - timeline.t0:.3f}" transform="translate({x_of(mark.at):.1f},0)"'
-            tip = f"<title>{esc(mark.label)}</title>"
-            if mark.kind == "ask":
-                fill = ASK_COLOURS.get(mark.state, ASK_COLOURS["pending"])
-                shape = f"M0,{y + 1} l5,{ROW_H / 2 - 1} l-5,{ROW_H / 2 - 1} l-5,-{ROW_H / 2 - 1} z"
-                out.append(f'<path class="mark ask" {place} d="{shape}" fill="{fill}" stroke="#333">{tip}</path>')
-            elif mark.kind == "message":
-                fill = MESSAGE_COLOURS.get(mark.state, MESSAGE_COLOURS["sent"])
-                out.append(f'<circle class="mark message" {place} cy="{y + ROW_H / 2}" r="4" fill="{fill}" stroke="#123">{tip}</circle>')
-            elif mark.kind == "pause":
-                fill = PAUSE_COLOURS.get(mark.state, PAUSE_COLOURS["paused"])
-                square = f'x="-4" y="{y + 5}" width="8" height="8" fill="{fill}" stroke="#630"'
-                out.append(f'<rect class="mark pause" {place} {square}>{tip}</rect>')
-            else:
-                shape = f"M-4,{y + 1} h8 l-4,{ROW_H - 3} z"
-                out.append(f'<path class="mark denied" {place} d="{shape}" fill="{DENIED_COLOUR}" stroke="#600">{tip}</path>')
+        out += [svg_mark(plot, mark, y) for mark in a.marks]
     out.append("</g>")
-    out.append(
+    return out
+
+
+def svg_mark(plot: Plot, mark: Mark, y: int) -> str:
+    """One mark in the row at y: an ask's diamond, a message's dot, a pause's square or a denied call's triangle."""
+    # Drawn around x=0 and moved by a transform, so the page moves one number.
+    place = f'data-t="{mark.at - plot.t0:.3f}" transform="translate({plot.x_of(mark.at):.1f},0)"'
+    tip = f"<title>{html.escape(mark.label)}</title>"
+    if mark.kind == "ask":
+        fill = ASK_COLOURS.get(mark.state, ASK_COLOURS["pending"])
+        shape = f"M0,{y + 1} l5,{ROW_H / 2 - 1} l-5,{ROW_H / 2 - 1} l-5,-{ROW_H / 2 - 1} z"
+        return f'<path class="mark ask" {place} d="{shape}" fill="{fill}" stroke="#333">{tip}</path>'
+    if mark.kind == "message":
+        fill = MESSAGE_COLOURS.get(mark.state, MESSAGE_COLOURS["sent"])
+        return f'<circle class="mark message" {place} cy="{y + ROW_H / 2}" r="4" fill="{fill}" stroke="#123">{tip}</circle>'
+    if mark.kind == "pause":
+        fill = PAUSE_COLOURS.get(mark.state, PAUSE_COLOURS["paused"])
+        square = f'x="-4" y="{y + 5}" width="8" height="8" fill="{fill}" stroke="#630"'
+        return f'<rect class="mark pause" {place} {square}>{tip}</rect>'
+    shape = f"M-4,{y + 1} h8 l-4,{ROW_H - 3} z"
+    return f'<path class="mark denied" {place} d="{shape}" fill="{DENIED_COLOUR}" stroke="#600">{tip}</path>'
+
+
+def svg_columns(agents: Sequence[Agent], height: float) -> list[str]:
+    """#fixed: each row's id and task, indented by level, and its own and subtree cost and tokens."""
+    esc = html.escape
+    out = [
         f'<g id="fixed" clip-path="url(#columns)"><rect width="{PLOT_X}" height="{height}" fill="#ffffff"/>'
         f'<rect y="{HEADER_H}" width="{PLOT_X}" height="{ROW_H * len(agents)}" fill="url(#stripes)"/>'
         f'<line x1="{PLOT_X - 0.5}" y1="0" x2="{PLOT_X - 0.5}" y2="{height}" stroke="#ccd"/>'
-    )
+    ]
     for i, a in enumerate(agents):
         mid = HEADER_H + i * ROW_H + ROW_H / 2
         colour = STATUS_COLOURS.get(a.status, UNKNOWN_COLOUR)
@@ -514,15 +556,17 @@ def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
             f"{esc(format_tokens(a.tokens))}/{esc(format_tokens(a.subtree_tokens))}</text>"
         )
     out.append("</g>")
-    out.append(f'<g id="head"><rect width="100%" height="{HEADER_H}" fill="#ffffff"/>')
-    for tick in ticks:
-        out.append(f'<text x="{x_of(timeline.t0 + tick) + 2:.1f}" y="{HEADER_H - 4}" fill="#555">{tick:g}s</text>')
-    out.append(f'<line x1="0" y1="{HEADER_H - 0.5}" x2="100%" y2="{HEADER_H - 0.5}" stroke="#ccd"/></g>')
-    out.append(
+    return out
+
+
+def svg_corner(title: str, summary: str) -> list[str]:
+    """#corner: the session's name, the summary and the legend, above the label and cost columns."""
+    esc = html.escape
+    out = [
         f'<g id="corner" clip-path="url(#columns)"><rect width="{PLOT_X}" height="{HEADER_H}" fill="#ffffff"/>'
-        f'<text x="8" y="16" font-size="13" font-weight="bold">{esc(timeline.session.name)}</text>'
+        f'<text x="8" y="16" font-size="13" font-weight="bold">{esc(title)}</text>'
         f'<text x="8" y="32">{esc(summary)}</text><g id="legend">'
-    )
+    ]
     # The legend wraps inside the label and cost columns, which the page
     # never scrolls away, so it is whole at any window width.
     legend_x, legend_y = 8.0, float(LEGEND_Y)
@@ -539,8 +583,7 @@ def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
         f'</g><text x="{LABEL_W + 4}" y="{HEADER_H - 4}" fill="#555">own / tree cost, tokens</text>'
         f'<line x1="{PLOT_X - 0.5}" y1="0" x2="{PLOT_X - 0.5}" y2="{HEADER_H}" stroke="#ccd"/></g>'
     )
-    out.append("</svg>")
-    return "\n".join(out)
+    return out
 
 
 def agent_detail(a: Agent) -> dict[str, Any]:

@@ -160,8 +160,9 @@ def native_rows(agent_dir: Path | str, meta: AgentMeta, *, parent_ended: bool) -
     for raw in lines:
         with contextlib.suppress(ValueError, KeyError, TypeError, AttributeError):  # skip a line that isn't one
             line = parse_json(raw)
+            event = line["event"]  # before the node: a line without one starts nothing (tools/session_files.py agrees)
             node = nodes.setdefault(line["agent_id"], {"agent_type": line.get("agent_type", "")})
-            node[line["event"]] = line
+            node[event] = line
     rows = []
     for native_id, node in nodes.items():
         start = node.get("start") or node.get("stop") or {}
