@@ -142,7 +142,7 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy", "--strict", PACKAGE)
     # Separately: the tests import spawn, conftest and tools/mock_model as top-level modules.
     tests = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py"))
-    session.run("mypy", "--strict", *tests, env={"MYPYPATH": f"{ROOT}:{ROOT / 'tools'}"})
+    session.run("mypy", "--strict", *tests, env={"MYPYPATH": f"{ROOT}:{ROOT / 'tools'}:{ROOT / 'src'}"})
     typecheck_installed(session)
 
 

@@ -64,7 +64,7 @@ def source_namespace() -> types.ModuleType:
             if hasattr(module, defined):  # not what only runs as __main__ (the stand-in's walrus)
                 setattr(namespace, defined, getattr(module, defined))
     namespace.__dict__["package_modules"] = tuple(modules)
-    spawnlib.embedded.BUILTIN_FILES.update(bundler.embedded_files(namespace.RECORD_SCHEMAS))  # type: ignore[attr-defined]
+    namespace.BUILTIN_FILES.update(bundler.embedded_files(namespace.RECORD_SCHEMAS))
     return namespace
 
 
@@ -88,7 +88,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     file their controller wrote: this runs before they start)."""
     if hasattr(session.config, "workerinput"):
         return
-    bundler.write(bundler.bundle())
+    try:
+        bundler.write(bundler.bundle())
+    except (bundler.BundleError, SyntaxError) as exc:
+        pytest.exit(f"bundle: error: {exc} (the end-to-end tests run the spawn.py it writes)", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 # Fake but secret-looking: tests assert it never lands in a record.

@@ -303,7 +303,7 @@ def test_agent_cannot_approve_its_own_ask(env: dict[str, str], session_root: Pat
 
 # ----------------------------------------------- /proc, as psutil reads it --
 # A spawn walks its ancestry from /proc before its CLI starts, without
-# psutil (processes.py). These hold it to psutil's answers, the authority it
+# psutil (supervise/supervisor.py). These hold it to psutil's answers, the authority it
 # replaces there.
 
 needs_procfs = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux /proc")
@@ -360,7 +360,7 @@ def test_running_here_answers_as_psutil_for_live_reused_zombie_and_gone_pids() -
 
 
 def test_a_root_starts_its_cli_before_importing_psutil_inspect_or_hashlib(env: dict[str, str], tmp_path: Path) -> None:
-    """psutil, inspect and hashlib are imported at first use (standin.py): a root's ancestry
+    """psutil, inspect and hashlib are imported at first use (core/prelude.py): a root's ancestry
     walk and the runner index's checks read /proc, every dataclass has a docstring (or
     dataclasses asks inspect for its signature), and only task graphs hash. So its CLI
     starts first. The real CLI, against the scripted model."""

@@ -157,7 +157,8 @@ def test_a_cli_run_never_executes_the_api() -> None:
     # Every agent at every depth runs spawn.py as a script: the API's definitions
     # come after the __main__ block that ends that process, so they cost it nothing.
     text = (ROOT / "spawn.py").read_text()
-    assert text.index("# ==================== begin src/spawnlib/api.py") > text.index('\nif __name__ == "__main__":\n    console_main()\n')
+    api_begins = text.index("# ==================== begin src/spawnlib/cli/api.py")
+    assert api_begins > text.index('\nif __name__ == "__main__":\n    console_main()\n')
     assert "os._exit(" in inspect.getsource(spawn.console_main)  # the process ends there
 
 

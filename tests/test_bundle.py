@@ -44,7 +44,7 @@ def test_spawn_py_is_what_the_package_gives() -> None:
 
 def test_a_stale_spawn_py_fails_the_check_until_it_is_written(tmp_path: Path) -> None:
     root = copy_of_the_project(tmp_path)
-    module = root / "src" / "spawnlib" / "constants.py"
+    module = root / "src" / "spawnlib" / "core" / "constants.py"
     module.write_text(module.read_text().replace("PROTOCOL_VERSION = 1", "PROTOCOL_VERSION = 1  # touched"))
     stale = bundler(root, "--check")
     assert stale.returncode == 1
@@ -88,20 +88,20 @@ def test_spawn_py_carries_the_output_schemas_agents_and_workflows_but_no_record_
 
 def test_the_embedded_module_must_end_with_its_placeholder(tmp_path: Path) -> None:
     root = copy_of_the_project(tmp_path)
-    with (root / "src" / "spawnlib" / "embedded.py").open("a") as fh:
+    with (root / "src" / "spawnlib" / "core" / "embedded.py").open("a") as fh:
         fh.write("\nLATER = 1\n")
     proc = bundler(root)
     assert proc.returncode == 2
-    assert "src/spawnlib/embedded.py must end with `BUILTIN_FILES: dict[str, str] = {}`" in proc.stderr
+    assert "src/spawnlib/core/embedded.py must end with `BUILTIN_FILES: dict[str, str] = {}`" in proc.stderr
 
 
 def test_two_modules_that_define_one_name_are_refused(tmp_path: Path) -> None:
     root = copy_of_the_project(tmp_path)
-    with (root / "src" / "spawnlib" / "dag.py").open("a") as fh:
+    with (root / "src" / "spawnlib" / "cli" / "dag.py").open("a") as fh:
         fh.write("\n\ndef read_json() -> None:\n    pass\n")
     proc = bundler(root)
     assert proc.returncode == 2
-    assert "read_json is defined in both src/spawnlib/protocol.py and src/spawnlib/dag.py" in proc.stderr
+    assert "read_json is defined in both src/spawnlib/session/protocol.py and src/spawnlib/cli/dag.py" in proc.stderr
     assert (root / "spawn.py").read_bytes() == (ROOT / "spawn.py").read_bytes()  # nothing half-written
 
 
@@ -152,7 +152,7 @@ def test_the_stamp_changes_with_any_source(tmp_path: Path) -> None:
         return next(line for line in (root / "spawn.py").read_text().splitlines() if "sources sha256" in line)
 
     first = stamp()
-    module = root / "src" / "spawnlib" / "errors.py"
+    module = root / "src" / "spawnlib" / "core" / "errors.py"
     module.write_text(module.read_text() + "\n# touched\n")
     second = stamp()
     workflow = root / "workflows" / "plan-build.yaml"
@@ -237,7 +237,7 @@ def test_the_markers_enclose_the_stand_in_once_and_nothing_else() -> None:
     source = (ROOT / "spawn.py").read_bytes()
     begin, end = source.index(spawn.STAND_IN_BEGIN), source.index(spawn.STAND_IN_END)
     assert (source.count(spawn.STAND_IN_BEGIN), source.count(spawn.STAND_IN_END)) == (1, 1)
-    assert source[:begin].endswith(b" begin src/spawnlib/standin.py " + b"=" * 20)
+    assert source[:begin].endswith(b" begin src/spawnlib/core/prelude.py " + b"=" * 20)
     section = source[begin:end].decode()
     assert "def forkserver_stand_in(" in section and "\nimport argparse" not in section
     assert source[end + len(spawn.STAND_IN_END) :].startswith(b'if __name__ == "__main__" and (_served := forkserver_stand_in(')
@@ -245,11 +245,11 @@ def test_the_markers_enclose_the_stand_in_once_and_nothing_else() -> None:
 
 def test_a_program_used_other_than_as_a_constant_is_refused(tmp_path: Path) -> None:
     root = copy_of_the_project(tmp_path)
-    with (root / "src" / "spawnlib" / "dag.py").open("a") as fh:
+    with (root / "src" / "spawnlib" / "cli" / "dag.py").open("a") as fh:
         fh.write('\n\ndef later() -> str:\n    return program_text("guard_wait")\n')
     proc = bundler(root)
     assert proc.returncode == 2
-    assert "src/spawnlib/dag.py" in proc.stderr and "program_text is only for `NAME = program_text(...)`" in proc.stderr
+    assert "src/spawnlib/cli/dag.py" in proc.stderr and "program_text is only for `NAME = program_text(...)`" in proc.stderr
     assert (root / "spawn.py").read_bytes() == (ROOT / "spawn.py").read_bytes()
 
 

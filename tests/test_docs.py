@@ -24,7 +24,7 @@ README_MAX_BYTES = 20_000  # a front page that reads in minutes
 # (Development tools, bench, soak, demo and bundle, document their flags in their docstrings.)
 DEV_TOOLS = {"bench.py", "bench_cost.py", "soak.py", "demo.py", "bundle.py"}
 SOURCES = [
-    *sorted((ROOT / "src" / "spawnlib").glob("*.py")),
+    *sorted((ROOT / "src" / "spawnlib").rglob("*.py")),
     *sorted(p for p in (ROOT / "tools").glob("*.py") if p.name not in DEV_TOOLS),
 ]
 ENV_READERS = ("get", "setdefault", "pop")  # environ.get("X") and kin

@@ -1,4 +1,4 @@
-"""Process-wide state a fork must reset lives in one registry (forkstate.py), and nothing escapes it.
+"""Process-wide state a fork must reset lives in one registry (core/forkstate.py), and nothing escapes it.
 
 Unit tests: the checker reads spawn.py, the product, as text (ast): every
 module of the package as it runs, and none of the programs that run in

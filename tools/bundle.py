@@ -49,48 +49,57 @@ TARGET = ROOT / "spawn.py"
 # The order of the generated file: each module comes after those it needs at
 # import time (a function body may name anything: the whole file is defined by
 # the time main() runs).
-STAND_IN = "standin"  # runs before the combined imports: keeps its own
-EMBEDDED = "embedded"  # ends in the placeholder the bundler fills
+STAND_IN = "core/prelude"  # runs before the combined imports: keeps its own
+EMBEDDED = "core/embedded"  # ends in the placeholder the bundler fills
+# The layers, lowest first: a module imports only from its own folder and the
+# folders before it (tests/test_layers.py), and MODULES lists them in this order.
+LAYERS = ("core", "session", "supervise", "policy", "run", "cli")
 MODULES = (
+    # core: constants, errors, records, pure functions; the prelude first of all
     STAND_IN,
-    "constants",
+    "core/constants",
     "programs/fast_start_hook",  # both: spawn.py runs its functions, and writes its text as the hook
     EMBEDDED,
-    "errors",
-    "output",
-    "forkstate",
-    "records",
-    "schemafast",
-    "core",
-    "placement",
-    "protocol",
-    "fast_start",
-    "processes",
-    "cluster",
-    "commit",
-    "admission",
-    "agents",
-    "delegates",
-    "channel",
-    "steering",
-    "running",
-    "inprocess",
-    "claude",
-    "executors",
-    "resolving",
-    "forkserver",
-    "broker",
-    "cli_start",
-    "verbs",
-    "options",
-    "dag",
-    "cli",
-    "steering_verbs",
-    "main",
+    "core/errors",
+    "core/output",
+    "core/forkstate",
+    "core/records",
+    "core/schemafast",
+    "core/pure",
+    "core/placement",
+    # session: the on-disk protocol
+    "session/protocol",
+    # supervise: processes, the compiled copy, Ray's seam, the commit point
+    "supervise/fast_start",
+    "supervise/supervisor",
+    "supervise/cluster",
+    "supervise/commit",
+    # policy: admission, definitions and rules, asks, budget and inbox
+    "policy/admission",
+    "policy/agents",
+    "policy/delegates",
+    "policy/channel",
+    "policy/steering",
+    # run: one agent from its flags to its outcome
+    "run/running",
+    "run/inprocess",
+    "run/claude",
+    "run/executors",
+    "run/resolving",
+    "run/forkserver",
+    "run/broker",
+    "run/runner",
+    # cli: the entry points
+    "cli/verbs",
+    "cli/options",
+    "cli/dag",
+    "cli/commands",
+    "cli/steering_verbs",
+    "cli/main",
     # After main's `if __name__ == "__main__":` block, which ends the process:
     # a CLI run (every agent, at every depth) never executes the Python API's
     # definitions; `import spawn` does.
-    "api",
+    "cli/api",
 )
 # Programs passed as text (src/spawnlib/programs): each module-level
 # `NAME = program_text("name")` of a bundled module becomes NAME's literal
@@ -466,10 +475,8 @@ class Bundle:
 
 def bundle() -> Bundle:
     header = (PACKAGE / "__init__.py").read_text()
-    on_disk = sorted(
-        [p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
-        + [f"{PROGRAMS_FOLDER}/{p.stem}" for p in (PACKAGE / PROGRAMS_FOLDER).glob("*.py") if p.name != "__init__.py"]
-    )
+    # A folder's __init__.py holds its layer's docstring, and nothing spawn.py runs.
+    on_disk = sorted(p.relative_to(PACKAGE).with_suffix("").as_posix() for p in PACKAGE.rglob("*.py") if p.name != "__init__.py")
     listed = set(MODULES) | {f"{PROGRAMS_FOLDER}/{name}" for name in PROGRAMS}
     if sorted(listed) != on_disk:
         raise BundleError(f"MODULES and PROGRAMS in tools/bundle.py and the files in src/spawnlib differ: {sorted(listed ^ set(on_disk))}")

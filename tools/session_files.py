@@ -40,7 +40,7 @@ ASKS_DIR = "asks"
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 # spawn.py's bounds on what its record readers parse (RECORD_MAX_BYTES and
-# JSON_MAX_DEPTH in src/spawnlib/constants.py), copied because a sibling never
+# JSON_MAX_DEPTH in src/spawnlib/core/constants.py), copied because a sibling never
 # imports spawn.py: tests/test_session_files.py holds these bounds and names
 # equal to spawn.py's, and reads fixture sessions with both readers. Anything
 # with Bash can write a session file: a huge or deeply nested one must make
