@@ -887,7 +887,15 @@ def resolve_resume(args: argparse.Namespace, environ: Mapping[str, str]) -> Agen
 
 
 def place_resumed(plan: Plan, original: AgentMeta) -> None:
-    """A resumed agent sits under the original's parent in its session, unless an agent is the caller."""
+    """Where a resumed agent is registered: under the calling agent, else a root of the original's session.
+
+    From a shell, the process that resumes it is its runner and nothing else
+    supervises it: the original's parent, even when it still runs, did not
+    start it, holds no slot or budget for it, and usually ended long ago (it
+    would be settled as killed at once). So it is a root of that session,
+    with the room below it the original had, drawing on the session's budget
+    and its own --timeout.
+    """
     meta = plan.meta
     meta.resumed_from = original.id
     dropped = [t for t in meta.tools if t not in original.tools]
@@ -898,10 +906,8 @@ def place_resumed(plan: Plan, original: AgentMeta) -> None:
             plan.refusal = f"tools: none of {','.join(dropped)} was held by the resumed agent {original.id}"
     if plan.new_session:
         plan.new_session = False
-        meta.session, meta.parent_id, meta.depth = original.session, original.parent_id, original.depth
-        meta.max_depth = min(meta.max_depth, original.max_depth)
-        if plan.refusal and plan.refusal.startswith("depth limit"):
-            plan.refusal = None
+        meta.session, meta.parent_id, meta.depth = original.session, None, 0
+        meta.max_depth = min(meta.max_depth, max(original.max_depth - original.depth, 0))
 
 
 def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
