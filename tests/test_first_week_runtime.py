@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from conftest import MockModel, load, metas, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
+from conftest import (
+    MockModel,
+    agent_dirs,
+    load,
+    metas,
+    mock_task,
+    run_spawn,
+    spawn_in_bash,
+    start_spawn,
+    stdout_json,
+    validate_records,
+    wait_until,
+    write_agent,
+)
 
 import spawn
 
@@ -81,4 +95,136 @@ def test_a_sandboxed_agent_resumes_its_finished_grandchild_through_its_runner(
     assert resumed["depth"] == 2
     outcome = load(Path(resumed["session"]) / "agents" / resumed["id"] / "outcome.json")
     assert outcome["status"] == "done" and outcome["output"] == "second answer"
+    validate_records(session_root)
+
+
+# ------------------------------------------------------------- in-process --
+
+INPROCESS = ["--placement", "inprocess"]
+TURN = {"input_tokens": 10_000, "output_tokens": 1}  # about $0.03 a turn at the default model's price
+
+
+def agent_call(prompt: str, subagent_type: str = "general-purpose") -> dict[str, Any]:
+    call = {"description": "delegates", "prompt": prompt, "subagent_type": subagent_type, "run_in_background": False}
+    return {"tool": "Agent", "input": call}
+
+
+def decisions(agent_dir: Path) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in (agent_dir / "transcript.jsonl").read_text().splitlines()]
+    return [line["message"] for line in lines if line["type"] == "PermissionDecision"]
+
+
+def by_task(session_root: Path) -> dict[str, Path]:
+    return {load(d / "meta.json")["task"].split(" MOCK")[0]: d for d in agent_dirs(session_root) if (d / "meta.json").exists()}
+
+
+def test_send_to_a_running_in_process_child_is_refused_at_once_with_what_works(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "a.txt").write_text("a\n")
+    read = {"tool": "Read", "input": {"file_path": str(tmp_path / "a.txt")}, "sleep": 0.5}
+    child = mock_task("long child", [read] * 40 + [{"text": "child-result"}])
+    runner = start_spawn(["--task", mock_task("root", [agent_call(child), {"text": "root-result"}]), "--tools", "Agent,Read", *INPROCESS], env)
+    try:
+        assert wait_until(lambda: "long child" in by_task(session_root), 60), "the child never started"
+        tasks = by_task(session_root)
+        child_dir, root_dir = tasks["long child"], tasks["root"]
+        sent = run_spawn(["send", child_dir.name, "stop and answer", "--session", str(child_dir.parent.parent)], env)
+        # Refused while the child still runs: not after waiting for its end.
+        assert not (child_dir / "outcome.json").exists()
+        assert sent.returncode == spawn.ExitCode.USAGE, sent.stderr
+        assert sent.stderr.startswith("spawn: error:") and "in-process" in sent.stderr and "was not sent" in sent.stderr
+        assert f"spawn.py send {root_dir.name} TEXT" in sent.stderr and f"spawn.py kill {child_dir.name}" in sent.stderr
+        assert "--resume" not in sent.stderr  # an in-process agent has no SDK session to resume
+        assert run_spawn(["kill", child_dir.name, "--session", str(child_dir.parent.parent)], env).returncode == spawn.ExitCode.OK
+        out, err = runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == spawn.ExitCode.OK, err
+    # The finished child: still refused, and without a --resume that could not work.
+    again = run_spawn(["send", child_dir.name, "more", "--session", str(child_dir.parent.parent)], env)
+    assert again.returncode == spawn.ExitCode.AGENT_FAILED and "--resume" not in again.stderr, again.stderr
+
+
+def test_an_invalid_schema_in_one_definition_refuses_only_the_agent_call_that_uses_it(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    write_agent(tmp_path, "broken", "description: its schema is no schema\nschema: '{\"type\": 12}'\ntools: Read")
+    write_agent(tmp_path, "plain", "description: a plain helper\ntools: Read")
+    plain = mock_task("plain child", [{"text": "plain-result"}])
+    broken = mock_task("broken child", [{"text": "never"}])
+    root = mock_task("root", [agent_call(plain, "plain"), agent_call(broken, "broken"), {"text": "root-result"}])
+    ran = run_spawn(["--task", root, "--tools", "Agent,Read", *INPROCESS, "--cwd", str(tmp_path)], env)
+    out = stdout_json(ran)
+    assert ran.returncode == spawn.ExitCode.OK and out["status"] == "done" and out["output"] == "root-result", ran.stderr
+    assert "definition broken" in ran.stderr  # said before anything started
+    tasks = by_task(session_root)
+    assert sorted(tasks) == ["plain child", "root"]  # the broken one never started
+    assert load(tasks["plain child"] / "outcome.json")["status"] == "done"
+    agent_calls = [d for d in decisions(tasks["root"]) if d["tool"] == "Agent"]
+    assert [(d["verdict"], d["by"]) for d in agent_calls] == [("allow", "rules"), ("deny", "placement")]
+    assert "definition broken's schema" in agent_calls[1]["rule"]
+    validate_records(session_root)
+
+
+def test_an_agent_call_auto_refuses_is_audited_as_denied(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    write_agent(tmp_path, "timed", "description: has a deadline\ntimeout: 30\ntools: Read")
+    root = mock_task("root", [agent_call(mock_task("timed child", [{"text": "never"}]), "timed"), {"text": "root-result"}])
+    ran = run_spawn(["--task", root, "--tools", "Agent,Read", "--placement", "auto", "--cwd", str(tmp_path)], env)
+    assert stdout_json(ran)["status"] == "done", ran.stderr
+    (root_dir,) = agent_dirs(session_root)
+    (call,) = [d for d in decisions(root_dir) if d["tool"] == "Agent"]  # one line per call, not allow then deny
+    assert call["verdict"] == "deny" and call["by"] == "placement" and "needs a process (a hard deadline)" in call["rule"]
+    validate_records(session_root)
+
+
+def test_an_agent_call_past_max_depth_is_a_recorded_refusal(env: dict[str, str], session_root: Path) -> None:
+    leaf = mock_task("leaf", [{"text": "leaf-result"}])
+    middle = mock_task("middle", [agent_call(leaf), {"text": "middle-result"}])
+    root = mock_task("root", [agent_call(middle), {"text": "root-result"}])
+    ran = run_spawn(["--task", root, "--tools", "Agent,Read", *INPROCESS, "--max-depth", "1"], env)
+    assert stdout_json(ran)["status"] == "done", ran.stderr
+    tasks = by_task(session_root)
+    assert sorted(tasks) == ["leaf", "middle", "root"]
+    refused = load(tasks["leaf"] / "outcome.json")
+    assert refused["status"] == "refused" and refused["exit_code"] == spawn.ExitCode.REFUSED
+    assert "depth limit" in refused["reason"] and "max depth is 1" in refused["reason"]
+    leaf_meta = load(tasks["leaf"] / "meta.json")
+    assert leaf_meta["depth"] == 2 and leaf_meta["parent_id"] == tasks["middle"].name
+    assert load(tasks["middle"] / "outcome.json")["status"] == "done"
+
+    # At --max-depth 0 the host itself has no Agent tool: its call is a refused child of it.
+    again = run_spawn(["--task", mock_task("lone root", [agent_call(leaf), {"text": "root-result"}]), "--tools", "Agent,Read", *INPROCESS, "--max-depth", "0"], env)
+    assert stdout_json(again)["status"] == "done", again.stderr
+    lone = [m for m in metas(session_root).values() if m["session"] == stdout_json(again)["agent_dir"].rsplit("/agents/", 1)[0]]
+    (child,) = [m for m in lone if m["depth"] == 1]
+    assert load(Path(child["session"]) / "agents" / child["id"] / "outcome.json")["status"] == "refused"
+    validate_records(session_root)
+
+
+def test_a_paused_host_shows_its_spending_in_process_child_paused_too(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "a.txt").write_text("a\n")
+    read = {"tool": "Read", "input": {"file_path": str(tmp_path / "a.txt")}, "usage": TURN}
+    child = mock_task("spending child", [read, read, read, {"text": "child-result", "usage": TURN}])
+    args = ["--task", mock_task("root", [agent_call(child), {"text": "root-result"}]), "--tools", "Agent,Read", *INPROCESS]
+    runner = start_spawn([*args, "--max-budget-usd", "0.05", "--on-budget", "pause"], env)
+    try:
+        assert wait_until(lambda: any(d.joinpath("paused.json").exists() for d in agent_dirs(session_root)), 90), "it never paused"
+        tasks = by_task(session_root)
+        assert wait_until(lambda: (tasks["spending child"] / "paused.json").exists(), 10)
+        rows = {r["id"]: r for r in stdout_json(run_spawn(["status", "--json"], env))["agents"]}
+        assert rows[tasks["root"].name]["state"] == "paused"
+        assert rows[tasks["spending child"].name]["state"] == "paused", rows
+        raised = run_spawn(["budget", tasks["root"].parent.parent.name, "--raise", "1"], env)
+        assert raised.returncode == spawn.ExitCode.OK, raised.stderr
+        out, err = runner.communicate(timeout=120)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert runner.returncode == spawn.ExitCode.OK, err
+    assert not [d for d in agent_dirs(session_root) if (d / "paused.json").exists()]
+    assert load(tasks["spending child"] / "outcome.json")["status"] == "done"
     validate_records(session_root)
