@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import mock_model as mock_model_module
 from conftest import (
+    FAKE_API_KEY,
+    ROOT,
     MockModel,
     agent_dirs,
     load,
@@ -81,7 +84,9 @@ def test_a_sandboxed_agent_resumes_its_finished_grandchild_through_its_runner(
     # `--print id` of docs/cli.md's parallel example passes there too.
     grandchild = mock_task("grandchild", [{"text": "first answer"}, {"text": "second answer"}])
     first = mock_task("first child", [{"bash": spawn_in_bash("--task", grandchild, "--print", "id")}, {"text": "first done"}])
-    resume = spawn_in_bash("--resume", "GC", "--task", "and now?", "--print", "output").replace("GC", '"$(ls "$SPAWN_SESSION/agents" | grep ^a2-)"')
+    resume = spawn_in_bash("--resume", "GC", "--task", "and now?", "--print", "output").replace(
+        "GC", '"$(ls "$SPAWN_SESSION/agents" | grep ^a2-)"'
+    )
     second = mock_task("second child", [{"bash": resume}, {"text": "second done"}])
     both = f"{spawn_in_bash('--task', first, '--tools', 'Bash')} >/dev/null; {spawn_in_bash('--task', second, '--tools', 'Bash')}"
     ran = run_spawn(["--task", mock_task("root", [{"bash": both}, {"text": "root done"}]), "--tools", "Bash"], env)
@@ -124,7 +129,9 @@ def test_send_to_a_running_in_process_child_is_refused_at_once_with_what_works(
     (tmp_path / "a.txt").write_text("a\n")
     read = {"tool": "Read", "input": {"file_path": str(tmp_path / "a.txt")}, "sleep": 0.5}
     child = mock_task("long child", [read] * 40 + [{"text": "child-result"}])
-    runner = start_spawn(["--task", mock_task("root", [agent_call(child), {"text": "root-result"}]), "--tools", "Agent,Read", *INPROCESS], env)
+    runner = start_spawn(
+        ["--task", mock_task("root", [agent_call(child), {"text": "root-result"}]), "--tools", "Agent,Read", *INPROCESS], env
+    )
     try:
         assert wait_until(lambda: "long child" in by_task(session_root), 60), "the child never started"
         tasks = by_task(session_root)
@@ -137,7 +144,7 @@ def test_send_to_a_running_in_process_child_is_refused_at_once_with_what_works(
         assert f"spawn.py send {root_dir.name} TEXT" in sent.stderr and f"spawn.py kill {child_dir.name}" in sent.stderr
         assert "--resume" not in sent.stderr  # an in-process agent has no SDK session to resume
         assert run_spawn(["kill", child_dir.name, "--session", str(child_dir.parent.parent)], env).returncode == spawn.ExitCode.OK
-        out, err = runner.communicate(timeout=120)
+        _, err = runner.communicate(timeout=120)
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -195,7 +202,18 @@ def test_an_agent_call_past_max_depth_is_a_recorded_refusal(env: dict[str, str],
     assert load(tasks["middle"] / "outcome.json")["status"] == "done"
 
     # At --max-depth 0 the host itself has no Agent tool: its call is a refused child of it.
-    again = run_spawn(["--task", mock_task("lone root", [agent_call(leaf), {"text": "root-result"}]), "--tools", "Agent,Read", *INPROCESS, "--max-depth", "0"], env)
+    again = run_spawn(
+        [
+            "--task",
+            mock_task("lone root", [agent_call(leaf), {"text": "root-result"}]),
+            "--tools",
+            "Agent,Read",
+            *INPROCESS,
+            "--max-depth",
+            "0",
+        ],
+        env,
+    )
     assert stdout_json(again)["status"] == "done", again.stderr
     lone = [m for m in metas(session_root).values() if m["session"] == stdout_json(again)["agent_dir"].rsplit("/agents/", 1)[0]]
     (child,) = [m for m in lone if m["depth"] == 1]
@@ -203,9 +221,7 @@ def test_an_agent_call_past_max_depth_is_a_recorded_refusal(env: dict[str, str],
     validate_records(session_root)
 
 
-def test_a_paused_host_shows_its_spending_in_process_child_paused_too(
-    env: dict[str, str], session_root: Path, tmp_path: Path
-) -> None:
+def test_a_paused_host_shows_its_spending_in_process_child_paused_too(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("a\n")
     read = {"tool": "Read", "input": {"file_path": str(tmp_path / "a.txt")}, "usage": TURN}
     child = mock_task("spending child", [read, read, read, {"text": "child-result", "usage": TURN}])
@@ -214,13 +230,13 @@ def test_a_paused_host_shows_its_spending_in_process_child_paused_too(
     try:
         assert wait_until(lambda: any(d.joinpath("paused.json").exists() for d in agent_dirs(session_root)), 90), "it never paused"
         tasks = by_task(session_root)
-        assert wait_until(lambda: (tasks["spending child"] / "paused.json").exists(), 10)
+        assert wait_until((tasks["spending child"] / "paused.json").exists, 10)
         rows = {r["id"]: r for r in stdout_json(run_spawn(["status", "--json"], env))["agents"]}
         assert rows[tasks["root"].name]["state"] == "paused"
         assert rows[tasks["spending child"].name]["state"] == "paused", rows
         raised = run_spawn(["budget", tasks["root"].parent.parent.name, "--raise", "1"], env)
         assert raised.returncode == spawn.ExitCode.OK, raised.stderr
-        out, err = runner.communicate(timeout=120)
+        _, err = runner.communicate(timeout=120)
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -228,3 +244,72 @@ def test_a_paused_host_shows_its_spending_in_process_child_paused_too(
     assert not [d for d in agent_dirs(session_root) if (d / "paused.json").exists()]
     assert load(tasks["spending child"] / "outcome.json")["status"] == "done"
     validate_records(session_root)
+
+
+# ----------------------------------------------------------------- routing --
+
+PUBLIC = ROOT / "tests" / "fixtures" / "agents-public"
+FLAKY = "Find why the checkout test fails intermittently with a null pointer"
+
+
+def one(name: str, description: str) -> spawn.AgentDefinition:
+    return spawn.AgentDefinition(name=name, path=f"{name}.md", source="project", description=description, prompt="")
+
+
+def test_the_lexical_router_reads_use_when_clauses_and_do_not_use_clauses() -> None:
+    definitions = {
+        "silent-failure-hunter": one(
+            "silent-failure-hunter",
+            "Reviews code for silent failures: swallowed errors, empty catch blocks, null checks that hide a failed call, "
+            "fallbacks that mask a failing test. Use this agent when reviewing a diff that handles errors. "
+            "Do not use it to find why a test fails intermittently; that is debugging.",
+        ),
+        "debugger": one("debugger", "Debugging specialist for crashes and errors. Use proactively when a test fails or a run crashes."),
+        "test-automator": one("test-automator", "Writes unit tests with pytest. Use when you need new tests or more coverage."),
+    }
+    assert spawn.use_when_terms(definitions["silent-failure-hunter"].description)[1] >= {"find", "intermittent"}
+    flaky = spawn.route(FLAKY, definitions)
+    assert flaky["chosen"] == "debugger", flaky
+    assert not [c for c in flaky["candidates"] if c["name"] == "silent-failure-hunter" and "intermittent" in c["matched"]]
+    assert spawn.route("Review this diff's error handling for swallowed exceptions", definitions)["chosen"] == "silent-failure-hunter"
+    assert spawn.route("Write pytest unit tests for the date parsing helpers", definitions)["chosen"] == "test-automator"
+
+
+def routed_by_model(base_env: dict[str, str], tmp_path: Path, answer: str, task: str = FLAKY) -> tuple[Any, list[dict[str, Any]]]:
+    """A dry run of --agent auto --route model among the public definitions, the scripted model answering the router."""
+    scenario = {"rules": [{"match": "^Agents:", "steps": [{"text": answer}]}]}
+    with mock_model_module.serve(tmp_path, scenario) as served:
+        env = {**base_env, "ANTHROPIC_BASE_URL": served.url, "ANTHROPIC_API_KEY": FAKE_API_KEY}
+        ran = run_spawn(["--dry-run", "--agent", "auto", "--route", "model", "--task", task], env, cwd=PUBLIC)
+        return ran, served.requests()
+
+
+def test_route_model_asks_the_low_tier_model_once_and_logs_its_reason(base_env: dict[str, str], tmp_path: Path) -> None:
+    ran, requests = routed_by_model(base_env, tmp_path, '{"agent": "debugger", "reason": "a flaky failure needs its root cause"}')
+    assert ran.returncode == spawn.ExitCode.OK, ran.stderr
+    plan = json.loads(ran.stdout)
+    assert plan["agent"] == "debugger"
+    routing = plan["routing"]
+    assert routing["by"] == "model" and routing["model"] == "haiku" and routing["reason"] == "a flaky failure needs its root cause"
+    assert routing["candidates"] and "fallback" not in routing  # the lexical scores are kept beside it
+    assert "routed to debugger by the model (haiku): a flaky failure needs its root cause" in ran.stderr
+    (request,) = requests  # one call, to the cheap tier
+    assert "haiku" in request["model"]
+
+
+def test_route_model_falls_back_to_the_lexical_router_and_says_why(base_env: dict[str, str], tmp_path: Path) -> None:
+    lexical = spawn.route(FLAKY, {n: d for n, d in spawn.load_definitions(PUBLIC, base_env)[0].items()})
+    ran, _ = routed_by_model(base_env, tmp_path, "I would pick the debugger.")
+    assert ran.returncode == spawn.ExitCode.OK, ran.stderr
+    routing = json.loads(ran.stdout)["routing"]
+    assert routing["by"] == "lexical" and "not JSON" in routing["fallback"] and routing["chosen"] == lexical["chosen"]
+    assert "the model router failed" in ran.stderr
+    invented, _ = routed_by_model(base_env, tmp_path, '{"agent": "bug-whisperer", "reason": "sounds right"}')
+    assert "names no definition" in json.loads(invented.stdout)["routing"]["fallback"]
+
+    # Offline: nothing listens at the model's address.
+    offline_env = {**base_env, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9", "ANTHROPIC_API_KEY": FAKE_API_KEY}
+    offline = run_spawn(["agents", "route", FLAKY, "--route", "model", "--json"], offline_env, cwd=PUBLIC)
+    assert offline.returncode == spawn.ExitCode.OK, offline.stderr
+    decision = stdout_json(offline)
+    assert decision["by"] == "lexical" and decision["chosen"] == lexical["chosen"] and "the model router failed" in decision["fallback"]

@@ -66,6 +66,7 @@ MODULES = (
     "commit",
     "admission",
     "agents",
+    "model_router",
     "delegates",
     "channel",
     "steering",

@@ -83,6 +83,7 @@ BROKER_FLAGS: Mapping[str, bool] = {
     "--ask": True,
     "--model": True,
     "--agent": True,
+    "--route": True,
     "--schema": True,
     "--system-prompt": True,
     "--preset": True,

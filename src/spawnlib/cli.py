@@ -20,7 +20,6 @@ from .agents import (
     known_tools,
     load_definitions,
     parse_definition,
-    route,
 )
 from .channel import ask_socket_path, send_answer
 from .claude import delegates_for
@@ -33,6 +32,7 @@ from .constants import (
     LIVENESS_POLL_S,
     META,
     REGISTER_WAIT_S,
+    ROUTE_CHOICES,
 )
 from .core import agent_facts, briefing, prompt_layout, secret_values
 from .dag import DEFAULT_ROTATE_MB, DEFAULT_STATE_FILE, ON_FAIL
@@ -67,7 +67,17 @@ from .protocol import (
     write_new_file,
 )
 from .records import Status, record_to_json
-from .resolving import admission_problem, find_cli, inherited_context, place_resumed, plan_run, register, resolve_resume, wants_guard_above
+from .resolving import (
+    admission_problem,
+    find_cli,
+    inherited_context,
+    place_resumed,
+    plan_run,
+    register,
+    resolve_resume,
+    routing_decision,
+    wants_guard_above,
+)
 from .running import EarlyStop, SdkLoader, spawn_command
 from .verbs import (
     corrupt_agents,
@@ -161,6 +171,9 @@ def add_agents_actions(p: Parser) -> None:
     routing = sub.add_parser("route", help="which definition --agent auto would pick for TASK, and why; runs nothing")
     routing.add_argument("task", metavar="TASK")
     routing.add_argument("--json", action="store_true", help="the decision as JSON on stdout")
+    routing.add_argument(
+        "--route", choices=ROUTE_CHOICES, default="lexical", help="by words (lexical) or by one low-tier model call (model)"
+    )
 
 
 def add_dag_actions(p: Parser) -> None:
@@ -494,7 +507,7 @@ def cmd_agents(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return ExitCode.OK
     if args.action == "route":
         definitions, _ = load_definitions(cwd, environ)
-        decision = route(args.task, definitions)
+        decision = routing_decision(args.task, definitions, cwd, environ, args.route)
         if args.json:
             emit(decision)
         else:

@@ -286,7 +286,9 @@ class InProcessTree:
             return f"max depth {caller.max_depth} reached: agent {caller.id} is at depth {caller.depth}"
         agent_type = str(tool_input.get("subagent_type") or "")
         if agent_type in self.schema_problems:
-            return f"definition {agent_type}'s schema can't be used: {self.schema_problems[agent_type]}; fix it (see 'spawn.py agents lint')"
+            return (
+                f"definition {agent_type}'s schema can't be used: {self.schema_problems[agent_type]}; fix it (see 'spawn.py agents lint')"
+            )
         definition = self.definitions.get(agent_type)
         needs = definition_needs(definition) if definition is not None else []
         try:

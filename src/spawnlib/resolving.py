@@ -88,6 +88,7 @@ from .core import (
 from .embedded import builtin_files, builtin_label
 from .errors import RefusedError, SpawnError, StateError, UsageError
 from .executors import executor_for
+from .model_router import ROUTE_MODEL_TIER, route_by_model
 from .placement import ENV_PLACEMENT, PlacementDecision, decide_placement, narrow_policy, parse_policy, process_needs
 from .processes import (
     _int_or_none,
@@ -439,7 +440,8 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     inh = inherited_context(environ, ancestry)
     warnings: list[str] = input_warnings
     depth = inh.depth + 1
-    definition, routing, yaml_problems = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None, [])
+    route_by = getattr(args, "route", None) or "lexical"
+    definition, routing, yaml_problems = choose_definition(args.agent, task, cwd, environ, route_by) if node is None else (None, None, [])
     warnings += yaml_problems
     node = node or node_of_definition(definition)
     if not args.dry_run and node.kind == "claude":
@@ -826,8 +828,18 @@ def unique_rules(rules: Iterable[Rule]) -> list[Rule]:
     return list({r.text: r for r in rules}.values())
 
 
+def routing_decision(
+    task: str, definitions: Mapping[str, AgentDefinition], cwd: Path, environ: Mapping[str, str], route_by: str
+) -> dict[str, Any]:
+    """--agent auto's decision: by words (agents.route), or with --route model by one low-tier model call."""
+    if route_by != "model":
+        return route(task, definitions)
+    model = resolve_model(ROUTE_MODEL_TIER, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), "the router's model")
+    return route_by_model(task, definitions, cli=find_cli(environ), model=model, cwd=cwd, environ=environ)
+
+
 def choose_definition(
-    name: str | None, task: str, cwd: Path, environ: Mapping[str, str]
+    name: str | None, task: str, cwd: Path, environ: Mapping[str, str], route_by: str = "lexical"
 ) -> tuple[AgentDefinition | None, dict[str, Any] | None, list[str]]:
     """The definition --agent names, or the one routing picks for --agent auto, and
     its YAML's problems (read with the 'key: value' fallback), each as FILE:LINE: text."""
@@ -838,7 +850,7 @@ def choose_definition(
     definitions, problems = load_definitions(cwd, environ)
     routing = None
     if name == "auto":
-        routing = route(task, definitions)
+        routing = routing_decision(task, definitions, cwd, environ, route_by)
         chosen = definitions[routing["chosen"]] if routing["chosen"] else None
     elif name not in definitions:
         # A file of that name that didn't parse: its own error, with its line, says why.

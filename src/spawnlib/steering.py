@@ -423,12 +423,12 @@ def send_message(agent_dir: Path, text: str, by: str | None) -> dict[str, Any]:
 def host_of(meta: AgentMeta) -> str:
     """The agent whose CLI runs an in-process agent: its nearest ancestor that is no subagent."""
     current, seen = meta, {meta.id}
-    while (current.placement or {}).get("backend") == "inprocess" and current.parent_id and current.parent_id not in seen:
-        seen.add(current.parent_id)
+    while (current.placement or {}).get("backend") == "inprocess" and (above := current.parent_id) and above not in seen:
+        seen.add(above)
         try:
-            current = load_meta(Path(meta.session) / AGENTS_DIR / current.parent_id)
+            current = load_meta(Path(meta.session) / AGENTS_DIR / above)
         except (OSError, SpawnError):
-            return current.parent_id
+            return above
     return current.id
 
 
@@ -436,7 +436,9 @@ def _outcome_of(agent_dir: Path, agent_id: str) -> FinishedError | None:
     with contextlib.suppress(SpawnError):
         outcome = read_outcome(agent_dir)
         if outcome is not None:
-            return FinishedError(agent_id, str(outcome.get("status")), str(outcome.get("reason") or ""), bool(outcome.get("sdk_session_id")))
+            return FinishedError(
+                agent_id, str(outcome.get("status")), str(outcome.get("reason") or ""), bool(outcome.get("sdk_session_id"))
+            )
     return None
 
 
