@@ -223,6 +223,11 @@ FORKSERVER_REQUEST_S = 5.0
 FORKSERVER_PENDING_MAX = 32
 
 
+def closed_unanswered(client_pid: int, why: str) -> None:
+    """Say in the server's log why a client was closed unanswered (it then takes the normal path)."""
+    print(f"fork server {os.getpid()}: closed client {client_pid} unanswered: {why}", flush=True)
+
+
 class PendingRequest:
     """A fork request being read: a 4-byte length, JSON, and the stdio fds (SCM_RIGHTS).
 
@@ -351,7 +356,9 @@ class ForkServerLoop:
         while self.root.alive():
             now = time.monotonic()
             for client in [c for c in self.pending.values() if c.deadline <= now]:
-                self.drop(client)
+                self.drop(
+                    client, f"its request was not whole {FORKSERVER_REQUEST_S:g} s after it connected ({len(client.data)} bytes came)"
+                )
             wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in self.pending.values())])
             for key, _events in self.selector.select(max(0.0, wait_s)):
                 if key.fileobj is self.server:
@@ -362,18 +369,21 @@ class ForkServerLoop:
     def read_from(self, client: PendingRequest) -> None:
         try:
             whole = client.feed()
-        except (OSError, ValueError):
-            self.drop(client)
+        except (OSError, ValueError) as exc:
+            self.drop(client, f"its request can't be read: {exc}")
             return
         if whole:
             self.selector.unregister(client.conn)
             del self.pending[client.conn]
-            with contextlib.suppress(OSError, ValueError, psutil.Error):
+            try:
                 self.serve(client)
+            except (OSError, ValueError, psutil.Error) as exc:
+                closed_unanswered(client.client_pid, f"{type(exc).__name__} while serving it: {str(exc)[:200]}")
             client.close()
 
-    def drop(self, client: PendingRequest) -> None:
+    def drop(self, client: PendingRequest, why: str) -> None:
         # Closed unanswered: that client takes the normal path.
+        closed_unanswered(client.client_pid, why)
         self.selector.unregister(client.conn)
         del self.pending[client.conn]
         client.close()
@@ -391,7 +401,18 @@ class ForkServerLoop:
         client_pid, client_uid, _gid = struct.unpack("3i", creds)
         # Another user's, or one inside an agent's sandbox (or unreadable),
         # whatever it says: what it spawns must stay in there, not be forked out.
-        if client_uid != os.getuid() or pid_namespace_of(client_pid) != self.namespace or len(self.pending) >= FORKSERVER_PENDING_MAX:
+        namespace = pid_namespace_of(client_pid)
+        why = (
+            f"its uid {client_uid} is not this server's"
+            if client_uid != os.getuid()
+            else f"its pid namespace {namespace} is not this server's {self.namespace}"
+            if namespace != self.namespace
+            else f"{FORKSERVER_PENDING_MAX} requests are being read already"
+            if len(self.pending) >= FORKSERVER_PENDING_MAX
+            else None
+        )
+        if why is not None:
+            closed_unanswered(client_pid, why)
             conn.close()
             return
         conn.setblocking(False)
