@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +16,7 @@ from conftest import (
     ROOT,
     MockModel,
     agent_dirs,
+    listen_unix,
     load,
     metas,
     mock_task,
@@ -313,3 +318,38 @@ def test_route_model_falls_back_to_the_lexical_router_and_says_why(base_env: dic
     assert offline.returncode == spawn.ExitCode.OK, offline.stderr
     decision = stdout_json(offline)
     assert decision["by"] == "lexical" and decision["chosen"] == lexical["chosen"] and "the model router failed" in decision["fallback"]
+
+
+# ------------------------------------------------------------- fork server --
+
+
+def test_a_whole_request_the_fork_server_was_slow_to_look_at_is_served_not_dropped(tmp_path: Path) -> None:
+    """Its read deadline is for a client that trickles: a request whose bytes all came while the
+    server was busy or starved (a loaded machine) is answered, and only a cut-off one is dropped."""
+    import psutil
+
+    listener = listen_unix(tmp_path / "forkserver.sock")
+    listener.setblocking(False)
+    me = psutil.Process()
+    meta = spawn.AgentMeta(
+        id="a0-abcdef", parent_id=None, depth=0, max_depth=2, pid=me.pid, create_time=me.create_time(), pgid=os.getpgid(0),
+        trace_id="0" * 32, span_id="1" * 16, traceparent="", task="t", tools=["Bash"], disallowed_tools=[], model="m",
+        cwd=str(tmp_path), started_at="", session=str(tmp_path), system_prompt="", deadline=None,
+    )  # fmt: skip
+    loop = spawn.ForkServerLoop(meta, None, listener)  # type: ignore[arg-type]  # no fork is served here
+    good = json.dumps({"argv": ["--task", "x"], "env": {}, "cwd": "/", "prefix": sys.prefix, "script": ["", 0, 0]}).encode()
+    replies = []
+    for payload in (len(good).to_bytes(4, "big") + good, len(good).to_bytes(4, "big") + good[:10]):
+        with socket.socket(socket.AF_UNIX) as client:
+            client.settimeout(10)
+            client.connect(listener.getsockname() or str(tmp_path / "forkserver.sock"))
+            socket.send_fds(client, [payload], [0, 1, 2])
+            loop.admit()
+            (pending,) = loop.pending.values()
+            pending.deadline = time.monotonic() - 1  # the server looks only now, past the deadline
+            loop.expire(pending)
+            replies.append(client.recv(1000))
+    assert b"refused" in replies[0], replies  # answered: the whole request was there
+    assert replies[1] == b""  # cut off: closed unanswered
+    assert not loop.pending
+    listener.close()

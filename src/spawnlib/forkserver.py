@@ -262,6 +262,16 @@ class PendingRequest:
             raise ValueError("no request's length")
         return len(self.data) == 4 + length
 
+    def feed_all(self) -> bool:
+        """feed() until nothing more has come; whether the request is whole."""
+        for _ in range(FORKSERVER_REQUEST_MAX >> 16):  # at most a whole request's worth of reads
+            before = len(self.data)
+            if self.feed():
+                return True
+            if len(self.data) == before:
+                return False
+        return False
+
     def request(self) -> dict[str, Any]:
         """The whole request, checked; ValueError for a malformed one (parse_json: deep is malformed)."""
         request = parse_json(bytes(self.data[4:]), FORKSERVER_REQUEST_MAX)
@@ -356,9 +366,7 @@ class ForkServerLoop:
         while self.root.alive():
             now = time.monotonic()
             for client in [c for c in self.pending.values() if c.deadline <= now]:
-                self.drop(
-                    client, f"its request was not whole {FORKSERVER_REQUEST_S:g} s after it connected ({len(client.data)} bytes came)"
-                )
+                self.expire(client)
             wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in self.pending.values())])
             for key, _events in self.selector.select(max(0.0, wait_s)):
                 if key.fileobj is self.server:
@@ -366,9 +374,26 @@ class ForkServerLoop:
                 else:
                     self.read_from(self.pending[key.fileobj])
 
-    def read_from(self, client: PendingRequest) -> None:
+    def expire(self, client: PendingRequest) -> None:
+        """A client at its deadline: served if its whole request has come meanwhile, else dropped.
+
+        The deadline is for a client that trickles, not for a server that was
+        slow to look (busy with another client, or starved on a loaded
+        machine): bytes already in the socket are read first.
+        """
         try:
-            whole = client.feed()
+            whole = client.feed_all()
+        except (OSError, ValueError) as exc:
+            self.drop(client, f"its request can't be read: {exc}")
+            return
+        if whole:
+            self.read_from(client, fed=True)
+        else:
+            self.drop(client, f"its request was not whole {FORKSERVER_REQUEST_S:g} s after it connected ({len(client.data)} bytes came)")
+
+    def read_from(self, client: PendingRequest, *, fed: bool = False) -> None:
+        try:
+            whole = fed or client.feed()
         except (OSError, ValueError) as exc:
             self.drop(client, f"its request can't be read: {exc}")
             return
