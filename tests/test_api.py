@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import json
@@ -26,6 +27,7 @@ from typing import Any
 
 import jsonschema
 import mock_model
+import psutil
 import pytest
 from conftest import ROOT, agent_dirs, alive, load, metas, mock_task, run_spawn, wait_for_path, wait_until_gone
 
@@ -325,29 +327,57 @@ def test_from_an_agents_bash_the_api_starts_children_within_its_limits(env: dict
     assert "api-result done child-saw-refusal" in transcripts[0]
 
 
-def test_an_interrupted_run_ends_its_agent_with_an_outcome(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("started_with", ["SIG_DFL", "SIG_IGN"])
+def test_an_interrupted_run_ends_its_agent_with_an_outcome(
+    env: dict[str, str], session_root: Path, tmp_path: Path, started_with: str
+) -> None:
     # As a notebook's interrupt: SIGINT to the Python process alone, not to its spawn.py.
+    # A notebook's kernel handles SIGINT whatever it inherited; a plain script started from
+    # a suite run with SIGINT ignored (nohup, `&` in a script, some CI shells) would
+    # inherit SIG_IGN and never see the interrupt, so it sets the handler as a kernel does.
     script = tmp_path / "notebook.py"
     script.write_text(
-        "import sys, spawn\n"
+        "import signal, sys, spawn\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "try:\n"
         f"    spawn.run({mock_task('to interrupt', ASLEEP)!r}, tools=['Read'])\n"
         "except KeyboardInterrupt:\n"
         "    print('interrupted')\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, str(script)], env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    # What the suite's shell passed down: an ignored signal stays ignored across exec.
+    launch = (
+        f"import os, signal, sys; signal.signal(signal.SIGINT, signal.{started_with}); "
+        f"os.execv(sys.executable, [sys.executable, {str(script)!r}])"
     )
-    limit = time.monotonic() + 60
-    while not list(session_root.glob("*/agents/*/heartbeat.json")):
-        assert time.monotonic() < limit and proc.poll() is None, "the agent never started"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", launch], env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        limit = time.monotonic() + 60
+        while not list(session_root.glob("*/agents/*/heartbeat.json")):
+            assert time.monotonic() < limit and proc.poll() is None, "the agent never started"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        end_with_its_runs(proc)
     assert out.strip() == "interrupted", err
     (agent_dir,) = agent_dirs(session_root)
     assert load(agent_dir / "outcome.json")["status"] == "interrupted"  # committed before run() gave up
     assert wait_until_gone([load(agent_dir / "meta.json")["pid"]], 30) == []
+
+
+def end_with_its_runs(proc: subprocess.Popen[str]) -> None:
+    """A test's Python process that is still running, ended with the spawn.py runs it started (their stop path ends their agents)."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(psutil.Error):
+        runs = psutil.Process(proc.pid).children()
+        for run in runs:
+            run.terminate()
+        psutil.wait_procs(runs, timeout=30)
+    proc.kill()
+    proc.communicate()
 
 
 def needs_steering_verbs(env: Mapping[str, str]) -> None:

@@ -172,7 +172,9 @@ def test_max_depth_2_withholds_the_agent_tool_at_depth_2(env: dict[str, str], se
     proc = run_spawn(["--task", root, "--tools", "Agent,Read", *INPROCESS, "--max-depth", "0"], env)
     (alone,) = requests_by_agent(mock_model.log)
     assert all("Agent" not in r["tools"] for r in alone)
-    assert len(agent_dirs(session_root)) == 4
+    # Its call anyway starts nothing: it is recorded as a refused child, as a process child's spawn would be.
+    assert len(agent_dirs(session_root)) == 5
+    assert sorted(load(d / "outcome.json")["status"] for d in agent_dirs(session_root))[-1] == "refused"
 
 
 def test_a_childs_deadline_and_budget_stop_it_at_the_next_boundary(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:

@@ -77,6 +77,7 @@ MODULES = (
     # policy: admission, definitions and rules, asks, budget and inbox
     "policy/admission",
     "policy/agents",
+    "policy/model_router",
     "policy/delegates",
     "policy/channel",
     "policy/steering",

@@ -19,6 +19,7 @@ from ..core.constants import (
     LIVENESS_POLL_S,
     META,
     REGISTER_WAIT_S,
+    ROUTE_CHOICES,
 )
 from ..core.errors import ExitCode, RefusedError, StateError, UsageError
 from ..core.output import emit, note, stdout_json_text
@@ -33,7 +34,6 @@ from ..policy.agents import (
     known_tools,
     load_definitions,
     parse_definition,
-    route,
 )
 from ..policy.channel import ask_socket_path, send_answer
 from ..run.claude import delegates_for
@@ -47,6 +47,7 @@ from ..run.resolving import (
     plan_run,
     register,
     resolve_resume,
+    routing_decision,
     wants_guard_above,
 )
 from ..run.runner import drop_refusal, export_trace, launch_background, record_refusal, refusal_outcome, run_agent, summary
@@ -172,6 +173,9 @@ def add_agents_actions(p: Parser) -> None:
     routing = sub.add_parser("route", help="which definition --agent auto would pick for TASK, and why; runs nothing")
     routing.add_argument("task", metavar="TASK")
     routing.add_argument("--json", action="store_true", help="the decision as JSON on stdout")
+    routing.add_argument(
+        "--route", choices=ROUTE_CHOICES, default="lexical", help="by words (lexical) or by one low-tier model call (model)"
+    )
 
 
 def add_dag_actions(p: Parser) -> None:
@@ -505,7 +509,7 @@ def cmd_agents(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return ExitCode.OK
     if args.action == "route":
         definitions, _ = load_definitions(cwd, environ)
-        decision = route(args.task, definitions)
+        decision = routing_decision(args.task, definitions, cwd, environ, args.route)
         if args.json:
             emit(decision)
         else:

@@ -18,6 +18,7 @@ from ..core.constants import (
     ENV_MODEL_TIERS,
     ENV_SESSION_ROOT,
     IDLE_TIMEOUT_S,
+    ROUTE_CHOICES,
     SANDBOX_CHOICES,
 )
 from ..core.errors import UsageError, did_you_mean
@@ -94,6 +95,12 @@ def build_run_parser() -> Parser:
     )
     agent.add_argument(
         "--agent", metavar="NAME|auto", help="use .claude/agents/NAME.md (project, then user, then built in); auto routes by description"
+    )
+    agent.add_argument(
+        "--route",
+        choices=ROUTE_CHOICES,
+        help="how --agent auto picks: by the descriptions' words (lexical, the default), or by one low-tier model call "
+        "over the names and descriptions (model; falls back to lexical offline or on error)",
     )
     agent.add_argument(
         "--schema", metavar="NAME|PATH|JSON", help="JSON Schema for the output: schemas/NAME.json (else built in), a file, or inline JSON"

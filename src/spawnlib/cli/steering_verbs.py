@@ -31,7 +31,7 @@ def add_steering_arguments(verb: str, p: Parser) -> None:
         p.description = (
             "Give a running agent a user message: it reads it at its next model request (or a turn reopened for it). "
             "An a2a node sends it on as the next message of its remote task. "
-            "Not from the agent itself or its subtree (exit 4); a finished agent: exit 1; a command node: exit 2."
+            "Not from the agent itself or its subtree (exit 4); a finished agent: exit 1; a command node or an in-process child: exit 2."
         )
         p.add_argument("id", metavar="ID")
         p.add_argument("text", metavar="TEXT", help="the message; '-' reads it from stdin")

@@ -188,10 +188,13 @@ MEMORY_HEAD_LINES = 200
 # Routing: below this BM25 score (about one distinctive word matched) the task
 # goes to the default agent. K1 and B are BM25's usual term-frequency
 # saturation and length normalisation.
+# --route: by the descriptions' words (agents.route), or by one low-tier model call (model_router).
+ROUTE_CHOICES = ("lexical", "model")
 ROUTE_THRESHOLD = 1.5
 ROUTE_K1 = 1.2
 ROUTE_B = 0.75
 ROUTE_NAME_WEIGHT = 1.5  # a word of the agent's name counts this much more
+ROUTE_WHEN_WEIGHT = 0.5  # a word of its "use when" clauses: a third of a name's bonus, a trigger is a looser summary
 # Words that say nothing about which agent fits, including the boilerplate of
 # public collections' <example> blocks (user:, assistant:, commentary:).
 ROUTE_STOPWORDS = frozenset(

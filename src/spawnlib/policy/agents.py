@@ -28,6 +28,7 @@ from ..core.constants import (
     ROUTE_NAME_WEIGHT,
     ROUTE_STOPWORDS,
     ROUTE_THRESHOLD,
+    ROUTE_WHEN_WEIGHT,
     SCHEMA_DIR,
     SPAWN_AGENT_FIELDS,
 )
@@ -718,24 +719,59 @@ def route_terms(text: str) -> list[str]:
     return [route_stem(w) for w in words if len(w) >= 2 and w not in ROUTE_STOPWORDS]
 
 
+def routed_text(task: str) -> str:
+    """What routing reads of a task: its words, not a scripted model's inline script."""
+    return task.split(" MOCK[", maxsplit=1)[0]
+
+
+# "Use this agent when ...", "Use PROACTIVELY after ...", "Use it for ...": a
+# description's trigger, the situations its author wants it picked for; and
+# "Do not use it for ...", the ones they don't. Each runs to its sentence's end.
+ROUTE_USE_WHEN = re.compile(
+    r"\b(?:(do not|don'?t|never|not)\s+)?use\s+(?:(?:this|the|it|agent|subagent|proactively|immediately|only|me)\s+)*"
+    r"(?:when|whenever|for|to|after|before|if|on)\b(.*?)(?:[.!?;]\s|\\n|\n|<example>|$)",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def use_when_terms(description: str) -> tuple[list[str], set[str]]:
+    """(terms of its "use when" clauses, terms only its "do not use" clauses name) (pure)."""
+    wanted: list[str] = []
+    unwanted: set[str] = set()
+    for match in ROUTE_USE_WHEN.finditer(description.split("<example>", 1)[0]):
+        terms = route_terms(match.group(2))
+        if match.group(1):
+            unwanted.update(terms)
+        else:
+            wanted += terms
+    return wanted, unwanted - set(wanted)
+
+
 def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, Any]:
     """Pick the definition that best matches the task (pure, deterministic).
 
     Each definition is a document: its name (split at hyphens), its
     description and its body's first paragraph; a word of the name also earns
-    a bonus, since a name is the most deliberate summary. Documents are ranked by BM25 over stems, so a word
+    a bonus, since a name is the most deliberate summary, and so does a word
+    of its "use when" clauses (the situations it is for), by less. A word
+    only its "do not use for" clauses name is left out: it says where the
+    agent is not wanted. Documents are ranked by BM25 over stems, so a word
     that every agent mentions counts little and long descriptions full of
     <example> blocks don't win by size. Below ROUTE_THRESHOLD the task goes to
     the default agent.
     """
     import math
 
-    task_terms = set(route_terms(task.split(" MOCK[", maxsplit=1)[0]))
+    task_terms = set(route_terms(routed_text(task)))
     docs: dict[str, list[str]] = {}
     names: dict[str, set[str]] = {}
+    triggers: dict[str, set[str]] = {}
     for name, d in sorted(definitions.items()):
         names[name] = set(route_terms(name))
-        docs[name] = route_terms(name) + route_terms(d.description) + route_terms(first_paragraph(d.prompt))
+        wanted, unwanted = use_when_terms(d.description)
+        triggers[name] = set(wanted)
+        doc = route_terms(name) + route_terms(d.description) + route_terms(first_paragraph(d.prompt))
+        docs[name] = [t for t in doc if t not in unwanted]
     n = len(docs)
     avg_len = sum(map(len, docs.values())) / n if n else 1.0
     holders = {t: sum(1 for doc in docs.values() if t in doc) for t in task_terms}
@@ -750,6 +786,8 @@ def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, An
             score += idf * tf * (ROUTE_K1 + 1) / (tf + ROUTE_K1 * (1 - ROUTE_B + ROUTE_B * len(doc) / (avg_len or 1.0)))
             if term in names[name]:
                 score += idf * ROUTE_NAME_WEIGHT  # outside BM25's saturation: a name is a deliberate summary
+            if term in triggers[name]:
+                score += idf * ROUTE_WHEN_WEIGHT  # and so, less, is the situation its author says to use it in
             matched.append(term)
         scored.append((round(score, 3), name, matched))
     scored.sort(key=lambda c: (-c[0], c[1]))
@@ -760,8 +798,14 @@ def route(task: str, definitions: Mapping[str, AgentDefinition]) -> dict[str, An
 
 def describe_routing(routing: Mapping[str, Any]) -> str:
     scores = ", ".join(f"{c['name']} {c['score']} ({' '.join(c['matched']) or '-'})" for c in routing["candidates"][:3])
+    if routing.get("by") == "model":
+        chosen = routing["chosen"] or "the default agent"
+        return (
+            f"routed to {chosen} by the model ({routing.get('model')}): {routing.get('reason') or '(no reason given)'}; by words: {scores}"
+        )
     chosen = routing["chosen"] or f"the default agent: no candidate reached the confidence threshold {routing['threshold']}"
-    return f"routed to {chosen}; top candidates: {scores}"
+    fallback = f"{routing['fallback']}; " if routing.get("fallback") else ""
+    return f"{fallback}routed to {chosen}; top candidates: {scores}"
 
 
 def _line_of(key: str, frontmatter: str) -> int:

@@ -99,11 +99,10 @@ TURN_CHECK_WAIT_S = 5.0
 class FinishedError(SpawnError):
     """The agent has an outcome: it takes no more messages (exit 1)."""
 
-    def __init__(self, agent_id: str, status: str, reason: str) -> None:
-        super().__init__(
-            f"agent {agent_id} has finished ({status}: {reason[:200]}); it takes no more messages. "
-            f"Continue its conversation with 'spawn.py --resume {agent_id} --task TEXT'"
-        )
+    def __init__(self, agent_id: str, status: str, reason: str, resumable: bool = True) -> None:
+        # Only an outcome with an SDK session can be resumed (an in-process agent's never has one).
+        then = f"Continue its conversation with 'spawn.py --resume {agent_id} --task TEXT'" if resumable else "Start a new agent"
+        super().__init__(f"agent {agent_id} has finished ({status}: {reason[:200]}); it takes no more messages. {then}")
         self.status = status
 
 
@@ -379,6 +378,14 @@ def send_message(agent_dir: Path, text: str, by: str | None) -> dict[str, Any]:
             f"agent {meta.id} is a command node: a command reads its one task on stdin and takes no messages; "
             "kill it and spawn another with the new task"
         )
+    if (meta.placement or {}).get("backend") == "inprocess":
+        # A Claude Code subagent has no stdin of its own: nothing can reach its turn but its own tool results.
+        raise UsageError(
+            f"agent {meta.id} runs in-process, a Claude Code subagent inside its host {host_of(meta)}'s CLI, and no message "
+            f"can reach a subagent's turn: it was not sent. Send it to the host ('spawn.py send {host_of(meta)} TEXT': it reads "
+            f"it at its next model request, once this child has answered), or 'spawn.py kill {meta.id}' to end the child at its "
+            "next tool call; children started with --placement local take messages"
+        )
     path = agent_dir / INBOX_SOCKET
     limit = time.monotonic() + INBOX_WAIT_S
     while True:
@@ -415,11 +422,25 @@ def send_message(agent_dir: Path, text: str, by: str | None) -> dict[str, Any]:
     return {"id": meta.id, "seq": said.get("queued"), "delivery": said.get("delivery")}
 
 
+def host_of(meta: AgentMeta) -> str:
+    """The agent whose CLI runs an in-process agent: its nearest ancestor that is no subagent."""
+    current, seen = meta, {meta.id}
+    while (current.placement or {}).get("backend") == "inprocess" and (above := current.parent_id) and above not in seen:
+        seen.add(above)
+        try:
+            current = load_meta(Path(meta.session) / AGENTS_DIR / above)
+        except (OSError, SpawnError):
+            return above
+    return current.id
+
+
 def _outcome_of(agent_dir: Path, agent_id: str) -> FinishedError | None:
     with contextlib.suppress(SpawnError):
         outcome = read_outcome(agent_dir)
         if outcome is not None:
-            return FinishedError(agent_id, str(outcome.get("status")), str(outcome.get("reason") or ""))
+            return FinishedError(
+                agent_id, str(outcome.get("status")), str(outcome.get("reason") or ""), bool(outcome.get("sdk_session_id"))
+            )
     return None
 
 
@@ -608,6 +629,9 @@ class BudgetPause:
         """The run's stop path (failed): a pause that nears the hook's timeout ends the agent."""
         self.stopped: Callable[[], bool] = lambda: False
         """Whether the run is being stopped (its stop_reason is set): then nothing resumes."""
+        self.companions: Callable[[], Sequence[tuple[str, Path]]] = lambda: ()
+        """The agents running inside this one's CLI (in-process children, by id and directory): a pause holds them too."""
+        self.marked: list[Path] = []
 
     @property
     def is_paused(self) -> bool:
@@ -644,6 +668,12 @@ class BudgetPause:
         self.resumed.clear()
         with contextlib.suppress(OSError):
             write_json_atomic(self.agent_dir / PAUSED, record_to_json(self.paused))
+        # Its in-process children make no tool call, and so no request, while the CLI's hooks wait: paused too.
+        for child_id, child_dir in self.companions():
+            held = dataclasses.replace(self.paused, id=child_id, reason=f"its host {self.meta.id}'s CLI is paused: {self.paused.reason}")
+            with contextlib.suppress(OSError):
+                write_json_atomic(child_dir / PAUSED, record_to_json(held))
+                self.marked.append(child_dir)
         message = {k: v for k, v in record_to_json(self.paused).items() if k in ("reason", "spent_usd", "hold_usd", "needed_usd")}
         self._line(PAUSED_LINE, message)
         self.poller = asyncio.ensure_future(self._poll())
@@ -673,8 +703,7 @@ class BudgetPause:
             return
         paused_s = round(time.monotonic() - self.paused_at, 3)
         self.paused = None
-        with contextlib.suppress(OSError):
-            (self.agent_dir / PAUSED).unlink()
+        self.unmark()
         ledger = read_ledger(self.session)
         hold = ledger.holds.get(self.meta.id, (None, 0.0))[1]
         self._line(RESUMED_LINE, {"paused_s": paused_s, "hold_usd": round_usd(hold), "topped_up_usd": round_usd(topped)})
@@ -699,10 +728,16 @@ class BudgetPause:
             self.poller.cancel()
         if self.paused is not None:
             self.paused = None
-            with contextlib.suppress(OSError):
-                (self.agent_dir / PAUSED).unlink()
+            self.unmark()
         self.stopping = True  # a hook asked from here on answers "stop" too
         self.resumed.set()
+
+    def unmark(self) -> None:
+        """The pause's records go: its own and its in-process children's."""
+        for folder in [self.agent_dir, *self.marked]:
+            with contextlib.suppress(OSError):
+                (folder / PAUSED).unlink()
+        self.marked = []
 
     async def pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
         """The CLI's PreToolUse hook: answer once the agent may take its next turn."""
@@ -787,6 +822,8 @@ async def open_steering(meta: AgentMeta, agent_dir: Path, state: Any, secrets_: 
     if meta.on_budget == "pause" and meta.kind == "claude":
         state.pause = BudgetPause(meta, agent_dir, secrets_)
         state.pause.stopped = lambda: state.stop_reason is not None
+        if state.in_process is not None:
+            state.pause.companions = state.in_process.running_children
         if state.request_stop is not None:
             state.pause.on_fail = lambda why: state.request_stop(Status.FAILED, why)
 

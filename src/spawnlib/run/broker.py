@@ -70,8 +70,10 @@ REPLY_SUFFIX = ".reply.json"
 # The run path's flags a brokered spawn may pass, and whether each takes a
 # value. Left out: what would let the child, running outside the sandbox,
 # write or run where the agent's Bash can't (--output FILE, --cwd, --session,
-# --resume, --no-settings, a definition or schema by path: the spawn.py in
-# the sandbox inlines the files it reads), and root-only flags.
+# --no-settings, a definition or schema by path: the spawn.py in the sandbox
+# inlines the files it reads), and root-only flags. --resume passes with an
+# agent id of the agent's own session whose cwd is within its own
+# (resumed_problem): the resumed agent runs in the original's cwd.
 BROKER_FLAGS: Mapping[str, bool] = {
     "--task": True,
     "--topic": True,
@@ -83,6 +85,7 @@ BROKER_FLAGS: Mapping[str, bool] = {
     "--ask": True,
     "--model": True,
     "--agent": True,
+    "--route": True,
     "--schema": True,
     "--system-prompt": True,
     "--preset": True,
@@ -97,7 +100,8 @@ BROKER_FLAGS: Mapping[str, bool] = {
     "--no-wait": False,
     "--parent-trace": True,
     "--background": False,
-    "--print": False,
+    "--print": True,
+    "--resume": True,
     "--traceback": False,
 }
 # Files the sandboxed spawn.py reads itself and passes inline: the runner
@@ -144,6 +148,8 @@ def checked_run_argv(argv: Sequence[str]) -> list[str] | str:
             return "--agent takes a definition's name here, never a path or a node reference"
         if name == "--schema" and not (PLAIN_NAME.fullmatch(value or "") or (value or "").lstrip().startswith("{")):
             return "--schema takes a schema's name or inline JSON here"
+        if name == "--resume" and not AGENT_ID.fullmatch(value or ""):
+            return "--resume takes an agent id here (a1-0123ab...), never a path"
         if name == "--sandbox" and value == "off":
             value = "auto"
         out += [name] if value is None else [name, value]
@@ -180,8 +186,27 @@ def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], str] | str:
     checked = checked_run_argv(argv)
     if isinstance(checked, str):
         return checked
-    problem = writable_definition_problem(checked, cwd, homes, os.environ)
+    problem = writable_definition_problem(checked, cwd, homes, os.environ) or resumed_problem(checked, meta, homes)
     return problem if problem is not None else (checked, cwd)
+
+
+def resumed_problem(argv: Sequence[str], meta: AgentMeta, homes: Sequence[str]) -> str | None:
+    """Why the agent a brokered --resume names can't be resumed for a sandboxed agent, or None.
+
+    The resumed agent runs in the original's cwd, outside the sandbox: only
+    an agent of the caller's own session that worked within the caller's
+    own cwd may be continued from it.
+    """
+    ids = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--resume"]
+    for agent_id in ids:
+        try:
+            original = load_meta(Path(meta.session) / AGENTS_DIR / agent_id)
+        except (OSError, SpawnError):
+            return f"--resume {agent_id}: no such agent in this agent's session {meta.session}"
+        cwd = os.path.realpath(original.cwd)
+        if not any(cwd == h or cwd.startswith(h.rstrip("/") + "/") for h in homes):
+            return f"--resume {agent_id}: it ran in {original.cwd}, outside this sandboxed agent's working directory {meta.cwd}"
+    return None
 
 
 def checked_wait_argv(argv: Sequence[str]) -> list[str] | str:

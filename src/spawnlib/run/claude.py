@@ -37,6 +37,7 @@ from ..core.errors import ExitCode, SpawnError
 from ..core.output import note
 from ..core.pure import (
     briefing,
+    canonical_tool,
     claude_config_dir,
     cli_settings,
     estimate_cost,
@@ -92,7 +93,7 @@ from ..session.protocol import (
 )
 from ..supervise.fast_start import uv_shim_folder
 from ..supervise.supervisor import Supervised, child_running, procfs_is_ours, runner_index_dir
-from .inprocess import in_process_hooks, subagent_definitions, withheld_agent_tool
+from .inprocess import AGENT_TOOL, in_process_hooks, subagent_definitions, withheld_agent_tool
 from .running import RunState, SdkLoader, api_host, child_environment, import_sdk, message_record, spawn_command
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
@@ -435,6 +436,8 @@ class PermissionGate:
         self.own = list(dict.fromkeys([*own, *map(os.path.realpath, own)]))
         # What the agent's Bash inherits: the CLI gets os.environ plus this.
         self.shell_env = {**os.environ, **child_environment(meta, agent_dir)}
+        self.agent_call_check: Callable[[Mapping[str, Any], str | None], str | None] | None = None
+        """With in-process children: why an Agent call its rules allow can't start one (InProcessTree.host_agent_call)."""
 
     async def pre_tool_use(self, hook_input: Any, tool_use_id: str | None, context: Any) -> Any:
         tool = str(hook_input.get("tool_name", ""))
@@ -448,6 +451,10 @@ class PermissionGate:
         decided_by = "rules"
         if verdict == "ask":
             verdict, decided_by = await self.escalate(tool, tool_input, rule or "")
+        if verdict == "allow" and self.agent_call_check is not None and canonical_tool(tool) == AGENT_TOOL:
+            refused = self.agent_call_check(tool_input, tool_use_id)  # recorded as the refusal it is, not as allowed
+            if refused is not None:
+                verdict, rule, decided_by = "deny", refused, "placement"
         record = {
             "tool": tool,
             "input": summarize_input(tool_input),
@@ -734,6 +741,7 @@ async def run_sdk(
             **native_subagent_hooks(sdk, agent_dir, secrets_),
         }
     else:  # its subagents are its in-process children: governed, not only recorded
+        plan.gate.agent_call_check = state.in_process.host_agent_call
         hooks = in_process_hooks(sdk, state.in_process, plan.gate.pre_tool_use, timeout)
     # --on-budget pause waits in a PreToolUse matcher of its own (its own timeout: a pause outlasts an ask).
     hooks["PreToolUse"] = [*hooks.get("PreToolUse", []), *pause_hooks(sdk, state.pause)]
@@ -780,7 +788,10 @@ async def consume_sdk(
         first()
         state.last_activity = time.time()
         # Past the cap a claude agent goes on unrecorded: its outcome says so.
-        append_transcript(transcript, message_record(message), secrets_)
+        record = message_record(message)
+        append_transcript(transcript, record, secrets_)
+        if state.in_process is not None:
+            state.in_process.observe(record["type"], record["message"])
         if isinstance(message, sdk.SystemMessage) and message.subtype == "init":
             remember_cli_tools(message.data, os.environ)
         if isinstance(message, AssistantMessage):

@@ -225,6 +225,11 @@ FORKSERVER_REQUEST_S = 5.0
 FORKSERVER_PENDING_MAX = 32
 
 
+def closed_unanswered(client_pid: int, why: str) -> None:
+    """Say in the server's log why a client was closed unanswered (it then takes the normal path)."""
+    print(f"fork server {os.getpid()}: closed client {client_pid} unanswered: {why}", flush=True)
+
+
 class PendingRequest:
     """A fork request being read: a 4-byte length, JSON, and the stdio fds (SCM_RIGHTS).
 
@@ -258,6 +263,16 @@ class PendingRequest:
         if length > FORKSERVER_REQUEST_MAX or len(self.data) > 4 + length:
             raise ValueError("no request's length")
         return len(self.data) == 4 + length
+
+    def feed_all(self) -> bool:
+        """feed() until nothing more has come; whether the request is whole."""
+        for _ in range(FORKSERVER_REQUEST_MAX >> 16):  # at most a whole request's worth of reads
+            before = len(self.data)
+            if self.feed():
+                return True
+            if len(self.data) == before:
+                return False
+        return False
 
     def request(self) -> dict[str, Any]:
         """The whole request, checked; ValueError for a malformed one (parse_json: deep is malformed)."""
@@ -353,7 +368,7 @@ class ForkServerLoop:
         while self.root.alive():
             now = time.monotonic()
             for client in [c for c in self.pending.values() if c.deadline <= now]:
-                self.drop(client)
+                self.expire(client)
             wait_s = min([FORKSERVER_POLL_S, *(c.deadline - now for c in self.pending.values())])
             for key, _events in self.selector.select(max(0.0, wait_s)):
                 if key.fileobj is self.server:
@@ -361,21 +376,41 @@ class ForkServerLoop:
                 else:
                     self.read_from(self.pending[key.fileobj])
 
-    def read_from(self, client: PendingRequest) -> None:
+    def expire(self, client: PendingRequest) -> None:
+        """A client at its deadline: served if its whole request has come meanwhile, else dropped.
+
+        The deadline is for a client that trickles, not for a server that was
+        slow to look (busy with another client, or starved on a loaded
+        machine): bytes already in the socket are read first.
+        """
         try:
-            whole = client.feed()
-        except (OSError, ValueError):
-            self.drop(client)
+            whole = client.feed_all()
+        except (OSError, ValueError) as exc:
+            self.drop(client, f"its request can't be read: {exc}")
+            return
+        if whole:
+            self.read_from(client, fed=True)
+        else:
+            self.drop(client, f"its request was not whole {FORKSERVER_REQUEST_S:g} s after it connected ({len(client.data)} bytes came)")
+
+    def read_from(self, client: PendingRequest, *, fed: bool = False) -> None:
+        try:
+            whole = fed or client.feed()
+        except (OSError, ValueError) as exc:
+            self.drop(client, f"its request can't be read: {exc}")
             return
         if whole:
             self.selector.unregister(client.conn)
             del self.pending[client.conn]
-            with contextlib.suppress(OSError, ValueError, psutil.Error):
+            try:
                 self.serve(client)
+            except (OSError, ValueError, psutil.Error) as exc:
+                closed_unanswered(client.client_pid, f"{type(exc).__name__} while serving it: {str(exc)[:200]}")
             client.close()
 
-    def drop(self, client: PendingRequest) -> None:
+    def drop(self, client: PendingRequest, why: str) -> None:
         # Closed unanswered: that client takes the normal path.
+        closed_unanswered(client.client_pid, why)
         self.selector.unregister(client.conn)
         del self.pending[client.conn]
         client.close()
@@ -393,7 +428,18 @@ class ForkServerLoop:
         client_pid, client_uid, _gid = struct.unpack("3i", creds)
         # Another user's, or one inside an agent's sandbox (or unreadable),
         # whatever it says: what it spawns must stay in there, not be forked out.
-        if client_uid != os.getuid() or pid_namespace_of(client_pid) != self.namespace or len(self.pending) >= FORKSERVER_PENDING_MAX:
+        namespace = pid_namespace_of(client_pid)
+        why = (
+            f"its uid {client_uid} is not this server's"
+            if client_uid != os.getuid()
+            else f"its pid namespace {namespace} is not this server's {self.namespace}"
+            if namespace != self.namespace
+            else f"{FORKSERVER_PENDING_MAX} requests are being read already"
+            if len(self.pending) >= FORKSERVER_PENDING_MAX
+            else None
+        )
+        if why is not None:
+            closed_unanswered(client_pid, why)
             conn.close()
             return
         conn.setblocking(False)

@@ -70,6 +70,9 @@ AGENT_TOOL = "Agent"
 SUBAGENT_TRANSCRIPT = "subagent.jsonl"  # the CLI's own transcript of an in-process agent, copied at its end
 SUBAGENT_SCHEMA_RETRIES = 2  # answers refused for their schema before the agent fails, as the CLI's StructuredOutput retries
 GENERAL_PURPOSE = "general-purpose"
+# The CLI's tool result for a call of a tool it doesn't offer (measured on 2.1.329): at the
+# depth limit that is an Agent call spawn.py never sees in a hook, only in the stream.
+NO_SUCH_TOOL = "No such tool available"
 
 
 @dataclass
@@ -102,11 +105,17 @@ class InProcessTree:
     schemas: Mapping[str, tuple[dict[str, Any], str]]
     """Each definition's schema, resolved (NAME, path or inline) by the host's runner."""
     shell_env: Mapping[str, str]
+    schema_problems: Mapping[str, str] = field(default_factory=dict)
+    """A definition whose schema doesn't load: only an Agent call of that type is refused, with this."""
     home: str = field(default_factory=lambda: os.environ.get("HOME") or str(Path.home()))
     pending: collections.deque[tuple[str | None, str, dict[str, Any]]] = field(default_factory=collections.deque)
     """Agent calls let through, not yet matched to a SubagentStart: (caller's native id, tool_use_id, input)."""
     children: dict[str, InProcessChild] = field(default_factory=dict)
     """By the CLI's agent_id."""
+    started_by: dict[str, InProcessChild] = field(default_factory=dict)
+    """By the tool_use_id of the Agent call that started it: the stream's parent_tool_use_id of its messages."""
+    agent_calls: dict[str, tuple[str | None, dict[str, Any]]] = field(default_factory=dict)
+    """Agent calls seen in the stream, not yet answered: (the caller's parent_tool_use_id, input), by tool_use_id."""
 
     # ------------------------------------------------------------ the hooks --
 
@@ -126,14 +135,16 @@ class InProcessTree:
             self.end(child, status, reason)
             return end_turn(f"stopped by spawn.py: {reason}")
         verdict, rule, by = await self.permission(child, tool, tool_input)
+        if verdict == "allow" and canonical_tool(tool) == AGENT_TOOL:
+            # One audit line per call, saying what happened: a call its rules allowed but
+            # its placement refuses is recorded as that refusal, never as allowed.
+            refused = self.agent_call_problem(child.meta, tool_input)
+            if refused is not None:
+                verdict, rule, by = "deny", refused, "placement"
         self.record_decision(child, tool, tool_input, rule=rule, verdict=verdict, by=by, tool_use_id=tool_use_id)
         if verdict != "allow":
             return deny_call(f"denied by spawn.py ({by}): {rule}")
         if canonical_tool(tool) == AGENT_TOOL:
-            refused = self.agent_call_problem(child.meta, tool_input)
-            if refused is not None:
-                self.record_decision(child, tool, tool_input, rule=refused, verdict="deny", by="placement", tool_use_id=tool_use_id)
-                return deny_call(f"denied by spawn.py (placement): {refused}")
             self.pending.append((native_id, str(tool_use_id or ""), dict(tool_input)))
         return {}
 
@@ -150,11 +161,13 @@ class InProcessTree:
         native_id = str(hook_input.get("agent_id") or "")
         if not native_id or native_id in self.children:
             return {}
-        caller, _, tool_input = self.pending.popleft() if self.pending else (None, "", {})
+        caller, call_id, tool_input = self.pending.popleft() if self.pending else (None, "", {})
         parent = self.children[caller].meta if caller in self.children else self.host
         agent_type = str(hook_input.get("agent_type") or tool_input.get("subagent_type") or GENERAL_PURPOSE)
         child = self.register(parent, native_id, agent_type, tool_input)
         self.children[native_id] = child
+        if call_id:
+            self.started_by[call_id] = child
         self.locate_transcripts(str(hook_input.get("transcript_path") or ""))
         return {}
 
@@ -183,6 +196,37 @@ class InProcessTree:
         else:
             child.finished = (Status.DONE, "completed", output, [])
         return {}
+
+    def observe(self, kind: str, message: Mapping[str, Any]) -> None:
+        """The host's message stream, which carries its subagents' turns too (parent_tool_use_id).
+
+        An Agent call at the depth limit never reaches a hook: the CLI offers
+        no Agent tool there and answers the call itself. It is recorded here,
+        as a refused child, as a process child's spawn past the limit is.
+        """
+        blocks = message.get("content")
+        if not isinstance(blocks, list):
+            return
+        above = message.get("parent_tool_use_id")
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            if kind == "AssistantMessage" and block.get("name") == AGENT_TOOL and isinstance(block.get("id"), str):
+                self.agent_calls[block["id"]] = (above if isinstance(above, str) else None, dict(block.get("input") or {}))
+            elif kind == "UserMessage" and isinstance(block.get("tool_use_id"), str):
+                call = self.agent_calls.pop(block["tool_use_id"], None)
+                if call is not None and block.get("is_error") and NO_SUCH_TOOL in str(block.get("content")):
+                    self.record_unoffered(*call)
+
+    def record_unoffered(self, above: str | None, tool_input: Mapping[str, Any]) -> None:
+        """An Agent call the CLI answered "no such tool": a refused child when its caller is at the depth limit."""
+        self.flush()
+        caller = self.host if above is None else (self.started_by[above].meta if above in self.started_by else None)
+        if caller is None or caller.depth < caller.max_depth:
+            return  # not for its depth: the caller was never given the Agent tool at all
+        refusal = f"depth limit: this agent would be at depth {caller.depth + 1}, the tree's max depth is {caller.max_depth}"
+        agent_type = str(tool_input.get("subagent_type") or GENERAL_PURPOSE)
+        self.register(caller, "", agent_type, tool_input, refusal=refusal)
 
     # ------------------------------------------------------------ the limits --
 
@@ -240,7 +284,12 @@ class InProcessTree:
         """Why caller's Agent call can't start an in-process child, or None."""
         if caller.depth + 1 > caller.max_depth:
             return f"max depth {caller.max_depth} reached: agent {caller.id} is at depth {caller.depth}"
-        definition = self.definitions.get(str(tool_input.get("subagent_type") or ""))
+        agent_type = str(tool_input.get("subagent_type") or "")
+        if agent_type in self.schema_problems:
+            return (
+                f"definition {agent_type}'s schema can't be used: {self.schema_problems[agent_type]}; fix it (see 'spawn.py agents lint')"
+            )
+        definition = self.definitions.get(agent_type)
         needs = definition_needs(definition) if definition is not None else []
         try:
             decide_placement(self.policy, needs, by_agent_tool=True, is_root=False)
@@ -253,14 +302,15 @@ class InProcessTree:
 
     # ------------------------------------------------------------ records --
 
-    def register(self, parent: AgentMeta, native_id: str, agent_type: str, tool_input: Mapping[str, Any]) -> InProcessChild:
-        """Make a started subagent an agent of the session: its directory and meta.json."""
+    def register(
+        self, parent: AgentMeta, native_id: str, agent_type: str, tool_input: Mapping[str, Any], refusal: str | None = None
+    ) -> InProcessChild:
+        """Make a started subagent an agent of the session: its directory and meta.json (refused: with its outcome too)."""
         definition = self.definitions.get(agent_type)
         meta = child_meta(parent, self.host, definition, tool_input, now=time.time(), schema_of=self.schemas.get(agent_type))
         decision = decide_placement(self.policy, [], by_agent_tool=True, is_root=False)
-        meta.placement = PlacementDecision(
-            decision.backend, f"{decision.reason} (Claude Code agent {native_id}, {agent_type})", decision.policy
-        ).as_record()
+        started = f"Claude Code agent {native_id}" if native_id else "never started by Claude Code"
+        meta.placement = PlacementDecision(decision.backend, f"{decision.reason} ({started}, {agent_type})", decision.policy).as_record()
         session = Path(meta.session)
         # No admission to the tree's budget and no hold of its own: what it
         # spends is spent by its host's CLI, inside the host's hold (and that
@@ -268,11 +318,8 @@ class InProcessTree:
         # at its tool calls (stop_reason). The session's agent cap counts it.
         with session_lock(session):
             cap = read_limits(session).max_agents
-            refusal = (
-                f"agents: the session already has {cap} agents (--max-agents {cap})"
-                if cap is not None and counted_agents(session) >= cap
-                else None
-            )
+            if refusal is None and cap is not None and counted_agents(session) >= cap:
+                refusal = f"agents: the session already has {cap} agents (--max-agents {cap})"
             meta.id, agent_dir = create_agent_dir(session, meta.depth)
         publish_once(agent_dir / META, redacted_json(record_to_json(meta), self.secrets, indent=2).encode())  # a fresh directory: first
         rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in ("allow", "deny", "ask")))
@@ -346,6 +393,10 @@ class InProcessTree:
         if outcome.cost_usd is not None and spent:
             outcome.cost_usd = round(max(0.0, outcome.cost_usd - spent), 6)
 
+    def running_children(self) -> list[tuple[str, Path]]:
+        """(id, directory) of each in-process agent with no outcome yet."""
+        return [(c.meta.id, c.agent_dir) for c in self.children.values() if not c.ended and c.finished is None]
+
     def flush(self) -> None:
         """Commit the outcomes SubagentStop decided, now that the CLI has written their transcripts."""
         for child in self.children.values():
@@ -386,12 +437,7 @@ def in_process_hooks(sdk: Any, tree: InProcessTree, gate: Hook, timeout: float) 
         verdict = await tree.pre_tool_use(hook_input, tool_use_id)
         if verdict is not None:
             return verdict
-        verdict = await gate(hook_input, tool_use_id, context)
-        if not verdict and hook_input.get("tool_name") == AGENT_TOOL:
-            refused = tree.host_agent_call(hook_input.get("tool_input") or {}, tool_use_id)
-            if refused is not None:
-                return deny_call(f"denied by spawn.py (placement): {refused}")
-        return verdict
+        return await gate(hook_input, tool_use_id, context)  # its Agent calls: the gate asks host_agent_call
 
     async def start(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
         return await tree.subagent_start(hook_input)
@@ -417,9 +463,20 @@ def in_process_tree(
     if policy not in IN_PROCESS_POLICIES:
         return None
     definitions = file_definitions(Path(meta.cwd), os.environ)
-    schemas = {name: load_schema(d.schema) for name, d in definitions.items() if d.schema}
+    # Checked before the CLI starts, each on its own: one broken definition
+    # refuses the Agent calls that name it, never the host's whole run.
+    schemas: dict[str, tuple[dict[str, Any], str]] = {}
+    problems: dict[str, str] = {}
+    for name, d in definitions.items():
+        if d.schema:
+            try:
+                schemas[name] = load_schema(d.schema)
+            except SpawnError as exc:
+                problems[name] = exc.message
+    for name, problem in problems.items():
+        note(f"warning: definition {name} ({definitions[name].path}): {problem}; an Agent call of type {name} is refused")
     shell_env = {**os.environ, **child_environment(meta, agent_dir)}  # what the host's Bash, and its subagents', inherit
-    return InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, schemas, shell_env)
+    return InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, schemas, shell_env, schema_problems=problems)
 
 
 def file_definitions(cwd: Path, environ: Mapping[str, str]) -> dict[str, AgentDefinition]:

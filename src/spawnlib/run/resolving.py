@@ -90,6 +90,7 @@ from ..policy.agents import (
     route,
 )
 from ..policy.channel import confirm_spawn
+from ..policy.model_router import ROUTE_MODEL_TIER, route_by_model
 from ..policy.steering import ENV_ON_BUDGET, ON_BUDGET_DEFAULT, ancestry_on_budget, narrow_on_budget, wait_while_paused
 from ..session.protocol import (
     AGENTS_DIR,
@@ -441,7 +442,8 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     inh = inherited_context(environ, ancestry)
     warnings: list[str] = input_warnings
     depth = inh.depth + 1
-    definition, routing, yaml_problems = choose_definition(args.agent, task, cwd, environ) if node is None else (None, None, [])
+    route_by = getattr(args, "route", None) or "lexical"
+    definition, routing, yaml_problems = choose_definition(args.agent, task, cwd, environ, route_by) if node is None else (None, None, [])
     warnings += yaml_problems
     node = node or node_of_definition(definition)
     if not args.dry_run and node.kind == "claude":
@@ -828,8 +830,18 @@ def unique_rules(rules: Iterable[Rule]) -> list[Rule]:
     return list({r.text: r for r in rules}.values())
 
 
+def routing_decision(
+    task: str, definitions: Mapping[str, AgentDefinition], cwd: Path, environ: Mapping[str, str], route_by: str
+) -> dict[str, Any]:
+    """--agent auto's decision: by words (agents.route), or with --route model by one low-tier model call."""
+    if route_by != "model":
+        return route(task, definitions)
+    model = resolve_model(ROUTE_MODEL_TIER, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), "the router's model")
+    return route_by_model(task, definitions, cli=find_cli(environ), model=model, cwd=cwd, environ=environ)
+
+
 def choose_definition(
-    name: str | None, task: str, cwd: Path, environ: Mapping[str, str]
+    name: str | None, task: str, cwd: Path, environ: Mapping[str, str], route_by: str = "lexical"
 ) -> tuple[AgentDefinition | None, dict[str, Any] | None, list[str]]:
     """The definition --agent names, or the one routing picks for --agent auto, and
     its YAML's problems (read with the 'key: value' fallback), each as FILE:LINE: text."""
@@ -840,7 +852,7 @@ def choose_definition(
     definitions, problems = load_definitions(cwd, environ)
     routing = None
     if name == "auto":
-        routing = route(task, definitions)
+        routing = routing_decision(task, definitions, cwd, environ, route_by)
         chosen = definitions[routing["chosen"]] if routing["chosen"] else None
     elif name not in definitions:
         # A file of that name that didn't parse: its own error, with its line, says why.
@@ -889,7 +901,15 @@ def resolve_resume(args: argparse.Namespace, environ: Mapping[str, str]) -> Agen
 
 
 def place_resumed(plan: Plan, original: AgentMeta) -> None:
-    """A resumed agent sits under the original's parent in its session, unless an agent is the caller."""
+    """Where a resumed agent is registered: under the calling agent, else a root of the original's session.
+
+    From a shell, the process that resumes it is its runner and nothing else
+    supervises it: the original's parent, even when it still runs, did not
+    start it, holds no slot or budget for it, and usually ended long ago (it
+    would be settled as killed at once). So it is a root of that session,
+    with the room below it the original had, drawing on the session's budget
+    and its own --timeout.
+    """
     meta = plan.meta
     meta.resumed_from = original.id
     dropped = [t for t in meta.tools if t not in original.tools]
@@ -900,10 +920,8 @@ def place_resumed(plan: Plan, original: AgentMeta) -> None:
             plan.refusal = f"tools: none of {','.join(dropped)} was held by the resumed agent {original.id}"
     if plan.new_session:
         plan.new_session = False
-        meta.session, meta.parent_id, meta.depth = original.session, original.parent_id, original.depth
-        meta.max_depth = min(meta.max_depth, original.max_depth)
-        if plan.refusal and plan.refusal.startswith("depth limit"):
-            plan.refusal = None
+        meta.session, meta.parent_id, meta.depth = original.session, None, 0
+        meta.max_depth = min(meta.max_depth, max(original.max_depth - original.depth, 0))
 
 
 def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
