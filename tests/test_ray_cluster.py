@@ -5,6 +5,8 @@ A head and two workers, started and stopped by pid by tools/local_ray.py
 
 The agents are real: the bundled claude CLI against the scripted model,
 started by spawn.py's own runner on the node the host actor landed on.
+Placed agents are launched as users start them: `uv run spawn.py`, with no
+SPAWN_RAY_PYTHON, so uv runs tools/ray_place.py from its own lock.
 Outside nox, point RAY_PLACE_PYTHON at a python with tools/ray_place.py.lock
 installed (its `ray` executable is used to start the nodes).
 """
@@ -26,7 +28,7 @@ from typing import Any
 import local_ray
 import psutil
 import pytest
-from conftest import ROOT, SPAWN, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, wait_until
+from conftest import ROOT, SPAWN, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, stdout_json, wait_until
 
 import spawn
 
@@ -49,7 +51,8 @@ class Cluster:
         return self.local.address
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
-        return {**base, "SPAWN_PLACEMENT": f"ray:{self.address}", "SPAWN_RAY_PYTHON": RAY_PYTHON}
+        """As users point spawn.py at a cluster: SPAWN_PLACEMENT only (uv runs the sibling from its own lock)."""
+        return {**base, "SPAWN_PLACEMENT": f"ray:{self.address}"}
 
 
 @pytest.fixture(scope="module")
@@ -65,24 +68,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         local.stop()
 
 
-@pytest.fixture(scope="module")
-def plain_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """A head and one worker started as a user would: `ray start --head`, `ray start --address`, Ray's defaults."""
-    if not Path(RAY_CLI).exists():
-        pytest.skip("no ray here: run `uvx nox -s ray`, or set RAY_PLACE_PYTHON")
-    local = local_ray.LocalCluster(RAY_CLI, tmp_path_factory.mktemp("ray-plain-logs"))
-    try:
-        local.start(workers=1, plain=True)
-        yield Cluster(local)
-    finally:
-        local.stop()
-
-
 def uv_run_spawn(args: list[str], env: dict[str, str], timeout: float = HANG_S) -> subprocess.CompletedProcess[str]:
     """`uv run spawn.py ARGS`, as the README starts it: uv is the launcher's parent, and no SPAWN_RAY_PYTHON is set."""
     assert "SPAWN_RAY_PYTHON" not in env
     argv = ["uv", "run", "--quiet", str(SPAWN), *args]
     return subprocess.run(argv, env=uv_env(env), capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def start_uv_spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """`uv run spawn.py ARGS` in a process group of its own, as a terminal's foreground job (uv, then spawn.py)."""
+    assert "SPAWN_RAY_PYTHON" not in env
+    argv = ["uv", "run", "--quiet", str(SPAWN), *args]
+    return subprocess.Popen(argv, env=uv_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def uv_env(env: dict[str, str]) -> dict[str, str]:
@@ -103,45 +100,6 @@ def standins(agent_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def test_uv_run_spawn_places_an_agent_on_a_plainly_started_cluster(plain_cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
-    """Ray's uv integration is off: the workers run the node's own Python, and nothing of the launcher's folder is uploaded."""
-    task = mock_task("placed", [{"text": "placed under uv run"}])
-    proc = uv_run_spawn(["--placement", f"ray:{plain_cluster.address}", "--task", task, "--tools", "Read"], env)
-    assert proc.returncode == spawn.ExitCode.OK, proc.stderr[-3000:]
-    assert stdout_json(proc)["output"] == "placed under uv run"
-    (agent_dir,) = agent_dirs(session_root)
-    meta, log = load(agent_dir / "meta.json"), (agent_dir / "runner.log").read_text()
-    assert meta["placement"]["backend"] == "ray" and meta["placement"]["node_id"], meta["placement"]
-    # The record names the stand-in (uv's child), which signs its log line, not the uv that runs it.
-    assert f"stand-in {meta['pid']} placing agent {agent_dir.name}" in log, log
-    assert meta["pgid"] != meta["pid"]  # the group is uv's: the launcher started uv
-    assert "connected to" in log and "Ray 2.60.0" in log and "Python 3." in log, log
-    [env_line] = [line for line in log.splitlines() if "runtime_env: " in line]
-    assert json.loads(env_line.split("runtime_env: ", 1)[1]) == {"env_vars": {"PYTHONPATH": str(ROOT / "tools")}}
-    assert "requested: memory 256 MiB" in log and "placed on node" in log, log
-    assert f"worker: {Path(RAY_PYTHON).parent}" in log or f"worker: {RAY_PYTHON}" in log, log  # the node's own Python
-    assert not list(Path(plain_cluster.local.temp_dir).rglob("_ray_pkg_*")), "a working_dir was uploaded"
-    assert load(agent_dir / "outcome.json")["status"] == "done"
-    assert wait_until(lambda: not standins(agent_dir) and not processes_of(agent_dir.name), 60)
-
-
-def test_a_placement_that_cannot_happen_names_the_actors_state_and_where_to_look(
-    plain_cluster: Cluster, env: dict[str, str], session_root: Path
-) -> None:
-    """No node has the memory asked for: the stand-in gives up before the launcher, which quotes it and leaves nothing."""
-    placed = {**env, "SPAWN_RAY_AGENT_MEMORY": str(10**13), "SPAWN_RAY_PLACE_TIMEOUT": "40"}  # 9 TiB (Ray's int64 holds 10**14)
-    task = mock_task("unplaceable", [{"text": "never"}])
-    proc = uv_run_spawn(["--placement", f"ray:{plain_cluster.address}", "--task", task, "--tools", "Read", "--background"], placed)
-    assert proc.returncode == spawn.ExitCode.STATE, proc.stderr
-    assert proc.stdout == ""
-    [line] = proc.stderr.splitlines()
-    assert line.startswith("spawn: error: placement ray:"), line
-    assert "PENDING_CREATION after" in line and "raylet*.err" in line, line  # the stand-in's own word, not the launcher's limit
-    assert "runner.log ends: " in line and "requested: memory" in line, line  # the log's tail, quoted
-    (agent_dir,) = agent_dirs(session_root)
-    assert wait_until(lambda: not standins(agent_dir), 30), standins(agent_dir)
-
-
 def placements(session_root: Path) -> dict[str, dict[str, Any]]:
     """Each agent's placement, once its meta.json is published (the launcher writes it after the stand-in reports)."""
     return {d.name: load(d / "meta.json").get("placement") or {} for d in agent_dirs(session_root) if (d / "meta.json").exists()}
@@ -160,7 +118,9 @@ def processes_of(agent_id: str) -> list[psutil.Process]:
 
 def test_a_fan_out_spreads_over_nodes(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
     placed = cluster.env(env)
-    started = [start_spawn(["--task", mock_task(f"leaf {i}", [{"text": f"leaf {i} done"}]), "--tools", "Read"], placed) for i in range(4)]
+    started = [
+        start_uv_spawn(["--task", mock_task(f"leaf {i}", [{"text": f"leaf {i} done"}]), "--tools", "Read"], placed) for i in range(4)
+    ]
     results = []
     for proc in started:
         out, err = proc.communicate(timeout=HANG_S)
@@ -180,7 +140,7 @@ def sleeping(agent_dir: Path) -> bool:
 def test_a_kill_mid_run_records_killed_and_leaves_nothing(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
     placed = cluster.env(env)
     task = mock_task("sleeper", [{"bash": "echo busy; sleep 120"}, {"text": "woke"}])
-    launched = stdout_json(run_spawn(["--task", task, "--tools", "Bash", "--background"], placed, timeout=HANG_S))
+    launched = stdout_json(uv_run_spawn(["--task", task, "--tools", "Bash", "--background"], placed))
     agent_dir = Path(launched["agent_dir"])
     assert wait_until(lambda: sleeping(agent_dir), HANG_S)
     killed = run_spawn(["kill", "--session", str(agent_dir.parent.parent), agent_dir.name], env, timeout=HANG_S)
@@ -194,11 +154,11 @@ def test_a_kill_mid_run_records_killed_and_leaves_nothing(cluster: Cluster, env:
 def test_ctrl_c_on_a_foreground_placed_agent_interrupts_it_on_its_node(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
     """A terminal's Ctrl-C reaches the foreground spawn.py alone (the stand-in has a session of its own): it is passed on."""
     task = mock_task("sleeper", [{"bash": "echo busy; sleep 120"}, {"text": "woke"}])
-    proc = start_spawn(["--task", task, "--tools", "Bash"], cluster.env(env))
+    proc = start_uv_spawn(["--task", task, "--tools", "Bash"], cluster.env(env))
     assert wait_until(lambda: any(p.get("node_id") for p in placements(session_root).values()), HANG_S)
     (agent_dir,) = agent_dirs(session_root)
     assert wait_until(lambda: sleeping(agent_dir), HANG_S)
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole foreground group, uv and spawn.py
     out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == spawn.ExitCode.INTERRUPTED, err
     assert json.loads(out)["status"] == "interrupted"
@@ -225,7 +185,7 @@ def test_a_leaf_in_another_pid_namespace_is_watched_and_killed_from_here(cluster
 
     isolated = None
     for _ in range(6):  # SPREAD goes round the three nodes: one of the first few lands on the isolated one
-        started = run_spawn(["--task", task, "--tools", "Bash", "--background"], placed, timeout=HANG_S)
+        started = uv_run_spawn(["--task", task, "--tools", "Bash", "--background"], placed)
         launched.append(Path(stdout_json(started)["agent_dir"]))
         assert wait_until(lambda: sleeping(launched[-1]), HANG_S)
         if runs_elsewhere(launched[-1]):
@@ -250,7 +210,7 @@ def test_a_placed_agents_child_gets_its_claim_from_the_parents_host_actor(
     """The tree's key stays in the host actors: a child's claim is minted by its parent's actor, for its process tree only."""
     child = mock_task("child", [{"text": "child done"}])
     steps = [{"bash": spawn_in_bash("--task", child, "--tools", "Read")}, {"bash": "echo waiting; sleep 120"}, {"text": "never"}]
-    launched = stdout_json(run_spawn(["--task", mock_task("parent", steps), "--tools", "Bash,Read", "--background"], cluster.env(env)))
+    launched = stdout_json(uv_run_spawn(["--task", mock_task("parent", steps), "--tools", "Bash,Read", "--background"], cluster.env(env)))
     parent = Path(launched["agent_dir"])
     assert wait_until(lambda: sleeping(parent), HANG_S)
     [kid] = [d for d in agent_dirs(session_root) if d != parent]
@@ -331,7 +291,7 @@ def raylet_of(node_id: str) -> psutil.Process:
 def test_a_raylet_killed_mid_run_fails_the_agent_naming_the_node(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
     placed = cluster.env(env)
     task = mock_task("doomed", [{"bash": "echo busy; sleep 120"}, {"text": "never"}])
-    root = start_spawn(["--task", task, "--tools", "Bash"], placed)
+    root = start_uv_spawn(["--task", task, "--tools", "Bash"], placed)
     assert wait_until(lambda: any(p.get("node_id") for p in placements(session_root).values()), HANG_S)
     (agent_dir,) = agent_dirs(session_root)
     node_id = placements(session_root)[agent_dir.name]["node_id"]
