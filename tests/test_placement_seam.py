@@ -172,7 +172,8 @@ def test_a_stand_in_killed_on_the_launchers_host_does_not_blame_the_node(env: di
     outcome = stranded(env, tmp_path, None)
     assert outcome["status"] == "failed"
     assert "was lost" not in outcome["reason"], outcome["reason"]
-    assert "its stand-in ended on the launcher's host" in outcome["reason"] and "node-under-test" in outcome["reason"]
+    assert outcome["reason"].startswith("its stand-in ended on the launcher's host"), outcome["reason"]
+    assert "the agent ran on the Ray node node-under-test (host node-host)" in outcome["reason"]
 
 
 def test_a_stand_ins_last_word_names_its_lost_node(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:

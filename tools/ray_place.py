@@ -78,6 +78,8 @@ RAY_REWRITERS = ("RAY_RUNTIME_ENV_HOOK", "RAY_JOB_CONFIG_JSON_ENV_VAR", "RAY_OVE
 DEADLINE_BACKSTOP_S = 30.0
 # A kill: `spawn.py kill` on the node gets this long before the actor is killed by force.
 KILL_GRACE_S = 20.0
+# Ray's GCS counts a node dead after its health checks fail (5 checks 3 s apart by default).
+NODE_VERDICT_S = 20.0
 PR_SET_PDEATHSIG = 1
 EXIT_REFUSED = 4  # spawn.py's ExitCode.REFUSED: limits refused, no model request made
 EXIT_LOST = 1
@@ -434,7 +436,9 @@ def connect(address: str) -> None:
 
     ray.init(address=address, log_to_driver=False, configure_logging=False, namespace=NAMESPACE, runtime_env=runtime_env())
     python = f"Python {sys.version.split()[0]} ({sys.executable})"
-    progress(f"connected to {address}: Ray {ray.__version__}, {python}")
+    # A driver hangs on a node of its own host (the head, where there is one): if that node dies, so does this process.
+    driver_node = ray.get_runtime_context().get_node_id()
+    progress(f"connected to {address} as a driver on node {driver_node}: Ray {ray.__version__}, {python}")
     progress(f"runtime_env: {json.dumps(dict(ray.get_runtime_context().runtime_env), sort_keys=True)}")
 
 
@@ -615,10 +619,17 @@ def node_alive(ray: Any, node_id: str) -> bool | None:
 
 
 def actor_died_reason(ray: Any, where: dict[str, Any], exc: BaseException) -> str:
-    """Why the host actor died: its node lost (the GCS counts it dead), or the actor alone."""
+    """Why the host actor died: its node lost (the GCS counts it dead), or the actor alone.
+
+    The GCS may learn of a node's death a few health checks after its actor's
+    caller does: it is asked again for up to NODE_VERDICT_S.
+    """
     node = f"{where['node_id']} (host {where['host']})"
     detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-    if node_alive(ray, str(where["node_id"])) is False:
+    limit = time.monotonic() + NODE_VERDICT_S
+    while (alive := node_alive(ray, str(where["node_id"]))) and time.monotonic() < limit:
+        time.sleep(1.0)
+    if alive is False:
         return f"the Ray node {node} running it was lost: {detail}"
     return f"its host actor on the Ray node {node} died: {detail}"
 

@@ -205,7 +205,7 @@ def node_lost_reason(meta: AgentMeta, agent_dir: Path) -> str | None:
 
     The stand-in's last word when it left one (its node lost, its claim
     refused, its deadline's backstop); else it died where it ran, on the
-    launcher's host, and its node is not blamed.
+    launcher's host, and the agent's node is not blamed.
     """
     placement = meta.placement or {}
     if placement.get("backend") != "ray":
@@ -217,4 +217,6 @@ def node_lost_reason(meta: AgentMeta, agent_dir: Path) -> str | None:
         word = None
     if isinstance(word, dict) and isinstance(word.get("reason"), str) and word["reason"]:
         return str(word["reason"])[:1000]
-    return f"its stand-in ended on the launcher's host {meta.host} without a word from the Ray node {node} running it"
+    # No word: SIGKILLed there, or the Ray node its driver hung on there died with it (Ray ends such a driver at once).
+    unknown = "without a word (killed there, or its own Ray node there lost)"
+    return f"its stand-in ended on the launcher's host {meta.host} {unknown}; the agent ran on the Ray node {node}"
