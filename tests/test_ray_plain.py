@@ -4,19 +4,35 @@
 and one worker started with `ray start --head` and `ray start --address` and
 Ray's defaults (only the head's port and temp dir chosen, so that the cluster
 is this test's own on a shared machine). A module of its own, so that this
-cluster is stopped before tests/test_ray_cluster.py's starts.
+cluster is stopped before tests/test_ray_cluster.py's starts. Its last test
+kills the worker's raylet: the node is gone for good.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import local_ray
+import psutil
 import pytest
-from conftest import ROOT, agent_dirs, load, mock_task, stdout_json, wait_until
-from test_ray_cluster import RAY_CLI, RAY_PYTHON, Cluster, processes_of, standins, uv_run_spawn
+from conftest import ROOT, agent_dirs, load, mock_task, run_spawn, stdout_json, wait_until
+from test_ray_cluster import (
+    HANG_S,
+    RAY_CLI,
+    RAY_PYTHON,
+    Cluster,
+    placements,
+    processes_of,
+    sleeping,
+    standins,
+    start_uv_spawn,
+    uv_run_spawn,
+)
 
 import spawn
 
@@ -73,3 +89,54 @@ def test_a_placement_that_cannot_happen_names_the_actors_state_and_where_to_look
     assert "runner.log ends: " in line and "requested: memory" in line, line  # the log's tail, quoted
     (agent_dir,) = agent_dirs(session_root)
     assert wait_until(lambda: not standins(agent_dir), 30), standins(agent_dir)
+
+
+def raylet_of(node_id: str) -> psutil.Process:
+    for proc in psutil.process_iter():
+        try:
+            if proc.name() == "raylet" and any(node_id in arg for arg in proc.cmdline()):
+                return proc
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no raylet for node {node_id}")
+
+
+def driver_node(agent_dir: Path) -> str:
+    """The node the agent's stand-in hangs on as a Ray driver (its runner.log says): the head, on this one machine."""
+    [node] = re.findall(r"as a driver on node (\w+)", (agent_dir / "runner.log").read_text())
+    return str(node)
+
+
+def test_a_raylet_killed_mid_run_fails_the_agent_naming_the_node(plain_cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
+    """The stand-in outlives the node (it hangs on another) and leaves its last word: the outcome names the node, lost."""
+    placed = plain_cluster.env(env)
+    task = mock_task("doomed", [{"bash": "echo busy; sleep 120"}, {"text": "never"}])
+    roots: dict[Path, subprocess.Popen[str]] = {}
+    doomed = None
+    for _ in range(6):  # SPREAD goes round the nodes: one of the first few lands off the stand-ins' own (the head)
+        root = start_uv_spawn(["--task", task, "--tools", "Bash"], placed)
+        assert wait_until(lambda: len([d for d in placements(session_root).values() if d.get("node_id")]) > len(roots), HANG_S)
+        [agent_dir] = [d for d in agent_dirs(session_root) if d not in roots]
+        roots[agent_dir] = root
+        assert wait_until(functools.partial(sleeping, agent_dir), HANG_S)
+        if placements(session_root)[agent_dir.name]["node_id"] != driver_node(agent_dir):
+            doomed = agent_dir
+            break
+    assert doomed is not None, "every agent was placed on its stand-in's own node"
+    node_id = placements(session_root)[doomed.name]["node_id"]
+    raylet_of(node_id).kill()
+    out, err = roots[doomed].communicate(timeout=HANG_S)
+    summary = json.loads(out)  # still one JSON object on the root's stdout
+    assert summary["status"] == "failed", (summary, err)
+    outcome = load(doomed / "outcome.json")
+    assert outcome["status"] == "failed"
+    # Whoever settles it (wait, the guard) quotes the stand-in's last word.
+    assert outcome["reason"].startswith(f"the Ray node {node_id} (host "), outcome["reason"]
+    assert "running it was lost" in outcome["reason"], outcome["reason"]
+    assert wait_until(lambda: not processes_of(doomed.name), 60)
+    for other, root in roots.items():
+        if other != doomed:
+            run_spawn(["kill", "--session", str(other.parent.parent), other.name], env, timeout=HANG_S)
+            root.communicate(timeout=HANG_S)
+    assert wait_until(lambda: not any(processes_of(d.name) for d in roots), 60)
+    # Last in the file: the killed node is gone for good, and Ray may place on it until its heartbeats time out.
