@@ -45,6 +45,7 @@ class LocalCluster:
     address: str = ""
     nodes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     temp_dir: str = ""
+    plain: bool = False
 
     def alive_nodes(self) -> int:
         try:
@@ -56,20 +57,24 @@ class LocalCluster:
         active = out.stdout.split("Active:", 1)[-1].split("Pending:", 1)[0]
         return len(re.findall(r"^\s*1 node_", active, re.MULTILINE))
 
-    def start(self, workers: int = 2, *, memory: int = 2_000_000_000, own_pid_namespace: bool = False) -> None:
+    def start(self, workers: int = 2, *, memory: int = 2_000_000_000, own_pid_namespace: bool = False, plain: bool = False) -> None:
         """The head, then each worker once the cluster counts the one before; RuntimeError naming the log if one doesn't join.
 
         own_pid_namespace: the last worker runs in a pid namespace of its own
         (`unshare --pid`, which needs root), as a node of another host or
         container would: its pids mean nothing here.
+        plain: as a user starts a cluster, `ray start --head` and `ray start
+        --address` with Ray's defaults; only the head's port and temp dir are
+        chosen, so that it is this cluster's own on a shared machine.
         """
         # Ray refuses a temp dir inside a virtualenv (nox puts TMPDIR there), and its
         # socket paths must stay under the 108-byte limit: a short folder in /tmp.
         self.temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+        self.plain = plain
         port = free_port()
-        common = ["--num-cpus=1", f"--memory={memory}", "--object-store-memory=80000000", "--disable-usage-stats"]
-        head = ["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={self.temp_dir}"]
-        self._node([*head, *common], self.logs / "head.log")
+        common = [] if plain else ["--num-cpus=1", f"--memory={memory}", "--object-store-memory=80000000", "--disable-usage-stats"]
+        head = ["--head", f"--port={port}", f"--temp-dir={self.temp_dir}"]
+        self._node([*head, *([] if plain else ["--include-dashboard=false"]), *common], self.logs / "head.log")
         # The head binds the host's address, which workers and drivers must use.
         ip = self._wait(lambda: NODE_IP.search((self.logs / "head.log").read_text()), "head.log")
         self.address = f"{ip.group(1)}:{port}"
@@ -82,8 +87,10 @@ class LocalCluster:
 
     def _node(self, argv: list[str], log: Path, wrapper: Sequence[str] = ()) -> None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env |= {"RAY_USAGE_STATS_ENABLED": "0", "RAY_agent_register_timeout_ms": "600000", "RAY_raylet_start_wait_time_s": "300"}
-        ports = [f"--{name}={free_port()}" for name in AGENT_PORTS]
+        env |= {"RAY_USAGE_STATS_ENABLED": "0"}  # what `ray start` would ask a terminal, answered no
+        if not self.plain:
+            env |= {"RAY_agent_register_timeout_ms": "600000", "RAY_raylet_start_wait_time_s": "300"}
+        ports = [] if self.plain else [f"--{name}={free_port()}" for name in AGENT_PORTS]
         with open(log, "ab") as out:
             argv = [*wrapper, self.ray_cli, "start", "--block", *argv, *ports]
             self.nodes.append(subprocess.Popen(argv, stdout=out, stderr=out, start_new_session=True, env=env))

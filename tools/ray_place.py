@@ -59,12 +59,27 @@ import spawn_claims
 AGENT_MEMORY_BYTES = 256 * 1024 * 1024
 # Ray needs a few seconds to start an actor's worker on a busy node; past this
 # the agent is refused rather than left queued forever (a node may have died).
-PLACE_TIMEOUT_S = 120.0
+# spawn.py passes a deadline of its own (--place-by), always before its own
+# limit, so that this side gives up first and says why.
+PLACE_TIMEOUT_S = 90.0
+# SPAWN_RAY_AGENT_MEMORY: what Ray reserves per agent, in bytes, when one agent takes more (or less) than the default.
+ENV_AGENT_MEMORY = "SPAWN_RAY_AGENT_MEMORY"
+# Ray's own rewrites of a driver's runtime_env, switched off before `import ray`.
+# Its uv integration (on by default) finds a `uv run` among the driver's
+# ancestors (the user's `uv run spawn.py`, or the `uv run --script` that runs
+# this file) and makes every worker run `uv run ... python` inside an upload of
+# the launcher's working folder: no worker starts on any node, and the actor
+# stays pending for ever. A runtime_env hook or an injected job config would
+# rewrite it as silently. The runtime_env is connect()'s, and only that.
+RAY_SETTINGS = {"RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "RAY_task_oom_retries": "0"}  # OOM retries: their own counter, infinite by default
+RAY_REWRITERS = ("RAY_RUNTIME_ENV_HOOK", "RAY_JOB_CONFIG_JSON_ENV_VAR", "RAY_OVERRIDE_JOB_RUNTIME_ENV")
 # spawn.py's own deadline code ends the agent first; the actor is a backstop
 # this long after the deadline (spawn.py's kill grace plus a margin).
 DEADLINE_BACKSTOP_S = 30.0
 # A kill: `spawn.py kill` on the node gets this long before the actor is killed by force.
 KILL_GRACE_S = 20.0
+# Ray's GCS counts a node dead after its health checks fail (5 checks 3 s apart by default).
+NODE_VERDICT_S = 20.0
 PR_SET_PDEATHSIG = 1
 EXIT_REFUSED = 4  # spawn.py's ExitCode.REFUSED: limits refused, no model request made
 EXIT_LOST = 1
@@ -74,6 +89,11 @@ MINT_READ_S = 10.0
 ENV_STANDIN = "SPAWN_RAY_STANDIN"  # the stand-in's pid, which the placed runner's meta.json names
 META = "meta.json"
 RUNNER_LOG = "runner.log"
+# The stand-in's last word, when it ends without its runner's outcome (the node
+# lost, the claim refused, the deadline backstop): spawn.py's reaper quotes it,
+# and tells a stand-in that died on the launcher's host (no word) from a lost node.
+STANDIN_EXIT = "standin-exit.json"
+STARTED = time.monotonic()
 
 
 def boot_id() -> str | None:
@@ -249,7 +269,9 @@ class AgentHost:
     def where(self) -> dict[str, Any]:
         import ray  # type: ignore[import-not-found, unused-ignore]
 
-        return {"node_id": ray.get_runtime_context().get_node_id(), "host": os.uname().nodename, "boot_id": boot_id()}
+        context = ray.get_runtime_context()
+        node = {"node_id": context.get_node_id(), "host": os.uname().nodename, "boot_id": boot_id()}
+        return node | {"python": sys.executable, "runtime_env": context.get_runtime_env_string()}
 
     def run(
         self, claim_text: str | None, signature: str | None, argv: list[str], environ: dict[str, str], agent_dir: str
@@ -384,13 +406,76 @@ def quiet_stdout(agent_dir: Path) -> int:
     return report
 
 
+def ray_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The environment Ray is imported in: none of its runtime_env rewriters, its uv integration off, no OOM retries."""
+    env = {name: value for name, value in environ.items() if name not in RAY_REWRITERS}
+    return env | RAY_SETTINGS
+
+
+def runtime_env() -> dict[str, Any]:
+    """The job's whole runtime_env: env_vars only.
+
+    No py_executable, so every worker runs its node's own Python (the one its
+    `ray start` runs, which has Ray); no working_dir or py_modules, so nothing
+    of the launcher's folder is ever uploaded. The host actor's worker imports
+    spawn_claims from beside this script, a path every node shares.
+    """
+    return {"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent)}}
+
+
+def progress(message: str) -> None:
+    """One line in the agent's runner.log (fd 2 points there): what the placement did, and when."""
+    print(f"ray_place: {time.monotonic() - STARTED:.1f}s: {message}", file=sys.stderr, flush=True)
+
+
 def connect(address: str) -> None:
-    os.environ["RAY_task_oom_retries"] = "0"  # noqa: SIM112 (Ray's name, case-sensitive). Ray's OOM retries have their own counter, infinite by default
+    environ = ray_environment(dict(os.environ))
+    os.environ.clear()
+    os.environ.update(environ)
     import ray  # type: ignore[import-not-found, unused-ignore]
 
-    # The host actor's worker imports spawn_claims from beside this script (a path shared by every node).
-    runtime_env = {"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent)}}
-    ray.init(address=address, log_to_driver=False, configure_logging=False, namespace="spawn", runtime_env=runtime_env)
+    ray.init(address=address, log_to_driver=False, configure_logging=False, namespace=NAMESPACE, runtime_env=runtime_env())
+    python = f"Python {sys.version.split()[0]} ({sys.executable})"
+    # A driver hangs on a node of its own host (the head, where there is one): if that node dies, so does this process.
+    driver_node = ray.get_runtime_context().get_node_id()
+    progress(f"connected to {address} as a driver on node {driver_node}: Ray {ray.__version__}, {python}")
+    progress(f"runtime_env: {json.dumps(dict(ray.get_runtime_context().runtime_env), sort_keys=True)}")
+
+
+def agent_memory(environ: dict[str, str]) -> int:
+    """The memory Ray reserves per placed agent: SPAWN_RAY_AGENT_MEMORY bytes, else about one claude CLI's."""
+    try:
+        return max(1, int(environ.get(ENV_AGENT_MEMORY, "")))
+    except ValueError:
+        return AGENT_MEMORY_BYTES
+
+
+def actor_state(ray: Any, host: Any) -> tuple[str, str | None]:
+    """The actor's state in Ray's GCS (PENDING_CREATION, ...) and the node it was leased on, if any."""
+    try:
+        info = ray._private.state.actors(actor_id=host._actor_id.hex())
+    except Exception as exc:  # the GCS unreachable: say so rather than guess
+        return f"of unknown state ({type(exc).__name__})", None
+    node = str((info.get("Address") or {}).get("NodeID") or "")
+    return str(info.get("State") or "unknown"), node if set(node) - {"0", "f"} else None  # a nil id is all f (or empty)
+
+
+def not_placed_reason(name: str, state: str, node: str | None, waited: float, memory: int) -> str:
+    """Why an actor was not placed in time, and where to look."""
+    where = f" on node {node}" if node and state != "PENDING_CREATION" else ""
+    return (
+        f"actor {name} still {state}{where} after {waited:.0f} s: Ray could not start its worker, or no node has "
+        f"{memory / 2**20:.0f} MiB of Ray memory free (`ray status`); see the nodes' raylet*.err and "
+        f"python-core-worker-*.log in their Ray logs folder (TEMP_DIR/session_latest/logs; /tmp/ray by default)"
+    )
+
+
+def last_word(agent_dir: Path, exit_code: int, reason: str) -> None:
+    """Leave the stand-in's reason for ending without an outcome where spawn.py's reaper reads it (atomically)."""
+    tmp = agent_dir / f".{STANDIN_EXIT}.{os.getpid()}"
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps({"exit_code": exit_code, "reason": reason, "pid": os.getpid()}) + "\n")
+        os.replace(tmp, agent_dir / STANDIN_EXIT)
 
 
 def wait_for_meta(agent_dir: Path, limit: float) -> dict[str, Any]:
@@ -410,7 +495,7 @@ def claim_for(meta: dict[str, Any], node_id: str) -> spawn_claims.Claim:
     return spawn_claims.Claim(session=session, parent=parent, child=child, audience=node_id, depth=depth, **limits)
 
 
-def run_standin(address: str, agent_dir: Path, spawn_argv: list[str], asked: dict[str, Any] | None) -> int:
+def run_standin(address: str, agent_dir: Path, spawn_argv: list[str], asked: dict[str, Any] | None, place_by: float) -> int:
     """The stand-in: place the host actor, get its claim, report where, run, and turn a SIGTERM into the kill path.
 
     The first placed level of a tree makes the tree's key (in memory only),
@@ -418,35 +503,25 @@ def run_standin(address: str, agent_dir: Path, spawn_argv: list[str], asked: dic
     agent ($SPAWN_RAY_MINT in the environment), that agent's host actor mints
     the claim, the least of its own and what is asked, and hands it with the key
     to this agent's actor: asked while this stand-in's launcher, in the parent's
-    process tree, still waits for the placement line.
+    process tree, still waits for the placement line. Each step goes to
+    runner.log; a placement not done by place_by (before the launcher's own
+    limit) ends with the actor's state and where to look.
     """
     report = quiet_stdout(agent_dir)
-    connect(address)
-    import secrets
-
+    progress(f"stand-in {os.getpid()} placing agent {agent_dir.name} on {address}")
+    try:
+        connect(address)
+        host, name, where, key = place(address, agent_dir, asked, place_by)
+    except Exception as exc:  # a placement that never happens: GetTimeoutError, a dead actor, no cluster
+        reason = str(exc) if isinstance(exc, NotPlaced) else f"{type(exc).__name__}: {exc}"
+        progress(f"not placed on {address}: {reason}")
+        os.write(report, (json.dumps({"error": reason}) + "\n").encode())
+        return EXIT_LOST
+    # Our pid, not our parent's: under `uv run --script` the launcher's child is uv.
+    os.write(report, (json.dumps({"backend": "ray", **where, "pid": os.getpid()}) + "\n").encode())
+    os.close(report)  # the launcher reads one line; from here on, nothing of ours reaches its stdout
     import ray  # type: ignore[import-not-found, unused-ignore]
 
-    mint = os.environ.get(ENV_MINT)
-    key = None if mint else spawn_claims.new_tree_key()
-    name = f"host-{agent_dir.name}-{secrets.token_hex(4)}"
-    options = {"num_cpus": 0, "memory": AGENT_MEMORY_BYTES, "scheduling_strategy": "SPREAD", "max_concurrency": 4}
-    options |= {"name": name, "max_restarts": 0, "max_task_retries": 0}  # running an agent again is spawn.py's decision
-    host = ray.remote(AgentHost).options(**options).remote(None if key is None else spawn_claims.public_key_text(key))
-    try:
-        where = ray.get(host.where.remote(), timeout=PLACE_TIMEOUT_S)
-        if key is not None:
-            ray.get(host.hold_key.remote(raw_key(key)), timeout=PLACE_TIMEOUT_S)
-        elif asked is not None and mint is not None:
-            minted = ask_for_claim(mint, {"asked": asked, "audience": where["node_id"], "actor": name})
-            if "refused" in minted:  # the actor has no claim, so the node refuses the agent (exit 4)
-                print(f"ray_place: no claim for agent {agent_dir.name}: {minted['refused']}", file=sys.stderr)
-            else:
-                print(f"ray_place: agent {agent_dir.name}'s claim was minted by its parent's host actor", file=sys.stderr)
-    except Exception as exc:  # a placement that never happens: GetTimeoutError, a dead actor
-        os.write(report, (json.dumps({"error": f"not placed on {address}: {type(exc).__name__}: {exc}"}) + "\n").encode())
-        return EXIT_LOST
-    os.write(report, (json.dumps({"backend": "ray", **where}) + "\n").encode())
-    os.close(report)  # the launcher reads one line; from here on, nothing of ours reaches its stdout
     meta = wait_for_meta(agent_dir, time.monotonic() + PLACE_TIMEOUT_S)
     stopping = Stopping()
     signal.signal(signal.SIGTERM, stopping.set)
@@ -454,7 +529,52 @@ def run_standin(address: str, agent_dir: Path, spawn_argv: list[str], asked: dic
     environ = {**os.environ, ENV_STANDIN: str(os.getpid())}
     claim_text, signature = spawn_claims.sign_claim(claim_for(meta, str(where["node_id"])), key) if key is not None else (None, None)
     ref = host.run.remote(claim_text, signature, [*spawn_argv, "_run", str(agent_dir)], environ, str(agent_dir))
-    return follow(Placed(ray, host, ref, meta, spawn_argv, environ, where), stopping)
+    progress(f"runner started by actor {name}")
+    code, why = follow(Placed(ray, host, ref, meta, spawn_argv, environ, where), stopping)
+    if why is not None:
+        progress(why)
+        last_word(agent_dir, code, why)
+    return code
+
+
+class NotPlaced(Exception):
+    """The actor was not placed by the stand-in's deadline: its state, and where to look."""
+
+
+def place(address: str, agent_dir: Path, asked: dict[str, Any] | None, place_by: float) -> tuple[Any, str, dict[str, Any], Any]:
+    """Ask Ray for the agent's host actor and wait until it is placed: (its handle, its name, where, the tree key or None)."""
+    import secrets
+
+    import ray  # type: ignore[import-not-found, unused-ignore]
+
+    mint = os.environ.get(ENV_MINT)
+    key = None if mint else spawn_claims.new_tree_key()
+    name = f"host-{agent_dir.name}-{secrets.token_hex(4)}"
+    memory = agent_memory(dict(os.environ))
+    options = {"num_cpus": 0, "memory": memory, "scheduling_strategy": "SPREAD", "max_concurrency": 4}
+    options |= {"name": name, "max_restarts": 0, "max_task_retries": 0}  # running an agent again is spawn.py's decision
+    asked_at = time.monotonic()
+    host = ray.remote(AgentHost).options(**options).remote(None if key is None else spawn_claims.public_key_text(key))
+    progress(f"actor {name} requested: memory {memory / 2**20:.0f} MiB, num_cpus 0, SPREAD; waiting up to {place_by - time.time():.0f} s")
+    try:
+        where = ray.get(host.where.remote(), timeout=max(0.1, place_by - time.time()))
+    except ray.exceptions.GetTimeoutError:
+        state, node = actor_state(ray, host)
+        with contextlib.suppress(Exception):
+            ray.kill(host, no_restart=True)  # else the raylet retries its worker for ever
+        raise NotPlaced(not_placed_reason(name, state, node, time.monotonic() - asked_at, memory)) from None
+    python, env = where.pop("python", None), where.pop("runtime_env", None)
+    took = time.monotonic() - asked_at
+    progress(f"placed on node {where['node_id']} (host {where['host']}) in {took:.1f} s; worker: {python}, runtime_env {env}")
+    if key is not None:
+        ray.get(host.hold_key.remote(raw_key(key)), timeout=max(0.1, place_by - time.time()))
+    elif asked is not None and mint is not None:
+        minted = ask_for_claim(mint, {"asked": asked, "audience": where["node_id"], "actor": name})
+        if "refused" in minted:  # the actor has no claim, so the node refuses the agent (exit 4)
+            progress(f"no claim for agent {agent_dir.name}: {minted['refused']}")
+        else:
+            progress(f"agent {agent_dir.name}'s claim was minted by its parent's host actor")
+    return host, name, where, key
 
 
 def raw_key(key: Any) -> bytes:
@@ -490,8 +610,35 @@ class Placed:
     where: dict[str, Any]
 
 
-def follow(placed: Placed, stopping: Stopping) -> int:
-    """Wait for the placed runner; a kill, a dead node or a deadline each ends it one way only."""
+def node_alive(ray: Any, node_id: str) -> bool | None:
+    """Whether Ray's GCS still counts the node alive (None: it can't say)."""
+    try:
+        return any(node.get("NodeID") == node_id and bool(node.get("Alive")) for node in ray.nodes())
+    except Exception:
+        return None
+
+
+def actor_died_reason(ray: Any, where: dict[str, Any], exc: BaseException) -> str:
+    """Why the host actor died: its node lost (the GCS counts it dead), or the actor alone.
+
+    The GCS may learn of a node's death a few health checks after its actor's
+    caller does: it is asked again for up to NODE_VERDICT_S.
+    """
+    node = f"{where['node_id']} (host {where['host']})"
+    detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    limit = time.monotonic() + NODE_VERDICT_S
+    while (alive := node_alive(ray, str(where["node_id"]))) and time.monotonic() < limit:
+        time.sleep(1.0)
+    if alive is False:
+        return f"the Ray node {node} running it was lost: {detail}"
+    return f"its host actor on the Ray node {node} died: {detail}"
+
+
+def follow(placed: Placed, stopping: Stopping) -> tuple[int, str | None]:
+    """Wait for the placed runner; a kill, a dead node or a deadline each ends it one way only.
+
+    The exit code, and why, when it ended without its runner's outcome.
+    """
     ray, meta, where = placed.ray, placed.meta, placed.where
     deadline = meta.get("deadline")
     while True:
@@ -500,13 +647,10 @@ def follow(placed: Placed, stopping: Stopping) -> int:
             try:
                 result = ray.get(placed.ref)
             except ray.exceptions.RayActorError as exc:
-                node = f"{where['node_id']} ({where['host']})"
-                print(f"ray_place: the Ray node {node} running agent {meta['id']} was lost: {exc}", file=sys.stderr)
-                return EXIT_LOST
+                return EXIT_LOST, actor_died_reason(ray, where, exc)
             if "refused" in result:
-                print(f"ray_place: node {where['node_id']} refused agent {meta['id']}: {result['refused']}", file=sys.stderr)
-                return EXIT_REFUSED
-            return int(result["exit_code"])
+                return EXIT_REFUSED, f"the Ray node {where['node_id']} refused it: {result['refused']}"
+            return int(result["exit_code"]), None
         late = deadline is not None and time.time() > float(deadline) + DEADLINE_BACKSTOP_S
         if stopping.is_set() or late:
             # The kill path: `spawn.py kill` on the node (the runner records
@@ -523,7 +667,9 @@ def follow(placed: Placed, stopping: Stopping) -> int:
             if not ready:
                 with contextlib.suppress(Exception):
                     ray.kill(placed.host, no_restart=True)
-            return (130 if interrupted else 143) if stopping.is_set() else EXIT_LOST
+            if stopping.is_set():
+                return (130 if interrupted else 143), None
+            return EXIT_LOST, f"its runner on the Ray node {where['node_id']} outlived its deadline by {DEADLINE_BACKSTOP_S:.0f} s"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -532,6 +678,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = sub.add_parser("run", help="stand in for AGENT_DIR's runner and run it on the cluster")
     run.add_argument("--address", required=True, help="the Ray cluster (ray:ADDRESS's address)")
     run.add_argument("--spawn", nargs="+", required=True, metavar="ARG", help="how the node runs spawn.py: PYTHON SPAWN_PY")
+    run.add_argument("--place-by", type=float, help="give up placing at this time (Unix seconds): spawn.py's limit, less a margin")
     run.add_argument("agent_dir")
     args = p.parse_args(argv)
     agent_dir = Path(args.agent_dir)
@@ -544,7 +691,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         asked = json.loads(text) if text.strip() else None
     except ValueError:
         asked = None
-    return run_standin(args.address, agent_dir, list(args.spawn), asked if isinstance(asked, dict) else None)
+    place_by = args.place_by if args.place_by is not None else time.time() + PLACE_TIMEOUT_S
+    return run_standin(args.address, agent_dir, list(args.spawn), asked if isinstance(asked, dict) else None, place_by)
 
 
 if __name__ == "__main__":

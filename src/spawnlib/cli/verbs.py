@@ -117,7 +117,7 @@ def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:
         status, reason = Status.KILLED, f"process {meta.pid} ended with its parent agent {meta.parent_id} (found by {by})"
     else:
         status, reason = Status.FAILED, f"process {meta.pid} died without writing an outcome (found by {by})"
-        if lost := node_lost_reason(meta):
+        if lost := node_lost_reason(meta, agent_dir):
             reason = f"{lost}: {reason}"
     below = [(child, Status.KILLED, f"ancestor {meta.id} ended without it (found by {by})") for child in descendants_of(session, meta.id)]
     settled = meta.id in settle_agents([*below, (agent_dir, status, reason)], by, secrets_)

@@ -547,10 +547,11 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
     # step) may end its process group as soon as the launcher returns.
     address = ray_address(plan.meta, os.environ)
     pid: int | None
+    pgid: int | None = None  # a stand-in's group is the process we start (uv's, when uv runs it), not its own pid's
     with open(agent_dir / RUNNER_LOG, "ab") as log:
         if address is not None:  # the stand-in (tools/ray_place.py) is the runner here; the agent runs on a node
             runner = [sys.executable, str(compiled_script())]
-            pid, where = launch_on_ray(agent_dir, address, runner, log.fileno(), record_to_json(plan.meta))
+            pid, pgid, where = launch_on_ray(agent_dir, address, runner, log.fileno(), record_to_json(plan.meta))
             plan.meta.placement = {**(plan.meta.placement or {"reason": f"placement ray:{address}", "policy": f"ray:{address}"}), **where}
         else:
             # Forked by the session's fork server if this launcher was too.
@@ -568,7 +569,7 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
         create_time = psutil.Process(pid).create_time()
     except psutil.Error:
         create_time = time.time()
-    plan.meta.pid, plan.meta.create_time, plan.meta.pgid = pid, create_time, pid
+    plan.meta.pid, plan.meta.create_time, plan.meta.pgid = pid, create_time, pgid or pid
     stamp_where(plan.meta)
     if address is None:  # a stand-in is no agent's process: the runner it starts on a node registers itself there
         # Before meta.json, which the runner waits for before it starts the agent.

@@ -13,13 +13,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..core.constants import (
+    ENV_RAY_PLACE_TIMEOUT,
     ENV_RAY_PYTHON,
     ENV_RAY_SIBLING,
     ENV_RAY_STANDIN,
     ENV_SPAWN_PLACEMENT,
+    RAY_PLACE_MARGIN,
     RAY_PLACE_TIMEOUT_S,
     RAY_SIBLING,
+    RAY_STANDIN_EXIT,
+    RUNNER_LOG,
     SCRIPT_DIR,
 )
 from ..core.errors import StateError, UsageError
@@ -62,37 +68,115 @@ def ray_sibling_command(environ: Mapping[str, str]) -> list[str]:
     return [python, str(sibling)] if python else ["uv", "run", "--quiet", "--script", str(sibling)]
 
 
-def launch_on_ray(agent_dir: Path, address: str, runner: list[str], log_fd: int, asked: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
-    """Start the stand-in for agent_dir; its pid and where Ray placed the agent (node_id, host, boot_id).
+def place_timeout(environ: Mapping[str, str]) -> float:
+    """How long a launcher waits for a placement: SPAWN_RAY_PLACE_TIMEOUT seconds, else RAY_PLACE_TIMEOUT_S."""
+    text = environ.get(ENV_RAY_PLACE_TIMEOUT, "").strip()
+    if not text:
+        return RAY_PLACE_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 86400:
+        raise UsageError(f"{ENV_RAY_PLACE_TIMEOUT}={text!r}: give seconds, e.g. {ENV_RAY_PLACE_TIMEOUT}=120")
+    return value
+
+
+def launch_on_ray(
+    agent_dir: Path, address: str, runner: list[str], log_fd: int, asked: Mapping[str, Any]
+) -> tuple[int, int, dict[str, Any]]:
+    """Start the stand-in for agent_dir: its pid, its process group, and where Ray placed the agent (node_id, host, boot_id).
 
     asked (the agent's meta.json to be) goes to the stand-in on stdin: under a
     placed parent, the stand-in asks the parent's host actor for its claim with
     it while this launcher, a descendant of the parent's runner, still waits.
     The stand-in reports one JSON line on a pipe, then points its own stdout
-    at the runner log: nothing Ray prints reaches ours.
+    at the runner log: nothing Ray prints reaches ours. It is told to give up
+    (--place-by) before this launcher does, so that it says why; a stand-in
+    that says nothing in time is ended with its whole process group, and the
+    error quotes the runner log's tail.
     """
-    argv = [*ray_sibling_command(os.environ), "run", "--address", address, "--spawn", *runner, "--", str(agent_dir)]
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, start_new_session=True)
+    timeout = place_timeout(os.environ)
+    started = time.time()
+    place_by = started + timeout * (1 - RAY_PLACE_MARGIN)
+    argv = [*ray_sibling_command(os.environ), "run", "--address", address, "--place-by", f"{place_by:.3f}", "--spawn", *runner]
+    proc = subprocess.Popen(
+        [*argv, "--", str(agent_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, start_new_session=True
+    )
     assert proc.stdin is not None and proc.stdout is not None
     feed_stdin(proc.stdin, json.dumps(dict(asked)).encode())
+    line = placement_line(proc, started + timeout)
+    try:
+        where = json.loads(line) if line.strip() else None
+        if not isinstance(where, dict) or "node_id" not in where:
+            raise ValueError(where.get("error") if isinstance(where, dict) else None)
+    except ValueError as exc:
+        # A stand-in that said why (its error line) or nothing at all: its whole group goes (uv and the Ray driver below it).
+        Supervised.signal_group(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        said = str(exc) if exc.args and exc.args[0] else None
+        if said is None:
+            ended = f"exited {proc.returncode}" if proc.returncode not in (None, -signal.SIGKILL) else f"said nothing in {timeout:.0f} s"
+            said = f"its stand-in (process {proc.pid}) {ended}"
+        raise StateError(f"placement ray:{address}: the agent was not placed: {said}; {log_tail(agent_dir, said)}") from None
+    return (
+        standin_pid(proc.pid, where.get("pid")),
+        proc.pid,
+        {
+            "backend": "ray",
+            "node_id": str(where["node_id"]),
+            "host": where.get("host"),
+            "boot_id": where.get("boot_id"),
+        },
+    )
+
+
+def placement_line(proc: subprocess.Popen[bytes], limit: float) -> bytes:
+    """The stand-in's one line, read until limit (wall clock) or until it exits; its stdout is closed then."""
+    assert proc.stdout is not None
     line = b""
-    limit = time.monotonic() + RAY_PLACE_TIMEOUT_S
-    while not line.endswith(b"\n") and time.monotonic() < limit and proc.poll() is None:
+    while not line.endswith(b"\n") and time.time() < limit:
         if select.select([proc.stdout], [], [], 0.2)[0]:
             chunk = os.read(proc.stdout.fileno(), 4096)
             if not chunk:
                 break
             line += chunk
+        elif proc.poll() is not None:
+            break
     proc.stdout.close()
+    return line
+
+
+def standin_pid(started: int, reported: Any) -> int:
+    """The stand-in's own pid, which it reports: the process we started, or one below it in its group (uv runs it as a child).
+
+    Anything else is not trusted: the process we started is recorded.
+    """
+    if not isinstance(reported, int) or reported == started:
+        return started
     try:
-        where = json.loads(line)
-        if not isinstance(where, dict) or "node_id" not in where:
-            raise ValueError(where.get("error") if isinstance(where, dict) else "no placement")
-    except ValueError as exc:
-        if proc.poll() is None:
-            Supervised.signal_pid(proc.pid, signal.SIGKILL)  # our own child, not yet reaped
-        raise StateError(f"placement ray:{address}: the agent was not placed ({exc}); see {agent_dir}/runner.log") from None
-    return proc.pid, {"backend": "ray", "node_id": str(where["node_id"]), "host": where.get("host"), "boot_id": where.get("boot_id")}
+        proc = psutil.Process(reported)
+        if os.getpgid(reported) == started and started in (p.pid for p in proc.parents()):
+            return reported
+    except (psutil.Error, OSError):
+        pass
+    return started
+
+
+def log_tail(agent_dir: Path, said: str = "", lines: int = 3, width: int = 240) -> str:
+    """The last lines of the agent's runner.log, on one line, for an error message (a line repeating `said` left out)."""
+    try:
+        with open(agent_dir / RUNNER_LOG, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            log.seek(max(0, log.tell() - 8192))
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return f"{agent_dir / RUNNER_LOG} can't be read"
+    kept = [line.strip()[:width] for line in text.splitlines() if line.strip() and not (said and said in line)][-lines:]
+    if not kept:
+        return f"{agent_dir / RUNNER_LOG} says nothing more"
+    return f"{agent_dir / RUNNER_LOG} ends: {' | '.join(kept)}"
 
 
 def feed_stdin(pipe: Any, data: bytes) -> None:
@@ -118,9 +202,23 @@ def ray_standin(meta: AgentMeta, environ: Mapping[str, str]) -> int | None:
         return None
 
 
-def node_lost_reason(meta: AgentMeta) -> str | None:
-    """Why a placed agent's stand-in ended without an outcome: its node, named."""
+def node_lost_reason(meta: AgentMeta, agent_dir: Path) -> str | None:
+    """Why a placed agent's stand-in ended without an outcome.
+
+    The stand-in's last word when it left one (its node lost, its claim
+    refused, its deadline's backstop); else it died where it ran, on the
+    launcher's host, and the agent's node is not blamed.
+    """
     placement = meta.placement or {}
     if placement.get("backend") != "ray":
         return None
-    return f"the Ray node {placement.get('node_id')} (host {placement.get('host')}) running it was lost, or its runner died"
+    node = f"{placement.get('node_id')} (host {placement.get('host')})"
+    try:
+        word = json.loads((agent_dir / RAY_STANDIN_EXIT).read_text())
+    except (OSError, ValueError):
+        word = None
+    if isinstance(word, dict) and isinstance(word.get("reason"), str) and word["reason"]:
+        return str(word["reason"])[:1000]
+    # No word: SIGKILLed there, or the Ray node its driver hung on there died with it (Ray ends such a driver at once).
+    unknown = "without a word (killed there, or its own Ray node there lost)"
+    return f"its stand-in ended on the launcher's host {meta.host} {unknown}; the agent ran on the Ray node {node}"
