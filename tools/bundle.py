@@ -60,6 +60,7 @@ MODULES = (
     "core",
     "placement",
     "protocol",
+    "ledger",
     "fast_start",
     "processes",
     "cluster",

@@ -19,12 +19,12 @@ from pathlib import Path
 
 from .constants import MIN_HOLD_USD, OUTCOME, SLOT_LENT, SLOT_MARKER, SLOT_POLL_S
 from .errors import CorruptRecordError, SpawnError
+from .ledger import budget_left
 from .processes import Supervised, _int_or_none, cgroup_mounts, procfs_is_ours
 from .protocol import (
     DONE_MARKER,
     FAIL_MARKER,
     MarkerEvents,
-    budget_left,
     iter_agent_dirs,
     load_meta,
     open_regular,

@@ -15,9 +15,10 @@ from .agents import summarize_input
 from .constants import ASK_POLL_S, ASK_TIMEOUT_S, ENV_ASK_TIMEOUT
 from .core import estimate_agent, float_or_none, parse_json, redacted_json, self_answer_refusal, token_hex, utc_now_iso
 from .errors import RefusedError, StateError
+from .ledger import read_ledger
 from .output import note
 from .processes import calling_agents
-from .protocol import agent_history, append_jsonl, asks_dir, publish_once, read_ledger, read_limits, write_json_atomic
+from .protocol import agent_history, append_jsonl, asks_dir, publish_once, read_limits, write_json_atomic
 from .records import AgentMeta, AskAnswer, AskAttempt, AskRecord, record_to_json
 from .standin import unix_address
 

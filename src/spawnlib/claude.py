@@ -75,6 +75,7 @@ from .delegates import delegates_in
 from .errors import ExitCode, SpawnError
 from .fast_start import uv_shim_folder
 from .inprocess import in_process_hooks, subagent_definitions, withheld_agent_tool
+from .ledger import over_hold
 from .output import note
 from .processes import Supervised, child_running, procfs_is_ours, runner_index_dir
 from .protocol import (
@@ -87,7 +88,6 @@ from .protocol import (
     asks_dir,
     cache_dir,
     open_regular,
-    over_hold,
     read_text,
     resumed_sdk_session,
 )

@@ -63,6 +63,7 @@ from .executors import Executor, executor_for
 from .fast_start import compiled_script
 from .forkserver import Entry, fork_detached_runner, forkserver_wanted, start_forkserver
 from .inprocess import in_process_tree
+from .ledger import charge
 from .output import note
 from .processes import (
     GUARD_SETTLED,
@@ -87,7 +88,6 @@ from .protocol import (
     AGENTS_DIR,
     DONE_MARKER,
     FAIL_MARKER,
-    charge,
     iter_agent_dirs,
     load_meta,
     open_regular,

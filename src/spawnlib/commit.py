@@ -19,10 +19,10 @@ from typing import Any
 from .constants import HEARTBEAT, NATIVE_LOG, OUTCOME, PAUSED, SLOT_LENT, SLOT_MARKER
 from .core import native_usage, outcome_problem, parse_json, redacted_json, started_timestamp, token_counts
 from .errors import CorruptRecordError, SpawnError
+from .ledger import charge
 from .processes import Supervised, heartbeat_age, stale_in
 from .protocol import (
     STATUS_INDEX,
-    charge,
     ensure_marker,
     load_meta_keyed,
     open_regular,

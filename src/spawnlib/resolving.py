@@ -88,6 +88,7 @@ from .core import (
 from .embedded import builtin_files, builtin_label
 from .errors import RefusedError, SpawnError, StateError, UsageError
 from .executors import executor_for
+from .ledger import reserve_budget
 from .placement import ENV_PLACEMENT, PlacementDecision, decide_placement, narrow_policy, parse_policy, process_needs
 from .processes import (
     _int_or_none,
@@ -113,7 +114,6 @@ from .protocol import (
     load_meta,
     publish_once,
     read_outcome,
-    reserve_budget,
     resolve_session_root,
     session_lock,
     write_json_atomic,

@@ -45,6 +45,7 @@ from .constants import (
 )
 from .core import parse_json, token_counts, token_hex
 from .errors import ExitCode, SpawnError
+from .ledger import read_ledger
 from .output import note
 from .processes import (
     Supervised,
@@ -74,7 +75,6 @@ from .protocol import (
     open_regular,
     pending_asks,
     read_json,
-    read_ledger,
     read_limits,
     read_outcome,
     remove_stray_marker,
