@@ -61,6 +61,7 @@ MODULES = (
     "placement",
     "protocol",
     "ledger",
+    "gateway",
     "fast_start",
     "processes",
     "cluster",

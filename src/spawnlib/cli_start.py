@@ -62,8 +62,10 @@ from .errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, Stat
 from .executors import Executor, executor_for
 from .fast_start import compiled_script
 from .forkserver import Entry, fork_detached_runner, forkserver_wanted, start_forkserver
+from .forkstate import on_fork
+from .gateway import gateway_url, settle_agent, start_gateway, stop_gateway, wants_gateway
 from .inprocess import in_process_tree
-from .ledger import charge
+from .ledger import charge, read_ledger
 from .output import note
 from .processes import (
     GUARD_SETTLED,
@@ -300,17 +302,42 @@ def run_agent(
     finally:
         EarlyStop.arm()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    return finish_agent_run(
-        meta,
-        agent_dir,
-        executor=executor,
-        state=state,
-        started=started,
-        error=error,
-        home_cwd=home_cwd,
-        guard=(guard_pid, guard_pipe),
-        secrets_=secrets_,
-    )
+    try:
+        return finish_agent_run(
+            meta,
+            agent_dir,
+            executor=executor,
+            state=state,
+            started=started,
+            error=error,
+            home_cwd=home_cwd,
+            guard=(guard_pid, guard_pipe),
+            secrets_=secrets_,
+        )
+    finally:
+        while GATEWAYS:  # the root's: the tree has ended
+            stop_gateway(GATEWAYS.pop())
+
+
+# The gateway this process started (a root's runner): stopped when its run ends.
+GATEWAYS: list[subprocess.Popen[bytes] | None] = []
+on_fork("GATEWAYS", GATEWAYS.clear)
+
+
+def metered_outcome(meta: AgentMeta, outcome: Outcome) -> Outcome:
+    """The outcome with the gateway's figure as its cost (the CLI's kept beside), and its refusal as its reason."""
+    session = Path(meta.session)
+    if meta.kind != "claude" or gateway_url(session) is None:
+        return outcome
+    settle_agent(session, meta.id)
+    ledger = read_ledger(session)
+    if meta.id in ledger.spends:
+        outcome.cli_cost_usd, outcome.cost_usd = outcome.cost_usd, round_usd(ledger.spends[meta.id])
+        outcome.cost_estimated = None
+    refusal = ledger.refusals.get(meta.id)
+    if refusal and outcome.status == Status.FAILED:
+        outcome.reason = f"{refusal}; {outcome.reason}"[:2000]
+    return outcome
 
 
 def start_agent_run(
@@ -339,6 +366,9 @@ def start_agent_run(
             meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
         except StateError as exc:
             error = exc.message
+    if meta.parent_id is None and meta.kind == "claude" and wants_gateway(os.environ, Path(meta.session)):
+        # Before the root's CLI, which gets its URL; inside the cgroup, so it ends with the tree.
+        GATEWAYS.append(start_gateway(Path(meta.session), str(compiled_script())))
     if error is None:
         executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
     # Not at the top of the file (the verbs and --dry-run don't need it), and
@@ -375,7 +405,7 @@ def finish_agent_run(
     settle_below(meta, state, secrets_, running_below)
     if has_drop_box(meta):
         record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)
-    outcome = executor.outcome(meta, agent_dir, state, started, error)
+    outcome = metered_outcome(meta, executor.outcome(meta, agent_dir, state, started, error))
     outcome.truncated = truncated_logs(agent_dir) or None
     if meta.isolation == "worktree":
         outcome.worktree = settle_worktree(home_cwd, agent_dir, meta.id)

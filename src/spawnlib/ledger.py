@@ -49,6 +49,14 @@ class LedgerState:
     estimated: set[str] = field(default_factory=set)
     holds: dict[str, tuple[str | None, float]] = field(default_factory=dict)
     """id -> (drawn_from, amount) for every reserve line, charged or not."""
+    spends: dict[str, float] = field(default_factory=dict)
+    """id -> what the gateway metered of its model calls (spend lines): for such an agent, its spend, whatever its charge says."""
+    refusals: dict[str, str] = field(default_factory=dict)
+    """id -> why the gateway last refused one of its model calls."""
+
+    def cost(self, agent_id: str) -> float | None:
+        """What an agent spent: the gateway's figure where it metered the agent, else its charge."""
+        return self.spends[agent_id] if agent_id in self.spends else self.charges.get(agent_id)
 
     def live(self, agent_id: str | None) -> bool:
         return agent_id is not None and agent_id in self.holds and agent_id not in self.charges
@@ -61,22 +69,22 @@ class LedgerState:
         then what it and the holds drawn from it were charged."""
         if self.live(agent_id):
             return self.holds[agent_id][1]
-        return (self.charges.get(agent_id) or 0.0) + sum(self.used_by(c) for c in self.draws(agent_id))
+        return (self.cost(agent_id) or 0.0) + sum(self.used_by(c) for c in self.draws(agent_id))
 
     def free(self, source: str | None, budget: float, own_spend: float = 0.0) -> float:
         """Unreserved USD of a live hold (less its owner's own spend so far), or of the tree (source None)."""
         if source is None:
-            unheld = sum(c or 0.0 for i, c in self.charges.items() if i not in self.holds)
+            unheld = sum(self.cost(i) or 0.0 for i in {*self.charges, *self.spends} if i not in self.holds)
             return budget - unheld - sum(self.used_by(t) for t in self.draws(None))
         return self.holds[source][1] - own_spend - sum(self.used_by(c) for c in self.draws(source))
 
     @property
     def spent(self) -> float:
-        return sum(c for c in self.charges.values() if c is not None)
+        return sum(c for i in {*self.charges, *self.spends} if (c := self.cost(i)) is not None)
 
     @property
     def unknown(self) -> int:
-        return sum(c is None for c in self.charges.values())
+        return sum(self.cost(i) is None for i in self.charges)
 
     @property
     def reserved(self) -> float:
@@ -134,6 +142,11 @@ def ledger_state(lines: Iterable[str]) -> LedgerState:
             if amount is not None:
                 source = entry.get("drawn_from")
                 state.holds[entry["id"]] = (source if isinstance(source, str) else None, amount)
+        elif entry.get("kind") == "spend":
+            spend = ledger_usd(entry.get("cost_usd"))
+            state.spends[entry["id"]] = state.spends.get(entry["id"], 0.0) + (spend or 0.0)
+        elif entry.get("kind") == "refused":
+            state.refusals[entry["id"]] = str(entry.get("reason") or "")
         elif entry["id"] not in state.charges:  # first charge wins; a commit happens once
             state.charges[entry["id"]] = ledger_usd(entry.get("cost_usd"))
             if entry.get("cost_estimated"):
@@ -203,7 +216,7 @@ def charge(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> None:
         return  # refused before it ran: it held and spent nothing
     entry = LedgerEntry(
         id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated,
-        usage=token_counts(outcome.usage) if outcome.usage else None,
+        usage=token_counts(outcome.usage) if outcome.usage else None, cli_cost_usd=outcome.cli_cost_usd,
     )  # fmt: skip
     try:
         with session_lock(agent_dir.parent.parent):
@@ -223,8 +236,8 @@ def budget_left(session: Path, meta: AgentMeta, budget: float) -> tuple[float, s
     """(unreserved USD a new agent may hold, where it is drawn from, the ledger)."""
     state = read_ledger(session)
     source = budget_source(state, meta)
-    own = 0.0
-    if source is not None:
+    own = state.spends.get(source or "", 0.0)  # metered by the tree's gateway
+    if source is not None and source not in state.spends:
         # The parent is still spending from its own hold: count its turns so far.
         with contextlib.suppress(FileNotFoundError, SpawnError):
             own = transcript_spend(session / AGENTS_DIR / source, load_meta(session / AGENTS_DIR / source).model)

@@ -26,6 +26,7 @@ from .cli import (
 from .dag import cmd_dag, cmd_estimate, cmd_state, cmd_workflow
 from .errors import ExitCode, SpawnError, UnknownVerbError
 from .fast_start import install_fast_start
+from .gateway import serve_gateway
 from .options import VERBS, WORKFLOW_VERBS
 from .steering_verbs import STEERING_VERBS, add_steering_arguments, cmd_budget, cmd_send
 
@@ -64,6 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "state": cmd_state,
                 "_run": functools.partial(cmd_background_runner, entry=main),
                 "_guard": cmd_guard,
+                "_gateway": lambda args, _environ: serve_gateway(Path(args.session)),
             }
             handler = handlers[verb]
             return handler(args, environ)

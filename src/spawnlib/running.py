@@ -41,6 +41,7 @@ from .constants import (
 from .core import utc_now_iso
 from .fast_start import compiled_script
 from .forkstate import on_fork
+from .gateway import gateway_environment
 from .placement import ENV_PLACEMENT, ENV_SUBAGENT_DEPTH, IN_PROCESS_POLICIES, subagent_depth_limit
 from .protocol import kill_request_reason
 from .records import AgentMeta, Status
@@ -115,7 +116,21 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
     # word. Anything that can run Bash could set it for a child; it is off for
     # every agent, whatever was inherited.
     env["CLAUDE_CODE_SIMPLE"] = "0"
+    if meta.kind == "claude":
+        env.update(agent_gateway_environment(Path(meta.session), meta.id))
     return env
+
+
+# One credential per agent run (child_environment is asked for it more than once).
+AGENT_CREDENTIALS: dict[tuple[str, str], dict[str, str]] = {}
+on_fork("AGENT_CREDENTIALS", AGENT_CREDENTIALS.clear)
+
+
+def agent_gateway_environment(session: Path, agent_id: str) -> dict[str, str]:
+    key = (str(session), agent_id)
+    if key not in AGENT_CREDENTIALS:
+        AGENT_CREDENTIALS[key] = gateway_environment(session, agent_id)
+    return AGENT_CREDENTIALS[key]
 
 
 def placement_environment(meta: AgentMeta) -> dict[str, str]:
