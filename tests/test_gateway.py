@@ -218,3 +218,21 @@ def test_an_agents_bash_holds_no_real_credential_and_its_direct_calls_are_metere
     assert (state.cost(leaf_id) or 0.0) <= 0.3 + 1e-6
     real = hashlib.sha256(FAKE_API_KEY.encode()).hexdigest()[:12]
     assert {r["credential"] for r in mock_model.requests() if r["path"].startswith("/v1/messages")} == {real}
+
+
+def test_a_rate_limit_is_the_trees_and_no_cli_sees_a_529(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
+    """A 429 with retry-after 2, then three 529s (the CLI gives up on its third): the gateway waits them out, the agent ends done."""
+    steps = [{"error": 429, "times": 1, "retry_after": 2, "text": "after the 429"}, {"error": 529, "times": 3, "text": "after the 529s"}]
+    task = mock_task("limited", [{"bash": "true", **steps[0]}, steps[1]])
+    done = run_spawn(["--task", task, "--tools", "Bash", "--max-budget-usd", "1"], gateway_env(env), timeout=180)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    main = [r for r in mock_model.requests() if r.get("kind") == "main"]
+    statuses = [r["status"] for r in main]
+    assert statuses.count(429) == 1 and statuses.count(529) == 3
+    limited = next(r for r in main if r["status"] == 429)
+    after = next(r for r in main if r["time"] > limited["time"])
+    assert after["time"] - limited["time"] >= 2.0  # retry-after honoured, once, by the gateway
+    # The CLI's own retries would carry x-stainless-retry-count; it sent each step once.
+    assert all(not r.get("retry") for r in main)
+    (outcome,) = [load(d / "outcome.json") for d in agent_dirs(session_root)]
+    assert outcome["status"] == "done" and outcome["text"] == "after the 529s"

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from .constants import CACHE_READ_FACTOR, CACHE_WRITE_1H_FACTOR, CACHE_WRITE_FACTOR, MODEL_PRICES_USD_PER_MTOK, USAGE_COUNTS
-from .core import price_family, round_usd, utc_now_iso
+from .core import float_or_none, price_family, round_usd, utc_now_iso
 from .ledger import append_ledger, read_ledger, top_up_hold
 from .protocol import read_json, read_limits, session_lock, write_json_atomic
 
@@ -61,7 +61,11 @@ INPUT_BYTES_PER_TOKEN = 3
 MIN_OUTPUT_TOKENS = 256
 CUT_BYTES_PER_TOKEN = 4  # a cut stream's output: its deltas' bytes at this rate
 GATEWAY_PAUSE_POLL_S = 0.5
-SETTLE_WAIT_S = 3.0  # a runner waits this long for its agent's last calls to be charged
+SETTLE_WAIT_S = 3.0
+RATE_RETRIES = 8  # a call the API rate-limits is sent again this often before its 429 is passed on
+RATE_BACKOFF_MAX_S = (
+    30.0  # the longest wait between tries without a retry-after  # a runner waits this long for its agent's last calls to be charged
+)
 
 
 # ------------------------------------------------------------------- pure --
@@ -287,6 +291,8 @@ class Gateway:
         self.table = price_table(environ)
         self.inflight: dict[str, Inflight] = {}
         self.client: Any = None
+        self.not_before = 0.0
+        """Monotonic time before which no call goes upstream: the last rate limit's retry-after, for the tree."""
 
     def agent_of(self, headers: Mapping[str, str]) -> str | None:
         value = headers.get("x-api-key") or ""
@@ -506,13 +512,6 @@ async def forward(gw: Gateway, scope: Mapping[str, Any], body: bytes, call: Call
     """Pass the call upstream and its answer back, chunk by chunk as it comes; stop when the caller leaves."""
     import asyncio
 
-    path = scope["path"] + (("?" + scope["query_string"].decode()) if scope.get("query_string") else "")
-    upstream = gw.client.build_request(scope["method"], gw.upstream + path, headers=gw.upstream_headers(scope["headers"]), content=body)
-    try:
-        response = await gw.client.send(upstream, stream=True)
-    except Exception as exc:
-        await send_json(send, 502, api_error("api_error", f"upstream unreachable: {type(exc).__name__}"))
-        return
     gone = asyncio.Event()
 
     async def watch() -> None:
@@ -521,7 +520,12 @@ async def forward(gw: Gateway, scope: Mapping[str, Any], body: bytes, call: Call
         gone.set()
 
     watcher = asyncio.ensure_future(watch())
+    response = None
     try:
+        response = await send_upstream(gw, scope, body, gone)
+        if response is None:
+            await send_json(send, 502, api_error("api_error", "upstream unreachable"))
+            return
         is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
         dropped = ("content-length", "transfer-encoding", "connection", "content-encoding")
         out_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.items() if k.lower() not in dropped]
@@ -545,7 +549,47 @@ async def forward(gw: Gateway, scope: Mapping[str, Any], body: bytes, call: Call
             call.meter.feed_json(whole)
     finally:
         watcher.cancel()
+        if response is not None:
+            await response.aclose()
+
+
+async def send_upstream(gw: Gateway, scope: Mapping[str, Any], body: bytes, gone: Any) -> Any:
+    """The upstream response, once it is not a rate limit (429) or an overload (529); None when unreachable.
+
+    Such an answer is the tree's, not the caller's: its retry-after (else a
+    backoff) holds every call of the tree, and the call is sent again when it
+    passes, so each CLI waits instead of hammering, and none sees a 529 (the
+    CLI gives up after its third).
+    """
+    import asyncio
+
+    path = scope["path"] + (("?" + scope["query_string"].decode()) if scope.get("query_string") else "")
+    headers = gw.upstream_headers(scope["headers"])
+    for attempt in range(RATE_RETRIES + 1):
+        while (wait := gw.not_before - time.monotonic()) > 0:
+            await asyncio.sleep(min(wait, GATEWAY_PAUSE_POLL_S))
+        try:
+            response = await gw.client.send(
+                gw.client.build_request(scope["method"], gw.upstream + path, headers=headers, content=body), stream=True
+            )
+        except Exception:
+            return None
+        if response.status_code not in (429, 529) or attempt == RATE_RETRIES or gone.is_set():
+            return response
         await response.aclose()
+        delay = float_or_none(response.headers.get("retry-after")) or min(RATE_BACKOFF_MAX_S, 2.0**attempt)
+        gw.not_before = max(gw.not_before, time.monotonic() + delay)
+    return None
+
+
+async def exit_with_parent(server: Any) -> None:
+    """The gateway lives as long as the root's runner: once that is gone (even SIGKILLed), no call is served."""
+    import asyncio
+
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(GATEWAY_PAUSE_POLL_S)
+    server.should_exit = True
 
 
 def serve_gateway(session: Path) -> int:
@@ -578,11 +622,13 @@ def serve_gateway(session: Path) -> int:
             write_json_atomic(folder / GATEWAY_RECORD, {"url": url, "pid": os.getpid()})
         sys.stdout.write(url + "\n")
         sys.stdout.flush()
+        orphaned = asyncio.ensure_future(exit_with_parent(server))
         try:
             await server.serve(sockets=[sock])
         finally:
             with contextlib.suppress(OSError):
                 (folder / GATEWAY_RECORD).unlink()
+            orphaned.cancel()
             await gw.client.aclose()
 
     asyncio.run(main())
