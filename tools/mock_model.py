@@ -1211,6 +1211,9 @@ class QuietServer(ThreadingHTTPServer):
     """A client that hangs up mid-answer (a killed CLI) is normal here, not a traceback."""
 
     daemon_threads = True
+    # socketserver's default backlog (5) resets connections when a fan-out's
+    # requests arrive together (16 streams at once, say).
+    request_queue_size = 128
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], ConnectionError):  # reset, broken pipe, aborted
