@@ -149,7 +149,7 @@ def test_under_pause_the_gateway_holds_the_request_until_a_raise(env: dict[str, 
     assert code == spawn.ExitCode.OK, err[-3000:]
     assert raises >= 1
     outcomes = [load(d / "outcome.json") for d in agent_dirs(session_root)]
-    assert [o["status"] for o in outcomes] == ["done"] * 3
+    assert [o["status"] for o in outcomes] == ["done"] * 3, [o.get("reason") for o in outcomes]
     lines = ledger_lines(session_root)
     spent = spawn.ledger_state([json.dumps(line) for line in lines]).spent
     assert spent == pytest.approx(served_usd(mock_model), rel=0.01)

@@ -476,14 +476,17 @@ async def hold_request(gw: Gateway, agent: str, body: bytes, send: Any) -> tuple
     if granted is None or (max_tokens is not None and granted < max_tokens):
         # Short of the whole request: a raise not yet drawn pays for it, at once (as under pause).
         _, whole = hold_plan(math.inf, len(body), model, max_tokens, gw.table)
-        minimum = input_ceiling(len(body), family_prices(model, gw.table)[0]) + MIN_OUTPUT_TOKENS * family_prices(model, gw.table)[1] / 1e6
-        if await asyncio.to_thread(draw_raise, gw, agent, room, whole, minimum) or (
-            granted is None and await asyncio.to_thread(on_budget_of, gw.session, agent) == "pause"
-        ):
-            if granted is None:
+        price_in, price_out = family_prices(model, gw.table)
+        # The least hold_plan grants, and a micro-dollar more: so that a room this big surely grants it.
+        minimum = input_ceiling(len(body), price_in) + MIN_OUTPUT_TOKENS * price_out / 1e6 + 1e-6
+        pause = granted is None and await asyncio.to_thread(on_budget_of, gw.session, agent) == "pause"
+        if await asyncio.to_thread(draw_raise, gw, agent, room, whole, minimum) or pause:
+            while True:
+                room = await asyncio.to_thread(gw.room, agent)
+                granted, reserved = hold_plan(math.inf if room is None else room, len(body), model, max_tokens, gw.table)
+                if granted is not None or not pause:
+                    break
                 await wait_for_room(gw, agent, minimum, whole)
-            room = await asyncio.to_thread(gw.room, agent)
-            granted, reserved = hold_plan(math.inf if room is None else room, len(body), model, max_tokens, gw.table)
     if granted is None:
         left = max(room or 0.0, 0.0)
         why = f"budget: agent {agent}'s hold has ${left:.4f} left, less than its next model request can cost (${reserved:.4f})"
