@@ -609,6 +609,7 @@ def serve_gateway(session: Path) -> int:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)  # before the URL is printed: a caller connects at once, before uvicorn has started
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
 
     async def app(scope: Mapping[str, Any], receive: Any, send: Any) -> None:
