@@ -6,6 +6,7 @@ wheel against the mock server; they are skipped when the SDK is not importable.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -685,3 +686,85 @@ def test_scripted_attempts_count_per_task_whatever_facts_follow_it(server: Serve
     assert mm.script_key("plain task" + facts.format("a", 1)) == mm.script_key("plain task") != mm.script_key("plain")
     log = _read_log(server.log)
     assert log[0]["task_digest"] != log[1]["task_digest"]  # still one digest per agent
+
+
+# ---------------------------------------------------------------- streaming over time, credentials
+
+
+def _stream_request(script: str, **extra: Any) -> bytes:
+    body = json.dumps({"tools": [{"name": "Bash"}], "stream": True, "max_tokens": 32000, "messages": [_user(script)], **extra}).encode()
+    return (
+        b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-api-key: KEY-ONE-1234"
+        b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+
+
+def test_stream_s_spreads_the_events_over_time(server: Server) -> None:
+    """A client reads the first event well before the last: a gateway that buffers would show here."""
+    import socket
+
+    script = 'MOCK[{"text": "heavy", "filler": 2000, "stream_s": 2}]MOCK'
+    arrivals: list[tuple[float, int]] = []
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        start = time.monotonic()
+        sock.sendall(_stream_request(script))
+        received = b""
+        while b"message_stop" not in received:
+            chunk = sock.recv(1 << 16)
+            assert chunk, "the stream ended early"
+            received += chunk
+            arrivals.append((time.monotonic() - start, received.count(b"event: ")))
+    first = next(t for t, events in arrivals if events >= 1)
+    assert first < 1.0 and arrivals[-1][0] >= 1.8, arrivals[:3]
+    assert len(arrivals) > 10  # many reads, each of a few events
+    events = _parse_sse(received.split(b"\r\n\r\n", 1)[1])
+    text = "".join(d["delta"]["text"] for k, d in events if k == "content_block_delta")
+    assert len(text.encode()) == len("heavy\n") + 2000 * mm.BYTES_PER_TOKEN
+    assert events[-2][1]["usage"]["output_tokens"] == len(text.encode()) // mm.BYTES_PER_TOKEN
+    (record,) = _read_log(server.log)
+    assert record["credential"] == hashlib.sha256(b"KEY-ONE-1234").hexdigest()[:12]
+    assert "KEY-ONE-1234" not in server.log.read_text()
+
+
+def test_a_stream_its_client_leaves_logs_what_was_served(server: Server) -> None:
+    import socket
+
+    script = 'MOCK[{"filler": 4000, "stream_s": 4}]MOCK'
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(_stream_request(script))
+        received = b""
+        while received.count(b"event: content_block_delta") < 10:
+            received += sock.recv(1 << 16)
+    deadline = time.monotonic() + 5
+    while not any(r["reply"] == "stream_cut" for r in _read_log(server.log)):
+        assert time.monotonic() < deadline, "no stream_cut record"
+        time.sleep(0.05)
+    answered, cut = _read_log(server.log)
+    assert answered["message_id"] == cut["message_id"] and cut["status"] == 499
+    assert answered["usage"]["output_tokens"] == 4000
+    # The input side was served with message_start; the output, as the deltas sent (a few were in flight).
+    assert cut["usage"]["input_tokens"] == answered["usage"]["input_tokens"]
+    assert 10 * mm.TEXT_CHUNK // 4 <= cut["usage"]["output_tokens"] < 4000 // 2
+
+
+def test_an_answer_is_cut_at_max_tokens_and_bearer_tokens_are_hashed(server: Server) -> None:
+    request = urllib.request.Request(
+        server.url + "/v1/messages",
+        data=json.dumps(
+            {"tools": [{"name": "Bash"}], "max_tokens": 50, "messages": [_user('MOCK[{"bash": "ls", "filler": 500}]MOCK')]}
+        ).encode(),
+        headers={"Content-Type": "application/json", "Authorization": "Bearer TOKEN-TWO-5678"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        reply = json.loads(resp.read())
+    assert reply["stop_reason"] == "max_tokens" and reply["usage"]["output_tokens"] == 50
+    assert [b["type"] for b in reply["content"]] == ["text"] and len(reply["content"][0]["text"]) == 200
+    (record,) = _read_log(server.log)
+    assert record["credential"] == hashlib.sha256(b"TOKEN-TWO-5678").hexdigest()[:12] and record["reply"] == "max_tokens"
+
+
+def test_a_bad_stream_modifier_is_a_script_error() -> None:
+    with pytest.raises(mm.ScriptError, match="stream_s"):
+        mm.normalise_step({"text": "x", "stream_s": -1})
+    assert mm.normalise_step({"text": "x", "stream_s": 1.5, "filler": 3}).filler == 3

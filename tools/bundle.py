@@ -69,6 +69,7 @@ MODULES = (
     "core/placement",
     # session: the on-disk protocol
     "session/protocol",
+    "session/ledger",
     # supervise: processes, the compiled copy, Ray's seam, the commit point
     "supervise/fast_start",
     "supervise/supervisor",
@@ -76,6 +77,7 @@ MODULES = (
     "supervise/commit",
     # policy: admission, definitions and rules, asks, budget and inbox
     "policy/admission",
+    "policy/gateway",
     "policy/agents",
     "policy/model_router",
     "policy/delegates",

@@ -40,8 +40,19 @@ so the server keeps no conversation state. Past the last step it answers
   ``"times": N`` only the first N attempts fail and later ones fall through
   to the rest of the step. ``"retry_after": S`` adds a ``retry-after`` header.
 - Modifiers on any step: ``"sleep": SECONDS`` (delay before answering; alone
-  it answers ``"slept"``) and ``"usage": {"input_tokens": N,
-  "output_tokens": M}``.
+  it answers ``"slept"``), ``"usage": {"input_tokens": N,
+  "output_tokens": M}``, ``"filler": N`` (N tokens of filler text after the
+  step's text: heavy output that is really sent) and ``"stream_s": SECONDS``
+  (a streamed answer's events spread evenly over that time, so a client sees
+  chunks arrive; a stream its client leaves logs a second record, reply
+  ``stream_cut``, whose usage is what was served: the input side, and the
+  deltas' bytes sent / 4 as output).
+- As the API does, an answer longer than the request's ``max_tokens`` is cut
+  there (its text, no tool call, stop_reason ``max_tokens``).
+
+Each log record names the credential the request carried (``credential``:
+12 hex digits of the sha256 of its ``x-api-key``, else its bearer token),
+never the credential itself.
 
 Attempts of a ``"times"`` step are counted per task and step, where the task
 is the text up to the end of its inline script (or up to spawn.py's
@@ -147,11 +158,16 @@ STEP_KEYS = frozenset(
         "times",
         "usage",
         "retry_after",
+        "stream_s",
+        "filler",
     }
 )
 # Small enough that multi-chunk tool input is exercised on ordinary commands,
 # which is how the real API streams input_json_delta.
 JSON_CHUNK = 40
+# A long text streams in pieces of this many bytes, as the API's deltas come (a
+# few tokens each on the API; bigger here so that 20k tokens stay a few hundred events).
+TEXT_CHUNK = 400
 SLEEP_POLL = 0.1
 MAX_BODY = 64 * 1024 * 1024
 
@@ -175,6 +191,10 @@ class Step:
     times: int | None = None
     retry_after: float | None = None
     usage: dict[str, int] | None = None
+    stream_s: float = 0.0
+    """A streamed answer's events are spread evenly over this many seconds (0: written at once)."""
+    filler: int = 0
+    """Output tokens of filler text after the step's text (BYTES_PER_TOKEN bytes each): heavy output that is really sent."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +219,8 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
     cache_writes: tuple[tuple[str, float], ...] = ()
     """(prefix key, TTL seconds) the prompt cache stores once the answer starts."""
+    stream_s: float = 0.0
+    """A streamed answer's events are spread over this many seconds."""
 
 
 # ---------------------------------------------------------------- pure core
@@ -418,6 +440,8 @@ def normalise_step(raw: dict[str, Any]) -> Step:
         times=None if times is None else int(times),
         retry_after=_number(raw, "retry_after"),
         usage=cast("dict[str, int] | None", usage),
+        stream_s=_number(raw, "stream_s") or 0.0,
+        filler=int(_number(raw, "filler") or 0),
     )
 
 
@@ -632,12 +656,32 @@ class PromptCache:
                 self.entries[key] = (now + ttl, ttl)
 
 
+def filler_text(tokens: int) -> str:
+    """tokens * BYTES_PER_TOKEN bytes of prose-like text (words, spaces, a newline now and then)."""
+    unit = "lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor\n"
+    size = tokens * BYTES_PER_TOKEN
+    return (unit * (size // len(unit) + 1))[:size]
+
+
 def build_message(
-    step: Step, model: str, message_id: str, tool_id: str, request_bytes: int, *, cache: CachePlan | None = None
+    step: Step,
+    model: str,
+    message_id: str,
+    tool_id: str,
+    request_bytes: int,
+    *,
+    cache: CachePlan | None = None,
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The non-streaming Messages API response for a (non-error) step."""
+    """The non-streaming Messages API response for a (non-error) step.
+
+    As the API does, an answer longer than the request's max_tokens is cut
+    there: its text to max_tokens' bytes, no tool call, stop_reason max_tokens.
+    """
     content: list[dict[str, Any]] = []
     text = step.text
+    if step.filler:
+        text = filler_text(step.filler) if text is None else f"{text}\n{filler_text(step.filler)}"
     if text is None and step.tool is None:
         text = SLEPT_TEXT if step.sleep else PAST_END_TEXT
     if text is not None:
@@ -660,13 +704,18 @@ def build_message(
         usage = cache_usage(0, NO_CACHE) | {"input_tokens": 0}
     usage["output_tokens"] = estimate_tokens(output_chars)
     usage.update(scripted)
+    stop_reason = "tool_use" if step.tool is not None else "end_turn"
+    if max_tokens is not None and usage.get("output_tokens", 0) > max_tokens:
+        kept = max(0, max_tokens * BYTES_PER_TOKEN)
+        content = [{"type": "text", "text": (text or "")[:kept]}]
+        usage["output_tokens"], stop_reason = max_tokens, "max_tokens"
     return {
         "id": message_id,
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": "tool_use" if step.tool is not None else "end_turn",
+        "stop_reason": stop_reason,
         "stop_sequence": None,
         "usage": usage,
     }
@@ -688,7 +737,9 @@ def sse_events(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     for index, block in enumerate(message["content"]):
         if block["type"] == "text":
             opening: dict[str, Any] = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": block["text"]}]
+            text = block["text"]
+            pieces = [text[i : i + TEXT_CHUNK] for i in range(0, len(text), TEXT_CHUNK)] or [""]
+            deltas = [{"type": "text_delta", "text": piece} for piece in pieces]
         else:
             opening = dict(block, input={})
             raw = json.dumps(block["input"])
@@ -745,6 +796,7 @@ def log_record(
     headers: Mapping[str, str] | None = None,
     usage: Mapping[str, Any] | None = None,
     body: Mapping[str, Any] | None = None,
+    message_id: str | None = None,
 ) -> dict[str, Any]:
     tools = request.get("tools")
     headers = headers or {}  # names in lower case
@@ -783,7 +835,33 @@ def log_record(
         # Tokens of tools and system (the head siblings can share), as the cache counts them.
         "head_tokens": sum(len(_compact(b)) for place, b in _cacheable_blocks(request) if place in ("tool", "system")) // BYTES_PER_TOKEN,
         "usage": dict(usage) if usage is not None else None,
+        # Which answer: a stream cut short logs a second record of the same id, with what was served.
+        "message_id": message_id,
+        # Which credential asked, as a short hash: a test tells the real one from an agent's without logging either.
+        "credential": credential_hash(headers),
     } | ({"body": dict(body)} if body is not None else {})
+
+
+def credential_hash(headers: Mapping[str, str]) -> str | None:
+    """The first 12 hex digits of sha256 of the request's x-api-key, else of its bearer token (None: neither)."""
+    value = headers.get("x-api-key")
+    if not value:
+        auth = headers.get("authorization", "")
+        value = auth[7:] if auth.lower().startswith("bearer ") else None
+    return hashlib.sha256(value.encode()).hexdigest()[:12] if value else None
+
+
+def served_usage(usage: Mapping[str, Any], events: Sequence[tuple[str, dict[str, Any]]], sent: int) -> dict[str, Any]:
+    """What the first `sent` events of a stream served: its input side once message_start went,
+    and the output bytes of the deltas sent at BYTES_PER_TOKEN (the scripted model's own rule)."""
+    if sent <= 0:
+        return {k: 0 for k in DELTA_USAGE_KEYS}
+    out = 0
+    for _, data in events[:sent]:
+        delta = data.get("delta") if data.get("type") == "content_block_delta" else None
+        if isinstance(delta, dict):
+            out += len(str(delta.get("text") or delta.get("partial_json") or "").encode())
+    return dict(usage, output_tokens=out // BYTES_PER_TOKEN)
 
 
 def _digest(value: object) -> str | None:
@@ -908,10 +986,14 @@ class MockState:
             plan = self.cache_plan(request)
         except ScriptError as exc:
             return Reply(400, error_body(400, f"mock_model: {exc}"), "cache_error"), "main", digest, index, 0.0
-        message = build_message(step, model, message_id, tool_id, body_bytes, cache=plan)
+        max_tokens = request.get("max_tokens")
+        max_tokens = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) else None
+        message = build_message(step, model, message_id, tool_id, body_bytes, cache=plan, max_tokens=max_tokens)
         if not summary:
             summary = f"tool:{step.tool}" if step.tool is not None else "text"
-        return Reply(200, message, summary, cache_writes=plan.writes), "main", digest, index, step.sleep
+        if message["stop_reason"] == "max_tokens":
+            summary = "max_tokens"
+        return Reply(200, message, summary, cache_writes=plan.writes, stream_s=step.stream_s), "main", digest, index, step.sleep
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -1046,14 +1128,15 @@ class Handler(BaseHTTPRequestHandler):
             return
         reply, kind, digest, index, sleep = self.state.decide(request, len(raw))
 
-        def log(status: int, summary: str) -> None:
+        def log(status: int, summary: str, usage: Mapping[str, Any] | None = None) -> None:
             record = log_record(
                 path=self.path, method="POST", body_bytes=len(raw), request=request,
                 kind=kind, digest=digest, index=index, status=status, reply=summary,
                 user_agent=self.headers.get("User-Agent"),
                 headers=self._lower_headers(),
-                usage=reply.body.get("usage") if status == 200 else None,
+                usage=usage if usage is not None else (reply.body.get("usage") if status == 200 else None),
                 body=request if self.state.log_bodies else None,
+                message_id=reply.body.get("id") if reply.status == 200 else None,
             )  # fmt: skip
             self.state.log(record)
 
@@ -1064,10 +1147,39 @@ class Handler(BaseHTTPRequestHandler):
         # Logged before it is sent: whoever has read the answer finds it in the log.
         log(reply.status, reply.summary)
         self.state.answering(reply)
-        if reply.status == 200 and request.get("stream"):
+        if reply.status == 200 and request.get("stream") and reply.stream_s > 0:
+            sent = self._stream_spread(reply)
+            events = sse_events(reply.body)
+            if sent < len(events):
+                log(499, "stream_cut", served_usage(reply.body["usage"], events, sent))
+        elif reply.status == 200 and request.get("stream"):
             self._send(200, sse_body(reply.body), "text/event-stream", reply.headers)
         else:
             self._send_json(reply.status, reply.body, reply.headers)
+
+    def _stream_spread(self, reply: Reply) -> int:
+        """Write a streamed answer's events evenly over reply.stream_s; how many went before the client left."""
+        frames = [sse_frame(event, data) for event, data in sse_events(reply.body)]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(sum(map(len, frames))))
+        self.send_header("request-id", f"req_mock{self.state.next_id():08d}")
+        for name, value in reply.headers:
+            self.send_header(name, value)
+        self.end_headers()
+        gap = reply.stream_s / max(1, len(frames) - 1)
+        start = time.monotonic()
+        for n, frame in enumerate(frames):
+            if n and not self._sleep(start + n * gap - time.monotonic()):
+                self.close_connection = True
+                return n
+            try:
+                self.wfile.write(frame)
+                self.wfile.flush()
+            except ConnectionError:
+                self.close_connection = True
+                return n
+        return len(frames)
 
     def do_HEAD(self) -> None:
         # A HEAD answer must carry no body, or the next response on this
@@ -1099,6 +1211,9 @@ class QuietServer(ThreadingHTTPServer):
     """A client that hangs up mid-answer (a killed CLI) is normal here, not a traceback."""
 
     daemon_threads = True
+    # socketserver's default backlog (5) resets connections when a fan-out's
+    # requests arrive together (16 streams at once, say).
+    request_queue_size = 128
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], ConnectionError):  # reset, broken pipe, aborted

@@ -26,6 +26,7 @@ from .core import LEAF_STEPS, MEMORY_LEAF_SLEEP_S, SPAWN, WAIT_MIN_HEAD_START_S,
 from .dag import dag_overhead
 from .environment import UvFound, bench_environment, find_uv, private_pycache
 from .fanout import FanOut, fanout, fanout_rounds
+from .gateway import gateway_rounds
 from .inprocess import inprocess_chain_rounds
 from .mcp_wait import mcp_samples
 from .report import print_schema_chain, report, schema_chain_targets, series_json
@@ -69,6 +70,8 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> ar
         "--mcp-samples", type=int, default=7, metavar="N", help="tools/mcp_server.py samples, if mcp is installed (default 7; 0 skips)"
     )
     p.add_argument("--json", metavar="FILE", help="also write a JSON summary to FILE")
+    p.add_argument("--gateway-rounds", type=int, default=5, metavar="N", help="P11's interleaved rounds (default 5; 0 skips)")
+    p.add_argument("--only-gateway", action="store_true", help="P11 only: time to first byte through the gateway / direct")
     p.add_argument("--timeout", type=float, default=120.0, metavar="S", help="limit for any one run (default 120)")
     p.add_argument(
         "--pycache",
@@ -203,8 +206,12 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
             print(uv.describe(), flush=True)
             if args.compare is not None:
                 print(f"--compare: {args.compare} against {SPAWN}", flush=True)
-            summary = {"targets": []} if args.only_inprocess else measure_all(args, bench, uv, env=env, warm_env=warm_env, started=started)
-            if args.inprocess_rounds > 0 and not args.only_waitperf and not args.only_chains:
+            only = args.only_inprocess or args.only_gateway
+            summary = {"targets": []} if only else measure_all(args, bench, uv, env=env, warm_env=warm_env, started=started)
+            if args.gateway_rounds > 0 and not args.only_inprocess and not args.only_chains:
+                p11 = gateway_rounds(mock.url, workdir, args.gateway_rounds)
+                summary["targets"].append({**vars(p11), "met": p11.met})
+            if args.inprocess_rounds > 0 and not args.only_waitperf and not args.only_chains and not args.only_gateway:
                 print(f"P10: in-process chain, {args.inprocess_rounds} rounds ...", flush=True)
                 p10 = inprocess_chain_rounds(bench, args.inprocess_rounds)
                 target = p10.pop("target")

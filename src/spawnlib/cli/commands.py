@@ -150,6 +150,8 @@ def build_verb_parser(verb: str) -> Parser:
         p.add_argument("--text", action="store_true", help="one line of text instead of JSON")
     elif verb in WORKFLOW_VERBS:
         add_workflow_options(p, verb)
+    elif verb == "_gateway":
+        p.add_argument("session")
     elif verb in ("_run", "_guard"):
         p.add_argument("agent_dir")
         if verb == "_guard":  # the runner's exit status, for the guard above a root (GUARD_ABOVE_BOOTSTRAP)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..core.errors import ExitCode, SpawnError, UnknownVerbError
+from ..policy.gateway import serve_gateway
 from ..run.broker import brokered
 from ..supervise.fast_start import install_fast_start
 from .commands import (
@@ -66,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "state": cmd_state,
                 "_run": functools.partial(cmd_background_runner, entry=main),
                 "_guard": cmd_guard,
+                "_gateway": lambda args, _environ: serve_gateway(Path(args.session)),
             }
             handler = handlers[verb]
             return handler(args, environ)

@@ -187,5 +187,5 @@ WORKFLOW_VERBS = ("plan", "build", "explore", "run-plan-build", "run-all", "stat
 VERBS = (
     *("wait", "status", "kill", "reap", "approve", "deny", "send", "budget", "agents", "dag", "estimate"),
     *WORKFLOW_VERBS,
-    *("_run", "_guard"),
+    *("_run", "_guard", "_gateway"),
 )

@@ -49,6 +49,7 @@ from ..core.records import EXIT_FOR_STATUS, AgentMeta, R, Status, record_to_json
 from ..policy.admission import lend_slot, take_back_slot, usable_cpus
 from ..policy.steering import SentMessages, paused_note
 from ..run.runner import descendants_of, settle_agents
+from ..session.ledger import read_ledger
 from ..session.protocol import (
     AGENTS_DIR,
     DONE_MARKER,
@@ -62,7 +63,6 @@ from ..session.protocol import (
     open_regular,
     pending_asks,
     read_json,
-    read_ledger,
     read_limits,
     read_outcome,
     remove_stray_marker,

@@ -12,7 +12,6 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -301,76 +300,6 @@ def estimate_cost(turns: Iterable[tuple[str, Mapping[str, Any]]]) -> float:
         read_in += CACHE_WRITE_FACTOR * (written - one_hour) + CACHE_WRITE_1H_FACTOR * one_hour
         total += (read_in * price_in + tokens(usage, "output_tokens") * price_out) / 1e6
     return round(total, 6)
-
-
-@dataclass
-class LedgerState:
-    """The tree budget as ledger.jsonl tells it (see sessions/README.md, "Budget")."""
-
-    charges: dict[str, float | None] = field(default_factory=dict)
-    """id -> what it spent (None: unknown)."""
-    estimated: set[str] = field(default_factory=set)
-    holds: dict[str, tuple[str | None, float]] = field(default_factory=dict)
-    """id -> (drawn_from, amount) for every reserve line, charged or not."""
-
-    def live(self, agent_id: str | None) -> bool:
-        return agent_id is not None and agent_id in self.holds and agent_id not in self.charges
-
-    def draws(self, source: str | None) -> list[str]:
-        return [i for i, (src, _) in self.holds.items() if src == source]
-
-    def used_by(self, agent_id: str) -> float:
-        """What a hold takes from where it was drawn: all of it while live,
-        then what it and the holds drawn from it were charged."""
-        if self.live(agent_id):
-            return self.holds[agent_id][1]
-        return (self.charges.get(agent_id) or 0.0) + sum(self.used_by(c) for c in self.draws(agent_id))
-
-    def free(self, source: str | None, budget: float, own_spend: float = 0.0) -> float:
-        """Unreserved USD of a live hold (less its owner's own spend so far), or of the tree (source None)."""
-        if source is None:
-            unheld = sum(c or 0.0 for i, c in self.charges.items() if i not in self.holds)
-            return budget - unheld - sum(self.used_by(t) for t in self.draws(None))
-        return self.holds[source][1] - own_spend - sum(self.used_by(c) for c in self.draws(source))
-
-    @property
-    def spent(self) -> float:
-        return sum(c for c in self.charges.values() if c is not None)
-
-    @property
-    def unknown(self) -> int:
-        return sum(c is None for c in self.charges.values())
-
-    @property
-    def reserved(self) -> float:
-        """Held by live agents and not yet charged to anyone."""
-        # An agent that overran its hold (by its last turn) holds nothing more.
-        return sum(max(0.0, self.holds[i][1] - sum(self.used_by(c) for c in self.draws(i))) for i in self.holds if self.live(i))
-
-
-def ledger_state(lines: Iterable[str]) -> LedgerState:
-    """Fold ledger.jsonl lines; unreadable lines are skipped (each write is one whole line)."""
-    import math  # builtin, but every level pays for module-top imports
-
-    state = LedgerState()
-    for line in lines:
-        try:
-            entry = parse_json(line)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            continue
-        if entry.get("kind") == "reserve":
-            amount = entry.get("amount_usd")
-            if isinstance(amount, int | float) and math.isfinite(amount):
-                source = entry.get("drawn_from")
-                state.holds[entry["id"]] = (source if isinstance(source, str) else None, float(amount))
-        elif entry["id"] not in state.charges:  # first charge wins; a commit happens once
-            cost = entry.get("cost_usd")
-            state.charges[entry["id"]] = float(cost) if isinstance(cost, int | float) and math.isfinite(cost) else None
-            if entry.get("cost_estimated"):
-                state.estimated.add(entry["id"])
-    return state
 
 
 def truncate_for_stdout(output: Any, full_path: Path) -> tuple[Any, bool]:

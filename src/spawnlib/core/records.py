@@ -187,6 +187,8 @@ class Outcome:
     """Absent, not 0, when unknown."""
     cost_estimated: bool | None = None
     """True when cost_usd was priced from the transcript (no result from the CLI)."""
+    cli_cost_usd: float | None = None
+    """The CLI's own figure, kept beside cost_usd when the tree's gateway metered the agent's calls."""
     usage: dict[str, Any] | None = None
     turns: int | None = None
     sdk_session_id: str | None = None
@@ -259,6 +261,8 @@ class LedgerEntry:
     """reserve: id of the ancestor whose hold pays for it; absent: the tree's remainder."""
     usage: dict[str, int] | None = None
     """charge: its token counts (USAGE_COUNTS), cache reads and writes beside input and output."""
+    cli_cost_usd: float | None = None
+    """charge: the CLI's own figure, where the gateway's is cost_usd."""
 
 
 @dataclass

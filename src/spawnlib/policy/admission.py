@@ -20,11 +20,11 @@ from pathlib import Path
 from ..core.constants import MIN_HOLD_USD, OUTCOME, SLOT_LENT, SLOT_MARKER, SLOT_POLL_S
 from ..core.errors import CorruptRecordError, SpawnError
 from ..core.records import AgentMeta, Status
+from ..session.ledger import budget_left
 from ..session.protocol import (
     DONE_MARKER,
     FAIL_MARKER,
     MarkerEvents,
-    budget_left,
     iter_agent_dirs,
     load_meta,
     open_regular,

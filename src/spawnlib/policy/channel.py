@@ -19,7 +19,8 @@ from ..core.output import note
 from ..core.prelude import unix_address
 from ..core.pure import estimate_agent, float_or_none, parse_json, redacted_json, self_answer_refusal, token_hex, utc_now_iso
 from ..core.records import AgentMeta, AskAnswer, AskAttempt, AskRecord, record_to_json
-from ..session.protocol import agent_history, append_jsonl, asks_dir, publish_once, read_ledger, read_limits, write_json_atomic
+from ..session.ledger import read_ledger
+from ..session.protocol import agent_history, append_jsonl, asks_dir, publish_once, read_limits, write_json_atomic
 from ..supervise.supervisor import calling_agents
 from .agents import summarize_input
 

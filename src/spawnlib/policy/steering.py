@@ -17,24 +17,20 @@ from typing import Any
 
 import psutil
 
-from ..core.constants import LEDGER, LIMITS, PAUSED, TRANSCRIPT
+from ..core.constants import PAUSED, TRANSCRIPT
 from ..core.errors import RefusedError, SpawnError, StateError, UsageError
 from ..core.prelude import unix_address
-from ..core.pure import estimate_cost, ledger_state, parse_json, round_usd, utc_now_iso
+from ..core.pure import estimate_cost, parse_json, round_usd, utc_now_iso
 from ..core.records import AgentMeta, Status, record_to_json
+from ..session.ledger import append_budget_change, hold_need, hold_of, over_hold, top_up_hold
 from ..session.protocol import (
     AGENTS_DIR,
     append_jsonl,
-    append_ledger,
     append_transcript,
-    ledger_text,
     load_meta,
-    over_hold,
-    read_ledger,
     read_limits,
     read_outcome,
     read_text,
-    session_lock,
     write_json_atomic,
 )
 from ..supervise.supervisor import Supervised, calling_agents
@@ -122,21 +118,6 @@ class PausedRecord:
     """How much more its hold needs for its next turn (that turn priced as its last)."""
     deadline: float | None = None
     """Unix seconds: it ends `timeout` then, paused or not."""
-
-
-@dataclass
-class BudgetChange:
-    """A `budget` line of ledger.jsonl: the tree's budget from now on.
-
-    It has no `id`, so a spawn.py that predates it skips the line (readers
-    take a line with an id and no kind for a charge).
-    """
-
-    time: str
-    max_budget_usd: float
-    previous_usd: float
-    by: str
-    kind: str = "budget"
 
 
 # ------------------------------------------------------------ who may steer --
@@ -447,75 +428,12 @@ def _outcome_of(agent_dir: Path, agent_id: str) -> FinishedError | None:
 # -------------------------------------------------------------- the budget --
 
 
-@dataclass
-class BudgetState:
-    """The tree budget's changes as the ledger's `budget` lines tell them."""
-
-    budget: float | None = None
-    """The last budget line's max_budget_usd; None: limits.json's stands."""
-    raised: float = 0.0
-    """What the budget lines added in all: the pool that paused agents' holds grow from."""
-    topped_up: float = 0.0
-    """What holds grew by from that pool (reserve lines with topped_up_usd)."""
-
-
-def budget_state(lines: Iterable[str]) -> BudgetState:
-    """Fold ledger.jsonl's budget and top-up lines (pure); other lines are ledger_state's."""
-    state = BudgetState()
-    for line in lines:
-        with contextlib.suppress(ValueError):
-            entry = parse_json(line)
-            if not isinstance(entry, dict):
-                continue
-            if entry.get("kind") == "budget" and "id" not in entry:
-                new, old = entry.get("max_budget_usd"), entry.get("previous_usd")
-                if isinstance(new, int | float) and isinstance(old, int | float) and _finite(new) and _finite(old):
-                    state.budget = float(new)
-                    state.raised += float(new) - float(old)
-            elif entry.get("kind") == "reserve" and _finite(entry.get("topped_up_usd")):
-                state.topped_up += float(entry["topped_up_usd"])
-    return state
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
-def read_budget_state(session: Path) -> BudgetState:
-    try:
-        return budget_state(ledger_text(session).splitlines())
-    except FileNotFoundError:
-        return BudgetState()
-
-
-def tree_budget(session: Path) -> float | None:
-    """The tree's budget now: the last `budget` line's, else limits.json's."""
-    changed = read_budget_state(session).budget
-    return changed if changed is not None else read_limits(session).max_budget_usd
-
-
 def change_budget(session: Path, raise_usd: float | None, set_usd: float | None, by: str, secrets_: Sequence[str]) -> dict[str, Any]:
-    """Append the tree's new budget to its ledger (under the session lock); what changed."""
+    """Change the tree's budget (its ledger line, under the session lock); what changed, and who is paused now."""
     for flag, value in (("--raise", raise_usd), ("--set", set_usd)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{flag} {value}: give a non-negative number of USD")
-    with session_lock(session):
-        limits = read_limits(session)
-        budget = tree_budget(session)
-        if budget is None or limits.max_budget_usd is None:
-            raise UsageError(f"session {session.name} has no budget (its root ran without --max-budget-usd); there is nothing to raise")
-        ledger = read_ledger(session)
-        new = budget + raise_usd if raise_usd is not None else float(set_usd or 0.0)
-        floor = ledger.spent + ledger.reserved
-        if new + 1e-9 < floor:
-            raise UsageError(
-                f"--set {new:g} is below what the tree has spent and holds (${floor:.4f}); set at least that, or wait for agents to end"
-            )
-        change = BudgetChange(utc_now_iso(), round_usd(new) or 0.0, round_usd(budget) or 0.0, by)
-        append_ledger(session, record_to_json(change), secrets_)
-        # limits.json follows, so that every reader of the cap (admission,
-        # status, the MCP server) sees it; the ledger line, first, is the record.
-        write_json_atomic(session / LIMITS, record_to_json(dataclasses.replace(limits, max_budget_usd=change.max_budget_usd)))
+    change = append_budget_change(session, raise_usd, set_usd, by, secrets_)
     return {
         "session": str(session),
         "max_budget_usd": change.max_budget_usd,
@@ -540,61 +458,6 @@ def paused_agents(session: Path) -> list[dict[str, Any]]:
             if read_outcome(path.parent) is None and Supervised(meta.pid, meta.create_time).alive():
                 found.append(record)
     return found
-
-
-def hold_chain(ledger: Any, agent_id: str) -> list[str]:
-    """The live holds a top-up of agent_id's hold passes through: its own, then each live one it draws from (pure)."""
-    chain, current, seen = [], agent_id, set()
-    while current is not None and current in ledger.holds and current not in seen:
-        seen.add(current)
-        if ledger.live(current):
-            chain.append(current)
-        current = ledger.holds[current][0]
-    return chain
-
-
-def top_up_hold(session: Path, agent_id: str, needed: float, secrets_: Sequence[str]) -> float | None:
-    """Grow a paused agent's hold by needed from what `budget` raised, under the session lock; the new hold, or None.
-
-    The holds it draws from grow by as much (their own room is unchanged),
-    and the tree's remainder must have it: a raise is spent by the paused
-    agents that need it, a turn at a time, and never more than was raised.
-    """
-    with session_lock(session):
-        text = ledger_text(session) if (session / LEDGER).exists() else ""
-        lines = text.splitlines()
-        ledger, changes = ledger_state(lines), budget_state(lines)
-        budget = changes.budget if changes.budget is not None else read_limits(session).max_budget_usd
-        chain = hold_chain(ledger, agent_id)
-        if budget is None or not chain or changes.raised - changes.topped_up + 1e-9 < needed:
-            return None
-        if ledger.free(None, budget) + 1e-9 < needed:
-            return None
-        now = utc_now_iso()
-        for n, holder in enumerate(chain):
-            source, amount = ledger.holds[holder]
-            line: dict[str, Any] = {"id": holder, "time": now, "kind": "reserve", "amount_usd": round_usd(amount + needed)}
-            if source is not None:
-                line["drawn_from"] = source
-            if n == 0:
-                line["topped_up_usd"] = round_usd(needed)
-            append_ledger(session, line, secrets_)
-        return float(round_usd(ledger.holds[agent_id][1] + needed) or 0.0)
-
-
-def hold_need(session: Path, agent_id: str, own_spend: float, last_turn: float) -> tuple[float, float, float] | None:
-    """(spent, hold, needed) of an agent whose next turn its hold can't pay for, else None."""
-    ledger = read_ledger(session)
-    if not ledger.live(agent_id):
-        return None
-    hold = ledger.holds[agent_id][1]
-    spent = own_spend + sum(ledger.used_by(c) for c in ledger.draws(agent_id))
-    needed = spent + last_turn - hold
-    if spent < hold and needed <= 0:
-        return None
-    # At least a cent, rounded up to the micro-dollar: a hold that grows by a
-    # hair's breadth would pause again at once.
-    return spent, hold, max(0.01, math.ceil(max(needed, 0.0) * 1e6) / 1e6)
 
 
 class BudgetPause:
@@ -704,8 +567,7 @@ class BudgetPause:
         paused_s = round(time.monotonic() - self.paused_at, 3)
         self.paused = None
         self.unmark()
-        ledger = read_ledger(self.session)
-        hold = ledger.holds.get(self.meta.id, (None, 0.0))[1]
+        hold = hold_of(self.session, self.meta.id)
         self._line(RESUMED_LINE, {"paused_s": paused_s, "hold_usd": round_usd(hold), "topped_up_usd": round_usd(topped)})
         self.resumed.set()
 

@@ -77,6 +77,7 @@ from ..policy.agents import (
 from ..policy.channel import ask_timeout, open_ask, prompt_person
 from ..policy.delegates import delegates_in
 from ..policy.steering import cli_budget_cap, pause_hooks
+from ..session.ledger import over_hold
 from ..session.protocol import (
     AGENTS_DIR,
     STATUS_CACHE,
@@ -87,7 +88,6 @@ from ..session.protocol import (
     asks_dir,
     cache_dir,
     open_regular,
-    over_hold,
     read_text,
     resumed_sdk_session,
 )

@@ -92,6 +92,7 @@ from ..policy.agents import (
 from ..policy.channel import confirm_spawn
 from ..policy.model_router import ROUTE_MODEL_TIER, route_by_model
 from ..policy.steering import ENV_ON_BUDGET, ON_BUDGET_DEFAULT, ancestry_on_budget, narrow_on_budget, wait_while_paused
+from ..session.ledger import reserve_budget
 from ..session.protocol import (
     AGENTS_DIR,
     create_agent_dir,
@@ -101,7 +102,6 @@ from ..session.protocol import (
     load_meta,
     publish_once,
     read_outcome,
-    reserve_budget,
     resolve_session_root,
     session_lock,
     write_json_atomic,

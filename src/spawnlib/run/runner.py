@@ -46,6 +46,7 @@ from ..core.constants import (
     TRANSCRIPT,
 )
 from ..core.errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, StateError
+from ..core.forkstate import on_fork
 from ..core.output import note
 from ..core.pure import (
     float_or_none,
@@ -62,11 +63,12 @@ from ..core.pure import (
 )
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Heartbeat, Outcome, Status, record_from_json, record_to_json
 from ..policy.admission import try_take_slot
+from ..policy.gateway import gateway_url, settle_agent, start_gateway, stop_gateway, wants_gateway
+from ..session.ledger import charge, read_ledger
 from ..session.protocol import (
     AGENTS_DIR,
     DONE_MARKER,
     FAIL_MARKER,
-    charge,
     iter_agent_dirs,
     load_meta,
     open_regular,
@@ -304,17 +306,42 @@ def run_agent(
     finally:
         EarlyStop.arm()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
-    return finish_agent_run(
-        meta,
-        agent_dir,
-        executor=executor,
-        state=state,
-        started=started,
-        error=error,
-        home_cwd=home_cwd,
-        guard=(guard_pid, guard_pipe),
-        secrets_=secrets_,
-    )
+    try:
+        return finish_agent_run(
+            meta,
+            agent_dir,
+            executor=executor,
+            state=state,
+            started=started,
+            error=error,
+            home_cwd=home_cwd,
+            guard=(guard_pid, guard_pipe),
+            secrets_=secrets_,
+        )
+    finally:
+        while GATEWAYS:  # the root's: the tree has ended
+            stop_gateway(GATEWAYS.pop())
+
+
+# The gateway this process started (a root's runner): stopped when its run ends.
+GATEWAYS: list[subprocess.Popen[bytes] | None] = []
+on_fork("GATEWAYS", GATEWAYS.clear)
+
+
+def metered_outcome(meta: AgentMeta, outcome: Outcome) -> Outcome:
+    """The outcome with the gateway's figure as its cost (the CLI's kept beside), and its refusal as its reason."""
+    session = Path(meta.session)
+    if meta.kind != "claude" or gateway_url(session) is None:
+        return outcome
+    settle_agent(session, meta.id)
+    ledger = read_ledger(session)
+    if meta.id in ledger.spends:
+        outcome.cli_cost_usd, outcome.cost_usd = outcome.cost_usd, round_usd(ledger.spends[meta.id])
+        outcome.cost_estimated = None
+    refusal = ledger.refusals.get(meta.id)
+    if refusal and outcome.status == Status.FAILED:
+        outcome.reason = f"{refusal}; {outcome.reason}"[:2000]
+    return outcome
 
 
 def start_agent_run(
@@ -343,6 +370,9 @@ def start_agent_run(
             meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
         except StateError as exc:
             error = exc.message
+    if meta.parent_id is None and meta.kind == "claude" and wants_gateway(os.environ, Path(meta.session)):
+        # Before the root's CLI, which gets its URL; inside the cgroup, so it ends with the tree.
+        GATEWAYS.append(start_gateway(Path(meta.session), str(compiled_script())))
     if error is None:
         executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
     # Not at the top of the file (the verbs and --dry-run don't need it), and
@@ -379,7 +409,7 @@ def finish_agent_run(
     settle_below(meta, state, secrets_, running_below)
     if has_drop_box(meta):
         record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)
-    outcome = executor.outcome(meta, agent_dir, state, started, error)
+    outcome = metered_outcome(meta, executor.outcome(meta, agent_dir, state, started, error))
     outcome.truncated = truncated_logs(agent_dir) or None
     if meta.isolation == "worktree":
         outcome.worktree = settle_worktree(home_cwd, agent_dir, meta.id)

@@ -45,6 +45,7 @@ from ..core.prelude import import_at_first_use
 from ..core.pure import utc_now_iso
 from ..core.records import AgentMeta, Status
 from ..policy.agents import NodeResult
+from ..policy.gateway import gateway_environment
 from ..policy.steering import ENV_ON_BUDGET
 from ..session.protocol import kill_request_reason
 from ..supervise.fast_start import compiled_script
@@ -117,7 +118,21 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
     # word. Anything that can run Bash could set it for a child; it is off for
     # every agent, whatever was inherited.
     env["CLAUDE_CODE_SIMPLE"] = "0"
+    if meta.kind == "claude":
+        env.update(agent_gateway_environment(Path(meta.session), meta.id))
     return env
+
+
+# One credential per agent run (child_environment is asked for it more than once).
+AGENT_CREDENTIALS: dict[tuple[str, str], dict[str, str]] = {}
+on_fork("AGENT_CREDENTIALS", AGENT_CREDENTIALS.clear)
+
+
+def agent_gateway_environment(session: Path, agent_id: str) -> dict[str, str]:
+    key = (str(session), agent_id)
+    if key not in AGENT_CREDENTIALS:
+        AGENT_CREDENTIALS[key] = gateway_environment(session, agent_id)
+    return AGENT_CREDENTIALS[key]
 
 
 def placement_environment(meta: AgentMeta) -> dict[str, str]:

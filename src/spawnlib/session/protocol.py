@@ -22,7 +22,6 @@ from ..core.constants import (
     INPUT_MAX_BYTES,
     JSON_MAX_DEPTH,
     KILL_REQUEST,
-    LEDGER,
     LIMITS,
     LOG_MAX_BYTES,
     META,
@@ -35,23 +34,19 @@ from ..core.constants import (
 )
 from ..core.errors import CorruptRecordError, InputError, SpawnError, StateError, UnknownAgentError, UsageError
 from ..core.forkstate import on_fork
-from ..core.output import note
 from ..core.pure import (
-    LedgerState,
     estimate_cost,
     float_or_none,
-    ledger_state,
     new_agent_id,
     parse_json,
     price_family,
     redacted_json,
     slugify,
     started_timestamp,
-    token_counts,
     token_hex,
     utc_now_iso,
 )
-from ..core.records import AgentMeta, LedgerEntry, Limits, Outcome, Status, record_from_json, record_to_json
+from ..core.records import AgentMeta, Limits, Outcome, Status, record_from_json
 from ..programs.fast_start_hook import cache_folder
 
 AGENTS_DIR = "agents"
@@ -311,25 +306,6 @@ def posix_lock(fd: int, *, shared: bool) -> None:
         fcntl.lockf(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
 
 
-# --------------------------------------------------------------- the ledger --
-# ledger.jsonl is shared by every host of a tree placed on a cluster. O_APPEND is
-# atomic on one host only: an NFS client appends at the file size it has cached.
-# So each line is written under a POSIX lock of the ledger itself (fcntl; NFSv4
-# keeps such locks on the server): taking it makes the Linux NFS client fetch
-# the file's current size, and releasing it (at close) flushes the line first.
-# Readers take it shared, so they see every line written before.
-
-
-def append_ledger(session: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
-    """One ledger line, under the ledger's exclusive POSIX lock (callers hold the session lock too)."""
-    append_jsonl(session / LEDGER, record, secrets_, locked=True)
-
-
-def ledger_text(session: Path) -> str:
-    """The ledger, read whole under its shared POSIX lock; FileNotFoundError when nothing was written yet."""
-    return read_text(session / LEDGER, shared_lock=True)
-
-
 # The agent logs this process stopped writing at the cap: each gets its one
 # truncation line, and the outcome names them (only an agent's runner writes its logs).
 LOGS_TRUNCATED: set[Path] = set()
@@ -384,23 +360,6 @@ def marker_for(status: str) -> str:
     return DONE_MARKER if status == Status.DONE else FAIL_MARKER
 
 
-def charge(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> None:
-    """The ledger line of a committed outcome: it releases the agent's budget hold."""
-    if outcome.status == Status.REFUSED and outcome.transcript is None:
-        return  # refused before it ran: it held and spent nothing
-    entry = LedgerEntry(
-        id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated,
-        usage=token_counts(outcome.usage) if outcome.usage else None,
-    )  # fmt: skip
-    try:
-        with session_lock(agent_dir.parent.parent):
-            append_ledger(agent_dir.parent.parent, record_to_json(entry), secrets_)
-    except CorruptRecordError as exc:
-        # Something replaced the ledger (a FIFO, a directory): the outcome
-        # is committed and must still get its marker and be reported.
-        note(f"warning: {exc.message}; {outcome.id}'s charge is not in the ledger")
-
-
 def asks_dir(session: Path) -> Path:
     return session / "asks"
 
@@ -438,19 +397,6 @@ def read_limits(session: Path) -> Limits:
         return Limits()
 
 
-def read_ledger(session: Path) -> LedgerState:
-    try:
-        return ledger_state(ledger_text(session).splitlines())
-    except FileNotFoundError:
-        return LedgerState()
-
-
-def tree_spend(session: Path) -> tuple[float, int]:
-    """(USD charged to ended agents, how many of them have an unknown cost)."""
-    state = read_ledger(session)
-    return state.spent, state.unknown
-
-
 def transcript_turns(agent_dir: Path, default_model: str) -> list[tuple[str, dict[str, Any]]]:
     """(model, usage) of each model turn in the transcript, one per message id."""
     turns: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -481,67 +427,6 @@ def with_estimated_cost(outcome: Outcome, agent_dir: Path, model: str) -> Outcom
         outcome.cost_usd = transcript_spend(agent_dir, model)
         outcome.cost_estimated = True
     return outcome
-
-
-def budget_source(state: LedgerState, meta: AgentMeta) -> str | None:
-    """Whose hold pays for a new agent: its parent's while that is live, else the tree's remainder."""
-    return meta.parent_id if state.live(meta.parent_id) else None
-
-
-def budget_left(session: Path, meta: AgentMeta, budget: float) -> tuple[float, str | None, LedgerState]:
-    """(unreserved USD a new agent may hold, where it is drawn from, the ledger)."""
-    state = read_ledger(session)
-    source = budget_source(state, meta)
-    own = 0.0
-    if source is not None:
-        # The parent is still spending from its own hold: count its turns so far.
-        with contextlib.suppress(FileNotFoundError, SpawnError):
-            own = transcript_spend(session / AGENTS_DIR / source, load_meta(session / AGENTS_DIR / source).model)
-    return state.free(source, budget, own), source, state
-
-
-def over_hold(session: Path, agent_id: str, own_spend: float, last_turn: float = 0.0) -> str | None:
-    """Why an agent may take no further turn, or None: its own spend and what
-    its children hold or were charged have reached its hold, or leave less of
-    it than its last turn cost.
-
-    The CLI's own cap (its max_budget_usd, the hold) sees only the agent's own
-    turns; without this a parent that gave its hold to children could spend
-    it again itself, and a subtree up to about twice its hold. The CLI also
-    checks only after a turn, so every agent could overrun by one; a turn
-    costs at least about what the last one did (the context only grows), so
-    an agent that can't afford another is stopped before it, and the tree
-    stays within its budget unless a turn costs much more than the one before.
-    """
-    state = read_ledger(session)
-    if not state.live(agent_id):
-        return None  # no tree budget, or already charged
-    hold = state.holds[agent_id][1]
-    children = sum(state.used_by(c) for c in state.draws(agent_id))
-    spent = f"budget: its own turns (${own_spend:.4f}, estimated) and its children (${children:.4f} held or spent)"
-    if own_spend + children >= hold:
-        return f"{spent} reached its hold of ${hold:.4f}; stopped before another turn"
-    if own_spend + children + last_turn > hold:
-        left = hold - own_spend - children
-        return (
-            f"{spent} leave ${left:.4f} of its hold of ${hold:.4f}, less than its last turn cost (${last_turn:.4f}); "
-            "stopped before another turn"
-        )
-    return None
-
-
-def reserve_budget(session: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
-    """Hold an admitted agent's cap (under the session lock, right after admit)."""
-    if read_limits(session).max_budget_usd is None or meta.max_budget_usd is None:
-        return
-    entry = LedgerEntry(
-        id=meta.id,
-        time=utc_now_iso(),
-        kind="reserve",
-        amount_usd=meta.max_budget_usd,
-        drawn_from=budget_source(read_ledger(session), meta),
-    )
-    append_ledger(session, record_to_json(entry), secrets_)
 
 
 def agent_history(session: Path) -> tuple[dict[str, list[tuple[float, float]]], list[str]]:

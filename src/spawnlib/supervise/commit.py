@@ -20,9 +20,9 @@ from ..core.constants import HEARTBEAT, NATIVE_LOG, OUTCOME, PAUSED, SLOT_LENT, 
 from ..core.errors import CorruptRecordError, SpawnError
 from ..core.pure import native_usage, outcome_problem, parse_json, redacted_json, started_timestamp, token_counts
 from ..core.records import AgentMeta, Outcome, Status, record_to_json
+from ..session.ledger import charge
 from ..session.protocol import (
     STATUS_INDEX,
-    charge,
     ensure_marker,
     load_meta_keyed,
     open_regular,

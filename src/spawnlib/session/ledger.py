@@ -1,0 +1,377 @@
+"""The tree's ledger (ledger.jsonl): its one reader, its locked appends, and every decision made from it.
+
+Holds (`reserve`), charges (`charge`), the tree budget's changes (`budget`)
+and the top-ups a paused agent draws from a raise all go through here: the
+runner's charge at commit, admission's hold, `budget --raise`, a paused
+agent's poll and the gateway's per-request charges. One number rule
+(ledger_usd) decides which amounts count, for every reader.
+
+Two locks, both needed:
+- the session lock (flock of the session's lock file, session_lock): a
+  read-then-append decision (admit and reserve, a top-up, a budget change)
+  is made on the ledger as it is, not as it was a moment ago;
+- the ledger's own POSIX lock (fcntl, see append_ledger): whole lines
+  across NFS clients, which share no flock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..core.constants import LEDGER, LIMITS
+from ..core.errors import CorruptRecordError, SpawnError, UsageError
+from ..core.output import note
+from ..core.pure import parse_json, round_usd, token_counts, utc_now_iso
+from ..core.records import AgentMeta, LedgerEntry, Outcome, Status, record_to_json
+from .protocol import AGENTS_DIR, append_jsonl, load_meta, read_limits, read_text, session_lock, transcript_spend, write_json_atomic
+
+# ---------------------------------------------------------------- reading --
+
+
+def ledger_usd(value: Any) -> float | None:
+    """An amount of USD as the ledger may carry it: a finite, non-negative number (not a bool); else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+@dataclass
+class LedgerState:
+    """The tree budget as ledger.jsonl tells it (see sessions/README.md, "Budget")."""
+
+    charges: dict[str, float | None] = field(default_factory=dict)
+    """id -> what it spent (None: unknown)."""
+    estimated: set[str] = field(default_factory=set)
+    holds: dict[str, tuple[str | None, float]] = field(default_factory=dict)
+    """id -> (drawn_from, amount) for every reserve line, charged or not."""
+    spends: dict[str, float] = field(default_factory=dict)
+    """id -> what the gateway metered of its model calls (spend lines): for such an agent, its spend, whatever its charge says."""
+    refusals: dict[str, str] = field(default_factory=dict)
+    """id -> why the gateway last refused one of its model calls."""
+
+    def cost(self, agent_id: str) -> float | None:
+        """What an agent spent: the gateway's figure where it metered the agent, else its charge."""
+        return self.spends[agent_id] if agent_id in self.spends else self.charges.get(agent_id)
+
+    def live(self, agent_id: str | None) -> bool:
+        return agent_id is not None and agent_id in self.holds and agent_id not in self.charges
+
+    def draws(self, source: str | None) -> list[str]:
+        return [i for i, (src, _) in self.holds.items() if src == source]
+
+    def used_by(self, agent_id: str) -> float:
+        """What a hold takes from where it was drawn: all of it while live,
+        then what it and the holds drawn from it were charged."""
+        if self.live(agent_id):
+            return self.holds[agent_id][1]
+        return (self.cost(agent_id) or 0.0) + sum(self.used_by(c) for c in self.draws(agent_id))
+
+    def free(self, source: str | None, budget: float, own_spend: float = 0.0) -> float:
+        """Unreserved USD of a live hold (less its owner's own spend so far), or of the tree (source None)."""
+        if source is None:
+            unheld = sum(self.cost(i) or 0.0 for i in {*self.charges, *self.spends} if i not in self.holds)
+            return budget - unheld - sum(self.used_by(t) for t in self.draws(None))
+        return self.holds[source][1] - own_spend - sum(self.used_by(c) for c in self.draws(source))
+
+    @property
+    def spent(self) -> float:
+        return sum(c for i in {*self.charges, *self.spends} if (c := self.cost(i)) is not None)
+
+    @property
+    def unknown(self) -> int:
+        return sum(self.cost(i) is None for i in self.charges)
+
+    @property
+    def reserved(self) -> float:
+        """Held by live agents and not yet charged to anyone."""
+        # An agent that overran its hold (by its last turn) holds nothing more.
+        return sum(max(0.0, self.holds[i][1] - sum(self.used_by(c) for c in self.draws(i))) for i in self.holds if self.live(i))
+
+
+@dataclass
+class BudgetState:
+    """The tree budget's changes as the ledger's `budget` lines tell them."""
+
+    budget: float | None = None
+    """The last budget line's max_budget_usd; None: limits.json's stands."""
+    raised: float = 0.0
+    """What the budget lines added in all: the pool that paused agents' holds grow from."""
+    topped_up: float = 0.0
+    """What holds grew by from that pool (reserve lines with topped_up_usd)."""
+
+
+@dataclass
+class BudgetChange:
+    """A `budget` line of ledger.jsonl: the tree's budget from now on.
+
+    It has no `id`, so a spawn.py that predates it skips the line (readers
+    take a line with an id and no kind for a charge).
+    """
+
+    time: str
+    max_budget_usd: float
+    previous_usd: float
+    by: str
+    kind: str = "budget"
+
+
+def ledger_entries(lines: Iterable[str]) -> Iterable[dict[str, Any]]:
+    """The ledger's lines that parse as JSON objects; the rest are skipped (each write is one whole line)."""
+    for line in lines:
+        try:
+            entry = parse_json(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            yield entry
+
+
+def ledger_state(lines: Iterable[str]) -> LedgerState:
+    """Fold ledger.jsonl's holds and charges (pure)."""
+    state = LedgerState()
+    for entry in ledger_entries(lines):
+        if not isinstance(entry.get("id"), str):
+            continue  # a budget line, or not the ledger's
+        if entry.get("kind") == "reserve":
+            amount = ledger_usd(entry.get("amount_usd"))
+            if amount is not None:
+                source = entry.get("drawn_from")
+                state.holds[entry["id"]] = (source if isinstance(source, str) else None, amount)
+        elif entry.get("kind") == "spend":
+            spend = ledger_usd(entry.get("cost_usd"))
+            state.spends[entry["id"]] = state.spends.get(entry["id"], 0.0) + (spend or 0.0)
+        elif entry.get("kind") == "refused":
+            state.refusals[entry["id"]] = str(entry.get("reason") or "")
+        elif entry["id"] not in state.charges:  # first charge wins; a commit happens once
+            state.charges[entry["id"]] = ledger_usd(entry.get("cost_usd"))
+            if entry.get("cost_estimated"):
+                state.estimated.add(entry["id"])
+    return state
+
+
+def budget_state(lines: Iterable[str]) -> BudgetState:
+    """Fold ledger.jsonl's budget and top-up lines (pure); holds and charges are ledger_state's."""
+    state = BudgetState()
+    for entry in ledger_entries(lines):
+        if entry.get("kind") == "budget" and "id" not in entry:
+            new, old = ledger_usd(entry.get("max_budget_usd")), ledger_usd(entry.get("previous_usd"))
+            if new is not None and old is not None:
+                state.budget = new
+                state.raised += new - old
+        elif entry.get("kind") == "reserve" and (topped := ledger_usd(entry.get("topped_up_usd"))) is not None:
+            state.topped_up += topped
+    return state
+
+
+def ledger_lines(session: Path) -> list[str]:
+    """The ledger's lines, read whole under its shared POSIX lock; none when nothing was written yet."""
+    try:
+        return read_text(session / LEDGER, shared_lock=True).splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def read_ledger(session: Path) -> LedgerState:
+    return ledger_state(ledger_lines(session))
+
+
+def read_budget_state(session: Path) -> BudgetState:
+    return budget_state(ledger_lines(session))
+
+
+def tree_budget(session: Path) -> float | None:
+    """The tree's budget now: the last `budget` line's, else limits.json's."""
+    changed = read_budget_state(session).budget
+    return changed if changed is not None else read_limits(session).max_budget_usd
+
+
+def tree_spend(session: Path) -> tuple[float, int]:
+    """(USD charged to ended agents, how many of them have an unknown cost)."""
+    state = read_ledger(session)
+    return state.spent, state.unknown
+
+
+# ---------------------------------------------------------------- writing --
+# ledger.jsonl is shared by every host of a tree placed on a cluster. O_APPEND is
+# atomic on one host only: an NFS client appends at the file size it has cached.
+# So each line is written under a POSIX lock of the ledger itself (fcntl; NFSv4
+# keeps such locks on the server): taking it makes the Linux NFS client fetch
+# the file's current size, and releasing it (at close) flushes the line first.
+# Readers take it shared, so they see every line written before.
+
+
+def append_ledger(session: Path, record: Mapping[str, Any], secrets_: Sequence[str]) -> None:
+    """One ledger line, under the ledger's exclusive POSIX lock (callers hold the session lock too)."""
+    append_jsonl(session / LEDGER, record, secrets_, locked=True)
+
+
+def charge(agent_dir: Path, outcome: Outcome, secrets_: Sequence[str]) -> None:
+    """The ledger line of a committed outcome: it releases the agent's budget hold."""
+    if outcome.status == Status.REFUSED and outcome.transcript is None:
+        return  # refused before it ran: it held and spent nothing
+    entry = LedgerEntry(
+        id=outcome.id, time=outcome.ended_at, status=outcome.status, cost_usd=outcome.cost_usd, cost_estimated=outcome.cost_estimated,
+        usage=token_counts(outcome.usage) if outcome.usage else None, cli_cost_usd=outcome.cli_cost_usd,
+    )  # fmt: skip
+    try:
+        with session_lock(agent_dir.parent.parent):
+            append_ledger(agent_dir.parent.parent, record_to_json(entry), secrets_)
+    except CorruptRecordError as exc:
+        # Something replaced the ledger (a FIFO, a directory): the outcome
+        # is committed and must still get its marker and be reported.
+        note(f"warning: {exc.message}; {outcome.id}'s charge is not in the ledger")
+
+
+def budget_source(state: LedgerState, meta: AgentMeta) -> str | None:
+    """Whose hold pays for a new agent: its parent's while that is live, else the tree's remainder."""
+    return meta.parent_id if state.live(meta.parent_id) else None
+
+
+def budget_left(session: Path, meta: AgentMeta, budget: float) -> tuple[float, str | None, LedgerState]:
+    """(unreserved USD a new agent may hold, where it is drawn from, the ledger)."""
+    state = read_ledger(session)
+    source = budget_source(state, meta)
+    own = state.spends.get(source or "", 0.0)  # metered by the tree's gateway
+    if source is not None and source not in state.spends:
+        # The parent is still spending from its own hold: count its turns so far.
+        with contextlib.suppress(FileNotFoundError, SpawnError):
+            own = transcript_spend(session / AGENTS_DIR / source, load_meta(session / AGENTS_DIR / source).model)
+    return state.free(source, budget, own), source, state
+
+
+def reserve_budget(session: Path, meta: AgentMeta, secrets_: Sequence[str]) -> None:
+    """Hold an admitted agent's cap (under the session lock, right after admit)."""
+    if read_limits(session).max_budget_usd is None or meta.max_budget_usd is None:
+        return
+    entry = LedgerEntry(
+        id=meta.id,
+        time=utc_now_iso(),
+        kind="reserve",
+        amount_usd=meta.max_budget_usd,
+        drawn_from=budget_source(read_ledger(session), meta),
+    )
+    append_ledger(session, record_to_json(entry), secrets_)
+
+
+def over_hold(session: Path, agent_id: str, own_spend: float, last_turn: float = 0.0) -> str | None:
+    """Why an agent may take no further turn, or None: its own spend and what
+    its children hold or were charged have reached its hold, or leave less of
+    it than its last turn cost.
+
+    The CLI's own cap (its max_budget_usd, the hold) sees only the agent's own
+    turns; without this a parent that gave its hold to children could spend
+    it again itself, and a subtree up to about twice its hold. The CLI also
+    checks only after a turn, so every agent could overrun by one; a turn
+    costs at least about what the last one did (the context only grows), so
+    an agent that can't afford another is stopped before it, and the tree
+    stays within its budget unless a turn costs much more than the one before.
+    """
+    state = read_ledger(session)
+    if not state.live(agent_id):
+        return None  # no tree budget, or already charged
+    hold = state.holds[agent_id][1]
+    children = sum(state.used_by(c) for c in state.draws(agent_id))
+    spent = f"budget: its own turns (${own_spend:.4f}, estimated) and its children (${children:.4f} held or spent)"
+    if own_spend + children >= hold:
+        return f"{spent} reached its hold of ${hold:.4f}; stopped before another turn"
+    if own_spend + children + last_turn > hold:
+        left = hold - own_spend - children
+        return (
+            f"{spent} leave ${left:.4f} of its hold of ${hold:.4f}, less than its last turn cost (${last_turn:.4f}); "
+            "stopped before another turn"
+        )
+    return None
+
+
+# ------------------------------------------------- raises, top-ups, pauses --
+
+
+def append_budget_change(session: Path, raise_usd: float | None, set_usd: float | None, by: str, secrets_: Sequence[str]) -> BudgetChange:
+    """Append the tree's new budget to its ledger (under the session lock); the line.
+
+    The caller has checked the numbers and the caller's right to change it.
+    limits.json follows the line, so that every reader of the cap (admission,
+    status, the MCP server) sees it; the ledger line, first, is the record.
+    """
+    with session_lock(session):
+        limits = read_limits(session)
+        budget = tree_budget(session)
+        if budget is None or limits.max_budget_usd is None:
+            raise UsageError(f"session {session.name} has no budget (its root ran without --max-budget-usd); there is nothing to raise")
+        ledger = read_ledger(session)
+        new = budget + raise_usd if raise_usd is not None else float(set_usd or 0.0)
+        floor = ledger.spent + ledger.reserved
+        if new + 1e-9 < floor:
+            raise UsageError(
+                f"--set {new:g} is below what the tree has spent and holds (${floor:.4f}); set at least that, or wait for agents to end"
+            )
+        change = BudgetChange(utc_now_iso(), round_usd(new) or 0.0, round_usd(budget) or 0.0, by)
+        append_ledger(session, record_to_json(change), secrets_)
+        write_json_atomic(session / LIMITS, record_to_json(replace(limits, max_budget_usd=change.max_budget_usd)))
+    return change
+
+
+def hold_chain(ledger: LedgerState, agent_id: str) -> list[str]:
+    """The live holds a top-up of agent_id's hold passes through: its own, then each live one it draws from (pure)."""
+    chain: list[str] = []
+    current: str | None = agent_id
+    seen: set[str] = set()
+    while current is not None and current in ledger.holds and current not in seen:
+        seen.add(current)
+        if ledger.live(current):
+            chain.append(current)
+        current = ledger.holds[current][0]
+    return chain
+
+
+def top_up_hold(session: Path, agent_id: str, needed: float, secrets_: Sequence[str]) -> float | None:
+    """Grow a paused agent's hold by needed from what `budget` raised, under the session lock; the new hold, or None.
+
+    The holds it draws from grow by as much (their own room is unchanged),
+    and the tree's remainder must have it: a raise is spent by the paused
+    agents that need it, a turn at a time, and never more than was raised.
+    """
+    with session_lock(session):
+        lines = ledger_lines(session)
+        ledger, changes = ledger_state(lines), budget_state(lines)
+        budget = changes.budget if changes.budget is not None else read_limits(session).max_budget_usd
+        chain = hold_chain(ledger, agent_id)
+        if budget is None or not chain or changes.raised - changes.topped_up + 1e-9 < needed:
+            return None
+        if ledger.free(None, budget) + 1e-9 < needed:
+            return None
+        now = utc_now_iso()
+        for n, holder in enumerate(chain):
+            source, amount = ledger.holds[holder]
+            line: dict[str, Any] = {"id": holder, "time": now, "kind": "reserve", "amount_usd": round_usd(amount + needed)}
+            if source is not None:
+                line["drawn_from"] = source
+            if n == 0:
+                line["topped_up_usd"] = round_usd(needed)
+            append_ledger(session, line, secrets_)
+        return float(round_usd(ledger.holds[agent_id][1] + needed) or 0.0)
+
+
+def hold_need(session: Path, agent_id: str, own_spend: float, last_turn: float) -> tuple[float, float, float] | None:
+    """(spent, hold, needed) of an agent whose next turn its hold can't pay for, else None."""
+    ledger = read_ledger(session)
+    if not ledger.live(agent_id):
+        return None
+    hold = ledger.holds[agent_id][1]
+    spent = own_spend + sum(ledger.used_by(c) for c in ledger.draws(agent_id))
+    needed = spent + last_turn - hold
+    if spent < hold and needed <= 0:
+        return None
+    # At least a cent, rounded up to the micro-dollar: a hold that grows by a
+    # hair's breadth would pause again at once.
+    return spent, hold, max(0.01, math.ceil(max(needed, 0.0) * 1e6) / 1e6)
+
+
+def hold_of(session: Path, agent_id: str) -> float:
+    """An agent's hold in the ledger now (0 without one)."""
+    return read_ledger(session).holds.get(agent_id, (None, 0.0))[1]

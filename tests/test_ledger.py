@@ -1,0 +1,97 @@
+"""The ledger's one home (src/spawnlib/ledger.py): one number rule, and the two locks every decision is made under."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from conftest import run_spawn, start_spawn
+
+import spawn
+
+LINES = [
+    {"id": "a0", "time": "t", "kind": "reserve", "amount_usd": 1.0},
+    {"id": "a1", "time": "t", "kind": "reserve", "amount_usd": True},  # a bool is no amount
+    {"id": "a2", "time": "t", "kind": "reserve", "amount_usd": -5},  # nor is a negative one
+    {"id": "a3", "time": "t", "kind": "charge", "cost_usd": float("inf")},  # json.dumps writes Infinity
+    {"id": "a4", "time": "t", "kind": "charge", "cost_usd": -0.5},
+    {"id": "a5", "time": "t", "kind": "charge", "cost_usd": 0.25},
+    {"time": "t", "kind": "budget", "max_budget_usd": True, "previous_usd": 0},
+    {"time": "t", "kind": "budget", "max_budget_usd": 3, "previous_usd": -7},
+    {"time": "t", "kind": "budget", "max_budget_usd": 2, "previous_usd": 1.5},
+    {"id": "a0", "time": "t", "kind": "reserve", "amount_usd": 1.1, "topped_up_usd": -1},
+]
+
+
+def test_one_number_rule_for_holds_charges_and_budget_lines() -> None:
+    text = [json.dumps(line) for line in LINES]
+    ledger, budget = spawn.ledger_state(text), spawn.budget_state(text)
+    assert ledger.holds == {"a0": (None, 1.1)}
+    assert ledger.charges == {"a3": None, "a4": None, "a5": 0.25} and ledger.unknown == 2 and ledger.spent == 0.25
+    assert budget.budget == 2 and budget.raised == 0.5 and budget.topped_up == 0.0
+
+
+def fake_session(session_root: Path, budget: float) -> Path:
+    """A session as a root with a budget leaves it before its first spawn: limits.json, agents/, a reserve line."""
+    session = session_root / "s"
+    (session / "agents").mkdir(parents=True)
+    (session / "limits.json").write_text(json.dumps({"max_budget_usd": budget, "protocol": spawn.PROTOCOL_VERSION}))
+    (session / "ledger.jsonl").write_text(json.dumps({"id": "a0", "time": "t", "kind": "reserve", "amount_usd": budget}) + "\n")
+    return session
+
+
+def assert_waits(raising: subprocess.Popen[str], read: Callable[[], bytes]) -> None:
+    before = read()
+    with pytest.raises(subprocess.TimeoutExpired):
+        raising.communicate(timeout=3)
+    assert read() == before, "the raise was appended while the lock was held"
+
+
+def test_a_ledger_line_waits_for_a_reader_elsewhere(base_env: dict[str, str], session_root: Path) -> None:
+    """A reader on another host holds the ledger's shared POSIX lock: a reader here reads on, a writer waits.
+
+    Without the writer's exclusive lock (append_jsonl(..., locked=False)), an
+    NFS client would append at the size it has cached, over another host's line.
+    """
+    session = fake_session(session_root, 1.0)
+    ledger = session / "ledger.jsonl"
+    fd = os.open(ledger, os.O_RDONLY)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH)  # another process's reader: compatible with readers, not with writers
+        raising = start_spawn(["budget", str(session), "--raise", "2"], base_env)
+        # Read through the locked fd: closing any other fd of the file would drop this process's POSIX locks.
+        assert_waits(raising, lambda: os.pread(fd, 1 << 16, 0))
+    finally:
+        os.close(fd)  # releases the lock
+    _, err = raising.communicate(timeout=60)
+    assert raising.returncode == spawn.ExitCode.OK, err
+    change = json.loads(ledger.read_text().splitlines()[-1])
+    assert change["kind"] == "budget" and change["max_budget_usd"] == 3
+
+
+def test_a_budget_change_waits_for_the_session_lock(base_env: dict[str, str], session_root: Path) -> None:
+    """A spawn's admission holds the session lock from its read of the ledger to its reserve line: a raise waits for it."""
+    session = fake_session(session_root, 1.0)
+    fd = os.open(session / spawn.SESSION_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # as a spawn being admitted holds it
+        raising = start_spawn(["budget", str(session), "--raise", "0.5"], base_env)
+        assert_waits(raising, (session / "ledger.jsonl").read_bytes)
+    finally:
+        os.close(fd)
+    _, err = raising.communicate(timeout=60)
+    assert raising.returncode == spawn.ExitCode.OK, err
+    assert json.loads((session / "limits.json").read_text())["max_budget_usd"] == 1.5
+
+
+def test_a_raise_is_refused_without_a_budget(base_env: dict[str, str], session_root: Path) -> None:
+    session = fake_session(session_root, 1.0)
+    (session / "limits.json").write_text(json.dumps({"protocol": spawn.PROTOCOL_VERSION}))
+    done = run_spawn(["budget", str(session), "--raise", "1"], base_env)
+    assert done.returncode == spawn.ExitCode.USAGE and "has no budget" in done.stderr
+    assert len((session / "ledger.jsonl").read_text().splitlines()) == 1  # nothing half-written
