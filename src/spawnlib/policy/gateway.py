@@ -29,7 +29,6 @@ import hashlib
 import json
 import math
 import os
-import secrets
 import subprocess
 import sys
 import time
@@ -198,7 +197,8 @@ def gateway_url(session: Path) -> str | None:
 
 def mint_credential(session: Path, agent_id: str) -> str:
     """A fresh credential for one agent's CLI: the session keeps its sha256, naming the agent."""
-    credential = "sk-spawn-" + secrets.token_urlsafe(32)
+    # os.urandom, not secrets: every spawn imports this module, and secrets pulls in hmac and _hashlib.
+    credential = "sk-spawn-" + os.urandom(32).hex()
     folder = session / GATEWAY_DIR / CREDENTIALS_DIR
     folder.mkdir(parents=True, exist_ok=True)
     write_json_atomic(folder / credential_digest(credential), {"id": agent_id})
@@ -277,6 +277,8 @@ def stop_gateway(proc: subprocess.Popen[bytes] | None) -> None:
 
 @dataclass
 class Inflight:
+    """The calls the gateway is forwarding now (a docstring also spares dataclasses an import of inspect)."""
+
     count: int = 0
     reserved: float = 0.0
 
