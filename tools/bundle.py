@@ -66,6 +66,7 @@ MODULES = (
     "commit",
     "admission",
     "agents",
+    "writable",
     "delegates",
     "channel",
     "steering",

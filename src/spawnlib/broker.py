@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .agents import load_definitions
 from .constants import ENV_PYTHON, ENV_SCRIPT, REQUESTS_DIR, SCRATCH_DIR
 from .core import AGENT_ID, parse_json, token_hex
 from .errors import ExitCode, RefusedError, SpawnError, StateError
@@ -175,11 +174,11 @@ def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], str] | str:
     if argv[:1] == ["send"]:
         steered = checked_send_argv(argv[1:])
         return (["send", *steered], cwd) if isinstance(steered, list) else steered
+    # A definition the agent could have written, with hooks or MCP servers,
+    # is refused by the child's own admission (writable.py), in the process
+    # that then runs it: a check here would be one the agent could race.
     checked = checked_run_argv(argv)
-    if isinstance(checked, str):
-        return checked
-    problem = writable_definition_problem(checked, cwd, homes, os.environ)
-    return problem if problem is not None else (checked, cwd)
+    return checked if isinstance(checked, str) else (checked, cwd)
 
 
 def checked_wait_argv(argv: Sequence[str]) -> list[str] | str:
@@ -236,29 +235,6 @@ def checked_send_argv(argv: Sequence[str]) -> list[str] | str:
     if not positional[1].strip() or len(positional[1]) > BROKER_SEND_MAX_CHARS:
         return f"send's text must be 1 to {BROKER_SEND_MAX_CHARS} characters"
     return [*positional, *flags]
-
-
-def writable_definition_problem(argv: Sequence[str], cwd: str, homes: Sequence[str], environ: Mapping[str, str]) -> str | None:
-    """Why the definition a brokered spawn names can't be run for a sandboxed agent, or None.
-
-    A definition's hooks and MCP servers are commands the child's CLI runs
-    outside any sandbox. One that lies where the agent may write (its cwd,
-    its scratch) could be the agent's own: run, it would carry the agent's
-    commands out of its sandbox. (--agent auto may pick any of them.)
-    """
-    names = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--agent"]
-    if not names:
-        return None
-    definitions, _ = load_definitions(Path(cwd), environ)
-    candidates = list(definitions.values()) if "auto" in names else [definitions[n] for n in names if n in definitions]
-    for definition in candidates:
-        real = os.path.realpath(definition.path)
-        if (definition.hooks or definition.mcp_servers) and any(real == h or real.startswith(h.rstrip("/") + "/") for h in homes):
-            return (
-                f"definition {definition.name} ({definition.path}) has hooks or MCP servers and lies where this sandboxed agent "
-                "can write: they would run outside its sandbox; keep such definitions outside the agent's working directory"
-            )
-    return None
 
 
 # --------------------------------------------------------------- the server --

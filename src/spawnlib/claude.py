@@ -94,6 +94,7 @@ from .protocol import (
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import RunState, SdkLoader, api_host, child_environment, import_sdk, message_record, spawn_command
 from .steering import cli_budget_cap, pause_hooks
+from .writable import sandboxed_ancestors, trusted_sources, untrusted_sources, writer_of
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the
@@ -594,7 +595,9 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     builtin = [t for t in meta.tools if not t.startswith("mcp__") and not withheld_agent_tool(meta, t)]
     mcp_servers: dict[str, Any] = {}
     hooks: dict[str, Any] | None = None
-    if meta.agent_source and (meta.mcp_servers or meta.hooks):
+    # Below a sandboxed agent: nothing that runs code from where it can write (writable.py; admission refused such a definition).
+    writes = sandboxed_ancestors(meta.session, meta.parent_id) if meta.parent_id else []
+    if meta.agent_source and (meta.mcp_servers or meta.hooks) and writer_of(meta.agent_source, writes) is None:
         # The servers' config (which may hold tokens) and the hooks' commands
         # are read from the definition, never copied into meta.json.
         definition, _ = parse_definition(Path(meta.agent_source).read_text(), meta.agent_source, "project")
@@ -669,7 +672,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         permission_mode=meta.permission_mode,
         # Without the preset, skip settings files: they add prompt bytes and
         # project hooks at every depth. The preset keeps Claude Code's defaults.
-        setting_sources=None if meta.preset == "claude_code" else [],
+        setting_sources=trusted_sources(None if meta.preset == "claude_code" else [], untrusted_sources(meta.cwd, os.environ, writes)),
         output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
         resume=resumed_sdk_session(meta),
         # The app in the CLI's User-Agent, unless the caller named theirs.

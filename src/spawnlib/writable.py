@@ -1,0 +1,130 @@
+"""What a sandboxed ancestor may have written: the inputs a child must not run code from.
+
+A sandboxed agent's Bash writes its working directory (less its .claude/),
+its scratch/ and its drop box. Its children run outside its sandbox: a CLI
+started there runs, as the user, whatever its settings, its definition or its
+skills say (hooks, helpers, MCP servers, plugins). So for any agent with a
+sandboxed ancestor, each such input is taken only from a place no sandboxed
+ancestor can write; one that lies in such a place is left out, or, where the
+agent can't run as asked without it (a definition's MCP servers and hooks),
+the spawn is refused.
+
+Which places are writable is a question of paths, never of what the files
+hold now: the answer can't change between the check and the CLI's start.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .agents import AgentDefinition, project_of
+from .constants import REFUSED_DIR, REQUESTS_DIR, SCRATCH_DIR
+from .core import claude_config_dir
+from .errors import SpawnError
+from .protocol import AGENTS_DIR, load_meta
+
+ANCESTRY_MAX = 256  # parent links followed at most: a cycle in forged records ends here
+SETTING_SOURCES = ("user", "project", "local")  # the CLI's --setting-sources, all of them
+
+
+@dataclass(frozen=True)
+class SandboxWrites:
+    """Where one sandboxed agent's Bash may write."""
+
+    agent_id: str
+    roots: tuple[str, ...]
+    """Real paths it may write below: its cwd, its scratch/, its drop boxes."""
+    held: tuple[str, ...]
+    """Real paths below those that its sandbox holds read-only (its cwd's .claude/)."""
+
+
+def below(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def sandboxed_ancestors(session: Path | str | None, parent_id: str | None) -> list[SandboxWrites]:
+    """Where each sandboxed agent from parent_id up to the root may write, from the session's records.
+
+    The records are the runners', read-only to every sandboxed agent: a
+    sandboxed agent can't hide itself from this walk. A record that can't be
+    read ends the walk, as its parent is then unknown.
+    """
+    found: list[SandboxWrites] = []
+    seen: set[str] = set()
+    while session is not None and parent_id and parent_id not in seen and len(seen) < ANCESTRY_MAX:
+        seen.add(parent_id)
+        agent_dir = Path(session) / AGENTS_DIR / parent_id
+        try:
+            meta = load_meta(agent_dir)
+        except (OSError, SpawnError, ValueError):
+            break
+        if meta.sandbox in ("on", "inherited"):
+            cwd = os.path.realpath(meta.cwd)
+            boxes = [Path(session) / REQUESTS_DIR / meta.id, Path(session) / REFUSED_DIR / meta.id, agent_dir / SCRATCH_DIR]
+            found.append(SandboxWrites(meta.id, (cwd, *(os.path.realpath(b) for b in boxes)), (os.path.join(cwd, ".claude"),)))
+        parent_id = meta.parent_id
+    return found
+
+
+def writer_of(path: str | Path, writes: Sequence[SandboxWrites]) -> str | None:
+    """The id of a sandboxed ancestor that can write path (following its links as they are now), or None."""
+    real = os.path.realpath(path)
+    for w in writes:
+        if any(below(real, root) for root in w.roots) and not any(below(real, held) for held in w.held):
+            return w.agent_id
+    return None
+
+
+def untrusted_sources(cwd: str, environ: Mapping[str, str], writes: Sequence[SandboxWrites]) -> dict[str, str]:
+    """The CLI's setting sources a sandboxed ancestor can write, each with why (pure but for realpath).
+
+    user: the config directory (settings, plugins, skills). project and local:
+    the .claude/ of the cwd or of any folder above it, wherever the CLI may
+    look for a project's settings and skills. (.mcp.json is never read: every
+    CLI runs with --strict-mcp-config.)
+    """
+    if not writes:
+        return {}
+    out: dict[str, str] = {}
+    config = claude_config_dir(environ)
+    if (who := writer_of(config, writes)) is not None:
+        out["user"] = f"{config} is writable by sandboxed agent {who}"
+    for folder in (Path(cwd), *Path(cwd).parents):
+        if (who := writer_of(folder / ".claude", writes)) is not None:
+            out["project"] = out["local"] = f"{folder / '.claude'} is writable by sandboxed agent {who}"
+            break
+    return out
+
+
+def trusted_sources(asked: Sequence[str] | None, untrusted: Mapping[str, str]) -> list[str] | None:
+    """The setting sources a CLI may load: those asked (None: the CLI's default, all of them) less the untrusted (pure)."""
+    if not untrusted:
+        return None if asked is None else list(asked)
+    return [s for s in (SETTING_SOURCES if asked is None else asked) if s not in untrusted]
+
+
+def definition_refusal(definition: AgentDefinition, environ: Mapping[str, str], writes: Sequence[SandboxWrites]) -> str | None:
+    """Why a definition's commands can't run for an agent below a sandboxed one, or None.
+
+    Its hooks and MCP servers are commands the CLI runs outside any sandbox:
+    they are taken only from a file no sandboxed ancestor can write, and
+    servers it names but doesn't configure only from config files none can
+    write. Its other fields only narrow, and may come from anywhere.
+    """
+    if not writes or not (definition.hooks or definition.mcp_servers or definition.mcp_server_refs):
+        return None
+    sources = [definition.path]
+    if definition.mcp_server_refs:
+        home = Path(environ.get("HOME") or Path.home()).expanduser()
+        sources += [str(project_of(definition.path) / ".mcp.json"), str(home / ".claude.json")]
+    for source in sources:
+        if (who := writer_of(source, writes)) is not None:
+            return (
+                f"definition {definition.name}: its hooks or MCP servers come from {source}, which sandboxed agent {who} "
+                "can write, and would run outside its sandbox; keep such definitions where no sandboxed agent writes "
+                "(~/.claude/agents, or the project's own .claude/agents above the agents' working directories)"
+            )
+    return None
