@@ -10,11 +10,15 @@ skills, plugins), then spawns into that folder. Nothing planted may run.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import load, metas, mock_task, run_spawn, spawn_in_bash, write_agent
+from conftest import SPAWN, load, metas, mock_task, run_spawn, spawn_in_bash, write_agent
 
 import spawn
 
@@ -164,3 +168,44 @@ def test_each_setting_source_a_sandboxed_ancestor_can_write_is_left_out(tmp_path
     (work / "link").symlink_to(tmp_path / "home")
     assert spawn.writer_of(work / "link" / ".claude", writes) is None
     assert spawn.writer_of(work / "sub" / ".claude", writes) == "a1-0123ab"
+
+
+def test_uv_cache_python_environment_and_spawn_cache_inside_the_cwd_stay_read_only(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    """Issue 45's third attack: with uv's cache, the tree's Python environment and spawn.py's cache all inside the working folder,
+    a sandboxed agent writes none of them (a .pth there would run outside its sandbox at the next start), and its own uv cache works."""
+    work = tmp_path / "work"
+    work.mkdir()
+    venv = work / ".venv"  # the tree's Python: a venv in the project, which sees the test venv's packages through a .pth
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
+    (site / "tests_venv.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    caches = {"UV_CACHE_DIR": work / ".uvcache", "SPAWN_CACHE_DIR": work / ".spawncache"}
+    for folder in caches.values():
+        folder.mkdir()
+    attack = "; ".join(
+        f'echo "{name}: $(touch {folder}/evil.pth 2>&1; echo rc=$?)"'
+        for name, folder in {"site": site, "prefix": venv, "uv": caches["UV_CACHE_DIR"], "cache": caches["SPAWN_CACHE_DIR"]}.items()
+    )
+    own = 'mkdir -p "$UV_CACHE_DIR" && touch "$UV_CACHE_DIR/mine" && echo "own uv cache $UV_CACHE_DIR ok"; '
+    own += 'uv run --no-project --offline python -c "print(6 * 7)" 2>&1'
+    leaf = mock_task("leaf", [{"bash": attack}, {"bash": own}, {"text": "leaf done"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Bash")}, {"text": "root done"}])
+    run_env = {**env, **{k: str(v) for k, v in caches.items()}}
+    args = ["--task", root, "--tools", "Bash", "--max-depth", "1", "--cwd", str(work)]
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), str(SPAWN), *args], env=run_env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    by_task = {m["task"].split(" ")[0]: m for m in metas(session_root).values()}
+    leaf_meta = by_task["leaf"]
+    assert leaf_meta["sandbox"] == "on"
+    leaf_dir = session_root / Path(leaf_meta["session"]).name / "agents" / leaf_meta["id"]
+    results = tool_outputs(leaf_dir)
+    lines = results[0].split("\nrc=1")
+    assert [line.split(":")[0].strip() for line in lines if line.strip()] == ["site", "prefix", "uv", "cache"], results
+    assert all("Read-only file system" in line for line in lines if line.strip()), results
+    assert "rc=0" not in results[0], results
+    assert not list(work.rglob("evil.pth"))
+    assert f"own uv cache /tmp/claude-{os.getuid()}/uv-cache-{leaf_meta['id']} ok\n42" in results[1], results

@@ -94,7 +94,7 @@ from .protocol import (
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import RunState, SdkLoader, api_host, child_environment, import_sdk, message_record, spawn_command
 from .steering import cli_budget_cap, pause_hooks
-from .writable import sandboxed_ancestors, trusted_sources, untrusted_sources, writer_of
+from .writable import code_folders, sandbox_uv_cache, sandboxed_ancestors, trusted_sources, untrusted_sources, writer_of
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the
@@ -637,7 +637,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
             drop_boxes=boxes,
         )
         # The compiled copies every tree runs, never the sandbox's to write, even inside its cwd; its project's .claude/.
-        read_only += [os.path.realpath(cache_dir(os.environ)), project_claude_dir(meta.cwd)]
+        read_only += [os.path.realpath(cache_dir(os.environ)), project_claude_dir(meta.cwd), *code_folders(os.environ, meta.cwd)]
         read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
         sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
@@ -683,6 +683,8 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     # own facts follow it, after the head siblings share in the prompt cache.
     prompt = first_message(meta)
     options["env"].update(uv_shim_path(os.environ))
+    if sandbox is not None:
+        options["env"].update(sandbox_uv_cache(meta.id, os.environ))
     argv = cli_argv(str(cli), options)
     env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
     return CliStart(options, gate, prompt, argv, env)

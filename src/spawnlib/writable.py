@@ -16,6 +16,7 @@ hold now: the answer can't change between the check and the CLI's start.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,3 +129,39 @@ def definition_refusal(definition: AgentDefinition, environ: Mapping[str, str], 
                 "(~/.claude/agents, or the project's own .claude/agents above the agents' working directories)"
             )
     return None
+
+
+def uv_cache_dir(environ: Mapping[str, str], cwd: str) -> str:
+    """uv's cache, as uv finds it: $UV_CACHE_DIR (a relative one from the cwd uv runs in), else $XDG_CACHE_HOME/uv, else ~/.cache/uv."""
+    if environ.get("UV_CACHE_DIR"):
+        return os.path.join(cwd, os.path.expanduser(environ["UV_CACHE_DIR"]))
+    home = environ.get("HOME") or str(Path.home())
+    return os.path.join(environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "uv")
+
+
+def code_folders(environ: Mapping[str, str], cwd: str) -> list[str]:
+    """What every process of the tree, and the user's next `uv run`, runs code from: read-only in every sandbox, wherever it lies.
+
+    uv's cache (the runner's and the agent's cwd's, for a relative
+    $UV_CACHE_DIR: environments of `uv run` live there), the tree's Python
+    (its prefix, where site-packages and the fast-start .pth are, and its
+    base interpreter's) and the project's .venv. An agent that could write
+    any of them would run its code outside its sandbox at the next start of
+    an interpreter there. (spawn.py's own cache is held by the caller.)
+    """
+    import sysconfig
+
+    folders = {uv_cache_dir(environ, os.getcwd()), uv_cache_dir(environ, cwd), os.path.join(cwd, ".venv"), sys.prefix, sys.base_prefix}
+    folders |= {sysconfig.get_path(name) for name in ("purelib", "platlib", "scripts")}
+    return sorted({os.path.realpath(f) for f in folders})
+
+
+def sandbox_uv_cache(agent_id: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """A sandboxed Bash's own uv cache: uv there works, and writes nothing a process outside the sandbox runs.
+
+    In the CLI's sandbox temp folder ($CLAUDE_CODE_TMPDIR, else
+    /tmp/claude-UID), which its Bash may write: the agent's scratch/ lies in
+    its agent directory, which the sandbox holds read-only whole.
+    """
+    tmp = environ.get("CLAUDE_CODE_TMPDIR") or os.path.join("/tmp", f"claude-{os.getuid()}")
+    return {"UV_CACHE_DIR": os.path.join(tmp, f"uv-cache-{agent_id}")}
