@@ -209,3 +209,97 @@ def test_uv_cache_python_environment_and_spawn_cache_inside_the_cwd_stay_read_on
     assert "rc=0" not in results[0], results
     assert not list(work.rglob("evil.pth"))
     assert f"own uv cache /tmp/claude-{os.getuid()}/uv-cache-{leaf_meta['id']} ok\n42" in results[1], results
+
+
+PROBE = "import os, sys\nst = os.stat('.')\nprint(st.st_dev, st.st_ino, os.getcwd())\n"
+
+
+def test_a_request_folder_swapped_for_a_link_after_the_check_starts_the_child_in_the_folder_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deterministic: between the runner's check of a request's cwd and the child's start, the agent swaps it for a link out."""
+    import asyncio
+
+    work, outside, session = tmp_path / "work", tmp_path / "outside", tmp_path / "session"
+    (work / "race").mkdir(parents=True)
+    outside.mkdir()
+    (session / "requests" / "a1-0123ab").mkdir(parents=True)
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    meta = spawn.AgentMeta(
+        id="a1-0123ab", parent_id=None, depth=1, max_depth=2, pid=0, create_time=0.0, pgid=0, trace_id="0" * 32, span_id="0" * 16,
+        traceparent="", task="t", tools=["Bash"], disallowed_tools=[], model="sonnet", cwd=str(work.resolve()),
+        started_at="2026-01-01T00:00:00Z", session=str(session), system_prompt="", sandbox="on",
+    )  # fmt: skip
+    # The child is the probe, run with the agent's environment as a brokered spawn.py would be.
+    monkeypatch.setattr(spawn, "child_environment", lambda *_: {spawn.ENV_PYTHON: sys.executable, spawn.ENV_SCRIPT: str(probe)})
+    broker = spawn.Broker(meta, session / "agents" / meta.id, lambda *_: [])
+    checked_inode = os.stat(work / "race").st_ino
+    request = json.dumps({"argv": ["--task", "x"], "cwd": str((work / "race").resolve())}).encode()
+    checked = broker.checked("0123456789abcdef", request)
+    assert checked is not None
+    (work / "race").rename(work / "race.away")
+    (work / "race").symlink_to(outside)
+    asyncio.run(broker.run("0123456789abcdef", *checked))
+    reply = load(session / "requests" / "a1-0123ab" / "0123456789abcdef.reply.json")
+    assert reply["exit_code"] == 0, reply
+    _dev, inode, where = reply["stdout"].split()
+    assert (int(inode), where) == (checked_inode, str((work / "race.away").resolve()))
+    # A request whose cwd is the link by now is refused: it leads out of the agent's folder.
+    request = json.dumps({"argv": ["--task", "x"], "cwd": str(work / "race")}).encode()
+    assert broker.checked("1123456789abcdef", request) is None
+    assert "outside the agent's working directory" in load(session / "requests" / "a1-0123ab" / "1123456789abcdef.reply.json")["stderr"]
+
+
+def test_a_cli_whose_cwd_was_swapped_for_a_link_since_admission_does_not_start(tmp_path: Path) -> None:
+    """Deterministic: below a sandboxed agent, the CLI starts in the real folder admission recorded, by descriptor, or not at all."""
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+
+    def start(cwd: Path) -> str:
+        plan = spawn.CliStart({"cwd": str(cwd)}, None, "", [sys.executable, str(probe)], dict(os.environ), pin_cwd=True)  # type: ignore[arg-type]
+        started = spawn.start_cli(plan, spawn.RunState(), None)
+        out, _ = started.process.communicate(timeout=30)
+        return out.decode()
+
+    assert start(work.resolve()).split()[1:] == [str(work.stat().st_ino), str(work.resolve())]
+    work.rename(tmp_path / "away")
+    work.symlink_to(outside)
+    with pytest.raises(OSError, match=r"symbolic links|Not a directory"):
+        start(work)
+    assert not list(outside.iterdir())
+
+
+RACE_S = 15  # how long the spawner races its runner; each spawn takes about 3 s here
+
+
+def test_a_spawner_racing_its_runner_with_a_folder_link_swap_never_gets_a_child_outside(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    """Issue 45's second attack, for a fixed time: ./race swapped between a folder and a link out (renames in a loop) while the
+    spawner files spawns from inside it. No grandchild may run, or write, in the outside folder."""
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    grandchild = mock_task("grandchild", [{"bash": "touch mark-$$; pwd -P"}, {"text": "grandchild done"}])
+    race = (
+        f"W=$(pwd -P); mkdir race.dir; end=$((SECONDS + {RACE_S})); "
+        f"( while [ $SECONDS -lt $end ]; do mv -T race.dir race; mv -T race race.dir; ln -s {outside} race; rm race; done ) 2>/dev/null & "
+        "SWAPPER=$!; n=0; "
+        "while [ $SECONDS -lt $end ] && [ $n -lt 8 ]; do "
+        '  until cd "$W/race" 2>/dev/null && [ "$(pwd -P)" = "$W/race" ]; do cd "$W"; done; '
+        f'  {spawn_in_bash("--task", grandchild, "--tools", "Bash")} > /dev/null 2>&1; echo "spawn rc=$?"; n=$((n + 1)); cd "$W"; '
+        "done; kill $SWAPPER; wait; echo raced"
+    )
+    spawner = mock_task("spawner", [{"bash": race}, {"text": "spawner done"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", spawner, "--tools", "Bash")}, {"text": "root done"}])
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-depth", "2", "--cwd", str(work)], env, timeout=300)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    grandchildren = [m for m in metas(session_root).values() if m["task"].startswith("grandchild")]
+    assert sorted(p.name for p in outside.iterdir()) == []
+    assert all(not Path(m["cwd"]).resolve().is_relative_to(outside.resolve()) for m in grandchildren), [m["cwd"] for m in grandchildren]
+    assert all(Path(m["cwd"]).resolve().is_relative_to(work.resolve()) or m["cwd"].startswith(str(work)) for m in grandchildren)
+    assert grandchildren, "no spawn got through the race at all"

@@ -20,6 +20,7 @@ from .processes import inside_sandbox, sandbox_owner
 from .protocol import AGENTS_DIR, load_meta, open_regular, read_outcome, write_file_atomic
 from .records import AgentMeta
 from .running import child_environment
+from .writable import below, fd_path, open_folder_beneath
 
 # ------------------------------------------------------------------ broker --
 
@@ -61,6 +62,7 @@ BROKER_STDERR_MAX_BYTES = 64 * 1024  # and of its stderr (the end of it)
 BROKER_CLIENT_POLL_S = 0.05  # how often the spawn.py in the sandbox looks for its reply
 BROKER_TEMP_MAX_AGE_S = 60.0  # a writer's temp file older than this was abandoned: removed
 BROKER_SEND_MAX_CHARS = 100_000  # a brokered message's text
+PINNED_FOLDERS = sys.platform == "linux"  # O_PATH and /proc/self/fd: a folder held by descriptor
 REQUEST_NAME = re.compile(r"([0-9a-f]{16})\.json")
 REPLY_SUFFIX = ".reply.json"
 
@@ -148,21 +150,62 @@ def checked_run_argv(argv: Sequence[str]) -> list[str] | str:
     return out
 
 
-def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], str] | str:
-    """(argv to run, cwd) from a request in meta's agent's box, or why it is refused (pure but for the cwd's realpath).
+# A request's cwd, resolved once: an O_PATH descriptor on Linux (the child
+# starts in the folder it holds), its real path elsewhere.
+Folder = int | str
+
+
+def request_folder(cwd: str, homes: Sequence[str]) -> Folder | None:
+    """The request's cwd, opened beneath one of homes (its real paths), or None if it leads out of them.
+
+    The agent can rename anything below its cwd while its runner works: a
+    path checked now and used later may name another folder by then (a
+    link swapped in, outside). The folder is opened once, beneath the home,
+    and the child started in it by descriptor.
+    """
+    if "\0" in cwd or not os.path.isabs(cwd):
+        return None
+    for home in homes:
+        if not below(os.path.normpath(cwd), home):
+            continue
+        if not PINNED_FOLDERS:
+            real = os.path.realpath(cwd)
+            return real if below(real, home) and os.path.isdir(real) else None
+        with contextlib.suppress(OSError):
+            return open_folder_beneath(home, os.path.normpath(cwd))
+    return None
+
+
+def close_folder(folder: Folder) -> None:
+    if isinstance(folder, int):
+        with contextlib.suppress(OSError):
+            os.close(folder)
+
+
+def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], Folder] | str:
+    """(argv to run, its cwd resolved once) from a request in meta's agent's box, or why it is refused.
 
     The cwd must be within the agent's own cwd or its scratch: the child's
     project (its definitions, its settings) is one the agent already works in.
+    The caller closes the folder (close_folder).
     """
     if not isinstance(data, dict) or not isinstance(data.get("argv"), list) or not isinstance(data.get("cwd"), str):
         return "not a request: want an object with argv (a list of strings) and cwd"
     argv = data["argv"]
     if len(argv) > BROKER_ARGV_MAX or not all(isinstance(a, str) and "\0" not in a for a in argv):
         return f"argv must be at most {BROKER_ARGV_MAX} strings"
-    cwd = os.path.realpath(data["cwd"]) if "\0" not in data["cwd"] else ""
     homes = [os.path.realpath(meta.cwd), os.path.realpath(Path(meta.session) / AGENTS_DIR / meta.id / SCRATCH_DIR)]
-    if not any(cwd == h or cwd.startswith(h.rstrip("/") + "/") for h in homes) or not os.path.isdir(cwd):
+    folder = request_folder(data["cwd"], homes)
+    if folder is None:
         return f"cwd {data['cwd'][:200]!r} is outside the agent's working directory {meta.cwd}"
+    checked = checked_argv(argv, folder)
+    if isinstance(checked, str):
+        close_folder(folder)
+    return checked
+
+
+def checked_argv(argv: Sequence[str], cwd: Folder) -> tuple[list[str], Folder] | str:
+    """A request's verb and arguments as the runner runs them, with its folder, or why they are refused (pure)."""
     if argv[:1] == ["kill"]:
         ids = argv[1:]
         if not ids or not all(AGENT_ID.fullmatch(i) for i in ids):
@@ -317,7 +360,7 @@ class Broker:
         note(f"warning: {self.meta.id}'s request {request_id} refused: {why}")
         self.reply(request_id, ExitCode.REFUSED, stderr=f"spawn: error: refused by the agent's runner: {why}\n".encode())
 
-    def checked(self, request_id: str, raw: bytes | None) -> tuple[list[str], str] | None:
+    def checked(self, request_id: str, raw: bytes | None) -> tuple[list[str], Folder] | None:
         """One request's argv and cwd, or None once it is refused (with a reply)."""
         self.served += 1
         if self.served > BROKER_REQUESTS_MAX:
@@ -340,12 +383,13 @@ class Broker:
             below = {d.name for d in self.descendants(Path(self.meta.session), self.meta.id)}
             ids = [word for word in checked[0][1 : 2 if verb == "send" else None] if AGENT_ID.fullmatch(word)]
             if outside := [i for i in ids if i not in below]:
+                close_folder(checked[1])
                 self.refuse(request_id, f"{verb}: {', '.join(outside)} not below {self.meta.id}")
                 return None
         return checked
 
-    async def run(self, request_id: str, argv: Sequence[str], cwd: str) -> None:
-        """Run one request as a spawn.py of this runner's, with its agent's environment, and reply when it ends."""
+    async def run(self, request_id: str, argv: Sequence[str], cwd: Folder) -> None:
+        """Run one request as a spawn.py of this runner's, with its agent's environment, in the folder checked, and reply when it ends."""
         import asyncio
 
         env = {**os.environ, **child_environment(self.meta, self.agent_dir)}
@@ -354,7 +398,7 @@ class Broker:
                 env[ENV_PYTHON],
                 env[ENV_SCRIPT],
                 *argv,
-                cwd=cwd,
+                cwd=fd_path(cwd) if isinstance(cwd, int) else cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -364,6 +408,8 @@ class Broker:
         except OSError as exc:
             self.refuse(request_id, f"could not start spawn.py: {exc.strerror or exc}")
             return
+        finally:
+            close_folder(cwd)
         stdout, stderr = await proc.communicate()
         self.reply(request_id, proc.returncode if proc.returncode is not None else ExitCode.STATE, stdout, stderr)
 

@@ -94,7 +94,17 @@ from .protocol import (
 from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import RunState, SdkLoader, api_host, child_environment, import_sdk, message_record, spawn_command
 from .steering import cli_budget_cap, pause_hooks
-from .writable import code_folders, sandbox_uv_cache, sandboxed_ancestors, trusted_sources, untrusted_sources, writer_of
+from .writable import (
+    code_folders,
+    definition_refusal,
+    fd_path,
+    open_real_folder,
+    sandbox_uv_cache,
+    sandboxed_ancestors,
+    trusted_sources,
+    untrusted_sources,
+    writer_of,
+)
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the
@@ -259,13 +269,18 @@ def start_cli(plan: CliStart, state: RunState, slot: int | None) -> StartedCli:
     their children) without signalling spawn.py itself. On failure the slot
     is let go and the SDK's error is raised.
     """
+    # Below a sandboxed agent, the cwd (a real path at admission) may have
+    # been swapped since for a link out of what that agent may write: opened
+    # following no link, it is the same folder, or the CLI doesn't start.
+    folder = None
     try:
+        folder = open_real_folder(plan.options["cwd"]) if plan.pin_cwd else None
         process = subprocess.Popen(
             plan.argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=plan.options["cwd"],
+            cwd=plan.options["cwd"] if folder is None else fd_path(folder),
             env=plan.env,
             start_new_session=True,
         )
@@ -273,6 +288,9 @@ def start_cli(plan: CliStart, state: RunState, slot: int | None) -> StartedCli:
         if slot is not None:
             os.close(slot)
         raise
+    finally:
+        if folder is not None:
+            os.close(folder)
     state.started_cli(process.pid)
     return StartedCli(plan, process, slot)
 
@@ -558,6 +576,8 @@ class CliStart:
     prompt: str
     argv: list[str]
     env: dict[str, str]
+    pin_cwd: bool = False
+    """Start the CLI in the folder its cwd's real path names now, by descriptor, or not at all (below a sandboxed agent, on Linux)."""
 
 
 def project_claude_dir(cwd: str) -> str:
@@ -597,12 +617,15 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     hooks: dict[str, Any] | None = None
     # Below a sandboxed agent: nothing that runs code from where it can write (writable.py; admission refused such a definition).
     writes = sandboxed_ancestors(meta.session, meta.parent_id) if meta.parent_id else []
-    if meta.agent_source and (meta.mcp_servers or meta.hooks) and writer_of(meta.agent_source, writes) is None:
+    # Read by its real path, resolved once: no part of a path no such agent can write can be swapped by one.
+    source = os.path.realpath(meta.agent_source) if meta.agent_source else None
+    if source and (meta.mcp_servers or meta.hooks) and writer_of(source, writes) is None:
         # The servers' config (which may hold tokens) and the hooks' commands
         # are read from the definition, never copied into meta.json.
-        definition, _ = parse_definition(Path(meta.agent_source).read_text(), meta.agent_source, "project")
+        definition, _ = parse_definition(Path(source).read_text(), meta.agent_source or source, "project")
         if definition is not None:
             resolve_mcp_refs(definition, os.environ)
+            definition = definition if definition_refusal(definition, os.environ, writes) is None else None
         mcp_servers = definition.mcp_servers if definition and meta.mcp_servers else {}
         if definition and definition.hooks and meta.hooks:
             # Claude Code's hooks format is a settings key: the CLI runs them.
@@ -687,7 +710,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         options["env"].update(sandbox_uv_cache(meta.id, os.environ))
     argv = cli_argv(str(cli), options)
     env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
-    return CliStart(options, gate, prompt, argv, env)
+    return CliStart(options, gate, prompt, argv, env, pin_cwd=bool(writes) and sys.platform == "linux")
 
 
 async def run_sdk(

@@ -165,3 +165,90 @@ def sandbox_uv_cache(agent_id: str, environ: Mapping[str, str]) -> dict[str, str
     """
     tmp = environ.get("CLAUDE_CODE_TMPDIR") or os.path.join("/tmp", f"claude-{os.getuid()}")
     return {"UV_CACHE_DIR": os.path.join(tmp, f"uv-cache-{agent_id}")}
+
+
+# ------------------------------------------------------- paths resolved once --
+
+# A path a sandboxed agent can rename parts of is resolved once, into a
+# descriptor, and used by that descriptor from then on: a check of the path
+# and a later use of it would see two different folders if the agent swapped
+# one for a link in between. openat2(2) does the resolving in the kernel
+# (Linux 5.6+; Python 3.11 has no os.openat2, so its syscall is called);
+# elsewhere a walk one component at a time with O_NOFOLLOW, which follows no
+# link at all.
+SYS_OPENAT2 = 437  # the same number on x86_64 and arm64 (the generic table)
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+AT_FDCWD = -100
+
+
+def openat2(dir_fd: int, path: str, flags: int, resolve: int) -> int | None:
+    """openat2(2)'s descriptor, OSError for its refusal, or None where the kernel (or a seccomp filter) has no openat2."""
+    import ctypes
+
+    class OpenHow(ctypes.Structure):
+        _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    how = OpenHow(flags, 0, resolve)
+    fd = int(libc.syscall(SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how)))
+    if fd >= 0:
+        return fd
+    errno = ctypes.get_errno()
+    if errno in (38, 1):  # ENOSYS, EPERM (a seccomp filter): no openat2 here
+        return None
+    raise OSError(errno, os.strerror(errno), path)
+
+
+def walk_nofollow(dir_fd: int, path: str) -> int:
+    """An O_PATH descriptor of the folder path below dir_fd, opened one component at a time, following no link and never '..'."""
+    fd = os.dup(dir_fd) if dir_fd != AT_FDCWD else os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    if path.startswith("/"):
+        os.close(fd)
+        fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in [p for p in path.split("/") if p not in ("", ".")]:
+            if part == "..":
+                raise OSError(18, "a '..' is not followed here", path)  # EXDEV, as openat2's RESOLVE_BENEATH says it
+            child = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_folder_beneath(root: str, path: str) -> int:
+    """An O_PATH descriptor of the folder path (absolute, at or below root), resolved beneath root: OSError if it leads out.
+
+    Links that stay below root are followed where openat2 is; the fallback follows none.
+    """
+    relative = os.path.relpath(path, root)
+    if relative == ".." or relative.startswith("../") or os.path.isabs(relative):
+        raise OSError(18, f"not below {root}", path)
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+        fd = openat2(root_fd, relative, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
+        return fd if fd is not None else walk_nofollow(root_fd, relative)
+    finally:
+        os.close(root_fd)
+
+
+def open_real_folder(path: str) -> int:
+    """An O_PATH descriptor of the folder at path, which must be a real path (no link in it, as admission recorded it): OSError if not."""
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = openat2(AT_FDCWD, path, flags, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    return fd if fd is not None else walk_nofollow(AT_FDCWD, path)
+
+
+def fd_path(fd: int) -> str:
+    """What a process started with cwd=fd_path(fd) gets as its cwd: the folder fd holds, whatever its path names by then.
+
+    /proc/self/fd/N is resolved in the child after its fork, while it
+    still holds the parent's descriptors: so no pass_fds, which would leave a
+    descriptor opened outside a sandbox in the hands of what runs inside it.
+    """
+    return f"/proc/self/fd/{fd}"
