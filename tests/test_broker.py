@@ -288,6 +288,7 @@ def test_a_sandboxed_spawner_steers_its_child_through_its_runner(env: dict[str, 
         '$S send "$ID" "steered from above"; echo "send rc=$?"; '
         '$S send "$SPAWN_AGENT_ID" "to myself"; echo "self send rc=$?"; '
         '$S approve q-0a1b2c; echo "approve rc=$?"; '
+        '$S budget --raise 100 "$SPAWN_SESSION"; echo "budget rc=$?"; '
         '$S wait "$ID" > /dev/null; echo "wait rc=$?"; '
         '$S dag run g.yaml; echo "dag rc=$?"; '
         '$S reap; echo "reap rc=$?"; '
@@ -301,10 +302,11 @@ def test_a_sandboxed_spawner_steers_its_child_through_its_runner(env: dict[str, 
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     dirs = by_task(session_root)
     text = transcript_text(dirs["spawner"])
-    for line in ("send rc=0", "wait rc=0", "validate rc=0", "dag rc=4", "reap rc=4", "self send rc=4", "approve rc=4", ".left-behind"):
+    for line in ("send rc=0", "wait rc=0", "validate rc=0", "dag rc=4", "reap rc=4", "self send rc=4", "approve rc=4", "budget rc=4", ".left-behind"):
         assert line in text, (line, text[-4000:])
     assert "spawn: error: 'spawn.py dag run' writes the session" in text and "spawn: error: 'spawn.py reap' writes the session" in text
     assert "an ask is answered by the person or by the root" in text
+    assert "spawn: error: 'spawn.py budget' can't run in a sandbox" in text and "Read-only file system" not in text
     assert f"send: {dirs['spawner'].name} not below {dirs['spawner'].name}" in text
     # The child took the message from above, sent by the spawner (its runner, by the kernel's ancestry).
     child_lines = [json.loads(line) for line in (dirs["child"] / "transcript.jsonl").read_text().splitlines()]

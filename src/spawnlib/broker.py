@@ -493,6 +493,11 @@ def refuse_session_writer(argv: Sequence[str]) -> None:
             f"'spawn.py {verb}' can't run in a sandbox: an ask is answered by the person or by the root, never by an agent "
             "below it, and the ask's socket is closed to a sandbox"
         )
+    if verb == "budget":
+        raise RefusedError(
+            "'spawn.py budget' can't run in a sandbox: a tree's budget is changed by the person or from outside the tree "
+            "(the MCP server, a script), never by an agent in it"
+        )
     raise RefusedError(
         f"'spawn.py {verb}' writes the session, which this sandboxed agent sees read-only; a sandboxed agent spawns, waits, "
         "kills, sends and answers asks through its runner: run the tasks as spawns, or give this agent --sandbox off"
@@ -527,7 +532,7 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
         return None
     if argv[0] in verbs and argv[0] not in BROKERED_VERBS:
         writes = argv[0] in UNBROKERED_WRITERS or (argv[0] == "dag" and len(argv) > 1 and argv[1] in UNBROKERED_DAG_ACTIONS)
-        if (writes and "--dry-run" not in argv) or argv[0] in ("approve", "deny"):
+        if (writes and "--dry-run" not in argv) or argv[0] in ("approve", "deny", "budget"):
             refuse_session_writer(argv)
         return None
     if argv[0] not in verbs and "--dry-run" in argv:

@@ -101,6 +101,7 @@ from .writable import (
     open_real_folder,
     sandbox_uv_cache,
     sandboxed_ancestors,
+    server_secrets,
     trusted_sources,
     untrusted_sources,
     writer_of,
@@ -663,7 +664,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         read_only += [os.path.realpath(cache_dir(os.environ)), project_claude_dir(meta.cwd), *code_folders(os.environ, meta.cwd)]
         read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
-        sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
+        sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only, server_secrets(os.environ))
     settings = cli_settings(hooks=hooks, sandbox=sandbox)
     sections = [memory_section(meta, Path(meta.agent_source), os.environ)] if meta.agent_source and meta.memory else []
     sections += skill_sections(meta, os.environ)

@@ -120,7 +120,7 @@ from .protocol import (
 )
 from .records import AgentMeta, Limits, SessionInfo, record_to_json
 from .steering import ENV_ON_BUDGET, ON_BUDGET_DEFAULT, ancestry_on_budget, narrow_on_budget, wait_while_paused
-from .writable import definition_refusal, sandboxed_ancestors, untrusted_sources
+from .writable import cwd_refusal, definition_refusal, sandboxed_ancestors, untrusted_sources
 
 # ---------------------------------------------------------------- resolving --
 
@@ -827,7 +827,8 @@ def below_sandbox_refusal(
     loads = args.preset or (definition is not None and definition.skills)
     for source in sorted(untrusted) if loads else ():
         warnings.append(f"setting source {source} left out: {untrusted[source]}, and what it runs would run outside that sandbox")
-    return definition_refusal(definition, environ, writes) if definition is not None else None
+    refusal = cwd_refusal(str(cwd), writes)
+    return refusal or (definition_refusal(definition, environ, writes) if definition is not None else None)
 
 
 def refusal_for(

@@ -15,6 +15,7 @@ hold now: the answer can't change between the check and the CLI's start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,7 @@ from .agents import AgentDefinition, project_of
 from .constants import REFUSED_DIR, REQUESTS_DIR, SCRATCH_DIR
 from .core import claude_config_dir
 from .errors import SpawnError
-from .protocol import AGENTS_DIR, load_meta
+from .protocol import AGENTS_DIR, cache_dir, load_meta
 
 ANCESTRY_MAX = 256  # parent links followed at most: a cycle in forged records ends here
 SETTING_SOURCES = ("user", "project", "local")  # the CLI's --setting-sources, all of them
@@ -76,6 +77,25 @@ def writer_of(path: str | Path, writes: Sequence[SandboxWrites]) -> str | None:
     for w in writes:
         if any(below(real, root) for root in w.roots) and not any(below(real, held) for held in w.held):
             return w.agent_id
+    return None
+
+
+def cwd_refusal(cwd: str, writes: Sequence[SandboxWrites]) -> str | None:
+    """Why an agent below sandboxed ones can't work in cwd (a real path), or None.
+
+    A folder strictly below a sandboxed agent's own lies in one it writes:
+    it can rename it and put a link out in its place at any moment of the
+    child's life, and the child's CLI and its sandbox name the folder by
+    path. Its own folder it can't rename (its parent is read-only to it).
+    """
+    for w in writes:
+        for root in w.roots:
+            if cwd != root and below(cwd, root):
+                return (
+                    f"working directory {cwd} lies inside sandboxed agent {w.agent_id}'s folder {root}, which it could swap "
+                    f"for a link out while the child works there; a sandboxed agent's children start in its own folder: "
+                    f"spawn from {root} and let the child cd"
+                )
     return None
 
 
@@ -252,3 +272,15 @@ def fd_path(fd: int) -> str:
     descriptor opened outside a sandbox in the hands of what runs inside it.
     """
     return f"/proc/self/fd/{fd}"
+
+
+def server_secrets(environ: Mapping[str, str]) -> list[str]:
+    """Folders no sandboxed agent may read: the A2A server's token files (CACHE/a2a), made now so the sandbox can hide them.
+
+    With the token, an agent the server serves could call it as the person
+    does: answer its own ask.
+    """
+    folder = cache_dir(environ) / "a2a"
+    with contextlib.suppress(OSError):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return [os.path.realpath(folder)] if folder.is_dir() else []
