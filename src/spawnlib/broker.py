@@ -4,6 +4,7 @@ import contextlib
 import functools
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from .core import AGENT_ID, parse_json, token_hex
 from .errors import ExitCode, RefusedError, SpawnError, StateError
 from .output import note
 from .processes import inside_sandbox, sandbox_owner
-from .protocol import AGENTS_DIR, load_meta, open_regular, read_outcome, write_file_atomic
+from .protocol import AGENTS_DIR, MarkerEvents, load_meta, open_regular, read_outcome, write_file_atomic
 from .records import AgentMeta
 from .running import child_environment
 from .writable import below, fd_path, open_folder_beneath
@@ -52,14 +53,16 @@ BROKERED_VERBS = ("kill", "wait", "send")
 UNBROKERED_WRITERS = ("reap", "plan", "build", "explore", "run-plan-build", "run-all")
 UNBROKERED_DAG_ACTIONS = ("run", "resume")
 NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
-BROKER_POLL_S = 0.1  # how often a runner looks into its agent's box; a spawn waits this long at most
+BROKER_POLL_S = 0.1  # how often a runner looks into its agent's box where inotify can't wake it
+BROKER_IDLE_S = 1.0  # with inotify: how long a runner sleeps at most (stale temp files, a missed event)
 BROKER_REQUEST_MAX_BYTES = 256 * 1024  # a request: argv (the task inline) and cwd
 BROKER_ARGV_MAX = 200  # words in a request's argv
 BROKER_RUNNING_MAX = 16  # requests a runner runs at once; more wait in the box
 BROKER_REQUESTS_MAX = 1000  # requests a runner serves over its life; later ones are refused
 BROKER_STDOUT_MAX_BYTES = 1024 * 1024  # what a reply carries of the child's stdout
 BROKER_STDERR_MAX_BYTES = 64 * 1024  # and of its stderr (the end of it)
-BROKER_CLIENT_POLL_S = 0.05  # how often the spawn.py in the sandbox looks for its reply
+BROKER_CLIENT_POLL_S = 0.05  # how often the spawn.py in the sandbox looks for its reply, without inotify
+BROKER_CLIENT_IDLE_S = 1.0  # with inotify: how often it looks anyway (its runner's end)
 BROKER_TEMP_MAX_AGE_S = 60.0  # a writer's temp file older than this was abandoned: removed
 BROKER_SEND_MAX_CHARS = 100_000  # a brokered message's text
 PINNED_FOLDERS = sys.platform == "linux"  # O_PATH and /proc/self/fd: a folder held by descriptor
@@ -295,6 +298,7 @@ class Broker:
         self.served = 0
         self.stuck: set[str] = set()  # names in the box that could not be taken out
         self.running: dict[str, Any] = {}  # request id: the task that runs it
+        self.wake: Any = None  # an asyncio.Event: set by a new name in the box, or a request done (a free running slot)
 
     def take(self) -> list[tuple[str, bytes | None]]:
         """The requests waiting in the box, each taken out (never read twice): (request id, its bytes or None if unreadable)."""
@@ -415,11 +419,20 @@ class Broker:
 
     def done(self, request_id: str, _task: Any) -> None:
         self.running.pop(request_id, None)
+        if self.wake is not None:
+            self.wake.set()  # a request that waited for a running slot may go now
 
     async def serve(self) -> None:
         """While the agent runs: take its requests as they come, and reply to each when its spawn.py ends."""
         import asyncio
 
+        # Woken by the request's rename into the box (inotify), not by a poll:
+        # a brokered spawn starts as soon as it is filed.
+        events = MarkerEvents()
+        watching = events.watch(self.box, MarkerEvents.IN_MOVED_TO | MarkerEvents.IN_CREATE)
+        self.wake = asyncio.Event()
+        if watching:
+            asyncio.get_running_loop().add_reader(events.fd, self.wake.set)
         try:
             while True:
                 for request_id, raw in self.take():
@@ -427,8 +440,14 @@ class Broker:
                         task = asyncio.create_task(self.run(request_id, *checked))
                         self.running[request_id] = task
                         task.add_done_callback(functools.partial(self.done, request_id))
-                await asyncio.sleep(BROKER_POLL_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), BROKER_IDLE_S if watching else BROKER_POLL_S)
+                self.wake.clear()
+                events.drain()
         finally:
+            if watching:
+                asyncio.get_running_loop().remove_reader(events.fd)
+            events.close()
             for task in list(self.running.values()):
                 task.cancel()
             # The agent is done with its box: what it left there (unread
@@ -543,6 +562,9 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
     import json
 
     request_id = token_hex(8)
+    # Watched before the request is filed: the reply's rename into the box wakes us, never a poll.
+    events = MarkerEvents()
+    watching = events.watch(box, MarkerEvents.IN_MOVED_TO)
     data = json.dumps({"argv": inlined_argv(argv) if argv[0] not in verbs else steering_argv(argv), "cwd": os.getcwd()}).encode()
     tmp = box / f".{request_id}.tmp"
     with open(tmp, "xb") as f:
@@ -550,6 +572,14 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
     os.rename(tmp, box / f"{request_id}.json")
     reply_path = box / f"{request_id}{REPLY_SUFFIX}"
     owner = box.parents[1] / AGENTS_DIR / box.name
+    try:
+        return await_reply(reply_path, request_id, owner, events if watching else None)
+    finally:
+        events.close()
+
+
+def await_reply(reply_path: Path, request_id: str, owner: Path, events: MarkerEvents | None) -> int:
+    """Print the runner's reply once it is in the box, and return its exit code; StateError if the runner ends first."""
     while True:
         with contextlib.suppress(FileNotFoundError):
             reply = parse_json(reply_path.read_bytes(), BROKER_STDOUT_MAX_BYTES * 8)
@@ -559,5 +589,9 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
             sys.stderr.write(str(reply.get("stderr", "")))
             return int(reply.get("exit_code", ExitCode.STATE))
         if read_outcome(owner) is not None:
-            raise StateError(f"the runner of {box.name} ended before it answered request {request_id}")
-        time.sleep(BROKER_CLIENT_POLL_S)
+            raise StateError(f"the runner of {owner.name} ended before it answered request {request_id}")
+        if events is not None:
+            select.select([events.fd], [], [], BROKER_CLIENT_IDLE_S)
+            events.drain()
+        else:
+            time.sleep(BROKER_CLIENT_POLL_S)
