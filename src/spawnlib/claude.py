@@ -95,6 +95,7 @@ from .records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from .running import RunState, SdkLoader, api_host, child_environment, import_sdk, message_record, spawn_command
 from .steering import cli_budget_cap, pause_hooks
 from .writable import (
+    SandboxWrites,
     code_folders,
     definition_refusal,
     fd_path,
@@ -605,6 +606,26 @@ def uv_shim_path(environ: Mapping[str, str]) -> dict[str, str]:
     return {"PATH": os.pathsep.join([str(shim), environ.get("PATH", os.defpath)])} if shim is not None else {}
 
 
+def definition_commands(meta: AgentMeta, writes: Sequence[SandboxWrites]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The MCP servers and hooks of the agent's definition that its CLI runs: none from where a sandboxed ancestor writes.
+
+    The servers' config (which may hold tokens) and the hooks' commands are
+    read from the definition, never copied into meta.json; by its real path,
+    resolved once: no part of a path no such agent can write can be swapped by one.
+    """
+    source = os.path.realpath(meta.agent_source) if meta.agent_source else None
+    if not source or not (meta.mcp_servers or meta.hooks) or writer_of(source, writes) is not None:
+        return {}, None
+    definition, _ = parse_definition(Path(source).read_text(), meta.agent_source or source, "project")
+    if definition is None:
+        return {}, None
+    resolve_mcp_refs(definition, os.environ)
+    if definition_refusal(definition, os.environ, writes) is not None:
+        return {}, None
+    # Claude Code's hooks format is a settings key: the CLI runs them.
+    return (definition.mcp_servers if meta.mcp_servers else {}), (definition.hooks if definition.hooks and meta.hooks else None)
+
+
 def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> CliStart:
     """The CLI's options, command line and environment for this agent."""
     system_prompt: Any
@@ -614,23 +635,9 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     else:
         system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
     builtin = [t for t in meta.tools if not t.startswith("mcp__") and not withheld_agent_tool(meta, t)]
-    mcp_servers: dict[str, Any] = {}
-    hooks: dict[str, Any] | None = None
     # Below a sandboxed agent: nothing that runs code from where it can write (writable.py; admission refused such a definition).
     writes = sandboxed_ancestors(meta.session, meta.parent_id) if meta.parent_id else []
-    # Read by its real path, resolved once: no part of a path no such agent can write can be swapped by one.
-    source = os.path.realpath(meta.agent_source) if meta.agent_source else None
-    if source and (meta.mcp_servers or meta.hooks) and writer_of(source, writes) is None:
-        # The servers' config (which may hold tokens) and the hooks' commands
-        # are read from the definition, never copied into meta.json.
-        definition, _ = parse_definition(Path(source).read_text(), meta.agent_source or source, "project")
-        if definition is not None:
-            resolve_mcp_refs(definition, os.environ)
-            definition = definition if definition_refusal(definition, os.environ, writes) is None else None
-        mcp_servers = definition.mcp_servers if definition and meta.mcp_servers else {}
-        if definition and definition.hooks and meta.hooks:
-            # Claude Code's hooks format is a settings key: the CLI runs them.
-            hooks = definition.hooks
+    mcp_servers, hooks = definition_commands(meta, writes)
     sandbox = None
     if meta.sandbox == "on":
         with contextlib.suppress(FileExistsError):

@@ -471,9 +471,15 @@ def tree_budget(session: Path) -> float | None:
     return changed if changed is not None else read_limits(session).max_budget_usd
 
 
-def change_budget(session: Path, raise_usd: float | None, set_usd: float | None, by: str, secrets_: Sequence[str]) -> dict[str, Any]:
-    """Append the tree's new budget to its ledger (under the session lock); what changed."""
-    for flag, value in (("--raise", raise_usd), ("--set", set_usd)):
+def change_budget(
+    session: Path, raise_usd: float | None, set_usd: float | None, by: str, secrets_: Sequence[str], *, at_most: float | None = None
+) -> dict[str, Any]:
+    """Append the tree's new budget to its ledger (under the session lock); what changed.
+
+    at_most: a caller's own cap (a server's --max-budget-usd), checked under
+    the same lock as the change, so no raise that races another passes it.
+    """
+    for flag, value in (("--raise", raise_usd), ("--set", set_usd), ("--at-most", at_most)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{flag} {value}: give a non-negative number of USD")
     with session_lock(session):
@@ -483,6 +489,8 @@ def change_budget(session: Path, raise_usd: float | None, set_usd: float | None,
             raise UsageError(f"session {session.name} has no budget (its root ran without --max-budget-usd); there is nothing to raise")
         ledger = read_ledger(session)
         new = budget + raise_usd if raise_usd is not None else float(set_usd or 0.0)
+        if at_most is not None and new > at_most + 1e-9:
+            raise RefusedError(f"refused: a budget of ${new:g} is past ${at_most:g}, the most this caller may give the tree")
         floor = ledger.spent + ledger.reserved
         if new + 1e-9 < floor:
             raise UsageError(
