@@ -302,7 +302,17 @@ def test_a_sandboxed_spawner_steers_its_child_through_its_runner(env: dict[str, 
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     dirs = by_task(session_root)
     text = transcript_text(dirs["spawner"])
-    for line in ("send rc=0", "wait rc=0", "validate rc=0", "dag rc=4", "reap rc=4", "self send rc=4", "approve rc=4", "budget rc=4", ".left-behind"):
+    for line in (
+        "send rc=0",
+        "wait rc=0",
+        "validate rc=0",
+        "dag rc=4",
+        "reap rc=4",
+        "self send rc=4",
+        "approve rc=4",
+        "budget rc=4",
+        ".left-behind",
+    ):
         assert line in text, (line, text[-4000:])
     assert "spawn: error: 'spawn.py dag run' writes the session" in text and "spawn: error: 'spawn.py reap' writes the session" in text
     assert "an ask is answered by the person or by the root" in text
