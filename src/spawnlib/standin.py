@@ -152,7 +152,12 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
     # Our cwd goes as a descriptor too: the path may name another folder by
     # the time the server's child changes into it (a folder a sandboxed agent
     # swapped for a link out after its runner checked it). Linux only (O_PATH).
-    cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) if hasattr(os, "O_PATH") else None
+    cwd_fd = None
+    if hasattr(os, "O_PATH"):
+        try:
+            cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None  # no cwd to hand over (removed): the normal path says so
     try:
         served = forkserver_request(session, request, (0, 1, 2) if cwd_fd is None else (0, 1, 2, cwd_fd))
     finally:
