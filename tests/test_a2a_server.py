@@ -838,3 +838,24 @@ def test_require_claim_refuses_missing_changed_and_replayed_claims(
         assert state == "TASK_STATE_REJECTED" and "replayed" in said, said
 
     run(body)
+
+
+def test_a_served_agent_that_reads_the_token_file_still_can_not_call_the_server(serve: Callable[..., Served], session_root: Path) -> None:
+    """Issue 45: an unsandboxed agent the server runs (it runs as the person) reads CACHE/a2a/PORT.token and calls the server
+    with it, as it would to answer its own ask. The server finds the caller's process from the socket and refuses it."""
+    served = serve()
+    assert served.token_file is not None
+    body = json.dumps(send_message_body("hi"))
+    curl = (
+        f'curl -s -w " http=%{{http_code}}" -X POST {served.url}/ -H "Authorization: Bearer $(cat {served.token_file})" '
+        f"-H 'Content-Type: application/json' -H 'A2A-Version: 1.0' -d '{body}'"
+    )
+    task = mock_task("caller", [{"bash": curl}, {"text": "caller done"}])
+
+    async def body_() -> None:
+        done = await send(served, f"{served.url}/agents/worker", user_message(task))
+        assert done.last_status()[0] == "TASK_STATE_COMPLETED", (done.states(), served.stderr.read_text())
+        text = (agent_dir_of(done, session_root) / "transcript.jsonl").read_text()
+        assert "http=403" in text and "runs in a tree this server serves" in text, text[-3000:]
+
+    run(body_)

@@ -281,6 +281,17 @@ def test_agents_list_new_and_lint(base_env: dict[str, str], project: Path) -> No
     assert lint.stderr.startswith("spawn: error: ")
 
 
+def test_lint_refuses_frontmatter_nested_past_the_bound_in_one_short_line(base_env: dict[str, str], project: Path) -> None:
+    """100,000 levels of YAML are no hand-written definition for Claude Code's fallback to read: exit 2, one short error."""
+    deep = "[" * 100_000 + "]" * 100_000
+    (project / ".claude" / "agents").mkdir(parents=True)
+    (project / ".claude" / "agents" / "deep.md").write_text(f"---\nname: deep\ndescription: deep\nx: {deep}\n---\nbody\n")
+    lint = run_spawn(["agents", "lint"], base_env, cwd=project)
+    assert lint.returncode == spawn.ExitCode.USAGE, lint.stdout
+    assert lint.stdout.strip().endswith("deep.md:4: error: bad YAML: nested deeper than 64 levels"), lint.stdout[:2000]
+    assert len(lint.stdout) + len(lint.stderr) < 1000 and "valid" not in lint.stdout
+
+
 def test_shipped_agents_lint_clean(base_env: dict[str, str]) -> None:
     proc = run_spawn(["agents", "lint"], base_env, cwd=ROOT)
     assert proc.returncode == spawn.ExitCode.OK, proc.stdout

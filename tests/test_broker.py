@@ -9,6 +9,7 @@ and kills go to its request box, and its runner runs them as its own.
 from __future__ import annotations
 
 import json
+import os
 import py_compile
 import shlex
 import shutil
@@ -232,9 +233,9 @@ def test_a_chain_of_depth_three_under_auto_sandboxes_every_agent_below_the_root(
 
 
 def test_a_definition_the_agent_could_have_written_runs_no_hooks_outside_its_sandbox(tmp_path: Path) -> None:
-    """Unit: a brokered --agent naming a definition with hooks or MCP servers inside the agent's writable cwd is refused."""
+    """Unit: below a sandboxed agent, a definition with hooks or MCP servers where it can write is refused; one that only narrows is not."""
     cwd = tmp_path / "project"
-    agents = cwd / ".claude" / "agents"
+    agents = cwd / "sub" / ".claude" / "agents"
     agents.mkdir(parents=True)
     (agents / "escape.md").write_text(
         "---\nname: escape\ndescription: runs a hook\nhooks:\n  PreToolUse:\n    - hooks:\n"
@@ -242,14 +243,22 @@ def test_a_definition_the_agent_could_have_written_runs_no_hooks_outside_its_san
     )
     (agents / "plain.md").write_text("---\nname: plain\ndescription: no commands of its own\n---\nYou are plain.\n")
     env = {"HOME": str(tmp_path / "home")}
-    homes = [str(cwd.resolve())]
-    for argv in (["--agent", "escape", "--task", "x"], ["--agent", "auto", "--task", "x"]):
-        problem = spawn.writable_definition_problem(argv, str(cwd), homes, env)
-        assert problem is not None and "escape" in problem and "outside its sandbox" in problem
-    assert spawn.writable_definition_problem(["--agent", "plain", "--task", "x"], str(cwd), homes, env) is None
-    assert spawn.writable_definition_problem(["--task", "x"], str(cwd), homes, env) is None
-    # The same file outside what the agent may write (another project) is the user's own: allowed.
-    assert spawn.writable_definition_problem(["--agent", "escape", "--task", "x"], str(cwd), [str(tmp_path / "elsewhere")], env) is None
+    definitions, _ = spawn.load_definitions(cwd / "sub", env)
+    real = os.path.realpath(cwd)
+    writes = [spawn.SandboxWrites("a1-0123ab", (real,), (os.path.join(real, ".claude"),))]
+    problem = spawn.definition_refusal(definitions["escape"], env, writes)
+    assert problem is not None and "escape" in problem and "a1-0123ab" in problem and "outside its sandbox" in problem
+    assert spawn.definition_refusal(definitions["plain"], env, writes) is None
+    # The same file where no sandboxed agent above writes is the user's own: allowed.
+    assert spawn.definition_refusal(definitions["escape"], env, []) is None
+    elsewhere = [spawn.SandboxWrites("a1-0123ab", (str(tmp_path / "elsewhere"),), ())]
+    assert spawn.definition_refusal(definitions["escape"], env, elsewhere) is None
+    # The agent's own .claude/ is held read-only in its sandbox: a definition there is not the agent's.
+    moved = cwd / ".claude" / "agents"
+    moved.mkdir(parents=True)
+    (agents / "escape.md").rename(moved / "escape.md")
+    definitions, _ = spawn.load_definitions(cwd, env)
+    assert spawn.definition_refusal(definitions["escape"], env, writes) is None
 
 
 def test_a_brokered_wait_takes_ids_and_its_own_flags_only() -> None:
@@ -279,6 +288,7 @@ def test_a_sandboxed_spawner_steers_its_child_through_its_runner(env: dict[str, 
         '$S send "$ID" "steered from above"; echo "send rc=$?"; '
         '$S send "$SPAWN_AGENT_ID" "to myself"; echo "self send rc=$?"; '
         '$S approve q-0a1b2c; echo "approve rc=$?"; '
+        '$S budget --raise 100 "$SPAWN_SESSION"; echo "budget rc=$?"; '
         '$S wait "$ID" > /dev/null; echo "wait rc=$?"; '
         '$S dag run g.yaml; echo "dag rc=$?"; '
         '$S reap; echo "reap rc=$?"; '
@@ -292,10 +302,21 @@ def test_a_sandboxed_spawner_steers_its_child_through_its_runner(env: dict[str, 
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     dirs = by_task(session_root)
     text = transcript_text(dirs["spawner"])
-    for line in ("send rc=0", "wait rc=0", "validate rc=0", "dag rc=4", "reap rc=4", "self send rc=4", "approve rc=4", ".left-behind"):
+    for line in (
+        "send rc=0",
+        "wait rc=0",
+        "validate rc=0",
+        "dag rc=4",
+        "reap rc=4",
+        "self send rc=4",
+        "approve rc=4",
+        "budget rc=4",
+        ".left-behind",
+    ):
         assert line in text, (line, text[-4000:])
     assert "spawn: error: 'spawn.py dag run' writes the session" in text and "spawn: error: 'spawn.py reap' writes the session" in text
     assert "an ask is answered by the person or by the root" in text
+    assert "spawn: error: 'spawn.py budget' can't run in a sandbox" in text and "Read-only file system" not in text
     assert f"send: {dirs['spawner'].name} not below {dirs['spawner'].name}" in text
     # The child took the message from above, sent by the spawner (its runner, by the kernel's ancestry).
     child_lines = [json.loads(line) for line in (dirs["child"] / "transcript.jsonl").read_text().splitlines()]

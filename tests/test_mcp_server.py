@@ -411,8 +411,11 @@ def test_agent_send_and_budget(env: dict[str, str], session_root: Path, tmp_path
                 await asyncio.sleep(0.1)
             sent = structured(await client.call_tool("agent_send", {"agent_id": started["agent_id"], "text": "MCP-STEER-91"}))
             assert sent["seq"] == 1 and sent["delivery"] == "next request"
-            raised = structured(await client.call_tool("budget", {"raise_usd": 0.5}))
-            assert raised["max_budget_usd"] == 1.5 and raised["previous_usd"] == 1.0
+            # Never past the server's own --max-budget-usd (an agent it serves could call it too).
+            past = await client.call_tool("budget", {"raise_usd": 0.5})
+            assert past.is_error and "refused: a budget of $1.5 is past $1, the most this caller may give the tree" in text(past)
+            raised = structured(await client.call_tool("budget", {"raise_usd": 0}))
+            assert raised["max_budget_usd"] == 1.0 and raised["previous_usd"] == 1.0
             both = await client.call_tool("budget", {"raise_usd": 0.5, "set_usd": 2})
             assert both.is_error and "exactly one" in text(both)
             waited = structured(await client.call_tool("agent_wait", {"timeout_s": 50}))
@@ -427,3 +430,49 @@ def test_agent_send_and_budget(env: dict[str, str], session_root: Path, tmp_path
     records = [json.loads(line) for line in transcript.read_text().splitlines()]
     (sent,) = [r["message"] for r in records if r["type"] == "UserSent"]
     assert sent["text"] == "MCP-STEER-91" and sent["by"].startswith("mcp:")
+
+
+def test_an_agent_the_server_started_can_not_call_it_over_loopback(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """Issue 45: an agent the server started calls the server's loopback address (no token, the default) with curl, as it
+    would to answer its own ask or raise its own budget. The server finds the caller's process from the socket and refuses it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    server = subprocess.Popen(
+        [sys.executable, str(SERVER), "--python", sys.executable, "--http", str(port)],
+        env=env,
+        cwd=str(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    curl = (
+        f"curl -s -w ' http=%{{http_code}}' -X POST {url} -H 'Content-Type: application/json' "
+        f"-H 'Accept: application/json, text/event-stream' -d '{ping}'"
+    )
+    task = mock_task("caller", [{"bash": curl}, {"text": "caller done"}])
+
+    waited: dict[str, Any] = {}
+
+    async def body() -> None:
+        async with Client(url) as client:
+            await client.call_tool("spawn_agent", {"task": task, "tools": ["Bash"]})
+            waited.update(structured(await client.call_tool("agent_wait", {"timeout_s": 90})))
+
+    try:
+        limit = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=5).close()
+            except urllib.error.HTTPError:
+                break  # it answers
+            except urllib.error.URLError:
+                assert server.poll() is None and time.monotonic() < limit, "the server did not start"
+                time.sleep(0.2)
+        run(body)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert waited["status"] == "done", waited
+    (transcript,) = session_root.glob("*/agents/*/transcript.jsonl")
+    text_ = transcript.read_text()
+    assert "http=403" in text_ and "runs in a tree this server serves" in text_, text_[-3000:]

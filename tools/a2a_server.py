@@ -960,6 +960,13 @@ def build_app(executor: SpawnExecutor, base_url: str, token: str | None, skills:
         if token is not None and not public and not session_files.token_matches(headers.get(b"authorization", b""), token):
             await refuse(send, 401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
             return
+        # A caller inside a tree this server serves is refused, token or not: an
+        # unsandboxed agent runs as the person and can read the token file, and
+        # with it answer its own ask (session_files.served_agent_calling).
+        served = {run.session for run in list(executor.runs.values())}
+        if not public and (agent := session_files.served_agent_calling(scope.get("client"), served)) is not None:
+            await refuse(send, 403, f"agent {agent} runs in a tree this server serves: it may not call the server")
+            return
         # /agents/NAME serves a listed skill only: anything else (command:EXE, a
         # path) is not found here, before a task exists.
         skill = re.match(r"/agents/([^/]*)", path)

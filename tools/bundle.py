@@ -80,6 +80,7 @@ MODULES = (
     "policy/gateway",
     "policy/agents",
     "policy/model_router",
+    "policy/writable",
     "policy/delegates",
     "policy/channel",
     "policy/steering",

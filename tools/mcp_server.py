@@ -440,6 +440,11 @@ class Spawner:
             result["resumed_from"] = str(args["resume"])
         return result
 
+    def served_sessions(self) -> set[Path]:
+        """The sessions of the trees this server started: their agents may not call it."""
+        found = {s.agent_dir.parent.parent for s in self.started.values()}
+        return found | ({self.session} if self.session is not None else set())
+
     def find_dir(self, agent_id: str) -> Path:
         check_agent_id(agent_id)
         if agent_id in self.started:
@@ -709,7 +714,9 @@ def add_steering_tools(server: MCPServer, spawner: Spawner) -> None:
             raise ToolError("spawn: error: no session yet; give session, or start an agent with spawn_agent first")
         how = ["--raise", repr(float(raise_usd))] if raise_usd is not None else ["--set", repr(float(set_usd or 0.0))]
         client = client_name(ctx) if ctx else "client"
-        data = await spawner.run_json("budget", target, *how, *spawner.as_client(client))
+        # Never past this server's own --max-budget-usd: what it was given for everything started here.
+        cap = ["--at-most", repr(spawner.config.max_budget_usd)] if spawner.config.max_budget_usd is not None else []
+        data = await spawner.run_json("budget", target, *how, *cap, *spawner.as_client(client))
         paused = data.get("paused") or []
         text = f"budget of {data.get('session')}: ${data.get('max_budget_usd')} (was ${data.get('previous_usd')})"
         return tool_result(text + (f"; {len(paused)} agent(s) paused" if paused else ""), data)
@@ -791,7 +798,7 @@ async def elicit_asks(spawner: Spawner, ctx: Context, asks: list[dict[str, Any]]
 # -------------------------------------------------------------------- HTTP --
 
 
-def run_http(server: MCPServer, host: str, port: int, token: str | None) -> None:
+def run_http(server: MCPServer, host: str, port: int, token: str | None, sessions: Callable[[], set[Path]] = set) -> None:
     import uvicorn
     from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -804,6 +811,11 @@ def run_http(server: MCPServer, host: str, port: int, token: str | None) -> None
                 await send({"type": "http.response.start", "status": 401, "headers": [(b"www-authenticate", b"Bearer")]})
                 await send({"type": "http.response.body", "body": b"missing or wrong bearer token\n"})
                 return
+        if scope["type"] == "http" and (agent := session_files.served_agent_calling(scope.get("client"), sessions())) is not None:
+            why = f"agent {agent} runs in a tree this server serves: it may not call the server (its own asks, its own budget)\n"
+            await send({"type": "http.response.start", "status": 403, "headers": [(b"content-type", b"text/plain")]})
+            await send({"type": "http.response.body", "body": why.encode()})
+            return
         await inner(scope, receive, send)
 
     uvicorn.run(app, host=host, port=port, log_level="warning")
@@ -845,7 +857,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_concurrent=args.max_concurrent,
         environ=environ,
     )
-    server = build_server(Spawner(config))
+    spawner = Spawner(config)
+    server = build_server(spawner)
     if args.http is None:
         server.run()
         return 0
@@ -868,7 +881,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     print(f"mcp_server: serving http://{host}:{port}/mcp", file=sys.stderr, flush=True)
-    run_http(server, host, port, token)
+    run_http(server, host, port, token, spawner.served_sessions)
     return 0
 
 

@@ -13,6 +13,7 @@ locks, and it never imports spawn.py: the siblings work with any copy of it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import errno
 import hmac
@@ -309,3 +310,87 @@ def read_token_file(path: str) -> str:
     if not token:
         raise ValueError(f"--token-file {path} is empty; put the bearer token in it")
     return token
+
+
+# Who is calling (the MCP and A2A servers): a loopback caller is identified,
+# not trusted by its address: the kernel's
+# socket table names the process at the other end of the connection, and its
+# ancestry (kept by the kernel; a sandboxed agent's proxy too is its CLI's
+# child) tells whether it runs inside an agent this server started. Such a
+# caller is refused: with the server's tools it could answer its own asks or
+# raise its own tree's budget. Linux (/proc); elsewhere nothing is found.
+
+
+def socket_inode(ip: str, port: int) -> int | None:
+    """The inode of the TCP socket whose local end is ip:port (/proc/net/tcp, tcp6), or None."""
+    import socket
+
+    want = ip.removeprefix("::ffff:")
+    for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                address, _, hex_port = fields[1].partition(":")
+                if int(hex_port, 16) != port:
+                    continue
+                raw = bytes.fromhex(address)
+                words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                local = socket.inet_ntop(family, words).removeprefix("::ffff:")
+                if local == want:
+                    return int(fields[9])
+    return None
+
+
+def socket_owner(inode: int) -> int | None:
+    """The pid of a process holding socket inode (its fds, as /proc shows them), or None."""
+    target = f"socket:[{inode}]"
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(f"/proc/{entry.name}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd.path) == target:
+                        return int(entry.name)
+    return None
+
+
+def process_line(pid: int) -> tuple[int, float] | None:
+    """(parent pid, start time as seconds since the epoch) of a process, from /proc, or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[1]), boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def served_runners(sessions: set[Path]) -> dict[int, tuple[float, str]]:
+    """pid: (start time, agent id) of every agent's runner in the sessions this server serves."""
+    runners: dict[int, tuple[float, str]] = {}
+    for session in sessions:
+        for meta_path in session.glob("agents/*/meta.json"):
+            meta = read_json(meta_path) or {}
+            if isinstance(meta.get("pid"), int) and isinstance(meta.get("create_time"), (int, float)):
+                runners[meta["pid"]] = (float(meta["create_time"]), str(meta.get("id")))
+    return runners
+
+
+def served_agent_calling(client: tuple[str, int] | None, sessions: set[Path]) -> str | None:
+    """The id of the agent (of a tree this server serves) that a loopback connection's process runs under, or None."""
+    if client is None or not sessions or not is_loopback(client[0]):
+        return None
+    inode = socket_inode(client[0], client[1])
+    pid = socket_owner(inode) if inode else None
+    runners = served_runners(sessions)
+    for _ in range(256):  # the ancestry, up to pid 1
+        if pid is None or pid <= 1:
+            return None
+        line = process_line(pid)
+        if line is None:
+            return None
+        if pid in runners and abs(runners[pid][0] - line[1]) < 1.0:  # the same process, not a reused pid
+            return runners[pid][1]
+        pid = line[0]
+    return None

@@ -48,6 +48,13 @@ def add_steering_arguments(verb: str, p: Parser) -> None:
         how.add_argument("--raise", dest="raise_usd", type=float, metavar="USD", help="add USD to the tree's budget")
         how.add_argument("--set", dest="set_usd", type=float, metavar="USD", help="make the tree's budget USD")
         p.add_argument("--as", dest="as_name", metavar="NAME", help="who changes it, recorded in the ledger (default budget)")
+        p.add_argument(
+            "--at-most",
+            dest="at_most_usd",
+            type=float,
+            metavar="USD",
+            help="refuse a new budget past USD (a server's own --max-budget-usd)",
+        )
 
 
 def cmd_send(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -82,5 +89,5 @@ def cmd_budget(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if refusal is not None:
         record_budget_refusal(session, by, refusal, secrets_)
         raise RefusedError(f"refused: {refusal}; the attempt is recorded in {session / 'budget.attempts.jsonl'}")
-    emit(change_budget(session, args.raise_usd, args.set_usd, by, secrets_))
+    emit(change_budget(session, args.raise_usd, args.set_usd, by, secrets_, at_most=args.at_most_usd))
     return ExitCode.OK

@@ -68,7 +68,7 @@ def encode_json(value: object) -> str:
     raise TypeError(type(value).__name__)
 
 
-def forkserver_request(session: str, request: dict[str, object], fds: tuple[int, int, int]) -> tuple[Any, int, bytes] | None:
+def forkserver_request(session: str, request: dict[str, object], fds: tuple[int, ...]) -> tuple[Any, int, bytes] | None:
     """Ask the session's fork server to fork for request, handing it fds as the child's stdio (SCM_RIGHTS).
 
     (the socket, the forked pid, what the server sent after its reply), or
@@ -155,7 +155,20 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
         }
     except OSError:
         return None
-    served = forkserver_request(session, request, (0, 1, 2))
+    # Our cwd goes as a descriptor too: the path may name another folder by
+    # the time the server's child changes into it (a folder a sandboxed agent
+    # swapped for a link out after its runner checked it). Linux only (O_PATH).
+    cwd_fd = None
+    if hasattr(os, "O_PATH"):
+        try:
+            cwd_fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None  # no cwd to hand over (removed): the normal path says so
+    try:
+        served = forkserver_request(session, request, (0, 1, 2) if cwd_fd is None else (0, 1, 2, cwd_fd))
+    finally:
+        if cwd_fd is not None:
+            os.close(cwd_fd)
     if served is None:
         return None  # nothing runs for us: the normal path runs the agent
     sock, pid, got = served

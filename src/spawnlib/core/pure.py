@@ -532,7 +532,7 @@ def sandbox_writes(
 
 
 def sandbox_settings(
-    write_dirs: Sequence[str], api_host: str, web_domains: Sequence[str], deny_write: Sequence[str] = ()
+    write_dirs: Sequence[str], api_host: str, web_domains: Sequence[str], deny_write: Sequence[str] = (), deny_read: Sequence[str] = ()
 ) -> dict[str, Any]:
     """Claude Code's `sandbox` settings for an agent (pure).
 
@@ -546,7 +546,7 @@ def sandbox_settings(
         "failIfUnavailable": True,
         "autoAllowBashIfSandboxed": False,
         "allowUnsandboxedCommands": False,
-        "filesystem": {"allowWrite": sorted(set(write_dirs)), "denyWrite": sorted(deny_write)},
+        "filesystem": {"allowWrite": sorted(set(write_dirs)), "denyWrite": sorted(deny_write), "denyRead": sorted(deny_read)},
         "network": {"allowedDomains": sorted({api_host, *web_domains})},
     }
 

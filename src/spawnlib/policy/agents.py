@@ -840,6 +840,9 @@ def _as_list(value: Any) -> list[str] | None:
     raise TypeError("must be a comma-separated string or a list of strings")
 
 
+YAML_BOUND_BREACHES = ("nested deeper than", "expand it past", "larger than", "inside the node it names")  # load_input's words
+
+
 def _fallback_scalar(value: str) -> Any:
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         return value[1:-1]
@@ -919,8 +922,10 @@ def parse_definition(
         data = load_input(frontmatter, path, "YAML") or {}
     except InputError as exc:
         line = exc.line + 1 if exc.line is not None else 1  # after the opening '---'
-        data = fallback_frontmatter(frontmatter)
         reason = exc.why.removeprefix("not valid YAML: ")
+        # Past a bound (depth, size, alias expansion) the file is hostile or broken, not hand-written
+        # YAML that Claude Code's fallback reads as meant: an error, whatever the fallback would find.
+        data = {} if any(bound in reason for bound in YAML_BOUND_BREACHES) else fallback_frontmatter(frontmatter)
         if not data:
             return None, [Problem(path, line, f"bad YAML: {reason}")]
         problems.append(Problem(path, line, f"bad YAML ({reason}); read with Claude Code's 'key: value' fallback", "warning"))

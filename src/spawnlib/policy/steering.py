@@ -428,12 +428,17 @@ def _outcome_of(agent_dir: Path, agent_id: str) -> FinishedError | None:
 # -------------------------------------------------------------- the budget --
 
 
-def change_budget(session: Path, raise_usd: float | None, set_usd: float | None, by: str, secrets_: Sequence[str]) -> dict[str, Any]:
-    """Change the tree's budget (its ledger line, under the session lock); what changed, and who is paused now."""
-    for flag, value in (("--raise", raise_usd), ("--set", set_usd)):
+def change_budget(
+    session: Path, raise_usd: float | None, set_usd: float | None, by: str, secrets_: Sequence[str], *, at_most: float | None = None
+) -> dict[str, Any]:
+    """Change the tree's budget (its ledger line, under the session lock); what changed, and who is paused now.
+
+    at_most: a caller's own cap (a server's --max-budget-usd), checked under the lock.
+    """
+    for flag, value in (("--raise", raise_usd), ("--set", set_usd), ("--at-most", at_most)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{flag} {value}: give a non-negative number of USD")
-    change = append_budget_change(session, raise_usd, set_usd, by, secrets_)
+    change = append_budget_change(session, raise_usd, set_usd, by, secrets_, at_most=at_most)
     return {
         "session": str(session),
         "max_budget_usd": change.max_budget_usd,

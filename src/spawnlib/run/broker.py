@@ -6,6 +6,7 @@ import contextlib
 import functools
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,8 @@ from ..core.errors import ExitCode, RefusedError, SpawnError, StateError
 from ..core.output import note
 from ..core.pure import AGENT_ID, parse_json, token_hex
 from ..core.records import AgentMeta
-from ..policy.agents import load_definitions
-from ..session.protocol import AGENTS_DIR, load_meta, open_regular, read_outcome, write_file_atomic
+from ..policy.writable import below, fd_path, open_folder_beneath
+from ..session.protocol import AGENTS_DIR, MarkerEvents, load_meta, open_regular, read_outcome, write_file_atomic
 from ..supervise.supervisor import inside_sandbox, sandbox_owner
 from .running import child_environment
 
@@ -54,16 +55,19 @@ BROKERED_VERBS = ("kill", "wait", "send")
 UNBROKERED_WRITERS = ("reap", "plan", "build", "explore", "run-plan-build", "run-all")
 UNBROKERED_DAG_ACTIONS = ("run", "resume")
 NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
-BROKER_POLL_S = 0.1  # how often a runner looks into its agent's box; a spawn waits this long at most
+BROKER_POLL_S = 0.1  # how often a runner looks into its agent's box where inotify can't wake it
+BROKER_IDLE_S = 1.0  # with inotify: how long a runner sleeps at most (stale temp files, a missed event)
 BROKER_REQUEST_MAX_BYTES = 256 * 1024  # a request: argv (the task inline) and cwd
 BROKER_ARGV_MAX = 200  # words in a request's argv
 BROKER_RUNNING_MAX = 16  # requests a runner runs at once; more wait in the box
 BROKER_REQUESTS_MAX = 1000  # requests a runner serves over its life; later ones are refused
 BROKER_STDOUT_MAX_BYTES = 1024 * 1024  # what a reply carries of the child's stdout
 BROKER_STDERR_MAX_BYTES = 64 * 1024  # and of its stderr (the end of it)
-BROKER_CLIENT_POLL_S = 0.05  # how often the spawn.py in the sandbox looks for its reply
+BROKER_CLIENT_POLL_S = 0.05  # how often the spawn.py in the sandbox looks for its reply, without inotify
+BROKER_CLIENT_IDLE_S = 1.0  # with inotify: how often it looks anyway (its runner's end)
 BROKER_TEMP_MAX_AGE_S = 60.0  # a writer's temp file older than this was abandoned: removed
 BROKER_SEND_MAX_CHARS = 100_000  # a brokered message's text
+PINNED_FOLDERS = sys.platform == "linux"  # O_PATH and /proc/self/fd: a folder held by descriptor
 REQUEST_NAME = re.compile(r"([0-9a-f]{16})\.json")
 REPLY_SUFFIX = ".reply.json"
 
@@ -157,21 +161,64 @@ def checked_run_argv(argv: Sequence[str]) -> list[str] | str:
     return out
 
 
-def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], str] | str:
-    """(argv to run, cwd) from a request in meta's agent's box, or why it is refused (pure but for the cwd's realpath).
+# A request's cwd, resolved once: an O_PATH descriptor on Linux (the child
+# starts in the folder it holds), its real path elsewhere.
+Folder = int | str
+
+
+def request_folder(cwd: str, homes: Sequence[str]) -> Folder | None:
+    """The request's cwd, opened beneath one of homes (its real paths), or None if it leads out of them.
+
+    The agent can rename anything below its cwd while its runner works: a
+    path checked now and used later may name another folder by then (a
+    link swapped in, outside). The folder is opened once, beneath the home,
+    and the child started in it by descriptor.
+    """
+    if "\0" in cwd or not os.path.isabs(cwd):
+        return None
+    for home in homes:
+        if not below(os.path.normpath(cwd), home):
+            continue
+        if not PINNED_FOLDERS:
+            real = os.path.realpath(cwd)
+            return real if below(real, home) and os.path.isdir(real) else None
+        with contextlib.suppress(OSError):
+            return open_folder_beneath(home, os.path.normpath(cwd))
+    return None
+
+
+def close_folder(folder: Folder) -> None:
+    if isinstance(folder, int):
+        with contextlib.suppress(OSError):
+            os.close(folder)
+
+
+def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], Folder] | str:
+    """(argv to run, its cwd resolved once) from a request in meta's agent's box, or why it is refused.
 
     The cwd must be within the agent's own cwd or its scratch: the child's
     project (its definitions, its settings) is one the agent already works in.
+    The caller closes the folder (close_folder).
     """
     if not isinstance(data, dict) or not isinstance(data.get("argv"), list) or not isinstance(data.get("cwd"), str):
         return "not a request: want an object with argv (a list of strings) and cwd"
     argv = data["argv"]
     if len(argv) > BROKER_ARGV_MAX or not all(isinstance(a, str) and "\0" not in a for a in argv):
         return f"argv must be at most {BROKER_ARGV_MAX} strings"
-    cwd = os.path.realpath(data["cwd"]) if "\0" not in data["cwd"] else ""
     homes = [os.path.realpath(meta.cwd), os.path.realpath(Path(meta.session) / AGENTS_DIR / meta.id / SCRATCH_DIR)]
-    if not any(cwd == h or cwd.startswith(h.rstrip("/") + "/") for h in homes) or not os.path.isdir(cwd):
+    folder = request_folder(data["cwd"], homes)
+    if folder is None:
         return f"cwd {data['cwd'][:200]!r} is outside the agent's working directory {meta.cwd}"
+    checked = checked_argv(argv, folder)
+    if not isinstance(checked, str) and checked[0][:1] not in (["kill"], ["wait"], ["send"]):
+        checked = resumed_problem(checked[0], meta, homes) or checked
+    if isinstance(checked, str):
+        close_folder(folder)
+    return checked
+
+
+def checked_argv(argv: Sequence[str], cwd: Folder) -> tuple[list[str], Folder] | str:
+    """A request's verb and arguments as the runner runs them, with its folder, or why they are refused (pure)."""
     if argv[:1] == ["kill"]:
         ids = argv[1:]
         if not ids or not all(AGENT_ID.fullmatch(i) for i in ids):
@@ -183,11 +230,11 @@ def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], str] | str:
     if argv[:1] == ["send"]:
         steered = checked_send_argv(argv[1:])
         return (["send", *steered], cwd) if isinstance(steered, list) else steered
+    # A definition the agent could have written, with hooks or MCP servers,
+    # is refused by the child's own admission (writable.py), in the process
+    # that then runs it: a check here would be one the agent could race.
     checked = checked_run_argv(argv)
-    if isinstance(checked, str):
-        return checked
-    problem = writable_definition_problem(checked, cwd, homes, os.environ) or resumed_problem(checked, meta, homes)
-    return problem if problem is not None else (checked, cwd)
+    return checked if isinstance(checked, str) else (checked, cwd)
 
 
 def resumed_problem(argv: Sequence[str], meta: AgentMeta, homes: Sequence[str]) -> str | None:
@@ -265,29 +312,6 @@ def checked_send_argv(argv: Sequence[str]) -> list[str] | str:
     return [*positional, *flags]
 
 
-def writable_definition_problem(argv: Sequence[str], cwd: str, homes: Sequence[str], environ: Mapping[str, str]) -> str | None:
-    """Why the definition a brokered spawn names can't be run for a sandboxed agent, or None.
-
-    A definition's hooks and MCP servers are commands the child's CLI runs
-    outside any sandbox. One that lies where the agent may write (its cwd,
-    its scratch) could be the agent's own: run, it would carry the agent's
-    commands out of its sandbox. (--agent auto may pick any of them.)
-    """
-    names = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--agent"]
-    if not names:
-        return None
-    definitions, _ = load_definitions(Path(cwd), environ)
-    candidates = list(definitions.values()) if "auto" in names else [definitions[n] for n in names if n in definitions]
-    for definition in candidates:
-        real = os.path.realpath(definition.path)
-        if (definition.hooks or definition.mcp_servers) and any(real == h or real.startswith(h.rstrip("/") + "/") for h in homes):
-            return (
-                f"definition {definition.name} ({definition.path}) has hooks or MCP servers and lies where this sandboxed agent "
-                "can write: they would run outside its sandbox; keep such definitions outside the agent's working directory"
-            )
-    return None
-
-
 # --------------------------------------------------------------- the server --
 
 
@@ -303,6 +327,7 @@ class Broker:
         self.served = 0
         self.stuck: set[str] = set()  # names in the box that could not be taken out
         self.running: dict[str, Any] = {}  # request id: the task that runs it
+        self.wake: Any = None  # an asyncio.Event: set by a new name in the box, or a request done (a free running slot)
 
     def take(self) -> list[tuple[str, bytes | None]]:
         """The requests waiting in the box, each taken out (never read twice): (request id, its bytes or None if unreadable)."""
@@ -368,7 +393,7 @@ class Broker:
         note(f"warning: {self.meta.id}'s request {request_id} refused: {why}")
         self.reply(request_id, ExitCode.REFUSED, stderr=f"spawn: error: refused by the agent's runner: {why}\n".encode())
 
-    def checked(self, request_id: str, raw: bytes | None) -> tuple[list[str], str] | None:
+    def checked(self, request_id: str, raw: bytes | None) -> tuple[list[str], Folder] | None:
         """One request's argv and cwd, or None once it is refused (with a reply)."""
         self.served += 1
         if self.served > BROKER_REQUESTS_MAX:
@@ -391,12 +416,13 @@ class Broker:
             below = {d.name for d in self.descendants(Path(self.meta.session), self.meta.id)}
             ids = [word for word in checked[0][1 : 2 if verb == "send" else None] if AGENT_ID.fullmatch(word)]
             if outside := [i for i in ids if i not in below]:
+                close_folder(checked[1])
                 self.refuse(request_id, f"{verb}: {', '.join(outside)} not below {self.meta.id}")
                 return None
         return checked
 
-    async def run(self, request_id: str, argv: Sequence[str], cwd: str) -> None:
-        """Run one request as a spawn.py of this runner's, with its agent's environment, and reply when it ends."""
+    async def run(self, request_id: str, argv: Sequence[str], cwd: Folder) -> None:
+        """Run one request as a spawn.py of this runner's, with its agent's environment, in the folder checked, and reply when it ends."""
         import asyncio
 
         env = {**os.environ, **child_environment(self.meta, self.agent_dir)}
@@ -405,7 +431,7 @@ class Broker:
                 env[ENV_PYTHON],
                 env[ENV_SCRIPT],
                 *argv,
-                cwd=cwd,
+                cwd=fd_path(cwd) if isinstance(cwd, int) else cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -415,16 +441,27 @@ class Broker:
         except OSError as exc:
             self.refuse(request_id, f"could not start spawn.py: {exc.strerror or exc}")
             return
+        finally:
+            close_folder(cwd)
         stdout, stderr = await proc.communicate()
         self.reply(request_id, proc.returncode if proc.returncode is not None else ExitCode.STATE, stdout, stderr)
 
     def done(self, request_id: str, _task: Any) -> None:
         self.running.pop(request_id, None)
+        if self.wake is not None:
+            self.wake.set()  # a request that waited for a running slot may go now
 
     async def serve(self) -> None:
         """While the agent runs: take its requests as they come, and reply to each when its spawn.py ends."""
         import asyncio
 
+        # Woken by the request's rename into the box (inotify), not by a poll:
+        # a brokered spawn starts as soon as it is filed.
+        events = MarkerEvents()
+        watching = events.watch(self.box, MarkerEvents.IN_MOVED_TO | MarkerEvents.IN_CREATE)
+        self.wake = asyncio.Event()
+        if watching:
+            asyncio.get_running_loop().add_reader(events.fd, self.wake.set)
         try:
             while True:
                 for request_id, raw in self.take():
@@ -432,8 +469,14 @@ class Broker:
                         task = asyncio.create_task(self.run(request_id, *checked))
                         self.running[request_id] = task
                         task.add_done_callback(functools.partial(self.done, request_id))
-                await asyncio.sleep(BROKER_POLL_S)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), BROKER_IDLE_S if watching else BROKER_POLL_S)
+                self.wake.clear()
+                events.drain()
         finally:
+            if watching:
+                asyncio.get_running_loop().remove_reader(events.fd)
+            events.close()
             for task in list(self.running.values()):
                 task.cancel()
             # The agent is done with its box: what it left there (unread
@@ -498,6 +541,11 @@ def refuse_session_writer(argv: Sequence[str]) -> None:
             f"'spawn.py {verb}' can't run in a sandbox: an ask is answered by the person or by the root, never by an agent "
             "below it, and the ask's socket is closed to a sandbox"
         )
+    if verb == "budget":
+        raise RefusedError(
+            "'spawn.py budget' can't run in a sandbox: a tree's budget is changed by the person or from outside the tree "
+            "(the MCP server, a script), never by an agent in it"
+        )
     raise RefusedError(
         f"'spawn.py {verb}' writes the session, which this sandboxed agent sees read-only; a sandboxed agent spawns, waits, "
         "kills, sends and answers asks through its runner: run the tasks as spawns, or give this agent --sandbox off"
@@ -532,7 +580,7 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
         return None
     if argv[0] in verbs and argv[0] not in BROKERED_VERBS:
         writes = argv[0] in UNBROKERED_WRITERS or (argv[0] == "dag" and len(argv) > 1 and argv[1] in UNBROKERED_DAG_ACTIONS)
-        if (writes and "--dry-run" not in argv) or argv[0] in ("approve", "deny"):
+        if (writes and "--dry-run" not in argv) or argv[0] in ("approve", "deny", "budget"):
             refuse_session_writer(argv)
         return None
     if argv[0] not in verbs and "--dry-run" in argv:
@@ -543,6 +591,9 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
     import json
 
     request_id = token_hex(8)
+    # Watched before the request is filed: the reply's rename into the box wakes us, never a poll.
+    events = MarkerEvents()
+    watching = events.watch(box, MarkerEvents.IN_MOVED_TO)
     data = json.dumps({"argv": inlined_argv(argv) if argv[0] not in verbs else steering_argv(argv), "cwd": os.getcwd()}).encode()
     tmp = box / f".{request_id}.tmp"
     with open(tmp, "xb") as f:
@@ -550,6 +601,14 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
     os.rename(tmp, box / f"{request_id}.json")
     reply_path = box / f"{request_id}{REPLY_SUFFIX}"
     owner = box.parents[1] / AGENTS_DIR / box.name
+    try:
+        return await_reply(reply_path, request_id, owner, events if watching else None)
+    finally:
+        events.close()
+
+
+def await_reply(reply_path: Path, request_id: str, owner: Path, events: MarkerEvents | None) -> int:
+    """Print the runner's reply once it is in the box, and return its exit code; StateError if the runner ends first."""
     while True:
         with contextlib.suppress(FileNotFoundError):
             reply = parse_json(reply_path.read_bytes(), BROKER_STDOUT_MAX_BYTES * 8)
@@ -559,5 +618,9 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
             sys.stderr.write(str(reply.get("stderr", "")))
             return int(reply.get("exit_code", ExitCode.STATE))
         if read_outcome(owner) is not None:
-            raise StateError(f"the runner of {box.name} ended before it answered request {request_id}")
-        time.sleep(BROKER_CLIENT_POLL_S)
+            raise StateError(f"the runner of {owner.name} ended before it answered request {request_id}")
+        if events is not None:
+            select.select([events.fd], [], [], BROKER_CLIENT_IDLE_S)
+            events.drain()
+        else:
+            time.sleep(BROKER_CLIENT_POLL_S)

@@ -77,6 +77,19 @@ from ..policy.agents import (
 from ..policy.channel import ask_timeout, open_ask, prompt_person
 from ..policy.delegates import delegates_in
 from ..policy.steering import cli_budget_cap, pause_hooks
+from ..policy.writable import (
+    SandboxWrites,
+    code_folders,
+    definition_refusal,
+    fd_path,
+    open_real_folder,
+    sandbox_uv_cache,
+    sandboxed_ancestors,
+    server_secrets,
+    trusted_sources,
+    untrusted_sources,
+    writer_of,
+)
 from ..session.ledger import over_hold
 from ..session.protocol import (
     AGENTS_DIR,
@@ -259,13 +272,18 @@ def start_cli(plan: CliStart, state: RunState, slot: int | None) -> StartedCli:
     their children) without signalling spawn.py itself. On failure the slot
     is let go and the SDK's error is raised.
     """
+    # Below a sandboxed agent, the cwd (a real path at admission) may have
+    # been swapped since for a link out of what that agent may write: opened
+    # following no link, it is the same folder, or the CLI doesn't start.
+    folder = None
     try:
+        folder = open_real_folder(plan.options["cwd"]) if plan.pin_cwd else None
         process = subprocess.Popen(
             plan.argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=plan.options["cwd"],
+            cwd=plan.options["cwd"] if folder is None else fd_path(folder),
             env=plan.env,
             start_new_session=True,
         )
@@ -273,6 +291,9 @@ def start_cli(plan: CliStart, state: RunState, slot: int | None) -> StartedCli:
         if slot is not None:
             os.close(slot)
         raise
+    finally:
+        if folder is not None:
+            os.close(folder)
     state.started_cli(process.pid)
     return StartedCli(plan, process, slot)
 
@@ -564,6 +585,8 @@ class CliStart:
     prompt: str
     argv: list[str]
     env: dict[str, str]
+    pin_cwd: bool = False
+    """Start the CLI in the folder its cwd's real path names now, by descriptor, or not at all (below a sandboxed agent, on Linux)."""
 
 
 def project_claude_dir(cwd: str) -> str:
@@ -590,6 +613,26 @@ def uv_shim_path(environ: Mapping[str, str]) -> dict[str, str]:
     return {"PATH": os.pathsep.join([str(shim), environ.get("PATH", os.defpath)])} if shim is not None else {}
 
 
+def definition_commands(meta: AgentMeta, writes: Sequence[SandboxWrites]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The MCP servers and hooks of the agent's definition that its CLI runs: none from where a sandboxed ancestor writes.
+
+    The servers' config (which may hold tokens) and the hooks' commands are
+    read from the definition, never copied into meta.json; by its real path,
+    resolved once: no part of a path no such agent can write can be swapped by one.
+    """
+    source = os.path.realpath(meta.agent_source) if meta.agent_source else None
+    if not source or not (meta.mcp_servers or meta.hooks) or writer_of(source, writes) is not None:
+        return {}, None
+    definition, _ = parse_definition(Path(source).read_text(), meta.agent_source or source, "project")
+    if definition is None:
+        return {}, None
+    resolve_mcp_refs(definition, os.environ)
+    if definition_refusal(definition, os.environ, writes) is not None:
+        return {}, None
+    # Claude Code's hooks format is a settings key: the CLI runs them.
+    return (definition.mcp_servers if meta.mcp_servers else {}), (definition.hooks if definition.hooks and meta.hooks else None)
+
+
 def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> CliStart:
     """The CLI's options, command line and environment for this agent."""
     system_prompt: Any
@@ -599,18 +642,9 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     else:
         system_prompt = f"{meta.system_prompt}\n\n{brief}".strip()
     builtin = [t for t in meta.tools if not t.startswith("mcp__") and not withheld_agent_tool(meta, t)]
-    mcp_servers: dict[str, Any] = {}
-    hooks: dict[str, Any] | None = None
-    if meta.agent_source and (meta.mcp_servers or meta.hooks):
-        # The servers' config (which may hold tokens) and the hooks' commands
-        # are read from the definition, never copied into meta.json.
-        definition, _ = parse_definition(Path(meta.agent_source).read_text(), meta.agent_source, "project")
-        if definition is not None:
-            resolve_mcp_refs(definition, os.environ)
-        mcp_servers = definition.mcp_servers if definition and meta.mcp_servers else {}
-        if definition and definition.hooks and meta.hooks:
-            # Claude Code's hooks format is a settings key: the CLI runs them.
-            hooks = definition.hooks
+    # Below a sandboxed agent: nothing that runs code from where it can write (writable.py; admission refused such a definition).
+    writes = sandboxed_ancestors(meta.session, meta.parent_id) if meta.parent_id else []
+    mcp_servers, hooks = definition_commands(meta, writes)
     sandbox = None
     if meta.sandbox == "on":
         with contextlib.suppress(FileExistsError):
@@ -641,10 +675,10 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
             drop_boxes=boxes,
         )
         # The compiled copies every tree runs, never the sandbox's to write, even inside its cwd; its project's .claude/.
-        read_only += [os.path.realpath(cache_dir(os.environ)), project_claude_dir(meta.cwd)]
+        read_only += [os.path.realpath(cache_dir(os.environ)), project_claude_dir(meta.cwd), *code_folders(os.environ, meta.cwd)]
         read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
-        sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only)
+        sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only, server_secrets(os.environ))
     settings = cli_settings(hooks=hooks, sandbox=sandbox)
     sections = [memory_section(meta, Path(meta.agent_source), os.environ)] if meta.agent_source and meta.memory else []
     sections += skill_sections(meta, os.environ)
@@ -676,7 +710,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         permission_mode=meta.permission_mode,
         # Without the preset, skip settings files: they add prompt bytes and
         # project hooks at every depth. The preset keeps Claude Code's defaults.
-        setting_sources=None if meta.preset == "claude_code" else [],
+        setting_sources=trusted_sources(None if meta.preset == "claude_code" else [], untrusted_sources(meta.cwd, os.environ, writes)),
         output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
         resume=resumed_sdk_session(meta),
         # The app in the CLI's User-Agent, unless the caller named theirs.
@@ -687,9 +721,11 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     # own facts follow it, after the head siblings share in the prompt cache.
     prompt = first_message(meta)
     options["env"].update(uv_shim_path(os.environ))
+    if sandbox is not None:
+        options["env"].update(sandbox_uv_cache(meta.id, os.environ))
     argv = cli_argv(str(cli), options)
     env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
-    return CliStart(options, gate, prompt, argv, env)
+    return CliStart(options, gate, prompt, argv, env, pin_cwd=bool(writes) and sys.platform == "linux")
 
 
 async def run_sdk(

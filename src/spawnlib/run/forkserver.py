@@ -231,7 +231,7 @@ def closed_unanswered(client_pid: int, why: str) -> None:
 
 
 class PendingRequest:
-    """A fork request being read: a 4-byte length, JSON, and the stdio fds (SCM_RIGHTS).
+    """A fork request being read: a 4-byte length, JSON, and the stdio fds, then the client's cwd (SCM_RIGHTS).
 
     The server reads every client's as it comes, each until its own
     deadline: one that trickles its bytes must not hold up another's spawn.
@@ -248,12 +248,12 @@ class PendingRequest:
         import socket
 
         try:
-            data, fds, _flags, _addr = socket.recv_fds(self.conn, 1 << 16, 3)
+            data, fds, _flags, _addr = socket.recv_fds(self.conn, 1 << 16, 4)
         except BlockingIOError:
             return False
         self.fds += fds
-        if len(self.fds) > 3:
-            raise ValueError("more fds than stdio")
+        if len(self.fds) > 4:
+            raise ValueError("more fds than stdio and a cwd")
         if not data:
             raise ValueError("request cut short")
         self.data += data
@@ -277,7 +277,7 @@ class PendingRequest:
     def request(self) -> dict[str, Any]:
         """The whole request, checked; ValueError for a malformed one (parse_json: deep is malformed)."""
         request = parse_json(bytes(self.data[4:]), FORKSERVER_REQUEST_MAX)
-        if len(self.fds) != 3 or request_problem(request) is not None:
+        if len(self.fds) not in (3, 4) or request_problem(request) is not None:
             raise ValueError("malformed request")
         return cast("dict[str, Any]", request)
 
@@ -524,11 +524,17 @@ def adopt_request(conn: Any, fds: Sequence[int], request: Mapping[str, Any]) -> 
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     reset_after_fork()
     os.setsid()  # its own group, as a runner has: never in the server's
-    for target, fd in enumerate(fds):
+    # The client's cwd by descriptor where it sent one (the 4th fd): the
+    # folder it runs in, whatever its path names by now.
+    if len(fds) > 3:
+        os.fchdir(fds[3])
+        os.close(fds[3])
+    else:
+        os.chdir(str(request["cwd"]))
+    for target, fd in enumerate(fds[:3]):
         os.dup2(fd, target)
         if fd != target:
             os.close(fd)
-    os.chdir(str(request["cwd"]))
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in dict(request["env"]).items()})
     argv = [str(a) for a in request["argv"]]

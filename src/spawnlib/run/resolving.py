@@ -92,6 +92,7 @@ from ..policy.agents import (
 from ..policy.channel import confirm_spawn
 from ..policy.model_router import ROUTE_MODEL_TIER, route_by_model
 from ..policy.steering import ENV_ON_BUDGET, ON_BUDGET_DEFAULT, ancestry_on_budget, narrow_on_budget, wait_while_paused
+from ..policy.writable import cwd_refusal, definition_refusal, sandboxed_ancestors, untrusted_sources
 from ..session.ledger import reserve_budget
 from ..session.protocol import (
     AGENTS_DIR,
@@ -473,7 +474,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     sandbox, sandbox_refusal = choose_sandbox(
         args, node.kind, depth, max_depth, tools, is_root=inh.depth < 0, parent_sandboxed=inh.sandboxed, warnings=warnings
     )
-    refusal = refusal or sandbox_refusal
+    refusal = refusal or sandbox_refusal or below_sandbox_refusal(args, cwd, environ, inh, definition=definition, warnings=warnings)
 
     session_root, session = choose_session(args, environ, inh, warnings)
     trace = new_trace(args.parent_trace or inh.traceparent)
@@ -806,6 +807,32 @@ def sandbox_choice(
     elif requested == "auto" and is_root and depth < max_depth and "Bash" in tools and (problem := sandbox_problem()) is not None:
         warnings.append(unsandboxed_warning(problem))
     return "off", None
+
+
+def below_sandbox_refusal(
+    args: argparse.Namespace,
+    cwd: Path,
+    environ: Mapping[str, str],
+    inh: Inherited,
+    *,
+    definition: AgentDefinition | None,
+    warnings: list[str],
+) -> str | None:
+    """Below a sandboxed agent: why its definition can't run here, or None; and a warning for each setting source left out.
+
+    What the child's CLI runs as the user (a definition's hooks and MCP
+    servers, settings' hooks and helpers, skills, plugins) must come from
+    where no sandboxed ancestor can write (writable.py).
+    """
+    writes = sandboxed_ancestors(inh.session, inh.parent_id) if inh.parent_id else []
+    if not writes:
+        return None
+    untrusted = untrusted_sources(str(cwd), environ, writes)
+    loads = args.preset or (definition is not None and definition.skills)
+    for source in sorted(untrusted) if loads else ():
+        warnings.append(f"setting source {source} left out: {untrusted[source]}, and what it runs would run outside that sandbox")
+    refusal = cwd_refusal(str(cwd), writes)
+    return refusal or (definition_refusal(definition, environ, writes) if definition is not None else None)
 
 
 def refusal_for(

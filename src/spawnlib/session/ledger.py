@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.constants import LEDGER, LIMITS
-from ..core.errors import CorruptRecordError, SpawnError, UsageError
+from ..core.errors import CorruptRecordError, RefusedError, SpawnError, UsageError
 from ..core.output import note
 from ..core.pure import parse_json, round_usd, token_counts, utc_now_iso
 from ..core.records import AgentMeta, LedgerEntry, Outcome, Status, record_to_json
@@ -291,10 +291,14 @@ def over_hold(session: Path, agent_id: str, own_spend: float, last_turn: float =
 # ------------------------------------------------- raises, top-ups, pauses --
 
 
-def append_budget_change(session: Path, raise_usd: float | None, set_usd: float | None, by: str, secrets_: Sequence[str]) -> BudgetChange:
+def append_budget_change(
+    session: Path, raise_usd: float | None, set_usd: float | None, by: str, secrets_: Sequence[str], *, at_most: float | None = None
+) -> BudgetChange:
     """Append the tree's new budget to its ledger (under the session lock); the line.
 
     The caller has checked the numbers and the caller's right to change it.
+    at_most: a caller's own cap (a server's --max-budget-usd), checked under
+    the same lock as the change, so no raise that races another passes it.
     limits.json follows the line, so that every reader of the cap (admission,
     status, the MCP server) sees it; the ledger line, first, is the record.
     """
@@ -305,6 +309,8 @@ def append_budget_change(session: Path, raise_usd: float | None, set_usd: float 
             raise UsageError(f"session {session.name} has no budget (its root ran without --max-budget-usd); there is nothing to raise")
         ledger = read_ledger(session)
         new = budget + raise_usd if raise_usd is not None else float(set_usd or 0.0)
+        if at_most is not None and new > at_most + 1e-9:
+            raise RefusedError(f"refused: a budget of ${new:g} is past ${at_most:g}, the most this caller may give the tree")
         floor = ledger.spent + ledger.reserved
         if new + 1e-9 < floor:
             raise UsageError(
