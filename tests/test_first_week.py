@@ -1,0 +1,110 @@
+"""A user's first week (issue 46): the names, files, graphs and options a user
+brings from Claude Code and the docs, accepted or refused as the pinned CLI and
+the docs say.
+
+The model-name tests read the pinned CLI's own alias list out of its binary, so
+a CLI upgrade that adds an alias fails here instead of in a user's agent file.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import re
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from conftest import MockModel, mock_task, run_spawn, stdout_json, write_agent
+
+import spawn
+
+# An array literal of short quoted names, as the CLI's bundler writes one.
+NAME_ARRAY = re.compile(rb'\[(?:"[a-z0-9\[\]\-]{1,40}",){1,40}"[a-z0-9\[\]\-]{1,40}"\]')
+
+
+def pinned_cli_aliases() -> list[str]:
+    """The pinned CLI's alias list: the array in its binary holding both opusplan and sonnet[1m]."""
+    cli = spawn.find_cli({})
+    found: set[tuple[str, ...]] = set()
+    with cli.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        at = data.find(b'"opusplan"')
+        while at >= 0:
+            window = data[max(0, at - 600) : at + 600]
+            for m in NAME_ARRAY.finditer(window):
+                names = tuple(json.loads(m.group().decode()))
+                if "opusplan" in names and "sonnet[1m]" in names:
+                    found.add(names)
+            at = data.find(b'"opusplan"', at + 1)
+    assert found, f"no array holding both 'opusplan' and 'sonnet[1m]' in {cli}: the CLI changed how it lists its aliases; read them anew"
+    assert len(found) == 1, f"several alias arrays in {cli}, which is the CLI's own is unclear: {sorted(found)}"
+    return list(found.pop())
+
+
+def test_every_alias_of_the_pinned_cli_is_accepted() -> None:
+    aliases = pinned_cli_aliases()
+    assert {"fable", "best", "opusplan", "sonnet[1m]"} <= set(aliases)
+    tiers = spawn.parse_model_tiers(None)
+    refused = []
+    for alias in aliases:
+        try:
+            spawn.resolve_model(alias, tiers)
+        except spawn.UsageError as exc:
+            refused.append(f"{alias}: {exc}")
+    assert not refused, "spawn.py refuses aliases the pinned CLI accepts:\n" + "\n".join(refused)
+
+
+def test_every_alias_of_the_pinned_cli_has_a_price() -> None:
+    # An alias priced by the fallback would estimate fable (8/40) as sonnet (3/15).
+    for alias in pinned_cli_aliases():
+        family = spawn.price_family(alias.removesuffix("[1m]"))
+        assert family in alias or alias in spawn.ALIAS_PRICE_FAMILY, f"{alias} is priced as {family}"
+    assert spawn.price_per_mtok("best") == spawn.MODEL_PRICES_USD_PER_MTOK["opus"]
+    assert spawn.price_per_mtok("fable") > spawn.price_per_mtok("opus")
+    assert spawn.DEFAULT_AGENT_COST_USD["fable"] > spawn.DEFAULT_AGENT_COST_USD["opus"]
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("claude-sonet-4", "claude-sonnet-4"), ("claude-3-5-hiaku-20241022", "claude-3-5-haiku-20241022"), ("sonet", "sonnet"), ("fabel", "fable")],
+)
+def test_a_misspelt_model_is_refused_with_the_name_meant(env: dict[str, str], mock_model: MockModel, typo: str, meant: str) -> None:
+    proc = run_spawn(["--model", typo, "--task", "hi"], env)
+    assert proc.returncode == spawn.ExitCode.USAGE, proc.stderr
+    assert proc.stderr.startswith("spawn: error:"), proc.stderr
+    assert f"did you mean {meant!r}?" in proc.stderr, proc.stderr
+    assert not mock_model.requests(), "refused before the model is asked"
+
+
+@pytest.mark.parametrize("model", ["claude-custom-1", "us.anthropic.claude-3-5-sonnet-20241022-v2:0", "claude-opus-4-5@20251101", "claude-mythos-5"])
+def test_model_ids_of_every_shape_are_accepted(model: str) -> None:
+    assert spawn.resolve_model(model, spawn.parse_model_tiers(None)) == model
+
+
+def cli_model_for(alias: str, env: Mapping[str, str], mock_model: MockModel, home: Path) -> str:
+    """The model the pinned CLI asks the API for when given this alias on its own."""
+    home.mkdir()
+    bare = {**env, "HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude")}
+    before = len(mock_model.requests())
+    proc = subprocess.run(
+        [str(spawn.find_cli({})), "-p", "bare cli", "--model", alias], env=bare, cwd=home, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    models = {r["model"] for r in mock_model.requests()[before:] if r["kind"] == "main"}
+    assert len(models) == 1, models
+    return models.pop()
+
+
+def test_an_agent_file_with_model_fable_runs_with_the_model_the_cli_would_use(
+    env: dict[str, str], mock_model: MockModel, tmp_path: Path
+) -> None:
+    expected = cli_model_for("fable", env, mock_model, tmp_path / "bare")
+    project = tmp_path / "project"
+    write_agent(project, "storyteller", "description: tells stories\nmodel: fable\ntools: Read")
+    before = len(mock_model.requests())
+    proc = run_spawn(["--agent", "storyteller", "--task", mock_task("tell", [{"text": "once upon a time"}])], env, cwd=project)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    assert stdout_json(proc)["status"] == "done"
+    models = {r["model"] for r in mock_model.requests()[before:] if r["kind"] == "main"}
+    assert models == {expected}, f"spawn.py asked for {models}, the pinned CLI asks for {expected}"
