@@ -108,3 +108,57 @@ def test_an_agent_file_with_model_fable_runs_with_the_model_the_cli_would_use(
     assert stdout_json(proc)["status"] == "done"
     models = {r["model"] for r in mock_model.requests()[before:] if r["kind"] == "main"}
     assert models == {expected}, f"spawn.py asked for {models}, the pinned CLI asks for {expected}"
+
+
+# ------------------------------------------------ agent files Claude Code loads --
+
+RULE = "-" * 56
+AGENT_FILES = {
+    # A rule of dashes closes the frontmatter for Claude Code: its first three do.
+    "ruled": f"---\nname: ruled\ndescription: closed by a long rule\nmodel: haiku\n{RULE}\nYou are terse.\n",
+    # A '---' inside a value closes it there: model: is prompt to Claude Code.
+    "dashed": "---\nname: dashed\ndescription: reviews code --- carefully\nmodel: haiku\n---\nYou are terse.\n",
+    # A model that is no string is ignored.
+    "listed": "---\nname: listed\ndescription: a list for a model\nmodel: [haiku]\n---\nYou are terse.\n",
+}
+
+
+def cli_agent_model(name: str, env: Mapping[str, str], mock_model: MockModel, project: Path, home: Path) -> str:
+    """The model the pinned CLI asks for when it runs the project's agent file NAME itself."""
+    home.mkdir()
+    bare = {**env, "HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude")}
+    before = len(mock_model.requests())
+    proc = subprocess.run(
+        [str(spawn.find_cli({})), "-p", f"bare cli {name}", "--agent", name], env=bare, cwd=project, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, f"the pinned CLI does not load {name}: {proc.stderr}"
+    models = {r["model"] for r in mock_model.requests()[before:] if r["kind"] == "main"}
+    assert len(models) == 1, models
+    return models.pop()
+
+
+def spawn_model(args: list[str], env: Mapping[str, str], mock_model: MockModel, project: Path) -> str:
+    before = len(mock_model.requests())
+    proc = run_spawn([*args, "--task", mock_task(" ".join(args), [{"text": "ok"}])], env, cwd=project)
+    assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+    models = {r["model"] for r in mock_model.requests()[before:] if r["kind"] == "main"}
+    assert len(models) == 1, models
+    return models.pop()
+
+
+@pytest.mark.parametrize("name", sorted(AGENT_FILES))
+def test_an_agent_file_claude_code_loads_runs_with_the_model_claude_code_reads(
+    name: str, env: dict[str, str], mock_model: MockModel, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    (project / ".claude" / "agents").mkdir(parents=True)
+    (project / ".claude" / "agents" / f"{name}.md").write_text(AGENT_FILES[name])
+    haiku = cli_model_for("haiku", env, mock_model, tmp_path / "bare-haiku")
+    honoured = cli_agent_model(name, env, mock_model, project, tmp_path / "bare-agent") == haiku
+    ours = spawn_model(["--agent", name], env, mock_model, project)
+    if honoured:
+        assert ours == haiku, f"Claude Code runs {name} on haiku ({haiku}); spawn.py asked for {ours}"
+    else:
+        default = spawn_model([], env, mock_model, project)
+        assert ours == default != haiku, f"Claude Code ignores {name}'s model; spawn.py asked for {ours}, its default is {default}"
+    assert spawn.parse_definition(AGENT_FILES[name], f"{name}.md", "project")[0] is not None
