@@ -162,3 +162,52 @@ def test_an_agent_file_claude_code_loads_runs_with_the_model_claude_code_reads(
         default = spawn_model([], env, mock_model, project)
         assert ours == default != haiku, f"Claude Code ignores {name}'s model; spawn.py asked for {ours}, its default is {default}"
     assert spawn.parse_definition(AGENT_FILES[name], f"{name}.md", "project")[0] is not None
+
+
+# ------------------------------------------------------------- dag validate --
+
+MISTAKES = """\
+defaults:
+  tools: [Read]
+tasks:
+  - id: first
+    task: a task that would run and be paid for
+  - id: review
+    task: review the diff
+    blockedBy: [first]
+    agent: code-reviewr
+  - id: shape
+    task: summarise
+    schema: {"type": "objekt"}
+  - id: named
+    task: summarise again
+    schema: sumary
+  - id: pick
+    task: pick one
+    model: sonet
+"""
+
+
+@pytest.mark.parametrize("verb", ["validate", "run"])
+def test_dag_reports_every_semantic_mistake_at_its_options_line_before_anything_runs(
+    verb: str, env: dict[str, str], mock_model: MockModel, session_root: Path, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    write_agent(project, "code-reviewer", "description: reviews code")
+    graph = project / "graph.yaml"
+    graph.write_text(MISTAKES)
+    proc = run_spawn(["dag", verb, "graph.yaml"], env, cwd=project)
+    assert proc.returncode == spawn.ExitCode.USAGE, proc.stderr
+    lines = proc.stderr.splitlines()
+    expected = [
+        ("graph.yaml:9: task 'review': no agent definition 'code-reviewr'", "did you mean 'code-reviewer'?"),
+        ("graph.yaml:12: task 'shape': schema inline is not a valid JSON Schema", "did you mean 'object'?"),
+        ("graph.yaml:15: task 'named': unknown schema 'sumary'", "did you mean 'summary'?"),
+        ("graph.yaml:18: task 'pick': model 'sonet' is no known model", "did you mean 'sonnet'?"),
+    ]
+    assert len(lines) == len(expected), proc.stderr
+    for line, (head, hint) in zip(lines, expected, strict=True):
+        assert line.startswith(f"spawn: error: {head}") and hint in line, line
+    assert proc.stdout == ""
+    assert not mock_model.requests(), "no task started, none paid for"
+    assert not list(session_root.glob("*/agents/*")), "nothing registered"

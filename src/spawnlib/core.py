@@ -416,7 +416,10 @@ def check_schema(schema: Any, source: str) -> dict[str, Any]:
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
-        raise UsageError(f"schema {source} is not a valid JSON Schema: {exc.message}") from None
+        # The usual slip is a type's name ("objekt"): its message names no fix.
+        types = ("array", "boolean", "integer", "null", "number", "object", "string")
+        hint = did_you_mean(exc.instance, types) if isinstance(exc.instance, str) else ""
+        raise UsageError(f"schema {source} is not a valid JSON Schema: {exc.message}{hint}") from None
     return schema
 
 

@@ -86,7 +86,7 @@ from .core import (
     utc_now_iso,
 )
 from .embedded import builtin_files, builtin_label
-from .errors import RefusedError, SpawnError, StateError, UsageError
+from .errors import RefusedError, SpawnError, StateError, UsageError, did_you_mean
 from .executors import executor_for
 from .placement import ENV_PLACEMENT, PlacementDecision, decide_placement, narrow_policy, parse_policy, process_needs
 from .processes import (
@@ -303,7 +303,8 @@ def load_schema(value: str) -> tuple[dict[str, Any], str]:
         else:
             names = {p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS} if SCHEMA_DIR.is_dir() else set()
             names |= {Path(name).stem for name in builtin}
-            raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(sorted(names)) or '(none)'}, a path, or inline JSON")
+            hint = did_you_mean(stripped, names)
+            raise UsageError(f"unknown schema {stripped!r}{hint or ';'} use one of {', '.join(sorted(names)) or '(none)'}, a path, or inline JSON")
     else:
         path = Path(stripped).expanduser()
         try:
