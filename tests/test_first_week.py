@@ -211,3 +211,36 @@ def test_dag_reports_every_semantic_mistake_at_its_options_line_before_anything_
     assert proc.stdout == ""
     assert not mock_model.requests(), "no task started, none paid for"
     assert not list(session_root.glob("*/agents/*")), "nothing registered"
+
+
+# ---------------------------------------------------------- the Python API --
+
+
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"timeout": "30"}, "timeout='30' must be a number, not str"),
+        ({"max_depth": "2"}, "max_depth='2' must be a whole number, not str"),
+        ({"max_turns": 2.5}, "max_turns=2.5 must be a whole number"),
+        ({"max_budget_usd": True}, "max_budget_usd=True must be a number"),
+        ({"no_wait": 1}, "no_wait=1 must be True or False"),
+        ({"model": 4}, "model=4 must be a string"),
+        ({"sandbox": "maybe"}, "sandbox='maybe' must be 'auto' or 'on' or 'off'"),
+    ],
+)
+def test_the_python_api_checks_every_options_type_before_anything_starts(
+    options: dict[str, object], words: str, env: dict[str, str], mock_model: MockModel, session_root: Path
+) -> None:
+    with pytest.raises(spawn.UsageError) as raised:
+        spawn.run(mock_task("typed", [{"text": "ran"}]), env=env, **options)  # type: ignore[arg-type]
+    assert words in raised.value.message
+    assert raised.value.exit_code == spawn.ExitCode.USAGE
+    assert not mock_model.requests()
+    assert not list(session_root.glob("*/agents/*"))
+
+
+def test_the_python_api_takes_every_documented_type(env: dict[str, str], tmp_path: Path) -> None:
+    result = spawn.run(
+        mock_task("typed", [{"text": "ran"}]), env=env, timeout=60, max_depth=2, max_budget_usd=1, cwd=tmp_path, tools=("Read",), schema=None
+    )
+    assert result.ok, result.reason
