@@ -869,8 +869,8 @@ def parse_definition(
     closed = CLAUDE_FRONTMATTER.match(text) if text.find("---", 3) >= 0 else None
     if closed is None:
         return None, [Problem(path, 1, "the frontmatter is not closed by a line '---'")]
-    frontmatter, body = closed.group(1), text[closed.end() :]
-    closing_line = frontmatter.count("\n") + 2
+    closing_line = closed.group(1).count("\n") + 2
+    frontmatter, body = closed.group(1).removesuffix("\n"), text[closed.end() :]
     if lines[closing_line - 1].strip().strip("-"):
         # Claude Code ends the frontmatter at the first '---' even inside a value;
         # the fields after it are prompt to it, so they are to spawn.py.
