@@ -11,6 +11,9 @@ from pathlib import Path
 # __file__ would name the .pyc.
 SCRIPT_PATH = Path(sys._getframe(0).f_code.co_filename).resolve()
 SCRIPT_DIR = SCRIPT_PATH.parent
+# What the user typed: `spawn`, the installed package's console script, else
+# spawn.py. Usage lines and the commands printed for a person to type say it.
+PROGRAM_NAME = "spawn" if Path((getattr(sys, "argv", None) or [""])[0]).name == "spawn" else "spawn.py"
 
 
 def project_dir(script: Path) -> Path:
