@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import re
+import shutil
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from conftest import MockModel, mock_task, run_spawn, stdout_json, write_agent
+from conftest import ROOT, MockModel, mock_task, run_spawn, stdout_json, write_agent
 
 import spawn
 
@@ -244,3 +246,58 @@ def test_the_python_api_takes_every_documented_type(env: dict[str, str], tmp_pat
         mock_task("typed", [{"text": "ran"}]), env=env, timeout=60, max_depth=2, max_budget_usd=1, cwd=tmp_path, tools=("Read",), schema=None
     )
     assert result.ok, result.reason
+
+
+# ------------------------------------------------------------- uv pip install --
+
+INSTALL_FILES = ("spawn.py", "spawn.py.lock", "pyproject.toml", "README.md", "src/spawnlib/py.typed")
+
+
+def locked_version(lock: Path, package: str) -> str:
+    import tomllib
+
+    found = [p["version"] for p in tomllib.loads(lock.read_text())["package"] if p["name"] == package]
+    assert len(found) == 1, found
+    return str(found[0])
+
+
+def documented_install() -> list[str]:
+    """The shell lines docs/python-api.md gives for installing with the lock's versions."""
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    block = re.search(r"## Installing.*?```bash\n(.*?)```", text, re.DOTALL)
+    assert block, "docs/python-api.md lost its install commands"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_the_documented_install_gets_the_locked_versions_and_writes_nothing_uninvited(base_env: dict[str, str], tmp_path: Path) -> None:
+    uv = shutil.which("uv")
+    assert uv, "uv is needed to test the documented install"
+    checkout = tmp_path / "checkout"
+    for name in INSTALL_FILES:
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, checkout / name)
+    env = {k: v for k, v in base_env.items() if k not in ("VIRTUAL_ENV", "UV_RUN_RECURSION_DEPTH")}
+    env["UV_CACHE_DIR"] = os.environ.get("UV_CACHE_DIR") or subprocess.run([uv, "cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
+    for line in documented_install():
+        proc = subprocess.run(line, shell=True, cwd=checkout, env=env, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, f"{line}: {proc.stderr}"
+    venv = checkout / ".venv"
+    python = venv / "bin" / "python"
+    version = subprocess.run(
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('claude-agent-sdk'))"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert version == locked_version(ROOT / "spawn.py.lock", "claude-agent-sdk")
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True).stdout.strip())
+
+    helped = subprocess.run([str(venv / "bin" / "spawn"), "--help"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert helped.returncode == spawn.ExitCode.OK, helped.stderr
+    assert helped.stdout.startswith("usage: spawn [-h]"), helped.stdout[:80]
+    assert not (site / "_spawn_fast_start.pth").exists(), "the spawn command wrote a start-up hook into the user's own environment"
+    from_source = subprocess.run([str(python), str(checkout / "spawn.py"), "--version"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert from_source.returncode == spawn.ExitCode.OK, from_source.stderr
+    assert not (site / "_spawn_fast_start.pth").exists(), "spawn.py wrote a start-up hook into the user's own environment"
+    asked = subprocess.run(
+        [str(python), str(checkout / "spawn.py"), "--version"], env={**env, "SPAWN_FAST_START": "1"}, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert asked.returncode == spawn.ExitCode.OK, asked.stderr
+    assert (site / "_spawn_fast_start.pth").exists(), "SPAWN_FAST_START=1 asks for the hook"
