@@ -12,13 +12,15 @@ import json
 import mmap
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, MockModel, mock_task, run_spawn, stdout_json, write_agent
+from conftest import ROOT, SPAWN, MockModel, mock_task, run_spawn, stdout_json, write_agent
 
 import spawn
 
@@ -301,3 +303,61 @@ def test_the_documented_install_gets_the_locked_versions_and_writes_nothing_unin
     )
     assert asked.returncode == spawn.ExitCode.OK, asked.stderr
     assert (site / "_spawn_fast_start.pth").exists(), "SPAWN_FAST_START=1 asks for the hook"
+
+
+# ----------------------------------------------------------- small frictions --
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["--task", "x", "--schema", "sumary", "--dry-run"], "did you mean 'summary'?"),
+        (["--task", "x", "--placement", "inproc", "--dry-run"], "did you mean 'inprocess'?"),
+        (["budget", "some-session", "--rasie", "1"], "did you mean '--raise'?"),
+    ],
+)
+def test_a_misspelt_value_or_flag_gets_a_did_you_mean(args: list[str], hint: str, env: dict[str, str], session_root: Path) -> None:
+    proc = run_spawn(args, env)
+    assert proc.returncode == spawn.ExitCode.USAGE, proc.stderr
+    assert proc.stderr.startswith("spawn: error:") and hint in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_agents_with_no_action_lists_them(base_env: dict[str, str], tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    write_agent(project, "helper", "description: helps")
+    bare = run_spawn(["agents"], base_env, cwd=project)
+    listed = run_spawn(["agents", "list"], base_env, cwd=project)
+    assert bare.returncode == spawn.ExitCode.OK, bare.stderr
+    assert bare.stdout == listed.stdout and "helper" in bare.stdout
+
+
+def test_the_console_script_calls_itself_spawn(base_env: dict[str, str], tmp_path: Path) -> None:
+    # What pip writes for [project.scripts] spawn = "spawn:console_main".
+    script = tmp_path / "bin" / "spawn"
+    script.parent.mkdir()
+    script.write_text(f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom spawn import console_main\nconsole_main()\n")
+    for args in (["--help"], ["status", "--help"]):
+        proc = subprocess.run([sys.executable, str(script), *args], env=base_env, capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == spawn.ExitCode.OK, proc.stderr
+        assert proc.stdout.startswith(f"usage: spawn {args[0] + ' ' if args[0] != '--help' else ''}["), proc.stdout[:80]
+    wrong = subprocess.run([sys.executable, str(script), "statsu"], env=base_env, capture_output=True, text=True, timeout=60, check=False)
+    assert wrong.returncode == spawn.ExitCode.USAGE
+
+
+def test_the_wait_command_background_prints_is_one_a_user_types(env: dict[str, str], tmp_path: Path) -> None:
+    env = {k: v for k, v in env.items() if k != "UV_RUN_RECURSION_DEPTH"}
+    started = stdout_json(run_spawn(["--background", "--task", mock_task("bg", [{"text": "back"}])], env, cwd=tmp_path))
+    command = started["wait"]
+    assert spawn.COMPILED_DIR not in command, command
+    assert command == f"{sys.executable} {SPAWN} wait {started['id']}"
+    waited = subprocess.run(shlex.split(command), env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert waited.returncode == spawn.ExitCode.OK, waited.stderr
+    assert stdout_json(waited)["agents"][0]["output"] == "back"
+
+
+def test_the_wait_command_says_uv_run_under_uv_and_spawn_for_the_console_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert spawn.user_command({"UV_RUN_RECURSION_DEPTH": "1"}, spawn.SCRIPT_PATH.parent) == "uv run spawn.py"
+    assert spawn.user_command({}, tmp_path) == f"{sys.executable} {spawn.SCRIPT_PATH}"
+    monkeypatch.setattr(spawn, "PROGRAM_NAME", "spawn")
+    assert spawn.user_command({}, tmp_path) == "spawn"
