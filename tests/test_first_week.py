@@ -71,7 +71,12 @@ def test_every_alias_of_the_pinned_cli_has_a_price() -> None:
 
 @pytest.mark.parametrize(
     ("typo", "meant"),
-    [("claude-sonet-4", "claude-sonnet-4"), ("claude-3-5-hiaku-20241022", "claude-3-5-haiku-20241022"), ("sonet", "sonnet"), ("fabel", "fable")],
+    [
+        ("claude-sonet-4", "claude-sonnet-4"),
+        ("claude-3-5-hiaku-20241022", "claude-3-5-haiku-20241022"),
+        ("sonet", "sonnet"),
+        ("fabel", "fable"),
+    ],
 )
 def test_a_misspelt_model_is_refused_with_the_name_meant(env: dict[str, str], mock_model: MockModel, typo: str, meant: str) -> None:
     proc = run_spawn(["--model", typo, "--task", "hi"], env)
@@ -81,7 +86,9 @@ def test_a_misspelt_model_is_refused_with_the_name_meant(env: dict[str, str], mo
     assert not mock_model.requests(), "refused before the model is asked"
 
 
-@pytest.mark.parametrize("model", ["claude-custom-1", "us.anthropic.claude-3-5-sonnet-20241022-v2:0", "claude-opus-4-5@20251101", "claude-mythos-5"])
+@pytest.mark.parametrize(
+    "model", ["claude-custom-1", "us.anthropic.claude-3-5-sonnet-20241022-v2:0", "claude-opus-4-5@20251101", "claude-mythos-5"]
+)
 def test_model_ids_of_every_shape_are_accepted(model: str) -> None:
     assert spawn.resolve_model(model, spawn.parse_model_tiers(None)) == model
 
@@ -92,10 +99,16 @@ def cli_model_for(alias: str, env: Mapping[str, str], mock_model: MockModel, hom
     bare = {**env, "HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude")}
     before = len(mock_model.requests())
     proc = subprocess.run(
-        [str(spawn.find_cli({})), "-p", "bare cli", "--model", alias], env=bare, cwd=home, capture_output=True, text=True, timeout=120, check=False
+        [str(spawn.find_cli({})), "-p", "bare cli", "--model", alias],
+        env=bare,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    models = {r["model"] for r in mock_model.requests()[before:] if r["kind"] == "main"}
+    models = {str(r["model"]) for r in mock_model.requests()[before:] if r["kind"] == "main"}
     assert len(models) == 1, models
     return models.pop()
 
@@ -133,10 +146,16 @@ def cli_agent_model(name: str, env: Mapping[str, str], mock_model: MockModel, pr
     bare = {**env, "HOME": str(home), "CLAUDE_CONFIG_DIR": str(home / ".claude")}
     before = len(mock_model.requests())
     proc = subprocess.run(
-        [str(spawn.find_cli({})), "-p", f"bare cli {name}", "--agent", name], env=bare, cwd=project, capture_output=True, text=True, timeout=120, check=False
+        [str(spawn.find_cli({})), "-p", f"bare cli {name}", "--agent", name],
+        env=bare,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, f"the pinned CLI does not load {name}: {proc.stderr}"
-    models = {r["model"] for r in mock_model.requests()[before:] if r["kind"] == "main"}
+    models = {str(r["model"]) for r in mock_model.requests()[before:] if r["kind"] == "main"}
     assert len(models) == 1, models
     return models.pop()
 
@@ -145,7 +164,7 @@ def spawn_model(args: list[str], env: Mapping[str, str], mock_model: MockModel, 
     before = len(mock_model.requests())
     proc = run_spawn([*args, "--task", mock_task(" ".join(args), [{"text": "ok"}])], env, cwd=project)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
-    models = {r["model"] for r in mock_model.requests()[before:] if r["kind"] == "main"}
+    models = {str(r["model"]) for r in mock_model.requests()[before:] if r["kind"] == "main"}
     assert len(models) == 1, models
     return models.pop()
 
@@ -245,7 +264,14 @@ def test_the_python_api_checks_every_options_type_before_anything_starts(
 
 def test_the_python_api_takes_every_documented_type(env: dict[str, str], tmp_path: Path) -> None:
     result = spawn.run(
-        mock_task("typed", [{"text": "ran"}]), env=env, timeout=60, max_depth=2, max_budget_usd=1, cwd=tmp_path, tools=("Read",), schema=None
+        mock_task("typed", [{"text": "ran"}]),
+        env=env,
+        timeout=60,
+        max_depth=2,
+        max_budget_usd=1,
+        cwd=tmp_path,
+        tools=("Read",),  # type: ignore[arg-type]  # a tuple is a sequence as good as the list the type says
+        schema=None,  # type: ignore[arg-type]  # None is the flag left out
     )
     assert result.ok, result.reason
 
@@ -279,27 +305,43 @@ def test_the_documented_install_gets_the_locked_versions_and_writes_nothing_unin
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, checkout / name)
     env = {k: v for k, v in base_env.items() if k not in ("VIRTUAL_ENV", "UV_RUN_RECURSION_DEPTH")}
-    env["UV_CACHE_DIR"] = os.environ.get("UV_CACHE_DIR") or subprocess.run([uv, "cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
+    env["UV_CACHE_DIR"] = (
+        os.environ.get("UV_CACHE_DIR") or subprocess.run([uv, "cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
+    )
     for line in documented_install():
         proc = subprocess.run(line, shell=True, cwd=checkout, env=env, capture_output=True, text=True, timeout=600, check=False)
         assert proc.returncode == 0, f"{line}: {proc.stderr}"
     venv = checkout / ".venv"
     python = venv / "bin" / "python"
     version = subprocess.run(
-        [str(python), "-c", "import importlib.metadata as m; print(m.version('claude-agent-sdk'))"], capture_output=True, text=True, check=True
+        [str(python), "-c", "import importlib.metadata as m; print(m.version('claude-agent-sdk'))"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert version == locked_version(ROOT / "spawn.py.lock", "claude-agent-sdk")
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
 
     helped = subprocess.run([str(venv / "bin" / "spawn"), "--help"], env=env, capture_output=True, text=True, timeout=120, check=False)
     assert helped.returncode == spawn.ExitCode.OK, helped.stderr
     assert helped.stdout.startswith("usage: spawn [-h]"), helped.stdout[:80]
     assert not (site / "_spawn_fast_start.pth").exists(), "the spawn command wrote a start-up hook into the user's own environment"
-    from_source = subprocess.run([str(python), str(checkout / "spawn.py"), "--version"], env=env, capture_output=True, text=True, timeout=120, check=False)
+    from_source = subprocess.run(
+        [str(python), str(checkout / "spawn.py"), "--version"], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
     assert from_source.returncode == spawn.ExitCode.OK, from_source.stderr
     assert not (site / "_spawn_fast_start.pth").exists(), "spawn.py wrote a start-up hook into the user's own environment"
     asked = subprocess.run(
-        [str(python), str(checkout / "spawn.py"), "--version"], env={**env, "SPAWN_FAST_START": "1"}, capture_output=True, text=True, timeout=120, check=False
+        [str(python), str(checkout / "spawn.py"), "--version"],
+        env={**env, "SPAWN_FAST_START": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert asked.returncode == spawn.ExitCode.OK, asked.stderr
     assert (site / "_spawn_fast_start.pth").exists(), "SPAWN_FAST_START=1 asks for the hook"

@@ -10,7 +10,7 @@ the line before its fence marks it (docs/testing.md#runnable-docs):
     <!-- file graph.yaml -->               (before any fence) its text becomes graph.yaml
 
 A document's blocks run in one fresh project folder, in the document's order,
-each as one bash script (`set -e`), so a variable or a file a block makes is
+each as one bash script (`set -e`), so a file a block makes (not a variable) is
 there for the next. `spawn.py`, `uv run X.py` and `python3` run this checkout's
 spawn.py and tools/ with the test interpreter; every other uv command is uv's.
 Every shell block of README.md and docs/cli.md must carry a mark.
@@ -18,16 +18,15 @@ Every shell block of README.md and docs/cli.md must carry a mark.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import json
-from collections.abc import Iterator
 
 import mock_model as mock_model_module
 import pytest
@@ -186,7 +185,11 @@ def test_the_runnable_commands_of_a_document_run(doc: str, base_env: dict[str, s
             target.write_text(block.text)
         if block.mark != "runnable":
             continue
-        proc = subprocess.run(["bash", "-c", script_of(block)], cwd=project, env=env, capture_output=True, text=True, timeout=600, check=False)
-        assert proc.returncode == block.exit, f"{block.where} ended {proc.returncode}, not {block.exit}:\n{block.text}\nstderr: {proc.stderr[-3000:]}"
+        proc = subprocess.run(
+            ["bash", "-c", script_of(block)], cwd=project, env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+        assert proc.returncode == block.exit, (
+            f"{block.where} ended {proc.returncode}, not {block.exit}:\n{block.text}\nstderr: {proc.stderr[-3000:]}"
+        )
         ran += 1
     assert ran

@@ -875,7 +875,12 @@ def parse_definition(
         # Claude Code ends the frontmatter at the first '---' even inside a value;
         # the fields after it are prompt to it, so they are to spawn.py.
         problems.append(
-            Problem(path, closing_line, "a '---' inside this line ends the frontmatter, as Claude Code reads it: the lines below are the prompt", "warning")
+            Problem(
+                path,
+                closing_line,
+                "a '---' inside this line ends the frontmatter, as Claude Code reads it: the lines below are the prompt",
+                "warning",
+            )
         )
 
     def problem(key: str, message: str, severity: str = "error") -> None:

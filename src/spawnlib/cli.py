@@ -29,10 +29,10 @@ from .cluster import ray_address, ray_standin
 from .commit import commit_outcome
 from .constants import (
     ENV_SESSION,
-    PROGRAM_NAME,
     KILL_GRACE_S,
     LIVENESS_POLL_S,
     META,
+    PROGRAM_NAME,
     REGISTER_WAIT_S,
 )
 from .core import agent_facts, briefing, prompt_layout, secret_values

@@ -108,8 +108,8 @@ from .running import (
     EarlyStop,
     RunState,
     SdkLoader,
-    user_command,
     stopped_by,
+    user_command,
 )
 
 # ------------------------------------------------------------ the CLI's start --

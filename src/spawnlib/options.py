@@ -28,7 +28,8 @@ from .errors import UsageError, did_you_mean
 class Parser(argparse.ArgumentParser):
     """argparse with spawn's error format and exit code."""
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+    # One signature for argparse's three overloads: it only notes the words and passes them on.
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
         self.words = [str(w) for w in (sys.argv[1:] if args is None else args)]  # for error(): what was typed
         return super().parse_known_args(args, namespace)
 

@@ -304,7 +304,9 @@ def load_schema(value: str) -> tuple[dict[str, Any], str]:
             names = {p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS} if SCHEMA_DIR.is_dir() else set()
             names |= {Path(name).stem for name in builtin}
             hint = did_you_mean(stripped, names)
-            raise UsageError(f"unknown schema {stripped!r}{hint or ';'} use one of {', '.join(sorted(names)) or '(none)'}, a path, or inline JSON")
+            raise UsageError(
+                f"unknown schema {stripped!r}{hint or ';'} use one of {', '.join(sorted(names)) or '(none)'}, a path, or inline JSON"
+            )
     else:
         path = Path(stripped).expanduser()
         try:
