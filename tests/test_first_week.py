@@ -245,7 +245,7 @@ def test_dag_reports_every_semantic_mistake_at_its_options_line_before_anything_
         ({"timeout": "30"}, "timeout='30' must be a number, not str"),
         ({"max_depth": "2"}, "max_depth='2' must be a whole number, not str"),
         ({"max_turns": 2.5}, "max_turns=2.5 must be a whole number"),
-        ({"max_budget_usd": True}, "max_budget_usd=True must be a number"),
+        ({"max_budget_usd": True}, "max_budget_usd=True takes a value, not True or False"),
         ({"no_wait": 1}, "no_wait=1 must be True or False"),
         ({"model": 4}, "model=4 must be a string"),
         ({"sandbox": "maybe"}, "sandbox='maybe' must be 'auto' or 'on' or 'off'"),

@@ -239,7 +239,6 @@ def options_argv(options: Mapping[str, Any]) -> list[str]:
             raise UsageError(f"unknown option {key}={value!r}{hint or '; see help(spawn.run)'}")
         if value is None:
             continue  # None is the flag's default, as if not given
-        check_option_type(key, value)
         flag = next(f for f in action.option_strings if f.startswith("--"))
         if isinstance(action, argparse.BooleanOptionalAction | argparse._StoreTrueAction):
             if not isinstance(value, bool):
@@ -251,6 +250,7 @@ def options_argv(options: Mapping[str, Any]) -> list[str]:
             argv.append(f"{flag}={','.join(option_list(key, value))}")
         else:
             argv.append(f"{flag}={option_text(key, value)}")
+        check_option_type(key, value)  # after the conversions above, whose words for their cases stand
     return argv
 
 
