@@ -208,6 +208,9 @@ tasks:
   - id: pick
     task: pick one
     model: sonet
+  - id: count
+    task: count the lines
+    max_turns: many
 """
 
 
@@ -227,6 +230,8 @@ def test_dag_reports_every_semantic_mistake_at_its_options_line_before_anything_
         ("graph.yaml:12: task 'shape': schema inline is not a valid JSON Schema", "did you mean 'object'?"),
         ("graph.yaml:15: task 'named': unknown schema 'sumary'", "did you mean 'summary'?"),
         ("graph.yaml:18: task 'pick': model 'sonet' is no known model", "did you mean 'sonnet'?"),
+        # A value the flag parser refuses, at its option's line too (it was the task's).
+        ("graph.yaml:21: task 'count': argument --max-turns: invalid int value: 'many'", ""),
     ]
     assert len(lines) == len(expected), proc.stderr
     for line, (head, hint) in zip(lines, expected, strict=True):
