@@ -1,0 +1,536 @@
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..core.constants import ENV_PYTHON, ENV_SCRIPT, REQUESTS_DIR, SCRATCH_DIR
+from ..core.errors import ExitCode, RefusedError, SpawnError, StateError
+from ..core.output import note
+from ..core.pure import AGENT_ID, parse_json, token_hex
+from ..core.records import AgentMeta
+from ..policy.agents import load_definitions
+from ..session.protocol import AGENTS_DIR, load_meta, open_regular, read_outcome, write_file_atomic
+from ..supervise.supervisor import inside_sandbox, sandbox_owner
+from .running import child_environment
+
+# ------------------------------------------------------------------ broker --
+
+# A sandboxed spawner's Bash sees the session read-only, so the spawn.py it
+# runs can't register a child. It leaves the spawn in its drop box instead,
+# requests/<agent id>/ (the one place of the session it may write), as a
+# request: the argv it was given and its cwd. The agent's runner, outside the
+# sandbox, runs that argv as a spawn.py of its own, with its own agent's
+# environment (child_environment, from the runner's memory): the child's
+# process ancestry is then the runner, a registered runner of the agent, so
+# the child is admitted as that agent's child by the one admission path, with
+# limits from the runner index and the runner's memory, never from the
+# request. The request is the agent's by construction (whose box it sits
+# in). The runner writes the reply beside it: the child spawn.py's stdout,
+# stderr and exit code.
+#
+# Claude Code's Linux sandbox blocks AF_UNIX sockets (seccomp), so the box is
+# files, as refused spawns of a sandboxed leaf already are (refused/).
+
+# The verbs a sandboxed spawner hands to its runner, beside a spawn: each
+# acts on agents below it, through a channel its sandbox blocks (the inbox
+# socket) or a record it can't write (wait's lent slot). approve and deny are
+# not among them: an ask is answered by the person or the root, never by an
+# agent of the tree, sandboxed or not.
+BROKERED_VERBS = ("kill", "wait", "send")
+# Verbs that write the session and have no runner to go through: inside a
+# sandbox they are refused, at once and in a line, not left to fail on the
+# first record they write (`dag validate` and `dag show` only read).
+UNBROKERED_WRITERS = ("reap", "plan", "build", "explore", "run-plan-build", "run-all")
+UNBROKERED_DAG_ACTIONS = ("run", "resume")
+NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")
+BROKER_POLL_S = 0.1  # how often a runner looks into its agent's box; a spawn waits this long at most
+BROKER_REQUEST_MAX_BYTES = 256 * 1024  # a request: argv (the task inline) and cwd
+BROKER_ARGV_MAX = 200  # words in a request's argv
+BROKER_RUNNING_MAX = 16  # requests a runner runs at once; more wait in the box
+BROKER_REQUESTS_MAX = 1000  # requests a runner serves over its life; later ones are refused
+BROKER_STDOUT_MAX_BYTES = 1024 * 1024  # what a reply carries of the child's stdout
+BROKER_STDERR_MAX_BYTES = 64 * 1024  # and of its stderr (the end of it)
+BROKER_CLIENT_POLL_S = 0.05  # how often the spawn.py in the sandbox looks for its reply
+BROKER_TEMP_MAX_AGE_S = 60.0  # a writer's temp file older than this was abandoned: removed
+BROKER_SEND_MAX_CHARS = 100_000  # a brokered message's text
+REQUEST_NAME = re.compile(r"([0-9a-f]{16})\.json")
+REPLY_SUFFIX = ".reply.json"
+
+# The run path's flags a brokered spawn may pass, and whether each takes a
+# value. Left out: what would let the child, running outside the sandbox,
+# write or run where the agent's Bash can't (--output FILE, --cwd, --session,
+# --resume, --no-settings, a definition or schema by path: the spawn.py in
+# the sandbox inlines the files it reads), and root-only flags.
+BROKER_FLAGS: Mapping[str, bool] = {
+    "--task": True,
+    "--topic": True,
+    "--tools": True,
+    "--disallowed-tools": True,
+    # Rules only narrow below a parent's (deny over ask over allow, the parent's kept).
+    "--allow": True,
+    "--deny": True,
+    "--ask": True,
+    "--model": True,
+    "--agent": True,
+    "--schema": True,
+    "--system-prompt": True,
+    "--preset": True,
+    "--sandbox": True,
+    "--max-depth": True,
+    "--timeout": True,
+    "--idle-timeout": True,
+    "--max-turns": True,
+    "--max-budget-usd": True,
+    "--confirm-over": True,
+    "--on-budget": True,
+    "--no-wait": False,
+    "--parent-trace": True,
+    "--background": False,
+    "--print": False,
+    "--traceback": False,
+}
+# Files the sandboxed spawn.py reads itself and passes inline: the runner
+# must never read a path for the agent (it may read what the sandbox hides).
+INLINED_FILES = {"--task-file": "--task", "--system-prompt-file": "--system-prompt"}
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+
+
+def split_flag(word: str) -> tuple[str, str | None]:
+    name, eq, value = word.partition("=")
+    return name, (value if eq else None)
+
+
+def flag_value(argv: Sequence[str], i: int, value: str | None) -> tuple[str | None, int]:
+    """argv[i]'s value: after its '=', else the next word (None past the end); and the index of the word it came from."""
+    if value is None:
+        i += 1
+        value = argv[i] if i < len(argv) else None
+    return value, i
+
+
+def checked_run_argv(argv: Sequence[str]) -> list[str] | str:
+    """A brokered spawn's argv as the runner will run it, or why it is refused (pure).
+
+    Only BROKER_FLAGS pass; --sandbox off becomes auto (the child of a
+    sandboxed agent is never less held). Every limit is narrowed again by
+    the child's own admission: this only keeps the child from doing, outside
+    the sandbox, what the agent's Bash can't.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = split_flag(argv[i])
+        takes = BROKER_FLAGS.get(name)
+        if not name.startswith("--") or takes is None:
+            return f"{name[:80]!r} is not served to a sandboxed agent (allowed: {', '.join(sorted(BROKER_FLAGS))})"
+        if takes:
+            value, i = flag_value(argv, i, value)
+            if value is None:
+                return f"{name} needs a value"
+        elif value is not None:
+            return f"{name} takes no value"
+        if name == "--agent" and value != "auto" and not PLAIN_NAME.fullmatch(value or ""):
+            return "--agent takes a definition's name here, never a path or a node reference"
+        if name == "--schema" and not (PLAIN_NAME.fullmatch(value or "") or (value or "").lstrip().startswith("{")):
+            return "--schema takes a schema's name or inline JSON here"
+        if name == "--sandbox" and value == "off":
+            value = "auto"
+        out += [name] if value is None else [name, value]
+        i += 1
+    return out
+
+
+def checked_request(data: Any, meta: AgentMeta) -> tuple[list[str], str] | str:
+    """(argv to run, cwd) from a request in meta's agent's box, or why it is refused (pure but for the cwd's realpath).
+
+    The cwd must be within the agent's own cwd or its scratch: the child's
+    project (its definitions, its settings) is one the agent already works in.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("argv"), list) or not isinstance(data.get("cwd"), str):
+        return "not a request: want an object with argv (a list of strings) and cwd"
+    argv = data["argv"]
+    if len(argv) > BROKER_ARGV_MAX or not all(isinstance(a, str) and "\0" not in a for a in argv):
+        return f"argv must be at most {BROKER_ARGV_MAX} strings"
+    cwd = os.path.realpath(data["cwd"]) if "\0" not in data["cwd"] else ""
+    homes = [os.path.realpath(meta.cwd), os.path.realpath(Path(meta.session) / AGENTS_DIR / meta.id / SCRATCH_DIR)]
+    if not any(cwd == h or cwd.startswith(h.rstrip("/") + "/") for h in homes) or not os.path.isdir(cwd):
+        return f"cwd {data['cwd'][:200]!r} is outside the agent's working directory {meta.cwd}"
+    if argv[:1] == ["kill"]:
+        ids = argv[1:]
+        if not ids or not all(AGENT_ID.fullmatch(i) for i in ids):
+            return "kill takes agent ids here (a1-0123ab...)"
+        return ["kill", *ids], cwd
+    if argv[:1] == ["wait"]:
+        waited = checked_wait_argv(argv[1:])
+        return (["wait", *waited], cwd) if isinstance(waited, list) else waited
+    if argv[:1] == ["send"]:
+        steered = checked_send_argv(argv[1:])
+        return (["send", *steered], cwd) if isinstance(steered, list) else steered
+    checked = checked_run_argv(argv)
+    if isinstance(checked, str):
+        return checked
+    problem = writable_definition_problem(checked, cwd, homes, os.environ)
+    return problem if problem is not None else (checked, cwd)
+
+
+def checked_wait_argv(argv: Sequence[str]) -> list[str] | str:
+    """A brokered wait's arguments (ids, --all or --any, --timeout S), or why it is refused (pure).
+
+    wait is brokered because it lends the agent's --max-concurrent slot while
+    it blocks, a marker in the agent's directory that its Bash can't write.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = split_flag(argv[i])
+        if name in ("--all", "--any") and value is None:
+            out.append(name)
+        elif name == "--timeout":
+            value, i = flag_value(argv, i, value)
+            if value is None or not NUMBER.fullmatch(value):
+                return "wait --timeout takes seconds here"
+            out += [name, value]
+        elif AGENT_ID.fullmatch(argv[i]):
+            out.append(argv[i])
+        else:
+            return f"wait takes agent ids, --all, --any and --timeout S here, not {argv[i][:80]!r}"
+        i += 1
+    if not any(AGENT_ID.fullmatch(word) for word in out):
+        return "wait takes agent ids here (a1-0123ab...)"
+    return out
+
+
+def checked_send_argv(argv: Sequence[str]) -> list[str] | str:
+    """A brokered send's arguments (ID TEXT, --as NAME), or why it is refused (pure).
+
+    Whether the id is below the agent is the runner's check (Broker.checked);
+    whether the sender may send is decided again by the inbox that accepts
+    it, from the kernel's ancestry: the runner of the sandboxed agent's.
+    """
+    positional: list[str] = []
+    flags: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = split_flag(argv[i])
+        if name == "--as":
+            value, i = flag_value(argv, i, value)
+            if value is None or not PLAIN_NAME.fullmatch(value):
+                return "send --as takes a plain name here"
+            flags += [name, value]
+        elif argv[i].startswith("--"):
+            return f"send takes an agent id, its text and --as NAME here, not {argv[i][:80]!r}"
+        else:
+            positional.append(argv[i])
+        i += 1
+    if len(positional) != 2 or not AGENT_ID.fullmatch(positional[0]):
+        return "send takes an agent id and the text here (spawn.py send a2-0123ab... TEXT)"
+    if not positional[1].strip() or len(positional[1]) > BROKER_SEND_MAX_CHARS:
+        return f"send's text must be 1 to {BROKER_SEND_MAX_CHARS} characters"
+    return [*positional, *flags]
+
+
+def writable_definition_problem(argv: Sequence[str], cwd: str, homes: Sequence[str], environ: Mapping[str, str]) -> str | None:
+    """Why the definition a brokered spawn names can't be run for a sandboxed agent, or None.
+
+    A definition's hooks and MCP servers are commands the child's CLI runs
+    outside any sandbox. One that lies where the agent may write (its cwd,
+    its scratch) could be the agent's own: run, it would carry the agent's
+    commands out of its sandbox. (--agent auto may pick any of them.)
+    """
+    names = [argv[i + 1] for i, word in enumerate(argv[:-1]) if word == "--agent"]
+    if not names:
+        return None
+    definitions, _ = load_definitions(Path(cwd), environ)
+    candidates = list(definitions.values()) if "auto" in names else [definitions[n] for n in names if n in definitions]
+    for definition in candidates:
+        real = os.path.realpath(definition.path)
+        if (definition.hooks or definition.mcp_servers) and any(real == h or real.startswith(h.rstrip("/") + "/") for h in homes):
+            return (
+                f"definition {definition.name} ({definition.path}) has hooks or MCP servers and lies where this sandboxed agent "
+                "can write: they would run outside its sandbox; keep such definitions outside the agent's working directory"
+            )
+    return None
+
+
+# --------------------------------------------------------------- the server --
+
+
+class Broker:
+    """A runner's service to its sandboxed agent: the requests in its box, run as its own spawns."""
+
+    def __init__(self, meta: AgentMeta, agent_dir: Path, descendants: Callable[[Path, str], Sequence[Path]]) -> None:
+        """descendants: the agent directories below an agent, deepest first (cli_start's descendants_of, above this module)."""
+        self.descendants = descendants
+        self.meta = meta
+        self.agent_dir = agent_dir
+        self.box = Path(meta.session) / REQUESTS_DIR / meta.id
+        self.served = 0
+        self.stuck: set[str] = set()  # names in the box that could not be taken out
+        self.running: dict[str, Any] = {}  # request id: the task that runs it
+
+    def take(self) -> list[tuple[str, bytes | None]]:
+        """The requests waiting in the box, each taken out (never read twice): (request id, its bytes or None if unreadable)."""
+        try:
+            names = sorted(os.listdir(self.box))
+        except OSError:
+            return []
+        taken: list[tuple[str, bytes | None]] = []
+        for name in names:
+            if name.startswith("."):
+                self.drop_abandoned(self.box / name)
+                continue  # a writer's temp file
+            if name.endswith(REPLY_SUFFIX) or name in self.stuck:
+                continue  # a reply the agent has yet to read, or one already answered
+            if len(self.running) + len(taken) >= BROKER_RUNNING_MAX:
+                break
+            path = self.box / name
+            raw: bytes | None = None
+            with contextlib.suppress(OSError, SpawnError, ValueError):
+                fd, _ = open_regular(path, os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    raw = os.read(fd, BROKER_REQUEST_MAX_BYTES + 1)
+                finally:
+                    os.close(fd)
+            with contextlib.suppress(OSError):
+                if path.is_dir() and not path.is_symlink():
+                    os.rmdir(path)
+                else:
+                    path.unlink()
+            if os.path.lexists(path):
+                self.stuck.add(name)  # a full directory the agent left there: answered once, never again
+            match = REQUEST_NAME.fullmatch(name)
+            if match is None:
+                note(f"warning: {self.meta.id}'s request box held {name[:80]!r}, not a request; removed")
+                continue
+            taken.append((match[1], raw))
+        return taken
+
+    @staticmethod
+    def drop_abandoned(path: Path) -> None:
+        """A temp file its writer left (a client writes, then renames, at once): removed once it is old."""
+        with contextlib.suppress(OSError):
+            if time.time() - path.lstat().st_mtime > BROKER_TEMP_MAX_AGE_S:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+
+    def reply(self, request_id: str, exit_code: int, stdout: bytes = b"", stderr: bytes = b"") -> None:
+        import json
+
+        data = {
+            "exit_code": int(exit_code),
+            "stdout": stdout[:BROKER_STDOUT_MAX_BYTES].decode(errors="replace"),
+            "stderr": stderr[-BROKER_STDERR_MAX_BYTES:].decode(errors="replace"),
+        }
+        # A fresh temp file (O_EXCL) then a rename: a link the agent planted at either name is replaced, never written through.
+        with contextlib.suppress(OSError):
+            write_file_atomic(self.box / f"{request_id}{REPLY_SUFFIX}", json.dumps(data).encode())
+
+    def refuse(self, request_id: str, why: str) -> None:
+        """Reply with a refusal, and say so on the runner's stderr."""
+        note(f"warning: {self.meta.id}'s request {request_id} refused: {why}")
+        self.reply(request_id, ExitCode.REFUSED, stderr=f"spawn: error: refused by the agent's runner: {why}\n".encode())
+
+    def checked(self, request_id: str, raw: bytes | None) -> tuple[list[str], str] | None:
+        """One request's argv and cwd, or None once it is refused (with a reply)."""
+        self.served += 1
+        if self.served > BROKER_REQUESTS_MAX:
+            self.refuse(request_id, f"more than {BROKER_REQUESTS_MAX} requests from one agent")
+            return None
+        if raw is None or len(raw) > BROKER_REQUEST_MAX_BYTES:
+            self.refuse(request_id, f"not a readable request of at most {BROKER_REQUEST_MAX_BYTES} bytes")
+            return None
+        try:
+            data = parse_json(raw, BROKER_REQUEST_MAX_BYTES)
+        except ValueError as exc:
+            self.refuse(request_id, f"not JSON: {str(exc)[:200]}")
+            return None
+        checked = checked_request(data, self.meta)
+        if isinstance(checked, str):
+            self.refuse(request_id, checked)
+            return None
+        verb = checked[0][0]
+        if verb in BROKERED_VERBS:
+            below = {d.name for d in self.descendants(Path(self.meta.session), self.meta.id)}
+            ids = [word for word in checked[0][1 : 2 if verb == "send" else None] if AGENT_ID.fullmatch(word)]
+            if outside := [i for i in ids if i not in below]:
+                self.refuse(request_id, f"{verb}: {', '.join(outside)} not below {self.meta.id}")
+                return None
+        return checked
+
+    async def run(self, request_id: str, argv: Sequence[str], cwd: str) -> None:
+        """Run one request as a spawn.py of this runner's, with its agent's environment, and reply when it ends."""
+        import asyncio
+
+        env = {**os.environ, **child_environment(self.meta, self.agent_dir)}
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                env[ENV_PYTHON],
+                env[ENV_SCRIPT],
+                *argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # its own group, as a runner has
+            )
+        except OSError as exc:
+            self.refuse(request_id, f"could not start spawn.py: {exc.strerror or exc}")
+            return
+        stdout, stderr = await proc.communicate()
+        self.reply(request_id, proc.returncode if proc.returncode is not None else ExitCode.STATE, stdout, stderr)
+
+    def done(self, request_id: str, _task: Any) -> None:
+        self.running.pop(request_id, None)
+
+    async def serve(self) -> None:
+        """While the agent runs: take its requests as they come, and reply to each when its spawn.py ends."""
+        import asyncio
+
+        try:
+            while True:
+                for request_id, raw in self.take():
+                    if (checked := self.checked(request_id, raw)) is not None:
+                        task = asyncio.create_task(self.run(request_id, *checked))
+                        self.running[request_id] = task
+                        task.add_done_callback(functools.partial(self.done, request_id))
+                await asyncio.sleep(BROKER_POLL_S)
+        finally:
+            for task in list(self.running.values()):
+                task.cancel()
+            # The agent is done with its box: what it left there (unread
+            # replies, temp files, junk) goes with it. rmtree works by file
+            # descriptor here, so a link planted inside is removed, never followed.
+            shutil.rmtree(self.box, ignore_errors=True)
+
+
+def has_broker(meta: AgentMeta) -> bool:
+    return meta.sandbox == "on" and meta.depth < meta.max_depth
+
+
+# --------------------------------------------------------------- the client --
+
+
+def broker_box() -> Path | None:
+    """Our sandbox's agent's request box, if we run inside a sandbox that has one we may write."""
+    if not inside_sandbox():
+        return None
+    owner = sandbox_owner()
+    if owner is None:
+        return None
+    try:
+        session = load_meta(owner).session
+    except (OSError, SpawnError, ValueError):
+        return None
+    box = Path(session) / REQUESTS_DIR / owner.name
+    return box if os.access(box, os.W_OK) else None
+
+
+def inlined_argv(argv: Sequence[str]) -> list[str]:
+    """argv with the files it names read here, in the sandbox, and passed inline (INLINED_FILES, --schema PATH)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = split_flag(argv[i])
+        if name in (*INLINED_FILES, "--schema") and value is None and i + 1 < len(argv):
+            i += 1
+            value = argv[i]
+        if name in INLINED_FILES and value is not None:
+            try:
+                text = sys.stdin.read() if value == "-" else Path(value).read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise RefusedError(f"can't read {name} {value}: {exc}; check the path") from None
+            out += [INLINED_FILES[name], text]
+        elif name == "--schema" and value is not None and not value.lstrip().startswith("{") and os.path.isfile(value):
+            out += [name, Path(value).read_text()]
+        else:
+            out += [argv[i]] if value is None or "=" in argv[i] else [name, value]
+        i += 1
+    return out
+
+
+def refuse_session_writer(argv: Sequence[str]) -> None:
+    """A verb that writes the session, inside a sandbox that holds the session read-only: RefusedError, before it starts."""
+    owner = sandbox_owner()
+    if owner is None or os.access(owner.parent, os.W_OK):
+        return  # not an agent's sandbox, or one that may write the session: the verb runs as usual
+    verb = " ".join(argv[:2]) if argv[0] == "dag" else argv[0]
+    if verb in ("approve", "deny"):
+        raise RefusedError(
+            f"'spawn.py {verb}' can't run in a sandbox: an ask is answered by the person or by the root, never by an agent "
+            "below it, and the ask's socket is closed to a sandbox"
+        )
+    raise RefusedError(
+        f"'spawn.py {verb}' writes the session, which this sandboxed agent sees read-only; a sandboxed agent spawns, waits, "
+        "kills, sends and answers asks through its runner: run the tasks as spawns, or give this agent --sandbox off"
+    )
+
+
+def steering_argv(argv: Sequence[str]) -> list[str]:
+    """A brokered verb's argv as its runner takes it: --session dropped (the runner's is the agent's), send's '-' read here."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        name, value = split_flag(argv[i])
+        if name == "--session":
+            i += 1 if value is not None else 2
+            continue
+        out.append(argv[i])
+        i += 1
+    if out[:1] == ["send"] and "-" in out[2:]:
+        out[out.index("-", 2)] = sys.stdin.read()
+    return out
+
+
+def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
+    """Inside a sandboxed spawner: hand a spawn, a kill, a wait or a send to its runner, print its reply, and return its exit code.
+
+    None where this spawn.py runs as usual: outside a sandbox, in one
+    without a request box (a leaf's), and for every other verb (status and
+    the like read the session, which is readable here). wait goes to the
+    runner for the slot it lends while it blocks (--max-concurrent).
+    """
+    if not argv or {"-h", "--help", "--version"} & set(argv):
+        return None
+    if argv[0] in verbs and argv[0] not in BROKERED_VERBS:
+        writes = argv[0] in UNBROKERED_WRITERS or (argv[0] == "dag" and len(argv) > 1 and argv[1] in UNBROKERED_DAG_ACTIONS)
+        if (writes and "--dry-run" not in argv) or argv[0] in ("approve", "deny"):
+            refuse_session_writer(argv)
+        return None
+    if argv[0] not in verbs and "--dry-run" in argv:
+        return None
+    box = broker_box()
+    if box is None:
+        return None
+    import json
+
+    request_id = token_hex(8)
+    data = json.dumps({"argv": inlined_argv(argv) if argv[0] not in verbs else steering_argv(argv), "cwd": os.getcwd()}).encode()
+    tmp = box / f".{request_id}.tmp"
+    with open(tmp, "xb") as f:
+        f.write(data)
+    os.rename(tmp, box / f"{request_id}.json")
+    reply_path = box / f"{request_id}{REPLY_SUFFIX}"
+    owner = box.parents[1] / AGENTS_DIR / box.name
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            reply = parse_json(reply_path.read_bytes(), BROKER_STDOUT_MAX_BYTES * 8)
+            with contextlib.suppress(OSError):
+                reply_path.unlink()
+            sys.stdout.write(str(reply.get("stdout", "")))
+            sys.stderr.write(str(reply.get("stderr", "")))
+            return int(reply.get("exit_code", ExitCode.STATE))
+        if read_outcome(owner) is not None:
+            raise StateError(f"the runner of {box.name} ended before it answered request {request_id}")
+        time.sleep(BROKER_CLIENT_POLL_S)
