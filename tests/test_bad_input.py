@@ -688,7 +688,7 @@ def test_a_mistyped_agent_name_suggests_the_definition_first(base_env: dict[str,
     ("args", "fragment"),
     [
         (["--model", "opsu"], "--model 'opsu' is no known model; did you mean 'opus'? use a tier: high-tier (opus)"),
-        (["--model", "gpt-4o"], "an alias: default, opus, sonnet, haiku, opusplan, or a model id like claude-sonnet-4-5"),
+        (["--model", "gpt-4o"], "fable, best, sonnet[1m], opus[1m], fable[1m], opusplan, or a model id like claude-sonnet-4-5"),
         (["--agent", ""], "--agent is empty; name a definition"),
         (["--agent", " "], "--agent is empty"),
     ],

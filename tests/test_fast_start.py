@@ -28,8 +28,12 @@ PIPED = "print('from the pipe')\n"
 
 @pytest.fixture
 def venv(tmp_path: Path) -> Path:
-    """A throwaway virtual environment that sees the test environment's packages (through a .pth)."""
-    folder = tmp_path / "venv"
+    """A throwaway virtual environment that sees the test environment's packages (through a .pth),
+    in a cache folder as uv's own environments are (the hook goes into no other uninvited)."""
+    cache = tmp_path / "uv-cache"
+    cache.mkdir()
+    (cache / "CACHEDIR.TAG").write_text("Signature: 8a477f597d28d172789f06886806bc55\n")
+    folder = cache / "environments-v2" / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
     python = folder / "bin" / "python"
     site = subprocess.run(

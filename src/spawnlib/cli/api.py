@@ -13,6 +13,8 @@ import os
 import signal
 import subprocess
 import sys
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -254,7 +256,44 @@ def options_argv(options: Mapping[str, Any]) -> list[str]:
             argv.append(f"{flag}={','.join(option_list(key, value))}")
         else:
             argv.append(f"{flag}={option_text(key, value)}")
+        check_option_type(key, value)  # after the conversions above, whose words for their cases stand
     return argv
+
+
+def type_fits(value: Any, hint: Any) -> bool:
+    """Does value have the type RunOptions gives its keyword? A number is no str, a bool no number."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return value in args
+    if origin in (typing.Union, types.UnionType):
+        return any(type_fits(value, h) for h in args)
+    if origin is list:  # a tuple is a sequence as good as a list
+        return isinstance(value, list | tuple) and all(type_fits(v, args[0]) for v in value)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, origin or hint)
+
+
+def type_words(hint: Any) -> str:
+    """A keyword's type as the error says it: 'a number', 'a list of strings', "'on' or 'off'"."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Literal:
+        return " or ".join(map(repr, args))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_words(h) for h in args)
+    if origin is list:
+        return "a list of strings"
+    named = {float: "a number", int: "a whole number", str: "a string", bool: "True or False", Mapping: "a dict", os.PathLike: "a path"}
+    return named.get(origin or hint, getattr(hint, "__name__", str(hint)))
+
+
+def check_option_type(key: str, value: Any) -> None:
+    """UsageError, before anything starts, for a keyword whose value has the wrong type (timeout="30")."""
+    hint = typing.get_type_hints(RunOptions).get(key)
+    if hint is not None and not type_fits(value, hint):
+        raise UsageError(f"{key}={value!r} must be {type_words(hint)}, not {type(value).__name__}")
 
 
 def option_list(key: str, value: Any) -> list[str]:

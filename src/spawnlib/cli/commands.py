@@ -18,6 +18,7 @@ from ..core.constants import (
     KILL_GRACE_S,
     LIVENESS_POLL_S,
     META,
+    PROGRAM_NAME,
     REGISTER_WAIT_S,
     ROUTE_CHOICES,
 )
@@ -102,7 +103,7 @@ from .verbs import (
 
 
 def build_verb_parser(verb: str) -> Parser:
-    p = Parser(prog=f"spawn.py {verb}", epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=f"{PROGRAM_NAME} {verb}", epilog=EXIT_TABLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--session", metavar="DIR", help="session directory (default $SPAWN_SESSION, else the latest under the session root)")
     p.add_argument("--traceback", action="store_true", help="on an error, show the Python traceback (for bug reports)")
     if verb == "wait":
@@ -165,8 +166,9 @@ def add_agents_actions(p: Parser) -> None:
         "Agent definitions: .claude/agents/*.md (project, found upwards from the working directory), ~/.claude/agents,"
         " then the built-in defaults, which a file of the same name overrides."
     )
-    sub = p.add_subparsers(dest="action", required=True, parser_class=Parser)
-    listing = sub.add_parser("list", help="name, source, tools and description of every definition")
+    # No action is `list`: what a newcomer typing `agents` wants to see.
+    sub = p.add_subparsers(dest="action", required=False, parser_class=Parser)
+    listing = sub.add_parser("list", help="name, source, tools and description of every definition (the default)")
     listing.add_argument("--json", action="store_true")
     lint = sub.add_parser("lint", help="check definitions: fields, tools, schemas, duplicates, YAML (exit 2 on errors)")
     lint.add_argument("paths", nargs="*", metavar="PATH")
@@ -547,7 +549,7 @@ def cmd_agents(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         {"name": d.name, "source": d.source, "path": d.path, "tools": d.tools, "description": d.description}
         for d in sorted(definitions.values(), key=lambda d: d.name)
     ]
-    if args.json:
+    if getattr(args, "json", False):
         emit({"agents": rows})
     else:
         for row in rows:

@@ -29,6 +29,7 @@ from ..core.constants import (
     EDIT_TOOLS,
     ENV_AGENT_ID,
     ENV_DEPTH,
+    ENV_MODEL_TIERS,
     ENV_SESSION,
     FANOUT_HEAD_TOKENS,
     HEAD_NEUTRAL_OPTIONS,
@@ -42,10 +43,19 @@ from ..core.constants import (
 from ..core.embedded import builtin_files, builtin_label
 from ..core.errors import ExitCode, RefusedError, SpawnError, StateError, UsageError, close_match
 from ..core.output import emit, note
-from ..core.pure import estimate_agent, parse_json, price_per_mtok, secret_values, truncate_for_stdout, utc_now_iso
+from ..core.pure import (
+    estimate_agent,
+    parse_json,
+    parse_model_tiers,
+    price_per_mtok,
+    resolve_model,
+    secret_values,
+    truncate_for_stdout,
+    utc_now_iso,
+)
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status, record_to_json
 from ..policy.channel import send_answer
-from ..run.resolving import Plan, min_known, plan_run, positive, register
+from ..run.resolving import Plan, choose_definition, load_schema, min_known, plan_run, positive, register
 from ..run.runner import drop_refusal, record_refusal
 from ..run.running import child_environment
 from ..session.protocol import (
@@ -226,11 +236,17 @@ def retries_ok(value: Any) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
 
 
+OptionCheck = Callable[[str, Any, Mapping[str, Any]], str | None]
+"""(option, value, the task's options) -> what starting the task would refuse about it, or None."""
+
+
 class DagChecker:
     """Resolves a graph document's tasks and collects every problem, each at its line, instead of stopping at the first."""
 
-    def __init__(self, source: str, lines: Mapping[DagPath, int], variables: Mapping[str, str]) -> None:
-        self.source, self.lines, self.variables = source, lines, variables
+    def __init__(
+        self, source: str, lines: Mapping[DagPath, int], variables: Mapping[str, str], check_option: OptionCheck | None = None
+    ) -> None:
+        self.source, self.lines, self.variables, self.check_option = source, lines, variables, check_option
         self.problems: list[tuple[int, str]] = []  # (line, text): reported in the file's order
         self.parser = build_run_parser()
         self.allowed = spawn_option_names(self.parser)
@@ -261,12 +277,34 @@ class DagChecker:
             self.problem((*where, "retries"), f"{name}: 'retries:' must be a whole number >= 0, got {raw.get('retries')!r}")
         return opts
 
-    def flags_parse(self, task: DagTask, where: DagPath) -> None:
-        """Report option values spawn.py's own parser refuses (a word for --max-turns, ...), as it would at the start."""
+    def flags_parse(self, task: DagTask, where: DagPath, own: Iterable[str]) -> None:
+        """Report option values spawn.py's own parser refuses (a word for --max-turns, ...), as it would at the
+        start, at the line of the task's own option that the parser refuses alone (else the task's)."""
         try:
             self.parser.parse_args(dag_argv(task, task.task))
         except UsageError as exc:
-            self.problem(where, f"task {task.id!r}: {exc.message}")
+            culprit = next((key for key in own if not self.parses(task, str(key))), None)
+            self.problem(where if culprit is None else (*where, culprit), f"task {task.id!r}: {exc.message}")
+
+    def parses(self, task: DagTask, key: str) -> bool:
+        opt = key.replace("-", "_")
+        try:
+            self.parser.parse_args(dag_argv(DagTask(task.id, task.task, [], {opt: task.options.get(opt)}), task.task))
+        except UsageError:
+            return False
+        return True
+
+    def semantics(self, raw: Mapping[str, Any], options: Mapping[str, Any], where: DagPath, name: str) -> None:
+        """What starting the task would refuse about each option set here (check_option), at that option's line."""
+        if self.check_option is None:
+            return
+        for key in raw:
+            opt = str(key).replace("-", "_")
+            if key in DAG_TASK_KEYS or opt not in options:
+                continue
+            why = self.check_option(opt, options[opt], options)
+            if why is not None:
+                self.problem((*where, key), f"{name}: {why}")
 
     def task(self, raw: Any, n: int, base: Mapping[str, Any], seen: Mapping[str, int]) -> DagTask | None:
         """Task #n+1 resolved, or None when it has no usable id; its other problems are noted."""
@@ -292,7 +330,9 @@ class DagChecker:
         task = DagTask(raw["id"], self.filled(prompt, (*where, "task"), name), list(blocked), {**base, **self.options(raw, where, name)})
         task.retries = raw.get("retries") if retries_ok(raw.get("retries")) else None
         if len(self.problems) == before:
-            self.flags_parse(task, where)
+            self.flags_parse(task, where, [k for k in raw if k not in DAG_TASK_KEYS])
+        if len(self.problems) == before:
+            self.semantics(raw, task.options, where, name)
         return task
 
     def graph(self, tasks: Sequence[DagTask], index: Mapping[str, int]) -> None:
@@ -310,12 +350,17 @@ class DagChecker:
             self.problem(where, f"cycle in blockedBy: {' -> '.join(cycle)}; remove one of these blockedBy entries")
 
 
-def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str, lines: Mapping[DagPath, int] | None = None) -> list[DagTask]:
-    """Check a DAG document and resolve its tasks; DagProblems lists every problem, each at its line (lines: document_lines)."""
+def parse_dag(
+    data: Any, cli_vars: Mapping[str, str], source: str, lines: Mapping[DagPath, int] | None = None, check_option: OptionCheck | None = None
+) -> list[DagTask]:
+    """Check a DAG document and resolve its tasks; DagProblems lists every problem, each at its line (lines: document_lines).
+
+    check_option (option_problem) adds what needs the machine: agents, schemas and models that exist.
+    """
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
         raise DagProblems([f"{source}: expected a mapping with a non-empty 'tasks:' list; add 'tasks:' with '- id: NAME' and 'task: TEXT'"])
     raw_vars = data.get("vars") or {}
-    check = DagChecker(source, lines or {}, {})
+    check = DagChecker(source, lines or {}, {}, check_option)
     if not isinstance(raw_vars, dict):
         check.problem(("vars",), "'vars:' must be a mapping of names to values")
         raw_vars = {}
@@ -329,6 +374,8 @@ def parse_dag(data: Any, cli_vars: Mapping[str, str], source: str, lines: Mappin
         check.problem(("defaults",), "'defaults:' must be a mapping of spawn options")
         defaults = {}
     base = check.options(defaults, ("defaults",), "defaults")
+    if len(check.problems) == 0:
+        check.semantics(defaults, base, ("defaults",), "defaults")
     default_retries = defaults.get("retries") if retries_ok(defaults.get("retries")) else None
     tasks: list[DagTask] = []
     index: dict[str, int] = {}
@@ -445,15 +492,35 @@ def read_dag_text(path: str) -> str:
         raise UsageError(f"can't read DAG file {path}: {exc.strerror}") from None
 
 
-def dag_from_text(text: str, source: str, variables: Mapping[str, str]) -> list[DagTask]:
-    """A graph file's text checked and resolved: every problem at once, each at its line (DagProblems)."""
+def option_problem(opt: str, value: Any, options: Mapping[str, Any], environ: Mapping[str, str]) -> str | None:
+    """What starting a task would refuse about one option's value that the flag parser can't see: an
+    agent, schema or model that doesn't exist. Found before any task starts, so no task is paid for first."""
+    try:
+        if opt == "model" and isinstance(value, str) and value != "inherit":
+            resolve_model(value, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), "model")
+        elif opt == "schema" and isinstance(value, str | dict | list):
+            load_schema(value if isinstance(value, str) else json.dumps(value))
+        elif opt == "agent" and isinstance(value, str) and value != "auto":
+            cwd = Path(str(options.get("cwd") or ".")).expanduser()
+            choose_definition(value, "", cwd, environ)
+    except UsageError as exc:
+        return exc.message
+    return None
+
+
+def dag_from_text(text: str, source: str, variables: Mapping[str, str], environ: Mapping[str, str] | None = None) -> list[DagTask]:
+    """A graph file's text checked and resolved: every problem at once, each at its line (DagProblems).
+
+    With environ, also the agents, schemas and models the tasks name (option_problem).
+    """
     data = load_input(text, source, "JSON" if source.endswith(".json") else "YAML")
-    return parse_dag(data, variables, source, document_lines(text))
+    check = None if environ is None else (lambda opt, value, options: option_problem(opt, value, options, environ))
+    return parse_dag(data, variables, source, document_lines(text), check)
 
 
-def load_dag_file(path: str, cli_vars: Sequence[str], text: str | None = None) -> list[DagTask]:
+def load_dag_file(path: str, cli_vars: Sequence[str], text: str | None = None, environ: Mapping[str, str] | None = None) -> list[DagTask]:
     """The tasks of the DAG file at path, or of text (a built-in workflow) named path."""
-    return dag_from_text(read_dag_text(path) if text is None else text, path, dag_vars(cli_vars))
+    return dag_from_text(read_dag_text(path) if text is None else text, path, dag_vars(cli_vars), environ)
 
 
 def journal_path(session: Path, runner_id: str) -> Path:
@@ -764,7 +831,7 @@ def finish_runner(runner_dir: Path, plan: Plan, results: Mapping[str, Mapping[st
 
 def cmd_estimate(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """estimate DAGFILE: what a graph would cost and how long its critical path is, running nothing."""
-    tasks = load_dag_file(args.file, args.var or [])
+    tasks = load_dag_file(args.file, args.var or [], environ=environ)
     history: dict[str, list[tuple[float, float]]] = {}
     session = None
     if args.session:
@@ -831,7 +898,7 @@ def cmd_dag(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return resume_dag(args, environ)
     text = read_dag_text(args.file)
     variables = dag_vars(args.var or [])
-    tasks = dag_from_text(text, args.file, variables)
+    tasks = dag_from_text(text, args.file, variables, environ)
     levels = dag_levels(tasks)
     if args.action == "validate":
         emit({"valid": True, "file": args.file, "tasks": len(tasks), "levels": len(levels)})

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import NoReturn
+import sys
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..core.constants import (
@@ -18,6 +19,7 @@ from ..core.constants import (
     ENV_MODEL_TIERS,
     ENV_SESSION_ROOT,
     IDLE_TIMEOUT_S,
+    PROGRAM_NAME,
     ROUTE_CHOICES,
     SANDBOX_CHOICES,
 )
@@ -27,7 +29,18 @@ from ..core.errors import UsageError, did_you_mean
 class Parser(argparse.ArgumentParser):
     """argparse with spawn's error format and exit code."""
 
+    # One signature for argparse's three overloads: it only notes the words and passes them on.
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:  # type: ignore[override]
+        self.words = [str(w) for w in (sys.argv[1:] if args is None else args)]  # for error(): what was typed
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
+        if "required" in message:
+            # argparse checks required arguments before it reports unknown ones,
+            # so `budget --rasie 1` would say --raise is missing, not misspelt.
+            typos = [w for w in getattr(self, "words", []) if w.startswith("--") and w.split("=", 1)[0] not in self.long_flags()]
+            if typos and (hint := did_you_mean(typos[0].split("=", 1)[0], self.long_flags())):
+                raise UsageError(f"unrecognized arguments: {typos[0]}{hint} see '{self.prog} --help'")
         hint = self.suggestion(message)
         raise UsageError(f"{message}{hint}{' ' if hint else '; '}see '{self.prog} --help'")
 
@@ -63,7 +76,7 @@ exit codes:
 
 def build_run_parser() -> Parser:
     p = Parser(
-        prog="spawn.py",
+        prog=PROGRAM_NAME,
         description=(
             "Run a Claude agent that can spawn child agents to any depth. "
             f"Verbs: {', '.join(v for v in VERBS if not v.startswith('_'))} (spawn.py VERB --help)."

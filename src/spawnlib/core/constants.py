@@ -17,6 +17,9 @@ _CODE_FILE = Path(sys._getframe(0).f_code.co_filename).resolve()
 # what an agent's children run. In spawn.py itself the code's file is the script.
 SCRIPT_PATH = _CODE_FILE.parents[__name__.count(".") + 1] / "spawn.py" if __name__.startswith("spawnlib.") else _CODE_FILE
 SCRIPT_DIR = SCRIPT_PATH.parent
+# What the user typed: `spawn`, the installed package's console script, else
+# spawn.py. Usage lines and the commands printed for a person to type say it.
+PROGRAM_NAME = "spawn" if Path((getattr(sys, "argv", None) or [""])[0]).name == "spawn" else "spawn.py"
 
 
 def project_dir(script: Path) -> Path:
@@ -92,16 +95,23 @@ DEFAULT_MODEL_TIERS: dict[str, str] = {
     "low-tier": "haiku",
 }
 DEFAULT_MODEL = "medium-tier"
-# What --model accepts besides a tier: the CLI's own aliases (a [1m] suffix
-# asks for the long context), and ids of the shapes Anthropic's API, Vertex
-# (@version) and Bedrock (region.anthropic.…:N, ARNs) use. A typo like
-# "opsu" would otherwise reach the CLI and fail only after the agent started.
-CLI_MODEL_ALIASES = ("default", "opus", "sonnet", "haiku", "opusplan")
+# What --model accepts besides a tier: the pinned CLI's own aliases (its list
+# holding both opusplan and sonnet[1m]; tests/test_first_week.py reads it from
+# the CLI's binary, so a new alias fails a test instead of a user's agent file),
+# "default", and ids of the shapes Anthropic's API, Vertex (@version) and
+# Bedrock (region.anthropic.…:N, ARNs) use. A typo like "opsu" would otherwise
+# reach the CLI and fail only after the agent started.
+CLI_MODEL_ALIASES = ("default", "sonnet", "opus", "haiku", "fable", "best", "sonnet[1m]", "opus[1m]", "fable[1m]", "opusplan")
 MODEL_ID_PATTERN = (
     r"(?:[a-z]{2,4}\.)?(?:anthropic\.)?claude-[a-z0-9][a-z0-9.\-]*(?:@[a-z0-9.\-]+|:[0-9]+)?(?:\[1m\])?"
-    r"|(?:opus|sonnet|haiku)\[1m\]"
+    r"|(?:opus|sonnet|haiku|fable)\[1m\]"
     r"|arn:aws:bedrock:\S+"
 )
+# The families an id names (claude-FAMILY-N, claude-N-N-FAMILY). A word of an id
+# close to one of them but not it is a typo (claude-sonet-4): refused with the
+# id spelled right. A word far from all of them may be a family released after
+# this list, or a gateway's own name: accepted, as the CLI accepts it.
+MODEL_FAMILIES = ("opus", "sonnet", "haiku", "fable", "mythos")
 
 # Three levels below the root covers the deep workflows we know of; deeper
 # trees must ask for it explicitly.
@@ -308,7 +318,11 @@ MODEL_PRICES_USD_PER_MTOK: dict[str, tuple[float, float]] = {
     "opus": (5.0, 25.0),
     "sonnet": (3.0, 15.0),
     "haiku": (1.0, 5.0),
+    "fable": (8.0, 40.0),  # the pinned CLI's catalog price of claude-fable-5-2, what `fable` names
 }
+# CLI aliases that name no family: what the pinned CLI resolves them to (`best`
+# asks for claude-opus-5-5 against the scripted model).
+ALIAS_PRICE_FAMILY = {"best": "opus"}
 FALLBACK_PRICE_FAMILY = "sonnet"
 CACHE_READ_FACTOR = 0.1
 CACHE_WRITE_FACTOR = 1.25
@@ -341,6 +355,7 @@ DEFAULT_AGENT_COST_USD: dict[str, float] = {
     "haiku": 0.02,
     "sonnet": 0.10,
     "opus": 0.50,
+    "fable": 0.80,
 }
 # And how long it takes, for a graph's critical path: a few model turns and
 # tool calls. Per-session medians replace it with `estimate --session`.

@@ -56,7 +56,7 @@ class RefusedError(SpawnError):
     exit_code = ExitCode.REFUSED
 
 
-def close_match(word: str, candidates: Iterable[str]) -> str | None:
+def close_match(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | None:
     """The candidate closest to a mistyped word, if any is close (pure).
 
     Python 3.11's argparse suggests nothing (3.14's does); difflib is
@@ -64,7 +64,7 @@ def close_match(word: str, candidates: Iterable[str]) -> str | None:
     """
     import difflib
 
-    close = difflib.get_close_matches(word, sorted(candidates), n=1, cutoff=0.6)
+    close = difflib.get_close_matches(word, sorted(candidates), n=1, cutoff=cutoff)
     return close[0] if close else None
 
 

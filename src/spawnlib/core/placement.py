@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import UsageError
+from .errors import UsageError, did_you_mean
 
 ENV_PLACEMENT = "SPAWN_PLACEMENT"  # the policy an agent runs under, inherited by its children
 # The CLI's own limit on nesting its subagents (see subagent_depth_limit).
@@ -79,7 +79,8 @@ def parse_policy(text: str, source: str = "--placement") -> PlacementPolicy:
             raise PlacementError(f"{source} {value!r}: the address may not hold spaces")
         return PlacementPolicy("ray", address.strip())
     if sep or name not in POLICY_NAMES:
-        raise PlacementError(f"{source} {value!r} is not a placement; use local, inprocess, auto or ray:ADDRESS")
+        hint = did_you_mean(name, POLICY_NAMES) if not sep else ""
+        raise PlacementError(f"{source} {value!r} is not a placement{hint or ';'} use local, inprocess, auto or ray:ADDRESS")
     return PlacementPolicy(name)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from .constants import (
     AGENT_FACTS_HEADER,
+    ALIAS_PRICE_FAMILY,
     CACHE_READ_FACTOR,
     CACHE_WRITE_1H_FACTOR,
     CACHE_WRITE_FACTOR,
@@ -34,6 +35,7 @@ from .constants import (
     MAX_DEPTH_LIMIT,
     MAX_SECONDS,
     MAX_TOKENS,
+    MODEL_FAMILIES,
     MODEL_ID_PATTERN,
     MODEL_PRICES_USD_PER_MTOK,
     PARENT_GRACE_S,
@@ -50,7 +52,7 @@ from .constants import (
     TOOL_ALIASES,
     USAGE_COUNTS,
 )
-from .errors import UnknownToolError, UsageError, did_you_mean
+from .errors import UnknownToolError, UsageError, close_match, did_you_mean
 from .records import EXIT_FOR_STATUS, AgentMeta, Trace
 from .schemafast import output_surely_valid, schema_surely_valid
 
@@ -221,15 +223,29 @@ def parse_model_tiers(value: str | None) -> dict[str, str]:
     return tiers
 
 
+def misspelt_model_id(model: str) -> str | None:
+    """The id spelled right when a word of it is a typo of a model family (claude-sonet-4), else None (pure)."""
+    words = model.split("-")
+    for i, word in enumerate(words):
+        if word.isalpha() and word not in MODEL_FAMILIES:
+            family = close_match(word, MODEL_FAMILIES, cutoff=0.75)
+            if family is not None:
+                return "-".join([*words[:i], family, *words[i + 1 :]])
+    return None
+
+
 def resolve_model(name: str, tiers: Mapping[str, str], source: str = "--model") -> str:
     """The model id or CLI alias a tier, alias or id names; a name none of them matches is a UsageError."""
     if not name.strip():
         raise UsageError(f"{source} is empty; use high-tier, medium-tier, low-tier or a model id")
     model = tiers.get(name, name)
-    if name in tiers or model in tiers.values() or model in CLI_MODEL_ALIASES or re.fullmatch(MODEL_ID_PATTERN, model):
+    if name in tiers or model in tiers.values() or model in CLI_MODEL_ALIASES:
+        return model
+    fixed = misspelt_model_id(model) if re.fullmatch(MODEL_ID_PATTERN, model) else None
+    if re.fullmatch(MODEL_ID_PATTERN, model) and fixed is None:
         return model
     listed = ", ".join(f"{tier} ({target})" for tier, target in tiers.items())
-    hint = did_you_mean(name, [*tiers, *CLI_MODEL_ALIASES])
+    hint = f"; did you mean {fixed!r}?" if fixed else did_you_mean(name, [*tiers, *CLI_MODEL_ALIASES])
     raise UsageError(
         f"{source} {name!r} is no known model{hint or ';'} use a tier: {listed}, an alias: {', '.join(CLI_MODEL_ALIASES)}, "
         f"or a model id like claude-sonnet-4-5"
@@ -258,6 +274,8 @@ def child_deadline(own_timeout: float | None, parent_deadline: float | None, now
 def price_family(model: str) -> str:
     """opus, sonnet or haiku for a model id or alias (medium-tier's for one the table doesn't name)."""
     name = DEFAULT_MODEL_TIERS.get(model, model).lower()  # recorded models, checked when they were chosen
+    if name in ALIAS_PRICE_FAMILY:
+        return ALIAS_PRICE_FAMILY[name]
     return next((f for f in MODEL_PRICES_USD_PER_MTOK if f in name), FALLBACK_PRICE_FAMILY)
 
 
@@ -331,7 +349,10 @@ def check_schema(schema: Any, source: str) -> dict[str, Any]:
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
-        raise UsageError(f"schema {source} is not a valid JSON Schema: {exc.message}") from None
+        # The usual slip is a type's name ("objekt"): its message names no fix.
+        types = ("array", "boolean", "integer", "null", "number", "object", "string")
+        hint = did_you_mean(exc.instance, types) if isinstance(exc.instance, str) else ""
+        raise UsageError(f"schema {source} is not a valid JSON Schema: {exc.message}{hint}") from None
     return schema
 
 

@@ -895,6 +895,11 @@ def tool_entry(entry: str) -> tuple[str, str | None]:
     return canonical_tool(m.group(1)), (m.group(2).strip() if m.group(2) is not None else None)
 
 
+# Claude Code's own reading of an agent file's frontmatter: from the opening
+# line to the first '---' anywhere, even inside a value or a longer rule of dashes.
+CLAUDE_FRONTMATTER = re.compile(r"---\s*\n([\s\S]*?)---\s*\n?")
+
+
 def parse_definition(
     text: str, path: str, source: str, known_tools: frozenset[str] = KNOWN_TOOLS
 ) -> tuple[AgentDefinition | None, list[Problem]]:
@@ -905,15 +910,27 @@ def parse_definition(
     """
     stem = Path(path).stem
     problems: list[Problem] = []
-    lines = text.lstrip("\ufeff").splitlines()
+    text = text.lstrip("\ufeff")
+    lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
         # Claude Code skips such files (a collection's README.md, say): a warning, not an error.
         return None, [Problem(path, 1, "no frontmatter (the file must start with a line '---'): not an agent, skipped", "warning")]
-    try:
-        end = next(i for i in range(1, len(lines)) if lines[i].strip() == "---")
-    except StopIteration:
+    closed = CLAUDE_FRONTMATTER.match(text) if text.find("---", 3) >= 0 else None
+    if closed is None:
         return None, [Problem(path, 1, "the frontmatter is not closed by a line '---'")]
-    frontmatter = "\n".join(lines[1:end])
+    closing_line = closed.group(1).count("\n") + 2
+    frontmatter, body = closed.group(1).removesuffix("\n"), text[closed.end() :]
+    if lines[closing_line - 1].strip().strip("-"):
+        # Claude Code ends the frontmatter at the first '---' even inside a value;
+        # the fields after it are prompt to it, so they are to spawn.py.
+        problems.append(
+            Problem(
+                path,
+                closing_line,
+                "a '---' inside this line ends the frontmatter, as Claude Code reads it: the lines below are the prompt",
+                "warning",
+            )
+        )
 
     def problem(key: str, message: str, severity: str = "error") -> None:
         problems.append(Problem(path, _line_of(key, frontmatter), message, severity))
@@ -931,7 +948,7 @@ def parse_definition(
         problems.append(Problem(path, line, f"bad YAML ({reason}); read with Claude Code's 'key: value' fallback", "warning"))
     if not isinstance(data, dict):
         return None, [Problem(path, 2, "the frontmatter must be a mapping of fields")]
-    d = AgentDefinition(name=str(data.get("name") or stem), path=path, source=source, prompt="\n".join(lines[end + 1 :]).strip())
+    d = AgentDefinition(name=str(data.get("name") or stem), path=path, source=source, prompt=body.strip())
 
     for key in data:
         if key not in CLAUDE_AGENT_FIELDS | SPAWN_AGENT_FIELDS:
@@ -943,8 +960,11 @@ def parse_definition(
     d.description = str(data.get("description") or "")
     _parse_tool_lists(data, d, problem, known_tools)
     model = data.get("model")
-    if model is not None:
-        d.model = str(model)
+    if isinstance(model, str) and model.strip():
+        d.model = model.strip()
+    elif model is not None:
+        # Claude Code takes a model only from a non-empty string, and runs the agent without one otherwise.
+        problem("model", f"model must be a name like sonnet or a model id, got {model!r}; ignored, as Claude Code ignores it", "warning")
     mode = data.get("permissionMode")
     if mode is not None:
         if mode not in PERMISSION_RANK:

@@ -47,7 +47,7 @@ from ..core.constants import (
     SESSION_INFO,
 )
 from ..core.embedded import builtin_files, builtin_label
-from ..core.errors import RefusedError, SpawnError, StateError, UsageError
+from ..core.errors import RefusedError, SpawnError, StateError, UsageError, did_you_mean
 from ..core.placement import ENV_PLACEMENT, PlacementDecision, decide_placement, narrow_policy, parse_policy, process_needs
 from ..core.pure import (
     DEFINITION_NUMBERS,
@@ -307,7 +307,10 @@ def load_schema(value: str) -> tuple[dict[str, Any], str]:
         else:
             names = {p.stem for p in SCHEMA_DIR.glob("*.json") if p.stem not in RECORD_SCHEMAS} if SCHEMA_DIR.is_dir() else set()
             names |= {Path(name).stem for name in builtin}
-            raise UsageError(f"unknown schema {stripped!r}; use one of {', '.join(sorted(names)) or '(none)'}, a path, or inline JSON")
+            hint = did_you_mean(stripped, names)
+            raise UsageError(
+                f"unknown schema {stripped!r}{hint or ';'} use one of {', '.join(sorted(names)) or '(none)'}, a path, or inline JSON"
+            )
     else:
         path = Path(stripped).expanduser()
         try:

@@ -114,8 +114,8 @@ from .running import (
     EarlyStop,
     RunState,
     SdkLoader,
-    spawn_command,
     stopped_by,
+    user_command,
 )
 
 # ------------------------------------------------------------ the CLI's start --
@@ -613,7 +613,7 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
         "outcome": str(agent_dir / OUTCOME),
         "done_marker": str(agent_dir / DONE_MARKER),
         "fail_marker": str(agent_dir / FAIL_MARKER),
-        "wait": f"{spawn_command()} wait {plan.meta.id}",
+        "wait": f"{user_command(os.environ, Path.cwd())} wait {plan.meta.id}",
     }
 
 

@@ -38,6 +38,8 @@ from ..core.constants import (
     ENV_SESSION,
     ENV_TOOLS,
     ENV_TRACEPARENT,
+    PROGRAM_NAME,
+    SCRIPT_PATH,
 )
 from ..core.forkstate import on_fork
 from ..core.placement import ENV_PLACEMENT, ENV_SUBAGENT_DEPTH, IN_PROCESS_POLICIES, subagent_depth_limit
@@ -60,6 +62,18 @@ def spawn_command() -> str:
     and the compiled script its compilation.
     """
     return f"{shlex.quote(sys.executable)} {shlex.quote(str(compiled_script()))}"
+
+
+def user_command(environ: Mapping[str, str], cwd: Path) -> str:
+    """How a person at a shell in cwd calls this spawn.py: `spawn` (the installed command),
+    `uv run spawn.py` (under uv run), else this interpreter on the script. Never the
+    compiled copy an agent's Bash gets (spawn_command): that is a cache's path."""
+    if PROGRAM_NAME == "spawn":
+        return "spawn"
+    script = os.path.relpath(SCRIPT_PATH, cwd) if SCRIPT_PATH.is_relative_to(cwd) else str(SCRIPT_PATH)
+    if environ.get("UV_RUN_RECURSION_DEPTH"):  # set by `uv run` for what it runs
+        return f"uv run {shlex.quote(script)}"
+    return f"{shlex.quote(sys.executable)} {shlex.quote(script)}"
 
 
 def api_host(environ: Mapping[str, str]) -> str:

@@ -23,6 +23,11 @@ from ..programs.fast_start_hook import (
 )
 from ..session.protocol import cache_dir, read_regular_file, write_file_atomic
 
+# 1: install the hook into the virtual environment running spawn.py even when
+# it is the user's own (a `uv venv` that `uv pip install .` filled); by
+# default only an environment that lives in a tool's cache gets it.
+ENV_FAST_START = "SPAWN_FAST_START"
+
 # ------------------------------------------------------------- fast start --
 
 # A script run as `python spawn.py` is compiled on every start (only imported
@@ -167,9 +172,19 @@ def uv_shim_folder(environ: Mapping[str, str]) -> Path | None:
         return None
 
 
-def fast_start_site() -> Path | None:
-    """The site-packages of the virtual environment running us, or None for a base interpreter."""
+def in_a_cache(prefix: Path) -> bool:
+    """Does this environment live in a tool's cache, as `uv run spawn.py`'s does (uv's
+    environments-v2)? Cache roots carry a CACHEDIR.TAG (uv's does); a user's own
+    virtualenv doesn't sit in one, and nothing is written into it uninvited."""
+    return any((folder / "CACHEDIR.TAG").is_file() for folder in prefix.parents)
+
+
+def fast_start_site(environ: Mapping[str, str] | None = None) -> Path | None:
+    """The site-packages to install the hook into: the virtual environment running us when it is
+    uv's own for the script, or any one when SPAWN_FAST_START=1; None for a base interpreter."""
     if sys.prefix == sys.base_prefix:
+        return None
+    if environ is not None and environ.get(ENV_FAST_START) != "1" and not in_a_cache(Path(sys.prefix).resolve()):
         return None
     import sysconfig
 
@@ -181,13 +196,14 @@ def install_fast_start(environ: Mapping[str, str]) -> None:
     """Put the start-up hook (FAST_START_HOOK) into the virtual environment running this source.
 
     Never into a base interpreter's site-packages, which every program on
-    the machine shares. The module goes first: a .pth line naming a missing
+    the machine shares, nor, unless SPAWN_FAST_START=1 asks, into a user's own
+    virtualenv (fast_start_site). The module goes first: a .pth line naming a missing
     module would print an error at every start. Best effort: a read-only
     environment (inside a sandbox) just keeps compiling.
     """
     if environ.get(ENV_NO_FAST_START) == "1" or Path(__file__).suffix != ".py":
         return  # and a compiled copy never pays for the sysconfig import below
-    site = fast_start_site()
+    site = fast_start_site(environ)
     if site is None:
         return
     files = ((f"{FAST_START_MODULE}.py", FAST_START_HOOK), (f"{FAST_START_MODULE}.pth", f"import {FAST_START_MODULE}\n"))
