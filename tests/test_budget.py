@@ -40,6 +40,42 @@ def test_ledger_state_holds_then_charges() -> None:
     assert state.spent == 0.1 and state.unknown == 1
 
 
+# A ledger reader on another host, as seen from here: a process that holds the
+# ledger's shared POSIX lock (fcntl locks are per process, so not this one).
+LOCK_HOLDER = """
+import fcntl, sys
+with open(sys.argv[1]) as held:
+    fcntl.lockf(held, fcntl.LOCK_SH)
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_ledger_line_waits_for_the_ledgers_posix_lock(tmp_path: Path) -> None:
+    """The writer's own lock, not only its callers' read of the ledger: even a reader
+    elsewhere (a shared holder) makes append_ledger wait, and its line lands after."""
+    import subprocess
+    import sys
+    import threading
+
+    ledger_path = tmp_path / "ledger.jsonl"
+    ledger_path.write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(ledger_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        writer = threading.Thread(target=spawn.append_ledger, args=(tmp_path, {"id": "a0", "kind": "charge", "cost_usd": 0.1}, []))
+        writer.start()
+        writer.join(0.5)
+        assert writer.is_alive() and ledger_path.read_text() == ""  # waits for the holder
+    finally:
+        holder.communicate("", timeout=10)  # lets go
+    writer.join(10)
+    assert not writer.is_alive()
+    assert [json.loads(line)["id"] for line in ledger_path.read_text().splitlines()] == ["a0"]
+
+
 def test_estimate_prices_each_turn_by_family() -> None:
     turns = [("claude-haiku-5-5", {"input_tokens": 1_000_000, "output_tokens": 0}), ("opus", {"output_tokens": 1_000_000})]
     assert spawn.estimate_cost(turns) == 1.0 + 25.0
