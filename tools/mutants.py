@@ -128,13 +128,17 @@ def check_tests(name: str, tests: Sequence[str]) -> None:
 
 
 def function_spans(source: str, names: Sequence[str], file: str) -> dict[str, tuple[int, int]]:
-    """First and last line of each named function (Class.method for a method)."""
+    """First and last line of each named function's body (Class.method for a method).
+
+    The body only: the signature's operators are annotations, which `from
+    __future__ import annotations` never evaluates (every mutant there is equivalent).
+    """
     spans: dict[str, tuple[int, int]] = {}
 
     def visit(body: Sequence[ast.stmt], prefix: str) -> None:
         for node in body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                spans[prefix + node.name] = (node.lineno, node.end_lineno or node.lineno)
+                spans[prefix + node.name] = (node.body[0].lineno, node.end_lineno or node.lineno)
             elif isinstance(node, ast.ClassDef):
                 visit(node.body, f"{prefix}{node.name}.")
 
