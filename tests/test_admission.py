@@ -169,6 +169,21 @@ def test_admission_problem_names_every_widening_unit() -> None:
     assert spawn.admission_problem(dataclasses.replace(honest, max_depth=9), spawn.Inherited()) is None
 
 
+def test_admission_allows_a_child_exactly_at_its_parents_limits_and_any_root_unit() -> None:
+    """Equal is within: a child may have all its parent's budget and deadline (the slack
+    absorbs float rounding, never tightens). A root, with no verified parent, chooses
+    its own limits even where its environment names some."""
+    parent = spawn.Inherited(parent_id="a0-000000", session=Path("/s"), depth=0, max_depth=2, deadline=1000.0, budget=1.0)
+    child = spawn.AgentMeta(
+        id="a1-000001", parent_id="a0-000000", depth=1, max_depth=2, pid=1, create_time=0.0, pgid=1, trace_id="t", span_id="s",
+        traceparent="p", task="x", tools=[], disallowed_tools=[], model="m", cwd="/", started_at="", session="/s",
+        system_prompt="", deadline=1000.0, max_budget_usd=1.0,
+    )  # fmt: skip
+    assert spawn.admission_problem(child, parent) is None
+    root = dataclasses.replace(child, parent_id=None, depth=0, max_depth=9, deadline=None, max_budget_usd=None)
+    assert spawn.admission_problem(root, spawn.Inherited(max_depth=2, deadline=1000.0, budget=1.0)) is None
+
+
 def test_the_fork_server_runs_spawns_only_unit() -> None:
     """Every other verb decides by its caller's ancestry, which a fork would hide (approve's self-answer check)."""
     script_stat = spawn.SCRIPT_PATH.stat()
