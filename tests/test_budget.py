@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from conftest import READ_ID, MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
 
 import spawn
@@ -74,6 +75,25 @@ def test_a_ledger_line_waits_for_the_ledgers_posix_lock(tmp_path: Path) -> None:
     writer.join(10)
     assert not writer.is_alive()
     assert [json.loads(line)["id"] for line in ledger_path.read_text().splitlines()] == ["a0"]
+
+
+def test_a_charge_is_written_for_every_outcome_but_one_refused_before_it_ran(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """charge: refused before it ran, it held nothing; any other outcome releases its hold,
+    transcript or not. A ledger replaced by a FIFO loses the line, not the commit."""
+    session = tmp_path / "s"
+
+    def outcome(agent_id: str, status: str) -> spawn.Outcome:
+        (session / "agents" / agent_id).mkdir(parents=True)
+        return spawn.Outcome(id=agent_id, status=status, reason="r", exit_code=1, ended_at=spawn.utc_now_iso(), duration_s=0.0)
+
+    spawn.charge(session / "agents" / "a1-000001", outcome("a1-000001", "refused"), [])
+    spawn.charge(session / "agents" / "a1-000002", outcome("a1-000002", "failed"), [])
+    assert [json.loads(line)["id"] for line in (session / "ledger.jsonl").read_text().splitlines()] == ["a1-000002"]
+    (session / "ledger.jsonl").unlink()
+    os.mkfifo(session / "ledger.jsonl")  # that nothing reads: opened to write, it is refused, never waited on
+    assert spawn.commit_outcome(session / "agents" / "a1-000003", outcome("a1-000003", "done"), [])
+    assert (session / "agents" / "a1-000003" / ".done").exists()
+    assert "a1-000003's charge is not in the ledger" in capsys.readouterr().err
 
 
 def test_estimate_prices_each_turn_by_family() -> None:
