@@ -39,6 +39,7 @@ TEST_WORKERS = "4"
 # Pinned so a new release can't turn a green main red overnight.
 RUFF = "ruff==0.17.5"
 MYPY = "mypy==2.4.1"
+COSMIC_RAY = "cosmic-ray==8.7.0"  # the mutants' generator (tools/mutants.py)
 
 
 def install_spawn_deps(session: nox.Session) -> None:
@@ -175,6 +176,15 @@ def bench(session: nox.Session) -> None:
     install_spawn_deps(session)
     install_tool_deps(session)
     session.run("python", "tools/bench.py", *session.posargs)
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """Mutation testing on the guarantees (tools/mutants.toml): `uvx nox -s mutants -- --hand --jobs 2`."""
+    install_spawn_deps(session)
+    install_tool_deps(session)
+    session.install(*TEST_DEPS, COSMIC_RAY)
+    session.run("python", "tools/mutants.py", *session.posargs)
 
 
 @nox.session

@@ -169,6 +169,21 @@ def test_admission_problem_names_every_widening_unit() -> None:
     assert spawn.admission_problem(dataclasses.replace(honest, max_depth=9), spawn.Inherited()) is None
 
 
+def test_admission_allows_a_child_exactly_at_its_parents_limits_and_any_root_unit() -> None:
+    """Equal is within: a child may have all its parent's budget and deadline (the slack
+    absorbs float rounding, never tightens). A root, with no verified parent, chooses
+    its own limits even where its environment names some."""
+    parent = spawn.Inherited(parent_id="a0-000000", session=Path("/s"), depth=0, max_depth=2, deadline=1000.0, budget=1.0)
+    child = spawn.AgentMeta(
+        id="a1-000001", parent_id="a0-000000", depth=1, max_depth=2, pid=1, create_time=0.0, pgid=1, trace_id="t", span_id="s",
+        traceparent="p", task="x", tools=[], disallowed_tools=[], model="m", cwd="/", started_at="", session="/s",
+        system_prompt="", deadline=1000.0, max_budget_usd=1.0,
+    )  # fmt: skip
+    assert spawn.admission_problem(child, parent) is None
+    root = dataclasses.replace(child, parent_id=None, depth=0, max_depth=9, deadline=None, max_budget_usd=None)
+    assert spawn.admission_problem(root, spawn.Inherited(max_depth=2, deadline=1000.0, budget=1.0)) is None
+
+
 def test_the_fork_server_runs_spawns_only_unit() -> None:
     """Every other verb decides by its caller's ancestry, which a fork would hide (approve's self-answer check)."""
     script_stat = spawn.SCRIPT_PATH.stat()
@@ -217,3 +232,64 @@ def test_an_answer_file_the_asking_agent_writes_is_not_believed(env: dict[str, s
     assert (answer["verdict"], answer["by"]) == ("deny", "timeout")
     (root,) = agent_dirs(session_root)
     assert "denied by spawn.py (timeout)" in (root / "transcript.jsonl").read_text()
+
+
+def _slot_agent(session: Path, agent_id: str, *, slot: bool) -> Path:
+    """An agent directory of this (live) process, holding a --max-concurrent slot or not."""
+    import os
+
+    import psutil
+
+    agent_dir = session / "agents" / agent_id
+    agent_dir.mkdir(parents=True)
+    meta = spawn.AgentMeta(
+        id=agent_id, parent_id=None, depth=0, max_depth=2, pid=os.getpid(), create_time=psutil.Process().create_time(), pgid=os.getpgid(0),
+        trace_id="t", span_id="s", traceparent="p", task="x", tools=[], disallowed_tools=[], model="m", cwd="/",
+        started_at=spawn.utc_now_iso(), session=str(session), system_prompt="",
+    )  # fmt: skip
+    (agent_dir / "meta.json").write_text(json.dumps(spawn.record_to_json(meta)))
+    if slot:
+        (agent_dir / spawn.SLOT_MARKER).write_bytes(b"")
+    return agent_dir
+
+
+def test_slots_are_counted_taken_lent_and_waited_for_unit(tmp_path: Path) -> None:
+    """--max-concurrent's slots: none past the cap, even when more are held than it allows
+    (the cap lowered), and a lent slot is taken back only once one is free."""
+    import threading
+
+    session = tmp_path / "s"
+    holders = [_slot_agent(session, f"a1-00000{i}", slot=True) for i in range(2)]
+    waiter = _slot_agent(session, "a1-000009", slot=False)
+    assert spawn.holds_slot(holders[0]) and not spawn.holds_slot(waiter)
+    assert not spawn.try_take_slot(waiter, 1)  # two held, one allowed
+    assert not spawn.try_take_slot(waiter, 2)
+    (holders[1] / spawn.DONE_MARKER).write_text("done\n")  # an ended agent holds none
+    assert spawn.try_take_slot(waiter, 2) and spawn.holds_slot(waiter)
+    assert spawn.lend_slot(waiter) and not spawn.holds_slot(waiter)
+    other = _slot_agent(session, "a1-000008", slot=False)
+    assert spawn.try_take_slot(other, 2)  # the lent slot is free for another
+    meta = spawn.load_meta(waiter)
+    back = threading.Thread(target=spawn.take_back_slot, args=(waiter, 2, meta))
+    back.start()
+    back.join(0.5)
+    assert back.is_alive() and not spawn.holds_slot(waiter)  # both slots taken: it waits
+    (holders[0] / spawn.DONE_MARKER).write_text("done\n")
+    back.join(10)
+    assert not back.is_alive() and spawn.holds_slot(waiter)
+
+
+def test_refused_agents_are_not_counted_against_max_agents_unit(tmp_path: Path) -> None:
+    session = tmp_path / "s"
+    for agent_id, status, transcript in [
+        ("a1-000001", "refused", None),  # refused before it ran: not counted
+        ("a1-000005", "refused", None),
+        ("a1-000002", "failed", "t.jsonl"),
+        ("a1-000003", "failed", None),
+    ]:
+        agent_dir = session / "agents" / agent_id
+        agent_dir.mkdir(parents=True)
+        (agent_dir / "outcome.json").write_text(json.dumps({"status": status, "transcript": transcript}))
+        (agent_dir / spawn.FAIL_MARKER).write_text(status + "\n")
+    (session / "agents" / "a1-000004").mkdir()  # running
+    assert spawn.counted_agents(session) == 3

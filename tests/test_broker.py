@@ -470,3 +470,23 @@ def test_the_uv_shims_sh_passes_other_commands_to_the_next_uv_without_python(tmp
     alone = {"PATH": f"{shim}:/nonexistent"}
     none = subprocess.run([str(shim / "uv"), "pip", "list"], env=alone, capture_output=True, text=True, check=False)
     assert (none.returncode, none.stderr) == (127, "uv: command not found\n")
+
+
+def test_a_request_with_too_many_words_or_a_non_string_is_refused_unit(tmp_path: Path) -> None:
+    """Each alone is enough: an over-long argv of strings, or a short one with a number in it."""
+    meta = spawn.AgentMeta(
+        id="a1-000001", parent_id="a0-000000", depth=1, max_depth=2, pid=1, create_time=0.0, pgid=1, trace_id="t", span_id="s",
+        traceparent="p", task="x", tools=["Bash"], disallowed_tools=[], model="m", cwd=str(tmp_path), started_at="",
+        session=str(tmp_path), system_prompt="",
+    )  # fmt: skip
+    too_long = spawn.checked_request({"argv": ["status"] * (spawn.BROKER_ARGV_MAX + 1), "cwd": str(tmp_path)}, meta)
+    assert too_long == f"argv must be at most {spawn.BROKER_ARGV_MAX} strings"
+    assert spawn.checked_request({"argv": ["status", 1], "cwd": str(tmp_path)}, meta) == too_long
+    cwd = str(tmp_path.resolve())
+    # Past the length check, a well-formed request passes whole, each verb's words checked past the verb.
+    for argv in (
+        ["kill", "a1-0123ab"],
+        ["wait", "a1-0123ab", "--any", "--timeout", "5"],
+        ["send", "a1-0123ab", "look again", "--as", "lead"],
+    ):
+        assert spawn.checked_request({"argv": argv, "cwd": str(tmp_path)}, meta) == (argv, cwd)

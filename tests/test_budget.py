@@ -8,6 +8,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from conftest import READ_ID, MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
 
 import spawn
@@ -38,6 +39,61 @@ def test_ledger_state_holds_then_charges() -> None:
     assert state.free(None, budget=1.5) == 0.5
     assert abs(state.reserved - (1.0 - 0.2 - 0.1 + 0.2)) < 1e-9
     assert state.spent == 0.1 and state.unknown == 1
+
+
+# A ledger reader on another host, as seen from here: a process that holds the
+# ledger's shared POSIX lock (fcntl locks are per process, so not this one).
+LOCK_HOLDER = """
+import fcntl, sys
+with open(sys.argv[1]) as held:
+    fcntl.lockf(held, fcntl.LOCK_SH)
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_ledger_line_waits_for_the_ledgers_posix_lock(tmp_path: Path) -> None:
+    """The writer's own lock, not only its callers' read of the ledger: even a reader
+    elsewhere (a shared holder) makes append_ledger wait, and its line lands after."""
+    import subprocess
+    import sys
+    import threading
+
+    ledger_path = tmp_path / "ledger.jsonl"
+    ledger_path.write_text("")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HOLDER, str(ledger_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        writer = threading.Thread(target=spawn.append_ledger, args=(tmp_path, {"id": "a0", "kind": "charge", "cost_usd": 0.1}, []))
+        writer.start()
+        writer.join(0.5)
+        assert writer.is_alive() and ledger_path.read_text() == ""  # waits for the holder
+    finally:
+        holder.communicate("", timeout=10)  # lets go
+    writer.join(10)
+    assert not writer.is_alive()
+    assert [json.loads(line)["id"] for line in ledger_path.read_text().splitlines()] == ["a0"]
+
+
+def test_a_charge_is_written_for_every_outcome_but_one_refused_before_it_ran(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """charge: refused before it ran, it held nothing; any other outcome releases its hold,
+    transcript or not. A ledger replaced by a FIFO loses the line, not the commit."""
+    session = tmp_path / "s"
+
+    def outcome(agent_id: str, status: str) -> spawn.Outcome:
+        (session / "agents" / agent_id).mkdir(parents=True)
+        return spawn.Outcome(id=agent_id, status=status, reason="r", exit_code=1, ended_at=spawn.utc_now_iso(), duration_s=0.0)
+
+    spawn.charge(session / "agents" / "a1-000001", outcome("a1-000001", "refused"), [])
+    spawn.charge(session / "agents" / "a1-000002", outcome("a1-000002", "failed"), [])
+    assert [json.loads(line)["id"] for line in (session / "ledger.jsonl").read_text().splitlines()] == ["a1-000002"]
+    (session / "ledger.jsonl").unlink()
+    os.mkfifo(session / "ledger.jsonl")  # that nothing reads: opened to write, it is refused, never waited on
+    assert spawn.commit_outcome(session / "agents" / "a1-000003", outcome("a1-000003", "done"), [])
+    assert (session / "agents" / "a1-000003" / ".done").exists()
+    assert "a1-000003's charge is not in the ledger" in capsys.readouterr().err
 
 
 def test_estimate_prices_each_turn_by_family() -> None:

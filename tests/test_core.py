@@ -156,6 +156,53 @@ def test_a_crash_between_outcome_and_marker_is_repaired_by_readers(tmp_path: Pat
     assert (tmp_path / ".done").exists()
 
 
+def test_a_late_writer_never_marks_an_outcome_it_did_not_commit(tmp_path: Path) -> None:
+    """The marker follows the committed outcome: a loser arriving between the winner's
+    outcome and its marker (a crash there, or a slow winner) writes the winner's marker."""
+    (tmp_path / "outcome.json").write_text(json.dumps(spawn.record_to_json(_outcome("a0-1", "failed"))))
+    assert not spawn.commit_outcome(tmp_path, _outcome("a0-1", "done"), [])
+    assert (tmp_path / ".fail").exists()
+    assert not (tmp_path / ".done").exists()
+
+
+def test_the_session_lock_waits_for_another_holder(tmp_path: Path) -> None:
+    """flock is per open file: another holder (here another fd, as another process's) makes it wait."""
+    import fcntl
+
+    with spawn.session_lock(tmp_path):
+        pass  # creates the lock file
+    holder = os.open(tmp_path / spawn.SESSION_LOCK, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    entered = threading.Event()
+
+    def take() -> None:
+        with spawn.session_lock(tmp_path):
+            entered.set()
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    try:
+        assert not entered.wait(0.5)  # held elsewhere: still waiting
+    finally:
+        os.close(holder)  # lets go
+    assert entered.wait(10)
+    taker.join()
+
+
+def test_refusal_for_allows_the_max_depth_and_refuses_one_past_it() -> None:
+    def refusal(depth: int, max_depth: int, deadline: float | None = None, requested: list[str] | None = None) -> str | None:
+        return spawn.refusal_for(depth, max_depth, deadline, 100.0, requested_tools=requested, tools=[] if requested else ["Read"])
+
+    assert refusal(0, 0) is None
+    assert refusal(2, 2) is None
+    refused = refusal(3, 2)
+    assert refused is not None and refused.startswith("depth limit:") and "depth 3" in refused
+    assert refusal(1, 0) is not None
+    assert refusal(1, 2, deadline=100.0) == "deadline: the parent has no time left for a child"
+    assert refusal(1, 2, deadline=100.5) is None
+    assert refusal(1, 2, requested=["Bash"]) == "tools: none of Bash is held by the parent"
+
+
 def test_record_round_trip_drops_unknowns(tmp_path: Path) -> None:
     outcome = _outcome("a0-1", "done")
     data = spawn.record_to_json(outcome)

@@ -265,6 +265,19 @@ def test_deny_beats_ask_beats_allow_and_most_specific_is_reported() -> None:
     assert spawn.decide("Bash", {"command": "git log"}, rules, ["Bash"], cwd="/p", home="/h") == ("allow", "Bash(git:*)")
 
 
+def test_an_ask_rule_asks_for_any_part_of_a_command_and_mcp_grants_cover_their_tools() -> None:
+    """Ask rules match as deny rules do, on any part of a compound command (only allow
+    rules must cover every part); a granted MCP server grants each of its tools."""
+    rules = spawn.RuleSet(ask=[spawn.parse_rule("Bash(git push:*)")])
+    assert spawn.decide("Bash", {"command": "git status && git push"}, rules, ["Bash"], cwd="/p", home="/h") == ("ask", "Bash(git push:*)")
+    none = spawn.RuleSet()
+    assert spawn.decide("mcp__files__read", {}, none, ["Bash", "mcp__files"], cwd="/p", home="/h") == (
+        "allow",
+        "mcp__files__read is granted",
+    )
+    assert spawn.decide("mcp__other__read", {}, none, ["mcp__files"], cwd="/p", home="/h") == ("deny", "mcp__other__read is not granted")
+
+
 def test_rules_reach_the_cli_in_its_own_form() -> None:
     rules = spawn.RuleSet(
         allow=[spawn.parse_rule("Bash(git status:*)")],
