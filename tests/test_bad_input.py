@@ -636,15 +636,15 @@ def test_a_deep_schema_is_exit_2(base_env: dict[str, str], session_root: Path, t
 
 
 def test_an_agent_file_with_deep_frontmatter_is_bad_yaml_not_a_crash(base_env: dict[str, str], tmp_path: Path) -> None:
-    # Bad YAML in a definition is read with Claude Code's 'key: value' fallback, a
-    # warning with its line; a deep one is bad YAML like any other, never exit 3.
+    # YAML nested past the bound is no definition to read with the 'key: value'
+    # fallback: an error at its line and exit 2 (test_agents.py), never exit 3.
     project = tmp_path / "project"
     (project / ".claude" / "agents").mkdir(parents=True)
     deep = "[" * 100_000 + "]" * 100_000
     (project / ".claude" / "agents" / "deep.md").write_text(f"---\nname: deep\ndescription: d\nmodel: {deep}\n---\nbody\n")
     lint = run_guarded(["agents", "lint"], base_env, project)
-    assert lint.returncode == spawn.ExitCode.OK, lint.stderr
-    assert "deep.md:4: warning: bad YAML (nested deeper than 64 levels)" in lint.stdout
+    assert lint.returncode == spawn.ExitCode.USAGE, lint.stderr
+    assert "deep.md:4: error: bad YAML: nested deeper than 64 levels" in lint.stdout
 
 
 @pytest.mark.parametrize(

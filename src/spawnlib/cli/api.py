@@ -85,6 +85,7 @@ class RunOptions(TypedDict, total=False):
 # Run flags with no keyword, and why (test_api checks every flag is in one place or the other).
 API_LEFT_OUT = {
     "help": "Python has help(spawn.run)",
+    "route": "how --agent auto picks a definition; from Python, pick the agent by name, or run `spawn.py agents route`",
     "version": "spawn.__version__",
     "task": "run's and start's first argument",
     "task_file": "read the file and pass its text as the task",

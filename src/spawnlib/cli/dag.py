@@ -54,6 +54,7 @@ from ..core.pure import (
     utc_now_iso,
 )
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status, record_to_json
+from ..policy.agents import parse_reference
 from ..policy.channel import send_answer
 from ..run.resolving import Plan, choose_definition, load_schema, min_known, plan_run, positive, register
 from ..run.runner import drop_refusal, record_refusal
@@ -500,7 +501,8 @@ def option_problem(opt: str, value: Any, options: Mapping[str, Any], environ: Ma
             resolve_model(value, parse_model_tiers(environ.get(ENV_MODEL_TIERS)), "model")
         elif opt == "schema" and isinstance(value, str | dict | list):
             load_schema(value if isinstance(value, str) else json.dumps(value))
-        elif opt == "agent" and isinstance(value, str) and value != "auto":
+        elif opt == "agent" and isinstance(value, str) and value != "auto" and parse_reference(value) is None:
+            # A node reference (a2a:URL, command:EXE) names no definition: its executor checks it when it starts.
             cwd = Path(str(options.get("cwd") or ".")).expanduser()
             choose_definition(value, "", cwd, environ)
     except UsageError as exc:

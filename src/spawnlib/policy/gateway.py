@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +42,7 @@ from ..core.constants import CACHE_READ_FACTOR, CACHE_WRITE_1H_FACTOR, CACHE_WRI
 from ..core.pure import float_or_none, price_family, round_usd, utc_now_iso
 from ..session.ledger import append_ledger, read_ledger, top_up_hold
 from ..session.protocol import read_json, read_limits, session_lock, write_json_atomic
+from ..supervise.supervisor import Supervised
 
 GATEWAY_DIR = "gateway"  # in the session: gateway.json and credentials/
 GATEWAY_RECORD = "gateway.json"  # {url, pid}: where the tree's gateway listens
@@ -263,12 +265,12 @@ def start_gateway(session: Path, script: str) -> subprocess.Popen[bytes] | None:
 def stop_gateway(proc: subprocess.Popen[bytes] | None) -> None:
     if proc is None:
         return
-    with contextlib.suppress(OSError):
-        proc.terminate()
+    # Our own child, not yet reaped: Supervised's stop path, as every signal spawn.py sends.
+    Supervised.signal_pid(proc.pid, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
         return
-    proc.kill()
+    Supervised.signal_pid(proc.pid, signal.SIGKILL)
     proc.wait()
 
 

@@ -13,9 +13,7 @@ router (agents.route), and the decision says why.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import signal
 import subprocess
@@ -23,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..supervise.supervisor import Supervised
 from .agents import AgentDefinition, route, routed_text
 
 ROUTE_MODEL_TIER = "low-tier"  # the cheapest tier: picking a name from a list needs no more
@@ -77,8 +76,7 @@ def ask_model(cli: Path, model: str, prompt: str, cwd: Path, environ: Mapping[st
     try:
         out, err = proc.communicate(prompt, timeout=ROUTE_MODEL_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        Supervised.signal_group(proc.pid, signal.SIGKILL)  # its own session: the CLI and what it started
         proc.communicate()
         raise ValueError(f"no answer within {ROUTE_MODEL_TIMEOUT_S:.0f} s") from None
     try:

@@ -171,7 +171,11 @@ def code_folders(environ: Mapping[str, str], cwd: str) -> list[str]:
     """
     import sysconfig
 
-    folders = {uv_cache_dir(environ, os.getcwd()), uv_cache_dir(environ, cwd), os.path.join(cwd, ".venv"), sys.prefix, sys.base_prefix}
+    folders = {uv_cache_dir(environ, os.getcwd()), uv_cache_dir(environ, cwd), os.path.join(cwd, ".venv")}
+    # A prefix's code, not the prefix whole: a folder beside its bin/ and lib/
+    # (nox's tmp/, where CI's tests run their agents) is no interpreter's.
+    for prefix in {sys.prefix, sys.base_prefix}:
+        folders |= {os.path.join(prefix, name) for name in ("bin", "lib", "lib64", "include", "pyvenv.cfg")}
     folders |= {sysconfig.get_path(name) for name in ("purelib", "platlib", "scripts")}
     return sorted({os.path.realpath(f) for f in folders})
 
