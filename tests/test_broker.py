@@ -489,4 +489,10 @@ def test_a_request_with_too_many_words_or_a_non_string_is_refused_unit(tmp_path:
         ["wait", "a1-0123ab", "--any", "--timeout", "5"],
         ["send", "a1-0123ab", "look again", "--as", "lead"],
     ):
-        assert spawn.checked_request({"argv": argv, "cwd": str(tmp_path)}, meta) == (argv, cwd)
+        checked = spawn.checked_request({"argv": argv, "cwd": str(tmp_path)}, meta)
+        assert not isinstance(checked, str), checked
+        words, folder = checked
+        # On Linux the folder comes held by descriptor (resolved once): the path it holds is the cwd.
+        held = os.readlink(f"/proc/self/fd/{folder}") if isinstance(folder, int) else folder
+        spawn.close_folder(folder)
+        assert (words, held) == (argv, cwd)

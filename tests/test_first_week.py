@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SPAWN, MockModel, mock_task, run_spawn, stdout_json, write_agent
+from conftest import ROOT, SPAWN, MockModel, mock_task, patch_name, run_spawn, stdout_json, write_agent
 
 import spawn
 
@@ -406,5 +406,5 @@ def test_the_wait_command_background_prints_is_one_a_user_types(env: dict[str, s
 def test_the_wait_command_says_uv_run_under_uv_and_spawn_for_the_console_script(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert spawn.user_command({"UV_RUN_RECURSION_DEPTH": "1"}, spawn.SCRIPT_PATH.parent) == "uv run spawn.py"
     assert spawn.user_command({}, tmp_path) == f"{sys.executable} {spawn.SCRIPT_PATH}"
-    monkeypatch.setattr(spawn, "PROGRAM_NAME", "spawn")
+    patch_name(monkeypatch, "PROGRAM_NAME", "spawn")
     assert spawn.user_command({}, tmp_path) == "spawn"

@@ -19,7 +19,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import SPAWN, load, metas, mock_task, run_spawn, spawn_in_bash, write_agent
+from conftest import SPAWN, load, metas, mock_task, patch_name, run_spawn, spawn_in_bash, write_agent
 
 import spawn
 
@@ -198,7 +198,8 @@ def test_uv_cache_python_environment_and_spawn_cache_inside_the_cwd_stay_read_on
         folder.mkdir()
     attack = "; ".join(
         f'echo "{name}: $(touch {folder}/evil.pth 2>&1; echo rc=$?)"'
-        for name, folder in {"site": site, "prefix": venv, "uv": caches["UV_CACHE_DIR"], "cache": caches["SPAWN_CACHE_DIR"]}.items()
+        # The prefix's code (bin/, lib/, pyvenv.cfg) is held, not the prefix folder whole (CI's tests run inside one).
+        for name, folder in {"site": site, "prefix": venv / "bin", "uv": caches["UV_CACHE_DIR"], "cache": caches["SPAWN_CACHE_DIR"]}.items()
     )
     own = 'mkdir -p "$UV_CACHE_DIR" && touch "$UV_CACHE_DIR/mine" && echo "own uv cache $UV_CACHE_DIR ok"; '
     own += 'uv run --no-project --offline python -c "print(6 * 7)" 2>&1'
@@ -224,7 +225,8 @@ def test_uv_cache_python_environment_and_spawn_cache_inside_the_cwd_stay_read_on
     assert all("Read-only file system" in line for line in lines if line.strip()), results
     assert "rc=0" not in results[0], results
     assert not list(work.rglob("evil.pth"))
-    assert f"own uv cache /tmp/claude-{os.getuid()}/uv-cache-{leaf_meta['id']} ok\n42" in results[1], results
+    tmp = os.environ.get("CLAUDE_CODE_TMPDIR") or os.path.join(os.environ.get("TMPDIR") or "/tmp", f"claude-{os.getuid()}")
+    assert f"own uv cache {tmp}/uv-cache-{leaf_meta['id']} ok\n42" in results[1], results
     assert "token rc=1" in results[2] and "a2a-secret-token" not in results[2], results
 
 
@@ -249,7 +251,7 @@ def test_a_request_folder_swapped_for_a_link_after_the_check_starts_the_child_in
         started_at="2026-01-01T00:00:00Z", session=str(session), system_prompt="", sandbox="on",
     )  # fmt: skip
     # The child is the probe, run with the agent's environment as a brokered spawn.py would be.
-    monkeypatch.setattr(spawn, "child_environment", lambda *_: {spawn.ENV_PYTHON: sys.executable, spawn.ENV_SCRIPT: str(probe)})
+    patch_name(monkeypatch, "child_environment", lambda *_: {spawn.ENV_PYTHON: sys.executable, spawn.ENV_SCRIPT: str(probe)})
     broker = spawn.Broker(meta, session / "agents" / meta.id, lambda *_: [])
     checked_inode = os.stat(work / "race").st_ino
     request = json.dumps({"argv": ["--task", "x"], "cwd": str((work / "race").resolve())}).encode()

@@ -187,7 +187,7 @@ def sandbox_uv_cache(agent_id: str, environ: Mapping[str, str]) -> dict[str, str
     /tmp/claude-UID), which its Bash may write: the agent's scratch/ lies in
     its agent directory, which the sandbox holds read-only whole.
     """
-    tmp = environ.get("CLAUDE_CODE_TMPDIR") or os.path.join("/tmp", f"claude-{os.getuid()}")
+    tmp = environ.get("CLAUDE_CODE_TMPDIR") or os.path.join(environ.get("TMPDIR") or "/tmp", f"claude-{os.getuid()}")
     return {"UV_CACHE_DIR": os.path.join(tmp, f"uv-cache-{agent_id}")}
 
 

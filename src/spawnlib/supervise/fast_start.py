@@ -176,7 +176,10 @@ def in_a_cache(prefix: Path) -> bool:
     """Does this environment live in a tool's cache, as `uv run spawn.py`'s does (uv's
     environments-v2)? Cache roots carry a CACHEDIR.TAG (uv's does); a user's own
     virtualenv doesn't sit in one, and nothing is written into it uninvited."""
-    return any((folder / "CACHEDIR.TAG").is_file() for folder in prefix.parents)
+    # The tag stands at the cache's root, one or two folders above an environment it
+    # made (uv: CACHE/environments-v2/NAME, nox: .nox/SESSION); a virtualenv deeper
+    # down (a project's checkout inside a cache's temp folder) is a user's own.
+    return any((folder / "CACHEDIR.TAG").is_file() for folder in prefix.parents[:2])
 
 
 def fast_start_site(environ: Mapping[str, str] | None = None) -> Path | None:
