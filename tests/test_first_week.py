@@ -309,7 +309,7 @@ def test_the_documented_install_gets_the_locked_versions_and_writes_nothing_unin
     for name in INSTALL_FILES:
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, checkout / name)
-    env = {k: v for k, v in base_env.items() if k not in ("VIRTUAL_ENV", "UV_RUN_RECURSION_DEPTH")}
+    env = {k: v for k, v in base_env.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "UV_RUN_RECURSION_DEPTH")}
     env["UV_CACHE_DIR"] = (
         os.environ.get("UV_CACHE_DIR") or subprocess.run([uv, "cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
     )

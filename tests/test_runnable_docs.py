@@ -177,6 +177,7 @@ def test_the_runnable_commands_of_a_document_run(doc: str, base_env: dict[str, s
         "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
     }
     env.pop("VIRTUAL_ENV", None)
+    env.pop("UV_PROJECT_ENVIRONMENT", None)  # nox names its session venv there: a bare `uv venv` would aim at it
     ran = 0
     for block in blocks_of(doc):
         if block.mark == "file":
