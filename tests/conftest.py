@@ -120,6 +120,18 @@ def session_root(tmp_path: Path) -> Path:
     return tmp_path / "sessions"
 
 
+# What nox sets for its session venv. A documented `uv venv` / `uv pip install`
+# run under them would aim at the tests' own venv (UV_PYTHON picks its
+# interpreter, UV_PROJECT_ENVIRONMENT and VIRTUAL_ENV its folder), not the
+# user's new one.
+NOX_SESSION_VARS = ("VIRTUAL_ENV", "UV", "UV_PYTHON", "UV_PROJECT_ENVIRONMENT", "UV_RUN_RECURSION_DEPTH", "NOX_CURRENT_SESSION")
+
+
+def without_nox(env: Mapping[str, str]) -> dict[str, str]:
+    """env as a user's own shell has it: none of the variables nox sets for its session."""
+    return {k: v for k, v in env.items() if k not in NOX_SESSION_VARS}
+
+
 @pytest.fixture
 def base_env(tmp_path: Path, session_root: Path) -> dict[str, str]:
     """The environment of a user's shell: own HOME, own session root, no SPAWN_* leak."""

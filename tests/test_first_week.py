@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SPAWN, MockModel, mock_task, patch_name, run_spawn, stdout_json, write_agent
+from conftest import ROOT, SPAWN, MockModel, mock_task, patch_name, run_spawn, stdout_json, without_nox, write_agent
 
 import spawn
 
@@ -309,7 +309,7 @@ def test_the_documented_install_gets_the_locked_versions_and_writes_nothing_unin
     for name in INSTALL_FILES:
         (checkout / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, checkout / name)
-    env = {k: v for k, v in base_env.items() if k not in ("VIRTUAL_ENV", "UV_PROJECT_ENVIRONMENT", "UV_RUN_RECURSION_DEPTH")}
+    env = without_nox(base_env)
     env["UV_CACHE_DIR"] = (
         os.environ.get("UV_CACHE_DIR") or subprocess.run([uv, "cache", "dir"], capture_output=True, text=True, check=True).stdout.strip()
     )
@@ -318,12 +318,14 @@ def test_the_documented_install_gets_the_locked_versions_and_writes_nothing_unin
         assert proc.returncode == 0, f"{line}: {proc.stderr}"
     venv = checkout / ".venv"
     python = venv / "bin" / "python"
-    version = subprocess.run(
+    probe = subprocess.run(
         [str(python), "-c", "import importlib.metadata as m; print(m.version('claude-agent-sdk'))"],
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout.strip()
+        check=False,
+    )
+    assert probe.returncode == 0, f"the installed venv has no claude-agent-sdk: {probe.stderr}"
+    version = probe.stdout.strip()
     assert version == locked_version(ROOT / "spawn.py.lock", "claude-agent-sdk")
     site = Path(
         subprocess.run(

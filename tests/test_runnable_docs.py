@@ -30,7 +30,7 @@ from pathlib import Path
 
 import mock_model as mock_model_module
 import pytest
-from conftest import FAKE_API_KEY, ROOT, MockModel
+from conftest import FAKE_API_KEY, ROOT, MockModel, without_nox
 
 SHELLS = ("bash", "sh", "shell", "console")
 MARK = re.compile(r"<!--\s*(runnable|not runnable|file)\b(.*?)-->", re.DOTALL)
@@ -176,8 +176,7 @@ def test_the_runnable_commands_of_a_document_run(doc: str, base_env: dict[str, s
         "SPAWN_PY": str(ROOT / "spawn.py"),
         "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
     }
-    env.pop("VIRTUAL_ENV", None)
-    env.pop("UV_PROJECT_ENVIRONMENT", None)  # nox names its session venv there: a bare `uv venv` would aim at it
+    env = without_nox(env)  # a bare `uv venv` under nox's variables would aim at the tests' venv
     ran = 0
     for block in blocks_of(doc):
         if block.mark == "file":
