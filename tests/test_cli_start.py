@@ -72,7 +72,7 @@ METAS: list[dict[str, Any]] = [
 @pytest.mark.parametrize("fields", METAS, ids=[",".join(f) or "defaults" for f in METAS])
 def test_an_agents_cli_starts_with_the_sdks_command_line(tmp_path: Path, fields: dict[str, Any]) -> None:
     meta = meta_for(tmp_path, **fields)
-    plan = spawn.cli_start(meta, tmp_path, Path(CLI), spawn.RunState(), [])
+    plan = spawn.cli_start(meta, tmp_path, Path(CLI), spawn.RunState(spawn.Settings.read()), [])
     assert plan.argv == sdk_command(plan.options)
     # The first message is the task, then the facts that differ between siblings (outside the cached head).
     # (Its time left is read from the clock: compared up to the id.)
@@ -112,12 +112,14 @@ def test_the_cli_environment_is_the_sdks(environ: dict[str, str], options: dict[
         monkeypatch.delenv(name)
     for name, value in environ.items():
         monkeypatch.setenv(name, value)
-    mine = spawn.cli_environment(os.environ, options.get("env", {}), options.get("cwd"), options.get("client_app"), spawn.sdk_version())
+    mine = spawn.cli_environment(
+        os.environ, options.get("env", {}), options.get("cwd"), options.get("client_app"), spawn.sdk_version(os.environ)
+    )
     assert mine == sdk_environment(options)
 
 
 def test_the_sdk_version_is_read_without_importing_it() -> None:
-    assert spawn.sdk_version() == claude_agent_sdk.__version__
+    assert spawn.sdk_version(os.environ) == claude_agent_sdk.__version__
 
 
 def test_telemetry_is_off_for_agents_unless_the_user_chose() -> None:

@@ -41,7 +41,10 @@ def finished_depth_two_tree(env: dict[str, str], session_root: Path) -> dict[str
     root = mock_task("root", [{"bash": spawn_in_bash("--task", child, "--tools", "Bash")}, {"text": "root done"}])
     ran = run_spawn(["--task", root, "--tools", "Bash"], env)
     assert stdout_json(ran)["status"] == "done", ran.stderr
-    (deepest,) = [m for m in metas(session_root).values() if m["depth"] == 2]
+    found = metas(session_root)
+    deep = [m for m in found.values() if m["depth"] == 2]
+    assert len(deep) == 1, f"no grandchild was registered; agents: {[(m['id'], m['depth']) for m in found.values()]}\n{ran.stderr[-3000:]}"
+    (deepest,) = deep
     assert load(Path(deepest["session"]) / "agents" / deepest["id"] / "outcome.json")["status"] == "done"
     return deepest
 

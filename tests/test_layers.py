@@ -140,3 +140,37 @@ def test_the_layer_picture_in_the_docs_is_the_code() -> None:
         expected.append(f"{folder}/")
         expected += [name for name in reversed(module_order()) if folder_of(name) == folder]
     assert pictured == expected
+
+
+# Where a process starts being spawn.py, and reads its environment (#47 item 3:
+# configuration read once). Everything else takes what an edge read: a Settings
+# (core/settings.py) or the `environ` it is handed.
+ENVIRONMENT_EDGES = {
+    "core/settings": "Settings.read, the one read of an edge",
+    "core/prelude": "the fork server's stand-in, before anything else runs",
+    "cli/main": "console_main and main: the CLI's edge",
+    "cli/api": "the Python API's entry: the environment of the spawn.py it runs",
+    "run/forkserver": "a forked runner's edge: it takes the environment its client sent",
+    "policy/gateway": "the gateway's own process: it takes the real credential out of its environment",
+    # Read where they are used, not yet handed down:
+    "supervise/fast_start": "the compiled copy's folder, found once per process (SPAWN_CACHE_DIR)",
+    "session/protocol": "the transcript cap in append_capped, which every log writer calls",
+}
+
+
+def environment_reads(module: str) -> list[int]:
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name) and node.value.id == "os"
+    ]
+
+
+def test_the_environment_is_read_at_the_edges_only() -> None:
+    """Below an edge, configuration comes in as an argument: a test can hand it, and it can't change under a run."""
+    layered = [m for m in module_order() if folder_of(m) != PROGRAMS]
+    reads = [f"src/spawnlib/{m}.py:{line} reads os.environ" for m in layered if m not in ENVIRONMENT_EDGES for line in environment_reads(m)]
+    assert reads == [], "\n".join(reads)
+    stale = [m for m in ENVIRONMENT_EDGES if not environment_reads(m)]
+    assert stale == [], f"no longer read there: drop from ENVIRONMENT_EDGES: {stale}"

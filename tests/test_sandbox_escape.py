@@ -252,7 +252,7 @@ def test_a_request_folder_swapped_for_a_link_after_the_check_starts_the_child_in
     )  # fmt: skip
     # The child is the probe, run with the agent's environment as a brokered spawn.py would be.
     patch_name(monkeypatch, "child_environment", lambda *_: {spawn.ENV_PYTHON: sys.executable, spawn.ENV_SCRIPT: str(probe)})
-    broker = spawn.Broker(meta, session / "agents" / meta.id, lambda *_: [])
+    broker = spawn.Broker(meta, session / "agents" / meta.id, lambda *_: [], spawn.Settings.read())
     checked_inode = os.stat(work / "race").st_ino
     request = json.dumps({"argv": ["--task", "x"], "cwd": str((work / "race").resolve())}).encode()
     checked = broker.checked("0123456789abcdef", request)
@@ -280,7 +280,7 @@ def test_a_cli_whose_cwd_was_swapped_for_a_link_since_admission_does_not_start(t
 
     def start(cwd: Path) -> str:
         plan = spawn.CliStart({"cwd": str(cwd)}, None, "", [sys.executable, str(probe)], dict(os.environ), pin_cwd=True)  # type: ignore[arg-type]
-        started = spawn.start_cli(plan, spawn.RunState(), None)
+        started = spawn.start_cli(plan, spawn.RunState(spawn.Settings.read()), None)
         out, _ = started.process.communicate(timeout=30)
         return out.decode()
 

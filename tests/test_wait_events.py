@@ -198,7 +198,7 @@ def no_events(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def wait_in_thread(dirs: list[Path], mode: str, timeout: float | None) -> tuple[threading.Thread, list[spawn.WaitResult]]:
     results: list[spawn.WaitResult] = []
-    thread = threading.Thread(target=lambda: results.append(spawn.wait_for_outcomes(dirs, mode, timeout, [])), daemon=True)
+    thread = threading.Thread(target=lambda: results.append(spawn.wait_for_outcomes(dirs, mode, timeout, [], polls=False)), daemon=True)
     thread.start()
     return thread, results
 
@@ -235,7 +235,7 @@ def test_polling_fallback_reaps_a_dead_agent(session_root: Path) -> None:
 @pytest.mark.usefixtures("no_events")
 def test_polling_fallback_times_out(session_root: Path, live_process: subprocess.Popen[bytes]) -> None:
     _, dirs = make_agents(session_root, 2, live_process.pid)
-    result = spawn.wait_for_outcomes(dirs, "all", 0.3, [])
+    result = spawn.wait_for_outcomes(dirs, "all", 0.3, [], polls=False)
     assert not result.finished
     assert result.outcomes == {}
 

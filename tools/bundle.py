@@ -66,6 +66,7 @@ MODULES = (
     "core/records",
     "core/schemafast",
     "core/pure",
+    "core/settings",
     "core/placement",
     # session: the on-disk protocol
     "session/protocol",
@@ -86,6 +87,7 @@ MODULES = (
     "policy/steering",
     # run: one agent from its flags to its outcome
     "run/running",
+    "run/subagents",
     "run/inprocess",
     "run/claude",
     "run/executors",

@@ -26,6 +26,7 @@ from ..core.errors import ExitCode, RefusedError, StateError, UsageError
 from ..core.output import emit, note, stdout_json_text
 from ..core.pure import agent_facts, briefing, prompt_layout, secret_values
 from ..core.records import Status, record_to_json
+from ..core.settings import settings_of, wait_polls
 from ..policy.agents import (
     AGENT_TEMPLATE,
     Problem,
@@ -305,17 +306,17 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
         agent_dir, outcome, leaf = dropped
         emit_result(args, summary(agent_dir, record_to_json(outcome)))
         raise RefusedError(f"refused: {plan.refusal}; {leaf}'s runner records it in {agent_dir}")
-    agent_dir = register(plan, None if plan.meta.background else own_identity())
+    agent_dir = register(plan, None if plan.meta.background else own_identity(), environ)
     if plan.refusal is not None:
         outcome = record_refusal(agent_dir, plan)
         emit_result(args, summary(agent_dir, record_to_json(outcome)))
         raise RefusedError(f"refused: {plan.refusal}; recorded in {agent_dir}")
     if plan.meta.background:
-        launched = launch_background(agent_dir, plan)
+        launched = launch_background(agent_dir, plan, environ)
         if not waits_on_ray:
             emit_result(args, launched)
             return ExitCode.OK
-        outcome_data = wait_for_placed(agent_dir, launched["pid"], plan.secrets)
+        outcome_data = wait_for_placed(agent_dir, launched["pid"], plan.secrets, wait_polls(environ))
         emit_result(args, summary(agent_dir, outcome_data))
         return int(outcome_data.get("exit_code", ExitCode.AGENT_FAILED))
     note(f"agent {plan.meta.id} started in {agent_dir}")
@@ -325,7 +326,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
     try:
         # A foreground child blocks its parent's Bash: the parent's slot is lent to it.
         with slot_lent_by_caller(environ):
-            outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard, entry=entry)
+            outcome = run_agent(agent_dir, plan.cli, plan.secrets, sdk_loader, plan.guard, entry=entry, settings=settings_of(environ))
     finally:
         unregister_runner(plan.meta.pid, plan.meta.create_time)
     note(f"agent {outcome.id} {outcome.status}: {outcome.reason}")
@@ -334,7 +335,7 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
     return outcome.exit_code
 
 
-def wait_for_placed(agent_dir: Path, standin: int, secrets_: Sequence[str]) -> dict[str, Any]:
+def wait_for_placed(agent_dir: Path, standin: int, secrets_: Sequence[str], polls: bool) -> dict[str, Any]:
     """A foreground agent placed on Ray: its outcome, waited for here; a stop signal (Ctrl-C) goes to its stand-in.
 
     The stand-in lives in a session of its own, so a terminal's Ctrl-C reaches
@@ -343,7 +344,7 @@ def wait_for_placed(agent_dir: Path, standin: int, secrets_: Sequence[str]) -> d
     """
     passed: int | None = None
     # A stale heartbeat returns early; a placed agent's own deadline (or its node's loss) still ends it.
-    while (outcome := wait_for_outcomes([agent_dir], "all", LIVENESS_POLL_S, secrets_).outcomes.get(agent_dir)) is None:
+    while (outcome := wait_for_outcomes([agent_dir], "all", LIVENESS_POLL_S, secrets_, polls=polls).outcomes.get(agent_dir)) is None:
         if EarlyStop.pending is not None and EarlyStop.pending != passed:
             passed = EarlyStop.pending
             Supervised.signal_pid(standin, signal.SIGINT if passed == signal.SIGINT else signal.SIGTERM)
@@ -381,7 +382,16 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], 
     if ForkedFor.pid is not None or standin is not None:
         register_runner(pid, create_time, agent_dir)  # the launcher registered the stand-in; the agent runs here
     try:
-        outcome = run_agent(agent_dir, find_cli(environ), secret_values(environ), sdk_loader, guard, admitted=meta, entry=entry)
+        outcome = run_agent(
+            agent_dir,
+            find_cli(environ),
+            secret_values(environ),
+            sdk_loader,
+            guard,
+            admitted=meta,
+            entry=entry,
+            settings=settings_of(environ),
+        )
     finally:
         unregister_runner(pid, create_time)
     emit(summary(agent_dir, record_to_json(outcome)))
@@ -419,7 +429,7 @@ def cmd_wait(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     root = resolve_session_root(None, environ)
     dirs = [find_agent_dir(i, session, root) for i in args.ids]
     with slot_lent_by_caller(environ):
-        waited = wait_for_outcomes(dirs, args.mode, args.timeout, secret_values(environ))
+        waited = wait_for_outcomes(dirs, args.mode, args.timeout, secret_values(environ), polls=wait_polls(environ))
     agents = [summary(d, waited.outcomes[d]) for d in dirs if d in waited.outcomes]
     stale = [d.name for d in waited.stale]
     pending = [d.name for d in dirs if d not in waited.outcomes and d not in waited.stale]

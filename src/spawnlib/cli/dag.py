@@ -54,6 +54,7 @@ from ..core.pure import (
     utc_now_iso,
 )
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status, record_to_json
+from ..core.settings import wait_polls
 from ..policy.agents import parse_reference
 from ..policy.channel import send_answer
 from ..run.resolving import Plan, choose_definition, load_schema, min_known, plan_run, positive, register
@@ -558,7 +559,7 @@ class DagStopped(Exception):
 
 def start_dag_task(t: DagTask, prompt: str, runner: AgentMeta, runner_dir: Path, environ: Mapping[str, str]) -> dict[str, Any]:
     """Launch one task as a background child of the runner's node; its launcher's JSON, or an error."""
-    env = {**environ, **child_environment(runner, runner_dir)}
+    env = {**environ, **child_environment(runner, runner_dir, environ)}
     proc = subprocess.run(
         [sys.executable, str(compiled_script()), *dag_argv(t, prompt), "--background"],
         env=env,
@@ -748,7 +749,8 @@ class DagRun:
     def collect(self) -> None:
         """Wait for any running task to end (or for on_idle's period) and record what ended."""
         running = self.running
-        waited = wait_for_outcomes(list(running.values()), "any", None if self.rules.on_idle is None else ASK_POLL_S * 5, self.secrets)
+        timeout = None if self.rules.on_idle is None else ASK_POLL_S * 5
+        waited = wait_for_outcomes(list(running.values()), "any", timeout, self.secrets, polls=wait_polls(self.environ))
         if self.rules.on_idle is not None:
             self.rules.on_idle()
         for tid, d in list(running.items()):
@@ -800,7 +802,7 @@ def register_dag_runner(
     plan.meta.agent = "dag"
     if plan.refusal is not None and not plan.new_session and (dropped := drop_refusal(plan)) is not None:
         raise RefusedError(f"refused: {plan.refusal}; {dropped[2]}'s runner records it in {dropped[0]}")
-    runner_dir = register(plan, own_identity())
+    runner_dir = register(plan, own_identity(), environ)
     if plan.refusal is not None:
         record_refusal(runner_dir, plan)
         raise RefusedError(f"refused: {plan.refusal}; recorded in {runner_dir}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..core.errors import ExitCode, SpawnError, UnknownVerbError
+from ..core.settings import Settings
 from ..policy.gateway import serve_gateway
 from ..run.broker import brokered
 from ..supervise.fast_start import install_fast_start
@@ -38,7 +39,7 @@ from .steering_verbs import STEERING_VERBS, add_steering_arguments, cmd_budget, 
 def main(argv: Sequence[str] | None = None) -> int:
     """The one place where exceptions become exit codes."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    environ = dict(os.environ)
+    environ = Settings.read()  # the one read of the environment: everything below takes this
     traceback = "--traceback" in argv
     try:
         # Inside a sandboxed spawner, its runner runs spawns and kills (the broker).

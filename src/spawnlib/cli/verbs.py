@@ -22,7 +22,6 @@ import psutil
 from ..core.constants import (
     ENV_AGENT_ID,
     ENV_SESSION,
-    ENV_WAIT_POLL,
     HEARTBEAT,
     HEARTBEAT_S,
     KILL_GRACE_S,
@@ -254,12 +253,7 @@ def allow_open_files(count: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (count if hard == resource.RLIM_INFINITY else min(count, hard), hard))
 
 
-def wait_polls(environ: Mapping[str, str]) -> bool:
-    """Whether wait must poll outcomes, not watch them: the user says inotify can't see the writers."""
-    return environ.get(ENV_WAIT_POLL, "") not in ("", "0")
-
-
-def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> WaitResult:
+def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str], *, polls: bool) -> WaitResult:
     """Block until outcomes exist (all, or any).
 
     Event-driven where the kernel can tell: the agent's process exit (pidfd)
@@ -275,7 +269,7 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
     (stale heartbeat) is reported rather than waited for; its heartbeat is
     read again only when it could first have gone stale.
     """
-    wait = OutcomeWait(agent_dirs, mode, timeout, secrets_)
+    wait = OutcomeWait(agent_dirs, mode, timeout, secrets_, polls)
     try:
         wait.run()
     finally:
@@ -286,7 +280,8 @@ def wait_for_outcomes(agent_dirs: Sequence[Path], mode: str, timeout: float | No
 class OutcomeWait:
     """wait_for_outcomes' state: what is still pending, and how each agent is watched (see there)."""
 
-    def __init__(self, agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str]) -> None:
+    def __init__(self, agent_dirs: Sequence[Path], mode: str, timeout: float | None, secrets_: Sequence[str], polls: bool) -> None:
+        """polls: SPAWN_WAIT_POLL, the user saying inotify can't see the writers."""
         import select
 
         self.mode, self.secrets = mode, secrets_
@@ -298,7 +293,7 @@ class OutcomeWait:
         # inotify sees only this host's writes: an agent running elsewhere, or a
         # session directory on NFS (SPAWN_WAIT_POLL=1), is polled instead.
         elsewhere = any(Supervised.of(m).elsewhere() for m in self.metas.values())
-        self.events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH and not elsewhere and not wait_polls(os.environ))
+        self.events = MarkerEvents(enabled=len(pending) > WAIT_POLL_BATCH and not elsewhere and not polls)
         allow_open_files(len(pending) + 64)
         # epoll: a wake costs what is ready, where poll() would scan every pidfd each time.
         self.epoll = hasattr(select, "epoll")

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from ..core.constants import ASK_POLL_S, ASK_TIMEOUT_S, ENV_ASK_TIMEOUT
+from ..core.constants import ASK_POLL_S
 from ..core.errors import RefusedError, StateError
 from ..core.output import note
 from ..core.prelude import unix_address
-from ..core.pure import estimate_agent, float_or_none, parse_json, redacted_json, self_answer_refusal, token_hex, utc_now_iso
+from ..core.pure import estimate_agent, parse_json, redacted_json, self_answer_refusal, token_hex, utc_now_iso
 from ..core.records import AgentMeta, AskAnswer, AskAttempt, AskRecord, record_to_json
+from ..core.settings import ask_timeout
 from ..session.ledger import read_ledger
 from ..session.protocol import agent_history, append_jsonl, asks_dir, publish_once, read_limits, write_json_atomic
 from ..supervise.supervisor import calling_agents
@@ -235,11 +236,6 @@ def send_answer(session: Path, ask_id: str, verdict: str, by: str, text: str | N
         raise RefusedError(f"refused: {said['refused']}; the attempt is recorded in {asks_dir(session) / f'{ask_id}.attempts.jsonl'}")
 
 
-def ask_timeout(environ: Mapping[str, str]) -> float:
-    value = float_or_none(environ.get(ENV_ASK_TIMEOUT))
-    return value if value is not None and value > 0 else ASK_TIMEOUT_S
-
-
 def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rule: str, timeout: float) -> tuple[str, str]:
     """Ask the person at the root's terminal; no answer before timeout is a no."""
     import select
@@ -251,7 +247,7 @@ def prompt_person(meta: AgentMeta, tool: str, tool_input: Mapping[str, Any], rul
     return ("allow" if answer in ("y", "yes") else "deny"), "terminal"
 
 
-def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> str | None:
+def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str], environ: Mapping[str, str]) -> str | None:
     """Ask the root before a spawn that would take the tree past --confirm-over; None lets it go on.
 
     Called before admission, without the session lock: the answer may take
@@ -273,7 +269,7 @@ def confirm_spawn(meta: AgentMeta, session: Path, secrets_: Sequence[str]) -> st
         f"${projected:.4f} passes --confirm-over ${threshold:g}; task: {summarize_input({'command': meta.task}, 120)}"
     )
     rule = f"--confirm-over {threshold:g}"
-    timeout = ask_timeout(os.environ)
+    timeout = ask_timeout(environ)
     if meta.deadline is not None:
         timeout = min(timeout, max(0.0, meta.deadline - time.time()))
     if sys.stdin is not None and sys.stdin.isatty():

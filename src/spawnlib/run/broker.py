@@ -318,8 +318,12 @@ def checked_send_argv(argv: Sequence[str]) -> list[str] | str:
 class Broker:
     """A runner's service to its sandboxed agent: the requests in its box, run as its own spawns."""
 
-    def __init__(self, meta: AgentMeta, agent_dir: Path, descendants: Callable[[Path, str], Sequence[Path]]) -> None:
-        """descendants: the agent directories below an agent, deepest first (the runner's descendants_of, above this module)."""
+    def __init__(
+        self, meta: AgentMeta, agent_dir: Path, descendants: Callable[[Path, str], Sequence[Path]], environ: Mapping[str, str]
+    ) -> None:
+        """descendants: the agent directories below an agent, deepest first (the runner's descendants_of, above this module);
+        environ: the runner's settings, which each request's spawn.py starts from."""
+        self.environ = environ
         self.descendants = descendants
         self.meta = meta
         self.agent_dir = agent_dir
@@ -425,7 +429,7 @@ class Broker:
         """Run one request as a spawn.py of this runner's, with its agent's environment, in the folder checked, and reply when it ends."""
         import asyncio
 
-        env = {**os.environ, **child_environment(self.meta, self.agent_dir)}
+        env = {**self.environ, **child_environment(self.meta, self.agent_dir, self.environ)}
         try:
             proc = await asyncio.create_subprocess_exec(
                 env[ENV_PYTHON],

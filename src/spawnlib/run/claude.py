@@ -51,6 +51,7 @@ from ..core.pure import (
     validate_output,
 )
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
+from ..core.settings import Settings
 from ..policy.admission import (
     START_SLOT_HOLD_S,
     START_SLOT_QUIET_LOOKS,
@@ -74,7 +75,7 @@ from ..policy.agents import (
     skill_file,
     summarize_input,
 )
-from ..policy.channel import ask_timeout, open_ask, prompt_person
+from ..policy.channel import open_ask, prompt_person
 from ..policy.delegates import delegates_in
 from ..policy.steering import cli_budget_cap, pause_hooks
 from ..policy.writable import (
@@ -106,8 +107,9 @@ from ..session.protocol import (
 )
 from ..supervise.fast_start import uv_shim_folder
 from ..supervise.supervisor import Supervised, child_running, procfs_is_ours, runner_index_dir
-from .inprocess import AGENT_TOOL, in_process_hooks, subagent_definitions, withheld_agent_tool
+from .inprocess import in_process_hooks, subagent_definitions, withheld_agent_tool
 from .running import RunState, SdkLoader, api_host, child_environment, import_sdk, message_record, spawn_command
+from .subagents import AGENT_TOOL
 
 # spawn.py starts the agent's CLI itself, and hands the SDK its pipes as a
 # transport (CliPipes). The SDK's own transport would start it only once the
@@ -202,9 +204,14 @@ def cli_environment(
     return out
 
 
-@functools.cache
-def sdk_version() -> str:
+def sdk_version(environ: Mapping[str, str]) -> str:
     """claude-agent-sdk's version, read from its _version.py without importing the package (about 1 s)."""
+    return sdk_version_file() or str(import_sdk(environ).__version__)
+
+
+@functools.cache
+def sdk_version_file() -> str | None:
+    """The version its _version.py states, or None."""
     import importlib.util
 
     spec = importlib.util.find_spec("claude_agent_sdk")
@@ -212,7 +219,7 @@ def sdk_version() -> str:
         text = (Path(str(spec.origin)).parent / "_version.py").read_text() if spec else ""
         if m := re.search(r"""^__version__\s*=\s*["']([^"']+)["']""", text, re.M):
             return m.group(1)
-    return str(import_sdk(os.environ).__version__)
+    return None
 
 
 class StartedCli:
@@ -442,21 +449,24 @@ class PermissionGate:
     appended to the transcript.
     """
 
-    def __init__(self, meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str], denied_asks: list[str] | None = None) -> None:
+    def __init__(
+        self, meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str], settings: Settings, denied_asks: list[str] | None = None
+    ) -> None:
         self.meta = meta
+        self.settings = settings
         self.agent_dir = agent_dir
         self.secrets = secrets_
         self.denied_asks = denied_asks if denied_asks is not None else []
         """Appended to on every ask answered no (the run's RunState.denied_asks)."""
         self.rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in PERMISSION_KINDS))
-        self.home = os.environ.get("HOME") or str(Path.home())
+        self.home = settings.home
         # Both spellings of each: tool_paths gives a path as written and as resolved.
-        folders = (meta.session, str(cache_dir(os.environ)))
+        folders = (meta.session, str(cache_dir(settings)))
         self.kept = list(dict.fromkeys([*folders, *map(os.path.realpath, folders)]))
         own = (str(agent_dir / SCRATCH_DIR), str(agent_dir / "worktree"))
         self.own = list(dict.fromkeys([*own, *map(os.path.realpath, own)]))
-        # What the agent's Bash inherits: the CLI gets os.environ plus this.
-        self.shell_env = {**os.environ, **child_environment(meta, agent_dir)}
+        # What the agent's Bash inherits: the CLI gets the runner's environment plus this.
+        self.shell_env = {**settings, **child_environment(meta, agent_dir, settings)}
         self.agent_call_check: Callable[[Mapping[str, Any], str | None], str | None] | None = None
         """With in-process children: why an Agent call its rules allow can't start one (InProcessTree.host_agent_call)."""
 
@@ -495,7 +505,7 @@ class PermissionGate:
         """(allow|deny, who decided) for a call an ask rule matched."""
         import asyncio
 
-        timeout = ask_timeout(os.environ)
+        timeout = self.settings.ask_timeout_s
         if self.meta.deadline is not None:
             timeout = min(timeout, max(0.0, self.meta.deadline - time.time()))
         if self.meta.depth == 0 and sys.stdin is not None and sys.stdin.isatty():
@@ -613,7 +623,9 @@ def uv_shim_path(environ: Mapping[str, str]) -> dict[str, str]:
     return {"PATH": os.pathsep.join([str(shim), environ.get("PATH", os.defpath)])} if shim is not None else {}
 
 
-def definition_commands(meta: AgentMeta, writes: Sequence[SandboxWrites]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def definition_commands(
+    meta: AgentMeta, writes: Sequence[SandboxWrites], environ: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The MCP servers and hooks of the agent's definition that its CLI runs: none from where a sandboxed ancestor writes.
 
     The servers' config (which may hold tokens) and the hooks' commands are
@@ -626,8 +638,8 @@ def definition_commands(meta: AgentMeta, writes: Sequence[SandboxWrites]) -> tup
     definition, _ = parse_definition(Path(source).read_text(), meta.agent_source or source, "project")
     if definition is None:
         return {}, None
-    resolve_mcp_refs(definition, os.environ)
-    if definition_refusal(definition, os.environ, writes) is not None:
+    resolve_mcp_refs(definition, environ)
+    if definition_refusal(definition, environ, writes) is not None:
         return {}, None
     # Claude Code's hooks format is a settings key: the CLI runs them.
     return (definition.mcp_servers if meta.mcp_servers else {}), (definition.hooks if definition.hooks and meta.hooks else None)
@@ -636,7 +648,8 @@ def definition_commands(meta: AgentMeta, writes: Sequence[SandboxWrites]) -> tup
 def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secrets_: Sequence[str]) -> CliStart:
     """The CLI's options, command line and environment for this agent."""
     system_prompt: Any
-    brief = briefing(meta, spawn_command(), delegates_for(meta, os.environ))
+    environ = state.settings
+    brief = briefing(meta, spawn_command(), delegates_for(meta, environ))
     if meta.preset == "claude_code":
         system_prompt = {"type": "preset", "preset": "claude_code", "append": (meta.system_prompt + "\n\n" + brief).strip()}
     else:
@@ -644,7 +657,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
     builtin = [t for t in meta.tools if not t.startswith("mcp__") and not withheld_agent_tool(meta, t)]
     # Below a sandboxed agent: nothing that runs code from where it can write (writable.py; admission refused such a definition).
     writes = sandboxed_ancestors(meta.session, meta.parent_id) if meta.parent_id else []
-    mcp_servers, hooks = definition_commands(meta, writes)
+    mcp_servers, hooks = definition_commands(meta, writes, environ)
     sandbox = None
     if meta.sandbox == "on":
         with contextlib.suppress(FileExistsError):
@@ -655,7 +668,7 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         # was built just before then fails ("Can't create file at
         # .../projects: Is a directory"). Made now, it is a directory throughout.
         with contextlib.suppress(OSError):
-            (claude_config_dir(os.environ) / "projects").mkdir(mode=0o700, parents=True, exist_ok=True)
+            (claude_config_dir(environ) / "projects").mkdir(mode=0o700, parents=True, exist_ok=True)
         session = Path(meta.session)
         # Made now if absent, so the sandbox can hold them read-only (sandbox_writes).
         with contextlib.suppress(OSError):
@@ -675,19 +688,19 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
             drop_boxes=boxes,
         )
         # The compiled copies every tree runs, never the sandbox's to write, even inside its cwd; its project's .claude/.
-        read_only += [os.path.realpath(cache_dir(os.environ)), project_claude_dir(meta.cwd), *code_folders(os.environ, meta.cwd)]
+        read_only += [os.path.realpath(cache_dir(environ)), project_claude_dir(meta.cwd), *code_folders(environ, meta.cwd)]
         read_only = [p for p in read_only if os.path.lexists(p)]  # never a placeholder (sandbox_writes)
         domains = [m.group(1) for r in meta.permissions.get("allow", []) if (m := re.fullmatch(r"WebFetch\(domain:(.+)\)", r))]
-        sandbox = sandbox_settings(writable, api_host(os.environ), domains, read_only, server_secrets(os.environ))
+        sandbox = sandbox_settings(writable, api_host(environ), domains, read_only, server_secrets(environ))
     settings = cli_settings(hooks=hooks, sandbox=sandbox)
-    sections = [memory_section(meta, Path(meta.agent_source), os.environ)] if meta.agent_source and meta.memory else []
-    sections += skill_sections(meta, os.environ)
+    sections = [memory_section(meta, Path(meta.agent_source), environ)] if meta.agent_source and meta.memory else []
+    sections += skill_sections(meta, environ)
     if sections:
         if isinstance(system_prompt, dict):
             system_prompt["append"] += "\n\n" + "\n\n".join(sections)
         else:
             system_prompt += "\n\n" + "\n\n".join(sections)
-    gate = PermissionGate(meta, agent_dir, secrets_, state.denied_asks)
+    gate = PermissionGate(meta, agent_dir, secrets_, environ, state.denied_asks)
     allowed, disallowed = cli_permissions(meta.tools, meta.disallowed_tools, gate.rules)
     options: dict[str, Any] = dict(
         tools=builtin,
@@ -704,27 +717,27 @@ def cli_start(meta: AgentMeta, agent_dir: Path, cli: Path, state: RunState, secr
         settings=settings,
         cwd=meta.cwd,
         cli_path=str(cli),
-        env=child_environment(meta, agent_dir),
+        env=child_environment(meta, agent_dir, environ),
         # dontAsk by default: nobody answers the CLI's prompts in a nested
         # agent, so what the tool list doesn't grant is denied, not awaited.
         permission_mode=meta.permission_mode,
         # Without the preset, skip settings files: they add prompt bytes and
         # project hooks at every depth. The preset keeps Claude Code's defaults.
-        setting_sources=trusted_sources(None if meta.preset == "claude_code" else [], untrusted_sources(meta.cwd, os.environ, writes)),
+        setting_sources=trusted_sources(None if meta.preset == "claude_code" else [], untrusted_sources(meta.cwd, environ, writes)),
         output_format={"type": "json_schema", "schema": schema_for_cli(meta.schema)} if meta.schema else None,
         resume=resumed_sdk_session(meta),
         # The app in the CLI's User-Agent, unless the caller named theirs.
-        client_app=None if os.environ.get(SDK_CLIENT_APP_ENV) else f"spawn.py/{__version__}",
+        client_app=None if environ.get(SDK_CLIENT_APP_ENV) else f"spawn.py/{__version__}",
     )
     # initialPrompt comes first, in the same user turn, so the task's own text
     # (and any scripted MOCK[...]) stays part of the first message; the agent's
     # own facts follow it, after the head siblings share in the prompt cache.
     prompt = first_message(meta)
-    options["env"].update(uv_shim_path(os.environ))
+    options["env"].update(uv_shim_path(environ))
     if sandbox is not None:
-        options["env"].update(sandbox_uv_cache(meta.id, os.environ))
+        options["env"].update(sandbox_uv_cache(meta.id, environ))
     argv = cli_argv(str(cli), options)
-    env = cli_environment(os.environ, options["env"], meta.cwd, options["client_app"], sdk_version())
+    env = cli_environment(environ, options["env"], meta.cwd, options["client_app"], sdk_version(environ))
     return CliStart(options, gate, prompt, argv, env, pin_cwd=bool(writes) and sys.platform == "linux")
 
 
@@ -745,12 +758,12 @@ async def run_sdk(
     try:
         if started is None:
             plan = cli_start(meta, agent_dir, cli, state, secrets_)
-            slot = await take_start_slot(Path(meta.session), start_slot_count(os.environ))
+            slot = await take_start_slot(Path(meta.session), start_slot_count(state.settings))
             try:
                 started = start_cli(plan, state, slot)
             except OSError as exc:
                 not_started = exc
-        sdk = sdk_loader.result() if sdk_loader is not None else import_sdk(os.environ)
+        sdk = sdk_loader.result() if sdk_loader is not None else import_sdk(state.settings)
     except BaseException:
         if started is not None:
             started.free_slot()
@@ -770,7 +783,7 @@ async def run_sdk(
     plan = started.plan
     # The same options as for the SDK's own transport: the query still reads
     # its hooks, skills and env from them (the flags are already the CLI's).
-    timeout = ask_timeout(os.environ) + 60
+    timeout = state.settings.ask_timeout_s + 60
     if state.in_process is None:
         hooks = {
             "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[plan.gate.pre_tool_use], timeout=timeout)],
@@ -829,7 +842,7 @@ async def consume_sdk(
         if state.in_process is not None:
             state.in_process.observe(record["type"], record["message"])
         if isinstance(message, sdk.SystemMessage) and message.subtype == "init":
-            remember_cli_tools(message.data, os.environ)
+            remember_cli_tools(message.data, state.settings)
         if isinstance(message, AssistantMessage):
             texts = [b.text for b in message.content if isinstance(b, TextBlock) and b.text.strip()]
             if texts:

@@ -21,9 +21,9 @@ from ..core.pure import is_finite, parse_json, redact, utc_now_iso, validate_out
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status
 from ..policy.admission import start_slot_count, start_slot_now
 from ..policy.agents import Node, NodeReferenceError, NodeResult, command_argv, parse_reference
-from ..policy.channel import ask_timeout, open_ask
+from ..policy.channel import open_ask
 from ..policy.steering import close_steering, open_steering
-from ..session.protocol import AGENTS_DIR, append_log_line, append_transcript, log_max_bytes, read_limits, with_estimated_cost
+from ..session.protocol import AGENTS_DIR, append_log_line, append_transcript, read_limits, with_estimated_cost
 from ..supervise.supervisor import Supervised
 from .claude import StartedCli, cli_start, describe_sdk_error, outcome_from_run, run_sdk, start_cli
 from .running import EarlyStop, RunState, SdkLoader, child_environment
@@ -86,7 +86,7 @@ class Executor:
 
     kind = ""
 
-    def check(self, node: Node, deadline: float | None) -> None:
+    def check(self, node: Node, deadline: float | None, environ: Mapping[str, str]) -> None:
         """At resolve time: UsageError (exit 2, nothing written) when the node can't be run.
 
         It returns by the spawn's deadline (Unix seconds) whatever a remote does:
@@ -132,7 +132,7 @@ class ClaudeExecutor(Executor):
             plan = cli_start(meta, agent_dir, cli, state, secrets_)
         except Exception:
             return
-        free, slot = start_slot_now(Path(meta.session), start_slot_count(os.environ))
+        free, slot = start_slot_now(Path(meta.session), start_slot_count(state.settings))
         if free:
             with contextlib.suppress(OSError):
                 self.started = start_cli(plan, state, slot)
@@ -207,7 +207,7 @@ class CommandExecutor(Executor):
 
     kind = "command"
 
-    def check(self, node: Node, deadline: float | None) -> None:
+    def check(self, node: Node, deadline: float | None, environ: Mapping[str, str]) -> None:
         import shutil
 
         argv = command_argv(node.endpoint or "", f"command:{node.endpoint}")
@@ -230,7 +230,7 @@ class CommandExecutor(Executor):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             cwd=meta.cwd,
-            env={**os.environ, **child_environment(meta, agent_dir)},
+            env={**state.settings, **child_environment(meta, agent_dir, state.settings)},
             start_new_session=True,
             limit=COMMAND_RESULT_LIMIT,
         )
@@ -578,8 +578,8 @@ class A2AExecutor(Executor):
 
     kind = "a2a"
 
-    def check(self, node: Node, deadline: float | None) -> None:
-        a2a_token(os.environ)  # an unreadable token file is exit 2, before anything is written
+    def check(self, node: Node, deadline: float | None, environ: Mapping[str, str]) -> None:
+        a2a_token(environ)  # an unreadable token file is exit 2, before anything is written
         fetch_agent_card(node.endpoint or "", deadline)
 
     def describe_error(self, exc: Exception, agent_dir: Path) -> str:
@@ -599,7 +599,7 @@ class A2AExecutor(Executor):
         # No timeout of its own on a stream's reads: the deadline (run_agent's
         # stop, which cancels this task) bounds the card, the send, the stream and every poll.
         async with httpx.AsyncClient(
-            timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=a2a_bearer(url, a2a_token(os.environ))
+            timeout=httpx.Timeout(A2A_CARD_TIMEOUT_S, read=None), auth=a2a_bearer(url, a2a_token(state.settings))
         ) as http:
             card = await A2ACardResolver(http, f"{parts.scheme}://{parts.netloc}", parts.path).get_agent_card()
             streaming = bool(card.capabilities.streaming)
@@ -774,9 +774,8 @@ class A2AConversation:
                 raw = event.task.status.state if event.HasField("task") else event.status_update.status.state
                 event_json = json_format.MessageToDict(event)
                 if not line("A2AEvent", event_json):
-                    raise A2AFlooded(
-                        f"the remote agent sent over {log_max_bytes(os.environ)} bytes of events ({ENV_LOG_MAX}); its task was canceled"
-                    )
+                    cap = self.state.settings.log_max_bytes
+                    raise A2AFlooded(f"the remote agent sent over {cap} bytes of events ({ENV_LOG_MAX}); its task was canceled")
                 task.observe(event_json, raw)
                 if task.settled():
                     break
@@ -800,7 +799,7 @@ async def a2a_ask(meta: AgentMeta, agent_dir: Path, state: RunState, task: A2ATa
     """Raise the remote's input-required/auth-required as an ask; the reply to send, or None when denied."""
     import asyncio
 
-    timeout = ask_timeout(os.environ)
+    timeout = state.settings.ask_timeout_s
     if meta.deadline is not None:
         timeout = min(timeout, max(0.0, meta.deadline - time.time()))
     question = task.status_text() or f"the remote agent {remote} needs {task.state}"

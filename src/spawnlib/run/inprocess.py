@@ -26,48 +26,39 @@ never cut short. The runner's own deadline and kill stay hard for the whole CLI.
 from __future__ import annotations
 
 import collections
-import contextlib
-import json
-import os
-import shutil
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.constants import META, TRANSCRIPT
 from ..core.errors import SpawnError
 from ..core.output import note
 from ..core.placement import (
     IN_PROCESS_POLICIES,
-    PlacementDecision,
     PlacementError,
-    PlacementPolicy,
     decide_placement,
     parse_policy,
     process_needs,
     subagent_depth_limit,
 )
-from ..core.pure import canonical_tool, estimate_cost, new_trace, parse_json, redacted_json, utc_now_iso, validate_output
-from ..core.records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status, record_to_json
-from ..policy.admission import counted_agents
-from ..policy.agents import BUILTIN_SOURCE, AgentDefinition, RuleSet, agent_dirs_for, decide, load_definitions, parse_rule, summarize_input
-from ..policy.channel import ask_timeout, open_ask
+from ..core.pure import canonical_tool, estimate_cost, parse_json, validate_output
+from ..core.records import AgentMeta, Outcome, Status
+from ..core.settings import Settings
+from ..policy.agents import BUILTIN_SOURCE, AgentDefinition, agent_dirs_for, decide, load_definitions, summarize_input
+from ..policy.channel import open_ask
 from ..session.protocol import (
-    append_transcript,
-    create_agent_dir,
     kill_request_reason,
-    publish_once,
-    read_limits,
     read_outcome,
-    session_lock,
 )
-from ..supervise.commit import commit_outcome
 from .running import child_environment
+from .subagents import (
+    AGENT_TOOL,
+    ChildBook,
+    InProcessChild,
+    cli_transcript_turns,
+)
 
-AGENT_TOOL = "Agent"
-SUBAGENT_TRANSCRIPT = "subagent.jsonl"  # the CLI's own transcript of an in-process agent, copied at its end
 SUBAGENT_SCHEMA_RETRIES = 2  # answers refused for their schema before the agent fails, as the CLI's StructuredOutput retries
 GENERAL_PURPOSE = "general-purpose"
 # The CLI's tool result for a call of a tool it doesn't offer (measured on 2.1.329): at the
@@ -76,72 +67,149 @@ NO_SUCH_TOOL = "No such tool available"
 
 
 @dataclass
-class InProcessChild:
-    """One in-process agent, as its host runner knows it."""
+class ChildGate:
+    """What an in-process agent may do next: its limits, its rules and asks, and whether its Agent call may start a child."""
 
-    meta: AgentMeta
-    agent_dir: Path
-    native_id: str
-    rules: RuleSet
-    started: float
-    transcript: Path | None = None
-    """The CLI's transcript of it (known from its first hook on)."""
-    refused_answers: int = 0
-    ended: bool = False
-    """Its outcome is committed: no further turn of it is let through."""
-    finished: tuple[Status, str, Any, list[str]] | None = None
-    """What its SubagentStop decided, committed at the next hook (the CLI writes its last lines after the hook)."""
+    book: ChildBook
+    shell_env: Mapping[str, str]
+    """What the host's Bash, and its subagents', inherit: the environment rules such as Bash(...) are read in."""
+    settings: Settings
+    """The environment the host's runner read at its start."""
+    schema_problems: Mapping[str, str] = field(default_factory=dict)
+    """A definition whose schema doesn't load: only an Agent call of that type is refused, with this."""
+
+    def stop_reason(self, child: InProcessChild) -> tuple[Status, str] | None:
+        """Why child may take no further turn: a kill, an ancestor's end, its deadline or budget."""
+        if read_outcome(child.agent_dir) is not None:
+            return Status.KILLED, kill_request_reason(child.agent_dir) or "its outcome was committed by another (spawn.py kill)"
+        ancestor = self.ended_ancestor(child)
+        if ancestor is not None:
+            return Status.KILLED, f"ended with its ancestor {ancestor}"
+        if child.meta.deadline is not None and time.time() >= child.meta.deadline:
+            return Status.TIMEOUT, "deadline reached (at a tool-call boundary)"
+        spent = self.spend(child) if child.meta.max_budget_usd is not None else 0.0
+        if child.meta.max_budget_usd is not None and spent >= child.meta.max_budget_usd:
+            return Status.FAILED, f"budget: its own turns (${spent:.4f}, estimated) reached its ${child.meta.max_budget_usd:.4f}"
+        return None  # the tree's budget is its host's hold, which the host's runner keeps
+
+    def ended_ancestor(self, child: InProcessChild) -> str | None:
+        by_id = {c.meta.id: c for c in self.book.children.values()}
+        cursor = by_id.get(child.meta.parent_id or "")
+        while cursor is not None:
+            if cursor.ended or read_outcome(cursor.agent_dir) is not None:
+                return cursor.meta.id
+            cursor = by_id.get(cursor.meta.parent_id or "")
+        return None
+
+    async def permission(self, child: InProcessChild, tool: str, tool_input: Mapping[str, Any]) -> tuple[str, str, str]:
+        """(allow|deny, rule, who decided) under child's own tools and rules."""
+        meta = child.meta
+        verdict, rule = decide(tool, tool_input, child.rules, meta.tools, cwd=meta.cwd, home=self.settings.home, environ=self.shell_env)
+        if verdict == "ask":
+            verdict, by = await self.ask(child, tool, tool_input, rule or "")
+            return verdict, rule or "", by
+        return verdict, rule or "", "rules"
+
+    async def ask(self, child: InProcessChild, tool: str, tool_input: Mapping[str, Any], rule: str) -> tuple[str, str]:
+        """(allow|deny, who answered) for a call an ask rule matched: delegated up the tree as the
+        child's own ask (`spawn.py approve|deny ID`), as a process child's is; no answer is a no."""
+        import asyncio
+
+        timeout = self.settings.ask_timeout_s
+        if child.meta.deadline is not None:
+            timeout = min(timeout, max(0.0, child.meta.deadline - time.time()))
+        channel = open_ask(child.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.book.secrets)
+        what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
+        ask = channel.ask_id
+        note(f"agent {child.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
+        try:
+            answer = await asyncio.to_thread(channel.wait, child.meta.id, timeout, self.book.secrets)
+        finally:
+            channel.close()  # a stop while waiting denies the ask, by timeout
+        return ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
+
+    def agent_call_problem(self, caller: AgentMeta, tool_input: Mapping[str, Any]) -> str | None:
+        """Why caller's Agent call can't start an in-process child, or None."""
+        if caller.depth + 1 > caller.max_depth:
+            return f"max depth {caller.max_depth} reached: agent {caller.id} is at depth {caller.depth}"
+        agent_type = str(tool_input.get("subagent_type") or "")
+        if agent_type in self.schema_problems:
+            return (
+                f"definition {agent_type}'s schema can't be used: {self.schema_problems[agent_type]}; fix it (see 'spawn.py agents lint')"
+            )
+        definition = self.book.definitions.get(agent_type)
+        needs = definition_needs(definition) if definition is not None else []
+        try:
+            decide_placement(self.book.policy, needs, by_agent_tool=True, is_root=False)
+        except PlacementError as exc:
+            return exc.message
+        return None
+
+    def spend(self, child: InProcessChild) -> float:
+        return estimate_cost(cli_transcript_turns(child.transcript, child.meta.model)) if child.transcript else 0.0
 
 
 @dataclass
 class InProcessTree:
-    """The in-process agents below one runner's agent (its host)."""
+    """The in-process agents below one runner's agent (its host): the SDK's hooks, dispatched.
 
-    host: AgentMeta
-    host_dir: Path
-    policy: PlacementPolicy
-    secrets: Sequence[str]
-    definitions: Mapping[str, AgentDefinition]
-    schemas: Mapping[str, tuple[dict[str, Any], str]]
-    """Each definition's schema, resolved (NAME, path or inline) by the host's runner."""
-    shell_env: Mapping[str, str]
-    schema_problems: Mapping[str, str] = field(default_factory=dict)
-    """A definition whose schema doesn't load: only an Agent call of that type is refused, with this."""
-    home: str = field(default_factory=lambda: os.environ.get("HOME") or str(Path.home()))
+    What a hook decides about a child is the gate's (ChildGate); what it
+    records, the book's (ChildBook). The tree itself keeps only what matches
+    the hooks to each other: Agent calls waiting for their SubagentStart, and
+    the calls seen in the host's message stream.
+    """
+
+    book: ChildBook
+    gate: ChildGate
     pending: collections.deque[tuple[str | None, str, dict[str, Any]]] = field(default_factory=collections.deque)
     """Agent calls let through, not yet matched to a SubagentStart: (caller's native id, tool_use_id, input)."""
-    children: dict[str, InProcessChild] = field(default_factory=dict)
-    """By the CLI's agent_id."""
     started_by: dict[str, InProcessChild] = field(default_factory=dict)
     """By the tool_use_id of the Agent call that started it: the stream's parent_tool_use_id of its messages."""
     agent_calls: dict[str, tuple[str | None, dict[str, Any]]] = field(default_factory=dict)
     """Agent calls seen in the stream, not yet answered: (the caller's parent_tool_use_id, input), by tool_use_id."""
 
+    @property
+    def host(self) -> AgentMeta:
+        return self.book.host
+
+    @property
+    def definitions(self) -> Mapping[str, AgentDefinition]:
+        return self.book.definitions
+
+    def host_share(self, outcome: Outcome) -> None:
+        self.book.host_share(outcome)
+
+    def running_children(self) -> list[tuple[str, Path]]:
+        return self.book.running_children()
+
+    def settle(self, host_status: Status | None, host_reason: str) -> None:
+        self.book.settle(host_status, host_reason)
+
     # ------------------------------------------------------------ the hooks --
 
     async def pre_tool_use(self, hook_input: Mapping[str, Any], tool_use_id: str | None) -> dict[str, Any] | None:
         """A verdict for a call an in-process agent makes; None for the host's own calls."""
-        self.flush()
+        self.book.flush()
         native_id = str(hook_input.get("agent_id") or "")
-        child = self.children.get(native_id)
+        child = self.book.children.get(native_id)
         if child is None:
             return None
         tool = str(hook_input.get("tool_name", ""))
         tool_input = hook_input.get("tool_input") or {}
-        stop = self.stop_reason(child)
+        stop = self.gate.stop_reason(child)
         if stop is not None:
             status, reason = stop
-            self.record_decision(child, tool, tool_input, rule=reason, verdict="deny", by="limits", tool_use_id=tool_use_id)
-            self.end(child, status, reason)
+            self.book.record_decision(child, tool, tool_input, rule=reason, verdict="deny", by="limits", tool_use_id=tool_use_id)
+            self.book.end(child, status, reason)
             return end_turn(f"stopped by spawn.py: {reason}")
-        verdict, rule, by = await self.permission(child, tool, tool_input)
+        verdict, rule, by = await self.gate.permission(child, tool, tool_input)
         if verdict == "allow" and canonical_tool(tool) == AGENT_TOOL:
             # One audit line per call, saying what happened: a call its rules allowed but
             # its placement refuses is recorded as that refusal, never as allowed.
-            refused = self.agent_call_problem(child.meta, tool_input)
+            refused = self.gate.agent_call_problem(child.meta, tool_input)
             if refused is not None:
                 verdict, rule, by = "deny", refused, "placement"
-        self.record_decision(child, tool, tool_input, rule=rule, verdict=verdict, by=by, tool_use_id=tool_use_id)
+        self.book.record_decision(child, tool, tool_input, rule=rule, verdict=verdict, by=by, tool_use_id=tool_use_id)
         if verdict != "allow":
             return deny_call(f"denied by spawn.py ({by}): {rule}")
         if canonical_tool(tool) == AGENT_TOOL:
@@ -150,35 +218,35 @@ class InProcessTree:
 
     def host_agent_call(self, tool_input: Mapping[str, Any], tool_use_id: str | None) -> str | None:
         """The host's own Agent call, which its rules allowed: why it can't start a child, or None."""
-        self.flush()
-        refused = self.agent_call_problem(self.host, tool_input)
+        self.book.flush()
+        refused = self.gate.agent_call_problem(self.book.host, tool_input)
         if refused is None:
             self.pending.append((None, str(tool_use_id or ""), dict(tool_input)))
         return refused
 
     async def subagent_start(self, hook_input: Mapping[str, Any]) -> dict[str, Any]:
-        self.flush()
+        self.book.flush()
         native_id = str(hook_input.get("agent_id") or "")
-        if not native_id or native_id in self.children:
+        if not native_id or native_id in self.book.children:
             return {}
         caller, call_id, tool_input = self.pending.popleft() if self.pending else (None, "", {})
-        parent = self.children[caller].meta if caller in self.children else self.host
+        parent = self.book.children[caller].meta if caller in self.book.children else self.book.host
         agent_type = str(hook_input.get("agent_type") or tool_input.get("subagent_type") or GENERAL_PURPOSE)
-        child = self.register(parent, native_id, agent_type, tool_input)
-        self.children[native_id] = child
+        child = self.book.register(parent, native_id, agent_type, tool_input)
+        self.book.children[native_id] = child
         if call_id:
             self.started_by[call_id] = child
-        self.locate_transcripts(str(hook_input.get("transcript_path") or ""))
+        self.book.locate_transcripts(str(hook_input.get("transcript_path") or ""))
         return {}
 
     async def subagent_stop(self, hook_input: Mapping[str, Any]) -> dict[str, Any]:
-        self.flush()
-        child = self.children.get(str(hook_input.get("agent_id") or ""))
+        self.book.flush()
+        child = self.book.children.get(str(hook_input.get("agent_id") or ""))
         if child is None or child.ended:
             return {}
         child.transcript = Path(str(hook_input.get("agent_transcript_path") or "")) or child.transcript
         text = str(hook_input.get("last_assistant_message") or "")
-        stop = self.stop_reason(child)
+        stop = self.gate.stop_reason(child)
         if stop is not None:
             child.finished = (stop[0], stop[1], text, [])
             return {}
@@ -220,202 +288,13 @@ class InProcessTree:
 
     def record_unoffered(self, above: str | None, tool_input: Mapping[str, Any]) -> None:
         """An Agent call the CLI answered "no such tool": a refused child when its caller is at the depth limit."""
-        self.flush()
-        caller = self.host if above is None else (self.started_by[above].meta if above in self.started_by else None)
+        self.book.flush()
+        caller = self.book.host if above is None else (self.started_by[above].meta if above in self.started_by else None)
         if caller is None or caller.depth < caller.max_depth:
             return  # not for its depth: the caller was never given the Agent tool at all
         refusal = f"depth limit: this agent would be at depth {caller.depth + 1}, the tree's max depth is {caller.max_depth}"
         agent_type = str(tool_input.get("subagent_type") or GENERAL_PURPOSE)
-        self.register(caller, "", agent_type, tool_input, refusal=refusal)
-
-    # ------------------------------------------------------------ the limits --
-
-    def stop_reason(self, child: InProcessChild) -> tuple[Status, str] | None:
-        """Why child may take no further turn: a kill, an ancestor's end, its deadline or budget."""
-        if read_outcome(child.agent_dir) is not None:
-            return Status.KILLED, kill_request_reason(child.agent_dir) or "its outcome was committed by another (spawn.py kill)"
-        ancestor = self.ended_ancestor(child)
-        if ancestor is not None:
-            return Status.KILLED, f"ended with its ancestor {ancestor}"
-        if child.meta.deadline is not None and time.time() >= child.meta.deadline:
-            return Status.TIMEOUT, "deadline reached (at a tool-call boundary)"
-        spent = self.spend(child) if child.meta.max_budget_usd is not None else 0.0
-        if child.meta.max_budget_usd is not None and spent >= child.meta.max_budget_usd:
-            return Status.FAILED, f"budget: its own turns (${spent:.4f}, estimated) reached its ${child.meta.max_budget_usd:.4f}"
-        return None  # the tree's budget is its host's hold, which the host's runner keeps
-
-    def ended_ancestor(self, child: InProcessChild) -> str | None:
-        by_id = {c.meta.id: c for c in self.children.values()}
-        cursor = by_id.get(child.meta.parent_id or "")
-        while cursor is not None:
-            if cursor.ended or read_outcome(cursor.agent_dir) is not None:
-                return cursor.meta.id
-            cursor = by_id.get(cursor.meta.parent_id or "")
-        return None
-
-    async def permission(self, child: InProcessChild, tool: str, tool_input: Mapping[str, Any]) -> tuple[str, str, str]:
-        """(allow|deny, rule, who decided) under child's own tools and rules."""
-        meta = child.meta
-        verdict, rule = decide(tool, tool_input, child.rules, meta.tools, cwd=meta.cwd, home=self.home, environ=self.shell_env)
-        if verdict == "ask":
-            verdict, by = await self.ask(child, tool, tool_input, rule or "")
-            return verdict, rule or "", by
-        return verdict, rule or "", "rules"
-
-    async def ask(self, child: InProcessChild, tool: str, tool_input: Mapping[str, Any], rule: str) -> tuple[str, str]:
-        """(allow|deny, who answered) for a call an ask rule matched: delegated up the tree as the
-        child's own ask (`spawn.py approve|deny ID`), as a process child's is; no answer is a no."""
-        import asyncio
-
-        timeout = ask_timeout(os.environ)
-        if child.meta.deadline is not None:
-            timeout = min(timeout, max(0.0, child.meta.deadline - time.time()))
-        channel = open_ask(child.meta, tool, tool_input, rule, timeout=timeout, secrets_=self.secrets)
-        what = f"{tool} ({summarize_input(tool_input, 80)}; rule {rule})"
-        ask = channel.ask_id
-        note(f"agent {child.meta.id} asks to use {what}: run 'spawn.py approve {ask}' or 'spawn.py deny {ask}' within {timeout:.0f} s")
-        try:
-            answer = await asyncio.to_thread(channel.wait, child.meta.id, timeout, self.secrets)
-        finally:
-            channel.close()  # a stop while waiting denies the ask, by timeout
-        return ("allow" if answer.get("verdict") == "approve" else "deny"), str(answer.get("by", "?"))
-
-    def agent_call_problem(self, caller: AgentMeta, tool_input: Mapping[str, Any]) -> str | None:
-        """Why caller's Agent call can't start an in-process child, or None."""
-        if caller.depth + 1 > caller.max_depth:
-            return f"max depth {caller.max_depth} reached: agent {caller.id} is at depth {caller.depth}"
-        agent_type = str(tool_input.get("subagent_type") or "")
-        if agent_type in self.schema_problems:
-            return (
-                f"definition {agent_type}'s schema can't be used: {self.schema_problems[agent_type]}; fix it (see 'spawn.py agents lint')"
-            )
-        definition = self.definitions.get(agent_type)
-        needs = definition_needs(definition) if definition is not None else []
-        try:
-            decide_placement(self.policy, needs, by_agent_tool=True, is_root=False)
-        except PlacementError as exc:
-            return exc.message
-        return None
-
-    def spend(self, child: InProcessChild) -> float:
-        return estimate_cost(cli_transcript_turns(child.transcript, child.meta.model)) if child.transcript else 0.0
-
-    # ------------------------------------------------------------ records --
-
-    def register(
-        self, parent: AgentMeta, native_id: str, agent_type: str, tool_input: Mapping[str, Any], refusal: str | None = None
-    ) -> InProcessChild:
-        """Make a started subagent an agent of the session: its directory and meta.json (refused: with its outcome too)."""
-        definition = self.definitions.get(agent_type)
-        meta = child_meta(parent, self.host, definition, tool_input, now=time.time(), schema_of=self.schemas.get(agent_type))
-        decision = decide_placement(self.policy, [], by_agent_tool=True, is_root=False)
-        started = f"Claude Code agent {native_id}" if native_id else "never started by Claude Code"
-        meta.placement = PlacementDecision(decision.backend, f"{decision.reason} ({started}, {agent_type})", decision.policy).as_record()
-        session = Path(meta.session)
-        # No admission to the tree's budget and no hold of its own: what it
-        # spends is spent by its host's CLI, inside the host's hold (and that
-        # CLI's own cap). Its own budget, if its definition sets one, is kept
-        # at its tool calls (stop_reason). The session's agent cap counts it.
-        with session_lock(session):
-            cap = read_limits(session).max_agents
-            if refusal is None and cap is not None and counted_agents(session) >= cap:
-                refusal = f"agents: the session already has {cap} agents (--max-agents {cap})"
-            meta.id, agent_dir = create_agent_dir(session, meta.depth)
-        publish_once(agent_dir / META, redacted_json(record_to_json(meta), self.secrets, indent=2).encode())  # a fresh directory: first
-        rules = RuleSet(*([parse_rule(t) for t in meta.permissions.get(kind, [])] for kind in ("allow", "deny", "ask")))
-        child = InProcessChild(meta=meta, agent_dir=agent_dir, native_id=native_id, rules=rules, started=time.time())
-        if refusal is not None:
-            self.end(child, Status.REFUSED, f"refused: {refusal}")
-        return child
-
-    def locate_transcripts(self, session_transcript: str) -> None:
-        """The CLI keeps a subagent's transcript beside its session's: SESSION/subagents/agent-ID.jsonl."""
-        if not session_transcript:
-            return
-        folder = Path(session_transcript).with_suffix("") / "subagents"
-        for child in self.children.values():
-            if child.transcript is None:
-                child.transcript = folder / f"agent-{child.native_id}.jsonl"
-
-    def record_decision(
-        self,
-        child: InProcessChild,
-        tool: str,
-        tool_input: Mapping[str, Any],
-        *,
-        rule: str | None,
-        verdict: str,
-        by: str,
-        tool_use_id: str | None,
-    ) -> None:
-        record = {
-            "tool": tool,
-            "input": summarize_input(tool_input),
-            "rule": rule,
-            "verdict": verdict,
-            "by": by,
-            "tool_use_id": tool_use_id,
-        }
-        append_transcript(
-            child.agent_dir / TRANSCRIPT, {"time": utc_now_iso(), "type": "PermissionDecision", "message": record}, self.secrets
-        )
-
-    def end(self, child: InProcessChild, status: Status, reason: str, output: Any = None, errors: Sequence[str] = ()) -> None:
-        """Commit child's one outcome (another writer's, such as a kill's, stands)."""
-        if child.ended:
-            return
-        child.ended = True
-        usage = cli_transcript_usage(child.transcript) if child.transcript else {}
-        turns = cli_transcript_turns(child.transcript, child.meta.model) if child.transcript else []
-        copied = copy_cli_transcript(child)
-        outcome = Outcome(
-            id=child.meta.id,
-            status=status,
-            reason=reason[:2000],
-            exit_code=EXIT_FOR_STATUS[status],
-            ended_at=utc_now_iso(),
-            duration_s=round(time.time() - child.started, 3),
-            output=output if status == Status.DONE or errors else None,
-            text=cli_last_text(child.transcript) if child.transcript else None,
-            validation_errors=list(errors),
-            cost_usd=estimate_cost(turns) if turns else None,
-            cost_estimated=True if turns else None,
-            usage=usage or None,
-            turns=len(turns) or None,
-            transcript=str(copied or child.agent_dir / TRANSCRIPT),
-        )
-        commit_outcome(child.agent_dir, outcome, self.secrets)
-
-    def host_share(self, outcome: Outcome) -> None:
-        """The host's outcome keeps its own cost only: the CLI's total counts its subagents' turns,
-        which their own outcomes (and ledger charges) already hold, so a tree's sum counts each once."""
-        spent = sum(c for child in self.children.values() if (c := committed_cost(child.agent_dir)) is not None)
-        if outcome.cost_usd is not None and spent:
-            outcome.cost_usd = round(max(0.0, outcome.cost_usd - spent), 6)
-
-    def running_children(self) -> list[tuple[str, Path]]:
-        """(id, directory) of each in-process agent with no outcome yet."""
-        return [(c.meta.id, c.agent_dir) for c in self.children.values() if not c.ended and c.finished is None]
-
-    def flush(self) -> None:
-        """Commit the outcomes SubagentStop decided, now that the CLI has written their transcripts."""
-        for child in self.children.values():
-            if child.finished is not None and not child.ended:
-                status, reason, output, errors = child.finished
-                self.end(child, status, reason, output, errors)
-
-    def settle(self, host_status: Status | None, host_reason: str) -> None:
-        """At the host's end: every in-process agent has its one outcome, deepest first."""
-        self.flush()
-        for child in sorted(self.children.values(), key=lambda c: -c.meta.depth):
-            if child.ended:
-                continue
-            if host_status is not None and host_status != Status.DONE:
-                self.end(child, Status.KILLED, f"ended with its ancestor {self.host.id} ({host_reason})")
-            else:
-                self.end(child, Status.FAILED, f"its host {self.host.id}'s CLI ended before it finished")
-        for child in self.children.values():
-            copy_cli_transcript(child)  # again, whole: one stopped at a boundary was copied before the CLI's last lines
+        self.book.register(caller, "", agent_type, tool_input, refusal=refusal)
 
 
 # ------------------------------------------------------------- the wiring --
@@ -453,7 +332,11 @@ def in_process_hooks(sdk: Any, tree: InProcessTree, gate: Hook, timeout: float) 
 
 
 def in_process_tree(
-    meta: AgentMeta, agent_dir: Path, secrets_: Sequence[str], load_schema: Callable[[str], tuple[dict[str, Any], str]]
+    meta: AgentMeta,
+    agent_dir: Path,
+    secrets_: Sequence[str],
+    load_schema: Callable[[str], tuple[dict[str, Any], str]],
+    settings: Settings,
 ) -> InProcessTree | None:
     """The governor of an agent's in-process children, under --placement inprocess or auto; None otherwise.
 
@@ -462,7 +345,7 @@ def in_process_tree(
     policy = (meta.placement or {}).get("policy")
     if policy not in IN_PROCESS_POLICIES:
         return None
-    definitions = file_definitions(Path(meta.cwd), os.environ)
+    definitions = file_definitions(Path(meta.cwd), settings)
     # Checked before the CLI starts, each on its own: one broken definition
     # refuses the Agent calls that name it, never the host's whole run.
     schemas: dict[str, tuple[dict[str, Any], str]] = {}
@@ -475,8 +358,9 @@ def in_process_tree(
                 problems[name] = exc.message
     for name, problem in problems.items():
         note(f"warning: definition {name} ({definitions[name].path}): {problem}; an Agent call of type {name} is refused")
-    shell_env = {**os.environ, **child_environment(meta, agent_dir)}  # what the host's Bash, and its subagents', inherit
-    return InProcessTree(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, schemas, shell_env, schema_problems=problems)
+    shell_env = {**settings, **child_environment(meta, agent_dir, settings)}  # what the host's Bash, and its subagents', inherit
+    book = ChildBook(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, schemas)
+    return InProcessTree(book, ChildGate(book, shell_env, settings, schema_problems=problems))
 
 
 def file_definitions(cwd: Path, environ: Mapping[str, str]) -> dict[str, AgentDefinition]:
@@ -509,13 +393,6 @@ def subagent_definitions(sdk: Any, tree: InProcessTree) -> dict[str, Any]:
 # ---------------------------------------------------------------- pure parts --
 
 
-def committed_cost(agent_dir: Path) -> float | None:
-    with contextlib.suppress(OSError, SpawnError):
-        cost = (read_outcome(agent_dir) or {}).get("cost_usd")
-        return float(cost) if isinstance(cost, int | float) else None
-    return None
-
-
 def deny_call(reason: str) -> dict[str, Any]:
     return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "permissionDecision": "deny", "permissionDecisionReason": reason}}
 
@@ -535,75 +412,6 @@ def definition_needs(definition: AgentDefinition) -> list[str]:
     )
 
 
-def narrowed_tools(parent: Sequence[str], requested: Sequence[str] | None, depth: int, max_depth: int) -> list[str]:
-    """A child's tools: its definition's within its parent's, and no Agent tool at the depth limit (pure)."""
-    tools = [t for t in parent if requested is None or t in requested]
-    return [t for t in tools if t != AGENT_TOOL or depth < max_depth]
-
-
-def child_meta(
-    parent: AgentMeta,
-    host: AgentMeta,
-    definition: AgentDefinition | None,
-    tool_input: Mapping[str, Any],
-    *,
-    now: float,
-    schema_of: tuple[dict[str, Any], str] | None = None,
-) -> AgentMeta:
-    """The meta.json of an in-process child of parent, run by host's runner (pure but for the clock)."""
-    depth = parent.depth + 1
-    max_depth = (
-        parent.max_depth if definition is None or definition.max_depth is None else min(parent.max_depth, depth + definition.max_depth)
-    )
-    trace = new_trace(parent.traceparent)
-    permissions = {kind: list(parent.permissions.get(kind, [])) for kind in ("allow", "deny", "ask")}
-    deadline, budget, schema, schema_source = parent.deadline, None, None, None
-    if definition is not None:
-        permissions["deny"] += [r.text for r in definition.permissions.deny if r.text not in permissions["deny"]]
-        permissions["ask"] += [r.text for r in definition.permissions.ask if r.text not in permissions["ask"]]
-        if definition.permissions.allow:
-            permissions["allow"] = [r.text for r in definition.permissions.allow]
-        if definition.timeout is not None:
-            deadline = min(d for d in (parent.deadline, now + definition.timeout) if d is not None)
-        budget = definition.max_budget_usd
-        if schema_of is not None:
-            schema, schema_source = schema_of
-    return AgentMeta(
-        id="",
-        parent_id=parent.id,
-        depth=depth,
-        max_depth=max_depth,
-        pid=host.pid,
-        create_time=host.create_time,
-        pgid=host.pgid,
-        pid_namespace=host.pid_namespace,
-        trace_id=trace.trace_id,
-        span_id=trace.span_id,
-        parent_span_id=trace.parent_span_id,
-        traceparent=trace.traceparent,
-        task=str(tool_input.get("prompt") or tool_input.get("description") or ""),
-        tools=narrowed_tools(parent.tools, definition.tools if definition else None, depth, max_depth),
-        disallowed_tools=list(parent.disallowed_tools),
-        model=(definition.model if definition and definition.model else parent.model),
-        cwd=parent.cwd,
-        started_at=utc_now_iso(),
-        session=parent.session,
-        system_prompt=definition.prompt if definition else "",
-        schema=schema,
-        schema_source=schema_source,
-        deadline=deadline,
-        max_budget_usd=budget,
-        topic=str(tool_input.get("description") or "") or None,
-        agent=definition.name if definition else None,
-        agent_source=definition.path if definition else None,
-        permissions=permissions,
-        permission_mode=parent.permission_mode,
-        sandbox="inherited" if parent.sandbox != "off" else "off",
-        containment=host.containment,
-        kind="claude",
-    )
-
-
 def checked_answer(schema: Mapping[str, Any], text: str) -> tuple[Any, list[str]]:
     """(the answer as JSON, its schema errors): a subagent answers in text, so its JSON is its last message (pure)."""
     body = text.strip()
@@ -614,53 +422,3 @@ def checked_answer(schema: Mapping[str, Any], text: str) -> tuple[Any, list[str]
     except (SpawnError, ValueError):
         return None, ["(root): the answer is not JSON"]
     return output, validate_output(schema, output)
-
-
-def cli_transcript_messages(path: Path) -> list[dict[str, Any]]:
-    """The assistant messages of a CLI transcript, one per message id (the CLI writes a line per block)."""
-    seen: dict[str, dict[str, Any]] = {}
-    with contextlib.suppress(OSError):
-        for raw in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError, AttributeError, TypeError, SpawnError):
-                line = json.loads(raw)
-                message = line.get("message") or {}
-                if line.get("type") == "assistant" and isinstance(message, dict):
-                    key = str(message.get("id") or len(seen))
-                    merged = seen.setdefault(key, {**message, "content": []})
-                    merged["content"] = [*merged["content"], *(message.get("content") or [])]
-                    merged["usage"] = message.get("usage") or merged.get("usage")
-    return list(seen.values())
-
-
-def cli_transcript_turns(path: Path | None, model: str) -> list[tuple[str, dict[str, Any]]]:
-    if path is None:
-        return []
-    return [(str(m.get("model") or model), m["usage"]) for m in cli_transcript_messages(path) if isinstance(m.get("usage"), dict)]
-
-
-def cli_transcript_usage(path: Path) -> dict[str, int]:
-    totals: dict[str, int] = {}
-    for _, usage in cli_transcript_turns(path, ""):
-        for key in ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"):
-            if isinstance(usage.get(key), int):
-                totals[key] = totals.get(key, 0) + usage[key]
-    return totals
-
-
-def cli_last_text(path: Path) -> str | None:
-    for message in reversed(cli_transcript_messages(path)):
-        texts = [b.get("text", "") for b in message.get("content") or [] if isinstance(b, dict) and b.get("type") == "text"]
-        if any(t.strip() for t in texts):
-            return "\n".join(texts)
-    return None
-
-
-def copy_cli_transcript(child: InProcessChild) -> Path | None:
-    """The CLI's transcript of child, copied beside its records: the CLI's config dir may go."""
-    if child.transcript is None or not child.transcript.is_file():
-        return None
-    target = child.agent_dir / SUBAGENT_TRANSCRIPT
-    with contextlib.suppress(OSError):
-        shutil.copyfile(child.transcript, target)
-        return target
-    return None

@@ -470,7 +470,7 @@ def plan_run(args: argparse.Namespace, environ: Mapping[str, str], ancestry: Map
     deadline = child_deadline(own_timeout(args, timeout, inh), inh.deadline, now)
     # A bad reference is exit 2 before anything is written; the check's time
     # (an A2A card's fetch) counts against the deadline.
-    executor_for(node.kind).check(node, deadline)
+    executor_for(node.kind).check(node, deadline, environ)
     idle_timeout = min_known(args.idle_timeout if args.idle_timeout is not None else IDLE_TIMEOUT_S, inh.idle_timeout)
 
     refusal = refusal_for(depth, max_depth, deadline, now, requested_tools=requested_tools, tools=tools)
@@ -954,7 +954,7 @@ def place_resumed(plan: Plan, original: AgentMeta) -> None:
         meta.max_depth = min(meta.max_depth, max(original.max_depth - original.depth, 0))
 
 
-def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
+def register(plan: Plan, pid_info: tuple[int, float, int] | None, environ: Mapping[str, str]) -> Path:
     """Create the session (for a root), admit the agent and write its meta.json.
 
     Admission and the new directory happen under the session lock, so two
@@ -976,7 +976,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         # A sandboxed agent sees agents/ read-only (sandbox_writes); a spawner's spawns go through its runner instead.
         raise RefusedError(f"refused: {plan.refusal}; not recorded: the session directory is read-only here")
     if plan.refusal is None and not plan.new_session:
-        plan.refusal = confirm_spawn(meta, session, plan.secrets)
+        plan.refusal = confirm_spawn(meta, session, plan.secrets, environ)
     if plan.refusal is None and not plan.new_session:
         plan.refusal = wait_while_paused(session, meta.deadline, no_wait=plan.no_wait)
     with session_lock(session):
@@ -985,7 +985,7 @@ def register(plan: Plan, pid_info: tuple[int, float, int] | None) -> Path:
         meta.id, agent_dir = create_agent_dir(session, meta.depth)
         if plan.refusal is None:
             reserve_budget(session, meta, plan.secrets)
-    meta.containment = choose_containment(meta.parent_id is None, meta.session, meta.id, os.environ)
+    meta.containment = choose_containment(meta.parent_id is None, meta.session, meta.id, environ)
     if plan.refusal is not None and pid_info is None:
         pid_info = own_identity()
     if pid_info is not None:

@@ -24,11 +24,9 @@ from ..core.constants import (
     DROPPED_REFUSAL_MAX_BYTES,
     DROPPED_REFUSALS_MAX,
     ENV_AGENT_ID,
-    ENV_HEARTBEAT,
     ENV_OTLP_ENDPOINTS,
     ENV_SESSION,
     HEARTBEAT,
-    HEARTBEAT_S,
     IDLE_CHECK_S,
     IDLE_CPU_SHARE,
     KILL_GRACE_S,
@@ -49,7 +47,6 @@ from ..core.errors import CorruptRecordError, ExitCode, RefusedError, SpawnError
 from ..core.forkstate import on_fork
 from ..core.output import note
 from ..core.pure import (
-    float_or_none,
     id_depth,
     new_agent_id,
     outcome_problem,
@@ -62,6 +59,7 @@ from ..core.pure import (
     validate_output,
 )
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Heartbeat, Outcome, Status, record_from_json, record_to_json
+from ..core.settings import Settings
 from ..policy.admission import try_take_slot
 from ..policy.gateway import gateway_url, settle_agent, start_gateway, stop_gateway, wants_gateway
 from ..session.ledger import charge, read_ledger
@@ -119,11 +117,6 @@ from .running import (
 )
 
 # ------------------------------------------------------------ the CLI's start --
-
-
-def heartbeat_interval(environ: Mapping[str, str]) -> float:
-    value = float_or_none(environ.get(ENV_HEARTBEAT))
-    return value if value is not None and value > 0 else HEARTBEAT_S
 
 
 async def heartbeat_loop(agent_dir: Path, state: RunState, interval: float, idle_timeout: float | None = None) -> None:
@@ -231,15 +224,18 @@ def run_agent(
     *,
     admitted: AgentMeta | None = None,
     entry: Entry,
+    settings: Settings,
 ) -> Outcome:
     """Run a registered agent to its one committed outcome.
+
+    settings: the environment its edge (main, a forked runner's start) read once.
 
     admitted: the record as admission checked it; the file is not read
     again, so nothing written there afterwards changes what runs.
     """
     meta = admitted or load_meta(agent_dir)
     executor = executor_for(meta.kind)
-    state = RunState(in_process_tree(meta, agent_dir, secrets_, load_schema))
+    state = RunState(settings, in_process_tree(meta, agent_dir, secrets_, load_schema, settings))
     started = time.time()
     guard_pid, guard_pipe, error, home_cwd = start_agent_run(
         meta, agent_dir, cli=cli, executor=executor, state=state, secrets_=secrets_, sdk_loader=sdk_loader, guard=guard, entry=entry
@@ -271,7 +267,7 @@ def run_agent(
             on_signal(EarlyStop.pending)
         if meta.deadline is not None:
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
-        beat = asyncio.create_task(heartbeat_loop(agent_dir, state, heartbeat_interval(os.environ), meta.idle_timeout_s))
+        beat = asyncio.create_task(heartbeat_loop(agent_dir, state, state.settings.heartbeat_s, meta.idle_timeout_s))
         idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
         drops = asyncio.create_task(service) if (service := drop_box_service(meta, agent_dir, state, secrets_)) else None
         try:
@@ -370,7 +366,7 @@ def start_agent_run(
             meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
         except StateError as exc:
             error = exc.message
-    if meta.parent_id is None and meta.kind == "claude" and wants_gateway(os.environ, Path(meta.session)):
+    if meta.parent_id is None and meta.kind == "claude" and wants_gateway(state.settings, Path(meta.session)):
         # Before the root's CLI, which gets its URL; inside the cgroup, so it ends with the tree.
         GATEWAYS.append(start_gateway(Path(meta.session), str(compiled_script())))
     if error is None:
@@ -383,7 +379,7 @@ def start_agent_run(
 
     if sdk_loader is not None:
         sdk_loader.start()
-    if forkserver_wanted(meta, os.environ):
+    if forkserver_wanted(meta, state.settings):
         start_forkserver(meta, sdk_loader, entry)  # after entering the cgroup: it ends with the tree
     return guard_pid, guard_pipe, error, home_cwd
 
@@ -571,17 +567,17 @@ def summary(agent_dir: Path, outcome: Mapping[str, Any]) -> dict[str, Any]:
     return data
 
 
-def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
+def launch_background(agent_dir: Path, plan: Plan, environ: Mapping[str, str]) -> dict[str, Any]:
     """Start the runner detached; it is registered under its own pid."""
     # A session of its own: the launcher's caller (a Bash tool call, a CI
     # step) may end its process group as soon as the launcher returns.
-    address = ray_address(plan.meta, os.environ)
+    address = ray_address(plan.meta, environ)
     pid: int | None
     pgid: int | None = None  # a stand-in's group is the process we start (uv's, when uv runs it), not its own pid's
     with open(agent_dir / RUNNER_LOG, "ab") as log:
         if address is not None:  # the stand-in (tools/ray_place.py) is the runner here; the agent runs on a node
             runner = [sys.executable, str(compiled_script())]
-            pid, pgid, where = launch_on_ray(agent_dir, address, runner, log.fileno(), record_to_json(plan.meta))
+            pid, pgid, where = launch_on_ray(agent_dir, address, runner, log.fileno(), record_to_json(plan.meta), environ=environ)
             plan.meta.placement = {**(plan.meta.placement or {"reason": f"placement ray:{address}", "policy": f"ray:{address}"}), **where}
         else:
             # Forked by the session's fork server if this launcher was too.
@@ -613,7 +609,7 @@ def launch_background(agent_dir: Path, plan: Plan) -> dict[str, Any]:
         "outcome": str(agent_dir / OUTCOME),
         "done_marker": str(agent_dir / DONE_MARKER),
         "fail_marker": str(agent_dir / FAIL_MARKER),
-        "wait": f"{user_command(os.environ, Path.cwd())} wait {plan.meta.id}",
+        "wait": f"{user_command(environ, Path.cwd())} wait {plan.meta.id}",
     }
 
 
@@ -807,7 +803,7 @@ def drop_box_service(meta: AgentMeta, agent_dir: Path, state: RunState, secrets_
     if has_drop_box(meta):
         return drop_box_loop(meta, state, secrets_)
     if has_broker(meta):
-        return Broker(meta, agent_dir, descendants_of).serve()
+        return Broker(meta, agent_dir, descendants_of, state.settings).serve()
     return None
 
 

@@ -46,6 +46,7 @@ from ..core.placement import ENV_PLACEMENT, ENV_SUBAGENT_DEPTH, IN_PROCESS_POLIC
 from ..core.prelude import import_at_first_use
 from ..core.pure import utc_now_iso
 from ..core.records import AgentMeta, Status
+from ..core.settings import Settings
 from ..policy.agents import NodeResult
 from ..policy.gateway import gateway_environment
 from ..policy.steering import ENV_ON_BUDGET
@@ -96,7 +97,7 @@ def proxied_loopback(environ: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
+def child_environment(meta: AgentMeta, agent_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
     env = {
         ENV_SESSION: meta.session,
         ENV_AGENT_ID: meta.id,
@@ -107,8 +108,8 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
         "TRACEPARENT": meta.traceparent,
         ENV_PYTHON: sys.executable,
         ENV_SCRIPT: str(compiled_script()),
-        "BASH_DEFAULT_TIMEOUT_MS": os.environ.get("BASH_DEFAULT_TIMEOUT_MS", BASH_TIMEOUT_MS),
-        "BASH_MAX_TIMEOUT_MS": os.environ.get("BASH_MAX_TIMEOUT_MS", BASH_TIMEOUT_MS),
+        "BASH_DEFAULT_TIMEOUT_MS": environ.get("BASH_DEFAULT_TIMEOUT_MS", BASH_TIMEOUT_MS),
+        "BASH_MAX_TIMEOUT_MS": environ.get("BASH_MAX_TIMEOUT_MS", BASH_TIMEOUT_MS),
     }
     env[ENV_DENY] = json.dumps(meta.permissions.get("deny", []))
     env[ENV_ASK] = json.dumps(meta.permissions.get("ask", []))
@@ -123,9 +124,9 @@ def child_environment(meta: AgentMeta, agent_dir: Path) -> dict[str, str]:
     if meta.on_budget is not None:
         env[ENV_ON_BUDGET] = meta.on_budget
     if meta.sandbox == "inherited":
-        env.update(proxied_loopback(os.environ))
+        env.update(proxied_loopback(environ))
     env.update(placement_environment(meta))
-    env.update(quiet_cli_environment(os.environ))
+    env.update(quiet_cli_environment(environ))
     # Claude Code's minimal mode (CLAUDE_CODE_SIMPLE=1, what `claude --bare`
     # sets) runs no hooks, not even the SDK's: PermissionGate would never see a
     # tool call, so ask rules and the audit trail would be skipped without a
@@ -220,7 +221,9 @@ on_fork("EarlyStop", EarlyStop.forget)
 class RunState:
     """What a running agent has seen so far; survives cancellation."""
 
-    def __init__(self, in_process: Any = None) -> None:
+    def __init__(self, settings: Settings, in_process: Any = None) -> None:
+        self.settings = settings
+        """The environment the runner's edge read once: what this run and its children start from."""
         self.last_text: str | None = None
         self.last_structured_attempt: Any = None
         self.result: Any = None  # the SDK's ResultMessage

@@ -23,7 +23,6 @@ from ..core.constants import (
     JSON_MAX_DEPTH,
     KILL_REQUEST,
     LIMITS,
-    LOG_MAX_BYTES,
     META,
     OUTCOME,
     RECORD_MAX_BYTES,
@@ -36,7 +35,6 @@ from ..core.errors import CorruptRecordError, InputError, SpawnError, StateError
 from ..core.forkstate import on_fork
 from ..core.pure import (
     estimate_cost,
-    float_or_none,
     new_agent_id,
     parse_json,
     price_family,
@@ -47,6 +45,7 @@ from ..core.pure import (
     utc_now_iso,
 )
 from ..core.records import AgentMeta, Limits, Outcome, Status, record_from_json
+from ..core.settings import log_max_bytes
 from ..programs.fast_start_hook import cache_folder
 
 AGENTS_DIR = "agents"
@@ -310,11 +309,6 @@ def posix_lock(fd: int, *, shared: bool) -> None:
 # truncation line, and the outcome names them (only an agent's runner writes its logs).
 LOGS_TRUNCATED: set[Path] = set()
 on_fork("LOGS_TRUNCATED", LOGS_TRUNCATED.clear)  # which logs this process capped
-
-
-def log_max_bytes(environ: Mapping[str, str]) -> int:
-    value = float_or_none(environ.get(ENV_LOG_MAX))
-    return int(min(value, LOG_MAX_BYTES)) if value is not None and value >= 1 else LOG_MAX_BYTES
 
 
 def append_capped(path: Path, data: bytes, last: Callable[[int], bytes]) -> bool:

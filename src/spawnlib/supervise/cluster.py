@@ -83,7 +83,7 @@ def place_timeout(environ: Mapping[str, str]) -> float:
 
 
 def launch_on_ray(
-    agent_dir: Path, address: str, runner: list[str], log_fd: int, asked: Mapping[str, Any]
+    agent_dir: Path, address: str, runner: list[str], log_fd: int, asked: Mapping[str, Any], *, environ: Mapping[str, str]
 ) -> tuple[int, int, dict[str, Any]]:
     """Start the stand-in for agent_dir: its pid, its process group, and where Ray placed the agent (node_id, host, boot_id).
 
@@ -96,10 +96,10 @@ def launch_on_ray(
     that says nothing in time is ended with its whole process group, and the
     error quotes the runner log's tail.
     """
-    timeout = place_timeout(os.environ)
+    timeout = place_timeout(environ)
     started = time.time()
     place_by = started + timeout * (1 - RAY_PLACE_MARGIN)
-    argv = [*ray_sibling_command(os.environ), "run", "--address", address, "--place-by", f"{place_by:.3f}", "--spawn", *runner]
+    argv = [*ray_sibling_command(environ), "run", "--address", address, "--place-by", f"{place_by:.3f}", "--spawn", *runner]
     proc = subprocess.Popen(
         [*argv, "--", str(agent_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, start_new_session=True
     )
