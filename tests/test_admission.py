@@ -293,3 +293,51 @@ def test_refused_agents_are_not_counted_against_max_agents_unit(tmp_path: Path) 
         (agent_dir / spawn.FAIL_MARKER).write_text(status + "\n")
     (session / "agents" / "a1-000004").mkdir()  # running
     assert spawn.counted_agents(session) == 3
+
+
+def test_a_slot_marker_without_a_readable_record_holds_no_slot_unit(tmp_path: Path) -> None:
+    """A directory half-made or corrupt must not keep a --max-concurrent slot forever (mutants: holds_slot)."""
+    session = tmp_path / "s"
+    agent_dir = _slot_agent(session, "a1-000001", slot=True)
+    assert spawn.holds_slot(agent_dir)
+    (agent_dir / "meta.json").write_text("{not json")
+    assert not spawn.holds_slot(agent_dir)
+    (agent_dir / "meta.json").unlink()
+    assert not spawn.holds_slot(agent_dir)
+
+
+def test_a_tree_with_exactly_the_smallest_hold_left_admits_unit(tmp_path: Path) -> None:
+    """MIN_HOLD_USD left is enough; less is a refusal (mutants: admit's boundary)."""
+    session = tmp_path / "s"
+    meta = spawn.load_meta(_slot_agent(session, "a1-000001", slot=False))
+    for budget, admitted in ((spawn.MIN_HOLD_USD, True), (spawn.MIN_HOLD_USD / 2, False)):
+        (session / "limits.json").write_text(json.dumps({"max_budget_usd": budget, "protocol": spawn.PROTOCOL_VERSION}))
+        problem = spawn.admit(dataclasses.replace(meta, max_budget_usd=None), session)
+        assert (problem is None) == admitted, (budget, problem)
+
+
+def test_a_served_agent_under_a_depth_zero_caller_is_still_bound_unit() -> None:
+    """An A2A caller at depth 0 elsewhere (no parent here) binds what it starts, as one at any other depth."""
+    served = spawn.Inherited(depth=0, max_depth=1)
+    meta = spawn.AgentMeta(
+        id="a1-000001", parent_id=None, depth=1, max_depth=1, pid=1, create_time=0.0, pgid=1, trace_id="t", span_id="s",
+        traceparent="p", task="x", tools=[], disallowed_tools=[], model="m", cwd="/", started_at="", session="/s", system_prompt="",
+    )  # fmt: skip
+    assert spawn.admission_problem(meta, served) is None
+    problem = spawn.admission_problem(dataclasses.replace(meta, max_depth=5), served)
+    assert problem is not None and "max depth 5 > 1" in problem
+
+
+def test_a_deadline_past_the_slack_is_wider_and_a_stricter_mode_is_not_unit() -> None:
+    parent = spawn.Inherited(parent_id="a0-000000", session=Path("/s"), depth=0, max_depth=2, deadline=1000.0, permission_mode="default")
+    child = spawn.AgentMeta(
+        id="a1-000001", parent_id="a0-000000", depth=1, max_depth=2, pid=1, create_time=0.0, pgid=1, trace_id="t", span_id="s",
+        traceparent="p", task="x", tools=[], disallowed_tools=[], model="m", cwd="/", started_at="", session="/s",
+        system_prompt="", deadline=1000.0, permission_mode="default",
+    )  # fmt: skip
+    late = dataclasses.replace(child, deadline=1000.0 + spawn.ADMISSION_SLACK_S * 2)
+    problem = spawn.admission_problem(late, parent)
+    assert problem is not None and "later deadline" in problem
+    assert spawn.admission_problem(dataclasses.replace(child, deadline=1000.0 + spawn.ADMISSION_SLACK_S / 2), parent) is None
+    for stricter in ("plan", "dontAsk"):
+        assert spawn.admission_problem(dataclasses.replace(child, permission_mode=stricter), parent) is None, stricter

@@ -496,3 +496,19 @@ def test_a_request_with_too_many_words_or_a_non_string_is_refused_unit(tmp_path:
         held = os.readlink(f"/proc/self/fd/{folder}") if isinstance(folder, int) else folder
         spawn.close_folder(folder)
         assert (words, held) == (argv, cwd)
+
+
+def test_a_request_is_an_object_with_a_list_and_a_string_and_may_hold_exactly_the_most_words_unit(tmp_path: Path) -> None:
+    """Each field's type alone refuses it, and BROKER_ARGV_MAX words pass (mutants: checked_request)."""
+    meta = spawn.AgentMeta(
+        id="a1-000001", parent_id="a0-000000", depth=1, max_depth=2, pid=1, create_time=0.0, pgid=1, trace_id="t", span_id="s",
+        traceparent="p", task="x", tools=["Bash"], disallowed_tools=[], model="m", cwd=str(tmp_path), started_at="",
+        session=str(tmp_path), system_prompt="",
+    )  # fmt: skip
+    cwd = str(tmp_path)
+    for request in ({"argv": "status", "cwd": cwd}, {"argv": ["status"], "cwd": 7}, ["status"]):
+        assert str(spawn.checked_request(request, meta)).startswith("not a request"), request
+    most = ["wait", *["a1-0123ab"] * (spawn.BROKER_ARGV_MAX - 1)]
+    checked = spawn.checked_request({"argv": most, "cwd": cwd}, meta)
+    assert not isinstance(checked, str), checked
+    spawn.close_folder(checked[1])

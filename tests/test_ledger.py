@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -95,3 +96,34 @@ def test_a_raise_is_refused_without_a_budget(base_env: dict[str, str], session_r
     done = run_spawn(["budget", str(session), "--raise", "1"], base_env)
     assert done.returncode == spawn.ExitCode.USAGE and "has no budget" in done.stderr
     assert len((session / "ledger.jsonl").read_text().splitlines()) == 1  # nothing half-written
+
+
+def test_over_hold_counts_own_turns_children_and_the_next_turn_unit(session_root: Path) -> None:
+    """An agent's own spend plus what its children hold reaching its hold stops it, and so does a next turn
+    that would pass it; anything short of both lets it go on (mutants: over_hold)."""
+    session = fake_session(session_root, 1.0)
+    assert spawn.over_hold(session, "a0", 0.5) is None
+    reached = spawn.over_hold(session, "a0", 1.0)
+    assert reached is not None and "reached its hold of $1.0000" in reached
+    with (session / "ledger.jsonl").open("a") as ledger:
+        ledger.write(json.dumps({"id": "a1", "time": "t", "kind": "reserve", "amount_usd": 0.3, "drawn_from": "a0"}) + "\n")
+    assert spawn.over_hold(session, "a0", 0.6) is None
+    assert spawn.over_hold(session, "a0", 0.6, last_turn=0.05) is None
+    short = spawn.over_hold(session, "a0", 0.6, last_turn=0.2)
+    assert short is not None and "leave $0.1000 of its hold" in short and "children ($0.3000" in short
+    both = spawn.over_hold(session, "a0", 0.7)
+    assert both is not None and "reached its hold" in both
+    assert spawn.over_hold(session, "a9", 5.0) is None  # no hold of its own: nothing to stop it at
+
+
+def test_reserve_budget_holds_an_admitted_agents_cap_and_nothing_without_one_unit(session_root: Path) -> None:
+    session = fake_session(session_root, 1.0)
+    meta = spawn.AgentMeta(
+        id="a1-000001", parent_id="a0", depth=1, max_depth=2, pid=1, create_time=0.0, pgid=1, trace_id="t", span_id="s",
+        traceparent="p", task="x", tools=[], disallowed_tools=[], model="m", cwd="/", started_at="", session=str(session),
+        system_prompt="", max_budget_usd=0.25,
+    )  # fmt: skip
+    spawn.reserve_budget(session, meta, [])
+    assert spawn.read_ledger(session).holds["a1-000001"][1] == 0.25
+    spawn.reserve_budget(session, dataclasses.replace(meta, id="a1-000002", max_budget_usd=None), [])
+    assert "a1-000002" not in spawn.read_ledger(session).holds

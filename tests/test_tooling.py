@@ -196,3 +196,26 @@ def test_bench_counts_a_clis_retry_as_the_same_turn_and_names_an_agent_run_twice
     bench.check_turns("fan-out", [*root, {**step, "session": "s1", "retry": 0}, {**step, "session": "s1", "retry": 1}], 3)
     with pytest.raises(bench.BenchError, match=r"4 model turns \(0 retries besides\), expected 3; .*d1 step 0 by s1/retry 0, s2/retry 0"):
         bench.check_turns("fan-out", [*root, {**step, "session": "s1", "retry": 0}, {**step, "session": "s2", "retry": 0}], 3)
+
+
+def test_the_mutant_list_matches_the_source_and_only_listed_survivors_count_as_equivalent() -> None:
+    """tools/mutants.toml: every hand-written mutant's text is in today's source once, every
+    [[equivalent]] names a line its file could hold, and a survivor it doesn't list stays a survivor."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import mutants
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    data = mutants.load_list()
+    assert len(mutants.hand_mutants(data)) >= 12  # raises MutantListError if one has moved
+    for entry in data["equivalent"]:
+        assert (ROOT / entry["file"]).is_file() and entry["why"], entry
+    listed = data["equivalent"][0]
+
+    def survivor(file: str, detail: str) -> mutants.Result:
+        m = mutants.Mutant("x", file, 1, (), False, "")
+        return mutants.Result(m, "survived", 1.0, detail)
+
+    judged = mutants.judged_equivalent([survivor(listed["file"], listed["line"]), survivor(listed["file"], "x = 1")], data)
+    assert [r.verdict for r in judged] == ["equivalent", "survived"]
+    assert listed["why"] in judged[0].detail

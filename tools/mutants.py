@@ -92,7 +92,7 @@ class Mutant:
 class Result:
     mutant: Mutant
     verdict: str
-    """killed, survived, timeout, baseline-red, equivalent (the same AST), or invalid (does not apply)."""
+    """killed, survived, timeout, baseline-red, equivalent (the same AST, or a survivor [[equivalent]] explains), or invalid."""
     seconds: float = 0.0
     detail: str = ""
 
@@ -322,7 +322,7 @@ def report(results: Sequence[Result]) -> list[str]:
         fraction = f"{counts['killed']}/{scored} killed ({100 * counts['killed'] / scored:.0f}%)" if scored else "none scored"
         lines.append(f"{title}: {len(part)} mutants; {fraction}; " + ", ".join(f"{v} {n}" for v, n in counts.items() if n))
         for r in part:
-            if r.verdict in ("survived", "timeout", "baseline-red"):
+            if r.verdict in ("survived", "timeout", "baseline-red") or (r.verdict == "equivalent" and not r.mutant.hand):
                 lines.append(f"  {r.verdict}: {r.mutant.file}:{r.mutant.line}  {r.mutant.name}  {r.detail}")
     return lines
 
@@ -354,6 +354,17 @@ def chosen(args: argparse.Namespace) -> list[Mutant]:
     return mutants
 
 
+def judged_equivalent(results: Sequence[Result], data: dict[str, Any]) -> list[Result]:
+    """Survivors tools/mutants.toml's [[equivalent]] entries explain: the same behaviour for every input
+    spawn.py gives the function (matched by the mutated line's text, which line shifts don't change)."""
+    why = {(e["file"], e["line"].strip()): e["why"] for e in data.get("equivalent", [])}
+    judged = []
+    for r in results:
+        reason = why.get((r.mutant.file, r.detail.strip())) if r.verdict == "survived" and not r.mutant.hand else None
+        judged.append(dataclasses.replace(r, verdict="equivalent", detail=f"{r.detail} (equivalent: {reason})") if reason else r)
+    return judged
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
@@ -365,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for m in mutants:
             print(f"{m.name}  {m.file}:{m.line}  tests: {' '.join(m.tests)}")
         return 0
-    results = run_all(mutants, args.python or sys.executable, args.jobs)
+    results = judged_equivalent(run_all(mutants, args.python or sys.executable, args.jobs), load_list())
     print("\n".join(["", *report(results)]))
     failed = [r for r in results if r.mutant.hand and r.verdict in ("survived", "timeout", "baseline-red", "invalid")]
     return 1 if failed else 0
