@@ -226,9 +226,7 @@ def run_agent(
     entry: Entry,
     settings: Settings,
 ) -> Outcome:
-    """Run a registered agent to its one committed outcome.
-
-    settings: the environment its edge (main, a forked runner's start) read once.
+    """Run a registered agent to its one committed outcome, in the settings its edge read.
 
     admitted: the record as admission checked it; the file is not read
     again, so nothing written there afterwards changes what runs.
