@@ -472,13 +472,18 @@ def test_the_uv_shims_sh_passes_other_commands_to_the_next_uv_without_python(tmp
     assert (none.returncode, none.stderr) == (127, "uv: command not found\n")
 
 
-def test_a_request_with_too_many_words_or_a_non_string_is_refused_unit(tmp_path: Path) -> None:
-    """Each alone is enough: an over-long argv of strings, or a short one with a number in it."""
-    meta = spawn.AgentMeta(
+def sandboxed_spawner(tmp_path: Path) -> spawn.AgentMeta:
+    """A depth-1 agent working in tmp_path, whose session is tmp_path: what checked_request checks against."""
+    return spawn.AgentMeta(
         id="a1-000001", parent_id="a0-000000", depth=1, max_depth=2, pid=1, create_time=0.0, pgid=1, trace_id="t", span_id="s",
         traceparent="p", task="x", tools=["Bash"], disallowed_tools=[], model="m", cwd=str(tmp_path), started_at="",
         session=str(tmp_path), system_prompt="",
     )  # fmt: skip
+
+
+def test_a_request_with_too_many_words_or_a_non_string_is_refused_unit(tmp_path: Path) -> None:
+    """Each alone is enough: an over-long argv of strings, or a short one with a number in it."""
+    meta = sandboxed_spawner(tmp_path)
     too_long = spawn.checked_request({"argv": ["status"] * (spawn.BROKER_ARGV_MAX + 1), "cwd": str(tmp_path)}, meta)
     assert too_long == f"argv must be at most {spawn.BROKER_ARGV_MAX} strings"
     assert spawn.checked_request({"argv": ["status", 1], "cwd": str(tmp_path)}, meta) == too_long
@@ -500,11 +505,7 @@ def test_a_request_with_too_many_words_or_a_non_string_is_refused_unit(tmp_path:
 
 def test_a_request_is_an_object_with_a_list_and_a_string_and_may_hold_exactly_the_most_words_unit(tmp_path: Path) -> None:
     """Each field's type alone refuses it, and BROKER_ARGV_MAX words pass (mutants: checked_request)."""
-    meta = spawn.AgentMeta(
-        id="a1-000001", parent_id="a0-000000", depth=1, max_depth=2, pid=1, create_time=0.0, pgid=1, trace_id="t", span_id="s",
-        traceparent="p", task="x", tools=["Bash"], disallowed_tools=[], model="m", cwd=str(tmp_path), started_at="",
-        session=str(tmp_path), system_prompt="",
-    )  # fmt: skip
+    meta = sandboxed_spawner(tmp_path)
     cwd = str(tmp_path)
     for request in ({"argv": "status", "cwd": cwd}, {"argv": ["status"], "cwd": 7}, ["status"]):
         assert str(spawn.checked_request(request, meta)).startswith("not a request"), request
