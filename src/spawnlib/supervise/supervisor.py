@@ -703,6 +703,11 @@ def fork_below_guard() -> None:
     sys.stderr.flush()
     guard = os.getpid()
     read_end, write_end = os.pipe()
+    # Before the fork, not after: the runner may start a double-forked process
+    # before this process is scheduled again, and that orphan would re-parent
+    # past a guard that is not yet a subreaper. (A fork clears it in the child:
+    # the runner becomes one itself, for what it starts while it lives.)
+    become_subreaper()
     try:
         runner = os.fork()
     except OSError as exc:  # out of processes: run as before, our own subreaper
@@ -719,7 +724,6 @@ def fork_below_guard() -> None:
             Supervised.signal_self(signal.SIGHUP)
         GUARDS_ABOVE.append((guard, write_end))
         return
-    become_subreaper()  # the runner will be one too, for what it starts while it lives
     # Blocked before the exec, so none is lost while the interpreter starts;
     # the bootstrap takes them with sigwaitinfo.
     signal.pthread_sigmask(signal.SIG_BLOCK, {*GUARD_ABOVE_SIGNALS, signal.SIGCHLD})
