@@ -60,7 +60,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 LIST = ROOT / "tools" / "mutants.toml"
-DEFAULT_CAP = 150  # the generated set: about 150 mutants run in a working day on two cores
+DEFAULT_CAP = 150  # the generated set's size: the "about 150", each a pytest run of its selection
 # A run that takes this many times its baseline (plus the slack) is stuck, not slow.
 TIMEOUT_FACTOR, TIMEOUT_SLACK_S = 3.0, 60.0
 
