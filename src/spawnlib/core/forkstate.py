@@ -21,7 +21,7 @@ KEPT_ACROSS_FORKS: dict[str, str] = {
     "_FIELDS": "dataclass field names by record type: the same in every process",
     "_PROCFS_OURS": "keyed by pid: a fork is another pid, so it never reads its parent's entry",
     "ForkedFor": "set in the fork server's child right after the fork; never set in the server it is forked from",
-    "sdk_version": "the installed SDK's version: the same in every process of one environment",
+    "sdk_version_file": "the installed SDK's version: the same in every process of one environment",
     "verified_copy": "the compiled copy as checked; compiled_script checks the file again when it changes",
     "bounded_yaml_loader": "a loader class: no state of its own",
     "builtin_delegates": "the built-in definitions' names and descriptions, embedded in spawn.py: the same in every process",
