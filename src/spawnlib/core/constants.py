@@ -236,6 +236,10 @@ PARENT_GRACE_S = 5.0
 # and end its own subtree (which itself waits this long), short enough that a
 # kill feels immediate.
 KILL_GRACE_S = 3.0
+# What a stopping runner gives its stop hooks (an a2a node's remote cancel above
+# all), counted from the stop: a killer waits 2 * KILL_GRACE_S for the runner
+# (settle_agents), and the outcome's commit and the exit need the last second.
+STOP_HOOKS_S = 2 * KILL_GRACE_S - 1.0
 
 # Between SIGTERM and SIGKILL for what is not a live agent's spawn.py (a CLI
 # whose spawn.py is gone, its tools, leftovers after a normal end): nothing

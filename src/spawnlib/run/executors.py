@@ -692,6 +692,10 @@ class A2AConversation:
         cancels.append(done)
         try:
             answer = await self.client.cancel_task(CancelTaskRequest(id=task.task_id))
+        except asyncio.CancelledError:
+            # The stop path's grace ran out first: sent, and maybe acted on, but not answered.
+            line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": "no answer before the runner's stop ended"})
+            raise
         except Exception as exc:
             line("A2ACancel", {"task_id": task.task_id, "sent": True, "error": f"{type(exc).__name__}: {exc}"[:500]})
             raise

@@ -41,6 +41,7 @@ from ..core.constants import (
     SCRIPT_DIR,
     SLOT_POLL_S,
     SLOT_WAIT_S,
+    STOP_HOOKS_S,
     TRANSCRIPT,
 )
 from ..core.errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, StateError
@@ -448,6 +449,12 @@ async def shut_down_agent(meta: AgentMeta, state: RunState, task: Any) -> None:
     """
     import asyncio
 
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    # At once, beside the children's end: an a2a node's hook cancels its remote
+    # task, and a request this process abandons before the remote has read it
+    # is dropped there, leaving the remote subtree running.
+    hooks = [asyncio.ensure_future(hook()) for hook in state.stop_hooks]
     try:
         # Freeze the CLI (not its group, where child agents run): it
         # must not start another model turn while the children end.
@@ -462,13 +469,18 @@ async def shut_down_agent(meta: AgentMeta, state: RunState, task: Any) -> None:
                     children.append(child)
         # The SIGKILL half of the stop path comes after the CLI's end,
         # in end_own_subtree; until then the loop keeps serving signals.
-        loop = asyncio.get_running_loop()
-        limit = loop.time() + KILL_GRACE_S
+        limit = began + KILL_GRACE_S
         while loop.time() < limit and any(c.alive() for c in children):
             await asyncio.sleep(0.05)
-        for hook in state.stop_hooks:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(hook(), KILL_GRACE_S)
+        if hooks:
+            # A killer waits 2 * KILL_GRACE_S for this process (settle_agents): the hooks
+            # get all of it but the moment the outcome's commit and the exit take.
+            await asyncio.wait(hooks, timeout=max(0.0, began + STOP_HOOKS_S - loop.time()))
+        for hook in hooks:
+            if hook.done() and not hook.cancelled():
+                hook.exception()  # retrieved: a failed hook never stops the stop path
+            else:
+                hook.cancel()
         if state.cli_pgid:
             Supervised.signal_group(state.cli_pgid, signal.SIGTERM)
     finally:
