@@ -127,3 +127,33 @@ def test_reserve_budget_holds_an_admitted_agents_cap_and_nothing_without_one_uni
     assert spawn.read_ledger(session).holds["a1-000001"][1] == 0.25
     spawn.reserve_budget(session, dataclasses.replace(meta, id="a1-000002", max_budget_usd=None), [])
     assert "a1-000002" not in spawn.read_ledger(session).holds
+
+
+def test_a_ledger_tail_reads_only_what_was_appended_and_folds_as_a_whole_read_does(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    lines = [
+        {"id": "a0", "time": "t", "kind": "reserve", "amount_usd": 1.0},
+        {"id": "a1", "time": "t", "kind": "reserve", "amount_usd": 0.5, "drawn_from": "a0"},
+        {"id": "a2", "time": "t", "kind": "spend", "cost_usd": 0.25, "host": "a1"},
+        {"id": "a1", "time": "t", "kind": "spend", "cost_usd": 0.125},
+        {"id": "a1", "time": "t", "kind": "charge", "cost_usd": 0.2},
+    ]
+    tail = spawn.LedgerTail(tmp_path)
+    assert tail.read() == spawn.LedgerState()  # no ledger yet
+    text = "".join(json.dumps(line) + "\n" for line in lines)
+    cut = text.index("\n", text.index('"a2"')) - 5  # inside the third line
+    ledger.write_text(text[:cut])
+    first = tail.read()
+    assert "a2" not in first.spends and first.holds["a1"] == ("a0", 0.5)  # a line cut short waits for its end
+    with ledger.open("a") as f:
+        f.write(text[cut:])
+    assert tail.read() == spawn.ledger_state(text.splitlines())
+    assert tail.state.hosted == {"a2": "a1"} and tail.state.spend_of("a1") == pytest.approx(0.375)
+    # The hosted agent's spend is its host's: counted once, in what a1's hold used (its metered
+    # spend, not its charge's figure).
+    assert tail.state.used_by("a1") == pytest.approx(0.125 + 0.25)
+    assert tail.state.free(None, 2.0) == pytest.approx(2.0 - 1.0)  # a0 still live: its whole hold
+    # Replaced (a new file): read anew, not from the old offset.
+    ledger.unlink()
+    ledger.write_text(json.dumps(lines[0]) + "\n")
+    assert tail.read() == spawn.ledger_state([json.dumps(lines[0])])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,7 +29,17 @@ from ..core.errors import CorruptRecordError, RefusedError, SpawnError, UsageErr
 from ..core.output import note
 from ..core.pure import parse_json, round_usd, token_counts, utc_now_iso
 from ..core.records import AgentMeta, LedgerEntry, Outcome, Status, record_to_json
-from .protocol import AGENTS_DIR, append_jsonl, load_meta, read_limits, read_text, session_lock, transcript_spend, write_json_atomic
+from .protocol import (
+    AGENTS_DIR,
+    append_jsonl,
+    load_meta,
+    open_regular,
+    read_limits,
+    read_text,
+    session_lock,
+    transcript_spend,
+    write_json_atomic,
+)
 
 # ---------------------------------------------------------------- reading --
 
@@ -53,6 +64,15 @@ class LedgerState:
     """id -> what the gateway metered of its model calls (spend lines): for such an agent, its spend, whatever its charge says."""
     refusals: dict[str, str] = field(default_factory=dict)
     """id -> why the gateway last refused one of its model calls."""
+    hosted: dict[str, str] = field(default_factory=dict)
+    """In-process agent id -> the process agent whose CLI runs it (spend lines with `host`): its spend is inside that hold."""
+
+    def spend_of(self, holder: str) -> float:
+        """What the gateway metered of a process agent's CLI: its own calls and its in-process agents'."""
+        return self.spends.get(holder, 0.0) + sum(self.spends.get(c, 0.0) for c, h in self.hosted.items() if h == holder)
+
+    def hosted_cost(self, holder: str) -> float:
+        return sum(self.cost(c) or 0.0 for c, h in self.hosted.items() if h == holder)
 
     def cost(self, agent_id: str) -> float | None:
         """What an agent spent: the gateway's figure where it metered the agent, else its charge."""
@@ -69,12 +89,14 @@ class LedgerState:
         then what it and the holds drawn from it were charged."""
         if self.live(agent_id):
             return self.holds[agent_id][1]
-        return (self.cost(agent_id) or 0.0) + sum(self.used_by(c) for c in self.draws(agent_id))
+        return (self.cost(agent_id) or 0.0) + self.hosted_cost(agent_id) + sum(self.used_by(c) for c in self.draws(agent_id))
 
     def free(self, source: str | None, budget: float, own_spend: float = 0.0) -> float:
         """Unreserved USD of a live hold (less its owner's own spend so far), or of the tree (source None)."""
         if source is None:
-            unheld = sum(self.cost(i) or 0.0 for i in {*self.charges, *self.spends} if i not in self.holds)
+            # An in-process agent's spend is its host's, counted with the host's hold.
+            inside = {i for i, h in self.hosted.items() if h in self.holds}
+            unheld = sum(self.cost(i) or 0.0 for i in {*self.charges, *self.spends} - inside if i not in self.holds)
             return budget - unheld - sum(self.used_by(t) for t in self.draws(None))
         return self.holds[source][1] - own_spend - sum(self.used_by(c) for c in self.draws(source))
 
@@ -88,9 +110,12 @@ class LedgerState:
 
     @property
     def reserved(self) -> float:
-        """Held by live agents and not yet charged to anyone."""
+        """Held by live agents and not yet spent or charged by anyone: what the gateway metered of a live
+        agent's calls is in `spent` already."""
         # An agent that overran its hold (by its last turn) holds nothing more.
-        return sum(max(0.0, self.holds[i][1] - sum(self.used_by(c) for c in self.draws(i))) for i in self.holds if self.live(i))
+        return sum(
+            max(0.0, self.holds[i][1] - self.spend_of(i) - sum(self.used_by(c) for c in self.draws(i))) for i in self.holds if self.live(i)
+        )
 
 
 @dataclass
@@ -133,7 +158,11 @@ def ledger_entries(lines: Iterable[str]) -> Iterable[dict[str, Any]]:
 
 def ledger_state(lines: Iterable[str]) -> LedgerState:
     """Fold ledger.jsonl's holds and charges (pure)."""
-    state = LedgerState()
+    return fold_ledger(LedgerState(), lines)
+
+
+def fold_ledger(state: LedgerState, lines: Iterable[str]) -> LedgerState:
+    """Fold more of ledger.jsonl's lines into state, in order (pure but for state)."""
     for entry in ledger_entries(lines):
         if not isinstance(entry.get("id"), str):
             continue  # a budget line, or not the ledger's
@@ -145,6 +174,8 @@ def ledger_state(lines: Iterable[str]) -> LedgerState:
         elif entry.get("kind") == "spend":
             spend = ledger_usd(entry.get("cost_usd"))
             state.spends[entry["id"]] = state.spends.get(entry["id"], 0.0) + (spend or 0.0)
+            if isinstance(host := entry.get("host"), str) and host != entry["id"]:
+                state.hosted[entry["id"]] = host
         elif entry.get("kind") == "refused":
             state.refusals[entry["id"]] = str(entry.get("reason") or "")
         elif entry["id"] not in state.charges:  # first charge wins; a commit happens once
@@ -178,6 +209,34 @@ def ledger_lines(session: Path) -> list[str]:
 
 def read_ledger(session: Path) -> LedgerState:
     return ledger_state(ledger_lines(session))
+
+
+@dataclass
+class LedgerTail:
+    """The ledger as a long-lived reader keeps it (the gateway, once a model call): it reads and folds
+    only what was appended since it last read, so a call costs the same in a tree's thousandth call."""
+
+    session: Path
+    state: LedgerState = field(default_factory=LedgerState)
+    offset: int = 0
+    identity: tuple[int, int] | None = None
+
+    def read(self) -> LedgerState:
+        try:
+            fd, st = open_regular(self.session / LEDGER, os.O_RDONLY)
+        except FileNotFoundError:
+            return self.state
+        try:
+            if (st.st_dev, st.st_ino) != self.identity or st.st_size < self.offset:  # replaced: read it anew
+                self.state, self.offset, self.identity = LedgerState(), 0, (st.st_dev, st.st_ino)
+            if st.st_size > self.offset:
+                data = os.pread(fd, st.st_size - self.offset, self.offset)
+                whole = data[: data.rfind(b"\n") + 1]  # each append is one whole line: a line cut here is read next time
+                fold_ledger(self.state, whole.decode(errors="replace").splitlines())
+                self.offset += len(whole)
+        finally:
+            os.close(fd)
+        return self.state
 
 
 def read_budget_state(session: Path) -> BudgetState:
@@ -236,8 +295,8 @@ def budget_left(session: Path, meta: AgentMeta, budget: float) -> tuple[float, s
     """(unreserved USD a new agent may hold, where it is drawn from, the ledger)."""
     state = read_ledger(session)
     source = budget_source(state, meta)
-    own = state.spends.get(source or "", 0.0)  # metered by the tree's gateway
-    if source is not None and source not in state.spends:
+    own = state.spend_of(source or "")  # metered by the tree's gateway
+    if source is not None and source not in state.spends and source not in state.hosted.values():
         # The parent is still spending from its own hold: count its turns so far.
         with contextlib.suppress(FileNotFoundError, SpawnError):
             own = transcript_spend(session / AGENTS_DIR / source, load_meta(session / AGENTS_DIR / source).model)
