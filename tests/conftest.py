@@ -154,6 +154,13 @@ def env(base_env: dict[str, str], mock_model: MockModel) -> dict[str, str]:
     return {**base_env, "ANTHROPIC_BASE_URL": mock_model.url, "ANTHROPIC_API_KEY": FAKE_API_KEY}
 
 
+def without_gateway(env: Mapping[str, str]) -> dict[str, str]:
+    """env for a tree whose budget is kept from what each CLI reports (no gateway: as under Bedrock, Vertex or
+    SPAWN_GATEWAY=0). A test that scripts usage larger than the bytes the model sent needs it: the
+    gateway would have cut such a turn short, and tests/test_gateway.py covers the gateway's side."""
+    return {**env, "SPAWN_GATEWAY": "0"}
+
+
 def run_python(
     args: Sequence[str], env: Mapping[str, str], timeout: float = 120, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import READ_ID, MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, stdout_json, validate_records
+from conftest import (
+    READ_ID,
+    MockModel,
+    agent_dirs,
+    load,
+    mock_task,
+    run_spawn,
+    spawn_in_bash,
+    start_spawn,
+    stdout_json,
+    validate_records,
+    without_gateway,
+)
 
 import spawn
 
@@ -236,7 +248,8 @@ def test_a_parent_that_spent_its_hold_cannot_start_a_child(env: dict[str, str], 
         {"bash": spawn_in_bash("--task", child) + f"; echo $? > {rc_file}", "usage": turn(0.006)},
         {"text": "parent done", "usage": turn(0.0)},
     ]
-    proc = run_spawn(["--task", mock_task("parent", steps), "--tools", "Bash", "--max-budget-usd", "0.2"], env, timeout=300)
+    args = ["--task", mock_task("parent", steps), "--tools", "Bash", "--max-budget-usd", "0.2"]
+    proc = run_spawn(args, without_gateway(env), timeout=300)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert rc_file.read_text().strip() == str(int(spawn.ExitCode.REFUSED))
     outcomes = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
@@ -258,7 +271,8 @@ def test_a_parent_whose_children_hold_the_rest_is_stopped_before_another_turn(
         {"bash": "sleep 20", "usage": turn(0.06)},
         {"text": "must never be asked for", "usage": turn(0.0)},
     ]
-    proc = run_spawn(["--task", mock_task("parent", steps), "--tools", "Bash", "--max-budget-usd", "0.2"], env, timeout=300)
+    args = ["--task", mock_task("parent", steps), "--tools", "Bash", "--max-budget-usd", "0.2"]
+    proc = run_spawn(args, without_gateway(env), timeout=300)
     assert proc.returncode == spawn.ExitCode.AGENT_FAILED, proc.stderr
     summary = stdout_json(proc)
     assert summary["status"] == "failed"

@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FAKE_API_KEY, MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, wait_until
+from conftest import FAKE_API_KEY, MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, wait_until, write_agent
 
 import spawn
 
@@ -177,7 +178,12 @@ def test_a_killed_agent_is_charged_what_was_served(env: dict[str, str], session_
 DIRECT_CALLS = """
 import json, os, sys, urllib.request, urllib.error
 out = open(sys.argv[1], "a")
-out.write(json.dumps(dict(os.environ)) + "\\n")
+login = os.path.join(os.environ.get("CLAUDE_CONFIG_DIR") or os.path.expanduser("~/.claude"), ".credentials.json")
+try:
+    read = open(login).read()
+except OSError as exc:
+    read = "unreadable: " + type(exc).__name__
+out.write(json.dumps({"environ": dict(os.environ), "login": read}) + "\\n")
 script = 'MOCK[{"text": "direct", "filler": 20000}]MOCK'
 for n in range(3):
     body = {"model": "claude-opus-direct", "max_tokens": 32000, "tools": [{"name": "Bash"}],
@@ -189,35 +195,95 @@ for n in range(3):
             out.write(json.dumps({"status": reply.status, "stop": json.loads(reply.read())["stop_reason"]}) + "\\n")
     except urllib.error.HTTPError as exc:
         out.write(json.dumps({"status": exc.code}) + "\\n")
+    except OSError:
+        out.write(json.dumps({"status": "unreachable"}) + "\\n")
 """
 
+REAL_LOGIN = "sk-ant-oat01-real-login-token-0000"
+REAL_HELPER_KEY = "sk-ant-api03-real-helper-key-0000"
 
-def test_an_agents_bash_holds_no_real_credential_and_its_direct_calls_are_metered(
-    env: dict[str, str], session_root: Path, mock_model: MockModel, tmp_path: Path
+
+def credential_given(way: str, env: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The user's environment with the real credential given one way, and that credential."""
+    config = Path(env["CLAUDE_CONFIG_DIR"])
+    config.mkdir(parents=True, exist_ok=True)
+    if way == "environment":
+        return env, FAKE_API_KEY
+    bare = {k: v for k, v in env.items() if k != "ANTHROPIC_API_KEY"}
+    if way == "login":
+        login = {"claudeAiOauth": {"accessToken": REAL_LOGIN, "refreshToken": "r", "expiresAt": 4102444800000}}
+        (config / ".credentials.json").write_text(json.dumps(login))
+        (config / ".credentials.json").chmod(0o600)
+        return bare, REAL_LOGIN
+    (config / "settings.json").write_text(json.dumps({"apiKeyHelper": f"echo {REAL_HELPER_KEY}"}))
+    return bare, REAL_HELPER_KEY
+
+
+@pytest.mark.parametrize("way", ["environment", "login", "apiKeyHelper"])
+@pytest.mark.parametrize("sandbox", ["off", "on"])
+def test_no_agent_holds_the_real_credential_and_its_direct_calls_are_metered(
+    env: dict[str, str], session_root: Path, mock_model: MockModel, tmp_path: Path, *, way: str, sandbox: str
 ) -> None:
-    out = tmp_path / "found.jsonl"
+    if sandbox == "on" and (shutil.which("bwrap") is None or shutil.which("socat") is None):
+        pytest.skip(f"Claude Code's sandbox needs them: {spawn.SANDBOX_INSTALL}")
+    user_env, real = credential_given(way, env)
+    out = tmp_path / "scratch" / "found.jsonl"
+    out.parent.mkdir()
     (tmp_path / "direct.py").write_text(DIRECT_CALLS)
-    # An unsandboxed leaf: it runs as the user, and still finds only its own credential.
+    # A leaf's Bash prints its environment, reads the login's file, and calls the model with what it found.
     bash = f'"$SPAWN_PYTHON" {tmp_path / "direct.py"} {out}'
     leaf = mock_task("leaf", [{"bash": bash}, {"text": "leaf done"}])
-    child = spawn_in_bash("--task", leaf, "--tools", "Bash", "--max-budget-usd", "0.3", "--sandbox", "off")
+    child = spawn_in_bash("--task", leaf, "--tools", "Bash", "--max-budget-usd", "0.3", "--sandbox", sandbox, "--cwd", str(out.parent))
     root = mock_task("root", [{"bash": child}, {"text": "root done"}])
-    done = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", "1"], gateway_env(env), timeout=240)
+    done = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", "1"], user_env, timeout=240)
     assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    assert "warning: budget: soft" not in done.stderr
     found = [json.loads(line) for line in out.read_text().splitlines()]
-    environ, calls = found[0], found[1:]
-    assert FAKE_API_KEY not in json.dumps(environ)
-    assert environ["ANTHROPIC_API_KEY"].startswith("sk-spawn-")
-    # The first call is cut to what the leaf's hold can pay; then nothing is left: refused.
-    assert calls[0] == {"status": 200, "stop": "max_tokens"} and calls[-1] == {"status": 403}
+    seen, calls = found[0], found[1:]
+    assert real not in json.dumps(seen["environ"])
+    assert seen["environ"]["ANTHROPIC_API_KEY"].startswith("sk-spawn-")
+    if sandbox == "on":
+        assert real not in seen["login"]  # the login's file is hidden from a sandboxed Bash
     lines = ledger_lines(session_root)
     leaf_id = next(d.name for d in agent_dirs(session_root) if d.name.startswith("a1-"))
     direct = [line for line in lines if line.get("kind") == "spend" and line.get("model") == "claude-opus-direct"]
-    assert direct and {line["id"] for line in direct} == {leaf_id}
+    if sandbox == "on" and {c["status"] for c in calls} == {"unreachable"}:
+        assert not direct  # the sandbox's network reaches no loopback server: the gateway is out of its reach too
+    else:
+        # The first call is cut to what the leaf's hold can pay; then nothing is left: refused.
+        assert calls[0] == {"status": 200, "stop": "max_tokens"} and calls[-1] == {"status": 403}
+        assert direct and {line["id"] for line in direct} == {leaf_id}
     state = spawn.ledger_state([json.dumps(line) for line in lines])
     assert (state.cost(leaf_id) or 0.0) <= 0.3 + 1e-6
-    real = hashlib.sha256(FAKE_API_KEY.encode()).hexdigest()[:12]
-    assert {r["credential"] for r in mock_model.requests() if r["path"].startswith("/v1/messages")} == {real}
+    # Only the gateway sent the real credential; no session file names it.
+    digest = hashlib.sha256(real.encode()).hexdigest()[:12]
+    assert {r["credential"] for r in mock_model.requests() if r["path"].startswith("/v1/messages")} == {digest}
+    for path in session_root.rglob("*"):
+        if path.is_file():
+            assert real not in path.read_text(errors="replace"), path
+
+
+def test_the_gateway_sends_a_login_as_a_bearer_token_with_the_oauth_beta(tmp_path: Path) -> None:
+    """The header swap for a claude.ai login (the API's side of OAuth can't be tried offline)."""
+    login = tmp_path / ".credentials.json"
+    login.write_text(json.dumps({"claudeAiOauth": {"accessToken": "first"}}))
+    credential, source = spawn.real_credential({"HOME": str(tmp_path), "CLAUDE_CONFIG_DIR": str(tmp_path)})
+    assert source == "the claude.ai login" and credential["oauth"] == "first"
+    gw = spawn.Gateway(tmp_path, credential, "http://upstream", {})
+    sent = [(b"x-api-key", b"sk-spawn-agent"), (b"anthropic-beta", b"tools-2024, fine-grained"), (b"content-type", b"application/json")]
+    headers = gw.upstream_headers(sent)
+    assert headers["authorization"] == "Bearer first" and "x-api-key" not in headers
+    assert headers["anthropic-beta"] == "tools-2024,fine-grained,oauth-2025-04-20"
+    # The user's own CLI refreshed the login: the gateway reads the new token.
+    login.write_text(json.dumps({"claudeAiOauth": {"accessToken": "second"}}))
+    os.utime(login, ns=(time.time_ns() + 10**9, time.time_ns() + 10**9))
+    assert gw.upstream_headers(sent)["authorization"] == "Bearer second"
+    # Nothing to hold: no gateway, and the reason says what to give it.
+    assert spawn.real_credential({"HOME": str(tmp_path / "none"), "CLAUDE_CONFIG_DIR": str(tmp_path / "none")})[0] == {}
+    assert spawn.real_credential({"ANTHROPIC_AUTH_TOKEN": "t", "CLAUDE_CONFIG_DIR": str(tmp_path)}) == (
+        {"ANTHROPIC_AUTH_TOKEN": "t"},
+        "the environment",
+    )
 
 
 def test_a_rate_limit_is_the_trees_and_no_cli_sees_a_529(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
@@ -236,3 +302,106 @@ def test_a_rate_limit_is_the_trees_and_no_cli_sees_a_529(env: dict[str, str], se
     assert all(not r.get("retry") for r in main)
     (outcome,) = [load(d / "outcome.json") for d in agent_dirs(session_root)]
     assert outcome["status"] == "done" and outcome["text"] == "after the 529s"
+
+
+# ------------------------------------------------------------ in-process agents --
+
+
+def agent_call(prompt: str, subagent_type: str = "general-purpose") -> dict[str, Any]:
+    call = {"description": "delegate", "prompt": prompt, "subagent_type": subagent_type, "run_in_background": False}
+    return {"tool": "Agent", "input": call}
+
+
+def epoch(iso: str) -> float:
+    import datetime
+
+    return datetime.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def test_in_process_agents_are_metered_as_themselves_and_held_to_their_hosts_budget(
+    env: dict[str, str], session_root: Path, mock_model: MockModel
+) -> None:
+    """root -> L1 -> L2 in the root's CLI (--placement inprocess), L2 spending four 20,000-token turns, under $0.5 (fail)."""
+    budget = 0.5
+    middle = mock_task("middle", [agent_call(heavy("deep")), {"text": "middle done"}])
+    root = mock_task("root", [agent_call(middle), {"text": "root done"}])
+    args = ["--task", root, "--tools", "Agent,Bash", "--placement", "inprocess", "--max-depth", "3", "--max-budget-usd", str(budget)]
+    done = run_spawn(args, env, timeout=240)
+    chain = {load(d / "meta.json")["depth"]: d for d in agent_dirs(session_root)}
+    assert sorted(chain) == [0, 1, 2], done.stderr[-2000:]
+    root_id, deep_id = chain[0].name, chain[2].name
+    lines = ledger_lines(session_root)
+    spends = [line for line in lines if line.get("kind") == "spend"]
+    # Each call is charged to the agent that made it, inside its host's hold.
+    deep = [line for line in spends if line["id"] == deep_id]
+    assert deep and all(line["host"] == root_id for line in deep), spends
+    assert all(line.get("host") is None for line in spends if line["id"] == root_id)
+    state = spawn.ledger_state([json.dumps(line) for line in lines])
+    served = served_usd(mock_model)
+    assert served > 0.3 and state.spent == pytest.approx(served, rel=0.01)
+    assert state.spent <= budget + 1e-6
+    refused = [line for line in lines if line.get("kind") == "refused"]
+    assert refused and refused[0]["id"] == deep_id and refused[0]["reason"].startswith("budget:"), lines
+    deep_outcome = load(chain[2] / "outcome.json")
+    assert deep_outcome["status"] == "failed" and deep_outcome["reason"] == refused[0]["reason"], deep_outcome
+    # The agents above it go on with what is left (their own calls are small), or fail at their own refusal.
+    root_outcome = load(chain[0] / "outcome.json")
+    expected = spawn.ExitCode.OK if root_outcome["status"] == "done" else spawn.ExitCode.AGENT_FAILED
+    assert done.returncode == expected and (root_outcome["status"] == "done" or "budget" in root_outcome["reason"]), done.stderr[-2000:]
+    # Ended promptly once the hold ran out: no poll of a tool call, no idle wait.
+    assert epoch(root_outcome["ended_at"]) - epoch(refused[0]["time"]) < 10
+    assert deep_outcome["cost_usd"] == pytest.approx(state.spends[deep_id], abs=1e-6)
+    # Each agent's own cost, once: the tree's sum is what was served.
+    costs = [load(d / "outcome.json").get("cost_usd") or 0.0 for d in chain.values()]
+    assert sum(costs) == pytest.approx(served, rel=0.01)
+
+
+def test_an_in_process_agents_own_budget_holds_at_its_model_calls(
+    env: dict[str, str], session_root: Path, mock_model: MockModel, tmp_path: Path
+) -> None:
+    """A depth-2 in-process agent whose definition gives it $0.1 spends at most that; the tree goes on."""
+    write_agent(tmp_path, "thrifty", "description: small budget\nmax_budget_usd: 0.1\ntools: Bash")
+    middle = mock_task("middle", [agent_call(heavy("thrifty one"), "thrifty"), {"text": "middle done"}])
+    root = mock_task("root", [agent_call(middle), {"text": "root done"}])
+    args = ["--task", root, "--tools", "Agent,Bash", "--placement", "inprocess", "--max-depth", "3", "--max-budget-usd", "5"]
+    done = run_spawn([*args, "--cwd", str(tmp_path)], env, timeout=240)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    chain = {load(d / "meta.json")["depth"]: d for d in agent_dirs(session_root)}
+    thrifty = load(chain[2] / "outcome.json")
+    state = spawn.ledger_state([json.dumps(line) for line in ledger_lines(session_root)])
+    assert 0.05 < state.spends[chain[2].name] <= 0.1 + 1e-6, state.spends
+    assert thrifty["status"] == "failed" and "budget" in thrifty["reason"], thrifty
+    assert state.refusals[chain[2].name].startswith("budget: agent"), state.refusals
+
+
+def test_the_gateway_is_on_under_a_budget_and_off_where_it_can_not_hold_one() -> None:
+    choice = spawn.gateway_choice
+    assert choice({}, 1.0, None) == (True, None)
+    assert choice({}, None, None) == (False, None)  # nothing to hold: no gateway, nothing soft
+    assert choice({"SPAWN_GATEWAY": "1"}, None, "local") == (True, None)  # for its per-call records
+    assert choice({"SPAWN_GATEWAY": "0"}, 1.0, None) == (False, "SPAWN_GATEWAY=0")
+    assert choice({"SPAWN_GATEWAY": "0"}, None, None) == (False, None)
+    for provider in ("CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY"):
+        start, soft = choice({provider: "1", "SPAWN_GATEWAY": "1"}, 1.0, None)
+        assert not start and soft is not None and provider in soft
+    start, soft = choice({}, 1.0, "ray:auto")
+    assert not start and soft is not None and "cluster" in soft
+    assert choice({"CLAUDE_CODE_USE_BEDROCK": "0"}, 1.0, None) == (True, None)
+
+
+def test_a_budget_without_the_gateway_is_declared_soft_at_the_root_and_in_each_outcome(
+    env: dict[str, str], session_root: Path, mock_model: MockModel
+) -> None:
+    leaf = mock_task("leaf", [{"text": "leaf done"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Read")}, {"text": "root done"}])
+    tools = "Bash,Read"
+    done = run_spawn(["--task", root, "--tools", tools, "--max-budget-usd", "1"], {**env, "SPAWN_GATEWAY": "0"})
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    warned = [line for line in done.stderr.splitlines() if "budget: soft" in line]
+    assert warned == [line for line in warned if line.startswith("spawn: warning: budget: soft (SPAWN_GATEWAY=0)")] and len(warned) == 1
+    outcomes = [load(d / "outcome.json") for d in agent_dirs(session_root)]
+    assert len(outcomes) == 2 and all(any("budget: soft" in w for w in o["warnings"]) for o in outcomes)
+    assert not list(session_root.glob("*/gateway/credentials/*"))
+    # With the gateway (the default under a budget): none of that.
+    again = run_spawn(["--task", mock_task("again", [{"text": "done"}]), "--max-budget-usd", "1"], env)
+    assert again.returncode == spawn.ExitCode.OK and "budget: soft" not in again.stderr, again.stderr

@@ -6,7 +6,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import READ_ID, MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
+from conftest import (
+    READ_ID,
+    MockModel,
+    agent_dirs,
+    load,
+    mock_task,
+    run_spawn,
+    spawn_in_bash,
+    stdout_json,
+    validate_records,
+    without_gateway,
+)
 
 import spawn
 
@@ -29,7 +40,7 @@ def test_tree_budget_is_shared_and_refuses_once_spent(env: dict[str, str], sessi
         "root",
         [{"bash": spawn_in_bash("--task", spender) + "; " + spawn_in_bash("--task", late) + "; echo exit=$?"}, {"text": "root done"}],
     )
-    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", "1.5"], env)
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", "1.5"], without_gateway(env))
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     found = outcomes_by_task(session_root)
     assert isinstance(found["spender"]["cost_usd"], float)

@@ -26,6 +26,7 @@ from conftest import (
     stdout_json,
     validate_records,
     wait_until,
+    without_gateway,
 )
 
 import spawn
@@ -253,6 +254,7 @@ def test_spawns_into_a_paused_tree_wait_for_admission_or_are_refused_with_no_wai
     env: dict[str, str], session_root: Path, mock_model: MockModel
 ) -> None:
     steps = [{"bash": "true", "usage": TURN}, {"text": "paid for", "usage": TURN}]
+    env = without_gateway(env)
     root = start_spawn(["--task", mock_task("pauser", steps), "--tools", "Bash", "--max-budget-usd", "0.05", "--on-budget", "pause"], env)
     root_dir = only_agent(session_root)
     assert wait_until((root_dir / "paused.json").exists, 60), "the root never paused"

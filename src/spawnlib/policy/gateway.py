@@ -39,19 +39,24 @@ from pathlib import Path
 from typing import Any
 
 from ..core.constants import CACHE_READ_FACTOR, CACHE_WRITE_1H_FACTOR, CACHE_WRITE_FACTOR, MODEL_PRICES_USD_PER_MTOK, USAGE_COUNTS
-from ..core.pure import float_or_none, price_family, round_usd, utc_now_iso
-from ..session.ledger import append_ledger, read_ledger, top_up_hold
+from ..core.pure import claude_config_dir, float_or_none, price_family, round_usd, utc_now_iso
+from ..session.ledger import LedgerState, LedgerTail, append_ledger, ledger_usd, read_ledger, top_up_hold
 from ..session.protocol import read_json, read_limits, session_lock, write_json_atomic
 from ..supervise.supervisor import Supervised
 
 GATEWAY_DIR = "gateway"  # in the session: gateway.json and credentials/
 GATEWAY_RECORD = "gateway.json"  # {url, pid}: where the tree's gateway listens
 CREDENTIALS_DIR = "credentials"  # one file per minted credential, named by its sha256, holding the agent id
+SUBAGENTS_DIR = "subagents"  # HOST/NATIVE_ID: the agent id of an in-process agent, by its CLI's x-claude-code-agent-id
+AGENT_ID_HEADER = "x-claude-code-agent-id"  # sent by the pinned CLI on each request of a nested subagent (2.1.329)
 ENV_GATEWAY_PRICES = "SPAWN_GATEWAY_PRICES"  # JSON {family: [input, output] USD per Mtok}: overrides the pinned table
 # 1: the root starts the tree's gateway. Off by default while it is new: a
 # tree without one keeps its budget from what each CLI reports (soft).
 ENV_GATEWAY = "SPAWN_GATEWAY"
-REAL_CREDENTIAL_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")
+REAL_CREDENTIAL_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
+OAUTH = "oauth"  # the credential's kind for a claude.ai login's token: sent as a bearer token with OAUTH_BETA
+OAUTH_BETA = "oauth-2025-04-20"  # the API takes an OAuth token only with this beta
+API_KEY_HELPER_TIMEOUT_S = 30.0
 DEFAULT_UPSTREAM = "https://api.anthropic.com"
 # The input side is priced before the answer says what it was: from the
 # request's bytes, at a rate no tokenizer beats (3 bytes a token; the API's
@@ -215,6 +220,15 @@ def gateway_environment(session: Path, agent_id: str) -> dict[str, str]:
     return {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": mint_credential(session, agent_id)}
 
 
+def name_subagent(session: Path, host: str, native_id: str, agent_id: str) -> None:
+    """Tell the gateway which agent of the session a subagent of host's CLI is (its CLI's agent id names it)."""
+    if gateway_url(session) is None or not native_id or "/" in native_id or native_id.startswith("."):
+        return
+    folder = session / GATEWAY_DIR / SUBAGENTS_DIR / host
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(folder / native_id, {"id": agent_id})
+
+
 def settle_agent(session: Path, agent_id: str) -> None:
     """Wait (briefly) until the gateway has charged every call of this agent (its CLI has ended)."""
     import urllib.request
@@ -231,20 +245,86 @@ def settle_agent(session: Path, agent_id: str) -> None:
 # ------------------------------------------------------------ in the root --
 
 
-def wants_gateway(environ: Mapping[str, str], session: Path) -> bool:
-    """A root starts one when asked (SPAWN_GATEWAY=1), unless the tree calls Bedrock or Vertex (soft budgets there), or one runs."""
-    if environ.get(ENV_GATEWAY) != "1" or gateway_url(session) is not None:
-        return False
-    return not any(environ.get(v) in ("1", "true") for v in ("CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX"))
+OTHER_PROVIDERS = ("CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")
 
 
-def start_gateway(session: Path, script: str) -> subprocess.Popen[bytes] | None:
+def gateway_choice(environ: Mapping[str, str], budget: float | None, policy: str | None) -> tuple[bool, str | None]:
+    """(does the root start the tree's gateway, why its budget stays soft or None).
+
+    On by default for a tree with a budget, which is what it is for; SPAWN_GATEWAY=1
+    starts one for any tree (its per-call records), =0 none. A tree that calls another
+    provider, or places agents on a cluster, runs without one: the gateway speaks the
+    Anthropic API on loopback only, so its budget is kept from what each CLI reports.
+    """
+    asked = environ.get(ENV_GATEWAY, "")
+    wanted = asked == "1" or (asked != "0" and budget is not None)
+    provider = next((v for v in OTHER_PROVIDERS if environ.get(v) in ("1", "true")), None)
+    soft: str | None = None
+    if provider is not None:
+        soft = f"{provider} is set: the tree's gateway speaks the Anthropic API only"
+    elif (policy or "").startswith("ray"):
+        soft = f"--placement {policy}: agents on the cluster can't reach the tree's gateway on loopback"
+    elif asked == "0":
+        soft = f"{ENV_GATEWAY}=0"
+    if not wanted or soft is not None:
+        return False, soft if budget is not None else None
+    return True, None
+
+
+def soft_budget_warning(why: str) -> str:
+    return f"budget: soft ({why}); it is kept from what each CLI reports, at its turns, and a turn under way may pass it"
+
+
+def real_credential(environ: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """(the credential the gateway sends upstream, where it came from); ({}, why) when there is none.
+
+    The CLI's own order: a key or token in the environment, then the user's
+    apiKeyHelper, then the claude.ai login (CLAUDE_CODE_OAUTH_TOKEN, else the
+    config folder's .credentials.json, whose path the gateway keeps to read
+    the token again when the user's own CLI refreshes it).
+    """
+    found = {v: environ[v] for v in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN") if environ.get(v)}
+    if found:
+        return found, "the environment"
+    config = claude_config_dir(environ)
+    helper = None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        helper = json.loads((config / "settings.json").read_text()).get("apiKeyHelper")
+    if isinstance(helper, str) and helper.strip():
+        try:
+            done = subprocess.run(helper, shell=True, capture_output=True, text=True, timeout=API_KEY_HELPER_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {}, f"apiKeyHelper failed ({type(exc).__name__})"
+        key = done.stdout.strip()
+        if done.returncode != 0 or not key:
+            return {}, f"apiKeyHelper failed (exit {done.returncode})"
+        return {"ANTHROPIC_API_KEY": key}, "apiKeyHelper"
+    if environ.get("CLAUDE_CODE_OAUTH_TOKEN"):
+        return {OAUTH: environ["CLAUDE_CODE_OAUTH_TOKEN"]}, "CLAUDE_CODE_OAUTH_TOKEN"
+    token = oauth_token(config / ".credentials.json")
+    if token:
+        return {OAUTH: token, "oauth_file": str(config / ".credentials.json")}, "the claude.ai login"
+    return {}, "no API key, token, apiKeyHelper or claude.ai login was found for it to hold"
+
+
+def oauth_token(path: Path | str) -> str | None:
+    """The access token of a claude.ai login's credentials file, or None."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        token = json.loads(Path(path).read_text()).get("claudeAiOauth", {}).get("accessToken")
+        return token if isinstance(token, str) and token else None
+    return None
+
+
+def start_gateway(session: Path, script: str) -> tuple[subprocess.Popen[bytes] | None, str]:
     """Start the tree's gateway and hand it the real credential on its stdin; remove the credential from this process.
 
     It runs `spawn.py _gateway SESSION` in this process's cgroup and process
     group, so it ends with the tree; it prints its URL once it listens.
+    Returns (the gateway, where its credential came from), or (None, why not).
     """
-    credential = {v: os.environ[v] for v in REAL_CREDENTIAL_VARS if os.environ.get(v)}
+    credential, source = real_credential(os.environ)
+    if not credential:
+        return None, source
     upstream = os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_UPSTREAM
     env = {k: v for k, v in os.environ.items() if k not in REAL_CREDENTIAL_VARS}
     proc = subprocess.Popen(
@@ -256,10 +336,10 @@ def start_gateway(session: Path, script: str) -> subprocess.Popen[bytes] | None:
     line = proc.stdout.readline().decode().strip()
     if not line.startswith("http://"):
         proc.wait()
-        return None
+        return None, "the tree's gateway did not start"
     for name in REAL_CREDENTIAL_VARS:
         os.environ.pop(name, None)
-    return proc
+    return proc, source
 
 
 def stop_gateway(proc: subprocess.Popen[bytes] | None) -> None:
@@ -294,31 +374,127 @@ class Gateway:
         self.upstream = upstream.rstrip("/")
         self.table = price_table(environ)
         self.inflight: dict[str, Inflight] = {}
+        """By the agent that asks (an in-process agent's calls are also counted to its holder's)."""
+        self.records: dict[str, dict[str, Any]] = {}
+        self.metas: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.ledger = LedgerTail(session)
+        self.limits: tuple[int, float | None] | None = None
         self.client: Any = None
         self.not_before = 0.0
         """Monotonic time before which no call goes upstream: the last rate limit's retry-after, for the tree."""
 
-    def agent_of(self, headers: Mapping[str, str]) -> str | None:
+    def record(self, *parts: str) -> dict[str, Any]:
+        """A record of the session that never changes once written (a credential's, a subagent's, a meta.json), read once."""
+        key = "/".join(parts)
+        if key not in self.records:
+            with contextlib.suppress(OSError, ValueError, Exception):
+                found = read_json(self.session.joinpath(*parts))
+                if isinstance(found, dict):
+                    self.records[key] = found
+        return self.records.get(key, {})
+
+    def agent_of(self, headers: Mapping[str, str]) -> tuple[str, str] | None:
+        """(whose hold pays: the credential's agent, the agent that asks: an in-process agent of its CLI, else the same)."""
         value = headers.get("x-api-key") or ""
         if not value and headers.get("authorization", "").lower().startswith("bearer "):
             value = headers["authorization"][7:]
         if not value:
             return None
-        with contextlib.suppress(OSError, ValueError, Exception):
-            record = read_json(self.session / GATEWAY_DIR / CREDENTIALS_DIR / credential_digest(value))
-            agent = record.get("id")
-            return agent if isinstance(agent, str) else None
-        return None
-
-    def room(self, agent: str) -> float | None:
-        """USD the agent may still commit to: its hold less its own spend, its children's holds and its calls in flight."""
-        if read_limits(self.session).max_budget_usd is None:
+        holder = self.record(GATEWAY_DIR, CREDENTIALS_DIR, credential_digest(value)).get("id")
+        if not isinstance(holder, str):
             return None
-        ledger = read_ledger(self.session)
-        if not ledger.live(agent):
-            return None if agent not in ledger.holds else 0.0
-        free = ledger.free(agent, 0.0, ledger.spends.get(agent, 0.0))
-        return free - self.inflight.get(agent, Inflight()).reserved
+        native = headers.get(AGENT_ID_HEADER, "")
+        if native and "/" not in native and not native.startswith("."):
+            agent = self.record(GATEWAY_DIR, SUBAGENTS_DIR, holder, native).get("id")
+            if isinstance(agent, str):
+                return holder, agent
+        return holder, holder
+
+    def meta(self, agent: str) -> dict[str, Any]:
+        """The agent's meta.json, read again only when it changed (steering may move its deadline)."""
+        path = self.session / "agents" / agent / "meta.json"
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return {}
+        cached = self.metas.get(agent)
+        if cached is None or cached[0] != stamp:
+            with contextlib.suppress(OSError, ValueError, Exception):
+                found = read_json(path)
+                cached = (stamp, found if isinstance(found, dict) else {})
+                self.metas[agent] = cached
+        return cached[1] if cached is not None else {}
+
+    def deadline(self, holder: str, agent: str) -> float | None:
+        """The nearest deadline of the agent and the in-process agents above it (epoch seconds)."""
+        found: list[float] = []
+        for meta in self.chain(holder, agent):
+            if isinstance(d := meta.get("deadline"), int | float) and not isinstance(d, bool):
+                found.append(float(d))
+        return min(found) if found else None
+
+    def chain(self, holder: str, agent: str) -> list[dict[str, Any]]:
+        """The metas of agent and its in-process ancestors, up to and with holder's (a loop or a gap ends it)."""
+        metas: list[dict[str, Any]] = []
+        cursor, seen = agent, set()
+        while cursor and cursor not in seen:
+            seen.add(cursor)
+            meta = self.meta(cursor)
+            metas.append(meta)
+            if cursor == holder:
+                break
+            parent = meta.get("parent_id")
+            cursor = parent if isinstance(parent, str) else ""
+        return metas
+
+    def budget(self) -> float | None:
+        """The tree's budget as limits.json set it (None: none), read again only when the file changed."""
+        try:
+            stamp = (self.session / "limits.json").stat().st_mtime_ns
+        except OSError:
+            stamp = -1
+        if self.limits is None or self.limits[0] != stamp:
+            self.limits = (stamp, read_limits(self.session).max_budget_usd)
+        return self.limits[1]
+
+    def room(self, holder: str) -> float | None:
+        """USD the holder may still commit to: its hold less what its CLI spent (its in-process agents' calls too),
+        its children's holds and its calls in flight; None: no tree budget, or no hold to keep."""
+        if self.budget() is None:
+            return None
+        ledger = self.ledger.read()
+        if not ledger.live(holder):
+            return None if holder not in ledger.holds else 0.0
+        return ledger.free(holder, 0.0, ledger.spend_of(holder)) - self.inflight.get(holder, Inflight()).reserved
+
+    def own_room(self, holder: str, agent: str) -> float | None:
+        """For an in-process agent: what its own max_budget_usd, and its in-process ancestors', leave; None: none set."""
+        if agent == holder:
+            return None
+        ledger: LedgerState | None = None
+        rooms: list[float] = []
+        for meta in self.chain(holder, agent)[:-1]:
+            own = ledger_usd(meta.get("max_budget_usd"))
+            if own is None or not isinstance(meta.get("id"), str):
+                continue
+            ledger = ledger or self.ledger.read()
+            below = self.below(meta["id"], ledger.hosted)
+            spent = sum(ledger.spends.get(i, 0.0) for i in below)
+            rooms.append(own - spent - sum(self.inflight.get(i, Inflight()).reserved for i in below))
+        return min(rooms) if rooms else None
+
+    def below(self, agent: str, hosted: Mapping[str, str]) -> list[str]:
+        """agent and the in-process agents below it that have spent (each meta's parent_id)."""
+        out = [agent]
+        for other in hosted:
+            cursor, seen = other, set()
+            while cursor and cursor not in seen and cursor != agent:
+                seen.add(cursor)
+                parent = self.meta(cursor).get("parent_id")
+                cursor = parent if isinstance(parent, str) else ""
+            if cursor == agent and other != agent:
+                out.append(other)
+        return out
 
     def upstream_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
         drop = {"host", "x-api-key", "authorization", "content-length", "connection", "accept-encoding"}
@@ -327,13 +503,30 @@ class Gateway:
             out["x-api-key"] = self.credential["ANTHROPIC_API_KEY"]
         elif self.credential.get("ANTHROPIC_AUTH_TOKEN"):
             out["authorization"] = f"Bearer {self.credential['ANTHROPIC_AUTH_TOKEN']}"
+        elif self.credential.get(OAUTH):
+            out["authorization"] = f"Bearer {self.oauth()}"
+            betas = [b.strip() for k, v in out.items() if k.lower() == "anthropic-beta" for b in v.split(",") if b.strip()]
+            out = {k: v for k, v in out.items() if k.lower() != "anthropic-beta"}
+            out["anthropic-beta"] = ",".join([*betas, *([] if OAUTH_BETA in betas else [OAUTH_BETA])])
         out["accept-encoding"] = "identity"  # the meter reads the bytes as they pass
         return out
+
+    def oauth(self) -> str:
+        """The login's access token: read again from its file when that changed (the user's CLI refreshed it)."""
+        path = self.credential.get("oauth_file")
+        if path:
+            with contextlib.suppress(OSError):
+                stamp = str(os.stat(path).st_mtime_ns)
+                if stamp != self.credential.get("oauth_stamp"):
+                    self.credential["oauth_stamp"] = stamp
+                    self.credential[OAUTH] = oauth_token(path) or self.credential[OAUTH]
+        return self.credential[OAUTH]
 
     def charge(self, agent: str, model: str, call: Call) -> None:
         usage = call.meter.served()
         line = {
             "id": agent,
+            "host": call.holder if call.holder != agent else None,
             "time": utc_now_iso(),
             "kind": "spend",
             "cost_usd": round_usd(price_usage(model, usage, self.table)) or 0.0,
@@ -376,19 +569,22 @@ def draw_raise(gw: Gateway, agent: str, room: float, whole: float, minimum: floa
     return False
 
 
-async def wait_for_room(gw: Gateway, agent: str, need: float, whole: float) -> bool:
-    """Under pause: hold the request (no upstream call) until a raise grows the agent's hold to cover it."""
+async def wait_for_room(gw: Gateway, holder: str, agent: str, need: float, whole: float) -> bool:
+    """Under pause: hold the request (no upstream call) until a raise grows the holder's hold to cover it.
+
+    The agent that asked (an in-process agent of the holder's CLI, or the holder) is the one paused.
+    """
     import asyncio
 
     paused = Path(gw.session) / "agents" / agent / "paused.json"
     ledger = await asyncio.to_thread(read_ledger, gw.session)
-    hold = ledger.holds.get(agent, (None, 0.0))[1]
-    room = await asyncio.to_thread(gw.room, agent)
+    hold = ledger.holds.get(holder, (None, 0.0))[1]
+    room = gw.room(holder)
     record = {
         "id": agent,
         "since": utc_now_iso(),
         "reason": "budget: its hold can't pay for its next model request; the gateway holds the request until a raise covers it",
-        "spent_usd": round_usd(ledger.spends.get(agent, 0.0)) or 0.0,
+        "spent_usd": round_usd(ledger.spend_of(holder)) or 0.0,
         "hold_usd": round_usd(hold) or 0.0,
         "needed_usd": max(0.01, math.ceil((need - (room or 0.0)) * 1e6) / 1e6),
     }
@@ -396,21 +592,14 @@ async def wait_for_room(gw: Gateway, agent: str, need: float, whole: float) -> b
         write_json_atomic(paused, record)
     try:
         while True:
-            room = await asyncio.to_thread(gw.room, agent)
+            room = gw.room(holder)
             if room is None or room + 1e-9 >= need:
                 return True
-            if not await asyncio.to_thread(draw_raise, gw, agent, room, whole, need):
+            if not await asyncio.to_thread(draw_raise, gw, holder, room, whole, need):
                 await asyncio.sleep(GATEWAY_PAUSE_POLL_S)
     finally:
         with contextlib.suppress(OSError):
             paused.unlink()
-
-
-def on_budget_of(session: Path, agent: str) -> str:
-    with contextlib.suppress(OSError, ValueError, Exception):
-        value = read_json(session / "agents" / agent / "meta.json").get("on_budget")
-        return value if isinstance(value, str) else "fail"
-    return "fail"
 
 
 async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any) -> None:
@@ -421,27 +610,37 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
     if scope["path"] == "/_spawn/settle":
         await settle(gw, scope, send)
         return
-    agent = await asyncio.to_thread(gw.agent_of, headers)
+    # Records read once and the ledger's tail: cheap enough for the loop itself, and a thread hop per call is not.
+    who = gw.agent_of(headers)
     body = await read_body(receive)
-    if agent is None:
+    if who is None:
         await send_json(send, 401, api_error("authentication_error", "this credential is no agent's of this tree"))
         return
+    holder, agent = who
     metered = scope["path"].rstrip("/") == "/v1/messages" and scope["method"] == "POST"
+    deadline = gw.deadline(holder, agent) if metered else None
+    if deadline is not None and time.time() >= deadline:
+        why = f"deadline: agent {agent}'s deadline has passed"
+        await asyncio.to_thread(gw.refuse, agent, why)
+        await send_json(send, 403, api_error("permission_error", why))
+        return
     reserved = 0.0
     if metered:
-        held = await hold_request(gw, agent, body, send)
+        held = await hold_request(gw, holder, agent, body, send)
         if held is None:
             return
         body, reserved = held
-    call = Call(agent, reserved, time.monotonic())
-    inflight = gw.inflight.setdefault(agent, Inflight())
-    inflight.count += 1
-    inflight.reserved += reserved
+    call = Call(agent, reserved, time.monotonic(), holder=holder, deadline=deadline)
+    counted = [gw.inflight.setdefault(a, Inflight()) for a in {holder, agent}]
+    for inflight in counted:
+        inflight.count += 1
+        inflight.reserved += reserved
     try:
         await forward(gw, scope, body, call, receive=receive, send=send)
     finally:
-        inflight.count -= 1
-        inflight.reserved -= reserved
+        for inflight in counted:
+            inflight.count -= 1
+            inflight.reserved -= reserved
         if metered and call.meter.usage:
             model = call.meter.model or str(parse_object(body).get("model") or "")
             await asyncio.to_thread(gw.charge, agent, model, call)
@@ -466,34 +665,48 @@ def parse_object(body: bytes) -> dict[str, Any]:
     return {}
 
 
-async def hold_request(gw: Gateway, agent: str, body: bytes, send: Any) -> tuple[bytes, float] | None:
-    """(the body to forward, what it holds of the agent's room), or None once refused (the answer is sent)."""
+def tighter(room: float | None, own: float | None) -> float | None:
+    return min(r for r in (room, own) if r is not None) if room is not None or own is not None else None
+
+
+async def hold_request(gw: Gateway, holder: str, agent: str, body: bytes, send: Any) -> tuple[bytes, float] | None:
+    """(the body to forward, what it holds of the agent's room), or None once refused (the answer is sent).
+
+    The room is the holder's hold's (the process agent whose credential it
+    carried), and for an in-process agent also its own budget's. A raise grows
+    the hold, never an agent's own budget: a call short of that is refused.
+    """
     import asyncio
 
-    room = await asyncio.to_thread(gw.room, agent)
-    if room is None:
+    room = gw.room(holder)
+    own = gw.own_room(holder, agent)
+    if room is None and own is None:
         return body, 0.0
     request = parse_object(body)
     model = str(request.get("model") or "")
     max_tokens = request.get("max_tokens") if isinstance(request.get("max_tokens"), int) else None
-    granted, reserved = hold_plan(room, len(body), model, max_tokens, gw.table)
-    if granted is None or (max_tokens is not None and granted < max_tokens):
+    granted, reserved = hold_plan(tighter(room, own) or 0.0, len(body), model, max_tokens, gw.table)
+    held_by_hold = room is not None and (own is None or room <= own)
+    if held_by_hold and (granted is None or (max_tokens is not None and granted < max_tokens)):
+        assert room is not None
         # Short of the whole request: a raise not yet drawn pays for it, at once (as under pause).
         _, whole = hold_plan(math.inf, len(body), model, max_tokens, gw.table)
         price_in, price_out = family_prices(model, gw.table)
         # The least hold_plan grants, and a micro-dollar more: so that a room this big surely grants it.
         minimum = input_ceiling(len(body), price_in) + MIN_OUTPUT_TOKENS * price_out / 1e6 + 1e-6
-        pause = granted is None and await asyncio.to_thread(on_budget_of, gw.session, agent) == "pause"
-        if await asyncio.to_thread(draw_raise, gw, agent, room, whole, minimum) or pause:
+        pause = granted is None and gw.meta(holder).get("on_budget") == "pause"
+        if await asyncio.to_thread(draw_raise, gw, holder, room, whole, minimum) or pause:
             while True:
-                room = await asyncio.to_thread(gw.room, agent)
-                granted, reserved = hold_plan(math.inf if room is None else room, len(body), model, max_tokens, gw.table)
+                room = gw.room(holder)
+                left = tighter(room, own)
+                granted, reserved = hold_plan(math.inf if left is None else left, len(body), model, max_tokens, gw.table)
                 if granted is not None or not pause:
                     break
-                await wait_for_room(gw, agent, minimum, whole)
+                await wait_for_room(gw, holder, agent, minimum, whole)
     if granted is None:
-        left = max(room or 0.0, 0.0)
-        why = f"budget: agent {agent}'s hold has ${left:.4f} left, less than its next model request can cost (${reserved:.4f})"
+        left = max(tighter(room, own) or 0.0, 0.0)
+        whose = "hold" if held_by_hold else "own budget"
+        why = f"budget: agent {agent}'s {whose} has ${left:.4f} left, less than its next model request can cost (${reserved:.4f})"
         await asyncio.to_thread(gw.refuse, agent, why)
         await send_json(send, 403, api_error("permission_error", why))
         return None
@@ -510,6 +723,10 @@ class Call:
     agent: str
     reserved: float
     started: float
+    holder: str = ""
+    """Whose hold pays: the agent whose credential the call carried."""
+    deadline: float | None = None
+    """Epoch seconds at which a stream still running is ended."""
     meter: StreamMeter = field(default_factory=StreamMeter)
     ttfb: float | None = None
     status: str = "error"
@@ -539,19 +756,25 @@ async def forward(gw: Gateway, scope: Mapping[str, Any], body: bytes, call: Call
         await send({"type": "http.response.start", "status": response.status_code, "headers": out_headers})
         call.status = "cut"
         whole = b""
-        async for chunk in response.aiter_raw():
-            if call.ttfb is None:
-                call.ttfb = time.monotonic() - call.started
-            if is_sse:
-                call.meter.feed_sse(chunk)
-            else:
-                whole += chunk
-            if gone.is_set():
-                break
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        else:
-            call.status = str(response.status_code)
-            await send({"type": "http.response.body", "body": b""})
+        left = None if call.deadline is None else max(0.0, call.deadline - time.time())
+        try:
+            # A stream still running at the agent's deadline is ended there (the connection drops).
+            async with asyncio.timeout(left):
+                async for chunk in response.aiter_raw():
+                    if call.ttfb is None:
+                        call.ttfb = time.monotonic() - call.started
+                    if is_sse:
+                        call.meter.feed_sse(chunk)
+                    else:
+                        whole += chunk
+                    if gone.is_set():
+                        break
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                else:
+                    call.status = str(response.status_code)
+                    await send({"type": "http.response.body", "body": b""})
+        except TimeoutError:
+            call.status = "deadline"
         if not is_sse and response.status_code == 200:
             call.meter.feed_json(whole)
     finally:

@@ -279,12 +279,16 @@ def fd_path(fd: int) -> str:
 
 
 def server_secrets(environ: Mapping[str, str]) -> list[str]:
-    """Folders no sandboxed agent may read: the A2A server's token files (CACHE/a2a), made now so the sandbox can hide them.
+    """What no sandboxed agent may read: the A2A server's token files (CACHE/a2a, made now so the sandbox can
+    hide them), and the user's claude.ai login (the config folder's .credentials.json), where there is one.
 
     With the token, an agent the server serves could call it as the person
-    does: answer its own ask.
+    does: answer its own ask. With the login, it could call the model as the
+    user, past the tree's gateway. Its own CLI runs outside the sandbox and
+    reads what it needs there.
     """
     folder = cache_dir(environ) / "a2a"
     with contextlib.suppress(OSError):
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return [os.path.realpath(folder)] if folder.is_dir() else []
+    login = claude_config_dir(environ) / ".credentials.json"
+    return [os.path.realpath(p) for p, there in ((folder, folder.is_dir()), (login, login.is_file())) if there]

@@ -47,6 +47,8 @@ from ..core.records import AgentMeta, Outcome, Status
 from ..core.settings import Settings
 from ..policy.agents import BUILTIN_SOURCE, AgentDefinition, agent_dirs_for, decide, load_definitions, summarize_input
 from ..policy.channel import open_ask
+from ..policy.gateway import gateway_url, name_subagent
+from ..session.ledger import read_ledger
 from ..session.protocol import (
     kill_request_reason,
     read_outcome,
@@ -89,7 +91,7 @@ class ChildGate:
             return Status.TIMEOUT, "deadline reached (at a tool-call boundary)"
         spent = self.spend(child) if child.meta.max_budget_usd is not None else 0.0
         if child.meta.max_budget_usd is not None and spent >= child.meta.max_budget_usd:
-            return Status.FAILED, f"budget: its own turns (${spent:.4f}, estimated) reached its ${child.meta.max_budget_usd:.4f}"
+            return Status.FAILED, f"budget: its own turns (${spent:.4f}) reached its ${child.meta.max_budget_usd:.4f}"
         return None  # the tree's budget is its host's hold, which the host's runner keeps
 
     def ended_ancestor(self, child: InProcessChild) -> str | None:
@@ -146,7 +148,22 @@ class ChildGate:
         return None
 
     def spend(self, child: InProcessChild) -> float:
+        """What child and the in-process agents below it spent: as the tree's gateway metered it, else its turns, estimated."""
+        session = Path(child.meta.session)
+        if gateway_url(session) is not None:
+            ledger = read_ledger(session)
+            mine = {c.meta.id for c in self.book.children.values() if c is child or self.descends(c, child)}
+            return sum(ledger.spends.get(i, 0.0) for i in mine)
         return estimate_cost(cli_transcript_turns(child.transcript, child.meta.model)) if child.transcript else 0.0
+
+    def descends(self, child: InProcessChild, ancestor: InProcessChild) -> bool:
+        by_id = {c.meta.id: c for c in self.book.children.values()}
+        cursor = by_id.get(child.meta.parent_id or "")
+        while cursor is not None:
+            if cursor is ancestor:
+                return True
+            cursor = by_id.get(cursor.meta.parent_id or "")
+        return False
 
 
 @dataclass
@@ -234,6 +251,9 @@ class InProcessTree:
         agent_type = str(hook_input.get("agent_type") or tool_input.get("subagent_type") or GENERAL_PURPOSE)
         child = self.book.register(parent, native_id, agent_type, tool_input)
         self.book.children[native_id] = child
+        if child.ended is False:
+            # Before its first model call (the CLI waits for this hook): the gateway charges that call to it.
+            name_subagent(Path(self.host.session), self.host.id, native_id, child.meta.id)
         if call_id:
             self.started_by[call_id] = child
         self.book.locate_transcripts(str(hook_input.get("transcript_path") or ""))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as dt
+import json
 import os
 import re
 import sys
@@ -349,6 +351,9 @@ def check_credentials(environ: Mapping[str, str]) -> None:
     config = claude_config_dir(environ)
     if (config / ".credentials.json").is_file() or sys.platform == "darwin":  # macOS keeps them in the keychain
         return
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        if json.loads((config / "settings.json").read_text()).get("apiKeyHelper"):
+            return  # the tree's gateway runs it (a tree without one: an agent's CLI that reads user settings)
     raise UsageError(
         "no credentials for the model; set ANTHROPIC_API_KEY, run 'claude login', "
         "or for offline runs set ANTHROPIC_BASE_URL to tools/mock_model.py and any ANTHROPIC_API_KEY"

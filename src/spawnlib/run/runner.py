@@ -62,7 +62,7 @@ from ..core.pure import (
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Heartbeat, Outcome, Status, record_from_json, record_to_json
 from ..core.settings import Settings
 from ..policy.admission import try_take_slot
-from ..policy.gateway import gateway_url, settle_agent, start_gateway, stop_gateway, wants_gateway
+from ..policy.gateway import gateway_choice, gateway_url, settle_agent, soft_budget_warning, start_gateway, stop_gateway
 from ..session.ledger import charge, read_ledger
 from ..session.protocol import (
     AGENTS_DIR,
@@ -323,10 +323,28 @@ GATEWAYS: list[subprocess.Popen[bytes] | None] = []
 on_fork("GATEWAYS", GATEWAYS.clear)
 
 
+def start_tree_gateway(meta: AgentMeta, state: RunState) -> None:
+    """The root's: start the tree's gateway when it wants one, or say once why its budget stays soft."""
+    policy = (meta.placement or {}).get("policy")
+    start, soft = gateway_choice(state.settings, meta.max_budget_usd, policy if isinstance(policy, str) else None)
+    if start:
+        # Before the root's CLI, which gets its URL; inside the cgroup, so it ends with the tree.
+        proc, source = start_gateway(Path(meta.session), str(compiled_script()))
+        GATEWAYS.append(proc)
+        soft = None if proc is not None else f"no gateway: {source}"
+    if soft is not None:
+        note(f"warning: {soft_budget_warning(soft)}")
+
+
 def metered_outcome(meta: AgentMeta, outcome: Outcome) -> Outcome:
-    """The outcome with the gateway's figure as its cost (the CLI's kept beside), and its refusal as its reason."""
+    """The outcome with the gateway's figure as its cost (the CLI's kept beside), and its refusal as its reason;
+    under a budget with no gateway, a warning that the budget was soft."""
     session = Path(meta.session)
-    if meta.kind != "claude" or gateway_url(session) is None:
+    if meta.kind != "claude":
+        return outcome
+    if gateway_url(session) is None:
+        if read_limits(session).max_budget_usd is not None:
+            outcome.warnings.append(soft_budget_warning("the tree ran without its gateway"))
         return outcome
     settle_agent(session, meta.id)
     ledger = read_ledger(session)
@@ -365,9 +383,8 @@ def start_agent_run(
             meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
         except StateError as exc:
             error = exc.message
-    if meta.parent_id is None and meta.kind == "claude" and wants_gateway(state.settings, Path(meta.session)):
-        # Before the root's CLI, which gets its URL; inside the cgroup, so it ends with the tree.
-        GATEWAYS.append(start_gateway(Path(meta.session), str(compiled_script())))
+    if meta.parent_id is None and meta.kind == "claude" and gateway_url(Path(meta.session)) is None:
+        start_tree_gateway(meta, state)
     if error is None:
         executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
     # Not at the top of the file (the verbs and --dry-run don't need it), and

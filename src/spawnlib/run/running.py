@@ -146,7 +146,10 @@ on_fork("AGENT_CREDENTIALS", AGENT_CREDENTIALS.clear)
 def agent_gateway_environment(session: Path, agent_id: str) -> dict[str, str]:
     key = (str(session), agent_id)
     if key not in AGENT_CREDENTIALS:
-        AGENT_CREDENTIALS[key] = gateway_environment(session, agent_id)
+        found = gateway_environment(session, agent_id)
+        if not found:
+            return found  # asked before the root's gateway started (an in-process host's Bash): ask again later
+        AGENT_CREDENTIALS[key] = found
     return AGENT_CREDENTIALS[key]
 
 

@@ -19,10 +19,12 @@ from typing import Any
 from ..core.constants import META, TRANSCRIPT
 from ..core.errors import SpawnError
 from ..core.placement import PlacementDecision, PlacementPolicy, decide_placement
-from ..core.pure import estimate_cost, new_trace, redacted_json, utc_now_iso
+from ..core.pure import estimate_cost, new_trace, redacted_json, round_usd, utc_now_iso
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Outcome, Status, record_to_json
 from ..policy.admission import counted_agents
 from ..policy.agents import AgentDefinition, RuleSet, parse_rule, summarize_input
+from ..policy.gateway import gateway_url
+from ..session.ledger import read_ledger
 from ..session.protocol import append_transcript, create_agent_dir, publish_once, read_limits, read_outcome, session_lock
 from ..supervise.commit import commit_outcome
 
@@ -144,6 +146,9 @@ class ChildBook:
             turns=len(turns) or None,
             transcript=str(copied or child.agent_dir / TRANSCRIPT),
         )
+        metered = read_ledger(Path(child.meta.session)).spends.get(child.meta.id) if gateway_url(Path(child.meta.session)) else None
+        if metered is not None:  # the tree's gateway charged its calls to it: that figure, the estimate beside it
+            outcome.cli_cost_usd, outcome.cost_usd, outcome.cost_estimated = outcome.cost_usd, round_usd(metered), None
         commit_outcome(child.agent_dir, outcome, self.secrets)
 
     def host_share(self, outcome: Outcome) -> None:
@@ -167,10 +172,15 @@ class ChildBook:
     def settle(self, host_status: Status | None, host_reason: str) -> None:
         """At the host's end: every in-process agent has its one outcome, deepest first."""
         self.flush()
+        session = Path(self.host.session)
+        # A call the tree's gateway refused ends a subagent's turn with no SubagentStop: that refusal is why it ended.
+        refusals = read_ledger(session).refusals if gateway_url(session) else {}
         for child in sorted(self.children.values(), key=lambda c: -c.meta.depth):
             if child.ended:
                 continue
-            if host_status is not None and host_status != Status.DONE:
+            if child.meta.id in refusals:
+                self.end(child, Status.FAILED, refusals[child.meta.id])
+            elif host_status is not None and host_status != Status.DONE:
                 self.end(child, Status.KILLED, f"ended with its ancestor {self.host.id} ({host_reason})")
             else:
                 self.end(child, Status.FAILED, f"its host {self.host.id}'s CLI ended before it finished")
