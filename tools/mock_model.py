@@ -998,6 +998,11 @@ class MockState:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as the API's front ends stream: with Nagle's algorithm a stream's first event,
+    # written just after the headers, waits for their ACK, which a reused connection's peer
+    # delays (about 40 ms): a client that keeps connections (a gateway's pool) would pay it and
+    # a fresh one would not.
+    disable_nagle_algorithm = True
     server_version = "mock_model/1"
     state: MockState  # set on the subclass built by make_server
 
