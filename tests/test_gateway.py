@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -405,3 +406,37 @@ def test_a_budget_without_the_gateway_is_declared_soft_at_the_root_and_in_each_o
     # With the gateway (the default under a budget): none of that.
     again = run_spawn(["--task", mock_task("again", [{"text": "done"}]), "--max-budget-usd", "1"], env)
     assert again.returncode == spawn.ExitCode.OK and "budget: soft" not in again.stderr, again.stderr
+
+
+def test_when_the_gateway_dies_each_agent_fails_saying_so_and_nothing_goes_unmetered(
+    env: dict[str, str], session_root: Path, mock_model: MockModel
+) -> None:
+    task = mock_task("orphaned", [{"bash": "sleep 4"}, {"text": "never answered"}])
+    proc = start_spawn(["--task", task, "--tools", "Bash", "--max-budget-usd", "1"], env)
+    assert wait_until(lambda: any(session_root.glob("*/gateway/gateway.json")), 60), "no gateway started"
+    (record,) = session_root.glob("*/gateway/gateway.json")
+    assert wait_until(lambda: any(r.get("kind") == "main" for r in mock_model.requests()), 60)
+    os.kill(json.loads(record.read_text())["pid"], signal.SIGKILL)
+    seen = len(mock_model.requests())
+    code, _, err = finish(proc, timeout=60)  # at once: the CLI would retry the refused connection for minutes
+    assert code == spawn.ExitCode.AGENT_FAILED, err[-2000:]
+    (outcome,) = [load(d / "outcome.json") for d in agent_dirs(session_root)]
+    assert outcome["status"] == "failed" and outcome["reason"].startswith("model gateway: the tree's gateway (pid "), outcome
+    assert len(mock_model.requests()) == seen  # no call went around it
+
+
+def test_a_cap_on_calls_at_once_holds_for_the_tree(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
+    """SPAWN_GATEWAY_MAX_CALLS=1: three leaves streaming at the same time reach the model one after another."""
+    leaves = [mock_task(f"capped leaf {n}", [{"text": f"leaf {n}", "filler": 2000, "stream_s": 1.5}]) for n in range(3)]
+    flags = ("--tools", "Read", "--max-budget-usd", "0.5", "--background", "--print", "id")
+    start = [spawn_in_bash("--task", leaf, *flags) + f" > ids{n} &" for n, leaf in enumerate(leaves)]
+    bash = f"cd $(mktemp -d); {' '.join(start)} wait; {spawn_in_bash('wait', '--all')} $(cat ids*)"
+    root = mock_task("root", [{"bash": bash}, {"text": "root done"}])
+    capped = {**env, "SPAWN_GATEWAY_MAX_CALLS": "1"}
+    done = run_spawn(["--task", root, "--tools", "Bash,Read", "--max-budget-usd", "5"], capped, timeout=240)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    root_digest = next(r["task_digest"] for r in mock_model.requests() if r.get("kind") == "main")
+    streamed = sorted(r["time"] for r in mock_model.requests() if r.get("kind") == "main" and r["task_digest"] != root_digest)
+    assert len(streamed) == 3, (streamed, done.stderr[-2000:])
+    # Each stream takes 1.5 s: one at a time, their records lie at least that far apart.
+    assert all(b - a >= 1.4 for a, b in itertools.pairwise(streamed)), streamed

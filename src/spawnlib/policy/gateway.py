@@ -50,6 +50,7 @@ CREDENTIALS_DIR = "credentials"  # one file per minted credential, named by its 
 SUBAGENTS_DIR = "subagents"  # HOST/NATIVE_ID: the agent id of an in-process agent, by its CLI's x-claude-code-agent-id
 AGENT_ID_HEADER = "x-claude-code-agent-id"  # sent by the pinned CLI on each request of a nested subagent (2.1.329)
 ENV_GATEWAY_PRICES = "SPAWN_GATEWAY_PRICES"  # JSON {family: [input, output] USD per Mtok}: overrides the pinned table
+ENV_GATEWAY_MAX_CALLS = "SPAWN_GATEWAY_MAX_CALLS"  # N: at most N model calls of the tree upstream at once (the rest wait)
 # 1: the root starts the tree's gateway. Off by default while it is new: a
 # tree without one keeps its budget from what each CLI reports (soft).
 ENV_GATEWAY = "SPAWN_GATEWAY"
@@ -75,6 +76,14 @@ RATE_BACKOFF_MAX_S = (
 
 
 # ------------------------------------------------------------------- pure --
+
+
+def call_cap(environ: Mapping[str, str]) -> int | None:
+    """SPAWN_GATEWAY_MAX_CALLS as a positive count; None: no cap (unset, or not a positive integer)."""
+    with contextlib.suppress(ValueError):
+        cap = int(environ.get(ENV_GATEWAY_MAX_CALLS) or "0")
+        return cap if cap > 0 else None
+    return None
 
 
 def credential_digest(credential: str) -> str:
@@ -199,6 +208,26 @@ def gateway_url(session: Path) -> str | None:
         record = read_json(session / GATEWAY_DIR / GATEWAY_RECORD)
         url = record.get("url")
         return url if isinstance(url, str) else None
+    return None
+
+
+def gateway_gone(session: Path) -> int | None:
+    """The pid of the session's gateway when its record stands but its process is gone (killed: it could not
+    remove the record); None while it runs, or when the tree has none."""
+    import psutil
+
+    with contextlib.suppress(OSError, ValueError, Exception):
+        record = read_json(session / GATEWAY_DIR / GATEWAY_RECORD)
+        pid, started = record.get("pid"), record.get("create_time")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            return None
+        try:
+            alive = psutil.Process(pid)
+            if not isinstance(started, int | float) or abs(alive.create_time() - started) < 1.0:
+                return None
+        except psutil.Error:
+            pass
+        return pid
     return None
 
 
@@ -382,6 +411,9 @@ class Gateway:
         self.client: Any = None
         self.not_before = 0.0
         """Monotonic time before which no call goes upstream: the last rate limit's retry-after, for the tree."""
+        self.max_calls = call_cap(environ)
+        self.slots: Any = None
+        """With a cap, the asyncio.Semaphore each model call holds while it is upstream (made in the loop)."""
 
     def record(self, *parts: str) -> dict[str, Any]:
         """A record of the session that never changes once written (a credential's, a subagent's, a meta.json), read once."""
@@ -636,7 +668,12 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
         inflight.count += 1
         inflight.reserved += reserved
     try:
-        await forward(gw, scope, body, call, receive=receive, send=send)
+        if metered and gw.slots is not None:
+            async with gw.slots:  # the tree's cap on calls at once: the rest wait here, with no upstream call
+                call.started = time.monotonic()
+                await forward(gw, scope, body, call, receive=receive, send=send)
+        else:
+            await forward(gw, scope, body, call, receive=receive, send=send)
     finally:
         for inflight in counted:
             inflight.count -= 1
@@ -844,13 +881,16 @@ def serve_gateway(session: Path) -> int:
             await handle(gw, scope, receive, send)
 
     async def main() -> None:
+        gw.slots = asyncio.Semaphore(gw.max_calls) if gw.max_calls else None
         gw.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), limits=httpx.Limits(max_connections=None))
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
         server = uvicorn.Server(config)
         folder = session / GATEWAY_DIR
         folder.mkdir(parents=True, exist_ok=True)
+        import psutil
+
         with session_lock(session):
-            write_json_atomic(folder / GATEWAY_RECORD, {"url": url, "pid": os.getpid()})
+            write_json_atomic(folder / GATEWAY_RECORD, {"url": url, "pid": os.getpid(), "create_time": psutil.Process().create_time()})
         sys.stdout.write(url + "\n")
         sys.stdout.flush()
         orphaned = asyncio.ensure_future(exit_with_parent(server))

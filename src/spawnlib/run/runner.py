@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -62,7 +62,7 @@ from ..core.pure import (
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Heartbeat, Outcome, Status, record_from_json, record_to_json
 from ..core.settings import Settings
 from ..policy.admission import try_take_slot
-from ..policy.gateway import gateway_choice, gateway_url, settle_agent, soft_budget_warning, start_gateway, stop_gateway
+from ..policy.gateway import gateway_choice, gateway_gone, gateway_url, settle_agent, soft_budget_warning, start_gateway, stop_gateway
 from ..session.ledger import charge, read_ledger
 from ..session.protocol import (
     AGENTS_DIR,
@@ -116,6 +116,9 @@ from .running import (
     stopped_by,
     user_command,
 )
+
+if TYPE_CHECKING:  # not at run time: asyncio is loaded where a run needs it, not by every verb
+    import asyncio
 
 # ------------------------------------------------------------ the CLI's start --
 
@@ -267,8 +270,7 @@ def run_agent(
         if meta.deadline is not None:
             loop.call_at(loop.time() + max(0.0, meta.deadline - time.time()), stop, Status.TIMEOUT, "deadline reached")
         beat = asyncio.create_task(heartbeat_loop(agent_dir, state, state.settings.heartbeat_s, meta.idle_timeout_s))
-        idle = asyncio.create_task(idle_watch(meta, state, meta.idle_timeout_s, stop)) if meta.idle_timeout_s else None
-        drops = asyncio.create_task(service) if (service := drop_box_service(meta, agent_dir, state, secrets_)) else None
+        watchers = start_watchers(meta, agent_dir, state, secrets_, stop)
         try:
             await wait_for_slot(meta, agent_dir, stop)
             if error is None:
@@ -287,9 +289,8 @@ def run_agent(
             state.cli_killed = getattr(exc, "exit_code", None) in (-signal.SIGTERM, -signal.SIGKILL, 143, 137)
         finally:
             beat.cancel()
-            for watcher in (idle, drops):
-                if watcher is not None:
-                    watcher.cancel()
+            for watcher in watchers:
+                watcher.cancel()
             # Closing the loop resets its signal handlers to the default
             # action: held back from here, a late stop signal (a parent
             # ending its subtree) can't end us before the outcome is written.
@@ -318,6 +319,7 @@ def run_agent(
             stop_gateway(GATEWAYS.pop())
 
 
+GATEWAY_WATCH_S = 0.5  # how often a root's runner looks whether its gateway still runs
 # The gateway this process started (a root's runner): stopped when its run ends.
 GATEWAYS: list[subprocess.Popen[bytes] | None] = []
 on_fork("GATEWAYS", GATEWAYS.clear)
@@ -334,6 +336,33 @@ def start_tree_gateway(meta: AgentMeta, state: RunState) -> None:
         soft = None if proc is not None else f"no gateway: {source}"
     if soft is not None:
         note(f"warning: {soft_budget_warning(soft)}")
+
+
+def start_watchers(
+    meta: AgentMeta, agent_dir: Path, state: RunState, secrets_: Sequence[str], stop: Callable[[Status, str], None]
+) -> list[asyncio.Task[None]]:
+    """What watches the run beside its CLI, as it needs: its idle time, its drop box, its tree's gateway."""
+    import asyncio
+
+    coros: list[Coroutine[Any, Any, None]] = []
+    if meta.idle_timeout_s:
+        coros.append(idle_watch(meta, state, meta.idle_timeout_s, stop))
+    if (service := drop_box_service(meta, agent_dir, state, secrets_)) is not None:
+        coros.append(service)
+    if GATEWAYS and GATEWAYS[-1] is not None:
+        coros.append(gateway_watch(GATEWAYS[-1], stop))
+    return [asyncio.create_task(c) for c in coros]
+
+
+async def gateway_watch(proc: subprocess.Popen[bytes], stop: Callable[[Status, str], None]) -> None:
+    """The root's: a gateway that ends before its tree ends the tree, at once and saying why (its CLIs
+    would otherwise retry a refused connection for minutes, and no call may go around it)."""
+    import asyncio
+
+    while proc.poll() is None:
+        await asyncio.sleep(GATEWAY_WATCH_S)
+    why = f"the tree's gateway (pid {proc.pid}) ended (exit {proc.returncode}), so no model call of the tree can be made or metered"
+    stop(Status.FAILED, f"model gateway: {why}")
 
 
 def metered_outcome(meta: AgentMeta, outcome: Outcome) -> Outcome:
@@ -354,6 +383,9 @@ def metered_outcome(meta: AgentMeta, outcome: Outcome) -> Outcome:
     refusal = ledger.refusals.get(meta.id)
     if refusal and outcome.status == Status.FAILED:
         outcome.reason = f"{refusal}; {outcome.reason}"[:2000]
+    elif outcome.status == Status.FAILED and (pid := gateway_gone(session)) is not None:
+        why = f"model gateway: the tree's gateway (pid {pid}) is gone, so no model call of the tree can be made or metered"
+        outcome.reason = f"{why}; {outcome.reason}"[:2000]
     return outcome
 
 
