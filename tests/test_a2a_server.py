@@ -782,6 +782,7 @@ def test_a_paused_subtree_is_input_required_until_its_budget_is_raised(
 ) -> None:
     """Every tree the server starts pauses at its budget (SPAWN_ON_BUDGET in its environment): the caller is told why."""
     env["SPAWN_ON_BUDGET"] = "pause"  # the server's environment: the fixture starts it with this very dict
+    env["SPAWN_GATEWAY"] = "0"  # the runner's own pause: the scripted usage below is not what the model sent
     served = serve("--max-budget-usd", "0.05")
     turn = {"input_tokens": 10_000, "output_tokens": 1}  # about $0.03 a turn: the second doesn't fit $0.05
     task = mock_task("spend", [{"bash": "true", "usage": turn}, {"text": "paid for", "usage": turn}])

@@ -234,6 +234,9 @@ def test_a_paused_host_shows_its_spending_in_process_child_paused_too(env: dict[
     read = {"tool": "Read", "input": {"file_path": str(tmp_path / "a.txt")}, "usage": TURN}
     child = mock_task("spending child", [read, read, read, {"text": "child-result", "usage": TURN}])
     args = ["--task", mock_task("root", [agent_call(child), {"text": "root-result"}]), "--tools", "Agent,Read", *INPROCESS]
+    # The runner's own pause, which holds the host's whole CLI (a tree without a gateway): the scripted
+    # usage is not what the model sent. tests/test_gateway.py has the gateway's pause of an in-process agent.
+    env = {**env, "SPAWN_GATEWAY": "0"}
     runner = start_spawn([*args, "--max-budget-usd", "0.05", "--on-budget", "pause"], env)
     try:
         assert wait_until(lambda: any(d.joinpath("paused.json").exists() for d in agent_dirs(session_root)), 90), "it never paused"

@@ -440,3 +440,30 @@ def test_a_cap_on_calls_at_once_holds_for_the_tree(env: dict[str, str], session_
     assert len(streamed) == 3, (streamed, done.stderr[-2000:])
     # Each stream takes 1.5 s: one at a time, their records lie at least that far apart.
     assert all(b - a >= 1.4 for a, b in itertools.pairwise(streamed)), streamed
+
+
+def test_an_in_process_agent_under_pause_is_held_at_its_request_until_a_raise(
+    env: dict[str, str], session_root: Path, mock_model: MockModel
+) -> None:
+    """root -> L1 in the root's CLI under --on-budget pause: L1's request waits in the gateway, no call goes up, a raise resumes it."""
+    root = mock_task("root", [agent_call(heavy("deep", turns=3)), {"text": "root done"}])
+    args = ["--task", root, "--tools", "Agent,Bash", "--placement", "inprocess", "--max-budget-usd", "0.5", "--on-budget", "pause"]
+    proc = start_spawn(args, env)
+    assert wait_until(lambda: any(session_root.glob("*/agents/a1-*/paused.json")), 120), "the in-process agent never paused"
+    (paused,) = session_root.glob("*/agents/a1-*/paused.json")
+    session = paused.parent.parent.parent
+    seen = len(mock_model.requests())
+    time.sleep(1.5)
+    assert paused.exists() and len(mock_model.requests()) == seen, "a request reached the model while paused"
+    raised = run_spawn(["budget", str(session), "--raise", "2"], env)
+    assert raised.returncode == spawn.ExitCode.OK, raised.stderr
+    assert wait_until(functools.partial(gone, paused), 30), "the raise did not resume it"
+    code, _, err = finish(proc)
+    assert code == spawn.ExitCode.OK, err[-3000:]
+    outcomes = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
+    assert [outcomes[d]["status"] for d in sorted(outcomes)] == ["done", "done"], outcomes
+    state = spawn.ledger_state([json.dumps(line) for line in ledger_lines(session_root)])
+    assert state.spent == pytest.approx(served_usd(mock_model), rel=0.01) and state.spent <= 2.5 + 1e-6
+    # The gateway's pause, not the runner's turn check: no tool call waited on one.
+    for d in agent_dirs(session_root):
+        assert '"BudgetPaused"' not in (d / "transcript.jsonl").read_text()

@@ -171,7 +171,9 @@ def status_rows(env: dict[str, str]) -> list[dict[str, Any]]:
 
 def test_a_tree_pauses_at_its_budget_and_goes_on_when_it_is_raised(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
     # $0.03 a turn on a $0.05 budget: it pauses before the second turn; after a $0.10 raise it
-    # draws from the raise a turn at a time (to $0.12 in all) without pausing again.
+    # draws from the raise a turn at a time (to $0.12 in all) without pausing again. The runner's
+    # own pause, as a tree without a gateway has it (the scripted usage is not what was sent).
+    env = without_gateway(env)
     steps = [*({"bash": "true", "usage": TURN} for _ in range(3)), {"text": "paid for", "usage": TURN}]
     proc = start_spawn(["--task", mock_task("pauser", steps), "--tools", "Bash", "--max-budget-usd", "0.05", "--on-budget", "pause"], env)
     agent_dir = only_agent(session_root)
@@ -207,6 +209,7 @@ def test_a_tree_pauses_at_its_budget_and_goes_on_when_it_is_raised(env: dict[str
 
 
 def test_a_paused_agent_past_its_deadline_ends_timeout(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:
+    env = without_gateway(env)  # the runner's own pause (the scripted usage is not what was sent)
     steps = [{"bash": "true", "usage": TURN}, {"text": "never paid for", "usage": TURN}]
     # An idle timeout well shorter than the pause (but long enough for a loaded machine's CLI
     # start): a pause is no stall, so the deadline ends it.

@@ -675,12 +675,16 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
         else:
             await forward(gw, scope, body, call, receive=receive, send=send)
     finally:
-        for inflight in counted:
-            inflight.count -= 1
-            inflight.reserved -= reserved
-        if metered and call.meter.usage:
-            model = call.meter.model or str(parse_object(body).get("model") or "")
-            await asyncio.to_thread(gw.charge, agent, model, call)
+        try:
+            if metered and call.meter.usage:
+                model = call.meter.model or str(parse_object(body).get("model") or "")
+                await asyncio.to_thread(gw.charge, agent, model, call)
+        finally:
+            # Only once its charge is in the ledger: its caller has the whole answer and may ask
+            # again at once, and until then the reservation stands for what it cost.
+            for inflight in counted:
+                inflight.count -= 1
+                inflight.reserved -= reserved
 
 
 async def settle(gw: Gateway, scope: Mapping[str, Any], send: Any) -> None:

@@ -35,6 +35,7 @@ from ..session.protocol import (
 )
 from ..supervise.supervisor import Supervised, calling_agents
 from .channel import bind_private_socket, peer_process, read_line
+from .gateway import gateway_url
 
 # ----------------------------------------------------------------- steering --
 # Steering a running tree: a message to an agent while it works (`send`), and
@@ -686,7 +687,9 @@ async def open_steering(meta: AgentMeta, agent_dir: Path, state: Any, secrets_: 
     if meta.kind not in ("claude", "a2a"):
         return  # a command reads its one task on stdin and takes no messages
     # An a2a node's messages go on to its remote task (A2AConversation.forward); its remote pauses on its own.
-    if meta.on_budget == "pause" and meta.kind == "claude":
+    # With the tree's gateway the pause is the gateway's: it holds the request itself, at every depth and
+    # for in-process agents too, so no tool call waits on this turn check (nor pauses twice).
+    if meta.on_budget == "pause" and meta.kind == "claude" and gateway_url(Path(meta.session)) is None:
         state.pause = BudgetPause(meta, agent_dir, secrets_)
         state.pause.stopped = lambda: state.stop_reason is not None
         if state.in_process is not None:

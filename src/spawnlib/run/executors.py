@@ -29,7 +29,8 @@ from .claude import StartedCli, cli_start, describe_sdk_error, outcome_from_run,
 from .running import EarlyStop, RunState, SdkLoader, child_environment
 
 if TYPE_CHECKING:
-    import socket  # annotations only
+    import asyncio  # annotations only
+    import socket
 
 
 # ---------------------------------------------------------------- executors --
@@ -657,8 +658,6 @@ class A2AConversation:
     """One a2a node's exchange with its remote: send, follow the task to a settled state, answer its asks, cancel."""
 
     def __init__(self, meta: AgentMeta, agent_dir: Path, state: RunState, secrets_: Sequence[str]) -> None:
-        import asyncio
-
         from a2a.types import TaskState
 
         self.meta, self.agent_dir, self.state, self.secrets = meta, agent_dir, state, secrets_

@@ -449,7 +449,9 @@ def finish_agent_run(
     # Whatever happened, nothing the agent started may outlive it.
     groups = [g for g in (state.cli_pgid,) if g]
     running_below = state.running_below if state.stop_reason else live_descendants(meta)
-    end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else LEFTOVER_GRACE_S, spare=[guard_pid])
+    # The tree's gateway is spared until the outcome has its charges (metered_outcome), then stopped last.
+    gateways = [g.pid for g in GATEWAYS if g is not None]
+    end_own_subtree(groups, grace=KILL_GRACE_S if state.stop_reason else LEFTOVER_GRACE_S, spare=[guard_pid, *gateways])
     settle_below(meta, state, secrets_, running_below)
     if has_drop_box(meta):
         record_dropped_refusals(meta, secrets_, DROPPED_REFUSALS_MAX - state.refusals_recorded, final=True)
