@@ -40,19 +40,19 @@ from typing import Any
 
 from ..core.constants import CACHE_READ_FACTOR, CACHE_WRITE_1H_FACTOR, CACHE_WRITE_FACTOR, MODEL_PRICES_USD_PER_MTOK, USAGE_COUNTS
 from ..core.pure import claude_config_dir, float_or_none, price_family, round_usd, utc_now_iso
-from ..session.ledger import LedgerState, LedgerTail, append_ledger, ledger_usd, read_ledger, top_up_hold
+from ..session.ledger import LedgerState, LedgerTail, append_ledger, ledger_usd, top_up_hold
 from ..session.protocol import read_json, read_limits, session_lock, write_json_atomic
 from ..supervise.supervisor import Supervised
 
 GATEWAY_DIR = "gateway"  # in the session: gateway.json and credentials/
-GATEWAY_RECORD = "gateway.json"  # {url, pid}: where the tree's gateway listens
+GATEWAY_RECORD = "gateway.json"  # {url, pid, create_time}: where the tree's gateway listens, and which process it is
 CREDENTIALS_DIR = "credentials"  # one file per minted credential, named by its sha256, holding the agent id
 SUBAGENTS_DIR = "subagents"  # HOST/NATIVE_ID: the agent id of an in-process agent, by its CLI's x-claude-code-agent-id
 AGENT_ID_HEADER = "x-claude-code-agent-id"  # sent by the pinned CLI on each request of a nested subagent (2.1.329)
 ENV_GATEWAY_PRICES = "SPAWN_GATEWAY_PRICES"  # JSON {family: [input, output] USD per Mtok}: overrides the pinned table
 ENV_GATEWAY_MAX_CALLS = "SPAWN_GATEWAY_MAX_CALLS"  # N: at most N model calls of the tree upstream at once (the rest wait)
-# 1: the root starts the tree's gateway. Off by default while it is new: a
-# tree without one keeps its budget from what each CLI reports (soft).
+# 1: the root starts the tree's gateway even without a budget; 0: never (see
+# gateway_choice). A tree without one keeps its budget from what each CLI reports (soft).
 ENV_GATEWAY = "SPAWN_GATEWAY"
 REAL_CREDENTIAL_VARS = ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN")
 OAUTH = "oauth"  # the credential's kind for a claude.ai login's token: sent as a bearer token with OAUTH_BETA
@@ -249,9 +249,14 @@ def gateway_environment(session: Path, agent_id: str) -> dict[str, str]:
     return {"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": mint_credential(session, agent_id)}
 
 
+def plain_name(name: str) -> bool:
+    """Whether a CLI's agent id can name a file of gateway/subagents/HOST/ (no folder, no hidden file)."""
+    return bool(name) and "/" not in name and not name.startswith(".")
+
+
 def name_subagent(session: Path, host: str, native_id: str, agent_id: str) -> None:
     """Tell the gateway which agent of the session a subagent of host's CLI is (its CLI's agent id names it)."""
-    if gateway_url(session) is None or not native_id or "/" in native_id or native_id.startswith("."):
+    if gateway_url(session) is None or not plain_name(native_id):
         return
     folder = session / GATEWAY_DIR / SUBAGENTS_DIR / host
     folder.mkdir(parents=True, exist_ok=True)
@@ -416,7 +421,7 @@ class Gateway:
         """With a cap, the asyncio.Semaphore each model call holds while it is upstream (made in the loop)."""
 
     def record(self, *parts: str) -> dict[str, Any]:
-        """A record of the session that never changes once written (a credential's, a subagent's, a meta.json), read once."""
+        """A record of the session that never changes once written (a credential's, a subagent's), read once."""
         key = "/".join(parts)
         if key not in self.records:
             with contextlib.suppress(OSError, ValueError, Exception):
@@ -436,7 +441,7 @@ class Gateway:
         if not isinstance(holder, str):
             return None
         native = headers.get(AGENT_ID_HEADER, "")
-        if native and "/" not in native and not native.startswith("."):
+        if plain_name(native):
             agent = self.record(GATEWAY_DIR, SUBAGENTS_DIR, holder, native).get("id")
             if isinstance(agent, str):
                 return holder, agent
@@ -510,23 +515,14 @@ class Gateway:
             if own is None or not isinstance(meta.get("id"), str):
                 continue
             ledger = ledger or self.ledger.read()
-            below = self.below(meta["id"], ledger.hosted)
+            below = self.below(holder, meta["id"], ledger.hosted)
             spent = sum(ledger.spends.get(i, 0.0) for i in below)
             rooms.append(own - spent - sum(self.inflight.get(i, Inflight()).reserved for i in below))
         return min(rooms) if rooms else None
 
-    def below(self, agent: str, hosted: Mapping[str, str]) -> list[str]:
-        """agent and the in-process agents below it that have spent (each meta's parent_id)."""
-        out = [agent]
-        for other in hosted:
-            cursor, seen = other, set()
-            while cursor and cursor not in seen and cursor != agent:
-                seen.add(cursor)
-                parent = self.meta(cursor).get("parent_id")
-                cursor = parent if isinstance(parent, str) else ""
-            if cursor == agent and other != agent:
-                out.append(other)
-        return out
+    def below(self, holder: str, agent: str, hosted: Mapping[str, str]) -> list[str]:
+        """agent and the in-process agents below it that have spent (their in-process ancestors name it)."""
+        return [agent, *(o for o in hosted if o != agent and any(m.get("id") == agent for m in self.chain(holder, o)))]
 
     def upstream_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> dict[str, str]:
         drop = {"host", "x-api-key", "authorization", "content-length", "connection", "accept-encoding"}
@@ -609,7 +605,7 @@ async def wait_for_room(gw: Gateway, holder: str, agent: str, need: float, whole
     import asyncio
 
     paused = Path(gw.session) / "agents" / agent / "paused.json"
-    ledger = await asyncio.to_thread(read_ledger, gw.session)
+    ledger = gw.ledger.read()
     hold = ledger.holds.get(holder, (None, 0.0))[1]
     room = gw.room(holder)
     record = {
@@ -652,9 +648,7 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
     metered = scope["path"].rstrip("/") == "/v1/messages" and scope["method"] == "POST"
     deadline = gw.deadline(holder, agent) if metered else None
     if deadline is not None and time.time() >= deadline:
-        why = f"deadline: agent {agent}'s deadline has passed"
-        await asyncio.to_thread(gw.refuse, agent, why)
-        await send_json(send, 403, api_error("permission_error", why))
+        await refuse_call(gw, agent, f"deadline: agent {agent}'s deadline has passed", send)
         return
     reserved = 0.0
     if metered:
@@ -706,6 +700,14 @@ def parse_object(body: bytes) -> dict[str, Any]:
     return {}
 
 
+async def refuse_call(gw: Gateway, agent: str, why: str, send: Any) -> None:
+    """Refuse an agent's model call: a `refused` ledger line (its outcome's reason), and a 403 the CLI does not retry."""
+    import asyncio
+
+    await asyncio.to_thread(gw.refuse, agent, why)
+    await send_json(send, 403, api_error("permission_error", why))
+
+
 def tighter(room: float | None, own: float | None) -> float | None:
     return min(r for r in (room, own) if r is not None) if room is not None or own is not None else None
 
@@ -748,8 +750,7 @@ async def hold_request(gw: Gateway, holder: str, agent: str, body: bytes, send: 
         left = max(tighter(room, own) or 0.0, 0.0)
         whose = "hold" if held_by_hold else "own budget"
         why = f"budget: agent {agent}'s {whose} has ${left:.4f} left, less than its next model request can cost (${reserved:.4f})"
-        await asyncio.to_thread(gw.refuse, agent, why)
-        await send_json(send, 403, api_error("permission_error", why))
+        await refuse_call(gw, agent, why, send)
         return None
     if granted != max_tokens:
         request["max_tokens"] = granted

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,13 +95,18 @@ class ChildGate:
         return None  # the tree's budget is its host's hold, which the host's runner keeps
 
     def ended_ancestor(self, child: InProcessChild) -> str | None:
+        for above in self.ancestors(child):
+            if above.ended or read_outcome(above.agent_dir) is not None:
+                return above.meta.id
+        return None
+
+    def ancestors(self, child: InProcessChild) -> Iterator[InProcessChild]:
+        """The in-process agents above child, nearest first (up to its host, which is none of them)."""
         by_id = {c.meta.id: c for c in self.book.children.values()}
         cursor = by_id.get(child.meta.parent_id or "")
         while cursor is not None:
-            if cursor.ended or read_outcome(cursor.agent_dir) is not None:
-                return cursor.meta.id
+            yield cursor
             cursor = by_id.get(cursor.meta.parent_id or "")
-        return None
 
     async def permission(self, child: InProcessChild, tool: str, tool_input: Mapping[str, Any]) -> tuple[str, str, str]:
         """(allow|deny, rule, who decided) under child's own tools and rules."""
@@ -152,18 +157,9 @@ class ChildGate:
         session = Path(child.meta.session)
         if gateway_url(session) is not None:
             ledger = read_ledger(session)
-            mine = {c.meta.id for c in self.book.children.values() if c is child or self.descends(c, child)}
+            mine = {c.meta.id for c in self.book.children.values() if c is child or any(a is child for a in self.ancestors(c))}
             return sum(ledger.spends.get(i, 0.0) for i in mine)
         return estimate_cost(cli_transcript_turns(child.transcript, child.meta.model)) if child.transcript else 0.0
-
-    def descends(self, child: InProcessChild, ancestor: InProcessChild) -> bool:
-        by_id = {c.meta.id: c for c in self.book.children.values()}
-        cursor = by_id.get(child.meta.parent_id or "")
-        while cursor is not None:
-            if cursor is ancestor:
-                return True
-            cursor = by_id.get(cursor.meta.parent_id or "")
-        return False
 
 
 @dataclass

@@ -69,10 +69,11 @@ class LedgerState:
 
     def spend_of(self, holder: str) -> float:
         """What the gateway metered of a process agent's CLI: its own calls and its in-process agents'."""
-        return self.spends.get(holder, 0.0) + sum(self.spends.get(c, 0.0) for c, h in self.hosted.items() if h == holder)
+        return self.spends.get(holder, 0.0) + self.hosted_cost(holder)
 
     def hosted_cost(self, holder: str) -> float:
-        return sum(self.cost(c) or 0.0 for c, h in self.hosted.items() if h == holder)
+        """What the gateway metered of the in-process agents a process agent's CLI runs (each has spend lines)."""
+        return sum(self.spends[c] for c, h in self.hosted.items() if h == holder)
 
     def cost(self, agent_id: str) -> float | None:
         """What an agent spent: the gateway's figure where it metered the agent, else its charge."""
