@@ -467,3 +467,39 @@ def test_an_in_process_agent_under_pause_is_held_at_its_request_until_a_raise(
     # The gateway's pause, not the runner's turn check: no tool call waited on one.
     for d in agent_dirs(session_root):
         assert '"BudgetPaused"' not in (d / "transcript.jsonl").read_text()
+
+
+CONCURRENT_CALLS = """
+import json, os, sys, threading, urllib.request, urllib.error
+results = []
+def call(n):
+    script = 'MOCK[{"text": "concurrent ' + str(n) + '", "stream_s": 1.0}]MOCK'
+    body = {"model": "claude-opus-direct", "max_tokens": 32000, "stream": True, "messages": [{"role": "user", "content": script}]}
+    request = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", data=json.dumps(body).encode(),
+                                     headers={"x-api-key": os.environ["ANTHROPIC_API_KEY"], "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            reply.read()
+            results.append(reply.status)
+    except urllib.error.HTTPError as exc:
+        results.append(exc.code)
+threads = [threading.Thread(target=call, args=(n,)) for n in range(2)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+open(sys.argv[1], "w").write(json.dumps(sorted(results)))
+"""
+
+
+def test_a_call_short_only_of_its_agents_calls_in_flight_waits_for_them(
+    env: dict[str, str], session_root: Path, mock_model: MockModel, tmp_path: Path
+) -> None:
+    """Two calls at once, each asking for more output than the hold could pay twice over (as a CLI's turn and its
+    side question do): the second waits for the first to be charged, and both are answered."""
+    (tmp_path / "calls.py").write_text(CONCURRENT_CALLS)
+    out = tmp_path / "statuses.json"
+    root = mock_task("root", [{"bash": f'"$SPAWN_PYTHON" {tmp_path / "calls.py"} {out}'}, {"text": "root done"}])
+    # $0.5: either call's 32,000 opus tokens take nearly all of it.
+    done = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", "0.5"], env, timeout=240)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    assert json.loads(out.read_text()) == [200, 200]
+    assert not [line for line in ledger_lines(session_root) if line.get("kind") == "refused"]

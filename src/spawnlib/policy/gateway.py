@@ -68,6 +68,7 @@ INPUT_BYTES_PER_TOKEN = 3
 MIN_OUTPUT_TOKENS = 256
 CUT_BYTES_PER_TOKEN = 4  # a cut stream's output: its deltas' bytes at this rate
 GATEWAY_PAUSE_POLL_S = 0.5
+GATEWAY_INFLIGHT_POLL_S = 0.05  # a call short only of its agent's calls in flight looks again this often
 SETTLE_WAIT_S = 3.0
 RATE_RETRIES = 8  # a call the API rate-limits is sent again this often before its 429 is passed on
 RATE_BACKOFF_MAX_S = (
@@ -718,38 +719,48 @@ async def hold_request(gw: Gateway, holder: str, agent: str, body: bytes, send: 
     The room is the holder's hold's (the process agent whose credential it
     carried), and for an in-process agent also its own budget's. A raise grows
     the hold, never an agent's own budget: a call short of that is refused.
+    The last decision is made with no await before its caller counts the
+    reservation, so two calls of one agent never both take the same room.
     """
     import asyncio
 
-    room = gw.room(holder)
-    own = gw.own_room(holder, agent)
-    if room is None and own is None:
-        return body, 0.0
     request = parse_object(body)
     model = str(request.get("model") or "")
     max_tokens = request.get("max_tokens") if isinstance(request.get("max_tokens"), int) else None
-    granted, reserved = hold_plan(tighter(room, own) or 0.0, len(body), model, max_tokens, gw.table)
-    held_by_hold = room is not None and (own is None or room <= own)
-    if held_by_hold and (granted is None or (max_tokens is not None and granted < max_tokens)):
-        assert room is not None
-        # Short of the whole request: a raise not yet drawn pays for it, at once (as under pause).
-        _, whole = hold_plan(math.inf, len(body), model, max_tokens, gw.table)
-        price_in, price_out = family_prices(model, gw.table)
-        # The least hold_plan grants, and a micro-dollar more: so that a room this big surely grants it.
-        minimum = input_ceiling(len(body), price_in) + MIN_OUTPUT_TOKENS * price_out / 1e6 + 1e-6
-        pause = granted is None and gw.meta(holder).get("on_budget") == "pause"
-        if await asyncio.to_thread(draw_raise, gw, holder, room, whole, minimum) or pause:
-            while True:
-                room = gw.room(holder)
-                left = tighter(room, own)
-                granted, reserved = hold_plan(math.inf if left is None else left, len(body), model, max_tokens, gw.table)
-                if granted is not None or not pause:
-                    break
-                await wait_for_room(gw, holder, agent, minimum, whole)
+    _, whole = hold_plan(math.inf, len(body), model, max_tokens, gw.table)
+    price_in, price_out = family_prices(model, gw.table)
+    # The least hold_plan grants, and a micro-dollar more: so that a room this big surely grants it.
+    minimum = input_ceiling(len(body), price_in) + MIN_OUTPUT_TOKENS * price_out / 1e6 + 1e-6
+    drawn = False
+    while True:
+        room, own = gw.room(holder), gw.own_room(holder, agent)
+        left = tighter(room, own)
+        if left is None:
+            return body, 0.0
+        granted, reserved = hold_plan(left, len(body), model, max_tokens, gw.table)
+        held_by_hold = room is not None and (own is None or room <= own)
+        if granted is not None and (max_tokens is None or granted >= max_tokens):
+            break
+        if gw.inflight.get(holder, Inflight()).count:
+            # Its agent's own calls in flight hold what it lacks (a CLI asks its side questions beside
+            # its turn, each reserving up to its max_tokens): wait for their charges before cutting or refusing.
+            await asyncio.sleep(GATEWAY_INFLIGHT_POLL_S)
+            continue
+        if not held_by_hold:
+            break
+        if not drawn:
+            drawn = True
+            # Short of the whole request: a raise not yet drawn pays for it, at once (as under pause).
+            # Decided again after it either way: other calls may have taken room while it ran.
+            await asyncio.to_thread(draw_raise, gw, holder, left, whole, minimum)
+            continue
+        if granted is None and gw.meta(holder).get("on_budget") == "pause":
+            await wait_for_room(gw, holder, agent, minimum, whole)
+            continue
+        break
     if granted is None:
-        left = max(tighter(room, own) or 0.0, 0.0)
         whose = "hold" if held_by_hold else "own budget"
-        why = f"budget: agent {agent}'s {whose} has ${left:.4f} left, less than its next model request can cost (${reserved:.4f})"
+        why = f"budget: agent {agent}'s {whose} has ${max(left, 0.0):.4f} left, less than its next model request can cost (${reserved:.4f})"
         await refuse_call(gw, agent, why, send)
         return None
     if granted != max_tokens:
