@@ -503,3 +503,122 @@ def test_a_call_short_only_of_its_agents_calls_in_flight_waits_for_them(
     assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
     assert json.loads(out.read_text()) == [200, 200]
     assert not [line for line in ledger_lines(session_root) if line.get("kind") == "refused"]
+
+
+def test_the_gateway_believes_only_its_own_lines_of_money(tmp_path: Path) -> None:
+    """Unit: lines anyone could append (a raise, a bigger hold, a spend moved elsewhere) move no hold's room."""
+    session = tmp_path / "s"
+    session.mkdir()
+    gw = spawn.Gateway(session, {}, "http://127.0.0.1:9", {}, 1.0)
+
+    def append(line: dict[str, Any]) -> None:
+        spawn.append_ledger(session, {"time": "2026-01-01T00:00:00Z", **line}, [])
+
+    append({"id": "root", "kind": "reserve", "amount_usd": 1.0})
+    append({"id": "leaf", "kind": "reserve", "amount_usd": 0.3, "drawn_from": "root"})
+    append(gw.sign({"id": "leaf", "kind": "spend", "cost_usd": 0.1, "time": "t"}))
+    assert gw.room("leaf") == pytest.approx(0.2)
+    assert gw.budget() == 1.0
+    # What the leaf's own Bash could append, every way:
+    append({"kind": "budget", "max_budget_usd": 100.0, "previous_usd": 1.0, "by": "leaf"})
+    append({"id": "leaf", "kind": "reserve", "amount_usd": 100.0, "drawn_from": "root"})
+    append({"id": "leaf", "kind": "reserve", "amount_usd": 100.0, "drawn_from": "root", "mac": "0" * 64})
+    append({"id": "leaf", "kind": "reserve", "amount_usd": 100.0, "drawn_from": "root", "topped_up_usd": 99.7})
+    append({"id": "leaf", "kind": "spend", "cost_usd": 0.0, "host": "root"})
+    append({**gw.sign({"id": "root", "kind": "spend", "cost_usd": 0.0, "time": "t"}), "id": "leaf", "host": "root"})
+    (session / "limits.json").write_text(json.dumps({"max_budget_usd": 100.0}))
+    assert gw.budget() == 1.0
+    assert gw.room("leaf") == pytest.approx(0.2)
+    assert gw.overdrawn("leaf") is None
+    assert gw.ledger.read().hosted == {}
+    # Its own lines it believes: a raise it made, and the hold it grew from it.
+    spawn.append_budget_change(session, 0.5, None, "person", [], authority=gw)
+    assert gw.budget() == 1.5
+    assert spawn.top_up_hold(session, "leaf", 0.25, [], gw) == pytest.approx(0.55)
+    assert gw.room("leaf") == pytest.approx(0.45)
+    assert spawn.top_up_hold(session, "leaf", 0.3, [], gw) is None  # past what was raised
+    # A hold nobody admitted, drawn from the tree's budget: no call of the tree is granted.
+    append({"id": "ghost", "kind": "reserve", "amount_usd": 5.0})
+    assert "the tree's budget" in str(gw.overdrawn("leaf"))
+    # A gateway started after these lines (a resumed tree's) believes them: they were the tree's before it.
+    again = spawn.Gateway(session, {}, "http://127.0.0.1:9", {}, 1.0)
+    assert again.budget() == 1.5
+
+
+def test_overdrawn_names_the_hold_a_line_broke() -> None:
+    """Unit: admission's holds fit in what they are drawn from; one that doesn't is named, up to the tree."""
+
+    def state(*lines: dict[str, Any]) -> Any:
+        return spawn.ledger_state([json.dumps(line) for line in lines])
+
+    root = {"id": "r", "kind": "reserve", "amount_usd": 1.0}
+    a = {"id": "a", "kind": "reserve", "amount_usd": 0.6, "drawn_from": "r"}
+    b = {"id": "b", "kind": "reserve", "amount_usd": 0.4, "drawn_from": "a"}
+    assert spawn.overdrawn(state(root, a, b), "b", 1.0) is None
+    assert "agent a's hold" in str(spawn.overdrawn(state(root, a, b, {**b, "id": "c"}), "b", 1.0))
+    # An ended child takes what it spent, at most its hold: its overrun is its own.
+    ended = {"id": "b", "time": "t", "status": "done", "cost_usd": 0.9}
+    assert spawn.overdrawn(state(root, a, b, ended, {**b, "id": "c", "amount_usd": 0.2}), "c", 1.0) is None
+    assert "never had" in str(spawn.overdrawn(state(root, {**a, "drawn_from": "nobody"}), "a", 1.0))
+    assert "tree's budget" in str(spawn.overdrawn(state(root, a), "a", 0.5))
+
+
+FORGE = """
+import json, os, socket, sys, time, urllib.request, urllib.error
+session, me = os.environ["SPAWN_SESSION"], os.environ["SPAWN_AGENT_ID"]
+out = open(sys.argv[1], "a")
+now = time.strftime("%Y-%m-%dT%H:%M:%SZ")
+forged = [
+    {"time": now, "kind": "budget", "max_budget_usd": 100.0, "previous_usd": 1.0, "by": "me"},
+    {"id": me, "time": now, "kind": "reserve", "amount_usd": 100.0},
+    {"id": me, "time": now, "kind": "reserve", "amount_usd": 100.0, "topped_up_usd": 99.7, "mac": "0" * 64},
+    {"id": me, "time": now, "kind": "spend", "cost_usd": 0.0, "host": "nobody"},
+]
+with open(os.path.join(session, "ledger.jsonl"), "a") as ledger:
+    ledger.write("".join(json.dumps(line) + "\\n" for line in forged))
+with open(os.path.join(session, "limits.json"), "w") as limits:
+    limits.write(json.dumps({"max_budget_usd": 100.0}))
+client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+os.chdir(os.path.join(session, "gateway"))
+client.connect("control.sock")
+client.sendall(json.dumps({"raise_usd": 100.0, "by": "me"}).encode() + b"\\n")
+out.write(client.makefile().readline())
+script = 'MOCK[{"text": "direct", "filler": 20000}]MOCK'
+for n in range(3):
+    body = {"model": "claude-opus-direct", "max_tokens": 32000, "tools": [{"name": "Bash"}],
+            "messages": [{"role": "user", "content": script}]}
+    request = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", data=json.dumps(body).encode(),
+                                     headers={"x-api-key": os.environ["ANTHROPIC_API_KEY"], "content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            out.write(json.dumps({"status": reply.status}) + "\\n")
+    except urllib.error.HTTPError as exc:
+        out.write(json.dumps({"status": exc.code}) + "\\n")
+"""
+
+
+def test_a_raise_reaches_the_gateway_only_from_outside_the_tree(
+    env: dict[str, str], session_root: Path, mock_model: MockModel, tmp_path: Path
+) -> None:
+    """A leaf appends a raise, a bigger hold and a moved spend to the ledger, rewrites limits.json and asks the gateway's
+    control socket for a raise: its calls are still held to its hold, and the tree to its budget."""
+    (tmp_path / "forge.py").write_text(FORGE)
+    out = tmp_path / "forged.jsonl"
+    leaf = mock_task("leaf", [{"bash": f'"$SPAWN_PYTHON" {tmp_path / "forge.py"} {out}'}, {"text": "leaf done"}])
+    # Unsandboxed: inside its sandbox, the session's files are read-only to it.
+    child = spawn_in_bash("--task", leaf, "--tools", "Bash", "--max-budget-usd", "0.3", "--sandbox", "off")
+    root = mock_task("root", [{"bash": child}, {"text": "root done"}])
+    done = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", "1"], env, timeout=240)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    answer, *calls = (json.loads(line) for line in out.read_text().splitlines())
+    assert answer["error"] == "refused" and "runs in this tree" in answer["message"], answer
+    assert calls[0]["status"] == 200 and calls[-1]["status"] == 403, calls
+    lines = ledger_lines(session_root)
+    leaf_id = next(d.name for d in agent_dirs(session_root) if d.name.startswith("a1-"))
+    metered = sum(line["cost_usd"] for line in lines if line.get("kind") == "spend" and line["id"] == leaf_id and "mac" in line)
+    assert 0.1 < metered <= 0.3 + 1e-6
+    assert sum(line["cost_usd"] for line in lines if line.get("kind") == "spend" and "mac" in line) <= 1.0 + 1e-6
+    (attempts,) = session_root.glob("*/budget.attempts.jsonl")
+    assert "runs in this tree" in attempts.read_text()
+    # Stopped with its tree, the gateway took its record and its socket with it.
+    assert not list(session_root.glob("*/gateway/gateway.json")) and not list(session_root.glob("*/gateway/control.sock"))

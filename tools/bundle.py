@@ -78,12 +78,12 @@ MODULES = (
     "supervise/commit",
     # policy: admission, definitions and rules, asks, budget and inbox
     "policy/admission",
-    "policy/gateway",
     "policy/agents",
     "policy/model_router",
     "policy/writable",
     "policy/delegates",
     "policy/channel",
+    "policy/gateway",
     "policy/steering",
     # run: one agent from its flags to its outcome
     "run/running",

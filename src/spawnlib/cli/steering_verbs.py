@@ -11,7 +11,8 @@ from pathlib import Path
 from ..core.errors import ExitCode, RefusedError, UsageError
 from ..core.output import emit
 from ..core.pure import secret_values
-from ..policy.steering import change_budget, check_name, record_budget_refusal, send_message, tree_caller_refusal
+from ..policy.steering import change_budget, check_name, send_message
+from ..session.ledger import record_budget_refusal, tree_caller_refusal
 from ..session.protocol import AGENTS_DIR, find_agent_dir, resolve_session_root
 from ..supervise.supervisor import calling_agents
 from .commands import default_session

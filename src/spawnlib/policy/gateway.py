@@ -39,13 +39,36 @@ from pathlib import Path
 from typing import Any
 
 from ..core.constants import CACHE_READ_FACTOR, CACHE_WRITE_1H_FACTOR, CACHE_WRITE_FACTOR, MODEL_PRICES_USD_PER_MTOK, USAGE_COUNTS
+from ..core.errors import RefusedError, UsageError
+from ..core.prelude import unix_address
 from ..core.pure import claude_config_dir, float_or_none, price_family, round_usd, utc_now_iso
-from ..session.ledger import LedgerState, LedgerTail, append_ledger, ledger_usd, top_up_hold
-from ..session.protocol import read_json, read_limits, session_lock, write_json_atomic
-from ..supervise.supervisor import Supervised
+from ..session.ledger import (
+    MAC,
+    LedgerState,
+    LedgerTail,
+    append_budget_change,
+    append_ledger,
+    ledger_entries,
+    ledger_lines,
+    ledger_usd,
+    overdrawn,
+    record_budget_refusal,
+    top_up_hold,
+    tree_caller_refusal,
+)
+from ..session.protocol import read_json, session_lock, write_json_atomic
+from ..supervise.supervisor import Supervised, calling_agents
+from .channel import bind_private_socket, peer_process, read_line
 
 GATEWAY_DIR = "gateway"  # in the session: gateway.json and credentials/
 GATEWAY_RECORD = "gateway.json"  # {url, pid, create_time}: where the tree's gateway listens, and which process it is
+CONTROL_SOCKET = "control.sock"  # in gateway/, mode 0600: `budget` changes reach the gateway here, whose kernel names the caller
+# The lines that decide money that only the gateway writes: a line of these kinds without its MAC is
+# believed by no gateway (anyone who can append to ledger.jsonl could write one). A reserve line with
+# topped_up_usd is a hold grown from a raise; the holds admission takes are checked by ledger.overdrawn.
+SIGNED_KINDS = ("spend", "refused", "budget")
+CONTROL_MAX_BYTES = 64 << 10
+CONTROL_READ_S = 5.0
 CREDENTIALS_DIR = "credentials"  # one file per minted credential, named by its sha256, holding the agent id
 SUBAGENTS_DIR = "subagents"  # HOST/NATIVE_ID: the agent id of an in-process agent, by its CLI's x-claude-code-agent-id
 AGENT_ID_HEADER = "x-claude-code-agent-id"  # sent by the pinned CLI on each request of a nested subagent (2.1.329)
@@ -194,6 +217,15 @@ class StreamMeter:
         if not self.final and usage:
             usage["output_tokens"] = self.output_bytes // CUT_BYTES_PER_TOKEN
         return usage
+
+
+def canonical(line: Mapping[str, Any]) -> str:
+    """A ledger line as its MAC covers it: every field but the MAC, in one spelling."""
+    return json.dumps({k: v for k, v in line.items() if k != MAC}, sort_keys=True, separators=(",", ":"))
+
+
+def canonical_digest(line: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(dict(line), sort_keys=True).encode()).hexdigest()
 
 
 def token_usage(usage: Mapping[str, Any]) -> dict[str, int]:
@@ -350,7 +382,7 @@ def oauth_token(path: Path | str) -> str | None:
     return None
 
 
-def start_gateway(session: Path, script: str) -> tuple[subprocess.Popen[bytes] | None, str]:
+def start_gateway(session: Path, script: str, budget: float | None) -> tuple[subprocess.Popen[bytes] | None, str]:
     """Start the tree's gateway and hand it the real credential on its stdin; remove the credential from this process.
 
     It runs `spawn.py _gateway SESSION` in this process's cgroup and process
@@ -366,7 +398,7 @@ def start_gateway(session: Path, script: str) -> tuple[subprocess.Popen[bytes] |
         [sys.executable, script, "_gateway", str(session)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True
     )
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps({"credential": credential, "upstream": upstream}).encode() + b"\n")
+    proc.stdin.write(json.dumps({"credential": credential, "upstream": upstream, "budget": budget}).encode() + b"\n")
     proc.stdin.close()
     line = proc.stdout.readline().decode().strip()
     if not line.startswith("http://"):
@@ -403,8 +435,16 @@ class Inflight:
 class Gateway:
     """The state of the running gateway: who is asking, what their calls hold, the ledger they are charged to."""
 
-    def __init__(self, session: Path, credential: Mapping[str, str], upstream: str, environ: Mapping[str, str]) -> None:
+    def __init__(
+        self, session: Path, credential: Mapping[str, str], upstream: str, environ: Mapping[str, str], budget: float | None = None
+    ) -> None:
         self.session = session
+        self.initial_budget = budget
+        """The tree's budget as its root began it (handed on the pipe, not read from limits.json, which anyone may write)."""
+        self.key = os.urandom(32)
+        """The MAC key of the gateway's own ledger lines: in this process's memory only."""
+        # The lines already there were the tree's before this gateway (a resumed tree's, its gateway then).
+        self.earlier = {canonical_digest(e) for e in ledger_entries(ledger_lines(session))}
         self.credential = dict(credential)
         self.upstream = upstream.rstrip("/")
         self.table = price_table(environ)
@@ -412,8 +452,7 @@ class Gateway:
         """By the agent that asks (an in-process agent's calls are also counted to its holder's)."""
         self.records: dict[str, dict[str, Any]] = {}
         self.metas: dict[str, tuple[int, dict[str, Any]]] = {}
-        self.ledger = LedgerTail(session)
-        self.limits: tuple[int, float | None] | None = None
+        self.ledger = LedgerTail(session, accept=self.trusted)
         self.client: Any = None
         self.not_before = 0.0
         """Monotonic time before which no call goes upstream: the last rate limit's retry-after, for the tree."""
@@ -486,14 +525,27 @@ class Gateway:
         return metas
 
     def budget(self) -> float | None:
-        """The tree's budget as limits.json set it (None: none), read again only when the file changed."""
-        try:
-            stamp = (self.session / "limits.json").stat().st_mtime_ns
-        except OSError:
-            stamp = -1
-        if self.limits is None or self.limits[0] != stamp:
-            self.limits = (stamp, read_limits(self.session).max_budget_usd)
-        return self.limits[1]
+        """The tree's budget (None: none): its root's, as this gateway's own budget lines changed it."""
+        changed = self.ledger.read().budget
+        return changed if changed is not None else self.initial_budget
+
+    def mac(self, line: Mapping[str, Any]) -> str:
+        import hmac
+
+        return hmac.new(self.key, canonical(line).encode(), "sha256").hexdigest()
+
+    def sign(self, line: Mapping[str, Any]) -> dict[str, Any]:
+        """A ledger line of this gateway's, with its MAC."""
+        return {**line, MAC: self.mac(line)}
+
+    def trusted(self, entry: Mapping[str, Any]) -> bool:
+        """Whether the gateway believes a ledger line: one that decides money only if it wrote it."""
+        kind, mac = entry.get("kind"), entry.get(MAC)
+        if mac is None and kind not in SIGNED_KINDS and not (kind == "reserve" and "topped_up_usd" in entry):
+            return True  # an admission's hold, a runner's charge: checked by what they can move (ledger.overdrawn)
+        import hmac
+
+        return (isinstance(mac, str) and hmac.compare_digest(mac, self.mac(entry))) or canonical_digest(entry) in self.earlier
 
     def room(self, holder: str) -> float | None:
         """USD the holder may still commit to: its hold less what its CLI spent (its in-process agents' calls too),
@@ -504,6 +556,11 @@ class Gateway:
         if not ledger.live(holder):
             return None if holder not in ledger.holds else 0.0
         return ledger.free(holder, 0.0, ledger.spend_of(holder)) - self.inflight.get(holder, Inflight()).reserved
+
+    def overdrawn(self, holder: str) -> str | None:
+        """Why the holds above holder's may not be believed (ledger.overdrawn), or None."""
+        budget, ledger = self.budget(), self.ledger.read()
+        return overdrawn(ledger, holder, budget) if budget is not None and ledger.live(holder) else None
 
     def own_room(self, holder: str, agent: str) -> float | None:
         """For an in-process agent: what its own max_budget_usd, and its in-process ancestors', leave; None: none set."""
@@ -565,10 +622,10 @@ class Gateway:
             "duration_s": round(time.monotonic() - call.started, 3),
             "status": call.status,
         }
-        append_ledger(self.session, {k: v for k, v in line.items() if v is not None}, [])
+        append_ledger(self.session, self.sign({k: v for k, v in line.items() if v is not None}), [])
 
     def refuse(self, agent: str, reason: str) -> None:
-        append_ledger(self.session, {"id": agent, "time": utc_now_iso(), "kind": "refused", "reason": reason}, [])
+        append_ledger(self.session, self.sign({"id": agent, "time": utc_now_iso(), "kind": "refused", "reason": reason}), [])
 
 
 async def read_body(receive: Any) -> bytes:
@@ -593,7 +650,7 @@ def api_error(kind: str, message: str) -> dict[str, Any]:
 def draw_raise(gw: Gateway, agent: str, room: float, whole: float, minimum: float) -> bool:
     """Grow the agent's hold from what `budget` raised that no hold drew yet: by what the whole request needs, else its least."""
     for need in (whole, minimum):
-        if need > room and top_up_hold(gw.session, agent, max(0.01, math.ceil((need - room) * 1e6) / 1e6), []) is not None:
+        if need > room and top_up_hold(gw.session, agent, max(0.01, math.ceil((need - room) * 1e6) / 1e6), [], gw) is not None:
             return True
     return False
 
@@ -734,6 +791,10 @@ async def hold_request(gw: Gateway, holder: str, agent: str, body: bytes, send: 
     drawn = False
     while True:
         room, own = gw.room(holder), gw.own_room(holder, agent)
+        if room is not None and (forged := gw.overdrawn(holder)) is not None:
+            why = f"budget: {forged}, so no call below it is granted (a hold grows only by admission or a raise)"
+            await refuse_call(gw, agent, why, send)
+            return None
         left = tighter(room, own)
         if left is None:
             return body, 0.0
@@ -865,6 +926,85 @@ async def send_upstream(gw: Gateway, scope: Mapping[str, Any], body: bytes, gone
     return None
 
 
+# ------------------------------------------------ a change of the budget --
+
+
+def change_budget_at_gateway(
+    session: Path, raise_usd: float | None, set_usd: float | None, by: str, at_most: float | None
+) -> dict[str, Any] | None:
+    """Ask the tree's gateway to change its budget (`spawn.py budget`); its answer, or None for a tree without one.
+
+    The answer is {"max_budget_usd", "previous_usd"}, or {"error": "usage"|"refused", "message"}.
+    """
+    import socket
+
+    if gateway_url(session) is None or gateway_gone(session) is not None:
+        return None  # none, or its tree has ended (a gateway stopped with its tree may leave its record)
+    path = session / GATEWAY_DIR / CONTROL_SOCKET
+    address, dir_fd = unix_address(str(path))
+    request = {"raise_usd": raise_usd, "set_usd": set_usd, "by": by, "at_most": at_most}
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(CONTROL_READ_S * 2)
+            client.connect(address)
+            client.sendall(json.dumps(request).encode() + b"\n")
+            answer = json.loads(read_line(client, CONTROL_MAX_BYTES, CONTROL_READ_S * 2))
+    except (OSError, ValueError) as exc:
+        return {"error": "state", "message": f"the tree's gateway did not take the change ({exc}); is the tree still running?"}
+    finally:
+        if dir_fd is not None:
+            os.close(dir_fd)
+    return answer if isinstance(answer, dict) else {"error": "state", "message": "the tree's gateway answered nonsense"}
+
+
+def control_answer(gw: Gateway, peer: Any, line: bytes) -> dict[str, Any]:
+    """The gateway's answer to a budget change on its control socket, from a caller the kernel named (peer).
+
+    A caller that runs under an agent of this tree is refused, as `spawn.py
+    budget` refuses it, but here by the gateway itself: a raise reaches the
+    holds only through here, so no agent can pay itself more, whatever it writes.
+    """
+    try:
+        request = json.loads(line)
+        if not isinstance(request, dict):
+            raise ValueError(line)
+        by = str(request.get("by") or "someone")[:200]
+        numbers = [request.get(k) for k in ("raise_usd", "set_usd", "at_most")]
+        raise_usd, set_usd, at_most = (ledger_usd(n) if n is not None else None for n in numbers)
+        if any(n is not None and v is None for n, v in zip(numbers, (raise_usd, set_usd, at_most), strict=True)):
+            return {"error": "usage", "message": "give a non-negative number of USD"}
+        if (raise_usd is None) == (set_usd is None):
+            return {"error": "usage", "message": "give one of --raise and --set"}
+    except ValueError:
+        return {"error": "usage", "message": "a change of the budget is one JSON line: {raise_usd|set_usd, by, at_most}"}
+    refusal = "the caller is another user's process, or gone" if peer is None else tree_caller_refusal(gw.session, calling_agents(peer))
+    if refusal is not None:
+        with contextlib.suppress(OSError):
+            record_budget_refusal(gw.session, by, refusal, [])
+        return {"error": "refused", "message": f"refused: {refusal}"}
+    try:
+        change = append_budget_change(gw.session, raise_usd, set_usd, by, [], at_most=at_most, authority=gw)
+    except (UsageError, RefusedError) as exc:
+        return {"error": "refused" if isinstance(exc, RefusedError) else "usage", "message": exc.message}
+    return {"max_budget_usd": change.max_budget_usd, "previous_usd": change.previous_usd}
+
+
+async def serve_control(gw: Gateway, reader: Any, writer: Any) -> None:
+    """One connection to the control socket: one change, one answer."""
+    import asyncio
+
+    try:
+        peer = peer_process(writer.get_extra_info("socket"))
+        line = await asyncio.wait_for(reader.readline(), CONTROL_READ_S)
+        answer = await asyncio.to_thread(control_answer, gw, peer, line[:CONTROL_MAX_BYTES])
+        writer.write(json.dumps(answer).encode() + b"\n")
+        await writer.drain()
+    except (OSError, TimeoutError, ValueError):
+        pass
+    finally:
+        writer.close()
+
+
 async def exit_with_parent(server: Any) -> None:
     """The gateway lives as long as the root's runner: once that is gone (even SIGKILLed), no call is served."""
     import asyncio
@@ -885,7 +1025,9 @@ def serve_gateway(session: Path) -> int:
 
     handed = json.loads(sys.stdin.readline() or "{}")
     sys.stdin.close()
-    gw = Gateway(session, handed.get("credential") or {}, handed.get("upstream") or DEFAULT_UPSTREAM, os.environ)
+    gw = Gateway(
+        session, handed.get("credential") or {}, handed.get("upstream") or DEFAULT_UPSTREAM, os.environ, ledger_usd(handed.get("budget"))
+    )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -905,16 +1047,28 @@ def serve_gateway(session: Path) -> int:
         folder.mkdir(parents=True, exist_ok=True)
         import psutil
 
+        with contextlib.suppress(FileNotFoundError):
+            (folder / CONTROL_SOCKET).unlink()  # a gateway's before this one (a resumed tree)
+        control_sock = bind_private_socket(folder / CONTROL_SOCKET)
+        control = await asyncio.start_unix_server(lambda r, w: serve_control(gw, r, w), sock=control_sock)
+
         with session_lock(session):
             write_json_atomic(folder / GATEWAY_RECORD, {"url": url, "pid": os.getpid(), "create_time": psutil.Process().create_time()})
         sys.stdout.write(url + "\n")
         sys.stdout.flush()
         orphaned = asyncio.ensure_future(exit_with_parent(server))
+        # uvicorn raises the signal that stopped it again once it has stopped, with the handler it
+        # found: the default one would end this process before it removes its record and socket.
+        for stop in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(stop, lambda *_: None)
         try:
             await server.serve(sockets=[sock])
         finally:
             with contextlib.suppress(OSError):
                 (folder / GATEWAY_RECORD).unlink()
+            control.close()
+            with contextlib.suppress(OSError):
+                (folder / CONTROL_SOCKET).unlink()
             orphaned.cancel()
             await gw.client.aclose()
 

@@ -22,10 +22,16 @@ from ..core.errors import RefusedError, SpawnError, StateError, UsageError
 from ..core.prelude import unix_address
 from ..core.pure import estimate_cost, parse_json, round_usd, utc_now_iso
 from ..core.records import AgentMeta, Status, record_to_json
-from ..session.ledger import append_budget_change, hold_need, hold_of, over_hold, top_up_hold
+from ..session.ledger import (
+    append_budget_change,
+    hold_need,
+    hold_of,
+    over_hold,
+    same_dir,
+    top_up_hold,
+)
 from ..session.protocol import (
     AGENTS_DIR,
-    append_jsonl,
     append_transcript,
     load_meta,
     read_limits,
@@ -35,7 +41,7 @@ from ..session.protocol import (
 )
 from ..supervise.supervisor import Supervised, calling_agents
 from .channel import bind_private_socket, peer_process, read_line
-from .gateway import gateway_url
+from .gateway import change_budget_at_gateway, gateway_url
 
 # ----------------------------------------------------------------- steering --
 # Steering a running tree: a message to an agent while it works (`send`), and
@@ -45,7 +51,6 @@ from .gateway import gateway_url
 # a record that anything with Bash can write never decides for an agent.
 
 INBOX_SOCKET = "inbox.sock"  # in the agent's directory, 0600, while its runner takes messages
-BUDGET_ATTEMPTS = "budget.attempts.jsonl"  # in the session: `budget` calls refused (from inside the tree)
 STOPPING = "is being stopped"  # why an inbox closed when its agent is stopped
 # A message is a prompt someone typed or a script wrote: 256 KiB is far above
 # that, and bounds what one caller makes the runner hold and record.
@@ -133,7 +138,7 @@ def send_refusal(target: str, session: Path, callers: Sequence[tuple[str, str, i
     them; chain_of(id) gives an agent's ancestors by its meta.json, for one
     that escaped the process tree but not its record.
     """
-    same = [agent for caller_session, agent, _depth in callers if _same_dir(caller_session, session)]
+    same = [agent for caller_session, agent, _depth in callers if same_dir(caller_session, session)]
     if not same:
         return None
     if same[0] == target:
@@ -142,20 +147,6 @@ def send_refusal(target: str, session: Path, callers: Sequence[tuple[str, str, i
         if agent == target or target in chain_of(agent):
             return f"agent {same[0]} is in {target}'s subtree and can't steer it; its parent, the person or a client outside can"
     return None
-
-
-def tree_caller_refusal(session: Path, callers: Sequence[tuple[str, str, int]]) -> str | None:
-    """Why a caller may not change its tree's budget: it runs under one of the tree's agents (pure)."""
-    for caller_session, agent, depth in callers:
-        if _same_dir(caller_session, session):
-            return f"agent {agent} (depth {depth}) runs in this tree and can't change its budget; the person or a client outside can"
-    return None
-
-
-def _same_dir(a: str, b: Path) -> bool:
-    with contextlib.suppress(OSError):
-        return Path(a).resolve() == b.resolve()
-    return False
 
 
 def meta_chain(session: Path) -> Callable[[str], list[str]]:
@@ -312,7 +303,7 @@ class Inbox:
         session = Path(self.meta.session)
         refusal = "its sender can't be told apart" if peer is None else send_refusal(self.meta.id, session, callers, meta_chain(session))
         pid = peer.pid if peer is not None else 0
-        sender = sender_name(pid, [c for c in callers if _same_dir(c[0], session)] or callers)
+        sender = sender_name(pid, [c for c in callers if same_dir(c[0], session)] or callers)
         if refusal is not None:
             record = {"from": sender, "by": by, "pid": pid, "refused": refusal, "chars": len(text)}
             self._line(SEND_REFUSED_LINE, record)
@@ -439,18 +430,20 @@ def change_budget(
     for flag, value in (("--raise", raise_usd), ("--set", set_usd), ("--at-most", at_most)):
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise UsageError(f"{flag} {value}: give a non-negative number of USD")
-    change = append_budget_change(session, raise_usd, set_usd, by, secrets_, at_most=at_most)
+    # A tree with a gateway: the gateway makes the change (its holds believe no other writer's line).
+    answer = change_budget_at_gateway(session, raise_usd, set_usd, by, at_most)
+    if answer is None:
+        change = append_budget_change(session, raise_usd, set_usd, by, secrets_, at_most=at_most)
+        answer = {"max_budget_usd": change.max_budget_usd, "previous_usd": change.previous_usd}
+    elif "error" in answer:
+        kind = {"usage": UsageError, "refused": RefusedError}.get(str(answer["error"]), StateError)
+        raise kind(str(answer.get("message") or "the tree's gateway refused the change"))
     return {
         "session": str(session),
-        "max_budget_usd": change.max_budget_usd,
-        "previous_usd": change.previous_usd,
+        "max_budget_usd": answer["max_budget_usd"],
+        "previous_usd": answer["previous_usd"],
         "paused": paused_agents(session),
     }
-
-
-def record_budget_refusal(session: Path, by: str, refusal: str, secrets_: Sequence[str]) -> None:
-    attempt = {"at": utc_now_iso(), "by": by, "pid": os.getpid(), "refused": refusal}
-    append_jsonl(session / BUDGET_ATTEMPTS, attempt, secrets_)
 
 
 def paused_agents(session: Path) -> list[dict[str, Any]]:

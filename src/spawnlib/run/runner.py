@@ -331,7 +331,10 @@ def start_tree_gateway(meta: AgentMeta, state: RunState) -> None:
     start, soft = gateway_choice(state.settings, meta.max_budget_usd, policy if isinstance(policy, str) else None)
     if start:
         # Before the root's CLI, which gets its URL; inside the cgroup, so it ends with the tree.
-        proc, source = start_gateway(Path(meta.session), str(compiled_script()))
+        # The tree's budget as limits.json has it now, before any agent of the tree has run (a root
+        # that shares a session, as an MCP server's roots do, holds less than it).
+        budget = read_limits(Path(meta.session)).max_budget_usd
+        proc, source = start_gateway(Path(meta.session), str(compiled_script()), budget)
         GATEWAYS.append(proc)
         soft = None if proc is not None else f"no gateway: {source}"
     if soft is not None:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.constants import LEDGER, LIMITS
 from ..core.errors import CorruptRecordError, RefusedError, SpawnError, UsageError
@@ -42,6 +42,9 @@ from .protocol import (
 )
 
 # ---------------------------------------------------------------- reading --
+
+MAC = "mac"  # the field of the tree's gateway's own lines: its HMAC, whose key only the gateway's memory holds
+LEDGER_SLACK_USD = 1e-5  # amounts are rounded to the micro-dollar: sums of many may drift by a few
 
 
 def ledger_usd(value: Any) -> float | None:
@@ -66,6 +69,8 @@ class LedgerState:
     """id -> why the gateway last refused one of its model calls."""
     hosted: dict[str, str] = field(default_factory=dict)
     """In-process agent id -> the process agent whose CLI runs it (spend lines with `host`): its spend is inside that hold."""
+    budget: float | None = None
+    """The last budget line's max_budget_usd (None: none; limits.json's budget stands)."""
 
     def spend_of(self, holder: str) -> float:
         """What the gateway metered of a process agent's CLI: its own calls and its in-process agents'."""
@@ -146,30 +151,50 @@ class BudgetChange:
     kind: str = "budget"
 
 
-def ledger_entries(lines: Iterable[str]) -> Iterable[dict[str, Any]]:
-    """The ledger's lines that parse as JSON objects; the rest are skipped (each write is one whole line)."""
+Accept = Callable[[Mapping[str, Any]], bool]
+"""Which lines a reader believes (the gateway's: only its own signed lines of the kinds that decide money)."""
+
+
+class Authority(Protocol):
+    """The tree's gateway, as the ledger's writers see it: it believes only lines it signed of the kinds that
+    decide money (see gateway.Gateway.trusted), signs the lines it writes, and knows the budget the tree began with."""
+
+    initial_budget: float | None
+
+    def trusted(self, entry: Mapping[str, Any]) -> bool: ...
+
+    def sign(self, line: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+def ledger_entries(lines: Iterable[str], accept: Accept | None = None) -> Iterable[dict[str, Any]]:
+    """The ledger's lines that parse as JSON objects (and that accept believes); the rest are skipped (each write is one whole line)."""
     for line in lines:
         try:
             entry = parse_json(line)
         except ValueError:
             continue
-        if isinstance(entry, dict):
+        if isinstance(entry, dict) and (accept is None or accept(entry)):
             yield entry
 
 
-def ledger_state(lines: Iterable[str]) -> LedgerState:
+def ledger_state(lines: Iterable[str], accept: Accept | None = None) -> LedgerState:
     """Fold ledger.jsonl's holds and charges (pure)."""
-    return fold_ledger(LedgerState(), lines)
+    return fold_ledger(LedgerState(), lines, accept)
 
 
-def fold_ledger(state: LedgerState, lines: Iterable[str]) -> LedgerState:
+def fold_ledger(state: LedgerState, lines: Iterable[str], accept: Accept | None = None) -> LedgerState:
     """Fold more of ledger.jsonl's lines into state, in order (pure but for state)."""
-    for entry in ledger_entries(lines):
+    for entry in ledger_entries(lines, accept):
         if not isinstance(entry.get("id"), str):
-            continue  # a budget line, or not the ledger's
+            if entry.get("kind") == "budget" and (new := ledger_usd(entry.get("max_budget_usd"))) is not None:
+                state.budget = new
+            continue  # not an agent's line
         if entry.get("kind") == "reserve":
             amount = ledger_usd(entry.get("amount_usd"))
-            if amount is not None:
+            # A gateway's read: a hold grows only by the gateway's own (signed) lines, so an agent
+            # that appends a bigger hold for itself grows nothing; admission writes each hold once.
+            grown = accept is not None and MAC not in entry and entry["id"] in state.holds
+            if amount is not None and not grown:
                 source = entry.get("drawn_from")
                 state.holds[entry["id"]] = (source if isinstance(source, str) else None, amount)
         elif entry.get("kind") == "spend":
@@ -186,10 +211,10 @@ def fold_ledger(state: LedgerState, lines: Iterable[str]) -> LedgerState:
     return state
 
 
-def budget_state(lines: Iterable[str]) -> BudgetState:
+def budget_state(lines: Iterable[str], accept: Accept | None = None) -> BudgetState:
     """Fold ledger.jsonl's budget and top-up lines (pure); holds and charges are ledger_state's."""
     state = BudgetState()
-    for entry in ledger_entries(lines):
+    for entry in ledger_entries(lines, accept):
         if entry.get("kind") == "budget" and "id" not in entry:
             new, old = ledger_usd(entry.get("max_budget_usd")), ledger_usd(entry.get("previous_usd"))
             if new is not None and old is not None:
@@ -221,6 +246,7 @@ class LedgerTail:
     state: LedgerState = field(default_factory=LedgerState)
     offset: int = 0
     identity: tuple[int, int] | None = None
+    accept: Accept | None = None
 
     def read(self) -> LedgerState:
         try:
@@ -233,7 +259,7 @@ class LedgerTail:
             if st.st_size > self.offset:
                 data = os.pread(fd, st.st_size - self.offset, self.offset)
                 whole = data[: data.rfind(b"\n") + 1]  # each append is one whole line: a line cut here is read next time
-                fold_ledger(self.state, whole.decode(errors="replace").splitlines())
+                fold_ledger(self.state, whole.decode(errors="replace").splitlines(), self.accept)
                 self.offset += len(whole)
         finally:
             os.close(fd)
@@ -352,7 +378,14 @@ def over_hold(session: Path, agent_id: str, own_spend: float, last_turn: float =
 
 
 def append_budget_change(
-    session: Path, raise_usd: float | None, set_usd: float | None, by: str, secrets_: Sequence[str], *, at_most: float | None = None
+    session: Path,
+    raise_usd: float | None,
+    set_usd: float | None,
+    by: str,
+    secrets_: Sequence[str],
+    *,
+    at_most: float | None = None,
+    authority: Authority | None = None,
 ) -> BudgetChange:
     """Append the tree's new budget to its ledger (under the session lock); the line.
 
@@ -361,13 +394,17 @@ def append_budget_change(
     the same lock as the change, so no raise that races another passes it.
     limits.json follows the line, so that every reader of the cap (admission,
     status, the MCP server) sees it; the ledger line, first, is the record.
+    authority: the tree's gateway, the only writer of a tree that has one:
+    the budget is what its own lines say, and its line is signed.
     """
     with session_lock(session):
         limits = read_limits(session)
-        budget = tree_budget(session)
+        lines = ledger_lines(session)
+        accept = authority.trusted if authority is not None else None
+        budget = budget_now(session, lines, authority)
         if budget is None or limits.max_budget_usd is None:
             raise UsageError(f"session {session.name} has no budget (its root ran without --max-budget-usd); there is nothing to raise")
-        ledger = read_ledger(session)
+        ledger = ledger_state(lines, accept)
         new = budget + raise_usd if raise_usd is not None else float(set_usd or 0.0)
         if at_most is not None and new > at_most + 1e-9:
             raise RefusedError(f"refused: a budget of ${new:g} is past ${at_most:g}, the most this caller may give the tree")
@@ -377,9 +414,32 @@ def append_budget_change(
                 f"--set {new:g} is below what the tree has spent and holds (${floor:.4f}); set at least that, or wait for agents to end"
             )
         change = BudgetChange(utc_now_iso(), round_usd(new) or 0.0, round_usd(budget) or 0.0, by)
-        append_ledger(session, record_to_json(change), secrets_)
+        line = record_to_json(change)
+        append_ledger(session, authority.sign(line) if authority is not None else line, secrets_)
         write_json_atomic(session / LIMITS, record_to_json(replace(limits, max_budget_usd=change.max_budget_usd)))
     return change
+
+
+BUDGET_ATTEMPTS = "budget.attempts.jsonl"  # in the session: `budget` calls refused (from inside the tree)
+
+
+def tree_caller_refusal(session: Path, callers: Sequence[tuple[str, str, int]]) -> str | None:
+    """Why a caller may not change its tree's budget: it runs under one of the tree's agents (pure)."""
+    for caller_session, agent, depth in callers:
+        if same_dir(caller_session, session):
+            return f"agent {agent} (depth {depth}) runs in this tree and can't change its budget; the person or a client outside can"
+    return None
+
+
+def same_dir(a: str, b: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return Path(a).resolve() == b.resolve()
+    return False
+
+
+def record_budget_refusal(session: Path, by: str, refusal: str, secrets_: Sequence[str]) -> None:
+    attempt = {"at": utc_now_iso(), "by": by, "pid": os.getpid(), "refused": refusal}
+    append_jsonl(session / BUDGET_ATTEMPTS, attempt, secrets_)
 
 
 def hold_chain(ledger: LedgerState, agent_id: str) -> list[str]:
@@ -395,17 +455,27 @@ def hold_chain(ledger: LedgerState, agent_id: str) -> list[str]:
     return chain
 
 
-def top_up_hold(session: Path, agent_id: str, needed: float, secrets_: Sequence[str]) -> float | None:
+def budget_now(session: Path, lines: Sequence[str], authority: Authority | None = None) -> float | None:
+    """The tree's budget: its last budget line's (the gateway's own, for a tree that has one), else the one it began with."""
+    changed = budget_state(lines, authority.trusted if authority is not None else None).budget
+    if changed is not None:
+        return changed
+    return authority.initial_budget if authority is not None else read_limits(session).max_budget_usd
+
+
+def top_up_hold(session: Path, agent_id: str, needed: float, secrets_: Sequence[str], authority: Authority | None = None) -> float | None:
     """Grow a paused agent's hold by needed from what `budget` raised, under the session lock; the new hold, or None.
 
     The holds it draws from grow by as much (their own room is unchanged),
     and the tree's remainder must have it: a raise is spent by the paused
     agents that need it, a turn at a time, and never more than was raised.
+    authority: as for append_budget_change (only the gateway's raises count, and its lines are signed).
     """
     with session_lock(session):
         lines = ledger_lines(session)
-        ledger, changes = ledger_state(lines), budget_state(lines)
-        budget = changes.budget if changes.budget is not None else read_limits(session).max_budget_usd
+        accept = authority.trusted if authority is not None else None
+        ledger, changes = ledger_state(lines, accept), budget_state(lines, accept)
+        budget = budget_now(session, lines, authority)
         chain = hold_chain(ledger, agent_id)
         if budget is None or not chain or changes.raised - changes.topped_up + 1e-9 < needed:
             return None
@@ -419,8 +489,40 @@ def top_up_hold(session: Path, agent_id: str, needed: float, secrets_: Sequence[
                 line["drawn_from"] = source
             if n == 0:
                 line["topped_up_usd"] = round_usd(needed)
-            append_ledger(session, line, secrets_)
+            append_ledger(session, authority.sign(line) if authority is not None else line, secrets_)
         return float(round_usd(ledger.holds[agent_id][1] + needed) or 0.0)
+
+
+def overdrawn(ledger: LedgerState, holder: str, budget: float) -> str | None:
+    """Why the holds above a live agent's may not be believed, or None (pure).
+
+    Admission draws each hold from its parent's room, or the tree's remainder,
+    and a top-up grows every hold of its chain alike: so what the holds drawn
+    from a hold hold (an ended one: what it spent, up to its hold) is never
+    more than that hold, nor the top holds more than the budget. A reserve line
+    that anyone else appended (an agent's own, to grow its hold) breaks that
+    somewhere on its chain, and the gateway grants none of the chain's calls:
+    a line can move a hold's room, never make the tree's.
+    """
+
+    def held_below(source: str | None) -> float:
+        return sum(ledger.holds[c][1] if ledger.live(c) else min(ledger.used_by(c), ledger.holds[c][1]) for c in ledger.draws(source))
+
+    cursor: str | None = holder
+    seen: set[str] = set()
+    while cursor is not None and cursor not in seen:
+        seen.add(cursor)
+        if cursor not in ledger.holds:
+            return f"agent {cursor}'s hold is drawn from a hold the ledger never had"
+        below, hold = held_below(cursor), ledger.holds[cursor][1]
+        if ledger.live(cursor) and below > hold + LEDGER_SLACK_USD:
+            return f"the holds drawn from agent {cursor}'s hold (${below:.4f}) are more than it (${hold:.4f})"
+        cursor = ledger.holds[cursor][0]
+    if cursor is not None:
+        return "the ledger's holds are drawn in a loop"
+    if held_below(None) > budget + LEDGER_SLACK_USD:
+        return f"the holds drawn from the tree's budget (${held_below(None):.4f}) are more than it (${budget:.4f})"
+    return None
 
 
 def hold_need(session: Path, agent_id: str, own_spend: float, last_turn: float) -> tuple[float, float, float] | None:
