@@ -248,7 +248,7 @@ def model_calls(session: Path) -> dict[str, list[dict[str, Any]]]:
         agent, at = entry.get("id"), entry.get("time")
         if entry.get("kind") != "spend" or not isinstance(agent, str) or not isinstance(at, str):
             continue
-        usage = entry.get("usage") if isinstance(entry.get("usage"), dict) else {}
+        usage: dict[str, Any] = found if isinstance(found := entry.get("usage"), dict) else {}
         model, status = entry.get("model"), entry.get("status")
         call: dict[str, Any] = {
             "time": at,
