@@ -173,7 +173,11 @@ def schema_properties(name: str, *path: str) -> tuple[set[str], set[str]]:
 
 @pytest.mark.parametrize(
     ("record", "schema", "path"),
-    [(spawn.Result, "result", ()), (spawn.AgentRow, "status", ("properties", "agents", "items"))],
+    [
+        (spawn.Result, "result", ()),
+        (spawn.AgentRow, "status", ("properties", "agents", "items")),
+        (spawn.ModelCall, "status", ("properties", "agents", "items", "properties", "model_calls", "items")),
+    ],
 )
 def test_the_records_mirror_their_schemas(record: type, schema: str, path: tuple[str, ...]) -> None:
     properties, required = schema_properties(schema, *path)
@@ -252,6 +256,8 @@ def test_start_wait_status_and_kill(env: dict[str, str], session_root: Path) -> 
     assert all(isinstance(r, spawn.AgentRow) for r in rows)
     listed = run_spawn(["status", "--json", str(sleeper.session)], env)
     jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / "status.json").read_text())).validate(json.loads(listed.stdout))
+    # No budget, no gateway: no model calls are metered, and the rows look as they always did.
+    assert all("model_calls" not in row for row in json.loads(listed.stdout)["agents"]) and rows[0].model_calls is None
     runner = load(Path(sleeper.agent_dir) / "meta.json")["pid"]
     assert alive([runner])
 

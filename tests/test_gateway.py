@@ -14,8 +14,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
-from conftest import FAKE_API_KEY, MockModel, agent_dirs, load, mock_task, run_spawn, spawn_in_bash, start_spawn, wait_until, write_agent
+from conftest import (
+    FAKE_API_KEY,
+    ROOT,
+    MockModel,
+    agent_dirs,
+    load,
+    mock_task,
+    run_spawn,
+    spawn_in_bash,
+    start_spawn,
+    wait_until,
+    write_agent,
+)
 
 import spawn
 
@@ -355,6 +368,21 @@ def test_in_process_agents_are_metered_as_themselves_and_held_to_their_hosts_bud
     # Each agent's own cost, once: the tree's sum is what was served.
     costs = [load(d / "outcome.json").get("cost_usd") or 0.0 for d in chain.values()]
     assert sum(costs) == pytest.approx(served, rel=0.01)
+    # status --json lists each agent's calls as the ledger has them, under the agent that made them
+    # (not its host), and they sum to its cost.
+    listed = run_spawn(["status", "--json", str(chain[0].parent.parent)], env)
+    assert listed.returncode == 0, listed.stderr
+    data = json.loads(listed.stdout)
+    jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / "status.json").read_text())).validate(data)
+    rows = {row["id"]: row for row in data["agents"]}
+    keys = ("time", "model", "usage", "cost_usd", "status", "duration_s", "ttfb_s")
+    for agent_dir in chain.values():
+        mine = [{k: line[k] for k in keys if k in line} for line in spends if line["id"] == agent_dir.name]
+        assert mine and rows[agent_dir.name]["model_calls"] == mine, agent_dir.name
+    deep_calls = rows[deep_id]["model_calls"]
+    assert sum(c["cost_usd"] for c in deep_calls) == pytest.approx(deep_outcome["cost_usd"], abs=1e-5)
+    assert all(c["status"] == "200" and c["usage"]["input_tokens"] + c["usage"]["cache_creation_input_tokens"] > 0 for c in deep_calls)
+    assert all(0 <= c["ttfb_s"] <= c["duration_s"] for c in deep_calls)
 
 
 def test_an_in_process_agents_own_budget_holds_at_its_model_calls(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import gzip
 import http.server
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -135,7 +137,14 @@ def test_depth3_tree_is_one_trace_with_one_span_per_agent(
     assert f"seen-traceparent={leaf_meta['traceparent']}" in transcript
 
 
+def iso_nanos(iso: str) -> int:
+    return round(dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1e9)
+
+
 def test_in_process_agents_are_spans_of_the_tree(env: dict[str, str], session_root: Path, collector: Collector) -> None:
+    """Three agents in one CLI, with the gateway on (SPAWN_GATEWAY=1): each agent's model calls are GenAI
+    spans under its own span, not its host's."""
+
     def delegate(name: str, child: str) -> str:
         call = {"description": name, "prompt": child, "subagent_type": "general-purpose", "run_in_background": False}
         return mock_task(name, [{"tool": "Agent", "input": call}, {"text": f"{name} done"}])
@@ -145,14 +154,46 @@ def test_in_process_agents_are_spans_of_the_tree(env: dict[str, str], session_ro
         **env,
         "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
         "UV_CACHE_DIR": os.environ.get("UV_CACHE_DIR") or str(Path.home() / ".cache" / "uv"),
+        "SPAWN_GATEWAY": "1",
     }
     proc = run_spawn(["--task", root, "--tools", "Agent,Read", "--placement", "inprocess"], otel_env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "OpenTelemetry export failed" not in proc.stderr
     by_span = {m["span_id"]: m for m in metas(session_root).values()}
-    spans = {s.span_id.hex(): s for s in collector.spans}
+    spans = {s.span_id.hex(): s for s in collector.spans if s.name.startswith("agent ")}
     assert spans.keys() == by_span.keys() and len(spans) == 3
     for span_id, meta in by_span.items():
         attrs = attributes(spans[span_id])
         assert attrs["spawn.placement"] == ("local" if meta["depth"] == 0 else "inprocess")
         assert attrs["spawn.status"] == "done" and spans[span_id].parent_span_id.hex() == meta.get("parent_span_id", "")
+
+    (ledger,) = session_root.glob("*/ledger.jsonl")
+    spends = [line for line in map(json.loads, ledger.read_text().splitlines()) if line.get("kind") == "spend"]
+    calls = [s for s in collector.spans if not s.name.startswith("agent ")]
+    assert len(calls) == len(spends) >= 5  # the root and the middle ask twice (their Agent call, their answer), the leaf once
+    assert len({s.span_id for s in collector.spans}) == len(collector.spans)
+    for meta in by_span.values():
+        mine = [line for line in spends if line["id"] == meta["id"]]
+        # Under its agent's span, in the ledger's order (spans sorted by start, as a backend shows them).
+        under = sorted((s for s in calls if s.parent_span_id.hex() == meta["span_id"]), key=lambda s: s.start_time_unix_nano)
+        assert len(under) == len(mine) >= 1, meta["id"]
+        for span, line in zip(under, sorted(mine, key=lambda c: iso_nanos(c["time"]) - c["duration_s"] * 1e9), strict=True):
+            attrs = attributes(span)
+            usage = line["usage"]
+            assert span.name == f"chat {line['model']}" and span.kind == span.SPAN_KIND_CLIENT
+            assert span.trace_id.hex() == meta["trace_id"]
+            assert attrs["gen_ai.operation.name"] == "chat"
+            assert attrs["gen_ai.provider.name"] == attrs["gen_ai.system"] == "anthropic"
+            assert attrs["gen_ai.request.model"] == attrs["gen_ai.response.model"] == line["model"]
+            assert attrs["gen_ai.usage.input_tokens"] == (
+                usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"]
+            )
+            assert attrs["gen_ai.usage.output_tokens"] == usage["output_tokens"] > 0
+            assert attrs["gen_ai.usage.cache_read.input_tokens"] == usage["cache_read_input_tokens"]
+            assert attrs["gen_ai.usage.cache_creation.input_tokens"] == usage["cache_creation_input_tokens"]
+            assert {k: v for k, v in attrs.items() if k.startswith("spawn.usage.")} == {f"spawn.usage.{k}": v for k, v in usage.items()}
+            assert attrs["spawn.agent.id"] == meta["id"] and attrs["spawn.status"] == line["status"] == "200"
+            assert attrs["spawn.cost_usd"] == line["cost_usd"] > 0 and attrs["spawn.ttfb_s"] == line["ttfb_s"]
+            # From time - duration_s to time, to the millisecond the ledger keeps.
+            assert abs(span.end_time_unix_nano - iso_nanos(line["time"])) < 1_000_000
+            assert abs(span.end_time_unix_nano - span.start_time_unix_nano - line["duration_s"] * 1e9) < 1_000_000

@@ -55,7 +55,7 @@ def test_bounds_and_record_names_are_spawn_pys() -> None:
     assert session_files.RECORD_MAX_BYTES == spawn.RECORD_MAX_BYTES
     assert session_files.JSON_MAX_DEPTH == spawn.JSON_MAX_DEPTH
     assert session_files.MARKERS == (spawn.DONE_MARKER, spawn.FAIL_MARKER)
-    names = ("AGENTS_DIR", "META", "OUTCOME", "PAUSED", "NATIVE_LOG")
+    names = ("AGENTS_DIR", "META", "OUTCOME", "PAUSED", "NATIVE_LOG", "LEDGER", "USAGE_COUNTS")
     assert {n: getattr(session_files, n) for n in names} == {n: getattr(spawn, n) for n in names}
     assert spawn.asks_dir(Path("session")).name == session_files.ASKS_DIR
 
@@ -144,6 +144,23 @@ def test_native_subagents_are_spawn_pys_native_rows(sessions: Path) -> None:
         assert {f"n-{i}" for i in nodes} == {r["id"] for r in rows}, agent_dir.name
         stopped = {f"n-{i}" for i, events in nodes.items() if "stop" in events}
         assert stopped == {r["id"] for r in rows if r["state"] == spawn.Status.DONE.value}, agent_dir.name
+
+
+def test_model_calls_are_spawn_pys_and_sum_to_each_agents_spend(sessions: Path) -> None:
+    """The ledger's spend lines as both readers list them (status --json's model_calls), junk and all."""
+    for name in SESSIONS:
+        ours = {agent: [spawn.record_to_json(c) for c in calls] for agent, calls in spawn.read_model_calls(sessions / name).items()}
+        assert session_files.model_calls(sessions / name) == ours, name
+    calls = session_files.model_calls(sessions / "finished")
+    assert {agent: len(c) for agent, c in calls.items()} == {"a0-65cdde": 2, "a1-840a7f": 2, "a2-0d80e2": 1}
+    state = spawn.read_ledger(sessions / "finished")
+    for agent, found in calls.items():
+        assert sum(c["cost_usd"] for c in found) == pytest.approx(state.spends[agent]), agent
+    cut = calls["a1-840a7f"][1]
+    assert cut["status"] == "cut" and "ttfb_s" not in cut and cut["duration_s"] == 0.4
+    junk = calls["a0-65cdde"][1]  # a count that is a string, a duration of Infinity: read as 0 and unknown
+    assert junk["usage"]["cache_creation_input_tokens"] == 0 and "duration_s" not in junk and junk["ttfb_s"] == 0.12
+    assert "mac" not in calls["a2-0d80e2"][0] and calls["a2-0d80e2"][0]["usage"]["cache_creation_input_tokens"] == 1016
 
 
 def test_times_and_limits_read_as_spawn_py_reads_them(sessions: Path) -> None:

@@ -135,6 +135,19 @@ def assert_fits_window(page: Path, tmp_path: Path, size: str) -> None:
         assert layout["legend"][2] <= left + plot_x
 
 
+def drawn_calls(dom: str) -> dict[str, int]:
+    """How many segments the page's script drew of each part of the model calls (waiting, answering, cut/error)."""
+    drawn: dict[str, int] = {}
+    for part, d in re.findall(r'<path class="call" data-part="([^"]+)"[^>]*\bd="([^"]*)"', dom):
+        drawn[part] = drawn.get(part, 0) + d.count("M")
+    return drawn
+
+
+def spend_lines(session: Path) -> list[dict[str, Any]]:
+    lines = (session / "ledger.jsonl").read_text().splitlines() if (session / "ledger.jsonl").exists() else []
+    return [line for line in map(json.loads, lines) if line.get("kind") == "spend"]
+
+
 def run_view(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(VIEW), *args], capture_output=True, text=True, timeout=120, check=False)
 
@@ -153,7 +166,8 @@ def test_timeline_of_a_real_tree_in_chromium(env: dict[str, str], session_root: 
     )
     proc = run_spawn(
         ["--task", root, "--tools", "Bash", "--max-depth", "1", "--deny", "Bash(rm:*)", "--ask", "Bash(git push:*)"],
-        {**env, "SPAWN_ASK_TIMEOUT_S": "1"},
+        # SPAWN_GATEWAY=1: the tree's gateway records each model call in the ledger, for the page to draw.
+        {**env, "SPAWN_ASK_TIMEOUT_S": "1", "SPAWN_GATEWAY": "1"},
     )
     assert proc.returncode == 0, proc.stderr
     dirs = agent_dirs(session_root)
@@ -181,6 +195,21 @@ def test_timeline_of_a_real_tree_in_chromium(env: dict[str, str], session_root: 
     assert re.search(r"<td>start</td><td>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z</td>", detail)
     assert re.search(r"<td>end</td><td>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z</td>", detail)
     assert not re.search(r"<td>\d{10}(\.\d+)?</td>", detail)
+    # Each model call is drawn on its agent's row (waiting for its first byte, then answering),
+    # and the selected agent's are listed in the panel, each ending when the ledger says it did.
+    calls = spend_lines(session)
+    child_calls = [c for c in calls if c["id"] == child_id]
+    ran = {d.name for d in dirs if load(d / "outcome.json")["status"] != "refused"}
+    assert len(child_calls) >= 2 and {c["id"] for c in calls} == ran
+    assert body_data(dom, "calls") == len(calls)
+    ok = [c for c in calls if c["status"] == "200"]
+    assert drawn_calls(dom) == {"waiting": len(ok), "answering": len(ok), "cut/error": len(calls) - len(ok)}
+    rows = re.findall(r'<tr class="call"><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td><td>([^<]*)</td><td>\$([^<]*)</td>', detail)
+    assert [(end, status) for end, status, *_ in rows] == [(c["time"], c["status"]) for c in child_calls]
+    expected = [(f"{c['ttfb_s']:.3f} s", f"{c['duration_s']:.3f} s") for c in child_calls]
+    assert [(ttfb, duration) for _, _, ttfb, duration, _ in rows] == expected
+    assert all(abs(float(cost) - c["cost_usd"]) <= 0.00005 + 1e-9 for (*_, cost), c in zip(rows, child_calls, strict=True))
+    assert f"model calls ({len(child_calls)})" in detail
     for size in ("1280,800", "1920,1080"):
         assert_fits_window(page, tmp_path, size)
         screenshot(page, tmp_path, f"timeline-{size.replace(',', 'x')}.png", size, child_id)
@@ -189,16 +218,23 @@ def test_timeline_of_a_real_tree_in_chromium(env: dict[str, str], session_root: 
     assert run_view(str(session), "--svg", "-o", str(picture)).returncode == 0
     bars = [e for e in ET.parse(picture).getroot().iter("{http://www.w3.org/2000/svg}rect") if e.get("class") == "bar"]
     assert sorted(str(b.get("data-status")) for b in bars) == statuses
+    # The static picture draws the calls itself, as the page's script does.
+    assert drawn_calls(picture.read_text()) == drawn_calls(dom)
 
 
-def synthetic_session(root: Path, count: int) -> Path:
-    """A finished tree of `count` agents with schema-valid records: fan-out 10 (depth 3 at 1,000)."""
+def synthetic_session(root: Path, count: int, calls: int = 0) -> Path:
+    """A finished tree of `count` agents with schema-valid records: fan-out 10 (depth 3 at 1,000).
+
+    calls: model calls per agent that ran, as the tree's gateway writes them to the ledger, one
+    after another through the agent's run; every fifth agent's last one cut mid-answer.
+    """
     session = root / "20261123-0900-synthetic"
     (session / "agents").mkdir(parents=True)
     t0 = dt.datetime(2026, 11, 23, 9, 0, tzinfo=dt.UTC)
     statuses = ["done"] * 7 + ["failed", "timeout", "refused"]
     ids: list[str] = []
     depths: list[int] = []
+    spends: list[dict[str, Any]] = []
     for i in range(count):
         # A 10-ary tree in breadth-first order: agent i's parent is (i - 1) // 10.
         parent_index = None if i == 0 else (i - 1) // 10
@@ -254,18 +290,49 @@ def synthetic_session(root: Path, count: int) -> Path:
         (agent_dir / "meta.json").write_text(json.dumps(meta))
         (agent_dir / "outcome.json").write_text(json.dumps(outcome))
         (agent_dir / (".done" if status == "done" else ".fail")).write_text(status)
+        if status != "refused" and calls:
+            spends += [synthetic_call(agent_id, start, duration, n, cut=i % 5 == 0 and n == calls - 1) for n in range(calls)]
+    if spends:
+        (session / "ledger.jsonl").write_text("".join(json.dumps(line) + "\n" for line in spends))
     return session
 
 
+def synthetic_call(agent_id: str, start: dt.datetime, duration: float, n: int, *, cut: bool) -> dict[str, Any]:
+    """The n-th model call of an agent, a second long, n + 0.5 s into its run: a gateway's spend line."""
+    line: dict[str, Any] = {
+        "id": agent_id,
+        "time": (start + dt.timedelta(seconds=min(duration, n + 1.5))).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "kind": "spend",
+        "cost_usd": 0.0003,
+        "usage": {"input_tokens": 300, "output_tokens": 30, "cache_read_input_tokens": 2000, "cache_creation_input_tokens": 0},
+        "model": "claude-sonnet-4-5-20250929",
+        "duration_s": 1.0,
+        "status": "cut" if cut else "200",
+    }
+    if not cut:
+        line["ttfb_s"] = 0.4
+    return line
+
+
 def test_timeline_of_1000_agents_in_chromium(tmp_path: Path) -> None:
-    session = synthetic_session(tmp_path / "sessions", 1000)
-    assert validate_records(tmp_path / "sessions") == 2000
+    session = synthetic_session(tmp_path / "sessions", 1000, calls=3)
+    calls = spend_lines(session)
+    assert len(calls) == 2700  # 900 agents ran, 100 were refused
+    assert validate_records(tmp_path / "sessions") == 2000 + len(calls)
     page = tmp_path / "timeline.html"
     made = run_view(str(session), "-o", str(page))
     assert made.returncode == 0, made.stderr
+    # Light: an agent's calls are three paths, however many, drawn by the script from one compact array.
+    assert page.stat().st_size < 2_000_000, page.stat().st_size
     dom = dump_dom(page, tmp_path, "a3-0003e7")
     assert body_data(dom, "bars") == body_data(dom, "agents") == 1000
-    assert 'data-agent="a3-0003e7"' in dom
+    assert body_data(dom, "calls") == len(calls) and dom.count('<g class="calls"') == 900
+    cut = sum(c["status"] == "cut" for c in calls)
+    assert drawn_calls(dom) == {"waiting": len(calls) - cut, "answering": len(calls) - cut, "cut/error": cut}
+    # The panel lists the selected agent's calls alone: none for this refused one, three for its sibling.
+    assert 'data-agent="a3-0003e7"' in dom and '<tr class="call">' not in dom
+    sibling = dump_dom(page, tmp_path, "a3-0003e6")
+    assert 'data-agent="a3-0003e6"' in sibling and sibling.count('<tr class="call">') == 3 and "model calls (3)" in sibling
     # meta.json holds the deadline as Unix seconds; the panel shows it as ISO, as every other moment.
     deadline = dt.datetime(2026, 11, 23, 9, 0, tzinfo=dt.UTC) + dt.timedelta(seconds=999 * 0.5 + 600)
     assert f"<td>deadline</td><td>{deadline.isoformat(timespec='milliseconds').replace('+00:00', 'Z')}</td>" in dom

@@ -15,7 +15,10 @@ One span per agent, with the ids spawn.py already gave it (meta.json): the
 tree's trace id, the agent's span id, and its parent agent's span as parent
 (the root's parent is the TRACEPARENT it joined, if any). Attributes: depth,
 agent id and name, model, tools, status, cost, tokens and turns. Denied tool
-calls and asks are span events.
+calls and asks are span events. Each model call the tree's gateway metered
+(the ledger's spend lines) is a child span of its agent's, named and
+described by OpenTelemetry's GenAI semantic conventions (``chat MODEL``,
+``gen_ai.*``), with spawn.py's own figures beside them (``spawn.*``).
 
 Spans go to OTLP/HTTP (protobuf) at ``$OTEL_EXPORTER_OTLP_ENDPOINT`` (or
 ``$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), through the official exporter, which
@@ -41,9 +44,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
-from session_files import iter_jsonl, native_subagents, parse_time, read_json
+from session_files import iter_jsonl, model_calls, native_subagents, parse_time, read_json
 
 SERVICE_NAME = "spawn.py"
+PROVIDER = "anthropic"  # the gateway speaks the Anthropic API only (docs/cost.md)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -147,13 +151,74 @@ def native_spans(agent_dir: Path, parent: ReadableSpan, resource: Resource) -> l
     return spans
 
 
+def call_attributes(agent_id: str, call: dict[str, Any]) -> dict[str, Any]:
+    """A model call's attributes: the GenAI semantic conventions' where they fit, spawn.py's for the rest."""
+    usage: dict[str, int] = call["usage"]
+    model = call["model"]
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": PROVIDER,
+        "gen_ai.system": PROVIDER,  # the name before gen_ai.provider.name, which many backends still read
+        # The ledger records the model that answered (the request's when none did): both are that.
+        "gen_ai.request.model": model,
+        "gen_ai.response.model": model,
+        # The conventions count cache reads and writes inside the input; the API's input_tokens excludes them.
+        "gen_ai.usage.input_tokens": usage["input_tokens"] + usage["cache_read_input_tokens"] + usage["cache_creation_input_tokens"],
+        "gen_ai.usage.output_tokens": usage["output_tokens"],
+        "gen_ai.usage.cache_read.input_tokens": usage["cache_read_input_tokens"],
+        "gen_ai.usage.cache_creation.input_tokens": usage["cache_creation_input_tokens"],
+        "spawn.agent.id": agent_id,
+        "spawn.cost_usd": call["cost_usd"],
+        "spawn.status": call["status"],
+    }
+    attributes.update({f"spawn.usage.{key}": count for key, count in usage.items()})  # as the API counts them
+    if "ttfb_s" in call:
+        attributes["spawn.ttfb_s"] = call["ttfb_s"]
+    if "duration_s" in call:
+        attributes["spawn.duration_s"] = call["duration_s"]
+    if call["status"] != "200":
+        attributes["error.type"] = call["status"] or "_OTHER"
+    return attributes
+
+
+def call_spans(parent: ReadableSpan, agent_id: str, calls: list[dict[str, Any]], resource: Resource) -> list[ReadableSpan]:
+    """An agent's model calls (the ledger's spend lines), as child spans of its own: from time - duration_s to time."""
+    assert parent.context is not None
+    trace_id = f"{parent.context.trace_id:032x}"
+    spans = []
+    for n, call in enumerate(calls):
+        end = nanos(call["time"])
+        if end is None:
+            continue
+        start = end - int(call.get("duration_s", 0.0) * 1e9)
+        # A span id of its own, from its agent's and its place among its calls: a re-export gives the same one.
+        span_id = hashlib.sha256(f"{parent.context.span_id:016x}/call/{n}".encode()).hexdigest()[:16]
+        ok = call["status"] == "200"
+        spans.append(
+            ReadableSpan(
+                name=f"chat {call['model']}".rstrip(),
+                context=context(trace_id, span_id),
+                parent=parent.context,
+                resource=resource,
+                attributes=call_attributes(agent_id, call),
+                kind=SpanKind.CLIENT,
+                start_time=start,
+                end_time=end,
+                status=Status(StatusCode.OK) if ok else Status(StatusCode.ERROR, f"model call ended {call['status'] or 'unknown'}"),
+            )
+        )
+    return spans
+
+
 def session_spans(session: Path) -> list[ReadableSpan]:
     resource = Resource.create({"service.name": SERVICE_NAME, "spawn.session": session.name})
+    calls = model_calls(session)
     spans = []
     for agent_dir in sorted((session / "agents").iterdir()):
         span = agent_span(agent_dir, resource) if agent_dir.is_dir() else None
         if span is not None:
-            spans += [span, *native_spans(agent_dir, span, resource)]
+            agent_id = str((span.attributes or {})["spawn.agent.id"])
+            spans += [span, *native_spans(agent_dir, span, resource), *call_spans(span, agent_id, calls.get(agent_id, []), resource)]
     return spans
 
 

@@ -4,7 +4,8 @@ mcp_server.py, a2a_server.py, view.py and otel_export.py import this module
 from beside them: a script's own folder is on sys.path, whatever the working
 directory. It holds what they would otherwise each write again: bounded
 record readers, an agent's subtree, pending asks, Claude Code's native
-subagents, running spawn.py's command line, and the two servers' loopback and
+subagents, the model calls the tree's gateway metered (the ledger's spend
+lines), running spawn.py's command line, and the two servers' loopback and
 bearer-token checks.
 
 Standard library only, so it adds nothing to the siblings' PEP 723 blocks and
@@ -20,6 +21,7 @@ import hmac
 import ipaddress
 import itertools
 import json
+import math
 import os
 import re
 import shlex
@@ -37,7 +39,10 @@ META = "meta.json"
 OUTCOME = "outcome.json"
 PAUSED = "paused.json"
 NATIVE_LOG = "native.jsonl"
+LEDGER = "ledger.jsonl"
 ASKS_DIR = "asks"
+# The four token counts of a usage record (spawn.py's USAGE_COUNTS).
+USAGE_COUNTS = ("input_tokens", "output_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 # spawn.py's bounds on what its record readers parse (RECORD_MAX_BYTES and
@@ -215,6 +220,48 @@ def native_subagents(agent_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
         if "agent_id" in line and "event" in line:
             nodes.setdefault(str(line["agent_id"]), {})[str(line["event"])] = line
     return nodes
+
+
+def ledger_number(value: Any) -> float | None:
+    """A cost or a span of seconds as the ledger may carry it: a finite number >= 0 (not a bool); else None (spawn.py's ledger_usd)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+def token_count(value: Any) -> int:
+    """One of a usage record's counts: a positive finite number, else 0 (spawn.py's token_counts)."""
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf else 0
+
+
+def model_calls(session: Path) -> dict[str, list[dict[str, Any]]]:
+    """Agent id -> its model calls, oldest first, from the ledger's `spend` lines (what the tree's gateway metered).
+
+    Each call as `spawn.py status --json` lists it (schemas/status.json,
+    `model_calls`): time (when it ended), model, usage (the four counts),
+    cost_usd, status, and duration_s and ttfb_s where known; the same rules as
+    spawn.py's model_calls, which tests/test_session_files.py holds it to.
+    Unknown fields are ignored; a line that isn't a spend of an agent is skipped.
+    """
+    calls: dict[str, list[dict[str, Any]]] = {}
+    for entry in iter_jsonl(session / LEDGER, b'"spend"'):
+        agent, at = entry.get("id"), entry.get("time")
+        if entry.get("kind") != "spend" or not isinstance(agent, str) or not isinstance(at, str):
+            continue
+        usage: dict[str, Any] = found if isinstance(found := entry.get("usage"), dict) else {}
+        model, status = entry.get("model"), entry.get("status")
+        call: dict[str, Any] = {
+            "time": at,
+            "model": model if isinstance(model, str) else "",
+            "usage": {k: token_count(usage.get(k)) for k in USAGE_COUNTS},
+            "cost_usd": ledger_number(entry.get("cost_usd")) or 0.0,
+            "status": status if isinstance(status, str) else "",
+        }
+        for key in ("duration_s", "ttfb_s"):
+            if (seconds := ledger_number(entry.get(key))) is not None:
+                call[key] = seconds
+        calls.setdefault(agent, []).append(call)
+    return calls
 
 
 # ----------------------------------------------------------- spawn.py's CLI --

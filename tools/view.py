@@ -19,6 +19,11 @@ font is fetched. The page shows
 - messages sent to an agent (``spawn.py send``: circles, with who sent them)
   and its pauses at the budget (squares), from its UserSent, SendRefused,
   BudgetPaused and BudgetResumed lines;
+- the model calls the tree's gateway metered (the ledger's spend lines): a
+  thin segment per call on its agent's row, light while it waited for the
+  first byte, dark while the answer streamed (a call cut or failed is
+  yellow), listed in the detail panel with model, tokens, cost, time to
+  first byte, duration and status;
 - each agent's cost and tokens, and its subtree's totals; the detail panel
   splits tokens into input, output, cache reads and cache writes (reads cost
   a tenth of input, writes a quarter more: a tree whose agents share their
@@ -51,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from session_files import ask_paths, clip, iter_jsonl, native_subagents, open_regular, parse_jsonl, parse_time, read_json
+from session_files import ask_paths, clip, iter_jsonl, model_calls, native_subagents, open_regular, parse_jsonl, parse_time, read_json
 
 # Colours by outcome status; "running" is an agent without an outcome yet.
 STATUS_COLOURS: dict[str, str] = {
@@ -71,6 +76,9 @@ PAUSE_COLOURS = {"paused": "#e39b1b", "resumed": "#2e9e5b"}
 # The steering lines a transcript may hold (spawn.py send, --on-budget pause), and the mark each makes.
 STEERING_MARKS = {"UserSent": ("message", "sent"), "SendRefused": ("message", "refused")}
 STEERING_MARKS |= {"BudgetPaused": ("pause", "paused"), "BudgetResumed": ("pause", "resumed")}
+# A model call's segment: waiting for its first byte, then streaming the answer; a call that
+# ended otherwise than HTTP 200 (cut: its agent left mid-answer) is one colour whole.
+CALL_COLOURS = {"waiting": "#aeb8c4", "answering": "#1b1f24", "cut/error": "#f2c230"}
 
 # Geometry of the picture, in pixels. A row is tall enough for 11 px text;
 # the label column fits an indented id and the task's first words, and the
@@ -83,6 +91,8 @@ COST_W = 200
 PLOT_X = LABEL_W + COST_W
 DEFAULT_WIDTH = 1360  # of the --svg picture; the page lays itself out to its window
 MIN_BAR_W = 3  # a refused agent lasts 0 s but must still be seen and clicked
+MIN_CALL_W = 1.5  # a call of a few ms in an hour-long tree is still a visible tick
+CALL_W = 3  # the calls' stroke, along the bottom of their agent's bar
 INDENT_PX = 12
 # Seconds between axis ticks: round numbers, fine enough for a zoomed-in page.
 TICK_STEPS: tuple[float, ...] = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120)
@@ -119,6 +129,23 @@ class Mark:
 
 
 @dataclass
+class Call:
+    """One model call the tree's gateway metered (a spend line of the ledger)."""
+
+    start: float
+    """Unix seconds: its end less its duration."""
+    end: float
+    ttfb: float | None
+    """Seconds to its first byte; None when none came."""
+    model: str
+    usage: dict[str, int]
+    """Tokens by kind (USAGE_KINDS)."""
+    cost_usd: float
+    status: str
+    """The upstream HTTP status ("200"), cut (its agent left mid-answer), deadline or error."""
+
+
+@dataclass
 class Agent:
     """One row of the timeline: what meta.json and outcome.json say."""
 
@@ -137,6 +164,8 @@ class Agent:
     """Own tokens by kind (USAGE_KINDS), from the outcome's usage."""
     tail: list[str] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
+    calls: list[Call] = field(default_factory=list)
+    """Its model calls, oldest first (the ledger's order)."""
     level: int = 0
     subtree_cost_usd: float = 0.0
     subtree_cost_known: bool = True
@@ -344,22 +373,43 @@ def read_natives(agent_dir: Path, parent: Agent, now: float) -> list[Agent]:
     return found
 
 
+def read_calls(session: Path) -> dict[str, list[Call]]:
+    """Each agent's model calls, from the ledger's spend lines (session_files.model_calls); a call without a time is skipped."""
+    found: dict[str, list[Call]] = {}
+    for agent_id, calls in model_calls(session).items():
+        for call in calls:
+            end = parse_time(call["time"])
+            if end is None:
+                continue
+            duration = call.get("duration_s") or 0.0  # unknown: drawn as a tick at its end
+            usage = usage_by_kind(call["usage"])
+            found.setdefault(agent_id, []).append(
+                Call(end - duration, end, call.get("ttfb_s"), call["model"], usage, call["cost_usd"], call["status"])
+            )
+    return found
+
+
 def load_timeline(session: Path, now: float | None = None) -> Timeline:
     if not (session / "agents").is_dir():
         raise ViewError(f"{session} is not a session directory (no agents/); pass the directory spawn.py status prints")
     now = time.time() if now is None else now
     asks = read_asks(session)
+    calls = read_calls(session)
     agents: dict[str, Agent] = {}
     for agent_dir in sorted((session / "agents").iterdir()):
         agent = read_agent(agent_dir, now, asks) if agent_dir.is_dir() else None
         if agent is not None:
+            agent.calls = calls.get(agent.id, [])
             agents[agent.id] = agent
     for agent in list(agents.values()):
         for native in read_natives(session / "agents" / agent.id, agent, now):
             agents[native.id] = native
     if not agents:
         raise ViewError(f"{session} has no agents yet; run spawn.py first, or wait for its root to register")
-    return Timeline(session, order_tree(agents), min(a.start for a in agents.values()), max(a.end for a in agents.values()))
+    # A call charged after its agent's end (a stream its killed agent left) is still on the plot.
+    starts = [a.start for a in agents.values()] + [c.start for a in agents.values() for c in a.calls]
+    ends = [a.end for a in agents.values()] + [c.end for a in agents.values() for c in a.calls]
+    return Timeline(session, order_tree(agents), min(starts), max(ends))
 
 
 def order_tree(agents: Mapping[str, Agent]) -> list[Agent]:
@@ -437,7 +487,7 @@ class Plot:
         return [i * step for i in range(int(self.span / step + 1e-9) + 1)]
 
 
-def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
+def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH, *, page: bool = False) -> str:
     """The whole picture: one rect.bar per agent, with data-i = its row.
 
     Time-placed shapes carry their seconds since the tree's start (data-t0,
@@ -454,7 +504,7 @@ def render_svg(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
         x = plot.x_of(timeline.t0 + tick)
         out.append(f'<line x1="{x:.1f}" y1="{HEADER_H - 14}" x2="{x:.1f}" y2="{plot.height - 10}" stroke="#dde2e8"/>')
     out.append("</g>")
-    out += svg_bars(plot, agents)
+    out += svg_bars(plot, agents, page)
     out += svg_columns(agents, plot.height)
     out.append(f'<g id="head"><rect width="100%" height="{HEADER_H}" fill="#ffffff"/>')
     for tick in plot.ticks():
@@ -473,6 +523,8 @@ def tree_summary(agents: Sequence[Agent], span: float) -> str:
     for a in agents:
         counts[a.status] = counts.get(a.status, 0) + 1
     summary = f"{len(agents)} agents, spent {format_cost(spent)}" + (f" + {unknown} unknown" if unknown else "")
+    if calls := sum(len(a.calls) for a in agents):
+        summary += f", {calls:,} model calls"
     return summary + ", " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + f", {span:.1f} s"
 
 
@@ -492,8 +544,8 @@ def svg_background(width: int, height: float, rows: int) -> list[str]:
     ]
 
 
-def svg_bars(plot: Plot, agents: Sequence[Agent]) -> list[str]:
-    """#bars: each agent's bar in its row, and its marks on it."""
+def svg_bars(plot: Plot, agents: Sequence[Agent], page: bool = False) -> list[str]:
+    """#bars: each agent's bar in its row, its model calls and its marks on it (page: the calls left for its script to draw)."""
     esc = html.escape
     out = ['<g id="bars">']
     for i, a in enumerate(agents):
@@ -507,9 +559,55 @@ def svg_bars(plot: Plot, agents: Sequence[Agent]) -> list[str]:
             f'data-t0="{a.start - plot.t0:.3f}" data-t1="{a.end - plot.t0:.3f}" x="{x0:.1f}" y="{y + 3}" '
             f'width="{max(MIN_BAR_W, x1 - x0):.1f}" height="{ROW_H - 6}" rx="2" fill="{colour}"><title>{esc(title)}</title></rect>'
         )
+        if a.calls:
+            out.append(svg_calls(plot, a, i, y, page))
         out += [svg_mark(plot, mark, y) for mark in a.marks]
     out.append("</g>")
     return out
+
+
+def call_segments(plot: Plot, calls: Sequence[Call], y: float) -> dict[str, str]:
+    """The path data of an agent's calls, by CALL_COLOURS' names: one horizontal stroke per part of a call.
+
+    The page's script (layout) draws the same from the embedded calls at its own width and zoom.
+    """
+    paths = dict.fromkeys(CALL_COLOURS, "")
+
+    def seg(x0: float, x1: float) -> str:
+        return f"M{x0:.1f} {y:g}H{x1:.1f}"
+
+    for call in calls:
+        x0 = plot.x_of(call.start)
+        x1 = max(plot.x_of(call.end), x0 + MIN_CALL_W)
+        if call.status != "200":
+            paths["cut/error"] += seg(x0, x1)
+        elif call.ttfb is None:
+            paths["waiting"] += seg(x0, x1)
+        else:
+            first = min(x1, plot.x_of(call.start + call.ttfb))
+            paths["waiting"] += seg(x0, first)
+            paths["answering"] += seg(first, x1)
+    return paths
+
+
+def svg_calls(plot: Plot, a: Agent, i: int, y: int, page: bool = False) -> str:
+    """An agent's model calls along the bottom of its bar: one group of three paths, however many calls.
+
+    A path per colour, not an element per call, keeps a tree of long-running
+    agents light; each call's figures are in the detail panel, not in a tooltip.
+    In the page the paths are left empty: its script draws them from the
+    embedded calls at its first layout, and the page carries each call once.
+    """
+    line_y = y + ROW_H - 3 - CALL_W / 2
+    paths = dict.fromkeys(CALL_COLOURS, "") if page else call_segments(plot, a.calls, line_y)
+    cost = sum(c.cost_usd for c in a.calls)
+    usage = add_usage(*(c.usage for c in a.calls))
+    count = f"{len(a.calls)} model call{'' if len(a.calls) == 1 else 's'}"
+    title = f"{a.id}: {count}, {format_cost(cost)}, {format_usage(usage)}; click for each"
+    out = f'<g class="calls" data-i="{i}" data-y="{line_y:g}" fill="none" stroke-width="{CALL_W}"><title>{html.escape(title)}</title>'
+    for name, colour in CALL_COLOURS.items():
+        out += f'<path class="call" data-part="{name}" stroke="{colour}" d="{paths[name]}"/>'
+    return out + "</g>"
 
 
 def svg_mark(plot: Plot, mark: Mark, y: int) -> str:
@@ -572,6 +670,7 @@ def svg_corner(title: str, summary: str) -> list[str]:
     legend_x, legend_y = 8.0, float(LEGEND_Y)
     marks = [("denied call", DENIED_COLOUR), ("ask", ASK_COLOURS["pending"]), ("message", MESSAGE_COLOURS["sent"])]
     marks.append(("paused", PAUSE_COLOURS["paused"]))
+    marks += [(f"call {name}", colour) for name, colour in CALL_COLOURS.items()]
     for status, colour in [*STATUS_COLOURS.items(), *marks]:
         item_w = 20 + 7 * len(status)
         if legend_x + item_w > PLOT_X - 8:
@@ -586,10 +685,24 @@ def svg_corner(title: str, summary: str) -> list[str]:
     return out
 
 
-def agent_detail(a: Agent) -> dict[str, Any]:
+def call_row(call: Call, t0: float, models: list[str]) -> list[Any]:
+    """A model call as the page carries it, compact (an agent may have hundreds):
+    [start, ttfb, duration, model, [input, output, cache read, cache write], cost, status],
+    start in seconds since the tree's start (t0), ttfb null when no byte came, and the
+    model an index into models (its agent's, named once)."""
+    if call.model not in models:
+        models.append(call.model)
+    ttfb = round(call.ttfb, 3) if call.ttfb is not None else None
+    tokens = [call.usage[kind] for kind in USAGE_KINDS]
+    start, duration = round(call.start - t0, 3), round(call.end - call.start, 3)
+    return [start, ttfb, duration, models.index(call.model), tokens, call.cost_usd, call.status]
+
+
+def agent_detail(a: Agent, t0: float = 0.0) -> dict[str, Any]:
     """What the detail panel shows for one agent (kept small: 1,000 of these).
 
-    Every moment is ISO 8601 (meta's deadline is Unix seconds on disk).
+    Every moment is ISO 8601 (meta's deadline is Unix seconds on disk); the
+    calls' are made by the page's script from t0, the tree's start.
     """
     meta_keys = "parent_id depth max_depth model tools agent cwd max_budget_usd trace_id".split()
     outcome = a.outcome or {}
@@ -599,6 +712,8 @@ def agent_detail(a: Agent) -> dict[str, Any]:
     if isinstance(deadline, int | float):
         times["deadline"] = iso_time(deadline)
     times["duration"] = f"{a.end - a.start:.3f} s"
+    models: list[str] = []
+    calls = [call_row(c, t0, models) for c in a.calls]
     return {
         "id": a.id,
         "status": a.status,
@@ -616,6 +731,8 @@ def agent_detail(a: Agent) -> dict[str, Any]:
         "usage": format_usage(a.usage),
         "tree_usage": format_usage(a.subtree_usage),
         "marks": [m.label for m in a.marks],
+        "calls": calls,
+        "models": models,
         "tail": a.tail,
     }
 
@@ -635,6 +752,10 @@ body { margin: 0; font: 13px/1.4 system-ui, sans-serif; color: #222; display: fl
 #detail table { border-collapse: collapse; font-size: 12px; }
 #detail td:first-child { white-space: nowrap; }
 #detail td { padding: 1px 6px 1px 0; vertical-align: top; word-break: break-word; }
+#detail .calls-box { overflow-x: auto; }
+#detail table.calls { font-size: 11px; }
+#detail table.calls th { text-align: left; font-weight: 600; padding-right: 6px; white-space: nowrap; }
+#detail table.calls td { white-space: nowrap; word-break: normal; }
 #detail pre { white-space: pre-wrap; word-break: break-word; font-size: 11px; background: #fff; border: 1px solid #e3e6ea; padding: 4px; }
 .status { display: inline-block; padding: 0 6px; border-radius: 3px; color: #fff; }
 """
@@ -654,6 +775,7 @@ const detail = document.getElementById('detail');
 const NS = 'http://www.w3.org/2000/svg';
 const bars = [...svg.querySelectorAll('rect.bar')];
 const marks = [...svg.querySelectorAll('.mark')];
+const callGroups = [...svg.querySelectorAll('g.calls')];
 const grid = document.getElementById('grid'), head = document.getElementById('head');
 const fixed = document.getElementById('fixed'), corner = document.getElementById('corner');
 const headBottom = head.lastElementChild;
@@ -681,6 +803,7 @@ function layout() {
     b.setAttribute('x', x0.toFixed(1)); b.setAttribute('width', Math.max(MIN_BAR_W, x1 - x0).toFixed(1));
   }
   for (const m of marks) m.setAttribute('transform', `translate(${xOf(Number(m.dataset.t)).toFixed(1)},0)`);
+  for (const g of callGroups) drawCalls(g);
   const target = SPAN / Math.max(1, plotW / 80);
   const step = TICK_STEPS.find((s) => s >= target) || TICK_STEPS[TICK_STEPS.length - 1];
   grid.replaceChildren(); for (const e of [...head.querySelectorAll('text')]) e.remove();
@@ -691,6 +814,36 @@ function layout() {
   }
   document.getElementById('zoom-level').textContent = `${+zoom.toFixed(2)}x`;
   pin(); report();
+}
+function drawCalls(g) {
+  // As call_segments draws them: waiting for the first byte, then answering; a call not 200 whole.
+  const y = g.dataset.y, d = {waiting: '', answering: '', 'cut/error': ''};
+  const seg = (x0, x1) => `M${x0.toFixed(1)} ${y}H${x1.toFixed(1)}`;
+  for (const [t, ttfb, dur, , , , status] of data[Number(g.dataset.i)].calls) {
+    const x0 = xOf(t), x1 = Math.max(xOf(t + dur), x0 + MIN_CALL_W);
+    if (status !== '200') d['cut/error'] += seg(x0, x1);
+    else if (ttfb === null) d.waiting += seg(x0, x1);
+    else { const first = Math.min(x1, xOf(t + ttfb)); d.waiting += seg(x0, first); d.answering += seg(first, x1); }
+  }
+  for (const p of g.querySelectorAll('path')) p.setAttribute('d', d[p.dataset.part]);
+}
+function fmtTokens(n) { return n >= 1000 ? `${(n / 1000).toFixed(1)}k` : String(n); }
+function callsTable(calls, models) {
+  // Built for the selected agent only: one row per call, its end in ISO 8601 as every moment on the page.
+  const t = el('table'); t.className = 'calls';
+  const head = el('tr');
+  for (const h of ['end', 'status', 'ttfb', 'duration', 'cost', 'tokens in/out/cache read/write', 'model']) head.appendChild(el('th', h));
+  t.appendChild(head);
+  for (const [start, ttfb, dur, model, tokens, cost, status] of calls) {
+    const tr = el('tr'); tr.className = 'call';
+    const end = new Date(Math.round((T0 + start + dur) * 1000)).toISOString();
+    const cells = [end, status, ttfb === null ? '-' : `${ttfb.toFixed(3)} s`, `${dur.toFixed(3)} s`, `$${cost.toFixed(4)}`,
+                   tokens.map(fmtTokens).join(' / '), models[model]];
+    for (const c of cells) tr.appendChild(el('td', c));
+    t.appendChild(tr);
+  }
+  const box = el('div'); box.className = 'calls-box'; box.appendChild(t);  // wider than the panel: it scrolls sideways
+  return box;
 }
 function pin() {
   fixed.setAttribute('transform', `translate(${chart.scrollLeft},0)`);
@@ -756,6 +909,9 @@ function select(i) {
   detail.appendChild(rows({cost: a.cost, 'subtree cost': a.tree_cost, tokens: a.usage, 'subtree tokens': a.tree_usage}));
   detail.appendChild(el('h3', 'outcome')); detail.appendChild(rows(a.outcome));
   if (a.output !== null) detail.appendChild(el('pre', a.output));
+  if (a.calls.length) {
+    detail.appendChild(el('h3', `model calls (${a.calls.length})`)); detail.appendChild(callsTable(a.calls, a.models));
+  }
   if (a.marks.length) { detail.appendChild(el('h3', 'asks, refusals, messages')); detail.appendChild(el('pre', a.marks.join('\\n'))); }
   detail.appendChild(el('h3', 'meta')); detail.appendChild(rows(a.meta));
   detail.appendChild(el('h3', 'last transcript lines')); detail.appendChild(el('pre', a.tail.join('\\n') || '(none)'));
@@ -775,6 +931,7 @@ if (wanted !== undefined) {
 }
 document.body.dataset.bars = String(bars.length);
 document.body.dataset.agents = String(data.length);
+document.body.dataset.calls = String(data.reduce((n, a) => n + a.calls.length, 0));
 """
 
 
@@ -791,6 +948,8 @@ def render_html(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
         "ROW_H": ROW_H,
         "PLOT_X": PLOT_X,
         "MIN_BAR_W": MIN_BAR_W,
+        "MIN_CALL_W": MIN_CALL_W,
+        "T0": timeline.t0,
         "MAX_ZOOM": MAX_ZOOM,
         "TICK_STEPS": list(TICK_STEPS),
         "SPAN": max(timeline.t1 - timeline.t0, 0.001),
@@ -813,9 +972,9 @@ def render_html(timeline: Timeline, width: int = DEFAULT_WIDTH) -> str:
             "script-src 'unsafe-inline'; img-src data:\">",
             f"<title>{html.escape(title)}</title><style>{PAGE_STYLE}</style></head>",
             "<body>",
-            f'<div id="main">{zoom}<div id="chart">{render_svg(timeline, width)}</div></div>',
+            f'<div id="main">{zoom}<div id="chart">{render_svg(timeline, width, page=True)}</div></div>',
             '<div id="detail"><p>Click a bar or a row to see the agent\'s meta, outcome and last transcript lines.</p></div>',
-            f'<script type="application/json" id="agents">{script_json([agent_detail(a) for a in timeline.agents])}</script>',
+            f'<script type="application/json" id="agents">{script_json([agent_detail(a, timeline.t0) for a in timeline.agents])}</script>',
             f'<script type="application/json" id="colours">{script_json(STATUS_COLOURS)}</script>',
             f"<script>{script}</script>",
             "</body></html>",

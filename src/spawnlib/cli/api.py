@@ -216,6 +216,8 @@ class AgentRow:
     """Why its records can't be read (state corrupt)."""
     paused: dict[str, Any] | None = None
     """State paused: its paused.json (spent_usd, needed_usd, hold_usd, reason, since)."""
+    model_calls: list[dict[str, Any]] | None = None
+    """Every model call the tree's gateway metered for it, oldest first (ModelCall's fields); None: none metered."""
 
     def __post_init__(self) -> None:
         self.state = Status(self.state)

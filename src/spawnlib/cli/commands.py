@@ -84,6 +84,7 @@ from ..supervise.supervisor import (
 from .dag import DEFAULT_ROTATE_MB, DEFAULT_STATE_FILE, ON_FAIL
 from .options import EXIT_TABLE, WORKFLOW_VERBS, Parser, build_run_parser
 from .verbs import (
+    add_model_calls,
     corrupt_agents,
     end_tree,
     format_tree,
@@ -466,6 +467,7 @@ def cmd_status(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     rows = tree_rows(session)
     asks = pending_asks(session)
     if args.json:
+        add_model_calls(session, rows)  # after tree_rows: the status cache holds no calls
         emit({"session": str(session), **session_summary(session), "tokens": tree_tokens(rows), "agents": rows, "pending_asks": asks})
     else:
         print(format_tree(session, rows, session_summary(session)))

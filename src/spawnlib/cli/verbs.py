@@ -48,7 +48,7 @@ from ..core.records import EXIT_FOR_STATUS, AgentMeta, R, Status, record_to_json
 from ..policy.admission import lend_slot, take_back_slot, usable_cpus
 from ..policy.steering import SentMessages, paused_note
 from ..run.runner import descendants_of, settle_agents
-from ..session.ledger import read_ledger
+from ..session.ledger import read_ledger, read_model_calls
 from ..session.protocol import (
     AGENTS_DIR,
     DONE_MARKER,
@@ -759,6 +759,20 @@ def tree_tokens(rows: Sequence[Mapping[str, Any]]) -> dict[str, int]:
             for key, count in token_counts(row.get("usage")).items():
                 totals[key] += count
     return totals
+
+
+def add_model_calls(session: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """status --json's `model_calls`: on each agent's row that has any, every call the tree's gateway
+    metered for it (the ledger's spend lines), oldest first.
+
+    All of them, however many: --json is what programs read, and a call is a
+    short record. Rows without calls (trees without a gateway, native
+    subagents, whose calls their parent's CLI makes) look as before.
+    """
+    calls = read_model_calls(session)
+    for row in rows:
+        if row.get("kind") != "native" and (found := calls.get(row["id"])):
+            row["model_calls"] = [record_to_json(call) for call in found]
 
 
 def format_tokens(tokens: Mapping[str, int]) -> str:

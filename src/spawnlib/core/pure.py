@@ -8,6 +8,7 @@ import contextlib
 import datetime as dt
 import itertools
 import json
+import math
 import os
 import re
 import time
@@ -492,7 +493,8 @@ def token_counts(usage: Any) -> dict[str, int]:
     """The four token counts of a usage record (USAGE_COUNTS), 0 for what is missing (pure)."""
     found = usage if isinstance(usage, Mapping) else {}
     return {
-        key: int(value) if isinstance(value := found.get(key), int | float) and not isinstance(value, bool) and value > 0 else 0
+        # value < inf: JSON's Infinity parses, and int() of it would raise.
+        key: int(value) if isinstance(value := found.get(key), int | float) and not isinstance(value, bool) and 0 < value < math.inf else 0
         for key in USAGE_COUNTS
     }
 

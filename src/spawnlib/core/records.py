@@ -266,6 +266,25 @@ class LedgerEntry:
 
 
 @dataclass
+class ModelCall:
+    """One model call the tree's gateway metered (a `spend` line of ledger.jsonl), as `status --json`
+    lists it under its agent (schemas/status.json, `model_calls`): the agent is the row's."""
+
+    time: str
+    """When it ended (ISO 8601 UTC); it began duration_s before."""
+    model: str
+    usage: dict[str, int]
+    """Its four token counts (USAGE_COUNTS): input, output, cache reads, cache writes."""
+    cost_usd: float
+    """At the gateway's price table; an agent's calls sum to its spend."""
+    status: str
+    """The upstream HTTP status ("200"), or cut (the caller left), deadline, error."""
+    duration_s: float | None = None
+    ttfb_s: float | None = None
+    """Seconds to the answer's first byte; absent when none came."""
+
+
+@dataclass
 class AskRecord:
     """asks/ID.json: a tool call waiting for a person's or an ancestor's answer."""
 

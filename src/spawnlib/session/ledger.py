@@ -28,7 +28,7 @@ from ..core.constants import LEDGER, LIMITS
 from ..core.errors import CorruptRecordError, RefusedError, SpawnError, UsageError
 from ..core.output import note
 from ..core.pure import parse_json, round_usd, token_counts, utc_now_iso
-from ..core.records import AgentMeta, LedgerEntry, Outcome, Status, record_to_json
+from ..core.records import AgentMeta, LedgerEntry, ModelCall, Outcome, Status, record_to_json
 from .protocol import (
     AGENTS_DIR,
     append_jsonl,
@@ -223,6 +223,41 @@ def budget_state(lines: Iterable[str], accept: Accept | None = None) -> BudgetSt
         elif entry.get("kind") == "reserve" and (topped := ledger_usd(entry.get("topped_up_usd"))) is not None:
             state.topped_up += topped
     return state
+
+
+def ledger_seconds(value: Any) -> float | None:
+    """A span of seconds as a spend line may carry it: a finite, non-negative number (not a bool); else None."""
+    return ledger_usd(value)  # the same rule as money's: what counts is a finite number >= 0
+
+
+def model_calls(lines: Iterable[str]) -> dict[str, list[ModelCall]]:
+    """Agent id -> its model calls, in ledger order, from the ledger's spend lines (pure).
+
+    A call is its agent's (`id`), wherever its CLI ran (`host`). Its cost is
+    read by the same rule as fold_ledger's, so an agent's calls sum to its spend.
+    Only lines that mention "spend" are parsed: a tree's ledger is mostly holds and charges.
+    """
+    calls: dict[str, list[ModelCall]] = {}
+    for entry in ledger_entries(line for line in lines if '"spend"' in line):
+        agent, at = entry.get("id"), entry.get("time")
+        if entry.get("kind") != "spend" or not isinstance(agent, str) or not isinstance(at, str):
+            continue
+        model, status = entry.get("model"), entry.get("status")
+        call = ModelCall(
+            time=at,
+            model=model if isinstance(model, str) else "",
+            usage=token_counts(entry.get("usage")),
+            cost_usd=ledger_usd(entry.get("cost_usd")) or 0.0,
+            status=status if isinstance(status, str) else "",
+            duration_s=ledger_seconds(entry.get("duration_s")),
+            ttfb_s=ledger_seconds(entry.get("ttfb_s")),
+        )
+        calls.setdefault(agent, []).append(call)
+    return calls
+
+
+def read_model_calls(session: Path) -> dict[str, list[ModelCall]]:
+    return model_calls(ledger_lines(session))
 
 
 def ledger_lines(session: Path) -> list[str]:
