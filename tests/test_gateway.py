@@ -305,6 +305,49 @@ def test_a_rate_limit_is_the_trees_and_no_cli_sees_a_529(env: dict[str, str], se
     assert outcome["status"] == "done" and outcome["text"] == "after the 529s"
 
 
+FAN_OUT = 16
+RETRY_AFTER_S = 3
+# The gateway learns of the rate limit a moment after the scripted model logged it: a call it had
+# already sent in that moment is no fault of its own.
+RATE_LIMIT_NEWS_S = 0.5
+
+
+def fan_out_bash(count: int, leaf: str) -> str:
+    """A root's Bash: `count` background leaves with the same task, started at once, then `wait --all`."""
+    start = spawn_in_bash("--task", leaf, "--tools", "Read", "--background", "--print", "id")
+    return f'd=$(mktemp -d); for i in $(seq {count}); do {start} > "$d/$i" & done; wait; {spawn_in_bash("wait", "--all")} $(cat "$d"/*)'
+
+
+@pytest.mark.parametrize("status", [429, 529])
+def test_a_fan_out_meets_a_rate_limit_and_the_gateway_holds_every_call_until_retry_after(
+    env: dict[str, str], session_root: Path, mock_model: MockModel, status: int
+) -> None:
+    """16 leaves with one task: the first leaf call meets a 429 (or 529) with retry-after 3 at t. Nothing reaches the
+    model in (t, t+3), no CLI sees it (a CLI gives up on its third 529), and every leaf ends done."""
+    # "times" counts per task: the leaves share theirs, so one call of the whole fan-out is limited.
+    leaf = mock_task("fan-out leaf", [{"error": status, "times": 1, "retry_after": RETRY_AFTER_S, "text": "leaf done"}])
+    root = mock_task("root", [{"bash": fan_out_bash(FAN_OUT, leaf), "timeout": 300_000}, {"text": "root done"}])
+    # Two start slots, as on CI's two cores: the leaves' first calls come one after another, so most come after t.
+    slotted = {**gateway_env(env), "SPAWN_START_SLOTS": "2"}
+    done = run_spawn(["--task", root, "--tools", "Bash,Read"], slotted, timeout=240)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    calls = [r for r in mock_model.requests() if r["path"].startswith("/v1/messages")]
+    limited = [r for r in calls if r["status"] == status]
+    assert len(limited) == 1, [r["status"] for r in calls]
+    t = limited[0]["time"]
+    early = [(round(r["time"] - t, 3), r["kind"], r["reply"]) for r in calls if t + RATE_LIMIT_NEWS_S <= r["time"] < t + RETRY_AFTER_S]
+    assert not early, f"calls reached the model before retry-after passed: {early}"
+    # The leaves' calls are the ones without Bash (each leaf's facts make its task text its own).
+    held = [r for r in calls if r.get("first") and "Bash" not in r["tools"] and r["time"] >= t + RETRY_AFTER_S]
+    assert len(held) >= FAN_OUT // 2, "too few leaves asked after the rate limit for the hold to show"
+    # A CLI's own retries carry x-stainless-retry-count: none saw the error, so none retried.
+    assert not [r for r in calls if r.get("retry")], "a CLI saw the rate limit and retried"
+    outcomes = [load(d / "outcome.json") for d in agent_dirs(session_root)]
+    assert len(outcomes) == FAN_OUT + 1
+    assert [o["status"] for o in outcomes] == ["done"] * len(outcomes), [o.get("reason") for o in outcomes]
+    assert sum(o.get("text") == "leaf done" for o in outcomes) == FAN_OUT
+
+
 # ------------------------------------------------------------ in-process agents --
 
 
