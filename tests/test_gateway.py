@@ -318,6 +318,154 @@ def test_a_rate_limit_is_the_trees_and_no_cli_sees_a_529(env: dict[str, str], se
     assert outcome["status"] == "done" and outcome["text"] == "after the 529s"
 
 
+FAN_OUT = 16
+RETRY_AFTER_S = 3
+# The gateway learns of the rate limit a moment after the scripted model logged it: a call it had
+# already sent in that moment is no fault of its own.
+RATE_LIMIT_NEWS_S = 0.5
+
+
+def fan_out_bash(count: int, leaf: str) -> str:
+    """A root's Bash: `count` background leaves with the same task, started at once, then `wait --all`."""
+    start = spawn_in_bash("--task", leaf, "--tools", "Read", "--background", "--print", "id")
+    return f'd=$(mktemp -d); for i in $(seq {count}); do {start} > "$d/$i" & done; wait; {spawn_in_bash("wait", "--all")} $(cat "$d"/*)'
+
+
+@pytest.mark.parametrize("status", [429, 529])
+def test_a_fan_out_meets_a_rate_limit_and_the_gateway_holds_every_call_until_retry_after(
+    env: dict[str, str], session_root: Path, mock_model: MockModel, status: int
+) -> None:
+    """16 leaves with one task: the first leaf call meets a 429 (or 529) with retry-after 3 at t. Nothing reaches the
+    model in (t, t+3), no CLI sees it (a CLI gives up on its third 529), and every leaf ends done."""
+    # "times" counts per task: the leaves share theirs, so one call of the whole fan-out is limited.
+    leaf = mock_task("fan-out leaf", [{"error": status, "times": 1, "retry_after": RETRY_AFTER_S, "text": "leaf done"}])
+    root = mock_task("root", [{"bash": fan_out_bash(FAN_OUT, leaf), "timeout": 300_000}, {"text": "root done"}])
+    # Two start slots, as on CI's two cores: the leaves' first calls come one after another, so most come after t.
+    slotted = {**gateway_env(env), "SPAWN_START_SLOTS": "2"}
+    done = run_spawn(["--task", root, "--tools", "Bash,Read"], slotted, timeout=240)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    calls = [r for r in mock_model.requests() if r["path"].startswith("/v1/messages")]
+    limited = [r for r in calls if r["status"] == status]
+    assert len(limited) == 1, [r["status"] for r in calls]
+    t = limited[0]["time"]
+    early = [(round(r["time"] - t, 3), r["kind"], r["reply"]) for r in calls if t + RATE_LIMIT_NEWS_S <= r["time"] < t + RETRY_AFTER_S]
+    assert not early, f"calls reached the model before retry-after passed: {early}"
+    # The leaves' calls are the ones without Bash (each leaf's facts make its task text its own).
+    held = [r for r in calls if r.get("first") and "Bash" not in r["tools"] and r["time"] >= t + RETRY_AFTER_S]
+    assert len(held) >= FAN_OUT // 2, "too few leaves asked after the rate limit for the hold to show"
+    # A CLI's own retries carry x-stainless-retry-count: none saw the error, so none retried.
+    assert not [r for r in calls if r.get("retry")], "a CLI saw the rate limit and retried"
+    outcomes = [load(d / "outcome.json") for d in agent_dirs(session_root)]
+    assert len(outcomes) == FAN_OUT + 1
+    assert [o["status"] for o in outcomes] == ["done"] * len(outcomes), [o.get("reason") for o in outcomes]
+    assert sum(o.get("text") == "leaf done" for o in outcomes) == FAN_OUT
+
+
+def cli_request(system_text: str, task: str, model: str = "claude-sonnet-4-5", ttl: str | None = None) -> dict[str, Any]:
+    """A request shaped as the CLI sends it: tools unmarked, a billing line, then system blocks it marks."""
+    marker: dict[str, Any] = {"type": "ephemeral", **({"ttl": ttl} if ttl else {})}
+    return {
+        "model": model,
+        "tools": [{"name": "Read", "input_schema": {"type": "object"}}],
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.329.590;"},
+            {"type": "text", "text": "You are a Claude agent.", "cache_control": marker},
+            {"type": "text", "text": system_text, "cache_control": marker},
+        ],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": task, "cache_control": {"type": "ephemeral"}}]}],
+    }
+
+
+def test_the_cacheable_head_is_the_model_tools_and_system_up_to_their_last_breakpoint() -> None:
+    head = spawn.cache_head(cli_request("briefing", "task one"))
+    assert head is not None and head[1] == 300.0
+    assert spawn.cache_head(cli_request("briefing", "another task")) == head  # the messages are each agent's own
+    assert spawn.cache_head(cli_request("another briefing", "task one")) != head
+    assert spawn.cache_head(cli_request("briefing", "task one", model="claude-opus-4-1")) != head
+    assert spawn.cache_head(cli_request("briefing", "task one", ttl="1h")) == (head[0], 3600.0)  # a marker is no content
+    unmarked = cli_request("briefing", "task one")
+    for block in unmarked["system"]:
+        block.pop("cache_control", None)
+    assert spawn.cache_head(unmarked) is None  # only the message is marked: no head a sibling could read
+    assert spawn.cache_head({"model": "m", "system": "plain"}) is None
+
+
+def test_a_call_waits_only_while_its_head_is_being_written() -> None:
+    role = spawn.stagger_role
+    assert role(10.0, 0.0, writing=False) == "write"  # first of its head: it goes, the others wait for it
+    assert role(10.0, 0.0, writing=True) == "wait"
+    assert role(10.0, 310.0, writing=True) == "read"  # answered within its TTL: straight through
+    assert role(400.0, 310.0, writing=False) == "write"  # expired: written again
+    limit = spawn.stagger_limit
+    assert limit({}) == spawn.STAGGER_WAIT_S and limit({"SPAWN_GATEWAY_STAGGER_S": "0"}) == 0.0
+    assert limit({"SPAWN_GATEWAY_STAGGER_S": "2.5"}) == 2.5 and limit({"SPAWN_GATEWAY_STAGGER_S": "x"}) == spawn.STAGGER_WAIT_S
+    assert limit({"SPAWN_GATEWAY_STAGGER_S": "nan"}) == spawn.STAGGER_WAIT_S
+
+
+def test_the_stagger_hands_the_head_on_when_its_writer_fails_and_never_waits_past_its_bound(tmp_path: Path) -> None:
+    import asyncio
+
+    body = json.dumps(cli_request("briefing", "task")).encode()
+    gw = spawn.Gateway(tmp_path, {}, "http://upstream", {"SPAWN_GATEWAY_STAGGER_S": "1"})
+
+    async def scenario() -> None:
+        first = await spawn.stagger(gw, body, None)
+        assert first is not None and first.writer is not None
+        second = asyncio.ensure_future(spawn.stagger(gw, body, None))
+        third = asyncio.ensure_future(spawn.stagger(gw, body, None))
+        await asyncio.sleep(0.1)
+        assert not second.done() and not third.done()  # held while the first writes
+        spawn.head_released(gw, first)  # it failed before answering: one of the others writes instead
+        turns = [await second, await third]
+        writers = [t for t in turns if t is not None and t.writer is not None]
+        assert len(writers) == 1
+        spawn.head_answered(gw, writers[0])
+        later = await spawn.stagger(gw, body, None)
+        assert later is not None and later.writer is None  # answered: straight through
+        # A writer that never answers holds the others for the bound only, and never past a deadline.
+        other = json.dumps(cli_request("other briefing", "task")).encode()
+        stuck = await spawn.stagger(gw, other, None)
+        assert stuck is not None and stuck.writer is not None
+        started = time.monotonic()
+        assert (await spawn.stagger(gw, other, None)) is not None
+        assert 0.9 <= time.monotonic() - started < 3
+        started = time.monotonic()
+        await spawn.stagger(gw, other, time.time() + 0.2)
+        assert time.monotonic() - started < 0.8
+
+    asyncio.run(scenario())
+    off = spawn.Gateway(tmp_path, {}, "http://upstream", {"SPAWN_GATEWAY_STAGGER_S": "0"})
+    assert asyncio.run(spawn.stagger(off, body, None)) is None
+
+
+STAGGER_LEAVES = 8
+LEAF_ANSWER_S = 2.0  # each leaf's model answers after this: long enough for its siblings to catch it writing
+
+
+def test_leaves_with_one_head_wait_for_the_first_to_start_answering_and_read_the_head(
+    env: dict[str, str], session_root: Path, mock_model: MockModel
+) -> None:
+    """8 leaves started at once (no start slots) with one tools-and-system head: the scripted model sends the first
+    leaf call's first byte before any other leaf call arrives, and the others read the head from the cache."""
+    # One task for all: the CLI's billing line in the system prompt takes characters of the task.
+    leaf = mock_task("stagger leaf", [{"text": "leaf done", "sleep": LEAF_ANSWER_S}])
+    root = mock_task("root", [{"bash": fan_out_bash(STAGGER_LEAVES, leaf), "timeout": 300_000}, {"text": "root done"}])
+    unslotted = {**gateway_env(env), "SPAWN_START_SLOTS": "0"}
+    done = run_spawn(["--task", root, "--tools", "Bash,Read"], unslotted, timeout=240)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    firsts = [r for r in mock_model.requests() if r.get("first") and "Bash" not in r["tools"] and r["status"] == 200]
+    firsts.sort(key=lambda r: r["time"])
+    assert len(firsts) == STAGGER_LEAVES and len({r["system_digest"] for r in firsts}) == 1
+    # Logged as it answers, LEAF_ANSWER_S after it arrived: the first's record is its first byte.
+    writer = firsts[0]
+    early = [round(r["time"] - LEAF_ANSWER_S - writer["time"], 3) for r in firsts[1:] if r["time"] - LEAF_ANSWER_S < writer["time"]]
+    assert not early, f"leaf calls arrived before the first one answered (seconds after it): {early}"
+    reading = [r for r in firsts if r["usage"]["cache_read_input_tokens"] >= r["head_tokens"] > 0]
+    assert len(reading) == STAGGER_LEAVES - 1, [r["usage"] for r in firsts]
+    outcomes = [load(d / "outcome.json") for d in agent_dirs(session_root)]
+    assert [o["status"] for o in outcomes] == ["done"] * (STAGGER_LEAVES + 1), [o.get("reason") for o in outcomes]
+
+
 # ------------------------------------------------------------ in-process agents --
 
 

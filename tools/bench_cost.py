@@ -36,6 +36,10 @@ Run alone (few rounds; the interpreter needs spawn.py's dependencies)::
 
     python tools/bench_cost.py [--leaves 16] [--baseline REF_OR_PATH] [--json out.json]
 
+``--start-slots 0 --gateway`` runs the spawn.py trees with every CLI start-up at
+once and through the tree's gateway, whose stagger (SPAWN_GATEWAY_STAGGER_S) is
+then what lets the leaves read the head.
+
 ``tools/bench.py`` runs it as P8 (``--cost-leaves 0`` skips it there).
 """
 
@@ -243,6 +247,8 @@ class Runner:
     timeout: float
     model: str = ""
     """The model spawn.py's agents ran, given to bare claude -p too (prices differ by model)."""
+    spawn_env: dict[str, str] = field(default_factory=dict)
+    """Set for the spawn.py trees only (both scripts): SPAWN_START_SLOTS, SPAWN_GATEWAY."""
 
     def fanout_task(self, leaves: int) -> str:
         leaf = shlex.quote(f"MOCK{json.dumps(LEAF_STEPS)}MOCK")
@@ -263,13 +269,14 @@ class Runner:
     def spawn_tree(self, label: str, script: Path, task: str, max_depth: int, leaf_depth: int) -> TreeCost:
         argv = [sys.executable, str(script), "--task", task, "--tools", f"Bash,{LEAF_TOOLS}", "--max-depth", str(max_depth)]
         self.mock.new_requests()
-        result = run(argv, self.env, self.workdir, self.timeout)
+        result = run(argv, {**self.env, **self.spawn_env}, self.workdir, self.timeout)
         records = self.mock.new_requests()
         agents = session_agents(result, records)
         self.model = self.model or next((m for a in agents for m, _ in a.turns), "")
         if any(not a.turns for a in agents):
             raise CostBenchError(f"{label}: an agent made no model turn: {[a.id for a in agents if not a.turns]}")
-        command = f"{shlex.join(argv[:2])} --task '<tree script>' --tools Bash,{LEAF_TOOLS} --max-depth {max_depth}"
+        settings = "".join(f"{k}={v} " for k, v in sorted(self.spawn_env.items()))
+        command = f"{settings}{shlex.join(argv[:2])} --task '<tree script>' --tools Bash,{LEAF_TOOLS} --max-depth {max_depth}"
         return tree_cost(label, command, agents, leaf_depth)
 
     def bare(self, *task: str) -> list[str]:
@@ -420,12 +427,46 @@ def report(p8: P8) -> dict[str, Any]:
     }
 
 
+def spawn_settings(start_slots: int | None, gateway: bool) -> dict[str, str]:
+    """The environment the spawn.py trees run with: start slots (None: spawn.py's default) and the tree's gateway."""
+    return {
+        **({"SPAWN_START_SLOTS": str(start_slots)} if start_slots is not None else {}),
+        **({"SPAWN_GATEWAY": "1"} if gateway else {}),
+    }
+
+
 def p8_figures(
-    cli: Path, env: Mapping[str, str], workdir: Path, mock: Served, *, timeout: float, leaves: int, baseline: str
+    cli: Path,
+    env: Mapping[str, str],
+    workdir: Path,
+    mock: Served,
+    *,
+    timeout: float,
+    leaves: int,
+    baseline: str,
+    start_slots: int | None = None,
+    gateway: bool = False,
 ) -> dict[str, Any]:
     """P8 against a running scripted model (tools/bench.py's), printed; the JSON summary."""
-    runner = Runner(cli, dict(env), workdir, mock, timeout)
-    return report(measure(runner, leaves, baseline_script(baseline, workdir), baseline))
+    runner = Runner(cli, dict(env), workdir, mock, timeout, spawn_env=spawn_settings(start_slots, gateway))
+    summary = report(measure(runner, leaves, baseline_script(baseline, workdir), baseline))
+    return {**summary, "settings": runner.spawn_env}
+
+
+def add_setting_args(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """--start-slots and --gateway (bench.py: --cost-start-slots, --cost-gateway)."""
+    p.add_argument(
+        f"--{prefix}start-slots",
+        type=int,
+        default=None,
+        metavar="N",
+        help="P8: SPAWN_START_SLOTS for the spawn.py trees (default: spawn.py's own; 0: every CLI start-up at once)",
+    )
+    p.add_argument(
+        f"--{prefix}gateway",
+        action="store_true",
+        help="P8: run the spawn.py trees through the tree's gateway (SPAWN_GATEWAY=1), which staggers calls sharing a head",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -440,6 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, metavar="S", help="limit for any one tree (default 300)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures to FILE")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (sessions, mock log) and print its path")
+    add_setting_args(parser)
     args = parser.parse_args(argv)
     if args.leaves < 1:
         parser.error("--leaves must be >= 1")
@@ -452,7 +494,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with serve(workdir) as mock:
             env = environment(os.environ, workdir, mock.url)
-            summary = p8_figures(cli, env, workdir, mock, timeout=args.timeout, leaves=args.leaves, baseline=args.baseline)
+            summary = p8_figures(
+                cli,
+                env,
+                workdir,
+                mock,
+                timeout=args.timeout,
+                leaves=args.leaves,
+                baseline=args.baseline,
+                start_slots=args.start_slots,
+                gateway=args.gateway,
+            )
     except CostBenchError as exc:
         print(f"bench_cost: error: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench_cost import BASELINE_REF, CostBenchError, p8_figures
+from bench_cost import BASELINE_REF, CostBenchError, add_setting_args, p8_figures
 from mock_model import ServeError, mock_task, serve
 
 import spawn
@@ -49,6 +49,8 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
         metavar="REF_OR_PATH",
         help=f"P8: the spawn.py whose layout is the baseline, a path or a git revision (default {BASELINE_REF})",
     )
+    add_setting_args(p, "cost-")
+    p.add_argument("--only-cost", action="store_true", help="only P8: the input cost of the fan-out and the chain, three ways")
 
 
 def cost_summary(args: argparse.Namespace, bench: Bench) -> dict[str, Any] | None:
@@ -58,7 +60,15 @@ def cost_summary(args: argparse.Namespace, bench: Bench) -> dict[str, Any] | Non
     print(f"P8: input cost of a {args.cost_leaves}-leaf fan-out and the depth-3 chain, three ways ...", flush=True)
     timeout = max(args.timeout, 300.0)
     return p8_figures(
-        bench.cli, bench.env, bench.workdir, bench.mock, timeout=timeout, leaves=args.cost_leaves, baseline=args.cost_baseline
+        bench.cli,
+        bench.env,
+        bench.workdir,
+        bench.mock,
+        timeout=timeout,
+        leaves=args.cost_leaves,
+        baseline=args.cost_baseline,
+        start_slots=args.cost_start_slots,
+        gateway=args.cost_gateway,
     )
 
 
@@ -117,6 +127,8 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> ar
         p.error("--repeat must be >= 1 and --wait-samples >= 0")
     if args.only_chains and args.only_waitperf:
         p.error("--only-chains and --only-waitperf measure nothing in common: give one")
+    if args.only_cost and any((args.only_chains, args.only_waitperf, args.only_gateway, args.only_inprocess)):
+        p.error("--only-cost measures P8 alone: give no other --only-* option")
     if args.compare is not None:
         args.compare = args.compare.resolve()  # the runs' working directory is the temp dir
         if not args.compare.is_file():
@@ -206,12 +218,14 @@ def main(argv: Sequence[str] | None = None, description: str | None = None) -> i
             print(uv.describe(), flush=True)
             if args.compare is not None:
                 print(f"--compare: {args.compare} against {SPAWN}", flush=True)
-            only = args.only_inprocess or args.only_gateway
+            only = args.only_inprocess or args.only_gateway or args.only_cost
             summary = {"targets": []} if only else measure_all(args, bench, uv, env=env, warm_env=warm_env, started=started)
-            if args.gateway_rounds > 0 and not args.only_inprocess and not args.only_chains:
+            if args.only_cost and (p8 := cost_summary(args, bench)) is not None:
+                summary = {"p8": p8, "targets": p8["targets"]}
+            if args.gateway_rounds > 0 and not args.only_inprocess and not args.only_chains and not args.only_cost:
                 p11 = gateway_rounds(mock.url, workdir, args.gateway_rounds)
                 summary["targets"].append({**vars(p11), "met": p11.met})
-            if args.inprocess_rounds > 0 and not args.only_waitperf and not args.only_chains and not args.only_gateway:
+            if args.inprocess_rounds > 0 and not (args.only_waitperf or args.only_chains or args.only_gateway or args.only_cost):
                 print(f"P10: in-process chain, {args.inprocess_rounds} rounds ...", flush=True)
                 p10 = inprocess_chain_rounds(bench, args.inprocess_rounds)
                 target = p10.pop("target")

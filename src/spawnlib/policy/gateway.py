@@ -74,6 +74,12 @@ SUBAGENTS_DIR = "subagents"  # HOST/NATIVE_ID: the agent id of an in-process age
 AGENT_ID_HEADER = "x-claude-code-agent-id"  # sent by the pinned CLI on each request of a nested subagent (2.1.329)
 ENV_GATEWAY_PRICES = "SPAWN_GATEWAY_PRICES"  # JSON {family: [input, output] USD per Mtok}: overrides the pinned table
 ENV_GATEWAY_MAX_CALLS = "SPAWN_GATEWAY_MAX_CALLS"  # N: at most N model calls of the tree upstream at once (the rest wait)
+# S: a call whose cacheable head (model, tools, system) another call is writing to the prompt cache waits at
+# most S seconds for that call to start answering, then reads the head instead of writing it again; 0: no waits.
+ENV_GATEWAY_STAGGER = "SPAWN_GATEWAY_STAGGER_S"
+STAGGER_WAIT_S = 5.0  # the default: a first byte takes a second or two, a slow one must not hold its siblings long
+CACHE_TTL_S = {"5m": 300.0, "1h": 3600.0}  # how long the API keeps a prefix after its last use
+STAGGER_HEADS_KEPT = 256  # heads remembered before the stale ones are forgotten
 # 1: the root starts the tree's gateway even without a budget; 0: never (see
 # gateway_choice). A tree without one keeps its budget from what each CLI reports (soft).
 ENV_GATEWAY = "SPAWN_GATEWAY"
@@ -108,6 +114,42 @@ def call_cap(environ: Mapping[str, str]) -> int | None:
         cap = int(environ.get(ENV_GATEWAY_MAX_CALLS) or "0")
         return cap if cap > 0 else None
     return None
+
+
+def stagger_limit(environ: Mapping[str, str]) -> float:
+    """SPAWN_GATEWAY_STAGGER_S as seconds (unset or not a number: the default; 0 or less: no waits)."""
+    with contextlib.suppress(ValueError):
+        value = float(environ.get(ENV_GATEWAY_STAGGER) or STAGGER_WAIT_S)
+        return max(0.0, value) if math.isfinite(value) else STAGGER_WAIT_S
+    return STAGGER_WAIT_S
+
+
+def cache_head(request: Mapping[str, Any]) -> tuple[str, float] | None:
+    """(a digest of the model and the request's tools and system up to their last cache_control breakpoint, that
+    entry's TTL in seconds); None when tools and system carry no breakpoint (the request writes no head a sibling reads).
+
+    The API caches a prefix at each breakpoint, so what siblings share is the head up to the last one in tools
+    and system (the CLI marks its system blocks); blocks count without their marker, as the API compares them.
+    """
+    tools, system = request.get("tools"), request.get("system")
+    blocks = [b for b in (tools if isinstance(tools, list) else []) if isinstance(b, dict)]
+    blocks += [b for b in (system if isinstance(system, list) else []) if isinstance(b, dict)]
+    marked = [n for n, b in enumerate(blocks) if isinstance(b.get("cache_control"), dict)]
+    if not marked:
+        return None
+    last = marked[-1]
+    head = [{k: v for k, v in b.items() if k != "cache_control"} for b in blocks[: last + 1]]
+    raw = json.dumps([str(request.get("model") or ""), head], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    ttl = CACHE_TTL_S.get(str(blocks[last]["cache_control"].get("ttl") or "5m"), CACHE_TTL_S["5m"])
+    return hashlib.sha256(raw.encode()).hexdigest(), ttl
+
+
+def stagger_role(now: float, fresh_until: float, writing: bool) -> str:
+    """What a call with a cacheable head does now: "read" (the head is in the cache: go), "write" (nobody is
+    writing it: go, and be the one whose answer the others wait for), or "wait" (another call is writing it)."""
+    if now < fresh_until:
+        return "read"
+    return "wait" if writing else "write"
 
 
 def credential_digest(credential: str) -> str:
@@ -432,6 +474,25 @@ class Inflight:
     reserved: float = 0.0
 
 
+@dataclass
+class Head:
+    """A cacheable head's state: until when the cache holds it, and the call writing it (its event is set when
+    that call starts answering or ends)."""
+
+    fresh_until: float = 0.0
+    writer: Any = None
+    """The writing call's asyncio.Event, None while no call writes it."""
+
+
+@dataclass
+class HeadTurn:
+    """One call's part in its head's stagger: its head, that head's TTL, and its event if it is the writer."""
+
+    key: str
+    ttl: float
+    writer: Any = None
+
+
 class Gateway:
     """The state of the running gateway: who is asking, what their calls hold, the ledger they are charged to."""
 
@@ -459,6 +520,9 @@ class Gateway:
         self.max_calls = call_cap(environ)
         self.slots: Any = None
         """With a cap, the asyncio.Semaphore each model call holds while it is upstream (made in the loop)."""
+        self.stagger_s = stagger_limit(environ)
+        self.heads: dict[str, Head] = {}
+        """By cache_head's digest: whether the head is in the prompt cache, and who is writing it."""
 
     def record(self, *parts: str) -> dict[str, Any]:
         """A record of the session that never changes once written (a credential's, a subagent's), read once."""
@@ -719,7 +783,12 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
     for inflight in counted:
         inflight.count += 1
         inflight.reserved += reserved
+    turn: HeadTurn | None = None
     try:
+        if metered:
+            turn = await stagger(gw, body, deadline)  # before a slot is taken: a call waiting here holds none
+            send = answer_watch(gw, turn, send)
+            call.started = time.monotonic()  # its ttfb is the model's, as under the cap
         if metered and gw.slots is not None:
             async with gw.slots:  # the tree's cap on calls at once: the rest wait here, with no upstream call
                 call.started = time.monotonic()
@@ -727,6 +796,7 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
         else:
             await forward(gw, scope, body, call, receive=receive, send=send)
     finally:
+        head_released(gw, turn)
         try:
             if metered and call.meter.usage:
                 model = call.meter.model or str(parse_object(body).get("model") or "")
@@ -737,6 +807,76 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
             for inflight in counted:
                 inflight.count -= 1
                 inflight.reserved -= reserved
+
+
+async def stagger(gw: Gateway, body: bytes, deadline: float | None) -> HeadTurn | None:
+    """Hold a call while another call writes its cacheable head to the prompt cache, until that one starts answering.
+
+    Then it reads the head at a tenth of the price instead of writing it again at 1.25 times: a fan-out's
+    leaves, sent at once, would otherwise all write it. The wait is bounded by SPAWN_GATEWAY_STAGGER_S and the
+    agent's deadline; a writer that fails or ends hands the role on (the waiters decide again). Once a head
+    has been answered, its calls go straight through for its TTL. Returns the call's turn (None: no head).
+    """
+    import asyncio
+
+    head = cache_head(parse_object(body)) if gw.stagger_s > 0 else None
+    if head is None:
+        return None
+    key, ttl = head
+    limit = time.monotonic() + gw.stagger_s
+    if deadline is not None:
+        limit = min(limit, time.monotonic() + max(0.0, deadline - time.time()))
+    while True:
+        if key not in gw.heads and len(gw.heads) >= STAGGER_HEADS_KEPT:
+            now = time.monotonic()
+            gw.heads = {k: h for k, h in gw.heads.items() if h.writer is not None or h.fresh_until > now}
+        state = gw.heads.setdefault(key, Head())
+        role = stagger_role(time.monotonic(), state.fresh_until, state.writer is not None)
+        if role == "read":
+            return HeadTurn(key, ttl)
+        if role == "write":
+            state.writer = asyncio.Event()
+            return HeadTurn(key, ttl, state.writer)
+        left = limit - time.monotonic()
+        if left <= 0:
+            return HeadTurn(key, ttl)  # waited its share: it goes, and writes the head too if it must
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(state.writer.wait(), left)
+
+
+def head_answered(gw: Gateway, turn: HeadTurn) -> None:
+    """The call started answering: its head is in the cache (a read keeps it there too) for its TTL."""
+    state = gw.heads.setdefault(turn.key, Head())
+    state.fresh_until = max(state.fresh_until, time.monotonic() + turn.ttl)
+    head_released(gw, turn)
+
+
+def head_released(gw: Gateway, turn: HeadTurn | None) -> None:
+    """The writer answered or ended: wake the calls waiting on it (each decides again)."""
+    if turn is None or turn.writer is None:
+        return
+    state = gw.heads.get(turn.key)
+    if state is not None and state.writer is turn.writer:
+        state.writer = None
+    turn.writer.set()
+    turn.writer = None
+
+
+def answer_watch(gw: Gateway, turn: HeadTurn | None, send: Any) -> Any:
+    """send, noting the first bytes of a 200 answer (head_answered): the prompt cache holds the head from then on."""
+    if turn is None:
+        return send
+    status = [0]
+
+    async def watched(message: Mapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            status[0] = int(message.get("status") or 0)
+        elif status[0] == 200 and message.get("body"):
+            status[0] = -1  # once
+            head_answered(gw, turn)
+        await send(message)
+
+    return watched
 
 
 async def settle(gw: Gateway, scope: Mapping[str, Any], send: Any) -> None:
