@@ -405,7 +405,7 @@ def test_a_call_waits_only_while_its_head_is_being_written() -> None:
 def test_the_stagger_hands_the_head_on_when_its_writer_fails_and_never_waits_past_its_bound(tmp_path: Path) -> None:
     import asyncio
 
-    body = json.dumps(cli_request("briefing", "task")).encode()
+    body = cli_request("briefing", "task")
     gw = spawn.Gateway(tmp_path, {}, "http://upstream", {"SPAWN_GATEWAY_STAGGER_S": "1"})
 
     async def scenario() -> None:
@@ -423,7 +423,7 @@ def test_the_stagger_hands_the_head_on_when_its_writer_fails_and_never_waits_pas
         later = await spawn.stagger(gw, body, None)
         assert later is not None and later.writer is None  # answered: straight through
         # A writer that never answers holds the others for the bound only, and never past a deadline.
-        other = json.dumps(cli_request("other briefing", "task")).encode()
+        other = cli_request("other briefing", "task")
         stuck = await spawn.stagger(gw, other, None)
         assert stuck is not None and stuck.writer is not None
         started = time.monotonic()
@@ -798,3 +798,59 @@ def test_a_raise_reaches_the_gateway_only_from_outside_the_tree(
     assert "runs in this tree" in attempts.read_text()
     # Stopped with its tree, the gateway took its record and its socket with it.
     assert not list(session_root.glob("*/gateway/gateway.json")) and not list(session_root.glob("*/gateway/control.sock"))
+
+
+def test_the_gateways_upstream_keeps_connections_and_sends_again_on_one_the_server_closed() -> None:
+    """Unit: a kept connection carries the next call; one the server closed meanwhile is replaced, the call not lost."""
+    import asyncio
+
+    connections: list[int] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(len(connections))
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+            body = await reader.readexactly(length)
+            answer = b"data: " + body + b"\n\n"
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+            for piece in (answer[:5], answer[5:]):
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            if body == b"last":  # then close the kept connection, as a server's idle timeout does
+                writer.close()
+                return
+
+    async def call(upstream: Any, body: bytes) -> tuple[int, bytes, str | None]:
+        response = await upstream.send("POST", "/v1/messages", {"x-api-key": "k", "content-length": "999"}, body)
+        got = b"".join([chunk async for chunk in response.aiter_raw()])
+        await response.aclose()
+        return response.status_code, got, response.headers.get("Content-Type")
+
+    async def main() -> None:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        upstream = spawn.Upstream(f"http://127.0.0.1:{port}")
+        assert await call(upstream, b"one") == (200, b"data: one\n\n", "text/event-stream")
+        assert await call(upstream, b"last") == (200, b"data: last\n\n", "text/event-stream")
+        assert connections == [0]  # the second call went on the first call's connection
+        await asyncio.sleep(0.1)
+        assert await call(upstream, b"again") == (200, b"data: again\n\n", "text/event-stream")
+        assert connections == [0, 1]
+        await upstream.aclose()
+        server.close()
+
+    asyncio.run(main())
+
+
+def test_the_gateway_speaks_through_the_environments_proxy_with_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit: an upstream the environment routes through a proxy is httpx's (it speaks to proxies); else the gateway's own."""
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert not spawn.proxied("https://api.anthropic.com")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
+    assert spawn.proxied("https://api.anthropic.com")
+    monkeypatch.setenv("NO_PROXY", "api.anthropic.com")
+    assert not spawn.proxied("https://api.anthropic.com")

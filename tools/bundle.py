@@ -83,6 +83,7 @@ MODULES = (
     "policy/writable",
     "policy/delegates",
     "policy/channel",
+    "policy/upstream",
     "policy/gateway",
     "policy/steering",
     # run: one agent from its flags to its outcome

@@ -59,6 +59,7 @@ from ..session.ledger import (
 from ..session.protocol import read_json, session_lock, write_json_atomic
 from ..supervise.supervisor import Supervised, calling_agents
 from .channel import bind_private_socket, peer_process, read_line
+from .upstream import Upstream, proxied
 
 GATEWAY_DIR = "gateway"  # in the session: gateway.json and credentials/
 GATEWAY_RECORD = "gateway.json"  # {url, pid, create_time}: where the tree's gateway listens, and which process it is
@@ -768,13 +769,14 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
         return
     holder, agent = who
     metered = scope["path"].rstrip("/") == "/v1/messages" and scope["method"] == "POST"
+    request = parse_object(body) if metered else {}  # once: a CLI's request is tens of kilobytes of JSON
     deadline = gw.deadline(holder, agent) if metered else None
     if deadline is not None and time.time() >= deadline:
         await refuse_call(gw, agent, f"deadline: agent {agent}'s deadline has passed", send)
         return
     reserved = 0.0
     if metered:
-        held = await hold_request(gw, holder, agent, body, send)
+        held = await hold_request(gw, holder, agent, body, request, send=send)
         if held is None:
             return
         body, reserved = held
@@ -786,7 +788,7 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
     turn: HeadTurn | None = None
     try:
         if metered:
-            turn = await stagger(gw, body, deadline)  # before a slot is taken: a call waiting here holds none
+            turn = await stagger(gw, request, deadline)  # before a slot is taken: a call waiting here holds none
             send = answer_watch(gw, turn, send)
             call.started = time.monotonic()  # its ttfb is the model's, as under the cap
         if metered and gw.slots is not None:
@@ -799,7 +801,7 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
         head_released(gw, turn)
         try:
             if metered and call.meter.usage:
-                model = call.meter.model or str(parse_object(body).get("model") or "")
+                model = call.meter.model or str(request.get("model") or "")
                 await asyncio.to_thread(gw.charge, agent, model, call)
         finally:
             # Only once its charge is in the ledger: its caller has the whole answer and may ask
@@ -809,7 +811,7 @@ async def handle(gw: Gateway, scope: Mapping[str, Any], receive: Any, send: Any)
                 inflight.reserved -= reserved
 
 
-async def stagger(gw: Gateway, body: bytes, deadline: float | None) -> HeadTurn | None:
+async def stagger(gw: Gateway, request: Mapping[str, Any], deadline: float | None) -> HeadTurn | None:
     """Hold a call while another call writes its cacheable head to the prompt cache, until that one starts answering.
 
     Then it reads the head at a tenth of the price instead of writing it again at 1.25 times: a fan-out's
@@ -819,7 +821,7 @@ async def stagger(gw: Gateway, body: bytes, deadline: float | None) -> HeadTurn 
     """
     import asyncio
 
-    head = cache_head(parse_object(body)) if gw.stagger_s > 0 else None
+    head = cache_head(request) if gw.stagger_s > 0 else None
     if head is None:
         return None
     key, ttl = head
@@ -910,7 +912,9 @@ def tighter(room: float | None, own: float | None) -> float | None:
     return min(r for r in (room, own) if r is not None) if room is not None or own is not None else None
 
 
-async def hold_request(gw: Gateway, holder: str, agent: str, body: bytes, send: Any) -> tuple[bytes, float] | None:
+async def hold_request(
+    gw: Gateway, holder: str, agent: str, body: bytes, request: dict[str, Any], *, send: Any
+) -> tuple[bytes, float] | None:
     """(the body to forward, what it holds of the agent's room), or None once refused (the answer is sent).
 
     The room is the holder's hold's (the process agent whose credential it
@@ -921,7 +925,6 @@ async def hold_request(gw: Gateway, holder: str, agent: str, body: bytes, send: 
     """
     import asyncio
 
-    request = parse_object(body)
     model = str(request.get("model") or "")
     max_tokens = request.get("max_tokens") if isinstance(request.get("max_tokens"), int) else None
     _, whole = hold_plan(math.inf, len(body), model, max_tokens, gw.table)
@@ -1053,9 +1056,11 @@ async def send_upstream(gw: Gateway, scope: Mapping[str, Any], body: bytes, gone
         while (wait := gw.not_before - time.monotonic()) > 0:
             await asyncio.sleep(min(wait, GATEWAY_PAUSE_POLL_S))
         try:
-            response = await gw.client.send(
-                gw.client.build_request(scope["method"], gw.upstream + path, headers=headers, content=body), stream=True
-            )
+            if isinstance(gw.client, Upstream):
+                response = await gw.client.send(scope["method"], path, headers, body)
+            else:  # httpx, through the environment's proxy
+                request = gw.client.build_request(scope["method"], gw.upstream + path, headers=headers, content=body)
+                response = await gw.client.send(request, stream=True)
         except Exception:
             return None
         if response.status_code not in (429, 529) or attempt == RATE_RETRIES or gone.is_set():
@@ -1160,7 +1165,6 @@ def serve_gateway(session: Path) -> int:
     import asyncio
     import socket
 
-    import httpx
     import uvicorn
 
     handed = json.loads(sys.stdin.readline() or "{}")
@@ -1180,7 +1184,12 @@ def serve_gateway(session: Path) -> int:
 
     async def main() -> None:
         gw.slots = asyncio.Semaphore(gw.max_calls) if gw.max_calls else None
-        gw.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), limits=httpx.Limits(max_connections=None))
+        if proxied(gw.upstream):
+            import httpx
+
+            gw.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), limits=httpx.Limits(max_connections=None))
+        else:
+            gw.client = Upstream(gw.upstream)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
         server = uvicorn.Server(config)
         folder = session / GATEWAY_DIR
