@@ -43,6 +43,21 @@ def proxied(url: str) -> bool:
     return not urllib.request.proxy_bypass(parts.hostname or "")
 
 
+def tls_context() -> ssl.SSLContext:
+    """The CAs an upstream's certificate is checked against: SSL_CERT_FILE / SSL_CERT_DIR when set, else
+    certifi's (as httpx has them: a slim image may have no system store), else the system's."""
+    import os
+    import ssl
+
+    cafile, capath = os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None
+    if cafile is None and capath is None:
+        with contextlib.suppress(ImportError):
+            import certifi
+
+            cafile = certifi.where()
+    return ssl.create_default_context(cafile=cafile, capath=capath)
+
+
 class Headers:
     """An answer's headers as h11 gives them (names in lower case), in order, repeats kept."""
 
@@ -116,7 +131,6 @@ class Upstream:
     """Calls to one base URL (scheme, host, port, path prefix) over kept HTTP/1.1 connections."""
 
     def __init__(self, base_url: str) -> None:
-        import ssl
         import urllib.parse
 
         parts = urllib.parse.urlsplit(base_url)
@@ -127,7 +141,7 @@ class Upstream:
         default_port = self.port == (443 if self.tls else 80)
         self.authority = self.host if default_port else f"{self.host}:{self.port}"
         self.idle: list[Connection] = []
-        self.context: ssl.SSLContext | None = ssl.create_default_context() if self.tls else None
+        self.context: ssl.SSLContext | None = tls_context() if self.tls else None
 
     def keep(self, conn: Connection) -> None:
         if len(self.idle) < IDLE_KEPT:
