@@ -476,3 +476,20 @@ def test_an_agent_the_server_started_can_not_call_it_over_loopback(env: dict[str
     (transcript,) = session_root.glob("*/agents/*/transcript.jsonl")
     text_ = transcript.read_text()
     assert "http=403" in text_ and "runs in a tree this server serves" in text_, text_[-3000:]
+
+
+def test_agent_status_shows_each_agents_last_model_calls(env: dict[str, str], session_root: Path, tmp_path: Path) -> None:
+    """Under a budget the gateway records each model call; a model reading agent_status gets the last five and the count."""
+
+    async def body() -> None:
+        async with Client(server_params(env, tmp_path, "--max-budget-usd", "1")) as client:
+            task = mock_task("calls", [*({"bash": "true"} for _ in range(6)), {"text": "calls done"}])
+            started = structured(await client.call_tool("spawn_agent", {"task": task, "tools": ["Bash"]}))
+            waited = structured(await client.call_tool("agent_wait", {"timeout_s": 100}))
+            assert waited["status"] == "done", waited
+            status = structured(await client.call_tool("agent_status", {"agent_id": started["agent_id"]}))
+            (row,) = [r for r in status["agents"] if r["id"] == started["agent_id"]]
+            assert len(row["model_calls"]) == 5 and row["model_calls_total"] >= 7, row
+            assert {c["status"] for c in row["model_calls"]} == {"200"}
+
+    run(body)

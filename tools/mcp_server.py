@@ -93,6 +93,9 @@ class WaitResult(Result):
     pending_asks: list[dict[str, Any]] = Field(description="tool calls waiting for agent_answer")
 
 
+STATUS_CALLS_SHOWN = 5  # agent_status: each agent's last model calls (model_calls_total counts them all)
+
+
 class StatusResult(Result):
     session: str
     agents: list[dict[str, Any]]
@@ -662,6 +665,11 @@ def add_tree_tools(server: MCPServer, spawner: Spawner) -> None:
             argv = ["status", "--json"]
         data = await spawner.run_json(*argv)
         rows = data.get("agents", [])
+        for row in rows:
+            # A model reads this: an agent's last calls and how many, not every call of a long run.
+            calls = row.get("model_calls")
+            if isinstance(calls, list) and len(calls) > STATUS_CALLS_SHOWN:
+                row["model_calls"], row["model_calls_total"] = calls[-STATUS_CALLS_SHOWN:], len(calls)
         text = f"session {data.get('session')}: " + ", ".join(f"{r.get('id')} {r.get('state', r.get('status'))}" for r in rows)
         if data.get("pending_asks"):
             text += "; asks pending: " + ", ".join(a["id"] for a in data["pending_asks"])
