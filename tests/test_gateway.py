@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -854,3 +855,72 @@ def test_the_gateway_speaks_through_the_environments_proxy_with_httpx(monkeypatc
     assert spawn.proxied("https://api.anthropic.com")
     monkeypatch.setenv("NO_PROXY", "api.anthropic.com")
     assert not spawn.proxied("https://api.anthropic.com")
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux's unshare is not installed")
+def test_a_new_pid_namespace_hides_no_caller_from_the_gateway(
+    env: dict[str, str], session_root: Path, mock_model: MockModel, tmp_path: Path
+) -> None:
+    """A leaf at its depth limit runs, under `unshare -Urpf --mount-proc` (its ancestry hidden from what it starts there),
+    `spawn.py budget --raise` on its own tree and a new tree of its own: the gateway refuses the raise (it walks the
+    caller's real ancestry and cgroup), and every call of the new tree is charged to the leaf and held to its hold."""
+    probe = subprocess.run(["unshare", "-Urpf", "--mount-proc", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"this machine allows no user and pid namespaces: {probe.stderr.decode().strip()}")
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "inner-task").write_text(heavy("inner"))
+    # Its Bash can rewrite its own environment too: what spawn.py reads of it is gone as well.
+    forget = 'P="$SPAWN_PYTHON" S="$SPAWN_PY" SESSION="$SPAWN_SESSION"; for v in $(compgen -e | grep "^SPAWN_"); do unset "$v"; done; '
+    hide = 'unshare -Urpf --mount-proc "$P" "$S"'
+    bash = forget + (
+        f'{hide} budget "$SESSION" --raise 100 > {out}/raise.out 2>&1; echo $? > {out}/raise.code; '
+        f'SPAWN_SESSION_ROOT={out}/sessions {hide} --task "$(cat {tmp_path}/inner-task)" --tools Bash > {out}/inner.out 2>&1; '
+        f"echo $? > {out}/inner.code"
+    )
+    leaf = mock_task("leaf", [{"bash": bash}, {"text": "leaf done"}])
+    child = spawn_in_bash("--task", leaf, "--tools", "Bash", "--max-budget-usd", "0.3", "--sandbox", "off", "--max-depth", "1")
+    root = mock_task("root", [{"bash": child}, {"text": "root done"}])
+    done = run_spawn(["--task", root, "--tools", "Bash", "--max-budget-usd", "1"], env, timeout=240)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    assert int((out / "raise.code").read_text()) == spawn.ExitCode.REFUSED, (out / "raise.out").read_text()
+    assert "runs in this tree" in (out / "raise.out").read_text()  # said by the gateway: the caller's own walk sees no tree
+    assert int((out / "inner.code").read_text()) != spawn.ExitCode.OK, (out / "inner.out").read_text()
+    (ledger,) = session_root.glob("*/ledger.jsonl")
+    lines = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert not [line for line in lines if line.get("kind") == "budget"]
+    leaf_id = next(d.name for d in agent_dirs(session_root) if d.name.startswith("a1-"))
+    spends = [line for line in lines if line.get("kind") == "spend"]
+    inner = [line for line in spends if line["id"] == leaf_id and line["usage"]["output_tokens"] > 1000]
+    assert inner, "the new tree's heavy turns were not charged to the leaf"
+    assert sum(line["cost_usd"] for line in spends if line["id"] == leaf_id) <= 0.3 + 1e-6
+    assert any(line.get("kind") == "refused" and line["id"] == leaf_id for line in lines)
+    real = hashlib.sha256(FAKE_API_KEY.encode()).hexdigest()[:12]
+    assert {r["credential"] for r in mock_model.requests() if r["path"].startswith("/v1/messages")} == {real}
+
+
+def test_in_tree_cgroup_names_a_process_in_the_trees_cgroup_or_below(tmp_path: Path) -> None:
+    """Unit, on real cgroups: what the gateway asks of a caller that its ancestry can't place (it left the tree's process tree)."""
+    here = spawn.own_cgroup()
+    if here is None or not os.access(here / "cgroup.procs", os.W_OK):
+        pytest.skip("no writable cgroup v2 here: the tree has no cgroup, and ancestry alone decides (docs/guarantees.md)")
+    tree = here / f"spawn-test-{os.getpid()}"
+    tree.mkdir()
+    (tree / "below").mkdir()
+    sleepers = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    try:
+        (tree / "cgroup.procs").write_text(f"{sleepers[0].pid}\n")
+        (tree / "below" / "cgroup.procs").write_text(f"{sleepers[1].pid}\n")
+        name = spawn.cgroup_of(sleepers[0].pid)
+        assert name is not None and name.endswith(tree.name)
+        assert spawn.in_tree_cgroup(sleepers[1].pid, sleepers[0].pid) == name
+        assert spawn.in_tree_cgroup(sleepers[0].pid, sleepers[0].pid) == name
+        assert spawn.in_tree_cgroup(sleepers[2].pid, sleepers[0].pid) is None  # outside: the person's terminal
+        assert spawn.in_tree_cgroup(sleepers[2].pid, sleepers[2].pid) is None  # a tree with no cgroup of its own
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+        for folder in (tree / "below", tree):
+            with contextlib.suppress(OSError):
+                folder.rmdir()

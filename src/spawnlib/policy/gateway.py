@@ -57,7 +57,7 @@ from ..session.ledger import (
     tree_caller_refusal,
 )
 from ..session.protocol import read_json, session_lock, write_json_atomic
-from ..supervise.supervisor import Supervised, calling_agents
+from ..supervise.supervisor import Supervised, calling_agents, in_tree_cgroup
 from .channel import bind_private_socket, peer_process, read_line
 from .upstream import Upstream, proxied
 
@@ -1083,15 +1083,20 @@ def change_budget_at_gateway(
     """
     import socket
 
-    if gateway_url(session) is None or gateway_gone(session) is not None:
-        return None  # none, or its tree has ended (a gateway stopped with its tree may leave its record)
+    if gateway_url(session) is None:
+        return None
     path = session / GATEWAY_DIR / CONTROL_SOCKET
     address, dir_fd = unix_address(str(path))
     request = {"raise_usd": raise_usd, "set_usd": set_usd, "by": by, "at_most": at_most}
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
             client.settimeout(CONTROL_READ_S * 2)
-            client.connect(address)
+            try:
+                client.connect(address)
+            except (FileNotFoundError, ConnectionRefusedError):
+                # Its tree has ended (a gateway killed with its tree leaves its record): the ledger is
+                # the budget's record again. Not its pid's liveness: a caller in another pid namespace can't see it.
+                return None
             client.sendall(json.dumps(request).encode() + b"\n")
             answer = json.loads(read_line(client, CONTROL_MAX_BYTES, CONTROL_READ_S * 2))
     except (OSError, ValueError) as exc:
@@ -1123,6 +1128,10 @@ def control_answer(gw: Gateway, peer: Any, line: bytes) -> dict[str, Any]:
     except ValueError:
         return {"error": "usage", "message": "a change of the budget is one JSON line: {raise_usd|set_usd, by, at_most}"}
     refusal = "the caller is another user's process, or gone" if peer is None else tree_caller_refusal(gw.session, calling_agents(peer))
+    if refusal is None and (tree := in_tree_cgroup(peer.pid, os.getpid())) is not None:
+        # Its ancestry as this process sees it can hide nothing (SO_PEERCRED's pid is ours to walk), but
+        # a process can leave it (handed to a daemon of the user's); it can't leave the tree's cgroup.
+        refusal = f"process {peer.pid} runs in this tree's cgroup ({tree}) and can't change its budget; the person or a client outside can"
     if refusal is not None:
         with contextlib.suppress(OSError):
             record_budget_refusal(gw.session, by, refusal, [])

@@ -462,6 +462,29 @@ def own_cgroup() -> Path | None:
     return mount / rel.lstrip("/")
 
 
+def cgroup_of(pid: int) -> str | None:
+    """A process's cgroup v2 path ("0::" in /proc/PID/cgroup), as this process's cgroup namespace names it; None if unknown.
+
+    Read by a process outside the caller's namespaces (the gateway), it is the
+    path the caller can't hide: `unshare -C` changes what the caller itself
+    reads, and `unshare -U` can't leave a cgroup.
+    """
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                return line[3:].removesuffix(" (deleted)") or "/"
+    return None
+
+
+def in_tree_cgroup(pid: int, tree_pid: int) -> str | None:
+    """The tree's cgroup when process pid is in it (or below), tree_pid being one of the tree's own processes
+    in its tree cgroup; None when it isn't, or the tree has none (the decision is then ancestry's alone)."""
+    tree, caller = cgroup_of(tree_pid), cgroup_of(pid)
+    if tree is None or caller is None or not Path(tree).name.startswith(CGROUP_PREFIX):
+        return None
+    return tree if caller == tree or caller.startswith(tree.rstrip("/") + "/") else None
+
+
 def tree_cgroup_name(session: str, agent_id: str) -> str:
     return f"{CGROUP_PREFIX}{Path(session).name}-{agent_id}"
 
