@@ -99,11 +99,9 @@ MIN_OUTPUT_TOKENS = 256
 CUT_BYTES_PER_TOKEN = 4  # a cut stream's output: its deltas' bytes at this rate
 GATEWAY_PAUSE_POLL_S = 0.5
 GATEWAY_INFLIGHT_POLL_S = 0.05  # a call short only of its agent's calls in flight looks again this often
-SETTLE_WAIT_S = 3.0
+SETTLE_WAIT_S = 3.0  # a runner waits this long for its agent's last calls to be charged
 RATE_RETRIES = 8  # a call the API rate-limits is sent again this often before its 429 is passed on
-RATE_BACKOFF_MAX_S = (
-    30.0  # the longest wait between tries without a retry-after  # a runner waits this long for its agent's last calls to be charged
-)
+RATE_BACKOFF_MAX_S = 30.0  # the longest wait between tries without a retry-after
 
 
 # ------------------------------------------------------------------- pure --
