@@ -833,7 +833,7 @@ def test_the_gateways_upstream_keeps_connections_and_sends_again_on_one_the_serv
     async def main() -> None:
         server = await asyncio.start_server(serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        upstream = spawn.Upstream(f"http://127.0.0.1:{port}")
+        upstream = spawn.Upstream(f"http://127.0.0.1:{port}", {})
         assert await call(upstream, b"one") == (200, b"data: one\n\n", "text/event-stream")
         assert await call(upstream, b"last") == (200, b"data: last\n\n", "text/event-stream")
         assert connections == [0]  # the second call went on the first call's connection
@@ -846,15 +846,15 @@ def test_the_gateways_upstream_keeps_connections_and_sends_again_on_one_the_serv
     asyncio.run(main())
 
 
-def test_the_gateway_speaks_through_the_environments_proxy_with_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_gateway_speaks_through_the_environments_proxy_with_httpx() -> None:
     """Unit: an upstream the environment routes through a proxy is httpx's (it speaks to proxies); else the gateway's own."""
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    assert not spawn.proxied("https://api.anthropic.com")
-    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp:3128")
-    assert spawn.proxied("https://api.anthropic.com")
-    monkeypatch.setenv("NO_PROXY", "api.anthropic.com")
-    assert not spawn.proxied("https://api.anthropic.com")
+    api = "https://api.anthropic.com"
+    assert not spawn.proxied(api, {"PATH": "/bin"})
+    assert spawn.proxied(api, {"HTTPS_PROXY": "http://proxy.corp:3128"})
+    assert spawn.proxied(api, {"all_proxy": "socks5://proxy.corp:1080"})
+    assert not spawn.proxied(api, {"HTTP_PROXY": "http://proxy.corp:3128"})  # another scheme's
+    assert not spawn.proxied(api, {"HTTPS_PROXY": "http://proxy.corp:3128", "NO_PROXY": "localhost,api.anthropic.com"})
+    assert not spawn.proxied("http://127.0.0.1:8080", {"HTTP_PROXY": "http://proxy.corp:3128", "no_proxy": "127.0.0.1"})
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="util-linux's unshare is not installed")
@@ -913,10 +913,10 @@ def test_in_tree_cgroup_names_a_process_in_the_trees_cgroup_or_below(tmp_path: P
         (tree / "below" / "cgroup.procs").write_text(f"{sleepers[1].pid}\n")
         name = spawn.cgroup_of(sleepers[0].pid)
         assert name is not None and name.endswith(tree.name)
-        assert spawn.in_tree_cgroup(sleepers[1].pid, sleepers[0].pid) == name
-        assert spawn.in_tree_cgroup(sleepers[0].pid, sleepers[0].pid) == name
-        assert spawn.in_tree_cgroup(sleepers[2].pid, sleepers[0].pid) is None  # outside: the person's terminal
-        assert spawn.in_tree_cgroup(sleepers[2].pid, sleepers[2].pid) is None  # a tree with no cgroup of its own
+        assert spawn.in_tree_cgroup(sleepers[1].pid, [here / "spawn-other", tree]) == tree
+        assert spawn.in_tree_cgroup(sleepers[0].pid, [tree]) == tree
+        assert spawn.in_tree_cgroup(sleepers[2].pid, [tree]) is None  # outside: the person's terminal
+        assert spawn.in_tree_cgroup(sleepers[1].pid, []) is None  # trees with no cgroup of their own
     finally:
         for sleeper in sleepers:
             sleeper.kill()

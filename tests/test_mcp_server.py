@@ -493,3 +493,26 @@ def test_agent_status_shows_each_agents_last_model_calls(env: dict[str, str], se
             assert {c["status"] for c in row["model_calls"]} == {"200"}
 
     run(body)
+
+
+def test_a_root_that_outlives_the_first_root_of_the_servers_session_keeps_its_gateway(
+    env: dict[str, str], session_root: Path, tmp_path: Path
+) -> None:
+    """Two agents of one server under a budget share the session's gateway: the second still runs when the first has
+    ended, and its calls go on; neither holds the server's real credential."""
+    secret = "sk-ant-oat01-mcp-server-real-token-0000"
+    dump = tmp_path / "env.txt"
+
+    async def body() -> None:
+        async with Client(server_params({**env, "ANTHROPIC_AUTH_TOKEN": secret}, tmp_path, "--max-budget-usd", "1")) as client:
+            quick = mock_task("first", [{"text": "first done"}])
+            first = structured(await client.call_tool("spawn_agent", {"task": quick, "max_budget_usd": 0.4}))
+            task = mock_task("second", [{"bash": "sleep 4"}, {"bash": f"env > {dump}"}, {"text": "second done"}])
+            second = structured(await client.call_tool("spawn_agent", {"task": task, "tools": ["Bash"], "max_budget_usd": 0.4}))
+            done = structured(await client.call_tool("agent_wait", {"agent_id": first["agent_id"], "timeout_s": 60}))
+            assert done["status"] == "done", done
+            later = structured(await client.call_tool("agent_wait", {"agent_id": second["agent_id"], "timeout_s": 90}))
+            assert later["status"] == "done", later
+
+    run(body)
+    assert secret not in dump.read_text()

@@ -14,7 +14,7 @@ as it is.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -70,6 +70,11 @@ class Settings(Mapping[str, str]):
             log_max_bytes=log_max_bytes(environ),
             wait_polls=wait_polls(environ),
         )
+
+    def without(self, names: Iterable[str]) -> Settings:
+        """The same read, less some variables (the real credential, once the tree's gateway holds it)."""
+        dropped = set(names)
+        return Settings.read({k: v for k, v in self.environ.items() if k not in dropped})
 
     def __getitem__(self, key: str) -> str:
         return self.environ[key]

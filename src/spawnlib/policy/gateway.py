@@ -33,13 +33,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core.constants import CACHE_READ_FACTOR, CACHE_WRITE_1H_FACTOR, CACHE_WRITE_FACTOR, MODEL_PRICES_USD_PER_MTOK, USAGE_COUNTS
-from ..core.errors import RefusedError, UsageError
+from ..core.errors import RefusedError, SpawnError, UsageError
 from ..core.prelude import unix_address
 from ..core.pure import claude_config_dir, float_or_none, price_family, round_usd, utc_now_iso
 from ..session.ledger import (
@@ -56,8 +56,8 @@ from ..session.ledger import (
     top_up_hold,
     tree_caller_refusal,
 )
-from ..session.protocol import read_json, session_lock, write_json_atomic
-from ..supervise.supervisor import Supervised, calling_agents, in_tree_cgroup
+from ..session.protocol import load_meta, read_json, session_lock, write_json_atomic
+from ..supervise.supervisor import Supervised, calling_agents, in_tree_cgroup, live_roots, owned_cgroup, session_roots
 from .channel import bind_private_socket, peer_process, read_line
 from .upstream import Upstream, proxied
 
@@ -285,6 +285,22 @@ def gateway_url(session: Path) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def gateway_start_lock(session: Path) -> Iterator[None]:
+    """Held while a root looks for the session's gateway and starts one: the roots of a shared session
+    (an MCP server's) start at once, and one gateway must hold all of their calls."""
+    import fcntl
+
+    folder = session / GATEWAY_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / ".start.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def gateway_gone(session: Path) -> int | None:
     """The pid of the session's gateway when its record stands but its process is gone (killed: it could not
     remove the record); None while it runs, or when the tree has none."""
@@ -426,8 +442,9 @@ def oauth_token(path: Path | str) -> str | None:
 def start_gateway(session: Path, script: str, budget: float | None) -> tuple[subprocess.Popen[bytes] | None, str]:
     """Start the tree's gateway and hand it the real credential on its stdin; remove the credential from this process.
 
-    It runs `spawn.py _gateway SESSION` in this process's cgroup and process
-    group, so it ends with the tree; it prints its URL once it listens.
+    It runs `spawn.py _gateway SESSION`, which prints its URL once it listens,
+    and serves while a root of the session runs (the runner that started it
+    stops it at its end when no other root runs).
     Returns (the gateway, where its credential came from), or (None, why not).
     """
     credential, source = real_credential(os.environ)
@@ -435,9 +452,12 @@ def start_gateway(session: Path, script: str, budget: float | None) -> tuple[sub
         return None, source
     upstream = os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_UPSTREAM
     env = {k: v for k, v in os.environ.items() if k not in REAL_CREDENTIAL_VARS}
+    # Its own process group, outside the tree's cgroup (started before the root enters it): the session's
+    # other roots may still need it when this root's tree ends, and it ends when none runs (exit_with_session).
     proc = subprocess.Popen(
-        [sys.executable, script, "_gateway", str(session)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True
-    )
+        [sys.executable, script, "_gateway", str(session)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True,
+    )  # fmt: skip
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(json.dumps({"credential": credential, "upstream": upstream, "budget": budget}).encode() + b"\n")
     proc.stdin.close()
@@ -445,9 +465,15 @@ def start_gateway(session: Path, script: str, budget: float | None) -> tuple[sub
     if not line.startswith("http://"):
         proc.wait()
         return None, "the tree's gateway did not start"
+    forget_real_credential()
+    return proc, source
+
+
+def forget_real_credential() -> None:
+    """Take the real credential out of this process's environment: the tree's gateway holds it, and the CLIs
+    this process starts inherit what is left."""
     for name in REAL_CREDENTIAL_VARS:
         os.environ.pop(name, None)
-    return proc, source
 
 
 def stop_gateway(proc: subprocess.Popen[bytes] | None) -> None:
@@ -619,6 +645,15 @@ class Gateway:
         if not ledger.live(holder):
             return None if holder not in ledger.holds else 0.0
         return ledger.free(holder, 0.0, ledger.spend_of(holder)) - self.inflight.get(holder, Inflight()).reserved
+
+    def tree_cgroups(self) -> list[Path]:
+        """The cgroups of the session's trees: each root's, where it has one."""
+        found = []
+        for folder in session_roots(self.session):
+            with contextlib.suppress(OSError, SpawnError):
+                if (cgroup := owned_cgroup(load_meta(folder))) is not None:
+                    found.append(cgroup)
+        return found
 
     def overdrawn(self, holder: str) -> str | None:
         """Why the holds above holder's may not be believed (ledger.overdrawn), or None."""
@@ -1126,7 +1161,7 @@ def control_answer(gw: Gateway, peer: Any, line: bytes) -> dict[str, Any]:
     except ValueError:
         return {"error": "usage", "message": "a change of the budget is one JSON line: {raise_usd|set_usd, by, at_most}"}
     refusal = "the caller is another user's process, or gone" if peer is None else tree_caller_refusal(gw.session, calling_agents(peer))
-    if refusal is None and (tree := in_tree_cgroup(peer.pid, os.getpid())) is not None:
+    if refusal is None and (tree := in_tree_cgroup(peer.pid, gw.tree_cgroups())) is not None:
         # Its ancestry as this process sees it can hide nothing (SO_PEERCRED's pid is ours to walk), but
         # a process can leave it (handed to a daemon of the user's); it can't leave the tree's cgroup.
         refusal = f"process {peer.pid} runs in this tree's cgroup ({tree}) and can't change its budget; the person or a client outside can"
@@ -1157,12 +1192,14 @@ async def serve_control(gw: Gateway, reader: Any, writer: Any) -> None:
         writer.close()
 
 
-async def exit_with_parent(server: Any) -> None:
-    """The gateway lives as long as the root's runner: once that is gone (even SIGKILLed), no call is served."""
+async def exit_with_session(server: Any, session: Path) -> None:
+    """The gateway lives as long as a root of its session runs: once none does (each ended, or its runner
+    was SIGKILLed), no call is served. A session an MCP server shares has several roots, each started
+    and ended on its own, and the first one's end must not take the others' gateway with it."""
     import asyncio
 
-    parent = os.getppid()
-    while os.getppid() == parent:
+    parent = os.getppid()  # the root's runner that started it (or a bench): it serves while that runs, too
+    while os.getppid() == parent or live_roots(session):
         await asyncio.sleep(GATEWAY_PAUSE_POLL_S)
     server.should_exit = True
 
@@ -1191,12 +1228,12 @@ def serve_gateway(session: Path) -> int:
 
     async def main() -> None:
         gw.slots = asyncio.Semaphore(gw.max_calls) if gw.max_calls else None
-        if proxied(gw.upstream):
+        if proxied(gw.upstream, os.environ):
             import httpx
 
             gw.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), limits=httpx.Limits(max_connections=None))
         else:
-            gw.client = Upstream(gw.upstream)
+            gw.client = Upstream(gw.upstream, os.environ)
         config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
         server = uvicorn.Server(config)
         folder = session / GATEWAY_DIR
@@ -1212,7 +1249,7 @@ def serve_gateway(session: Path) -> int:
             write_json_atomic(folder / GATEWAY_RECORD, {"url": url, "pid": os.getpid(), "create_time": psutil.Process().create_time()})
         sys.stdout.write(url + "\n")
         sys.stdout.flush()
-        orphaned = asyncio.ensure_future(exit_with_parent(server))
+        orphaned = asyncio.ensure_future(exit_with_session(server, session))
         # uvicorn raises the signal that stopped it again once it has stopped, with the handler it
         # found: the default one would end this process before it removes its record and socket.
         for stop in (signal.SIGTERM, signal.SIGINT):

@@ -31,25 +31,26 @@ IDLE_KEEP_S = 30.0  # an idle connection older than this is closed rather than r
 IDLE_KEPT = 64
 
 
-def proxied(url: str) -> bool:
+def proxied(url: str, environ: Mapping[str, str]) -> bool:
     """Whether the environment routes url through a proxy (then httpx, which speaks to proxies, carries the calls)."""
     import urllib.parse
     import urllib.request
 
     parts = urllib.parse.urlsplit(url)
-    proxies = urllib.request.getproxies()
+    proxies = {k[: -len("_proxy")].lower(): v for k, v in environ.items() if k.lower().endswith("_proxy") and v}
     if not proxies.get(parts.scheme) and not proxies.get("all"):
         return False
-    return not urllib.request.proxy_bypass(parts.hostname or "")
+    # Python's NO_PROXY rule, from the proxies given rather than its own read of os.environ (typeshed lacks it).
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]
+    return not bypass(parts.hostname or "", proxies)
 
 
-def tls_context() -> ssl.SSLContext:
+def tls_context(environ: Mapping[str, str]) -> ssl.SSLContext:
     """The CAs an upstream's certificate is checked against: SSL_CERT_FILE / SSL_CERT_DIR when set, else
     certifi's (as httpx has them: a slim image may have no system store), else the system's."""
-    import os
     import ssl
 
-    cafile, capath = os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None
+    cafile, capath = environ.get("SSL_CERT_FILE") or None, environ.get("SSL_CERT_DIR") or None
     if cafile is None and capath is None:
         with contextlib.suppress(ImportError):
             import certifi
@@ -130,7 +131,7 @@ class Response:
 class Upstream:
     """Calls to one base URL (scheme, host, port, path prefix) over kept HTTP/1.1 connections."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, environ: Mapping[str, str]) -> None:
         import urllib.parse
 
         parts = urllib.parse.urlsplit(base_url)
@@ -141,7 +142,7 @@ class Upstream:
         default_port = self.port == (443 if self.tls else 80)
         self.authority = self.host if default_port else f"{self.host}:{self.port}"
         self.idle: list[Connection] = []
-        self.context: ssl.SSLContext | None = tls_context() if self.tls else None
+        self.context: ssl.SSLContext | None = tls_context(environ) if self.tls else None
 
     def keep(self, conn: Connection) -> None:
         if len(self.idle) < IDLE_KEPT:

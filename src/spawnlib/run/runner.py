@@ -62,7 +62,18 @@ from ..core.pure import (
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, Heartbeat, Outcome, Status, record_from_json, record_to_json
 from ..core.settings import Settings
 from ..policy.admission import try_take_slot
-from ..policy.gateway import gateway_choice, gateway_gone, gateway_url, settle_agent, soft_budget_warning, start_gateway, stop_gateway
+from ..policy.gateway import (
+    REAL_CREDENTIAL_VARS,
+    forget_real_credential,
+    gateway_choice,
+    gateway_gone,
+    gateway_start_lock,
+    gateway_url,
+    settle_agent,
+    soft_budget_warning,
+    start_gateway,
+    stop_gateway,
+)
 from ..session.ledger import charge, read_ledger
 from ..session.protocol import (
     AGENTS_DIR,
@@ -93,6 +104,7 @@ from ..supervise.supervisor import (
     enter_tree_cgroup,
     inside_sandbox,
     is_guard,
+    live_roots,
     own_identity,
     own_pid_namespace,
     owned_cgroup,
@@ -316,7 +328,10 @@ def run_agent(
         )
     finally:
         while GATEWAYS:  # the root's: the tree has ended
-            stop_gateway(GATEWAYS.pop())
+            proc = GATEWAYS.pop()
+            # Another root of the session (an MCP server's) still runs on it: it ends with the last (exit_with_session).
+            if not live_roots(Path(meta.session), besides=meta.id):
+                stop_gateway(proc)
 
 
 GATEWAY_WATCH_S = 0.5  # how often a root's runner looks whether its gateway still runs
@@ -410,6 +425,18 @@ def start_agent_run(
     """
     become_subreaper()
     guard_pid, guard_pipe = guard or start_guard(agent_dir)
+    if meta.parent_id is None and meta.kind == "claude":
+        session = Path(meta.session)
+        with gateway_start_lock(session):
+            if gateway_url(session) is None or gateway_gone(session) is not None:
+                start_tree_gateway(meta, state)  # before the tree's cgroup, which it outlives while another root of the session runs
+        if gateway_url(session) is not None:
+            # The gateway holds the real credential now: it leaves this runner's environment, and the
+            # environment its CLI starts from (the one read, which may start the CLI before the SDK
+            # loads). A root that joins a session whose gateway another root started (an MCP
+            # server's agents) still has it in both.
+            forget_real_credential()
+            state.settings = state.settings.without(REAL_CREDENTIAL_VARS)
     enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
     error: str | None = None
     home_cwd = Path(meta.cwd)
@@ -418,8 +445,6 @@ def start_agent_run(
             meta.cwd = str(create_worktree(home_cwd, agent_dir, meta.id))  # this run only; meta.json keeps the project's
         except StateError as exc:
             error = exc.message
-    if meta.parent_id is None and meta.kind == "claude" and gateway_url(Path(meta.session)) is None:
-        start_tree_gateway(meta, state)
     if error is None:
         executor.start(meta, agent_dir, cli, state, secrets_)  # inside the cgroup, with the rest of the tree
     # Not at the top of the file (the verbs and --dry-run don't need it), and

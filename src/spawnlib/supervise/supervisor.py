@@ -49,7 +49,7 @@ from ..core.output import note
 from ..core.pure import float_or_none, parse_json
 from ..core.records import AgentMeta
 from ..programs import program_text
-from ..session.protocol import AGENTS_DIR, load_meta, read_text, write_json_atomic
+from ..session.protocol import AGENTS_DIR, load_meta, read_outcome, read_text, write_json_atomic
 from .fast_start import compiled_script
 
 # ---------------------------------------------------------------- processes --
@@ -476,13 +476,35 @@ def cgroup_of(pid: int) -> str | None:
     return None
 
 
-def in_tree_cgroup(pid: int, tree_pid: int) -> str | None:
-    """The tree's cgroup when process pid is in it (or below), tree_pid being one of the tree's own processes
-    in its tree cgroup; None when it isn't, or the tree has none (the decision is then ancestry's alone)."""
-    tree, caller = cgroup_of(tree_pid), cgroup_of(pid)
-    if tree is None or caller is None or not Path(tree).name.startswith(CGROUP_PREFIX):
+def in_tree_cgroup(pid: int, trees: Iterable[Path]) -> Path | None:
+    """The tree cgroup (of trees, as owned_cgroup names them) that process pid is in or below; None when it is in
+    none of them, or there are none (the decision is then ancestry's alone)."""
+    rel = cgroup_of(pid)
+    try:
+        mount = cgroup_v2_mount(Path("/proc/self/mountinfo").read_text())
+    except OSError:
         return None
-    return tree if caller == tree or caller.startswith(tree.rstrip("/") + "/") else None
+    if rel is None or mount is None:
+        return None
+    caller = mount / rel.lstrip("/")
+    return next((tree for tree in trees if caller == tree or tree in caller.parents), None)
+
+
+def session_roots(session: Path) -> list[Path]:
+    """The agent folders of the session's roots (depth 0): one for a tree, one per agent for an MCP server's session."""
+    agents = session / AGENTS_DIR
+    return sorted(agents.glob("a0-*")) if agents.is_dir() else []
+
+
+def live_roots(session: Path, besides: str | None = None) -> list[str]:
+    """The ids of the session's roots that still run (a runner alive, no outcome yet), but besides."""
+    found = []
+    for folder in session_roots(session):
+        with contextlib.suppress(OSError, SpawnError):
+            meta = load_meta(folder)
+            if meta.id != besides and read_outcome(folder) is None and Supervised(meta.pid, meta.create_time).alive():
+                found.append(meta.id)
+    return found
 
 
 def tree_cgroup_name(session: str, agent_id: str) -> str:
