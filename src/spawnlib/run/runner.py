@@ -327,17 +327,37 @@ def run_agent(
             secrets_=secrets_,
         )
     finally:
-        while GATEWAYS:  # the root's: the tree has ended
-            proc = GATEWAYS.pop()
-            # Another root of the session (an MCP server's) still runs on it: it ends with the last (exit_with_session).
-            if not live_roots(Path(meta.session), besides=meta.id):
-                stop_gateway(proc)
+        stop_root_gateway(meta)
 
 
 GATEWAY_WATCH_S = 0.5  # how often a root's runner looks whether its gateway still runs
 # The gateway this process started (a root's runner): stopped when its run ends.
 GATEWAYS: list[subprocess.Popen[bytes] | None] = []
 on_fork("GATEWAYS", GATEWAYS.clear)
+
+
+def stop_root_gateway(meta: AgentMeta) -> None:
+    """The gateway this root started, at its tree's end: stopped, unless another root of the session (an MCP
+    server's) still runs on it, which it then serves until the last has ended (exit_with_session)."""
+    while GATEWAYS:
+        proc = GATEWAYS.pop()
+        if not live_roots(Path(meta.session), besides=meta.id):
+            stop_gateway(proc)
+
+
+def root_gateway(meta: AgentMeta, state: RunState) -> None:
+    """A root's: start the session's gateway, or join the one another root of the session started."""
+    session = Path(meta.session)
+    with gateway_start_lock(session):
+        if gateway_url(session) is None or gateway_gone(session) is not None:
+            start_tree_gateway(meta, state)
+    if gateway_url(session) is not None:
+        # The gateway holds the real credential now: it leaves this runner's environment, and the
+        # environment its CLI starts from (the one read, which may start the CLI before the SDK
+        # loads). A root that joins a session whose gateway another root started (an MCP
+        # server's agents) still has it in both.
+        forget_real_credential()
+        state.settings = state.settings.without(REAL_CREDENTIAL_VARS)
 
 
 def start_tree_gateway(meta: AgentMeta, state: RunState) -> None:
@@ -426,17 +446,7 @@ def start_agent_run(
     become_subreaper()
     guard_pid, guard_pipe = guard or start_guard(agent_dir)
     if meta.parent_id is None and meta.kind == "claude":
-        session = Path(meta.session)
-        with gateway_start_lock(session):
-            if gateway_url(session) is None or gateway_gone(session) is not None:
-                start_tree_gateway(meta, state)  # before the tree's cgroup, which it outlives while another root of the session runs
-        if gateway_url(session) is not None:
-            # The gateway holds the real credential now: it leaves this runner's environment, and the
-            # environment its CLI starts from (the one read, which may start the CLI before the SDK
-            # loads). A root that joins a session whose gateway another root started (an MCP
-            # server's agents) still has it in both.
-            forget_real_credential()
-            state.settings = state.settings.without(REAL_CREDENTIAL_VARS)
+        root_gateway(meta, state)  # before the tree's cgroup, which the gateway outlives while another root of the session runs
     enter_tree_cgroup(meta)  # after the guard starts, so the guard stays outside
     error: str | None = None
     home_cwd = Path(meta.cwd)
