@@ -186,8 +186,8 @@ def fold_ledger(state: LedgerState, lines: Iterable[str], accept: Accept | None 
     """Fold more of ledger.jsonl's lines into state, in order (pure but for state)."""
     for entry in ledger_entries(lines, accept):
         if not isinstance(entry.get("id"), str):
-            if entry.get("kind") == "budget" and (new := ledger_usd(entry.get("max_budget_usd"))) is not None:
-                state.budget = new
+            if (change := budget_line(entry)) is not None:
+                state.budget = change[0]
             continue  # not an agent's line
         if entry.get("kind") == "reserve":
             amount = ledger_usd(entry.get("amount_usd"))
@@ -211,15 +211,21 @@ def fold_ledger(state: LedgerState, lines: Iterable[str], accept: Accept | None 
     return state
 
 
+def budget_line(entry: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(the tree's new budget, the one before) of a budget line; None for any other line, or one whose numbers don't count."""
+    if entry.get("kind") != "budget" or "id" in entry:
+        return None
+    new, old = ledger_usd(entry.get("max_budget_usd")), ledger_usd(entry.get("previous_usd"))
+    return (new, old) if new is not None and old is not None else None
+
+
 def budget_state(lines: Iterable[str], accept: Accept | None = None) -> BudgetState:
     """Fold ledger.jsonl's budget and top-up lines (pure); holds and charges are ledger_state's."""
     state = BudgetState()
     for entry in ledger_entries(lines, accept):
-        if entry.get("kind") == "budget" and "id" not in entry:
-            new, old = ledger_usd(entry.get("max_budget_usd")), ledger_usd(entry.get("previous_usd"))
-            if new is not None and old is not None:
-                state.budget = new
-                state.raised += new - old
+        if (change := budget_line(entry)) is not None:
+            state.budget = change[0]
+            state.raised += change[0] - change[1]
         elif entry.get("kind") == "reserve" and (topped := ledger_usd(entry.get("topped_up_usd"))) is not None:
             state.topped_up += topped
     return state
@@ -299,16 +305,6 @@ class LedgerTail:
         finally:
             os.close(fd)
         return self.state
-
-
-def read_budget_state(session: Path) -> BudgetState:
-    return budget_state(ledger_lines(session))
-
-
-def tree_budget(session: Path) -> float | None:
-    """The tree's budget now: the last `budget` line's, else limits.json's."""
-    changed = read_budget_state(session).budget
-    return changed if changed is not None else read_limits(session).max_budget_usd
 
 
 def tree_spend(session: Path) -> tuple[float, int]:
@@ -549,14 +545,14 @@ def overdrawn(ledger: LedgerState, holder: str, budget: float) -> str | None:
         seen.add(cursor)
         if cursor not in ledger.holds:
             return f"agent {cursor}'s hold is drawn from a hold the ledger never had"
-        below, hold = held_below(cursor), ledger.holds[cursor][1]
-        if ledger.live(cursor) and below > hold + LEDGER_SLACK_USD:
+        hold = ledger.holds[cursor][1]
+        if ledger.live(cursor) and (below := held_below(cursor)) > hold + LEDGER_SLACK_USD:
             return f"the holds drawn from agent {cursor}'s hold (${below:.4f}) are more than it (${hold:.4f})"
         cursor = ledger.holds[cursor][0]
     if cursor is not None:
         return "the ledger's holds are drawn in a loop"
-    if held_below(None) > budget + LEDGER_SLACK_USD:
-        return f"the holds drawn from the tree's budget (${held_below(None):.4f}) are more than it (${budget:.4f})"
+    if (top := held_below(None)) > budget + LEDGER_SLACK_USD:
+        return f"the holds drawn from the tree's budget (${top:.4f}) are more than it (${budget:.4f})"
     return None
 
 
