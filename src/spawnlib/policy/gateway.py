@@ -57,7 +57,7 @@ from ..session.ledger import (
     tree_caller_refusal,
 )
 from ..session.protocol import load_meta, read_json, session_lock, write_json_atomic
-from ..supervise.supervisor import Supervised, calling_agents, in_tree_cgroup, live_roots, owned_cgroup, session_roots
+from ..supervise.supervisor import Supervised, calling_agents, in_tree_cgroup, owned_cgroup, roots_running, session_roots
 from .channel import bind_private_socket, peer_process, read_line
 from .upstream import Upstream, proxied
 
@@ -1199,7 +1199,7 @@ async def exit_with_session(server: Any, session: Path) -> None:
     import asyncio
 
     parent = os.getppid()  # the root's runner that started it (or a bench): it serves while that runs, too
-    while os.getppid() == parent or live_roots(session):
+    while os.getppid() == parent or roots_running(session):
         await asyncio.sleep(GATEWAY_PAUSE_POLL_S)
     server.should_exit = True
 

@@ -104,12 +104,12 @@ from ..supervise.supervisor import (
     enter_tree_cgroup,
     inside_sandbox,
     is_guard,
-    live_roots,
     own_identity,
     own_pid_namespace,
     owned_cgroup,
     procfs_is_ours,
     register_runner,
+    roots_running,
     sandbox_owner,
     stamp_where,
     start_guard,
@@ -341,7 +341,7 @@ def stop_root_gateway(meta: AgentMeta) -> None:
     server's) still runs on it, which it then serves until the last has ended (exit_with_session)."""
     while GATEWAYS:
         proc = GATEWAYS.pop()
-        if not live_roots(Path(meta.session), besides=meta.id):
+        if not roots_running(Path(meta.session), besides=meta.id):
             stop_gateway(proc)
 
 

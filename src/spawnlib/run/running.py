@@ -48,7 +48,7 @@ from ..core.pure import utc_now_iso
 from ..core.records import AgentMeta, Status
 from ..core.settings import Settings
 from ..policy.agents import NodeResult
-from ..policy.gateway import REAL_CREDENTIAL_VARS, gateway_environment
+from ..policy.gateway import gateway_environment
 from ..policy.steering import ENV_ON_BUDGET
 from ..session.protocol import kill_request_reason
 from ..supervise.fast_start import compiled_script
@@ -133,12 +133,8 @@ def child_environment(meta: AgentMeta, agent_dir: Path, environ: Mapping[str, st
     # word. Anything that can run Bash could set it for a child; it is off for
     # every agent, whatever was inherited.
     env["CLAUDE_CODE_SIMPLE"] = "0"
-    if meta.kind == "claude" and (through := agent_gateway_environment(Path(meta.session), meta.id)):
-        # Under a gateway the agent's own credential is its only one. A root that joins a session whose
-        # gateway another root started (an MCP server's) still has the real one in its environment.
-        for name in REAL_CREDENTIAL_VARS:
-            env.pop(name, None)
-        env.update(through)
+    if meta.kind == "claude":
+        env.update(agent_gateway_environment(Path(meta.session), meta.id))
     return env
 
 

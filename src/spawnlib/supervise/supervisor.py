@@ -451,9 +451,19 @@ def cgroup_v2_mount(mountinfo: str) -> Path | None:
 
 def own_cgroup() -> Path | None:
     """This process's cgroup v2 directory, if the unified hierarchy is mounted."""
+    return process_cgroup("self")
+
+
+def process_cgroup(pid: int | str) -> Path | None:
+    """A process's cgroup v2 directory ("0::" in /proc/PID/cgroup, below the unified hierarchy's mount); None if unknown.
+
+    Read by a process outside the caller's namespaces (the gateway), it is the
+    place the caller can't hide: `unshare -C` changes what the caller itself
+    reads, and `unshare -U` can't leave a cgroup.
+    """
     try:
         mount = cgroup_v2_mount(Path("/proc/self/mountinfo").read_text())
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
     except OSError:
         return None
     rel = next((line[3:] for line in lines if line.startswith("0::")), None)
@@ -462,32 +472,11 @@ def own_cgroup() -> Path | None:
     return mount / rel.lstrip("/")
 
 
-def cgroup_of(pid: int) -> str | None:
-    """A process's cgroup v2 path ("0::" in /proc/PID/cgroup), as this process's cgroup namespace names it; None if unknown.
-
-    Read by a process outside the caller's namespaces (the gateway), it is the
-    path the caller can't hide: `unshare -C` changes what the caller itself
-    reads, and `unshare -U` can't leave a cgroup.
-    """
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                return line[3:].removesuffix(" (deleted)") or "/"
-    return None
-
-
 def in_tree_cgroup(pid: int, trees: Iterable[Path]) -> Path | None:
     """The tree cgroup (of trees, as owned_cgroup names them) that process pid is in or below; None when it is in
     none of them, or there are none (the decision is then ancestry's alone)."""
-    rel = cgroup_of(pid)
-    try:
-        mount = cgroup_v2_mount(Path("/proc/self/mountinfo").read_text())
-    except OSError:
-        return None
-    if rel is None or mount is None:
-        return None
-    caller = mount / rel.lstrip("/")
-    return next((tree for tree in trees if caller == tree or tree in caller.parents), None)
+    caller = process_cgroup(pid)
+    return None if caller is None else next((tree for tree in trees if caller == tree or tree in caller.parents), None)
 
 
 def session_roots(session: Path) -> list[Path]:
@@ -496,15 +485,14 @@ def session_roots(session: Path) -> list[Path]:
     return sorted(agents.glob("a0-*")) if agents.is_dir() else []
 
 
-def live_roots(session: Path, besides: str | None = None) -> list[str]:
-    """The ids of the session's roots that still run (a runner alive, no outcome yet), but besides."""
-    found = []
+def roots_running(session: Path, besides: str | None = None) -> bool:
+    """Whether a root of the session but besides still runs (a runner alive, no outcome yet)."""
     for folder in session_roots(session):
         with contextlib.suppress(OSError, SpawnError):
             meta = load_meta(folder)
             if meta.id != besides and read_outcome(folder) is None and Supervised(meta.pid, meta.create_time).alive():
-                found.append(meta.id)
-    return found
+                return True
+    return False
 
 
 def tree_cgroup_name(session: str, agent_id: str) -> str:
