@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -554,17 +555,27 @@ def test_an_in_process_agents_own_budget_holds_at_its_model_calls(
 
 def test_the_gateway_is_on_under_a_budget_and_off_where_it_can_not_hold_one() -> None:
     choice = spawn.gateway_choice
-    assert choice({}, 1.0, None) == (True, None)
-    assert choice({}, None, None) == (False, None)  # nothing to hold: no gateway, nothing soft
-    assert choice({"SPAWN_GATEWAY": "1"}, None, "local") == (True, None)  # for its per-call records
-    assert choice({"SPAWN_GATEWAY": "0"}, 1.0, None) == (False, "SPAWN_GATEWAY=0")
-    assert choice({"SPAWN_GATEWAY": "0"}, None, None) == (False, None)
+    assert choice({}, 1.0) == (True, None)
+    assert choice({}, None) == (False, None)  # nothing to hold: no gateway, nothing soft
+    assert choice({"SPAWN_GATEWAY": "1"}, None) == (True, None)  # for its per-call records
+    assert choice({"SPAWN_GATEWAY": "0"}, 1.0) == (False, "SPAWN_GATEWAY=0")
+    assert choice({"SPAWN_GATEWAY": "0"}, None) == (False, None)
     for provider in ("CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY"):
-        start, soft = choice({provider: "1", "SPAWN_GATEWAY": "1"}, 1.0, None)
+        start, soft = choice({provider: "1", "SPAWN_GATEWAY": "1"}, 1.0)
         assert not start and soft is not None and provider in soft
-    start, soft = choice({}, 1.0, "ray:auto")
-    assert not start and soft is not None and "cluster" in soft
-    assert choice({"CLAUDE_CODE_USE_BEDROCK": "0"}, 1.0, None) == (True, None)
+    assert choice({"CLAUDE_CODE_USE_BEDROCK": "0"}, 1.0) == (True, None)
+
+
+def test_the_gateway_listens_on_loopback_unless_the_tree_is_placed_on_a_cluster() -> None:
+    """Placed on Ray, it listens where this host reaches the cluster's head, so that every node reaches it."""
+    for policy in (None, "local", "auto", "inprocess", "ray:", "ray:no-such-host.invalid:6379"):
+        assert spawn.gateway_listen(policy) == "127.0.0.1", policy
+    assert spawn.gateway_listen("ray:127.0.0.1:6379") == "127.0.0.1"
+    outward = "127.0.0.1"  # a machine with no route there: loopback
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("10.255.255.1", 6379))  # nothing is sent: the interface the route picks
+        outward = probe.getsockname()[0]
+    assert spawn.gateway_listen("ray:10.255.255.1:6379") == outward
 
 
 def test_a_budget_without_the_gateway_is_declared_soft_at_the_root_and_in_each_outcome(

@@ -89,15 +89,31 @@ def uv_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def standins(agent_dir: Path) -> list[psutil.Process]:
-    """The agent's placing side on this host: uv and the stand-in (their command lines name its directory)."""
+    """The agent's placing side on this host: its token (the pid its meta.json names), while it runs."""
+    try:
+        meta = load(agent_dir / "meta.json")
+        token = psutil.Process(int(meta["pid"]))
+        return [token] if token.status() != psutil.STATUS_ZOMBIE else []
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return []
+
+
+def services(session: Path) -> list[psutil.Process]:
+    """The session's placement services on this host (their command lines name its placement folder; not the uv that runs one)."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if str(agent_dir) in proc.cmdline() and any("ray_place.py" in arg for arg in proc.cmdline()):
+            words = proc.cmdline()
+            if proc.name() != "uv" and any("ray_place.py" in w for w in words) and any(str(session / "placement") in w for w in words):
                 found.append(proc)
         except psutil.Error:
             continue
     return found
+
+
+def service_log(session: Path) -> str:
+    """What the session's placement services said (their logs beside their records)."""
+    return "".join(p.read_text() for p in sorted((session / "placement").glob("*.log")))
 
 
 def placements(session_root: Path) -> dict[str, dict[str, Any]]:
@@ -222,19 +238,45 @@ def test_a_placed_agents_child_gets_its_claim_from_the_parents_host_actor(
     [kid] = [d for d in agent_dirs(session_root) if d != parent]
     assert load(kid / "outcome.json")["status"] == "done"
     assert load(kid / "meta.json")["placement"]["backend"] == "ray"
-    assert "claim was minted by its parent's host actor" in (kid / "runner.log").read_text()
-    # The parent's mint socket, from its runner's environment: a process outside its tree gets nothing.
-    [mint] = {p.environ()["SPAWN_RAY_MINT"] for p in processes_of(parent.name) if "SPAWN_RAY_MINT" in p.environ()}
-    asked = {"asked": {"id": "a9-000000", "parent_id": parent.name, "max_depth": 50}, "audience": "any", "actor": "any"}
+    assert f"placing agent {kid.name} from placement service" in (kid / "runner.log").read_text()  # its parent's node's
+    assert len(services(session_root / kid.parent.parent.name)) <= 1  # no driver started below the root
+    assert "not placed" not in (kid / "runner.log").read_text()
+    # The parent's placer socket, from its runner's environment: a process outside its tree gets nothing placed.
+    [placer] = {p.environ()["SPAWN_RAY_PLACER"] for p in processes_of(parent.name) if "SPAWN_RAY_PLACER" in p.environ()}
+    stray = parent.parent / "a9-000000"
+    stray.mkdir()
+    asked = {"agent_dir": str(stray), "asked": {"id": stray.name, "parent_id": parent.name, "max_depth": 50}, "spawn": ["true"]}
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
         client.settimeout(30)
-        client.connect(mint)
+        client.connect(placer)
         client.sendall(json.dumps(asked).encode() + b"\n")
-        answer = json.loads(client.makefile("rb").readline())
-    assert "not in agent" in answer["refused"], answer
+        lines = client.makefile("rb")
+        assert json.loads(lines.readline()) == {"taken": True}
+        answer = json.loads(lines.readline())
+    assert "not in the process tree of any agent" in answer["error"], answer
+    assert "placement group requested" not in (stray / "runner.log").read_text()
     killed = run_spawn(["kill", "--session", str(parent.parent.parent), parent.name], env, timeout=HANG_S)
     assert killed.returncode == spawn.ExitCode.OK, killed.stderr
     assert wait_until(lambda: not processes_of(parent.name), 60)
+
+
+def test_a_placed_tree_with_a_budget_is_metered_by_its_one_gateway(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
+    """Its nodes reach the tree's gateway off loopback, each agent with its own credential: every call is metered, none soft."""
+    child = mock_task("child", [{"text": "child done"}])
+    steps = [{"bash": spawn_in_bash("--task", child, "--tools", "Read")}, {"text": "root done"}]
+    args = ["--task", mock_task("root", steps), "--tools", "Bash,Read", "--max-budget-usd", "5"]
+    done = uv_run_spawn(args, cluster.env(env))
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-3000:]
+    assert "budget: soft" not in done.stderr, done.stderr
+    dirs = agent_dirs(session_root)
+    assert len(dirs) == 2 and all(load(d / "meta.json")["placement"]["backend"] == "ray" for d in dirs)
+    (ledger,) = session_root.glob("*/ledger.jsonl")
+    state = spawn.ledger_state(ledger.read_text().splitlines())
+    for d in dirs:  # the gateway's own charge for each, and the outcome's cost is the gateway's
+        outcome = load(d / "outcome.json")
+        assert state.spends.get(d.name, 0) > 0, (d.name, state.spends)
+        assert outcome["cost_usd"] == pytest.approx(state.spends[d.name], abs=1e-6) and "cli_cost_usd" in outcome, outcome
+    assert wait_until(lambda: not any(processes_of(d.name) for d in dirs), 60)
 
 
 CLAIM_DRIVER = r"""
@@ -245,8 +287,8 @@ import ray, ray_place, spawn_claims
 ray.init(address=sys.argv[1], log_to_driver=False, configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": sys.argv[2]}})
 agent_dir = sys.argv[3]
 key = spawn_claims.new_tree_key()
-host = ray.remote(ray_place.AgentHost).options(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4).remote(
-    spawn_claims.public_key_text(key))
+raw = ray_place.raw_key(key)
+host = ray.remote(ray_place.NodeHost).options(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4).remote("spawn-host-test")
 node = ray.get(host.where.remote())["node_id"]
 claim = spawn_claims.Claim(session="s", parent=None, child=os.path.basename(agent_dir), audience=node, depth=1, max_depth=2,
     deadline=None, budget_hold_usd=None, tools=("Read",), deny=(), ask=(), permission_mode="dontAsk")
@@ -254,10 +296,10 @@ text, sig = spawn_claims.sign_claim(claim, key)
 marker = os.path.join(agent_dir, "started")
 argv = ["/bin/sh", "-c", "touch " + marker]
 results = {
-    "missing": ray.get(host.run.remote(None, None, argv, {}, agent_dir)),
-    "tampered": ray.get(host.run.remote(text.replace('"max_depth":2', '"max_depth":9'), sig, argv, {}, agent_dir)),
-    "good": ray.get(host.run.remote(text, sig, argv, {}, agent_dir)),
-    "replayed": ray.get(host.run.remote(text, sig, argv, {}, agent_dir)),
+    "missing": ray.get(host.run.remote(None, argv, {}, agent_dir)),
+    "tampered": ray.get(host.run.remote((text.replace('"max_depth":2', '"max_depth":9'), sig, raw), argv, {}, agent_dir)),
+    "good": ray.get(host.run.remote((text, sig, raw), argv, {}, agent_dir)),
+    "replayed": ray.get(host.run.remote((text, sig, raw), argv, {}, agent_dir)),
 }
 open(sys.argv[4], "w").write(json.dumps(results))
 """

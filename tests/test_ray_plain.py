@@ -28,6 +28,8 @@ from test_ray_cluster import (
     Cluster,
     placements,
     processes_of,
+    service_log,
+    services,
     sleeping,
     standins,
     start_uv_spawn,
@@ -59,19 +61,23 @@ def test_uv_run_spawn_places_an_agent_on_a_plainly_started_cluster(plain_cluster
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr[-3000:]
     assert stdout_json(proc)["output"] == "placed under uv run"
     (agent_dir,) = agent_dirs(session_root)
-    meta, log = load(agent_dir / "meta.json"), (agent_dir / "runner.log").read_text()
+    session = agent_dir.parent.parent
+    meta, log, served = load(agent_dir / "meta.json"), (agent_dir / "runner.log").read_text(), service_log(session)
     assert meta["placement"]["backend"] == "ray" and meta["placement"]["node_id"], meta["placement"]
-    # The record names the stand-in (uv's child), which signs its log line, not the uv that runs it.
-    assert f"stand-in {meta['pid']} placing agent {agent_dir.name}" in log, log
-    assert meta["pgid"] != meta["pid"]  # the group is uv's: the launcher started uv
-    assert "connected to" in log and "Ray 2.60.0" in log and "Python 3." in log, log
-    [env_line] = [line for line in log.splitlines() if "runtime_env: " in line]
+    # The record names the token the session's placement service started here, in a group of its own.
+    assert f"token {meta['pid']} stands in for it here" in log, log
+    assert meta["pgid"] == meta["pid"]
+    assert "connected to" in served and "Ray 2.60.0" in served and "Python 3." in served, served
+    [env_line] = [line for line in served.splitlines() if "runtime_env: " in line]
     assert json.loads(env_line.split("runtime_env: ", 1)[1]) == {"env_vars": {"PYTHONPATH": str(ROOT / "tools")}}
     assert "requested: memory 256 MiB" in log and "placed on node" in log, log
     assert f"worker: {Path(RAY_PYTHON).parent}" in log or f"worker: {RAY_PYTHON}" in log, log  # the node's own Python
     assert not list(Path(plain_cluster.local.temp_dir).rglob("_ray_pkg_*")), "a working_dir was uploaded"
     assert load(agent_dir / "outcome.json")["status"] == "done"
     assert wait_until(lambda: not standins(agent_dir) and not processes_of(agent_dir.name), 60)
+    # The service leaves once idle: no process outlives the tree for long.
+    assert wait_until(lambda: not services(session), 90), services(session)
+    assert not list((session / "placement").glob("*.json"))
 
 
 def test_a_placement_that_cannot_happen_names_the_actors_state_and_where_to_look(
@@ -85,10 +91,10 @@ def test_a_placement_that_cannot_happen_names_the_actors_state_and_where_to_look
     assert proc.stdout == ""
     [line] = proc.stderr.splitlines()
     assert line.startswith("spawn: error: placement ray:"), line
-    assert "PENDING_CREATION after" in line and "raylet*.err" in line, line  # the stand-in's own word, not the launcher's limit
+    assert "placement group still PENDING after" in line and "raylet*.err" in line, line  # the placing side's word
     assert "runner.log ends: " in line and "requested: memory" in line, line  # the log's tail, quoted
     (agent_dir,) = agent_dirs(session_root)
-    assert wait_until(lambda: not standins(agent_dir), 30), standins(agent_dir)
+    assert wait_until(lambda: not services(agent_dir.parent.parent), 90), services(agent_dir.parent.parent)
 
 
 def raylet_of(node_id: str) -> psutil.Process:
@@ -102,18 +108,18 @@ def raylet_of(node_id: str) -> psutil.Process:
 
 
 def driver_node(agent_dir: Path) -> str:
-    """The node the agent's stand-in hangs on as a Ray driver (its runner.log says): the head, on this one machine."""
-    [node] = re.findall(r"as a driver on node (\w+)", (agent_dir / "runner.log").read_text())
+    """The node the session's placement service hangs on as a Ray driver (its log says): the head, on this one machine."""
+    [node] = re.findall(r"as a driver on node (\w+)", service_log(agent_dir.parent.parent))
     return str(node)
 
 
 def test_a_raylet_killed_mid_run_fails_the_agent_naming_the_node(plain_cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
-    """The stand-in outlives the node (it hangs on another) and leaves its last word: the outcome names the node, lost."""
+    """The service outlives the node (it hangs on another) and leaves its last word: the outcome names the node, lost."""
     placed = plain_cluster.env(env)
     task = mock_task("doomed", [{"bash": "echo busy; sleep 120"}, {"text": "never"}])
     roots: dict[Path, subprocess.Popen[str]] = {}
     doomed = None
-    for _ in range(6):  # SPREAD goes round the nodes: one of the first few lands off the stand-ins' own (the head)
+    for _ in range(6):  # agents go to the freest node: one of the first few lands off the services' own (the head)
         root = start_uv_spawn(["--task", task, "--tools", "Bash"], placed)
         assert wait_until(lambda: len([d for d in placements(session_root).values() if d.get("node_id")]) > len(roots), HANG_S)
         [agent_dir] = [d for d in agent_dirs(session_root) if d not in roots]
@@ -122,7 +128,7 @@ def test_a_raylet_killed_mid_run_fails_the_agent_naming_the_node(plain_cluster: 
         if placements(session_root)[agent_dir.name]["node_id"] != driver_node(agent_dir):
             doomed = agent_dir
             break
-    assert doomed is not None, "every agent was placed on its stand-in's own node"
+    assert doomed is not None, "every agent was placed on its service's own node"
     node_id = placements(session_root)[doomed.name]["node_id"]
     raylet_of(node_id).kill()
     out, err = roots[doomed].communicate(timeout=HANG_S)

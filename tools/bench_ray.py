@@ -1,9 +1,19 @@
-"""Bench: N leaves placed on a local 3-node Ray cluster against the same leaves placed locally (one run each).
+"""Bench P12: a fan-out of N leaves from one root, placed locally, then on a local 3-node Ray cluster (same run).
 
-Dev tool (imports tools/mock_model.py): ``RAY_PLACE_PYTHON=PY python tools/bench_ray.py --leaves 40``,
-where PY has tools/ray_place.py.lock installed. Prints one JSON object: wall time from the first launch
-to the last outcome, and the machine's peak memory in use above the baseline, for each side.
-The cluster is tools/local_ray.py's, as in the cluster tests. `uvx nox -s ray_bench` runs it.
+Dev tool (imports tools/mock_model.py and tools/ray_place.py's token shape): ``RAY_PLACE_PYTHON=PY python
+tools/bench_ray.py --leaves 40,120``, where PY has tools/ray_place.py.lock installed. `uvx nox -s ray_bench`
+runs it. The cluster is tools/local_ray.py's, as in the cluster tests; all of it shares this one machine.
+
+For each count and side, one JSON line:
+- ``wall_s``: from the root's launch to its outcome (it launches every leaf, then waits for them all);
+- ``outcomes``: each leaf's status, counted, and ``survivors``: agents' processes left after the root ended;
+- ``peak_agents`` and ``peak_mem_mb``: agents running at once, and the machine's memory in use above the
+  baseline, at most; ``mem_mb_per_agent`` is the one over the other;
+- on the cluster, ``placed_s``: from the placing side's taking a leaf's request to its runner started on a
+  node (median, p90, max), from the leaves' runner.log lines;
+- on the cluster, ``launcher_mb_per_agent``: what the launcher's host holds per placed agent, at the peak:
+  the tokens' PSS, plus how much the placing side (the host actor that places the root's children) grew,
+  over the tokens alive.
 """
 
 from __future__ import annotations
@@ -11,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,50 +34,166 @@ from typing import Any
 import local_ray
 import mock_model
 import psutil
+import ray_place
 
 ROOT = Path(__file__).resolve().parent.parent
 SPAWN = ROOT / "spawn.py"
+BASH_TIMEOUT_MS = 600_000  # the Bash tool's most: a batch of launches, or the wait for them all
+BATCH = 20  # leaves launched per Bash call
+LOG_LINE = re.compile(r"ray_place: ([\d.]+)s: (placing agent|runner started by host actor)")
+# Agents running at once on either side: what 2 cores and 23 GB take without swapping (the machine's limit).
+MAX_CONCURRENT = 40
 
 
-def run_side(env: dict[str, str], leaves: int, session_root: Path) -> dict[str, Any]:
-    """Launch the leaves in the background, wait for them all; wall time and peak memory above the start."""
-    baseline, peak, done = psutil.virtual_memory().used, [0], threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], psutil.virtual_memory().used - baseline)
-            time.sleep(0.2)
-
-    threading.Thread(target=sample, daemon=True).start()
-    started = time.monotonic()
-    launched = []  # (session, id): each leaf is a root of its own session
-    for i in range(leaves):
-        args = ["--task", mock_model.mock_task(f"leaf {i}", [{"text": f"leaf {i}"}]), "--tools", "Read", "--background"]
-        out = json.loads(subprocess.run([sys.executable, str(SPAWN), *args], env=env, capture_output=True, text=True, check=True).stdout)
-        launched.append((str(Path(out["agent_dir"]).parent.parent), str(out["id"])))
-    statuses = []
-    for session, agent in launched:  # they run side by side; waiting in turn ends with the last outcome
-        waited = subprocess.run(
-            [sys.executable, str(SPAWN), "wait", "--session", session, agent], env=env, capture_output=True, text=True, check=False
+def fan_out_task(leaves: int) -> str:
+    """The root's script: launch the leaves in the background in batches, then wait for them all."""
+    leaf = mock_model.mock_task("leaf", [{"text": "leaf done"}])
+    launch = mock_model.spawn_in_bash("--task", leaf, "--tools", "Read", "--background", "--print", "id")
+    steps: list[dict[str, Any]] = []
+    for start in range(0, leaves, BATCH):
+        n = min(BATCH, leaves - start)
+        steps.append(
+            {"bash": f"for i in $(seq {n}); do {launch} >/dev/null || echo failed; done; echo launched {n}", "timeout": BASH_TIMEOUT_MS}
         )
-        if not waited.stdout.strip():
-            raise SystemExit(f"bench_ray: error: spawn.py wait gave nothing (exit {waited.returncode}): {waited.stderr.strip()}")
-        statuses += [a["status"] for a in json.loads(waited.stdout)["agents"]]
+    steps.append({"bash": f"{mock_model.SPAWN_IN_BASH} wait --all >/dev/null; echo waited", "timeout": BASH_TIMEOUT_MS})
+    return mock_model.mock_task("root", [*steps, {"text": "fanned out"}])
+
+
+def is_token(proc: psutil.Process) -> bool:
+    try:
+        return proc.cmdline() == ["/bin/sh", "-c", ray_place.TOKEN_SCRIPT]
+    except psutil.Error:
+        return False
+
+
+def pss(procs: list[psutil.Process]) -> int:
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_full_info().pss
+        except psutil.Error:
+            continue
+    return total
+
+
+def placing_rss() -> int:
+    """The host actors' and placement services' resident memory: the placing side, on this one machine."""
+    total = 0
+    for proc in psutil.process_iter(["cmdline"]):
+        words = proc.info["cmdline"] or []
+        if words and (words[0].startswith("ray::NodeHost") or any(w.endswith("ray_place.py") for w in words)):
+            with_rss = proc.memory_info().rss if proc.is_running() else 0
+            total += with_rss
+    return total
+
+
+class Sampler:
+    """Once a second: agents running, memory in use, and on the cluster the tokens and the placing side."""
+
+    def __init__(self, sessions: Path, placed: bool) -> None:
+        self.sessions, self.placed = sessions, placed
+        self.baseline = psutil.virtual_memory().used
+        self.peak_mem = 0
+        self.peak_agents = 0
+        self.placing_at_start: int | None = None
+        self.launcher_per_agent: float | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def running(self) -> int:
+        return sum(1 for d in self.sessions.glob("*/agents/*") if (d / "meta.json").exists() and not (d / "outcome.json").exists())
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            self.peak_mem = max(self.peak_mem, psutil.virtual_memory().used - self.baseline)
+            agents = self.running()
+            if agents > self.peak_agents:
+                self.peak_agents = agents
+                if self.placed:
+                    self.sample_launcher()
+
+    def sample_launcher(self) -> None:
+        tokens = [p for p in psutil.process_iter() if is_token(p)]
+        if not tokens:
+            return
+        placing = placing_rss()
+        if self.placing_at_start is None:
+            self.placing_at_start = placing
+        kids = [c for t in tokens for c in t.children()]
+        held = pss(tokens + kids) + max(0, placing - self.placing_at_start)
+        self.launcher_per_agent = held / len(tokens) / 2**20
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+def placed_seconds(sessions: Path) -> list[float]:
+    """Each placed leaf's time from its request taken to its runner started (its runner.log's ray_place lines)."""
+    found = []
+    for log in sessions.glob("*/agents/*/runner.log"):
+        marks = {kind: float(t) for t, kind in LOG_LINE.findall(log.read_text(errors="replace"))}
+        if len(marks) == 2:
+            found.append(marks["runner started by host actor"] - marks["placing agent"])
+    return sorted(found)
+
+
+def run_side(env: dict[str, str], leaves: int, sessions: Path, placed: bool) -> dict[str, Any]:
+    sessions.mkdir(parents=True)
+    sampler = Sampler(sessions, placed)
+    started = time.monotonic()
+    root_args = ["--task", fan_out_task(leaves), "--tools", "Bash", "--max-agents", str(leaves + 1)]
+    root_args += ["--max-concurrent", str(MAX_CONCURRENT + 1), "--max-depth", "1", "--timeout", "3000"]
+    root = subprocess.run([sys.executable, str(SPAWN), *root_args], env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
-    done.set()
-    return {
+    sampler.stop()
+    statuses: dict[str, int] = {}
+    for outcome in sessions.glob("*/agents/*/outcome.json"):
+        status = str(json.loads(outcome.read_text()).get("status"))
+        statuses[status] = statuses.get(status, 0) + 1
+    time.sleep(2)
+    survivors = [p.pid for p in psutil.process_iter() if _agent_of(p, sessions)]
+    result: dict[str, Any] = {
+        "side": "ray_3_nodes_one_machine" if placed else "local",
         "leaves": leaves,
+        "root_exit": root.returncode,
         "wall_s": round(wall, 1),
-        "peak_mem_mb": round(peak[0] / 2**20),
-        "done": statuses.count("done"),
-        "other": len(statuses) - statuses.count("done"),
+        "outcomes": statuses,
+        "survivors": len(survivors),
+        "peak_agents": sampler.peak_agents,
+        "peak_mem_mb": round(sampler.peak_mem / 2**20),
+        "mem_mb_per_agent": round(sampler.peak_mem / 2**20 / max(1, sampler.peak_agents), 1),
     }
+    if placed:
+        seconds = placed_seconds(sessions)
+        if seconds:
+            p90 = seconds[min(len(seconds) - 1, int(0.9 * len(seconds)))]
+            result["placed_s"] = {
+                "n": len(seconds),
+                "median": round(statistics.median(seconds), 2),
+                "p90": round(p90, 2),
+                "max": round(seconds[-1], 2),
+            }
+        result["launcher_mb_per_agent"] = None if sampler.launcher_per_agent is None else round(sampler.launcher_per_agent, 2)
+    if root.returncode != 0:
+        result["root_stderr"] = root.stderr[-1000:]
+    return result
+
+
+def _agent_of(proc: psutil.Process, sessions: Path) -> bool:
+    try:
+        return str(proc.environ().get("SPAWN_SESSION", "")).startswith(str(sessions)) or is_token(proc)
+    except psutil.Error:
+        return False
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--leaves", type=int, default=40)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--leaves", default="40,120", help="comma-separated fan-out sizes (default 40,120)")
+    p.add_argument("--node-memory", type=int, default=4_000_000_000, help="Ray memory per node, in bytes (admission)")
     args = p.parse_args()
+    counts = [int(n) for n in args.leaves.split(",") if n.strip()]
     ray_python = os.environ.get("RAY_PLACE_PYTHON") or sys.executable
     with tempfile.TemporaryDirectory() as tmp, mock_model.serve(Path(tmp)) as served:
         base = {k: v for k, v in os.environ.items() if not k.startswith("SPAWN_")}
@@ -76,17 +204,19 @@ def main() -> int:
             "CLAUDE_CONFIG_DIR": str(home / ".claude"),
             "ANTHROPIC_BASE_URL": served.url,
             "ANTHROPIC_API_KEY": "sk-ant-mock",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         }
-        base |= {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-        local = run_side({**base, "SPAWN_SESSION_ROOT": f"{tmp}/local"}, args.leaves, Path(tmp) / "local")
         cluster = local_ray.LocalCluster(str(Path(ray_python).parent / "ray"), Path(tmp))
         try:
-            cluster.start(workers=2, memory=4_000_000_000)
-            where = {"SPAWN_PLACEMENT": f"ray:{cluster.address}", "SPAWN_RAY_PYTHON": ray_python}
-            placed = run_side({**base, "SPAWN_SESSION_ROOT": f"{tmp}/ray", **where}, args.leaves, Path(tmp) / "ray")
+            cluster.start(workers=2, memory=args.node_memory)
+            for n in counts:
+                local = run_side({**base, "SPAWN_SESSION_ROOT": f"{tmp}/local-{n}"}, n, Path(tmp) / f"local-{n}", placed=False)
+                print(json.dumps(local), flush=True)
+                where = {"SPAWN_PLACEMENT": f"ray:{cluster.address}", "SPAWN_RAY_PYTHON": ray_python}
+                placed = run_side({**base, "SPAWN_SESSION_ROOT": f"{tmp}/ray-{n}", **where}, n, Path(tmp) / f"ray-{n}", placed=True)
+                print(json.dumps(placed), flush=True)
         finally:
             cluster.stop()
-    print(json.dumps({"local": local, "ray_3_nodes_one_machine": placed}))
     return 0
 
 

@@ -337,9 +337,9 @@ def cmd_run(argv: Sequence[str], environ: Mapping[str, str], entry: Entry) -> in
 
 
 def wait_for_placed(agent_dir: Path, standin: int, secrets_: Sequence[str], polls: bool) -> dict[str, Any]:
-    """A foreground agent placed on Ray: its outcome, waited for here; a stop signal (Ctrl-C) goes to its stand-in.
+    """A foreground agent placed on Ray: its outcome, waited for here; a stop signal (Ctrl-C) goes to its token.
 
-    The stand-in lives in a session of its own, so a terminal's Ctrl-C reaches
+    The token lives in a session of its own, so a terminal's Ctrl-C reaches
     only this process: passed on, SIGINT ends the agent `interrupted` on its
     node, SIGTERM or SIGHUP `killed`, as they would a local foreground agent.
     """
@@ -363,7 +363,7 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], 
             raise StateError(f"{agent_dir} was never registered; nothing to run")
         time.sleep(0.01)
     meta = load_meta(agent_dir)
-    standin = ray_standin(meta, environ)  # placed on Ray: meta.json names the stand-in on the launcher's host
+    standin = ray_standin(meta, environ)  # placed on Ray: meta.json names the token on the launcher's host
     if (named := meta.pid) not in (os.getpid(), ForkedFor.pid, standin):
         # meta.json names another runner: the one its launcher started. A
         # second runner (a launcher that took a fork server's late answer for

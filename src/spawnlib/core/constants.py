@@ -73,16 +73,19 @@ ENV_WAIT_POLL = "SPAWN_WAIT_POLL"  # 1: wait polls outcomes (a session directory
 ENV_SPAWN_PLACEMENT = "SPAWN_PLACEMENT"  # ray:ADDRESS places agents on a Ray cluster (docs/cluster.md)
 ENV_RAY_SIBLING = "SPAWN_RAY_SIBLING"  # path of tools/ray_place.py when it is not beside spawn.py
 ENV_RAY_PYTHON = "SPAWN_RAY_PYTHON"  # a python with the sibling's lock installed (else `uv run --script`)
-ENV_RAY_STANDIN = "SPAWN_RAY_STANDIN"  # set by the host actor: the stand-in pid a placed runner's meta.json names
+ENV_RAY_STANDIN = "SPAWN_RAY_STANDIN"  # set by the host actor: the token pid a placed runner's meta.json names
+ENV_RAY_PLACER = "SPAWN_RAY_PLACER"  # set by the host actor: its socket, where a placed agent's children are placed from
+# SESSION/placement/HOST-HASH.{json,lock,log}: the session's placement service on a launcher host (tools/ray_place.py).
+PLACEMENT_DIR = "placement"
 ENV_RAY_PLACE_TIMEOUT = "SPAWN_RAY_PLACE_TIMEOUT"  # seconds a launcher waits for a placement (RAY_PLACE_TIMEOUT_S)
 RAY_SIBLING = "ray_place.py"
 # Connecting to a cluster and starting an actor's worker takes seconds (a
 # fresh worker imports Ray); past this the agent is not placed at all.
 RAY_PLACE_TIMEOUT_S = 120.0
-# The stand-in gives up placing this share of the launcher's limit earlier, so
-# that it, not the launcher, says why (the actor's state, where to look).
+# The placing side gives up this share of the launcher's limit earlier, so
+# that it, not the launcher, says why (the placement's state, where to look).
 RAY_PLACE_MARGIN = 0.25
-# The stand-in's last word when it ended without its runner's outcome (tools/ray_place.py writes it).
+# The placing side's last word when an agent ended without its runner's outcome (tools/ray_place.py writes it).
 RAY_STANDIN_EXIT = "standin-exit.json"
 # OpenTelemetry's own variables: set, the root exports the tree's spans when it ends.
 ENV_OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")

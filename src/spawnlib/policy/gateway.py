@@ -102,6 +102,8 @@ GATEWAY_INFLIGHT_POLL_S = 0.05  # a call short only of its agent's calls in flig
 SETTLE_WAIT_S = 3.0  # a runner waits this long for its agent's last calls to be charged
 RATE_RETRIES = 8  # a call the API rate-limits is sent again this often before its 429 is passed on
 RATE_BACKOFF_MAX_S = 30.0  # the longest wait between tries without a retry-after
+# Where the tree's gateway listens unless it is placed on a cluster (gateway_listen).
+LOOPBACK = "127.0.0.1"
 
 
 # ------------------------------------------------------------------- pure --
@@ -372,13 +374,14 @@ def settle_agent(session: Path, agent_id: str) -> None:
 OTHER_PROVIDERS = ("CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX", "CLAUDE_CODE_USE_FOUNDRY")
 
 
-def gateway_choice(environ: Mapping[str, str], budget: float | None, policy: str | None) -> tuple[bool, str | None]:
+def gateway_choice(environ: Mapping[str, str], budget: float | None) -> tuple[bool, str | None]:
     """(does the root start the tree's gateway, why its budget stays soft or None).
 
     On by default for a tree with a budget, which is what it is for; SPAWN_GATEWAY=1
     starts one for any tree (its per-call records), =0 none. A tree that calls another
-    provider, or places agents on a cluster, runs without one: the gateway speaks the
-    Anthropic API on loopback only, so its budget is kept from what each CLI reports.
+    provider runs without one: the gateway speaks the Anthropic API only, so its budget
+    is kept from what each CLI reports. A tree placed on a cluster has one too, which
+    its nodes reach where it listens (gateway_listen).
     """
     asked = environ.get(ENV_GATEWAY, "")
     wanted = asked == "1" or (asked != "0" and budget is not None)
@@ -386,13 +389,36 @@ def gateway_choice(environ: Mapping[str, str], budget: float | None, policy: str
     soft: str | None = None
     if provider is not None:
         soft = f"{provider} is set: the tree's gateway speaks the Anthropic API only"
-    elif (policy or "").startswith("ray"):
-        soft = f"--placement {policy}: agents on the cluster can't reach the tree's gateway on loopback"
     elif asked == "0":
         soft = f"{ENV_GATEWAY}=0"
     if not wanted or soft is not None:
         return False, soft if budget is not None else None
     return True, None
+
+
+def gateway_listen(policy: str | None) -> str:
+    """The address the tree's gateway listens on: loopback, unless the tree is placed on a Ray cluster.
+
+    Then it is this host's address on the way to the cluster's head (the
+    interface a UDP socket aimed there would use: nothing is sent), so that
+    agents on every node reach it. Anywhere but loopback a call still needs an
+    agent's own credential (401 otherwise), as on loopback.
+    """
+    import socket
+
+    name, _, address = (policy or "").partition(":")
+    if name != "ray" or not address.strip():
+        return LOOPBACK
+    host, _, port = address.strip().rpartition(":")
+    if not host:  # `ray:auto` and kin: a cluster found locally; its head's address is this host's
+        host, port = socket.gethostname(), "6379"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, int(port) if port.isdigit() else 6379))
+            found = str(probe.getsockname()[0])
+    except OSError:
+        return LOOPBACK
+    return found if found != "0.0.0.0" else LOOPBACK
 
 
 def soft_budget_warning(why: str) -> str:
@@ -439,7 +465,7 @@ def oauth_token(path: Path | str) -> str | None:
     return None
 
 
-def start_gateway(session: Path, script: str, budget: float | None) -> tuple[subprocess.Popen[bytes] | None, str]:
+def start_gateway(session: Path, script: str, budget: float | None, listen: str = LOOPBACK) -> tuple[subprocess.Popen[bytes] | None, str]:
     """Start the tree's gateway and hand it the real credential on its stdin; remove the credential from this process.
 
     It runs `spawn.py _gateway SESSION`, which prints its URL once it listens,
@@ -459,7 +485,8 @@ def start_gateway(session: Path, script: str, budget: float | None) -> tuple[sub
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True,
     )  # fmt: skip
     assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps({"credential": credential, "upstream": upstream, "budget": budget}).encode() + b"\n")
+    handed = {"credential": credential, "upstream": upstream, "budget": budget, "listen": listen}
+    proc.stdin.write(json.dumps(handed).encode() + b"\n")
     proc.stdin.close()
     line = proc.stdout.readline().decode().strip()
     if not line.startswith("http://"):
@@ -1205,7 +1232,7 @@ async def exit_with_session(server: Any, session: Path) -> None:
 
 
 def serve_gateway(session: Path) -> int:
-    """`spawn.py _gateway SESSION`: read the credential from stdin, listen on loopback, print the URL, serve until SIGTERM."""
+    """`spawn.py _gateway SESSION`: read the credential from stdin, listen (on loopback unless told), print the URL, serve until SIGTERM."""
     import asyncio
     import socket
 
@@ -1218,9 +1245,10 @@ def serve_gateway(session: Path) -> int:
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    listen = str(handed.get("listen") or LOOPBACK)
+    sock.bind((listen, 0))
     sock.listen(1024)  # before the URL is printed: a caller connects at once, before uvicorn has started
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url = f"http://{listen}:{sock.getsockname()[1]}"
 
     async def app(scope: Mapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":

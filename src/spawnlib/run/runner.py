@@ -67,6 +67,7 @@ from ..policy.gateway import (
     forget_real_credential,
     gateway_choice,
     gateway_gone,
+    gateway_listen,
     gateway_start_lock,
     gateway_url,
     settle_agent,
@@ -363,13 +364,15 @@ def root_gateway(meta: AgentMeta, state: RunState) -> None:
 def start_tree_gateway(meta: AgentMeta, state: RunState) -> None:
     """The root's: start the tree's gateway when it wants one, or say once why its budget stays soft."""
     policy = (meta.placement or {}).get("policy")
-    start, soft = gateway_choice(state.settings, meta.max_budget_usd, policy if isinstance(policy, str) else None)
+    start, soft = gateway_choice(state.settings, meta.max_budget_usd)
     if start:
         # Before the root's CLI, which gets its URL; inside the cgroup, so it ends with the tree.
         # The tree's budget as limits.json has it now, before any agent of the tree has run (a root
         # that shares a session, as an MCP server's roots do, holds less than it).
         budget = read_limits(Path(meta.session)).max_budget_usd
-        proc, source = start_gateway(Path(meta.session), str(compiled_script()), budget)
+        # On loopback, or where a cluster's nodes reach this host when the tree is placed on one.
+        listen = gateway_listen(policy if isinstance(policy, str) else None)
+        proc, source = start_gateway(Path(meta.session), str(compiled_script()), budget, listen)
         GATEWAYS.append(proc)
         soft = None if proc is not None else f"no gateway: {source}"
     if soft is not None:
@@ -672,11 +675,11 @@ def launch_background(agent_dir: Path, plan: Plan, environ: Mapping[str, str]) -
     # step) may end its process group as soon as the launcher returns.
     address = ray_address(plan.meta, environ)
     pid: int | None
-    pgid: int | None = None  # a stand-in's group is the process we start (uv's, when uv runs it), not its own pid's
+    pgid: int | None = None
     with open(agent_dir / RUNNER_LOG, "ab") as log:
-        if address is not None:  # the stand-in (tools/ray_place.py) is the runner here; the agent runs on a node
+        if address is not None:  # a token (tools/ray_place.py's) is the agent's process here; it runs on a node
             runner = [sys.executable, str(compiled_script())]
-            pid, pgid, where = launch_on_ray(agent_dir, address, runner, log.fileno(), record_to_json(plan.meta), environ=environ)
+            pid, pgid, where = launch_on_ray(agent_dir, address, runner, record_to_json(plan.meta), environ=environ)
             plan.meta.placement = {**(plan.meta.placement or {"reason": f"placement ray:{address}", "policy": f"ray:{address}"}), **where}
         else:
             # Forked by the session's fork server if this launcher was too.
@@ -696,7 +699,7 @@ def launch_background(agent_dir: Path, plan: Plan, environ: Mapping[str, str]) -
         create_time = time.time()
     plan.meta.pid, plan.meta.create_time, plan.meta.pgid = pid, create_time, pgid or pid
     stamp_where(plan.meta)
-    if address is None:  # a stand-in is no agent's process: the runner it starts on a node registers itself there
+    if address is None:  # a token is no agent's process: the runner started on a node registers itself there
         # Before meta.json, which the runner waits for before it starts the agent.
         register_runner(pid, create_time, agent_dir)
     write_meta(agent_dir, plan.meta, plan.secrets)

@@ -1,11 +1,10 @@
-"""The Ray seam: ray_address, launch_on_ray (through tools/ray_place.py), a placed runner's stand-in."""
+"""The Ray seam: ray_address, launch_on_ray (through tools/ray_place.py's placement service), a placed runner's token."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import time
@@ -13,14 +12,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from ..core.constants import (
     ENV_RAY_PLACE_TIMEOUT,
+    ENV_RAY_PLACER,
     ENV_RAY_PYTHON,
     ENV_RAY_SIBLING,
     ENV_RAY_STANDIN,
     ENV_SPAWN_PLACEMENT,
+    PLACEMENT_DIR,
     RAY_PLACE_MARGIN,
     RAY_PLACE_TIMEOUT_S,
     RAY_SIBLING,
@@ -36,9 +35,11 @@ from .supervisor import Supervised
 #
 # The Ray backend's seam in spawn.py: Ray itself lives in the sibling
 # tools/ray_place.py (its own lock), which spawn.py runs, never imports. For
-# an agent placed on Ray, the launcher starts the sibling instead of its own
-# runner; the sibling (the stand-in) is the agent's process here, and the
-# runner it has started on a node names it (SPAWN_RAY_STANDIN).
+# an agent placed on Ray, the launcher asks the session's placement service
+# on this host (the one Ray driver here, started by the first launcher that
+# needs it) instead of starting its own runner. The service starts the runner
+# on a node, and a token here: a tiny shell that is the agent's process on
+# this host, which the runner on the node names (SPAWN_RAY_STANDIN).
 
 
 def ray_address(meta: AgentMeta, environ: Mapping[str, str]) -> str | None:
@@ -83,117 +84,144 @@ def place_timeout(environ: Mapping[str, str]) -> float:
 
 
 def launch_on_ray(
-    agent_dir: Path, address: str, runner: list[str], log_fd: int, asked: Mapping[str, Any], *, environ: Mapping[str, str]
+    agent_dir: Path, address: str, runner: list[str], asked: Mapping[str, Any], *, environ: Mapping[str, str]
 ) -> tuple[int, int, dict[str, Any]]:
-    """Start the stand-in for agent_dir: its pid, its process group, and where Ray placed the agent (node_id, host, boot_id).
+    """Have agent_dir placed on the cluster: its token's pid and group here, and where Ray placed it (node_id, host, boot_id).
 
-    asked (the agent's meta.json to be) goes to the stand-in on stdin: under a
-    placed parent, the stand-in asks the parent's host actor for its claim with
-    it while this launcher, a descendant of the parent's runner, still waits.
-    The stand-in reports one JSON line on a pipe, then points its own stdout
-    at the runner log: nothing Ray prints reaches ours. It is told to give up
-    (--place-by) before this launcher does, so that it says why; a stand-in
-    that says nothing in time is ended with its whole process group, and the
-    error quotes the runner log's tail.
+    Asked of the session's placement service on this host (started when there
+    is none), or, below a placed agent, of its node's host actor
+    ($SPAWN_RAY_PLACER). asked (the agent's meta.json to be) carries the
+    limits its claim is made from. The placing side is told to give up
+    (place_by) before this launcher does, so that it says why; the error
+    quotes the runner log's tail.
     """
     timeout = place_timeout(environ)
     started = time.time()
-    place_by = started + timeout * (1 - RAY_PLACE_MARGIN)
-    argv = [*ray_sibling_command(environ), "run", "--address", address, "--place-by", f"{place_by:.3f}", "--spawn", *runner]
-    proc = subprocess.Popen(
-        [*argv, "--", str(agent_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, start_new_session=True
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    feed_stdin(proc.stdin, json.dumps(dict(asked)).encode())
-    line = placement_line(proc, started + timeout)
+    request = {
+        "agent_dir": str(agent_dir),
+        "asked": dict(asked),
+        "place_by": started + timeout * (1 - RAY_PLACE_MARGIN),
+        "spawn": runner,
+        "environ": dict(environ),  # the runner's on its node, as a local runner's is the launcher's
+    }
+    limit = started + timeout
+    placer = environ.get(ENV_RAY_PLACER)
+    for _ in range(3):  # a service that left between our finding it and asking it is started again
+        socket_path = placer or placement_service(Path(str(asked["session"])), address, environ, limit)
+        try:
+            where = ask_placer(socket_path, request, limit)
+            break
+        except NotTaken as exc:
+            if placer:
+                raise StateError(f"placement ray:{address}: the agent was not placed: its parent's host actor {exc}") from None
+    else:
+        raise StateError(f"placement ray:{address}: the agent was not placed: the session's placement service kept leaving")
+    if "error" in where or "node_id" not in where or not isinstance(where.get("pid"), int):
+        said = str(where.get("error") or f"its placing side answered {json.dumps(where)[:300]}")
+        raise StateError(f"placement ray:{address}: the agent was not placed: {said}; {log_tail(agent_dir, said)}")
+    token = int(where["pid"])  # the token: a process of the service's (or the host actor's) on this host, in a group of its own
+    return token, token, {"backend": "ray", "node_id": str(where["node_id"]), "host": where.get("host"), "boot_id": where.get("boot_id")}
+
+
+class NotTaken(Exception):
+    """The placing side did not take the request (it left, or was never there): nothing was placed."""
+
+
+def ask_placer(socket_path: str, request: Mapping[str, Any], limit: float) -> dict[str, Any]:
+    """One request on the placer's socket: it says {taken} at once, then where (or why not) once placed."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.settimeout(max(0.1, min(10.0, limit - time.time())))
+            sock.connect(socket_path)
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            lines = sock.makefile("rb")
+            taken = lines.readline(1 << 16)
+        except OSError as exc:
+            raise NotTaken(f"could not be asked: {exc.strerror or exc}") from None
+        if not taken.strip():
+            raise NotTaken("closed the request unanswered")
+        if "taken" not in (first := json.loads(taken)):
+            return dict(first)
+        sock.settimeout(max(0.1, limit - time.time()))
+        try:
+            line = lines.readline(1 << 20)
+        except TimeoutError:
+            line = b""
+    answer = json.loads(line) if line.strip() else {"error": f"the placing side said nothing in {limit - time.time():.0f} s"}
+    return dict(answer) if isinstance(answer, dict) else {"error": "the placing side answered no object"}
+
+
+def placement_service(session: Path, address: str, environ: Mapping[str, str], limit: float) -> str:
+    """The socket of the session's placement service on this host for address: found, or started (one Ray driver per host)."""
+    import fcntl
+    import hashlib
+    import socket
+
+    folder = session / PLACEMENT_DIR
+    folder.mkdir(exist_ok=True)
+    key = f"{socket.gethostname()}-{hashlib.sha256(address.encode()).hexdigest()[:8]}"
+    record = folder / f"{key}.json"
+    fd = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        where = json.loads(line) if line.strip() else None
-        if not isinstance(where, dict) or "node_id" not in where:
-            raise ValueError(where.get("error") if isinstance(where, dict) else None)
-    except ValueError as exc:
-        # A stand-in that said why (its error line) or nothing at all: its whole group goes (uv and the Ray driver below it).
-        Supervised.signal_group(proc.pid, signal.SIGKILL)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held while we look and start: concurrent launchers start one service
+        if (found := live_service(record)) is not None:
+            return found
+        with contextlib.suppress(FileNotFoundError):
+            record.unlink()  # a dead service's
+        with open(folder / f"{key}.log", "ab") as log:
+            argv = [*ray_sibling_command(environ), "serve", "--address", address, "--record", str(record)]
+            # None of an agent's identity: the service serves the session's launchers, and belongs to no agent.
+            env = {name: value for name, value in environ.items() if not name.startswith("SPAWN_")}
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        while time.time() < limit and proc.poll() is None:
+            if (found := live_service(record)) is not None:
+                return found
+            time.sleep(0.05)
+        Supervised.signal_group(proc.pid, signal.SIGKILL)  # uv and the service below it
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
-        said = str(exc) if exc.args and exc.args[0] else None
-        if said is None:
-            ended = f"exited {proc.returncode}" if proc.returncode not in (None, -signal.SIGKILL) else f"said nothing in {timeout:.0f} s"
-            said = f"its stand-in (process {proc.pid}) {ended}"
-        raise StateError(f"placement ray:{address}: the agent was not placed: {said}; {log_tail(agent_dir, said)}") from None
-    return (
-        standin_pid(proc.pid, where.get("pid")),
-        proc.pid,
-        {
-            "backend": "ray",
-            "node_id": str(where["node_id"]),
-            "host": where.get("host"),
-            "boot_id": where.get("boot_id"),
-        },
-    )
+        ended = f"exited {proc.returncode}" if proc.returncode not in (None, -signal.SIGKILL) else "was not serving in time"
+        raise StateError(f"placement ray:{address}: the session's placement service {ended}; {log_tail(folder / f'{key}.log')}")
+    finally:
+        os.close(fd)
 
 
-def placement_line(proc: subprocess.Popen[bytes], limit: float) -> bytes:
-    """The stand-in's one line, read until limit (wall clock) or until it exits; its stdout is closed then."""
-    assert proc.stdout is not None
-    line = b""
-    while not line.endswith(b"\n") and time.time() < limit:
-        if select.select([proc.stdout], [], [], 0.2)[0]:
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            line += chunk
-        elif proc.poll() is not None:
-            break
-    proc.stdout.close()
-    return line
-
-
-def standin_pid(started: int, reported: Any) -> int:
-    """The stand-in's own pid, which it reports: the process we started, or one below it in its group (uv runs it as a child).
-
-    Anything else is not trusted: the process we started is recorded.
-    """
-    if not isinstance(reported, int) or reported == started:
-        return started
+def live_service(record: Path) -> str | None:
+    """The socket a service's record names, while that service runs."""
     try:
-        proc = psutil.Process(reported)
-        if os.getpgid(reported) == started and started in (p.pid for p in proc.parents()):
-            return reported
-    except (psutil.Error, OSError):
+        data = json.loads(record.read_text())
+        pid, path = int(data["pid"]), str(data["socket"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
         pass
-    return started
+    return path if os.path.exists(path) else None
 
 
-def log_tail(agent_dir: Path, said: str = "", lines: int = 3, width: int = 240) -> str:
-    """The last lines of the agent's runner.log, on one line, for an error message (a line repeating `said` left out)."""
+def log_tail(where: Path, said: str = "", lines: int = 3, width: int = 240) -> str:
+    """The last lines of a log (an agent's runner.log), on one line, for an error message (a line repeating `said` left out)."""
+    path = where / RUNNER_LOG if where.is_dir() else where
     try:
-        with open(agent_dir / RUNNER_LOG, "rb") as log:
+        with open(path, "rb") as log:
             log.seek(0, os.SEEK_END)
             log.seek(max(0, log.tell() - 8192))
             text = log.read().decode(errors="replace")
     except OSError:
-        return f"{agent_dir / RUNNER_LOG} can't be read"
+        return f"{path} can't be read"
     kept = [line.strip()[:width] for line in text.splitlines() if line.strip() and not (said and said in line)][-lines:]
     if not kept:
-        return f"{agent_dir / RUNNER_LOG} says nothing more"
-    return f"{agent_dir / RUNNER_LOG} ends: {' | '.join(kept)}"
-
-
-def feed_stdin(pipe: Any, data: bytes) -> None:
-    """Write data to a child's stdin and close it, from a thread: a big task must not block the placement line."""
-    import threading
-
-    def feed() -> None:
-        with contextlib.suppress(OSError):  # a stand-in that died at once: its missing line says so
-            pipe.write(data)
-        with contextlib.suppress(OSError):
-            pipe.close()
-
-    threading.Thread(target=feed, name="stand-in stdin", daemon=True).start()
+        return f"{path} says nothing more"
+    return f"{path} ends: {' | '.join(kept)}"
 
 
 def ray_standin(meta: AgentMeta, environ: Mapping[str, str]) -> int | None:
-    """The stand-in pid a placed runner may run under: meta.json names it, not the runner."""
+    """The token pid a placed runner may run under: meta.json names it, not the runner."""
     if (meta.placement or {}).get("backend") != "ray":
         return None
     try:
@@ -203,11 +231,11 @@ def ray_standin(meta: AgentMeta, environ: Mapping[str, str]) -> int | None:
 
 
 def node_lost_reason(meta: AgentMeta, agent_dir: Path) -> str | None:
-    """Why a placed agent's stand-in ended without an outcome.
+    """Why a placed agent's token ended without an outcome.
 
-    The stand-in's last word when it left one (its node lost, its claim
-    refused, its deadline's backstop); else it died where it ran, on the
-    launcher's host, and the agent's node is not blamed.
+    The placing side's last word when it left one (its node lost, its claim
+    refused); else the token or its service died on the launcher's host, and
+    the agent's node is not blamed.
     """
     placement = meta.placement or {}
     if placement.get("backend") != "ray":
@@ -219,6 +247,6 @@ def node_lost_reason(meta: AgentMeta, agent_dir: Path) -> str | None:
         word = None
     if isinstance(word, dict) and isinstance(word.get("reason"), str) and word["reason"]:
         return str(word["reason"])[:1000]
-    # No word: SIGKILLed there, or the Ray node its driver hung on there died with it (Ray ends such a driver at once).
-    unknown = "without a word (killed there, or its own Ray node there lost)"
-    return f"its stand-in ended on the launcher's host {meta.host} {unknown}; the agent ran on the Ray node {node}"
+    # No word: the token SIGKILLed there, or the placement service there ended (Ray ends its agents with it).
+    unknown = "without a word (killed there, or its placement service there ended)"
+    return f"its token ended on the launcher's host {meta.host} {unknown}; the agent ran on the Ray node {node}"
