@@ -74,6 +74,8 @@ ENV_SPAWN_PLACEMENT = "SPAWN_PLACEMENT"  # ray:ADDRESS places agents on a Ray cl
 ENV_RAY_SIBLING = "SPAWN_RAY_SIBLING"  # path of tools/ray_place.py when it is not beside spawn.py
 ENV_RAY_PYTHON = "SPAWN_RAY_PYTHON"  # a python with the sibling's lock installed (else `uv run --script`)
 ENV_RAY_STANDIN = "SPAWN_RAY_STANDIN"  # set by the host actor: the stand-in pid a placed runner's meta.json names
+ENV_CALL = "SPAWN_CALL"  # the Bash call's token, set by a host of in-process agents (supervise/calls.py)
+CALLS_DIR = "calls"  # in a host's agent directory: one record per Bash call's token (supervise/calls.py)
 ENV_RAY_PLACE_TIMEOUT = "SPAWN_RAY_PLACE_TIMEOUT"  # seconds a launcher waits for a placement (RAY_PLACE_TIMEOUT_S)
 RAY_SIBLING = "ray_place.py"
 # Connecting to a cluster and starting an actor's worker takes seconds (a
