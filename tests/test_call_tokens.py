@@ -23,7 +23,10 @@ NARROW = "description: may not touch\ntools: Bash, Read\npermissions:\n  deny: [
 
 def call(prompt: str, subagent_type: str = "narrow") -> dict[str, Any]:
     """An Agent call the host makes, in the foreground."""
-    return {"tool": "Agent", "input": {"description": "delegate", "prompt": prompt, "subagent_type": subagent_type, "run_in_background": False}}
+    return {
+        "tool": "Agent",
+        "input": {"description": "delegate", "prompt": prompt, "subagent_type": subagent_type, "run_in_background": False},
+    }
 
 
 def captured(tmp_path: Path, name: str, command: str) -> str:
@@ -57,7 +60,9 @@ def test_a_spawn_from_an_in_process_childs_bash_is_its_child_with_its_rules(
             {"text": "child-result"},
         ],
     )
-    proc = run_spawn(["--task", mock_task("root", [call(child), {"text": "root-result"}]), "--tools", "Agent,Bash,Read", *AUTO], env, cwd=tmp_path)
+    proc = run_spawn(
+        ["--task", mock_task("root", [call(child), {"text": "root-result"}]), "--tools", "Agent,Bash,Read", *AUTO], env, cwd=tmp_path
+    )
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     code, out, err = result(tmp_path, "fg")
     assert code == spawn.ExitCode.OK, err
@@ -119,7 +124,7 @@ def test_a_copied_token_of_another_call_is_refused(env: dict[str, str], session_
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert len(host_token.read_text().strip()) == 48 and len(sibling_token.read_text().strip()) == 48
     for name in ("host-copy", "sibling-copy"):
-        code, out, err = result(tmp_path, name)
+        code, _, err = result(tmp_path, name)
         assert code == spawn.ExitCode.REFUSED, (name, err)
         assert err.startswith("spawn: error: SPAWN_CALL token refused: its Bash call has ended;") and err.count("\n") == 1, err
     assert "grandchild" not in by_task(session_root)
