@@ -172,14 +172,14 @@ class CallTokens:
     """The tokens of a host's Bash calls: which agent of its CLI makes each (supervise/calls.py).
 
     Minted in the PreToolUse hook of a call its agent's rules allowed, ended
-    in its PostToolUse (or PostToolUseFailure) hook, dropped when its agent ends.
+    in its PostToolUse (or PostToolUseFailure) hook, dropped when the host ends.
     """
 
     host_dir: Path
     cli: tuple[int, float] | None = None
     """The host's CLI process (pid, create time), once it has started."""
     live: dict[str, tuple[str, str]] = field(default_factory=dict)
-    """By tool_use_id: (the token's digest, its owner's agent id)."""
+    """By tool_use_id: (the token's digest, its owner's agent id), while its record is on disk."""
 
     def stamp(self, tool_input: Mapping[str, Any], owner: AgentMeta, owner_dir: Path, tool_use_id: str | None) -> dict[str, Any]:
         """The hook's answer for an allowed Bash call of owner: its command, with a fresh token set first."""
@@ -198,12 +198,12 @@ class CallTokens:
         if entry is not None:
             end_call_record(self.host_dir, entry[0], time.time())
 
-    def drop(self, owner_id: str | None = None) -> None:
-        """The tokens of owner's calls (every one's, for None) hold no more: it has ended."""
-        for tool_use_id, (digest, owner) in list(self.live.items()):
-            if owner_id is None or owner == owner_id:
-                drop_call_record(self.host_dir, digest)
-                del self.live[tool_use_id]
+    def drop(self) -> None:
+        """At the host's end no call of its CLI runs: no token holds. (An agent that ended
+        before it is refused by its outcome: call_owner reads it.)"""
+        for digest, _ in self.live.values():
+            drop_call_record(self.host_dir, digest)
+        self.live.clear()
 
 
 def cli_children(pid: int) -> list[int]:

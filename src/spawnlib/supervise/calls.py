@@ -35,10 +35,8 @@ The file name is the token's digest, so a listing of the folder gives no token.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import secrets
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,11 +70,15 @@ class CallRecord:
 
 def new_call_token() -> tuple[str, str]:
     """(token, its digest): the digest names the record."""
+    import secrets  # here: it imports hashlib, which a root's start never needs (tests/test_ancestry.py)
+
     token = secrets.token_hex(CALL_TOKEN_BYTES)
     return token, token_digest(token)
 
 
 def token_digest(token: str) -> str:
+    import hashlib
+
     return hashlib.sha256(token.encode()).hexdigest()
 
 
