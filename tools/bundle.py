@@ -74,6 +74,7 @@ MODULES = (
     # supervise: processes, the compiled copy, Ray's seam, the commit point
     "supervise/fast_start",
     "supervise/supervisor",
+    "supervise/calls",
     "supervise/cluster",
     "supervise/commit",
     # policy: admission, definitions and rules, asks, budget and inbox

@@ -375,7 +375,7 @@ def cmd_background_runner(args: argparse.Namespace, environ: Mapping[str, str], 
     # write: the record runs only within what this process's verified parent
     # allows (the admission path), and what runs is the record as checked here.
     ancestry = ForkedFor.ancestry if ForkedFor.ancestry is not None else ancestry_context()
-    problem = admission_problem(meta, inherited_context(environ, ancestry))
+    problem = admission_problem(meta, inherited_context(environ, ancestry, background_runner=True))
     if problem is not None:
         commit_outcome(agent_dir, refusal_outcome(meta, f"not admitted: {problem}"), secret_values(environ))
         raise RefusedError(f"{agent_dir} was not admitted: {problem}; start agents with spawn.py --task, never _run")

@@ -77,6 +77,8 @@ ENV_RAY_STANDIN = "SPAWN_RAY_STANDIN"  # set by the host actor: the token pid a 
 ENV_RAY_PLACER = "SPAWN_RAY_PLACER"  # set by the host actor: its socket, where a placed agent's children are placed from
 # SESSION/placement/HOST-HASH.{json,lock,log}: the session's placement service on a launcher host (tools/ray_place.py).
 PLACEMENT_DIR = "placement"
+ENV_CALL = "SPAWN_CALL"  # the Bash call's token, set by a host of in-process agents (supervise/calls.py)
+CALLS_DIR = "calls"  # in a host's agent directory: one record per Bash call's token (supervise/calls.py)
 ENV_RAY_PLACE_TIMEOUT = "SPAWN_RAY_PLACE_TIMEOUT"  # seconds a launcher waits for a placement (RAY_PLACE_TIMEOUT_S)
 RAY_SIBLING = "ray_place.py"
 # Connecting to a cluster and starting an actor's worker takes seconds (a

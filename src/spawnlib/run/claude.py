@@ -106,7 +106,7 @@ from ..session.protocol import (
     resumed_sdk_session,
 )
 from ..supervise.fast_start import uv_shim_folder
-from ..supervise.supervisor import Supervised, child_running, procfs_is_ours, runner_index_dir
+from ..supervise.supervisor import ProcfsProcess, Supervised, child_running, procfs_is_ours, procfs_readable, runner_index_dir
 from .inprocess import in_process_hooks, subagent_definitions, withheld_agent_tool
 from .running import RunState, SdkLoader, api_host, child_environment, import_sdk, message_record, spawn_command
 from .subagents import AGENT_TOOL
@@ -431,6 +431,15 @@ class CliPipes:
                 self.relay.cancel()
             for pipe in self.pipes:
                 pipe.close()
+
+
+def cli_identity(pid: int) -> tuple[int, float] | None:
+    """(pid, create time) of the CLI, as the ancestry walk of a spawn below it reads them; None if it is gone."""
+    import psutil
+
+    with contextlib.suppress(OSError, psutil.Error):
+        return pid, (ProcfsProcess(pid) if procfs_readable() else psutil.Process(pid)).create_time()
+    return None
 
 
 def delegates_for(meta: AgentMeta, environ: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -791,6 +800,8 @@ async def run_sdk(
         }
     else:  # its subagents are its in-process children: governed, not only recorded
         plan.gate.agent_call_check = state.in_process.host_agent_call
+        if state.in_process.calls is not None:  # its Bash calls' processes are below this process (supervise/calls.py)
+            state.in_process.calls.cli = cli_identity(started.process.pid)
         hooks = in_process_hooks(sdk, state.in_process, plan.gate.pre_tool_use, timeout)
     # --on-budget pause waits in a PreToolUse matcher of its own (its own timeout: a pause outlasts an ask).
     hooks["PreToolUse"] = [*hooks.get("PreToolUse", []), *pause_hooks(sdk, state.pause)]

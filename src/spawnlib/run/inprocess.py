@@ -53,6 +53,8 @@ from ..session.protocol import (
     kill_request_reason,
     read_outcome,
 )
+from ..supervise.calls import CallRecord, drop_call_record, end_call_record, new_call_token, with_call_token, write_call_record
+from ..supervise.supervisor import agent_context
 from .running import child_environment
 from .subagents import (
     AGENT_TOOL,
@@ -162,6 +164,58 @@ class ChildGate:
         return estimate_cost(cli_transcript_turns(child.transcript, child.meta.model)) if child.transcript else 0.0
 
 
+BASH_TOOL = "Bash"
+
+
+@dataclass
+class CallTokens:
+    """The tokens of a host's Bash calls: which agent of its CLI makes each (supervise/calls.py).
+
+    Minted in the PreToolUse hook of a call its agent's rules allowed, ended
+    in its PostToolUse (or PostToolUseFailure) hook, dropped when the host ends.
+    """
+
+    host_dir: Path
+    cli: tuple[int, float] | None = None
+    """The host's CLI process (pid, create time), once it has started."""
+    live: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """By tool_use_id: (the token's digest, its owner's agent id), while its record is on disk."""
+
+    def stamp(self, tool_input: Mapping[str, Any], owner: AgentMeta, owner_dir: Path, tool_use_id: str | None) -> dict[str, Any]:
+        """The hook's answer for an allowed Bash call of owner: its command, with a fresh token set first."""
+        command = tool_input.get("command")
+        if self.cli is None or not isinstance(command, str):
+            return {}  # no command to stamp: a spawn.py in it would be refused for want of a token
+        token, digest = new_call_token()
+        record = CallRecord(agent_context(owner, owner_dir), str(tool_use_id or ""), self.cli, cli_children(self.cli[0]))
+        write_call_record(self.host_dir, digest, record)
+        self.live[str(tool_use_id or digest)] = (digest, owner.id)
+        updated = {**tool_input, "command": with_call_token(command, token)}
+        return {"hookSpecificOutput": {"hookEventName": "PreToolUse", "updatedInput": updated}}
+
+    def end(self, tool_use_id: str | None) -> None:
+        entry = self.live.pop(str(tool_use_id or ""), None)
+        if entry is not None:
+            end_call_record(self.host_dir, entry[0], time.time())
+
+    def drop(self) -> None:
+        """At the host's end no call of its CLI runs: no token holds. (An agent that ended
+        before it is refused by its outcome: call_owner reads it.)"""
+        for digest, _ in self.live.values():
+            drop_call_record(self.host_dir, digest)
+        self.live.clear()
+
+
+def cli_children(pid: int) -> list[int]:
+    """The pids of the CLI's child processes now (none are a Bash call minted from here on)."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children()]
+    except psutil.Error:
+        return []
+
+
 @dataclass
 class InProcessTree:
     """The in-process agents below one runner's agent (its host): the SDK's hooks, dispatched.
@@ -180,6 +234,8 @@ class InProcessTree:
     """By the tool_use_id of the Agent call that started it: the stream's parent_tool_use_id of its messages."""
     agent_calls: dict[str, tuple[str | None, dict[str, Any]]] = field(default_factory=dict)
     """Agent calls seen in the stream, not yet answered: (the caller's parent_tool_use_id, input), by tool_use_id."""
+    calls: CallTokens | None = None
+    """The tokens of its agents' Bash calls, set by the host's runner."""
 
     @property
     def host(self) -> AgentMeta:
@@ -196,6 +252,8 @@ class InProcessTree:
         return self.book.running_children()
 
     def settle(self, host_status: Status | None, host_reason: str) -> None:
+        if self.calls is not None:
+            self.calls.drop()  # no Bash call of its CLI runs any more
         self.book.settle(host_status, host_reason)
 
     # ------------------------------------------------------------ the hooks --
@@ -227,7 +285,19 @@ class InProcessTree:
             return deny_call(f"denied by spawn.py ({by}): {rule}")
         if canonical_tool(tool) == AGENT_TOOL:
             self.pending.append((native_id, str(tool_use_id or ""), dict(tool_input)))
+        if canonical_tool(tool) == BASH_TOOL and self.calls is not None:
+            return self.calls.stamp(tool_input, child.meta, child.agent_dir, tool_use_id)
         return {}
+
+    def host_bash_call(self, verdict: Any, tool_input: Mapping[str, Any], tool_use_id: str | None) -> Any:
+        """The host's own Bash call, as its gate answered: stamped with the host's token when allowed."""
+        if verdict or self.calls is None:
+            return verdict  # a denial (or any answer of its own) stands as it is
+        return self.calls.stamp(tool_input, self.host, self.book.host_dir, tool_use_id)
+
+    def call_ended(self, tool_use_id: str | None) -> None:
+        if self.calls is not None:
+            self.calls.end(tool_use_id)
 
     def host_agent_call(self, tool_input: Mapping[str, Any], tool_use_id: str | None) -> str | None:
         """The host's own Agent call, which its rules allowed: why it can't start a child, or None."""
@@ -332,7 +402,14 @@ def in_process_hooks(sdk: Any, tree: InProcessTree, gate: Hook, timeout: float) 
         verdict = await tree.pre_tool_use(hook_input, tool_use_id)
         if verdict is not None:
             return verdict
-        return await gate(hook_input, tool_use_id, context)  # its Agent calls: the gate asks host_agent_call
+        verdict = await gate(hook_input, tool_use_id, context)  # its Agent calls: the gate asks host_agent_call
+        if canonical_tool(str(hook_input.get("tool_name", ""))) == BASH_TOOL:
+            return tree.host_bash_call(verdict, hook_input.get("tool_input") or {}, tool_use_id)
+        return verdict
+
+    async def post_tool_use(_hook_input: Any, tool_use_id: str | None, _context: Any) -> Any:
+        tree.call_ended(tool_use_id)
+        return {}
 
     async def start(hook_input: Any, _tool_use_id: str | None, _context: Any) -> Any:
         return await tree.subagent_start(hook_input)
@@ -342,6 +419,8 @@ def in_process_hooks(sdk: Any, tree: InProcessTree, gate: Hook, timeout: float) 
 
     return {
         "PreToolUse": [sdk.HookMatcher(matcher=None, hooks=[pre_tool_use], timeout=timeout)],
+        "PostToolUse": [sdk.HookMatcher(matcher=BASH_TOOL, hooks=[post_tool_use])],
+        "PostToolUseFailure": [sdk.HookMatcher(matcher=BASH_TOOL, hooks=[post_tool_use])],
         "SubagentStart": [sdk.HookMatcher(matcher=None, hooks=[start])],
         "SubagentStop": [sdk.HookMatcher(matcher=None, hooks=[stop])],
     }
@@ -376,7 +455,7 @@ def in_process_tree(
         note(f"warning: definition {name} ({definitions[name].path}): {problem}; an Agent call of type {name} is refused")
     shell_env = {**settings, **child_environment(meta, agent_dir, settings)}  # what the host's Bash, and its subagents', inherit
     book = ChildBook(meta, agent_dir, parse_policy(str(policy)), secrets_, definitions, schemas)
-    return InProcessTree(book, ChildGate(book, shell_env, settings, schema_problems=problems))
+    return InProcessTree(book, ChildGate(book, shell_env, settings, schema_problems=problems), calls=CallTokens(agent_dir))
 
 
 def file_definitions(cwd: Path, environ: Mapping[str, str]) -> dict[str, AgentDefinition]:

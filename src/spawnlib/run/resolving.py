@@ -109,6 +109,7 @@ from ..session.protocol import (
     session_lock,
     write_json_atomic,
 )
+from ..supervise.calls import call_owner, hosts_in_process
 from ..supervise.cluster import ray_sibling_command
 from ..supervise.supervisor import (
     _int_or_none,
@@ -151,16 +152,22 @@ class Inherited:
     """The parent runs sandboxed: its children's requests come through its broker."""
 
 
-def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any]) -> Inherited:
+def inherited_context(environ: Mapping[str, str], ancestry: Mapping[str, Any], *, background_runner: bool = False) -> Inherited:
     """What this spawn inherits: the narrowest of its env, its ancestors' envs, and its runner.
 
     The nearest ancestor agent found by process identity (ancestry["runner"],
     from its meta.json) is the parent whenever there is one: its id and its
     session, whatever the environment claims. Every limit is the smallest
     any source gives, and the tools are those every source allows.
+
+    Below a runner whose CLI hosts in-process agents, the parent is the agent
+    whose Bash call started this process, as its call token names it (call_owner;
+    without a token that holds: RefusedError): that CLI's process is every one of theirs.
     """
     inh = Inherited()
     runner: Mapping[str, Any] = ancestry.get("runner") or {}
+    if runner and hosts_in_process(runner):
+        runner = call_owner(environ, runner, ancestry.get("chain") or [], background_runner=background_runner)
     env_depth = _int_or_none(environ.get(ENV_DEPTH))
     anc_depth = ancestry.get("depth")
     if env_depth is not None and (anc_depth is None or env_depth >= anc_depth):

@@ -965,6 +965,11 @@ def ancestor_agent_context(subject: Subject | None = None) -> dict[str, Any] | N
         meta = load_meta(agent_dir)
     except (OSError, SpawnError) as exc:
         raise RefusedError(f"the agent running this spawn ({agent_dir}) has no readable meta.json ({exc}); refusing") from None
+    return agent_context(meta, agent_dir)
+
+
+def agent_context(meta: AgentMeta, agent_dir: Path) -> dict[str, Any]:
+    """What a child of the agent inherits, as ancestry_context's "runner" (pure)."""
     return {
         "agent_dir": str(agent_dir),
         "parent_id": meta.id,
@@ -1027,7 +1032,10 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
     # own walk) are matched without importing psutil.
     proc: Subject | None
     try:
-        proc = (subject or ancestry_subject()).parent()
+        own = subject or ancestry_subject()
+        # This process and its ancestors, nearest first: which Bash call started it (supervise/calls.py).
+        found["chain"] = [(own.pid, own.create_time())]
+        proc = own.parent()
     except OSError:
         return found
     except psutil.Error:
@@ -1066,6 +1074,7 @@ def ancestry_context(environ_of: Callable[[Any], Mapping[str, str]] | None = Non
         if mode in PERMISSION_RANK and (found.get("mode") is None or PERMISSION_RANK[mode] < PERMISSION_RANK[found["mode"]]):
             found["mode"] = mode
         try:
+            found["chain"].append((proc.pid, proc.create_time()))
             proc = proc.parent()
         except OSError:
             break
