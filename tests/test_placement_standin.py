@@ -5,9 +5,15 @@ The cluster runs them for real in `uvx nox -s ray` (tests/test_ray_cluster.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 import ray_place
 from conftest import ROOT
@@ -37,11 +43,48 @@ def test_the_runtime_env_is_env_vars_only() -> None:
 
 
 def test_a_placement_timeout_names_the_state_and_where_to_look() -> None:
-    reason = ray_place.not_placed_reason("host-a0-1", "PENDING_CREATION", "f" * 56, 67.4, 256 * 2**20)
-    assert reason.startswith("actor host-a0-1 still PENDING_CREATION after 67 s: "), reason
+    reason = ray_place.not_placed_reason("PENDING", 67.4, 256 * 2**20)
+    assert reason.startswith("its placement group still PENDING after 67 s: "), reason
     assert "raylet*.err" in reason and "256 MiB" in reason and "ray status" in reason
-    assert "on node" not in reason  # a pending actor's lease names no node worth blaming
-    assert "on node n1" in ray_place.not_placed_reason("host-a0-1", "DEAD", "n1", 3.0, 1)
+
+
+def test_a_token_turns_signals_into_lines_and_outlives_them_until_its_agent_has_ended() -> None:
+    """The pid meta.json names on the launcher's host: `kill` and Ctrl-C reach the service, and the token stays
+    until the service ends it (so the caller's `kill` sees the runner's own outcome), or the service dies."""
+    token = ray_place.Token()
+    try:
+        assert wait_for(lambda: len(psutil.Process(token.pid).children()) == 1)  # its `cat` is up: the traps are set
+        assert os.getpgid(token.pid) == token.pid  # a group of its own: `spawn.py kill` signals it as a runner's
+        for sig, word in ((signal.SIGTERM, "TERM"), (signal.SIGINT, "INT"), (signal.SIGHUP, "HUP")):
+            os.killpg(token.pid, sig)
+            assert wait_for(lambda w=word: (said := token.said()) is not None and said == w), word
+            assert token.proc.poll() is None, word
+        assert token.said() is None  # nothing more to say
+        kids = psutil.Process(token.pid).children()
+        token.end()
+        assert token.proc.returncode == 0
+        assert wait_for(lambda: not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(token.pid, signal.SIGKILL)
+
+
+def test_a_token_killed_says_gone() -> None:
+    token = ray_place.Token()
+    try:
+        os.killpg(token.pid, signal.SIGKILL)
+        assert wait_for(lambda: token.said() == "GONE")
+    finally:
+        token.end()
+
+
+def wait_for(check: Callable[[], bool], limit: float = 5.0) -> bool:
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.02)
+    return check()
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from ..core.constants import (
     ENV_RAY_PLACE_TIMEOUT,
     ENV_RAY_PLACER,
@@ -106,16 +108,19 @@ def launch_on_ray(
     }
     limit = started + timeout
     placer = environ.get(ENV_RAY_PLACER)
-    for _ in range(3):  # a service that left between our finding it and asking it is started again
-        socket_path = placer or placement_service(Path(str(asked["session"])), address, environ, limit)
+    unanswered: str | None = None
+    why = "was not asked"
+    for _ in range(3):  # a service that left (or died) between our finding it and asking it is started again
+        socket_path = placer or placement_service(Path(str(asked["session"])), address, environ, limit, unanswered)
         try:
             where = ask_placer(socket_path, request, limit)
             break
         except NotTaken as exc:
             if placer:
                 raise StateError(f"placement ray:{address}: the agent was not placed: its parent's host actor {exc}") from None
+            unanswered, why = socket_path, str(exc)
     else:
-        raise StateError(f"placement ray:{address}: the agent was not placed: the session's placement service kept leaving")
+        raise StateError(f"placement ray:{address}: the agent was not placed: the session's placement service {why}")
     if "error" in where or "node_id" not in where or not isinstance(where.get("pid"), int):
         said = str(where.get("error") or f"its placing side answered {json.dumps(where)[:300]}")
         raise StateError(f"placement ray:{address}: the agent was not placed: {said}; {log_tail(agent_dir, said)}")
@@ -153,8 +158,11 @@ def ask_placer(socket_path: str, request: Mapping[str, Any], limit: float) -> di
     return dict(answer) if isinstance(answer, dict) else {"error": "the placing side answered no object"}
 
 
-def placement_service(session: Path, address: str, environ: Mapping[str, str], limit: float) -> str:
-    """The socket of the session's placement service on this host for address: found, or started (one Ray driver per host)."""
+def placement_service(session: Path, address: str, environ: Mapping[str, str], limit: float, unanswered: str | None = None) -> str:
+    """The socket of the session's placement service on this host for address: found, or started (one Ray driver per host).
+
+    unanswered: a socket that just took no request; a record still naming it is forgotten, and another service started.
+    """
     import fcntl
     import hashlib
     import socket
@@ -166,10 +174,10 @@ def placement_service(session: Path, address: str, environ: Mapping[str, str], l
     fd = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # held while we look and start: concurrent launchers start one service
-        if (found := live_service(record)) is not None:
+        if (found := live_service(record)) is not None and found != unanswered:
             return found
         with contextlib.suppress(FileNotFoundError):
-            record.unlink()  # a dead service's
+            record.unlink()  # a dead (or deaf) service's
         with open(folder / f"{key}.log", "ab") as log:
             argv = [*ray_sibling_command(environ), "serve", "--address", address, "--record", str(record)]
             # None of an agent's identity: the service serves the session's launchers, and belongs to no agent.
@@ -196,10 +204,11 @@ def live_service(record: Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:  # dead, not yet reaped by the launcher that started it
+            return None
+    except psutil.NoSuchProcess:
         return None
-    except PermissionError:
+    except psutil.Error:
         pass
     return path if os.path.exists(path) else None
 
