@@ -12,8 +12,9 @@ For each count and side, one JSON line:
 - on the cluster, ``placed_s``: from the placing side's taking a leaf's request to its runner started on a
   node (median, p90, max), from the leaves' runner.log lines;
 - on the cluster, ``launcher_mb_per_agent``: what the launcher's host holds per placed agent, at the peak:
-  the tokens' PSS, plus how much the placing side (the host actor that places the root's children) grew,
-  over the tokens alive.
+  a token's PSS (``token_pss_mb``), plus how much the placing side (the service and the host actors; on one
+  machine they are all here) grew since the first leaf was placed (``placing_side_growth_mb``), over the
+  tokens alive. The host actors' growth includes their runners' threads, so this overstates it.
 """
 
 from __future__ import annotations
@@ -46,16 +47,16 @@ MAX_CONCURRENT = 40
 
 
 def fan_out_task(leaves: int) -> str:
-    """The root's script: launch the leaves in the background in batches, then wait for them all."""
+    """The root's script: launch the leaves in the background in batches (their ids kept), then wait for them all."""
     leaf = mock_model.mock_task("leaf", [{"text": "leaf done"}])
     launch = mock_model.spawn_in_bash("--task", leaf, "--tools", "Read", "--background", "--print", "id")
+    ids = '"$SPAWN_SESSION/bench-ids"'
     steps: list[dict[str, Any]] = []
     for start in range(0, leaves, BATCH):
         n = min(BATCH, leaves - start)
-        steps.append(
-            {"bash": f"for i in $(seq {n}); do {launch} >/dev/null || echo failed; done; echo launched {n}", "timeout": BASH_TIMEOUT_MS}
-        )
-    steps.append({"bash": f"{mock_model.SPAWN_IN_BASH} wait --all >/dev/null; echo waited", "timeout": BASH_TIMEOUT_MS})
+        loop = f"for i in $(seq {n}); do {launch} >> {ids} || echo failed; done; echo launched {n}"
+        steps.append({"bash": loop, "timeout": BASH_TIMEOUT_MS})
+    steps.append({"bash": f"{mock_model.SPAWN_IN_BASH} wait $(cat {ids}) >/dev/null; echo waited $?", "timeout": BASH_TIMEOUT_MS})
     return mock_model.mock_task("root", [*steps, {"text": "fanned out"}])
 
 
@@ -97,6 +98,8 @@ class Sampler:
         self.peak_agents = 0
         self.placing_at_start: int | None = None
         self.launcher_per_agent: float | None = None
+        self.tokens_mb = 0.0
+        self.placing_growth_mb = 0.0
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -114,15 +117,17 @@ class Sampler:
                     self.sample_launcher()
 
     def sample_launcher(self) -> None:
+        """The tokens' PSS, and how much the placing side grew since the first leaf's token (the root's is first)."""
         tokens = [p for p in psutil.process_iter() if is_token(p)]
-        if not tokens:
-            return
         placing = placing_rss()
+        if len(tokens) < 2:
+            return
         if self.placing_at_start is None:
             self.placing_at_start = placing
         kids = [c for t in tokens for c in t.children()]
-        held = pss(tokens + kids) + max(0, placing - self.placing_at_start)
-        self.launcher_per_agent = held / len(tokens) / 2**20
+        self.tokens_mb = pss(tokens + kids) / len(tokens) / 2**20
+        self.placing_growth_mb = max(0, placing - self.placing_at_start) / 2**20
+        self.launcher_per_agent = self.tokens_mb + self.placing_growth_mb / len(tokens)
 
     def stop(self) -> None:
         self.done.set()
@@ -143,15 +148,19 @@ def run_side(env: dict[str, str], leaves: int, sessions: Path, placed: bool) -> 
     sessions.mkdir(parents=True)
     sampler = Sampler(sessions, placed)
     started = time.monotonic()
-    root_args = ["--task", fan_out_task(leaves), "--tools", "Bash", "--max-agents", str(leaves + 1)]
+    root_args = ["--task", fan_out_task(leaves), "--tools", "Bash,Read", "--max-agents", str(leaves + 1)]
     root_args += ["--max-concurrent", str(MAX_CONCURRENT + 1), "--max-depth", "1", "--timeout", "3000"]
     root = subprocess.run([sys.executable, str(SPAWN), *root_args], env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
     sampler.stop()
     statuses: dict[str, int] = {}
+    reasons: dict[str, str] = {}  # one reason for each status but done: what went wrong, said once
     for outcome in sessions.glob("*/agents/*/outcome.json"):
-        status = str(json.loads(outcome.read_text()).get("status"))
+        data = json.loads(outcome.read_text())
+        status = str(data.get("status"))
         statuses[status] = statuses.get(status, 0) + 1
+        if status != "done":
+            reasons.setdefault(status, str(data.get("reason"))[:300])
     time.sleep(2)
     survivors = [p.pid for p in psutil.process_iter() if _agent_of(p, sessions)]
     result: dict[str, Any] = {
@@ -160,6 +169,7 @@ def run_side(env: dict[str, str], leaves: int, sessions: Path, placed: bool) -> 
         "root_exit": root.returncode,
         "wall_s": round(wall, 1),
         "outcomes": statuses,
+        **({"reasons": reasons} if reasons else {}),
         "survivors": len(survivors),
         "peak_agents": sampler.peak_agents,
         "peak_mem_mb": round(sampler.peak_mem / 2**20),
@@ -176,6 +186,8 @@ def run_side(env: dict[str, str], leaves: int, sessions: Path, placed: bool) -> 
                 "max": round(seconds[-1], 2),
             }
         result["launcher_mb_per_agent"] = None if sampler.launcher_per_agent is None else round(sampler.launcher_per_agent, 2)
+        result["token_pss_mb"] = round(sampler.tokens_mb, 2)
+        result["placing_side_growth_mb"] = round(sampler.placing_growth_mb, 1)
     if root.returncode != 0:
         result["root_stderr"] = root.stderr[-1000:]
     return result
