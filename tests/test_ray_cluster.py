@@ -260,6 +260,24 @@ def test_a_placed_agents_child_gets_its_claim_from_the_parents_host_actor(
     assert wait_until(lambda: not processes_of(parent.name), 60)
 
 
+def test_placed_agents_end_with_their_placement_service(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
+    """The service SIGKILLed mid-run: Ray ends its job's host actors, their runners get their death signal, the
+    token sees its pipe close; the agent is settled, and nothing of it is left on any node."""
+    task = mock_task("sleeper", [{"bash": "echo busy; sleep 120"}, {"text": "never"}])
+    launched = stdout_json(uv_run_spawn(["--task", task, "--tools", "Bash", "--background"], cluster.env(env)))
+    agent_dir = Path(launched["agent_dir"])
+    session = agent_dir.parent.parent
+    assert wait_until(lambda: sleeping(agent_dir), HANG_S)
+    [service] = services(session)
+    service.kill()
+    assert wait_until(lambda: not processes_of(agent_dir.name), 120), processes_of(agent_dir.name)
+    assert wait_until(lambda: not standins(agent_dir), 30), standins(agent_dir)
+    waited = run_spawn(["wait", "--session", str(session), agent_dir.name], env, timeout=HANG_S)
+    assert waited.returncode != spawn.ExitCode.OK
+    outcome = load(agent_dir / "outcome.json")
+    assert outcome["status"] == "failed", outcome
+
+
 def test_a_placed_tree_with_a_budget_is_metered_by_its_one_gateway(cluster: Cluster, env: dict[str, str], session_root: Path) -> None:
     """Its nodes reach the tree's gateway off loopback, each agent with its own credential: every call is metered, none soft."""
     child = mock_task("child", [{"text": "child done"}])

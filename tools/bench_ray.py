@@ -7,8 +7,9 @@ runs it. The cluster is tools/local_ray.py's, as in the cluster tests; all of it
 For each count and side, one JSON line:
 - ``wall_s``: from the root's launch to its outcome (it launches every leaf, then waits for them all);
 - ``outcomes``: each leaf's status, counted, and ``survivors``: agents' processes left after the root ended;
-- ``peak_agents`` and ``peak_mem_mb``: agents running at once, and the machine's memory in use above the
-  baseline, at most; ``mem_mb_per_agent`` is the one over the other;
+- ``peak_agents`` and ``peak_mem_mb``: agents launched and not yet ended (running, or waiting for one of the
+  40 slots) at once, and the machine's memory in use above the baseline, at most; ``mem_mb_per_agent`` is
+  the one over the other;
 - on the cluster, ``placed_s``: from the placing side's taking a leaf's request to its runner started on a
   node (median, p90, max), from the leaves' runner.log lines;
 - on the cluster, ``launcher_mb_per_agent``: what the launcher's host holds per placed agent, at the peak:
@@ -65,6 +66,13 @@ def is_token(proc: psutil.Process) -> bool:
         return proc.cmdline() == ["/bin/sh", "-c", ray_place.TOKEN_SCRIPT]
     except psutil.Error:
         return False
+
+
+def children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children()
+    except psutil.Error:  # ended since it was found
+        return []
 
 
 def pss(procs: list[psutil.Process]) -> int:
@@ -124,7 +132,7 @@ class Sampler:
             return
         if self.placing_at_start is None:
             self.placing_at_start = placing
-        kids = [c for t in tokens for c in t.children()]
+        kids = [c for t in tokens for c in children(t)]
         self.tokens_mb = pss(tokens + kids) / len(tokens) / 2**20
         self.placing_growth_mb = max(0, placing - self.placing_at_start) / 2**20
         self.launcher_per_agent = self.tokens_mb + self.placing_growth_mb / len(tokens)
