@@ -229,6 +229,15 @@ def test_a_chain_of_depth_three_under_auto_sandboxes_every_agent_below_the_root(
     assert load(dirs["a3"] / "outcome.json")["output"] == "a3 done"
     assert (tmp_path / "deep.txt").read_text() == "deep\n"
     assert '\\"output\\": \\"a2 done\\"' in transcript_text(dirs["a1"])
+    # Each brokered spawn was forked by the session's server as its runner's child (the server is
+    # long up by the time a sandboxed agent files one), and the runner logged where its time went.
+    (session,) = {Path(m["session"]) for m in by_depth.values()}
+    ran = [json.loads(line) for line in (session / spawn.BROKER_LOG).read_text().splitlines()]
+    assert sorted((r["agent"], r["pid"], r["start"], r["exit_code"]) for r in ran) == sorted(
+        (by_depth[d - 1]["id"], by_depth[d]["pid"], "fork", 0) for d in (2, 3)
+    )
+    forked = [json.loads(line) for line in (session / spawn.FORKSERVER_LOG).read_text().splitlines()]
+    assert {f["pid"] for f in forked if f.get("child_of")} == {by_depth[2]["pid"], by_depth[3]["pid"]}
     validate_records(session_root)
 
 

@@ -8,6 +8,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -18,11 +19,12 @@ from typing import Any
 from ..core.constants import ENV_PYTHON, ENV_SCRIPT, REQUESTS_DIR, SCRATCH_DIR
 from ..core.errors import ExitCode, RefusedError, SpawnError, StateError
 from ..core.output import note
-from ..core.pure import AGENT_ID, parse_json, token_hex
+from ..core.pure import AGENT_ID, parse_json, token_hex, utc_now_iso
 from ..core.records import AgentMeta
 from ..policy.writable import below, fd_path, open_folder_beneath
 from ..session.protocol import AGENTS_DIR, MarkerEvents, load_meta, open_regular, read_outcome, write_file_atomic
 from ..supervise.supervisor import inside_sandbox, sandbox_owner
+from .forkserver import fork_as_child
 from .running import child_environment
 
 # ------------------------------------------------------------------ broker --
@@ -70,6 +72,7 @@ BROKER_SEND_MAX_CHARS = 100_000  # a brokered message's text
 PINNED_FOLDERS = sys.platform == "linux"  # O_PATH and /proc/self/fd: a folder held by descriptor
 REQUEST_NAME = re.compile(r"([0-9a-f]{16})\.json")
 REPLY_SUFFIX = ".reply.json"
+BROKER_LOG = "broker.jsonl"  # in the session directory: one line per request run, and where its time went
 
 # The run path's flags a brokered spawn may pass, and whether each takes a
 # value. Left out: what would let the child, running outside the sandbox,
@@ -333,13 +336,16 @@ class Broker:
         self.running: dict[str, Any] = {}  # request id: the task that runs it
         self.wake: Any = None  # an asyncio.Event: set by a new name in the box, or a request done (a free running slot)
 
-    def take(self) -> list[tuple[str, bytes | None]]:
-        """The requests waiting in the box, each taken out (never read twice): (request id, its bytes or None if unreadable)."""
+    def take(self) -> list[tuple[str, bytes | None, float | None]]:
+        """The requests waiting in the box, each taken out (never read twice).
+
+        (request id, its bytes or None if unreadable, when it was written: its mtime, for broker.jsonl).
+        """
         try:
             names = sorted(os.listdir(self.box))
         except OSError:
             return []
-        taken: list[tuple[str, bytes | None]] = []
+        taken: list[tuple[str, bytes | None, float | None]] = []
         for name in names:
             if name.startswith("."):
                 self.drop_abandoned(self.box / name)
@@ -350,9 +356,11 @@ class Broker:
                 break
             path = self.box / name
             raw: bytes | None = None
+            filed: float | None = None
             with contextlib.suppress(OSError, SpawnError, ValueError):
                 fd, _ = open_regular(path, os.O_RDONLY | os.O_NOFOLLOW)
                 try:
+                    filed = os.fstat(fd).st_mtime
                     raw = os.read(fd, BROKER_REQUEST_MAX_BYTES + 1)
                 finally:
                     os.close(fd)
@@ -367,7 +375,7 @@ class Broker:
             if match is None:
                 note(f"warning: {self.meta.id}'s request box held {name[:80]!r}, not a request; removed")
                 continue
-            taken.append((match[1], raw))
+            taken.append((match[1], raw, filed))
         return taken
 
     @staticmethod
@@ -425,30 +433,61 @@ class Broker:
                 return None
         return checked
 
-    async def run(self, request_id: str, argv: Sequence[str], cwd: Folder) -> None:
-        """Run one request as a spawn.py of this runner's, with its agent's environment, in the folder checked, and reply when it ends."""
+    async def run(self, request_id: str, argv: Sequence[str], cwd: Folder, *, filed: float | None = None) -> None:
+        """Run one request as a spawn.py of this runner's, with its agent's environment, in the folder checked, and reply when it ends.
+
+        Forked by the session's fork server where one serves (ForkedChild),
+        else exec'd; either way the runner's child, with the same argv, env,
+        folder, own process group, stdio and exit code.
+        """
         import asyncio
 
+        clock = {"filed": filed, "woke": time.time()}
         env = {**self.environ, **child_environment(self.meta, self.agent_dir, self.environ)}
+        child: ForkedChild | asyncio.subprocess.Process | None = None
         try:
-            proc = await asyncio.create_subprocess_exec(
-                env[ENV_PYTHON],
-                env[ENV_SCRIPT],
-                *argv,
-                cwd=fd_path(cwd) if isinstance(cwd, int) else cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own group, as a runner has
-            )
+            child = await ForkedChild.start(self.meta.session, argv, env, cwd)
+            if child is None:
+                child = await asyncio.create_subprocess_exec(
+                    env[ENV_PYTHON],
+                    env[ENV_SCRIPT],
+                    *argv,
+                    cwd=fd_path(cwd) if isinstance(cwd, int) else cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own group, as a runner has
+                )
         except OSError as exc:
             self.refuse(request_id, f"could not start spawn.py: {exc.strerror or exc}")
             return
         finally:
             close_folder(cwd)
-        stdout, stderr = await proc.communicate()
-        self.reply(request_id, proc.returncode if proc.returncode is not None else ExitCode.STATE, stdout, stderr)
+        clock["started"] = time.time()
+        stdout, stderr = await child.communicate()
+        clock["ended"] = time.time()
+        code = child.returncode if child.returncode is not None else ExitCode.STATE
+        self.reply(request_id, code, stdout, stderr)
+        clock["replied"] = time.time()
+        self.log_run(request_id, argv[0] if argv[0] in BROKERED_VERBS else "run", child, code, clock)
+
+    def log_run(self, request_id: str, verb: str, child: Any, code: int, clock: Mapping[str, float | None]) -> None:
+        """One line of SESSION/broker.jsonl: how the request's spawn.py started, and where its time went (Unix seconds)."""
+        import json
+
+        line = {
+            "time": utc_now_iso(),
+            "agent": self.meta.id,
+            "request": request_id,
+            "verb": verb,
+            "start": "fork" if isinstance(child, ForkedChild) else "exec",
+            "pid": child.pid,
+            "exit_code": int(code),
+            **{k: round(v, 4) for k, v in clock.items() if v is not None},
+        }
+        with contextlib.suppress(OSError), open(Path(self.meta.session) / BROKER_LOG, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
 
     def done(self, request_id: str, _task: Any) -> None:
         self.running.pop(request_id, None)
@@ -468,9 +507,9 @@ class Broker:
             asyncio.get_running_loop().add_reader(events.fd, self.wake.set)
         try:
             while True:
-                for request_id, raw in self.take():
+                for request_id, raw, filed in self.take():
                     if (checked := self.checked(request_id, raw)) is not None:
-                        task = asyncio.create_task(self.run(request_id, *checked))
+                        task = asyncio.create_task(self.run(request_id, *checked, filed=filed))
                         self.running[request_id] = task
                         task.add_done_callback(functools.partial(self.done, request_id))
                 with contextlib.suppress(TimeoutError):
@@ -487,6 +526,105 @@ class Broker:
             # replies, temp files, junk) goes with it. rmtree works by file
             # descriptor here, so a link planted inside is removed, never followed.
             shutil.rmtree(self.box, ignore_errors=True)
+
+
+class ForkedChild:
+    """A request's spawn.py as the session's fork server forked it for this runner (fork_as_child).
+
+    Quacks as the asyncio Process the exec would give: pid, returncode,
+    communicate(). Its stdout and stderr come through pipes of ours; its
+    exit code on the socket, which stays open while it runs (closed, the
+    child ends itself).
+    """
+
+    def __init__(self, sock: Any, pid: int, got: bytes, out: int, err: int) -> None:
+        import socket
+
+        self.sock = socket.socket(fileno=sock.detach())
+        self.sock.setblocking(False)
+        self.pid, self.got, self.out, self.err = pid, got, out, err
+        self.returncode: int | None = None
+
+    @classmethod
+    async def start(cls, session: str, argv: Sequence[str], env: Mapping[str, str], cwd: Folder) -> ForkedChild | None:
+        """Ask the server (in a thread: the ask blocks until it has forked); None: no server took it, exec instead."""
+        import asyncio
+
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            served = await asyncio.to_thread(fork_as_child, session, argv, env, cwd, (null, out_w, err_w))
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            for fd in (null, out_w, err_w):  # the child holds its own copies now
+                os.close(fd)
+        if served is None:
+            os.close(out_r)
+            os.close(err_r)
+            return None
+        return cls(*served, out_r, err_r)
+
+    async def communicate(self) -> tuple[bytes, bytes]:
+        """Its stdout (the first BROKER_STDOUT_MAX_BYTES) and stderr (the last BROKER_STDERR_MAX_BYTES) once it has ended."""
+        import asyncio
+
+        out, err = bytearray(), bytearray()
+
+        def keep_head(chunk: bytes) -> None:
+            out.extend(chunk[: BROKER_STDOUT_MAX_BYTES + 1 - len(out)])
+
+        def keep_tail(chunk: bytes) -> None:
+            err.extend(chunk)
+            del err[:-BROKER_STDERR_MAX_BYTES]
+
+        try:
+            _, _, self.returncode = await asyncio.gather(read_fd(self.out, keep_head), read_fd(self.err, keep_tail), self.exit_code())
+        finally:
+            self.sock.close()  # before it ended: it ends itself (run_forked's watcher)
+        return bytes(out), bytes(err)
+
+    async def exit_code(self) -> int:
+        """The {"exit": N} line; a child that died without one died of a signal: SIGKILL's code, as the stand-in would."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        got = self.got
+        while b"\n" not in got and (chunk := await loop.sock_recv(self.sock, 4096)):
+            got += chunk
+        line = got.partition(b"\n")[0].replace(b" ", b"")
+        self.sock.close()  # the child waits for this before it exits (its pid stays ours until then)
+        with contextlib.suppress(ValueError):
+            if line.startswith(b'{"exit":') and line.endswith(b"}"):
+                return int(line[8:-1])
+        return -signal.SIGKILL
+
+
+async def read_fd(fd: int, keep: Callable[[bytes], None]) -> None:
+    """Read a pipe to its end without blocking the loop, handing each chunk to keep; closes it."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    readable = asyncio.Event()
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, readable.set)
+    try:
+        while True:
+            await readable.wait()
+            readable.clear()
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return
+            keep(chunk)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def has_broker(meta: AgentMeta) -> bool:
