@@ -72,6 +72,11 @@ BROKER_SEND_MAX_CHARS = 100_000  # a brokered message's text
 PINNED_FOLDERS = sys.platform == "linux"  # O_PATH and /proc/self/fd: a folder held by descriptor
 REQUEST_NAME = re.compile(r"([0-9a-f]{16})\.json")
 REPLY_SUFFIX = ".reply.json"
+# The request's spawn.py output as it comes, which the runner appends to and
+# the client prints as it grows: <id>.stdout and <id>.stderr (Relay).
+STREAMS = ("stdout", "stderr")
+STREAM_NAME = re.compile(r"[0-9a-f]{16}\.(stdout|stderr)")
+BROKER_STREAM_MAX_BYTES = 1024 * 1024  # what is streamed of each; past it, the reply carries the rest (stderr's end)
 BROKER_LOG = "broker.jsonl"  # in the session directory: one line per request run, and where its time went
 
 # The run path's flags a brokered spawn may pass, and whether each takes a
@@ -350,8 +355,8 @@ class Broker:
             if name.startswith("."):
                 self.drop_abandoned(self.box / name)
                 continue  # a writer's temp file
-            if name.endswith(REPLY_SUFFIX) or name in self.stuck:
-                continue  # a reply the agent has yet to read, or one already answered
+            if name.endswith(REPLY_SUFFIX) or STREAM_NAME.fullmatch(name) or name in self.stuck:
+                continue  # a reply (or its output so far) the agent has yet to read, or one already answered
             if len(self.running) + len(taken) >= BROKER_RUNNING_MAX:
                 break
             path = self.box / name
@@ -388,14 +393,19 @@ class Broker:
                 else:
                     path.unlink()
 
-    def reply(self, request_id: str, exit_code: int, stdout: bytes = b"", stderr: bytes = b"") -> None:
+    def reply(self, request_id: str, exit_code: int, stdout: bytes = b"", stderr: bytes = b"", relay: Relay | None = None) -> None:
+        """The reply: exit code, stdout's head and stderr's end; with relay, what of each was streamed, and which was cut."""
         import json
 
-        data = {
+        data: dict[str, Any] = {
             "exit_code": int(exit_code),
             "stdout": stdout[:BROKER_STDOUT_MAX_BYTES].decode(errors="replace"),
             "stderr": stderr[-BROKER_STDERR_MAX_BYTES:].decode(errors="replace"),
         }
+        if relay is not None and relay.files:
+            data["streamed"] = {name: relay.written[name] for name in relay.files}
+            if relay.cut:
+                data["cut"] = sorted(relay.cut)
         # A fresh temp file (O_EXCL) then a rename: a link the agent planted at either name is replaced, never written through.
         with contextlib.suppress(OSError):
             write_file_atomic(self.box / f"{request_id}{REPLY_SUFFIX}", json.dumps(data).encode())
@@ -465,10 +475,14 @@ class Broker:
         finally:
             close_folder(cwd)
         clock["started"] = time.time()
-        stdout, stderr = await child.communicate()
+        relay = Relay(self.box, request_id)
+        try:
+            await relay.drain(child)
+        finally:
+            relay.close()
         clock["ended"] = time.time()
         code = child.returncode if child.returncode is not None else ExitCode.STATE
-        self.reply(request_id, code, stdout, stderr)
+        self.reply(request_id, code, bytes(relay.kept["stdout"]), bytes(relay.kept["stderr"]), relay)
         clock["replied"] = time.time()
         self.log_run(request_id, argv[0] if argv[0] in BROKERED_VERBS else "run", child, code, clock)
 
@@ -531,10 +545,9 @@ class Broker:
 class ForkedChild:
     """A request's spawn.py as the session's fork server forked it for this runner (fork_as_child).
 
-    Quacks as the asyncio Process the exec would give: pid, returncode,
-    communicate(). Its stdout and stderr come through pipes of ours; its
-    exit code on the socket, which stays open while it runs (closed, the
-    child ends itself).
+    Stands where the exec's asyncio Process would: pid, returncode, and its
+    output through pipes of ours (relay). Its exit code comes on the socket,
+    which stays open while it runs (closed, the child ends itself).
     """
 
     def __init__(self, sock: Any, pid: int, got: bytes, out: int, err: int) -> None:
@@ -568,24 +581,16 @@ class ForkedChild:
             return None
         return cls(*served, out_r, err_r)
 
-    async def communicate(self) -> tuple[bytes, bytes]:
-        """Its stdout (the first BROKER_STDOUT_MAX_BYTES) and stderr (the last BROKER_STDERR_MAX_BYTES) once it has ended."""
+    async def relay(self, take: Callable[[str, bytes], None]) -> None:
+        """Hand its stdout and stderr to take as they come, until it has ended (returncode set)."""
         import asyncio
 
-        out, err = bytearray(), bytearray()
-
-        def keep_head(chunk: bytes) -> None:
-            out.extend(chunk[: BROKER_STDOUT_MAX_BYTES + 1 - len(out)])
-
-        def keep_tail(chunk: bytes) -> None:
-            err.extend(chunk)
-            del err[:-BROKER_STDERR_MAX_BYTES]
-
         try:
-            _, _, self.returncode = await asyncio.gather(read_fd(self.out, keep_head), read_fd(self.err, keep_tail), self.exit_code())
+            _, _, self.returncode = await asyncio.gather(
+                read_fd(self.out, functools.partial(take, "stdout")), read_fd(self.err, functools.partial(take, "stderr")), self.exit_code()
+            )
         finally:
             self.sock.close()  # before it ended: it ends itself (run_forked's watcher)
-        return bytes(out), bytes(err)
 
     async def exit_code(self) -> int:
         """The {"exit": N} line; a child that died without one died of a signal: SIGKILL's code, as the stand-in would."""
@@ -601,6 +606,68 @@ class ForkedChild:
             if line.startswith(b'{"exit":') and line.endswith(b"}"):
                 return int(line[8:-1])
         return -signal.SIGKILL
+
+
+class Relay:
+    """A request's spawn.py output as it comes: kept for the reply, and appended to <id>.stdout and <id>.stderr
+    in the box, which the spawn.py inside prints as they grow (the reply then says how much each holds).
+
+    Each file is made fresh (O_EXCL, no link followed): one the agent planted
+    at the name is never written through; that stream then goes in the
+    reply only. Past BROKER_STREAM_MAX_BYTES a stream is cut: the reply
+    carries the rest as it always has (stdout's head, stderr's end).
+    """
+
+    def __init__(self, box: Path, request_id: str) -> None:
+        self.kept = {name: bytearray() for name in STREAMS}
+        self.written = dict.fromkeys(STREAMS, 0)
+        self.cut: set[str] = set()
+        self.files: dict[str, int] = {}
+        for name in STREAMS:
+            with contextlib.suppress(OSError):
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                self.files[name] = os.open(box / f"{request_id}.{name}", flags, 0o644)
+
+    def take(self, name: str, chunk: bytes) -> None:
+        kept = self.kept[name]
+        if name == "stdout":
+            kept.extend(chunk[: BROKER_STDOUT_MAX_BYTES - len(kept)])
+        else:
+            kept.extend(chunk)
+            del kept[:-BROKER_STDERR_MAX_BYTES]
+        fd = self.files.get(name)
+        if fd is None or name in self.cut:
+            return
+        part = chunk[: BROKER_STREAM_MAX_BYTES - self.written[name]]
+        try:
+            while part:
+                done = os.write(fd, part)
+                self.written[name] += done
+                part = part[done:]
+        except OSError:
+            self.cut.add(name)  # a full disk: the reply has the rest
+        if self.written[name] >= BROKER_STREAM_MAX_BYTES:
+            self.cut.add(name)
+
+    async def drain(self, child: ForkedChild | Any) -> None:
+        """Take the child's output until it has ended: a ForkedChild's pipes, or an exec'd asyncio Process's."""
+        import asyncio
+
+        if isinstance(child, ForkedChild):
+            await child.relay(self.take)
+            return
+
+        async def read(name: str, stream: asyncio.StreamReader) -> None:
+            while chunk := await stream.read(1 << 16):
+                self.take(name, chunk)
+
+        await asyncio.gather(read("stdout", child.stdout), read("stderr", child.stderr))
+        await child.wait()
+
+    def close(self) -> None:
+        for fd in self.files.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 async def read_fd(fd: int, keep: Callable[[bytes], None]) -> None:
@@ -733,31 +800,95 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
     import json
 
     request_id = token_hex(8)
-    # Watched before the request is filed: the reply's rename into the box wakes us, never a poll.
+    # Watched before the request is filed: the reply's rename into the box, and
+    # the output its runner appends as it comes, wake us, never a poll.
     events = MarkerEvents()
-    watching = events.watch(box, MarkerEvents.IN_MOVED_TO)
+    watching = events.watch(box, MarkerEvents.IN_MOVED_TO | MarkerEvents.IN_MODIFY)
     data = json.dumps({"argv": inlined_argv(argv) if argv[0] not in verbs else steering_argv(argv), "cwd": os.getcwd()}).encode()
     tmp = box / f".{request_id}.tmp"
     with open(tmp, "xb") as f:
         f.write(data)
     os.rename(tmp, box / f"{request_id}.json")
-    reply_path = box / f"{request_id}{REPLY_SUFFIX}"
     owner = box.parents[1] / AGENTS_DIR / box.name
+    output = StreamedOutput(box, request_id)
     try:
-        return await_reply(reply_path, request_id, owner, events if watching else None)
+        return await_reply(box, request_id, owner, output, events if watching else None)
     finally:
+        output.close()
         events.close()
 
 
-def await_reply(reply_path: Path, request_id: str, owner: Path, events: MarkerEvents | None) -> int:
-    """Print the runner's reply once it is in the box, and return its exit code; StateError if the runner ends first."""
+class StreamedOutput:
+    """The spawn.py inside: the request's output, printed as its runner appends it to <id>.stdout and <id>.stderr (Relay)."""
+
+    def __init__(self, box: Path, request_id: str) -> None:
+        self.paths = {name: box / f"{request_id}.{name}" for name in STREAMS}
+        self.fds: dict[str, int] = {}
+        self.printed = dict.fromkeys(STREAMS, 0)
+
+    def pump(self, upto: Mapping[str, int] | None = None) -> None:
+        """Print what each file holds past what was printed; with upto (the reply's streamed), exactly that much of each."""
+        for name, path in self.paths.items():
+            if name not in self.fds:
+                with contextlib.suppress(OSError):
+                    self.fds[name] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = self.fds.get(name)
+            while fd is not None:
+                want = 1 << 16 if upto is None else min(1 << 16, int(upto.get(name, 0)) - self.printed[name])
+                chunk = os.read(fd, want) if want > 0 else b""
+                if not chunk:
+                    break
+                self.printed[name] += len(chunk)
+                write_bytes(sys.stdout if name == "stdout" else sys.stderr, chunk)
+
+    def close(self) -> None:
+        for name, fd in self.fds.items():
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                self.paths[name].unlink()
+
+
+def write_bytes(stream: Any, data: bytes) -> None:
+    """data on a text stream as it came: through its buffer where it has one, after what the text layer holds."""
+    stream.flush()
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:
+        stream.write(data.decode(errors="replace"))
+    else:
+        buffer.write(data)
+        buffer.flush()
+
+
+def print_reply(reply: Mapping[str, Any], output: StreamedOutput) -> None:
+    """The reply's output, past what was streamed: each stream the runner streamed is printed to its end from its file;
+    one it could not stream is printed from the reply, and a cut stderr goes on with the reply's end of it."""
+    output.pump()  # opens what it had not yet: a stream only the reply names is printed from the reply
+    told, cut = reply.get("streamed"), reply.get("cut")
+    streamed = {k: v for k, v in told.items() if k in output.fds and isinstance(v, int)} if isinstance(told, dict) else {}
+    output.pump(streamed)
+    cut = cut if isinstance(cut, list) else []
+    if "stdout" not in streamed:
+        sys.stdout.write(str(reply.get("stdout", "")))
+    if "stderr" not in streamed:
+        sys.stderr.write(str(reply.get("stderr", "")))
+    elif "stderr" in cut:
+        sys.stderr.write(f"\n[spawn: stderr cut here by the agent's runner; its last {BROKER_STDERR_MAX_BYTES} bytes follow]\n")
+        sys.stderr.write(str(reply.get("stderr", "")))
+
+
+def await_reply(box: Path, request_id: str, owner: Path, output: StreamedOutput, events: MarkerEvents | None) -> int:
+    """Print the request's output as it comes and the runner's reply once it is in the box; return its exit code.
+
+    StateError if the runner ends first.
+    """
+    reply_path = box / f"{request_id}{REPLY_SUFFIX}"
     while True:
+        output.pump()
         with contextlib.suppress(FileNotFoundError):
             reply = parse_json(reply_path.read_bytes(), BROKER_STDOUT_MAX_BYTES * 8)
             with contextlib.suppress(OSError):
                 reply_path.unlink()
-            sys.stdout.write(str(reply.get("stdout", "")))
-            sys.stderr.write(str(reply.get("stderr", "")))
+            print_reply(reply, output)
             return int(reply.get("exit_code", ExitCode.STATE))
         if read_outcome(owner) is not None:
             raise StateError(f"the runner of {owner.name} ended before it answered request {request_id}")
