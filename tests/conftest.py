@@ -349,10 +349,15 @@ def validate_records(session_root: Path) -> int:
             for line in journal.read_text().splitlines():
                 check(json.loads(line), "dag-journal-line")
                 count += 1
-        if (session / "ledger.jsonl").exists():
-            for line in (session / "ledger.jsonl").read_text().splitlines():
-                check(json.loads(line), "ledger-line")
-                count += 1
+        for name, schema_name in (
+            ("ledger.jsonl", "ledger-line"),
+            ("broker.jsonl", "broker-line"),
+            ("forkserver.jsonl", "forkserver-line"),
+        ):
+            if (session / name).exists():
+                for line in (session / name).read_text().splitlines():
+                    check(json.loads(line), schema_name)
+                    count += 1
     for d in agent_dirs(session_root):
         for name, schema in (("meta.json", "meta"), ("outcome.json", "outcome"), ("heartbeat.json", "heartbeat"), ("kill.json", "kill")):
             if (d / name).exists():

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from conftest import ROOT, SPAWN, agent_dirs, load, metas, mock_task, run_spawn, spawn_in_bash, stdout_json, validate_records
 
@@ -229,6 +230,15 @@ def test_a_chain_of_depth_three_under_auto_sandboxes_every_agent_below_the_root(
     assert load(dirs["a3"] / "outcome.json")["output"] == "a3 done"
     assert (tmp_path / "deep.txt").read_text() == "deep\n"
     assert '\\"output\\": \\"a2 done\\"' in transcript_text(dirs["a1"])
+    # Each brokered spawn was forked by the session's server as its runner's child (the server is
+    # long up by the time a sandboxed agent files one), and the runner logged where its time went.
+    (session,) = {Path(m["session"]) for m in by_depth.values()}
+    ran = [json.loads(line) for line in (session / spawn.BROKER_LOG).read_text().splitlines()]
+    assert sorted((r["agent"], r["pid"], r["start"], r["exit_code"]) for r in ran) == sorted(
+        (by_depth[d - 1]["id"], by_depth[d]["pid"], "fork", 0) for d in (2, 3)
+    )
+    forked = [json.loads(line) for line in (session / spawn.FORKSERVER_LOG).read_text().splitlines()]
+    assert {f["pid"] for f in forked if f.get("child_of")} == {by_depth[2]["pid"], by_depth[3]["pid"]}
     validate_records(session_root)
 
 
@@ -513,3 +523,37 @@ def test_a_request_is_an_object_with_a_list_and_a_string_and_may_hold_exactly_th
     checked = spawn.checked_request({"argv": most, "cwd": cwd}, meta)
     assert not isinstance(checked, str), checked
     spawn.close_folder(checked[1])
+
+
+def test_a_requests_output_is_printed_as_it_comes_and_the_reply_finishes_it_unit(
+    tmp_path: Path, capfdbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    """Unit: the runner appends the output to the box as it comes (Relay); the spawn.py inside prints it as it grows,
+    then the rest once the reply names how much each stream holds; a stream it could not make goes in the reply."""
+    box, owner = tmp_path / "requests" / "a1-0123ab", tmp_path / "agents" / "a1-0123ab"
+    box.mkdir(parents=True)
+    owner.mkdir(parents=True)
+    request_id = "0123456789abcdef"
+    (box / f"{request_id}.stderr").write_bytes(b"planted")  # the agent's own file: never written through
+    relay = spawn.Relay(box, request_id)
+    assert sorted(relay.files) == ["stdout"]
+    output = spawn.StreamedOutput(box, request_id)
+    relay.take("stdout", b"first line\n")
+    output.pump()
+    got = capfdbinary.readouterr()
+    # Before the child has ended. (The agent's own file at a stream's name is its own to read.)
+    assert (got.out, got.err) == (b"first line\n", b"planted")
+    relay.take("stdout", b'{"output": "done"}\n')
+    relay.take("stderr", b"a warning\n")
+    relay.close()
+    broker = spawn.Broker.__new__(spawn.Broker)
+    broker.box = box
+    broker.reply(request_id, 3, bytes(relay.kept["stdout"]), bytes(relay.kept["stderr"]), relay)
+    reply = load(box / f"{request_id}.reply.json")
+    assert reply["streamed"] == {"stdout": len(b'first line\n{"output": "done"}\n')} and "cut" not in reply
+    jsonschema.validate(reply, json.loads((ROOT / "schemas" / "broker-reply.json").read_text()))
+    assert spawn.await_reply(box, request_id, owner, output, None) == 3
+    output.close()
+    got = capfdbinary.readouterr()
+    assert (got.out, got.err) == (b'{"output": "done"}\n', b"a warning\n")
+    assert sorted(p.name for p in box.iterdir()) == []  # the reply and the streams are gone with their reading

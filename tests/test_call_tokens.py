@@ -161,3 +161,18 @@ def test_a_token_is_bound_to_the_first_shell_that_uses_it(tmp_path: Path) -> Non
     assert spawn.claim_call(tmp_path, "d", (200, 1001.01)) is None  # the same shell again: a second spawn of its call
     assert "another process" in str(spawn.claim_call(tmp_path, "d", (201, 1001.0)))
     assert spawn.with_call_token("ls\nunset SPAWN_CALL", "T").startswith("export SPAWN_CALL=T\nls")
+
+
+def test_a_sandboxed_host_under_auto_spawns_through_its_broker_as_itself(env: dict[str, str], session_root: Path) -> None:
+    """Its Bash is sandboxed, so its runner's broker starts the spawn: the request carries the call's token, and
+    the broker's spawn.py (the runner's own child, which no agent's process is) runs as that call's agent."""
+    leaf = mock_task("leaf", [{"text": "leaf done"}])
+    mid = mock_task("mid", [{"bash": spawn_in_bash("--task", leaf, "--tools", "Read")}, {"text": "mid done"}])
+    root = mock_task("root", [{"bash": spawn_in_bash("--task", mid, "--tools", "Bash,Read")}, {"text": "root done"}])
+    done = run_spawn(["--task", root, "--tools", "Bash,Read", *AUTO], env)
+    assert done.returncode == spawn.ExitCode.OK, done.stderr[-2000:]
+    found = by_task(session_root)
+    assert found["mid"]["sandbox"] == "on" and found["mid"]["placement"]["policy"] == "auto"
+    assert found["leaf"]["parent_id"] == found["mid"]["id"] and found["leaf"]["depth"] == 2
+    outcomes = {name: load(Path(m["session"]) / "agents" / m["id"] / "outcome.json")["status"] for name, m in found.items()}
+    assert outcomes == {"root": "done", "mid": "done", "leaf": "done"}, outcomes

@@ -374,7 +374,9 @@ def test_request_problem_names_the_malformed_field() -> None:
     assert spawn.request_problem({**good, "env": {"A": None}}) == "env"
     assert spawn.request_problem({**good, "prefix": 1}) == "cwd or prefix"
     assert spawn.request_problem({**good, "script": ["/s", True, 2]}) == "script"
-    assert spawn.request_problem({**good, "detach": 1}) == "detach"
+    assert spawn.request_problem({**good, "detach": 1}) == "detach or child_of"
+    assert spawn.request_problem({**good, "child_of": "yes"}) == "detach or child_of"
+    assert spawn.request_problem({**good, "child_of": True}) is None
 
 
 def test_a_request_the_server_answered_is_served_however_late_the_client_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

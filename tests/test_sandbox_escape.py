@@ -270,6 +270,73 @@ def test_a_request_folder_swapped_for_a_link_after_the_check_starts_the_child_in
     assert "outside the agent's working directory" in load(session / "requests" / "a1-0123ab" / "1123456789abcdef.reply.json")["stderr"]
 
 
+def test_a_request_folder_swapped_for_a_link_starts_the_forked_child_in_the_folder_checked_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deterministic, the fork path: where the session's fork server serves, the runner hands it the folder checked
+    (SCM_RIGHTS), never its path; the swap after the check changes nothing. A stand-in server thread plays the
+    fork server's child: it reports the folder it got, as the fork would cwd into it, and the exit code."""
+    import asyncio
+    import socket
+    import threading
+
+    from conftest import listen_unix
+
+    work, outside, session = tmp_path / "work", tmp_path / "outside", tmp_path / "session"
+    (work / "race").mkdir(parents=True)
+    outside.mkdir()
+    (session / "requests" / "a1-0123ab").mkdir(parents=True)
+    meta = spawn.AgentMeta(
+        id="a1-0123ab", parent_id=None, depth=1, max_depth=2, pid=0, create_time=0.0, pgid=0, trace_id="0" * 32, span_id="0" * 16,
+        traceparent="", task="t", tools=["Bash"], disallowed_tools=[], model="sonnet", cwd=str(work.resolve()),
+        started_at="2026-01-01T00:00:00Z", session=str(session), system_prompt="", sandbox="on",
+    )  # fmt: skip
+    patch_name(monkeypatch, "child_environment", lambda *_: {spawn.ENV_PYTHON: sys.executable, spawn.ENV_SCRIPT: "/nonexistent"})
+    listener = listen_unix(session / spawn.FORKSERVER_SOCKET)
+    asked: dict[str, object] = {}
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 4)
+            while len(data) < 4 + int.from_bytes(data[:4], "big"):
+                data += conn.recv(1 << 16)
+            asked.update(json.loads(data[4:]))
+            st = os.fstat(fds[3])
+            os.write(fds[1], f"{st.st_dev} {st.st_ino} {os.readlink(f'/proc/self/fd/{fds[3]}')}\n".encode())
+            os.write(fds[2], b"to stderr\n")
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(b'{"pid": 4242}\n{"exit": 3}\n')
+            conn.recv(1)  # as the forked child: held until the runner has its exit code and closes
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    broker = spawn.Broker(meta, session / "agents" / meta.id, lambda *_: [], spawn.Settings.read())
+    checked_inode = os.stat(work / "race").st_ino
+    request = json.dumps({"argv": ["--task", "x"], "cwd": str((work / "race").resolve())}).encode()
+    checked = broker.checked("0123456789abcdef", request)
+    assert checked is not None
+    (work / "race").rename(work / "race.away")
+    (work / "race").symlink_to(outside)
+    try:
+        asyncio.run(broker.run("0123456789abcdef", *checked))
+    finally:
+        server.join(10)
+        listener.close()
+    assert asked["argv"] == ["--task", "x"] and asked["child_of"] is True
+    reply = load(session / "requests" / "a1-0123ab" / "0123456789abcdef.reply.json")
+    assert (reply["exit_code"], reply["stderr"]) == (3, "to stderr\n"), reply
+    _dev, inode, where = reply["stdout"].split()
+    assert (int(inode), where) == (checked_inode, str((work / "race.away").resolve()))
+    (line,) = [json.loads(x) for x in (session / spawn.BROKER_LOG).read_text().splitlines()]
+    assert (line["start"], line["pid"], line["exit_code"], line["verb"]) == ("fork", 4242, 3, "run")
+    import jsonschema
+
+    jsonschema.validate(line, json.loads((spawn.SCHEMA_DIR / "broker-line.json").read_text()))
+    assert line["woke"] <= line["started"] <= line["ended"] <= line["replied"]
+
+
 def test_a_cli_whose_cwd_was_swapped_for_a_link_since_admission_does_not_start(tmp_path: Path) -> None:
     """Deterministic: below a sandboxed agent, the CLI starts in the real folder admission recorded, by descriptor, or not at all."""
     work, outside = tmp_path / "work", tmp_path / "outside"

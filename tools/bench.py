@@ -19,7 +19,9 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
    level's Bash running the command the briefing gives agents
    (``"$SPAWN_PYTHON" "$SPAWN_PY" --task ... --tools ...``), versus the same
    chain of bare ``claude -p`` processes with the same scripts, levels and
-   model turns. Target: spawn/bare <= 1.2x (P1, below). When ``uv`` on
+   model turns. Target: spawn/bare <= 1.35x in the default configuration,
+   where the middle is sandboxed and spawns through its runner's broker, and
+   <= 1.2x with ``--sandbox off`` (P1, below). When ``uv`` on
    PATH is a version manager's shim, the uv chain runs the binary behind it
    (find_uv), and both per-call costs are printed.
    A start-up profile says where spawn.py's time goes: Python start-up,
@@ -60,7 +62,8 @@ script starts on 127.0.0.1, so runs are offline, free and deterministic):
 7. P1s (issue 35): the depth-3 chain as users start it, every level
    ``uv run spawn.py ... --schema findings``, against bare ``claude -p
    --json-schema`` with the schema spawn.py gives the CLI; every level answers
-   through StructuredOutput. Both chains' wall time is also cut at the model
+   through StructuredOutput; every level ``--sandbox off`` (<= 1.2x), and again
+   in the default configuration (<= 1.35x). Both chains' wall time is also cut at the model
    requests the mock logs (launch -> root's first request, root's Bash ->
    middle's first request, ...), so the stages compare side by side.
    ``--only-schema-chain`` runs it alone (with ``--compare``, the other

@@ -24,7 +24,11 @@ SPAWN = ROOT / "spawn.py"
 
 
 # Targets from the project's goals; (name, unit, target, compare "<=").
-TARGET_CHAIN_RATIO = 1.2  # issue 14, P1
+TARGET_CHAIN_RATIO = 1.2  # issue 14, P1: with --sandbox off at every level
+# Issue 45, item 7: P1 in the default configuration, where every spawner below
+# the root is sandboxed and spawns through its runner's broker (the sandbox's
+# own start, bwrap and its proxy, is in it; the bare chain has none).
+TARGET_SANDBOXED_CHAIN_RATIO = 1.35
 
 
 TARGET_FANOUT_RATIO = 1.0  # issue 14, P1b

@@ -15,6 +15,7 @@ from .core import (
     TARGET_CHAIN_RATIO,
     TARGET_FANOUT_RATIO,
     TARGET_MEMORY_RATIO,
+    TARGET_SANDBOXED_CHAIN_RATIO,
     TARGET_WAIT_MS,
     Target,
     compare_target,
@@ -281,8 +282,17 @@ def report(
     compare_chain, compare_fan, compared = compare_targets(bench, fan)
     # One list of rows, in the issue's order; P3, P5 and P7 come from waitperf_report.
     targets = [
-        Target("depth-3 chain, every level `uv run spawn.py`", uv_chain_ratio, TARGET_CHAIN_RATIO, "x", "P1", short(c.uv_chain)),
-        Target('depth-3 chain, every level "$SPAWN_PYTHON" "$SPAWN_PY"', chain_ratio, TARGET_CHAIN_RATIO, "x", "P1", short(c.spawn_chain)),
+        Target(
+            "depth-3 chain, every level `uv run spawn.py`, --sandbox off", uv_chain_ratio, TARGET_CHAIN_RATIO, "x", "P1", short(c.uv_chain)
+        ),
+        Target(
+            'depth-3 chain, every level "$SPAWN_PYTHON" "$SPAWN_PY", default sandbox (the middle brokered)',
+            chain_ratio,
+            TARGET_SANDBOXED_CHAIN_RATIO,
+            "x",
+            "P1",
+            short(c.spawn_chain),
+        ),
         *schema_chain_targets(bench),
         *compare_chain,
         *fanout_targets(fan),
@@ -320,26 +330,36 @@ def report(
 
 
 def schema_chain_targets(bench: Bench) -> list[Target]:
-    """P1s's row, and with --compare this spawn.py's chain against the other's."""
+    """P1s's rows, --sandbox off at every level and the default sandbox, and with --compare this spawn.py's chain against the other's."""
     s = bench.series
     if "uv_schema_chain" not in s or "bare_schema_chain" not in s:
         return [Target("depth-3 chain, every level `uv run spawn.py --schema` (not run)", math.nan, TARGET_CHAIN_RATIO, "x", "P1s")]
-    this, bare = s["uv_schema_chain"].values(lambda x: x.seconds), s["bare_schema_chain"].values(lambda x: x.seconds)
-    each = ", ".join(f"{t / b:.2f}x" for t, b in zip(this, bare, strict=True))
+    bare = s["bare_schema_chain"].values(seconds)
     chains = {c.key: c for c in bench.schema_chains}
-    rows = [
-        Target(
-            f"depth-3 chain, every level `uv run spawn.py --schema {SCHEMA_CHAIN_SCHEMA}`, against `claude -p --json-schema` "
-            f"({fmt(median(this), 's')} vs {fmt(median(bare), 's')}, +{median(this) - median(bare):.3f} s; rounds {each})",
-            median(this) / median(bare),
-            TARGET_CHAIN_RATIO,
-            "x",
-            "P1s",
-            f"{short(chains['uv_schema_chain'].argv)}  vs  {short(chains['bare_schema_chain'].argv)}",
+    rows = []
+    for key, config, limit in (
+        ("uv_schema_chain", "--sandbox off at every level", TARGET_CHAIN_RATIO),
+        ("sandboxed_schema_chain", "default sandbox (the middle spawns through its broker)", TARGET_SANDBOXED_CHAIN_RATIO),
+    ):
+        if key not in s:
+            continue
+        this = s[key].values(seconds)
+        each = ", ".join(f"{t / b:.2f}x" for t, b in zip(this, bare, strict=True))
+        rows.append(
+            Target(
+                f"depth-3 chain, every level `uv run spawn.py --schema {SCHEMA_CHAIN_SCHEMA}`, {config}, against `claude -p "
+                f"--json-schema` ({fmt(median(this), 's')} vs {fmt(median(bare), 's')}, "
+                f"+{median(this) - median(bare):.3f} s; rounds {each})",
+                median(this) / median(bare),
+                limit,
+                "x",
+                "P1s",
+                f"{short(chains[key].argv)}  vs  {short(chains['bare_schema_chain'].argv)}",
+            )
         )
-    ]
     if "compare_uv_schema_chain" in s:
-        rounds = list(zip(this, s["compare_uv_schema_chain"].values(lambda x: x.seconds), strict=True))
+        this = s["uv_schema_chain"].values(seconds)
+        rounds = list(zip(this, s["compare_uv_schema_chain"].values(seconds), strict=True))
         rows.append(compare_target("P1s", "uv run --schema chain", rounds, f"--compare: {short(chains['compare_uv_schema_chain'].argv)}"))
     return rows
 

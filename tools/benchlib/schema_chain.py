@@ -61,11 +61,12 @@ class SchemaChain:
 def schema_chains(cli: Path, compare: Path | None) -> list[SchemaChain]:
     """P1s's chains: uv run spawn.py --schema at every level, bare claude -p --json-schema, and the --compare script's."""
 
-    def uv_level(script: Path, task: str, tools: str, *extra: str) -> list[str]:
+    def uv_level(script: Path, task: str, tools: str, *extra: str, sandbox: bool = False) -> list[str]:
         # Unsandboxed like the bare side, so uv itself starts every level (in a sandbox `uv` is
         # spawn.py's shim), and a sandbox's start-up (bwrap, its proxy) is not counted as spawn.py's.
+        # sandbox: the default configuration instead, the middle sandboxed and spawning through its broker.
         argv = ["uv", "run", str(script), "--task", task, "--tools", tools, *extra, "--schema", SCHEMA_CHAIN_SCHEMA]
-        return [*argv, "--sandbox", "off"]
+        return argv if sandbox else [*argv, "--sandbox", "off"]
 
     def chain(level: Callable[[str, str], list[str]], *root_extra: str) -> list[str]:
         leaf = mock_task("bench schema chain leaf", [{"structured": schema_answer("leaf")}])
@@ -87,6 +88,12 @@ def schema_chains(cli: Path, compare: Path | None) -> list[SchemaChain]:
             "output",
         ),
         SchemaChain("bare_schema_chain", "claude -p --json-schema depth-3 chain", chain(bare), "structured_output"),
+        SchemaChain(
+            "sandboxed_schema_chain",
+            "uv run spawn.py --schema, default sandbox depth-3 chain",
+            chain(lambda task, tools: uv_level(SPAWN, task, tools, sandbox=True), "--max-depth", "3"),
+            "output",
+        ),
     ]
     if compare is not None:
         other = chain(lambda task, tools: uv_level(compare, task, tools), "--max-depth", "3")

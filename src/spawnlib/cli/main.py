@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     traceback = "--traceback" in argv
     try:
         # Inside a sandboxed spawner, its runner runs spawns and kills (the broker).
-        if (code := brokered(argv, VERBS)) is not None:
+        if (code := brokered(argv, VERBS, environ)) is not None:
             return code
         if argv and argv[0] in VERBS:
             verb = argv[0]

@@ -8,6 +8,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -15,14 +16,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..core.constants import ENV_PYTHON, ENV_SCRIPT, REQUESTS_DIR, SCRATCH_DIR
+from ..core.constants import ENV_CALL, ENV_PYTHON, ENV_SCRIPT, REQUESTS_DIR, SCRATCH_DIR
 from ..core.errors import ExitCode, RefusedError, SpawnError, StateError
 from ..core.output import note
-from ..core.pure import AGENT_ID, parse_json, token_hex
+from ..core.pure import AGENT_ID, parse_json, token_hex, utc_now_iso
 from ..core.records import AgentMeta
 from ..policy.writable import below, fd_path, open_folder_beneath
 from ..session.protocol import AGENTS_DIR, MarkerEvents, load_meta, open_regular, read_outcome, write_file_atomic
 from ..supervise.supervisor import inside_sandbox, sandbox_owner
+from .forkserver import fork_as_child
 from .running import child_environment
 
 # ------------------------------------------------------------------ broker --
@@ -70,6 +72,13 @@ BROKER_SEND_MAX_CHARS = 100_000  # a brokered message's text
 PINNED_FOLDERS = sys.platform == "linux"  # O_PATH and /proc/self/fd: a folder held by descriptor
 REQUEST_NAME = re.compile(r"([0-9a-f]{16})\.json")
 REPLY_SUFFIX = ".reply.json"
+CALL_TOKEN = re.compile(r"[0-9a-f]{16,128}")  # a Bash call's token (supervise/calls.py mints hex), as a request may carry it
+# The request's spawn.py output as it comes, which the runner appends to and
+# the client prints as it grows: <id>.stdout and <id>.stderr (Relay).
+STREAMS = ("stdout", "stderr")
+STREAM_NAME = re.compile(r"[0-9a-f]{16}\.(stdout|stderr)")
+BROKER_STREAM_MAX_BYTES = 1024 * 1024  # what is streamed of each; past it, the reply carries the rest (stderr's end)
+BROKER_LOG = "broker.jsonl"  # in the session directory: one line per request run, and where its time went
 
 # The run path's flags a brokered spawn may pass, and whether each takes a
 # value. Left out: what would let the child, running outside the sandbox,
@@ -331,28 +340,34 @@ class Broker:
         self.served = 0
         self.stuck: set[str] = set()  # names in the box that could not be taken out
         self.running: dict[str, Any] = {}  # request id: the task that runs it
+        self.calls: dict[str, str] = {}  # request id: the call token its request carried
         self.wake: Any = None  # an asyncio.Event: set by a new name in the box, or a request done (a free running slot)
 
-    def take(self) -> list[tuple[str, bytes | None]]:
-        """The requests waiting in the box, each taken out (never read twice): (request id, its bytes or None if unreadable)."""
+    def take(self) -> list[tuple[str, bytes | None, float | None]]:
+        """The requests waiting in the box, each taken out (never read twice).
+
+        (request id, its bytes or None if unreadable, when it was written: its mtime, for broker.jsonl).
+        """
         try:
             names = sorted(os.listdir(self.box))
         except OSError:
             return []
-        taken: list[tuple[str, bytes | None]] = []
+        taken: list[tuple[str, bytes | None, float | None]] = []
         for name in names:
             if name.startswith("."):
                 self.drop_abandoned(self.box / name)
                 continue  # a writer's temp file
-            if name.endswith(REPLY_SUFFIX) or name in self.stuck:
-                continue  # a reply the agent has yet to read, or one already answered
+            if name.endswith(REPLY_SUFFIX) or STREAM_NAME.fullmatch(name) or name in self.stuck:
+                continue  # a reply (or its output so far) the agent has yet to read, or one already answered
             if len(self.running) + len(taken) >= BROKER_RUNNING_MAX:
                 break
             path = self.box / name
             raw: bytes | None = None
+            filed: float | None = None
             with contextlib.suppress(OSError, SpawnError, ValueError):
                 fd, _ = open_regular(path, os.O_RDONLY | os.O_NOFOLLOW)
                 try:
+                    filed = os.fstat(fd).st_mtime
                     raw = os.read(fd, BROKER_REQUEST_MAX_BYTES + 1)
                 finally:
                     os.close(fd)
@@ -367,7 +382,7 @@ class Broker:
             if match is None:
                 note(f"warning: {self.meta.id}'s request box held {name[:80]!r}, not a request; removed")
                 continue
-            taken.append((match[1], raw))
+            taken.append((match[1], raw, filed))
         return taken
 
     @staticmethod
@@ -380,14 +395,19 @@ class Broker:
                 else:
                     path.unlink()
 
-    def reply(self, request_id: str, exit_code: int, stdout: bytes = b"", stderr: bytes = b"") -> None:
+    def reply(self, request_id: str, exit_code: int, stdout: bytes = b"", stderr: bytes = b"", relay: Relay | None = None) -> None:
+        """The reply: exit code, stdout's head and stderr's end; with relay, what of each was streamed, and which was cut."""
         import json
 
-        data = {
+        data: dict[str, Any] = {
             "exit_code": int(exit_code),
             "stdout": stdout[:BROKER_STDOUT_MAX_BYTES].decode(errors="replace"),
             "stderr": stderr[-BROKER_STDERR_MAX_BYTES:].decode(errors="replace"),
         }
+        if relay is not None and relay.files:
+            data["streamed"] = {name: relay.written[name] for name in relay.files}
+            if relay.cut:
+                data["cut"] = sorted(relay.cut)
         # A fresh temp file (O_EXCL) then a rename: a link the agent planted at either name is replaced, never written through.
         with contextlib.suppress(OSError):
             write_file_atomic(self.box / f"{request_id}{REPLY_SUFFIX}", json.dumps(data).encode())
@@ -415,6 +435,11 @@ class Broker:
         if isinstance(checked, str):
             self.refuse(request_id, checked)
             return None
+        # The Bash call the request was filed from, under a CLI that hosts in-process agents:
+        # the spawn.py run here presents it, and runs as that call's agent (supervise/calls.py).
+        call = data.get("call")
+        if isinstance(call, str) and CALL_TOKEN.fullmatch(call):
+            self.calls[request_id] = call
         verb = checked[0][0]
         if verb in BROKERED_VERBS:
             below = {d.name for d in self.descendants(Path(self.meta.session), self.meta.id)}
@@ -425,30 +450,68 @@ class Broker:
                 return None
         return checked
 
-    async def run(self, request_id: str, argv: Sequence[str], cwd: Folder) -> None:
-        """Run one request as a spawn.py of this runner's, with its agent's environment, in the folder checked, and reply when it ends."""
+    async def run(self, request_id: str, argv: Sequence[str], cwd: Folder, *, filed: float | None = None) -> None:
+        """Run one request as a spawn.py of this runner's, with its agent's environment, in the folder checked, and reply when it ends.
+
+        Forked by the session's fork server where one serves (ForkedChild),
+        else exec'd; either way the runner's child, with the same argv, env,
+        folder, own process group, stdio and exit code.
+        """
         import asyncio
 
+        clock = {"filed": filed, "woke": time.time()}
         env = {**self.environ, **child_environment(self.meta, self.agent_dir, self.environ)}
+        env.pop(ENV_CALL, None)  # the token of the call that started this runner: its parent's, worth nothing here
+        if (call := self.calls.pop(request_id, None)) is not None:
+            env[ENV_CALL] = call
+        child: ForkedChild | asyncio.subprocess.Process | None = None
         try:
-            proc = await asyncio.create_subprocess_exec(
-                env[ENV_PYTHON],
-                env[ENV_SCRIPT],
-                *argv,
-                cwd=fd_path(cwd) if isinstance(cwd, int) else cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,  # its own group, as a runner has
-            )
+            child = await ForkedChild.start(self.meta.session, argv, env, cwd)
+            if child is None:
+                child = await asyncio.create_subprocess_exec(
+                    env[ENV_PYTHON],
+                    env[ENV_SCRIPT],
+                    *argv,
+                    cwd=fd_path(cwd) if isinstance(cwd, int) else cwd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,  # its own group, as a runner has
+                )
         except OSError as exc:
             self.refuse(request_id, f"could not start spawn.py: {exc.strerror or exc}")
             return
         finally:
             close_folder(cwd)
-        stdout, stderr = await proc.communicate()
-        self.reply(request_id, proc.returncode if proc.returncode is not None else ExitCode.STATE, stdout, stderr)
+        clock["started"] = time.time()
+        relay = Relay(self.box, request_id)
+        try:
+            await relay.drain(child)
+        finally:
+            relay.close()
+        clock["ended"] = time.time()
+        code = child.returncode if child.returncode is not None else ExitCode.STATE
+        self.reply(request_id, code, bytes(relay.kept["stdout"]), bytes(relay.kept["stderr"]), relay)
+        clock["replied"] = time.time()
+        self.log_run(request_id, argv[0] if argv[0] in BROKERED_VERBS else "run", child, code, clock)
+
+    def log_run(self, request_id: str, verb: str, child: Any, code: int, clock: Mapping[str, float | None]) -> None:
+        """One line of SESSION/broker.jsonl: how the request's spawn.py started, and where its time went (Unix seconds)."""
+        import json
+
+        line = {
+            "time": utc_now_iso(),
+            "agent": self.meta.id,
+            "request": request_id,
+            "verb": verb,
+            "start": "fork" if isinstance(child, ForkedChild) else "exec",
+            "pid": child.pid,
+            "exit_code": int(code),
+            **{k: round(v, 4) for k, v in clock.items() if v is not None},
+        }
+        with contextlib.suppress(OSError), open(Path(self.meta.session) / BROKER_LOG, "a") as fh:
+            fh.write(json.dumps(line) + "\n")
 
     def done(self, request_id: str, _task: Any) -> None:
         self.running.pop(request_id, None)
@@ -468,9 +531,9 @@ class Broker:
             asyncio.get_running_loop().add_reader(events.fd, self.wake.set)
         try:
             while True:
-                for request_id, raw in self.take():
+                for request_id, raw, filed in self.take():
                     if (checked := self.checked(request_id, raw)) is not None:
-                        task = asyncio.create_task(self.run(request_id, *checked))
+                        task = asyncio.create_task(self.run(request_id, *checked, filed=filed))
                         self.running[request_id] = task
                         task.add_done_callback(functools.partial(self.done, request_id))
                 with contextlib.suppress(TimeoutError):
@@ -487,6 +550,158 @@ class Broker:
             # replies, temp files, junk) goes with it. rmtree works by file
             # descriptor here, so a link planted inside is removed, never followed.
             shutil.rmtree(self.box, ignore_errors=True)
+
+
+class ForkedChild:
+    """A request's spawn.py as the session's fork server forked it for this runner (fork_as_child).
+
+    Stands where the exec's asyncio Process would: pid, returncode, and its
+    output through pipes of ours (relay). Its exit code comes on the socket,
+    which stays open while it runs (closed, the child ends itself).
+    """
+
+    def __init__(self, sock: Any, pid: int, got: bytes, out: int, err: int) -> None:
+        import socket
+
+        self.sock = socket.socket(fileno=sock.detach())
+        self.sock.setblocking(False)
+        self.pid, self.got, self.out, self.err = pid, got, out, err
+        self.returncode: int | None = None
+
+    @classmethod
+    async def start(cls, session: str, argv: Sequence[str], env: Mapping[str, str], cwd: Folder) -> ForkedChild | None:
+        """Ask the server (in a thread: the ask blocks until it has forked); None: no server took it, exec instead."""
+        import asyncio
+
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            served = await asyncio.to_thread(fork_as_child, session, argv, env, cwd, (null, out_w, err_w))
+        except BaseException:
+            os.close(out_r)
+            os.close(err_r)
+            raise
+        finally:
+            for fd in (null, out_w, err_w):  # the child holds its own copies now
+                os.close(fd)
+        if served is None:
+            os.close(out_r)
+            os.close(err_r)
+            return None
+        return cls(*served, out_r, err_r)
+
+    async def relay(self, take: Callable[[str, bytes], None]) -> None:
+        """Hand its stdout and stderr to take as they come, until it has ended (returncode set)."""
+        import asyncio
+
+        try:
+            _, _, self.returncode = await asyncio.gather(
+                read_fd(self.out, functools.partial(take, "stdout")), read_fd(self.err, functools.partial(take, "stderr")), self.exit_code()
+            )
+        finally:
+            self.sock.close()  # before it ended: it ends itself (run_forked's watcher)
+
+    async def exit_code(self) -> int:
+        """The {"exit": N} line; a child that died without one died of a signal: SIGKILL's code, as the stand-in would."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        got = self.got
+        while b"\n" not in got and (chunk := await loop.sock_recv(self.sock, 4096)):
+            got += chunk
+        line = got.partition(b"\n")[0].replace(b" ", b"")
+        self.sock.close()  # the child waits for this before it exits (its pid stays ours until then)
+        with contextlib.suppress(ValueError):
+            if line.startswith(b'{"exit":') and line.endswith(b"}"):
+                return int(line[8:-1])
+        return -signal.SIGKILL
+
+
+class Relay:
+    """A request's spawn.py output as it comes: kept for the reply, and appended to <id>.stdout and <id>.stderr
+    in the box, which the spawn.py inside prints as they grow (the reply then says how much each holds).
+
+    Each file is made fresh (O_EXCL, no link followed): one the agent planted
+    at the name is never written through; that stream then goes in the
+    reply only. Past BROKER_STREAM_MAX_BYTES a stream is cut: the reply
+    carries the rest as it always has (stdout's head, stderr's end).
+    """
+
+    def __init__(self, box: Path, request_id: str) -> None:
+        self.kept = {name: bytearray() for name in STREAMS}
+        self.written = dict.fromkeys(STREAMS, 0)
+        self.cut: set[str] = set()
+        self.files: dict[str, int] = {}
+        for name in STREAMS:
+            with contextlib.suppress(OSError):
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                self.files[name] = os.open(box / f"{request_id}.{name}", flags, 0o644)
+
+    def take(self, name: str, chunk: bytes) -> None:
+        kept = self.kept[name]
+        if name == "stdout":
+            kept.extend(chunk[: BROKER_STDOUT_MAX_BYTES - len(kept)])
+        else:
+            kept.extend(chunk)
+            del kept[:-BROKER_STDERR_MAX_BYTES]
+        fd = self.files.get(name)
+        if fd is None or name in self.cut:
+            return
+        part = chunk[: BROKER_STREAM_MAX_BYTES - self.written[name]]
+        try:
+            while part:
+                done = os.write(fd, part)
+                self.written[name] += done
+                part = part[done:]
+        except OSError:
+            self.cut.add(name)  # a full disk: the reply has the rest
+        if self.written[name] >= BROKER_STREAM_MAX_BYTES:
+            self.cut.add(name)
+
+    async def drain(self, child: ForkedChild | Any) -> None:
+        """Take the child's output until it has ended: a ForkedChild's pipes, or an exec'd asyncio Process's."""
+        import asyncio
+
+        if isinstance(child, ForkedChild):
+            await child.relay(self.take)
+            return
+
+        async def read(name: str, stream: asyncio.StreamReader) -> None:
+            while chunk := await stream.read(1 << 16):
+                self.take(name, chunk)
+
+        await asyncio.gather(read("stdout", child.stdout), read("stderr", child.stderr))
+        await child.wait()
+
+    def close(self) -> None:
+        for fd in self.files.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+async def read_fd(fd: int, keep: Callable[[bytes], None]) -> None:
+    """Read a pipe to its end without blocking the loop, handing each chunk to keep; closes it."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    readable = asyncio.Event()
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, readable.set)
+    try:
+        while True:
+            await readable.wait()
+            readable.clear()
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return
+            keep(chunk)
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
 
 
 def has_broker(meta: AgentMeta) -> bool:
@@ -572,7 +787,7 @@ def steering_argv(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
+def brokered(argv: Sequence[str], verbs: Sequence[str], environ: Mapping[str, str]) -> int | None:
     """Inside a sandboxed spawner: hand a spawn, a kill, a wait or a send to its runner, print its reply, and return its exit code.
 
     None where this spawn.py runs as usual: outside a sandbox, in one
@@ -595,31 +810,98 @@ def brokered(argv: Sequence[str], verbs: Sequence[str]) -> int | None:
     import json
 
     request_id = token_hex(8)
-    # Watched before the request is filed: the reply's rename into the box wakes us, never a poll.
+    # Watched before the request is filed: the reply's rename into the box, and
+    # the output its runner appends as it comes, wake us, never a poll.
     events = MarkerEvents()
-    watching = events.watch(box, MarkerEvents.IN_MOVED_TO)
-    data = json.dumps({"argv": inlined_argv(argv) if argv[0] not in verbs else steering_argv(argv), "cwd": os.getcwd()}).encode()
+    watching = events.watch(box, MarkerEvents.IN_MOVED_TO | MarkerEvents.IN_MODIFY)
+    request = {"argv": inlined_argv(argv) if argv[0] not in verbs else steering_argv(argv), "cwd": os.getcwd()}
+    if environ.get(ENV_CALL):  # this Bash call's token, when the agent's CLI hosts in-process agents
+        request["call"] = environ[ENV_CALL]
+    data = json.dumps(request).encode()
     tmp = box / f".{request_id}.tmp"
     with open(tmp, "xb") as f:
         f.write(data)
     os.rename(tmp, box / f"{request_id}.json")
-    reply_path = box / f"{request_id}{REPLY_SUFFIX}"
     owner = box.parents[1] / AGENTS_DIR / box.name
+    output = StreamedOutput(box, request_id)
     try:
-        return await_reply(reply_path, request_id, owner, events if watching else None)
+        return await_reply(box, request_id, owner, output, events if watching else None)
     finally:
+        output.close()
         events.close()
 
 
-def await_reply(reply_path: Path, request_id: str, owner: Path, events: MarkerEvents | None) -> int:
-    """Print the runner's reply once it is in the box, and return its exit code; StateError if the runner ends first."""
+class StreamedOutput:
+    """The spawn.py inside: the request's output, printed as its runner appends it to <id>.stdout and <id>.stderr (Relay)."""
+
+    def __init__(self, box: Path, request_id: str) -> None:
+        self.paths = {name: box / f"{request_id}.{name}" for name in STREAMS}
+        self.fds: dict[str, int] = {}
+        self.printed = dict.fromkeys(STREAMS, 0)
+
+    def pump(self, upto: Mapping[str, int] | None = None) -> None:
+        """Print what each file holds past what was printed; with upto (the reply's streamed), exactly that much of each."""
+        for name, path in self.paths.items():
+            if name not in self.fds:
+                with contextlib.suppress(OSError):
+                    self.fds[name] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = self.fds.get(name)
+            while fd is not None:
+                want = 1 << 16 if upto is None else min(1 << 16, int(upto.get(name, 0)) - self.printed[name])
+                chunk = os.read(fd, want) if want > 0 else b""
+                if not chunk:
+                    break
+                self.printed[name] += len(chunk)
+                write_bytes(sys.stdout if name == "stdout" else sys.stderr, chunk)
+
+    def close(self) -> None:
+        for name, fd in self.fds.items():
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                self.paths[name].unlink()
+
+
+def write_bytes(stream: Any, data: bytes) -> None:
+    """data on a text stream as it came: through its buffer where it has one, after what the text layer holds."""
+    stream.flush()
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:
+        stream.write(data.decode(errors="replace"))
+    else:
+        buffer.write(data)
+        buffer.flush()
+
+
+def print_reply(reply: Mapping[str, Any], output: StreamedOutput) -> None:
+    """The reply's output, past what was streamed: each stream the runner streamed is printed to its end from its file;
+    one it could not stream is printed from the reply, and a cut stderr goes on with the reply's end of it."""
+    output.pump()  # opens what it had not yet: a stream only the reply names is printed from the reply
+    told, cut = reply.get("streamed"), reply.get("cut")
+    streamed = {k: v for k, v in told.items() if k in output.fds and isinstance(v, int)} if isinstance(told, dict) else {}
+    output.pump(streamed)
+    cut = cut if isinstance(cut, list) else []
+    if "stdout" not in streamed:
+        sys.stdout.write(str(reply.get("stdout", "")))
+    if "stderr" not in streamed:
+        sys.stderr.write(str(reply.get("stderr", "")))
+    elif "stderr" in cut:
+        sys.stderr.write(f"\n[spawn: stderr cut here by the agent's runner; its last {BROKER_STDERR_MAX_BYTES} bytes follow]\n")
+        sys.stderr.write(str(reply.get("stderr", "")))
+
+
+def await_reply(box: Path, request_id: str, owner: Path, output: StreamedOutput, events: MarkerEvents | None) -> int:
+    """Print the request's output as it comes and the runner's reply once it is in the box; return its exit code.
+
+    StateError if the runner ends first.
+    """
+    reply_path = box / f"{request_id}{REPLY_SUFFIX}"
     while True:
+        output.pump()
         with contextlib.suppress(FileNotFoundError):
             reply = parse_json(reply_path.read_bytes(), BROKER_STDOUT_MAX_BYTES * 8)
             with contextlib.suppress(OSError):
                 reply_path.unlink()
-            sys.stdout.write(str(reply.get("stdout", "")))
-            sys.stderr.write(str(reply.get("stderr", "")))
+            print_reply(reply, output)
             return int(reply.get("exit_code", ExitCode.STATE))
         if read_outcome(owner) is not None:
             raise StateError(f"the runner of {owner.name} ended before it answered request {request_id}")

@@ -27,6 +27,7 @@ from ..policy.channel import bind_private_socket
 from ..session.protocol import load_meta
 from ..supervise.fast_start import compiled_script
 from ..supervise.supervisor import (
+    ChildOf,
     ForkedFor,
     Supervised,
     ancestor_agents,
@@ -182,6 +183,8 @@ def forkserver_refusal(request: Mapping[str, Any], script_stat: os.stat_result) 
         return "not a spawn"
     if request.get("detach") is True and not (len(argv) == 2 and argv[0] == "_run"):
         return "only a background runner is forked detached"
+    if request.get("detach") is True and request.get("child_of") is True:
+        return "a runner's child is never forked detached"
     path, size, mtime_ns = request["script"]  # its shape checked by request_problem
     if path == str(compiled_script()):
         return None
@@ -213,8 +216,8 @@ def request_problem(request: object) -> str | None:
         return "cwd or prefix"
     if not (isinstance(script, list) and len(script) == 3 and isinstance(script[0], str) and all(type(n) is int for n in script[1:])):
         return "script"
-    if not isinstance(request.get("detach", False), bool):
-        return "detach"
+    if not isinstance(request.get("detach", False), bool) or not isinstance(request.get("child_of", False), bool):
+        return "detach or child_of"
     return None
 
 
@@ -350,10 +353,11 @@ class ForkServerLoop:
         self.root = Supervised.of(meta)
         self.script_stat = SCRIPT_PATH.stat()
         self.namespace = own_pid_namespace()
-        # The spawns this server forked, by pid: the stand-in each runs for. A
-        # detached runner is forked only for one of them (its launcher), and for
-        # that launcher's caller, who is checked while it still lives.
-        self.launched: dict[int, tuple[int, float]] = {}
+        # The spawns this server forked, by pid: the stand-in each runs for (or
+        # the runner it runs as a child of: child_of). A detached runner is
+        # forked only for one of them (its launcher), and for that launcher's
+        # caller, who is checked while it still lives.
+        self.launched: dict[int, tuple[int, float, bool]] = {}
         self.pending: dict[Any, PendingRequest] = {}
         self.selector = selectors.DefaultSelector()
         self.selector.register(server, selectors.EVENT_READ)
@@ -453,9 +457,12 @@ class ForkServerLoop:
         conn.settimeout(5.0)  # the reply's send; the client waits for it
         refusal = forkserver_refusal(request, self.script_stat)
         client_time = psutil.Process(client_pid).create_time()
+        child_of = request.get("child_of") is True
         caller, ancestry = None, None
         if refusal is None:
-            caller, refusal = caller_in_tree(client_pid, self.launched, meta.session, detach=request.get("detach") is True)
+            caller, refusal = caller_in_tree(
+                client_pid, self.launched, meta.session, detach=request.get("detach") is True, child_of=child_of
+            )
         if refusal is None and caller is not None and request.get("detach") is True:
             ancestry = ancestry_context(subject=caller)
         if refusal is not None:
@@ -473,11 +480,12 @@ class ForkServerLoop:
                 if request.get("detach") is True:
                     ForkedFor.ancestry = ancestry
                     run_detached(conn, fds, request, entry)
+                ForkedFor.child_of = child_of
                 run_forked(conn, fds, request, client_pid, client_time, entry=entry)
             finally:
                 os._exit(ExitCode.STATE)
         if request.get("detach") is not True:
-            self.launched[pid] = (client_pid, client_time)
+            self.launched[pid] = (client_pid, client_time, child_of)
         line = {
             "time": utc_now_iso(),
             "pid": pid,
@@ -486,17 +494,22 @@ class ForkServerLoop:
         }
         if request.get("detach") is True:
             line["detached"] = True  # no stand-in: the pid is the runner's own (run_detached)
+        if child_of:
+            line["child_of"] = True  # no stand-in: client_pid is the runner whose broker asked
         with contextlib.suppress(OSError), open(Path(meta.session) / FORKSERVER_LOG, "a") as fh:
             fh.write(json.dumps(line) + "\n")
 
 
 def caller_in_tree(
-    client_pid: int, launched: Mapping[int, tuple[int, float]], session: str, *, detach: bool
-) -> tuple[psutil.Process | None, str | None]:
+    client_pid: int, launched: Mapping[int, tuple[int, float, bool]], session: str, *, detach: bool, child_of: bool = False
+) -> tuple[psutil.Process | ChildOf | None, str | None]:
     """(the process a request speaks for, None), or (None, why it is refused).
 
     The kernel names the client (SO_PEERCRED); a spawn this server forked
-    speaks for the stand-in it runs for. The caller must run under a
+    speaks for the stand-in it runs for. A client that asks child_of (a
+    runner's broker) is spoken for as a child of its own: the ancestry a
+    process it started would have, which any process may have by starting
+    one, so it grants nothing an exec would not. The caller must run under a
     registered runner of this server's own session: anything else (another
     tree, a process that only sets SPAWN_SESSION) takes the normal path,
     where its own ancestry decides. Only the server's own forked launchers
@@ -504,13 +517,14 @@ def caller_in_tree(
     """
     if detach and client_pid not in launched:
         return None, "only a launcher this server forked may ask for a detached runner"
-    caller_pid, caller_time = launched.get(client_pid, (client_pid, None))
+    caller_pid, caller_time, child_of = launched.get(client_pid, (client_pid, None, child_of))
     try:
-        caller = psutil.Process(caller_pid)
-        if caller_time is not None and abs(caller.create_time() - caller_time) >= 0.05:
+        proc = psutil.Process(caller_pid)
+        if caller_time is not None and abs(proc.create_time() - caller_time) >= 0.05:
             return None, "its caller is gone"
     except psutil.Error:
         return None, "its caller is gone"
+    caller = ChildOf(proc) if child_of else proc
     for agent_dir in ancestor_agents(caller)[:1]:
         with contextlib.suppress(OSError, SpawnError):
             if load_meta(agent_dir).session == session:
@@ -624,3 +638,32 @@ def fork_detached_runner(agent_dir: Path, session: str, cwd: str, log: int) -> i
         return None
     served[0].close()  # the runner is detached: nothing more comes on this socket
     return served[1]
+
+
+def fork_as_child(
+    session: str, argv: Sequence[str], env: Mapping[str, str], cwd: int | str, stdio: tuple[int, int, int]
+) -> tuple[Any, int, bytes] | None:
+    """From a runner's broker: have the session's server fork argv as this runner's child. (socket, pid, what followed), or None.
+
+    The fork runs as the exec'd `"$SPAWN_PYTHON" "$SPAWN_PY" ARGV` would,
+    with env and stdio, in the folder cwd holds (a descriptor, SCM_RIGHTS),
+    admitted as this runner's child (child_of: ChildOf), without the
+    interpreter's start, the stand-in and its wait. None (no server, a
+    refusal, no answer) means: exec it; nothing was forked for us. The
+    socket's {"exit": N} line is the child's exit code; closing the socket
+    before it ends the child, as a killed stand-in would.
+    """
+    if not sys.platform.startswith("linux") or env.get(ENV_NO_FORKSERVER) == "1":
+        return None
+    if not (argv and (argv[0].startswith("-") or argv[0] in FORKED_VERBS)):
+        return None  # kill and send decide by their own process's ancestry: exec'd
+    stat = SCRIPT_PATH.stat()
+    request: dict[str, object] = {
+        "argv": list(argv),
+        "env": dict(env),
+        "cwd": cwd if isinstance(cwd, str) else f"/proc/self/fd/{cwd}",
+        "prefix": sys.prefix,
+        "script": [str(compiled_script()), stat.st_size, stat.st_mtime_ns],
+        "child_of": True,
+    }
+    return forkserver_request(session, request, stdio if isinstance(cwd, str) else (*stdio, cwd))

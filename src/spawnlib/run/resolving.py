@@ -293,8 +293,9 @@ def read_task(args: argparse.Namespace) -> str:
 # so neither listed as such nor built into spawn.py (tools/bundle.py reads this).
 RECORD_SCHEMAS = frozenset(
     {
-        "ask", "ask-answer", "ask-attempt", "broker-reply", "broker-request", "dag-journal-line", "forkserver-line", "heartbeat",
-        "kill", "ledger-line", "limits", "meta", "native-line", "outcome", "paused", "session", "state", "status", "transcript-line",
+        "ask", "ask-answer", "ask-attempt", "broker-line", "broker-reply", "broker-request", "dag-journal-line", "forkserver-line",
+        "heartbeat", "kill", "ledger-line", "limits", "meta", "native-line", "outcome", "paused", "session", "state", "status",
+        "transcript-line",
     }
 )  # fmt: skip
 

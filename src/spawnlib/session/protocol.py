@@ -660,6 +660,7 @@ class MarkerEvents:
     wake the fd; they are read and dropped, never acted on.
     """
 
+    IN_MODIFY = 0x02  # a file written to (a brokered spawn's output, as it comes)
     IN_CLOSE = 0x08 | 0x10  # IN_CLOSE_WRITE | IN_CLOSE_NOWRITE
     IN_MOVED_TO = 0x80
     IN_CREATE = 0x100

@@ -131,14 +131,18 @@ def hosts_in_process(runner: Mapping[str, Any]) -> bool:
     return runner.get("placement") in IN_PROCESS_POLICIES
 
 
-def call_problem(record: CallRecord, chain: Sequence[tuple[int, float]], *, background_runner: bool, now: float) -> str | None:
+def call_problem(
+    record: CallRecord, chain: Sequence[tuple[int, float]], *, background_runner: bool, now: float, brokered: bool = False
+) -> str | None:
     """Why this process may not use the token's record, or None (pure).
 
     chain: this process and its ancestors, nearest first, as (pid, create time).
+    brokered: this process is the host runner's own child, which only its broker
+    starts, for a request a sandboxed Bash call filed with its token.
     """
-    if record.ended is not None and (not background_runner or now > record.ended + CALL_GRACE_S):
+    if record.ended is not None and (not background_runner or brokered or now > record.ended + CALL_GRACE_S):
         return "its Bash call has ended"
-    if background_runner:
+    if background_runner or brokered:
         return None
     below = call_shell(record, chain)
     if below is None:
@@ -146,6 +150,17 @@ def call_problem(record: CallRecord, chain: Sequence[tuple[int, float]], *, back
     if below[0] in record.before:
         return "this process runs below a process that was there before the Bash call started"
     return None
+
+
+def run_by_host(runner: Mapping[str, Any], chain: Sequence[tuple[int, float]]) -> bool:
+    """This process is the host runner's own child: its broker's spawn, for a sandboxed Bash call (pure).
+
+    No agent's process is: the CLI is the runner's child, and every Bash call runs below it.
+    """
+    pid, created = runner.get("pid"), runner.get("create_time")
+    if len(chain) < 2 or not isinstance(pid, int) or not isinstance(created, int | float):
+        return False
+    return chain[1][0] == pid and abs(chain[1][1] - created) < SAME_PROCESS_S
 
 
 def call_shell(record: CallRecord, chain: Sequence[tuple[int, float]]) -> tuple[int, float] | None:
@@ -193,10 +208,11 @@ def call_owner(
     record = read_call_record(host_dir, digest)
     if record is None:
         raise RefusedError(f"{ENV_CALL} names no Bash call of this CLI: {advice}")
-    problem = call_problem(record, chain, background_runner=background_runner, now=time.time())
+    brokered = run_by_host(runner, chain)
+    problem = call_problem(record, chain, background_runner=background_runner, now=time.time(), brokered=brokered)
     if problem is None and read_outcome(Path(str(record.owner["agent_dir"]))) is not None:
         problem = f"its agent {record.owner['parent_id']} has ended"
-    if problem is None and not background_runner:
+    if problem is None and not background_runner and not brokered:
         shell = call_shell(record, chain)
         problem = claim_call(host_dir, digest, shell) if shell is not None else "no call shell"
     if problem is not None:

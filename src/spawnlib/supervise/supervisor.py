@@ -374,10 +374,37 @@ class ProcfsProcess:
         return found
 
 
+class ChildOf:
+    """A child of proc, as the ancestry walk sees it: proc is its parent, and proc's ancestors are its own.
+
+    What a runner's broker hands the fork server for a spawn it would
+    otherwise exec as its own child: the fork then has the ancestry that
+    child would have had, the runner's agent its parent agent (a process
+    whose own parents are the server's would have the root's).
+    """
+
+    def __init__(self, proc: psutil.Process | ProcfsProcess) -> None:
+        self.proc = proc
+
+    @property
+    def pid(self) -> int:
+        """This process's own: it stands as proc's child (its call token's check sees proc right above it)."""
+        return os.getpid()
+
+    def create_time(self) -> float:
+        return float(psutil.Process(os.getpid()).create_time())
+
+    def parent(self) -> psutil.Process | ProcfsProcess:
+        return self.proc
+
+    def parents(self) -> list[psutil.Process | ProcfsProcess]:
+        return [self.proc, *self.proc.parents()]
+
+
 # A process whose ancestry is walked: this one's (from /proc where it can
-# be), or the one a server was handed on a socket (psutil's). A string: the
-# alias itself must not import psutil.
-Subject: TypeAlias = "psutil.Process | ProcfsProcess"
+# be), the one a server was handed on a socket (psutil's), or a child of that
+# one (ChildOf). A string: the alias itself must not import psutil.
+Subject: TypeAlias = "psutil.Process | ProcfsProcess | ChildOf"
 
 
 def procfs_readable() -> bool:
@@ -987,6 +1014,8 @@ def agent_context(meta: AgentMeta, agent_dir: Path) -> dict[str, Any]:
         "traceparent": meta.traceparent,
         "placement": (meta.placement or {}).get("policy"),
         "sandbox": meta.sandbox,
+        "pid": meta.pid,  # its runner: a spawn.py that is its child was started by its broker (supervise/calls.py)
+        "create_time": meta.create_time,
     }
 
 
@@ -1105,6 +1134,8 @@ class ForkedFor:
     create_time: float = 0.0
     ancestry: dict[str, Any] | None = None
     """A detached runner's: its caller's ancestry, as the server saw it while the caller lived."""
+    child_of: bool = False
+    """pid is no stand-in but a runner whose broker asked: this process stands as that runner's child (ChildOf)."""
 
 
 def ancestry_subject() -> Subject:
@@ -1120,7 +1151,7 @@ def ancestry_subject() -> Subject:
     with contextlib.suppress(psutil.Error):
         proc = psutil.Process(ForkedFor.pid)
         if abs(proc.create_time() - ForkedFor.create_time) < 0.05:
-            return proc
+            return ChildOf(proc) if ForkedFor.child_of else proc
     Supervised.signal_self(signal.SIGKILL)
     raise AssertionError("unreachable")
 
