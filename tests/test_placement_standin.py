@@ -50,14 +50,22 @@ def test_a_placement_timeout_names_the_state_and_where_to_look() -> None:
 
 def test_a_token_turns_signals_into_lines_and_outlives_them_until_its_agent_has_ended() -> None:
     """The pid meta.json names on the launcher's host: `kill` and Ctrl-C reach the service, and the token stays
-    until the service ends it (so the caller's `kill` sees the runner's own outcome), or the service dies."""
-    token = ray_place.Token()
+    until the service ends it (so the caller's `kill` sees the runner's own outcome), or the service dies.
+
+    Made with SIGINT ignored, as a service started from a background job or under nohup has it: a shell
+    can't trap a signal ignored when it started, so the token starts with the defaults."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        token = ray_place.Token()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         assert wait_for(lambda: len(psutil.Process(token.pid).children()) == 1)  # its `cat` is up: the traps are set
         assert os.getpgid(token.pid) == token.pid  # a group of its own: `spawn.py kill` signals it as a runner's
         for sig, word in ((signal.SIGTERM, "TERM"), (signal.SIGINT, "INT"), (signal.SIGHUP, "HUP")):
             os.killpg(token.pid, sig)
-            assert wait_for(lambda w=word: (said := token.said()) is not None and said == w), word
+            heard = said_within(token)
+            assert heard == word, (word, heard)
             assert token.proc.poll() is None, word
         assert token.said() is None  # nothing more to say
         kids = psutil.Process(token.pid).children()
@@ -76,6 +84,16 @@ def test_a_token_killed_says_gone() -> None:
         assert wait_for(lambda: token.said() == "GONE")
     finally:
         token.end()
+
+
+def said_within(token: ray_place.Token, limit: float = 5.0) -> str | None:
+    """What the token says next, waited for up to limit seconds."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if (said := token.said()) is not None:
+            return said
+        time.sleep(0.02)
+    return None
 
 
 def wait_for(check: Callable[[], bool], limit: float = 5.0) -> bool:

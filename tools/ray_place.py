@@ -151,6 +151,20 @@ def die_with_parent() -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
 
 
+def default_signals() -> None:
+    """In the token before exec: TERM, INT and HUP at their defaults, none blocked.
+
+    A shell can't trap a signal that was ignored when it started (POSIX), and
+    a service started from a background job or under nohup inherits SIGINT
+    ignored: its tokens would never say INT. libc's signal(), not Python's,
+    which only the main thread may call.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        libc.signal(int(sig), 0)  # SIG_DFL
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def claim_environment(claim: spawn_claims.Claim, environ: dict[str, str]) -> dict[str, str]:
     """The runner's environment with the parent's limits taken from the verified claim, never from what was sent."""
     env = dict(environ)
@@ -465,6 +479,7 @@ class Token:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # its own group: `spawn.py kill` signals it as it would a runner's
+            preexec_fn=default_signals,  # noqa: PLW1509 (libc calls only; no locks taken between fork and exec)
         )
         assert self.proc.stdout is not None
         self.out = self.proc.stdout.fileno()
