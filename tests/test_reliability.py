@@ -186,10 +186,12 @@ def test_deadlines_flow_down_and_end_the_tree(env: dict[str, str], session_root:
     child = mock_task("child", [{"sleep": 60, "text": "never"}])
     root = mock_task("root", [{"bash": spawn_in_bash("--task", child, "--timeout", "600")}, {"sleep": 60, "text": "never"}])
     started = time.monotonic()
-    proc = run_spawn(["--task", root, "--tools", "Bash", "--timeout", "12"], env)
+    # 20 s: the child must start before its deadline (the root's less 5 s), and a loaded CI machine has
+    # taken 11 s to bring the root's CLI to its first Bash call.
+    proc = run_spawn(["--task", root, "--tools", "Bash", "--timeout", "20"], env)
     elapsed = time.monotonic() - started
     assert proc.returncode == spawn.ExitCode.TIMEOUT, proc.stderr
-    assert elapsed < 12 + 15
+    assert elapsed < 20 + 15
     by_depth = {m["depth"]: m for m in metas(session_root).values()}
     assert by_depth[1]["deadline"] <= by_depth[0]["deadline"] - 5 + 0.01
     outcomes = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
