@@ -56,7 +56,7 @@ from ..session.ledger import (
     top_up_hold,
     tree_caller_refusal,
 )
-from ..session.protocol import load_meta, read_json, session_lock, write_json_atomic
+from ..session.protocol import flocked, load_meta, read_json, session_lock, write_json_atomic
 from ..supervise.supervisor import Supervised, calling_agents, in_tree_cgroup, owned_cgroup, roots_running, session_roots
 from .channel import bind_private_socket, peer_process, read_line
 from .upstream import Upstream, proxied
@@ -291,16 +291,10 @@ def gateway_url(session: Path) -> str | None:
 def gateway_start_lock(session: Path) -> Iterator[None]:
     """Held while a root looks for the session's gateway and starts one: the roots of a shared session
     (an MCP server's) start at once, and one gateway must hold all of their calls."""
-    import fcntl
-
     folder = session / GATEWAY_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / ".start.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with flocked(folder / ".start.lock"):
         yield
-    finally:
-        os.close(fd)
 
 
 def gateway_gone(session: Path) -> int | None:

@@ -372,6 +372,19 @@ def pending_asks(session: Path) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """An exclusive flock of path (made 0600 if missing), held for the block: a crashed holder never leaves it stale."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@contextlib.contextmanager
 def session_lock(session: Path) -> Iterator[None]:
     """The session's lock: flock, so a crashed holder never leaves it stale."""
     import fcntl

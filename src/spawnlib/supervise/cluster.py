@@ -31,6 +31,7 @@ from ..core.constants import (
 )
 from ..core.errors import StateError, UsageError
 from ..core.records import AgentMeta
+from ..session.protocol import flocked
 from .supervisor import Supervised
 
 # ------------------------------------------------------------------ cluster --
@@ -163,7 +164,6 @@ def placement_service(session: Path, address: str, environ: Mapping[str, str], l
 
     unanswered: a socket that just took no request; a record still naming it is forgotten, and another service started.
     """
-    import fcntl
     import hashlib
     import socket
 
@@ -171,9 +171,7 @@ def placement_service(session: Path, address: str, environ: Mapping[str, str], l
     folder.mkdir(exist_ok=True)
     key = f"{socket.gethostname()}-{hashlib.sha256(address.encode()).hexdigest()[:8]}"
     record = folder / f"{key}.json"
-    fd = os.open(folder / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # held while we look and start: concurrent launchers start one service
+    with flocked(folder / f"{key}.lock"):  # held while we look and start: concurrent launchers start one service
         if (found := live_service(record)) is not None and found != unanswered:
             return found
         with contextlib.suppress(FileNotFoundError):
@@ -192,8 +190,6 @@ def placement_service(session: Path, address: str, environ: Mapping[str, str], l
             proc.wait(timeout=5)
         ended = f"exited {proc.returncode}" if proc.returncode not in (None, -signal.SIGKILL) else "was not serving in time"
         raise StateError(f"placement ray:{address}: the session's placement service {ended}; {log_tail(folder / f'{key}.log')}")
-    finally:
-        os.close(fd)
 
 
 def live_service(record: Path) -> str | None:
