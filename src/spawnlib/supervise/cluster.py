@@ -148,14 +148,26 @@ def ask_placer(socket_path: str, request: Mapping[str, Any], limit: float) -> di
             raise NotTaken(f"could not be asked: {exc.strerror or exc}") from None
         if not taken.strip():
             raise NotTaken("closed the request unanswered")
-        if "taken" not in (first := json.loads(taken)):
-            return dict(first)
-        sock.settimeout(max(0.1, limit - time.time()))
+        try:
+            first = json.loads(taken)
+        except ValueError:
+            raise NotTaken("answered something other than JSON") from None
+        if not isinstance(first, dict):
+            raise NotTaken("answered no object")
+        if "taken" not in first:
+            return first
+        waiting = time.time()
+        sock.settimeout(max(0.1, limit - waiting))
         try:
             line = lines.readline(1 << 20)
-        except TimeoutError:
+        except OSError:  # the time was up, or the placing side went
             line = b""
-    answer = json.loads(line) if line.strip() else {"error": f"the placing side said nothing in {limit - time.time():.0f} s"}
+    if not line.strip():
+        return {"error": f"the placing side said nothing in {time.time() - waiting:.0f} s"}
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        answer = None
     return dict(answer) if isinstance(answer, dict) else {"error": "the placing side answered no object"}
 
 
