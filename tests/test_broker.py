@@ -354,6 +354,30 @@ def test_a_brokered_send_takes_an_id_its_text_and_as_only() -> None:
         assert isinstance(spawn.checked_send_argv(bad), str), bad
 
 
+def test_the_sandbox_clients_names_are_spawn_pys_unit() -> None:
+    """Unit: programs/sandbox_client.py runs before spawn.py's imports, with its own copies of spawn.py's names: they agree."""
+    assert spawn.CLIENT_BROKERED_VERBS == spawn.BROKERED_VERBS
+    assert spawn.CLIENT_INLINED_FILES == spawn.INLINED_FILES
+    assert (spawn.CLIENT_ENV_CALL, spawn.CLIENT_META, spawn.CLIENT_OUTCOME) == (spawn.ENV_CALL, spawn.META, spawn.OUTCOME)
+    assert (spawn.CLIENT_REQUESTS_DIR, spawn.CLIENT_AGENTS_DIR, spawn.CLIENT_SCRATCH_DIR) == (
+        spawn.REQUESTS_DIR,
+        spawn.AGENTS_DIR,
+        spawn.SCRATCH_DIR,
+    )
+    assert (spawn.CLIENT_REPLY_SUFFIX, spawn.CLIENT_STREAMS) == (spawn.REPLY_SUFFIX, spawn.STREAMS)
+    assert spawn.CLIENT_REPLY_MAX_BYTES == spawn.BROKER_STDOUT_MAX_BYTES * 8
+    assert spawn.CLIENT_STDERR_MAX_BYTES == spawn.BROKER_STDERR_MAX_BYTES
+    assert (spawn.CLIENT_EXIT_STATE, spawn.CLIENT_EXIT_REFUSED, spawn.CLIENT_EXIT_INTERRUPTED) == (
+        spawn.ExitCode.STATE,
+        spawn.ExitCode.REFUSED,
+        spawn.ExitCode.INTERRUPTED,
+    )
+    # And the stand-in compiles the same text: no name of it comes from spawn.py's own.
+    scope: dict[str, object] = {"__name__": "sandbox_client"}
+    exec(spawn.SANDBOX_CLIENT, scope)
+    assert callable(scope["sandbox_client"]) and scope["sandbox_client"](["--task", "x"], {}) is None  # not in a sandbox here
+
+
 def test_requests_and_replies_match_their_schemas(tmp_path: Path) -> None:
     """Unit: what the spawn.py inside writes, and what the runner answers, are the records schemas/ describes."""
     import jsonschema
@@ -537,7 +561,7 @@ def test_a_requests_output_is_printed_as_it_comes_and_the_reply_finishes_it_unit
     (box / f"{request_id}.stderr").write_bytes(b"planted")  # the agent's own file: never written through
     relay = spawn.Relay(box, request_id)
     assert sorted(relay.files) == ["stdout"]
-    output = spawn.StreamedOutput(box, request_id)
+    output = spawn.StreamedOutput(str(box), request_id)
     relay.take("stdout", b"first line\n")
     output.pump()
     got = capfdbinary.readouterr()
@@ -552,7 +576,7 @@ def test_a_requests_output_is_printed_as_it_comes_and_the_reply_finishes_it_unit
     reply = load(box / f"{request_id}.reply.json")
     assert reply["streamed"] == {"stdout": len(b'first line\n{"output": "done"}\n')} and "cut" not in reply
     jsonschema.validate(reply, json.loads((ROOT / "schemas" / "broker-reply.json").read_text()))
-    assert spawn.await_reply(box, request_id, owner, output, None) == 3
+    assert spawn.await_reply(str(box), request_id, str(owner), output, None) == 3
     output.close()
     got = capfdbinary.readouterr()
     assert (got.out, got.err) == (b'{"output": "done"}\n', b"a warning\n")

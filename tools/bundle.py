@@ -59,6 +59,7 @@ MODULES = (
     STAND_IN,
     "core/constants",
     "programs/fast_start_hook",  # both: spawn.py runs its functions, and writes its text as the hook
+    "programs/sandbox_client",  # both: main() runs it, and the stand-in compiles its text inside a sandbox
     EMBEDDED,
     "core/errors",
     "core/output",
@@ -113,7 +114,7 @@ MODULES = (
 # `NAME = program_text("name")` of a bundled module becomes NAME's literal
 # source, so ruff and mypy check the program and spawn.py never reads a file.
 PROGRAMS_FOLDER = "programs"
-PROGRAMS = ("stand_in_wait", "guard_wait", "guard_above", "fast_start_hook", "uv_shim")
+PROGRAMS = ("stand_in_wait", "guard_wait", "guard_above", "fast_start_hook", "uv_shim", "sandbox_client")
 PROGRAM_ACCESSOR = "program_text"
 # The fast-start hook runs the stand-in's code from spawn.py's own bytes,
 # found between two marker lines that it defines and the bundler writes: the

@@ -39,6 +39,10 @@ FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUS
 # The loop is programs/stand_in_wait.py (argv: socket fd, agent pid, what was
 # already read (hex), signal numbers); a short stand-in runs it in-process.
 STAND_IN_WAIT = program_text("stand_in_wait")
+# Inside a sandboxed spawner, a spawn, kill, wait or send goes to its runner's
+# broker; the stand-in runs that client, before spawn.py's imports, and
+# compiles it only there (~5 ms, which a nested spawn elsewhere never pays).
+SANDBOX_CLIENT = program_text("sandbox_client")
 
 
 def unix_address(path: str) -> tuple[str, int | None]:
@@ -116,11 +120,34 @@ def forkserver_request(session: str, request: dict[str, object], fds: tuple[int,
         return None  # nothing runs for us: the caller's normal path runs it
 
 
+def inside_sandbox() -> bool:
+    """Whether this process runs inside a bubblewrap sandbox (a parent agent's Bash).
+
+    There bwrap is pid 1 of our own pid namespace, which an agent can't fake
+    without a namespace of its own. A sandbox can't nest (it refuses new
+    user namespaces), and everything started here is held by the outer one.
+    """
+    try:
+        with open("/proc/1/cmdline", "rb") as fh:
+            return os.path.basename(fh.read().split(b"\0")[0]) == b"bwrap"
+    except OSError:
+        return False
+
+
+def sandbox_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> int | None:
+    """The sandbox client (programs/sandbox_client.py), compiled here only inside a sandbox: its exit code, or None."""
+    scope: dict[str, Any] = {"__name__": "sandbox_client"}
+    exec(SANDBOX_CLIENT, scope)
+    served = scope["sandbox_client"](argv, environ)
+    return served if isinstance(served, int) else None
+
+
 def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> int | None:
     """Have the session's fork server run this spawn; stay as its stand-in. Its exit code, or None.
 
     None means: no server, a dead or refusing one, or a spawn it doesn't take
-    (verbs, dry runs, inside a sandbox): run the normal path, no error.
+    (verbs, dry runs): run the normal path, no error. Inside a sandbox the
+    runner's broker runs it instead (sandbox_stand_in).
     The server forks a process that runs exactly what this one would have,
     with our argv, environment, cwd and stdio; its limits come from OUR
     ancestry (the server reads our pid from the socket). We stay alive as
@@ -128,20 +155,16 @@ def forkserver_stand_in(argv: list[str], environ: dict[str, str] | os._Environ[s
     on, its exit code becomes ours, and if we are killed the socket closes
     and the agent ends itself the same way.
     """
+    if inside_sandbox():
+        # In a parent's sandbox: the agent must stay inside it, and its
+        # runner's broker starts it (the seccomp filter refuses unix sockets
+        # anyway; the server refuses a client from another pid namespace too).
+        return sandbox_stand_in(argv, environ)
     session = environ.get("SPAWN_SESSION")
     if environ.get(ENV_NO_FORKSERVER) == "1" or not session or not argv:
         return None
     if not (argv[0] in FORKED_VERBS or argv[0].startswith("-")) or {"--dry-run", "--help", "-h", "--version"} & set(argv):
         return None
-    try:
-        with open("/proc/1/cmdline", "rb") as fh:
-            if os.path.basename(fh.read().split(b"\0")[0]) == b"bwrap":
-                # In a parent's sandbox: the agent must stay inside it. (Its
-                # seccomp filter refuses unix sockets anyway; the server
-                # refuses a client from another pid namespace too.)
-                return None
-    except OSError:
-        pass
     import _signal  # type: ignore[import-not-found]  # signal's C half, loaded at start-up
 
     try:

@@ -6,7 +6,6 @@ import contextlib
 import functools
 import os
 import re
-import select
 import shutil
 import signal
 import subprocess
@@ -17,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from ..core.constants import ENV_CALL, ENV_PYTHON, ENV_SCRIPT, REQUESTS_DIR, SCRATCH_DIR
-from ..core.errors import ExitCode, RefusedError, SpawnError, StateError
+from ..core.errors import ExitCode, RefusedError, SpawnError
 from ..core.output import note
-from ..core.pure import AGENT_ID, parse_json, token_hex, utc_now_iso
+from ..core.pure import AGENT_ID, parse_json, utc_now_iso
 from ..core.records import AgentMeta
 from ..policy.writable import below, fd_path, open_folder_beneath
-from ..session.protocol import AGENTS_DIR, MarkerEvents, load_meta, open_regular, read_outcome, write_file_atomic
-from ..supervise.supervisor import inside_sandbox, sandbox_owner
+from ..programs.sandbox_client import sandbox_client, split_flag
+from ..session.protocol import AGENTS_DIR, MarkerEvents, load_meta, open_regular, write_file_atomic
+from ..supervise.supervisor import sandbox_owner
 from .forkserver import fork_as_child
 from .running import child_environment
 
@@ -65,8 +65,6 @@ BROKER_RUNNING_MAX = 16  # requests a runner runs at once; more wait in the box
 BROKER_REQUESTS_MAX = 1000  # requests a runner serves over its life; later ones are refused
 BROKER_STDOUT_MAX_BYTES = 1024 * 1024  # what a reply carries of the child's stdout
 BROKER_STDERR_MAX_BYTES = 64 * 1024  # and of its stderr (the end of it)
-BROKER_CLIENT_POLL_S = 0.05  # how often the spawn.py in the sandbox looks for its reply, without inotify
-BROKER_CLIENT_IDLE_S = 1.0  # with inotify: how often it looks anyway (its runner's end)
 BROKER_TEMP_MAX_AGE_S = 60.0  # a writer's temp file older than this was abandoned: removed
 BROKER_SEND_MAX_CHARS = 100_000  # a brokered message's text
 PINNED_FOLDERS = sys.platform == "linux"  # O_PATH and /proc/self/fd: a folder held by descriptor
@@ -121,11 +119,6 @@ BROKER_FLAGS: Mapping[str, bool] = {
 # must never read a path for the agent (it may read what the sandbox hides).
 INLINED_FILES = {"--task-file": "--task", "--system-prompt-file": "--system-prompt"}
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-
-
-def split_flag(word: str) -> tuple[str, str | None]:
-    name, eq, value = word.partition("=")
-    return name, (value if eq else None)
 
 
 def flag_value(argv: Sequence[str], i: int, value: str | None) -> tuple[str | None, int]:
@@ -711,44 +704,6 @@ def has_broker(meta: AgentMeta) -> bool:
 # --------------------------------------------------------------- the client --
 
 
-def broker_box() -> Path | None:
-    """Our sandbox's agent's request box, if we run inside a sandbox that has one we may write."""
-    if not inside_sandbox():
-        return None
-    owner = sandbox_owner()
-    if owner is None:
-        return None
-    try:
-        session = load_meta(owner).session
-    except (OSError, SpawnError, ValueError):
-        return None
-    box = Path(session) / REQUESTS_DIR / owner.name
-    return box if os.access(box, os.W_OK) else None
-
-
-def inlined_argv(argv: Sequence[str]) -> list[str]:
-    """argv with the files it names read here, in the sandbox, and passed inline (INLINED_FILES, --schema PATH)."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        name, value = split_flag(argv[i])
-        if name in (*INLINED_FILES, "--schema") and value is None and i + 1 < len(argv):
-            i += 1
-            value = argv[i]
-        if name in INLINED_FILES and value is not None:
-            try:
-                text = sys.stdin.read() if value == "-" else Path(value).read_text()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise RefusedError(f"can't read {name} {value}: {exc}; check the path") from None
-            out += [INLINED_FILES[name], text]
-        elif name == "--schema" and value is not None and not value.lstrip().startswith("{") and os.path.isfile(value):
-            out += [name, Path(value).read_text()]
-        else:
-            out += [argv[i]] if value is None or "=" in argv[i] else [name, value]
-        i += 1
-    return out
-
-
 def refuse_session_writer(argv: Sequence[str]) -> None:
     """A verb that writes the session, inside a sandbox that holds the session read-only: RefusedError, before it starts."""
     owner = sandbox_owner()
@@ -771,29 +726,14 @@ def refuse_session_writer(argv: Sequence[str]) -> None:
     )
 
 
-def steering_argv(argv: Sequence[str]) -> list[str]:
-    """A brokered verb's argv as its runner takes it: --session dropped (the runner's is the agent's), send's '-' read here."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        name, value = split_flag(argv[i])
-        if name == "--session":
-            i += 1 if value is not None else 2
-            continue
-        out.append(argv[i])
-        i += 1
-    if out[:1] == ["send"] and "-" in out[2:]:
-        out[out.index("-", 2)] = sys.stdin.read()
-    return out
-
-
 def brokered(argv: Sequence[str], verbs: Sequence[str], environ: Mapping[str, str]) -> int | None:
     """Inside a sandboxed spawner: hand a spawn, a kill, a wait or a send to its runner, print its reply, and return its exit code.
 
     None where this spawn.py runs as usual: outside a sandbox, in one
     without a request box (a leaf's), and for every other verb (status and
-    the like read the session, which is readable here). wait goes to the
-    runner for the slot it lends while it blocks (--max-concurrent).
+    the like read the session, which is readable here); a verb that writes
+    the session is refused here. wait goes to the runner for the slot it
+    lends while it blocks (--max-concurrent).
     """
     if not argv or {"-h", "--help", "--version"} & set(argv):
         return None
@@ -802,111 +742,6 @@ def brokered(argv: Sequence[str], verbs: Sequence[str], environ: Mapping[str, st
         if (writes and "--dry-run" not in argv) or argv[0] in ("approve", "deny", "budget"):
             refuse_session_writer(argv)
         return None
-    if argv[0] not in verbs and "--dry-run" in argv:
-        return None
-    box = broker_box()
-    if box is None:
-        return None
-    import json
-
-    request_id = token_hex(8)
-    # Watched before the request is filed: the reply's rename into the box, and
-    # the output its runner appends as it comes, wake us, never a poll.
-    events = MarkerEvents()
-    watching = events.watch(box, MarkerEvents.IN_MOVED_TO | MarkerEvents.IN_MODIFY)
-    request = {"argv": inlined_argv(argv) if argv[0] not in verbs else steering_argv(argv), "cwd": os.getcwd()}
-    if environ.get(ENV_CALL):  # this Bash call's token, when the agent's CLI hosts in-process agents
-        request["call"] = environ[ENV_CALL]
-    data = json.dumps(request).encode()
-    tmp = box / f".{request_id}.tmp"
-    with open(tmp, "xb") as f:
-        f.write(data)
-    os.rename(tmp, box / f"{request_id}.json")
-    owner = box.parents[1] / AGENTS_DIR / box.name
-    output = StreamedOutput(box, request_id)
-    try:
-        return await_reply(box, request_id, owner, output, events if watching else None)
-    finally:
-        output.close()
-        events.close()
-
-
-class StreamedOutput:
-    """The spawn.py inside: the request's output, printed as its runner appends it to <id>.stdout and <id>.stderr (Relay)."""
-
-    def __init__(self, box: Path, request_id: str) -> None:
-        self.paths = {name: box / f"{request_id}.{name}" for name in STREAMS}
-        self.fds: dict[str, int] = {}
-        self.printed = dict.fromkeys(STREAMS, 0)
-
-    def pump(self, upto: Mapping[str, int] | None = None) -> None:
-        """Print what each file holds past what was printed; with upto (the reply's streamed), exactly that much of each."""
-        for name, path in self.paths.items():
-            if name not in self.fds:
-                with contextlib.suppress(OSError):
-                    self.fds[name] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            fd = self.fds.get(name)
-            while fd is not None:
-                want = 1 << 16 if upto is None else min(1 << 16, int(upto.get(name, 0)) - self.printed[name])
-                chunk = os.read(fd, want) if want > 0 else b""
-                if not chunk:
-                    break
-                self.printed[name] += len(chunk)
-                write_bytes(sys.stdout if name == "stdout" else sys.stderr, chunk)
-
-    def close(self) -> None:
-        for name, fd in self.fds.items():
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                self.paths[name].unlink()
-
-
-def write_bytes(stream: Any, data: bytes) -> None:
-    """data on a text stream as it came: through its buffer where it has one, after what the text layer holds."""
-    stream.flush()
-    buffer = getattr(stream, "buffer", None)
-    if buffer is None:
-        stream.write(data.decode(errors="replace"))
-    else:
-        buffer.write(data)
-        buffer.flush()
-
-
-def print_reply(reply: Mapping[str, Any], output: StreamedOutput) -> None:
-    """The reply's output, past what was streamed: each stream the runner streamed is printed to its end from its file;
-    one it could not stream is printed from the reply, and a cut stderr goes on with the reply's end of it."""
-    output.pump()  # opens what it had not yet: a stream only the reply names is printed from the reply
-    told, cut = reply.get("streamed"), reply.get("cut")
-    streamed = {k: v for k, v in told.items() if k in output.fds and isinstance(v, int)} if isinstance(told, dict) else {}
-    output.pump(streamed)
-    cut = cut if isinstance(cut, list) else []
-    if "stdout" not in streamed:
-        sys.stdout.write(str(reply.get("stdout", "")))
-    if "stderr" not in streamed:
-        sys.stderr.write(str(reply.get("stderr", "")))
-    elif "stderr" in cut:
-        sys.stderr.write(f"\n[spawn: stderr cut here by the agent's runner; its last {BROKER_STDERR_MAX_BYTES} bytes follow]\n")
-        sys.stderr.write(str(reply.get("stderr", "")))
-
-
-def await_reply(box: Path, request_id: str, owner: Path, output: StreamedOutput, events: MarkerEvents | None) -> int:
-    """Print the request's output as it comes and the runner's reply once it is in the box; return its exit code.
-
-    StateError if the runner ends first.
-    """
-    reply_path = box / f"{request_id}{REPLY_SUFFIX}"
-    while True:
-        output.pump()
-        with contextlib.suppress(FileNotFoundError):
-            reply = parse_json(reply_path.read_bytes(), BROKER_STDOUT_MAX_BYTES * 8)
-            with contextlib.suppress(OSError):
-                reply_path.unlink()
-            print_reply(reply, output)
-            return int(reply.get("exit_code", ExitCode.STATE))
-        if read_outcome(owner) is not None:
-            raise StateError(f"the runner of {owner.name} ended before it answered request {request_id}")
-        if events is not None:
-            select.select([events.fd], [], [], BROKER_CLIENT_IDLE_S)
-            events.drain()
-        else:
-            time.sleep(BROKER_CLIENT_POLL_S)
+    # The client is a program of its own: spawn.py's stand-in runs the same
+    # one before spawn.py's imports, so this runs it only where no stand-in did.
+    return sandbox_client(list(argv), dict(environ))

@@ -51,6 +51,7 @@ from ..core.constants import (
 from ..core.embedded import builtin_files, builtin_label
 from ..core.errors import RefusedError, SpawnError, StateError, UsageError, did_you_mean
 from ..core.placement import ENV_PLACEMENT, PlacementDecision, decide_placement, narrow_policy, parse_policy, process_needs
+from ..core.prelude import inside_sandbox
 from ..core.pure import (
     DEFINITION_NUMBERS,
     RUN_NUMBER_FLAGS,
@@ -117,7 +118,6 @@ from ..supervise.supervisor import (
     ancestry_context,
     choose_containment,
     guard_above_possible,
-    inside_sandbox,
     own_identity,
     register_runner,
     runner_index_dir,

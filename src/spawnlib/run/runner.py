@@ -47,6 +47,7 @@ from ..core.constants import (
 from ..core.errors import CorruptRecordError, ExitCode, RefusedError, SpawnError, StateError
 from ..core.forkstate import on_fork
 from ..core.output import note
+from ..core.prelude import inside_sandbox
 from ..core.pure import (
     id_depth,
     new_agent_id,
@@ -103,7 +104,6 @@ from ..supervise.supervisor import (
     child_running,
     end_own_subtree,
     enter_tree_cgroup,
-    inside_sandbox,
     is_guard,
     own_identity,
     own_pid_namespace,

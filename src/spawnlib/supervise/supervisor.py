@@ -46,9 +46,11 @@ from ..core.constants import (
 from ..core.errors import ExitCode, RefusedError, SpawnError, StateError
 from ..core.forkstate import on_fork
 from ..core.output import note
+from ..core.prelude import inside_sandbox
 from ..core.pure import float_or_none, parse_json
 from ..core.records import AgentMeta
 from ..programs import program_text
+from ..programs.sandbox_client import bwrap_owner
 from ..session.protocol import AGENTS_DIR, load_meta, read_outcome, read_text, write_json_atomic
 from .fast_start import compiled_script
 
@@ -1195,30 +1197,10 @@ def unsandboxed_warning(problem: str) -> str:
     )
 
 
-def inside_sandbox() -> bool:
-    """Whether this process runs inside a bubblewrap sandbox (a parent agent's Bash).
-
-    There bwrap is pid 1 of our own pid namespace, which an agent can't fake
-    without a namespace of its own. A sandbox can't nest (it refuses new
-    user namespaces), and everything started here is held by the outer one.
-    """
-    try:
-        first = Path("/proc/1/cmdline").read_bytes().split(b"\0")[0]
-    except OSError:
-        return False
-    return os.path.basename(first) == b"bwrap"
-
-
 def sandbox_owner() -> Path | None:
-    """The agent whose sandbox this process runs in, from that sandbox's bwrap.
-
-    bwrap binds what the sandboxed agent may write: its agent directory's
-    scratch/ among them (sandbox_writes). bwrap's
-    command line (pid 1 here, which nothing inside can replace) so names the
-    agent, and that agent's meta.json is not writable inside.
-    """
-    if not inside_sandbox():
-        return None
+    """The agent whose sandbox this process runs in, from that sandbox's bwrap (programs/sandbox_client.py's bwrap_owner)."""
+    owner = bwrap_owner()
+    return None if owner is None else Path(owner)
     try:
         args = Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
