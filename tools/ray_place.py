@@ -106,6 +106,9 @@ PR_SET_PDEATHSIG = 1
 EXIT_REFUSED = 4  # spawn.py's ExitCode.REFUSED: limits refused, no model request made
 EXIT_LOST = 1
 ENV_PLACER = "SPAWN_RAY_PLACER"  # a host actor's placement socket, in its agents' runners' environment
+PLACER_FOLDER_PREFIX = "spawn-place-"  # a placer's 0700 folder under the temp dir, holding its socket
+PLACER_SOCKET = "place.sock"
+PLACER_FOLDER_GRACE_S = 60.0  # a placer folder with no socket this long after it was made was abandoned
 NAMESPACE = "spawn"  # Ray's namespace for spawn.py's actors
 REQUEST_READ_S = 10.0
 ENV_STANDIN = "SPAWN_RAY_STANDIN"  # the token's pid, which the placed runner's meta.json names
@@ -558,8 +561,9 @@ class Placer:
         self.reserving: dict[str, int] = {}
         """Placement groups asked for near each node and not placed yet: spreads agents before the GCS counts them."""
         self.idle_since = time.monotonic()
-        self.folder = tempfile.mkdtemp(prefix="spawn-place-")  # 0700: only this user reaches the socket
-        self.path = Path(self.folder) / "place.sock"
+        sweep_placer_folders()
+        self.folder = tempfile.mkdtemp(prefix=PLACER_FOLDER_PREFIX)  # 0700: only this user reaches the socket
+        self.path = Path(self.folder) / PLACER_SOCKET
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(self.path))
         self.sock.listen(64)
@@ -783,6 +787,38 @@ class Placer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def sweep_placer_folders() -> None:
+    """Remove this user's placer folders whose socket no process serves any more.
+
+    A host actor's folder stays behind when Ray ends the actor with its job (no
+    cleanup runs in a killed worker): each new placer on the host sweeps them, so
+    at most the folders of placers that ended since the last one started remain.
+    A folder with no socket yet is left for a while: its placer may be binding it.
+    """
+    import glob
+    import shutil
+
+    for folder in glob.glob(os.path.join(tempfile.gettempdir(), PLACER_FOLDER_PREFIX + "*")):
+        try:
+            info = os.lstat(folder)
+        except OSError:
+            continue
+        if not os.path.isdir(folder) or os.path.islink(folder) or info.st_uid != os.getuid():
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(os.path.join(folder, PLACER_SOCKET))
+                continue  # served
+            except ConnectionRefusedError:
+                pass  # bound once, served by nobody now
+            except FileNotFoundError:
+                if time.time() - info.st_mtime < PLACER_FOLDER_GRACE_S:
+                    continue
+            except OSError:
+                continue
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class Service(Placer):
     """The placement service: the one Ray driver on a launcher's host for a session, and the host actors it owns."""
 
@@ -885,7 +921,9 @@ def serve(address: str, record: Path) -> int:
     say(f"ray_place: connected to {address} as a driver on node {context.get_node_id()}: Ray {ray.__version__}, {python}")
     say(f"ray_place: runtime_env: {json.dumps(dict(context.runtime_env), sort_keys=True)}")
     session = record.parent.parent.name
-    service = Service(ray, f"spawn-host-{session}-{record.stem}", record)
+    # The service's pid in its actors' names: a second service (one started beside a deaf
+    # first) makes its own, never takes the first's, which end with the first one's job.
+    service = Service(ray, f"spawn-host-{session}-{record.stem}-{os.getpid()}", record)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     tmp = record.with_name(f".{record.name}.{os.getpid()}")

@@ -22,10 +22,10 @@ from .memory import MemorySampler, TreeMemory
 from .runs import Bench
 
 
-def fanout_script(count: int, leaf_steps: Sequence[Mapping[str, Any]]) -> str:
+def fanout_script(count: int, leaf_steps: Sequence[Mapping[str, Any]], leaf_tools: str = "Read") -> str:
     """A parent's Bash: start `count` leaves with --background at once, then `wait` for all of them."""
     leaf = shlex.quote(f"MOCK{json.dumps(list(leaf_steps))}MOCK")
-    start = spawn_in_bash("--tools", "Read", "--background", "--print", "id")
+    start = spawn_in_bash("--tools", leaf_tools, "--background", "--print", "id")
     return (
         f'd=$(mktemp -d); for i in $(seq {count}); do {start} --task "fan-out leaf $i "{leaf} > "$d/$i" & done; wait; '
         f'{spawn_in_bash("wait", "--all")} $(cat "$d"/*) > /dev/null'
@@ -54,6 +54,8 @@ class FanOut:
     compare_cpu_s: float = math.nan
     compare_rounds_s: list[tuple[float, float]] = field(default_factory=list)
     """(this spawn.py, --compare) wall times of each round."""
+    leaf_tools: str = "Read"
+    """The leaves' tools, on both sides: with Bash, spawn.py's leaves run sandboxed."""
 
 
 def fanout(
@@ -66,6 +68,7 @@ def fanout(
     pss: bool = False,
     bare_first: bool = False,
     compare: Path | None = None,
+    leaf_tools: str = "Read",
 ) -> FanOut:
     """P1b (wall time) and P6 (memory): `count` leaves from one spawn.py parent, and `count` bare claude -p in parallel.
 
@@ -74,18 +77,19 @@ def fanout(
     about 1 s of CPU in a 10 s fan-out on 2 cores, beside the run being timed.
     bare_first runs the bare side first, so that rounds can alternate the order.
     compare runs the spawn.py side a second time through that script, between the other two.
+    leaf_tools: both sides' leaves' tools; with Bash, spawn.py's leaves run sandboxed (below the root, --sandbox auto).
     """
     steps: list[dict[str, Any]] = [{"text": LEAF_TEXT, **({"sleep": leaf_sleep} if leaf_sleep else {})}]
-    root_task = mock_task(f"bench fan-out root {count}", [{"bash": fanout_script(count, steps)}, {"text": "root-result"}])
+    root_task = mock_task(f"bench fan-out root {count}", [{"bash": fanout_script(count, steps, leaf_tools)}, {"text": "root-result"}])
 
     def spawn_argv(script: Path) -> list[str]:
         return [sys.executable, str(script), "--task", root_task, "--tools", "Bash,Read", "--max-depth", "1"]
 
     def command(script: Path) -> str:
-        task = f"'MOCK[Bash: {fanout_script(count, steps)}]MOCK'"
+        task = f"'MOCK[Bash: {fanout_script(count, steps, leaf_tools)}]MOCK'"
         return f"{shlex.join(spawn_argv(script)[:2])} --task {task} --tools Bash,Read --max-depth 1"
 
-    leaves = [bare_argv(bench.cli, mock_task(f"bare fan-out leaf {i}", steps), "Read") for i in range(count)]
+    leaves = [bare_argv(bench.cli, mock_task(f"bare fan-out leaf {i}", steps), leaf_tools) for i in range(count)]
     spawn_env = dict(env or bench.env)
     sides: dict[str, Callable[[], tuple[float, TreeMemory, float]]] = {
         "spawn": lambda: spawn_fanout(bench, count, spawn_argv(SPAWN), spawn_env, pss)
@@ -113,6 +117,7 @@ def fanout(
         compare_s=compare_s,
         compare_cpu_s=compare_cpu,
         compare_rounds_s=[] if compare is None else [(spawn_s, compare_s)],
+        leaf_tools=leaf_tools,
     )
 
 
@@ -156,13 +161,13 @@ def bare_fanout(bench: Bench, leaves: list[list[str]], pss: bool) -> tuple[float
     return bare_s, sampler.result, bare_cpu
 
 
-def fanout_rounds(bench: Bench, count: int, rounds: int, compare: Path | None = None) -> FanOut:
+def fanout_rounds(bench: Bench, count: int, rounds: int, compare: Path | None = None, leaf_tools: str = "Read") -> FanOut:
     """P1b over `rounds` rounds that alternate which side runs first: medians of time and CPU, peaks of memory.
 
     One fan-out per side is one sample of a noisy figure: on a shared 2-core
     machine 16 bare claude -p took anywhere from 9.2 s to 12.9 s within an hour.
     """
-    runs = [fanout(bench, count, 0.0, bare_first=i % 2 == 1, compare=compare) for i in range(max(1, rounds))]
+    runs = [fanout(bench, count, 0.0, bare_first=i % 2 == 1, compare=compare, leaf_tools=leaf_tools) for i in range(max(1, rounds))]
 
     def peaks(memories: list[TreeMemory]) -> TreeMemory:
         return TreeMemory(**{f.name: max(getattr(m, f.name) for m in memories) for f in fields(TreeMemory)})
@@ -180,4 +185,5 @@ def fanout_rounds(bench: Bench, count: int, rounds: int, compare: Path | None = 
         compare_s=median([r.compare_s for r in runs]),
         compare_cpu_s=median([r.compare_cpu_s for r in runs]),
         compare_rounds_s=[pair for r in runs for pair in r.compare_rounds_s],
+        leaf_tools=leaf_tools,
     )

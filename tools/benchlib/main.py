@@ -92,6 +92,12 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> ar
     p.add_argument("--dag-rounds", type=int, default=1, metavar="N", help="rounds of the dag runner overhead figure (default 1; 0 skips)")
     p.add_argument("--fanout", type=int, default=16, metavar="N", help="P1b: background leaves from one parent (default 16; 0 skips)")
     p.add_argument(
+        "--fanout-tools",
+        default="Read",
+        metavar="TOOLS",
+        help="P1b: the leaves' tools on both sides (default Read); with Bash, spawn.py's leaves run sandboxed (--sandbox auto)",
+    )
+    p.add_argument(
         "--fanout-rounds", type=int, default=3, metavar="N", help="P1b: interleaved rounds of both sides, medians reported (default 3)"
     )
     p.add_argument(
@@ -164,7 +170,7 @@ def measure_all(
     memory: dict[str, FanOut] = {}
     if args.fanout > 0 and not args.only_waitperf:
         print(f"fan-out: {args.fanout} background leaves vs {args.fanout} bare claude -p ...", flush=True)
-        fan = fanout_rounds(bench, args.fanout, args.fanout_rounds, args.compare)
+        fan = fanout_rounds(bench, args.fanout, args.fanout_rounds, args.compare, args.fanout_tools)
         if not args.only_chains:
             # The start slots' saving, side by side: every CLI start-up at once.
             fan.no_slots_s = fanout(bench, args.fanout, 0.0, {**bench.env, "SPAWN_START_SLOTS": "0"}, bare=False).spawn_s
