@@ -56,6 +56,8 @@ class FanOut:
     """(this spawn.py, --compare) wall times of each round."""
     leaf_tools: str = "Read"
     """The leaves' tools, on both sides: with Bash, spawn.py's leaves run sandboxed."""
+    bare_sandbox: bool = False
+    """The bare leaves ran with Claude Code's sandbox on."""
 
 
 def fanout(
@@ -69,6 +71,7 @@ def fanout(
     bare_first: bool = False,
     compare: Path | None = None,
     leaf_tools: str = "Read",
+    bare_sandbox: bool = False,
 ) -> FanOut:
     """P1b (wall time) and P6 (memory): `count` leaves from one spawn.py parent, and `count` bare claude -p in parallel.
 
@@ -78,6 +81,7 @@ def fanout(
     bare_first runs the bare side first, so that rounds can alternate the order.
     compare runs the spawn.py side a second time through that script, between the other two.
     leaf_tools: both sides' leaves' tools; with Bash, spawn.py's leaves run sandboxed (below the root, --sandbox auto).
+    bare_sandbox: the bare leaves run with Claude Code's sandbox on too (its start costs the same on both sides).
     """
     steps: list[dict[str, Any]] = [{"text": LEAF_TEXT, **({"sleep": leaf_sleep} if leaf_sleep else {})}]
     root_task = mock_task(f"bench fan-out root {count}", [{"bash": fanout_script(count, steps, leaf_tools)}, {"text": "root-result"}])
@@ -90,6 +94,8 @@ def fanout(
         return f"{shlex.join(spawn_argv(script)[:2])} --task {task} --tools Bash,Read --max-depth 1"
 
     leaves = [bare_argv(bench.cli, mock_task(f"bare fan-out leaf {i}", steps), leaf_tools) for i in range(count)]
+    if bare_sandbox:
+        leaves = [[*leaf, "--settings", json.dumps({"sandbox": {"enabled": True}})] for leaf in leaves]
     spawn_env = dict(env or bench.env)
     sides: dict[str, Callable[[], tuple[float, TreeMemory, float]]] = {
         "spawn": lambda: spawn_fanout(bench, count, spawn_argv(SPAWN), spawn_env, pss)
@@ -118,6 +124,7 @@ def fanout(
         compare_cpu_s=compare_cpu,
         compare_rounds_s=[] if compare is None else [(spawn_s, compare_s)],
         leaf_tools=leaf_tools,
+        bare_sandbox=bare_sandbox,
     )
 
 
@@ -161,13 +168,18 @@ def bare_fanout(bench: Bench, leaves: list[list[str]], pss: bool) -> tuple[float
     return bare_s, sampler.result, bare_cpu
 
 
-def fanout_rounds(bench: Bench, count: int, rounds: int, compare: Path | None = None, leaf_tools: str = "Read") -> FanOut:
+def fanout_rounds(
+    bench: Bench, count: int, rounds: int, compare: Path | None = None, *, leaf_tools: str = "Read", bare_sandbox: bool = False
+) -> FanOut:
     """P1b over `rounds` rounds that alternate which side runs first: medians of time and CPU, peaks of memory.
 
     One fan-out per side is one sample of a noisy figure: on a shared 2-core
     machine 16 bare claude -p took anywhere from 9.2 s to 12.9 s within an hour.
     """
-    runs = [fanout(bench, count, 0.0, bare_first=i % 2 == 1, compare=compare, leaf_tools=leaf_tools) for i in range(max(1, rounds))]
+    runs = [
+        fanout(bench, count, 0.0, bare_first=i % 2 == 1, compare=compare, leaf_tools=leaf_tools, bare_sandbox=bare_sandbox)
+        for i in range(max(1, rounds))
+    ]
 
     def peaks(memories: list[TreeMemory]) -> TreeMemory:
         return TreeMemory(**{f.name: max(getattr(m, f.name) for m in memories) for f in fields(TreeMemory)})
@@ -186,4 +198,5 @@ def fanout_rounds(bench: Bench, count: int, rounds: int, compare: Path | None = 
         compare_cpu_s=median([r.compare_cpu_s for r in runs]),
         compare_rounds_s=[pair for r in runs for pair in r.compare_rounds_s],
         leaf_tools=leaf_tools,
+        bare_sandbox=bare_sandbox,
     )

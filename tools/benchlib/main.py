@@ -98,6 +98,11 @@ def parse_args(argv: Sequence[str] | None, description: str | None = None) -> ar
         help="P1b: the leaves' tools on both sides (default Read); with Bash, spawn.py's leaves run sandboxed (--sandbox auto)",
     )
     p.add_argument(
+        "--fanout-bare-sandbox",
+        action="store_true",
+        help="P1b: the bare leaves run with Claude Code's sandbox on too (with --fanout-tools Bash: its start on both sides)",
+    )
+    p.add_argument(
         "--fanout-rounds", type=int, default=3, metavar="N", help="P1b: interleaved rounds of both sides, medians reported (default 3)"
     )
     p.add_argument(
@@ -170,7 +175,9 @@ def measure_all(
     memory: dict[str, FanOut] = {}
     if args.fanout > 0 and not args.only_waitperf:
         print(f"fan-out: {args.fanout} background leaves vs {args.fanout} bare claude -p ...", flush=True)
-        fan = fanout_rounds(bench, args.fanout, args.fanout_rounds, args.compare, args.fanout_tools)
+        fan = fanout_rounds(
+            bench, args.fanout, args.fanout_rounds, args.compare, leaf_tools=args.fanout_tools, bare_sandbox=args.fanout_bare_sandbox
+        )
         if not args.only_chains:
             # The start slots' saving, side by side: every CLI start-up at once.
             fan.no_slots_s = fanout(bench, args.fanout, 0.0, {**bench.env, "SPAWN_START_SLOTS": "0"}, bare=False).spawn_s

@@ -44,7 +44,8 @@ def fanout_targets(fan: FanOut | None) -> list[Target]:
         detail += f"; with SPAWN_START_SLOTS=0 {fmt(fan.no_slots_s, 's')}"
     return [
         Target(
-            f"{fan.count} background leaves (--tools {fan.leaf_tools}) + wait --all, wall time "
+            f"{fan.count} background leaves (--tools {fan.leaf_tools}{'; bare ones sandboxed too' if fan.bare_sandbox else ''})"
+            " + wait --all, wall time "
             f"({fmt(fan.spawn_s, 's')} vs {fmt(fan.bare_s, 's')}; {detail})",
             fan.spawn_s / fan.bare_s,
             TARGET_FANOUT_RATIO,
