@@ -118,3 +118,39 @@ def test_the_last_word_is_one_json_record(tmp_path: Path) -> None:
     assert word["exit_code"] == 1 and word["reason"].startswith("the Ray node n1") and isinstance(word["pid"], int)
     assert [p.name for p in tmp_path.iterdir()] == [ray_place.STANDIN_EXIT]  # no temporary left
     assert ray_place.STANDIN_EXIT == spawn.RAY_STANDIN_EXIT  # where spawn.py's reaper reads it
+
+
+def test_a_new_placer_sweeps_the_folders_of_placers_nobody_serves_unit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unit: Ray ends a host actor without cleanup, so its socket's folder stays; the next placer on the host removes
+    this user's folders whose socket refuses a connection, and leaves a served one, a fresh one with no socket yet,
+    and anything that is not a folder of ours."""
+    import shutil
+    import socket
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="sweep-", dir="/tmp"))  # short: a socket path holds ~107 bytes
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = ray_place.PLACER_FOLDER_PREFIX
+
+    def folder(name: str) -> Path:
+        path = tmp_path / f"{prefix}{name}"
+        path.mkdir(mode=0o700)
+        return path
+
+    dead, served, fresh, stale = folder("dead"), folder("served"), folder("fresh"), folder("stale")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as gone:
+        gone.bind(str(dead / ray_place.PLACER_SOCKET))  # bound, then closed: connect is refused
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(served / ray_place.PLACER_SOCKET))
+    listener.listen(1)
+    old = time.time() - ray_place.PLACER_FOLDER_GRACE_S - 5
+    os.utime(stale, (old, old))
+    (tmp_path / f"{prefix}file").write_text("not a folder")
+    (tmp_path / f"{prefix}link").symlink_to(dead)
+    try:
+        ray_place.sweep_placer_folders()
+        left = sorted(p.name.removeprefix(prefix) for p in tmp_path.iterdir())
+        assert left == ["file", "fresh", "link", "served"]
+    finally:
+        listener.close()
+        shutil.rmtree(tmp_path)
