@@ -137,7 +137,8 @@ def test_a_new_placer_sweeps_the_folders_of_placers_nobody_serves_unit(monkeypat
         path.mkdir(mode=0o700)
         return path
 
-    dead, served, fresh, stale = folder("dead"), folder("served"), folder("fresh"), folder("stale")
+    dead, served, stale = folder("dead"), folder("served"), folder("stale")
+    folder("fresh")  # made now: its placer may still be binding its socket
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as gone:
         gone.bind(str(dead / ray_place.PLACER_SOCKET))  # bound, then closed: connect is refused
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
