@@ -357,7 +357,9 @@ def test_a_brokered_send_takes_an_id_its_text_and_as_only() -> None:
 def test_the_sandbox_clients_names_are_spawn_pys_unit() -> None:
     """Unit: programs/sandbox_client.py runs before spawn.py's imports, with its own copies of spawn.py's names: they agree."""
     assert spawn.CLIENT_BROKERED_VERBS == spawn.BROKERED_VERBS
-    assert spawn.CLIENT_INLINED_FILES == spawn.INLINED_FILES
+    # What the client inlines becomes flags the runner takes; the file flags themselves it never takes.
+    assert all(spawn.BROKER_FLAGS[inline] for inline in spawn.CLIENT_INLINED_FILES.values())
+    assert not set(spawn.CLIENT_INLINED_FILES) & set(spawn.BROKER_FLAGS)
     assert (spawn.CLIENT_ENV_CALL, spawn.CLIENT_META, spawn.CLIENT_OUTCOME) == (spawn.ENV_CALL, spawn.META, spawn.OUTCOME)
     assert (spawn.CLIENT_REQUESTS_DIR, spawn.CLIENT_AGENTS_DIR, spawn.CLIENT_SCRATCH_DIR) == (
         spawn.REQUESTS_DIR,

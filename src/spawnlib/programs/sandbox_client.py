@@ -23,7 +23,10 @@ import sys
 # spawn.py's names for these, which this program can't import when the
 # stand-in runs it (test_broker checks they agree).
 CLIENT_BROKERED_VERBS = ("kill", "wait", "send")  # BROKERED_VERBS
-CLIENT_INLINED_FILES = {"--task-file": "--task", "--system-prompt-file": "--system-prompt"}  # INLINED_FILES
+# The files read here and passed inline (the runner must never read a path for
+# the agent: it may read what the sandbox hides). The one list: BROKER_FLAGS
+# takes what they become, never them.
+CLIENT_INLINED_FILES = {"--task-file": "--task", "--system-prompt-file": "--system-prompt"}
 CLIENT_ENV_CALL = "SPAWN_CALL"  # ENV_CALL
 CLIENT_REQUESTS_DIR = "requests"  # REQUESTS_DIR
 CLIENT_AGENTS_DIR = "agents"  # AGENTS_DIR

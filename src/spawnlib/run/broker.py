@@ -115,9 +115,6 @@ BROKER_FLAGS: Mapping[str, bool] = {
     "--resume": True,
     "--traceback": False,
 }
-# Files the sandboxed spawn.py reads itself and passes inline: the runner
-# must never read a path for the agent (it may read what the sandbox hides).
-INLINED_FILES = {"--task-file": "--task", "--system-prompt-file": "--system-prompt"}
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 
 

@@ -34,13 +34,11 @@ from ..core.constants import (
     HEARTBEAT_STALE_BEATS,
     KILL_GRACE_S,
     LEFTOVER_GRACE_S,
-    META,
     PERMISSION_RANK,
     SANDBOX_INSTALL,
     SANDBOX_LOST,
     SANDBOX_MACOS_PROGRAM,
     SANDBOX_PROGRAMS,
-    SCRATCH_DIR,
     SCRIPT_PATH,
 )
 from ..core.errors import ExitCode, RefusedError, SpawnError, StateError
@@ -1201,14 +1199,3 @@ def sandbox_owner() -> Path | None:
     """The agent whose sandbox this process runs in, from that sandbox's bwrap (programs/sandbox_client.py's bwrap_owner)."""
     owner = bwrap_owner()
     return None if owner is None else Path(owner)
-    try:
-        args = Path("/proc/1/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return None
-    for i in range(len(args) - 1):
-        flag, candidate = args[i], Path(args[i + 1])
-        if flag == "--bind" and candidate.name == SCRATCH_DIR:
-            candidate = candidate.parent
-        if flag == "--bind" and candidate.parent.name == AGENTS_DIR and (candidate / META).is_file():
-            return candidate
-    return None
