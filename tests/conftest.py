@@ -221,6 +221,36 @@ def metas(session_root: Path) -> dict[str, dict[str, Any]]:
     return {d.name: load(d / "meta.json") for d in agent_dirs(session_root) if (d / "meta.json").exists()}
 
 
+def plant_agent(
+    session: Path,
+    agent_id: str,
+    pid: int,
+    *,
+    parent_id: str | None = None,
+    create_time: float | None = None,
+    where: Mapping[str, str] | None = None,
+) -> Path:
+    """A running agent's record (no outcome, no heartbeat) whose spawn.py and group are pid.
+
+    where: host and boot_id, this host's and boot's unless given.
+    """
+    spawn = sys.modules["spawn"]
+    where = where or {}
+    agent_dir = session / spawn.AGENTS_DIR / agent_id
+    agent_dir.mkdir(parents=True)
+    meta = spawn.AgentMeta(
+        id=agent_id, parent_id=parent_id, depth=spawn.id_depth(agent_id) or 0, max_depth=3, pid=pid,
+        create_time=psutil.Process(pid).create_time() if create_time is None else create_time, pgid=pid,
+        trace_id="1" * 32, span_id="2" * 16, traceparent=f"00-{'1' * 32}-{'2' * 16}-01", task="t", tools=["Read"],
+        disallowed_tools=[], model="sonnet", cwd="/", started_at=spawn.utc_now_iso(), session=str(session),
+        system_prompt="", background=True,
+        pid_namespace=spawn.own_pid_namespace(),  # the same inode as every host's initial namespace
+        host=where.get("host", spawn.own_host()), boot_id=where.get("boot_id", spawn.own_boot_id()),
+    )  # fmt: skip
+    spawn.write_meta(agent_dir, meta, [])
+    return Path(agent_dir)
+
+
 def listed_agents(env: Mapping[str, str], cwd: Path, *, builtin: bool = False) -> list[dict[str, Any]]:
     """`agents list --json` run in cwd: the definitions from files, or with builtin the built-in ones too."""
     rows = stdout_json(run_spawn(["agents", "list", "--json"], env, cwd=cwd))["agents"]

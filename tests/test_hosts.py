@@ -19,12 +19,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import agent_dirs, mock_task, run_spawn, start_spawn, stdout_json
+from conftest import agent_dirs, mock_task, plant_agent, run_spawn, start_spawn, stdout_json
 
 import spawn
 
 HANG_S = 60
 FOREIGN_BOOT = "00000000-0000-4000-8000-000000000000"
+SESSION = "20260101-0000-hosts"
 
 
 @pytest.fixture
@@ -34,40 +35,6 @@ def bystander() -> Iterator[subprocess.Popen[bytes]]:
     yield proc
     proc.kill()
     proc.wait()
-
-
-def plant_agent(session_root: Path, pid: int, *, host: str | None, boot_id: str | None, name: str = "a1-00beef") -> Path:
-    """A running agent's record (no outcome, no heartbeat) whose spawn.py and group are pid."""
-    session = session_root / "20260101-0000-hosts"
-    (session / spawn.AGENTS_DIR).mkdir(parents=True, exist_ok=True)
-    agent_dir = session / spawn.AGENTS_DIR / name
-    agent_dir.mkdir()
-    meta = spawn.AgentMeta(
-        id=name,
-        parent_id=None,
-        depth=1,
-        max_depth=3,
-        pid=pid,
-        create_time=psutil.Process(pid).create_time(),
-        pgid=pid,
-        trace_id="1" * 32,
-        span_id="2" * 16,
-        traceparent=f"00-{'1' * 32}-{'2' * 16}-01",
-        task="t",
-        tools=["Read"],
-        disallowed_tools=[],
-        model="sonnet",
-        cwd="/",
-        started_at=spawn.utc_now_iso(),
-        session=str(session),
-        system_prompt="",
-        background=True,
-        pid_namespace=spawn.own_pid_namespace(),  # the same inode as every host's initial namespace
-        host=host,
-        boot_id=boot_id,
-    )
-    spawn.write_meta(agent_dir, meta, [])
-    return agent_dir
 
 
 def untouched(proc: subprocess.Popen[bytes]) -> bool:
@@ -88,7 +55,7 @@ def untouched(proc: subprocess.Popen[bytes]) -> bool:
 def test_a_record_from_elsewhere_is_never_signalled(
     verb: str, where: dict[str, str], base_env: dict[str, str], session_root: Path, bystander: subprocess.Popen[bytes]
 ) -> None:
-    agent_dir = plant_agent(session_root, bystander.pid, **where)
+    agent_dir = plant_agent(session_root / SESSION, "a1-00beef", bystander.pid, where=where)
     session = agent_dir.parent.parent
     args = {"kill": ["kill", "--session", str(session), agent_dir.name], "reap": ["reap", str(session)], "status": ["status", str(session)]}
     proc = run_spawn(args[verb], base_env)
@@ -102,7 +69,7 @@ def test_the_same_record_on_this_host_is_signalled(
     base_env: dict[str, str], session_root: Path, bystander: subprocess.Popen[bytes]
 ) -> None:
     """The control: what the tests above plant is a kill target when it says it is ours."""
-    agent_dir = plant_agent(session_root, bystander.pid, host=spawn.own_host(), boot_id=spawn.own_boot_id())
+    agent_dir = plant_agent(session_root / SESSION, "a1-00beef", bystander.pid)
     proc = run_spawn(["kill", "--session", str(agent_dir.parent.parent), agent_dir.name], base_env)
     assert proc.returncode == spawn.ExitCode.OK, proc.stderr
     assert bystander.wait(timeout=HANG_S) != 0
@@ -126,7 +93,7 @@ def test_wait_polls_when_told_and_still_returns(
 ) -> None:
     """SPAWN_WAIT_POLL=1 (a session directory other hosts write): no inotify, and wait still sees outcomes land."""
     dirs = [
-        plant_agent(session_root, bystander.pid, host=spawn.own_host(), boot_id=spawn.own_boot_id(), name=f"a1-{i:06x}")
+        plant_agent(session_root / SESSION, f"a1-{i:06x}", bystander.pid)
         for i in range(spawn.WAIT_POLL_BATCH + 5)  # past the batch, wait would watch
     ]
     env = {**base_env, **({"SPAWN_WAIT_POLL": "1"} if forced else {})}

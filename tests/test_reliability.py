@@ -26,6 +26,7 @@ from conftest import (
     load,
     metas,
     mock_task,
+    plant_agent,
     run_parent_of,
     run_spawn,
     spawn_in_bash,
@@ -118,8 +119,33 @@ def test_sigkilled_middle_of_depth3_tree_leaves_nothing_running(env: dict[str, s
     statuses = {load(d / "meta.json")["depth"]: load(d / "outcome.json") for d in agent_dirs(session_root)}
     assert statuses[0]["status"] == "done"
     assert statuses[1]["status"] == "failed"
-    assert statuses[2]["status"] == "killed"
+    assert statuses[2]["status"] == "killed", statuses[2]
     validate_records(session_root)
+
+
+def a_dead_process() -> tuple[int, float]:
+    proc = subprocess.Popen(["sleep", "60"])
+    create_time = psutil.Process(proc.pid).create_time()
+    proc.kill()
+    proc.wait()
+    return proc.pid, create_time
+
+
+def test_an_ending_agent_settles_a_dead_grandchild_of_a_dead_child_as_killed_unit(session_root: Path) -> None:
+    """The race CI met: the middle's death took the leaf down, and the root ended before the middle's guard settled them."""
+    session = session_root / "20260101-0000-settle"
+    root = plant_agent(session, "a0-000001", os.getpid())
+    for agent_id, parent_id in [("a1-000002", "a0-000001"), ("a2-000003", "a1-000002"), ("a1-000004", "a0-000001")]:
+        pid, create_time = a_dead_process()  # a1-000004 died alone: its parent, the root, runs on
+        plant_agent(session, agent_id, pid, parent_id=parent_id, create_time=create_time)
+    spawn.settle_descendants(spawn.load_meta(root), [], set())
+    outcomes = {d.name: load(d / "outcome.json") for d in (session / spawn.AGENTS_DIR).iterdir() if (d / "outcome.json").exists()}
+    assert sorted(outcomes) == ["a1-000002", "a1-000004", "a2-000003"]
+    assert outcomes["a2-000003"]["status"] == "killed"
+    assert "ended with its parent agent a1-000002" in outcomes["a2-000003"]["reason"]
+    assert outcomes["a1-000002"]["status"] == "failed"
+    assert outcomes["a1-000004"]["status"] == "failed"
+    assert "died without writing an outcome" in outcomes["a1-000004"]["reason"]
 
 
 def test_reap_settles_an_agent_whose_guard_died_too(env: dict[str, str], session_root: Path) -> None:

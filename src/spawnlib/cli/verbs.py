@@ -47,7 +47,7 @@ from ..core.pure import parse_json, token_counts, token_hex
 from ..core.records import EXIT_FOR_STATUS, AgentMeta, R, Status, record_to_json
 from ..policy.admission import lend_slot, take_back_slot, usable_cpus
 from ..policy.steering import SentMessages, paused_note
-from ..run.runner import descendants_of, settle_agents
+from ..run.runner import descendants_of, parent_gone, settle_agents
 from ..session.ledger import read_ledger, read_model_calls
 from ..session.protocol import (
     AGENTS_DIR,
@@ -86,18 +86,6 @@ from ..supervise.supervisor import (
 )
 
 # -------------------------------------------------------------------- verbs --
-
-
-def parent_gone(session: Path, meta: AgentMeta) -> bool:
-    """True if a live agent's parent agent has ended or died: it escaped its tree."""
-    if meta.parent_id is None:
-        return False
-    parent_dir = session / AGENTS_DIR / meta.parent_id
-    try:
-        parent = load_meta(parent_dir)
-    except (FileNotFoundError, SpawnError):
-        return False
-    return read_outcome(parent_dir) is not None or not Supervised.of(parent).alive()
 
 
 def reap_agent(agent_dir: Path, by: str, secrets_: Sequence[str]) -> bool:

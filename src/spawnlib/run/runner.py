@@ -1058,9 +1058,25 @@ def settle_descendants(meta: AgentMeta, secrets_: Sequence[str], ended: set[str]
             child = load_meta(d)
             if Supervised.of(child).alive() or child.id in ended:
                 verdicts.append((d, Status.KILLED, f"ended with its ancestor {meta.id}"))
+            elif parent_gone(Path(meta.session), child):
+                # Its parent died or ended too: that end took it down, as reap_agent judges it.
+                reason = f"process {child.pid} ended with its parent agent {child.parent_id} (found by {meta.id})"
+                verdicts.append((d, Status.KILLED, reason))
             else:
                 verdicts.append((d, Status.FAILED, f"process {child.pid} died without writing an outcome (found by {meta.id})"))
     settle_agents(verdicts, "parent", secrets_)
+
+
+def parent_gone(session: Path, meta: AgentMeta) -> bool:
+    """True if an agent's parent agent has ended or died (a live agent whose parent is gone escaped its tree)."""
+    if meta.parent_id is None:
+        return False
+    parent_dir = session / AGENTS_DIR / meta.parent_id
+    try:
+        parent = load_meta(parent_dir)
+    except (FileNotFoundError, SpawnError):
+        return False
+    return read_outcome(parent_dir) is not None or not Supervised.of(parent).alive()
 
 
 def descendants_of(session: Path, agent_id: str) -> list[Path]:
