@@ -155,3 +155,35 @@ def test_a_new_placer_sweeps_the_folders_of_placers_nobody_serves_unit(monkeypat
     finally:
         listener.close()
         shutil.rmtree(tmp_path)
+
+
+def test_a_probe_of_the_socket_is_no_request_and_keeps_the_idle_clock_unit(tmp_path: Path) -> None:
+    """Unit: a new placer's sweep connects to every live placer's socket; only a placement request counts as use,
+    so a live placer still leaves IDLE_EXIT_S after its last request, however many placers start beside it."""
+    import socket
+
+    placer = ray_place.Placer(None, "test", lambda node: None, lambda peer, asked: "placed by no one here")
+    try:
+        before = placer.idle_since
+        time.sleep(0.05)
+        ray_place.sweep_placer_folders()  # connects to placer's socket, says nothing
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(str(placer.path))
+            conn.sendall(b'{"agent_dir": 7}\n')
+            assert json.loads(conn.makefile("rb").readline()) == {"error": "not a placement request"}
+        deadline = time.monotonic() + 5
+        while placer.asking and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert placer.asking == 0
+        assert placer.idle_since == before
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:  # a request: refused, but used
+            conn.connect(str(placer.path))
+            conn.sendall(json.dumps({"agent_dir": str(tmp_path / "a1-000001")}).encode() + b"\n")
+            lines = conn.makefile("rb")
+            assert json.loads(lines.readline()) == {"taken": True}
+            assert json.loads(lines.readline()) == {"error": "placed by no one here"}
+        while placer.asking and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert placer.idle_since > before
+    finally:
+        placer.close()

@@ -585,6 +585,7 @@ class Placer:
 
     def answer(self, conn: socket.socket) -> None:
         """One launcher's request: {taken} at once (a launcher that sees nothing may ask again), then where, or why not."""
+        asked = False
         try:
             with conn:
                 conn.settimeout(REQUEST_READ_S)
@@ -596,6 +597,7 @@ class Placer:
                 if not isinstance(request, dict) or not isinstance(request.get("agent_dir"), str):
                     conn.sendall(b'{"error": "not a placement request"}\n')
                     return
+                asked = True
                 conn.sendall(b'{"taken": true}\n')
                 reply = self.place(peer, request)
                 conn.settimeout(5.0)
@@ -608,7 +610,8 @@ class Placer:
         finally:
             with self.lock:
                 self.asking -= 1
-                self.idle_since = time.monotonic()
+                if asked:  # not a new placer's sweep probing the socket: that would keep every placer on the host up
+                    self.idle_since = time.monotonic()
 
     def place(self, peer: int, request: dict[str, Any]) -> dict[str, Any]:
         """Reserve the agent's memory, start its runner through its node's host actor, start its token: where, or why not."""
