@@ -611,6 +611,8 @@ def test_when_the_gateway_dies_each_agent_fails_saying_so_and_nothing_goes_unmet
     (outcome,) = [load(d / "outcome.json") for d in agent_dirs(session_root)]
     assert outcome["status"] == "failed" and outcome["reason"].startswith("model gateway: the tree's gateway (pid "), outcome
     assert len(mock_model.requests()) == seen  # no call went around it
+    # Killed, it could not take its record and socket with it: its root did.
+    assert not list(session_root.glob("*/gateway/gateway.json")) and not list(session_root.glob("*/gateway/control.sock"))
 
 
 def test_a_cap_on_calls_at_once_holds_for_the_tree(env: dict[str, str], session_root: Path, mock_model: MockModel) -> None:

@@ -462,32 +462,91 @@ def oauth_token(path: Path | str) -> str | None:
 def start_gateway(session: Path, script: str, budget: float | None, listen: str = LOOPBACK) -> tuple[subprocess.Popen[bytes] | None, str]:
     """Start the tree's gateway and hand it the real credential on its stdin; remove the credential from this process.
 
-    It runs `spawn.py _gateway SESSION`, which prints its URL once it listens,
-    and serves while a root of the session runs (the runner that started it
-    stops it at its end when no other root runs).
+    The sockets are bound and listening here, and handed to `spawn.py _gateway
+    SESSION` open: the root's CLI starts at once, beside the gateway's own
+    start, and its first call waits in the listen backlog if it comes first.
+    It serves while a root of the session runs (the runner that started it
+    stops it at its end when no other root runs); one that dies at start ends
+    the tree as one that dies later does (the runner's gateway_watch).
     Returns (the gateway, where its credential came from), or (None, why not).
     """
+    import psutil
+
     credential, source = real_credential(os.environ)
     if not credential:
         return None, source
     upstream = os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_UPSTREAM
     env = {k: v for k, v in os.environ.items() if k not in REAL_CREDENTIAL_VARS}
-    # Its own process group, outside the tree's cgroup (started before the root enters it): the session's
-    # other roots may still need it when this root's tree ends, and it ends when none runs (exit_with_session).
-    proc = subprocess.Popen(
-        [sys.executable, script, "_gateway", str(session)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True, start_new_session=True,
-    )  # fmt: skip
-    assert proc.stdin is not None and proc.stdout is not None
-    handed = {"credential": credential, "upstream": upstream, "budget": budget, "listen": listen}
-    proc.stdin.write(json.dumps(handed).encode() + b"\n")
-    proc.stdin.close()
-    line = proc.stdout.readline().decode().strip()
-    if not line.startswith("http://"):
-        proc.wait()
-        return None, "the tree's gateway did not start"
+    try:
+        sock, control, url = gateway_sockets(session, listen)
+    except OSError as exc:
+        return None, f"the tree's gateway could not listen on {listen}: {exc.strerror or exc}"
+    fds = {"listen_fd": sock.fileno(), "control_fd": control.fileno()}
+    handed = {"credential": credential, "upstream": upstream, "budget": budget, "listen": listen, "url": url, **fds}
+    try:
+        # Its own process group, outside the tree's cgroup (started before the root enters it): the session's
+        # other roots may still need it when this root's tree ends, and it ends when none runs (exit_with_session).
+        proc = subprocess.Popen(
+            [sys.executable, script, "_gateway", str(session)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+            env=env, close_fds=True, pass_fds=tuple(fds.values()), start_new_session=True,
+        )  # fmt: skip
+        assert proc.stdin is not None
+        try:
+            with proc.stdin:
+                proc.stdin.write(json.dumps(handed).encode() + b"\n")  # a pipe's buffer holds it: no wait for the reader
+            created = psutil.Process(proc.pid).create_time()
+        except (OSError, psutil.Error):
+            stop_gateway(proc)
+            return None, "the tree's gateway did not start"
+    except OSError as exc:
+        return None, f"the tree's gateway did not start: {exc.strerror or exc}"
+    finally:
+        sock.close()  # the gateway's now: a call to a gateway that died is refused, not left waiting
+        control.close()
+    write_gateway_record(session, url, proc.pid, created)
     forget_real_credential()
     return proc, source
+
+
+def gateway_sockets(session: Path, listen: str) -> tuple[Any, Any, str]:
+    """The gateway's listening sockets, for calls (TCP on listen) and for `budget` changes (gateway/control.sock),
+    and its URL. Listening from the start, so nothing that finds the record is refused while the gateway starts."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((listen, 0))
+        sock.listen(1024)
+        folder = session / GATEWAY_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            (folder / CONTROL_SOCKET).unlink()  # a gateway's before this one (a resumed tree)
+        control = bind_private_socket(folder / CONTROL_SOCKET)
+        control.listen(64)
+    except OSError:
+        sock.close()
+        raise
+    return sock, control, f"http://{listen}:{sock.getsockname()[1]}"
+
+
+def write_gateway_record(session: Path, url: str, pid: int, create_time: float) -> None:
+    with session_lock(session):
+        write_json_atomic(session / GATEWAY_DIR / GATEWAY_RECORD, {"url": url, "pid": pid, "create_time": create_time})
+
+
+def remove_gateway_traces(session: Path, pid: int) -> None:
+    """The record and control socket of the gateway pid, when they are still its own (a stopped gateway's)."""
+    folder = session / GATEWAY_DIR
+    try:
+        ours = read_json(folder / GATEWAY_RECORD).get("pid") == pid
+    except (OSError, ValueError, Exception):
+        ours = False
+    if ours:
+        with contextlib.suppress(OSError):
+            (folder / GATEWAY_RECORD).unlink()
+        with contextlib.suppress(OSError):
+            (folder / CONTROL_SOCKET).unlink()
 
 
 def forget_real_credential() -> None:
@@ -497,16 +556,19 @@ def forget_real_credential() -> None:
         os.environ.pop(name, None)
 
 
-def stop_gateway(proc: subprocess.Popen[bytes] | None) -> None:
+def stop_gateway(proc: subprocess.Popen[bytes] | None, session: Path | None = None) -> None:
+    """End the gateway (at once when no call is in flight, else once those are answered), and its traces in session."""
     if proc is None:
         return
     # Our own child, not yet reaped: Supervised's stop path, as every signal spawn.py sends.
     Supervised.signal_pid(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
+    try:
         proc.wait(timeout=5)
-        return
-    Supervised.signal_pid(proc.pid, signal.SIGKILL)
-    proc.wait()
+    except subprocess.TimeoutExpired:
+        Supervised.signal_pid(proc.pid, signal.SIGKILL)
+        proc.wait()
+    if session is not None:
+        remove_gateway_traces(session, proc.pid)  # a gateway killed, or ended before it served, left them
 
 
 # ------------------------------------------------------ the gateway itself --
@@ -569,6 +631,8 @@ class Gateway:
         self.stagger_s = stagger_limit(environ)
         self.heads: dict[str, Head] = {}
         """By cache_head's digest: whether the head is in the prompt cache, and who is writing it."""
+        self.serving = 0
+        """HTTP requests being answered now: a SIGTERM when there are none ends the gateway at once."""
 
     def record(self, *parts: str) -> dict[str, Any]:
         """A record of the session that never changes once written (a credential's, a subagent's), read once."""
@@ -1226,27 +1290,53 @@ async def exit_with_session(server: Any, session: Path) -> None:
 
 
 def serve_gateway(session: Path) -> int:
-    """`spawn.py _gateway SESSION`: read the credential from stdin, listen (on loopback unless told), print the URL, serve until SIGTERM."""
+    """`spawn.py _gateway SESSION`: read the credential (and the sockets it was handed) from stdin, serve until SIGTERM.
+
+    Started by a root's runner, it is handed its sockets, listening, and the
+    runner writes its record. Started alone (a bench), it binds them on
+    loopback unless told, writes its record and prints its URL.
+    """
     import asyncio
     import socket
 
-    import uvicorn
+    def leave_at_once(*_: Any) -> None:
+        """SIGTERM with no call in flight: nothing is left to answer or charge (each charge is in the ledger)."""
+        remove_gateway_traces(session, os.getpid())
+        sys.stderr.flush()
+        os._exit(0)
 
+    signal.signal(signal.SIGTERM, leave_at_once)  # a tree that ends as its gateway starts waits for no import
     handed = json.loads(sys.stdin.readline() or "{}")
     sys.stdin.close()
+    if isinstance(handed.get("listen_fd"), int) and isinstance(handed.get("control_fd"), int):
+        sock, control_sock, url = socket.socket(fileno=handed["listen_fd"]), socket.socket(fileno=handed["control_fd"]), str(handed["url"])
+    else:
+        import psutil
+
+        sock, control_sock, url = gateway_sockets(session, str(handed.get("listen") or LOOPBACK))
+        write_gateway_record(session, url, os.getpid(), psutil.Process().create_time())
+    sys.stdout.write(url + "\n")
+    sys.stdout.flush()
+
+    import uvicorn
+
     gw = Gateway(
         session, handed.get("credential") or {}, handed.get("upstream") or DEFAULT_UPSTREAM, os.environ, ledger_usd(handed.get("budget"))
     )
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listen = str(handed.get("listen") or LOOPBACK)
-    sock.bind((listen, 0))
-    sock.listen(1024)  # before the URL is printed: a caller connects at once, before uvicorn has started
-    url = f"http://{listen}:{sock.getsockname()[1]}"
 
     async def app(scope: Mapping[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            await handle(gw, scope, receive, send)
+            gw.serving += 1
+            try:
+                await handle(gw, scope, receive, send)
+            finally:
+                gw.serving -= 1
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if not gw.serving:
+                leave_at_once()  # uvicorn's graceful shutdown takes 0.1-0.2 s, on the root's way out
+            super().handle_exit(sig, frame)
 
     async def main() -> None:
         gw.slots = asyncio.Semaphore(gw.max_calls) if gw.max_calls else None
@@ -1256,34 +1346,17 @@ def serve_gateway(session: Path) -> int:
             gw.client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0), limits=httpx.Limits(max_connections=None))
         else:
             gw.client = Upstream(gw.upstream, os.environ)
-        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
-        server = uvicorn.Server(config)
-        folder = session / GATEWAY_DIR
-        folder.mkdir(parents=True, exist_ok=True)
-        import psutil
-
-        with contextlib.suppress(FileNotFoundError):
-            (folder / CONTROL_SOCKET).unlink()  # a gateway's before this one (a resumed tree)
-        control_sock = bind_private_socket(folder / CONTROL_SOCKET)
+        server = Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
         control = await asyncio.start_unix_server(lambda r, w: serve_control(gw, r, w), sock=control_sock)
-
-        with session_lock(session):
-            write_json_atomic(folder / GATEWAY_RECORD, {"url": url, "pid": os.getpid(), "create_time": psutil.Process().create_time()})
-        sys.stdout.write(url + "\n")
-        sys.stdout.flush()
         orphaned = asyncio.ensure_future(exit_with_session(server, session))
         # uvicorn raises the signal that stopped it again once it has stopped, with the handler it
         # found: the default one would end this process before it removes its record and socket.
-        for stop in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(stop, lambda *_: None)
+        signal.signal(signal.SIGINT, lambda *_: None)
         try:
             await server.serve(sockets=[sock])
         finally:
-            with contextlib.suppress(OSError):
-                (folder / GATEWAY_RECORD).unlink()
+            remove_gateway_traces(session, os.getpid())
             control.close()
-            with contextlib.suppress(OSError):
-                (folder / CONTROL_SOCKET).unlink()
             orphaned.cancel()
             await gw.client.aclose()
 

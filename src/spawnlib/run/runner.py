@@ -343,7 +343,7 @@ def stop_root_gateway(meta: AgentMeta) -> None:
     while GATEWAYS:
         proc = GATEWAYS.pop()
         if not roots_running(Path(meta.session), besides=meta.id):
-            stop_gateway(proc)
+            stop_gateway(proc, Path(meta.session))
 
 
 def root_gateway(meta: AgentMeta, state: RunState) -> None:
