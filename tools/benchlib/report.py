@@ -342,6 +342,7 @@ def schema_chain_targets(bench: Bench) -> list[Target]:
     for key, config, limit in (
         ("uv_schema_chain", "--sandbox off at every level", TARGET_CHAIN_RATIO),
         ("sandboxed_schema_chain", "default sandbox (the middle spawns through its broker)", TARGET_SANDBOXED_CHAIN_RATIO),
+        ("budget_schema_chain", "--sandbox off, `--max-budget-usd 5` at the root (every call through its gateway)", math.inf),
     ):
         if key not in s:
             continue
@@ -363,6 +364,10 @@ def schema_chain_targets(bench: Bench) -> list[Target]:
         this = s["uv_schema_chain"].values(seconds)
         rounds = list(zip(this, s["compare_uv_schema_chain"].values(seconds), strict=True))
         rows.append(compare_target("P1s", "uv run --schema chain", rounds, f"--compare: {short(chains['compare_uv_schema_chain'].argv)}"))
+    if "compare_budget_schema_chain" in s and "budget_schema_chain" in s:
+        rounds = list(zip(s["budget_schema_chain"].values(seconds), s["compare_budget_schema_chain"].values(seconds), strict=True))
+        argv = short(chains["compare_budget_schema_chain"].argv)
+        rows.append(compare_target("P1s", "uv run --schema --max-budget-usd chain", rounds, f"--compare: {argv}"))
     return rows
 
 

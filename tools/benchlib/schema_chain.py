@@ -95,9 +95,22 @@ def schema_chains(cli: Path, compare: Path | None) -> list[SchemaChain]:
             "output",
         ),
     ]
+    # A budget at the root puts the whole tree behind its model gateway (docs/cost.md): what that costs a chain.
+    budget = ("--max-depth", "3", "--max-budget-usd", "5")
+    chains.append(
+        SchemaChain(
+            "budget_schema_chain",
+            "uv run spawn.py --schema, --max-budget-usd (the tree's gateway) depth-3 chain",
+            chain(lambda task, tools: uv_level(SPAWN, task, tools), *budget),
+            "output",
+        )
+    )
     if compare is not None:
         other = chain(lambda task, tools: uv_level(compare, task, tools), "--max-depth", "3")
         chains.insert(1, SchemaChain("compare_uv_schema_chain", "--compare: uv run spawn.py --schema chain", other, "output"))
+        other = chain(lambda task, tools: uv_level(compare, task, tools), *budget)
+        label = "--compare: uv run spawn.py --schema, --max-budget-usd chain"
+        chains.append(SchemaChain("compare_budget_schema_chain", label, other, "output"))
     return chains
 
 
