@@ -482,7 +482,7 @@ def start_gateway(session: Path, script: str, budget: float | None, listen: str 
     except OSError as exc:
         return None, f"the tree's gateway could not listen on {listen}: {exc.strerror or exc}"
     fds = {"listen_fd": sock.fileno(), "control_fd": control.fileno()}
-    handed = {"credential": credential, "upstream": upstream, "budget": budget, "listen": listen, "url": url, **fds}
+    handed = {"credential": credential, "upstream": upstream, "budget": budget, "url": url, **fds}
     try:
         # Its own process group, outside the tree's cgroup (started before the root enters it): the session's
         # other roots may still need it when this root's tree ends, and it ends when none runs (exit_with_session).
@@ -540,7 +540,7 @@ def remove_gateway_traces(session: Path, pid: int) -> None:
     folder = session / GATEWAY_DIR
     try:
         ours = read_json(folder / GATEWAY_RECORD).get("pid") == pid
-    except (OSError, ValueError, Exception):
+    except Exception:  # no record, or none that can be read: nothing here is known to be its
         ours = False
     if ours:
         with contextlib.suppress(OSError):
@@ -1350,7 +1350,8 @@ def serve_gateway(session: Path) -> int:
         control = await asyncio.start_unix_server(lambda r, w: serve_control(gw, r, w), sock=control_sock)
         orphaned = asyncio.ensure_future(exit_with_session(server, session))
         # uvicorn raises the signal that stopped it again once it has stopped, with the handler it
-        # found: the default one would end this process before it removes its record and socket.
+        # found: SIGTERM's is leave_at_once; SIGINT's default would end this process before it
+        # removes its record and socket.
         signal.signal(signal.SIGINT, lambda *_: None)
         try:
             await server.serve(sockets=[sock])
